@@ -1,0 +1,31 @@
+# Every install step lives here: a fresh machine needs only `make example` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv example test test-fast test-slow bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+example: $(STAMP)
+	$(BIN)/syncpoint run examples/tiny_lm.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

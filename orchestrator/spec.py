@@ -1,0 +1,325 @@
+"""The job spec: one pydantic model, loaded from YAML, that validates itself.
+
+Why pydantic with ``extra="forbid"`` everywhere: a typo in a job file must be an error that names
+the YAML path (and line) and says what is allowed, not a silently ignored key that changes the
+run. Cross-field rules (``epochs`` or ``max_steps``, units, ZeRO stage vs precision) live in model
+validators so every entry point (CLI, Ray job, tests) gets the same answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ScalingSpec(_Strict):
+    """Named after Ray Train's ``ScalingConfig``."""
+
+    num_workers: int = Field(1, ge=1, description="Ray Train workers (one torch rank each).")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker.")
+    use_gpu: bool = Field(False, description="One GPU per worker; NCCL instead of gloo.")
+
+
+class TaskSpec(_Strict):
+    path: str = Field(..., description="Import path 'package.module:function' returning a Task.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Passed to the task function as-is.")
+
+    @field_validator("path")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        mod, _, fn = v.partition(":")
+        if not mod or not fn or not all(p.isidentifier() for p in mod.split(".")) or not fn.isidentifier():
+            raise ValueError("must look like 'package.module:function' (e.g. examples.tiny_lm:build)")
+        return v
+
+
+class OptimizerSpec(_Strict):
+    type: Literal["adamw", "adam", "sgd"] = "adamw"
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    momentum: float = Field(0.0, ge=0)
+
+
+class SchedulerSpec(_Strict):
+    """The live schedule. Only its *position* is persisted; this spec decides the values."""
+
+    type: Literal["constant", "linear", "cosine"] = "constant"
+    warmup: int = Field(0, ge=0, description="Warmup length in `unit`s (linear ramp from 0).")
+    unit: Literal["optimizer_steps", "epochs"] = "optimizer_steps"
+    total: int | None = Field(None, ge=1, description="Horizon in `unit`s; default: the run's length.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class TrainSpec(_Strict):
+    micro_batch_size: int = Field(..., ge=1, description="Samples per rank per micro-batch.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
+    epochs: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    seed: int = Field(0, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    gradient_clipping: float = Field(0.0, ge=0)
+    dataloader_workers: int = Field(0, ge=0, description="torch DataLoader worker processes.")
+    log_every: int = Field(10, ge=1, description="Print progress every N optimizer steps.")
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer_shorthand(cls, v: Any) -> Any:
+        return {"type": v} if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _length(self) -> "TrainSpec":
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set train.epochs or train.max_steps (or both: whichever ends first)")
+        return self
+
+
+class DeepSpeedSpec(_Strict):
+    zero_stage: Literal[0, 1, 2] = 2
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    config: dict[str, Any] = Field(default_factory=dict, description="Passthrough DeepSpeed config keys.")
+
+    @field_validator("config")
+    @classmethod
+    def _no_conflicts(cls, v: dict[str, Any]) -> dict[str, Any]:
+        owned = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                 "zero_optimization", "optimizer", "scheduler", "bf16", "fp16"}
+        clash = sorted(owned & set(v))
+        if clash:
+            raise ValueError(
+                f"keys {clash} are set by syncpoint from train.* and deepspeed.zero_stage/precision; "
+                "set them there instead")
+        return v
+
+
+class SaveEvery(_Strict):
+    value: float = Field(..., ge=0, description="0 disables periodic saves.")
+    unit: Literal["micro_steps", "optimizer_steps", "seconds"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            parts = v.split()
+            if len(parts) != 2:
+                raise ValueError("write it as '<number> <unit>', e.g. '200 micro_steps', or {value, unit}")
+            return {"value": parts[0], "unit": parts[1]}
+        return v
+
+    @model_validator(mode="after")
+    def _integral(self) -> "SaveEvery":
+        if self.unit != "seconds" and self.value != int(self.value):
+            raise ValueError(f"{self.unit} must be a whole number")
+        return self
+
+
+class CheckpointSpec(_Strict):
+    save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"))
+    save_trigger: str | None = Field(None, description="Custom trigger 'pkg.mod:Class' (replaces save_every).")
+    keep_last: int = Field(3, ge=0, description="Resumable states to keep; 0 keeps all.")
+    prune_unsafe: bool = False
+    export_final: bool = Field(True, description="Write consolidated safetensors to <run>/final/.")
+
+
+class ResumeSpec(_Strict):
+    policy: str = Field("newest-resumable", description="newest-resumable | pinned | fresh | best-metric | pkg.mod:Class")
+    policy_args: dict[str, Any] = Field(default_factory=dict)
+    init_from: str | None = Field(None, description="State URL to take weights from (fine-tune).")
+    init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
+    reset_schedule: bool = Field(False, description="Opt-out: restart the LR schedule at 0 on resume.")
+    on_existing: Literal["refuse", "archive", "overwrite"] = "refuse"
+
+
+class FailureSpec(_Strict):
+    """Named after Ray Train's ``FailureConfig``."""
+
+    max_failures: int = Field(0, ge=-1, description="Application-error restarts (-1: unlimited).")
+    max_preemptions: int = Field(-1, ge=-1, description="Preemption restarts (-1: unlimited).")
+
+
+class CrashFault(_Strict):
+    """Rehearse preemption: crash ``rank`` once per run, at a micro-step or a save phase."""
+
+    rank: int = Field(0, ge=0)
+    at_micro_step: int | None = Field(None, ge=1)
+    phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
+                   "before_retention", "during_retention"] | None = None
+    at_save: int = Field(1, ge=1, description="With phase: which save (1 = first) of the run.")
+    mode: Literal["exit", "raise"] = Field("exit", description="exit: os._exit (hard); raise: exception.")
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> "CrashFault":
+        if (self.at_micro_step is None) == (self.phase is None):
+            raise ValueError("a fault needs exactly one of at_micro_step or phase")
+        return self
+
+    @property
+    def fault_id(self) -> str:
+        where = f"step{self.at_micro_step}" if self.at_micro_step else f"{self.phase}-save{self.at_save}"
+        return f"rank{self.rank}-{where}"
+
+
+class JobSpec(_Strict):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    storage: str = Field("./runs", description="fsspec URL or path; resolved to an absolute URL on the driver.")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    task: TaskSpec
+    train: TrainSpec
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    resume: ResumeSpec = Field(default_factory=ResumeSpec)
+    failure: FailureSpec = Field(default_factory=FailureSpec)
+    faults: list[CrashFault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "JobSpec":
+        if self.deepspeed.precision == "fp16" and not self.scaling.use_gpu:
+            raise ValueError("deepspeed.precision fp16 needs scaling.use_gpu: true (use fp32 or bf16 on CPU)")
+        for f in self.faults:
+            if f.rank >= self.scaling.num_workers:
+                raise ValueError(f"faults: rank {f.rank} does not exist with scaling.num_workers={self.scaling.num_workers}")
+        if self.train.scheduler.unit == "epochs" and self.train.epochs is None and self.train.scheduler.total is None:
+            raise ValueError("train.scheduler.unit epochs needs train.epochs or train.scheduler.total")
+        return self
+
+    @property
+    def run_url(self) -> str:
+        return self.storage.rstrip("/") + "/" + self.name
+
+
+# ---------------------------------------------------------------- loading and errors
+
+
+class SpecError(ValueError):
+    """Bad input: one paragraph per problem, naming the YAML path (and line) and the fix."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source, self.problems = source, problems
+        super().__init__(f"{source}: invalid job spec\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
+    """Map every YAML path to its 1-based line so errors can point at it."""
+    out = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[path + (key,)] = k.start_mark.line + 1
+            out.update({p: l for p, l in _line_index(v, path + (key,)).items() if p != path + (key,)})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out.update(_line_index(v, path + (i,)))
+    return out
+
+
+_ALLOWED_HINT = {
+    "extra_forbidden": "unknown key; allowed keys here are: {allowed}",
+}
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _format_errors(err: ValidationError, lines: dict[tuple, int]) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-"))))
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        line = lines.get(loc) or lines.get(loc[:-1]) if loc else None
+        where = f"{dotted}" + (f" (line {line})" if line else "")
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; allowed keys here are: " + ", ".join(_allowed_keys(loc))
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict):
+            msg += f" (got {e['input']!r})"
+        out.append(f"{where}: {msg}")
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set a.b=value`` (value parsed as YAML) to the raw mapping."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SpecError("--set", [f"{item!r}: write overrides as a.b=value"])
+        node = raw
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise SpecError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it"])
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def load_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) -> JobSpec:
+    """Load, override and validate a job file; every failure is a ``SpecError``."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(source, [f"cannot read the job file: {e.strerror or e}; check the path"]) from None
+    return parse_spec(text, source, overrides)
+
+
+def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise SpecError(source, [f"not valid YAML{line}: {getattr(e, 'problem', e)}"]) from None
+    if not isinstance(raw, dict):
+        raise SpecError(source, ["the top level must be a mapping with at least name, task and train"])
+    lines = _line_index(node) if node is not None else {}
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(source, _format_errors(e, lines)) from None
+
+
+def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
+    """Make ``storage`` an absolute URL on the driver: Ray workers run in another directory."""
+    s = spec.storage
+    if "://" not in s:
+        s = "file://" + os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(s)))
+    return spec.model_copy(update={"storage": s.rstrip("/")})
+
+
+def spec_to_json(spec: JobSpec) -> str:
+    return json.dumps(spec.model_dump(mode="json"), indent=2, sort_keys=False)
+
+
+def job_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()

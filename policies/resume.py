@@ -1,0 +1,139 @@
+"""Resume policies: choose the state a run continues from, given classified candidates.
+
+A policy is any object with ``choose(candidates, spec) -> Decision``. It sees metadata and
+verdicts only (no I/O), so it is a pure function of what discovery found. The loader refuses a
+decision that names an unsafe candidate, so a custom policy can never make a run resume from a
+mid-cycle, torn, corrupt or incompatible state. Users plug their own in with
+``resume.policy: "package.module:Class"`` and ``resume.policy_args: {...}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policies.candidates import Candidate, Verdict, candidates_table, newest_first
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: str | None  # candidate name, or None for a fresh start
+    reason: str
+
+
+class ResumePolicy(Protocol):
+    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision: ...
+
+
+class NoResumableState(RuntimeError):
+    """Candidates exist but none can be continued exactly: fail fast, listing every one."""
+
+    def __init__(self, candidates: list[Candidate], headline: str = "") -> None:
+        self.candidates = candidates
+        head = headline or (
+            f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
+            "of them. Fix or remove the states below, or set resume.policy: fresh with "
+            "resume.on_existing: archive to start a new run.")
+        super().__init__(head + "\n" + candidates_table(candidates))
+
+
+class NewestResumable:
+    """Default: the newest resumable state; fresh when the run directory has no states."""
+
+    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+        if not candidates:
+            return Decision(None, "no states yet: fresh start")
+        for c in newest_first(candidates):
+            if c.verdict is Verdict.RESUMABLE:
+                skipped = [x.name for x in newest_first(candidates) if x.sort_key > c.sort_key]
+                why = f"newest resumable state ({c.reason})"
+                if skipped:
+                    why += f"; skipped newer unsafe: {', '.join(skipped)}"
+                return Decision(c.name, why)
+        raise NoResumableState(candidates)
+
+
+class Pinned:
+    """A given micro-step or state name; fails clearly if that state is not resumable."""
+
+    def __init__(self, state: str | int) -> None:
+        self.state = str(state)
+
+    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+        for c in candidates:
+            if c.name == self.state or (self.state.isdigit() and c.micro_step == int(self.state)):
+                if c.verdict is Verdict.RESUMABLE:
+                    return Decision(c.name, f"pinned to {self.state}")
+                raise NoResumableState(candidates, f"pinned state {self.state} is {c.verdict.value}: {c.reason}.")
+        raise NoResumableState(candidates, f"pinned state {self.state} does not exist.")
+
+
+class Fresh:
+    """Ignore existing states (the driver archives or refuses a non-empty run directory)."""
+
+    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+        return Decision(None, "policy fresh: start from scratch")
+
+
+class BestMetric:
+    """The resumable state with the best recorded metric (``trainer.json`` ``metrics``)."""
+
+    def __init__(self, metric: str = "loss", mode: str = "min") -> None:
+        if mode not in ("min", "max"):
+            raise ValueError("best-metric mode must be 'min' or 'max'")
+        self.metric, self.mode = metric, mode
+
+    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+        scored = [
+            (c.trainer["metrics"][self.metric], c) for c in candidates
+            if c.verdict is Verdict.RESUMABLE and self.metric in ((c.trainer or {}).get("metrics") or {})
+        ]
+        if not scored:
+            if not candidates:
+                return Decision(None, "no states yet: fresh start")
+            raise NoResumableState(candidates, f"no resumable state records metric {self.metric!r}.")
+        pick = (min if self.mode == "min" else max)(scored, key=lambda sc: (sc[0], sc[1].sort_key))
+        return Decision(pick[1].name, f"best {self.metric} ({self.mode}) = {pick[0]:.6g}")
+
+
+BUILTIN: dict[str, type] = {
+    "newest-resumable": NewestResumable,
+    "pinned": Pinned,
+    "fresh": Fresh,
+    "best-metric": BestMetric,
+}
+
+
+def load_object(path: str) -> Any:
+    """Import ``package.module:Name``; the error names the path and what to fix."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{path!r} is not an import path of the form 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import module {module_name!r} from {path!r}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError as e:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from e
+
+
+def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:
+    cls = BUILTIN.get(name) or load_object(name)
+    return cls(**(args or {}))
+
+
+def enforce_safe(decision: Decision, candidates: list[Candidate]) -> Decision:
+    """The loader's guard: a decision naming an unsafe or unknown candidate is refused."""
+    if decision.state is None:
+        return decision
+    by_name = {c.name: c for c in candidates}
+    c = by_name.get(decision.state)
+    if c is None:
+        raise NoResumableState(candidates, f"the resume policy chose {decision.state!r}, which does not exist.")
+    if c.verdict is not Verdict.RESUMABLE:
+        raise NoResumableState(
+            candidates, f"the resume policy chose {c.name}, which is {c.verdict.value} ({c.reason}); refused.")
+    return decision

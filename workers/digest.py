@@ -1,0 +1,117 @@
+"""A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG.
+
+Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
+can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and an
+allowlist of the three plain DeepSpeed classes they contain, after their sha256 matched the
+manifest; nothing is unpickled blindly.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import io
+import json
+import re
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+
+from workers.storage import RunStorage, sha256_bytes
+
+VOLATILE_TRAINER_KEYS = {"created_at", "attempt", "save_reasons"}
+SKIPPED_KEYS = {"ds_config", "ds_version"}
+
+
+def _safe_globals() -> list[Any]:
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_deepspeed_file(data: bytes) -> Any:
+    with torch.serialization.safe_globals(_safe_globals()):
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+class CanonicalHash:
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+
+    def feed(self, obj: Any) -> None:
+        h = self.h
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            raw = t.reshape(-1).view(torch.uint8)
+            h.update(raw.numpy().tobytes() if t.numel() else b"")
+        elif isinstance(obj, dict):
+            h.update(b"{")
+            for k in sorted(obj, key=str):
+                if k in SKIPPED_KEYS:
+                    continue
+                h.update(repr(k).encode())
+                self.feed(obj[k])
+            h.update(b"}")
+        elif isinstance(obj, (list, tuple)):
+            h.update(b"[")
+            for v in obj:
+                self.feed(v)
+            h.update(b"]")
+        elif isinstance(obj, enum.Enum):
+            h.update(f"E{obj.name}".encode())
+        elif obj is None or isinstance(obj, (bool, int, float, str)):
+            h.update(repr(obj).encode())
+        elif hasattr(obj, "__dict__"):
+            h.update(type(obj).__name__.encode())
+            self.feed(vars(obj))
+        elif hasattr(obj, "_asdict"):
+            self.feed(obj._asdict())
+        else:
+            h.update(repr(obj).encode())
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def _rank_of(path: str) -> int:
+    m = re.search(r"(\d+)", path.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else -1
+
+
+def state_digest(state_url: str) -> dict[str, str]:
+    """Digest of one committed state directory; returns the total and each component's hash."""
+    base, _, name = state_url.rstrip("/").rpartition("/")
+    storage = RunStorage(base)
+    manifest = json.loads(storage.read_bytes(name, "manifest.json"))
+    files = manifest["files"]
+
+    def read(rel: str) -> bytes:
+        data = storage.read_bytes(name, rel)
+        if sha256_bytes(data) != files[rel]["sha256"]:
+            raise ValueError(f"{state_url}/{rel}: sha256 does not match the manifest")
+        return data
+
+    parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
+    model_files = sorted(p for p in files if p.startswith("engine/mp_rank_"))
+    zero_files = sorted((p for p in files if p.startswith("engine/zero_pp_rank_")), key=_rank_of)
+    for rel in model_files:
+        sd = load_deepspeed_file(read(rel))
+        parts["parameters"].feed(sd["module"])
+        if sd.get("optimizer") is not None:
+            parts["optimizer"].feed(sd["optimizer"])
+    for rel in zero_files:
+        parts["optimizer"].feed(load_deepspeed_file(read(rel))["optimizer_state_dict"])
+    trainer = json.loads(read("trainer.json"))
+    parts["position"].feed({k: v for k, v in trainer.items() if k not in VOLATILE_TRAINER_KEYS})
+    for rel in sorted((p for p in files if p.startswith("rng/")), key=_rank_of):
+        data = read(rel)
+        parts["rng"].feed(st_load(data))
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        parts["rng"].feed(header.get("__metadata__", {}))
+    out = {k: v.hexdigest() for k, v in parts.items()}
+    total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
+    return {"digest": total, **out}

@@ -1,0 +1,47 @@
+"""Fault injection: crash a rank at a micro-step or at a named save phase, once per run.
+
+Why record the firing in storage: the restarted attempt (Ray Train's restart, or re-running
+``syncpoint run`` on the same storage) must not crash again at the same place, and that holds even
+when the driver or the whole cluster is replaced. This is how users rehearse preemption.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from orchestrator.spec import CrashFault
+from workers.storage import RunStorage
+
+
+class InjectedCrash(BaseException):
+    """Raised by ``mode: raise`` faults (single-process tests); BaseException so user code can't swallow it."""
+
+
+class Faults:
+    def __init__(self, faults: list[CrashFault], storage: RunStorage, rank: int) -> None:
+        self.storage, self.rank = storage, rank
+        self.mine = [f for f in faults if f.rank == rank and not storage.exists("faults", f.fault_id + ".fired")]
+        self.saves_seen = 0
+
+    def _fire(self, f: CrashFault, where: str) -> None:
+        self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()}, "faults", f.fault_id + ".fired")
+        self.mine.remove(f)
+        print(f"[syncpoint] injected crash on rank {self.rank} at {where}", file=sys.stderr, flush=True)
+        if f.mode == "raise":
+            raise InjectedCrash(where)
+        os._exit(17)
+
+    def at_micro_step(self, step: int) -> None:
+        for f in list(self.mine):
+            if f.at_micro_step == step:
+                self._fire(f, f"micro-step {step}")
+
+    def save_started(self) -> None:
+        self.saves_seen += 1
+
+    def at_phase(self, phase: str) -> None:
+        for f in list(self.mine):
+            if f.phase == phase and f.at_save == self.saves_seen:
+                self._fire(f, f"save {self.saves_seen} phase {phase}")

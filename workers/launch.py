@@ -1,0 +1,87 @@
+"""Run the loop without Ray: in this process (world size 1) or in spawned processes.
+
+Why: the loop only needs a torch process group. Tests and equivalence grids use this launcher so
+they stay fast and Ray-free; Ray Train is just another launcher around the same ``run_worker``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+
+import torch.distributed as dist
+
+from orchestrator.spec import JobSpec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_single_process_group() -> None:
+    """A world-size-1 gloo group for in-process runs, created once and reused."""
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError("in-process launcher needs a world-size-1 process group")
+        return
+    os.environ.setdefault("LOCAL_RANK", "0")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+
+
+def run_in_process(spec: JobSpec, **ctx_kwargs):
+    """Run the loop in this process; an injected crash with ``mode: raise`` propagates to the caller."""
+    from workers.loop import WorkerContext, run_worker
+
+    ensure_single_process_group()
+    return run_worker(spec, WorkerContext(**ctx_kwargs))
+
+
+def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        from workers.loop import WorkerContext, run_worker
+
+        spec = JobSpec.model_validate_json(spec_json)
+        run_worker(spec, WorkerContext(print_progress=not quiet))
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - report any failure as a non-zero exit
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 600, quiet: bool = True) -> list[int]:
+    """Run ``world_size`` ranks as spawned processes; returns their exit codes.
+
+    When one rank dies (an injected crash, an error), the others are killed after a short grace,
+    as a real launcher would tear down the group; the storage is left exactly as they left it.
+    """
+    world = world_size or spec.scaling.num_workers
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    first_fail = None
+    while any(p.is_alive() for p in procs):
+        for p in procs:
+            if not p.is_alive() and p.exitcode not in (0, None) and first_fail is None:
+                first_fail = time.monotonic()
+        if first_fail and time.monotonic() - first_fail > 3:
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    return [p.exitcode if p.exitcode is not None else -9 for p in procs]

@@ -1,0 +1,389 @@
+"""The boundary-aware training loop over a DeepSpeed engine.
+
+It needs only a torch process group (one process, several spawned by a test, or Ray Train's
+workers), which keeps the big equivalence grids fast and Ray-free. The rules it enforces:
+
+* optimizer steps fire at sync boundaries computed from the 1-indexed position within the epoch
+  (``policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
+  micro-batches it really accumulated;
+* save requests (interval trigger, preemption notice, final) stay pending until a boundary and
+  are serviced there: never dropped, never written mid-cycle;
+* on start every rank agrees on one state chosen by the resume policy from metadata alone; the
+  data position is restored by index arithmetic and every RNG after the skip, right before the
+  first fetch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.spec import JobSpec
+from policies.boundaries import cycle_length, is_boundary, optimizer_steps_per_epoch
+from policies.candidates import TRAINER_SCHEMA_VERSION, Expectation, Verdict
+from policies.resume import NoResumableState, enforce_safe, load_object, make_policy
+from policies.retention import plan_retention
+from policies.save_triggers import PendingSave, Tick, trigger_from_interval
+from workers import rng
+from workers.data import epoch_loader, micro_batches_per_epoch
+from workers.discovery import discover, read_candidate
+from workers.engine import build_engine, model_fingerprint, set_lr
+from workers.events import EventLog
+from workers.export import export_final
+from workers.faults import Faults
+from workers.schedule import lr_at, resume_position, schedule_record
+from workers.state_reader import ChecksumMismatch, fetch_state, load_into_engine
+from workers.state_writer import delete_state, save_state
+from workers.storage import RunStorage
+from workers.task import load_task
+
+log = logging.getLogger("syncpoint")
+
+
+class ResumeRefused(RuntimeError):
+    """No state can be continued exactly (or the policy refused): fail before training a batch."""
+
+
+@dataclass
+class WorkerContext:
+    """What the launcher (Ray Train, or a test) tells the loop about its surroundings."""
+
+    preemption_notice: Callable[[], bool] | None = None  # e.g. Ray's get_preemption_info wrapper
+    node_id: str = ""
+    print_progress: bool = True
+
+
+@dataclass
+class WorkerResult:
+    final_state: str
+    global_micro_step: int
+    optimizer_step: int
+    resumed_from: str | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def job_identity(spec: JobSpec) -> str:
+    return hashlib.sha256(f"{spec.name}|{spec.task.path}".encode()).hexdigest()[:16]
+
+
+class _SigtermNotice:
+    """A SIGTERM in the worker process is a preemption notice too (second source besides Ray)."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        if threading.current_thread() is threading.main_thread():
+            try:
+                signal.signal(signal.SIGTERM, self._handle)
+            except (ValueError, OSError):
+                pass
+
+    def _handle(self, signum, frame) -> None:  # noqa: ANN001
+        self.flag = True
+
+
+def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
+    ctx = ctx or WorkerContext()
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    storage = RunStorage(spec.run_url)
+    events = EventLog(storage) if rank == 0 else None
+    faults = Faults(spec.faults, storage, rank)
+    t, accum = spec.train, spec.train.grad_accum
+
+    rng.seed_everything(t.seed)  # model init is identical on every rank and every attempt
+    task = load_task(spec.task.path, spec.task.config)
+    mbpe = micro_batches_per_epoch(len(task.dataset), t.micro_batch_size, world)  # type: ignore[arg-type]
+    engine = build_engine(spec, task.model)
+    expectation = Expectation(
+        job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
+        micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
+        model_fingerprint=model_fingerprint(task.model), seed=t.seed)
+    attempt = _attempt_number(events)
+
+    resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt)
+    trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
+    steps_per_epoch = optimizer_steps_per_epoch(accum, mbpe)
+    total_steps = min(t.max_steps or 2**62, (t.epochs or 2**40) * steps_per_epoch)
+    sched = t.scheduler
+    horizon = sched.total or (total_steps if sched.unit == "optimizer_steps" else (t.epochs or 1))
+
+    if trainer:
+        epoch, pos = trainer["epoch"], trainer["position_in_epoch"]
+        gms, opt_step = trainer["global_micro_step"], trainer["optimizer_step"]
+        if pos == mbpe:
+            epoch, pos = epoch + 1, 0
+        sched_pos = resume_position(trainer.get("scheduler"), sched, optimizer_step=opt_step, epoch_done=epoch,
+                                    reset=spec.resume.reset_schedule, warn=lambda m: _warn(rank, m))
+    else:
+        epoch = pos = gms = opt_step = sched_pos = 0
+    if events:
+        events.emit("attempt_started", attempt=attempt, world_size=world, node=ctx.node_id,
+                    resumed_from=resumed.name, global_micro_step=gms, optimizer_step=opt_step)
+
+    trigger = (load_object(spec.checkpoint.save_trigger)() if spec.checkpoint.save_trigger
+               else trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit))
+    wall_clock = getattr(trigger, "wall_clock", False)
+    pending, sigterm = PendingSave(), _SigtermNotice()
+    history: list[dict[str, Any]] = []
+    unflushed: list[dict[str, Any]] = []
+    last_save_time = time.monotonic()
+    last_saved = resumed.name
+    last_log_time, last_log_samples = time.monotonic(), gms
+    finished = False
+
+    while not finished and (t.epochs is None or epoch < t.epochs):
+        loader = epoch_loader(task.dataset, micro_batch_size=t.micro_batch_size, world_size=world, rank=rank,
+                              seed=t.seed, epoch=epoch, start=pos, collate=task.collate,
+                              num_workers=t.dataloader_workers)
+        if rng_bytes is not None:  # after the skip and start-up, immediately before the first fetch
+            rng.restore(rng_bytes)
+            rng_bytes = None
+        cycle_loss = 0.0
+        for batch in loader:
+            pos, gms = pos + 1, gms + 1
+            boundary = is_boundary(pos, accum, mbpe)
+            engine.set_gradient_accumulation_boundary(boundary)
+            loss = task.loss(engine, batch)
+            engine.backward(loss / cycle_length(pos, accum, mbpe), scale_wrt_gas=False)
+            cycle_loss += float(loss.detach())
+            lr = None
+            if boundary:
+                lr = lr_at(sched_pos, t.lr, sched, horizon)
+                set_lr(engine, lr)
+            engine.step()
+            if boundary:
+                opt_step += 1
+                if sched.unit == "optimizer_steps":
+                    sched_pos += 1
+            if not wall_clock and trigger.wants_save(Tick(gms, opt_step, boundary, time.monotonic() - last_save_time)):
+                pending.request("interval")
+            if boundary:
+                flags = torch.tensor([
+                    cycle_loss,
+                    float(bool(ctx.preemption_notice and ctx.preemption_notice()) or sigterm.flag),
+                    float(wall_clock and trigger.wants_save(Tick(gms, opt_step, True, time.monotonic() - last_save_time))),
+                ], dtype=torch.float64)
+                dist.all_reduce(flags)  # one collective: every rank takes the same decision
+                step_loss = flags[0].item() / (cycle_length(pos, accum, mbpe) * world)
+                if flags[1] > 0:
+                    pending.request("preemption")
+                if flags[2] > 0:
+                    pending.request("interval")
+                record = {"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss, "lr": lr}
+                history.append(record)
+                unflushed.append(record)
+                epoch_end = pos == mbpe
+                if epoch_end and sched.unit == "epochs":
+                    sched_pos += 1
+                last = opt_step >= total_steps or (epoch_end and t.epochs is not None and epoch + 1 >= t.epochs)
+                if last:
+                    pending.request("final")
+                if rank == 0 and ctx.print_progress and (opt_step % t.log_every == 0 or last):
+                    now = time.monotonic()
+                    sps = (gms - last_log_samples) * t.micro_batch_size * world / max(now - last_log_time, 1e-9)
+                    last_log_time, last_log_samples = now, gms
+                    print(f"[syncpoint] attempt {attempt} epoch {epoch + 1}{'/' + str(t.epochs) if t.epochs else ''} "
+                          f"step {opt_step}/{total_steps} micro-step {gms} loss {step_loss:.4f} lr {lr:.3g} "
+                          f"{sps:,.0f} samples/s", flush=True)
+                if pending.pending:
+                    reasons = pending.take()
+                    trainer_rec = _trainer_record(spec, expectation, epoch=epoch, pos=pos, gms=gms, opt_step=opt_step,
+                                                  sched_pos=sched_pos, loss=step_loss, reasons=reasons,
+                                                  attempt=attempt, num_samples=len(task.dataset))  # type: ignore[arg-type]
+                    result = save_state(engine, storage, trainer_rec, faults)
+                    last_saved, last_save_time = result.name, time.monotonic()
+                    if events:
+                        events.emit("progress", records=unflushed)
+                        events.emit("state_committed", state=result.name, global_micro_step=gms,
+                                    optimizer_step=opt_step, bytes=result.bytes, seconds=result.seconds,
+                                    blocked_seconds=result.blocked_seconds, reasons=reasons)
+                    unflushed = []
+                    faults.at_phase("before_retention")
+                    if rank == 0:
+                        _retain(spec, storage, expectation, faults)
+                cycle_loss = 0.0
+                if last:
+                    finished = True
+            faults.at_micro_step(gms)
+            if finished:
+                break
+        if not finished:
+            epoch, pos = epoch + 1, 0
+
+    if rank == 0 and spec.checkpoint.export_final:
+        export_final(engine, storage, {"state": last_saved, "optimizer_step": opt_step, "task": spec.task.path})
+    if events:
+        events.emit("finished", state=last_saved, global_micro_step=gms, optimizer_step=opt_step)
+    dist.barrier()
+    return WorkerResult(final_state=last_saved or "", global_micro_step=gms, optimizer_step=opt_step,
+                        resumed_from=resumed.name, history=history)
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _warn(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def _attempt_number(events: EventLog | None) -> int:
+    n = 1
+    if events is not None:
+        n = 1 + sum(1 for name in events.storage.list_files("events") if "-attempt_started-" in name)
+    box = [n]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def _trainer_record(spec: JobSpec, exp: Expectation, *, epoch: int, pos: int, gms: int, opt_step: int,
+                    sched_pos: int, loss: float, reasons: list[str], attempt: int, num_samples: int) -> dict[str, Any]:
+    return {
+        "schema_version": TRAINER_SCHEMA_VERSION,
+        "job_name": spec.name,
+        "job_identity": exp.job_identity,
+        "epoch": epoch,
+        "position_in_epoch": pos,
+        "global_micro_step": gms,
+        "optimizer_step": opt_step,
+        "grad_accum": exp.grad_accum,
+        "micro_batches_per_epoch": exp.micro_batches_per_epoch,
+        "micro_batch_size": exp.micro_batch_size,
+        "world_size": exp.world_size,
+        "zero_stage": exp.zero_stage,
+        "precision": spec.deepspeed.precision,
+        "model_fingerprint": exp.model_fingerprint,
+        "seed": exp.seed,
+        "scheduler": schedule_record(spec.train.scheduler, sched_pos),
+        "data": {"sampler": "global-permutation/v1", "num_samples": num_samples,
+                 "global_samples": gms * exp.micro_batch_size * exp.world_size},
+        "metrics": {"loss": loss},
+        "save_reasons": reasons,
+        "attempt": attempt,
+        "created_at": time.time(),
+    }
+
+
+@dataclass
+class _Resumed:
+    name: str | None
+    trainer: dict[str, Any] | None
+    rng_bytes: bytes | None
+
+
+def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engine, rank: int,
+                      events: EventLog | None, attempt: int) -> _Resumed:
+    """Rank 0 decides from metadata; every rank fetches and verifies; all agree or try the next."""
+    policy = make_policy(spec.resume.policy, spec.resume.policy_args)
+    cands = discover(storage, exp) if rank == 0 else []
+    spec_dict = spec.model_dump(mode="json")
+    while True:
+        msg: dict[str, Any] = {}
+        if rank == 0:
+            try:
+                decision = enforce_safe(policy.choose(cands, spec_dict), cands)
+                chosen = next((c for c in cands if c.name == decision.state), None)
+                if decision.state is None and cands and spec.resume.policy == "fresh":
+                    _clear_for_fresh(spec, storage)
+                msg = {"state": decision.state, "reason": decision.reason,
+                       "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
+            except NoResumableState as e:
+                msg = {"error": str(e)}
+            if events:
+                events.emit("resume_decision", attempt=attempt, chosen=msg.get("state"), reason=msg.get("reason") or msg.get("error"),
+                            candidates=[{"state": c.name, "verdict": c.verdict.value if c.verdict else None,
+                                         "reason": c.reason} for c in cands])
+        box = [msg]
+        dist.broadcast_object_list(box, src=0)
+        msg = box[0]
+        if "error" in msg:
+            raise ResumeRefused(msg["error"])
+        if msg["state"] is None:
+            if rank == 0:
+                print(f"[syncpoint] {msg['reason']}", flush=True)
+            _maybe_init_from(spec, engine, rank)
+            return _Resumed(None, None, None)
+        from policies.candidates import Candidate
+        cand = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
+        error = None
+        fetched = None
+        try:
+            fetched = fetch_state(storage, cand, rank)
+        except (ChecksumMismatch, FileNotFoundError, OSError) as e:
+            error = f"{e}"
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        bad = next((e for e in errors if e), None)
+        if bad is None:
+            assert fetched is not None
+            try:
+                load_into_engine(engine, fetched)
+            finally:
+                fetched.cleanup()
+            if rank == 0:
+                print(f"[syncpoint] resuming from state {cand.name}: {msg['reason']}", flush=True)
+                if spec.resume.init_from:
+                    print("[syncpoint] resume.init_from ignored: this run's own resumable state wins", flush=True)
+            return _Resumed(cand.name, msg["trainer"], fetched.rng_bytes)
+        if fetched:
+            fetched.cleanup()
+        if rank == 0:
+            for c in cands:
+                if c.name == cand.name:
+                    c.verdict, c.reason = Verdict.CORRUPT, f"verification failed: {bad}"
+
+
+def _clear_for_fresh(spec: JobSpec, storage: RunStorage) -> None:
+    mode = spec.resume.on_existing
+    if mode == "refuse":
+        raise NoResumableState([], (
+            f"resume.policy fresh, but {storage.url}/states already holds states; set resume.on_existing: "
+            "archive (move them to archive/) or overwrite (delete them), or use another run name."))
+    if mode == "archive":
+        storage.rename_tree(("states",), ("archive", f"states-{int(time.time())}"))
+    else:
+        storage.delete_tree("states")
+
+
+def _maybe_init_from(spec: JobSpec, engine, rank: int) -> None:
+    """Fine-tune: take weights (optionally optimizer state) from another run; never its position."""
+    url = spec.resume.init_from
+    if not url:
+        return
+    base, _, name = url.rstrip("/").rpartition("/states/")
+    src = RunStorage(base if name else url)
+    if not name:
+        cands = discover(src)
+        name = next((c.name for c in cands if c.manifest), "")
+        if not name:
+            raise ResumeRefused(f"resume.init_from: {url} holds no committed state")
+    cand = read_candidate(src, name)
+    if cand.manifest is None:
+        raise ResumeRefused(f"resume.init_from: {url} is not a committed state (no manifest.json)")
+    fetched = fetch_state(src, cand, rank, want_rng=False)
+    try:
+        load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
+    finally:
+        fetched.cleanup()
+    if rank == 0:
+        print(f"[syncpoint] init_from {src.url}/states/{name}: weights imported; schedule, RNG and data start fresh",
+              flush=True)
+
+
+def _retain(spec: JobSpec, storage: RunStorage, exp: Expectation, faults: Faults) -> None:
+    plan = plan_retention(discover(storage, exp), spec.checkpoint.keep_last, spec.checkpoint.prune_unsafe)
+    for i, name in enumerate(plan.delete):
+        delete_state(storage, name)
+        if i == 0:
+            faults.at_phase("during_retention")
+    for line in plan.reported:
+        print(f"[syncpoint] retention kept unsafe state {line}", file=sys.stderr, flush=True)

@@ -1,0 +1,56 @@
+"""Capture and restore every RNG a rank uses, as tensors (safetensors), never pickle.
+
+Python ``random``, NumPy's global generator, torch CPU and (when present) every CUDA device. The
+loop restores them after the data skip and after everything that consumes randomness at start-up
+(model build, engine init), immediately before the first fetch, so dropout and any model-side
+randomness continue exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+
+def capture() -> bytes:
+    version, py_state, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    tensors = {
+        "python": torch.tensor(py_state, dtype=torch.int64),
+        "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda_{i}"] = s
+    meta = {"python_version": version, "python_gauss": gauss, "numpy_name": np_name, "numpy_pos": int(np_pos),
+            "numpy_has_gauss": int(np_has_gauss), "numpy_cached_gaussian": float(np_cached),
+            "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    return st_save(tensors, metadata={"rng": json.dumps(meta)})
+
+
+def restore(data: bytes) -> None:
+    tensors = st_load(data)
+    meta = json.loads(_metadata(data)["rng"])
+    random.setstate((meta["python_version"], tuple(int(x) for x in tensors["python"].tolist()), meta["python_gauss"]))
+    np.random.set_state((meta["numpy_name"], tensors["numpy_keys"].numpy().astype(np.uint32), meta["numpy_pos"],
+                         meta["numpy_has_gauss"], meta["numpy_cached_gaussian"]))
+    torch.set_rng_state(tensors["torch_cpu"])
+    if torch.cuda.is_available() and meta["cuda_devices"]:
+        torch.cuda.set_rng_state_all([tensors[f"cuda_{i}"] for i in range(meta["cuda_devices"])])
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    header_len = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + header_len]).get("__metadata__", {})
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)

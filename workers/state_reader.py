@@ -1,0 +1,62 @@
+"""The state reader: fetch a chosen state, verify every byte against the manifest, then load.
+
+DeepSpeed's own checkpoint files are pickles, so they are only handed to DeepSpeed after their
+sha256 matched the manifest; syncpoint's own files (JSON, safetensors) never need pickle.
+Every rank fetches the whole ``engine/`` directory because DeepSpeed's ZeRO loader reads every
+data-parallel rank's optimizer shard.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from policies.candidates import Candidate
+from workers.storage import RunStorage, sha256_bytes
+
+
+class ChecksumMismatch(Exception):
+    pass
+
+
+@dataclass
+class FetchedState:
+    local_dir: str  # contains engine/ as DeepSpeed wrote it
+    rng_bytes: bytes | None
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True) -> FetchedState:
+    """Download and verify this rank's view of a state; raises ``ChecksumMismatch`` with the file."""
+    files = cand.manifest["files"]  # type: ignore[index]
+    local = tempfile.mkdtemp(prefix="syncpoint-load-")
+    try:
+        for rel, info in files.items():
+            if not rel.startswith("engine/"):
+                continue
+            size, digest = storage.download_file(os.path.join(local, rel), "states", cand.name, rel)
+            if digest != info["sha256"] or size != info["size"]:
+                raise ChecksumMismatch(f"{rel}: sha256 does not match the manifest (content changed after commit)")
+        rng_bytes = None
+        rel = f"rng/rank_{rank:05d}.safetensors"
+        if want_rng and rel in files:
+            rng_bytes = storage.read_bytes("states", cand.name, rel)
+            if sha256_bytes(rng_bytes) != files[rel]["sha256"]:
+                raise ChecksumMismatch(f"{rel}: sha256 does not match the manifest")
+        trainer_bytes = storage.read_bytes("states", cand.name, "trainer.json")
+        if sha256_bytes(trainer_bytes) != files["trainer.json"]["sha256"]:
+            raise ChecksumMismatch("trainer.json: sha256 does not match the manifest")
+        return FetchedState(local, rng_bytes)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+
+
+def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False, optimizer: bool = True) -> None:
+    engine.load_checkpoint(fetched.local_dir, tag="engine", load_module_strict=True,
+                           load_optimizer_states=optimizer and not module_only, load_lr_scheduler_states=False,
+                           load_module_only=module_only)

@@ -1,0 +1,165 @@
+"""The storage protocol: every byte syncpoint persists goes through this one fsspec wrapper.
+
+Why: the run must work on any fsspec URL (local path, ``file://``, ``memory://``, ``s3://``) and
+without a shared filesystem, and commit semantics differ by backend. On a local filesystem a
+file is durable after ``fsync`` and the manifest is committed by an atomic rename; on an object
+store a completed single PUT is durable and atomic, and there is no rename. Discovery and
+policies never see which backend is underneath.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+CHUNK = 8 << 20
+
+
+class RunStorage:
+    """One run directory (``<storage>/<job name>``) on any fsspec filesystem."""
+
+    def __init__(self, run_url: str) -> None:
+        self.url = run_url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        self.root = self.root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)
+
+    # ---- paths
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *[p.strip("/") for p in parts if p]])
+
+    def url_of(self, *parts: str) -> str:
+        return "/".join([self.url, *[p.strip("/") for p in parts if p]])
+
+    # ---- reads
+    def exists(self, *parts: str) -> bool:
+        return self.fs.exists(self.path(*parts))
+
+    def read_bytes(self, *parts: str) -> bytes:
+        return self.fs.cat_file(self.path(*parts))
+
+    def read_json(self, *parts: str) -> Any:
+        return json.loads(self.read_bytes(*parts))
+
+    def list_dirs(self, *parts: str) -> list[str]:
+        """Names of the sub-directories of a directory (empty if it does not exist)."""
+        p = self.path(*parts)
+        try:
+            entries = self.fs.ls(p, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+    def list_files(self, *parts: str) -> list[str]:
+        p = self.path(*parts)
+        try:
+            entries = self.fs.ls(p, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(e["name"].rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
+
+    def listing(self, *parts: str) -> dict[str, int]:
+        """Every file below a directory as relative path -> size (one listing call, no reads)."""
+        base = self.path(*parts)
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for name, info in found.items():
+            out[name[len(base):].lstrip("/")] = int(info.get("size") or 0)
+        return out
+
+    # ---- durable writes
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Write a whole file durably (fsync locally, one PUT on object stores)."""
+        p = self.path(*parts)
+        if self.local:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            self.fs.pipe_file(p, data)
+
+    def write_json(self, obj: Any, *parts: str) -> bytes:
+        data = json.dumps(obj, indent=1, sort_keys=True).encode()
+        self.write_bytes(data, *parts)
+        return data
+
+    def commit_bytes(self, data: bytes, *parts: str) -> None:
+        """Atomically publish a file: temp name + fsync + rename locally, a single PUT elsewhere.
+
+        This is how a manifest commits a state: readers either see the whole file or none.
+        """
+        p = self.path(*parts)
+        if self.local:
+            d = os.path.dirname(p)
+            os.makedirs(d, exist_ok=True)
+            tmp = p + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+            fd = os.open(d, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            self.fs.pipe_file(p, data)
+
+    def upload_file(self, local_path: str, *parts: str) -> tuple[int, str]:
+        """Copy a local file into storage durably; returns (size, sha256) computed on the way."""
+        p = self.path(*parts)
+        h = hashlib.sha256()
+        size = 0
+        if self.local:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(local_path, "rb") as src, open(p, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    dst.write(chunk)
+                    size += len(chunk)
+                dst.flush()
+                os.fsync(dst.fileno())
+        else:
+            with open(local_path, "rb") as src, self.fs.open(p, "wb") as dst:
+                while chunk := src.read(CHUNK):
+                    h.update(chunk)
+                    dst.write(chunk)
+                    size += len(chunk)
+        return size, h.hexdigest()
+
+    def download_file(self, local_path: str, *parts: str) -> tuple[int, str]:
+        """Copy a stored file to local disk; returns (size, sha256) for verification."""
+        h = hashlib.sha256()
+        size = 0
+        os.makedirs(os.path.dirname(local_path), exist_ok=True)
+        with self.fs.open(self.path(*parts), "rb") as src, open(local_path, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        return size, h.hexdigest()
+
+    def delete_tree(self, *parts: str) -> None:
+        p = self.path(*parts)
+        try:
+            self.fs.rm(p, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename_tree(self, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
+        self.fs.mv(self.path(*src), self.path(*dst), recursive=True)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

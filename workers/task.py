@@ -1,0 +1,43 @@
+"""The user's side of the contract: a task function returns model, dataset and loss.
+
+Users never write the training loop. ``task.path: "pkg.mod:build"`` names a function called as
+``build(config: dict) -> Task`` on every worker, after syncpoint has seeded every RNG from
+``train.seed`` (so model initialisation is identical on every attempt and every rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from policies.resume import load_object
+
+
+@dataclass
+class Task:
+    model: torch.nn.Module
+    dataset: torch.utils.data.Dataset  # map-style: __len__ and __getitem__(int)
+    loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
+    collate: Callable[[list[Any]], Any] | None = None
+
+
+class TaskError(ValueError):
+    """The task import path or its return value is unusable (a user error, not a preemption)."""
+
+
+def load_task(path: str, config: dict[str, Any]) -> Task:
+    try:
+        fn = load_object(path)
+    except ValueError as e:
+        raise TaskError(f"task.path: {e}. Point it at a function 'package.module:function' "
+                        "importable on every worker (ship the code with --working-dir).") from None
+    if not callable(fn):
+        raise TaskError(f"task.path: {path!r} is not callable; it must be a function returning a Task")
+    task = fn(dict(config))
+    if not isinstance(task, Task):
+        raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
+    if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
+        raise TaskError(f"task.path: {path!r} returned a dataset without __len__/__getitem__ (map-style needed)")
+    return task
