@@ -1,0 +1,170 @@
+"""``syncpoint`` command line: run, validate, schema, states, digest, events.
+
+Bad input (a spec, an argument, a storage URL) exits 2 with a paragraph naming what is wrong and
+how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from orchestrator.spec import JobSpec, SpecError, job_schema, load_spec, resolve_storage, spec_to_json
+
+
+def _load(args: argparse.Namespace) -> JobSpec:
+    return resolve_storage(load_spec(args.job, args.set))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    print(spec_to_json(_load(args)))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(job_schema(), indent=2))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    _check_storage(spec)
+    from orchestrator.ray_runner import run_on_ray
+
+    return run_on_ray(spec, args.address)
+
+
+def _check_storage(spec: JobSpec) -> None:
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(spec.run_url)
+        fs.makedirs(path, exist_ok=True)
+    except Exception as e:  # noqa: BLE001
+        raise SpecError("storage", [f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. "
+                                    "Use a local path, file://, memory:// or an fsspec URL whose backend is installed "
+                                    "(s3:// needs s3fs) with credentials available"]) from None
+
+
+def cmd_states(args: argparse.Namespace) -> int:
+    from policies.candidates import candidates_table
+    from policies.resume import NoResumableState, enforce_safe, make_policy
+    from workers.discovery import discover, expectation_from_trainer
+    from workers.storage import RunStorage
+
+    storage = RunStorage(_as_url(args.run_dir))
+    cands = discover(storage)
+    newest = next((c.trainer for c in cands if c.trainer and c.manifest), None)
+    if newest:
+        exp = expectation_from_trainer(newest)
+        from policies.candidates import classify
+
+        for c in cands:
+            classify(c, exp)
+    else:
+        from policies.candidates import Expectation, classify
+
+        for c in cands:
+            classify(c, Expectation("", 0, 0, 0, 0, -1, "", -1))
+    policy_args = json.loads(args.policy_args) if args.policy_args else {}
+    try:
+        decision = enforce_safe(make_policy(args.policy, policy_args).choose(cands, {}), cands)
+        choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
+    except NoResumableState as e:
+        choice = {"state": None, "error": str(e).splitlines()[0]}
+    except ValueError as e:
+        raise SpecError("--policy", [str(e)]) from None
+    if args.json:
+        print(json.dumps({"run": storage.url, "candidates": [
+            {"state": c.name, "micro_step": c.micro_step, "verdict": c.verdict.value if c.verdict else None,
+             "reason": c.reason} for c in cands], "choice": choice}, indent=2))
+    else:
+        print(f"run: {storage.url}")
+        print(candidates_table(cands) if cands else "(no states)")
+        print(f"policy {args.policy}: " + (f"resume from {choice['state']} ({choice['reason']})" if choice.get("state")
+                                           else choice.get("error") or choice.get("reason", "")))
+    return 0
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    from workers.digest import state_digest
+
+    try:
+        d = state_digest(_as_url(args.state_dir))
+    except FileNotFoundError as e:
+        raise SpecError("STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]) from None
+    print(json.dumps(d, indent=2) if args.json else d["digest"])
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    events = EventLog(RunStorage(_as_url(args.run_dir))).read_all()
+    if args.json:
+        print(json.dumps(events, indent=1))
+        return 0
+    for e in events:
+        if e["kind"] == "progress":
+            continue
+        fields = {k: v for k, v in e.items() if k not in ("kind", "time", "source", "candidates", "records")}
+        print(f"{e['time']:.3f}  {e['kind']:<16} {json.dumps(fields)}")
+    return 0
+
+
+def _as_url(path: str) -> str:
+    import os
+
+    return path if "://" in path else "file://" + os.path.abspath(path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="syncpoint", description="Preemption-proof DeepSpeed training on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_spec(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("job", help="job spec YAML file")
+        sp.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                        help="override a spec field (value parsed as YAML); repeatable")
+
+    r = sub.add_parser("run", help="run a job (embedded local Ray unless --address/RAY_ADDRESS)")
+    with_spec(r)
+    r.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
+    r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("validate", help="print the normalized spec or its errors (exit 2)")
+    with_spec(v)
+    v.set_defaults(fn=cmd_validate)
+    sub.add_parser("schema", help="print the job spec JSON schema").set_defaults(fn=cmd_schema)
+    s = sub.add_parser("states", help="list a run's states, their verdicts, and what a policy would choose")
+    s.add_argument("run_dir")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--policy", default="newest-resumable")
+    s.add_argument("--policy-args", default=None, help="JSON object of policy keyword arguments")
+    s.set_defaults(fn=cmd_states)
+    d = sub.add_parser("digest", help="canonical sha256 of a state (params, optimizer, position, RNG)")
+    d.add_argument("state_dir")
+    d.add_argument("--json", action="store_true", help="also print each component's hash")
+    d.set_defaults(fn=cmd_digest)
+    e = sub.add_parser("events", help="print a run's event timeline")
+    e.add_argument("run_dir")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_events)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except SpecError as e:
+        print(f"syncpoint: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+import os
+import warnings
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+warnings.filterwarnings("ignore")

@@ -1,0 +1,83 @@
+"""Shared test helpers: specs from the example job, run/crash/resume, state inspection."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrator.spec import JobSpec, parse_spec, resolve_storage
+from workers.digest import state_digest
+from workers.events import EventLog
+from workers.faults import InjectedCrash
+from workers.launch import run_in_process
+from workers.storage import RunStorage
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = (ROOT / "examples" / "tiny_lm.yaml").read_text()
+
+
+def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
+    """The example job shrunk for tests (small model, short sequences)."""
+    base = [f"storage={storage}", f"scaling.num_workers={workers}", "task.config.seq_len=8",
+            "task.config.d_model=16", "train.micro_batch_size=2", "train.log_every=1000",
+            "checkpoint.keep_last=0", "checkpoint.export_final=false"]
+    return resolve_storage(parse_spec(EXAMPLE, "examples/tiny_lm.yaml", [*base, *overrides]))
+
+
+def linear_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
+    text = """
+name: linear
+task: {path: tests.tasks:linear, config: {num_samples: 64}}
+train: {micro_batch_size: 1, grad_accum: 4, epochs: 1, seed: 3, lr: 0.01, log_every: 100000}
+deepspeed: {zero_stage: 0}
+checkpoint: {keep_last: 0, export_final: false}
+"""
+    return resolve_storage(parse_spec(text, "linear", [f"storage={storage}", f"scaling.num_workers={workers}", *overrides]))
+
+
+def with_overrides(spec: JobSpec, *overrides: str) -> JobSpec:
+    from orchestrator.spec import apply_overrides
+
+    raw = apply_overrides(spec.model_dump(mode="json"), list(overrides))
+    return JobSpec.model_validate(raw)
+
+
+def run(spec: JobSpec):
+    return run_in_process(spec, print_progress=False)
+
+
+def run_until_crash(spec: JobSpec) -> bool:
+    try:
+        run(spec)
+    except InjectedCrash:
+        return True
+    return False
+
+
+def state_names(spec: JobSpec) -> list[str]:
+    return RunStorage(spec.run_url).list_dirs("states")
+
+
+def committed_steps(spec: JobSpec) -> list[int]:
+    s = RunStorage(spec.run_url)
+    return [int(n) for n in s.list_dirs("states") if s.exists("states", n, "manifest.json")]
+
+
+def digest(spec: JobSpec, name: str) -> str:
+    return state_digest(spec.run_url + "/states/" + name)["digest"]
+
+
+def step_history(spec: JobSpec) -> dict[int, dict[str, Any]]:
+    """Per optimizer step records of a run (later attempts overwrite recomputed steps)."""
+    out: dict[int, dict[str, Any]] = {}
+    for e in EventLog(RunStorage(spec.run_url)).read_all():
+        if e["kind"] == "progress":
+            for r in e["records"]:
+                out[r["optimizer_step"]] = r
+    return out
+
+
+def trainer_json(spec: JobSpec, name: str) -> dict[str, Any]:
+    return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "trainer.json"))

@@ -1,0 +1,60 @@
+"""Tiny tasks for tests: fast enough for thousands of micro-steps on one CPU rank."""
+
+from __future__ import annotations
+
+import torch
+
+from workers.task import Task
+
+
+class Vectors(torch.utils.data.Dataset):
+    def __init__(self, n: int, dim: int = 4) -> None:
+        g = torch.Generator().manual_seed(99)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = self.x.sum(dim=1, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i] + 0.01 * torch.randn(self.x.shape[1]), self.y[i]  # random augmentation
+
+
+def mse(model, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def linear(config: dict) -> Task:
+    dim = int(config.get("dim", 4))
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.Dropout(float(config.get("dropout", 0.1))),
+                                torch.nn.Linear(8, 1))
+    return Task(model=model, dataset=Vectors(int(config.get("num_samples", 64)), dim), loss=mse)
+
+
+def failing_loss(config: dict) -> Task:
+    """The loss raises at a chosen global call count: an application error, not a preemption."""
+    task = linear(config)
+    calls = {"n": 0}
+    fail_at = int(config["fail_at"])
+
+    def loss(model, batch):
+        calls["n"] += 1
+        if calls["n"] == fail_at:
+            raise ValueError(f"bad batch at call {fail_at}")
+        return mse(model, batch)
+
+    task.loss = loss
+    return task
+
+
+class LastStateOnly:
+    """A custom resume policy loaded by import path in tests: resume only from a chosen name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def choose(self, candidates, spec):
+        from policies.resume import Decision
+
+        return Decision(self.name, "custom policy says so")
