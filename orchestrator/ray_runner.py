@@ -44,15 +44,18 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     """Connect to a cluster, or start an embedded local Ray; returns True if embedded."""
     import ray
 
+    # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    env_vars = {"RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"]}
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
         return False
     cwd = os.getcwd()
-    pythonpath = os.pathsep.join(p for p in [cwd, os.environ.get("PYTHONPATH", "")] if p)
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [cwd, os.environ.get("PYTHONPATH", "")] if p)
     needed = spec.scaling.num_workers * spec.scaling.cpus_per_worker
-    ray.init(num_cpus=max(int(needed + 0.999), 1), include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
+    ray.init(num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env={"env_vars": env_vars})
     return True
 
 

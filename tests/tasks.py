@@ -58,3 +58,10 @@ class LastStateOnly:
         from policies.resume import Decision
 
         return Decision(self.name, "custom policy says so")
+
+
+class EveryFifthMicroStep:
+    """A custom save trigger loaded by import path: requests at micro-steps 5, 10, 15, ..."""
+
+    def wants_save(self, tick) -> bool:
+        return tick.global_micro_step % 5 == 0

@@ -98,6 +98,10 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     events = EventLog(storage) if rank == 0 else None
     faults = Faults(spec.faults, storage, rank)
     t, accum = spec.train, spec.train.grad_accum
+    # Intra-op threads follow the spec, not the host: CPU reductions split by thread count, so a
+    # resumed attempt on a bigger node would otherwise differ in the last bits (Ray does the same
+    # with OMP_NUM_THREADS; this makes every launcher agree).
+    torch.set_num_threads(max(1, int(spec.scaling.cpus_per_worker)))
 
     rng.seed_everything(t.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)

@@ -1,0 +1,54 @@
+"""Failure classification: is a failed attempt a preemption or an application error?
+
+Why it matters: preemptions (a drain notice, a SIGTERM notice, a hard node loss) must never
+consume the application-error budget (``failure.max_failures``); a bug in user code must. Ray
+2.60 charges a hard node kill to ``max_failures`` like a bug (it surfaces as gloo "connection
+closed" on the survivors), so syncpoint decides from plain facts gathered by the controller:
+Ray's own preemption flag, the nodes the attempt ran on that are now dead, and whether the
+attempt logged a preemption notice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREEMPTION = "preemption"
+APPLICATION = "application"
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    ray_says_preempted: bool  # Ray's own PreemptionError / preempted actor flag
+    dead_attempt_nodes: tuple[str, ...]  # nodes that hosted a rank of the attempt and are dead now
+    notice_logged: bool  # the attempt logged a preemption notice (drain or SIGTERM)
+    node_death_in_errors: bool  # a worker error says its node died
+    messages: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FailureVerdict:
+    kind: str
+    reason: str
+
+
+def classify_failure(f: FailureFacts) -> FailureVerdict:
+    if f.ray_says_preempted:
+        return FailureVerdict(PREEMPTION, "Ray reported a preemption (drain)")
+    if f.dead_attempt_nodes:
+        return FailureVerdict(PREEMPTION, f"node(s) lost: {', '.join(n[:12] for n in f.dead_attempt_nodes)}")
+    if f.node_death_in_errors:
+        return FailureVerdict(PREEMPTION, "a worker's node died")
+    if f.notice_logged:
+        return FailureVerdict(PREEMPTION, "the attempt received a preemption notice before failing")
+    first = next((m for m in f.messages if m), "unknown error")
+    return FailureVerdict(APPLICATION, first)
+
+
+def user_error_line(message: str) -> str:
+    """The most useful line of a worker traceback: the last 'SomethingError: ...' line."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        head = ln.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Refused", "Mismatch")) and " " not in head.strip():
+            return ln
+    return lines[-1] if lines else message

@@ -1,0 +1,42 @@
+"""``syncpoint states`` and ``syncpoint digest`` read a run without running anything."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.cli import main
+from tests.helpers import digest, linear_spec, run
+from workers.storage import RunStorage
+
+
+def test_states_table_json_and_policies(tmp_path, capsys):
+    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.epochs=2",
+                       "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    run(spec)
+    store = RunStorage(spec.run_url)
+    store.fs.rm(store.path("states", f"{20:012d}", "manifest.json"))  # newest becomes torn
+    run_dir = spec.run_url[len("file://"):]
+    capsys.readouterr()
+    assert main(["states", run_dir, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    verdicts = {c["state"]: c["verdict"] for c in out["candidates"]}
+    assert verdicts[f"{20:012d}"] == "torn" and verdicts[f"{18:012d}"] == "resumable"
+    assert out["choice"]["state"] == f"{18:012d}"
+    assert main(["states", run_dir, "--policy", "pinned", "--policy-args", '{"state": 8}']) == 0
+    text = capsys.readouterr().out
+    assert "torn" in text and "resume from 000000000008" in text
+    assert main(["states", run_dir, "--policy", "no.such:Policy"]) == 2
+    assert "cannot import" in capsys.readouterr().err
+
+
+def test_digest_command_matches_library_and_ignores_timestamps(tmp_path, capsys):
+    a = linear_spec(tmp_path / "a", "task.config.num_samples=10")
+    b = linear_spec(tmp_path / "b", "task.config.num_samples=10")
+    run(a)
+    run(b)
+    name = f"{10:012d}"
+    capsys.readouterr()
+    assert main(["digest", a.run_url + "/states/" + name]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == digest(a, name) == digest(b, name)  # two runs, other times and paths: same digest
+    assert main(["digest", str(tmp_path / "nope")]) == 2

@@ -1,0 +1,120 @@
+"""Retention cases, custom policies/triggers, fine-tune gating and the fresh policy, end to end
+through the real writer and a second resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import (committed_steps, digest, lm_spec, run, run_until_crash, state_names, trainer_json,
+                           with_overrides)
+from workers.loop import ResumeRefused
+from workers.storage import RunStorage, sha256_bytes
+
+
+def _spec(tmp, *extra):
+    return lm_spec(tmp, "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=2", *extra)
+
+
+def _reference(tmp):
+    ref = _spec(tmp / "ref")
+    run(ref)
+    return ref
+
+
+def test_a_keep_last_1_interrupted_after_12_still_resumes(tmp_path):
+    spec = _spec(tmp_path / "a", "checkpoint.save_every={value: 4, unit: micro_steps}", "checkpoint.keep_last=1",
+                 "faults=[{at_micro_step: 12, mode: raise}]")
+    assert run_until_crash(spec)
+    assert committed_steps(spec) == [8]  # 4 was pruned after 8 committed; 12's request was still pending
+    result = run(spec)
+    assert result.resumed_from == f"{8:012d}"
+    assert committed_steps(spec) == [20]
+    assert digest(spec, f"{20:012d}") == digest(_reference(tmp_path), f"{20:012d}")
+
+
+def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
+    name = f"{step:012d}"
+    store.fs.copy(store.path("states", src), store.path("states", name), recursive=True)
+    t = json.loads(store.read_bytes("states", name, "trainer.json"))
+    epoch, pos = divmod(step, t["micro_batches_per_epoch"])
+    t.update(global_micro_step=step, epoch=epoch, position_in_epoch=pos)
+    data = store.write_json(t, "states", name, "trainer.json")
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest["files"]["trainer.json"] = {"size": len(data), "sha256": sha256_bytes(data)}
+    store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
+
+
+def test_b_legacy_mid_cycle_state_never_displaces_resumable_ones(tmp_path):
+    # an older writer left 4 (boundary), 8 (boundary) and 12 (mid-cycle)
+    spec = _spec(tmp_path / "b", "checkpoint.save_every={value: 4, unit: micro_steps}",
+                 "faults=[{at_micro_step: 9, mode: raise}]")
+    assert run_until_crash(spec)
+    store = RunStorage(spec.run_url)
+    _plant_mid_cycle(store, f"{8:012d}", 12)
+    assert state_names(spec) == [f"{s:012d}" for s in (4, 8, 12)]
+    resumed = with_overrides(spec, "checkpoint.keep_last=1", "faults=[{at_micro_step: 15, mode: raise}]")
+    assert run_until_crash(resumed)  # falls back to 8, trains, saves at 14 (request 12 -> boundary 14), prunes
+    names = state_names(spec)
+    assert f"{14:012d}" in names and f"{8:012d}" not in names and f"{4:012d}" not in names
+    assert f"{12:012d}" in names  # reported, kept out of the count, never displacing 14
+    result = run(with_overrides(resumed, "faults=[]"))  # the second resume still finds a resumable state
+    assert result.resumed_from == f"{14:012d}"
+    assert digest(spec, f"{20:012d}") == digest(_reference(tmp_path), f"{20:012d}")
+    pruned = with_overrides(resumed, "faults=[]", "checkpoint.prune_unsafe=true", "train.epochs=3")
+    run(pruned)
+    assert f"{12:012d}" not in state_names(spec)
+
+
+def test_c_keep_last_0_keeps_everything(tmp_path):
+    spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}", "checkpoint.keep_last=0")
+    run(spec)
+    assert committed_steps(spec) == [4, 8, 10, 14, 18, 20]
+    keep2 = _spec(tmp_path / "k2", "checkpoint.save_every={value: 1, unit: optimizer_steps}", "checkpoint.keep_last=2")
+    run(keep2)
+    assert committed_steps(keep2) == [18, 20]
+
+
+def test_custom_policy_and_trigger_by_import_path(tmp_path):
+    spec = _spec(tmp_path, "checkpoint.save_trigger=tests.tasks:EveryFifthMicroStep",
+                 "faults=[{at_micro_step: 16, mode: raise}]")
+    assert run_until_crash(spec)
+    assert committed_steps(spec) == [8, 10, 18][:2]  # 5 -> 8, 10 -> 10, 15 -> 18 (crashed at 16)
+    pinned_old = with_overrides(spec, "faults=[]", "resume.policy=tests.tasks:LastStateOnly",
+                                f"resume.policy_args={{name: '{8:012d}'}}")
+    assert run(pinned_old).resumed_from == f"{8:012d}"
+    store = RunStorage(spec.run_url)
+    _plant_mid_cycle(store, f"{8:012d}", 13)
+    unsafe = with_overrides(pinned_old, f"resume.policy_args={{name: '{13:012d}'}}")
+    with pytest.raises(ResumeRefused, match="mid-cycle"):
+        run(unsafe)
+
+
+def test_init_from_is_ignored_once_the_run_has_its_own_state(tmp_path, capsys):
+    parent = _spec(tmp_path / "parent")
+    run(parent)
+    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
+                           "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+                           "faults=[{at_micro_step: 9, mode: raise}]")
+    assert run_until_crash(child)
+    assert "init_from" in capsys.readouterr().out
+    result = run(child)
+    assert result.resumed_from == f"{8:012d}"
+    assert "own resumable state wins" in capsys.readouterr().out
+
+
+def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
+    spec = _spec(tmp_path, "faults=[{at_micro_step: 12, mode: raise}]",
+                 "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    assert run_until_crash(spec)
+    fresh = with_overrides(spec, "faults=[]", "resume.policy=fresh")
+    with pytest.raises(ResumeRefused, match="on_existing"):
+        run(fresh)
+    assert committed_steps(spec) == [4, 8, 10]  # nothing committed was lost
+    result = run(with_overrides(fresh, "resume.on_existing=archive"))
+    assert result.resumed_from is None and committed_steps(spec) == [4, 8, 10, 14, 18, 20]
+    store = RunStorage(spec.run_url)
+    archived = store.list_dirs("archive")
+    assert len(archived) == 1 and store.list_dirs("archive", archived[0]) == [f"{s:012d}" for s in (4, 8, 10)]
+    assert trainer_json(spec, f"{20:012d}")["attempt"] == 3
