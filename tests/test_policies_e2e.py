@@ -117,4 +117,4 @@ def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
     store = RunStorage(spec.run_url)
     archived = store.list_dirs("archive")
     assert len(archived) == 1 and store.list_dirs("archive", archived[0]) == [f"{s:012d}" for s in (4, 8, 10)]
-    assert trainer_json(spec, f"{20:012d}")["attempt"] == 3
+    assert trainer_json(spec, f"{20:012d}")["attempt"] == 2  # the refused start never began an attempt

@@ -363,9 +363,9 @@ def _maybe_init_from(spec: JobSpec, engine, rank: int) -> None:
     url = spec.resume.init_from
     if not url:
         return
-    base, _, name = url.rstrip("/").rpartition("/states/")
-    src = RunStorage(base if name else url)
-    if not name:
+    base, sep, name = url.rstrip("/").rpartition("/states/")
+    src = RunStorage(base if sep else url)
+    if not sep:
         cands = discover(src)
         name = next((c.name for c in cands if c.manifest), "")
         if not name:
