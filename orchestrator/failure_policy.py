@@ -10,6 +10,8 @@ losses to ``max_failures``.
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from typing import Iterator
 
 from ray.train.v2._internal.execution.failure_handling import default as _default
@@ -64,15 +66,36 @@ def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
             notice = any(e["kind"] == "preemption_notice" and e.get("attempt") == last.get("attempt") for e in events)
     except Exception:  # noqa: BLE001 - classification must never crash the controller
         pass
-    dead = set()
-    try:
-        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
-    except Exception:  # noqa: BLE001
-        pass
+    dead = _dead_nodes()
+    system_death = any(_is_system_death(e) for e in failures.values())
+    if system_death and attempt_nodes and not (set(attempt_nodes) & dead):
+        # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
+        # health check gives up, so wait (bounded) before calling it an application failure.
+        deadline = time.monotonic() + float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
+        while time.monotonic() < deadline and not (set(attempt_nodes) & dead):
+            time.sleep(0.5)
+            dead = _dead_nodes()
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(set(attempt_nodes) & dead)),
         notice_logged=notice, node_death_in_errors=node_death, messages=messages)
+
+
+def _dead_nodes() -> set[str]:
+    import ray
+
+    try:
+        return {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
+    except Exception:  # noqa: BLE001
+        return set()
+
+
+def _is_system_death(error: BaseException) -> bool:
+    """A worker process or its node disappeared (as opposed to an exception in user code)."""
+    from ray.exceptions import RayActorError
+
+    inner = getattr(error, "health_check_failure", error)
+    return isinstance(inner, RayActorError) or isinstance(error, RayActorError)
 
 
 def _record(run_url: str, verdict, facts: FailureFacts, decision, error) -> None:  # noqa: ANN001

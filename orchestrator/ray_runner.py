@@ -27,8 +27,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
     spec = JobSpec.model_validate(config["spec"])
 
-    def notice() -> bool:
-        return ray.train.get_preemption_info() is not None
+    def notice() -> dict[str, Any] | None:
+        info = ray.train.get_preemption_info()  # a collective: every rank calls it at every boundary
+        if info is None:
+            return None
+        return {"source": "ray-drain", "deadline_ms": info.deadline_ms, "nodes": info.preempted_node_ids,
+                "ranks": info.preempted_ranks}
 
     run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id()))
 
@@ -46,13 +50,15 @@ def connect(spec: JobSpec, address: str | None) -> bool:
 
     # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    env_vars = {"RAY_TRAIN_ENABLE_PRINT_PATCH": os.environ["RAY_TRAIN_ENABLE_PRINT_PATCH"]}
+    # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
+    env_vars = {k: v for k, v in os.environ.items() if k.startswith("RAY_TRAIN_")}
+    # The driver's working directory on the import path, so a task next to the job file imports
+    # (remote nodes get code through `ray job submit --working-dir`).
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
         return False
-    cwd = os.getcwd()
-    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [cwd, os.environ.get("PYTHONPATH", "")] if p)
     needed = spec.scaling.num_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     ray.init(num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env={"env_vars": env_vars})
@@ -79,8 +85,11 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
                 failure_config=FailureConfig(max_failures=spec.failure.max_failures,
                                              max_preemption_failures=spec.failure.max_preemptions)),
         )
+        from orchestrator.failure_policy import installed
+
         try:
-            trainer.fit()
+            with installed(spec.run_url):
+                trainer.fit()
         except Exception as e:  # noqa: BLE001 - turn Ray's error into one paragraph
             print(f"syncpoint: job {spec.name!r} failed: {failure_summary(e)}", file=sys.stderr)
             return 1

@@ -156,12 +156,16 @@ class CrashFault(_Strict):
     phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
                    "before_retention", "during_retention"] | None = None
     at_save: int = Field(1, ge=1, description="With phase: which save (1 = first) of the run.")
-    mode: Literal["exit", "raise"] = Field("exit", description="exit: os._exit (hard); raise: exception.")
+    mode: Literal["exit", "raise", "sigterm"] = Field(
+        "exit", description="exit: os._exit (hard crash); raise: exception (in-process tests); sigterm: a preemption "
+                            "notice, then the process dies after the next boundary's save (at_micro_step only).")
 
     @model_validator(mode="after")
     def _one_trigger(self) -> "CrashFault":
         if (self.at_micro_step is None) == (self.phase is None):
             raise ValueError("a fault needs exactly one of at_micro_step or phase")
+        if self.mode == "sigterm" and self.phase is not None:
+            raise ValueError("mode sigterm needs at_micro_step (a notice arrives between micro-steps)")
         return self
 
     @property

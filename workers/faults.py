@@ -24,6 +24,8 @@ class Faults:
         self.storage, self.rank = storage, rank
         self.mine = [f for f in faults if f.rank == rank and not storage.exists("faults", f.fault_id + ".fired")]
         self.saves_seen = 0
+        self.sigterm_flag = None  # set by the loop: the worker's SIGTERM notice source
+        self.exit_after_preemption_save = False
 
     def _fire(self, f: CrashFault, where: str) -> None:
         self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()}, "faults", f.fault_id + ".fired")
@@ -31,12 +33,23 @@ class Faults:
         print(f"[syncpoint] injected crash on rank {self.rank} at {where}", file=sys.stderr, flush=True)
         if f.mode == "raise":
             raise InjectedCrash(where)
+        if f.mode == "sigterm":
+            # A spot notice: the worker gets SIGTERM, saves at the next boundary, then its node goes away.
+            if self.sigterm_flag is not None:
+                self.sigterm_flag.flag = True
+            self.exit_after_preemption_save = True
+            return
         os._exit(17)
 
     def at_micro_step(self, step: int) -> None:
         for f in list(self.mine):
             if f.at_micro_step == step:
                 self._fire(f, f"micro-step {step}")
+
+    def after_preemption_save(self) -> None:
+        if self.exit_after_preemption_save:
+            print(f"[syncpoint] rank {self.rank}: node reclaimed after the preemption save", file=sys.stderr, flush=True)
+            os._exit(143)
 
     def save_started(self) -> None:
         self.saves_seen += 1

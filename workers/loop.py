@@ -48,6 +48,8 @@ from workers.task import load_task
 
 log = logging.getLogger("syncpoint")
 
+PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
+
 
 class ResumeRefused(RuntimeError):
     """No state can be continued exactly (or the policy refused): fail before training a batch."""
@@ -57,7 +59,9 @@ class ResumeRefused(RuntimeError):
 class WorkerContext:
     """What the launcher (Ray Train, or a test) tells the loop about its surroundings."""
 
-    preemption_notice: Callable[[], bool] | None = None  # e.g. Ray's get_preemption_info wrapper
+    # Returns details of an imminent preemption (e.g. from Ray's get_preemption_info), or None.
+    # Called at every sync boundary on every rank (Ray's call is itself a collective).
+    preemption_notice: Callable[[], dict[str, Any] | None] | None = None
     node_id: str = ""
     print_progress: bool = True
 
@@ -129,19 +133,24 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                                     reset=spec.resume.reset_schedule, warn=lambda m: _warn(rank, m))
     else:
         epoch = pos = gms = opt_step = sched_pos = 0
+    nodes: list[str | None] = [None] * world
+    dist.all_gather_object(nodes, ctx.node_id)
     if events:
-        events.emit("attempt_started", attempt=attempt, world_size=world, node=ctx.node_id,
+        events.emit("attempt_started", attempt=attempt, world_size=world, nodes=nodes,
                     resumed_from=resumed.name, global_micro_step=gms, optimizer_step=opt_step)
+    faults.sigterm_flag = sigterm_flag = _SigtermNotice()
 
     trigger = (load_object(spec.checkpoint.save_trigger)() if spec.checkpoint.save_trigger
                else trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit))
     wall_clock = getattr(trigger, "wall_clock", False)
-    pending, sigterm = PendingSave(), _SigtermNotice()
+    pending, sigterm = PendingSave(), sigterm_flag
+    noticed = False
     history: list[dict[str, Any]] = []
     unflushed: list[dict[str, Any]] = []
     last_save_time = time.monotonic()
     last_saved = resumed.name
     last_log_time, last_log_samples = time.monotonic(), gms
+    last_flush = time.monotonic()
     finished = False
 
     while not finished and (t.epochs is None or epoch < t.epochs):
@@ -171,20 +180,31 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             if not wall_clock and trigger.wants_save(Tick(gms, opt_step, boundary, time.monotonic() - last_save_time)):
                 pending.request("interval")
             if boundary:
+                notice = ctx.preemption_notice() if ctx.preemption_notice else None
+                if notice is None and sigterm.flag:
+                    notice = {"source": "sigterm"}
                 flags = torch.tensor([
                     cycle_loss,
-                    float(bool(ctx.preemption_notice and ctx.preemption_notice()) or sigterm.flag),
+                    float(notice is not None),
                     float(wall_clock and trigger.wants_save(Tick(gms, opt_step, True, time.monotonic() - last_save_time))),
                 ], dtype=torch.float64)
                 dist.all_reduce(flags)  # one collective: every rank takes the same decision
                 step_loss = flags[0].item() / (cycle_length(pos, accum, mbpe) * world)
-                if flags[1] > 0:
+                if flags[1] > 0 and not noticed:
+                    noticed = True
                     pending.request("preemption")
+                    if events:
+                        events.emit("preemption_notice", attempt=attempt, global_micro_step=gms, optimizer_step=opt_step,
+                                    **(notice or {"source": "another rank"}))
                 if flags[2] > 0:
                     pending.request("interval")
-                record = {"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss, "lr": lr}
+                record = {"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss,
+                          "lr": lr, "time": time.time()}
                 history.append(record)
                 unflushed.append(record)
+                if events and time.monotonic() - last_flush > PROGRESS_FLUSH_S:
+                    events.emit("progress", attempt=attempt, records=unflushed)
+                    unflushed, last_flush = [], time.monotonic()
                 epoch_end = pos == mbpe
                 if epoch_end and sched.unit == "epochs":
                     sched_pos += 1
@@ -206,14 +226,16 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                     result = save_state(engine, storage, trainer_rec, faults)
                     last_saved, last_save_time = result.name, time.monotonic()
                     if events:
-                        events.emit("progress", records=unflushed)
-                        events.emit("state_committed", state=result.name, global_micro_step=gms,
+                        events.emit("progress", attempt=attempt, records=unflushed)
+                        events.emit("state_committed", attempt=attempt, state=result.name, global_micro_step=gms,
                                     optimizer_step=opt_step, bytes=result.bytes, seconds=result.seconds,
                                     blocked_seconds=result.blocked_seconds, reasons=reasons)
-                    unflushed = []
+                    unflushed, last_flush = [], time.monotonic()
                     faults.at_phase("before_retention")
                     if rank == 0:
                         _retain(spec, storage, expectation, faults)
+                    if "preemption" in reasons:
+                        faults.after_preemption_save()
                 cycle_loss = 0.0
                 if last:
                     finished = True
@@ -226,7 +248,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     if rank == 0 and spec.checkpoint.export_final:
         export_final(engine, storage, {"state": last_saved, "optimizer_step": opt_step, "task": spec.task.path})
     if events:
-        events.emit("finished", state=last_saved, global_micro_step=gms, optimizer_step=opt_step)
+        if unflushed:
+            events.emit("progress", attempt=attempt, records=unflushed)
+        events.emit("finished", attempt=attempt, state=last_saved, global_micro_step=gms, optimizer_step=opt_step)
     dist.barrier()
     return WorkerResult(final_state=last_saved or "", global_micro_step=gms, optimizer_step=opt_step,
                         resumed_from=resumed.name, history=history)

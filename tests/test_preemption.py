@@ -1,0 +1,157 @@
+"""Preemption on real Ray: notices, node loss, application errors, failure classification.
+
+Multi-node tests use ``ray.cluster_utils.Cluster``: a head with no CPUs (driver and Ray Train
+controller), two worker nodes with one worker each. The driver is ``syncpoint run --address`` in
+a subprocess; the test plays the cloud (drains, kills and replaces nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, digest, lm_spec, state_names
+from workers.events import EventLog
+from workers.launch import run_spawned
+from workers.storage import RunStorage
+
+pytestmark = pytest.mark.slow
+
+COMMON = ["task.config.num_samples=240", "train.epochs=2", "checkpoint.save_every={value: 8, unit: micro_steps}"]
+
+
+def _spec(tmp, *extra):
+    return lm_spec(tmp, *COMMON, *extra, workers=2)
+
+
+def _start(spec, address: str | None = None, env_extra: dict | None = None) -> subprocess.Popen:
+    job = spec.storage[len("file://"):] + "/job.yaml"
+    os.makedirs(os.path.dirname(job), exist_ok=True)
+    with open(job, "w") as f:
+        yaml.safe_dump(spec.model_dump(mode="json"), f)
+    cmd = [sys.executable, "-m", "orchestrator", "run", job] + (["--address", address] if address else [])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(env_extra or {})
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _events(spec, kind=None):
+    evs = EventLog(RunStorage(spec.run_url)).read_all()
+    return [e for e in evs if kind is None or e["kind"] == kind]
+
+
+def _wait_for(pred, proc, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc.poll() is not None:
+            raise AssertionError("driver exited early:\n" + proc.stdout.read()[-4000:])
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("timed out")
+
+
+def _reference(tmp):
+    ref = _spec(tmp / "ref")
+    assert run_spawned(ref) == [0, 0]
+    return ref
+
+
+@pytest.fixture
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    # fast GCS health checks so a killed node is declared dead within seconds
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    workers = [c.add_node(num_cpus=1) for _ in range(2)]
+    c.wait_for_nodes()
+    yield c, workers
+    c.shutdown()
+
+
+def _node_of_rank(spec, cluster_nodes, rank):
+    nodes = _events(spec, "attempt_started")[-1]["nodes"]
+    return next(n for n in cluster_nodes if n.node_id == nodes[rank])
+
+
+def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
+    c, nodes = cluster
+    spec = _spec(tmp_path / "run", "failure.max_failures=0")
+    proc = _start(spec, c.address)
+    _wait_for(lambda: any(e["global_micro_step"] >= 40 for e in _events(spec, "state_committed")), proc)
+    victim = _node_of_rank(spec, nodes, 1)
+    c.remove_node(victim, allow_graceful=False)  # spot node gone, no notice
+    c.add_node(num_cpus=1)  # the autoscaler's replacement
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    failures = _events(spec, "failure")
+    assert failures and failures[0]["classified"] == "preemption", failures
+    final = state_names(spec)[-1]
+    assert digest(spec, final) == digest(_reference(tmp_path), final)
+
+
+def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
+    c, nodes = cluster
+    # long enough (2,000 micro-steps) that the notice arrives mid-run
+    spec = _spec(tmp_path / "run", "failure.max_failures=0", "checkpoint.save_every={value: 0, unit: micro_steps}",
+                 "task.config.num_samples=4000")
+    proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
+    _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
+    time.sleep(1.0)
+    victim = _node_of_rank(spec, nodes, 1)
+    from ray._raylet import GcsClient
+    from ray.core.generated import autoscaler_pb2
+
+    accepted, _ = GcsClient(address=c.gcs_address).drain_node(
+        victim.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot reclaim",
+        int(time.time() * 1000) + 6000)
+    assert accepted
+    c.add_node(num_cpus=1)  # replacement capacity
+    _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
+    c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    notice = _events(spec, "preemption_notice")[0]
+    saved = next(e for e in _events(spec, "state_committed") if "preemption" in e["reasons"])
+    assert saved["global_micro_step"] >= notice["global_micro_step"]
+    assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
+    second = _events(spec, "attempt_started")[1]
+    assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
+    final = state_names(spec)[-1]
+    ref = _spec(tmp_path / "ref", "task.config.num_samples=4000")
+    assert run_spawned(ref) == [0, 0]
+    assert digest(spec, final) == digest(ref, final)
+
+
+def test_sigterm_notice_is_a_preemption_not_an_application_failure(tmp_path):
+    spec = _spec(tmp_path / "run", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 13, mode: sigterm}]")
+    proc = _start(spec)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    saved = [e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]
+    assert saved[0]["global_micro_step"] == 16  # notice after 13, serviced at the boundary 16
+    assert _events(spec, "failure")[0]["classified"] == "preemption"
+    assert _events(spec, "attempt_started")[1]["resumed_from"] == f"{16:012d}"
+    final = state_names(spec)[-1]
+    assert digest(spec, final) == digest(_reference(tmp_path), final)
+
+
+def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path):
+    spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 5}",
+                   "train.micro_batch_size=1", "train.epochs=1", "failure.max_failures=1",
+                   "checkpoint.save_every={value: 8, unit: micro_steps}", workers=2)
+    proc = _start(spec)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "bad batch at call 5" in out.splitlines()[-1] or "bad batch at call 5" in out[-2000:]
+    failures = _events(spec, "failure")
+    assert [f["classified"] for f in failures] == ["application", "application"]
+    assert [f["decision"] for f in failures] == ["RETRY", "RAISE"]
+    assert len(_events(spec, "attempt_started")) == 2
