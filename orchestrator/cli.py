@@ -103,16 +103,42 @@ def cmd_events(args: argparse.Namespace) -> int:
     from workers.events import EventLog
     from workers.storage import RunStorage
 
+    from orchestrator.timeline import format_timeline
+
     events = EventLog(RunStorage(_as_url(args.run_dir))).read_all()
+    if not events:
+        raise SpecError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"])
+    if args.plot:
+        from orchestrator.plot import plot_run
+
+        plot_run(events, args.plot, title=args.run_dir)
     if args.json:
         print(json.dumps(events, indent=1))
-        return 0
-    for e in events:
-        if e["kind"] == "progress":
-            continue
-        fields = {k: v for k, v in e.items() if k not in ("kind", "time", "source", "candidates", "records")}
-        print(f"{e['time']:.3f}  {e['kind']:<16} {json.dumps(fields)}")
+    else:
+        print(format_timeline(events))
+        if args.plot:
+            print(f"plot written to {args.plot}")
     return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from orchestrator.drill import run_drill
+
+    spec = _load(args)
+    _check_storage(spec)
+    try:
+        points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
+    except ValueError:
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
+    if not points or min(points) < 1 or points != sorted(set(points)):
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
+    hows = [h.strip() for h in args.how.split(",")]
+    bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
+    if bad or len(hows) not in (1, len(points)):
+        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
+    report = run_drill(spec, points, hows, args.address)
+    print(report.table)
+    return 0 if report.ok else 1
 
 
 def _as_url(path: str) -> str:
@@ -151,7 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a run's event timeline")
     e.add_argument("run_dir")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--plot", metavar="FILE.png", help="draw loss and LR vs micro-step with saves/preemptions marked")
     e.set_defaults(fn=cmd_events)
+    dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
+    with_spec(dr)
+    dr.add_argument("--preempt-at", required=True, metavar="P[,Q...]", help="global micro-steps to interrupt at")
+    dr.add_argument("--how", default="crash", help="crash|sigterm|node, or one per point: crash,sigterm")
+    dr.add_argument("--address", default=None, help="Ray cluster address (crash/sigterm; default embedded)")
+    dr.set_defaults(fn=cmd_drill)
     return p
 
 

@@ -53,8 +53,6 @@ def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
 
     failures = getattr(error, "worker_failures", {}) or {}
     messages = tuple(user_error_line(str(e)) for _, e in sorted(failures.items()))
-    node_death = any("node" in str(e).lower() and ("died" in str(e).lower() or "dead" in str(e).lower())
-                     for e in failures.values())
     attempt_nodes: list[str] = []
     notice = False
     try:
@@ -68,7 +66,8 @@ def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
         pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
-    if system_death and attempt_nodes and not (set(attempt_nodes) & dead):
+    own_node = ray.get_runtime_context().get_node_id()
+    if system_death and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
         # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
         # health check gives up, so wait (bounded) before calling it an application failure.
         deadline = time.monotonic() + float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
@@ -78,7 +77,7 @@ def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(set(attempt_nodes) & dead)),
-        notice_logged=notice, node_death_in_errors=node_death, messages=messages)
+        notice_logged=notice, messages=messages)
 
 
 def _dead_nodes() -> set[str]:

@@ -55,6 +55,8 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     # The driver's working directory on the import path, so a task next to the job file imports
     # (remote nodes get code through `ray job submit --working-dir`).
     env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+    if ray.is_initialized():  # a caller (drill, tests) already connected
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})

@@ -21,7 +21,6 @@ class FailureFacts:
     ray_says_preempted: bool  # Ray's own PreemptionError / preempted actor flag
     dead_attempt_nodes: tuple[str, ...]  # nodes that hosted a rank of the attempt and are dead now
     notice_logged: bool  # the attempt logged a preemption notice (drain or SIGTERM)
-    node_death_in_errors: bool  # a worker error says its node died
     messages: tuple[str, ...] = ()
 
 
@@ -36,8 +35,6 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
         return FailureVerdict(PREEMPTION, "Ray reported a preemption (drain)")
     if f.dead_attempt_nodes:
         return FailureVerdict(PREEMPTION, f"node(s) lost: {', '.join(n[:12] for n in f.dead_attempt_nodes)}")
-    if f.node_death_in_errors:
-        return FailureVerdict(PREEMPTION, "a worker's node died")
     if f.notice_logged:
         return FailureVerdict(PREEMPTION, "the attempt received a preemption notice before failing")
     first = next((m for m in f.messages if m), "unknown error")

@@ -40,3 +40,23 @@ def test_digest_command_matches_library_and_ignores_timestamps(tmp_path, capsys)
     printed = capsys.readouterr().out.strip()
     assert printed == digest(a, name) == digest(b, name)  # two runs, other times and paths: same digest
     assert main(["digest", str(tmp_path / "nope")]) == 2
+
+
+def test_events_timeline_and_plot(tmp_path, capsys):
+    from tests.helpers import run_until_crash, with_overrides
+
+    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.epochs=2",
+                       "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+                       "faults=[{at_micro_step: 13, mode: raise}]")
+    assert run_until_crash(spec)
+    run(with_overrides(spec, "faults=[]"))
+    capsys.readouterr()
+    png = tmp_path / "run.png"
+    assert main(["events", spec.run_url, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "attempt 2" in out and "from 000000000010" in out
+    assert "lost micro-steps" in out and "restart" in out
+    lost_line = out.strip().splitlines()[-2 if "plot written" in out else -1]
+    assert lost_line.split()[3] == "3"  # crashed after 13, resumed from 10
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["events", str(tmp_path / "empty")]) == 2

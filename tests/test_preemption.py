@@ -124,6 +124,11 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
     second = _events(spec, "attempt_started")[1]
     assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
+    from orchestrator.timeline import restarts
+
+    (restart,) = restarts(_events(spec))
+    assert restart.cause == "preemption"
+    assert restart.lost_micro_steps < spec.train.grad_accum  # every boundary in the grace window committed
     final = state_names(spec)[-1]
     ref = _spec(tmp_path / "ref", "task.config.num_samples=4000")
     assert run_spawned(ref) == [0, 0]
@@ -155,3 +160,17 @@ def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp
     assert [f["classified"] for f in failures] == ["application", "application"]
     assert [f["decision"] for f in failures] == ["RETRY", "RAISE"]
     assert len(_events(spec, "attempt_started")) == 2
+
+
+def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
+           "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
+           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "per-step losses and learning rates: match" in out and "final digest: match" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)]
+    assert [r[1] for r in rows] == ["crash", "sigterm"]
+    assert rows[1][3] == "preemption" and rows[1][5] == "0"  # the noticed preemption lost nothing

@@ -20,7 +20,10 @@ from safetensors.torch import load as st_load
 
 from workers.storage import RunStorage, sha256_bytes
 
-VOLATILE_TRAINER_KEYS = {"created_at", "attempt", "save_reasons"}
+# The digest covers where training stands, not who wrote it or when: run names, attempts, times and
+# save reasons are left out so a drill's two differently named runs compare equal.
+POSITION_KEYS = ("epoch", "position_in_epoch", "global_micro_step", "optimizer_step", "grad_accum",
+                 "micro_batches_per_epoch", "micro_batch_size", "world_size", "seed", "scheduler", "data")
 SKIPPED_KEYS = {"ds_config", "ds_version"}
 
 
@@ -106,7 +109,7 @@ def state_digest(state_url: str) -> dict[str, str]:
     for rel in zero_files:
         parts["optimizer"].feed(load_deepspeed_file(read(rel))["optimizer_state_dict"])
     trainer = json.loads(read("trainer.json"))
-    parts["position"].feed({k: v for k, v in trainer.items() if k not in VOLATILE_TRAINER_KEYS})
+    parts["position"].feed({k: trainer.get(k) for k in POSITION_KEYS})
     for rel in sorted((p for p in files if p.startswith("rng/")), key=_rank_of):
         data = read(rel)
         parts["rng"].feed(st_load(data))

@@ -24,11 +24,17 @@ class Faults:
         self.storage, self.rank = storage, rank
         self.mine = [f for f in faults if f.rank == rank and not storage.exists("faults", f.fault_id + ".fired")]
         self.saves_seen = 0
+        self.attempt = 0  # set by the loop once the attempt number is known
         self.sigterm_flag = None  # set by the loop: the worker's SIGTERM notice source
         self.exit_after_preemption_save = False
 
-    def _fire(self, f: CrashFault, where: str) -> None:
+    def _fire(self, f: CrashFault, where: str, micro_step: int | None = None) -> None:
+        from workers.events import EventLog
+
         self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()}, "faults", f.fault_id + ".fired")
+        EventLog(self.storage, source=f"rank{self.rank}").emit(
+            "fault_fired", fault=f.fault_id, mode=f.mode, where=where, rank=self.rank, global_micro_step=micro_step,
+            attempt=self.attempt)
         self.mine.remove(f)
         print(f"[syncpoint] injected crash on rank {self.rank} at {where}", file=sys.stderr, flush=True)
         if f.mode == "raise":
@@ -44,7 +50,7 @@ class Faults:
     def at_micro_step(self, step: int) -> None:
         for f in list(self.mine):
             if f.at_micro_step == step:
-                self._fire(f, f"micro-step {step}")
+                self._fire(f, f"micro-step {step}", step)
 
     def after_preemption_save(self) -> None:
         if self.exit_after_preemption_save:

@@ -115,7 +115,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
         model_fingerprint=model_fingerprint(task.model), seed=t.seed)
-    attempt = _attempt_number(events)
+    attempt = faults.attempt = _attempt_number(events)
 
     resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
@@ -190,7 +190,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                 ], dtype=torch.float64)
                 dist.all_reduce(flags)  # one collective: every rank takes the same decision
                 step_loss = flags[0].item() / (cycle_length(pos, accum, mbpe) * world)
-                if flags[1] > 0 and not noticed:
+                if noticed:
+                    # Inside a notice's grace window every boundary commits: whatever is computed before
+                    # the node goes away survives (at most one accumulation cycle is recomputed).
+                    pending.request("preemption")
+                elif flags[1] > 0:
                     noticed = True
                     pending.request("preemption")
                     if events:

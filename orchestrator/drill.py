@@ -1,0 +1,130 @@
+"""``syncpoint drill``: prove a job survives preemption before paying for spot capacity.
+
+Runs the uninterrupted reference and the interrupted run on the same spec (as ``<name>-drill-ref``
+and ``<name>-drill`` under the spec's storage), then compares per-step losses and the final
+digest, and reports each preemption with the work it lost. Kinds of interruption:
+
+* ``crash``   — the rank is killed hard (``os._exit``) after the micro-step: charged as a failure;
+* ``sigterm`` — the rank gets a preemption notice, saves at the next boundary, then dies;
+* ``node``    — a local multi-node Ray cluster (``ray.cluster_utils.Cluster``) loses the node
+  hosting the rank without notice, and a replacement node joins (the autoscaler's part).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from orchestrator.spec import CrashFault, JobSpec
+from orchestrator.timeline import merged_steps, restarts
+
+
+@dataclass
+class DrillReport:
+    table: str
+    ok: bool
+
+
+def _variant(spec: JobSpec, suffix: str, faults: list[CrashFault], extra_failures: int) -> JobSpec:
+    failure = spec.failure.model_copy(update={"max_failures": spec.failure.max_failures + extra_failures})
+    return spec.model_copy(update={"name": f"{spec.name}-{suffix}", "faults": faults, "failure": failure})
+
+
+def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | None = None) -> DrillReport:
+    """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points)."""
+    from orchestrator.ray_runner import run_on_ray
+    from workers.storage import RunStorage
+
+    if len(hows) == 1:
+        hows = hows * len(points)
+    world = spec.scaling.num_workers
+    faults = [CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
+              for i, (p, how) in enumerate(zip(points, hows)) if how in ("crash", "sigterm")]
+    ref = _variant(spec, "drill-ref", [], 0)
+    run = _variant(spec, "drill", faults, hows.count("crash"))
+    for s in (ref, run):
+        RunStorage(s.run_url).delete_tree()  # a drill owns its two run directories
+
+    node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows)) if how == "node"]
+    if node_points:
+        rc_ref, rc_run = _node_drill(ref, run, node_points)
+    else:
+        rc_ref = run_on_ray(ref, address)
+        rc_run = run_on_ray(run, address)
+    return compare(ref, run, rc_ref, rc_run, points, hows)
+
+
+def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]]) -> tuple[int, int]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from orchestrator.ray_runner import run_on_ray
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    cpus = max(1, int(run.scaling.cpus_per_worker))
+    nodes = [cluster.add_node(num_cpus=cpus) for _ in range(run.scaling.num_workers)]
+    cluster.wait_for_nodes()
+    try:
+        rc_ref = run_on_ray(ref, cluster.address)
+        result: dict[str, int] = {}
+        thread = threading.Thread(target=lambda: result.update(rc=run_on_ray(run, cluster.address)), daemon=True)
+        thread.start()
+        log = EventLog(RunStorage(run.run_url))
+        for i, point in points:
+            while thread.is_alive():
+                evs = log.read_all()
+                reached = max((r["global_micro_step"] for e in evs if e["kind"] == "progress" for r in e["records"]),
+                              default=0)
+                if reached >= point:
+                    rank_nodes = [e for e in evs if e["kind"] == "attempt_started"][-1]["nodes"]
+                    victim = next(n for n in nodes if n.node_id == rank_nodes[i % len(rank_nodes)])
+                    cluster.remove_node(victim, allow_graceful=False)
+                    nodes.remove(victim)
+                    nodes.append(cluster.add_node(num_cpus=cpus))
+                    break
+                time.sleep(0.05)
+        thread.join()
+        return rc_ref, result.get("rc", 1)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[str]) -> DrillReport:
+    from workers.digest import state_digest
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" for p, h in zip(points, hows))]
+    ref_events = EventLog(RunStorage(ref.run_url)).read_all()
+    run_events = EventLog(RunStorage(run.run_url)).read_all()
+    rs = restarts(run_events)
+    lines.append("preemption  kind     at micro-step  classified   resumed from   lost micro-steps  lost seconds")
+    for i, r in enumerate(rs):
+        at, how = (points[i], hows[i]) if i < len(points) else ("?", "?")
+        lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
+                     f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}")
+    ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
+    if len(rs) != len(points):
+        lines.append(f"expected {len(points)} restart(s), saw {len(rs)}")
+    a, b = merged_steps(ref_events), merged_steps(run_events)
+    mismatched = [k for k in a if k not in b or a[k]["loss"] != b[k]["loss"] or a[k]["lr"] != b[k]["lr"]]
+    losses_ok = bool(a) and not mismatched and a.keys() == b.keys()
+    lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} "
+                 f"({len(a)} optimizer steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
+    finals = [next((e["state"] for e in reversed(ev) if e["kind"] == "finished"), None) for ev in (ref_events, run_events)]
+    digest_ok = False
+    if all(finals) and finals[0] == finals[1]:
+        da = state_digest(f"{ref.run_url}/states/{finals[0]}")["digest"]
+        db = state_digest(f"{run.run_url}/states/{finals[1]}")["digest"]
+        digest_ok = da == db
+        lines.append(f"final digest: {'match' if digest_ok else 'MISMATCH'} ({db[:16]}… vs reference {da[:16]}…)")
+    else:
+        lines.append(f"final digest: MISMATCH (final states {finals[1]} vs reference {finals[0]})")
+    ok = ok and losses_ok and digest_ok
+    lines.append("RESULT: " + ("the interrupted run is bitwise the uninterrupted one" if ok else "FAILED"))
+    return DrillReport("\n".join(lines), ok)
