@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from typing import Any
 
 from orchestrator.spec import JobSpec
@@ -34,7 +35,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         return {"source": "ray-drain", "deadline_ms": info.deadline_ms, "nodes": info.preempted_node_ids,
                 "ranks": info.preempted_ranks}
 
-    run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id()))
+    run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
+                                   submission_id=config["submission_id"]))
 
 
 def _ray_storage_path(spec: JobSpec) -> str:
@@ -78,7 +80,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         s = spec.scaling
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"spec": spec.model_dump(mode="json")},
+            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": uuid.uuid4().hex},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),

@@ -118,3 +118,18 @@ def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
     archived = store.list_dirs("archive")
     assert len(archived) == 1 and store.list_dirs("archive", archived[0]) == [f"{s:012d}" for s in (4, 8, 10)]
     assert trainer_json(spec, f"{20:012d}")["attempt"] == 2  # the refused start never began an attempt
+
+
+def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
+    from workers.faults import InjectedCrash
+    from workers.launch import run_in_process
+
+    spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    run(spec)  # an earlier run left states
+    fresh = with_overrides(spec, "resume.policy=fresh", "resume.on_existing=archive",
+                           "faults=[{at_micro_step: 12, mode: raise}]")
+    with pytest.raises(InjectedCrash):
+        run_in_process(fresh, print_progress=False, submission_id="sub-1")  # archives, starts over, crashes
+    result = run_in_process(fresh, print_progress=False, submission_id="sub-1")  # Ray's restart of it
+    assert result.resumed_from == f"{10:012d}"  # continued its own progress, did not archive it again
+    assert len(RunStorage(spec.run_url).list_dirs("archive")) == 1

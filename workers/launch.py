@@ -11,6 +11,7 @@ import os
 import socket
 import time
 import traceback
+import uuid
 
 import torch.distributed as dist
 
@@ -38,10 +39,11 @@ def run_in_process(spec: JobSpec, **ctx_kwargs):
     from workers.loop import WorkerContext, run_worker
 
     ensure_single_process_group()
+    ctx_kwargs.setdefault("submission_id", uuid.uuid4().hex)
     return run_worker(spec, WorkerContext(**ctx_kwargs))
 
 
-def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool) -> None:
+def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
@@ -49,7 +51,7 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool) -> Non
         from workers.loop import WorkerContext, run_worker
 
         spec = JobSpec.model_validate_json(spec_json)
-        run_worker(spec, WorkerContext(print_progress=not quiet))
+        run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report any failure as a non-zero exit
         traceback.print_exc()
@@ -66,7 +68,9 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     world = world_size or spec.scaling.num_workers
     port = free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet)) for r in range(world)]
+    submission = uuid.uuid4().hex
+    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission))
+             for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -64,6 +64,9 @@ class WorkerContext:
     preemption_notice: Callable[[], dict[str, Any] | None] | None = None
     node_id: str = ""
     print_progress: bool = True
+    # One id per `syncpoint run` invocation: a Ray restart inside the same submission shares it, so
+    # `resume.policy: fresh` starts over only once and restarts continue their own progress.
+    submission_id: str = ""
 
 
 @dataclass
@@ -117,7 +120,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         model_fingerprint=model_fingerprint(task.model), seed=t.seed)
     attempt = faults.attempt = _attempt_number(events)
 
-    resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt)
+    resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
     steps_per_epoch = optimizer_steps_per_epoch(accum, mbpe)
     total_steps = min(t.max_steps or 2**62, (t.epochs or 2**40) * steps_per_epoch)
@@ -136,7 +139,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     nodes: list[str | None] = [None] * world
     dist.all_gather_object(nodes, ctx.node_id)
     if events:
-        events.emit("attempt_started", attempt=attempt, world_size=world, nodes=nodes,
+        events.emit("attempt_started", attempt=attempt, world_size=world, nodes=nodes, submission=ctx.submission_id,
                     resumed_from=resumed.name, global_micro_step=gms, optimizer_step=opt_step)
     faults.sigterm_flag = sigterm_flag = _SigtermNotice()
 
@@ -313,9 +316,13 @@ class _Resumed:
 
 
 def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engine, rank: int,
-                      events: EventLog | None, attempt: int) -> _Resumed:
+                      events: EventLog | None, attempt: int, submission_id: str) -> _Resumed:
     """Rank 0 decides from metadata; every rank fetches and verifies; all agree or try the next."""
-    policy = make_policy(spec.resume.policy, spec.resume.policy_args)
+    policy_name = spec.resume.policy
+    if policy_name == "fresh" and events and submission_id and any(
+            e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()):
+        policy_name = "newest-resumable"  # a restart of this submission continues what it started
+    policy = make_policy(policy_name, spec.resume.policy_args if policy_name == spec.resume.policy else {})
     cands = discover(storage, exp) if rank == 0 else []
     spec_dict = spec.model_dump(mode="json")
     while True:
@@ -324,7 +331,7 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
             try:
                 decision = enforce_safe(policy.choose(cands, spec_dict), cands)
                 chosen = next((c for c in cands if c.name == decision.state), None)
-                if decision.state is None and cands and spec.resume.policy == "fresh":
+                if decision.state is None and cands and policy_name == "fresh":
                     _clear_for_fresh(spec, storage)
                 msg = {"state": decision.state, "reason": decision.reason,
                        "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
