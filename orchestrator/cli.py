@@ -48,6 +48,13 @@ def _check_storage(spec: JobSpec) -> None:
                                     "(s3:// needs s3fs) with credentials available"]) from None
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator.submit import submit
+
+    spec = _load(args)
+    return submit(spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait)
+
+
 def cmd_states(args: argparse.Namespace) -> int:
     from policies.candidates import candidates_table
     from policies.resume import NoResumableState, enforce_safe, make_policy
@@ -160,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     with_spec(r)
     r.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
     r.set_defaults(fn=cmd_run)
+    sb = sub.add_parser("submit", help="submit the job to a Ray cluster's Job API (working dir shipped, logs streamed)")
+    with_spec(sb)
+    sb.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://HOST:8265")
+    sb.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
+    sb.add_argument("--no-wait", action="store_true", help="return after submitting")
+    sb.set_defaults(fn=cmd_submit)
     v = sub.add_parser("validate", help="print the normalized spec or its errors (exit 2)")
     with_spec(v)
     v.set_defaults(fn=cmd_validate)

@@ -316,6 +316,11 @@ def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = 
 def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
     """Make ``storage`` an absolute URL on the driver: Ray workers run in another directory."""
     s = spec.storage
+    if "://" not in s and not os.path.isabs(os.path.expanduser(s)) and "runtime_resources" in os.getcwd():
+        raise SpecError("storage", [
+            f"storage {s!r} is relative, and this driver runs in a Ray job's temporary working directory "
+            f"({os.getcwd()}): states would vanish with the job. Set storage to an absolute path every node "
+            "shares or an object-store URL (s3://...), e.g. --set storage=s3://bucket/syncpoint"])
     if "://" not in s:
         s = "file://" + os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(s)))
     return spec.model_copy(update={"storage": s.rstrip("/")})

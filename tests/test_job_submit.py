@@ -1,0 +1,104 @@
+"""`ray job submit` and `syncpoint submit` against a real local Ray head started by the test
+(own ports and temp dir, stopped by its own process ids). A re-submitted job with the same name
+and storage continues from its newest resumable state, as a whole-cluster retry would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from tests.helpers import ROOT, lm_spec, state_names
+from workers.events import EventLog
+from workers.launch import free_port
+from workers.storage import RunStorage
+
+pytestmark = pytest.mark.slow
+BIN = os.path.dirname(sys.executable)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # the head runs `python` entrypoints from this venv
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        env["RAY_AUTH_MODE"] = "token"  # Ray 2.60: token auth is on when ~/.ray/auth_token exists
+    return env
+
+
+@pytest.fixture(scope="module")
+def head():
+    temp = tempfile.mkdtemp(prefix="sp-ray-")
+    ports = [free_port() for _ in range(7)]
+    before = set(psutil.pids())
+    subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
+                    f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
+                    f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+                    f"--ray-client-server-port={ports[6]}", "--num-cpus=2", f"--temp-dir={temp}",
+                    "--disable-usage-stats", "--include-dashboard=true"],
+                   check=True, env=_env(), capture_output=True, timeout=180)
+    ours = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
+    _wait_for_job_agent(f"http://127.0.0.1:{ports[1]}")
+    yield f"http://127.0.0.1:{ports[1]}"
+    procs = set(ours)
+    for p in ours:  # this head's processes and everything they started; no `ray stop` (it stops every Ray)
+        try:
+            procs.update(p.children(recursive=True))
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _wait_for_job_agent(address: str) -> None:
+    """The head answers before its job agent is up; wait until a job can be listed."""
+    deadline = time.monotonic() + 90
+    while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address], env=_env(),
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "the head's job agent never came up"
+        time.sleep(1)
+
+
+SETS = ["task.config.num_samples=80", "task.config.seq_len=8", "task.config.d_model=16", "train.micro_batch_size=2",
+        "train.epochs=2", "checkpoint.save_every={value: 4, unit: micro_steps}", "checkpoint.export_final=false"]
+
+
+def test_ray_job_submit_then_resubmit_resumes(tmp_path, head):
+    sets = [*SETS, f"storage={tmp_path}", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]"]
+    cmd = [f"{BIN}/ray", "job", "submit", "--address", head, "--working-dir", str(ROOT), "--",
+           "python", "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+    for s in sets:
+        cmd += ["--set", s]
+    env = _env()
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode != 0, first.stdout[-3000:] + first.stderr[-3000:]  # the crash spent max_failures: 0
+    spec = lm_spec(tmp_path, *SETS, workers=2)
+    before = state_names(spec)
+    assert before, first.stdout[-3000:] + first.stderr[-3000:]
+    assert before[-1] == f"{20:012d}"
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:]
+    starts = [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "attempt_started"]
+    assert starts[-1]["resumed_from"] == f"{20:012d}"  # continued, did not start over
+    assert state_names(spec)[-1] == f"{40:012d}"
+
+
+def test_syncpoint_submit_streams_logs_and_returns_the_exit_code(tmp_path, head):
+    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head]
+    for s in [*SETS, f"storage={tmp_path}"]:
+        args += ["--set", s]
+    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}  # syncpoint submit sets it itself
+    ok = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert "[syncpoint] attempt 1" in ok.stdout  # the job's logs were streamed
+    assert state_names(lm_spec(tmp_path, *SETS, workers=2))[-1] == f"{40:012d}"
+    bad = subprocess.run([*args, "--set", "name=other", "--set", "task.path=examples.tiny_lm:nope"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and "FAILED" in bad.stdout
