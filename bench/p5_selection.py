@@ -4,15 +4,14 @@ What it measures
     For 10, 10^3 and 10^4 state directories on local storage (a temp dir), the wall time and the
     filesystem calls needed to pick the newest resumable state:
 
-    * full discover (baseline, the project today): ``workers.discovery.discover(storage, exp)``
+    * full discover (baseline: read everything first): ``workers.discovery.discover(storage, exp)``
       (one listing of ``states/``, then for EVERY state a recursive listing plus reads of
       ``manifest.json`` and ``trainer.json``, classification), then
       ``policies.resume.NewestResumable().choose(...)``. O(n) listings and O(n) file reads.
-    * lazy newest-first (prototype implemented in this script, not project code): list
-      ``states/`` once, order the names newest first, then read/classify candidates one at a time
-      (the project's own ``read_candidate`` + ``classify``) and stop at the first resumable one;
-      the decision is ``NewestResumable().choose`` over the candidates read. O(1) manifests read
-      when the newest states are healthy.
+    * lazy newest-first (what ``syncpoint run`` does): ``workers.discovery.discover_lazy`` lists
+      ``states/`` once without stat-ing entries, orders names newest first, and reads/classifies a
+      candidate only when ``NewestResumable().choose`` walks to it; it stops at the first
+      resumable one. O(1) manifests read when the newest states are healthy.
 
     Files read and listings are counted by swapping the ``RunStorage``'s filesystem for a
     counting ``LocalFileSystem`` subclass: every file opened for reading (``cat_file`` goes
@@ -56,9 +55,9 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from policies.boundaries import position_after
-from policies.candidates import Candidate, Expectation, Verdict, classify
+from policies.candidates import Expectation
 from policies.resume import Decision, NewestResumable
-from workers.discovery import STATES, discover, read_candidate
+from workers.discovery import discover, discover_lazy
 from workers.storage import RunStorage
 
 EXP = Expectation(job_identity="bench-p5", world_size=2, micro_batch_size=4, grad_accum=4,
@@ -115,21 +114,11 @@ def full_discover(storage: RunStorage) -> tuple[Decision, int]:
 
 
 def lazy_newest_first(storage: RunStorage) -> tuple[Decision, int]:
-    """Prototype: one listing of states/, then newest-first reads until the first resumable state.
-
-    Orders by the directory name (the state writer names states by their 12-digit micro-step);
-    ``Candidate.sort_key`` prefers trainer.json's ``global_micro_step``, which agrees for every
-    writer-produced state. Non-numeric names sort last (they cannot be ordered without reading).
-    """
-    names = storage.list_dirs(STATES)
-    ordered = sorted(names, key=lambda n: (int(n), n) if n.isdigit() else (-1, n), reverse=True)
-    seen: list[Candidate] = []
-    for name in ordered:
-        c = classify(read_candidate(storage, name), EXP)
-        seen.append(c)
-        if c.verdict is Verdict.RESUMABLE:
-            break
-    return NewestResumable().choose(seen, {}), len(seen)
+    """The project's resume path: ``discover_lazy`` (one cheap listing of states/, candidates read
+    newest first as the policy walks them) + ``NewestResumable``."""
+    cands = discover_lazy(storage, EXP)
+    decision = NewestResumable().choose(cands, {})
+    return decision, len(cands.inspected())
 
 
 # ---------------------------------------------------------------- planting
@@ -243,7 +232,6 @@ def main() -> None:
     print("ratio = full discover time / lazy newest-first time (medians, same run, same planted directory).")
     print("files read = files opened for reading (manifest.json + trainer.json); listings = top-level ls/find calls "
           "(discover lists every state recursively to check sizes).")
-    print("lazy newest-first is a prototype inside this script, not project code.")
     print("Goal (issue P5): <= 1 s to choose at 10^4 states, manifests read O(1).")
     print()
     print("same decision check:")

@@ -1,6 +1,8 @@
 """Resume policies: choose the state a run continues from, given classified candidates.
 
-A policy is any object with ``choose(candidates, spec) -> Decision``. It sees metadata and
+A policy is any object with ``choose(candidates, spec) -> Decision``. ``candidates`` is a
+newest-first sequence (possibly read lazily as it is walked, so a policy that stops early reads
+little); each item carries its verdict and reason. It sees metadata and
 verdicts only (no I/O), so it is a pure function of what discovery found. The loader refuses a
 decision that names an unsafe candidate, so a custom policy can never make a run resume from a
 mid-cycle, torn, corrupt or incompatible state. Users plug their own in with
@@ -10,10 +12,11 @@ mid-cycle, torn, corrupt or incompatible state. Users plug their own in with
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.candidates import Candidate, Verdict, candidates_table, newest_first
+from policies.candidates import Candidate, Verdict, candidates_table
 
 
 @dataclass(frozen=True)
@@ -39,19 +42,24 @@ class NoResumableState(RuntimeError):
 
 
 class NewestResumable:
-    """Default: the newest resumable state; fresh when the run directory has no states."""
+    """Default: the newest resumable state; fresh when the run directory has no states.
 
-    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+    Walks the candidates in the order given (newest first) and stops at the first resumable one,
+    so with lazily read candidates it touches O(1) manifests.
+    """
+
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         if not candidates:
             return Decision(None, "no states yet: fresh start")
-        for c in newest_first(candidates):
+        skipped = []
+        for c in candidates:
             if c.verdict is Verdict.RESUMABLE:
-                skipped = [x.name for x in newest_first(candidates) if x.sort_key > c.sort_key]
                 why = f"newest resumable state ({c.reason})"
                 if skipped:
                     why += f"; skipped newer unsafe: {', '.join(skipped)}"
                 return Decision(c.name, why)
-        raise NoResumableState(candidates)
+            skipped.append(c.name)
+        raise NoResumableState(list(candidates))
 
 
 class Pinned:
@@ -129,8 +137,7 @@ def enforce_safe(decision: Decision, candidates: list[Candidate]) -> Decision:
     """The loader's guard: a decision naming an unsafe or unknown candidate is refused."""
     if decision.state is None:
         return decision
-    by_name = {c.name: c for c in candidates}
-    c = by_name.get(decision.state)
+    c = next((x for x in candidates if x.name == decision.state), None)
     if c is None:
         raise NoResumableState(candidates, f"the resume policy chose {decision.state!r}, which does not exist.")
     if c.verdict is not Verdict.RESUMABLE:

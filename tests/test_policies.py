@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.candidates import Candidate, Expectation, Verdict, classify
+from policies.candidates import Candidate, Expectation, Verdict, classify, newest_first
 from policies.resume import BestMetric, Fresh, NewestResumable, NoResumableState, Pinned, enforce_safe, make_policy
 from policies.retention import plan_retention
 from policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
@@ -55,7 +55,7 @@ def test_mid_cycle_is_recomputed_not_trusted():
 
 
 def test_newest_resumable_skips_unsafe_and_fails_listing_all():
-    cs = [cand(4), cand(8), cand(12), cand(13, manifest=False)]
+    cs = newest_first([cand(4), cand(8), cand(12), cand(13, manifest=False)])  # policies get newest first
     d = NewestResumable().choose(cs, {})
     assert d.state == "000000000008" and "000000000012" in d.reason
     assert NewestResumable().choose([], {}).state is None
@@ -105,3 +105,22 @@ def test_save_triggers_and_pending_latch():
     p.request("interval")
     p.request("preemption")
     assert p.pending and p.take() == ["interval", "preemption"] and not p.pending
+
+
+def test_lazy_selection_reads_only_what_it_walks(tmp_path):
+    from workers.discovery import discover_lazy
+    from workers.storage import RunStorage
+
+    store = RunStorage(str(tmp_path))
+    for step in (4, 8, 12):
+        c = cand(step)
+        store.write_json(c.trainer, "states", c.name, "trainer.json")
+        store.write_bytes(b"x" * 5, "states", c.name, "engine/a.pt")
+        files = {"trainer.json": {"size": len(store.read_bytes("states", c.name, "trainer.json"))},
+                 "engine/a.pt": {"size": 5}}
+        store.commit_bytes(__import__("json").dumps({"files": files}).encode(), "states", c.name, "manifest.json")
+    lazy = discover_lazy(store, EXP)
+    assert len(lazy) == 3 and lazy.inspected() == []
+    d = NewestResumable().choose(lazy, {})
+    assert d.state == "000000000008"  # 12 is mid-cycle
+    assert [c.name for c in lazy.inspected()] == ["000000000012", "000000000008"]  # 4 never read

@@ -35,7 +35,7 @@ from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
 from workers.data import epoch_loader, micro_batches_per_epoch
-from workers.discovery import discover, read_candidate
+from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import build_engine, model_fingerprint, set_lr
 from workers.events import EventLog
 from workers.export import export_final
@@ -323,7 +323,7 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
             e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()):
         policy_name = "newest-resumable"  # a restart of this submission continues what it started
     policy = make_policy(policy_name, spec.resume.policy_args if policy_name == spec.resume.policy else {})
-    cands = discover(storage, exp) if rank == 0 else []
+    cands = discover_lazy(storage, exp) if rank == 0 else []
     spec_dict = spec.model_dump(mode="json")
     while True:
         msg: dict[str, Any] = {}
@@ -338,9 +338,11 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
             except NoResumableState as e:
                 msg = {"error": str(e)}
             if events:
+                looked_at = cands.inspected() if hasattr(cands, "inspected") else list(cands)
                 events.emit("resume_decision", attempt=attempt, chosen=msg.get("state"), reason=msg.get("reason") or msg.get("error"),
+                            total_candidates=len(cands),
                             candidates=[{"state": c.name, "verdict": c.verdict.value if c.verdict else None,
-                                         "reason": c.reason} for c in cands])
+                                         "reason": c.reason} for c in looked_at])
         box = [msg]
         dist.broadcast_object_list(box, src=0)
         msg = box[0]
@@ -419,6 +421,8 @@ def _maybe_init_from(spec: JobSpec, engine, rank: int) -> None:
 
 
 def _retain(spec: JobSpec, storage: RunStorage, exp: Expectation, faults: Faults) -> None:
+    if spec.checkpoint.keep_last == 0 and not spec.checkpoint.prune_unsafe:
+        return  # keep everything (torn debris included): no need to read every state after each save
     plan = plan_retention(discover(storage, exp), spec.checkpoint.keep_last, spec.checkpoint.prune_unsafe)
     for i, name in enumerate(plan.delete):
         delete_state(storage, name)

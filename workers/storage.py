@@ -55,6 +55,15 @@ class RunStorage:
             return []
         return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
 
+    def list_names(self, *parts: str) -> list[str]:
+        """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
+        p = self.path(*parts)
+        try:
+            entries = self.fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != p.rstrip("/"))
+
     def list_files(self, *parts: str) -> list[str]:
         p = self.path(*parts)
         try:
