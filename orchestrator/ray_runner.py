@@ -75,6 +75,10 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    EventLog(RunStorage(spec.run_url), source="driver").emit("submitted", name=spec.name, address=address or "embedded")
     embedded = connect(spec, address)
     try:
         s = spec.scaling

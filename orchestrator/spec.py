@@ -125,11 +125,16 @@ class SaveEvery(_Strict):
 
 
 class CheckpointSpec(_Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
     save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"))
     save_trigger: str | None = Field(None, description="Custom trigger 'pkg.mod:Class' (replaces save_every).")
     keep_last: int = Field(3, ge=0, description="Resumable states to keep; 0 keeps all.")
     prune_unsafe: bool = False
     export_final: bool = Field(True, description="Write consolidated safetensors to <run>/final/.")
+    async_save: bool = Field(False, alias="async", description=(
+        "Only the snapshot to local staging blocks training; the upload runs in the background and "
+        "the manifest commits once every rank's upload finished (at most one save in flight)."))
 
 
 class ResumeSpec(_Strict):
@@ -245,7 +250,7 @@ def _allowed_keys(loc: tuple) -> list[str]:
         model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if model is None:
             return []
-    return sorted(getattr(model, "model_fields", {}))
+    return sorted((f.alias or name) for name, f in getattr(model, "model_fields", {}).items())
 
 
 def _format_errors(err: ValidationError, lines: dict[tuple, int]) -> list[str]:

@@ -59,6 +59,10 @@ class NewestResumable:
                     why += f"; skipped newer unsafe: {', '.join(skipped)}"
                 return Decision(c.name, why)
             skipped.append(c.name)
+        if all(c.verdict is Verdict.TORN for c in candidates):
+            # Only saves that never committed (a crash during the first save): no progress exists to
+            # protect, so refusing would strand the run for nothing. Retention removes the debris later.
+            return Decision(None, f"only torn states ({', '.join(skipped)}): no save ever committed; fresh start")
         raise NoResumableState(list(candidates))
 
 

@@ -62,6 +62,7 @@ def assert_same_run(ref_spec, ref_final, spec, final):
 
 CASES = [(mbpe, acc, se, k, zero) for (mbpe, acc, se), ks in GRID.items() for k in ks for zero in (0, 2)]
 CASES += [(10, 4, "{value: 3, unit: micro_steps}", 9, 1), (7, 3, "{value: 2, unit: optimizer_steps}", 5, 1)]
+ASYNC_CASES = [(10, 4, "{value: 1, unit: optimizer_steps}", k, z) for k, z in ((7, 2), (9, 0), (13, 1), (19, 2))]
 
 
 @pytest.mark.parametrize("mbpe,accum,save_every,crash_at,zero", CASES)
@@ -73,6 +74,17 @@ def test_single_rank_resume_equals_uninterrupted(tmp_path, tmp_path_factory, mbp
         t = trainer_json(spec, name)
         pos, mb = t["position_in_epoch"], t["micro_batches_per_epoch"]
         assert pos % accum == 0 or pos == mb
+    result = run(spec)
+    assert_same_run(ref_spec, ref_final, spec, result.final_state)
+
+
+@pytest.mark.parametrize("mbpe,accum,save_every,crash_at,zero", ASYNC_CASES)
+def test_async_saves_resume_equals_uninterrupted(tmp_path, tmp_path_factory, mbpe, accum, save_every, crash_at, zero):
+    """checkpoint.async: the same states, committed later; resume stays exact (the reference is sync)."""
+    ref_spec, ref_final = _reference(tmp_path_factory, mbpe, accum, save_every, zero)
+    spec = _spec(tmp_path, mbpe, accum, save_every, zero, "checkpoint.async=true",
+                 f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
+    assert run_until_crash(spec)
     result = run(spec)
     assert_same_run(ref_spec, ref_final, spec, result.final_state)
 

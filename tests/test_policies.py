@@ -59,8 +59,10 @@ def test_newest_resumable_skips_unsafe_and_fails_listing_all():
     d = NewestResumable().choose(cs, {})
     assert d.state == "000000000008" and "000000000012" in d.reason
     assert NewestResumable().choose([], {}).state is None
+    only_torn = NewestResumable().choose([cand(13, manifest=False), cand(9, manifest=False)], {})
+    assert only_torn.state is None and "no save ever committed" in only_torn.reason  # nothing to protect: fresh
     with pytest.raises(NoResumableState) as e:
-        NewestResumable().choose([cand(12), cand(13, manifest=False)], {})
+        NewestResumable().choose([cand(13, manifest=False), cand(12)], {})
     assert "000000000012" in str(e.value) and "000000000013" in str(e.value) and "mid-cycle" in str(e.value)
 
 

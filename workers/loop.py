@@ -42,7 +42,8 @@ from workers.export import export_final
 from workers.faults import Faults
 from workers.schedule import lr_at, resume_position, schedule_record
 from workers.state_reader import ChecksumMismatch, fetch_state, load_into_engine
-from workers.state_writer import delete_state, save_state
+from workers.saving import SaveCoordinator
+from workers.state_writer import delete_state
 from workers.storage import RunStorage
 from workers.task import load_task
 
@@ -148,12 +149,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     wall_clock = getattr(trigger, "wall_clock", False)
     pending, sigterm = PendingSave(), sigterm_flag
     noticed = False
-    history: list[dict[str, Any]] = []
-    unflushed: list[dict[str, Any]] = []
-    last_save_time = time.monotonic()
-    last_saved = resumed.name
+    progress = _ProgressLog(events, attempt)
+    saves = SaveCoordinator(engine, storage, faults, events, rank=rank, attempt=attempt,
+                            use_async=spec.checkpoint.async_save, flush_progress=progress.flush,
+                            retain=lambda: _retain(spec, storage, expectation, faults), last_saved=resumed.name)
     last_log_time, last_log_samples = time.monotonic(), gms
-    last_flush = time.monotonic()
     finished = False
 
     while not finished and (t.epochs is None or epoch < t.epochs):
@@ -180,7 +180,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                 opt_step += 1
                 if sched.unit == "optimizer_steps":
                     sched_pos += 1
-            if not wall_clock and trigger.wants_save(Tick(gms, opt_step, boundary, time.monotonic() - last_save_time)):
+            if not wall_clock and trigger.wants_save(Tick(gms, opt_step, boundary, time.monotonic() - saves.last_save_time)):
                 pending.request("interval")
             if boundary:
                 notice = ctx.preemption_notice() if ctx.preemption_notice else None
@@ -189,7 +189,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                 flags = torch.tensor([
                     cycle_loss,
                     float(notice is not None),
-                    float(wall_clock and trigger.wants_save(Tick(gms, opt_step, True, time.monotonic() - last_save_time))),
+                    float(wall_clock and trigger.wants_save(Tick(gms, opt_step, True, time.monotonic() - saves.last_save_time))),
+                    saves.still_uploading(),
                 ], dtype=torch.float64)
                 dist.all_reduce(flags)  # one collective: every rank takes the same decision
                 step_loss = flags[0].item() / (cycle_length(pos, accum, mbpe) * world)
@@ -205,13 +206,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                                     **(notice or {"source": "another rank"}))
                 if flags[2] > 0:
                     pending.request("interval")
-                record = {"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss,
-                          "lr": lr, "time": time.time()}
-                history.append(record)
-                unflushed.append(record)
-                if events and time.monotonic() - last_flush > PROGRESS_FLUSH_S:
-                    events.emit("progress", attempt=attempt, records=unflushed)
-                    unflushed, last_flush = [], time.monotonic()
+                progress.add({"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss,
+                              "lr": lr, "time": time.time()})
                 epoch_end = pos == mbpe
                 if epoch_end and sched.unit == "epochs":
                     sched_pos += 1
@@ -225,24 +221,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                     print(f"[syncpoint] attempt {attempt} epoch {epoch + 1}{'/' + str(t.epochs) if t.epochs else ''} "
                           f"step {opt_step}/{total_steps} micro-step {gms} loss {step_loss:.4f} lr {lr:.3g} "
                           f"{sps:,.0f} samples/s", flush=True)
-                if pending.pending:
-                    reasons = pending.take()
-                    trainer_rec = _trainer_record(spec, expectation, epoch=epoch, pos=pos, gms=gms, opt_step=opt_step,
-                                                  sched_pos=sched_pos, loss=step_loss, reasons=reasons,
-                                                  attempt=attempt, num_samples=len(task.dataset))  # type: ignore[arg-type]
-                    result = save_state(engine, storage, trainer_rec, faults)
-                    last_saved, last_save_time = result.name, time.monotonic()
-                    if events:
-                        events.emit("progress", attempt=attempt, records=unflushed)
-                        events.emit("state_committed", attempt=attempt, state=result.name, global_micro_step=gms,
-                                    optimizer_step=opt_step, bytes=result.bytes, seconds=result.seconds,
-                                    blocked_seconds=result.blocked_seconds, reasons=reasons)
-                    unflushed, last_flush = [], time.monotonic()
-                    faults.at_phase("before_retention")
-                    if rank == 0:
-                        _retain(spec, storage, expectation, faults)
-                    if "preemption" in reasons:
-                        faults.after_preemption_save()
+                saves.at_boundary(
+                    pending, lambda reasons: _trainer_record(
+                        spec, expectation, epoch=epoch, pos=pos, gms=gms, opt_step=opt_step, sched_pos=sched_pos,
+                        loss=step_loss, reasons=reasons, attempt=attempt, num_samples=len(task.dataset)),  # type: ignore[arg-type]
+                    ranks_uploading=flags[3].item(), last=last, micro_step=gms)
                 cycle_loss = 0.0
                 if last:
                     finished = True
@@ -252,18 +235,39 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         if not finished:
             epoch, pos = epoch + 1, 0
 
+    last_saved = saves.last_saved
     if rank == 0 and spec.checkpoint.export_final:
         export_final(engine, storage, {"state": last_saved, "optimizer_step": opt_step, "task": spec.task.path})
     if events:
-        if unflushed:
-            events.emit("progress", attempt=attempt, records=unflushed)
+        progress.flush()
         events.emit("finished", attempt=attempt, state=last_saved, global_micro_step=gms, optimizer_step=opt_step)
     dist.barrier()
     return WorkerResult(final_state=last_saved or "", global_micro_step=gms, optimizer_step=opt_step,
-                        resumed_from=resumed.name, history=history)
+                        resumed_from=resumed.name, history=progress.history)
 
 
 # ------------------------------------------------------------------ helpers
+
+
+class _ProgressLog:
+    """Per optimizer step records, flushed to the event log at every commit and every few seconds."""
+
+    def __init__(self, events: EventLog | None, attempt: int) -> None:
+        self.events, self.attempt = events, attempt
+        self.history: list[dict[str, Any]] = []
+        self.unflushed: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        self.unflushed.append(record)
+        if time.monotonic() - self.last_flush > PROGRESS_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.events and self.unflushed:
+            self.events.emit("progress", attempt=self.attempt, records=self.unflushed)
+        self.unflushed, self.last_flush = [], time.monotonic()
 
 
 def _warn(rank: int, message: str) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -36,55 +37,147 @@ def state_name(global_micro_step: int) -> str:
 @dataclass
 class SaveResult:
     name: str
+    optimizer_step: int
     bytes: int
-    seconds: float
-    blocked_seconds: float
+    seconds: float  # from the boundary to the commit
+    blocked_seconds: float  # how long the training loop waited
 
 
-def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults) -> SaveResult:
+@dataclass
+class Snapshot:
+    """What a save captured at its boundary, on local disk/memory, before any upload."""
+
+    name: str
+    staging: str
+    rng_bytes: bytes
+    trainer: dict[str, Any]
+    started: float
+    blocked: float = 0.0
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's uploaded files
+
+
+def staging_root() -> str | None:
+    """Where snapshots are staged: ``SYNCPOINT_STAGING_DIR``, else /dev/shm (host memory) when it
+    has room, else the system temp directory."""
+    env = os.environ.get("SYNCPOINT_STAGING_DIR")
+    if env:
+        return env
+    try:
+        st = os.statvfs("/dev/shm")
+        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize > 2 << 30:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
+
+
+def take_snapshot(engine, trainer: dict[str, Any], faults: Faults) -> Snapshot:
+    """The blocking part of a save (all ranks, at a boundary): DeepSpeed writes to local staging."""
     t0 = time.perf_counter()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    name = state_name(trainer["global_micro_step"])
     faults.save_started()
     faults.at_phase("before_shards")
-    staging = tempfile.mkdtemp(prefix="syncpoint-save-")
+    staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
+    engine.save_checkpoint(staging, tag="engine", save_latest=False)
+    snap = Snapshot(state_name(trainer["global_micro_step"]), staging, rng.capture(), trainer, t0)
+    snap.blocked = time.perf_counter() - t0
+    return snap
+
+
+def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faults) -> dict[str, dict[str, Any]]:
+    """Make this rank's files durable in storage (safe to run in a background thread)."""
+    mine: dict[str, dict[str, Any]] = {}
     try:
-        engine.save_checkpoint(staging, tag="engine", save_latest=False)
-        mine: dict[str, dict[str, Any]] = {}
-        engine_dir = os.path.join(staging, "engine")
+        engine_dir = os.path.join(snap.staging, "engine")
         for fname in sorted(os.listdir(engine_dir)) if os.path.isdir(engine_dir) else []:
-            size, digest = storage.upload_file(os.path.join(engine_dir, fname), "states", name, "engine", fname)
+            size, digest = storage.upload_file(os.path.join(engine_dir, fname), "states", snap.name, "engine", fname)
             mine[f"engine/{fname}"] = {"size": size, "sha256": digest}
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    rng_bytes = rng.capture()
+        shutil.rmtree(snap.staging, ignore_errors=True)
     rel = f"rng/rank_{rank:05d}.safetensors"
-    storage.write_bytes(rng_bytes, "states", name, rel)
-    mine[rel] = {"size": len(rng_bytes), "sha256": sha256_bytes(rng_bytes)}
+    storage.write_bytes(snap.rng_bytes, "states", snap.name, rel)
+    mine[rel] = {"size": len(snap.rng_bytes), "sha256": sha256_bytes(snap.rng_bytes)}
     faults.at_phase("after_some_shards")
+    snap.files = mine
+    return mine
 
+
+def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> SaveResult:
+    """All ranks, main thread: the gather proves every rank's files are durable, then rank 0
+    writes trainer.json and commits the manifest; the barrier tells everyone it is committed."""
+    t0 = time.perf_counter()
+    rank, world = dist.get_rank(), dist.get_world_size()
     gathered: list[dict[str, Any] | None] = [None] * world
-    dist.all_gather_object(gathered, mine)  # barrier: every rank's files are durable
+    dist.all_gather_object(gathered, snap.files)
     files: dict[str, dict[str, Any]] = {}
     for part in gathered:
         files.update(part or {})
-
     if rank == 0:
-        trainer_bytes = storage.write_json(trainer, "states", name, "trainer.json")
+        trainer_bytes = storage.write_json(snap.trainer, "states", snap.name, "trainer.json")
         files["trainer.json"] = {"size": len(trainer_bytes), "sha256": sha256_bytes(trainer_bytes)}
         faults.at_phase("before_manifest")
-        manifest = {"format": MANIFEST_FORMAT, "state": name, "created_at": time.time(), "world_size": world,
+        manifest = {"format": MANIFEST_FORMAT, "state": snap.name, "created_at": time.time(), "world_size": world,
                     "files": dict(sorted(files.items()))}
         data = _json_bytes(manifest)
         if any(f.phase == "during_manifest" for f in faults.mine):
             # Rehearse a crash half-way through the manifest write: half the bytes under the temp name.
-            storage.write_bytes(data[: len(data) // 2], "states", name, "manifest.json.tmp")
+            storage.write_bytes(data[: len(data) // 2], "states", snap.name, "manifest.json.tmp")
             faults.at_phase("during_manifest")
-        storage.commit_bytes(data, "states", name, "manifest.json")
+        storage.commit_bytes(data, "states", snap.name, "manifest.json")
     dist.barrier()
-    elapsed = time.perf_counter() - t0
-    total = sum(f["size"] for f in files.values())
-    return SaveResult(name=name, bytes=total, seconds=elapsed, blocked_seconds=elapsed)
+    end = time.perf_counter()
+    return SaveResult(name=snap.name, optimizer_step=snap.trainer["optimizer_step"], bytes=sum(f["size"] for f in files.values()), seconds=end - snap.started,
+                      blocked_seconds=snap.blocked + (end - t0))
+
+
+def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults) -> SaveResult:
+    """A synchronous save: snapshot, upload and commit before training continues."""
+    snap = take_snapshot(engine, trainer, faults)
+    t0 = time.perf_counter()
+    upload_snapshot(storage, snap, dist.get_rank(), faults)
+    snap.blocked += time.perf_counter() - t0
+    return commit_snapshot(storage, snap, faults)
+
+
+class AsyncUpload:
+    """At most one save in flight per rank: the snapshot uploads in a background thread while
+    training continues; the loop commits it (collectively, on the main thread) at the first
+    boundary where every rank reports its upload finished."""
+
+    def __init__(self, storage: RunStorage, rank: int, faults: Faults) -> None:
+        self.storage, self.rank, self.faults = storage, rank, faults
+        self.snap: Snapshot | None = None
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self.snap is not None
+
+    def start(self, snap: Snapshot) -> None:
+        assert self.snap is None, "a save is already in flight"
+        self.snap, self.error = snap, None
+        self.thread = threading.Thread(target=self._run, name=f"syncpoint-upload-{snap.name}", daemon=False)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            upload_snapshot(self.storage, self.snap, self.rank, self.faults)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - surfaced on the main thread by finish()
+            self.error = e
+
+    def uploading(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def finish(self) -> Snapshot:
+        """Wait for the upload (a finished run waits for its last save) and hand back the snapshot."""
+        assert self.thread is not None and self.snap is not None
+        t0 = time.perf_counter()
+        self.thread.join()
+        snap, self.snap, self.thread = self.snap, None, None
+        snap.blocked += time.perf_counter() - t0
+        if self.error is not None:
+            raise self.error
+        return snap
 
 
 def _json_bytes(obj: Any) -> bytes:
