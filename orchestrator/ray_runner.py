@@ -80,11 +80,12 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
 
     EventLog(RunStorage(spec.run_url), source="driver").emit("submitted", name=spec.name, address=address or "embedded")
     embedded = connect(spec, address)
+    submission = uuid.uuid4().hex
     try:
         s = spec.scaling
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": uuid.uuid4().hex},
+            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission},
             scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
@@ -104,6 +105,9 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         print(f"syncpoint: job {spec.name!r} finished; states and final model under {spec.run_url}")
         return 0
     finally:
+        from workers.lease import release_lease
+
+        release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
         if embedded:
             ray.shutdown()
 

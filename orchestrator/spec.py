@@ -144,6 +144,9 @@ class ResumeSpec(_Strict):
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
     reset_schedule: bool = Field(False, description="Opt-out: restart the LR schedule at 0 on resume.")
     on_existing: Literal["refuse", "archive", "overwrite"] = "refuse"
+    lease_ttl_s: float = Field(60.0, gt=0, description=(
+        "The run directory's lease expires this long after its owner's last heartbeat; then a "
+        "successor of the same job may take over."))
 
 
 class FailureSpec(_Strict):

@@ -16,6 +16,8 @@ import uuid
 import torch.distributed as dist
 
 from orchestrator.spec import JobSpec
+from workers.lease import release_lease
+from workers.storage import RunStorage
 
 
 def free_port() -> int:
@@ -40,7 +42,10 @@ def run_in_process(spec: JobSpec, **ctx_kwargs):
 
     ensure_single_process_group()
     ctx_kwargs.setdefault("submission_id", uuid.uuid4().hex)
-    return run_worker(spec, WorkerContext(**ctx_kwargs))
+    try:
+        return run_worker(spec, WorkerContext(**ctx_kwargs))
+    finally:  # this process is also the driver: the submission is over, free the run directory
+        release_lease(RunStorage(spec.run_url), ctx_kwargs["submission_id"])
 
 
 def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str) -> None:
@@ -88,4 +93,5 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
         if p.is_alive():
             p.kill()
         p.join()
+    release_lease(RunStorage(spec.run_url), submission)
     return [p.exitcode if p.exitcode is not None else -9 for p in procs]

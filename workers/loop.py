@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +43,7 @@ from workers.export import export_final
 from workers.faults import Faults
 from workers.schedule import lr_at, resume_position, schedule_record
 from workers.state_reader import ChecksumMismatch, fetch_state, load_into_engine
+from workers.lease import LeaseRefused, RunLease
 from workers.saving import SaveCoordinator
 from workers.state_writer import delete_state
 from workers.storage import RunStorage
@@ -120,6 +122,19 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
         model_fingerprint=model_fingerprint(task.model), seed=t.seed)
     attempt = faults.attempt = _attempt_number(events)
+    lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
+    try:
+        return _train(spec, ctx, storage, events, faults, task, engine, expectation, attempt, mbpe, lease)
+    except BaseException:
+        if lease:
+            lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
+        raise
+
+
+def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: EventLog | None, faults: Faults,
+           task, engine, expectation: Expectation, attempt: int, mbpe: int, lease: RunLease | None) -> WorkerResult:  # noqa: ANN001
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t, accum = spec.train, spec.train.grad_accum
 
     resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
@@ -242,6 +257,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         progress.flush()
         events.emit("finished", attempt=attempt, state=last_saved, global_micro_step=gms, optimizer_step=opt_step)
     dist.barrier()
+    if lease:
+        lease.release()
     return WorkerResult(final_state=last_saved or "", global_micro_step=gms, optimizer_step=opt_step,
                         resumed_from=resumed.name, history=progress.history)
 
@@ -273,6 +290,22 @@ class _ProgressLog:
 def _warn(rank: int, message: str) -> None:
     if rank == 0:
         print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: int, submission: str) -> RunLease | None:
+    """Rank 0 takes the run directory's lease; every rank learns the outcome (one broadcast)."""
+    lease, box = None, [None]
+    if rank == 0:
+        lease = RunLease(storage, job_identity=exp.job_identity, job_name=spec.name,
+                         submission=submission or uuid.uuid4().hex, ttl_s=spec.resume.lease_ttl_s)
+        try:
+            lease.acquire()
+        except LeaseRefused as e:
+            box = [str(e)]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise ResumeRefused(box[0])
+    return lease
 
 
 def _attempt_number(events: EventLog | None) -> int:
