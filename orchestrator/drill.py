@@ -38,7 +38,7 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
 
     if len(hows) == 1:
         hows = hows * len(points)
-    world = spec.scaling.num_workers
+    world = spec.scaling.max_workers
     faults = [CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
               for i, (p, how) in enumerate(zip(points, hows)) if how in ("crash", "sigterm")]
     ref = _variant(spec, "drill-ref", [], 0)
@@ -66,7 +66,7 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]]) -> tu
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
     cpus = max(1, int(run.scaling.cpus_per_worker))
-    nodes = [cluster.add_node(num_cpus=cpus) for _ in range(run.scaling.num_workers)]
+    nodes = [cluster.add_node(num_cpus=cpus) for _ in range(run.scaling.max_workers)]
     cluster.wait_for_nodes()
     try:
         rc_ref = run_on_ray(ref, cluster.address)

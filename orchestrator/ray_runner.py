@@ -63,7 +63,7 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
         return False
-    needed = spec.scaling.num_workers * spec.scaling.cpus_per_worker
+    needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     ray.init(num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env={"env_vars": env_vars})
     return True
@@ -86,7 +86,8 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission},
-            scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu,
+            scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
+                                         use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
             run_config=RunConfig(

@@ -21,12 +21,44 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class ElasticWorkers(_Strict):
+    min: int = Field(..., ge=1)
+    max: int = Field(..., ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "ElasticWorkers":
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
 class ScalingSpec(_Strict):
     """Named after Ray Train's ``ScalingConfig``."""
 
-    num_workers: int = Field(1, ge=1, description="Ray Train workers (one torch rank each).")
+    num_workers: Union[int, ElasticWorkers] = Field(1, description=(
+        "Ray Train workers (one torch rank each), or {min, max} to continue on whatever number Ray "
+        "can place (elastic; train.grad_accum is then stated for max workers)."))
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker.")
     use_gpu: bool = Field(False, description="One GPU per worker; NCCL instead of gloo.")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1 (or {min, max} for elastic training)")
+        return v
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, ElasticWorkers)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers.min if isinstance(self.num_workers, ElasticWorkers) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers.max if isinstance(self.num_workers, ElasticWorkers) else self.num_workers
 
 
 class TaskSpec(_Strict):
@@ -71,6 +103,7 @@ class TrainSpec(_Strict):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     gradient_clipping: float = Field(0.0, ge=0)
     dataloader_workers: int = Field(0, ge=0, description="torch DataLoader worker processes.")
+    record_samples: bool = Field(False, description="Log the sample ids of every optimizer step (audits, elastic tests).")
     log_every: int = Field(10, ge=1, description="Print progress every N optimizer steps.")
 
     @field_validator("optimizer", mode="before")
@@ -199,8 +232,19 @@ class JobSpec(_Strict):
         if self.deepspeed.precision == "fp16" and not self.scaling.use_gpu:
             raise ValueError("deepspeed.precision fp16 needs scaling.use_gpu: true (use fp32 or bf16 on CPU)")
         for f in self.faults:
-            if f.rank >= self.scaling.num_workers:
-                raise ValueError(f"faults: rank {f.rank} does not exist with scaling.num_workers={self.scaling.num_workers}")
+            if f.rank >= self.scaling.max_workers:
+                raise ValueError(f"faults: rank {f.rank} does not exist with scaling.num_workers={self.scaling.max_workers}")
+        if self.scaling.elastic:
+            from policies.elastic import allowed_world_sizes
+
+            lo, hi = self.scaling.min_workers, self.scaling.max_workers
+            ok = allowed_world_sizes(self.train.micro_batch_size, self.train.grad_accum, lo, hi)
+            bad = [w for w in range(lo, hi + 1) if w not in ok]
+            if bad:
+                raise ValueError(
+                    f"scaling.num_workers {{min: {lo}, max: {hi}}}: on {bad} worker(s) no whole accumulation keeps the "
+                    f"global batch ({self.train.micro_batch_size} x {hi} x {self.train.grad_accum}); world sizes that "
+                    f"work: {ok}. Narrow the range or change train.grad_accum")
         if self.train.scheduler.unit == "epochs" and self.train.epochs is None and self.train.scheduler.total is None:
             raise ValueError("train.scheduler.unit epochs needs train.epochs or train.scheduler.total")
         return self

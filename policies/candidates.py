@@ -65,6 +65,10 @@ class Expectation:
     zero_stage: int
     model_fingerprint: str
     seed: int
+    # elastic runs compare what must stay constant across world sizes instead of the layout itself
+    elastic: bool = False
+    global_batch: int = 0
+    samples_per_epoch: int = 0
 
 
 def _listing_problem(c: Candidate) -> str | None:
@@ -84,12 +88,25 @@ def _listing_problem(c: Candidate) -> str | None:
 
 
 def _incompatibility(t: dict[str, Any], exp: Expectation) -> str | None:
+    data = t.get("data") or {}
+    if exp.elastic and t.get("world_size") != exp.world_size:
+        if not t.get("elastic_optimizer"):
+            return (f"saved on {t.get('world_size')} worker(s) without world-size-independent optimizer state "
+                    f"(ZeRO {t.get('zero_stage')} non-elastic); cannot load on {exp.world_size}")
+        layout_checks = [(data.get("global_batch"), exp.global_batch, "global batch (samples per optimizer step)"),
+                         (data.get("samples_per_epoch"), exp.samples_per_epoch, "samples per epoch")]
+        for have, want, what in layout_checks:
+            if have != want:
+                return f"{what} differs: state has {have}, this run has {want}"
+        layout = [("micro_batch_size", exp.micro_batch_size, "micro-batch size differs")]
+    else:
+        layout = [("world_size", exp.world_size, "world size differs"),
+                  ("micro_batch_size", exp.micro_batch_size, "micro-batch size differs"),
+                  ("grad_accum", exp.grad_accum, "gradient accumulation differs"),
+                  ("micro_batches_per_epoch", exp.micro_batches_per_epoch, "epoch length (micro-batches) differs")]
     checks = [
         ("job_identity", exp.job_identity, "written by another job"),
-        ("world_size", exp.world_size, "world size differs"),
-        ("micro_batch_size", exp.micro_batch_size, "micro-batch size differs"),
-        ("grad_accum", exp.grad_accum, "gradient accumulation differs"),
-        ("micro_batches_per_epoch", exp.micro_batches_per_epoch, "epoch length (micro-batches) differs"),
+        *layout,
         ("zero_stage", exp.zero_stage, "ZeRO stage differs"),
         ("model_fingerprint", exp.model_fingerprint, "model parameters (names/shapes) differ"),
         ("seed", exp.seed, "sampler seed differs"),
@@ -128,12 +145,18 @@ def _classify(c: Candidate, exp: Expectation) -> tuple[Verdict, str]:
         epoch, step = int(t["epoch"]), int(t["global_micro_step"])
     except (KeyError, TypeError, ValueError) as e:
         return Verdict.CORRUPT, f"trainer.json lacks a usable position field ({e})"
-    if epoch * mbpe + pos != step:
-        return Verdict.CORRUPT, f"position inconsistent: epoch {epoch} * {mbpe} + {pos} != micro-step {step}"
     if not is_boundary(pos, acc, mbpe):
         return Verdict.MID_CYCLE, (
             f"mid-cycle: position {pos} of {mbpe} with accumulation {acc} is not a sync boundary; "
             "its pending micro-batch gradients were never persisted")
+    data = t.get("data") or {}
+    if "samples_in_epoch" in data:  # data position in global samples (schema 1, elastic-aware writers)
+        per_micro = int(t.get("micro_batch_size", 0)) * int(t.get("world_size", 0))
+        if data["samples_in_epoch"] != pos * per_micro:
+            return Verdict.CORRUPT, (f"position inconsistent: {pos} micro-batches of {per_micro} samples != "
+                                     f"{data['samples_in_epoch']} samples into the epoch")
+    elif epoch * mbpe + pos != step:
+        return Verdict.CORRUPT, f"position inconsistent: epoch {epoch} * {mbpe} + {pos} != micro-step {step}"
     why = _incompatibility(t, exp)
     if why:
         return Verdict.INCOMPATIBLE, why

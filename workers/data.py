@@ -52,9 +52,9 @@ class RankMicroBatches(Sampler[list[int]]):
     """
 
     def __init__(self, num_samples: int, micro_batch_size: int, world_size: int, rank: int,
-                 seed: int, epoch: int, start: int) -> None:
+                 seed: int, epoch: int, start: int, samples_per_epoch: int | None = None) -> None:
         self.mbs, self.world, self.rank = micro_batch_size, world_size, rank
-        self.mbpe = micro_batches_per_epoch(num_samples, micro_batch_size, world_size)
+        self.mbpe = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size, world_size)
         self.start = start
         self.perm = epoch_permutation(num_samples, seed, epoch)
 
@@ -95,13 +95,15 @@ class SeededSamples(Dataset):
 
 
 def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
-                 epoch: int, start: int, collate: Any, num_workers: int) -> DataLoader:
+                 epoch: int, start: int, collate: Any, num_workers: int,
+                 samples_per_epoch: int | None = None) -> DataLoader:
     """A DataLoader over this rank's remaining micro-batches of ``epoch``.
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
     shift the model's dropout stream between a resumed and an uninterrupted run).
     """
-    sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start)  # type: ignore[arg-type]
+    sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,  # type: ignore[arg-type]
+                               samples_per_epoch)
     return DataLoader(
         SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=collate,
         num_workers=num_workers, generator=torch.Generator().manual_seed(derive_seed(seed, epoch, 0xDA7A)),

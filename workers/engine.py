@@ -10,12 +10,13 @@ import torch
 from orchestrator.spec import JobSpec
 
 
-def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
+def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, Any]:
     t, d = spec.train, spec.deepspeed
+    zero: dict[str, Any] = {"stage": d.zero_stage}
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": t.grad_accum,
-        "zero_optimization": {"stage": d.zero_stage},
+        "gradient_accumulation_steps": grad_accum or t.grad_accum,
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1,
         "gradient_clipping": t.gradient_clipping,
@@ -36,11 +37,11 @@ def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimiz
     return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
-def build_engine(spec: JobSpec, model: torch.nn.Module):
+def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None):
     import deepspeed
 
     optimizer = make_optimizer(spec, model)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(spec),
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(spec, grad_accum),
                                            dist_init_required=False)
     return engine
 

@@ -70,7 +70,7 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     When one rank dies (an injected crash, an error), the others are killed after a short grace,
     as a real launcher would tear down the group; the storage is left exactly as they left it.
     """
-    world = world_size or spec.scaling.num_workers
+    world = world_size or spec.scaling.max_workers
     port = free_port()
     ctx = mp.get_context("spawn")
     submission = uuid.uuid4().hex

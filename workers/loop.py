@@ -35,7 +35,8 @@ from policies.resume import NoResumableState, enforce_safe, load_object, make_po
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
-from workers.data import epoch_loader, micro_batches_per_epoch
+from policies.elastic import Layout, layout
+from workers.data import derive_seed, epoch_loader, micro_batches_per_epoch
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import build_engine, model_fingerprint, set_lr
 from workers.events import EventLog
@@ -115,16 +116,20 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.seed_everything(t.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
-    mbpe = micro_batches_per_epoch(len(task.dataset), t.micro_batch_size, world)  # type: ignore[arg-type]
-    engine = build_engine(spec, task.model)
+    micro_batches_per_epoch(len(task.dataset), t.micro_batch_size, world)  # type: ignore[arg-type]  # too small?
+    lay = layout(len(task.dataset), t.micro_batch_size, t.grad_accum, world,  # type: ignore[arg-type]
+                 spec.scaling.min_workers, spec.scaling.max_workers)
+    mbpe, accum = lay.micro_batches_per_epoch, lay.grad_accum
+    engine = build_engine(spec, task.model, accum)
     expectation = Expectation(
         job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
-        model_fingerprint=model_fingerprint(task.model), seed=t.seed)
+        model_fingerprint=model_fingerprint(task.model), seed=t.seed, elastic=spec.scaling.elastic,
+        global_batch=lay.global_batch, samples_per_epoch=lay.samples_per_epoch)
     attempt = faults.attempt = _attempt_number(events)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
     try:
-        return _train(spec, ctx, storage, events, faults, task, engine, expectation, attempt, mbpe, lease)
+        return _train(spec, ctx, storage, events, faults, task, engine, expectation, attempt, lay, lease)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -132,9 +137,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: EventLog | None, faults: Faults,
-           task, engine, expectation: Expectation, attempt: int, mbpe: int, lease: RunLease | None) -> WorkerResult:  # noqa: ANN001
+           task, engine, expectation: Expectation, attempt: int, lay: Layout, lease: RunLease | None) -> WorkerResult:  # noqa: ANN001
     rank, world = dist.get_rank(), dist.get_world_size()
-    t, accum = spec.train, spec.train.grad_accum
+    t, accum, mbpe = spec.train, lay.grad_accum, lay.micro_batches_per_epoch
 
     resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
@@ -143,15 +148,26 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
     sched = t.scheduler
     horizon = sched.total or (total_steps if sched.unit == "optimizer_steps" else (t.epochs or 1))
 
+    rederive_rng = False
     if trainer:
-        epoch, pos = trainer["epoch"], trainer["position_in_epoch"]
+        data = trainer.get("data") or {}
+        saved_world = trainer["world_size"]
+        samples_in_epoch = data.get("samples_in_epoch", trainer["position_in_epoch"] * t.micro_batch_size * saved_world)
+        epoch, pos = trainer["epoch"], lay.position_for(samples_in_epoch)
         gms, opt_step = trainer["global_micro_step"], trainer["optimizer_step"]
+        global_samples = data.get("global_samples", gms * t.micro_batch_size * saved_world)
+        if saved_world != world:
+            # Per-rank RNG streams cannot be carried to another world size: derive them instead.
+            rederive_rng, rng_bytes = True, None
+            _warn(rank, f"resuming a state saved on {saved_world} worker(s) on {world}: accumulation {accum}, same "
+                        "samples per optimizer step; per-rank RNG re-derived from (seed, optimizer step, rank), so "
+                        "model-side randomness (dropout) differs from the uninterrupted run")
         if pos == mbpe:
             epoch, pos = epoch + 1, 0
         sched_pos = resume_position(trainer.get("scheduler"), sched, optimizer_step=opt_step, epoch_done=epoch,
                                     reset=spec.resume.reset_schedule, warn=lambda m: _warn(rank, m))
     else:
-        epoch = pos = gms = opt_step = sched_pos = 0
+        epoch = pos = gms = opt_step = sched_pos = global_samples = 0
     nodes: list[str | None] = [None] * world
     dist.all_gather_object(nodes, ctx.node_id)
     if events:
@@ -167,6 +183,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
     progress = _ProgressLog(events, attempt)
     saves = SaveCoordinator(engine, storage, faults, events, rank=rank, attempt=attempt,
                             use_async=spec.checkpoint.async_save, flush_progress=progress.flush,
+                            full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2),
                             retain=lambda: _retain(spec, storage, expectation, faults), last_saved=resumed.name)
     last_log_time, last_log_samples = time.monotonic(), gms
     finished = False
@@ -174,13 +191,20 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
     while not finished and (t.epochs is None or epoch < t.epochs):
         loader = epoch_loader(task.dataset, micro_batch_size=t.micro_batch_size, world_size=world, rank=rank,
                               seed=t.seed, epoch=epoch, start=pos, collate=task.collate,
-                              num_workers=t.dataloader_workers)
+                              num_workers=t.dataloader_workers, samples_per_epoch=lay.samples_per_epoch)
         if rng_bytes is not None:  # after the skip and start-up, immediately before the first fetch
             rng.restore(rng_bytes)
             rng_bytes = None
+        elif rederive_rng:
+            rng.seed_everything(derive_seed(t.seed, opt_step, rank, 0xE1A5))
+            rederive_rng = False
+        cycle_samples: list[list[int]] = []
         cycle_loss = 0.0
         for batch in loader:
             pos, gms = pos + 1, gms + 1
+            global_samples += t.micro_batch_size * world
+            if t.record_samples:
+                cycle_samples.append(loader.batch_sampler.indices(pos - 1))  # type: ignore[union-attr]
             boundary = is_boundary(pos, accum, mbpe)
             engine.set_gradient_accumulation_boundary(boundary)
             loss = task.loss(engine, batch)
@@ -221,8 +245,12 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                                     **(notice or {"source": "another rank"}))
                 if flags[2] > 0:
                     pending.request("interval")
-                progress.add({"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss,
-                              "lr": lr, "time": time.time()})
+                record = {"optimizer_step": opt_step, "global_micro_step": gms, "epoch": epoch, "loss": step_loss,
+                          "lr": lr, "time": time.time()}
+                if t.record_samples:
+                    record["samples"] = _gather_samples(cycle_samples, world)
+                    cycle_samples = []
+                progress.add(record)
                 epoch_end = pos == mbpe
                 if epoch_end and sched.unit == "epochs":
                     sched_pos += 1
@@ -239,7 +267,8 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                 saves.at_boundary(
                     pending, lambda reasons: _trainer_record(
                         spec, expectation, epoch=epoch, pos=pos, gms=gms, opt_step=opt_step, sched_pos=sched_pos,
-                        loss=step_loss, reasons=reasons, attempt=attempt, num_samples=len(task.dataset)),  # type: ignore[arg-type]
+                        loss=step_loss, reasons=reasons, attempt=attempt, num_samples=len(task.dataset),  # type: ignore[arg-type]
+                        global_samples=global_samples),
                     ranks_uploading=flags[3].item(), last=last, micro_step=gms)
                 cycle_loss = 0.0
                 if last:
@@ -317,8 +346,16 @@ def _attempt_number(events: EventLog | None) -> int:
     return int(box[0])
 
 
+def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
+    """Sample ids of one optimizer step, in global order (micro-batch major, rank minor)."""
+    parts: list[list[list[int]] | None] = [None] * world
+    dist.all_gather_object(parts, cycle)
+    return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
+
+
 def _trainer_record(spec: JobSpec, exp: Expectation, *, epoch: int, pos: int, gms: int, opt_step: int,
-                    sched_pos: int, loss: float, reasons: list[str], attempt: int, num_samples: int) -> dict[str, Any]:
+                    sched_pos: int, loss: float, reasons: list[str], attempt: int, num_samples: int,
+                    global_samples: int) -> dict[str, Any]:
     return {
         "schema_version": TRAINER_SCHEMA_VERSION,
         "job_name": spec.name,
@@ -336,8 +373,11 @@ def _trainer_record(spec: JobSpec, exp: Expectation, *, epoch: int, pos: int, gm
         "model_fingerprint": exp.model_fingerprint,
         "seed": exp.seed,
         "scheduler": schedule_record(spec.train.scheduler, sched_pos),
-        "data": {"sampler": "global-permutation/v1", "num_samples": num_samples,
-                 "global_samples": gms * exp.micro_batch_size * exp.world_size},
+        "data": {"sampler": "global-permutation/v1", "num_samples": num_samples, "global_samples": global_samples,
+                 "samples_in_epoch": pos * exp.micro_batch_size * exp.world_size,
+                 "samples_per_epoch": exp.samples_per_epoch, "global_batch": exp.global_batch},
+        # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
+        "elastic_optimizer": exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
         "metrics": {"loss": loss},
         "save_reasons": reasons,
         "attempt": attempt,
@@ -404,7 +444,7 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
         if bad is None:
             assert fetched is not None
             try:
-                load_into_engine(engine, fetched)
+                load_into_engine(engine, fetched, other_world_size=msg["trainer"]["world_size"] != dist.get_world_size())
             finally:
                 fetched.cleanup()
             if rank == 0:

@@ -36,7 +36,7 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel, info in files.items():
-            if not rel.startswith("engine/"):
+            if not rel.startswith(("engine/", "optim/")):
                 continue
             size, digest = storage.download_file(os.path.join(local, rel), "states", cand.name, rel)
             if digest != info["sha256"] or size != info["size"]:
@@ -56,7 +56,17 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         raise
 
 
-def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False, optimizer: bool = True) -> None:
+def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False, optimizer: bool = True,
+                     other_world_size: bool = False) -> None:
+    """Load a verified state. From another world size, ZeRO-1/2 optimizer state comes from the
+    gathered full state (``workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file."""
+    full = os.path.join(fetched.local_dir, "optim", "full.safetensors")
+    cross = other_world_size and engine.zero_optimization_stage() in (1, 2) and optimizer and not module_only
     engine.load_checkpoint(fetched.local_dir, tag="engine", load_module_strict=True,
-                           load_optimizer_states=optimizer and not module_only, load_lr_scheduler_states=False,
-                           load_module_only=module_only)
+                           load_optimizer_states=optimizer and not module_only and not cross,
+                           load_lr_scheduler_states=False, load_module_only=module_only or cross)
+    if cross:
+        from workers.elastic_state import load_full_optimizer_state
+
+        with open(full, "rb") as f:
+            load_full_optimizer_state(engine, f.read())

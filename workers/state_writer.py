@@ -71,13 +71,18 @@ def staging_root() -> str | None:
     return None
 
 
-def take_snapshot(engine, trainer: dict[str, Any], faults: Faults) -> Snapshot:
-    """The blocking part of a save (all ranks, at a boundary): DeepSpeed writes to local staging."""
+def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimizer_state: bool = False) -> Snapshot:
+    """The blocking part of a save (all ranks, at a boundary): DeepSpeed writes to local staging
+    (and, for elastic ZeRO-1/2 runs, the gathered world-size-independent optimizer state)."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
     engine.save_checkpoint(staging, tag="engine", save_latest=False)
+    if full_optimizer_state:
+        from workers.elastic_state import save_full_optimizer_state
+
+        save_full_optimizer_state(engine, staging, dist.get_rank())
     snap = Snapshot(state_name(trainer["global_micro_step"]), staging, rng.capture(), trainer, t0)
     snap.blocked = time.perf_counter() - t0
     return snap
@@ -87,10 +92,11 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     """Make this rank's files durable in storage (safe to run in a background thread)."""
     mine: dict[str, dict[str, Any]] = {}
     try:
-        engine_dir = os.path.join(snap.staging, "engine")
-        for fname in sorted(os.listdir(engine_dir)) if os.path.isdir(engine_dir) else []:
-            size, digest = storage.upload_file(os.path.join(engine_dir, fname), "states", snap.name, "engine", fname)
-            mine[f"engine/{fname}"] = {"size": size, "sha256": digest}
+        for sub in ("engine", "optim"):
+            src = os.path.join(snap.staging, sub)
+            for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
+                size, digest = storage.upload_file(os.path.join(src, fname), "states", snap.name, sub, fname)
+                mine[f"{sub}/{fname}"] = {"size": size, "sha256": digest}
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
     rel = f"rng/rank_{rank:05d}.safetensors"
@@ -129,9 +135,10 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> Save
                       blocked_seconds=snap.blocked + (end - t0))
 
 
-def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults) -> SaveResult:
+def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
+               full_optimizer_state: bool = False) -> SaveResult:
     """A synchronous save: snapshot, upload and commit before training continues."""
-    snap = take_snapshot(engine, trainer, faults)
+    snap = take_snapshot(engine, trainer, faults, full_optimizer_state)
     t0 = time.perf_counter()
     upload_snapshot(storage, snap, dist.get_rank(), faults)
     snap.blocked += time.perf_counter() - t0
