@@ -143,7 +143,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
     if bad or len(hows) not in (1, len(points)):
         raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
-    report = run_drill(spec, points, hows, args.address)
+    if args.no_replacement and "node" not in hows:
+        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
+    report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
     print(report.table)
     return 0 if report.ok else 1
 
@@ -197,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--preempt-at", required=True, metavar="P[,Q...]", help="global micro-steps to interrupt at")
     dr.add_argument("--how", default="crash", help="crash|sigterm|node, or one per point: crash,sigterm")
     dr.add_argument("--address", default=None, help="Ray cluster address (crash/sigterm; default embedded)")
+    dr.add_argument("--no-replacement", action="store_true",
+                    help="with --how node: the lost node is not replaced (an elastic job continues on fewer workers)")
     dr.set_defaults(fn=cmd_drill)
     return p
 

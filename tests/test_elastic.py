@@ -100,3 +100,21 @@ def test_one_worker_grows_back_to_two(tmp_path):
     assert run_spawned(spec) == [0, 0]  # the node came back
     assert trainer_json(spec, state_names(spec)[-1])["world_size"] == 2
     _assert_same_samples_and_close(ref, spec)
+
+
+@pytest.mark.slow
+def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", "node",
+           "--no-replacement", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=640",
+           "--set", "train.epochs=2", "--set", "scaling.num_workers={min: 1, max: 2}", "--set", "task.config.dropout=0"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "world sizes [1, 2]: samples and learning rate of every optimizer step: match" in proc.stdout
+    assert "final parameters: within" in proc.stdout
