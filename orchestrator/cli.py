@@ -37,15 +37,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _check_storage(spec: JobSpec) -> None:
+    """Before anything starts: can the run directory be written (a probe file written and removed)?"""
     import fsspec
 
     try:
         fs, path = fsspec.core.url_to_fs(spec.run_url)
         fs.makedirs(path, exist_ok=True)
+        probe = path.rstrip("/") + "/.syncpoint-probe"
+        fs.pipe_file(probe, b"ok")
+        fs.rm(probe)
     except Exception as e:  # noqa: BLE001
         raise SpecError("storage", [f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. "
                                     "Use a local path, file://, memory:// or an fsspec URL whose backend is installed "
-                                    "(s3:// needs s3fs) with credentials available"]) from None
+                                    "(s3:// needs s3fs) with credentials available, and write access"]) from None
+
+
+def _storage(arg: str, what: str):  # noqa: ANN202
+    from workers.storage import RunStorage
+
+    try:
+        return RunStorage(_as_url(arg))
+    except (ValueError, ImportError) as e:
+        raise SpecError(what, [f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed"],
+                        "invalid argument") from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -56,33 +70,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_states(args: argparse.Namespace) -> int:
-    from policies.candidates import candidates_table
+    from policies.candidates import Expectation, candidates_table, classify
     from policies.resume import NoResumableState, enforce_safe, make_policy
     from workers.discovery import discover, expectation_from_trainer
-    from workers.storage import RunStorage
 
-    storage = RunStorage(_as_url(args.run_dir))
+    storage = _storage(args.run_dir, "RUN_DIR")
+    if not storage.list_names("states") and not storage.list_names("events"):
+        raise SpecError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
+                                    "(<storage>/<name>)"], "invalid argument")
     cands = discover(storage)
     newest = next((c.trainer for c in cands if c.trainer and c.manifest), None)
-    if newest:
-        exp = expectation_from_trainer(newest)
-        from policies.candidates import classify
-
-        for c in cands:
-            classify(c, exp)
-    else:
-        from policies.candidates import Expectation, classify
-
-        for c in cands:
-            classify(c, Expectation("", 0, 0, 0, 0, -1, "", -1))
-    policy_args = json.loads(args.policy_args) if args.policy_args else {}
+    exp = expectation_from_trainer(newest) if newest else Expectation("", 0, 0, 0, 0, -1, "", -1)
+    for c in cands:
+        classify(c, exp)
     try:
-        decision = enforce_safe(make_policy(args.policy, policy_args).choose(cands, {}), cands)
+        policy_args = json.loads(args.policy_args) if args.policy_args else {}
+    except ValueError as e:
+        raise SpecError("--policy-args", [f"{args.policy_args!r} is not JSON ({e}); e.g. '{{\"state\": 120}}'"],
+                        "invalid argument") from None
+    if not isinstance(policy_args, dict):
+        raise SpecError("--policy-args", [f"{args.policy_args!r} must be a JSON object of keyword arguments, "
+                                          "e.g. '{\"state\": 120}'"], "invalid argument")
+    try:
+        policy = make_policy(args.policy, policy_args)
+    except (ValueError, TypeError) as e:
+        raise SpecError("--policy", [f"{args.policy}: {e}; check --policy-args (pinned needs "
+                                     "'{\"state\": N}', best-metric takes metric and mode)"], "invalid argument") from None
+    try:
+        decision = enforce_safe(policy.choose(cands, {}), cands)
         choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
     except NoResumableState as e:
         choice = {"state": None, "error": str(e).splitlines()[0]}
-    except ValueError as e:
-        raise SpecError("--policy", [str(e)]) from None
     if args.json:
         print(json.dumps({"run": storage.url, "candidates": [
             {"state": c.name, "micro_step": c.micro_step, "verdict": c.verdict.value if c.verdict else None,
@@ -98,23 +116,27 @@ def cmd_states(args: argparse.Namespace) -> int:
 def cmd_digest(args: argparse.Namespace) -> int:
     from workers.digest import state_digest
 
+    _storage(args.state_dir, "STATE_DIR")
     try:
         d = state_digest(_as_url(args.state_dir))
-    except FileNotFoundError as e:
-        raise SpecError("STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]) from None
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+        raise SpecError("STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"],
+                        "invalid argument") from None
+    except (ValueError, KeyError) as e:
+        raise SpecError("STATE_DIR", [f"{args.state_dir}: the state's manifest or files are damaged ({e}); "
+                                      "`syncpoint states <run>` shows its verdict"], "invalid argument") from None
     print(json.dumps(d, indent=2) if args.json else d["digest"])
     return 0
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from workers.events import EventLog
-    from workers.storage import RunStorage
-
     from orchestrator.timeline import format_timeline
+    from workers.events import EventLog
 
-    events = EventLog(RunStorage(_as_url(args.run_dir))).read_all()
+    events = EventLog(_storage(args.run_dir, "RUN_DIR")).read_all()
     if not events:
-        raise SpecError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"])
+        raise SpecError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"],
+                        "invalid argument")
     if args.plot:
         from orchestrator.plot import plot_run
 
@@ -136,15 +158,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
     try:
         points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
     except ValueError:
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"], "invalid argument") from None
     if not points or min(points) < 1 or points != sorted(set(points)):
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"], "invalid argument")
     hows = [h.strip() for h in args.how.split(",")]
     bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
     if bad or len(hows) not in (1, len(points)):
-        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
+        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"], "invalid argument")
     if args.no_replacement and "node" not in hows:
-        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
+        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"], "invalid argument")
     report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
     print(report.table)
     return 0 if report.ok else 1

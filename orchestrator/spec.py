@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+
+
+BUILTIN_POLICIES = ("newest-resumable", "pinned", "fresh", "best-metric")
+
+
+def _is_import_path(v: str) -> bool:
+    mod, _, attr = v.partition(":")
+    return bool(mod and attr) and all(p.isidentifier() for p in mod.split(".")) and attr.isidentifier()
 
 
 class _Strict(BaseModel):
@@ -22,8 +30,8 @@ class _Strict(BaseModel):
 
 
 class ElasticWorkers(_Strict):
-    min: int = Field(..., ge=1)
-    max: int = Field(..., ge=1)
+    min: StrictInt = Field(..., ge=1)
+    max: StrictInt = Field(..., ge=1)
 
     @model_validator(mode="after")
     def _order(self) -> "ElasticWorkers":
@@ -35,7 +43,7 @@ class ElasticWorkers(_Strict):
 class ScalingSpec(_Strict):
     """Named after Ray Train's ``ScalingConfig``."""
 
-    num_workers: Union[int, ElasticWorkers] = Field(1, description=(
+    num_workers: Union[StrictInt, ElasticWorkers] = Field(1, description=(
         "Ray Train workers (one torch rank each), or {min, max} to continue on whatever number Ray "
         "can place (elastic; train.grad_accum is then stated for max workers)."))
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs reserved per worker.")
@@ -68,8 +76,7 @@ class TaskSpec(_Strict):
     @field_validator("path")
     @classmethod
     def _import_path(cls, v: str) -> str:
-        mod, _, fn = v.partition(":")
-        if not mod or not fn or not all(p.isidentifier() for p in mod.split(".")) or not fn.isidentifier():
+        if not _is_import_path(v):
             raise ValueError("must look like 'package.module:function' (e.g. examples.tiny_lm:build)")
         return v
 
@@ -86,25 +93,25 @@ class SchedulerSpec(_Strict):
     """The live schedule. Only its *position* is persisted; this spec decides the values."""
 
     type: Literal["constant", "linear", "cosine"] = "constant"
-    warmup: int = Field(0, ge=0, description="Warmup length in `unit`s (linear ramp from 0).")
+    warmup: StrictInt = Field(0, ge=0, description="Warmup length in `unit`s (linear ramp from 0).")
     unit: Literal["optimizer_steps", "epochs"] = "optimizer_steps"
-    total: int | None = Field(None, ge=1, description="Horizon in `unit`s; default: the run's length.")
+    total: StrictInt | None = Field(None, ge=1, description="Horizon in `unit`s; default: the run's length.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
 class TrainSpec(_Strict):
-    micro_batch_size: int = Field(..., ge=1, description="Samples per rank per micro-batch.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
-    epochs: int | None = Field(None, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
-    seed: int = Field(0, ge=0)
+    micro_batch_size: StrictInt = Field(..., ge=1, description="Samples per rank per micro-batch.")
+    grad_accum: StrictInt = Field(1, ge=1, description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
+    epochs: StrictInt | None = Field(None, ge=1)
+    max_steps: StrictInt | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    seed: StrictInt = Field(0, ge=0)
     lr: float = Field(1e-3, gt=0)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     gradient_clipping: float = Field(0.0, ge=0)
-    dataloader_workers: int = Field(0, ge=0, description="torch DataLoader worker processes.")
+    dataloader_workers: StrictInt = Field(0, ge=0, description="torch DataLoader worker processes.")
     record_samples: bool = Field(False, description="Log the sample ids of every optimizer step (audits, elastic tests).")
-    log_every: int = Field(10, ge=1, description="Print progress every N optimizer steps.")
+    log_every: StrictInt = Field(10, ge=1, description="Print progress every N optimizer steps.")
 
     @field_validator("optimizer", mode="before")
     @classmethod
@@ -162,7 +169,14 @@ class CheckpointSpec(_Strict):
 
     save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"))
     save_trigger: str | None = Field(None, description="Custom trigger 'pkg.mod:Class' (replaces save_every).")
-    keep_last: int = Field(3, ge=0, description="Resumable states to keep; 0 keeps all.")
+
+    @field_validator("save_trigger")
+    @classmethod
+    def _trigger_path(cls, v: str | None) -> str | None:
+        if v is not None and not _is_import_path(v):
+            raise ValueError("must look like 'package.module:Class' (a class with wants_save(tick) -> bool)")
+        return v
+    keep_last: StrictInt = Field(3, ge=0, description="Resumable states to keep; 0 keeps all.")
     prune_unsafe: bool = False
     export_final: bool = Field(True, description="Write consolidated safetensors to <run>/final/.")
     async_save: bool = Field(False, alias="async", description=(
@@ -172,6 +186,13 @@ class CheckpointSpec(_Strict):
 
 class ResumeSpec(_Strict):
     policy: str = Field("newest-resumable", description="newest-resumable | pinned | fresh | best-metric | pkg.mod:Class")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_name(cls, v: str) -> str:
+        if v not in BUILTIN_POLICIES and not _is_import_path(v):
+            raise ValueError(f"must be one of {', '.join(BUILTIN_POLICIES)}, or 'package.module:Class' for your own")
+        return v
     policy_args: dict[str, Any] = Field(default_factory=dict)
     init_from: str | None = Field(None, description="State URL to take weights from (fine-tune).")
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
@@ -185,18 +206,18 @@ class ResumeSpec(_Strict):
 class FailureSpec(_Strict):
     """Named after Ray Train's ``FailureConfig``."""
 
-    max_failures: int = Field(0, ge=-1, description="Application-error restarts (-1: unlimited).")
-    max_preemptions: int = Field(-1, ge=-1, description="Preemption restarts (-1: unlimited).")
+    max_failures: StrictInt = Field(0, ge=-1, description="Application-error restarts (-1: unlimited).")
+    max_preemptions: StrictInt = Field(-1, ge=-1, description="Preemption restarts (-1: unlimited).")
 
 
 class CrashFault(_Strict):
     """Rehearse preemption: crash ``rank`` once per run, at a micro-step or a save phase."""
 
-    rank: int = Field(0, ge=0)
-    at_micro_step: int | None = Field(None, ge=1)
+    rank: StrictInt = Field(0, ge=0)
+    at_micro_step: StrictInt | None = Field(None, ge=1)
     phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
                    "before_retention", "during_retention"] | None = None
-    at_save: int = Field(1, ge=1, description="With phase: which save (1 = first) of the run.")
+    at_save: StrictInt = Field(1, ge=1, description="With phase: which save (1 = first) of the run.")
     mode: Literal["exit", "raise", "sigterm"] = Field(
         "exit", description="exit: os._exit (hard crash); raise: exception (in-process tests); sigterm: a preemption "
                             "notice, then the process dies after the next boundary's save (at_micro_step only).")
@@ -260,22 +281,28 @@ class JobSpec(_Strict):
 class SpecError(ValueError):
     """Bad input: one paragraph per problem, naming the YAML path (and line) and the fix."""
 
-    def __init__(self, source: str, problems: list[str]) -> None:
+    def __init__(self, source: str, problems: list[str], what: str = "invalid job spec") -> None:
         self.source, self.problems = source, problems
-        super().__init__(f"{source}: invalid job spec\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"{source}: {what}\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
-    """Map every YAML path to its 1-based line so errors can point at it."""
+def _line_index(node: yaml.Node, path: tuple = (), duplicates: list[str] | None = None) -> dict[tuple, int]:
+    """Map every YAML path to its 1-based line so errors can point at it (and note duplicate keys)."""
     out = {path: node.start_mark.line + 1}
     if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
         for k, v in node.value:
             key = k.value
+            if key in seen and duplicates is not None:
+                dotted = ".".join(str(p) for p in (*path, key))
+                duplicates.append(f"{dotted}: duplicate key (lines {seen[key]} and {k.start_mark.line + 1}); YAML would "
+                                  "silently keep the last one. Merge them into one")
+            seen[key] = k.start_mark.line + 1
             out[path + (key,)] = k.start_mark.line + 1
-            out.update({p: l for p, l in _line_index(v, path + (key,)).items() if p != path + (key,)})
+            out.update({p: l for p, l in _line_index(v, path + (key,), duplicates).items() if p != path + (key,)})
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            out.update(_line_index(v, path + (i,)))
+            out.update(_line_index(v, path + (i,), duplicates))
     return out
 
 
@@ -323,7 +350,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SpecError("--set", [f"{item!r}: write overrides as a.b=value"])
+            raise SpecError("--set", [f"{item!r}: write overrides as a.b=value"], "invalid argument")
         node = raw
         parts = key.split(".")
         for p in parts[:-1]:
@@ -331,9 +358,15 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
-                raise SpecError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it"])
+                raise SpecError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it (set the whole "
+                                          f"value instead, e.g. --set '{p}=[...]')"], "invalid argument")
             node = nxt
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise SpecError("--set", [f"{key}={value}: the value is not valid YAML ({getattr(e, 'problem', e)}); "
+                                      "quote strings and close brackets, e.g. --set 'faults=[]'"],
+                            "invalid argument") from None
     return raw
 
 
@@ -344,6 +377,8 @@ def load_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) 
         text = Path(path).read_text()
     except OSError as e:
         raise SpecError(source, [f"cannot read the job file: {e.strerror or e}; check the path"]) from None
+    except UnicodeDecodeError:
+        raise SpecError(source, ["the job file is not UTF-8 text; save it as UTF-8 YAML"]) from None
     return parse_spec(text, source, overrides)
 
 
@@ -357,7 +392,10 @@ def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = 
         raise SpecError(source, [f"not valid YAML{line}: {getattr(e, 'problem', e)}"]) from None
     if not isinstance(raw, dict):
         raise SpecError(source, ["the top level must be a mapping with at least name, task and train"])
-    lines = _line_index(node) if node is not None else {}
+    duplicates: list[str] = []
+    lines = _line_index(node, (), duplicates) if node is not None else {}
+    if duplicates:
+        raise SpecError(source, duplicates)
     raw = apply_overrides(raw, overrides or [])
     try:
         return JobSpec.model_validate(raw)
@@ -368,6 +406,10 @@ def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = 
 def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
     """Make ``storage`` an absolute URL on the driver: Ray workers run in another directory."""
     s = spec.storage
+    scheme, sep, rest = s.partition("://")
+    if sep and not rest.strip("/"):
+        raise SpecError("storage", [f"storage {s!r} names no location; write an absolute path (/data/runs), "
+                                    "file:///data/runs, or an object-store URL such as s3://bucket/prefix"])
     if "://" not in s and not os.path.isabs(os.path.expanduser(s)) and "runtime_resources" in os.getcwd():
         raise SpecError("storage", [
             f"storage {s!r} is relative, and this driver runs in a Ray job's temporary working directory "

@@ -129,10 +129,6 @@ def _edit(old: str, new: str):
     return apply
 
 
-def _xfail(reason: str):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 def spec_case(case_id, edit, field, fix, line=None, marks=()):
     return pytest.param(edit, field, fix, line, id=case_id, marks=marks)
 
@@ -155,7 +151,7 @@ SPEC_CASES = [
     spec_case("train-micro-batch-size-string", _edit("micro_batch_size: 1", "micro_batch_size: two"),
               r"train\.micro_batch_size", r"valid integer.*'two'"),
     spec_case("train-micro-batch-size-fraction", _edit("micro_batch_size: 1", "micro_batch_size: 1.5"),
-              r"train\.micro_batch_size", r"valid integer.*fractional"),
+              r"train\.micro_batch_size", r"valid integer.*1\.5"),
     spec_case("train-grad-accum-zero", _edit("grad_accum: 2", "grad_accum: 0"),
               r"train\.grad_accum", r"greater than or equal to 1", line=9),
     spec_case("train-grad-accum-negative", _edit("grad_accum: 2", "grad_accum: -3"),
@@ -165,10 +161,7 @@ SPEC_CASES = [
               r"train\.epochs or train\.max_steps", r"set train\.epochs or train\.max_steps"),
     spec_case("train-max-steps-zero", _edit("epochs: 1", "max_steps: 0"),
               r"train\.max_steps", r"greater than or equal to 1"),
-    spec_case("train-epochs-boolean", _edit("epochs: 1", "epochs: true"), r"train\.epochs", r"valid integer",
-              marks=_xfail("type confusion: pydantic's lax mode coerces the YAML boolean `train.epochs: true` to 1 "
-                           "and the spec loads; README says wrong types are errors (int fields need strict=True "
-                           "or a StrictInt)")),
+    spec_case("train-epochs-boolean", _edit("epochs: 1", "epochs: true"), r"train\.epochs", r"valid integer"),
     spec_case("train-lr-zero", _edit("lr: 0.01", "lr: 0"), r"train\.lr", r"greater than 0"),
     spec_case("train-lr-string", _edit("lr: 0.01", "lr: fast"), r"train\.lr", r"valid number"),
     spec_case("train-seed-negative", _edit("seed: 3", "seed: -1"), r"train\.seed", r"greater than or equal to 0"),
@@ -253,29 +246,25 @@ SPEC_CASES = [
     spec_case("keep-last-negative", _edit("keep_last: 0", "keep_last: -1"),
               r"checkpoint\.keep_last", r"greater than or equal to 0"),
     spec_case("save-trigger-not-an-import-path", _edit("export_final: false\n", "export_final: false\n  save_trigger: not a path\n"),
-              r"checkpoint\.save_trigger", r"package\.module:(Class|Name|function)",
-              marks=_xfail("checkpoint.save_trigger has no form check (task.path has one): 'not a path' loads, and "
-                           "only fails on the workers at run time with a ValueError that does not name the field")),
+              r"checkpoint\.save_trigger", r"package\.module:(Class|Name|function)"),
     # --- resume and failure
     spec_case("resume-on-existing-unknown", _edit("", "resume: {on_existing: delete}\n"),
               r"resume\.on_existing", r"'refuse', 'archive' or 'overwrite'"),
     spec_case("resume-policy-args-not-a-mapping", _edit("", "resume: {policy_args: [1]}\n"),
               r"resume\.policy_args", r"valid dictionary"),
     spec_case("resume-policy-unknown-name", _edit("", "resume: {policy: newest}\n"),
-              r"resume\.policy", r"newest-resumable.*pinned.*fresh.*best-metric",
-              marks=_xfail("resume.policy is a free string: 'newest' (neither a built-in name nor 'pkg.mod:Class') "
-                           "passes validation and only fails on rank 0 at run time (make_policy -> load_object "
-                           "ValueError \"'newest' is not an import path\", which does not name resume.policy)")),
+              r"resume\.policy", r"newest-resumable.*pinned.*fresh.*best-metric"),
+    spec_case("resume-lease-ttl-zero", _edit("", "resume: {lease_ttl_s: 0}\n"),
+              r"resume\.lease_ttl_s", r"greater than 0"),
+    spec_case("checkpoint-async-not-a-boolean", _edit("keep_last: 0\n", "keep_last: 0\n  async: sometimes\n"),
+              r"checkpoint\.async", r"valid boolean"),
     spec_case("failure-max-failures-below-minus-one", _edit("", "failure: {max_failures: -2}\n"),
               r"failure\.max_failures", r"greater than or equal to -1"),
     # --- YAML itself
     spec_case("yaml-tab-indentation", _edit("  epochs: 1\n", "\tepochs: 1\n"), r"not valid YAML", r"line \d+"),
     spec_case("yaml-top-level-list", lambda text: "- a\n- b\n", r"top level", r"must be a mapping with at least name, task and train"),
     spec_case("yaml-empty-file", lambda text: "", r"top level", r"must be a mapping with at least name, task and train"),
-    spec_case("yaml-duplicate-key", _edit("", "train: {micro_batch_size: 4, epochs: 2}\n"), r"\btrain\b", r"duplicate",
-              marks=_xfail("yaml.safe_load silently keeps the last of two `train:` keys (the run changes without a "
-                           "word); the spec module promises no silently ignored keys, so duplicate keys should be "
-                           "an error naming the key and both lines")),
+    spec_case("yaml-duplicate-key", _edit("", "train: {micro_batch_size: 4, epochs: 2}\n"), r"\btrain\b", r"duplicate"),
 ]
 
 
@@ -345,9 +334,7 @@ ARG_CASES = [
     _arg_case("validate-missing-file", ["validate", "{tmp}/missing.yaml"], r"missing\.yaml.*cannot read the job file.*check the path"),
     _arg_case("run-missing-file", ["run", "{tmp}/missing.yaml"], r"missing\.yaml.*cannot read the job file.*check the path"),
     _arg_case("run-a-directory", ["run", "{tmp}"], r"cannot read the job file.*check the path"),
-    _arg_case("job-file-not-utf8", ["validate", "{tmp}/binary.yaml"], r"binary\.yaml.*(UTF-8|utf-8|decode|encoding)",
-              marks=_xfail("load_spec catches only OSError: a job file that is not UTF-8 raises UnicodeDecodeError "
-                           "out of main() as a traceback instead of exit 2 naming the file")),
+    _arg_case("job-file-not-utf8", ["validate", "{tmp}/binary.yaml"], r"binary\.yaml.*(UTF-8|utf-8|decode|encoding)"),
     # --set
     _arg_case("set-without-equals", ["validate", "{job}", "--set", "novalue"], r"--set.*'novalue': write overrides as a\.b=value"),
     _arg_case("set-empty-key", ["validate", "{job}", "--set", "=3"], r"--set.*'=3': write overrides as a\.b=value"),
@@ -356,9 +343,7 @@ ARG_CASES = [
               r"--set.*train\.epochs\.x: epochs is not a mapping"),
     _arg_case("set-list-index", ["validate", "{job}", "--set", "faults.0.rank=1"], r"\bfaults\b.*valid list"),
     _arg_case("set-bad-value", ["run", "{job}", "--set", "train.grad_accum=0"], r"train\.grad_accum.*greater than or equal to 1"),
-    _arg_case("set-value-not-yaml", ["validate", "{job}", "--set", "train.grad_accum=["], r"--set.*train\.grad_accum",
-              marks=_xfail("apply_overrides calls yaml.safe_load on the --set value outside parse_spec's YAMLError "
-                           "handler: `--set train.grad_accum=[` escapes main() as a yaml ParserError traceback")),
+    _arg_case("set-value-not-yaml", ["validate", "{job}", "--set", "train.grad_accum=["], r"--set.*train\.grad_accum"),
     # drill arguments (checked before the reference run is started or any drill directory deleted)
     _arg_case("drill-preempt-at-not-a-number", ["drill", "{job}", "--preempt-at", "abc"], r"--preempt-at.*'abc'.*e\.g\. 13,40"),
     _arg_case("drill-preempt-at-zero", ["drill", "{job}", "--preempt-at", "0"], r"--preempt-at.*increasing micro-steps >= 1"),
@@ -369,43 +354,27 @@ ARG_CASES = [
               r"--how.*'teleport'.*one of crash, sigterm, node"),
     _arg_case("drill-how-count-mismatch", ["drill", "{job}", "--preempt-at", "3,4,5", "--how", "crash,sigterm"],
               r"--how.*one for all points or one per point"),
+    _arg_case("drill-no-replacement-without-node", ["drill", "{job}", "--preempt-at", "3", "--no-replacement"],
+              r"--no-replacement.*only applies to --how node"),
     _arg_case("drill-bad-spec", ["drill", "{job}", "--preempt-at", "3", "--set", "train.grad_accum=0"], r"train\.grad_accum"),
     # states
     _arg_case("states-unknown-policy", ["states", "{run}", "--policy", "no.such:Policy"], r"--policy.*cannot import module 'no\.such'"),
     _arg_case("states-best-metric-bad-mode", ["states", "{run}", "--policy", "best-metric", "--policy-args", '{"mode": "sideways"}'],
               r"--policy.*mode must be 'min' or 'max'"),
-    _arg_case("states-policy-args-not-json", ["states", "{run}", "--policy-args", "notjson"], r"--policy-args.*JSON",
-              marks=_xfail("cmd_states json.loads(--policy-args) is not guarded: invalid JSON escapes main() as a "
-                           "JSONDecodeError traceback instead of exit 2 naming --policy-args")),
-    _arg_case("states-policy-args-not-an-object", ["states", "{run}", "--policy-args", "[1]"], r"--policy-args.*(object|mapping)",
-              marks=_xfail("cmd_states passes a JSON list to the policy as **kwargs: TypeError traceback "
-                           "('argument after ** must be a mapping') instead of exit 2 naming --policy-args")),
-    _arg_case("states-pinned-without-state", ["states", "{run}", "--policy", "pinned"], r"--policy(-args)?.*state",
-              marks=_xfail("cmd_states only catches ValueError from make_policy: `--policy pinned` without "
-                           "--policy-args raises TypeError (Pinned.__init__() missing 'state') as a traceback")),
-    _arg_case("states-nonexistent-dir", ["states", "{tmp}/no-such-run"], r"no-such-run",
-              marks=_xfail("`syncpoint states` on a path that does not exist prints '(no states) ... fresh start' "
-                           "and exits 0; a mistyped RUN_DIR should exit 2 like `events` does ('pass a run "
-                           "directory')")),
-    _arg_case("states-empty-dir", ["states", "{tmp}/empty"], r"empty",
-              marks=_xfail("`syncpoint states` on an empty directory (no states/, no events/) prints '(no states)' "
-                           "and exits 0; `events` on the same directory exits 2 'no events found; pass a run "
-                           "directory' (judgement call: a run that has not saved yet has events/)")),
+    _arg_case("states-policy-args-not-json", ["states", "{run}", "--policy-args", "notjson"], r"--policy-args.*JSON"),
+    _arg_case("states-policy-args-not-an-object", ["states", "{run}", "--policy-args", "[1]"], r"--policy-args.*(object|mapping)"),
+    _arg_case("states-pinned-without-state", ["states", "{run}", "--policy", "pinned"], r"--policy(-args)?.*state"),
+    _arg_case("states-nonexistent-dir", ["states", "{tmp}/no-such-run"], r"no-such-run"),
+    _arg_case("states-empty-dir", ["states", "{tmp}/empty"], r"empty"),
     # digest
     _arg_case("digest-nonexistent", ["digest", "{tmp}/nope"], r"not a committed state.*pass <run>/states/<name>"),
     _arg_case("digest-empty-dir", ["digest", "{tmp}/empty"], r"not a committed state.*pass <run>/states/<name>"),
     _arg_case("digest-a-run-dir", ["digest", "{run}"], r"not a committed state.*pass <run>/states/<name>"),
     _arg_case("digest-torn-state", ["digest", "{tmp}/states/torn"], r"not a committed state.*pass <run>/states/<name>"),
     _arg_case("digest-state-missing-a-file", ["digest", "{tmp}/states/missing-file"], r"not a committed state"),
-    _arg_case("digest-a-plain-file", ["digest", "{tmp}/plain.txt"], r"plain\.txt.*not a committed state",
-              marks=_xfail("cmd_digest catches only FileNotFoundError: a STATE_DIR that is a file raises "
-                           "NotADirectoryError out of main() as a traceback")),
-    _arg_case("digest-manifest-not-json", ["digest", "{tmp}/states/bad-manifest"], r"bad-manifest.*manifest",
-              marks=_xfail("cmd_digest: a manifest.json that is not JSON escapes main() as a JSONDecodeError "
-                           "traceback instead of a non-zero exit naming the state (discovery calls it corrupt)")),
-    _arg_case("digest-sha256-mismatch", ["digest", "{tmp}/states/bad-sha"], r"bad-sha.*sha256 does not match",
-              marks=_xfail("cmd_digest: a file whose sha256 differs from the manifest raises ValueError out of "
-                           "main() as a traceback instead of a non-zero exit naming the file")),
+    _arg_case("digest-a-plain-file", ["digest", "{tmp}/plain.txt"], r"plain\.txt.*not a committed state"),
+    _arg_case("digest-manifest-not-json", ["digest", "{tmp}/states/bad-manifest"], r"bad-manifest.*manifest"),
+    _arg_case("digest-sha256-mismatch", ["digest", "{tmp}/states/bad-sha"], r"bad-sha.*sha256 does not match"),
     # events
     _arg_case("events-empty-dir", ["events", "{tmp}/empty"], r"no events found; pass a run directory"),
 ]
@@ -450,24 +419,12 @@ STORAGE_CASES = [
     pytest.param(["run", "{job}", "--set", "storage={tmp}/plain.txt"],
                  r"storage 'file://.*plain\.txt' is not usable: NotADirectoryError", id="run-storage-is-a-file"),
     pytest.param(["run", "{job}", "--set", "storage=http://127.0.0.1:9/x"], r"storage 'http://127\.0\.0\.1:9/x' is not usable",
-                 id="run-read-only-backend", marks=_xfail(
-                     "_check_storage only calls fs.makedirs, a no-op on read-only fsspec backends: storage "
-                     "http://127.0.0.1:9/x (nothing listening, and HTTP cannot be written) passes and the job is "
-                     "handed to Ray; the check should write/delete a probe object")),
+                 id="run-read-only-backend"),
     pytest.param(["validate", "{job}", "--set", "storage=file://"], r"\bstorage\b.*file://",
-                 id="validate-file-scheme-without-path", marks=_xfail(
-                     "resolve_storage keeps 'file://' (it contains '://') and rstrip('/') turns it into 'file:'; the "
-                     "run directory becomes file:/<name> at the filesystem ROOT (`syncpoint run` creates /<name>) "
-                     "instead of an error asking for a path")),
-    pytest.param(["states", "nosuch://x/linear"], r"nosuch", id="states-unknown-scheme", marks=_xfail(
-        "cmd_states builds RunStorage(url) unguarded: an unknown fsspec protocol escapes main() as "
-        "ValueError('Protocol not known: nosuch') traceback instead of exit 2")),
-    pytest.param(["digest", "nosuch://x/linear/states/000000000004"], r"nosuch", id="digest-unknown-scheme", marks=_xfail(
-        "cmd_digest catches only FileNotFoundError: an unknown fsspec protocol escapes main() as a ValueError "
-        "traceback instead of exit 2")),
-    pytest.param(["events", "nosuch://x/linear"], r"nosuch", id="events-unknown-scheme", marks=_xfail(
-        "cmd_events builds RunStorage(url) unguarded: an unknown fsspec protocol escapes main() as a ValueError "
-        "traceback instead of exit 2")),
+                 id="validate-file-scheme-without-path"),
+    pytest.param(["states", "nosuch://x/linear"], r"nosuch", id="states-unknown-scheme"),
+    pytest.param(["digest", "nosuch://x/linear/states/000000000004"], r"nosuch", id="digest-unknown-scheme"),
+    pytest.param(["events", "nosuch://x/linear"], r"nosuch", id="events-unknown-scheme"),
 ]
 
 
@@ -538,14 +495,9 @@ RUNTIME_CASES = [
     pytest.param(("name=linear-finetune", "resume.init_from=@RUN@/states/000000000005"), ResumeRefused,
                  r"resume\.init_from: .*/linear/states/000000000005 is not a committed state", id="init-from-missing-state"),
     pytest.param(("checkpoint.save_trigger=no.such:Trigger",), Exception, r"checkpoint\.save_trigger.*no\.such",
-                 id="save-trigger-missing", marks=_xfail(
-                     "a checkpoint.save_trigger that does not import fails only after resume negotiation with a bare "
-                     "ValueError(\"cannot import module 'no.such' ...\") that never names checkpoint.save_trigger "
-                     "(task.path errors are TaskError naming task.path)")),
+                 id="save-trigger-missing"),
     pytest.param(("resume.policy_args={bogus: 1}",), Exception, r"resume\.policy_args",
-                 id="policy-args-unexpected", marks=_xfail(
-                     "resume.policy_args the policy does not accept raise a bare TypeError ('NewestResumable() takes "
-                     "no arguments') from make_policy on rank 0, naming neither resume.policy_args nor the fix")),
+                 id="policy-args-unexpected"),
 ]
 
 

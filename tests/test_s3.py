@@ -227,10 +227,6 @@ def test_cli_states_digest_and_events_on_s3(s3, tmp_path, capsys):
     assert "not a committed state" in capsys.readouterr().err
 
 
-STALE = ("stale s3fs listing cache: RunStorage.list_dirs/list_files use fs.ls, and s3fs caches every listing for the "
-         "life of the process-wide S3FileSystem instance (fsspec caches instances by URL options), so objects that "
-         "another writer (another rank's or worker's process, a second driver) puts after this process listed are "
-         "never seen. ")
 
 
 @pytest.fixture
@@ -243,9 +239,6 @@ def listed_run(s3, request):
     return spec, len(EventLog(store).read_all())
 
 
-@pytest.mark.xfail(strict=True, reason=STALE + "Here discovery misses a state committed by another writer (resume "
-                                               "would pick an older state; `states` would not list it); "
-                                               "RunStorage should list with refresh=True")
 def test_discovery_sees_a_state_committed_by_another_writer_after_listing(s3, listed_run):
     spec, _ = listed_run
     # Another writer, through its own client (as another process would), commits state 10.
@@ -257,10 +250,6 @@ def test_discovery_sees_a_state_committed_by_another_writer_after_listing(s3, li
     assert f"{10:012d}" in [c.name for c in discover(fresh)], "discovery missed a freshly committed state"
 
 
-@pytest.mark.xfail(strict=True, reason=STALE + "Here EventLog.read_all misses an event written by another writer: "
-                                               "the driver's failure policy (gather_facts) and the node drill poll "
-                                               "workers' events this way, so they would miss preemption_notice / "
-                                               "progress events written after their first read")
 def test_event_log_sees_an_event_written_by_another_writer_after_listing(s3, listed_run):
     spec, n_events = listed_run
     prefix = spec.run_url[len(f"s3://{BUCKET}/"):]

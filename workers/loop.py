@@ -48,7 +48,7 @@ from workers.lease import LeaseRefused, RunLease
 from workers.saving import SaveCoordinator
 from workers.state_writer import delete_state
 from workers.storage import RunStorage
-from workers.task import load_task
+from workers.task import JobConfigError, load_task
 
 log = logging.getLogger("syncpoint")
 
@@ -87,15 +87,24 @@ def job_identity(spec: JobSpec) -> str:
 
 
 class _SigtermNotice:
-    """A SIGTERM in the worker process is a preemption notice too (second source besides Ray)."""
+    """A SIGTERM in the worker process is a preemption notice too (second source besides Ray).
+
+    The previous handler comes back when the run ends, so a process that hosts the loop (a test, a
+    notebook) can still be terminated afterwards."""
 
     def __init__(self) -> None:
         self.flag = False
+        self.previous = None
         if threading.current_thread() is threading.main_thread():
             try:
-                signal.signal(signal.SIGTERM, self._handle)
+                self.previous = signal.signal(signal.SIGTERM, self._handle)
             except (ValueError, OSError):
                 pass
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
 
     def _handle(self, signum, frame) -> None:  # noqa: ANN001
         self.flag = True
@@ -134,6 +143,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
         raise
+    finally:
+        if faults.sigterm_flag is not None:
+            faults.sigterm_flag.restore()
 
 
 def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: EventLog | None, faults: Faults,
@@ -175,8 +187,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                     resumed_from=resumed.name, global_micro_step=gms, optimizer_step=opt_step)
     faults.sigterm_flag = sigterm_flag = _SigtermNotice()
 
-    trigger = (load_object(spec.checkpoint.save_trigger)() if spec.checkpoint.save_trigger
-               else trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit))
+    trigger = _make_trigger(spec)
     wall_clock = getattr(trigger, "wall_clock", False)
     pending, sigterm = PendingSave(), sigterm_flag
     noticed = False
@@ -316,6 +327,16 @@ class _ProgressLog:
         self.unflushed, self.last_flush = [], time.monotonic()
 
 
+def _make_trigger(spec: JobSpec):  # noqa: ANN202
+    if not spec.checkpoint.save_trigger:
+        return trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit)
+    try:
+        return load_object(spec.checkpoint.save_trigger)()
+    except (ValueError, TypeError) as e:
+        raise JobConfigError(f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
+                             "constructible without arguments, importable on every worker") from None
+
+
 def _warn(rank: int, message: str) -> None:
     if rank == 0:
         print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)
@@ -399,7 +420,11 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
     if policy_name == "fresh" and events and submission_id and any(
             e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()):
         policy_name = "newest-resumable"  # a restart of this submission continues what it started
-    policy = make_policy(policy_name, spec.resume.policy_args if policy_name == spec.resume.policy else {})
+    try:
+        policy = make_policy(policy_name, spec.resume.policy_args if policy_name == spec.resume.policy else {})
+    except (ValueError, TypeError) as e:
+        raise JobConfigError(f"resume.policy / resume.policy_args: {policy_name}: {e}. Give the keyword arguments "
+                             "the policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})") from None
     cands = discover_lazy(storage, exp) if rank == 0 else []
     spec_dict = spec.model_dump(mode="json")
     while True:

@@ -38,7 +38,9 @@ class RunStorage:
 
     # ---- reads
     def exists(self, *parts: str) -> bool:
-        return self.fs.exists(self.path(*parts))
+        p = self.path(*parts)
+        self.fs.invalidate_cache(p)
+        return self.fs.exists(p)
 
     def read_bytes(self, *parts: str) -> bytes:
         return self.fs.cat_file(self.path(*parts))
@@ -49,6 +51,7 @@ class RunStorage:
     def list_dirs(self, *parts: str) -> list[str]:
         """Names of the sub-directories of a directory (empty if it does not exist)."""
         p = self.path(*parts)
+        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
         try:
             entries = self.fs.ls(p, detail=True)
         except FileNotFoundError:
@@ -58,6 +61,7 @@ class RunStorage:
     def list_names(self, *parts: str) -> list[str]:
         """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
         p = self.path(*parts)
+        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
         try:
             entries = self.fs.ls(p, detail=False)
         except FileNotFoundError:
@@ -66,6 +70,7 @@ class RunStorage:
 
     def list_files(self, *parts: str) -> list[str]:
         p = self.path(*parts)
+        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
         try:
             entries = self.fs.ls(p, detail=True)
         except FileNotFoundError:
@@ -75,6 +80,7 @@ class RunStorage:
     def listing(self, *parts: str) -> dict[str, int]:
         """Every file below a directory as relative path -> size (one listing call, no reads)."""
         base = self.path(*parts)
+        self.fs.invalidate_cache(base)
         try:
             found = self.fs.find(base, detail=True)
         except FileNotFoundError:

@@ -23,7 +23,11 @@ class Task:
     collate: Callable[[list[Any]], Any] | None = None
 
 
-class TaskError(ValueError):
+class JobConfigError(ValueError):
+    """A spec field that only fails on the workers (an import path, policy arguments): names the field."""
+
+
+class TaskError(JobConfigError):
     """The task import path or its return value is unusable (a user error, not a preemption)."""
 
 
@@ -35,7 +39,12 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
                         "importable on every worker (ship the code with --working-dir).") from None
     if not callable(fn):
         raise TaskError(f"task.path: {path!r} is not callable; it must be a function returning a Task")
-    task = fn(dict(config))
+    try:
+        task = fn(dict(config))
+    except TypeError as e:
+        if "argument" not in str(e):
+            raise
+        raise TaskError(f"task.path: {path!r} cannot be called as {path.split(':')[1]}(config: dict): {e}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
     if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
