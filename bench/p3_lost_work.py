@@ -27,7 +27,7 @@ What it measures
 Baseline: one periodic save interval, measured on the reference run of the same drill.
 Goal (issue P3): with notice, 0 optimizer steps lost; without notice, <= one save interval.
 
-Command (from the repo root; about 3-4 minutes on 2 shared cores: each drill is two Ray runs, and
+Command (from the repo root; about 2-2.5 minutes on 2 shared cores: each drill is two Ray runs, and
 every run and restart starts Ray workers and DeepSpeed; ``--quick`` runs one preemption per drill):
 
     cd /work/main && .venv/bin/python -m bench.p3_lost_work
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import shutil
 import statistics
 import sys
@@ -187,7 +186,7 @@ def main() -> None:
     print("summary per kind")
     hdr = (f"{'kind':<15} | {'preemptions':>11} | {'lost micro-steps (mean / max)':>29} | "
            f"{'lost opt steps (max)':>20} | {'lost s (mean / max)':>19} | {'max lost / save interval':>24} | "
-           f"{'goal':<28} | {'met':<3}")
+           f"{'goal':<30} | {'met':<3}")
     print(hdr)
     print("-" * len(hdr))
     for label, rows, interval_s in summary:
@@ -202,7 +201,7 @@ def main() -> None:
         else:
             goal, met = f"<= 1 save interval ({interval_micro} micro)", max(lm) <= interval_micro
         print(f"{label:<15} | {len(rows):>11} | {f'{statistics.mean(lm):.1f} / {max(lm)}':>29} | {max(lo):>20} | "
-              f"{f'{statistics.mean(ls):.2f} / {max(ls):.2f}':>19} | {max(lm) / interval_micro:>23.2f}x | {goal:<28} | "
+              f"{f'{statistics.mean(ls):.2f} / {max(ls):.2f}':>19} | {max(lm) / interval_micro:>23.2f}x | {goal:<30} | "
               f"{'yes' if met else 'NO'}")
     print()
     print("lost micro-steps = micro-steps the failed attempt computed beyond the state the next attempt resumed from "

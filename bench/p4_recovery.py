@@ -27,7 +27,7 @@ What it measures
 Baseline: the cold start of the same run, in the same repetition.
 Goal (issue P4): recovery <= 1.1x cold start.
 
-Command (from the repo root; about 2 minutes on 2 shared cores for the default 2 repetitions, each
+Command (from the repo root; about 1-1.5 minutes on 2 shared cores for the default 2 repetitions, each
 a fresh embedded Ray; ``--quick`` runs one repetition; Ray's logs go to stderr):
 
     cd /work/main && .venv/bin/python -m bench.p4_recovery

@@ -34,6 +34,10 @@ def merged_steps(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def records_after(records: list[dict[str, Any]], t: float) -> bool:
+    return any(r.get("time", 0) > t for r in records)
+
+
 def restarts(events: list[dict[str, Any]]) -> list[Restart]:
     starts = [e for e in events if e["kind"] == "attempt_started"]
     commits = {e["state"]: e for e in events if e["kind"] == "state_committed"}
@@ -50,8 +54,13 @@ def restarts(events: list[dict[str, Any]]) -> list[Restart]:
                         + [prev["time"]])
         resumed_step = cur.get("global_micro_step", 0)
         state = cur.get("resumed_from")
-        since = commits[state]["time"] if state in commits else prev["time"]
+        # the state captured training at its snapshot: the commit time minus the save's duration
+        # (an async commit lands steps later)
+        since = commits[state]["time"] - commits[state].get("seconds", 0.0) if state in commits else prev["time"]
         failure = next((f for f in failures if prev["time"] <= f["time"] <= cur["time"]), None)
+        if failure and failure["time"] > last_time and not records_after(records, failure["time"]):
+            # progress is flushed every few seconds: a hard crash loses the tail, the failure time bounds it
+            last_time = failure["time"]
         out.append(Restart(
             attempt=cur.get("attempt", 0), resumed_from=state, resumed_micro_step=resumed_step,
             previous_max_micro_step=max_step, lost_micro_steps=max(0, max_step - resumed_step),
