@@ -16,22 +16,21 @@ from workers.storage import RunStorage
 STATES = "states"
 
 
+def _json_object(storage: RunStorage, name: str, file: str) -> tuple[dict | None, str | None]:
+    """A metadata file as (object, None) or (None, why it is unusable)."""
+    try:
+        obj = json.loads(storage.read_bytes(STATES, name, file))
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, f"not JSON ({e.__class__.__name__}: {e})"
+    return (obj, None) if isinstance(obj, dict) else (None, "not a JSON object")
+
+
 def read_candidate(storage: RunStorage, name: str) -> Candidate:
     c = Candidate(name=name, listing=storage.listing(STATES, name))
     if "manifest.json" in c.listing:
-        try:
-            c.manifest = json.loads(storage.read_bytes(STATES, name, "manifest.json"))
-            if not isinstance(c.manifest, dict):
-                c.manifest, c.manifest_error = None, "not a JSON object"
-        except (ValueError, UnicodeDecodeError) as e:
-            c.manifest_error = f"not JSON ({e.__class__.__name__}: {e})"
+        c.manifest, c.manifest_error = _json_object(storage, name, "manifest.json")
     if "trainer.json" in c.listing:
-        try:
-            c.trainer = json.loads(storage.read_bytes(STATES, name, "trainer.json"))
-            if not isinstance(c.trainer, dict):
-                c.trainer, c.trainer_error = None, "not a JSON object"
-        except (ValueError, UnicodeDecodeError) as e:
-            c.trainer_error = f"not JSON ({e.__class__.__name__})"
+        c.trainer, c.trainer_error = _json_object(storage, name, "trainer.json")
     return c
 
 

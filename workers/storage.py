@@ -50,33 +50,28 @@ class RunStorage:
     def read_json(self, *parts: str) -> Any:
         return json.loads(self.read_bytes(*parts))
 
+    def _entries(self, parts: tuple[str, ...], detail: bool) -> tuple[str, list]:
+        """One fresh listing of a directory: object-store listings are cached per process, and other
+        writers (ranks, drivers) add states and events."""
+        p = self.path(*parts)
+        self.fs.invalidate_cache(p)
+        try:
+            return p, self.fs.ls(p, detail=detail)
+        except FileNotFoundError:
+            return p, []
+
     def list_dirs(self, *parts: str) -> list[str]:
         """Names of the sub-directories of a directory (empty if it does not exist)."""
-        p = self.path(*parts)
-        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
-        try:
-            entries = self.fs.ls(p, detail=True)
-        except FileNotFoundError:
-            return []
+        _, entries = self._entries(parts, detail=True)
         return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
 
     def list_names(self, *parts: str) -> list[str]:
         """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
-        p = self.path(*parts)
-        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
-        try:
-            entries = self.fs.ls(p, detail=False)
-        except FileNotFoundError:
-            return []
+        p, entries = self._entries(parts, detail=False)
         return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != p.rstrip("/"))
 
     def list_files(self, *parts: str) -> list[str]:
-        p = self.path(*parts)
-        self.fs.invalidate_cache(p)  # object-store listings are cached; other writers add states
-        try:
-            entries = self.fs.ls(p, detail=True)
-        except FileNotFoundError:
-            return []
+        _, entries = self._entries(parts, detail=True)
         return sorted(e["name"].rsplit("/", 1)[-1] for e in entries if e.get("type") == "file")
 
     def listing(self, *parts: str) -> dict[str, int]:
