@@ -12,7 +12,6 @@ gradients at rounding-noise level its sign is noise), and on average by far less
 from __future__ import annotations
 
 import pytest
-import torch
 
 from policies.candidates import Expectation, Verdict, classify
 from policies.elastic import ElasticLayoutError, allowed_world_sizes, layout

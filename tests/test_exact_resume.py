@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import (digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json,
-                           with_overrides)
+from tests.helpers import (digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json)
 from workers.digest import load_deepspeed_file
 from workers.launch import run_spawned
 from workers.storage import RunStorage

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, step_history
+from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, step_history
 from workers.events import EventLog
 from workers.loop import ResumeRefused
 from workers.schedule import ScheduleMismatch

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from orchestrator.spec import JobSpec
 from policies.boundaries import cycle_length, is_boundary, optimizer_steps_per_epoch
-from policies.candidates import TRAINER_SCHEMA_VERSION, Expectation, Verdict
+from policies.candidates import TRAINER_SCHEMA_VERSION, Candidate, Expectation, Verdict
 from policies.resume import NoResumableState, enforce_safe, load_object, make_policy
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
@@ -49,8 +49,6 @@ from workers.saving import SaveCoordinator
 from workers.state_writer import delete_state
 from workers.storage import RunStorage
 from workers.task import JobConfigError, load_task
-
-log = logging.getLogger("syncpoint")
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
 
@@ -455,7 +453,6 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
                 print(f"[syncpoint] {msg['reason']}", flush=True)
             _maybe_init_from(spec, engine, rank)
             return _Resumed(None, None, None)
-        from policies.candidates import Candidate
         cand = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
         error = None
         fetched = None
