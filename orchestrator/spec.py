@@ -228,6 +228,10 @@ class CrashFault(_Strict):
             raise ValueError("a fault needs exactly one of at_micro_step or phase")
         if self.mode == "sigterm" and self.phase is not None:
             raise ValueError("mode sigterm needs at_micro_step (a notice arrives between micro-steps)")
+        if self.phase in ("before_manifest", "during_manifest", "during_retention") and self.rank != 0:
+            raise ValueError(f"phase {self.phase} happens on rank 0 only (it writes the manifest and runs "
+                             "retention): use rank: 0, or a phase every rank passes (before_shards, "
+                             "after_some_shards, before_retention)")
         return self
 
     @property
