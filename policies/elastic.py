@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 
 class ElasticLayoutError(ValueError):
-    pass
+    """The world size cannot keep the global batch (a user error naming the sizes that work)."""
+
+
+class DataLayoutError(ElasticLayoutError):
+    """The dataset cannot fill one global micro-batch (a user error)."""
 
 
 def allowed_world_sizes(micro_batch_size: int, grad_accum: int, min_workers: int, max_workers: int) -> list[int]:
@@ -52,10 +56,11 @@ def layout(num_samples: int, micro_batch_size: int, grad_accum: int, world_size:
             f"be a whole number. World sizes that work: {allowed}")
     unit = micro_batch_size * math.lcm(*allowed)
     usable = num_samples // unit * unit
-    if usable < micro_batch_size * world_size:
-        raise ElasticLayoutError(
-            f"the dataset has {num_samples} samples, fewer than one global micro-batch for every allowed world "
-            f"size ({unit} samples); use more samples, a smaller micro_batch_size or fewer workers")
+    if usable == 0:
+        raise DataLayoutError(
+            f"the dataset has {num_samples} samples, fewer than one global micro-batch "
+            f"(train.micro_batch_size {micro_batch_size} x {unit // micro_batch_size} workers = {unit}); "
+            "use more samples, a smaller micro_batch_size or fewer workers")
     g = micro_batch_size * hi * grad_accum
     return Layout(world_size, micro_batch_size, g // (micro_batch_size * world_size), g, usable,
                   usable // (micro_batch_size * world_size))

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from policies.elastic import DataLayoutError
+
 
 def derive_seed(*parts: int) -> int:
     """A stable 63-bit seed from integers (no Python hash randomisation)."""
@@ -28,10 +30,6 @@ def derive_seed(*parts: int) -> int:
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(derive_seed(seed, epoch, 0x5EED))
     return torch.randperm(num_samples, generator=g)
-
-
-class DataLayoutError(ValueError):
-    """The dataset cannot fill one global batch (a user error)."""
 
 
 def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size: int) -> int:

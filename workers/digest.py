@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
+from workers.rng import safetensors_metadata
 from workers.storage import RunStorage, sha256_bytes
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -113,8 +114,7 @@ def state_digest(state_url: str) -> dict[str, str]:
     for rel in sorted((p for p in files if p.startswith("rng/")), key=_rank_of):
         data = read(rel)
         parts["rng"].feed(st_load(data))
-        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-        parts["rng"].feed(header.get("__metadata__", {}))
+        parts["rng"].feed(safetensors_metadata(data))
     out = {k: v.hexdigest() for k, v in parts.items()}
     total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
     return {"digest": total, **out}

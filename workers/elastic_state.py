@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
+from workers.rng import safetensors_metadata
+
 FULL_STATE = "optim/full.safetensors"
 
 
@@ -64,7 +66,7 @@ def load_full_optimizer_state(engine, data: bytes) -> None:  # noqa: ANN001
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     tensors = st_load(data)
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+    header = safetensors_metadata(data)
     keys, step = json.loads(header["keys"]), json.loads(header["step"])
     opt, base = engine.optimizer, _base_optimizer(engine)
     for group in base.param_groups:  # torch creates optimizer state at the first step: create it now

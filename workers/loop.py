@@ -36,7 +36,7 @@ from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
 from policies.elastic import Layout, layout
-from workers.data import derive_seed, epoch_loader, micro_batches_per_epoch
+from workers.data import derive_seed, epoch_loader
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import build_engine, model_fingerprint, set_lr
 from workers.events import EventLog
@@ -115,7 +115,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     storage = RunStorage(spec.run_url)
     events = EventLog(storage) if rank == 0 else None
     faults = Faults(spec.faults, storage, rank)
-    t, accum = spec.train, spec.train.grad_accum
+    t = spec.train
     # Intra-op threads follow the spec, not the host: CPU reductions split by thread count, so a
     # resumed attempt on a bigger node would otherwise differ in the last bits (Ray does the same
     # with OMP_NUM_THREADS; this makes every launcher agree).
@@ -123,7 +123,6 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.seed_everything(t.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
-    micro_batches_per_epoch(len(task.dataset), t.micro_batch_size, world)  # type: ignore[arg-type]  # too small?
     lay = layout(len(task.dataset), t.micro_batch_size, t.grad_accum, world,  # type: ignore[arg-type]
                  spec.scaling.min_workers, spec.scaling.max_workers)
     mbpe, accum = lay.micro_batches_per_epoch, lay.grad_accum

@@ -36,7 +36,7 @@ def capture() -> bytes:
 
 def restore(data: bytes) -> None:
     tensors = st_load(data)
-    meta = json.loads(_metadata(data)["rng"])
+    meta = json.loads(safetensors_metadata(data)["rng"])
     random.setstate((meta["python_version"], tuple(int(x) for x in tensors["python"].tolist()), meta["python_gauss"]))
     np.random.set_state((meta["numpy_name"], tensors["numpy_keys"].numpy().astype(np.uint32), meta["numpy_pos"],
                          meta["numpy_has_gauss"], meta["numpy_cached_gaussian"]))
@@ -45,7 +45,8 @@ def restore(data: bytes) -> None:
         torch.cuda.set_rng_state_all([tensors[f"cuda_{i}"] for i in range(meta["cuda_devices"])])
 
 
-def _metadata(data: bytes) -> dict[str, str]:
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors."""
     header_len = int.from_bytes(data[:8], "little")
     return json.loads(data[8:8 + header_len]).get("__metadata__", {})
 

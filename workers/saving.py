@@ -10,7 +10,6 @@ waits for its last save.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Callable
 
@@ -68,5 +67,3 @@ class SaveCoordinator:
             self.retain()
         if "preemption" in reasons:
             self.faults.after_preemption_save()
-        if self.rank == 0 and result.seconds > 60:
-            print(f"[syncpoint] saving {result.name} took {result.seconds:.0f}s", file=sys.stderr, flush=True)

@@ -120,11 +120,7 @@ class RunStorage:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, p)
-            fd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_path(d)  # the rename itself is durable
         else:
             self.fs.pipe_file(p, data)
 
@@ -141,15 +137,10 @@ class RunStorage:
             if self.local:
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 shutil.copyfile(local_path, p)
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync_path(p)
             else:
                 with open(local_path, "rb") as src, self.fs.open(p, "wb") as dst:
-                    while chunk := src.read(CHUNK):
-                        dst.write(chunk)
+                    shutil.copyfileobj(src, dst, CHUNK)
             size, sha = digest.result()
         return size, sha
 
@@ -174,6 +165,14 @@ class RunStorage:
 
     def rename_tree(self, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
         self.fs.mv(self.path(*src), self.path(*dst), recursive=True)
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _sha256_file(path: str) -> tuple[int, str]:
