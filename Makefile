@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example test test-fast test-slow bench clean
+.PHONY: venv example test test-fast test-slow test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -26,6 +26,10 @@ test-fast: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests
+
+# On a GPU machine: exact resume on CUDA (bf16, ZeRO-2, NCCL). DeepSpeed picks its accelerator at import.
+test-gpu: $(STAMP)
+	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/test_gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

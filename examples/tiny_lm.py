@@ -67,7 +67,7 @@ class TinyLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[1]
         h = self.drop(self.embed(tokens) + self.pos[:n])
-        mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+        mask = nn.Transformer.generate_square_subsequent_mask(n, device=tokens.device, dtype=h.dtype)
         return self.head(self.blocks(h, mask=mask, is_causal=True))
 
 

@@ -112,6 +112,9 @@ class TrainSpec(_Strict):
     dataloader_workers: StrictInt = Field(0, ge=0, description="torch DataLoader worker processes.")
     record_samples: bool = Field(False, description="Log the sample ids of every optimizer step (audits, elastic tests).")
     log_every: StrictInt = Field(10, ge=1, description="Print progress every N optimizer steps.")
+    deterministic: bool = Field(True, description=(
+        "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
+        "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."))
 
     @field_validator("optimizer", mode="before")
     @classmethod

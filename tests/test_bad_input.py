@@ -30,7 +30,7 @@ from orchestrator.spec import SpecError, parse_spec
 from tests.helpers import committed_steps, linear_spec, run
 from workers.data import DataLayoutError
 from workers.loop import ResumeRefused
-from workers.task import TaskError
+from workers.task import JobConfigError, TaskError
 
 # ----------------------------------------------------------------------------- the committed run
 
@@ -494,6 +494,9 @@ RUNTIME_CASES = [
                  r"resume\.init_from: file:///nonexistent/run holds no committed state", id="init-from-nothing"),
     pytest.param(("name=linear-finetune", "resume.init_from=@RUN@/states/000000000005"), ResumeRefused,
                  r"resume\.init_from: .*/linear/states/000000000005 is not a committed state", id="init-from-missing-state"),
+    pytest.param(("scaling.use_gpu=true",), JobConfigError,
+                 r"scaling\.use_gpu: true, but torch sees no CUDA device on this worker .*set scaling\.use_gpu: false",
+                 id="use-gpu-without-cuda", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU")),
     pytest.param(("checkpoint.save_trigger=no.such:Trigger",), Exception, r"checkpoint\.save_trigger.*no\.such",
                  id="save-trigger-missing"),
     pytest.param(("resume.policy_args={bogus: 1}",), Exception, r"resume\.policy_args",

@@ -115,3 +115,17 @@ def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     assert max(state_names(spec)) < ref_final
     assert run_spawned(spec) == [0, 0]
     assert_same_run(ref, ref_final, spec, max(state_names(spec)))
+
+
+@pytest.mark.parametrize("zero,crash_at", [(0, 9), (2, 9), (2, 13)])
+def test_bf16_resume_equals_uninterrupted(tmp_path, tmp_path_factory, zero, crash_at):
+    """bf16 on CPU (the CUDA run is tests/test_gpu.py): bf16 weights, fp32 master weights and moments
+    (ZeRO-2 keeps them in bf16_zero_pp_rank_* files, which the digest must cover) all resume exactly."""
+    save = "{value: 3, unit: micro_steps}"
+    ref = _spec(tmp_path_factory.mktemp("bf16"), 10, 4, save, zero, "deepspeed.precision=bf16")
+    ref_final = run(ref).final_state
+    spec = _spec(tmp_path, 10, 4, save, zero, "deepspeed.precision=bf16", f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
+    assert run_until_crash(spec)
+    result = run(spec)
+    assert all(t.dtype == torch.bfloat16 for t in module_params(spec, result.final_state).values())
+    assert_same_run(ref, ref_final, spec, result.final_state)

@@ -82,7 +82,8 @@ class CanonicalHash:
 
 
 def _rank_of(path: str) -> int:
-    m = re.search(r"(\d+)", path.rsplit("/", 1)[-1])
+    base = path.rsplit("/", 1)[-1]
+    m = re.search(r"rank_(\d+)", base) or re.search(r"(\d+)", base)
     return int(m.group(1)) if m else -1
 
 
@@ -101,7 +102,8 @@ def state_digest(state_url: str) -> dict[str, str]:
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
     model_files = sorted(p for p in files if p.startswith("engine/mp_rank_"))
-    zero_files = sorted((p for p in files if p.startswith("engine/zero_pp_rank_")), key=_rank_of)
+    # zero_pp_rank_* (ZeRO-1/2) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's BF16_Optimizer)
+    zero_files = sorted((p for p in files if p.startswith("engine/") and "zero_pp_rank_" in p), key=_rank_of)
     for rel in model_files:
         sd = load_deepspeed_file(read(rel))
         parts["parameters"].feed(sd["module"])

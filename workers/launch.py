@@ -16,6 +16,7 @@ import uuid
 import torch.distributed as dist
 
 from orchestrator.spec import JobSpec
+from workers.device import backend, prepare_process
 from workers.lease import release_lease
 from workers.storage import RunStorage
 
@@ -26,21 +27,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_single_process_group() -> None:
-    """A world-size-1 gloo group for in-process runs, created once and reused."""
+def ensure_single_process_group(backend_name: str = "gloo") -> None:
+    """A world-size-1 group for in-process runs, created once per backend and reused."""
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise RuntimeError("in-process launcher needs a world-size-1 process group")
-        return
+        if dist.get_backend() == backend_name:
+            return
+        dist.destroy_process_group()
     os.environ.setdefault("LOCAL_RANK", "0")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
 
 def run_in_process(spec: JobSpec, **ctx_kwargs):
     """Run the loop in this process; an injected crash with ``mode: raise`` propagates to the caller."""
     from workers.loop import WorkerContext, run_worker
 
-    ensure_single_process_group()
+    prepare_process(spec)
+    ensure_single_process_group(backend(spec))
     ctx_kwargs.setdefault("submission_id", uuid.uuid4().hex)
     try:
         return run_worker(spec, WorkerContext(**ctx_kwargs))
@@ -52,10 +56,11 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        spec = JobSpec.model_validate_json(spec_json)
+        prepare_process(spec)  # NCCL binds a communicator to the current GPU
+        dist.init_process_group(backend(spec), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         from workers.loop import WorkerContext, run_worker
 
-        spec = JobSpec.model_validate_json(spec_json)
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report any failure as a non-zero exit

@@ -37,6 +37,7 @@ from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
 from policies.elastic import Layout, layout
 from workers.data import derive_seed, epoch_loader
+from workers.device import check_engine_device, prepare_process, to_device
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import build_engine, model_fingerprint, set_lr
 from workers.events import EventLog
@@ -120,6 +121,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     # resumed attempt on a bigger node would otherwise differ in the last bits (Ray does the same
     # with OMP_NUM_THREADS; this makes every launcher agree).
     torch.set_num_threads(max(1, int(spec.scaling.cpus_per_worker)))
+    prepare_process(spec)  # this rank's GPU and deterministic kernels, before any CUDA work
 
     rng.seed_everything(t.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
@@ -127,6 +129,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                  spec.scaling.min_workers, spec.scaling.max_workers)
     mbpe, accum = lay.micro_batches_per_epoch, lay.grad_accum
     engine = build_engine(spec, task.model, accum)
+    check_engine_device(spec, engine.device)
     expectation = Expectation(
         job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
@@ -149,6 +152,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
            task, engine, expectation: Expectation, attempt: int, lay: Layout, lease: RunLease | None) -> WorkerResult:  # noqa: ANN001
     rank, world = dist.get_rank(), dist.get_world_size()
     t, accum, mbpe = spec.train, lay.grad_accum, lay.micro_batches_per_epoch
+    device = engine.device  # DeepSpeed placed the model there (CPU, or this rank's GPU)
 
     resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
@@ -215,7 +219,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                 cycle_samples.append(loader.batch_sampler.indices(pos - 1))  # type: ignore[union-attr]
             boundary = is_boundary(pos, accum, mbpe)
             engine.set_gradient_accumulation_boundary(boundary)
-            loss = task.loss(engine, batch)
+            loss = task.loss(engine, to_device(batch, device))
             engine.backward(loss / cycle_length(pos, accum, mbpe), scale_wrt_gas=False)
             cycle_loss += float(loss.detach())
             lr = None
@@ -238,7 +242,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                     float(notice is not None),
                     float(wall_clock and trigger.wants_save(Tick(gms, opt_step, True, time.monotonic() - saves.last_save_time))),
                     saves.still_uploading(),
-                ], dtype=torch.float64)
+                ], dtype=torch.float64, device=device)  # NCCL reduces device tensors only
                 dist.all_reduce(flags)  # one collective: every rank takes the same decision
                 step_loss = flags[0].item() / (cycle_length(pos, accum, mbpe) * world)
                 if noticed:

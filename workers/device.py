@@ -1,0 +1,70 @@
+"""Where a rank computes: the CPU (gloo) or its own GPU (NCCL), and what keeps GPU runs bitwise.
+
+Why a module of its own: the launchers (in-process, spawned, Ray Train) and the loop must agree on
+the backend and the device, and the determinism switches must be thrown before the first CUDA
+kernel runs (cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when its handle is created). CPU kernels are
+already deterministic at a fixed intra-op thread count, which the loop pins.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from orchestrator.spec import JobSpec
+from workers.task import JobConfigError
+
+
+def backend(spec: JobSpec) -> str:
+    return "nccl" if spec.scaling.use_gpu else "gloo"
+
+
+def prepare_process(spec: JobSpec) -> torch.device:
+    """Select this rank's device and, on GPU, deterministic kernels; returns the device.
+
+    The GPU is the one at ``LOCAL_RANK`` among the visible ones (what torchrun, Ray Train and
+    DeepSpeed itself assume), so all three pick the same device."""
+    # DeepSpeed picks its accelerator once, at import: make it follow the spec, not the host.
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
+    if not spec.scaling.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise JobConfigError(
+            "scaling.use_gpu: true, but torch sees no CUDA device on this worker (torch "
+            f"{torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}). "
+            "Run on GPU nodes with a CUDA build of torch, or set scaling.use_gpu: false")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    if spec.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    return torch.device("cuda", index)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move a collated batch (tensors in tuples, lists, dicts) to the rank's device.
+
+    Tasks write ``loss(model, batch)`` without caring where the model lives; the loop moves the
+    batch after fetching it, so the data pipeline (and its RNG) is the same on CPU and GPU."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(v, device) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
+
+
+def check_engine_device(spec: JobSpec, device: torch.device) -> None:
+    """DeepSpeed must have put the model where the spec says (its accelerator is chosen at import)."""
+    if (torch.device(device).type == "cuda") != spec.scaling.use_gpu:
+        raise JobConfigError(
+            f"scaling.use_gpu is {str(spec.scaling.use_gpu).lower()}, but DeepSpeed placed the model on {device} "
+            f"(DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR', '<unset>')}). Set scaling.use_gpu to match the "
+            "workers, or DS_ACCELERATOR=cpu|cuda in the workers' environment before DeepSpeed is imported")
