@@ -185,6 +185,9 @@ class CheckpointSpec(_Strict):
     async_save: bool = Field(False, alias="async", description=(
         "Only the snapshot to local staging blocks training; the upload runs in the background and "
         "the manifest commits once every rank's upload finished (at most one save in flight)."))
+    checksum: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description=(
+        "Checksum of every file in a state's manifest, verified before anything is loaded: xxh3_128 "
+        "(fast, guards against torn and corrupt files) or sha256 (cryptographic, ~7x slower)."))
 
 
 class ResumeSpec(_Strict):

@@ -374,7 +374,7 @@ ARG_CASES = [
     _arg_case("digest-state-missing-a-file", ["digest", "{tmp}/states/missing-file"], r"not a committed state"),
     _arg_case("digest-a-plain-file", ["digest", "{tmp}/plain.txt"], r"plain\.txt.*not a committed state"),
     _arg_case("digest-manifest-not-json", ["digest", "{tmp}/states/bad-manifest"], r"bad-manifest.*manifest"),
-    _arg_case("digest-sha256-mismatch", ["digest", "{tmp}/states/bad-sha"], r"bad-sha.*sha256 does not match"),
+    _arg_case("digest-sha256-mismatch", ["digest", "{tmp}/states/bad-sha"], r"bad-sha.*xxh3_128 does not match"),
     # events
     _arg_case("events-empty-dir", ["events", "{tmp}/empty"], r"no events found; pass a run directory"),
 ]

@@ -46,7 +46,7 @@ def newer_schema(store):
 
 
 CASES = {
-    flip_byte: "sha256 does not match",
+    flip_byte: "xxh3_128 does not match",
     truncate: "bytes, the manifest says",
     missing_shard: "missing file",
     manifest_not_json: "manifest.json unreadable",

@@ -2,7 +2,7 @@
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and an
-allowlist of the three plain DeepSpeed classes they contain, after their sha256 matched the
+allowlist of the plain DeepSpeed classes they contain, after their checksum matched the
 manifest; nothing is unpickled blindly.
 """
 
@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load as st_load
 
 from workers.rng import safetensors_metadata
-from workers.storage import RunStorage, sha256_bytes
+from workers.checksum import algorithm_of, matches
+from workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
 # save reasons are left out so a drill's two differently named runs compare equal.
@@ -96,8 +97,8 @@ def state_digest(state_url: str) -> dict[str, str]:
 
     def read(rel: str) -> bytes:
         data = storage.read_bytes(name, rel)
-        if sha256_bytes(data) != files[rel]["sha256"]:
-            raise ValueError(f"{state_url}/{rel}: sha256 does not match the manifest")
+        if not matches(files[rel], data):
+            raise ValueError(f"{state_url}/{rel}: {algorithm_of(files[rel])} does not match the manifest")
         return data
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}

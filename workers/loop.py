@@ -196,7 +196,8 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
     saves = SaveCoordinator(engine, storage, faults, events, rank=rank, attempt=attempt,
                             use_async=spec.checkpoint.async_save, flush_progress=progress.flush,
                             full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2),
-                            retain=lambda: _retain(spec, storage, expectation, faults), last_saved=resumed.name)
+                            retain=lambda: _retain(spec, storage, expectation, faults), last_saved=resumed.name,
+                            checksum=spec.checkpoint.checksum)
     last_log_time, last_log_samples = time.monotonic(), gms
     finished = False
 

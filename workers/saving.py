@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable
 
 from policies.save_triggers import PendingSave
+from workers.checksum import DEFAULT
 from workers.events import EventLog
 from workers.faults import Faults
 from workers.state_writer import AsyncUpload, SaveResult, commit_snapshot, save_state, take_snapshot
@@ -22,11 +23,12 @@ from workers.storage import RunStorage
 
 class SaveCoordinator:
     def __init__(self, engine, storage: RunStorage, faults: Faults, events: EventLog | None, *, rank: int,
-                 attempt: int, use_async: bool, full_optimizer_state: bool = False, retain: Callable[[], None], flush_progress: Callable[[], None],
-                 last_saved: str | None) -> None:
+                 attempt: int, use_async: bool, full_optimizer_state: bool = False, retain: Callable[[], None],
+                 flush_progress: Callable[[], None], last_saved: str | None, checksum: str = DEFAULT) -> None:
         self.engine, self.storage, self.faults, self.events = engine, storage, faults, events
         self.rank, self.attempt, self.use_async = rank, attempt, use_async
         self.full_optimizer_state = full_optimizer_state
+        self.checksum = checksum
         self.retain, self.flush_progress = retain, flush_progress
         self.upload = AsyncUpload(storage, rank, faults)
         self.reasons_in_flight: list[str] = []
@@ -49,10 +51,12 @@ class SaveCoordinator:
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
         if self.use_async and not last:
-            self.upload.start(take_snapshot(self.engine, trainer, self.faults, self.full_optimizer_state))
+            self.upload.start(take_snapshot(self.engine, trainer, self.faults, self.full_optimizer_state,
+                                            algo=self.checksum))
             self.reasons_in_flight = reasons
         else:
-            self._record(save_state(self.engine, self.storage, trainer, self.faults, self.full_optimizer_state), reasons)
+            self._record(save_state(self.engine, self.storage, trainer, self.faults, self.full_optimizer_state,
+                                    self.checksum), reasons)
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
         self.last_saved = result.name

@@ -1,7 +1,7 @@
 """The state reader: fetch a chosen state, verify every byte against the manifest, then load.
 
 DeepSpeed's own checkpoint files are pickles, so they are only handed to DeepSpeed after their
-sha256 matched the manifest; syncpoint's own files (JSON, safetensors) never need pickle.
+size and checksum matched the manifest; syncpoint's own files (JSON, safetensors) never need pickle.
 Every rank fetches the whole ``engine/`` directory because DeepSpeed's ZeRO loader reads every
 data-parallel rank's optimizer shard.
 """
@@ -14,7 +14,8 @@ import tempfile
 from dataclasses import dataclass
 
 from policies.candidates import Candidate
-from workers.storage import RunStorage, sha256_bytes
+from workers.checksum import algorithm_of, matches
+from workers.storage import RunStorage
 
 
 class ChecksumMismatch(Exception):
@@ -38,18 +39,19 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         for rel, info in files.items():
             if not rel.startswith(("engine/", "optim/")):
                 continue
-            size, digest = storage.download_file(os.path.join(local, rel), "states", cand.name, rel)
-            if digest != info["sha256"] or size != info["size"]:
-                raise ChecksumMismatch(f"{rel}: sha256 does not match the manifest (content changed after commit)")
+            algo = algorithm_of(info)
+            size, digest = storage.download_file(os.path.join(local, rel), "states", cand.name, rel, algo=algo)
+            if digest != info[algo] or size != info["size"]:
+                raise ChecksumMismatch(f"{rel}: {algo} does not match the manifest (content changed after commit)")
         rng_bytes = None
         rel = f"rng/rank_{rank:05d}.safetensors"
         if want_rng and rel in files:
             rng_bytes = storage.read_bytes("states", cand.name, rel)
-            if sha256_bytes(rng_bytes) != files[rel]["sha256"]:
-                raise ChecksumMismatch(f"{rel}: sha256 does not match the manifest")
+            if not matches(files[rel], rng_bytes):
+                raise ChecksumMismatch(f"{rel}: {algorithm_of(files[rel])} does not match the manifest")
         trainer_bytes = storage.read_bytes("states", cand.name, "trainer.json")
-        if sha256_bytes(trainer_bytes) != files["trainer.json"]["sha256"]:
-            raise ChecksumMismatch("trainer.json: sha256 does not match the manifest")
+        if not matches(files["trainer.json"], trainer_bytes):
+            raise ChecksumMismatch(f"trainer.json: {algorithm_of(files['trainer.json'])} does not match the manifest")
         return FetchedState(local, rng_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)

@@ -1,14 +1,16 @@
 """The state writer: every rank's files first, then ``manifest.json`` last, by rank 0.
 
 Protocol (all ranks, at a sync boundary only):
-1. DeepSpeed writes its checkpoint (``engine.save_checkpoint``) into a rank-local staging directory;
-   each rank uploads the files it wrote through fsspec (no shared filesystem needed) plus its RNG
-   file, durably, hashing on the way.
+1. DeepSpeed saves its checkpoint (``engine.save_checkpoint``); every shard goes through the
+   streaming checkpoint engine (``workers.checkpoint_engine``), checksummed as it is serialized:
+   a synchronous save streams each rank's shards straight into storage through fsspec (no shared
+   filesystem needed); an asynchronous one into rank-local staging, which a background thread
+   then copies into storage. Each rank also writes its RNG file, durably.
 2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
    durable.
 3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
-   sha256) atomically: temp name + rename locally, a single PUT on object stores. Anything
-   without a manifest is torn and selection rejects it.
+   checksum, ``workers.checksum``) atomically: temp name + rename locally, a single PUT on object
+   stores. Anything without a manifest is torn and selection rejects it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any
 import torch.distributed as dist
 
 from workers import rng
+from workers.checkpoint_engine import install, local_sink
+from workers.checksum import DEFAULT, checksum_bytes, entry
 from workers.faults import Faults
-from workers.storage import RunStorage, sha256_bytes
+from workers.storage import RunStorage
 
 MANIFEST_FORMAT = "syncpoint-state/1"
 
@@ -52,8 +56,10 @@ class Snapshot:
     rng_bytes: bytes
     trainer: dict[str, Any]
     started: float
+    algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's uploaded files
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's files already in storage
+    staged: dict[str, dict[str, Any]] = field(default_factory=dict)  # checksummed in staging, to upload
 
 
 def staging_root() -> str | None:
@@ -71,37 +77,53 @@ def staging_root() -> str | None:
     return None
 
 
-def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimizer_state: bool = False) -> Snapshot:
-    """The blocking part of a save (all ranks, at a boundary): DeepSpeed writes to local staging
-    (and, for elastic ZeRO-1/2 runs, the gathered world-size-independent optimizer state)."""
+def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimizer_state: bool = False, *,
+                  algo: str = DEFAULT, direct: RunStorage | None = None) -> Snapshot:
+    """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
+    checksummed on the way, straight into storage (``direct``: a synchronous save) or into local
+    staging (an asynchronous one); elastic ZeRO-1/2 runs add the gathered optimizer state."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
+    name = state_name(trainer["global_micro_step"])
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
-    engine.save_checkpoint(staging, tag="engine", save_latest=False)
+    if direct is not None:
+        def sink(rel: str):  # noqa: ANN202
+            return direct.open_durable("states", name, rel, algo=algo)
+    else:
+        sink = local_sink(staging, algo)
+    with install(engine).streaming(staging, sink) as written:
+        engine.save_checkpoint(staging, tag="engine", save_latest=False)
     if full_optimizer_state:
         from workers.elastic_state import save_full_optimizer_state
 
         save_full_optimizer_state(engine, staging, dist.get_rank())
-    snap = Snapshot(state_name(trainer["global_micro_step"]), staging, rng.capture(), trainer, t0)
+    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo)
+    if direct is not None:
+        snap.files.update(written)
+    else:
+        snap.staged.update(written)
     snap.blocked = time.perf_counter() - t0
     return snap
 
 
 def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faults) -> dict[str, dict[str, Any]]:
-    """Make this rank's files durable in storage (safe to run in a background thread)."""
-    mine: dict[str, dict[str, Any]] = {}
+    """Make this rank's files durable in storage (safe to run in a background thread): what is
+    still in staging is copied (no second read when its checksum is known), then the RNG file."""
+    mine: dict[str, dict[str, Any]] = dict(snap.files)
     try:
         for sub in ("engine", "optim"):
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
-                size, digest = storage.upload_file(os.path.join(src, fname), "states", snap.name, sub, fname)
-                mine[f"{sub}/{fname}"] = {"size": size, "sha256": digest}
+                rel = f"{sub}/{fname}"
+                size, digest = storage.upload_file(os.path.join(src, fname), "states", snap.name, sub, fname,
+                                                   algo=snap.algo, known=snap.staged.get(rel))
+                mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
     rel = f"rng/rank_{rank:05d}.safetensors"
     storage.write_bytes(snap.rng_bytes, "states", snap.name, rel)
-    mine[rel] = {"size": len(snap.rng_bytes), "sha256": sha256_bytes(snap.rng_bytes)}
+    mine[rel] = entry(len(snap.rng_bytes), snap.algo, checksum_bytes(snap.rng_bytes, snap.algo))
     faults.at_phase("after_some_shards")
     snap.files = mine
     return mine
@@ -119,10 +141,10 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> Save
         files.update(part or {})
     if rank == 0:
         trainer_bytes = storage.write_json(snap.trainer, "states", snap.name, "trainer.json")
-        files["trainer.json"] = {"size": len(trainer_bytes), "sha256": sha256_bytes(trainer_bytes)}
+        files["trainer.json"] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
         faults.at_phase("before_manifest")
         manifest = {"format": MANIFEST_FORMAT, "state": snap.name, "created_at": time.time(), "world_size": world,
-                    "files": dict(sorted(files.items()))}
+                    "checksum": snap.algo, "files": dict(sorted(files.items()))}
         data = _json_bytes(manifest)
         if any(f.phase == "during_manifest" for f in faults.mine):
             # Rehearse a crash half-way through the manifest write: half the bytes under the temp name.
@@ -136,9 +158,10 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> Save
 
 
 def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
-               full_optimizer_state: bool = False) -> SaveResult:
-    """A synchronous save: snapshot, upload and commit before training continues."""
-    snap = take_snapshot(engine, trainer, faults, full_optimizer_state)
+               full_optimizer_state: bool = False, algo: str = DEFAULT) -> SaveResult:
+    """A synchronous save: shards streamed into storage, the rest uploaded, committed before
+    training continues."""
+    snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage)
     t0 = time.perf_counter()
     upload_snapshot(storage, snap, dist.get_rank(), faults)
     snap.blocked += time.perf_counter() - t0

@@ -9,15 +9,19 @@ policies never see which backend is underneath.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from workers.checksum import DEFAULT, ChecksummingWriter, new_hasher
+from workers.direct_io import DirectFileWriter
 
 CHUNK = 8 << 20
 
@@ -124,29 +128,57 @@ class RunStorage:
         else:
             self.fs.pipe_file(p, data)
 
-    def upload_file(self, local_path: str, *parts: str) -> tuple[int, str]:
-        """Copy a local file into storage durably; returns (size, sha256).
+    @contextlib.contextmanager
+    def open_durable(self, *parts: str, algo: str = DEFAULT) -> Iterator[ChecksummingWriter]:
+        """A file written in one pass: checksummed on the way, durable when the block exits
+        (fsync locally; the upload completes on close on object stores). On an error the partial
+        file is left (locally) or discarded (object stores): without a manifest it is torn anyway."""
+        p = self.path(*parts)
+        if self.local:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with DirectFileWriter(p) as f:  # page-cache bypass, fsync on a clean exit
+                yield ChecksummingWriter(f, algo)
+            return
+        f = self.fs.open(p, "wb")
+        try:
+            yield ChecksummingWriter(f, algo)
+        except BaseException:
+            discard = getattr(f, "discard", None)
+            if callable(discard):
+                discard()
+            else:
+                f.close()
+            raise
+        f.close()
 
-        The sha256 is computed by a second thread while the copy runs (hashlib releases the GIL),
-        so a save is bounded by the slower of hashing and writing, not their sum. Locally the copy
-        itself is done by the kernel (``shutil.copyfile``: copy_file_range/sendfile) and fsync'd.
+    def upload_file(self, local_path: str, *parts: str, algo: str = DEFAULT,
+                    known: dict[str, Any] | None = None) -> tuple[int, str]:
+        """Copy a local file into storage durably; returns (size, checksum).
+
+        ``known``: the file's manifest entry when it was checksummed as it was written (a staged
+        snapshot); no checksum is computed again. Locally the file is read straight into the
+        page-aligned buffers of a ``DirectFileWriter`` (checksummed there when not known) and
+        written with O_DIRECT while the next buffer fills; elsewhere a second thread checksums
+        while fsspec uploads (hashlib and xxhash release the GIL).
         """
         p = self.path(*parts)
+        if self.local:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            hasher = new_hasher(algo) if known is None else None
+            with open(local_path, "rb", buffering=0) as src, DirectFileWriter(p) as dst:
+                size = dst.fill_from(src, hasher.update if hasher else None)
+            return (size, hasher.hexdigest()) if hasher else (int(known["size"]), str(known[algo]))  # type: ignore[index]
         with ThreadPoolExecutor(max_workers=1) as pool:
-            digest = pool.submit(_sha256_file, local_path)
-            if self.local:
-                os.makedirs(os.path.dirname(p), exist_ok=True)
-                shutil.copyfile(local_path, p)
-                _fsync_path(p)
-            else:
-                with open(local_path, "rb") as src, self.fs.open(p, "wb") as dst:
-                    shutil.copyfileobj(src, dst, CHUNK)
-            size, sha = digest.result()
-        return size, sha
+            digest = pool.submit(_checksum_file, local_path, algo) if known is None else None
+            with open(local_path, "rb") as src, self.fs.open(p, "wb") as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+            if digest is None:
+                return int(known["size"]), str(known[algo])  # type: ignore[index]
+            return digest.result()
 
-    def download_file(self, local_path: str, *parts: str) -> tuple[int, str]:
-        """Copy a stored file to local disk; returns (size, sha256) for verification."""
-        h = hashlib.sha256()
+    def download_file(self, local_path: str, *parts: str, algo: str = DEFAULT) -> tuple[int, str]:
+        """Copy a stored file to local disk; returns (size, checksum) for verification."""
+        h = new_hasher(algo)
         size = 0
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
         with self.fs.open(self.path(*parts), "rb") as src, open(local_path, "wb") as dst:
@@ -175,8 +207,8 @@ def _fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def _sha256_file(path: str) -> tuple[int, str]:
-    h, size = hashlib.sha256(), 0
+def _checksum_file(path: str, algo: str) -> tuple[int, str]:
+    h, size = new_hasher(algo), 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)

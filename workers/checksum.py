@@ -1,0 +1,85 @@
+"""File checksums for manifests: which algorithm, computed while bytes stream past, verified on load.
+
+Why not always sha256: the checksum guards against torn, truncated and bit-rotted files, not
+against an attacker (who could rewrite the manifest too). sha256 runs at ~1.5 GB/s here, slower
+than the disk, so it capped a save's write bandwidth at ~0.6-0.7x of a raw write; xxh3-128 runs at
+~10 GB/s and leaves the save bound by the write itself. ``checkpoint.checksum: sha256`` stays
+available where policy asks for a cryptographic hash. Each manifest entry names its algorithm by
+its key (``{"size": n, "xxh3_128": hex}``), so states written with either verify the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Protocol
+
+import xxhash
+
+ALGORITHMS = ("xxh3_128", "sha256")
+DEFAULT = "xxh3_128"
+
+
+class Hasher(Protocol):
+    def update(self, data: Any, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
+def new_hasher(algo: str) -> Hasher:
+    if algo == "xxh3_128":
+        return xxhash.xxh3_128()
+    if algo == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown checksum algorithm {algo!r} (known: {', '.join(ALGORITHMS)})")
+
+
+def checksum_bytes(data: bytes, algo: str) -> str:
+    h = new_hasher(algo)
+    h.update(data)
+    return h.hexdigest()
+
+
+def entry(size: int, algo: str, hexdigest: str) -> dict[str, Any]:
+    """A manifest's record of one file."""
+    return {"size": size, algo: hexdigest}
+
+
+def algorithm_of(info: dict[str, Any]) -> str:
+    """The algorithm a manifest entry was written with (its one checksum key)."""
+    for algo in ALGORITHMS:
+        if algo in info:
+            return algo
+    raise ValueError(f"manifest entry has no checksum (one of {', '.join(ALGORITHMS)}): {sorted(info)}")
+
+
+def matches(info: dict[str, Any], data: bytes) -> bool:
+    """Whether bytes are the file a manifest entry describes (size and checksum)."""
+    algo = algorithm_of(info)
+    return len(data) == info["size"] and checksum_bytes(data, algo) == info[algo]
+
+
+class ChecksummingWriter:
+    """A write-only file object that checksums (and counts) every byte on its way to ``target``.
+
+    ``torch.save`` writes into it directly, so a file is serialized, checksummed and stored in
+    one pass: no staging copy and no second read for the checksum."""
+
+    def __init__(self, target: Any, algo: str) -> None:
+        self.target, self.algo = target, algo
+        self.hasher = new_hasher(algo)
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.target.write(view)
+        self.hasher.update(view)
+        self.size += len(view)
+        return len(view)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def entry(self) -> dict[str, Any]:
+        return entry(self.size, self.algo, self.hasher.hexdigest())
