@@ -123,3 +123,19 @@ def test_upload_with_a_known_checksum_does_not_read_the_file_again(tmp_path):
     assert store.upload_file(str(src), "a", "b.bin", known=known) == (1000, "recorded-while-serialized")
     assert store.read_bytes("a", "b.bin") == src.read_bytes()
     assert store.upload_file(str(src), "a", "c.bin") == (1000, checksum_bytes(src.read_bytes(), "xxh3_128"))
+
+
+def test_another_deepspeed_checkpoint_engine_is_refused_naming_the_field():
+    """A deepspeed.config that selects DeepSpeed's fast/decoupled writer is refused before training."""
+    import types
+
+    from workers.checkpoint_engine import install
+    from workers.task import JobConfigError
+
+    class FastWriter:  # stands in for DeepSpeed's FastCheckpointEngine (needs the async_io op to build)
+        pass
+
+    engine = types.SimpleNamespace(checkpoint_engine=FastWriter(), _config=None)
+    with pytest.raises(JobConfigError, match=r"deepspeed\.config: selects DeepSpeed's FastWriter.*remove the "
+                                             r"checkpoint-engine keys from deepspeed\.config"):
+        install(engine)

@@ -24,6 +24,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from workers.checksum import ChecksummingWriter
+from workers.task import JobConfigError
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
 Sink = Callable[[str], ContextManager[ChecksummingWriter]]
@@ -80,8 +81,9 @@ def install(engine: Any) -> StreamingCheckpointEngine:
     if isinstance(ce, StreamingCheckpointEngine):
         return ce
     if type(ce) is not TorchCheckpointEngine:
-        raise RuntimeError(f"DeepSpeed is configured with {type(ce).__name__}; syncpoint needs the default "
-                           "torch checkpoint engine (remove the checkpoint engine from deepspeed.config)")
+        raise JobConfigError(f"deepspeed.config: selects DeepSpeed's {type(ce).__name__}, but syncpoint streams "
+                             "shards through the default torch checkpoint engine (it checksums them and commits "
+                             "the manifest itself); remove the checkpoint-engine keys from deepspeed.config")
     streaming = StreamingCheckpointEngine(engine._config)  # DeepSpeed's own config: same serialization
     engine.checkpoint_engine = streaming
     return streaming

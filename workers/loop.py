@@ -36,6 +36,7 @@ from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
 from policies.elastic import Layout, layout
+from workers.checkpoint_engine import install as install_streaming
 from workers.data import derive_seed, epoch_loader
 from workers.device import check_engine_device, prepare_process, to_device
 from workers.discovery import discover, discover_lazy, read_candidate
@@ -130,6 +131,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     mbpe, accum = lay.micro_batches_per_epoch, lay.grad_accum
     engine = build_engine(spec, task.model, accum)
     check_engine_device(spec, engine.device)
+    install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
     expectation = Expectation(
         job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
