@@ -61,7 +61,7 @@ def test_default_manifest_is_xxh3_and_shards_were_streamed(tmp_path):
             assert matches(info, store.read_bytes("states", name, rel)), rel
 
 
-def test_engine_uses_the_streaming_checkpoint_engine(tmp_path):
+def test_engine_uses_the_streaming_checkpoint_engine(tmp_path, monkeypatch):
     """The shards reach storage through DeepSpeed's checkpoint-engine hook, not a staged copy."""
     import workers.state_writer as sw
 
@@ -73,11 +73,8 @@ def test_engine_uses_the_streaming_checkpoint_engine(tmp_path):
         seen.append((type(engine.checkpoint_engine), kw.get("direct") is not None, dict(snap.files), dict(snap.staged)))
         return snap
 
-    sw.take_snapshot = spy
-    try:
-        run(linear_spec(tmp_path, *BASE))
-    finally:
-        sw.take_snapshot = orig
+    monkeypatch.setattr(sw, "take_snapshot", spy)
+    run(linear_spec(tmp_path, *BASE))
     assert seen and all(t is StreamingCheckpointEngine for t, *_ in seen)
     for _, direct, files, staged in seen:  # sync saves: shards already in storage, nothing staged
         assert direct and any(k.startswith("engine/") for k in files) and not staged

@@ -35,13 +35,13 @@ def manifest_not_json(store):
 
 
 def newer_schema(store):
-    from workers.storage import sha256_bytes
+    from workers.checksum import checksum_bytes
 
     t = json.loads(store.read_bytes("states", NEWEST, "trainer.json"))
     t["schema_version"] = 99
     data = store.write_json(t, "states", NEWEST, "trainer.json")
     m = json.loads(store.read_bytes("states", NEWEST, "manifest.json"))
-    m["files"]["trainer.json"] = {"size": len(data), "sha256": sha256_bytes(data)}
+    m["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     store.commit_bytes(json.dumps(m).encode(), "states", NEWEST, "manifest.json")
 
 

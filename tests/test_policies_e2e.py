@@ -10,7 +10,8 @@ import pytest
 from tests.helpers import (committed_steps, digest, lm_spec, run, run_until_crash, state_names, trainer_json,
                            with_overrides)
 from workers.loop import ResumeRefused
-from workers.storage import RunStorage, sha256_bytes
+from workers.checksum import checksum_bytes
+from workers.storage import RunStorage
 
 
 def _spec(tmp, *extra):
@@ -42,7 +43,7 @@ def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
     t.update(global_micro_step=step, epoch=epoch, position_in_epoch=pos)
     data = store.write_json(t, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
-    manifest["files"]["trainer.json"] = {"size": len(data), "sha256": sha256_bytes(data)}
+    manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
 
 

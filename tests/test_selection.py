@@ -133,9 +133,9 @@ def test_init_from_imports_weights_but_never_position(tmp_path):
 
 def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:
     """Rewrite trainer.json and re-commit the manifest, as a (buggy) older writer would have."""
-    from workers.storage import sha256_bytes
+    from workers.checksum import checksum_bytes
 
     data = store.write_json(trainer, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
-    manifest["files"]["trainer.json"] = {"size": len(data), "sha256": sha256_bytes(data)}
+    manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")

@@ -10,7 +10,6 @@ policies never see which backend is underneath.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -214,7 +213,3 @@ def _checksum_file(path: str, algo: str) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
