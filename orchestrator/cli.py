@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from orchestrator.spec import JobSpec, SpecError, job_schema, load_spec, resolve_storage, spec_to_json
+from policies.redact import redact_text, redact_url
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
@@ -19,7 +20,9 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    print(spec_to_json(_load(args)))
+    spec = _load(args)
+    check_imports(spec, args.job)
+    print(spec_to_json(spec))
     return 0
 
 
@@ -30,10 +33,66 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
+    check_imports(spec, args.job)
     _check_storage(spec)
     from orchestrator.ray_runner import run_on_ray
 
     return run_on_ray(spec, args.address)
+
+
+def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
+    """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
+    ``checkpoint.save_trigger`` when they are import paths — names a module that cannot be found."""
+    problems = import_problems(import_paths(spec), base_dir)
+    if problems:
+        raise SpecError(source, problems)
+
+
+def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, 'package.module:Name') of every user import path in the spec."""
+    from orchestrator.spec import BUILTIN_POLICIES
+
+    paths = [("task.path", spec.task.path)]
+    if spec.resume.policy not in BUILTIN_POLICIES:
+        paths.append(("resume.policy", spec.resume.policy))
+    if spec.checkpoint.save_trigger:
+        paths.append(("checkpoint.save_trigger", spec.checkpoint.save_trigger))
+    return paths
+
+
+def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -> list[str]:
+    """One paragraph per import path whose module cannot be found where the workers look: ``base_dir``
+    (default the working directory, which the driver puts first on the workers' PYTHONPATH), then the
+    installed packages.
+
+    ``importlib.util.find_spec`` locates a module without running it; for a dotted name it imports the
+    parent packages (their ``__init__``), as every worker does anyway. The name after ``:`` is not
+    checked: that would mean running the module. ``syncpoint submit`` runs this on the cluster.
+    """
+    import importlib.util
+    import os
+
+    base = os.path.abspath(base_dir or os.getcwd())
+    problems = []
+    sys.path.insert(0, base)
+    try:
+        for field, path in paths:
+            module = path.partition(":")[0]
+            try:
+                found = importlib.util.find_spec(module) is not None
+                why = f"no module named {module!r}"
+            except ModuleNotFoundError as e:  # a parent package is missing
+                found, why = False, f"no module named {e.name!r}" if e.name else str(e)
+            except Exception as e:  # noqa: BLE001 - a parent package's __init__ failed
+                found, why = False, f"importing its package raised {type(e).__name__}: {e}"
+            if not found:
+                problems.append(
+                    f"{field}: {path!r} cannot be imported: {why}. The workers import it from {base} (the "
+                    "working directory; `syncpoint submit` ships it with the job) and the installed packages; "
+                    "check the spelling, run from the directory that holds the package, or install it")
+    finally:
+        sys.path.remove(base)
+    return problems
 
 
 def _check_storage(spec: JobSpec) -> None:
@@ -47,9 +106,11 @@ def _check_storage(spec: JobSpec) -> None:
         fs.pipe_file(probe, b"ok")
         fs.rm(probe)
     except Exception as e:  # noqa: BLE001
-        raise SpecError("storage", [f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. "
-                                    "Use a local path, file://, memory:// or an fsspec URL whose backend is installed "
-                                    "(s3:// needs s3fs) with credentials available, and write access"]) from None
+        # redacted with the URL's own secrets too: a backend's error may quote a password bare
+        raise SpecError("storage", [redact_text(
+            f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. Use a local path, file://, memory:// "
+            "or an fsspec URL whose backend is installed (s3:// needs s3fs) with credentials available, and write "
+            "access", spec.storage)]) from None
 
 
 def _storage(arg: str, what: str):  # noqa: ANN202
@@ -58,7 +119,8 @@ def _storage(arg: str, what: str):  # noqa: ANN202
     try:
         return RunStorage(_as_url(arg))
     except (ValueError, ImportError) as e:
-        raise SpecError(what, [f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed"],
+        raise SpecError(what, [redact_text(f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed",
+                                           arg)],
                         "invalid argument") from None
 
 
@@ -66,19 +128,27 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.submit import submit
 
     spec = _load(args)
-    return submit(spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait)
+    return submit(spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait,
+                  token_file=args.token_file)
 
 
 def cmd_states(args: argparse.Namespace) -> int:
-    from policies.candidates import Expectation, candidates_table, classify
+    from policies.candidates import Expectation, candidates_table, classify, expectation_from_trainer
     from policies.resume import NoResumableState, enforce_safe, make_policy
-    from workers.discovery import discover, expectation_from_trainer
+    from workers.discovery import discover
+    from workers.signing import load_key
 
     storage = _storage(args.run_dir, "RUN_DIR")
     if not storage.list_names("states") and not storage.list_names("events"):
         raise SpecError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
                                     "(<storage>/<name>)"], "invalid argument")
-    cands = discover(storage)
+    try:
+        key = load_key(args.signing_key_env, "--signing-key-env")
+    except ValueError as e:
+        raise SpecError("--signing-key-env", [str(e)], "invalid argument") from None
+    cands = discover(storage, signing_key=key)
+    # The run's own expectation, read back from its newest committed state the way the loop wrote
+    # it (elastic runs judge other world sizes by the elastic rules, as the loop does).
     newest = next((c.trainer for c in cands if c.trainer and c.manifest), None)
     exp = expectation_from_trainer(newest) if newest else Expectation("", 0, 0, 0, 0, -1, "", -1)
     for c in cands:
@@ -102,11 +172,11 @@ def cmd_states(args: argparse.Namespace) -> int:
     except NoResumableState as e:
         choice = {"state": None, "error": str(e).splitlines()[0]}
     if args.json:
-        print(json.dumps({"run": storage.url, "candidates": [
+        print(json.dumps({"run": redact_url(storage.url), "candidates": [
             {"state": c.name, "micro_step": c.micro_step, "verdict": c.verdict.value if c.verdict else None,
              "reason": c.reason} for c in cands], "choice": choice}, indent=2))
     else:
-        print(f"run: {storage.url}")
+        print(f"run: {redact_url(storage.url)}")
         print(candidates_table(cands) if cands else "(no states)")
         print(f"policy {args.policy}: " + (f"resume from {choice['state']} ({choice['reason']})" if choice.get("state")
                                            else choice.get("error") or choice.get("reason", "")))
@@ -115,10 +185,14 @@ def cmd_states(args: argparse.Namespace) -> int:
 
 def cmd_digest(args: argparse.Namespace) -> int:
     from workers.digest import state_digest
+    from workers.safe_load import StateRefused
 
     _storage(args.state_dir, "STATE_DIR")
     try:
         d = state_digest(_as_url(args.state_dir))
+    except StateRefused as e:  # a disallowed pickle class, an unsafe manifest path, changed bytes
+        raise SpecError("STATE_DIR", [f"{args.state_dir}: refused to read this state: {e}; "
+                                      "`syncpoint states <run>` shows its verdict"], "invalid argument") from None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
         raise SpecError("STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"],
                         "invalid argument") from None
@@ -154,6 +228,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from orchestrator.drill import run_drill
 
     spec = _load(args)
+    check_imports(spec, args.job)
     _check_storage(spec)
     try:
         points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
@@ -196,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://HOST:8265")
     sb.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
     sb.add_argument("--no-wait", action="store_true", help="return after submitting")
+    sb.add_argument("--token-file", default=None,
+                    help="file holding the cluster's Ray auth token (default: RAY_AUTH_TOKEN, then the file named "
+                         "by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token); sent only in the Authorization header")
     sb.set_defaults(fn=cmd_submit)
     v = sub.add_parser("validate", help="print the normalized spec or its errors (exit 2)")
     with_spec(v)
@@ -206,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--policy", default="newest-resumable")
     s.add_argument("--policy-args", default=None, help="JSON object of policy keyword arguments")
+    s.add_argument("--signing-key-env", default=None, metavar="NAME",
+                   help="verify signatures with the key in this environment variable (signed runs)")
     s.set_defaults(fn=cmd_states)
     d = sub.add_parser("digest", help="canonical sha256 of a state (params, optimizer, position, RNG)")
     d.add_argument("state_dir")

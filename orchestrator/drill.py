@@ -111,8 +111,12 @@ def _params_close(ref: JobSpec, run: JobSpec, finals: list, steps: dict) -> tupl
     bound = 2 * sum(r["lr"] for k, r in steps.items() if k > changed_at)
 
     def params(spec: JobSpec, name: str) -> dict:
-        data = RunStorage(spec.run_url).read_bytes("states", name, "engine/mp_rank_00_model_states.pt")
-        return load_deepspeed_file(data)["module"]
+        store = RunStorage(spec.run_url)
+        if not store.exists("states", name, "engine/mp_rank_00_model_states.pt"):  # ZeRO-3: rebuilt from partitions
+            from workers.export import zero3_state_from_storage
+
+            return zero3_state_from_storage(store, name)
+        return load_deepspeed_file(store.read_bytes("states", name, "engine/mp_rank_00_model_states.pt"))["module"]
 
     pa, pb = params(ref, finals[0]), params(run, finals[1])
     worst = max((pa[k] - pb[k]).abs().max().item() for k in pa)
@@ -129,8 +133,12 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     run_events = EventLog(RunStorage(run.run_url)).read_all()
     rs = restarts(run_events)
     lines.append("preemption  kind     at micro-step  classified   resumed from   lost micro-steps  lost seconds")
-    for i, r in enumerate(rs):
+    for i in range(max(len(rs), len(points))):  # every interruption the drill caused, and every restart seen
         at, how = (points[i], hows[i]) if i < len(points) else ("?", "?")
+        if i >= len(rs):
+            lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {'no restart seen (the run did not stop there)'}")
+            continue
+        r = rs[i]
         lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
                      f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}")
     ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)

@@ -9,12 +9,19 @@ deletes, and Ray fails start-up on a checkpoint someone else removed.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import re
 import sys
 import uuid
+import warnings
 from typing import Any
 
 from orchestrator.spec import JobSpec
+from policies.failures import failure_reason, user_error_line
+from policies.redact import redact_text, redact_url
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -22,11 +29,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray
     import ray.train
 
+    spec = JobSpec.model_validate(config["spec"])
+    quiet_worker(spec)  # before workers.loop imports DeepSpeed
+
     from workers.loop import WorkerContext, run_worker
 
     ctx = ray.train.get_context()
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
-    spec = JobSpec.model_validate(config["spec"])
 
     def notice() -> dict[str, Any] | None:
         info = ray.train.get_preemption_info()  # a collective: every rank calls it at every boundary
@@ -37,6 +46,100 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
                                    submission_id=config["submission_id"]))
+
+
+# ---------------------------------------------------------------- known-harmless third-party messages
+# A successful run shows syncpoint's lines and real problems. Each message below is quieted at its
+# source, by exact text, and only because it says nothing about this run; anything else from the
+# same loggers and streams still shows.
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *patterns: str) -> None:
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p.search(record.getMessage()) for p in self.patterns)
+
+
+def _add_filter(logger_name: str, *patterns: str) -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropMessages) and [p.pattern for p in f.patterns] == list(patterns) for f in logger.filters):
+        logger.addFilter(_DropMessages(*patterns))
+
+
+# Ray's core worker logs (C++, once per process, error level) that the PreemptionWatcher actor has
+# "constructor arguments in the object store and max_restarts > 0". Ray Train's PreemptionCallback
+# creates it (max_restarts=-1) with the worker group's actor handles as arguments; the watcher is
+# killed with that worker group, whose handles the controller holds all along, so a restart of the
+# watcher finds them (ray-project/ray#53727 is about arguments that go out of scope). Not ours to
+# change: we drop that one line, for that one class, from the log stream the driver prints.
+WATCHER_ARGS_LINE = re.compile(r"Actor with class name: 'PreemptionWatcher' and ID: '\w+' has constructor arguments "
+                               r"in the object store and max_restarts > 0")
+
+
+def _filtered_log_handler(handler):  # noqa: ANN001, ANN202
+    def handle(data: dict) -> None:
+        lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
+        if lines:
+            handler({**data, "lines": lines})
+    handle._syncpoint_filtered = True  # type: ignore[attr-defined]
+    return handle
+
+
+def quiet_driver() -> None:
+    """On the driver, after ``ray.init``: filter the worker log stream it prints (see above)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:  # another Ray: the line shows, nothing else changes
+        return
+    with dispatcher._lock:
+        dispatcher.handlers = [(name, h if getattr(h, "_syncpoint_filtered", False) or name != "ray_print_logs"
+                                else _filtered_log_handler(h)) for name, h in dispatcher.handlers]
+
+
+def quiet_driver_start() -> None:
+    """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
+    authentication by default (it does; nothing to act on) is dropped at its logger."""
+    _add_filter("ray._private.authentication.authentication_token_setup",
+                r"^Token authentication is enabled for this Ray cluster\.")
+
+
+def quiet_worker(spec: JobSpec) -> None:
+    """In a worker, before DeepSpeed is imported."""
+    # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
+    # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
+    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor, deprecated in torch 2.13: not ours to change.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+                            category=FutureWarning)
+    # DeepSpeed prints (print, not its logger) "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
+    # successfully" whenever a process loads its CPU shared-memory op: that one line is dropped.
+    try:
+        import importlib
+
+        # the module itself: `deepspeed.comm.torch` as an attribute is torch (deepspeed.comm imports it)
+        ds_torch = importlib.import_module("deepspeed.comm.torch")
+        original = ds_torch.build_shm_op
+    except Exception:  # noqa: BLE001 - quieting never fails a run; DeepSpeed's own errors surface in the loop
+        return
+    if getattr(original, "_syncpoint_quiet", False):
+        return
+
+    def build_shm_op():  # noqa: ANN202
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                return original()
+        finally:
+            rest = [ln for ln in out.getvalue().splitlines(keepends=True)
+                    if not re.fullmatch(r"DeepSpeed \S+ built successfully\s*", ln)]
+            if rest:
+                sys.stdout.write("".join(rest))
+
+    build_shm_op._syncpoint_quiet = True  # type: ignore[attr-defined]
+    ds_torch.build_shm_op = build_shm_op
 
 
 def _ray_storage_path(spec: JobSpec) -> str:
@@ -58,14 +161,18 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     # (remote nodes get code through `ray job submit --working-dir`).
     env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     if ray.is_initialized():  # a caller (drill, tests) already connected
+        quiet_driver()
         return False
     address = address or os.environ.get("RAY_ADDRESS")
+    quiet_driver_start()
     if address:
         ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
+        quiet_driver()
         return False
     needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     ray.init(num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env={"env_vars": env_vars})
+    quiet_driver()
     return True
 
 
@@ -78,7 +185,8 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
     from workers.events import EventLog
     from workers.storage import RunStorage
 
-    EventLog(RunStorage(spec.run_url), source="driver").emit("submitted", name=spec.name, address=address or "embedded")
+    EventLog(RunStorage(spec.run_url), source="driver").emit("submitted", name=spec.name,
+                                                                    address=redact_url(address or "embedded"))
     embedded = connect(spec, address)
     submission = uuid.uuid4().hex
     try:
@@ -97,29 +205,89 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         )
         from orchestrator.failure_policy import installed
 
+        failure: tuple[str, str] | None = None
         try:
             with installed(spec.run_url):
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - turn Ray's error into one paragraph
-            print(f"syncpoint: job {spec.name!r} failed: {failure_summary(e)}", file=sys.stderr)
-            return 1
-        print(f"syncpoint: job {spec.name!r} finished; states and final model under {spec.run_url}")
-        return 0
+            failure = failure_report(e)
     finally:
         from workers.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
         if embedded:
             ray.shutdown()
+    if failure is not None:  # printed last: a failed run's last line says why
+        reason, details = failure
+        if details:  # worker errors may quote the storage URL: never its credentials
+            print(redact_text(details, spec.storage), file=sys.stderr)
+        print(redact_text(f"syncpoint: job {spec.name!r} failed: {reason}", spec.storage), file=sys.stderr, flush=True)
+        return 1
+    print(finish_line(spec), flush=True)
+    return 0
+
+
+def finish_line(spec: JobSpec) -> str:
+    """The run's one-line summary (final state, steps, wall time, restarts, lost work, where the model
+    and plot are), after drawing the plot into ``<run>/plot.png``."""
+    from orchestrator.timeline import format_summary, summarize
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    storage = RunStorage(spec.run_url)
+    events = EventLog(storage).read_all()
+    summary = summarize(events)
+    if summary is None:  # fit() returned without a finish event: say where to look rather than guess
+        return f"syncpoint: job {spec.name!r} finished; states under {_shown(storage)}"
+    plot = None
+    try:
+        plot = _draw_plot(storage, events, spec.name)
+    except Exception as e:  # noqa: BLE001 - a plot is a convenience; the summary says it is missing and why
+        print(f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
+              f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it", file=sys.stderr)
+    model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
+    return format_summary(spec.name, summary, model, plot)
+
+
+def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:  # noqa: ANN001
+    import tempfile
+
+    from orchestrator.plot import plot_run
+
+    with tempfile.TemporaryDirectory(prefix="syncpoint-plot-") as d:
+        local = os.path.join(d, "plot.png")
+        plot_run(events, local, title=title)
+        with open(local, "rb") as f:
+            storage.write_bytes(f.read(), "plot.png")
+    return _shown(storage, "plot.png")
+
+
+def _shown(storage, *parts: str) -> str:  # noqa: ANN001
+    """A path as a newcomer types it: relative to the working directory when under it."""
+    if not storage.local:
+        return redact_url(storage.url_of(*parts))
+    path = storage.path(*parts)
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
+
+
+def failure_report(e: BaseException) -> tuple[str, str]:
+    """(reason, details) of a failed fit: the lowest failed rank's own exception, not Ray's wrapper.
+
+    Ray Train v2 keeps each worker's exception object (``WorkerGroupError.worker_failures``,
+    wrapped with its traceback text); its message is the reason. Without one (a controller
+    error), the last exception line of the text.
+    """
+    failures = getattr(e, "worker_failures", None) or {}
+    bases = [getattr(failures[r], "_base_exc", failures[r]) for r in sorted(failures)]
+    bases = [b for b in bases if isinstance(b, BaseException)]
+    # a refusal on one rank often surfaces as a broken collective on the others: syncpoint's own first
+    bases.sort(key=lambda b: not type(b).__module__.startswith(("workers", "orchestrator", "policies")))
+    if bases:
+        return failure_reason(type(bases[0]).__name__, type(bases[0]).__module__, str(bases[0]))
+    return user_error_line(str(e)), ""
 
 
 def failure_summary(e: BaseException) -> str:
-    """The user's own error message (last line of the worker traceback), not Ray's wrapper."""
-    text = str(e)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    interesting = [ln for ln in lines if ("Error" in ln or "Refused" in ln or "Exception" in ln) and not ln.startswith("File ")]
-    core = interesting[-1] if interesting else (lines[-1] if lines else type(e).__name__)
-    if "ResumeRefused" in text:
-        start = text.find("ResumeRefused")
-        core = text[start:].split("\n\n")[0]
-    return core
+    """The reason line alone (drill reports, tests)."""
+    return failure_report(e)[0]

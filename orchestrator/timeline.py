@@ -104,3 +104,54 @@ def format_timeline(events: list[dict[str, Any]]) -> str:
             lines.append(f"{r.attempt:>7}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  {r.lost_micro_steps:>16}  "
                          f"{r.lost_seconds:>12.2f}")
     return "\n".join(lines)
+
+
+@dataclass
+class RunSummary:
+    """What the run that ended at its last ``finished`` event amounts to: every attempt and
+    submission since the run's first event, or since an earlier finish (a finished run run again)."""
+
+    state: str | None  # the state the run finished with (its last committed state)
+    optimizer_step: int
+    micro_step: int
+    wall_seconds: float  # its first event (first submission) to its finish
+    restarts: int
+    lost_micro_steps: int
+    lost_seconds: float
+
+
+def summarize(events: list[dict[str, Any]]) -> RunSummary | None:
+    """The run's summary, or None when it has not finished."""
+    finished = [e for e in events if e["kind"] == "finished"]
+    if not finished:
+        return None
+    last = finished[-1]
+    upto = [e for e in events if e["time"] <= last["time"]]
+    earlier = [e["time"] for e in finished[:-1] if e["time"] < last["time"]]
+    begin = max(earlier) if earlier else None
+    segment = [e for e in upto if begin is None or e["time"] > begin]
+    starts = [e for e in upto if e["kind"] == "attempt_started"]
+    # restarts() pairs consecutive attempts; a pair whose first attempt precedes `begin` is a new run
+    rs = [r for (prev, _), r in zip(zip(starts, starts[1:]), restarts(upto)) if begin is None or prev["time"] > begin]
+    return RunSummary(state=last.get("state"), optimizer_step=int(last.get("optimizer_step") or 0),
+                      micro_step=int(last.get("global_micro_step") or 0),
+                      wall_seconds=max(0.0, last["time"] - segment[0]["time"]), restarts=len(rs),
+                      lost_micro_steps=sum(r.lost_micro_steps for r in rs), lost_seconds=sum(r.lost_seconds for r in rs))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m{s:02d}s"
+
+
+def format_summary(name: str, s: RunSummary, model: str | None, plot: str | None) -> str:
+    """One line: final state, optimizer steps, wall time, restarts and lost work, where the model and plot are."""
+    restarts_text = ("no restarts" if s.restarts == 0 else
+                     f"{s.restarts} restart{'s' if s.restarts != 1 else ''} (lost {s.lost_micro_steps} micro-step"
+                     f"{'s' if s.lost_micro_steps != 1 else ''}, {_duration(s.lost_seconds)})")
+    where = "; ".join(x for x in (f"model {model}" if model else "no final model (checkpoint.export_final: false)",
+                                  f"plot {plot}" if plot else None) if x)
+    return (f"syncpoint: job {name!r} finished: state {s.state or '(none)'}, {s.optimizer_step} optimizer steps "
+            f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}, {restarts_text}; {where}")

@@ -49,3 +49,20 @@ def user_error_line(message: str) -> str:
         if head.endswith(("Error", "Exception", "Refused", "Mismatch")) and " " not in head.strip():
             return ln
     return lines[-1] if lines else message
+
+
+_OURS = ("workers.", "orchestrator.", "policies.")
+
+
+def failure_reason(exc_type: str, exc_module: str, message: str) -> tuple[str, str]:
+    """(reason, details) for a failed run's last line: the reason itself, never a source line.
+
+    syncpoint's own refusals carry messages written for the user: the first line is the reason
+    and the rest (a candidates table) is detail printed above it. Anything else (the user's own
+    exception) is named by its type, as Python would print it.
+    """
+    lines = message.strip().splitlines() or [exc_type]
+    head, details = lines[0].strip(), "\n".join(lines[1:]).strip()
+    if not (exc_module + ".").startswith(_OURS):
+        head = f"{exc_type}: {head}" if head != exc_type else head
+    return head, details

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.candidates import Candidate, Verdict, candidates_table
+from policies.candidates import Candidate, Verdict, candidates_table, finite_metric
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,12 @@ class NoResumableState(RuntimeError):
 
     def __init__(self, candidates: list[Candidate], headline: str = "") -> None:
         self.candidates = candidates
+        newest = next(iter(candidates), None)
+        why = (f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "
+               f"{newest.reason.rstrip('.')}." if newest is not None else "")
         head = headline or (
             f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
-            "of them. Fix or remove the states below, or set resume.policy: fresh with "
+            f"of them.{why} Fix or remove the states below, or set resume.policy: fresh with "
             "resume.on_existing: archive to start a new run.")
         super().__init__(head + "\n" + candidates_table(candidates))
 
@@ -97,16 +100,47 @@ class BestMetric:
         self.metric, self.mode = metric, mode
 
     def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
-        scored = [
-            (c.trainer["metrics"][self.metric], c) for c in candidates
-            if c.verdict is Verdict.RESUMABLE and self.metric in ((c.trainer or {}).get("metrics") or {})
-        ]
+        scored: list[tuple[float, Candidate]] = []
+        skipped: list[str] = []
+        for c in candidates:
+            if c.verdict is not Verdict.RESUMABLE:
+                continue
+            value, why = finite_metric(c.trainer, self.metric)
+            if value is None:
+                skipped.append(f"{c.name} ({why})")
+            else:
+                scored.append((value, c))
         if not scored:
             if not candidates:
                 return Decision(None, "no states yet: fresh start")
-            raise NoResumableState(candidates, f"no resumable state records metric {self.metric!r}.")
+            extra = f" Skipped: {'; '.join(skipped[:5])}." if skipped else ""
+            raise NoResumableState(candidates, f"no resumable state records a finite metric {self.metric!r}.{extra}")
         pick = (min if self.mode == "min" else max)(scored, key=lambda sc: (sc[0], sc[1].sort_key))
-        return Decision(pick[1].name, f"best {self.metric} ({self.mode}) = {pick[0]:.6g}")
+        why = f"best {self.metric} ({self.mode}) = {pick[0]:.6g}"
+        if skipped:
+            why += f"; skipped {', '.join(skipped[:5])}"
+        return Decision(pick[1].name, why)
+
+
+class ContinueSubmission:
+    """One rule for every policy: a policy chooses where a *submission* starts; a restart inside
+    the same submission continues from the newest state that submission itself committed.
+
+    Why: re-applying ``pinned`` (or ``best-metric``, or a custom policy) on every Ray restart would
+    recompute everything since the pin, or fail once retention pruned it. States carry the
+    submission that wrote them (``trainer.json`` ``submission``); when this submission committed
+    nothing resumable yet, the start policy decides again, exactly as it did at the start.
+    """
+
+    def __init__(self, submission: str, start: ResumePolicy) -> None:
+        self.submission, self.start = submission, start
+
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+        for c in candidates:
+            if c.verdict is Verdict.RESUMABLE and (c.trainer or {}).get("submission") == self.submission:
+                return Decision(c.name, f"restart of this submission: the newest state it committed ({c.reason})")
+        decision = self.start.choose(candidates, spec)  # type: ignore[arg-type]
+        return Decision(decision.state, f"restart of this submission, nothing committed yet: {decision.reason}")
 
 
 BUILTIN: dict[str, type] = {

@@ -5,13 +5,22 @@ delete the newest resumable state; unsafe candidates never count toward ``keep_l
 displace a resumable one. Torn directories older than the newest resumable state are debris of
 crashed saves and go; torn ones newer than it may be a save in flight and stay. Mid-cycle,
 corrupt and incompatible states are reported and only removed with ``prune_unsafe``.
+
+Only what syncpoint wrote is ever a candidate for deletion: a directory (never a file, never a
+symbolic link) whose name is a state name (12 ASCII digits, ``workers.state_writer.state_name``).
+Anything else under ``states/`` (a ``notes/`` folder, a ``README.txt``) is someone else's and is
+ignored; a symbolic link is reported as corrupt and left alone, because deleting through it would
+delete its target, outside the run. Deletion itself stays manifest-first
+(``workers.state_writer.delete_state``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policies.candidates import Candidate, Verdict, newest_first
+from policies.candidates import is_state_name  # noqa: F401 - re-exported: retention's rule for names
 
 
 @dataclass
@@ -19,15 +28,42 @@ class RetentionPlan:
     delete: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)
     reported: list[str] = field(default_factory=list)  # unsafe states left in place, with reasons
+    ignored: list[str] = field(default_factory=list)  # not syncpoint's: never considered
 
 
-def plan_retention(candidates: list[Candidate], keep_last: int, prune_unsafe: bool = False) -> RetentionPlan:
+def _not_ours(c: Candidate, kinds: Mapping[str, str] | None) -> str | None:
+    """Why retention must leave ``c`` alone whatever its verdict (``None``: it is a state of ours).
+
+    ``kinds`` is the storage's word on each entry (``dir``/``file``/``link``/``other``, from a
+    listing that does not follow links); without it only the name and the candidate's own
+    ``symlink`` flag decide.
+    """
+    kind = kinds.get(c.name, "missing") if kinds is not None else "dir"
+    if getattr(c, "symlink", False) or kind == "link":
+        return "corrupt (a symbolic link, not a directory syncpoint wrote: never followed, left alone)"
+    if kind != "dir":
+        return f"not a directory ({kind}): left alone"
+    return None
+
+
+def plan_retention(candidates: list[Candidate], keep_last: int, prune_unsafe: bool = False,
+                   kinds: Mapping[str, str] | None = None) -> RetentionPlan:
     plan = RetentionPlan()
-    ordered = newest_first(candidates)
+    ordered: list[Candidate] = []
+    for c in newest_first(candidates):
+        if not is_state_name(c.name):
+            plan.ignored.append(c.name)
+            continue
+        why = _not_ours(c, kinds)
+        if why:
+            plan.keep.append(c.name)
+            plan.reported.append(f"{c.name}: {why}")
+            continue
+        ordered.append(c)
     resumable = [c for c in ordered if c.verdict is Verdict.RESUMABLE]
     if not resumable:
         # Nothing safe to anchor on: deleting anything could strand the run.
-        plan.keep = [c.name for c in ordered]
+        plan.keep += [c.name for c in ordered]
         return plan
     newest_key = resumable[0].sort_key
     kept_resumable = resumable if keep_last <= 0 else resumable[:max(1, keep_last)]

@@ -81,3 +81,36 @@ def step_history(spec: JobSpec) -> dict[int, dict[str, Any]]:
 
 def trainer_json(spec: JobSpec, name: str) -> dict[str, Any]:
     return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "trainer.json"))
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``syncpoint ARGV`` in-process: (exit code, stdout, stderr); argparse's SystemExit is an exit code."""
+    from orchestrator.cli import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, err
+
+
+def stop_processes(ours) -> None:  # noqa: ANN001
+    """Kill these processes and everything they started (a test's own Ray head; never `ray stop`,
+    which would stop every cluster on the machine)."""
+    import psutil
+
+    procs = set(ours)
+    for p in ours:
+        try:
+            procs.update(p.children(recursive=True))
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(procs), timeout=30)

@@ -65,3 +65,16 @@ class EveryFifthMicroStep:
 
     def wants_save(self, tick) -> bool:
         return tick.global_micro_step % 5 == 0
+
+
+def noisy_collate(samples):
+    """A collate that draws randomness per batch (random masking/mixing in real tasks)."""
+    xs, ys = zip(*samples)
+    x = torch.stack(xs)
+    return x + 0.05 * torch.randn_like(x), torch.stack(ys)
+
+
+def linear_random_collate(config: dict) -> Task:
+    task = linear(config)
+    task.collate = noisy_collate
+    return task

@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.cli import main
 from orchestrator.spec import SpecError, parse_spec
-from tests.helpers import committed_steps, linear_spec, run
+from tests.helpers import cli, committed_steps, linear_spec, run
 from workers.data import DataLayoutError
 from workers.loop import ResumeRefused
 from workers.task import JobConfigError, TaskError
@@ -81,18 +80,6 @@ def no_ray(monkeypatch):
     monkeypatch.setitem(sys.modules, "orchestrator.ray_runner", fake)
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """``syncpoint ARGV`` in-process: (exit code, stdout, stderr); argparse's SystemExit is an exit code."""
-    capsys.readouterr()
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return rc, out, err
-
-
 # ----------------------------------------------------------------------------- job specs
 
 # The committed run's own spec (block style, so errors can point at lines); @STORAGE@ is replaced by
@@ -127,6 +114,9 @@ def _edit(old: str, new: str):
         assert old in text, old
         return text.replace(old, new, 1)
     return apply
+
+
+_FINITE = r"must be a finite number; \.inf and \.nan are not allowed"
 
 
 def spec_case(case_id, edit, field, fix, line=None, marks=()):
@@ -201,7 +191,7 @@ SPEC_CASES = [
     spec_case("optimizer-betas-one-value", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {betas: [0.9]}\n"),
               r"train\.optimizer\.betas", r"required"),
     # --- deepspeed and scaling
-    spec_case("zero-stage-3", _edit("zero_stage: 0", "zero_stage: 3"), r"deepspeed\.zero_stage", r"0, 1 or 2"),
+    spec_case("zero-stage-4", _edit("zero_stage: 0", "zero_stage: 4"), r"deepspeed\.zero_stage", r"0, 1, 2 or 3"),
     spec_case("precision-unknown", _edit("zero_stage: 0\n", "zero_stage: 0\n  precision: fp8\n"),
               r"deepspeed\.precision", r"'fp32', 'bf16' or 'fp16'"),
     spec_case("fp16-without-gpu", _edit("zero_stage: 0\n", "zero_stage: 0\n  precision: fp16\n"),
@@ -265,6 +255,70 @@ SPEC_CASES = [
     spec_case("yaml-top-level-list", lambda text: "- a\n- b\n", r"top level", r"must be a mapping with at least name, task and train"),
     spec_case("yaml-empty-file", lambda text: "", r"top level", r"must be a mapping with at least name, task and train"),
     spec_case("yaml-duplicate-key", _edit("", "train: {micro_batch_size: 4, epochs: 2}\n"), r"\btrain\b", r"duplicate"),
+    # --- issue 14 §6: non-finite floats (each validated before; save_every: .inf was an OverflowError)
+    spec_case("train-lr-inf", _edit("lr: 0.01", "lr: .inf"), r"train\.lr", _FINITE, line=12),
+    spec_case("train-lr-nan", _edit("lr: 0.01", "lr: .nan"), r"train\.lr", _FINITE, line=12),
+    spec_case("train-lr-negative-inf", _edit("lr: 0.01", "lr: -.inf"), r"train\.lr", r"(finite|greater than 0)"),
+    spec_case("train-gradient-clipping-inf", _edit("  lr: 0.01\n", "  lr: 0.01\n  gradient_clipping: .inf\n"),
+              r"train\.gradient_clipping", _FINITE, line=13),
+    spec_case("train-gradient-clipping-nan", _edit("  lr: 0.01\n", "  lr: 0.01\n  gradient_clipping: .nan\n"),
+              r"train\.gradient_clipping", _FINITE),
+    spec_case("scaling-cpus-per-worker-inf", _edit("", "scaling: {cpus_per_worker: .inf}\n"),
+              r"scaling\.cpus_per_worker", _FINITE),
+    spec_case("scaling-cpus-per-worker-nan", _edit("", "scaling: {cpus_per_worker: .nan}\n"),
+              r"scaling\.cpus_per_worker", _FINITE),
+    spec_case("resume-lease-ttl-inf", _edit("", "resume: {lease_ttl_s: .inf}\n"), r"resume\.lease_ttl_s", _FINITE),
+    spec_case("resume-lease-ttl-nan", _edit("", "resume: {lease_ttl_s: .nan}\n"), r"resume\.lease_ttl_s", _FINITE),
+    spec_case("optimizer-betas-nan", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {betas: [0.9, .nan]}\n"),
+              r"train\.optimizer\.betas\.1", _FINITE),
+    spec_case("optimizer-betas-inf", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {betas: [.inf, 0.999]}\n"),
+              r"train\.optimizer\.betas\.0", _FINITE),
+    spec_case("optimizer-betas-not-below-one", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {betas: [0.9, 1.5]}\n"),
+              r"train\.optimizer\.betas\.1", r"less than 1"),
+    spec_case("optimizer-eps-inf", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {eps: .inf}\n"),
+              r"train\.optimizer\.eps", _FINITE),
+    spec_case("optimizer-weight-decay-nan", _edit("  lr: 0.01\n", "  lr: 0.01\n  optimizer: {weight_decay: .nan}\n"),
+              r"train\.optimizer\.weight_decay", _FINITE),
+    spec_case("scheduler-min-lr-ratio-nan", _edit("  lr: 0.01\n", "  lr: 0.01\n  scheduler: {min_lr_ratio: .nan}\n"),
+              r"train\.scheduler\.min_lr_ratio", _FINITE),
+    spec_case("save-every-inf-micro-steps", _edit("{value: 1, unit: optimizer_steps}", "{value: .inf, unit: micro_steps}"),
+              r"checkpoint\.save_every\.value", _FINITE, line=18),
+    spec_case("save-every-inf-seconds", _edit("{value: 1, unit: optimizer_steps}", "{value: .inf, unit: seconds}"),
+              r"checkpoint\.save_every\.value", _FINITE),
+    spec_case("save-every-nan-shorthand", _edit("{value: 1, unit: optimizer_steps}", "'nan seconds'"),
+              r"checkpoint\.save_every\.value", r"(finite|valid number)"),
+    # --- issue 14 §6: absurd integers and sizes
+    spec_case("train-seed-2-to-the-70", _edit("seed: 3", f"seed: {2**70}"), r"train\.seed",
+              r"less than or equal to 9223372036854775807", line=11),
+    spec_case("train-micro-batch-size-10-to-the-30", _edit("micro_batch_size: 1", f"micro_batch_size: {10**30}"),
+              r"train\.micro_batch_size", r"less than or equal to 1048576", line=8),
+    spec_case("train-grad-accum-absurd", _edit("grad_accum: 2", f"grad_accum: {10**12}"),
+              r"train\.grad_accum", r"less than or equal to 65536"),
+    spec_case("train-epochs-absurd", _edit("epochs: 1", f"epochs: {10**18}"), r"train\.epochs", r"less than or equal to"),
+    spec_case("train-max-steps-absurd", _edit("epochs: 1", f"max_steps: {2**64}"), r"train\.max_steps", r"less than or equal to"),
+    spec_case("train-lr-absurd", _edit("lr: 0.01", "lr: 1.0e+30"), r"train\.lr", r"less than or equal to 100"),
+    spec_case("train-dataloader-workers-absurd", _edit("  lr: 0.01\n", "  lr: 0.01\n  dataloader_workers: 100000\n"),
+              r"train\.dataloader_workers", r"less than or equal to 256"),
+    spec_case("train-log-every-absurd", _edit("  lr: 0.01\n", f"  lr: 0.01\n  log_every: {10**30}\n"),
+              r"train\.log_every", r"less than or equal to"),
+    spec_case("scaling-num-workers-absurd", _edit("", "scaling: {num_workers: 10000000}\n"),
+              r"scaling\.num_workers", r"at most 4096"),
+    spec_case("scaling-elastic-max-ten-million", _edit("", "scaling: {num_workers: {min: 1, max: 10000000}}\n"),
+              r"scaling\.num_workers\.max", r"less than or equal to 4096"),
+    spec_case("scaling-cpus-per-worker-absurd", _edit("", "scaling: {cpus_per_worker: 1.0e+9}\n"),
+              r"scaling\.cpus_per_worker", r"less than or equal to 1024"),
+    spec_case("checkpoint-keep-last-absurd", _edit("keep_last: 0", f"keep_last: {10**20}"),
+              r"checkpoint\.keep_last", r"less than or equal to"),
+    spec_case("failure-max-failures-absurd", _edit("", f"failure: {{max_failures: {10**20}}}\n"),
+              r"failure\.max_failures", r"less than or equal to"),
+    spec_case("fault-at-micro-step-absurd", _edit("", f"faults: [{{at_micro_step: {10**15}}}]\n"),
+              r"faults\.0\.at_micro_step", r"less than or equal to"),
+    spec_case("name-too-long", _edit("name: linear", "name: " + "a" * 300), r"\bname\b", r"at most 200 characters"),
+    spec_case("integer-of-5000-digits", _edit("seed: 3", "seed: " + "9" * 5000), r"line 11: an integer of 5000",
+              r"at most 19 digits"),
+    spec_case("deepspeed-config-monitor-api-key",
+              _edit("zero_stage: 0\n", "zero_stage: 0\n  config: {wandb: {enabled: false, api_key: sk-123456}}\n"),
+              r"deepspeed\.config\.wandb\.api_key", r"environment variable.*WANDB_API_KEY"),
 ]
 
 
@@ -293,6 +347,178 @@ def test_bad_spec_is_refused_naming_field_and_fix(committed, tmp_path, capsys, e
         assert err.startswith("syncpoint: ")
         assert re.search(field, err) and re.search(fix, err), err
         assert out == ""
+        assert_one_paragraph(err)
+
+
+def assert_one_paragraph(err: str) -> None:
+    """A refusal is one short paragraph: no blank line, no traceback, well under 2 KB."""
+    assert "Traceback" not in err
+    assert "\n\n" not in err.strip(), err
+    assert len(err.encode()) < 2048, f"{len(err.encode())} bytes: {err[:300]}..."
+
+
+# ----------------------------------------------------------------------------- hostile and absurd specs (issue 14 §6)
+
+# `--set` overrides: the same bounds as the job file (validate, run and submit refuse them alike)
+SET_CASES = [
+    pytest.param("train.lr=.inf", r"train\.lr", _FINITE, id="set-lr-inf"),
+    pytest.param("train.gradient_clipping=.nan", r"train\.gradient_clipping", _FINITE, id="set-gradient-clipping-nan"),
+    pytest.param("scaling.cpus_per_worker=.inf", r"scaling\.cpus_per_worker", _FINITE, id="set-cpus-per-worker-inf"),
+    pytest.param("resume.lease_ttl_s=.inf", r"resume\.lease_ttl_s", _FINITE, id="set-lease-ttl-inf"),
+    pytest.param("train.optimizer={betas: [0.9, .nan]}", r"train\.optimizer\.betas\.1", _FINITE, id="set-betas-nan"),
+    pytest.param("checkpoint.save_every={value: .inf, unit: micro_steps}", r"checkpoint\.save_every\.value", _FINITE,
+                 id="set-save-every-inf"),
+    pytest.param(f"train.seed={2**70}", r"train\.seed", r"less than or equal to", id="set-seed-2-to-the-70"),
+    pytest.param(f"train.micro_batch_size={10**30}", r"train\.micro_batch_size", r"less than or equal to 1048576",
+                 id="set-micro-batch-size-10-to-the-30"),
+    pytest.param("scaling.num_workers={min: 1, max: 10000000}", r"scaling\.num_workers\.max", r"less than or equal to 4096",
+                 id="set-elastic-max-ten-million"),
+    pytest.param("train.seed=" + "9" * 5000, r"--set", r"an integer of 5000 characters", id="set-integer-of-5000-digits"),
+    pytest.param("task.config.x=&a [*a]", r"--set", r"refers to a node that contains it", id="set-self-alias"),
+    pytest.param("task.config.x=" + "[" * 10_000 + "]" * 10_000, r"--set", r"nested deeper than 32 levels",
+                 id="set-10000-deep-list"),
+    pytest.param("task.config." + ".".join(["a"] * 10_000) + "=1", r"--set", r"nested deeper than 32 levels",
+                 id="set-10000-deep-key"),
+    pytest.param("task.config.x=" + "a" * (1 << 21), r"--set", r"longer than 1048576 characters", id="set-huge-value"),
+]
+
+
+@pytest.mark.parametrize("override,field,fix", SET_CASES)
+def test_hostile_set_override_is_refused_in_one_paragraph(job, capsys, override, field, fix):
+    for argv in (["validate", str(job)], ["run", str(job)], ["submit", str(job), "--address", "http://127.0.0.1:9"]):
+        rc, out, err = cli(capsys, *argv, "--set", override)
+        assert rc == 2, (argv[0], out, err[:500])
+        assert re.search(field, err) and re.search(fix, err), err[:500]
+        assert out == ""
+        assert_one_paragraph(err)
+
+
+def _alias_bomb(levels: int) -> str:
+    """The billion-laughs shape, inside task.config: 9**levels leaves from a few hundred bytes."""
+    rows = ["    l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    rows += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(rows) + "\n"
+
+
+def _in_task_config(extra: str):
+    return _edit("    num_samples: 8\n", "    num_samples: 8\n" + extra)
+
+
+def _block_nesting(depth: int) -> str:
+    return "".join("  " * (2 + i) + "a:\n" for i in range(depth)) + "  " * (2 + depth) + "b: 1\n"
+
+
+# (file content from BASE, or a path to use as the job file; extra argv). Each of these took seconds
+# to minutes, hundreds of MB, or ended in a RecursionError/OverflowError/MemoryError traceback.
+HOSTILE_CASES = [
+    pytest.param(_in_task_config(_alias_bomb(9)), [], r"more than 10000 YAML nodes", id="alias-bomb-9-levels"),
+    pytest.param(_in_task_config(_alias_bomb(10)), [], r"more than 10000 YAML nodes", id="alias-bomb-10-levels"),
+    pytest.param(_edit("  config:\n    num_samples: 8\n", "  config: &c {self: *c}\n"), [],
+                 r"alias \*c refers to a node that contains it", id="alias-self-reference"),
+    pytest.param(_edit("  config:\n    num_samples: 8\n", "  config: &c {<<: *c}\n"), [],
+                 r"alias \*c refers to a node that contains it", id="alias-self-merge"),
+    pytest.param(_in_task_config("    deep: " + "[" * 10_000 + "]" * 10_000 + "\n"), [], r"nested deeper than 32 levels",
+                 id="nesting-10000-flow"),
+    pytest.param(_in_task_config("    deep: " + "{a: " * 10_000 + "1" + "}" * 10_000 + "\n"), [],
+                 r"nested deeper than 32 levels", id="nesting-10000-flow-mappings"),
+    pytest.param(_in_task_config("    deep:\n" + _block_nesting(600)), [], r"nested deeper than 32 levels",
+                 id="nesting-600-block"),
+    pytest.param(_in_task_config("".join(f"    d{i}: &d{i} " + "[" * 20 + (f"*d{i - 1}" if i else "1") + "]" * 20 + "\n"
+                                         for i in range(60))), [], r"nested deeper than 32 levels",
+                 id="nesting-through-chained-aliases"),
+    pytest.param("/dev/zero", [], r"larger than 1048576 bytes", id="dev-zero"),
+    pytest.param(_edit("", "# padding\n" * 300_000), [], r"larger than 1048576 bytes", id="huge-file"),
+    pytest.param(_edit("", "".join(f"k{i}: 0\n" for i in range(4000))), [], r"unknown key.*more problem",
+                 id="four-thousand-unknown-keys"),
+    pytest.param(_edit("", "scaling: {num_workers: {min: 1, max: 10000000}}\n"), [],
+                 r"scaling\.num_workers\.max.*less than or equal to 4096", id="elastic-max-ten-million"),
+    pytest.param(_edit("seed: 3", "seed: " + "9" * 5000), [], r"an integer of 5000 characters", id="integer-of-5000-digits"),
+    pytest.param(_edit("save_every: {value: 1, unit: optimizer_steps}", "save_every: {value: .inf, unit: micro_steps}"),
+                 [], _FINITE, id="save-every-inf"),
+    pytest.param(lambda t: t, ["--set", "task.config.x=[" + ", ".join(["&a [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"&{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi")]) + "]"],
+                 r"more than 10000 YAML nodes", id="set-alias-bomb"),
+]
+
+# Runs the CLI in one fresh interpreter for the whole corpus (a hang is a timeout, a blow-up is bounded
+# by an address-space limit, not this test process), with the launchers replaced by stubs exiting 99.
+_DRIVER = r"""
+import contextlib, io, json, sys, time, types
+def reached(*a, **k):
+    raise SystemExit(99)
+for mod, attr in (("orchestrator.ray_runner", "run_on_ray"), ("orchestrator.submit", "submit")):
+    stub = types.ModuleType(mod); setattr(stub, attr, reached); sys.modules[mod] = stub
+from orchestrator.cli import main
+results = {}
+for case, argvs in json.loads(sys.stdin.read()).items():
+    for argv in argvs:
+        err, t0 = io.StringIO(), time.monotonic()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = main(argv)
+            except SystemExit as e:
+                rc = e.code
+            except BaseException as e:
+                rc, _ = "uncaught", err.write(f"Traceback: {type(e).__name__}")
+        results.setdefault(case, []).append(
+            {"argv0": argv[0], "rc": rc, "err": err.getvalue(), "seconds": round(time.monotonic() - t0, 3)})
+print(json.dumps(results))
+"""
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.fixture(scope="module")
+def hostile_results(committed, tmp_path_factory):
+    """Every HOSTILE_CASES input through validate, run and submit, in one subprocess."""
+    import subprocess
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    base = BASE.replace("@STORAGE@", committed.storage[len("file://"):])
+    runs = {}
+    for case in HOSTILE_CASES:
+        content, extra, _ = case.values
+        job = tmp / f"{case.id}.yaml"
+        if isinstance(content, str):
+            job = Path(content)
+        else:
+            job.write_text(content(base))
+        runs[case.id] = [[cmd, str(job), *extra] for cmd in ("validate", "run")]
+        runs[case.id].append(["submit", str(job), "--address", "http://127.0.0.1:9", *extra])
+    proc = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(runs), capture_output=True, text=True,
+                          timeout=120, preexec_fn=_limit_memory, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("content,extra,fix", HOSTILE_CASES)
+def test_hostile_spec_fails_fast_and_bounded(hostile_results, request, content, extra, fix):
+    """validate, run and submit: exit 2, one paragraph under 2 KB, no traceback, no launcher, no hang
+    (the subprocess timeout bounds a hang; each command takes milliseconds here, see `seconds`)."""
+    case = request.node.callspec.id
+    assert [r["argv0"] for r in hostile_results[case]] == ["validate", "run", "submit"]
+    for r in hostile_results[case]:
+        assert r["rc"] == 2, r
+        assert re.search(fix, r["err"], re.S), r["err"][:500]
+        assert_one_paragraph(r["err"])
+
+
+@pytest.mark.parametrize("case_id", ["alias-bomb-10-levels", "alias-self-reference", "alias-self-merge",
+                                     "nesting-10000-flow", "nesting-through-chained-aliases", "integer-of-5000-digits"])
+def test_parse_bounds_hold_without_libyaml(monkeypatch, case_id):
+    """The same bounds when PyYAML has no libyaml (the pure-Python event parser): the composer checks them."""
+    import orchestrator.spec as spec_module
+
+    monkeypatch.setattr(spec_module, "_BoundedLoader", spec_module._PyLoader)
+    content, _, fix = next(c.values for c in HOSTILE_CASES if c.id == case_id)
+    with pytest.raises(SpecError) as e:
+        parse_spec(content(BASE.replace("@STORAGE@", "/tmp/never-written")), "job.yaml")
+    assert re.search(fix, str(e.value)), str(e.value)
+    assert_one_paragraph(str(e.value))
 
 
 def test_the_base_spec_itself_is_valid(committed, tmp_path, capsys):

@@ -45,18 +45,16 @@ def test_spec_refuses_a_range_with_unworkable_world_sizes():
 
 
 def test_non_elastic_state_from_another_world_size_is_incompatible_with_reason():
-    exp = Expectation("j", 1, 2, 8, 20, 2, "f", 1, elastic=True, global_batch=16, samples_per_epoch=40)
-    t = dict(schema_version=1, job_identity="j", world_size=2, micro_batch_size=2, grad_accum=4,
-             micro_batches_per_epoch=10, zero_stage=2, model_fingerprint="f", seed=1, epoch=0, position_in_epoch=4,
-             global_micro_step=4, optimizer_step=1, elastic_optimizer=False,
-             data={"samples_in_epoch": 16, "global_batch": 16, "samples_per_epoch": 40})
-    from policies.candidates import Candidate
+    import dataclasses
 
-    c = classify(Candidate("000000000004", trainer=t, manifest={"files": {"trainer.json": {"size": 1}}},
-                           listing={"trainer.json": 1}), exp)
+    from tests.meta import candidate_for
+
+    exp = Expectation("j", 1, 2, 8, 20, 2, "f", 1, elastic=True, global_batch=16, samples_per_epoch=40)
+    saved_on_2 = dataclasses.replace(exp, world_size=2, grad_accum=4, micro_batches_per_epoch=10, elastic=False)
+    c = classify(candidate_for(4, saved_on_2), exp)
     assert c.verdict is Verdict.INCOMPATIBLE and "cannot load on 1" in c.reason
-    t["elastic_optimizer"] = True
-    assert classify(c, exp).verdict is Verdict.RESUMABLE
+    elastic_on_2 = dataclasses.replace(saved_on_2, elastic=True)
+    assert classify(candidate_for(4, elastic_on_2), exp).verdict is Verdict.RESUMABLE
 
 
 def _assert_same_samples_and_close(ref, spec):

@@ -12,6 +12,7 @@ import torch
 
 from tests.helpers import (digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json)
 from workers.digest import load_deepspeed_file
+from workers.export import zero3_state_from_storage
 from workers.launch import run_spawned
 from workers.storage import RunStorage
 
@@ -31,7 +32,11 @@ def _spec(tmp, mbpe, accum, save_every, zero, *extra, workers=1):
 
 
 def module_params(spec, name):
+    """The whole model of a state: DeepSpeed's module file, or at ZeRO-3 (no rank holds the module
+    whole) the parameters gathered from every rank's partition, as the final export does."""
     files = RunStorage(spec.run_url)
+    if not files.exists("states", name, "engine/mp_rank_00_model_states.pt"):
+        return zero3_state_from_storage(files, name)
     data = files.read_bytes("states", name, "engine/mp_rank_00_model_states.pt")
     return load_deepspeed_file(data)["module"]
 
@@ -61,7 +66,11 @@ def assert_same_run(ref_spec, ref_final, spec, final):
 
 CASES = [(mbpe, acc, se, k, zero) for (mbpe, acc, se), ks in GRID.items() for k in ks for zero in (0, 2)]
 CASES += [(10, 4, "{value: 3, unit: micro_steps}", 9, 1), (7, 3, "{value: 2, unit: optimizer_steps}", 5, 1)]
+# ZeRO-3 (about a minute per case here: slow)
+CASES += [pytest.param(10, 4, "{value: 3, unit: micro_steps}", 13, 3, marks=pytest.mark.slow),
+          pytest.param(7, 3, "{value: 2, unit: optimizer_steps}", 11, 3, marks=pytest.mark.slow)]
 ASYNC_CASES = [(10, 4, "{value: 1, unit: optimizer_steps}", k, z) for k, z in ((7, 2), (9, 0), (13, 1), (19, 2))]
+ASYNC_CASES += [pytest.param(10, 4, "{value: 1, unit: optimizer_steps}", 9, 3, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("mbpe,accum,save_every,crash_at,zero", CASES)
@@ -102,7 +111,7 @@ def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_fac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     ref = _spec(tmp_path / "ref", 10, 4, "{value: 3, unit: micro_steps}", zero, workers=2)
     assert run_spawned(ref) == [0, 0]
@@ -117,7 +126,7 @@ def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     assert_same_run(ref, ref_final, spec, max(state_names(spec)))
 
 
-@pytest.mark.parametrize("zero,crash_at", [(0, 9), (2, 9), (2, 13)])
+@pytest.mark.parametrize("zero,crash_at", [(0, 9), (2, 9), (2, 13), (3, 13)])
 def test_bf16_resume_equals_uninterrupted(tmp_path, tmp_path_factory, zero, crash_at):
     """bf16 on CPU (the CUDA run is tests/test_gpu.py): bf16 weights, fp32 master weights and moments
     (ZeRO-2 keeps them in bf16_zero_pp_rank_* files, which the digest must cover) all resume exactly."""

@@ -1,9 +1,12 @@
 """`ray job submit` and `syncpoint submit` against a real local Ray head started by the test
 (own ports and temp dir, stopped by its own process ids). A re-submitted job with the same name
-and storage continues from its newest resumable state, as a whole-cluster retry would."""
+and storage continues from its newest resumable state, as a whole-cluster retry would.
+`syncpoint submit` first runs a preflight job there (tests/test_first_hour.py: a head whose
+`python` lacks syncpoint is refused)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import ROOT, lm_spec, state_names
+from tests.helpers import ROOT, lm_spec, state_names, stop_processes
 from workers.events import EventLog
 from workers.launch import free_port
 from workers.storage import RunStorage
@@ -30,31 +33,43 @@ def _env() -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def head():
+@contextlib.contextmanager
+def local_head(env: dict, num_cpus: int = 2):
+    """A real Ray head on its own ports and temp dir, started with ``env`` (its PATH decides which
+    ``python`` runs job entrypoints); stopped by its own process ids and their children, never by
+    `ray stop` (which stops every Ray on the machine). Yields the Job API address."""
     temp = tempfile.mkdtemp(prefix="sp-ray-")
     ports = [free_port() for _ in range(7)]
     before = set(psutil.pids())
-    subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
-                    f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
-                    f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
-                    f"--ray-client-server-port={ports[6]}", "--num-cpus=2", f"--temp-dir={temp}",
-                    "--disable-usage-stats", "--include-dashboard=true"],
-                   check=True, env=_env(), capture_output=True, timeout=180)
-    ours = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
-    _wait_for_job_agent(f"http://127.0.0.1:{ports[1]}")
-    yield f"http://127.0.0.1:{ports[1]}"
-    procs = set(ours)
-    for p in ours:  # this head's processes and everything they started; no `ray stop` (it stops every Ray)
+    ours: list[psutil.Process] = []
+    try:
         try:
-            procs.update(p.children(recursive=True))
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+            subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
+                            f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
+                            f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+                            f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
+                            "--disable-usage-stats", "--include-dashboard=true"],
+                           check=True, env=env, capture_output=True, timeout=180)
+        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
+            marks = [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)]
+            for pid in set(psutil.pids()) - before:
+                try:
+                    proc = psutil.Process(pid)
+                    if any(m in " ".join(proc.cmdline()) for m in marks):
+                        ours.append(proc)
+                except psutil.Error:
+                    pass
+        address = f"http://127.0.0.1:{ports[1]}"
+        _wait_for_job_agent(address)
+        yield address
+    finally:
+        stop_processes(ours)  # this head's processes and everything they started (never another engineer's)
+
+
+@pytest.fixture(scope="module")
+def head():
+    with local_head(_env()) as address:
+        yield address
 
 
 def _wait_for_job_agent(address: str) -> None:
@@ -94,7 +109,7 @@ def test_syncpoint_submit_streams_logs_and_returns_the_exit_code(tmp_path, head)
     args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head]
     for s in [*SETS, f"storage={tmp_path}"]:
         args += ["--set", s]
-    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}  # syncpoint submit sets it itself
+    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}  # syncpoint submit reads the token itself
     ok = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
     assert "[syncpoint] attempt 1" in ok.stdout  # the job's logs were streamed
@@ -102,3 +117,16 @@ def test_syncpoint_submit_streams_logs_and_returns_the_exit_code(tmp_path, head)
     bad = subprocess.run([*args, "--set", "name=other", "--set", "task.path=examples.tiny_lm:nope"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1 and "FAILED" in bad.stdout
+
+
+def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, head):
+    """The preflight job looks the task's module up where the job will: the shipped working dir and
+    the cluster's packages. A module that is not there is refused (exit 2) and nothing is submitted."""
+    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head,
+            "--set", f"storage={tmp_path}", "--set", "task.path=examples.no_such_task:build"]
+    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
+    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "on the cluster, task.path: 'examples.no_such_task:build' cannot be imported: no module named " \
+           "'examples.no_such_task'" in r.stderr
+    assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()

@@ -1,29 +1,60 @@
-"""Concurrent runs on one run directory: a lease with an owner and a heartbeat."""
+"""One writer per run directory: a fenced lease with a heartbeat, judged by the storage's clock.
+
+Real parts throughout: real files (and memory://), real threads, real spawned processes, the real
+training loop; the S3 flavour (conditional writes against moto's server) is in
+``tests/test_lease_s3.py``.
+"""
 
 from __future__ import annotations
 
-import json
+import multiprocessing as mp
+import os
 import time
 
 import pytest
 
+from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
 from workers.launch import run_in_process, run_spawned
+from workers.lease import LeaseLostError, LeaseRefused, RunLease, read_lease, release_lease
 from workers.loop import ResumeRefused
 from workers.storage import RunStorage
+
+JOB = lease_drivers.JOB
 
 
 def _spec(tmp, *extra):
     return lm_spec(tmp, "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=1", *extra)
 
 
-def _plant_lease(spec, **kw):
-    from workers.loop import job_identity
+def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
+    """Another submission's lease, written ``age_s`` ago by the storage's clock (the file's mtime)."""
+    if isinstance(spec_or_url, str):
+        url, identity, name = spec_or_url, JOB, "job"
+    else:
+        from workers.loop import job_identity
 
-    lease = {"job_identity": job_identity(spec), "job_name": spec.name, "submission": "other", "host": "h",
+        url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
+    lease = {"job_identity": identity, "job_name": name, "submission": "other", "host": "h",
              "pid": 1, "ttl_s": 60.0, "heartbeat": time.time()}
     lease.update(kw)
-    RunStorage(spec.run_url).write_bytes(json.dumps(lease).encode(), "lease.json")
+    store = RunStorage(url)
+    lease_drivers.write_lease(store, lease)  # through the compare-and-swap, as a real successor would
+    if age_s:
+        then = time.time() - age_s
+        os.utime(store.path("lease.json"), (then, then))
+
+
+def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:
+    return RunLease(RunStorage(url), job_identity=JOB, job_name="job", submission=submission, ttl_s=ttl)
+
+
+def _manifests(spec) -> dict[int, dict]:
+    s = RunStorage(spec.run_url)
+    return {step: s.read_json("states", f"{step:012d}", "manifest.json") for step in committed_steps(spec)}
+
+
+# ---------------------------------------------------------------- runs on one directory
 
 
 def test_live_owner_refuses_a_second_submission_and_keeps_its_states(tmp_path):
@@ -39,19 +70,231 @@ def test_live_owner_refuses_a_second_submission_and_keeps_its_states(tmp_path):
     assert committed_steps(spec) == before
 
 
-def test_dead_owner_is_taken_over_and_a_restart_keeps_the_lease(tmp_path):
-    spec = _spec(tmp_path)
-    _plant_lease(spec, heartbeat=time.time() - 600)  # the owner died ten minutes ago
-    assert run(spec).final_state  # successor takes over
-    assert not RunStorage(spec.run_url).exists("lease.json")  # released at the end
-    _plant_lease(spec, submission="sub-7")
+def test_dead_owner_is_taken_over_generations_fence_every_manifest(tmp_path):
+    spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    _plant_lease(spec, age_s=600, generation=6)  # the owner died ten minutes ago (by the file's mtime)
+    assert run(spec).final_state  # successor takes over with the next generation
+    store = RunStorage(spec.run_url)
+    held = read_lease(store)
+    assert held.released and held.generation == 7  # released at the end; a tombstone keeps the count
+    assert {m["lease_generation"] for m in _manifests(spec).values()} == {7}
+    _plant_lease(spec, submission="sub-7", generation=7)  # a restart inside the same submission
     assert run_in_process(with_overrides(spec, "train.epochs=2"), print_progress=False, submission_id="sub-7")
+    gens = {step: m["lease_generation"] for step, m in _manifests(spec).items()}
+    assert {g for s, g in gens.items() if s > 10} == {8} and {g for s, g in gens.items() if s <= 10} == {7}
+
+
+def test_malformed_lease_refuses_a_run_cleanly(tmp_path):
+    spec = _spec(tmp_path)
+    _plant_lease(spec, heartbeat="soon")
+    with pytest.raises(ResumeRefused, match="malformed.*heartbeat is 'soon'"):
+        run(spec)
+    assert committed_steps(spec) == []
+
+
+# ---------------------------------------------------------------- racing drivers
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_racing_threads_exactly_one_wins(tmp_path, scheme):
+    for round_ in range(3):
+        url = f"{tmp_path}/r{round_}" if scheme == "file" else f"memory://lease-race-{round_}-{time.time_ns()}"
+        if round_ == 2 and scheme == "file":
+            _plant_lease(url, age_s=600)  # everyone races for a dead owner's lease
+        leases = [_lease(url, f"sub-{i}") for i in range(12)]
+        won, refused = lease_drivers.race_threads(leases)
+        try:
+            assert len(won) == 1, f"{len(won)} drivers believe they own {url}"
+            assert len(refused) == len(leases) - 1
+            assert read_lease(RunStorage(url)).record["submission"] == won[0].identity["submission"]
+            assert won[0].confirm() is None  # the winner really holds it
+        finally:
+            for lease in leases:
+                lease.stop()
+
+
+def test_racing_processes_exactly_one_wins(tmp_path):
+    url = str(tmp_path / "run")
+    results = lease_drivers.race_processes(url, 4, timeout=60)
+    winners = [r for r in results if r[1] == "won"]
+    assert len(winners) == 1, results
+    assert winners[0][2] is None
+    assert read_lease(RunStorage(url)).record["submission"] == winners[0][0]
+
+
+# ---------------------------------------------------------------- clocks
+
+
+def test_successor_with_a_clock_ten_seconds_ahead_never_takes_over_a_live_owner(tmp_path, monkeypatch):
+    url = str(tmp_path / "run")
+    owner = _lease(url, "owner", ttl=3.0)
+    owner.acquire()
+    try:
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 10.0)  # the successor's clock runs ahead
+        with pytest.raises(LeaseRefused, match="in use by another running submission"):
+            _lease(url, "successor", ttl=3.0).acquire()
+        monkeypatch.undo()
+        assert owner.confirm() is None
+    finally:
+        owner.stop()
+
+
+def test_an_owner_whose_clock_runs_ahead_cannot_make_its_lease_immortal(tmp_path):
+    url = str(tmp_path / "run")
+    _plant_lease(url, ttl_s=0.5, heartbeat=time.time() + 3600)  # written by a clock an hour ahead, then died
+    time.sleep(0.7)  # by the storage's clock the lease is now older than its TTL
+    successor = _lease(url, "successor", ttl=5.0)
+    try:
+        assert successor.acquire() == "takeover"
+    finally:
+        successor.stop()
+
+
+# ---------------------------------------------------------------- holding, losing
+
+
+def test_a_stalled_owner_loses_the_lease_and_never_writes_it_back(tmp_path):
+    url = str(tmp_path / "run")
+    owner = _lease(url, "owner", ttl=0.6)
+    owner.acquire()
+    owner.stop()  # the owner stalls (a long pause, a partition): no heartbeat
+    time.sleep(0.8)
+    successor = _lease(url, "successor", ttl=0.6)
+    assert successor.acquire() == "takeover"
+    try:
+        assert successor.generation == owner.generation + 1
+        verdict = owner.confirm()  # the owner wakes up and is about to commit
+        assert verdict is not None and "lost the run directory's lease to submission successor" in verdict
+        with pytest.raises(LeaseLostError, match="successor"):
+            owner.renew()
+        time.sleep(0.5)  # the successor's heartbeat keeps going; nothing of the owner's lands
+        held = read_lease(RunStorage(url))
+        assert held.record["submission"] == "successor" and held.generation == successor.generation
+        assert successor.confirm() is None
+        with pytest.raises(LeaseLostError):
+            owner.release()
+        assert read_lease(RunStorage(url)).record["submission"] == "successor"
+    finally:
+        successor.stop()
+
+
+def test_the_heartbeat_rereads_the_lease_so_two_owners_never_alternate(tmp_path):
+    url = str(tmp_path / "run")
+    owner = _lease(url, "owner", ttl=0.6)  # heartbeat every 0.2 s
+    owner.acquire()
+    try:
+        _plant_lease(url, submission="intruder", job_identity=JOB, generation=2)
+        time.sleep(1.0)  # five heartbeats
+        held = read_lease(RunStorage(url))
+        assert held.record["submission"] == "intruder"  # never overwritten by the old owner's heartbeat
+        assert isinstance(owner.lost, LeaseLostError) and "submission intruder" in str(owner.lost)
+    finally:
+        owner.stop()
+
+
+def test_release_leaves_a_tombstone_that_anyone_may_take(tmp_path):
+    url = str(tmp_path / "run")
+    first = _lease(url, "first")
+    first.acquire()
+    release_lease(RunStorage(url), "someone-else")  # not theirs: nothing happens
+    assert not read_lease(RunStorage(url)).released
+    first.release()
+    held = read_lease(RunStorage(url))
+    assert held.released and held.generation == 1
+    second = _lease(url, "second")
+    try:
+        assert second.acquire() == "released" and second.generation == 2
+    finally:
+        second.stop()
+
+
+MALFORMED = {
+    "heartbeat-soon": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 60, "heartbeat": "soon"}',
+    "null": b"null",
+    "heartbeat-null": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 60, "heartbeat": null}',
+    "ttl-string": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": "60", "heartbeat": 1}',
+    "heartbeat-nan": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 60, "heartbeat": NaN}',
+    "ttl-nan": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": NaN, "heartbeat": 1}',
+    "not-json": b"{\"submission\": ",
+    "array": b"[1, 2]",
+    "generation-negative": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 1, "generation": -4}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_lease_is_reported_and_taken_over_after_the_ttl(tmp_path, capsys, name):
+    url = str(tmp_path / "run")
+    RunStorage(url).write_bytes(MALFORMED[name], "lease.json")
+    successor = _lease(url, "successor", ttl=0.5)
+    with pytest.raises(LeaseRefused, match="malformed"):
+        successor.acquire()  # young: it may be a live owner's
+    assert "lease.json is malformed" in capsys.readouterr().err
+    time.sleep(0.7)
+    try:
+        assert successor.acquire() == "takeover"
+        assert successor.generation >= 1 and successor.confirm() is None
+    finally:
+        successor.stop()
+
+
+# ---------------------------------------------------------------- a lost lease in a real run
+
+
+def _steal_env(monkeypatch, spec, at: int, pause: float = 0.0, save_at: str = "") -> None:
+    monkeypatch.setenv("SYNCPOINT_TEST_STEAL_AT", str(at))
+    monkeypatch.setenv("SYNCPOINT_TEST_RUN_URL", spec.run_url)
+    monkeypatch.setenv("SYNCPOINT_TEST_PAUSE_S", str(pause))
+    monkeypatch.setenv("SYNCPOINT_TEST_SAVE_AT", save_at)
+    lease_drivers.StealLeaseAt.seen = []
+
+
+def test_lease_lost_mid_run_stops_before_the_next_commit(tmp_path, monkeypatch):
+    # 10 micro-batches, accumulation 4: boundaries 4, 8, 10; a state at each. The lease is taken
+    # over at micro-step 8, just before that boundary's save.
+    spec = _spec(tmp_path, "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt")
+    _steal_env(monkeypatch, spec, at=8)
+    with pytest.raises(LeaseLostError, match="lost the run directory's lease to submission thief.*re-submit"):
+        run(spec)
+    assert committed_steps(spec) == [4]
+    assert read_lease(RunStorage(spec.run_url)).record["submission"] == "thief"  # never written back
+
+
+def test_lease_lost_during_an_async_upload_stops_at_its_commit(tmp_path, monkeypatch):
+    # The save of micro-step 8 uploads in the background; the lease is taken over at 9, so the
+    # commit of that upload (at the last boundary, 10) finds it lost right before the manifest.
+    spec = _spec(tmp_path, "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt", "checkpoint.async=true")
+    _steal_env(monkeypatch, spec, at=9)
+    with pytest.raises(LeaseLostError, match="submission thief"):
+        run(spec)
+    assert 8 not in committed_steps(spec) and 10 not in committed_steps(spec)
+    assert read_lease(RunStorage(spec.run_url)).record["submission"] == "thief"
+
+
+def test_lease_lost_between_saves_stops_every_rank_at_the_next_boundary(tmp_path, monkeypatch):
+    # The heartbeat (every 0.5 s) notices the take-over at micro-step 5; training stops at the
+    # boundary of micro-step 8 through the boundary vote, before the final save at 10.
+    spec = _spec(tmp_path, "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt", "resume.lease_ttl_s=1.5")
+    _steal_env(monkeypatch, spec, at=5, pause=3.0, save_at="4")
+    with pytest.raises(LeaseLostError, match="submission thief"):
+        run(spec)
+    assert committed_steps(spec) == [4]
+    assert max(lease_drivers.StealLeaseAt.seen) == 8  # stopped at the first boundary after the loss
+
+
+@pytest.mark.slow
+def test_lease_lost_mid_run_stops_both_ranks_without_a_hang(tmp_path, monkeypatch):
+    spec = lm_spec(tmp_path, "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=1",
+                   "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt", workers=2)
+    # two ranks: 5 micro-batches per epoch, accumulation 4: boundaries 4 and 5
+    _steal_env(monkeypatch, spec, at=5)
+    codes = run_spawned(spec, timeout=300)
+    assert codes == [1, 1]  # both raised LeaseLostError; a rank stuck in a barrier would be killed (-9)
+    assert committed_steps(spec) == [4]
 
 
 @pytest.mark.slow
 def test_two_real_runs_on_one_directory(tmp_path):
-    import multiprocessing as mp
-
     spec = lm_spec(tmp_path, "task.config.num_samples=4000", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
     ctx = mp.get_context("spawn")
     first = ctx.Process(target=run_spawned, args=(spec,))
@@ -65,3 +308,38 @@ def test_two_real_runs_on_one_directory(tmp_path):
     assert codes != [0, 0]
     first.join(300)
     assert first.exitcode == 0 and committed_steps(spec)[-1] == 1000
+
+
+# ---------------------------------------------------------------- concurrent commits
+
+
+@pytest.mark.slow
+def test_concurrent_commits_never_two_committed_writers(tmp_path):
+    url = str(tmp_path / "run")
+    ctx = mp.get_context("spawn")
+    out, ready = ctx.Queue(), ctx.Event()
+    stalling = ctx.Process(target=lease_drivers.committer, args=(url, "stalling", 1, 2.5, 6, out, ready))
+    stalling.start()
+    assert out.get(timeout=120)[:2] == ("stalling", "acquired")
+    successor = ctx.Process(target=lease_drivers.committer, args=(url, "successor", 100, 0.0, 40, out, ready))
+    successor.start()  # keeps trying; takes over once the stalled owner's lease expires, then commits
+    results = {}
+    for _ in range(3):
+        r = out.get(timeout=180)
+        results.setdefault(r[0], []).append(r)
+    stalling.join(60)
+    successor.join(60)
+    end = {k: v[-1] for k, v in results.items()}
+    assert end["stalling"][1] == "lost" and end["stalling"][2] == [1, 2]
+    assert "to submission successor" in end["stalling"][3]
+    assert end["successor"][1] == "done" and len(end["successor"][2]) == 40
+
+    store = RunStorage(url)
+    by_gen: dict[int, list[float]] = {}
+    for name in store.list_dirs("states"):
+        if store.exists("states", name, "manifest.json"):
+            gen = store.read_json("states", name, "manifest.json")["lease_generation"]
+            by_gen.setdefault(gen, []).append(os.stat(store.path("states", name, "manifest.json")).st_mtime)
+    assert sorted(by_gen) == [1, 2]
+    assert len(by_gen[1]) == 2 and len(by_gen[2]) == 40
+    assert max(by_gen[1]) <= min(by_gen[2])  # every commit of the old writer precedes the new writer's

@@ -2,33 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from policies.candidates import Candidate, Expectation, Verdict, classify, newest_first
 from policies.resume import BestMetric, Fresh, NewestResumable, NoResumableState, Pinned, enforce_safe, make_policy
 from policies.retention import plan_retention
 from policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
+from tests.meta import candidate_for, commit_candidate, trainer_for
 
 EXP = Expectation(job_identity="j", world_size=2, micro_batch_size=4, grad_accum=4, micro_batches_per_epoch=10,
                   zero_stage=2, model_fingerprint="f", seed=1)
 
 
 def trainer(step: int, **kw) -> dict:
-    epoch, pos = divmod(step, 10)
-    if pos == 0 and step:
-        epoch, pos = epoch - 1, 10
-    t = dict(schema_version=1, job_identity="j", world_size=2, micro_batch_size=4, grad_accum=4,
-             micro_batches_per_epoch=10, zero_stage=2, model_fingerprint="f", seed=1, epoch=epoch,
-             position_in_epoch=pos, global_micro_step=step, optimizer_step=0, metrics={"loss": 1.0})
-    t.update(kw)
-    return t
+    return trainer_for(step, EXP, **kw)
 
 
 def cand(step: int, *, manifest: bool = True, **kw) -> Candidate:
-    files = {"trainer.json": {"size": 10, "sha256": "x"}, "engine/a.pt": {"size": 5, "sha256": "y"}}
-    return classify(Candidate(name=f"{step:012d}", trainer=trainer(step, **kw),
-                              manifest={"files": files} if manifest else None,
-                              listing={"trainer.json": 10, "engine/a.pt": 5}), EXP)
+    return classify(candidate_for(step, EXP, manifest=manifest, **kw), EXP)
 
 
 def test_classification_reasons():
@@ -38,8 +31,10 @@ def test_classification_reasons():
     assert c.verdict is Verdict.MID_CYCLE and "position 2" in c.reason
     assert cand(13, manifest=False).verdict is Verdict.TORN
     assert cand(8, job_identity="other").verdict is Verdict.INCOMPATIBLE
-    c = cand(8, world_size=4)
+    c = classify(candidate_for(8, dataclasses.replace(EXP, world_size=4)), EXP)
     assert c.verdict is Verdict.INCOMPATIBLE and "world size" in c.reason
+    c = cand(8, world_size=4)  # one field edited alone contradicts the others
+    assert c.verdict is Verdict.CORRUPT and "inconsistent" in c.reason
     c = cand(8, schema_version=99)
     assert c.verdict is Verdict.INCOMPATIBLE and "newer" in c.reason
     wrong_size = Candidate(name="x", trainer=trainer(8), manifest={"files": {"trainer.json": {"size": 11}}},
@@ -115,12 +110,7 @@ def test_lazy_selection_reads_only_what_it_walks(tmp_path):
 
     store = RunStorage(str(tmp_path))
     for step in (4, 8, 12):
-        c = cand(step)
-        store.write_json(c.trainer, "states", c.name, "trainer.json")
-        store.write_bytes(b"x" * 5, "states", c.name, "engine/a.pt")
-        files = {"trainer.json": {"size": len(store.read_bytes("states", c.name, "trainer.json"))},
-                 "engine/a.pt": {"size": 5}}
-        store.commit_bytes(__import__("json").dumps({"files": files}).encode(), "states", c.name, "manifest.json")
+        commit_candidate(store, candidate_for(step, EXP))
     lazy = discover_lazy(store, EXP)
     assert len(lazy) == 3 and lazy.inspected() == []
     d = NewestResumable().choose(lazy, {})

@@ -44,6 +44,7 @@ def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
     data = store.write_json(t, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
     manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
+    manifest["state"] = name
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
 
 

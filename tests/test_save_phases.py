@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from policies.candidates import Verdict
+from policies.candidates import Verdict, expectation_from_trainer
 from tests.helpers import digest, lm_spec, run, run_until_crash
-from workers.discovery import discover, expectation_from_trainer
+from workers.discovery import discover
 from workers.launch import run_spawned
 from workers.storage import RunStorage
 
@@ -53,12 +53,20 @@ def test_single_rank_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase,
     assert digest(spec, result.final_state) == digest(_reference(tmp_path_factory, zero), result.final_state)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_single_rank_zero3_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase):
+    """ZeRO-3: per-rank model files next to the optimizer shards, same guarantee in every phase."""
+    test_single_rank_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase, 3)
+
+
 # The whole 2-rank matrix runs with SYNCPOINT_FULL_MATRIX=1 (27 spawned runs, ~7 min here): every phase
-# x ZeRO 0/1/2, crashing rank 1 or rank 0 — only rank 0 writes the manifest and runs retention, so those
+# x ZeRO 0-3, crashing rank 1 or rank 0 — only rank 0 writes the manifest and runs retention, so those
 # phases crash rank 0. By default a spread of it (both ranks, every stage, four phases) runs.
 RANK0_ONLY = {"before_manifest", "during_manifest", "during_retention"}
-FULL = [(r, p, z) for p in PHASES for z in (0, 1, 2) for r in ((0,) if p in RANK0_ONLY else (0, 1))]
-SPREAD = [(1, "after_some_shards", 2), (0, "before_manifest", 1), (0, "during_retention", 0), (1, "before_shards", 0)]
+FULL = [(r, p, z) for p in PHASES for z in (0, 1, 2, 3) for r in ((0,) if p in RANK0_ONLY else (0, 1))]
+SPREAD = [(1, "after_some_shards", 2), (0, "before_manifest", 1), (0, "during_retention", 0), (1, "before_shards", 0),
+          (1, "after_some_shards", 3), (0, "during_manifest", 3)]
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import pytest
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, step_history
 from workers.events import EventLog
 from workers.loop import ResumeRefused
-from workers.schedule import ScheduleMismatch
 from workers.storage import RunStorage
 
 
@@ -95,7 +94,7 @@ def test_changed_scheduler_type_fails_naming_the_opt_out(tmp_path):
     from tests.helpers import with_overrides
 
     changed = with_overrides(spec, "train.scheduler.type=linear", "faults=[]")
-    with pytest.raises(ScheduleMismatch, match="resume.reset_schedule"):
+    with pytest.raises(ResumeRefused, match="resume.reset_schedule"):  # refused at selection, before any load
         run(changed)
     reset = with_overrides(changed, "resume.reset_schedule=true")
     result = run(reset)
@@ -138,4 +137,5 @@ def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:
     data = store.write_json(trainer, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
     manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
+    manifest["state"] = name
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")

@@ -31,7 +31,7 @@ def test_example_and_minimal_specs_load():
     ("train: {micro_batch_size: 2}", "set train.epochs or train.max_steps"),
     ("train: {micro_batch_size: 2, epochz: 1}", "train.epochz.*unknown key; allowed keys here are: .*epochs"),
     ("train: {micro_batch_size: two, epochs: 1}", "train.micro_batch_size.*integer.*'two'"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {zero_stage: 3}", "deepspeed.zero_stage.*0, 1 or 2"),
+    ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {zero_stage: 4}", "deepspeed.zero_stage.*0, 1, 2 or 3"),
     ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {precision: fp16}", "fp16 needs scaling.use_gpu"),
     ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {config: {train_batch_size: 8}}", "set by syncpoint"),
     ("train: {micro_batch_size: 2, epochs: 1}\ncheckpoint: {save_every: '5 weeks'}", "checkpoint.save_every.unit"),

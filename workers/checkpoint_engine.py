@@ -11,7 +11,39 @@ straight into a sink chosen per save, checksumming as the bytes pass:
   the background upload is a plain copy with no second read.
 
 DeepSpeed still gets a local directory for everything else it writes (its recovery scripts),
-which the writer ignores. Loading is DeepSpeed's own ``torch.load`` (unchanged).
+which the writer ignores.
+
+Loading goes through the same engine: DeepSpeed 0.19.8's ``load_checkpoint`` reads the model
+file, the non-ZeRO optimizer file, every ZeRO-1/2 (and bf16) optimizer shard and MoE expert files
+with ``self.checkpoint_engine.load`` (engine.py ``_load_checkpoint``, ``_get_all_zero_checkpoint_
+state_dicts``, ``load_moe_state_dict``; the state-dict loader in state_dict_factory.py), never
+``torch.load`` itself; ``stage_1_and_2.py`` loads nothing from disk. ZeRO-3 (``stage3.py``) reads
+its shards the same way: ``_load_zero_checkpoint`` hands it the state dicts the engine loaded, and
+``_rigid_load_state_dict`` only copies tensors.
+
+Every ``torch.load(weights_only=False)`` in DeepSpeed 0.19.8 that a stage-3 (or 1/2) load could
+reach, found by reading the load path (``grep -n "torch.load" runtime/``):
+
+* ``TorchCheckpointEngine.load`` (torch_checkpoint_engine.py:37): replaced by :meth:`StreamingCheckpointEngine.load`;
+* ``DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3`` (stage3.py:3660,
+  ``zero/optimizer_state.pt``) and ``load_hp_checkpoint_state`` (stage3.py:3770, one file per
+  parameter), reached only through ``_load_universal_checkpoint`` when ``load_universal`` is set;
+* ``ZeROOptimizer.load_hp_checkpoint_state_from_checkpoint_dir`` (base_optimizer.py:337), the same
+  path at ZeRO 1/2;
+* ``get_fp32_state_dict_from_zero_checkpoint`` (utils/zero_to_fp32.py:146/153/204), which
+  ``_load_checkpoint`` (engine.py:4614) calls at ZeRO-3 whenever optimizer states are *not* loaded:
+  ``resume.init_from`` without ``init_optimizer``, ``resume.reset_optimizer``. It would read a
+  ``latest`` file and unpickle every shard with ``weights_only=False``. :func:`install` replaces the
+  name ``deepspeed.runtime.engine`` resolves at that call (the only caller on a load path) with
+  :func:`safe_fp32_state_dict_from_zero_checkpoint`: the same consolidation, through the
+  weights-only loader, from syncpoint's ``engine`` tag (never a ``latest`` file).
+
+:func:`install` refuses ``checkpoint.load_universal`` and, as a second line, replaces those three
+methods on this engine's optimizer instance (not the class: scoped to syncpoint's engine) with a
+refusal, so no configuration DeepSpeed might grow can reach them. The other ``torch.load`` calls
+in DeepSpeed (inference, ``zero_to_fp32``, NVMe swapping, which the spec does not allow) are not on
+any path syncpoint drives. So overriding ``load`` with the weights-only loader
+(``workers.safe_load``) covers every file DeepSpeed unpickles for us.
 """
 
 from __future__ import annotations
@@ -24,6 +56,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from workers.checksum import ChecksummingWriter
+from workers.safe_load import load_state_file
 from workers.task import JobConfigError
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
@@ -57,6 +90,11 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
             torch.save(state_dict, writer, _use_new_zipfile_serialization=self.zipfile_serialization)
         self.files[rel] = writer.entry()
 
+    def load(self, path: str, map_location: Any = None) -> Any:
+        """DeepSpeed's every read of a state file: weights-only, with syncpoint's allowlist, never
+        ``weights_only=False``; a file needing another class raises ``StateRefused`` naming it."""
+        return load_state_file(path, _name_in_state(path), map_location=map_location)
+
 
 @contextlib.contextmanager
 def _without_zip_crc32():
@@ -75,8 +113,17 @@ def _without_zip_crc32():
         torch.serialization.set_crc32_options(before)
 
 
+def _name_in_state(path: str) -> str:
+    """How a refusal names a file: as in the manifest (``engine/<file>``), not a temp path."""
+    parts = os.path.normpath(path).split(os.sep)
+    return "/".join(parts[-2:])
+
+
 def install(engine: Any) -> StreamingCheckpointEngine:
-    """Swap DeepSpeed's default engine for the streaming one (same serialization settings)."""
+    """Swap DeepSpeed's default engine for the streaming one (same serialization settings).
+
+    Also refuses the universal-checkpoint load path: DeepSpeed reads those files with its own
+    ``torch.load(weights_only=False)``, past any checkpoint engine, and syncpoint never writes them."""
     ce = engine.checkpoint_engine
     if isinstance(ce, StreamingCheckpointEngine):
         return ce
@@ -84,9 +131,76 @@ def install(engine: Any) -> StreamingCheckpointEngine:
         raise JobConfigError(f"deepspeed.config: selects DeepSpeed's {type(ce).__name__}, but syncpoint streams "
                              "shards through the default torch checkpoint engine (it checksums them and commits "
                              "the manifest itself); remove the checkpoint-engine keys from deepspeed.config")
+    _refuse_universal_load(engine)
+    seal_unsafe_loaders(engine.optimizer)
+    route_zero3_module_load()
     streaming = StreamingCheckpointEngine(engine._config)  # DeepSpeed's own config: same serialization
     engine.checkpoint_engine = streaming
     return streaming
+
+
+def _refuse_universal_load(engine: Any) -> None:
+    if engine.load_universal_checkpoint():
+        raise JobConfigError("deepspeed.config: checkpoint.load_universal makes DeepSpeed unpickle universal-"
+                             "checkpoint files itself with weights_only=False (code from storage would run), and "
+                             "syncpoint's states are not universal checkpoints; remove checkpoint.load_universal")
+
+
+# DeepSpeed optimizer methods that unpickle files with torch.load(weights_only=False) themselves
+UNSAFE_LOADERS = ("load_hp_checkpoint_state_from_checkpoint_dir_stage3", "load_hp_checkpoint_state",
+                  "load_hp_checkpoint_state_from_checkpoint_dir")
+
+
+def seal_unsafe_loaders(optimizer: Any) -> list[str]:
+    """Replace, on this optimizer instance only, each DeepSpeed method that would ``torch.load``
+    with ``weights_only=False`` (universal-checkpoint loading) by one that refuses. Returns the
+    names sealed (for the test). Instance attributes shadow the class's methods; nothing global
+    changes, and an optimizer without them (ZeRO 0's torch optimizer) is left as it is."""
+    sealed = []
+    for name in UNSAFE_LOADERS:
+        if callable(getattr(optimizer, name, None)):
+            setattr(optimizer, name, _refusing(name))
+            sealed.append(name)
+    return sealed
+
+
+def _refusing(name: str) -> Callable[..., Any]:
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise JobConfigError(f"DeepSpeed's {name} unpickles checkpoint files with weights_only=False (code from "
+                             "storage would run); syncpoint loads state files only through its weights-only loader")
+
+    return refuse
+
+
+def safe_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | None = None,
+                                              exclude_frozen_parameters: bool = False,
+                                              lazy_mode: bool = False) -> dict[str, torch.Tensor]:
+    """DeepSpeed's ZeRO-3 module-only load, weights-only: the whole model (fp32) put together from
+    the partitions under ``<checkpoint_dir>/<tag>`` (syncpoint's tag is ``engine``; no ``latest``
+    file is read), every file through :func:`load_state_file`. Same signature as DeepSpeed's."""
+    from workers.export import consolidate_zero3
+
+    directory = os.path.join(checkpoint_dir, tag or "engine")
+    names = sorted(f"engine/{n}" for n in os.listdir(directory))
+
+    def load(rel: str) -> Any:
+        return load_state_file(os.path.join(directory, rel.split("/", 1)[1]), rel)
+
+    full = consolidate_zero3(names, load)
+    return {k: v.float() if v.is_floating_point() else v for k, v in full.items()}
+
+
+safe_fp32_state_dict_from_zero_checkpoint.syncpoint_safe = True  # type: ignore[attr-defined]
+
+
+def route_zero3_module_load() -> None:
+    """Point ``deepspeed.runtime.engine``'s ``get_fp32_state_dict_from_zero_checkpoint`` (imported
+    there by name, called only from ``_load_checkpoint``) at the weights-only version. The one
+    process-wide change syncpoint makes to DeepSpeed; idempotent; ``tests/test_zero3.py`` checks it."""
+    import deepspeed.runtime.engine as ds_engine
+
+    if not getattr(ds_engine.get_fp32_state_dict_from_zero_checkpoint, "syncpoint_safe", False):
+        ds_engine.get_fp32_state_dict_from_zero_checkpoint = safe_fp32_state_dict_from_zero_checkpoint
 
 
 def local_sink(root: str, algo: str) -> Sink:

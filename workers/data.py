@@ -3,20 +3,21 @@
 Why: resuming at micro-step 10^5 must not load, decode or transform 10^5 batches. The epoch's
 permutation is a pure function of (seed, epoch); each rank's slice of each global micro-batch is
 arithmetic on it, so starting at any position costs the same. Data-side randomness (random
-augmentation in ``__getitem__``, DataLoader worker processes) is made a function of
-(seed, epoch, sample index) by seeding every RNG around each sample fetch, so a resumed run, a
+augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
+(seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from policies.elastic import DataLayoutError
 
@@ -79,17 +80,57 @@ class SeededSamples(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
-        s = derive_seed(self.seed, self.epoch, int(index))
-        py_state, np_state = random.getstate(), np.random.get_state()
-        with torch.random.fork_rng(devices=[]):
-            random.seed(s)
-            np.random.seed(s % (2**32))
-            torch.default_generator.manual_seed(s)  # CPU only: torch.manual_seed also seeds every device (100x slower)
-            try:
-                return self.dataset[index]
-            finally:
-                random.setstate(py_state)
-                np.random.set_state(np_state)
+        with _seeded_rngs(derive_seed(self.seed, self.epoch, int(index))):
+            return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> "SeededBatch":
+        """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
+        the user's collate sees the same randomness wherever and whenever the batch is built."""
+        batch = SeededBatch(self[i] for i in indices)
+        batch.seed = derive_seed(self.seed, self.epoch, 0xC011A7E, *(int(i) for i in indices))
+        return batch
+
+
+class SeededBatch(list):
+    """The samples of one micro-batch, carrying the seed its collate runs under."""
+
+    seed: int = 0
+
+
+class SeededCollate:
+    """Runs the task's collate (or torch's default) under the batch's own seed, in a DataLoader
+    worker and in the main process alike, and leaves the caller's RNG streams untouched.
+
+    Why: per-sample seeding covers ``__getitem__``, but collate runs once per batch, in the worker
+    process with a generator that knows nothing of the resume position; random masking or mixing
+    in collate would differ after a resume. The batch's seed is a function of (seed, epoch, the
+    batch's sample indices), which identify the micro-batch and the rank within the epoch.
+    """
+
+    def __init__(self, collate: Callable[[list[Any]], Any] | None) -> None:
+        self.collate = collate or default_collate
+
+    def __call__(self, batch: list[Any]) -> Any:
+        seed = getattr(batch, "seed", None)
+        if seed is None:
+            return self.collate(batch)
+        with _seeded_rngs(seed):
+            return self.collate(list(batch))
+
+
+@contextlib.contextmanager
+def _seeded_rngs(seed: int) -> Iterator[None]:
+    """Python, NumPy and torch CPU seeded for the block, each restored afterwards."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds every device (100x slower)
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
 
 
 def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
@@ -103,6 +144,6 @@ def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, ra
     sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,  # type: ignore[arg-type]
                                samples_per_epoch)
     return DataLoader(
-        SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=collate,
+        SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=SeededCollate(collate),
         num_workers=num_workers, generator=torch.Generator().manual_seed(derive_seed(seed, epoch, 0xDA7A)),
     )

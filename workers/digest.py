@@ -1,16 +1,17 @@
 """A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG.
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
-can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and an
-allowlist of the plain DeepSpeed classes they contain, after their checksum matched the
-manifest; nothing is unpickled blindly.
+can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
+one allowlist of the plain DeepSpeed classes they contain (``workers.safe_load``), after their
+checksum matched the manifest; nothing is unpickled blindly. Every manifest name is checked with
+``policies.state_paths`` before any file is read, so a manifest cannot make ``digest`` read
+outside the state (``engine/../../other-run/...``). Refusals raise ``StateRefused``.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-import io
 import json
 import re
 from typing import Any
@@ -18,8 +19,13 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from workers.rng import safetensors_metadata
+from policies.redact import redact_url
+from policies.state_paths import path_problem
 from workers.checksum import algorithm_of, matches
+from workers.export import ZERO3_MODEL, ZERO3_OPTIM, consolidate_zero3
+from workers.rng import safetensors_metadata
+from workers.safe_load import StateRefused, load_state_file
+from workers.state_reader import ChecksumMismatch
 from workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -29,17 +35,22 @@ POSITION_KEYS = ("epoch", "position_in_epoch", "global_micro_step", "optimizer_s
 SKIPPED_KEYS = {"ds_config", "ds_version"}
 
 
-def _safe_globals() -> list[Any]:
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+def load_deepspeed_file(data: bytes, name: str = "DeepSpeed state file") -> Any:
+    """A DeepSpeed file's contents, weights-only (``StateRefused`` names a disallowed class)."""
+    return load_state_file(data, name, map_location="cpu")
 
 
-def load_deepspeed_file(data: bytes) -> Any:
-    with torch.serialization.safe_globals(_safe_globals()):
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+def _checked_files(manifest: Any) -> dict[str, Any]:
+    """The manifest's files, refused before anything is read unless every name stays in the state."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("manifest.json has no files mapping")
+    for rel in files:
+        problem = path_problem(rel)
+        if problem:
+            raise StateRefused(f"manifest entry {rel!r} {problem}; a state names only normalized relative paths "
+                               "inside itself, so digest reads nothing outside it: refused (corrupt)")
+    return files
 
 
 class CanonicalHash:
@@ -92,26 +103,30 @@ def state_digest(state_url: str) -> dict[str, str]:
     """Digest of one committed state directory; returns the total and each component's hash."""
     base, _, name = state_url.rstrip("/").rpartition("/")
     storage = RunStorage(base)
-    manifest = json.loads(storage.read_bytes(name, "manifest.json"))
-    files = manifest["files"]
+    files = _checked_files(json.loads(storage.read_bytes(name, "manifest.json")))
 
     def read(rel: str) -> bytes:
         data = storage.read_bytes(name, rel)
         if not matches(files[rel], data):
-            raise ValueError(f"{state_url}/{rel}: {algorithm_of(files[rel])} does not match the manifest")
+            raise ChecksumMismatch(f"{redact_url(state_url)}/{rel}: {algorithm_of(files[rel])} does not match the manifest")
         return data
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
     model_files = sorted(p for p in files if p.startswith("engine/mp_rank_"))
-    # zero_pp_rank_* (ZeRO-1/2) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's BF16_Optimizer)
-    zero_files = sorted((p for p in files if p.startswith("engine/") and "zero_pp_rank_" in p), key=_rank_of)
+    # zero_pp_rank_*_optim_states (ZeRO 1-3) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's
+    # BF16_Optimizer); ZeRO-3's per-rank zero_pp_rank_*_model_states are read for the parameters
+    zero_files = sorted((p for p in files if ZERO3_OPTIM.match(p)), key=_rank_of)
+    if any(ZERO3_MODEL.match(p) for p in files):
+        # ZeRO-3: each rank's model file holds empty placeholders; the parameters are the fp32
+        # partitions in the optimizer shards, put together as the export does
+        parts["parameters"].feed(consolidate_zero3(list(files), lambda rel: load_deepspeed_file(read(rel), rel)))
     for rel in model_files:
-        sd = load_deepspeed_file(read(rel))
+        sd = load_deepspeed_file(read(rel), rel)
         parts["parameters"].feed(sd["module"])
         if sd.get("optimizer") is not None:
             parts["optimizer"].feed(sd["optimizer"])
     for rel in zero_files:
-        parts["optimizer"].feed(load_deepspeed_file(read(rel))["optimizer_state_dict"])
+        parts["optimizer"].feed(load_deepspeed_file(read(rel), rel)["optimizer_state_dict"])
     trainer = json.loads(read("trainer.json"))
     parts["position"].feed({k: trainer.get(k) for k in POSITION_KEYS})
     for rel in sorted((p for p in files if p.startswith("rng/")), key=_rank_of):

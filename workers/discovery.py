@@ -8,9 +8,12 @@ plain function in ``policies.candidates``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 
-from policies.candidates import Candidate, Expectation, classify, newest_first
+from policies.candidates import Candidate, Expectation, classify, is_state_name, newest_first
+from workers.checksum import matches
+from workers.signing import trust_problem
 from workers.storage import RunStorage
 
 STATES = "states"
@@ -18,29 +21,62 @@ STATES = "states"
 
 def _json_object(storage: RunStorage, name: str, file: str) -> tuple[dict | None, str | None]:
     """A metadata file as (object, None) or (None, why it is unusable)."""
+    return _parse_object(storage.read_bytes(STATES, name, file))
+
+
+def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
     try:
-        obj = json.loads(storage.read_bytes(STATES, name, file))
-    except (ValueError, UnicodeDecodeError) as e:
-        return None, f"not JSON ({e.__class__.__name__}: {e})"
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return None, f"not JSON ({e.__class__.__name__}: {str(e)[:200]})"
     return (obj, None) if isinstance(obj, dict) else (None, "not a JSON object")
 
 
-def read_candidate(storage: RunStorage, name: str) -> Candidate:
+def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None) -> Candidate:
+    """One state's metadata; with a signing key, its manifest's signature is checked too."""
+    if storage.local and os.path.islink(storage.path(STATES, name)):
+        return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
     c = Candidate(name=name, listing=storage.listing(STATES, name))
+    trainer_bytes = b""
     if "manifest.json" in c.listing:
         c.manifest, c.manifest_error = _json_object(storage, name, "manifest.json")
     if "trainer.json" in c.listing:
-        c.trainer, c.trainer_error = _json_object(storage, name, "trainer.json")
+        trainer_bytes = storage.read_bytes(STATES, name, "trainer.json")
+        c.trainer, c.trainer_error = _parse_object(trainer_bytes)
+    if c.trainer is not None and c.manifest is not None:
+        c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
+    if signing_key is not None and c.manifest is not None:
+        c.trust_error = trust_problem(c.manifest, signing_key)
     return c
 
 
-def discover(storage: RunStorage, expectation: Expectation | None = None) -> list[Candidate]:
+def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | None:
+    """trainer.json is read anyway, so selection verifies it against the manifest: an edited
+    position is refused before any tensor is read (a malformed entry is classification's to name)."""
+    info = (manifest.get("files") or {}).get("trainer.json") if isinstance(manifest.get("files"), dict) else None
+    if not isinstance(info, dict) or not isinstance(info.get("size"), int):
+        return None
+    try:
+        ok = matches(info, trainer_bytes)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None if ok else "does not match its checksum in the manifest (changed after commit)"
+
+
+def discover(storage: RunStorage, expectation: Expectation | None = None,
+             signing_key: bytes | None = None) -> list[Candidate]:
     """Every candidate, newest first, all read now; classified when an expectation is given."""
-    cands = [read_candidate(storage, name) for name in storage.list_names(STATES)]
+    cands = [read_candidate(storage, name, signing_key) for name in state_names(storage)]
     if expectation is not None:
         for c in cands:
             classify(c, expectation)
     return newest_first(cands)
+
+
+def state_names(storage: RunStorage) -> list[str]:
+    """The entries of ``states/`` that syncpoint could have written (12-digit names). Anything else
+    (a README, a notes folder) is not ours: selection and retention never look at it."""
+    return [n for n in storage.list_names(STATES) if is_state_name(n)]
 
 
 def state_order(name: str) -> tuple[int, int, str]:
@@ -55,9 +91,9 @@ class LazyCandidates(Sequence[Candidate]):
     among 10^4 states reads one or two manifests, not 10^4 (bench/p5_selection.py).
     """
 
-    def __init__(self, storage: RunStorage, expectation: Expectation | None) -> None:
-        self.storage, self.expectation = storage, expectation
-        self.names = sorted(storage.list_names(STATES), key=state_order, reverse=True)
+    def __init__(self, storage: RunStorage, expectation: Expectation | None, signing_key: bytes | None = None) -> None:
+        self.storage, self.expectation, self.signing_key = storage, expectation, signing_key
+        self.names = sorted(state_names(storage), key=state_order, reverse=True)
         self._loaded: dict[int, Candidate] = {}
 
     def __len__(self) -> int:
@@ -65,7 +101,7 @@ class LazyCandidates(Sequence[Candidate]):
 
     def _load(self, i: int) -> Candidate:
         if i not in self._loaded:
-            c = read_candidate(self.storage, self.names[i])
+            c = read_candidate(self.storage, self.names[i], self.signing_key)
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 
@@ -83,14 +119,6 @@ class LazyCandidates(Sequence[Candidate]):
         return [self._loaded[i] for i in sorted(self._loaded)]
 
 
-def discover_lazy(storage: RunStorage, expectation: Expectation | None = None) -> LazyCandidates:
-    return LazyCandidates(storage, expectation)
-
-
-def expectation_from_trainer(trainer: dict) -> Expectation:
-    """The expectation a state itself implies (used by ``syncpoint states`` without a live run)."""
-    return Expectation(
-        job_identity=trainer.get("job_identity", ""), world_size=trainer.get("world_size", 0),
-        micro_batch_size=trainer.get("micro_batch_size", 0), grad_accum=trainer.get("grad_accum", 0),
-        micro_batches_per_epoch=trainer.get("micro_batches_per_epoch", 0), zero_stage=trainer.get("zero_stage", -1),
-        model_fingerprint=trainer.get("model_fingerprint", ""), seed=trainer.get("seed", -1))
+def discover_lazy(storage: RunStorage, expectation: Expectation | None = None,
+                  signing_key: bytes | None = None) -> LazyCandidates:
+    return LazyCandidates(storage, expectation, signing_key)

@@ -8,12 +8,24 @@ DeepSpeed's public ``safe_get_full_*`` API and written by rank 0 as safetensors
 ``safe_set_full_*`` into the new partitions. Cost: one all-reduce per parameter and state key per
 save, and the file is the size of the whole optimizer state (measured in bench/p2_save_cost.py
 when elastic). ZeRO-0 needs none of this: its optimizer state is whole in DeepSpeed's own file.
+
+ZeRO-3 takes the same route (gathered, not converted): DeepSpeed 0.19's stage-3 load refuses
+another data-parallel degree too, and its only converter is the offline universal checkpoint,
+whose loader unpickles with ``weights_only=False`` (refused, ``workers.checkpoint_engine``).
+``safe_get_full_*`` / ``safe_set_full_*`` work on stage-3 partitions (DeepSpeed's
+``get_full_hp_param`` / ``set_full_hp_param``), so one file format serves stages 1-3 and a
+resume needs no conversion step. The weights themselves come from DeepSpeed's module-only
+load, which at ZeRO-3 syncpoint routes through the weights-only loader. The difference at stage
+3 is where the optimizer keeps its per-partition state: the base optimizer's param groups are
+empty between steps (DeepSpeed fills them only for a step or a load), and its state is keyed by
+the flat fp32 partitions.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import torch
 from safetensors.torch import load as st_load
@@ -69,12 +81,11 @@ def load_full_optimizer_state(engine, data: bytes) -> None:  # noqa: ANN001
     header = safetensors_metadata(data)
     keys, step = json.loads(header["keys"]), json.loads(header["step"])
     opt, base = engine.optimizer, _base_optimizer(engine)
-    for group in base.param_groups:  # torch creates optimizer state at the first step: create it now
-        for flat in group["params"]:
-            state = base.state[flat]
-            state["step"] = torch.tensor(float(step), dtype=torch.float32)
-            for key in keys:
-                state.setdefault(key, torch.zeros_like(flat, memory_format=torch.preserve_format))
+    for flat in _partitions(engine):  # torch creates optimizer state at the first step: create it now
+        state = base.state[flat]
+        state["step"] = _step_value(base, step)
+        for key in keys:
+            state.setdefault(key, torch.zeros_like(flat, memory_format=torch.preserve_format))
     if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
         # DeepSpeed maps each parameter to its optimizer-state fragments lazily, at the first step;
         # no step has run yet in a resumed attempt, so map them now (DeepSpeed-internal, ZeRO-1/2).
@@ -86,3 +97,76 @@ def load_full_optimizer_state(engine, data: bytes) -> None:  # noqa: ANN001
         safe_set_full_fp32_param(p, tensors[f"{name}::fp32"])
         for key in keys:
             safe_set_full_optimizer_state(p, tensors[f"{name}::{key}"], key)
+
+
+def prepare_resize(engine, local_dir: str, rank: int) -> None:  # noqa: ANN001
+    """ZeRO-3 at another world size: give this rank the model file DeepSpeed will look for.
+
+    Why: DeepSpeed's module-only load reads ``zero_pp_rank_<this rank>_mp_rank_00_model_states.pt``;
+    a state written by fewer ranks has none for the new ranks, so they would skip the load while
+    rank 0 enters its gather collectives (a hang, or gloo's size mismatch). At stage 3 that file's
+    module part is placeholders and shapes, the same on every rank (the weights come from the
+    partitions, consolidated weights-only), so rank 0's serves. Only this rank's fetched copy
+    changes, after its checksums were verified; storage is untouched. Call before the load.
+    """
+    if int(engine.zero_optimization_stage()) != 3:
+        return
+    directory = os.path.join(local_dir, "engine")
+    mine = os.path.join(directory, f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+    if not os.path.exists(mine):
+        shutil.copyfile(os.path.join(directory, "zero_pp_rank_0_mp_rank_00_model_states.pt"), mine)
+
+
+def _partitions(engine) -> list[torch.Tensor]:  # noqa: ANN001
+    """The tensors the base optimizer keys its state by: its param groups' params at ZeRO 1/2, the
+    flat fp32 partitions at ZeRO-3 (whose param groups are empty between steps)."""
+    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if flats is not None:
+        return list(flats)
+    return [flat for group in _base_optimizer(engine).param_groups for flat in group["params"]]
+
+
+def _step_value(base, step: float):  # noqa: ANN001, ANN202
+    """Each optimizer's own type for ``step``: torch's Adam a float32 tensor, DeepSpeed's CPU Adam
+    (optimizer offload) a plain int it passes to its C++ kernel."""
+    if type(base).__name__ == "DeepSpeedCPUAdam":
+        return int(step)
+    return torch.tensor(float(step), dtype=torch.float32)
+
+
+def check_full_optimizer_state(engine, path: str) -> None:  # noqa: ANN001
+    """Refuse (``StateRefused``) a gathered full state that does not fit this model, before any of
+    the state is loaded: ``load_full_optimizer_state`` runs after DeepSpeed already loaded the
+    weights, so a missing tensor or a wrong shape found there would leave a half-loaded engine.
+    Reads only the safetensors header (names, shapes, metadata)."""
+    from workers.safe_load import StateRefused
+
+    problem = _full_state_problem(engine, path)
+    if problem:
+        raise StateRefused(f"{FULL_STATE}: {problem}: refused (corrupt)")
+
+
+def _full_state_problem(engine, path: str) -> str | None:  # noqa: ANN001
+    """Why the file cannot be scattered into this engine (one phrase), or None when it can."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            keys, step = json.loads(meta["keys"]), json.loads(meta["step"])
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except FileNotFoundError:
+        return "missing, though this elastic resume needs it"
+    except (KeyError, ValueError, TypeError, SafetensorError) as e:
+        return f"not a safetensors file with keys and step in its metadata ({type(e).__name__}: {e})"
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)) or not isinstance(step, (int, float)):
+        return "its metadata names no list of state keys and no numeric step"
+    for name, p in engine.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        for key in ("fp32", *keys):
+            got = shapes.get(f"{name}::{key}")
+            want = tuple(getattr(p, "ds_shape", p.shape))
+            if got != want:
+                return f"{name}::{key} is {'missing' if got is None else f'shaped {got}'}, this model needs {want}"
+    return None

@@ -10,9 +10,30 @@ import torch
 from orchestrator.spec import JobSpec
 
 
+def zero_config(spec: JobSpec) -> dict[str, Any]:
+    """``zero_optimization``: the stage and the offload targets, nothing that changes the arithmetic.
+
+    Why ``stage3_param_persistence_threshold: 0`` at stage 3: DeepSpeed otherwise keeps small
+    parameters whole on every rank ("persistent"), so which tensors are partitioned would depend on
+    their size; with 0 every parameter is partitioned and the state files have one layout. The
+    16-bit gather on save stays off: the final export gathers the partitions itself (one collective
+    at the end instead of one per save).
+    """
+    d = spec.deepspeed
+    zero: dict[str, Any] = {"stage": d.zero_stage}
+    if d.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": d.offload_optimizer}
+    if d.zero_stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+        if d.offload_params != "none":
+            zero["offload_param"] = {"device": d.offload_params}
+    return zero
+
+
 def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, Any]:
     t, d = spec.train, spec.deepspeed
-    zero: dict[str, Any] = {"stage": d.zero_stage}
+    zero = zero_config(spec)
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": grad_accum or t.grad_accum,
@@ -23,6 +44,10 @@ def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, 
         "bf16": {"enabled": d.precision == "bf16"},
         "fp16": {"enabled": d.precision == "fp16"},
     }
+    if d.offload_optimizer != "none" and t.optimizer.type == "sgd":
+        # DeepSpeed insists on its CPU Adam for offload unless told otherwise; SGD has no CPU
+        # counterpart there, and torch's SGD steps the offloaded fp32 partitions on the CPU as well.
+        cfg["zero_force_ds_cpu_optimizer"] = False
     cfg.update(d.config)
     return cfg
 
@@ -30,11 +55,24 @@ def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, 
 def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     o, lr = spec.train.optimizer, spec.train.lr
     params = [p for p in model.parameters() if p.requires_grad]
+    if spec.deepspeed.offload_optimizer != "none" and o.type in ("adamw", "adam"):
+        return _cpu_adam(spec, params)
     if o.type == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     if o.type == "adam":
         return torch.optim.Adam(params, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
+
+
+def _cpu_adam(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """DeepSpeed's CPU Adam, which ZeRO-Offload requires (a JIT-built op, cached in
+    ``~/.cache/torch_extensions``). ``adamw_mode`` keeps AdamW's decoupled weight decay; Adam's
+    L2 decay otherwise. Same hyper-parameters as the torch optimizer it replaces."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    o = spec.train.optimizer
+    return DeepSpeedCPUAdam(params, lr=spec.train.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+                            adamw_mode=o.type == "adamw")
 
 
 def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None):
@@ -50,8 +88,64 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     """Names, shapes and dtypes of every parameter: what a state must match to load exactly."""
     h = hashlib.sha256()
     for name, p in model.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.requires_grad};".encode())
+        # ZeRO-3 replaces each parameter by an empty placeholder and keeps its shape in ds_shape
+        h.update(f"{name}:{tuple(getattr(p, 'ds_shape', p.shape))}:{p.requires_grad};".encode())
     return h.hexdigest()[:16]
+
+
+def live_hyperparameters(spec: JobSpec) -> dict[str, Any]:
+    """Every optimizer hyper-parameter the spec decides, by param-group key (lr is the schedule's)."""
+    o = spec.train.optimizer
+    if o.type in ("adamw", "adam"):
+        return {"weight_decay": o.weight_decay, "betas": tuple(o.betas), "eps": o.eps}
+    return {"weight_decay": o.weight_decay, "momentum": o.momentum}
+
+
+def apply_hyperparameters(engine, spec: JobSpec) -> list[str]:
+    """Config wins: after a load, set every param group's hyper-parameters from the live spec.
+
+    DeepSpeed's (and torch's) optimizer load restores the saved param groups, so without this an
+    edited weight decay or beta would silently keep the state's value. Returns one line per
+    changed setting (the state's value and the spec's) for the log.
+    """
+    changes: dict[str, tuple[Any, Any]] = {}
+    for group in engine.optimizer.param_groups:
+        for key, want in live_hyperparameters(spec).items():
+            have = group.get(key)
+            if isinstance(have, list):
+                have = tuple(have)
+            if have != want and key not in changes:
+                changes[key] = (have, want)
+            group[key] = want
+    resync_cpu_adam(engine)  # also a post-load step: the loop calls this right after every load
+    return [f"train.optimizer.{k}: the state had {have!r}, the spec says {want!r}; the spec wins"
+            for k, (have, want) in changes.items()]
+
+
+def resync_cpu_adam(engine) -> int:  # noqa: ANN001
+    """Bring DeepSpeed's CPU Adam kernel to the loaded step the way the uninterrupted run got there.
+
+    Why: the C++ op (ops/csrc/includes/cpu_adam.h ``IncrementStep``) keeps beta1^t and beta2^t as
+    float products, multiplied once per step, and recomputes them with ``pow`` when the step it
+    is handed is not its last + 1, i.e. on the first step after a load. ``pow`` rounds
+    differently from the product, so the first resumed update differs in the last bits (measured:
+    losses from the second resumed step on). Replaying steps 1..t on a one-element scratch tensor
+    (lr 0, no decay) leaves the kernel holding the same products; nothing else is touched. Costs
+    one tiny kernel call per optimizer step so far. Returns the step replayed to (0: nothing to do).
+    """
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    if type(base).__name__ != "DeepSpeedCPUAdam":
+        return 0
+    steps = [int(st["step"]) for st in base.state.values() if "step" in st]
+    if not steps or max(steps) <= 0:
+        return 0
+    group = base.param_groups[0]
+    beta1, beta2 = group["betas"]
+    scratch = [torch.zeros(1) for _ in range(4)]  # param, grad, exp_avg, exp_avg_sq
+    for t in range(1, max(steps) + 1):
+        base.ds_opt_adam.adam_update(base.opt_id, t, 0.0, beta1, beta2, group["eps"], 0.0,
+                                     group["bias_correction"], *scratch)
+    return max(steps)
 
 
 def set_lr(engine, lr: float) -> None:

@@ -2,24 +2,128 @@
 
 Each tensor is cloned because ZeRO keeps parameters as views into flat buffers, which
 safetensors (rightly) refuses to save as shared storage.
+
+ZeRO-3 keeps no rank's module whole: each parameter is an empty placeholder and every rank holds
+``ceil(numel / world)`` elements of it in its optimizer shard. The export gathers them from the
+final committed state, whose shards are the engine's partitions bit for bit (the run always
+commits a state at its last micro-step, before the export): rank 0 reads every rank's shard
+(checksum-verified, unpickled weights-only through ``workers.safe_load``) and puts each parameter
+together. Why from storage rather than a live gather (``GatheredParameters``): the loop exports on
+rank 0 alone while the other ranks wait at a barrier, and a live gather is a collective every rank
+must enter; the committed partitions give the same bytes with no collective and also serve
+``syncpoint digest``. :func:`consolidate_zero3` is that one reconstruction.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Callable
 
+import torch
 from safetensors.torch import save_file
 
 from workers.storage import RunStorage
 
+ZERO3_MODEL = re.compile(r"^engine/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
+ZERO3_OPTIM = re.compile(r"^engine/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 
-def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:
-    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in engine.module.state_dict().items()}
+
+def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:  # noqa: ANN001
+    """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model."""
+    if _is_zero3(engine):
+        tensors = zero3_state_from_storage(storage, info["state"])
+    else:
+        tensors = {k: v.detach().cpu().clone().contiguous() for k, v in engine.module.state_dict().items()}
     with tempfile.TemporaryDirectory(prefix="syncpoint-export-") as d:
         path = os.path.join(d, "model.safetensors")
         save_file(tensors, path, metadata={k: str(v) for k, v in info.items()})
         storage.upload_file(path, "final", "model.safetensors")
     storage.write_bytes(json.dumps(info, indent=1).encode(), "final", "info.json")
+
+
+def _is_zero3(engine) -> bool:  # noqa: ANN001
+    stage = getattr(engine, "zero_optimization_stage", None)
+    return callable(stage) and int(stage()) == 3
+
+
+def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
+    """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
+    from workers.checksum import algorithm_of, matches
+    from workers.safe_load import StateRefused, load_state_file
+
+    if not state:
+        raise StateRefused("ZeRO-3 export needs the run's final committed state, and there is none")
+    files = json.loads(storage.read_bytes("states", state, "manifest.json"))["files"]
+
+    def load(rel: str) -> Any:
+        data = storage.read_bytes("states", state, rel)
+        if not matches(files[rel], data):
+            raise StateRefused(f"{state}/{rel}: {algorithm_of(files[rel])} does not match the manifest: refused (corrupt)")
+        return load_state_file(data, rel)
+
+    return consolidate_zero3(list(files), load)
+
+
+def consolidate_zero3(names: list[str], load: Callable[[str], Any]) -> dict[str, torch.Tensor]:
+    """Whole parameters (in the model's dtype) and buffers from a ZeRO-3 state's per-rank files.
+
+    ``names`` are the state's file names, ``load(rel)`` returns one file's unpickled content. The
+    layout (DeepSpeed 0.19, as its ``zero_to_fp32`` reads it): parameter by parameter in
+    ``param_shapes`` order, rank r's flat fp32 group holds elements ``[r*p, (r+1)*p)`` of each,
+    ``p = ceil(numel / world)``, the last partition zero-padded. Frozen parameters are stored the
+    same way in each model file's ``frozen_param_fragments``.
+    """
+    flats = [torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"])) for sd in _by_rank(names, ZERO3_OPTIM, load)]
+    # the optimizer shards say how many ranks wrote the state; a resize may have added model files
+    # for more ranks to a fetched copy (workers.elastic_state.prepare_resize), which are not read
+    models = _by_rank(names, ZERO3_MODEL, load, limit=len(flats))
+    if not models or len(models) != len(flats):
+        raise ValueError(f"a ZeRO-3 state needs one model and one optimizer file per rank; found {len(models)} "
+                         f"and {len(flats)}")
+    world, first = len(models), models[0]
+    full: dict[str, torch.Tensor] = {}
+    offset = 0
+    for shapes in first["param_shapes"]:
+        for name, shape in shapes.items():
+            numel, part = _numel(shape), -(-_numel(shape) // world)
+            full[name] = torch.cat([f.narrow(0, offset, part) for f in flats]).narrow(0, 0, numel).view(tuple(shape))
+            offset += part
+    for name, shape in (first.get("frozen_param_shapes") or {}).items():
+        frags = [m["frozen_param_fragments"][name] for m in models]
+        full[name] = torch.cat(frags).narrow(0, 0, _numel(shape)).view(tuple(shape))
+    for name, source in (first.get("shared_params") or {}).items():
+        full[name] = full[source]
+    return _in_module_order(first["module"], full)
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _by_rank(names: list[str], pattern: re.Pattern[str], load: Callable[[str], Any],
+             limit: int | None = None) -> list[Any]:
+    found = sorted((int(m.group(1)), rel) for rel in names if (m := pattern.match(rel)))
+    if limit is not None:
+        found = [(r, rel) for r, rel in found if r < limit]
+    if [r for r, _ in found] != list(range(len(found))):
+        raise ValueError(f"ZeRO-3 files are not one per rank 0..n-1: {[rel for _, rel in found]}")
+    return [load(rel) for _, rel in found]
+
+
+def _in_module_order(module: dict[str, torch.Tensor], full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The module's keys in its order: parameters gathered (cast to the placeholder's dtype, i.e.
+    bf16 in bf16 runs, as DeepSpeed casts its fp32 master partitions), buffers as saved (whole)."""
+    out: dict[str, torch.Tensor] = OrderedDict()
+    for key, t in module.items():
+        src = full[key].to(t.dtype) if key in full else t
+        out[key] = src.detach().cpu().clone().contiguous()
+    for key in full.keys() - out.keys():
+        out[key] = full[key].detach().cpu().clone().contiguous()
+    return out

@@ -1,104 +1,378 @@
-"""A lease on the run directory: one live owner at a time, taken over when its heartbeat stops.
+"""A lease on the run directory: exactly one submission writes it, fenced by a generation.
 
-Two runs writing states into one run directory would interleave commits and retention. The
-owner (rank 0 of a submission) writes ``<run>/lease.json`` with its job identity, submission id
-and a heartbeat refreshed every ``ttl/3`` seconds. Another submission is refused while the
-heartbeat is fresh; a restart inside the same submission (Ray Train's worker-group restart)
-keeps the lease; a successor of the same job takes over once the heartbeat is older than the TTL
-(the owner died: a KubeRay retry, a re-submitted job). Object stores have no compare-and-swap,
-so the take-over is write-then-verify: after writing, the successor re-reads the lease and
-backs off if someone else won.
+Two runs writing states into one run directory would interleave commits and retention, so rank 0
+of a submission holds ``<run>/lease.json``: its job identity, submission, a holder token and a
+*fencing generation* that goes up by one on every acquisition. Every manifest records the
+generation that committed it.
+
+Why each rule:
+
+* **Compare-and-swap, never read-then-write.** Every change of the lease (create, take-over,
+  heartbeat, release) is ``RunStorage.write_if``: a conditional PUT on S3 (``If-None-Match: *`` to
+  create, ``If-Match: <etag>`` to replace), a read-compare-rename under an exclusive ``flock``
+  locally, a process lock on memory://. Two drivers that both see "free" cannot both win, and
+  an owner whose lease was taken over cannot write it back: its next heartbeat fails.
+* **The storage's clock, not ours.** A lease expires when the *storage* says it was last written
+  more than its TTL ago (file mtime against a freshly touched file; object LastModified against
+  the response's Date). A successor whose clock runs ahead cannot take over a live owner, and
+  an owner whose clock runs ahead cannot make its lease immortal. The ``heartbeat`` field is
+  informational only.
+* **Re-checked where it matters.** The heartbeat re-writes the lease every ``ttl/3`` through the
+  compare-and-swap; rank 0 renews it before every save starts writing, right before every
+  manifest and before every retention pass (``confirm``), so a commit happens at most
+  milliseconds after the lease was proven ours and renewed, a full TTL before anyone could take
+  it. A lost lease stops the run with ``LeaseLostError`` on every rank, naming the submission
+  that took over: rank 0 broadcasts the verdict in the save's own collectives, and a loss the
+  heartbeat finds between saves rides on the next boundary's all-reduce
+  (``workers.saving.LEASE_LOST_VOTE``).
+* **A malformed lease is not a crash.** It is reported, treated as held by an unknown owner, and
+  taken over once the storage says it is older than this run's TTL.
+
+A restart inside the same submission (Ray Train's worker-group restart) takes the lease back at
+once with a new generation; a successor of the same job takes over once the lease has expired (the
+owner died: a KubeRay retry, a re-submitted job); another job is always refused. A finished
+submission marks the lease released (a tombstone, so the generation keeps counting up).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import socket
+import sys
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from workers.storage import RunStorage
 
 LEASE = "lease.json"
+LEASE_FORMAT = "syncpoint-lease/2"
+CONFIRM_TRIES = 3
 
 
 class LeaseRefused(RuntimeError):
-    pass
+    """This submission may not write the run directory (someone else holds it)."""
+
+
+class LeaseLostError(RuntimeError):
+    """This run held the lease and lost it: it must stop before writing anything more."""
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """What ``lease.json`` says now: the parsed record, or why it is malformed."""
+
+    record: dict[str, Any] | None
+    problem: str | None
+    version: str
+    age_s: float | None  # by the storage's clock; None where the store cannot tell
+    generation: int
+
+    @property
+    def released(self) -> bool:
+        return bool(self.record and self.record.get("released"))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _generation_of(obj: Any) -> int:
+    gen = obj.get("generation", 0) if isinstance(obj, dict) else 0
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 0 else 0
+
+
+def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """``(record, None)`` for a usable lease, ``(None, why)`` for a malformed one.
+
+    Every field a decision reads is checked here, so no malformed value (``"heartbeat": "soon"``,
+    ``null``, a string TTL, NaN) can reach arithmetic and crash rank 0 while the others wait.
+    """
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return None, f"not JSON ({type(e).__name__})"
+    if not isinstance(obj, dict):
+        return None, f"not a JSON object but {type(obj).__name__}"
+    for key in ("submission", "job_identity"):
+        if not isinstance(obj.get(key), str) or not obj[key]:
+            return None, f"{key} is {obj.get(key)!r}, not a non-empty string"
+    if not _finite(obj.get("ttl_s")) or obj["ttl_s"] <= 0:
+        return None, f"ttl_s is {obj.get('ttl_s')!r}, not a positive number of seconds"
+    if "heartbeat" in obj and not _finite(obj["heartbeat"]):
+        return None, f"heartbeat is {obj['heartbeat']!r}, not a time"
+    gen = obj.get("generation", 0)
+    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
+        return None, f"generation is {gen!r}, not a non-negative integer"
+    if not isinstance(obj.get("holder", ""), (str, type(None))) or not isinstance(obj.get("released", False), bool):
+        return None, "holder or released has the wrong type"
+    return obj, None
+
+
+def read_lease(storage: RunStorage) -> HeldLease | None:
+    """The lease as stored now (``None``: there is none)."""
+    got = storage.read_versioned(LEASE)
+    if got is None:
+        return None
+    record, problem = parse_lease(got.data)
+    generation = record["generation"] if record and "generation" in record else _generation_of(_loose_json(got.data))
+    return HeldLease(record, problem, got.version, got.age_s, generation)
+
+
+def _loose_json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, indent=1, sort_keys=True).encode()
+
+
+def _warn(message: str) -> None:
+    print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)
 
 
 class RunLease:
+    """Rank 0's hold on the run directory: acquire, heartbeat, confirm before writes, release."""
+
     def __init__(self, storage: RunStorage, *, job_identity: str, job_name: str, submission: str,
                  ttl_s: float) -> None:
-        self.storage, self.ttl = storage, ttl_s
-        self.record = {"job_identity": job_identity, "job_name": job_name, "submission": submission,
-                       "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": ttl_s}
+        self.storage, self.ttl = storage, float(ttl_s)
+        self.identity = {"job_identity": job_identity, "job_name": job_name, "submission": submission,
+                         "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": self.ttl}
+        self.token = uuid.uuid4().hex  # this holder, distinct from an earlier attempt of the same submission
+        self.generation = 0
+        self.lost: LeaseLostError | None = None
+        self._version: str | None = None
+        self._beats = 0
+        self._renewed = 0.0  # monotonic time of the last write proven ours
+        self._mutex = threading.Lock()  # the heartbeat and a commit's confirm never race each other
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> dict[str, Any] | None:
-        try:
-            return self.storage.read_json(LEASE)
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def _write(self) -> None:
-        self.storage.write_json({**self.record, "heartbeat": time.time()}, LEASE)
-
+    # ---- acquisition
     def acquire(self) -> str:
-        """Take the lease or raise ``LeaseRefused`` naming the holder and the fix; returns how."""
-        held = self._read()
-        how = "new"
-        if held:
-            age = time.time() - float(held.get("heartbeat", 0))
-            if held.get("submission") == self.record["submission"]:
-                how = "restart"
-            elif held.get("job_identity") != self.record["job_identity"]:
-                raise LeaseRefused(
-                    f"{self.storage.url} belongs to another job ({held.get('job_name')!r}, identity "
-                    f"{held.get('job_identity')}; last heartbeat {age:.0f}s ago from {held.get('host')}). "
-                    "Use another name or storage for this job.")
-            elif age < float(held.get("ttl_s", self.ttl)):
-                raise LeaseRefused(
-                    f"{self.storage.url} is in use by another running submission of this job (host "
-                    f"{held.get('host')}, pid {held.get('pid')}, heartbeat {age:.0f}s ago). Wait for it to finish, "
-                    f"stop it, or, if it is dead, retry after its lease expires ({held.get('ttl_s', self.ttl):.0f}s "
-                    "without a heartbeat).")
-            else:
-                how = "takeover"
-        self._write()
-        time.sleep(0.02 if self.storage.local else min(0.2, self.ttl / 10))  # let a racing writer land
-        now = self._read()
-        if not now or now.get("submission") != self.record["submission"]:
-            raise LeaseRefused(f"{self.storage.url}: another submission took the lease at the same moment; retry")
+        """Take the lease or raise ``LeaseRefused`` naming the holder and the fix; returns how
+        (``new``, ``released``, ``restart``, ``takeover``)."""
+        try:
+            how = self._take()
+        except LeaseRefused:
+            raise
+        except Exception as e:  # noqa: BLE001 - a storage error becomes a refusal every rank hears
+            raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
+                               f"({type(e).__name__}: {e}); check that the storage is reachable and "
+                               "writable, then retry") from None
         self._thread = threading.Thread(target=self._beat, name="syncpoint-lease", daemon=True)
         self._thread.start()
         return how
 
+    def _take(self) -> str:
+        lost_race = False
+        for _ in range(8):
+            held = read_lease(self.storage)
+            how, generation = self._judge(held, lost_race)
+            version = self.storage.write_if(_encode(self._record(generation)), LEASE,
+                                            expect=held.version if held else None)
+            if version is not None:
+                self.generation, self._version, self._renewed = generation, version, time.monotonic()
+                return how
+            lost_race = True  # someone changed it between our read and our write: judge it again
+        raise LeaseRefused(f"{self.storage.url}: the lease kept changing while this submission tried to take "
+                           "it: another submission is starting on the same run directory. Retry once it is "
+                           "running (this one will then be refused) or gone.")
+
+    def _judge(self, held: HeldLease | None, lost_race: bool) -> tuple[str, int]:
+        """How this submission may take the lease as it stands, and the next generation; raises
+        ``LeaseRefused`` when it may not."""
+        if held is None:
+            return "new", 1
+        nxt = held.generation + 1
+        if held.problem is not None:
+            self._judge_malformed(held)
+            return "takeover", nxt
+        rec = held.record or {}
+        if held.released:
+            return "released", nxt
+        if rec["submission"] == self.identity["submission"]:
+            return "restart", nxt
+        if rec["job_identity"] != self.identity["job_identity"]:
+            raise LeaseRefused(
+                f"{self.storage.url} belongs to another job ({rec.get('job_name')!r}, identity "
+                f"{rec['job_identity']}; lease written {_age_text(held.age_s)} from {rec.get('host')}). "
+                "Use another name or storage for this job.")
+        ttl = float(rec["ttl_s"])
+        if not self._expired(held, ttl):
+            race = "took the lease at the same moment; " if lost_race else ""
+            raise LeaseRefused(
+                f"{self.storage.url} is in use by another running submission of this job ({rec['submission']} "
+                f"{race}host {rec.get('host')}, pid {rec.get('pid')}, generation {held.generation}, lease "
+                f"written {_age_text(held.age_s)} by the storage's clock). Wait for it to finish, stop it, or, "
+                f"if it is dead, retry after its lease expires ({ttl:.0f}s without a heartbeat).")
+        return "takeover", nxt
+
+    def _judge_malformed(self, held: HeldLease) -> None:
+        """A malformed lease belongs to an unknown owner: held until it is older than our TTL."""
+        expired = self._expired(held, self.ttl)
+        _warn(f"{self.storage.url}/{LEASE} is malformed ({held.problem}); treated as held until it is "
+              f"{self.ttl:.0f}s old by the storage's clock (it was written {_age_text(held.age_s)})"
+              + ("; taking it over" if expired else ""))
+        if not expired:
+            raise LeaseRefused(
+                f"{self.storage.url}/{LEASE} is malformed ({held.problem}) and was written "
+                f"{_age_text(held.age_s)}: it counts as held by an unknown submission until it is "
+                f"{self.ttl:.0f}s old. If no other submission is running, retry then (or delete it).")
+
+    def _expired(self, held: HeldLease, ttl: float) -> bool:
+        if held.age_s is not None:
+            return held.age_s >= ttl
+        return self._unchanged_for(held, ttl)
+
+    def _unchanged_for(self, held: HeldLease, ttl: float) -> bool:
+        """A store that cannot date its files: the lease expired if it stays unchanged for a full
+        TTL of our own monotonic clock (a live owner re-writes it every ttl/3)."""
+        deadline = time.monotonic() + ttl
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, ttl / 10))
+            now = read_lease(self.storage)
+            if now is None or now.version != held.version:
+                return False
+        return True
+
+    def _record(self, generation: int, released: bool = False) -> dict[str, Any]:
+        return {"format": LEASE_FORMAT, **self.identity, "generation": generation, "holder": self.token,
+                "beat": self._beats, "heartbeat": time.time(), "released": released}
+
+    # ---- holding
+    def renew(self, *, from_heartbeat: bool = False) -> None:
+        """Re-read and re-write the lease in one compare-and-swap; ``LeaseLostError`` when it is no
+        longer ours (and from then on, for good)."""
+        with self._mutex:
+            if from_heartbeat and self._stop.is_set():
+                return
+            if self.lost is not None:
+                raise self.lost
+            if self._version is None:
+                raise RuntimeError("the lease is not held (never acquired, or released)")
+            held = None
+            for _ in range(2):
+                self._beats += 1
+                version = self.storage.write_if(_encode(self._record(self.generation)), LEASE, expect=self._version)
+                if version is not None:
+                    self._version, self._renewed = version, time.monotonic()
+                    return
+                held = read_lease(self.storage)
+                if not self._is_mine(held):
+                    break
+                self._version = held.version  # type: ignore[union-attr]  # our own write landed (a retried PUT)
+            raise self._lose(held)
+
+    def _is_mine(self, held: HeldLease | None) -> bool:
+        return bool(held and held.record and not held.released and held.record.get("holder") == self.token
+                    and held.generation == self.generation)
+
+    def confirm(self) -> str | None:
+        """Right before a manifest or a retention pass: ``None`` while this run holds the lease
+        (just renewed, so nobody can take it for a full TTL), else why not; the run must stop."""
+        error: Exception | None = None
+        for attempt in range(CONFIRM_TRIES):
+            try:
+                self.renew()
+                return None
+            except LeaseLostError as e:
+                return str(e)
+            except Exception as e:  # noqa: BLE001 - retried, then reported as a verdict
+                error = e
+                time.sleep(0.5 * (attempt + 1))
+        lost = self._set_lost(
+            f"{self.storage.url}: could not confirm that this run still holds the run directory's lease "
+            f"({type(error).__name__}: {error}); it stopped before writing rather than risk two writers. Check "
+            "that the storage is reachable, then re-submit: the run resumes from its newest committed state.")
+        return str(lost)
+
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
-                self._write()
-            except Exception:  # noqa: BLE001 - a missed beat is retried; the TTL absorbs it
-                pass
+                self.renew(from_heartbeat=True)
+            except LeaseLostError:
+                return
+            except Exception as e:  # noqa: BLE001 - a missed beat is retried until the TTL runs out
+                if time.monotonic() - self._renewed >= self.ttl:
+                    self._set_lost(
+                        f"{self.storage.url}: could not renew the run directory's lease for {self.ttl:.0f}s "
+                        f"({type(e).__name__}: {e}); another submission may have taken it over, so this run "
+                        "stops. Check the storage, then re-submit.")
+                    return
+
+    def _lose(self, held: HeldLease | None) -> LeaseLostError:
+        return self._set_lost(
+            f"{self.storage.url}: this run (submission {self.identity['submission']}, lease generation "
+            f"{self.generation}) lost the run directory's lease to {_who(held, self.identity['submission'])}; it "
+            "stopped before writing anything more, so that two runs never commit into one directory. Only one "
+            "submission of a job may run at a time: let the other one finish (or stop it), then re-submit; the "
+            "run resumes from its newest committed state.")
+
+    def _set_lost(self, message: str) -> LeaseLostError:
+        if self.lost is None:
+            self.lost = LeaseLostError(message)
+            _warn(message)
+        self._stop.set()
+        return self.lost
 
     def stop(self) -> None:
         """Stop heart-beating (what a crash does); the lease then expires after its TTL."""
         self._stop.set()
 
     def release(self) -> None:
+        """A finished run: stop heart-beating and mark the lease released. Raises
+        ``LeaseLostError`` if it was lost meanwhile: another submission writes here now."""
         self.stop()
-        release_lease(self.storage, self.record["submission"])
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, self.ttl))
+        with self._mutex:
+            if self.lost is not None:
+                raise self.lost
+            if self._version is None:
+                return
+            version = self.storage.write_if(_encode(self._record(self.generation, released=True)), LEASE,
+                                            expect=self._version)
+            if version is None:
+                raise self._lose(read_lease(self.storage))
+            self._version = None
+
+
+def _who(held: HeldLease | None, mine: str) -> str:
+    if held is None:
+        return "nobody: lease.json was deleted"
+    if held.problem is not None:
+        return f"a malformed lease.json ({held.problem})"
+    rec = held.record or {}
+    if held.released:
+        return f"a release of submission {rec['submission']} (its driver declared it over)"
+    whose = "a newer attempt of this same submission" if rec["submission"] == mine else f"submission {rec['submission']}"
+    return f"{whose} (generation {held.generation}, host {rec.get('host')}, pid {rec.get('pid')})"
+
+
+def _age_text(age: float | None) -> str:
+    return "at an unknown time" if age is None else f"{age:.0f}s ago"
 
 
 def release_lease(storage: RunStorage, submission: str) -> None:
-    """The driver's last word on a submission (finished or failed for good): free the run directory."""
+    """The driver's last word on a submission (finished or failed for good): mark the lease
+    released if this submission still holds it. Never raises: it runs in the driver's cleanup."""
     try:
-        held = storage.read_json(LEASE)
-    except (FileNotFoundError, ValueError):
-        return
-    if held.get("submission") == submission:
-        try:
-            storage.fs.rm(storage.path(LEASE))
-        except FileNotFoundError:
-            pass
+        for _ in range(3):
+            held = read_lease(storage)
+            if held is None or held.record is None or held.released or held.record.get("submission") != submission:
+                return
+            tombstone = {**held.record, "released": True}
+            if storage.write_if(_encode(tombstone), LEASE, expect=held.version) is not None:
+                return
+    except Exception as e:  # noqa: BLE001
+        _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
+              "it expires after its TTL")

@@ -30,24 +30,27 @@ import torch.distributed as dist
 
 from orchestrator.spec import JobSpec
 from policies.boundaries import cycle_length, is_boundary, optimizer_steps_per_epoch
-from policies.candidates import TRAINER_SCHEMA_VERSION, Candidate, Expectation, Verdict
-from policies.resume import NoResumableState, enforce_safe, load_object, make_policy
+from policies.candidates import TRAINER_SCHEMA_VERSION, Candidate, Expectation, Verdict, identity_record
+from policies.resume import (ContinueSubmission, NewestResumable, NoResumableState, ResumePolicy, enforce_safe,
+                             load_object, make_policy)
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
 from workers import rng
 from policies.elastic import Layout, layout
+from policies.redact import redact_url
 from workers.checkpoint_engine import install as install_streaming
 from workers.data import derive_seed, epoch_loader
 from workers.device import check_engine_device, prepare_process, to_device
 from workers.discovery import discover, discover_lazy, read_candidate
-from workers.engine import build_engine, model_fingerprint, set_lr
+from workers.engine import apply_hyperparameters, build_engine, model_fingerprint, set_lr
 from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
-from workers.schedule import lr_at, resume_position, schedule_record
-from workers.state_reader import ChecksumMismatch, fetch_state, load_into_engine
+from workers.schedule import lr_at, phases, resume_position, schedule_record
+from workers.state_reader import StateRefused, fetch_state, load_into_engine
 from workers.lease import LeaseRefused, RunLease
 from workers.saving import SaveCoordinator
+from workers.signing import load_key
 from workers.state_writer import delete_state
 from workers.storage import RunStorage
 from workers.task import JobConfigError, load_task
@@ -136,11 +139,15 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size, grad_accum=accum,
         micro_batches_per_epoch=mbpe, zero_stage=spec.deepspeed.zero_stage,
         model_fingerprint=model_fingerprint(task.model), seed=t.seed, elastic=spec.scaling.elastic,
-        global_batch=lay.global_batch, samples_per_epoch=lay.samples_per_epoch)
+        global_batch=lay.global_batch, samples_per_epoch=lay.samples_per_epoch, num_samples=len(task.dataset),  # type: ignore[arg-type]
+        precision=spec.deepspeed.precision, optimizer_type=t.optimizer.type, scheduler_type=t.scheduler.type,
+        scheduler_phases=tuple(phases(t.scheduler)), reset_schedule=spec.resume.reset_schedule,
+        reset_optimizer=spec.resume.reset_optimizer)
+    signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     attempt = faults.attempt = _attempt_number(events)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
     try:
-        return _train(spec, ctx, storage, events, faults, task, engine, expectation, attempt, lay, lease)
+        return _train(spec, ctx, storage, events, faults, task, engine, expectation, attempt, lay, lease, signing_key)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -151,12 +158,14 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: EventLog | None, faults: Faults,
-           task, engine, expectation: Expectation, attempt: int, lay: Layout, lease: RunLease | None) -> WorkerResult:  # noqa: ANN001
+           task, engine, expectation: Expectation, attempt: int, lay: Layout, lease: RunLease | None,
+           signing_key: bytes | None = None) -> WorkerResult:  # noqa: ANN001
     rank, world = dist.get_rank(), dist.get_world_size()
     t, accum, mbpe = spec.train, lay.grad_accum, lay.micro_batches_per_epoch
     device = engine.device  # DeepSpeed placed the model there (CPU, or this rank's GPU)
 
-    resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id)
+    resumed = _negotiate_resume(spec, storage, expectation, engine, rank, events, attempt, ctx.submission_id,
+                                signing_key)
     trainer, rng_bytes = resumed.trainer, resumed.rng_bytes
     steps_per_epoch = optimizer_steps_per_epoch(accum, mbpe)
     total_steps = min(t.max_steps or 2**62, (t.epochs or 2**40) * steps_per_epoch)
@@ -183,6 +192,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                                     reset=spec.resume.reset_schedule, warn=lambda m: _warn(rank, m))
     else:
         epoch = pos = gms = opt_step = sched_pos = global_samples = 0
+    finished = _already_finished(spec, rank, resumed.name, opt_step, epoch, total_steps)
     nodes: list[str | None] = [None] * world
     dist.all_gather_object(nodes, ctx.node_id)
     if events:
@@ -197,11 +207,12 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
     progress = _ProgressLog(events, attempt)
     saves = SaveCoordinator(engine, storage, faults, events, rank=rank, attempt=attempt,
                             use_async=spec.checkpoint.async_save, flush_progress=progress.flush,
-                            full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2),
-                            retain=lambda: _retain(spec, storage, expectation, faults), last_saved=resumed.name,
-                            checksum=spec.checkpoint.checksum)
+                            full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3),
+                            retain=lambda: _retain(spec, storage, expectation, faults, lease, keep=saves.last_saved,
+                                                   signing_key=signing_key),
+                            last_saved=resumed.name,
+                            checksum=spec.checkpoint.checksum, lease=lease, signing_key=signing_key)
     last_log_time, last_log_samples = time.monotonic(), gms
-    finished = False
 
     while not finished and (t.epochs is None or epoch < t.epochs):
         loader = epoch_loader(task.dataset, micro_batch_size=t.micro_batch_size, world_size=world, rank=rank,
@@ -283,7 +294,7 @@ def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: Event
                     pending, lambda reasons: _trainer_record(
                         spec, expectation, epoch=epoch, pos=pos, gms=gms, opt_step=opt_step, sched_pos=sched_pos,
                         loss=step_loss, reasons=reasons, attempt=attempt, num_samples=len(task.dataset),  # type: ignore[arg-type]
-                        global_samples=global_samples),
+                        global_samples=global_samples, submission=ctx.submission_id),
                     ranks_uploading=flags[3].item(), last=last, micro_step=gms)
                 cycle_loss = 0.0
                 if last:
@@ -380,25 +391,17 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
 
 def _trainer_record(spec: JobSpec, exp: Expectation, *, epoch: int, pos: int, gms: int, opt_step: int,
                     sched_pos: int, loss: float, reasons: list[str], attempt: int, num_samples: int,
-                    global_samples: int) -> dict[str, Any]:
+                    global_samples: int, submission: str) -> dict[str, Any]:
     return {
         "schema_version": TRAINER_SCHEMA_VERSION,
         "job_name": spec.name,
-        "job_identity": exp.job_identity,
+        **identity_record(exp),  # what selection compares (read back by expectation_from_trainer)
         "epoch": epoch,
         "position_in_epoch": pos,
         "global_micro_step": gms,
         "optimizer_step": opt_step,
-        "grad_accum": exp.grad_accum,
-        "micro_batches_per_epoch": exp.micro_batches_per_epoch,
-        "micro_batch_size": exp.micro_batch_size,
-        "world_size": exp.world_size,
-        "zero_stage": exp.zero_stage,
-        "precision": spec.deepspeed.precision,
-        "model_fingerprint": exp.model_fingerprint,
-        "seed": exp.seed,
         "scheduler": schedule_record(spec.train.scheduler, sched_pos),
-        "data": {"sampler": "global-permutation/v1", "num_samples": num_samples, "global_samples": global_samples,
+        "data": {"sampler": exp.sampler, "num_samples": num_samples, "global_samples": global_samples,
                  "samples_in_epoch": pos * exp.micro_batch_size * exp.world_size,
                  "samples_per_epoch": exp.samples_per_epoch, "global_batch": exp.global_batch},
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
@@ -406,6 +409,7 @@ def _trainer_record(spec: JobSpec, exp: Expectation, *, epoch: int, pos: int, gm
         "metrics": {"loss": loss},
         "save_reasons": reasons,
         "attempt": attempt,
+        "submission": submission,  # a restart of this submission continues from its own states
         "created_at": time.time(),
     }
 
@@ -418,18 +422,16 @@ class _Resumed:
 
 
 def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engine, rank: int,
-                      events: EventLog | None, attempt: int, submission_id: str) -> _Resumed:
-    """Rank 0 decides from metadata; every rank fetches and verifies; all agree or try the next."""
-    policy_name = spec.resume.policy
-    if policy_name == "fresh" and events and submission_id and any(
-            e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()):
-        policy_name = "newest-resumable"  # a restart of this submission continues what it started
-    try:
-        policy = make_policy(policy_name, spec.resume.policy_args if policy_name == spec.resume.policy else {})
-    except (ValueError, TypeError) as e:
-        raise JobConfigError(f"resume.policy / resume.policy_args: {policy_name}: {e}. Give the keyword arguments "
-                             "the policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})") from None
-    cands = discover_lazy(storage, exp) if rank == 0 else []
+                      events: EventLog | None, attempt: int, submission_id: str,
+                      signing_key: bytes | None = None) -> _Resumed:
+    """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
+
+    Any refusal after selection (a checksum, an unsafe file, a read error) marks that candidate
+    corrupt and asks the policy again, so a damaged newest state costs one fallback, not the run.
+    """
+    restart = rank == 0 and _is_restart(events, submission_id)
+    policy = _resume_policy(spec, submission_id if restart else "")
+    cands = discover_lazy(storage, exp, signing_key) if rank == 0 else []
     spec_dict = spec.model_dump(mode="json")
     while True:
         msg: dict[str, Any] = {}
@@ -437,7 +439,7 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
             try:
                 decision = enforce_safe(policy.choose(cands, spec_dict), cands)
                 chosen = next((c for c in cands if c.name == decision.state), None)
-                if decision.state is None and cands and policy_name == "fresh":
+                if decision.state is None and cands and spec.resume.policy == "fresh" and not restart:
                     _clear_for_fresh(spec, storage)
                 msg = {"state": decision.state, "reason": decision.reason,
                        "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
@@ -460,39 +462,110 @@ def _negotiate_resume(spec: JobSpec, storage: RunStorage, exp: Expectation, engi
             _maybe_init_from(spec, engine, rank)
             return _Resumed(None, None, None)
         cand = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
-        error = None
-        fetched = None
-        try:
-            fetched = fetch_state(storage, cand, rank)
-        except (ChecksumMismatch, FileNotFoundError, OSError) as e:
-            error = f"{e}"
-        errors: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        bad = next((e for e in errors if e), None)
+        resumed, bad = _fetch_and_load(spec, storage, cand, engine, rank)
         if bad is None:
-            assert fetched is not None
-            try:
-                load_into_engine(engine, fetched, other_world_size=msg["trainer"]["world_size"] != dist.get_world_size())
-            finally:
-                fetched.cleanup()
+            assert resumed is not None
             if rank == 0:
                 print(f"[syncpoint] resuming from state {cand.name}: {msg['reason']}", flush=True)
                 if spec.resume.init_from:
                     print("[syncpoint] resume.init_from ignored: this run's own resumable state wins", flush=True)
-            return _Resumed(cand.name, msg["trainer"], fetched.rng_bytes)
-        if fetched:
-            fetched.cleanup()
+            return resumed
         if rank == 0:
             for c in cands:
                 if c.name == cand.name:
                     c.verdict, c.reason = Verdict.CORRUPT, f"verification failed: {bad}"
 
 
+def _is_restart(events: EventLog | None, submission_id: str) -> bool:
+    """Whether an earlier attempt of this same submission already started (a Ray restart)."""
+    return bool(events and submission_id and any(
+        e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()))
+
+
+def _resume_policy(spec: JobSpec, restart_of: str) -> ResumePolicy:
+    """The spec's policy chooses where a submission starts; a restart continues its own states.
+
+    ``fresh`` already emptied the directory on the submission's first attempt, so on a restart
+    whatever is there was written by this submission (torn debris included)."""
+    name = spec.resume.policy
+    try:
+        start = NewestResumable() if (restart_of and name == "fresh") else make_policy(name, spec.resume.policy_args)
+    except (ValueError, TypeError) as e:
+        raise JobConfigError(f"resume.policy / resume.policy_args: {name}: {e}. Give the keyword arguments "
+                             "the policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})") from None
+    return ContinueSubmission(restart_of, start) if restart_of else start
+
+
+def _fetch_and_load(spec: JobSpec, storage: RunStorage, cand: Candidate, engine,
+                    rank: int) -> tuple[_Resumed | None, str | None]:
+    """Every rank fetches and verifies, then loads; (resumed, None) or (None, the first rank's refusal).
+
+    Both steps end in a collective so every rank takes the same branch. A refusal during the load
+    (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
+    and when none is left the run fails (it never trains on a half-loaded engine)."""
+    fetched, error = None, None
+    try:
+        fetched = fetch_state(storage, cand, rank)
+    except Exception as e:  # noqa: BLE001 - any refusal during fetch falls back to the next candidate
+        error = _refusal(e)
+    bad = _first_error(error)
+    if bad is None:
+        assert fetched is not None
+        try:
+            load_into_engine(engine, fetched, module_only=spec.resume.reset_optimizer,
+                             other_world_size=cand.trainer["world_size"] != dist.get_world_size())  # type: ignore[index]
+        except Exception as e:  # noqa: BLE001 - a state that loads but does not fit falls back too
+            error = _refusal(e)
+        bad = _first_error(error)
+    if fetched:
+        fetched.cleanup()
+    if bad is not None:
+        return None, bad
+    _apply_live_hyperparameters(spec, engine, rank)
+    return _Resumed(cand.name, cand.trainer, fetched.rng_bytes if fetched else None), None
+
+
+def _refusal(e: BaseException) -> str:
+    return str(e) if isinstance(e, StateRefused) else f"{type(e).__name__}: {e}"
+
+
+def _first_error(error: str | None) -> str | None:
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
+
+
+def _apply_live_hyperparameters(spec: JobSpec, engine, rank: int) -> None:
+    """Config wins: the state supplied moments and positions, the live spec supplies every
+    hyper-parameter (the loaded param groups carried the old ones); each change is said once."""
+    changes = apply_hyperparameters(engine, spec)
+    if spec.resume.reset_optimizer:
+        _warn(rank, "resume.reset_optimizer: weights and position come from the state; the optimizer state "
+                    "(moments) starts fresh")
+    for line in changes:
+        _warn(rank, line)
+
+
+def _already_finished(spec: JobSpec, rank: int, state: str | None, opt_step: int, epoch: int,
+                      total_steps: int) -> bool:
+    """A state at or past the run's end finishes at once (export and finish only), whatever unit
+    ended it: re-submitting a finished run, or restarting after its final commit, trains nothing."""
+    t = spec.train
+    done = opt_step >= total_steps or (t.epochs is not None and epoch >= t.epochs)
+    if done and state is not None and rank == 0:
+        if t.max_steps is not None and opt_step > t.max_steps:
+            _warn(rank, f"state {state} is at optimizer step {opt_step}, past train.max_steps {t.max_steps}: the run "
+                        f"finishes at once and its final model is that state's weights (step {opt_step})")
+        print(f"[syncpoint] state {state} already reached the end of the run (optimizer step {opt_step}); "
+              "nothing left to train", flush=True)
+    return done
+
+
 def _clear_for_fresh(spec: JobSpec, storage: RunStorage) -> None:
     mode = spec.resume.on_existing
     if mode == "refuse":
         raise NoResumableState([], (
-            f"resume.policy fresh, but {storage.url}/states already holds states; set resume.on_existing: "
+            f"resume.policy fresh, but {redact_url(storage.url)}/states already holds states; set resume.on_existing: "
             "archive (move them to archive/) or overwrite (delete them), or use another run name."))
     if mode == "archive":
         storage.rename_tree(("states",), ("archive", f"states-{int(time.time())}"))
@@ -507,29 +580,42 @@ def _maybe_init_from(spec: JobSpec, engine, rank: int) -> None:
         return
     base, sep, name = url.rstrip("/").rpartition("/states/")
     src = RunStorage(base if sep else url)
+    key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or \
+        load_key(spec.checkpoint.signing_key_env)
     if not sep:
-        cands = discover(src)
-        name = next((c.name for c in cands if c.manifest), "")
+        cands = discover(src, signing_key=key)
+        name = next((c.name for c in cands if c.manifest and not c.trust_error), "")
         if not name:
-            raise ResumeRefused(f"resume.init_from: {url} holds no committed state")
-    cand = read_candidate(src, name)
+            raise ResumeRefused(f"resume.init_from: {redact_url(url)} holds no committed"
+                                f"{' and trusted' if key else ''} state")
+    cand = read_candidate(src, name, key)
     if cand.manifest is None:
-        raise ResumeRefused(f"resume.init_from: {url} is not a committed state (no manifest.json)")
+        raise ResumeRefused(f"resume.init_from: {redact_url(url)} is not a committed state (no manifest.json)")
+    if cand.trust_error:
+        raise ResumeRefused(f"resume.init_from: {redact_url(url)}/states/{name} is untrusted: {cand.trust_error}. "
+                            "Give the source run's key with resume.init_from_signing_key_env")
     fetched = fetch_state(src, cand, rank, want_rng=False)
     try:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
     finally:
         fetched.cleanup()
     if rank == 0:
-        print(f"[syncpoint] init_from {src.url}/states/{name}: weights imported; schedule, RNG and data start fresh",
+        print(f"[syncpoint] init_from {redact_url(src.url)}/states/{name}: weights imported; schedule, RNG and data start fresh",
               flush=True)
 
 
-def _retain(spec: JobSpec, storage: RunStorage, exp: Expectation, faults: Faults) -> None:
+def _retain(spec: JobSpec, storage: RunStorage, exp: Expectation, faults: Faults, lease: RunLease | None = None,
+            keep: str | None = None, signing_key: bytes | None = None) -> None:
+    """Retention after a commit. ``keep`` (the state this run just committed) is never deleted, even
+    when newer states of another trajectory (a run resumed from an older pin) outnumber it: a restart
+    of this submission continues from it."""
     if spec.checkpoint.keep_last == 0 and not spec.checkpoint.prune_unsafe:
         return  # keep everything (torn debris included): no need to read every state after each save
-    plan = plan_retention(discover(storage, exp), spec.checkpoint.keep_last, spec.checkpoint.prune_unsafe)
-    for i, name in enumerate(plan.delete):
+    if lease is not None and lease.confirm() is not None:
+        return  # lost: delete nothing; every rank stops at the next boundary (SaveCoordinator's vote)
+    plan = plan_retention(discover(storage, exp, signing_key), spec.checkpoint.keep_last, spec.checkpoint.prune_unsafe,
+                          kinds=storage.entry_kinds("states"))
+    for i, name in enumerate(n for n in plan.delete if n != keep):
         delete_state(storage, name)
         if i == 0:
             faults.at_phase("during_retention")

@@ -1,7 +1,16 @@
 """The state reader: fetch a chosen state, verify every byte against the manifest, then load.
 
-DeepSpeed's own checkpoint files are pickles, so they are only handed to DeepSpeed after their
-size and checksum matched the manifest; syncpoint's own files (JSON, safetensors) never need pickle.
+Why this order: a manifest and the files it names are data from storage, and whoever can write
+storage can rewrite both consistently, so a matching checksum proves integrity, not intent. Before
+anything reaches DeepSpeed, fetching therefore (1) accepts only manifest names that are normalized
+paths inside the state (``policies.state_paths``) and resolves each below the fetch directory,
+(2) downloads each file under a temporary name and renames it into place only after its size and
+checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
+DeepSpeed file once with the weights-only loader (``workers.safe_load``; storages memory-mapped,
+so it costs only the pickle metadata). A state that fails any of these raises ``StateRefused``
+on every rank alike (every rank fetches and checks the same files), before the engine is touched:
+a refused state never leaves a half-loaded engine behind. DeepSpeed's own reads then go through
+the same loader again (``workers.checkpoint_engine``), so nothing is ever unpickled blindly.
 Every rank fetches the whole ``engine/`` directory because DeepSpeed's ZeRO loader reads every
 data-parallel rank's optimizer shard.
 """
@@ -12,14 +21,24 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
 
 from policies.candidates import Candidate
-from workers.checksum import algorithm_of, matches
+from policies.state_paths import path_problem
+from workers.checksum import ALGORITHMS, algorithm_of, matches
+from workers.safe_load import StateRefused, check_state_file
 from workers.storage import RunStorage
 
+__all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]
 
-class ChecksumMismatch(Exception):
-    pass
+FETCHED_PREFIXES = ("engine/", "optim/")  # what DeepSpeed and the elastic loader read from local disk
+PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
+
+
+class ChecksumMismatch(StateRefused):
+    """A file's bytes differ from its manifest entry (size or checksum)."""
 
 
 @dataclass
@@ -32,38 +51,118 @@ class FetchedState:
 
 
 def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True) -> FetchedState:
-    """Download and verify this rank's view of a state; raises ``ChecksumMismatch`` with the file."""
-    files = cand.manifest["files"]  # type: ignore[index]
+    """Download and verify this rank's view of a state.
+
+    Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
+    unusable: an unsafe or malformed manifest entry, a file missing from storage, changed bytes, a
+    DeepSpeed file that needs a class outside the allowlist or is no torch file. ``OSError`` means
+    the storage or the local disk failed, not the state."""
+    files = manifest_files(cand)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
-        for rel, info in files.items():
-            if not rel.startswith(("engine/", "optim/")):
-                continue
-            algo = algorithm_of(info)
-            size, digest = storage.download_file(os.path.join(local, rel), "states", cand.name, rel, algo=algo)
-            if digest != info[algo] or size != info["size"]:
-                raise ChecksumMismatch(f"{rel}: {algo} does not match the manifest (content changed after commit)")
+        for rel in sorted(files):
+            if rel.startswith(FETCHED_PREFIXES):
+                _download_verified(storage, cand.name, rel, files[rel], local)
+        shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
+        for rel in sorted(files):
+            if rel.startswith("engine/") and rel.endswith(".pt"):
+                check_state_file(os.path.join(local, *rel.split("/")), rel)
         rng_bytes = None
         rel = f"rng/rank_{rank:05d}.safetensors"
         if want_rng and rel in files:
-            rng_bytes = storage.read_bytes("states", cand.name, rel)
-            if not matches(files[rel], rng_bytes):
-                raise ChecksumMismatch(f"{rel}: {algorithm_of(files[rel])} does not match the manifest")
-        trainer_bytes = storage.read_bytes("states", cand.name, "trainer.json")
-        if not matches(files["trainer.json"], trainer_bytes):
-            raise ChecksumMismatch(f"trainer.json: {algorithm_of(files['trainer.json'])} does not match the manifest")
+            rng_bytes = _read_verified(storage, cand.name, rel, files)
+        _read_verified(storage, cand.name, "trainer.json", files)
         return FetchedState(local, rng_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
 
 
+def manifest_files(cand: Candidate) -> dict[str, dict[str, Any]]:
+    """The manifest's ``files``, refused unless every name is a safe path inside the state and every
+    entry has a size and a known checksum (``init_from`` reaches here without classification)."""
+    problem = path_problem(cand.name)
+    if problem or "/" in cand.name:
+        raise StateRefused(f"state name {cand.name!r} {problem or 'has a /'}: refused")
+    files = (cand.manifest or {}).get("files") if isinstance(cand.manifest, dict) else None
+    if not isinstance(files, dict):
+        raise StateRefused(f"{cand.name}: manifest.json has no files mapping: refused (corrupt)")
+    for rel, info in files.items():
+        problem = path_problem(rel)
+        if problem:
+            raise StateRefused(f"{cand.name}: manifest entry {rel!r} {problem}; a state names only normalized "
+                               "relative paths inside itself: refused (corrupt)")
+        if not (isinstance(info, dict) and type(info.get("size")) is int and info["size"] >= 0
+                and any(isinstance(info.get(a), str) for a in ALGORITHMS)):
+            raise StateRefused(f"{cand.name}: manifest entry {rel} needs a size and a checksum "
+                               f"({' or '.join(ALGORITHMS)}): refused (corrupt)")
+    return files
+
+
+def destination(local: str, rel: str) -> str:
+    """Where ``rel`` (already a safe path) lands under ``local``, checked after resolving links:
+    a second line of defence should the rule in ``path_problem`` ever miss a case."""
+    dest = os.path.join(local, *rel.split("/"))
+    root = os.path.realpath(local)
+    resolved = os.path.realpath(dest)
+    if resolved == root or os.path.commonpath([root, resolved]) != root:
+        raise StateRefused(f"manifest entry {rel!r} resolves outside the state ({resolved}): refused (corrupt)")
+    return dest
+
+
+def _download_verified(storage: RunStorage, name: str, rel: str, info: dict[str, Any], local: str) -> None:
+    """Download under a temporary name; rename into place only once size and checksum matched."""
+    dest = destination(local, rel)
+    partial_dir = os.path.join(local, PARTIAL_DIR)
+    os.makedirs(partial_dir, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=partial_dir)
+    os.close(fd)
+    algo = algorithm_of(info)
+    try:
+        size, digest = storage.download_file(partial, "states", name, rel, algo=algo)
+    except FileNotFoundError:
+        raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
+    if size != info["size"]:
+        os.unlink(partial)
+        raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {info['size']} (changed after commit)")
+    if digest != info[algo]:
+        os.unlink(partial)
+        raise ChecksumMismatch(f"{rel}: {algo} does not match the manifest (content changed after commit)")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.replace(partial, dest)
+
+
+def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, dict[str, Any]]) -> bytes:
+    """A small file read into memory (never written locally), returned only if it matches."""
+    if rel not in files:
+        raise StateRefused(f"{name}: manifest.json does not list {rel}: refused (corrupt)")
+    try:
+        data = storage.read_bytes("states", name, rel)
+    except FileNotFoundError:
+        raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
+    if not matches(files[rel], data):
+        raise ChecksumMismatch(f"{rel}: {algorithm_of(files[rel])} does not match the manifest")
+    return data
+
+
 def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False, optimizer: bool = True,
                      other_world_size: bool = False) -> None:
     """Load a verified state. From another world size, ZeRO-1/2 optimizer state comes from the
-    gathered full state (``workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file."""
+    gathered full state (``workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file.
+
+    Raises ``StateRefused`` before the engine is touched when the gathered full state does not fit
+    this model; DeepSpeed's reads go through syncpoint's weights-only checkpoint engine (installed
+    here too, so no caller can load through DeepSpeed's own ``weights_only=False``)."""
+    from workers.checkpoint_engine import install
+
+    install(engine)
     full = os.path.join(fetched.local_dir, "optim", "full.safetensors")
-    cross = other_world_size and engine.zero_optimization_stage() in (1, 2) and optimizer and not module_only
+    cross = other_world_size and engine.zero_optimization_stage() in (1, 2, 3) and optimizer and not module_only
+    if cross:
+        from workers.elastic_state import check_full_optimizer_state, prepare_resize
+
+        check_full_optimizer_state(engine, full)
+        prepare_resize(engine, fetched.local_dir, dist.get_rank())
     engine.load_checkpoint(fetched.local_dir, tag="engine", load_module_strict=True,
                            load_optimizer_states=optimizer and not module_only and not cross,
                            load_lr_scheduler_states=False, load_module_only=module_only or cross)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -25,10 +26,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from policies.retention import is_state_name
 from workers import rng
 from workers.checkpoint_engine import install, local_sink
 from workers.checksum import DEFAULT, checksum_bytes, entry
 from workers.faults import Faults
+from workers.lease import LeaseLostError, RunLease
+from workers.signing import sign
 from workers.storage import RunStorage
 
 MANIFEST_FORMAT = "syncpoint-state/1"
@@ -60,6 +64,7 @@ class Snapshot:
     blocked: float = 0.0
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's files already in storage
     staged: dict[str, dict[str, Any]] = field(default_factory=dict)  # checksummed in staging, to upload
+    signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (workers.signing)
 
 
 def staging_root() -> str | None:
@@ -78,7 +83,7 @@ def staging_root() -> str | None:
 
 
 def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimizer_state: bool = False, *,
-                  algo: str = DEFAULT, direct: RunStorage | None = None) -> Snapshot:
+                  algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save) or into local
     staging (an asynchronous one); elastic ZeRO-1/2 runs add the gathered optimizer state."""
@@ -98,7 +103,7 @@ def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimize
         from workers.elastic_state import save_full_optimizer_state
 
         save_full_optimizer_state(engine, staging, dist.get_rank())
-    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo)
+    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key)
     if direct is not None:
         snap.files.update(written)
     else:
@@ -129,11 +134,15 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     return mine
 
 
-def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> SaveResult:
+def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: RunLease | None = None) -> SaveResult:
     """All ranks, main thread: the gather proves every rank's files are durable, then rank 0
-    writes trainer.json and commits the manifest; the barrier tells everyone it is committed."""
+    writes trainer.json, confirms it still holds the run directory's lease (``lease``, rank 0's)
+    and commits the manifest with the lease's fencing generation; the closing broadcast tells
+    everyone it is committed, or that the lease was lost, in which case every rank raises
+    ``LeaseLostError`` (nobody is left waiting in a barrier)."""
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
+    verdict: str | None = None
     gathered: list[dict[str, Any] | None] = [None] * world
     dist.all_gather_object(gathered, snap.files)
     files: dict[str, dict[str, Any]] = {}
@@ -143,29 +152,39 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults) -> Save
         trainer_bytes = storage.write_json(snap.trainer, "states", snap.name, "trainer.json")
         files["trainer.json"] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
         faults.at_phase("before_manifest")
+        verdict = lease.confirm() if lease is not None else None
+    if rank == 0 and verdict is None:
         manifest = {"format": MANIFEST_FORMAT, "state": snap.name, "created_at": time.time(), "world_size": world,
                     "checksum": snap.algo, "files": dict(sorted(files.items()))}
+        if lease is not None:
+            manifest["lease_generation"] = lease.generation  # the fencing token of the writer
+        if snap.signing_key is not None:
+            manifest = sign(manifest, snap.signing_key)
         data = _json_bytes(manifest)
         if any(f.phase == "during_manifest" for f in faults.mine):
             # Rehearse a crash half-way through the manifest write: half the bytes under the temp name.
             storage.write_bytes(data[: len(data) // 2], "states", snap.name, "manifest.json.tmp")
             faults.at_phase("during_manifest")
         storage.commit_bytes(data, "states", snap.name, "manifest.json")
-    dist.barrier()
+    box = [verdict]
+    dist.broadcast_object_list(box, src=0)  # the barrier: committed, or the lease is lost
+    if box[0]:
+        raise LeaseLostError(box[0])
     end = time.perf_counter()
     return SaveResult(name=snap.name, optimizer_step=snap.trainer["optimizer_step"], bytes=sum(f["size"] for f in files.values()), seconds=end - snap.started,
                       blocked_seconds=snap.blocked + (end - t0))
 
 
 def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
-               full_optimizer_state: bool = False, algo: str = DEFAULT) -> SaveResult:
+               full_optimizer_state: bool = False, algo: str = DEFAULT, lease: RunLease | None = None, signing_key: bytes | None = None) -> SaveResult:
     """A synchronous save: shards streamed into storage, the rest uploaded, committed before
     training continues."""
-    snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage)
+    snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage,
+                         signing_key=signing_key)
     t0 = time.perf_counter()
     upload_snapshot(storage, snap, dist.get_rank(), faults)
     snap.blocked += time.perf_counter() - t0
-    return commit_snapshot(storage, snap, faults)
+    return commit_snapshot(storage, snap, faults, lease)
 
 
 class AsyncUpload:
@@ -216,8 +235,17 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True).encode()
 
 
-def delete_state(storage: RunStorage, name: str) -> None:
-    """Un-commit first (manifest), then remove: a half-deleted directory is torn, never 'resumable'."""
-    if storage.exists("states", name, "manifest.json"):
-        storage.fs.rm(storage.path("states", name, "manifest.json"))
+def delete_state(storage: RunStorage, name: str) -> bool:
+    """Un-commit first (manifest), then remove: a half-deleted directory is torn, never 'resumable'.
+
+    Only a state syncpoint wrote: a name that is not a state name, or an entry that is a symbolic
+    link (deleting through it would delete its target's files, outside the run), is reported and
+    left alone (returns False).
+    """
+    if not is_state_name(name) or storage.is_link("states", name):
+        print(f"[syncpoint] WARNING: retention left states/{name} alone: not a state directory syncpoint wrote "
+              "(a symbolic link or a foreign name)", file=sys.stderr, flush=True)
+        return False
+    storage.remove("states", name, "manifest.json")
     storage.delete_tree("states", name)
+    return True

@@ -10,10 +10,16 @@ policies never see which backend is underneath.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any, Iterator
 
 import fsspec
@@ -23,6 +29,27 @@ from workers.checksum import DEFAULT, ChecksummingWriter, new_hasher
 from workers.direct_io import DirectFileWriter
 
 CHUNK = 8 << 20
+
+# memory:// lives in this process: one lock serialises its compare-and-swap writes, and this
+# process's monotonic clock is the store's own clock (path -> when the file was last written).
+_MEMORY_LOCK = threading.Lock()
+_MEMORY_STAMPS: dict[str, tuple[str, float]] = {}  # path -> (version, monotonic time it was written)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """One read of a small control file (the run's lease).
+
+    ``version`` is opaque and only means something to ``write_if`` (an ETag on S3, a content hash
+    elsewhere); ``age_s`` is how long ago the file was last written, by the *storage's* clock
+    (file mtime against a freshly touched file, object LastModified against the response's Date),
+    so a reader whose own clock is wrong cannot misjudge it. ``None`` where the store cannot tell:
+    the caller must then watch the version for a while instead.
+    """
+
+    data: bytes
+    version: str
+    age_s: float | None
 
 
 class RunStorage:
@@ -187,8 +214,101 @@ class RunStorage:
                 size += len(chunk)
         return size, h.hexdigest()
 
+    # ---- compare-and-swap of small control files (the lease)
+    @property
+    def conditional_writes(self) -> str:
+        """How ``write_if`` is made atomic on this store (README: *One writer per run directory*)."""
+        if self.local:
+            return "flock"  # an exclusive lock file serialises read-compare-rename
+        if _is_s3(self.fs):
+            return "s3"  # If-None-Match: * to create, If-Match: <etag> to replace
+        if _is_memory(self.fs):
+            return "process-lock"
+        return "none"  # write, then read back: best effort
+
+    def read_versioned(self, *parts: str) -> Versioned | None:
+        """A small file with its version and storage-clock age (``None`` if it does not exist)."""
+        p = self.path(*parts)
+        if self.local:
+            with _local_lock(p) as now:
+                return _local_read(p, now)
+        if _is_s3(self.fs):
+            return _s3_read(self.fs, p)
+        if _is_memory(self.fs):
+            with _MEMORY_LOCK:
+                return _memory_read(self.fs, p)
+        return _plain_read(self.fs, p)
+
+    def write_if(self, data: bytes, *parts: str, expect: str | None) -> str | None:
+        """Write ``data`` only if the file is still at version ``expect`` (``None``: only if it does
+        not exist); returns the new version, or ``None`` when someone else changed it first.
+
+        Why a compare-and-swap: two drivers that both read "free" (or "expired") must not both
+        win. S3 checks the precondition on the server; a local filesystem compares under an
+        exclusive ``flock`` and lands the bytes by rename; memory:// under a process lock. Other
+        stores fall back to write-then-read-back, which narrows the race but cannot close it.
+        """
+        p = self.path(*parts)
+        if self.local:
+            with _local_lock(p):
+                return _local_write_if(p, data, expect)
+        if _is_s3(self.fs):
+            return _s3_write_if(self.fs, p, data, expect)
+        if _is_memory(self.fs):
+            with _MEMORY_LOCK:
+                return _memory_write_if(self.fs, p, data, expect)
+        return _plain_write_if(self.fs, p, data, expect)
+
+    # ---- deletion (retention) and what a listing says about each entry
+    def entry_kinds(self, *parts: str) -> dict[str, str]:
+        """Each entry of a directory as ``dir``, ``file``, ``link`` or ``other``, never following a
+        link: retention must know that ``states/x`` is a link before it deletes anything in it."""
+        p = self.path(*parts)
+        if self.local:
+            try:
+                with os.scandir(p) as it:
+                    return {e.name: _scandir_kind(e) for e in it}
+            except (FileNotFoundError, NotADirectoryError):
+                return {}
+        _, entries = self._entries(parts, detail=True)
+        kinds = {"directory": "dir", "file": "file"}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: kinds.get(e.get("type"), "other")
+                for e in entries if str(e["name"]).rstrip("/") != p.rstrip("/")}
+
+    def is_link(self, *parts: str) -> bool:
+        """Whether the entry itself is a symbolic link (only local filesystems have them)."""
+        return self.local and os.path.islink(self.path(*parts))
+
+    def remove(self, *parts: str) -> None:
+        """Delete one file (never a directory; a missing file is fine).
+
+        Locally the parent directory is opened with ``O_NOFOLLOW`` and the name unlinked relative to
+        it, so a parent that is (or was just swapped for) a symbolic link is refused rather than
+        followed: deleting ``states/<link>/manifest.json`` would delete a file outside the run.
+        """
+        p = self.path(*parts)
+        if not self.local:
+            try:
+                self.fs.rm_file(p)
+            except FileNotFoundError:
+                pass
+            return
+        parent, name = os.path.split(p)
+        try:
+            fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
     def delete_tree(self, *parts: str) -> None:
         p = self.path(*parts)
+        if self.is_link(*parts):
+            raise OSError(f"refusing to delete through a symbolic link: {p}")
         try:
             self.fs.rm(p, recursive=True)
         except FileNotFoundError:
@@ -213,3 +333,174 @@ def _checksum_file(path: str, algo: str) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
+
+
+# ---- the compare-and-swap backends behind RunStorage.read_versioned / write_if
+
+
+def _content_version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _scandir_kind(e: os.DirEntry) -> str:
+    if e.is_symlink():
+        return "link"
+    if e.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if e.is_file(follow_symlinks=False) else "other"
+
+
+def _is_s3(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "s3" in protocol and hasattr(fs, "call_s3")
+
+
+def _is_memory(fs: Any) -> bool:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    return isinstance(fs, MemoryFileSystem)  # subclasses too: their store lives in this process
+
+
+@contextlib.contextmanager
+def _local_lock(path: str) -> Iterator[float]:
+    """Hold an exclusive ``flock`` on ``<path>.lock`` (threads and processes alike: every call
+    opens its own file description); yields the filesystem's "now", read by touching the lock file
+    so that ages compare two timestamps from the same clock (the file server's, on NFS)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.utime(fd)
+        yield os.fstat(fd).st_mtime
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _local_read(path: str, now: float) -> Versioned | None:
+    try:
+        with open(path, "rb") as f:
+            mtime = os.fstat(f.fileno()).st_mtime
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return Versioned(data, _content_version(data), max(0.0, now - mtime))
+
+
+def _local_write_if(path: str, data: bytes, expect: str | None) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            current: str | None = _content_version(f.read())
+    except FileNotFoundError:
+        current = None
+    if current != expect:
+        return None
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_path(os.path.dirname(path))
+    return _content_version(data)
+
+
+def _s3_error_code(e: BaseException) -> tuple[str, int]:
+    """(S3 error code, HTTP status) of a botocore error, wherever s3fs wrapped it."""
+    seen: BaseException | None = e
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict):
+            return (str(response.get("Error", {}).get("Code", "")),
+                    int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0))
+        seen = seen.__cause__ or seen.__context__
+    return "", 0
+
+
+def _s3_precondition_failed(e: BaseException) -> bool:
+    code, status = _s3_error_code(e)
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+def _s3_read(fs: Any, path: str) -> Versioned | None:
+    """One GET: the body, its ETag, and its age as the server's Date minus its LastModified."""
+    from fsspec.asyn import sync
+
+    bucket, key, _ = fs.split_path(path)
+
+    async def get() -> tuple[bytes, dict]:
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+        body = resp["Body"]
+        try:
+            return await body.read(), resp
+        finally:
+            body.close()
+
+    try:
+        data, resp = sync(fs.loop, get)
+    except FileNotFoundError:
+        return None
+    date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    modified = resp.get("LastModified")
+    age = None
+    if date and modified is not None:
+        age = max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
+    return Versioned(data, str(resp["ETag"]), age)
+
+
+def _s3_write_if(fs: Any, path: str, data: bytes, expect: str | None) -> str | None:
+    bucket, key, _ = fs.split_path(path)
+    condition = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
+    try:
+        out = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **condition)
+    except (OSError, FileExistsError) as e:
+        if isinstance(e, FileExistsError) or _s3_precondition_failed(e):
+            return None
+        raise
+    finally:
+        fs.invalidate_cache(path)
+    return str(out["ETag"])
+
+
+def _memory_read(fs: Any, path: str) -> Versioned | None:
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    version, now = _content_version(data), time.monotonic()
+    stamp = _MEMORY_STAMPS.get(path)
+    if stamp is None or stamp[0] != version:  # written behind write_if's back: its age counts from now
+        stamp = _MEMORY_STAMPS[path] = (version, now)
+    return Versioned(data, version, now - stamp[1])
+
+
+def _memory_write_if(fs: Any, path: str, data: bytes, expect: str | None) -> str | None:
+    try:
+        current: str | None = _content_version(fs.cat_file(path))
+    except FileNotFoundError:
+        current = None
+    if current != expect:
+        return None
+    fs.pipe_file(path, data)
+    version = _content_version(data)
+    _MEMORY_STAMPS[path] = (version, time.monotonic())
+    return version
+
+
+def _plain_read(fs: Any, path: str) -> Versioned | None:
+    fs.invalidate_cache(path)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    return Versioned(data, _content_version(data), None)
+
+
+def _plain_write_if(fs: Any, path: str, data: bytes, expect: str | None) -> str | None:
+    """No conditional writes: compare, write, let a racing writer land, read back."""
+    before = _plain_read(fs, path)
+    if (before.version if before else None) != expect:
+        return None
+    fs.pipe_file(path, data)
+    time.sleep(0.2)
+    after = _plain_read(fs, path)
+    return after.version if after is not None and after.data == data else None

@@ -1,0 +1,209 @@
+"""``syncpoint submit`` and Ray token authentication (Ray >= 2.52, ``RAY_AUTH_MODE=token``).
+
+Where the token comes from is checked in-process. What the cluster does with it is checked against a
+real local head started by the test with a token of its own (own ports and temp dir, stopped by its
+own process ids; no mock of Ray's server): without the token its Job API answers 401, with a wrong
+one 403. ``syncpoint submit`` must send the configured token on every request it makes (submission,
+status, the log websocket), turn a missing or rejected token into one paragraph (exit 2) instead of
+a traceback, and never print the token.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from orchestrator.spec import SpecError
+from orchestrator.submit import auth_headers, read_token
+from tests.helpers import ROOT, stop_processes
+from workers.launch import free_port
+
+BIN = os.path.dirname(sys.executable)
+TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
+
+# ---------------------------------------------------------------- where the token comes from
+
+
+@pytest.fixture
+def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path) -> str:  # noqa: ANN001
+    """No token anywhere: a clean environment and an empty home directory."""
+    for var in TOKEN_ENV:
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return str(home)
+
+
+def _file(path, text: str) -> str:  # noqa: ANN001
+    path.write_text(text)
+    return str(path)
+
+
+def test_no_token_configured_sends_no_header(no_token: str) -> None:
+    assert read_token() is None
+    assert auth_headers("http://127.0.0.1:8265") == {}
+
+
+def test_token_sources_in_order(no_token: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    os.makedirs(os.path.join(no_token, ".ray"))
+    _file(tmp_path / "home" / ".ray" / "auth_token", "from-home\n")
+    assert read_token() == "from-home"  # Ray's default file, newline stripped
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", _file(tmp_path / "path-token", "from-path\n"))
+    assert read_token() == "from-path"
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "from-env")
+    assert read_token() == "from-env"
+    flag = _file(tmp_path / "flag-token", "  from-flag  \n")
+    assert read_token(flag) == "from-flag"
+    assert auth_headers("http://127.0.0.1:8265", flag) == {"Authorization": "Bearer from-flag"}
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "two tokens\n"])
+def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: str, tmp_path,  # noqa: ANN001
+                                                                      content: str) -> None:
+    path = _file(tmp_path / "token", content)
+    with pytest.raises(SpecError) as e:
+        read_token(path)
+    assert path in str(e.value) and "tokens" not in str(e.value).replace("token file", "")
+    with pytest.raises(SpecError, match="cannot read"):
+        read_token(str(tmp_path / "missing"))
+
+
+def test_plain_http_to_a_remote_address_warns_without_the_token(no_token: str, monkeypatch,  # noqa: ANN001
+                                                                capsys) -> None:
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cr3t-token-value")
+    assert auth_headers("http://127.0.0.1:8265") == {"Authorization": "Bearer s3cr3t-token-value"}
+    assert capsys.readouterr().err == ""  # a tunnel (kubectl port-forward) is local
+    auth_headers("http://ray-head.example.com:8265")
+    err = capsys.readouterr().err
+    assert "plain http" in err and "s3cr3t" not in err
+    auth_headers("https://ray-head.example.com")
+    assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- a real head with token auth
+
+
+def _env(token: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    if token is not None:
+        env["RAY_AUTH_TOKEN"] = token
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def token_head():  # noqa: ANN201
+    """A local head started with RAY_AUTH_MODE=token and its own token; yields (address, token)."""
+    token = secrets.token_hex(32)
+    temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
+    ports = [free_port() for _ in range(7)]
+    before = set(psutil.pids())
+    subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
+                    f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
+                    f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+                    f"--ray-client-server-port={ports[6]}", "--num-cpus=1", f"--temp-dir={temp}",
+                    "--disable-usage-stats", "--include-dashboard=true"],
+                   check=True, env=_env(token, RAY_AUTH_MODE="token"), capture_output=True, timeout=180)
+    ours = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
+    address = f"http://127.0.0.1:{ports[1]}"
+    try:
+        deadline = time.monotonic() + 90  # the head answers before its job agent is up
+        while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address],
+                             env=_env(token, RAY_AUTH_MODE="token"), capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "the head's job agent never came up"
+            time.sleep(1)
+        yield address, token
+    finally:
+        stop_processes(ours)  # this head's processes and everything they started; never `ray stop`
+
+
+def _status(address: str, authorization: str | None) -> int:
+    headers = {"Authorization": authorization} if authorization else {}
+    req = urllib.request.Request(f"{address}/api/jobs/", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _jobs(address: str, token: str) -> int:
+    from ray.job_submission import JobSubmissionClient
+    return len(JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"}).list_jobs())
+
+
+def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", address]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_head_refuses_requests_without_its_token(token_head) -> None:  # noqa: ANN001
+    """What makes the other tests meaningful: this cluster really enforces the token."""
+    address, token = token_head
+    assert _status(address, None) == 401
+    assert _status(address, "Bearer " + secrets.token_hex(32)) == 403
+    assert _status(address, f"Bearer {token}") == 200
+
+
+@pytest.mark.slow
+def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypatch) -> None:  # noqa: ANN001
+    """The Job SDK client built the way `syncpoint submit` builds it (RAY_AUTH_TOKEN, no RAY_AUTH_MODE)."""
+    from ray.job_submission import JobSubmissionClient
+
+    from orchestrator.submit import _connect
+    address, token = token_head
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    client = _connect(JobSubmissionClient, address, auth_headers(address))
+    assert isinstance(client.list_jobs(), list)
+
+
+@pytest.mark.slow
+def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:  # noqa: ANN001
+    """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
+    (a task path that does not exist) comes back as exit 1 - the token got it all the way there."""
+    address, token = token_head
+    home = tmp_path / "home"
+    home.mkdir()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    env = _env(None, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token_file))  # no RAY_AUTH_MODE: syncpoint needs none
+    r = _submit(address, env, "name=token-auth", f"storage={tmp_path / 'runs'}", "scaling.num_workers=1",
+                "task.path=examples.tiny_lm:nope")  # one worker: the head has one CPU
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "syncpoint: submitted 'token-auth' as Ray job" in r.stdout, out[-3000:]
+    assert "nope" in r.stdout, out[-3000:]  # the driver's own error, streamed through the log websocket
+    assert r.stdout.rstrip().endswith("FAILED"), out[-3000:]
+    assert token not in out
+
+
+@pytest.mark.slow
+def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_head, tmp_path) -> None:  # noqa: ANN001
+    address, token = token_head
+    home = tmp_path / "home"
+    home.mkdir()
+    before = _jobs(address, token)
+    wrong = secrets.token_hex(32)
+    for env, says in [(_env(None, HOME=str(home)), "no token was sent"),
+                      (_env(wrong, HOME=str(home)), "the configured token was rejected")]:
+        r = _submit(address, env, f"storage={tmp_path / 'runs'}")
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "requires token authentication" in r.stderr and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+        assert wrong not in r.stdout + r.stderr and token not in r.stdout + r.stderr
+    assert _jobs(address, token) == before
