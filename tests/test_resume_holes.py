@@ -13,13 +13,13 @@ import pytest
 
 from policies.candidates import Expectation, Verdict, classify, expectation_from_trainer, identity_record
 from policies.resume import BestMetric, NoResumableState
-from tests.helpers import (committed_steps, digest, linear_spec, run, run_until_crash, step_history, trainer_json,
-                           with_overrides)
+from tests.helpers import (committed_steps, digest, linear_spec, run, run_until_crash, state_names, step_history,
+                           trainer_json, with_overrides)
 from tests.meta import candidate_for, commit_candidate
 from workers.digest import load_deepspeed_file
 from workers.discovery import discover
 from workers.events import EventLog
-from workers.launch import run_in_process
+from workers.launch import run_in_process, run_spawned
 from workers.loop import ResumeRefused
 from workers.storage import RunStorage
 
@@ -252,15 +252,23 @@ def test_manifest_paths_outside_the_state_are_refused_at_selection(tmp_path, bad
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_random_collate_resumes_exactly(tmp_path, workers):
+    """With a DataLoader worker the runs are spawned processes: forking a worker from a test process
+    that has grown over hundreds of in-process runs can fail with ENOMEM (overcommit heuristics)."""
     task = ["task.path=tests.tasks:linear_random_collate", f"train.dataloader_workers={workers}"]
     ref_spec = _spec(tmp_path / "ref", *task)
-    ref = run(ref_spec)
-    spec = _spec(tmp_path / "run", *task, "faults=[{at_micro_step: 13, mode: raise}]")
-    assert run_until_crash(spec)
-    result = run(spec)
+    spec = _spec(tmp_path / "run", *task, f"faults=[{{at_micro_step: 13, mode: {'raise' if not workers else 'exit'}}}]")
+    if workers:
+        assert run_spawned(ref_spec, world_size=1) == [0]
+        assert run_spawned(spec, world_size=1) == [17]  # the hard crash
+        assert run_spawned(spec, world_size=1) == [0]
+        ref_final, final = state_names(ref_spec)[-1], state_names(spec)[-1]
+    else:
+        ref_final = run(ref_spec).final_state
+        assert run_until_crash(spec)
+        final = run(spec).final_state
     ref_hist, hist = step_history(ref_spec), step_history(spec)
     assert {s: r["loss"] for s, r in hist.items()} == {s: r["loss"] for s, r in ref_hist.items()}
-    assert digest(spec, result.final_state) == digest(ref_spec, ref.final_state)
+    assert digest(spec, final) == digest(ref_spec, ref_final)
 
 
 # ------------------------------------------------------------------ 10., 11. metrics and listings
