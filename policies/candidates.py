@@ -167,12 +167,14 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
     return files
 
 
-def _entry_problem(rel: Any, info: Any, listing: dict[str, int]) -> str | None:
+def entry_problem(rel: Any, info: Any) -> str | None:
+    """Why one manifest entry is unusable (an unsafe path, no valid size, not exactly one known
+    checksum): the one rule that classification, fetch and ``digest`` apply alike."""
     if not isinstance(rel, str):
         return f"manifest names a non-string path {rel!r}"
     bad_path = path_problem(rel)
     if bad_path:
-        return f"manifest entry {rel!r}: {bad_path}"
+        return f"manifest entry {rel!r} {bad_path}"
     if not isinstance(info, dict):
         return f"manifest entry {rel} is not an object"
     size = info.get("size")
@@ -185,10 +187,17 @@ def _entry_problem(rel: Any, info: Any, listing: dict[str, int]) -> str | None:
     digest = info[algos[0]]
     if not isinstance(digest, str) or not digest or any(ch not in "0123456789abcdef" for ch in digest):
         return f"manifest entry {rel}: {algos[0]} is not a hex digest"
+    return None
+
+
+def _entry_problem(rel: Any, info: Any, listing: dict[str, int]) -> str | None:
+    problem = entry_problem(rel, info)
+    if problem:
+        return problem
     if rel not in listing:
         return f"missing file listed in the manifest: {rel}"
-    if size != listing[rel]:
-        return f"{rel} is {listing[rel]} bytes, the manifest says {size}"
+    if info["size"] != listing[rel]:
+        return f"{rel} is {listing[rel]} bytes, the manifest says {info['size']}"
     return None
 
 

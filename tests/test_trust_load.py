@@ -199,7 +199,7 @@ def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_pa
 
 def test_fetch_refuses_a_manifest_entry_without_a_checksum(tmp_path):
     cand = Candidate(name="000000000004", manifest={"files": {MODEL: {"size": 3}}})
-    with pytest.raises(StateRefused, match=rf"{MODEL} needs a size and a checksum"):
+    with pytest.raises(StateRefused, match=rf"{MODEL} names no known checksum algorithm"):
         fetch_state(RunStorage(str(tmp_path / "run")), cand, 0)
 
 

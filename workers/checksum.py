@@ -15,7 +15,9 @@ from typing import Any, Protocol
 
 import xxhash
 
-ALGORITHMS = ("xxh3_128", "sha256")
+from policies.candidates import CHECKSUM_ALGORITHMS
+
+ALGORITHMS = CHECKSUM_ALGORITHMS  # the names manifests may use (classification checks the same list)
 DEFAULT = "xxh3_128"
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from policies.redact import redact_url
-from policies.state_paths import path_problem
+from policies.candidates import entry_problem
 from workers.checksum import algorithm_of, matches
 from workers.export import ZERO3_MODEL, ZERO3_OPTIM, consolidate_zero3
 from workers.rng import safetensors_metadata
@@ -45,11 +45,11 @@ def _checked_files(manifest: Any) -> dict[str, Any]:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise ValueError("manifest.json has no files mapping")
-    for rel in files:
-        problem = path_problem(rel)
+    for rel, info in files.items():
+        problem = entry_problem(rel, info)
         if problem:
-            raise StateRefused(f"manifest entry {rel!r} {problem}; a state names only normalized relative paths "
-                               "inside itself, so digest reads nothing outside it: refused (corrupt)")
+            raise StateRefused(f"{problem}; a state names only normalized relative paths inside itself, so digest "
+                               "reads nothing outside it: refused (corrupt)")
     return files
 
 

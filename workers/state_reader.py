@@ -25,9 +25,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from policies.candidates import Candidate
+from policies.candidates import Candidate, entry_problem
 from policies.state_paths import path_problem
-from workers.checksum import ALGORITHMS, algorithm_of, matches
+from workers.checksum import algorithm_of, matches
 from workers.safe_load import StateRefused, check_state_file
 from workers.storage import RunStorage
 
@@ -88,14 +88,10 @@ def manifest_files(cand: Candidate) -> dict[str, dict[str, Any]]:
     if not isinstance(files, dict):
         raise StateRefused(f"{cand.name}: manifest.json has no files mapping: refused (corrupt)")
     for rel, info in files.items():
-        problem = path_problem(rel)
+        problem = entry_problem(rel, info)
         if problem:
-            raise StateRefused(f"{cand.name}: manifest entry {rel!r} {problem}; a state names only normalized "
-                               "relative paths inside itself: refused (corrupt)")
-        if not (isinstance(info, dict) and type(info.get("size")) is int and info["size"] >= 0
-                and any(isinstance(info.get(a), str) for a in ALGORITHMS)):
-            raise StateRefused(f"{cand.name}: manifest entry {rel} needs a size and a checksum "
-                               f"({' or '.join(ALGORITHMS)}): refused (corrupt)")
+            raise StateRefused(f"{cand.name}: {problem}; a state names only normalized relative paths inside "
+                               "itself, each with a size and one known checksum: refused (corrupt)")
     return files
 
 
