@@ -114,7 +114,7 @@ def mlp(d_in: int, width: int, depth: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _loss(model, batch) -> torch.Tensor:  # noqa: ANN001
+def _loss(model, batch) -> torch.Tensor:
     x, y = batch
     return F.cross_entropy(model(x), y)
 
@@ -152,12 +152,12 @@ def instrument() -> None:
 
     orig_take, orig_upload = sw.take_snapshot, sw.upload_snapshot
 
-    def take_snapshot(*args, **kwargs):  # noqa: ANN002, ANN003 - whatever the project's signature is
+    def take_snapshot(*args, **kwargs):
         snap = orig_take(*args, **kwargs)
         PHASES.setdefault((_CURRENT["run"], snap.name), {})["snapshot"] = snap.blocked
         return snap
 
-    def upload_snapshot(*args, **kwargs):  # noqa: ANN002, ANN003
+    def upload_snapshot(*args, **kwargs):
         snap = args[1] if len(args) > 1 else kwargs["snap"]
         t0 = time.perf_counter()
         out = orig_upload(*args, **kwargs)
@@ -187,7 +187,7 @@ class Run:
 
 
 def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> None:
-    from orchestrator.spec import parse_spec, resolve_storage
+    from orchestrator.spec_file import parse_spec, resolve_storage
     from workers.events import EventLog
     from workers.launch import run_in_process
     from workers.storage import RunStorage
@@ -534,7 +534,7 @@ def main() -> None:
     def phase(r: Run, c: dict[str, Any], name: str) -> float:
         return PHASES.get((r.url, c["state"]), {}).get(name, float("nan"))
 
-    def periodic(pred) -> list[tuple[Run, dict[str, Any]]]:  # noqa: ANN001
+    def periodic(pred) -> list[tuple[Run, dict[str, Any]]]:
         return [(r, c) for r in runs if pred(r) for c in r.commits if "final" not in c["reasons"]]
 
     sync_cs = periodic(lambda r: r.mode == "sync" and r.checksum == "xxh3_128")

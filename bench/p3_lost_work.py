@@ -54,7 +54,7 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
 def drill_spec(storage: str, name: str, save_every: int, epochs: int):
-    from orchestrator.spec import load_spec, resolve_storage
+    from orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [f"storage={storage}", f"name={name}", f"train.epochs={epochs}", "train.log_every=1000",
                  f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}", "checkpoint.keep_last=0",

@@ -24,7 +24,7 @@ import tempfile
 
 def run(root: str, elastic: bool, steps: int) -> list[dict]:
     from bench.p2_save_cost import SPEC
-    from orchestrator.spec import parse_spec, resolve_storage
+    from orchestrator.spec_file import parse_spec, resolve_storage
     from workers.events import EventLog
     from workers.launch import run_in_process
     from workers.storage import RunStorage

@@ -47,7 +47,7 @@ CATEGORIES = ("params", "grads", "optim")
 
 
 def _spec(stage: int, offload_optimizer: str, offload_params: str, width: int, depth: int):
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec_file import parse_spec
 
     text = f"""
 name: p7
@@ -106,7 +106,7 @@ def _category(attribute: str) -> str:
     return "params"
 
 
-def measure(engine) -> dict[str, int]:  # noqa: ANN001
+def measure(engine) -> dict[str, int]:
     ledger = Ledger()
     opt = engine.optimizer
     base = getattr(opt, "optimizer", opt)
@@ -154,7 +154,7 @@ def _rank(rank: int, port: int, stage: int, off_opt: str, off_par: str, width: i
             json.dump({"bytes": peak, "rss": rss, "rss_before": rss_before, "numel": numel}, f)
         dist.barrier()
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         traceback.print_exc()
         os._exit(1)
     os._exit(0)

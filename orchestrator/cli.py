@@ -11,8 +11,10 @@ import json
 import sys
 from typing import Any
 
-from orchestrator.spec import JobSpec, SpecError, job_schema, load_spec, resolve_storage, spec_to_json
+from orchestrator.spec_file import load_spec, resolve_storage
+from policies.errors import SpecError
 from policies.redact import redact_text, redact_url
+from policies.spec import JobSpec, job_schema, spec_to_json
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
@@ -50,7 +52,7 @@ def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> No
 
 def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, 'package.module:Name') of every user import path in the spec."""
-    from orchestrator.spec import BUILTIN_POLICIES
+    from policies.spec import BUILTIN_POLICIES
 
     paths = [("task.path", spec.task.path)]
     if spec.resume.policy not in BUILTIN_POLICIES:
@@ -83,7 +85,7 @@ def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -
                 why = f"no module named {module!r}"
             except ModuleNotFoundError as e:  # a parent package is missing
                 found, why = False, f"no module named {e.name!r}" if e.name else str(e)
-            except Exception as e:  # noqa: BLE001 - a parent package's __init__ failed
+            except Exception as e:
                 found, why = False, f"importing its package raised {type(e).__name__}: {e}"
             if not found:
                 problems.append(
@@ -105,7 +107,7 @@ def _check_storage(spec: JobSpec) -> None:
         probe = path.rstrip("/") + "/.syncpoint-probe"
         fs.pipe_file(probe, b"ok")
         fs.rm(probe)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         # redacted with the URL's own secrets too: a backend's error may quote a password bare
         raise SpecError("storage", [redact_text(
             f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. Use a local path, file://, memory:// "
@@ -113,7 +115,7 @@ def _check_storage(spec: JobSpec) -> None:
             "access", spec.storage)]) from None
 
 
-def _storage(arg: str, what: str):  # noqa: ANN202
+def _storage(arg: str, what: str):
     from workers.storage import RunStorage
 
     try:
@@ -134,7 +136,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_states(args: argparse.Namespace) -> int:
     from policies.candidates import Expectation, candidates_table, classify, expectation_from_trainer
-    from policies.resume import NoResumableState, enforce_safe, make_policy
+    from policies.errors import NoResumableState
+    from policies.resume import enforce_safe, make_policy
     from workers.discovery import discover
     from workers.signing import load_key
 
@@ -184,8 +187,8 @@ def cmd_states(args: argparse.Namespace) -> int:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
+    from policies.errors import StateRefused
     from workers.digest import state_digest
-    from workers.safe_load import StateRefused
 
     _storage(args.state_dir, "STATE_DIR")
     try:

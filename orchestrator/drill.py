@@ -16,8 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from orchestrator.spec import CrashFault, JobSpec
 from orchestrator.timeline import merged_steps, restarts
+from policies.spec import CrashFault, JobSpec
 
 
 @dataclass

@@ -25,11 +25,11 @@ from policies.failures import PREEMPTION, FailureFacts, classify_failure, user_e
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
-    def __init__(self, failure_config, run_url: str) -> None:  # noqa: ANN001
+    def __init__(self, failure_config, run_url: str) -> None:
         super().__init__(failure_config)
         self.run_url = run_url
 
-    def make_decision(self, training_failed_error) -> FailureDecision:  # noqa: ANN001
+    def make_decision(self, training_failed_error) -> FailureDecision:
         facts = gather_facts(training_failed_error, self.run_url)
         verdict = classify_failure(facts)
         ray_counts_as_preemption = facts.ray_says_preempted
@@ -45,7 +45,7 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         return decision
 
 
-def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
+def gather_facts(error, run_url: str) -> FailureFacts:
     import ray
 
     from workers.events import EventLog
@@ -62,7 +62,7 @@ def gather_facts(error, run_url: str) -> FailureFacts:  # noqa: ANN001
             last = starts[-1]
             attempt_nodes = list(last.get("nodes") or [])
             notice = any(e["kind"] == "preemption_notice" and e.get("attempt") == last.get("attempt") for e in events)
-    except Exception:  # noqa: BLE001 - classification must never crash the controller
+    except Exception:
         pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
@@ -85,7 +85,7 @@ def _dead_nodes() -> set[str]:
 
     try:
         return {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
-    except Exception:  # noqa: BLE001
+    except Exception:
         return set()
 
 
@@ -97,7 +97,7 @@ def _is_system_death(error: BaseException) -> bool:
     return isinstance(inner, RayActorError) or isinstance(error, RayActorError)
 
 
-def _record(run_url: str, verdict, facts: FailureFacts, decision, error) -> None:  # noqa: ANN001
+def _record(run_url: str, verdict, facts: FailureFacts, decision, error) -> None:
     try:
         from workers.events import EventLog
         from workers.storage import RunStorage
@@ -106,7 +106,7 @@ def _record(run_url: str, verdict, facts: FailureFacts, decision, error) -> None
             "failure", classified=verdict.kind, reason=verdict.reason, decision=decision.value,
             ranks=sorted(getattr(error, "worker_failures", {}) or {}), messages=list(facts.messages)[:4],
             dead_nodes=list(facts.dead_attempt_nodes))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
 
 

@@ -19,9 +19,9 @@ import uuid
 import warnings
 from typing import Any
 
-from orchestrator.spec import JobSpec
 from policies.failures import failure_reason, user_error_line
 from policies.redact import redact_text, redact_url
+from policies.spec import JobSpec
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -79,7 +79,7 @@ WATCHER_ARGS_LINE = re.compile(r"Actor with class name: 'PreemptionWatcher' and 
                                r"in the object store and max_restarts > 0")
 
 
-def _filtered_log_handler(handler):  # noqa: ANN001, ANN202
+def _filtered_log_handler(handler):
     def handle(data: dict) -> None:
         lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
         if lines:
@@ -122,12 +122,12 @@ def quiet_worker(spec: JobSpec) -> None:
         # the module itself: `deepspeed.comm.torch` as an attribute is torch (deepspeed.comm imports it)
         ds_torch = importlib.import_module("deepspeed.comm.torch")
         original = ds_torch.build_shm_op
-    except Exception:  # noqa: BLE001 - quieting never fails a run; DeepSpeed's own errors surface in the loop
+    except Exception:
         return
     if getattr(original, "_syncpoint_quiet", False):
         return
 
-    def build_shm_op():  # noqa: ANN202
+    def build_shm_op():
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -209,7 +209,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         try:
             with installed(spec.run_url):
                 trainer.fit()
-        except Exception as e:  # noqa: BLE001 - turn Ray's error into one paragraph
+        except Exception as e:
             failure = failure_report(e)
     finally:
         from workers.lease import release_lease
@@ -242,14 +242,14 @@ def finish_line(spec: JobSpec) -> str:
     plot = None
     try:
         plot = _draw_plot(storage, events, spec.name)
-    except Exception as e:  # noqa: BLE001 - a plot is a convenience; the summary says it is missing and why
+    except Exception as e:
         print(f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
               f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it", file=sys.stderr)
     model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
     return format_summary(spec.name, summary, model, plot)
 
 
-def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:  # noqa: ANN001
+def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:
     import tempfile
 
     from orchestrator.plot import plot_run
@@ -262,7 +262,7 @@ def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:  # noq
     return _shown(storage, "plot.png")
 
 
-def _shown(storage, *parts: str) -> str:  # noqa: ANN001
+def _shown(storage, *parts: str) -> str:
     """A path as a newcomer types it: relative to the working directory when under it."""
     if not storage.local:
         return redact_url(storage.url_of(*parts))

@@ -15,8 +15,9 @@ import shlex
 import sys
 import time
 
-from orchestrator.spec import JobSpec, SpecError
+from policies.errors import SpecError
 from policies.redact import redact_text, redact_url, url_secret_paths
+from policies.spec import JobSpec
 
 TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
@@ -82,7 +83,7 @@ def _is_local(address: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _connect(client_cls, address: str, headers: dict[str, str]):  # noqa: ANN001, ANN202
+def _connect(client_cls, address: str, headers: dict[str, str]):
     """The Job API client; a refused or missing token is one paragraph (exit 2), never a traceback."""
     from ray.exceptions import AuthenticationError
     try:
@@ -189,7 +190,7 @@ def preflight_timeout_s() -> float:
     return float(os.environ.get("SYNCPOINT_PREFLIGHT_TIMEOUT_S", "180"))
 
 
-def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, str]] = (),  # noqa: ANN001
+def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, str]] = (),
               source: str = "submit", timeout_s: float | None = None) -> dict:
     """Run the probe job and wait for it (bounded); refuse (SpecError, exit 2) unless the cluster's
     ``python`` imports syncpoint at this machine's version and finds the modules of ``paths``.
@@ -214,7 +215,7 @@ def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, st
         if time.monotonic() > deadline:
             try:
                 client.stop_job(probe_id)
-            except Exception:  # noqa: BLE001 - best effort; the refusal below says what to look at
+            except Exception:
                 pass
             raise SpecError(where, [
                 f"the preflight job {probe_id} (which checks that the cluster's Python can import syncpoint) did not "
@@ -254,6 +255,6 @@ def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, st
     return report
 
 
-async def _stream(client, job_id: str) -> None:  # noqa: ANN001
+async def _stream(client, job_id: str) -> None:
     async for lines in client.tail_job_logs(job_id):
         print(redact_text(lines), end="", flush=True)

@@ -13,13 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
-class ElasticLayoutError(ValueError):
-    """The world size cannot keep the global batch (a user error naming the sizes that work)."""
-
-
-class DataLayoutError(ElasticLayoutError):
-    """The dataset cannot fill one global micro-batch (a user error)."""
+from policies.errors import DataLayoutError, ElasticLayoutError
 
 
 def allowed_world_sizes(micro_batch_size: int, grad_accum: int, min_workers: int, max_workers: int) -> list[int]:

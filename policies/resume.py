@@ -11,12 +11,13 @@ mid-cycle, torn, corrupt or incompatible state. Users plug their own in with
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.candidates import Candidate, Verdict, candidates_table, finite_metric
+from policies.candidates import Candidate, Verdict, finite_metric
+from policies.errors import NoResumableState
+from policies.import_path import load_object
 
 
 @dataclass(frozen=True)
@@ -27,21 +28,6 @@ class Decision:
 
 class ResumePolicy(Protocol):
     def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision: ...
-
-
-class NoResumableState(RuntimeError):
-    """Candidates exist but none can be continued exactly: fail fast, listing every one."""
-
-    def __init__(self, candidates: list[Candidate], headline: str = "") -> None:
-        self.candidates = candidates
-        newest = next(iter(candidates), None)
-        why = (f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "
-               f"{newest.reason.rstrip('.')}." if newest is not None else "")
-        head = headline or (
-            f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
-            f"of them.{why} Fix or remove the states below, or set resume.policy: fresh with "
-            "resume.on_existing: archive to start a new run.")
-        super().__init__(head + "\n" + candidates_table(candidates))
 
 
 class NewestResumable:
@@ -149,21 +135,6 @@ BUILTIN: dict[str, type] = {
     "fresh": Fresh,
     "best-metric": BestMetric,
 }
-
-
-def load_object(path: str) -> Any:
-    """Import ``package.module:Name``; the error names the path and what to fix."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{path!r} is not an import path of the form 'package.module:Name'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} from {path!r}: {e}") from e
-    try:
-        return getattr(module, attr)
-    except AttributeError as e:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from e
 
 
 def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:

@@ -19,8 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.candidates import Candidate, Verdict, newest_first
-from policies.candidates import is_state_name  # noqa: F401 - re-exported: retention's rule for names
+from policies.candidates import (
+    Candidate,
+    Verdict,
+    is_state_name,
+    newest_first,
+)
 
 
 @dataclass

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator.spec import JobSpec, parse_spec, resolve_storage
+from orchestrator.spec_file import parse_spec, resolve_storage
+from policies.spec import JobSpec
 from workers.digest import state_digest
 from workers.events import EventLog
 from workers.faults import InjectedCrash
@@ -38,7 +39,7 @@ checkpoint: {keep_last: 0, export_final: false}
 
 
 def with_overrides(spec: JobSpec, *overrides: str) -> JobSpec:
-    from orchestrator.spec import apply_overrides
+    from orchestrator.spec_file import apply_overrides
 
     raw = apply_overrides(spec.model_dump(mode="json"), list(overrides))
     return JobSpec.model_validate(raw)
@@ -97,7 +98,7 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def stop_processes(ours) -> None:  # noqa: ANN001
+def stop_processes(ours) -> None:
     """Kill these processes and everything they started (a test's own Ray head; never `ray stop`,
     which would stop every cluster on the machine)."""
     import psutil

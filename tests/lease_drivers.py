@@ -11,10 +11,11 @@ import time
 JOB = "job-identity"
 
 
-def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:  # noqa: ANN001
+def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:
     """Wait for every racer, then try to take the lease once; report the outcome. ``skew_s``: this
     driver's clock runs that far ahead (another machine with a wrong clock)."""
-    from workers.lease import LeaseRefused, RunLease
+    from policies.errors import LeaseRefused
+    from workers.lease import RunLease
     from workers.storage import RunStorage
 
     if skew_s:
@@ -31,7 +32,7 @@ def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:  #
     lease.stop()
 
 
-def committer(url: str, submission: str, first_step: int, stall_s: float, commits: int, out, ready) -> None:  # noqa: ANN001
+def committer(url: str, submission: str, first_step: int, stall_s: float, commits: int, out, ready) -> None:
     """A driver committing states through the real ``commit_snapshot`` (a one-rank gloo group).
 
     It takes the lease (polling while another submission holds it), then commits ``commits``
@@ -40,9 +41,10 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     """
     import torch.distributed as dist
 
+    from policies.errors import LeaseLostError, LeaseRefused
     from workers.faults import Faults
     from workers.launch import free_port
-    from workers.lease import LeaseLostError, LeaseRefused, RunLease
+    from workers.lease import RunLease
     from workers.state_writer import Snapshot, commit_snapshot, state_name
     from workers.storage import RunStorage
 
@@ -95,7 +97,7 @@ class StealLeaseAt:
         self.pause = float(os.environ.get("SYNCPOINT_TEST_PAUSE_S", "0"))
         self.save_at = {int(s) for s in os.environ.get("SYNCPOINT_TEST_SAVE_AT", "").split(",") if s}
 
-    def wants_save(self, tick) -> bool:  # noqa: ANN001
+    def wants_save(self, tick) -> bool:
         StealLeaseAt.seen.append(tick.global_micro_step)
         if tick.global_micro_step == self.at and int(os.environ.get("RANK", "0")) == 0:
             self._steal()
@@ -112,7 +114,7 @@ class StealLeaseAt:
                             "generation": held.generation + 1, "holder": "thief-token", "heartbeat": time.time()})
 
 
-def write_lease(store, record: dict) -> None:  # noqa: ANN001
+def write_lease(store, record: dict) -> None:
     """Replace the lease whatever it holds, through the store's compare-and-swap (so a heartbeat
     landing at the same moment cannot silently undo it)."""
     data = json.dumps(record).encode()
@@ -141,13 +143,13 @@ def race_threads(leases: list) -> tuple[list, list[str]]:
     """Every lease tries ``acquire`` at the same moment from its own thread: (winners, refusals)."""
     import threading
 
-    from workers.lease import LeaseRefused
+    from policies.errors import LeaseRefused
 
     start = threading.Barrier(len(leases))
     won: list = []
     refused: list[str] = []
 
-    def take(lease) -> None:  # noqa: ANN001
+    def take(lease) -> None:
         start.wait()
         try:
             lease.acquire()

@@ -24,7 +24,7 @@ class SlowObjectStore(MemoryFileSystem):
     store: dict = {}
     pseudo_dirs = [""]
 
-    def _open(self, path, mode="rb", **kwargs):  # noqa: ANN001
+    def _open(self, path, mode="rb", **kwargs):
         if "w" in mode and "/engine/" in path:
             time.sleep(0.15)
         return super()._open(path, mode, **kwargs)

@@ -25,11 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.spec_file import parse_spec
+from policies.errors import JobConfigError, ResumeRefused, SpecError, TaskError
 from tests.helpers import cli, committed_steps, linear_spec, run
 from workers.data import DataLayoutError
-from workers.loop import ResumeRefused
-from workers.task import JobConfigError, TaskError
 
 # ----------------------------------------------------------------------------- the committed run
 
@@ -73,7 +72,7 @@ def no_ray(monkeypatch):
     """Bad input must be refused before the launcher: reaching it fails the test (and starts no Ray)."""
     fake = types.ModuleType("orchestrator.ray_runner")
 
-    def run_on_ray(spec, address=None):  # noqa: ANN001
+    def run_on_ray(spec, address=None):
         raise AssertionError(f"bad input reached the Ray launcher (storage {spec.storage!r})")
 
     fake.run_on_ray = run_on_ray
@@ -511,7 +510,7 @@ def test_hostile_spec_fails_fast_and_bounded(hostile_results, request, content, 
                                      "nesting-10000-flow", "nesting-through-chained-aliases", "integer-of-5000-digits"])
 def test_parse_bounds_hold_without_libyaml(monkeypatch, case_id):
     """The same bounds when PyYAML has no libyaml (the pure-Python event parser): the composer checks them."""
-    import orchestrator.spec as spec_module
+    import orchestrator.spec_file as spec_module
 
     monkeypatch.setattr(spec_module, "_BoundedLoader", spec_module._PyLoader)
     content, _, fix = next(c.values for c in HOSTILE_CASES if c.id == case_id)

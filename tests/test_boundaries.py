@@ -1,5 +1,10 @@
-from policies.boundaries import (boundary_micro_steps, cycle_length, is_boundary, optimizer_steps_per_epoch,
-                                 position_after)
+from policies.boundaries import (
+    boundary_micro_steps,
+    cycle_length,
+    is_boundary,
+    optimizer_steps_per_epoch,
+    position_after,
+)
 
 
 def test_brief_example_steps_fire_after_4_8_10_14_18_20():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import (digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json)
+from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json
 from workers.digest import load_deepspeed_file
 from workers.export import zero3_state_from_storage
 from workers.launch import run_spawned

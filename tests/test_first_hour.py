@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.timeline import format_summary, summarize
-from tests.helpers import ROOT, EXAMPLE
+from tests.helpers import EXAMPLE, ROOT
 
 # ---------------------------------------------------------------- import paths, before Ray starts
 
@@ -100,7 +100,7 @@ def test_the_check_finds_modules_next_to_the_job_without_running_them(tmp_path, 
 def _events_with_a_restart() -> list[dict]:
     """Attempt 1 commits state 8 (snapshot at t=113, a 1 s save), crashes at micro-step 13 and fails
     at t=122; attempt 2 resumes from 8 and finishes at micro-step 24 (optimizer step 6)."""
-    rec = lambda step, gms, t: {"optimizer_step": step, "global_micro_step": gms, "loss": 1.0, "lr": 0.1, "time": t}  # noqa: E731
+    rec = lambda step, gms, t: {"optimizer_step": step, "global_micro_step": gms, "loss": 1.0, "lr": 0.1, "time": t}
     return [
         {"kind": "submitted", "time": 100.0},
         {"kind": "attempt_started", "time": 110.0, "attempt": 1, "global_micro_step": 0, "resumed_from": None},

@@ -34,7 +34,7 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.spec import parse_spec
+from orchestrator.spec_file import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"

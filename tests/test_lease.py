@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
 from workers.launch import run_in_process, run_spawned
-from workers.lease import LeaseLostError, LeaseRefused, RunLease, read_lease, release_lease
-from workers.loop import ResumeRefused
+from workers.lease import RunLease, read_lease, release_lease
 from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
+from policies.errors import LeaseRefused
 from tests import lease_drivers
-from tests.test_s3 import BUCKET, s3  # noqa: F401 - the moto server fixture
-from workers.lease import LeaseRefused, RunLease, read_lease
+from tests.test_s3 import BUCKET, s3
+from workers.lease import RunLease, read_lease
 from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
@@ -21,7 +22,7 @@ def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:
     return RunLease(RunStorage(url), job_identity=JOB, job_name="job", submission=submission, ttl_s=ttl)
 
 
-def test_conditional_writes_are_checked_by_the_server(s3):  # noqa: F811
+def test_conditional_writes_are_checked_by_the_server(s3):
     store = RunStorage(f"s3://{BUCKET}/cas")
     assert store.conditional_writes == "s3"
     first = store.write_if(b"first", "lease.json", expect=None)
@@ -35,7 +36,7 @@ def test_conditional_writes_are_checked_by_the_server(s3):  # noqa: F811
     assert store.write_if(b"late", "lease.json", expect=first) is None  # a stale owner cannot write back
 
 
-def test_racing_threads_on_s3_exactly_one_wins(s3):  # noqa: F811
+def test_racing_threads_on_s3_exactly_one_wins(s3):
     url = f"s3://{BUCKET}/race-threads"
     leases = [_lease(url, f"sub-{i}") for i in range(8)]
     won, _ = lease_drivers.race_threads(leases)
@@ -49,7 +50,7 @@ def test_racing_threads_on_s3_exactly_one_wins(s3):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_racing_processes_on_s3_exactly_one_wins(s3):  # noqa: F811
+def test_racing_processes_on_s3_exactly_one_wins(s3):
     url = f"s3://{BUCKET}/race-procs"
     results = lease_drivers.race_processes(url, 3, timeout=120)
     winners = [r for r in results if r[1] == "won"]
@@ -57,7 +58,7 @@ def test_racing_processes_on_s3_exactly_one_wins(s3):  # noqa: F811
     assert read_lease(RunStorage(url)).record["submission"] == winners[0][0]
 
 
-def test_a_stalled_owner_is_taken_over_and_fenced_by_the_etag(s3):  # noqa: F811
+def test_a_stalled_owner_is_taken_over_and_fenced_by_the_etag(s3):
     url = f"s3://{BUCKET}/takeover"
     owner = _lease(url, "owner", ttl=1.5)
     owner.acquire()
@@ -75,7 +76,7 @@ def test_a_stalled_owner_is_taken_over_and_fenced_by_the_etag(s3):  # noqa: F811
         successor.stop()
 
 
-def test_a_successor_whose_clock_runs_ten_seconds_ahead_never_takes_over_on_s3(s3):  # noqa: F811
+def test_a_successor_whose_clock_runs_ten_seconds_ahead_never_takes_over_on_s3(s3):
     url = f"s3://{BUCKET}/skew"
     owner = _lease(url, "owner", ttl=3.0)
     owner.acquire()
@@ -92,7 +93,7 @@ def test_a_successor_whose_clock_runs_ten_seconds_ahead_never_takes_over_on_s3(s
         owner.stop()
 
 
-def test_a_malformed_lease_on_s3_expires_by_its_last_modified(s3, capsys):  # noqa: F811
+def test_a_malformed_lease_on_s3_expires_by_its_last_modified(s3, capsys):
     url = f"s3://{BUCKET}/malformed"
     s3.put_object(Bucket=BUCKET, Key="malformed/lease.json", Body=b'{"submission": "x", "heartbeat": "soon"}')
     successor = _lease(url, "successor", ttl=1.0)

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from policies.candidates import Candidate, Expectation, Verdict, classify, newest_first
-from policies.resume import BestMetric, Fresh, NewestResumable, NoResumableState, Pinned, enforce_safe, make_policy
+from policies.errors import NoResumableState
+from policies.resume import BestMetric, Fresh, NewestResumable, Pinned, enforce_safe, make_policy
 from policies.retention import plan_retention
 from policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
 from tests.meta import candidate_for, commit_candidate, trainer_for

@@ -7,9 +7,17 @@ import json
 
 import pytest
 
-from tests.helpers import (committed_steps, digest, lm_spec, run, run_until_crash, state_names, trainer_json,
-                           with_overrides)
-from workers.loop import ResumeRefused
+from policies.errors import ResumeRefused
+from tests.helpers import (
+    committed_steps,
+    digest,
+    lm_spec,
+    run,
+    run_until_crash,
+    state_names,
+    trainer_json,
+    with_overrides,
+)
 from workers.checksum import checksum_bytes
 from workers.storage import RunStorage
 

@@ -12,15 +12,24 @@ import math
 import pytest
 
 from policies.candidates import Expectation, Verdict, classify, expectation_from_trainer, identity_record
-from policies.resume import BestMetric, NoResumableState
-from tests.helpers import (committed_steps, digest, linear_spec, run, run_until_crash, state_names, step_history,
-                           trainer_json, with_overrides)
+from policies.errors import NoResumableState, ResumeRefused
+from policies.resume import BestMetric
+from tests.helpers import (
+    committed_steps,
+    digest,
+    linear_spec,
+    run,
+    run_until_crash,
+    state_names,
+    step_history,
+    trainer_json,
+    with_overrides,
+)
 from tests.meta import candidate_for, commit_candidate
 from workers.digest import load_deepspeed_file
 from workers.discovery import discover
 from workers.events import EventLog
 from workers.launch import run_in_process, run_spawned
-from workers.loop import ResumeRefused
 from workers.storage import RunStorage
 
 
@@ -336,7 +345,7 @@ def _ray_failure(exc: BaseException) -> BaseException:
 def _failure_of(spec) -> BaseException:
     try:
         run(spec)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return e
     raise AssertionError("the run did not fail")
 

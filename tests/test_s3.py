@@ -24,7 +24,16 @@ import fsspec
 import pytest
 
 from orchestrator.cli import main
-from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, state_names, step_history, trainer_json
+from tests.helpers import (
+    committed_steps,
+    digest,
+    linear_spec,
+    run,
+    run_until_crash,
+    state_names,
+    step_history,
+    trainer_json,
+)
 from workers.discovery import discover
 from workers.events import EventLog
 from workers.storage import RunStorage

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import SpecError, parse_spec, resolve_storage
+from orchestrator.spec_file import parse_spec, resolve_storage
+from policies.errors import SpecError
 from policies.redact import redact_obj, redact_text, redact_url, url_secret_paths
 from tests.helpers import cli
 
@@ -127,10 +128,10 @@ class _RecordingClient:
 
     submitted: list[dict] = []
 
-    def __init__(self, address, *args, **kwargs):  # noqa: ANN001
+    def __init__(self, address, *args, **kwargs):
         self.address = address
 
-    def submit_job(self, **kwargs):  # noqa: ANN003
+    def submit_job(self, **kwargs):
         _RecordingClient.submitted.append(kwargs)
         return "raysubmit_test"
 

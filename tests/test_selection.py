@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from policies.errors import ResumeRefused
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, step_history
 from workers.events import EventLog
-from workers.loop import ResumeRefused
 from workers.storage import RunStorage
 
 

@@ -7,14 +7,13 @@ import json
 
 import pytest
 
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.spec_file import parse_spec
+from policies.errors import JobConfigError, ResumeRefused, SpecError
 from tests.helpers import EXAMPLE, committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
 from workers.checksum import checksum_bytes
 from workers.events import EventLog
-from workers.loop import ResumeRefused
 from workers.signing import canonical_bytes, sign, trust_problem
 from workers.storage import RunStorage
-from workers.task import JobConfigError
 
 KEY = "k" * 40
 SIGNED = ["checkpoint.checksum=sha256", "checkpoint.signing_key_env=SYNCPOINT_TEST_KEY"]

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.spec import SpecError, load_spec, parse_spec, resolve_storage
+from orchestrator.spec_file import load_spec, parse_spec, resolve_storage
+from policies.errors import SpecError
 from tests.helpers import EXAMPLE, ROOT
 
 MINIMAL = """

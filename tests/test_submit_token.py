@@ -22,8 +22,8 @@ import urllib.request
 import psutil
 import pytest
 
-from orchestrator.spec import SpecError
 from orchestrator.submit import auth_headers, read_token
+from policies.errors import SpecError
 from tests.helpers import ROOT, stop_processes
 from workers.launch import free_port
 
@@ -35,7 +35,7 @@ TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDR
 
 
 @pytest.fixture
-def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path) -> str:  # noqa: ANN001
+def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path) -> str:
     """No token anywhere: a clean environment and an empty home directory."""
     for var in TOKEN_ENV:
         monkeypatch.delenv(var, raising=False)
@@ -45,7 +45,7 @@ def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path) -> str:  # noqa: ANN001
     return str(home)
 
 
-def _file(path, text: str) -> str:  # noqa: ANN001
+def _file(path, text: str) -> str:
     path.write_text(text)
     return str(path)
 
@@ -55,7 +55,7 @@ def test_no_token_configured_sends_no_header(no_token: str) -> None:
     assert auth_headers("http://127.0.0.1:8265") == {}
 
 
-def test_token_sources_in_order(no_token: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_token_sources_in_order(no_token: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     os.makedirs(os.path.join(no_token, ".ray"))
     _file(tmp_path / "home" / ".ray" / "auth_token", "from-home\n")
     assert read_token() == "from-home"  # Ray's default file, newline stripped
@@ -69,7 +69,7 @@ def test_token_sources_in_order(no_token: str, tmp_path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", "two tokens\n"])
-def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: str, tmp_path,  # noqa: ANN001
+def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: str, tmp_path,
                                                                       content: str) -> None:
     path = _file(tmp_path / "token", content)
     with pytest.raises(SpecError) as e:
@@ -79,7 +79,7 @@ def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: s
         read_token(str(tmp_path / "missing"))
 
 
-def test_plain_http_to_a_remote_address_warns_without_the_token(no_token: str, monkeypatch,  # noqa: ANN001
+def test_plain_http_to_a_remote_address_warns_without_the_token(no_token: str, monkeypatch,
                                                                 capsys) -> None:
     monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cr3t-token-value")
     assert auth_headers("http://127.0.0.1:8265") == {"Authorization": "Bearer s3cr3t-token-value"}
@@ -104,7 +104,7 @@ def _env(token: str | None = None, **extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def token_head():  # noqa: ANN201
+def token_head():
     """A local head started with RAY_AUTH_MODE=token and its own token; yields (address, token)."""
     token = secrets.token_hex(32)
     temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
@@ -152,7 +152,7 @@ def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.Complet
 
 
 @pytest.mark.slow
-def test_the_head_refuses_requests_without_its_token(token_head) -> None:  # noqa: ANN001
+def test_the_head_refuses_requests_without_its_token(token_head) -> None:
     """What makes the other tests meaningful: this cluster really enforces the token."""
     address, token = token_head
     assert _status(address, None) == 401
@@ -161,7 +161,7 @@ def test_the_head_refuses_requests_without_its_token(token_head) -> None:  # noq
 
 
 @pytest.mark.slow
-def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypatch) -> None:  # noqa: ANN001
+def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypatch) -> None:
     """The Job SDK client built the way `syncpoint submit` builds it (RAY_AUTH_TOKEN, no RAY_AUTH_MODE)."""
     from ray.job_submission import JobSubmissionClient
 
@@ -173,7 +173,7 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
 
 
 @pytest.mark.slow
-def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:  # noqa: ANN001
+def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:
     """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
     (a task path that does not exist) comes back as exit 1 - the token got it all the way there."""
     address, token = token_head
@@ -193,7 +193,7 @@ def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path)
 
 
 @pytest.mark.slow
-def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_head, tmp_path) -> None:  # noqa: ANN001
+def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_head, tmp_path) -> None:
     address, token = token_head
     home = tmp_path / "home"
     home.mkdir()

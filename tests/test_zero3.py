@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from orchestrator.spec import SpecError
 from policies.candidates import required_files
+from policies.errors import SpecError
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
 from tests.test_exact_resume import assert_same_run, module_params
 from tests.test_trust_load import one_paragraph, payload, plant
@@ -148,8 +148,8 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     and still consolidates real partitions; the universal-checkpoint loaders are sealed."""
     import deepspeed.runtime.engine as ds_engine
 
+    from policies.errors import StateRefused
     from workers.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
-    from workers.safe_load import StateRefused
 
     route_zero3_module_load()
     load = ds_engine.get_fp32_state_dict_from_zero_checkpoint
@@ -168,7 +168,7 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     assert not marker.exists()
 
     class Optimizer:
-        def load_hp_checkpoint_state(self, *_):  # noqa: ANN202
+        def load_hp_checkpoint_state(self, *_):
             raise AssertionError("reached DeepSpeed's own loader")
 
     opt = Optimizer()

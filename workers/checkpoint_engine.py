@@ -55,9 +55,9 @@ from typing import Any, Callable, ContextManager
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
+from policies.errors import JobConfigError
 from workers.checksum import ChecksummingWriter
 from workers.safe_load import load_state_file
-from workers.task import JobConfigError
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
 Sink = Callable[[str], ContextManager[ChecksummingWriter]]

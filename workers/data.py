@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from policies.elastic import DataLayoutError
+from policies.errors import DataLayoutError
 
 
 def derive_seed(*parts: int) -> int:
@@ -83,7 +83,7 @@ class SeededSamples(Dataset):
         with _seeded_rngs(derive_seed(self.seed, self.epoch, int(index))):
             return self.dataset[index]
 
-    def __getitems__(self, indices: list[int]) -> "SeededBatch":
+    def __getitems__(self, indices: list[int]) -> SeededBatch:
         """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
         the user's collate sees the same randomness wherever and whenever the batch is built."""
         batch = SeededBatch(self[i] for i in indices)

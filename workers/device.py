@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.spec import JobSpec
-from workers.task import JobConfigError
+from policies.errors import JobConfigError
+from policies.spec import JobSpec
 
 
 def backend(spec: JobSpec) -> str:

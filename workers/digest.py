@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from policies.redact import redact_url
 from policies.candidates import entry_problem
+from policies.errors import StateRefused
+from policies.redact import redact_url
 from workers.checksum import algorithm_of, matches
 from workers.export import ZERO3_MODEL, ZERO3_OPTIM, consolidate_zero3
 from workers.rng import safetensors_metadata
-from workers.safe_load import StateRefused, load_state_file
+from workers.safe_load import load_state_file
 from workers.state_reader import ChecksumMismatch
 from workers.storage import RunStorage
 

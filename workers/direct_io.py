@@ -145,8 +145,8 @@ class DirectFileWriter:
                 _give_back(buf)
             self.buffers = []
 
-    def __enter__(self) -> "DirectFileWriter":
+    def __enter__(self) -> DirectFileWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:  # noqa: ANN001
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.close(durable=exc_type is None)

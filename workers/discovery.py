@@ -105,7 +105,7 @@ class LazyCandidates(Sequence[Candidate]):
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 
-    def __getitem__(self, i):  # noqa: ANN001, ANN204
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self._load(j) for j in range(*i.indices(len(self)))]
         if i < 0:

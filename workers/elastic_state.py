@@ -36,18 +36,18 @@ from workers.rng import safetensors_metadata
 FULL_STATE = "optim/full.safetensors"
 
 
-def _base_optimizer(engine):  # noqa: ANN001, ANN202
+def _base_optimizer(engine):
     return getattr(engine.optimizer, "optimizer", engine.optimizer)
 
 
-def _state_keys(engine) -> list[str]:  # noqa: ANN001
+def _state_keys(engine) -> list[str]:
     base = _base_optimizer(engine)
     for st in base.state.values():
         return sorted(k for k, v in st.items() if torch.is_tensor(v) and v.dim() > 0)
     return []
 
 
-def _step(engine) -> float:  # noqa: ANN001
+def _step(engine) -> float:
     base = _base_optimizer(engine)
     for st in base.state.values():
         step = st.get("step")
@@ -55,7 +55,7 @@ def _step(engine) -> float:  # noqa: ANN001
     return 0.0
 
 
-def save_full_optimizer_state(engine, staging: str, rank: int) -> None:  # noqa: ANN001
+def save_full_optimizer_state(engine, staging: str, rank: int) -> None:
     """All ranks (collectives); rank 0 writes ``<staging>/optim/full.safetensors``."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -73,7 +73,7 @@ def save_full_optimizer_state(engine, staging: str, rank: int) -> None:  # noqa:
                                                                        "keys": json.dumps(keys)})
 
 
-def load_full_optimizer_state(engine, data: bytes) -> None:  # noqa: ANN001
+def load_full_optimizer_state(engine, data: bytes) -> None:
     """Every rank: scatter the full state into this world size's ZeRO partitions."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -99,7 +99,7 @@ def load_full_optimizer_state(engine, data: bytes) -> None:  # noqa: ANN001
             safe_set_full_optimizer_state(p, tensors[f"{name}::{key}"], key)
 
 
-def prepare_resize(engine, local_dir: str, rank: int) -> None:  # noqa: ANN001
+def prepare_resize(engine, local_dir: str, rank: int) -> None:
     """ZeRO-3 at another world size: give this rank the model file DeepSpeed will look for.
 
     Why: DeepSpeed's module-only load reads ``zero_pp_rank_<this rank>_mp_rank_00_model_states.pt``;
@@ -117,7 +117,7 @@ def prepare_resize(engine, local_dir: str, rank: int) -> None:  # noqa: ANN001
         shutil.copyfile(os.path.join(directory, "zero_pp_rank_0_mp_rank_00_model_states.pt"), mine)
 
 
-def _partitions(engine) -> list[torch.Tensor]:  # noqa: ANN001
+def _partitions(engine) -> list[torch.Tensor]:
     """The tensors the base optimizer keys its state by: its param groups' params at ZeRO 1/2, the
     flat fp32 partitions at ZeRO-3 (whose param groups are empty between steps)."""
     flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
@@ -126,7 +126,7 @@ def _partitions(engine) -> list[torch.Tensor]:  # noqa: ANN001
     return [flat for group in _base_optimizer(engine).param_groups for flat in group["params"]]
 
 
-def _step_value(base, step: float):  # noqa: ANN001, ANN202
+def _step_value(base, step: float):
     """Each optimizer's own type for ``step``: torch's Adam a float32 tensor, DeepSpeed's CPU Adam
     (optimizer offload) a plain int it passes to its C++ kernel."""
     if type(base).__name__ == "DeepSpeedCPUAdam":
@@ -134,19 +134,19 @@ def _step_value(base, step: float):  # noqa: ANN001, ANN202
     return torch.tensor(float(step), dtype=torch.float32)
 
 
-def check_full_optimizer_state(engine, path: str) -> None:  # noqa: ANN001
+def check_full_optimizer_state(engine, path: str) -> None:
     """Refuse (``StateRefused``) a gathered full state that does not fit this model, before any of
     the state is loaded: ``load_full_optimizer_state`` runs after DeepSpeed already loaded the
     weights, so a missing tensor or a wrong shape found there would leave a half-loaded engine.
     Reads only the safetensors header (names, shapes, metadata)."""
-    from workers.safe_load import StateRefused
+    from policies.errors import StateRefused
 
     problem = _full_state_problem(engine, path)
     if problem:
         raise StateRefused(f"{FULL_STATE}: {problem}: refused (corrupt)")
 
 
-def _full_state_problem(engine, path: str) -> str | None:  # noqa: ANN001
+def _full_state_problem(engine, path: str) -> str | None:
     """Why the file cannot be scattered into this engine (one phrase), or None when it can."""
     from safetensors import SafetensorError, safe_open
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.spec import JobSpec
+from policies.spec import JobSpec
 
 
 def zero_config(spec: JobSpec) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def apply_hyperparameters(engine, spec: JobSpec) -> list[str]:
             for k, (have, want) in changes.items()]
 
 
-def resync_cpu_adam(engine) -> int:  # noqa: ANN001
+def resync_cpu_adam(engine) -> int:
     """Bring DeepSpeed's CPU Adam kernel to the loaded step the way the uninterrupted run got there.
 
     Why: the C++ op (ops/csrc/includes/cpu_adam.h ``IncrementStep``) keeps beta1^t and beta2^t as

@@ -32,7 +32,7 @@ ZERO3_MODEL = re.compile(r"^engine/zero_pp_rank_(\d+)_mp_rank_00_model_states\.p
 ZERO3_OPTIM = re.compile(r"^engine/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
 
 
-def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:  # noqa: ANN001
+def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:
     """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model."""
     if _is_zero3(engine):
         tensors = zero3_state_from_storage(storage, info["state"])
@@ -45,15 +45,16 @@ def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:  # 
     storage.write_bytes(json.dumps(info, indent=1).encode(), "final", "info.json")
 
 
-def _is_zero3(engine) -> bool:  # noqa: ANN001
+def _is_zero3(engine) -> bool:
     stage = getattr(engine, "zero_optimization_stage", None)
     return callable(stage) and int(stage()) == 3
 
 
 def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
     """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
+    from policies.errors import StateRefused
     from workers.checksum import algorithm_of, matches
-    from workers.safe_load import StateRefused, load_state_file
+    from workers.safe_load import load_state_file
 
     if not state:
         raise StateRefused("ZeRO-3 export needs the run's final committed state, and there is none")

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from orchestrator.spec import CrashFault
+from policies.spec import CrashFault
 from workers.storage import RunStorage
 
 

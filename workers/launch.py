@@ -15,7 +15,7 @@ import uuid
 
 import torch.distributed as dist
 
-from orchestrator.spec import JobSpec
+from policies.spec import JobSpec
 from workers.device import backend, prepare_process
 from workers.lease import release_lease
 from workers.storage import RunStorage
@@ -63,7 +63,7 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
 
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - report any failure as a non-zero exit
+    except BaseException:
         traceback.print_exc()
         os._exit(1)
     os._exit(0)

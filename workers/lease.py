@@ -47,19 +47,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from policies.errors import LeaseLostError, LeaseRefused
 from workers.storage import RunStorage
 
 LEASE = "lease.json"
 LEASE_FORMAT = "syncpoint-lease/2"
 CONFIRM_TRIES = 3
-
-
-class LeaseRefused(RuntimeError):
-    """This submission may not write the run directory (someone else holds it)."""
-
-
-class LeaseLostError(RuntimeError):
-    """This run held the lease and lost it: it must stop before writing anything more."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +157,7 @@ class RunLease:
             how = self._take()
         except LeaseRefused:
             raise
-        except Exception as e:  # noqa: BLE001 - a storage error becomes a refusal every rank hears
+        except Exception as e:
             raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
                                f"({type(e).__name__}: {e}); check that the storage is reachable and "
                                "writable, then retry") from None
@@ -286,7 +279,7 @@ class RunLease:
                 return None
             except LeaseLostError as e:
                 return str(e)
-            except Exception as e:  # noqa: BLE001 - retried, then reported as a verdict
+            except Exception as e:
                 error = e
                 time.sleep(0.5 * (attempt + 1))
         lost = self._set_lost(
@@ -301,7 +294,7 @@ class RunLease:
                 self.renew(from_heartbeat=True)
             except LeaseLostError:
                 return
-            except Exception as e:  # noqa: BLE001 - a missed beat is retried until the TTL runs out
+            except Exception as e:
                 if time.monotonic() - self._renewed >= self.ttl:
                     self._set_lost(
                         f"{self.storage.url}: could not renew the run directory's lease for {self.ttl:.0f}s "
@@ -373,6 +366,6 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             tombstone = {**held.record, "released": True}
             if storage.write_if(_encode(tombstone), LEASE, expect=held.version) is not None:
                 return
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
               "it expires after its TTL")

@@ -28,16 +28,17 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from orchestrator.spec import JobSpec
 from policies.boundaries import cycle_length, is_boundary, optimizer_steps_per_epoch
 from policies.candidates import TRAINER_SCHEMA_VERSION, Candidate, Expectation, Verdict, identity_record
-from policies.resume import (ContinueSubmission, NewestResumable, NoResumableState, ResumePolicy, enforce_safe,
-                             load_object, make_policy)
+from policies.elastic import Layout, layout
+from policies.errors import JobConfigError, LeaseRefused, NoResumableState, ResumeRefused
+from policies.import_path import load_object
+from policies.redact import redact_url
+from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave, Tick, trigger_from_interval
+from policies.spec import JobSpec
 from workers import rng
-from policies.elastic import Layout, layout
-from policies.redact import redact_url
 from workers.checkpoint_engine import install as install_streaming
 from workers.data import derive_seed, epoch_loader
 from workers.device import check_engine_device, prepare_process, to_device
@@ -46,20 +47,16 @@ from workers.engine import apply_hyperparameters, build_engine, model_fingerprin
 from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
-from workers.schedule import lr_at, phases, resume_position, schedule_record
-from workers.state_reader import StateRefused, fetch_state, load_into_engine
-from workers.lease import LeaseRefused, RunLease
+from workers.lease import RunLease
 from workers.saving import SaveCoordinator
+from workers.schedule import lr_at, phases, resume_position, schedule_record
 from workers.signing import load_key
+from workers.state_reader import StateRefused, fetch_state, load_into_engine
 from workers.state_writer import delete_state
 from workers.storage import RunStorage
-from workers.task import JobConfigError, load_task
+from workers.task import load_task
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
-
-
-class ResumeRefused(RuntimeError):
-    """No state can be continued exactly (or the policy refused): fail before training a batch."""
 
 
 @dataclass
@@ -109,7 +106,7 @@ class _SigtermNotice:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
 
-    def _handle(self, signum, frame) -> None:  # noqa: ANN001
+    def _handle(self, signum, frame) -> None:
         self.flag = True
 
 
@@ -159,7 +156,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 def _train(spec: JobSpec, ctx: WorkerContext, storage: RunStorage, events: EventLog | None, faults: Faults,
            task, engine, expectation: Expectation, attempt: int, lay: Layout, lease: RunLease | None,
-           signing_key: bytes | None = None) -> WorkerResult:  # noqa: ANN001
+           signing_key: bytes | None = None) -> WorkerResult:
     rank, world = dist.get_rank(), dist.get_world_size()
     t, accum, mbpe = spec.train, lay.grad_accum, lay.micro_batches_per_epoch
     device = engine.device  # DeepSpeed placed the model there (CPU, or this rank's GPU)
@@ -342,7 +339,7 @@ class _ProgressLog:
         self.unflushed, self.last_flush = [], time.monotonic()
 
 
-def _make_trigger(spec: JobSpec):  # noqa: ANN202
+def _make_trigger(spec: JobSpec):
     if not spec.checkpoint.save_trigger:
         return trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit)
     try:
@@ -506,7 +503,7 @@ def _fetch_and_load(spec: JobSpec, storage: RunStorage, cand: Candidate, engine,
     fetched, error = None, None
     try:
         fetched = fetch_state(storage, cand, rank)
-    except Exception as e:  # noqa: BLE001 - any refusal during fetch falls back to the next candidate
+    except Exception as e:
         error = _refusal(e)
     bad = _first_error(error)
     if bad is None:
@@ -514,7 +511,7 @@ def _fetch_and_load(spec: JobSpec, storage: RunStorage, cand: Candidate, engine,
         try:
             load_into_engine(engine, fetched, module_only=spec.resume.reset_optimizer,
                              other_world_size=cand.trainer["world_size"] != dist.get_world_size())  # type: ignore[index]
-        except Exception as e:  # noqa: BLE001 - a state that loads but does not fit falls back too
+        except Exception as e:
             error = _refusal(e)
         bad = _first_error(error)
     if fetched:

@@ -25,14 +25,11 @@ from typing import Any, BinaryIO
 
 import torch
 
+from policies.errors import StateRefused
+
 # A refusal quotes the file's own content (global names, torch's error): bounded, one line.
 _REASON_CHARS = 200
 _NAMED_GLOBALS = 5
-
-
-class StateRefused(Exception):
-    """Fetching or loading a chosen state found it unusable (checksum, unsafe path, disallowed
-    pickle class, missing file): the loop marks it corrupt with this message and falls back."""
 
 
 def allowed_classes() -> list[Any]:
@@ -61,7 +58,7 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
                               mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source))
     except (OSError, MemoryError):
         raise
-    except Exception as e:  # noqa: BLE001 - any failure to unpickle verified bytes means: not our file
+    except Exception as e:
         raise StateRefused(refusal(name, source, e)) from None
 
 
@@ -95,7 +92,7 @@ def disallowed_globals(source: str | bytes) -> list[str]:
     try:
         with torch.serialization.safe_globals(allowed_classes()):
             return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(_file(source)))
-    except Exception:  # noqa: BLE001 - best effort: the caller falls back to torch's message
+    except Exception:
         return []
 
 

@@ -15,11 +15,12 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from policies.errors import LeaseLostError
 from policies.save_triggers import PendingSave
 from workers.checksum import DEFAULT
 from workers.events import EventLog
 from workers.faults import Faults
-from workers.lease import LeaseLostError, RunLease
+from workers.lease import RunLease
 from workers.state_writer import AsyncUpload, SaveResult, commit_snapshot, save_state, state_name, take_snapshot
 from workers.storage import RunStorage
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from orchestrator.spec import SchedulerSpec
-
-
-class ScheduleMismatch(ValueError):
-    pass
+from policies.errors import ScheduleMismatch
+from policies.spec import SchedulerSpec
 
 
 def phases(s: SchedulerSpec) -> list[str]:

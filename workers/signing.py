@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from workers.task import JobConfigError
+from policies.errors import JobConfigError
 
 SIGNATURE = "signature"
 ALGORITHM = "hmac-sha256"

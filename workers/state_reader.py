@@ -26,9 +26,10 @@ from typing import Any
 import torch.distributed as dist
 
 from policies.candidates import Candidate, entry_problem
+from policies.errors import StateRefused
 from policies.state_paths import path_problem
 from workers.checksum import algorithm_of, matches
-from workers.safe_load import StateRefused, check_state_file
+from workers.safe_load import check_state_file
 from workers.storage import RunStorage
 
 __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]

@@ -26,12 +26,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from policies.errors import LeaseLostError
 from policies.retention import is_state_name
 from workers import rng
 from workers.checkpoint_engine import install, local_sink
 from workers.checksum import DEFAULT, checksum_bytes, entry
 from workers.faults import Faults
-from workers.lease import LeaseLostError, RunLease
+from workers.lease import RunLease
 from workers.signing import sign
 from workers.storage import RunStorage
 
@@ -93,7 +94,7 @@ def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimize
     name = state_name(trainer["global_micro_step"])
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
     if direct is not None:
-        def sink(rel: str):  # noqa: ANN202
+        def sink(rel: str):
             return direct.open_durable("states", name, rel, algo=algo)
     else:
         sink = local_sink(staging, algo)
@@ -211,7 +212,7 @@ class AsyncUpload:
     def _run(self) -> None:
         try:
             upload_snapshot(self.storage, self.snap, self.rank, self.faults)  # type: ignore[arg-type]
-        except BaseException as e:  # noqa: BLE001 - surfaced on the main thread by finish()
+        except BaseException as e:
             self.error = e
 
     def uploading(self) -> bool:

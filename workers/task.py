@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from policies.resume import load_object
+from policies.errors import TaskError
+from policies.import_path import load_object
 
 
 @dataclass
@@ -21,14 +22,6 @@ class Task:
     dataset: torch.utils.data.Dataset  # map-style: __len__ and __getitem__(int)
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
-
-
-class JobConfigError(ValueError):
-    """A spec field that only fails on the workers (an import path, policy arguments): names the field."""
-
-
-class TaskError(JobConfigError):
-    """The task import path or its return value is unusable (a user error, not a preemption)."""
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:

@@ -1,0 +1,118 @@
+"""Every error type the project raises on purpose, in one place.
+
+Why one module: an error type is part of the contract between layers (a worker raises
+``LeaseLostError``, the driver classifies it; the CLI catches ``SpecError`` and exits 2), so it
+must be importable from every layer without importing the module that happens to raise it.
+This is a leaf: it imports nothing of the project but ``policies.redact``.
+
+User errors (exit 2 or a failed run naming the field) derive from ``ValueError``; refusals of
+a state or of the run directory derive from ``RuntimeError`` or ``Exception`` as before.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from policies.redact import redact_text
+
+if TYPE_CHECKING:
+    from policies.candidates import Candidate
+
+MAX_MESSAGE_CHARS = 2000  # one error message, all problems together
+MAX_PROBLEM_CHARS = 700  # one problem's line (echoed input is cut to 80 characters before that)
+
+
+# ---------------------------------------------------------------- user input
+
+
+class SpecError(ValueError):
+    """Bad input: one paragraph per problem, naming the YAML path (and line) and the fix.
+
+    Why capped and redacted here: every refusal of every entry point goes through this class, and
+    a message quoting hostile input (ten thousand unknown keys, a megabyte-long value) or a storage
+    URL with credentials must stay a short paragraph that is safe to print and log.
+    """
+
+    def __init__(self, source: str, problems: list[str], what: str = "invalid job spec") -> None:
+        self.source, self.problems = _one_line(str(source), 200), _cap_problems(problems)
+        super().__init__(f"{self.source}: {what}\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+def _one_line(text: str, limit: int) -> str:
+    """Redacted, whitespace collapsed to single spaces, at most ``limit`` characters."""
+    text = " ".join(redact_text(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cap_problems(problems: list[str]) -> list[str]:
+    """Each problem one line of at most MAX_PROBLEM_CHARS, all together under MAX_MESSAGE_CHARS."""
+    out: list[str] = []
+    used = 200  # the source and headline
+    for i, p in enumerate(problems):
+        line = _one_line(p, MAX_PROBLEM_CHARS)
+        if used + len(line) + 6 > MAX_MESSAGE_CHARS - 80:
+            already = re.match(r"\.\.\. and (\d+) more problem", problems[-1])  # a count of unformatted ones
+            more = len(problems) - i + (int(already.group(1)) - 1 if already else 0)
+            out.append(f"... and {more} more problem(s); fix these first")
+            break
+        out.append(line)
+        used += len(line) + 6
+    return out
+
+
+class JobConfigError(ValueError):
+    """A spec field that only fails on the workers (an import path, policy arguments): names the field."""
+
+
+class TaskError(JobConfigError):
+    """The task import path or its return value is unusable (a user error, not a preemption)."""
+
+
+class ElasticLayoutError(ValueError):
+    """The world size cannot keep the global batch (a user error naming the sizes that work)."""
+
+
+class DataLayoutError(ElasticLayoutError):
+    """The dataset cannot fill one global micro-batch (a user error)."""
+
+
+class ScheduleMismatch(ValueError):
+    """A state's schedule position cannot continue under the live schedule (type or phase order changed)."""
+
+
+# ---------------------------------------------------------------- states and the run directory
+
+
+class NoResumableState(RuntimeError):
+    """Candidates exist but none can be continued exactly: fail fast, listing every one."""
+
+    def __init__(self, candidates: list[Candidate], headline: str = "") -> None:
+        self.candidates = candidates
+        newest = next(iter(candidates), None)
+        why = (f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "
+               f"{newest.reason.rstrip('.')}." if newest is not None else "")
+        head = headline or (
+            f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
+            f"of them.{why} Fix or remove the states below, or set resume.policy: fresh with "
+            "resume.on_existing: archive to start a new run.")
+        from policies.candidates import candidates_table  # the table is the candidates module's format
+
+        super().__init__(head + "\n" + candidates_table(candidates))
+
+
+class ResumeRefused(RuntimeError):
+    """No state can be continued exactly (or the policy refused): fail before training a batch."""
+
+
+class StateRefused(Exception):
+    """Fetching or loading a chosen state found it unusable (checksum, unsafe path, disallowed
+    pickle class, missing file): the loop marks it corrupt with this message and falls back."""
+
+
+class LeaseRefused(RuntimeError):
+    """This submission may not write the run directory (someone else holds it)."""
+
+
+class LeaseLostError(RuntimeError):
+    """This run held the lease and lost it: it must stop before writing anything more."""
