@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example test test-fast test-slow test-gpu bench clean
+.PHONY: venv example lint test test-fast test-slow test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -18,7 +18,12 @@ venv: $(STAMP)
 example: $(STAMP)
 	$(BIN)/syncpoint run examples/tiny_lm.yaml
 
-test: $(STAMP)
+# Lint and types first (seconds with a warm cache): the layer contract is a test, style and types are these.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q tests
 
 test-fast: $(STAMP)

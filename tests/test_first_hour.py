@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.timeline import format_summary, summarize
-from tests.helpers import EXAMPLE, ROOT
+from tests.helpers import EXAMPLE, ROOT, lm_spec, state_names, step_history
 
 # ---------------------------------------------------------------- import paths, before Ray starts
 
@@ -175,9 +175,9 @@ def _plain(line: str) -> str:
 
 @pytest.mark.slow
 def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
-    sets = ["task.config.num_samples=80", "task.config.seq_len=8", "task.config.d_model=16",
-            "train.micro_batch_size=2", "train.epochs=2", "train.log_every=4",
-            "checkpoint.save_every={value: 4, unit: optimizer_steps}", f"storage={tmp_path}"]
+    """The example as a new user runs it (2 Ray workers, ZeRO-2 on CPU, 2 epochs): its output is
+    syncpoint's own lines and Ray's start-up lines only, it ends in one summary line, and it learns."""
+    sets = ["train.epochs=2", f"storage={tmp_path}"]
     cmd = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
     for s in sets:
         cmd += ["--set", s]
@@ -204,6 +204,12 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     assert os.path.isfile(os.path.join(ROOT, model)) and model.endswith("final/model.safetensors")
     with open(os.path.join(ROOT, plot), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    spec = lm_spec(tmp_path)  # same name and storage: read the run back
+    history = step_history(spec)
+    assert sorted(history) == list(range(1, 33))
+    first, last = (sum(history[s]["loss"] for s in steps) / 4 for steps in ([1, 2, 3, 4], [29, 30, 31, 32]))
+    assert last < first - 0.3, (first, last)  # it learns
+    assert state == state_names(spec)[-1] == f"{128:012d}"  # 1024 samples / (8 x 2) x 2 epochs
 
 
 # ---------------------------------------------------------------- submit to a head whose python lacks syncpoint

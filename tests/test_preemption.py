@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -63,22 +64,58 @@ def _reference(tmp):
     return ref
 
 
-@pytest.fixture
-def cluster():
+@pytest.fixture(scope="module")
+def local_cluster():
+    """One multi-node cluster for this module's node tests (starting one costs ~20 s of CPU here).
+    Each test leaves it as it found it: a head and two live one-CPU worker nodes (it replaces the
+    node it takes away, as the autoscaler would) and no running job (the driver has exited)."""
     from ray.cluster_utils import Cluster
 
     # fast GCS health checks so a killed node is declared dead within seconds
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
-    workers = [c.add_node(num_cpus=1) for _ in range(2)]
+    for _ in range(2):
+        c.add_node(num_cpus=1)
     c.wait_for_nodes()
-    yield c, workers
+    yield c
     c.shutdown()
+
+
+@pytest.fixture
+def cluster(local_cluster):
+    workers = list(local_cluster.worker_nodes)
+    assert len(workers) == 2, "a previous test left the shared cluster without two worker nodes"
+    yield local_cluster, workers
+    local_cluster.wait_for_nodes()
 
 
 def _node_of_rank(spec, cluster_nodes, rank):
     nodes = _events(spec, "attempt_started")[-1]["nodes"]
     return next(n for n in cluster_nodes if n.node_id == nodes[rank])
+
+
+# the drill first: it starts its own Ray, before this module's shared cluster exists
+def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
+           "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
+           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "per-step losses and learning rates: match" in out and "final digest: match" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)]
+    assert [r[1] for r in rows] == ["crash", "sigterm"]
+    assert rows[1][3] == "preemption" and rows[1][5] == "0"  # the noticed preemption lost nothing
+    # What happened inside, read from the interrupted run's own event log. 20 micro-steps an epoch,
+    # accumulation 4, a state every 4: the crash after 13 (rank 0) resumes from 12; the SIGTERM after
+    # 30 (rank 1) is a notice, serviced at the very next boundary (32) and charged as a preemption.
+    run = SimpleNamespace(run_url=f"file://{tmp_path}/tiny-lm-drill")
+    failures = _events(run, "failure")
+    assert len(failures) == 2 and failures[1]["classified"] == "preemption", failures
+    assert [a["resumed_from"] for a in _events(run, "attempt_started")] == [None, f"{12:012d}", f"{32:012d}"]
+    noticed = [e for e in _events(run, "state_committed") if "preemption" in e["reasons"]]
+    assert noticed and noticed[0]["global_micro_step"] == 32
 
 
 def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
@@ -135,24 +172,11 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert digest(spec, final) == digest(ref, final)
 
 
-def test_sigterm_notice_is_a_preemption_not_an_application_failure(tmp_path):
-    spec = _spec(tmp_path / "run", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 13, mode: sigterm}]")
-    proc = _start(spec)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
-    saved = [e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]
-    assert saved[0]["global_micro_step"] == 16  # notice after 13, serviced at the boundary 16
-    assert _events(spec, "failure")[0]["classified"] == "preemption"
-    assert _events(spec, "attempt_started")[1]["resumed_from"] == f"{16:012d}"
-    final = state_names(spec)[-1]
-    assert digest(spec, final) == digest(_reference(tmp_path), final)
-
-
-def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path):
+def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path, cluster):
     spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 5}",
                    "train.micro_batch_size=1", "train.epochs=1", "failure.max_failures=1",
                    "checkpoint.save_every={value: 8, unit: micro_steps}", workers=2)
-    proc = _start(spec)
+    proc = _start(spec, cluster[0].address)  # the module's cluster: no Ray of its own to start
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1
     assert "bad batch at call 5" in out.splitlines()[-1] or "bad batch at call 5" in out[-2000:]
@@ -160,17 +184,3 @@ def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp
     assert [f["classified"] for f in failures] == ["application", "application"]
     assert [f["decision"] for f in failures] == ["RETRY", "RAISE"]
     assert len(_events(spec, "attempt_started")) == 2
-
-
-def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
-           "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
-           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "per-step losses and learning rates: match" in out and "final digest: match" in out
-    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)]
-    assert [r[1] for r in rows] == ["crash", "sigterm"]
-    assert rows[1][3] == "preemption" and rows[1][5] == "0"  # the noticed preemption lost nothing

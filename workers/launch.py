@@ -52,7 +52,36 @@ def run_in_process(spec: JobSpec, **ctx_kwargs):
         release_lease(RunStorage(spec.run_url), ctx_kwargs["submission_id"])
 
 
-def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str) -> None:
+# What a forkserver imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
+PRELOAD = ["torch", "deepspeed", "workers.loop", "workers.launch"]
+
+
+def _start_method(spec: JobSpec) -> str:
+    """``forkserver`` (ranks forked from one process that already imported torch and DeepSpeed) when
+    the ranks run on CPU, ``spawn`` otherwise.
+
+    Why: importing torch and DeepSpeed costs each spawned rank ~3 s of CPU, a large share of every run in the
+    equivalence grids (measured here: a 2-rank tiny run 8.9 s spawned vs 5.8 s forked from a
+    preloaded server). Only on CPU: DeepSpeed fixes its accelerator when it is imported, so a server
+    preloaded for CPU must not fork CUDA ranks; and a fork server imports nothing that touches a GPU.
+    """
+    if os.environ.get("DS_ACCELERATOR") == "cpu" and not spec.scaling.use_gpu:
+        return "forkserver"
+    return "spawn"
+
+
+def _context(method: str) -> mp.context.BaseContext:
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str,
+           environ: dict[str, str]) -> None:
+    # A forked rank inherits the fork server's environment (from when it started): take the caller's.
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     try:
@@ -77,9 +106,10 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     """
     world = world_size or spec.scaling.max_workers
     port = free_port()
-    ctx = mp.get_context("spawn")
+    ctx = _context(_start_method(spec))
     submission = uuid.uuid4().hex
-    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission))
+    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission,
+                                              dict(os.environ)))
              for r in range(world)]
     for p in procs:
         p.start()
