@@ -103,7 +103,7 @@ class CountingFS(LocalFileSystem):
 
 def counting_storage(run_dir: str) -> RunStorage:
     storage = RunStorage(run_dir)
-    storage.fs = CountingFS(skip_instance_cache=True)
+    storage.backend.fs = CountingFS(skip_instance_cache=True)  # the backend keeps its fsspec filesystem
     return storage
 
 
@@ -183,7 +183,7 @@ def measure(fn, run_dir: str, repeats: int) -> tuple[float, Counter, Decision, i
         t0 = time.perf_counter()
         decision, read = fn(storage)
         times.append(time.perf_counter() - t0)
-        counts = storage.fs.counts
+        counts = storage.backend.fs.counts
     return statistics.median(times), counts, decision, read
 
 

@@ -264,9 +264,9 @@ def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:
 
 def _shown(storage, *parts: str) -> str:
     """A path as a newcomer types it: relative to the working directory when under it."""
-    if not storage.local:
+    path = storage.local_path(*parts)
+    if path is None:
         return redact_url(storage.url_of(*parts))
-    path = storage.path(*parts)
     rel = os.path.relpath(path)
     return rel if not rel.startswith("..") else path
 

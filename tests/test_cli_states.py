@@ -14,7 +14,7 @@ def test_states_table_json_and_policies(tmp_path, capsys):
                        "checkpoint.save_every={value: 1, unit: optimizer_steps}")
     run(spec)
     store = RunStorage(spec.run_url)
-    store.fs.rm(store.path("states", f"{20:012d}", "manifest.json"))  # newest becomes torn
+    store.remove("states", f"{20:012d}", "manifest.json")  # newest becomes torn
     run_dir = spec.run_url[len("file://"):]
     capsys.readouterr()
     assert main(["states", run_dir, "--json"]) == 0

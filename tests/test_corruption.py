@@ -27,7 +27,7 @@ def truncate(store):
 
 
 def missing_shard(store):
-    store.fs.rm(store.path("states", NEWEST, SHARD))
+    store.remove("states", NEWEST, SHARD)
 
 
 def manifest_not_json(store):

@@ -10,12 +10,13 @@ import time
 import pytest
 
 from policies.errors import LeaseRefused
-from tests import lease_drivers
-from tests.test_s3 import BUCKET, s3
+from tests import lease_drivers, test_s3
+from tests.test_s3 import BUCKET
 from workers.lease import RunLease, read_lease
 from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
+s3 = test_s3.s3  # moto's S3 server on loopback, shared with the resume tests
 
 
 def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:

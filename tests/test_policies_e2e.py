@@ -4,6 +4,7 @@ through the real writer and a second resume."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -45,7 +46,7 @@ def test_a_keep_last_1_interrupted_after_12_still_resumes(tmp_path):
 
 def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
     name = f"{step:012d}"
-    store.fs.copy(store.path("states", src), store.path("states", name), recursive=True)
+    shutil.copytree(store.path("states", src), store.path("states", name))
     t = json.loads(store.read_bytes("states", name, "trainer.json"))
     epoch, pos = divmod(step, t["micro_batches_per_epoch"])
     t.update(global_micro_step=step, epoch=epoch, position_in_epoch=pos)

@@ -209,7 +209,7 @@ def test_an_edited_micro_step_is_refused_and_both_listings_agree(tmp_path):
     store2 = RunStorage(spec2.run_url)
     t = trainer_json(spec2, "000000000010")
     t["global_micro_step"] = 11
-    store2.fs.mv(store2.path("states", "000000000010"), store2.path("states", "000000000011"), recursive=True)
+    store2.rename_tree(("states", "000000000010"), ("states", "000000000011"))
     _recommit(store2, "000000000011", trainer=t, edit=lambda m: m.update(state="000000000011"))
     name, verdict, reason = _newest_verdict(spec2)
     assert (name, verdict) == ("000000000011", "corrupt") and "inconsistent" in reason

@@ -81,7 +81,8 @@ def s3():
             mp.setenv(k, v)
         for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             mp.delenv(k, raising=False)
-        mp.setitem(fsspec.config.conf, "s3", {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET})
+        mp.setitem(fsspec.config.conf, "s3",
+                   {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET})
         s3fs.S3FileSystem.clear_instance_cache()
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                               aws_access_key_id=KEY, aws_secret_access_key=SECRET)

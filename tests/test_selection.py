@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_mid_cycle_torn_and_bad_checksum_are_rejected_and_older_state_wins(tmp_p
     data[len(data) // 2] ^= 0xFF
     store.write_bytes(bytes(data), "states", "000000000010", shard)
     # a mid-cycle state left by an older writer at 12 (position 2 of epoch 2), fully committed
-    store.fs.copy(store.path("states", "000000000008"), store.path("states", "000000000012"), recursive=True)
+    shutil.copytree(store.path("states", "000000000008"), store.path("states", "000000000012"))
     t = json.loads(store.read_bytes("states", "000000000012", "trainer.json"))
     t.update(global_micro_step=12, epoch=1, position_in_epoch=2)
     _rewrite_trainer(store, "000000000012", t)
@@ -62,7 +63,7 @@ def test_only_unsafe_candidates_fail_before_training_a_batch(tmp_path):
     spec = _crashed_at_10(tmp_path)
     store = RunStorage(spec.run_url)
     for name in ("000000000004", "000000000008"):
-        store.fs.rm(store.path("states", name, "manifest.json"))  # torn
+        store.remove("states", name, "manifest.json")  # torn
     store.write_bytes(b"not json{", "states", "000000000010", "manifest.json")  # corrupt
     before = step_history(spec)
     attempts = len([e for e in EventLog(store).read_all() if e["kind"] == "attempt_started"])

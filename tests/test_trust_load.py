@@ -170,7 +170,7 @@ def test_fetch_refuses_a_manifest_path_outside_the_state_before_writing(tmp_path
     escaped = f"escaped-{uuid.uuid4().hex}"
     rel = f"engine/../../{escaped}"  # from <fetch-root>/syncpoint-load-*/ up to <fetch-root>/
     store = RunStorage(f"memory://trust-{uuid.uuid4().hex}" if url == "memory" else str(tmp_path / "run"))
-    if store.local:  # locally engine/../../x resolves to states/x: its parents must exist to write it
+    if url == "local":  # locally engine/../../x resolves to states/x: its parents must exist to write it
         (tmp_path / "run" / "states" / "000000000004" / "engine").mkdir(parents=True)
     _escaping_state(store, "000000000004", rel, b"written outside")
     cand = read_candidate(store, "000000000004")

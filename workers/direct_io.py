@@ -19,6 +19,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
 from typing import Any, BinaryIO
 
 BLOCK = 16 << 20  # per buffer; a multiple of every logical block size (16 MiB: 2.7 GB/s here, 8 MiB: 1.7)
@@ -148,5 +149,6 @@ class DirectFileWriter:
     def __enter__(self) -> DirectFileWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close(durable=exc_type is None)

@@ -8,7 +8,6 @@ plain function in ``policies.candidates``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 
 from policies.candidates import Candidate, Expectation, classify, is_state_name, newest_first
@@ -34,7 +33,7 @@ def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
 
 def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None) -> Candidate:
     """One state's metadata; with a signing key, its manifest's signature is checked too."""
-    if storage.local and os.path.islink(storage.path(STATES, name)):
+    if storage.is_link(STATES, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
     c = Candidate(name=name, listing=storage.listing(STATES, name))
     trainer_bytes = b""

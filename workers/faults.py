@@ -64,3 +64,11 @@ class Faults:
         for f in list(self.mine):
             if f.phase == phase and f.at_save == self.saves_seen:
                 self._fire(f, f"save {self.saves_seen} phase {phase}")
+
+    def during_manifest(self, storage: RunStorage, manifest: bytes, *parts: str) -> None:
+        """The ``during_manifest`` rehearsal, called right before the manifest commits: a crash
+        half-way through its write leaves half its bytes under the temp name (what a torn local
+        commit leaves behind), then the fault fires. Nothing happens unless it fires at this save."""
+        if any(f.phase == "during_manifest" and f.at_save == self.saves_seen for f in self.mine):
+            storage.write_bytes(manifest[: len(manifest) // 2], *parts[:-1], parts[-1] + ".tmp")
+            self.at_phase("during_manifest")

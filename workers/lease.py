@@ -157,7 +157,7 @@ class RunLease:
             how = self._take()
         except LeaseRefused:
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any storage failure becomes a refusal that names it
             raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
                                f"({type(e).__name__}: {e}); check that the storage is reachable and "
                                "writable, then retry") from None
@@ -279,7 +279,7 @@ class RunLease:
                 return None
             except LeaseLostError as e:
                 return str(e)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a storage hiccup is retried, then named in the loss
                 error = e
                 time.sleep(0.5 * (attempt + 1))
         lost = self._set_lost(
@@ -294,7 +294,7 @@ class RunLease:
                 self.renew(from_heartbeat=True)
             except LeaseLostError:
                 return
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the heartbeat thread must survive a storage hiccup
                 if time.monotonic() - self._renewed >= self.ttl:
                     self._set_lost(
                         f"{self.storage.url}: could not renew the run directory's lease for {self.ttl:.0f}s "
@@ -347,7 +347,8 @@ def _who(held: HeldLease | None, mine: str) -> str:
     rec = held.record or {}
     if held.released:
         return f"a release of submission {rec['submission']} (its driver declared it over)"
-    whose = "a newer attempt of this same submission" if rec["submission"] == mine else f"submission {rec['submission']}"
+    same = rec["submission"] == mine
+    whose = "a newer attempt of this same submission" if same else f"submission {rec['submission']}"
     return f"{whose} (generation {held.generation}, host {rec.get('host')}, pid {rec.get('pid')})"
 
 
@@ -366,6 +367,6 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             tombstone = {**held.record, "released": True}
             if storage.write_if(_encode(tombstone), LEASE, expect=held.version) is not None:
                 return
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
         _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
               "it expires after its TTL")

@@ -162,10 +162,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
         if snap.signing_key is not None:
             manifest = sign(manifest, snap.signing_key)
         data = _json_bytes(manifest)
-        if any(f.phase == "during_manifest" for f in faults.mine):
-            # Rehearse a crash half-way through the manifest write: half the bytes under the temp name.
-            storage.write_bytes(data[: len(data) // 2], "states", snap.name, "manifest.json.tmp")
-            faults.at_phase("during_manifest")
+        faults.during_manifest(storage, data, "states", snap.name, "manifest.json")
         storage.commit_bytes(data, "states", snap.name, "manifest.json")
     box = [verdict]
     dist.broadcast_object_list(box, src=0)  # the barrier: committed, or the lease is lost

@@ -1,0 +1,213 @@
+"""The fsspec backend: any fsspec filesystem (``memory://``, ``gs://``, ...; ``s3://`` adds
+server-side conditional writes in ``workers.storage_s3``, local paths add fsync and flock in
+``workers.storage_local``).
+
+Why these choices: on an object store a completed single PUT is durable and atomic, so a whole
+file is one ``pipe_file`` and a manifest commits with no temp name; an upload is checksummed by a
+second thread while fsspec sends it (hashlib and xxhash release the GIL). Listings are cached per
+process by fsspec, and other writers (ranks, drivers) add states and events, so every listing
+invalidates the cache first. A store without conditional writes gets a best-effort
+compare-and-swap (write, then read back), which narrows the race but cannot close it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from workers.checksum import ChecksummingWriter, new_hasher
+from workers.storage_protocol import CHUNK, Versioned, content_version
+
+
+class FsspecBackend:
+    """One fsspec filesystem, with only what every fsspec filesystem offers."""
+
+    conditional_writes = "none"
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def local_path(self, path: str) -> str | None:
+        return None
+
+    # ---- reads and listings
+    def exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)
+        return self.fs.exists(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.fs.cat_file(path)
+
+    def _entries(self, path: str, detail: bool) -> list:
+        """One fresh listing of a directory (empty if it does not exist)."""
+        self.fs.invalidate_cache(path)
+        try:
+            return self.fs.ls(path, detail=detail)
+        except FileNotFoundError:
+            return []
+
+    def list_dirs(self, path: str) -> list[str]:
+        """Names of the sub-directories of a directory."""
+        return sorted(_name(e["name"]) for e in self._entries(path, detail=True) if e.get("type") == "directory")
+
+    def list_names(self, path: str) -> list[str]:
+        """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
+        return sorted(_name(e) for e in self._entries(path, detail=False) if str(e).rstrip("/") != path.rstrip("/"))
+
+    def list_files(self, path: str) -> list[str]:
+        return sorted(_name(e["name"]) for e in self._entries(path, detail=True) if e.get("type") == "file")
+
+    def listing(self, path: str) -> dict[str, int]:
+        """Every file below a directory as relative path -> size (one listing call, no reads)."""
+        self.fs.invalidate_cache(path)
+        try:
+            found = self.fs.find(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {name[len(path):].lstrip("/"): int(info.get("size") or 0) for name, info in found.items()}
+
+    def entry_kinds(self, path: str) -> dict[str, str]:
+        """Each entry as ``dir``, ``file`` or ``other`` (object stores have no links)."""
+        kinds = {"directory": "dir", "file": "file"}
+        return {_name(e["name"]): kinds.get(e.get("type"), "other")
+                for e in self._entries(path, detail=True) if str(e["name"]).rstrip("/") != path.rstrip("/")}
+
+    def is_link(self, path: str) -> bool:
+        return False
+
+    # ---- durable writes: a completed PUT is durable and atomic
+    def write_bytes(self, data: bytes, path: str) -> None:
+        self.fs.pipe_file(path, data)
+
+    def commit_bytes(self, data: bytes, path: str) -> None:
+        self.fs.pipe_file(path, data)
+
+    @contextlib.contextmanager
+    def open_durable(self, path: str, algo: str) -> Iterator[ChecksummingWriter]:
+        """The upload completes on a clean close; on an error it is discarded where the store can
+        (without a manifest a partial file is torn anyway)."""
+        f = self.fs.open(path, "wb")
+        try:
+            yield ChecksummingWriter(f, algo)
+        except BaseException:
+            discard = getattr(f, "discard", None)
+            if callable(discard):
+                discard()
+            else:
+                f.close()
+            raise
+        f.close()
+
+    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            digest = pool.submit(checksum_file, local_path, algo) if known is None else None
+            with open(local_path, "rb") as src, self.fs.open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, CHUNK)
+            if digest is None:
+                return int(known["size"]), str(known[algo])  # type: ignore[index]
+            return digest.result()
+
+    def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]:
+        h = new_hasher(algo)
+        size = 0
+        os.makedirs(os.path.dirname(local_path), exist_ok=True)
+        with self.fs.open(path, "rb") as src, open(local_path, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        return size, h.hexdigest()
+
+    # ---- compare-and-swap without server support: compare, write, let a racing writer land, read back
+    def read_versioned(self, path: str) -> Versioned | None:
+        self.fs.invalidate_cache(path)
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return Versioned(data, content_version(data), None)
+
+    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
+        before = self.read_versioned(path)
+        if (before.version if before else None) != expect:
+            return None
+        self.fs.pipe_file(path, data)
+        time.sleep(0.2)
+        after = self.read_versioned(path)
+        return after.version if after is not None and after.data == data else None
+
+    # ---- deletion and moves
+    def remove(self, path: str) -> None:
+        """Delete one file (a missing file is fine)."""
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+    def delete_tree(self, path: str) -> None:
+        try:
+            self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def rename_tree(self, src: str, dst: str) -> None:
+        self.fs.mv(src, dst, recursive=True)
+
+
+# memory:// lives in this process: one lock serialises its compare-and-swap writes, and this
+# process's monotonic clock is the store's own clock (path -> when the file was last written).
+_MEMORY_LOCK = threading.Lock()
+_MEMORY_STAMPS: dict[str, tuple[str, float]] = {}  # path -> (version, monotonic time it was written)
+
+
+class MemoryBackend(FsspecBackend):
+    """``memory://`` (and its subclasses): the store lives in this process, so a process lock makes
+    the compare-and-swap atomic and this process's monotonic clock dates the files."""
+
+    conditional_writes = "process-lock"
+
+    def read_versioned(self, path: str) -> Versioned | None:
+        with _MEMORY_LOCK:
+            try:
+                data = self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+            version, now = content_version(data), time.monotonic()
+            stamp = _MEMORY_STAMPS.get(path)
+            if stamp is None or stamp[0] != version:  # written behind write_if's back: its age counts from now
+                stamp = _MEMORY_STAMPS[path] = (version, now)
+            return Versioned(data, version, now - stamp[1])
+
+    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
+        with _MEMORY_LOCK:
+            try:
+                current: str | None = content_version(self.fs.cat_file(path))
+            except FileNotFoundError:
+                current = None
+            if current != expect:
+                return None
+            self.fs.pipe_file(path, data)
+            version = content_version(data)
+            _MEMORY_STAMPS[path] = (version, time.monotonic())
+            return version
+
+
+def checksum_file(path: str, algo: str) -> tuple[int, str]:
+    """(size, checksum) of a local file."""
+    h, size = new_hasher(algo), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def _name(entry: Any) -> str:
+    """The last path segment of a listing entry."""
+    return str(entry).rstrip("/").rsplit("/", 1)[-1]

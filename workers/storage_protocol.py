@@ -1,0 +1,82 @@
+"""What a storage backend must do for syncpoint: the one small protocol behind ``RunStorage``.
+
+Why a protocol: commit semantics differ by backend (a local file is durable after ``fsync`` and a
+manifest commits by an atomic rename; on an object store a completed single PUT is durable and
+atomic, and there is no rename), and so does how a compare-and-swap is made atomic. Each backend
+states those differences once (``workers.storage_local``, ``workers.storage_fsspec``,
+``workers.storage_s3``); ``RunStorage`` only joins paths and encodes JSON, so discovery, saving,
+the lease and retention never see which backend is underneath. Paths are the backend's own (the
+run root joined with ``/``), never URLs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from workers.checksum import ChecksummingWriter
+
+CHUNK = 8 << 20  # the copy size of uploads, downloads and checksums of whole files
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """One read of a small control file (the run's lease).
+
+    ``version`` is opaque and only means something to ``write_if`` (an ETag on S3, a content hash
+    elsewhere); ``age_s`` is how long ago the file was last written, by the *storage's* clock
+    (file mtime against a freshly touched file, object LastModified against the response's Date),
+    so a reader whose own clock is wrong cannot misjudge it. ``None`` where the store cannot tell:
+    the caller must then watch the version for a while instead.
+    """
+
+    data: bytes
+    version: str
+    age_s: float | None
+
+
+def content_version(data: bytes) -> str:
+    """The version of a file on stores without ETags: equal bytes are the same version."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+class StorageBackend(Protocol):
+    """The operations ``RunStorage``'s users need, on backend paths.
+
+    ``conditional_writes`` names how ``write_if`` is made atomic (README: *One writer per run
+    directory*): ``flock``, ``s3``, ``process-lock`` or ``none`` (write, then read back).
+    """
+
+    conditional_writes: str
+
+    def local_path(self, path: str) -> str | None:
+        """The path on this machine's filesystem (``None`` where the store is not one)."""
+        ...
+
+    # ---- reads and listings (fresh: other writers add states and events)
+    def exists(self, path: str) -> bool: ...
+    def read_bytes(self, path: str) -> bytes: ...
+    def list_dirs(self, path: str) -> list[str]: ...
+    def list_names(self, path: str) -> list[str]: ...
+    def list_files(self, path: str) -> list[str]: ...
+    def listing(self, path: str) -> dict[str, int]: ...
+    def entry_kinds(self, path: str) -> dict[str, str]: ...
+    def is_link(self, path: str) -> bool: ...
+
+    # ---- durable writes
+    def write_bytes(self, data: bytes, path: str) -> None: ...
+    def commit_bytes(self, data: bytes, path: str) -> None: ...
+    def open_durable(self, path: str, algo: str) -> contextlib.AbstractContextManager[ChecksummingWriter]: ...
+    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]: ...
+    def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]: ...
+
+    # ---- compare-and-swap of small control files (the lease)
+    def read_versioned(self, path: str) -> Versioned | None: ...
+    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None: ...
+
+    # ---- deletion and moves (retention, ``fresh``)
+    def remove(self, path: str) -> None: ...
+    def delete_tree(self, path: str) -> None: ...
+    def rename_tree(self, src: str, dst: str) -> None: ...
