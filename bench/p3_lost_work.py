@@ -70,6 +70,7 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
             hows: list[str]) -> tuple[list[dict[str, Any]], float]:
     from orchestrator.timeline import restarts
     from policies.boundaries import is_boundary, position_after
+    from policies.journal import Journal
 
     accum, mbpe = spec.train.grad_accum, micro_batches_per_epoch(spec)
 
@@ -79,7 +80,7 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
         return g
     starts = [e for e in run_events if e["kind"] == "attempt_started"]
     rows = []
-    for i, (prev, r) in enumerate(zip(starts, restarts(run_events))):
+    for i, (prev, r) in enumerate(zip(starts, restarts(Journal.parse(run_events)))):
         a = prev.get("attempt")
         recs = [rec for e in run_events if e["kind"] == "progress" and e.get("attempt") == a for rec in e["records"]]
         recorded = len({rec["optimizer_step"] for rec in recs if rec["global_micro_step"] > r.resumed_micro_step})

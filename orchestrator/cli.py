@@ -208,20 +208,21 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
 def cmd_events(args: argparse.Namespace) -> int:
     from orchestrator.timeline import format_timeline
+    from policies.journal import Journal
     from workers.events import EventLog
 
-    events = EventLog(_storage(args.run_dir, "RUN_DIR")).read_all()
+    events = EventLog(_storage(args.run_dir, "RUN_DIR")).read_all()  # as stored, for --json
     if not events:
         raise SpecError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"],
                         "invalid argument")
     if args.plot:
         from orchestrator.plot import plot_run
 
-        plot_run(events, args.plot, title=args.run_dir)
+        plot_run(Journal.parse(events), args.plot, title=args.run_dir)
     if args.json:
         print(json.dumps(events, indent=1))
     else:
-        print(format_timeline(events))
+        print(format_timeline(Journal.parse(events)))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0

@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from orchestrator.timeline import merged_steps, restarts
+from orchestrator.timeline import restarts
+from policies.journal import Journal, Step
 from policies.spec import CrashFault, JobSpec
 
 
@@ -42,7 +43,7 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
         hows = hows * len(points)
     world = spec.scaling.max_workers
     faults = [CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
-              for i, (p, how) in enumerate(zip(points, hows)) if how in ("crash", "sigterm")]
+              for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how in ("crash", "sigterm")]
     if spec.scaling.elastic:  # a world-size change is compared by samples per step, so record them
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"record_samples": True})})
     ref = _variant(spec, "drill-ref", [], 0)
@@ -50,7 +51,7 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
     for s in (ref, run):
         RunStorage(s.run_url).delete_tree()  # a drill owns its two run directories
 
-    node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows)) if how == "node"]
+    node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how == "node"]
     if node_points:
         rc_ref, rc_run = _node_drill(ref, run, node_points, replacement)
     else:
@@ -80,11 +81,10 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
         log = EventLog(RunStorage(run.run_url))
         for i, point in points:
             while thread.is_alive():
-                evs = log.read_all()
-                reached = max((r["global_micro_step"] for e in evs if e["kind"] == "progress" for r in e["records"]),
-                              default=0)
-                if reached >= point:
-                    rank_nodes = [e for e in evs if e["kind"] == "attempt_started"][-1]["nodes"]
+                journal = log.journal()
+                attempt = journal.last_attempt
+                if attempt is not None and journal.furthest_micro_step() >= point:
+                    rank_nodes = attempt.nodes
                     victim = next(n for n in nodes if n.node_id == rank_nodes[i % len(rank_nodes)])
                     cluster.remove_node(victim, allow_graceful=False)
                     nodes.remove(victim)
@@ -99,18 +99,19 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
         cluster.shutdown()
 
 
-def _params_close(ref: JobSpec, run: JobSpec, finals: list, steps: dict) -> tuple[bool, float, float]:
+def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: list[str | None],
+                  steps: dict[int, Step]) -> tuple[bool, float, float]:
     """Adam moves a weight by ~lr per step whatever its gradient's size, and where a gradient is at
     rounding-noise level its sign is noise: 2 x the summed learning rate since the change bounds it."""
     from workers.digest import load_deepspeed_file
-    from workers.events import EventLog
     from workers.storage import RunStorage
 
-    starts = [e for e in EventLog(RunStorage(run.run_url)).read_all() if e["kind"] == "attempt_started"]
-    changed_at = next((s["optimizer_step"] for p, s in zip(starts, starts[1:]) if s["world_size"] != p["world_size"]), 0)
-    bound = 2 * sum(r["lr"] for k, r in steps.items() if k > changed_at)
+    starts = run_journal.attempts
+    changed_at = next((s.optimizer_step for p, s in zip(starts, starts[1:], strict=False)
+                       if s.world_size != p.world_size), 0)
+    bound = 2 * sum(r.lr for k, r in steps.items() if k > changed_at)
 
-    def params(spec: JobSpec, name: str) -> dict:
+    def params(spec: JobSpec, name: str | None) -> dict:
         store = RunStorage(spec.run_url)
         if not store.exists("states", name, "engine/mp_rank_00_model_states.pt"):  # ZeRO-3: rebuilt from partitions
             from workers.export import zero3_state_from_storage
@@ -128,10 +129,10 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     from workers.events import EventLog
     from workers.storage import RunStorage
 
-    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" for p, h in zip(points, hows))]
-    ref_events = EventLog(RunStorage(ref.run_url)).read_all()
-    run_events = EventLog(RunStorage(run.run_url)).read_all()
-    rs = restarts(run_events)
+    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" for p, h in zip(points, hows, strict=False))]
+    ref_journal = EventLog(RunStorage(ref.run_url)).journal()
+    run_journal = EventLog(RunStorage(run.run_url)).journal()
+    rs = restarts(run_journal)
     lines.append("preemption  kind     at micro-step  classified   resumed from   lost micro-steps  lost seconds")
     for i in range(max(len(rs), len(points))):  # every interruption the drill caused, and every restart seen
         at, how = (points[i], hows[i]) if i < len(points) else ("?", "?")
@@ -144,24 +145,25 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
     if len(rs) != len(points):
         lines.append(f"expected {len(points)} restart(s), saw {len(rs)}")
-    a, b = merged_steps(ref_events), merged_steps(run_events)
-    mismatched = [k for k in a if k not in b or a[k]["loss"] != b[k]["loss"] or a[k]["lr"] != b[k]["lr"]]
+    a, b = ref_journal.steps(), run_journal.steps()
+    mismatched = [k for k in a if k not in b or a[k].loss != b[k].loss or a[k].lr != b[k].lr]
     losses_ok = bool(a) and not mismatched and a.keys() == b.keys()
-    lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} "
-                 f"({len(a)} optimizer steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
-    finals = [next((e["state"] for e in reversed(ev) if e["kind"] == "finished"), None) for ev in (ref_events, run_events)]
-    worlds = sorted({e["world_size"] for e in run_events if e["kind"] == "attempt_started"})
+    lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} ({len(a)} optimizer "
+                 "steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
+    finals = [j.last_finish.state if j.last_finish else None for j in (ref_journal, run_journal)]
+    worlds = run_journal.world_sizes
     digest_ok = False
     if len(worlds) > 1:  # elastic: the same samples per step, parameters within the reduction-order bound
-        near = bool(a) and a.keys() == b.keys() and all(abs(a[k]["loss"] - b[k]["loss"]) <= 1e-3 * abs(a[k]["loss"])
+        near = bool(a) and a.keys() == b.keys() and all(abs(a[k].loss - b[k].loss) <= 1e-3 * abs(a[k].loss)
                                                          for k in a)
         lines[-1] = f"per-step losses: {'within 1e-3 relative' if near else 'MISMATCH'} ({len(a)} optimizer steps)"
-        same_samples = bool(a) and a.keys() == b.keys() and all(a[k].get("samples") == b[k].get("samples") and
-                                                                a[k]["lr"] == b[k]["lr"] for k in a)
+        same_samples = bool(a) and a.keys() == b.keys() and all(a[k].samples == b[k].samples and a[k].lr == b[k].lr
+                                                                for k in a)
         losses_ok = near  # reduction order differs across world sizes: losses agree only approximately
         lines.append(f"world sizes {worlds}: samples and learning rate of every optimizer step: "
                      f"{'match' if same_samples else 'MISMATCH'}")
-        close, worst, bound = _params_close(ref, run, finals, b) if all(finals) else (False, float("nan"), 0.0)
+        close, worst, bound = (_params_close(ref, run, run_journal, finals, b) if all(finals)
+                               else (False, float("nan"), 0.0))
         lines.append(f"final parameters: {'within' if close else 'OUTSIDE'} the reduction-order bound "
                      f"(max |diff| {worst:.2e} <= 2 x sum of learning rates since the change = {bound:.2e})")
         digest_ok = same_samples and close

@@ -12,31 +12,35 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from ray.train.v2._internal.execution.failure_handling import default as _default
 from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
 from ray.train.v2.api import data_parallel_trainer as _dpt
-from ray.train.v2.api.exceptions import WorkerGroupError
+from ray.train.v2.api.config import FailureConfig
+from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
-from policies.failures import PREEMPTION, FailureFacts, classify_failure, user_error_line
+from orchestrator.ray_runner import failure_report
+from policies.failures import PREEMPTION, FailureFacts, FailureVerdict, classify_failure
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
-    def __init__(self, failure_config, run_url: str) -> None:
+    def __init__(self, failure_config: FailureConfig, run_url: str) -> None:
         super().__init__(failure_config)
         self.run_url = run_url
 
-    def make_decision(self, training_failed_error) -> FailureDecision:
+    def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         facts = gather_facts(training_failed_error, self.run_url)
         verdict = classify_failure(facts)
         ray_counts_as_preemption = facts.ray_says_preempted
-        if verdict.kind == PREEMPTION and not ray_counts_as_preemption and isinstance(training_failed_error, WorkerGroupError):
+        if (verdict.kind == PREEMPTION and not ray_counts_as_preemption
+                and isinstance(training_failed_error, WorkerGroupError)):
             self._preemption_failures += 1
             limit = self.failure_config.max_preemption_failures
-            decision = FailureDecision.RETRY if limit == -1 or self._preemption_failures <= limit else FailureDecision.RAISE
+            within = limit == -1 or self._preemption_failures <= limit
+            decision = FailureDecision.RETRY if within else FailureDecision.RAISE
             self._log_decision(decision, training_failed_error, self._preemption_failures,
                                float("inf") if limit == -1 else limit)
         else:
@@ -45,24 +49,23 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         return decision
 
 
-def gather_facts(error, run_url: str) -> FailureFacts:
+def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
     import ray
 
     from workers.events import EventLog
     from workers.storage import RunStorage
 
     failures = getattr(error, "worker_failures", {}) or {}
-    messages = tuple(user_error_line(str(e)) for _, e in sorted(failures.items()))
+    messages = tuple(failure_report(e)[0] for _, e in sorted(failures.items()))
     attempt_nodes: list[str] = []
     notice = False
     try:
-        events = EventLog(RunStorage(run_url)).read_all()
-        starts = [e for e in events if e["kind"] == "attempt_started"]
-        if starts:
-            last = starts[-1]
-            attempt_nodes = list(last.get("nodes") or [])
-            notice = any(e["kind"] == "preemption_notice" and e.get("attempt") == last.get("attempt") for e in events)
-    except Exception:
+        journal = EventLog(RunStorage(run_url)).journal()
+        last = journal.last_attempt
+        if last is not None:
+            attempt_nodes = list(last.nodes)
+            notice = journal.notice_in(last.attempt) is not None
+    except Exception:  # noqa: BLE001 - an unreadable log leaves the facts Ray gave; the decision must still be made
         pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
@@ -85,7 +88,7 @@ def _dead_nodes() -> set[str]:
 
     try:
         return {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
-    except Exception:
+    except Exception:  # noqa: BLE001 - no node list (GCS busy): no node counts as dead
         return set()
 
 
@@ -97,16 +100,18 @@ def _is_system_death(error: BaseException) -> bool:
     return isinstance(inner, RayActorError) or isinstance(error, RayActorError)
 
 
-def _record(run_url: str, verdict, facts: FailureFacts, decision, error) -> None:
-    try:
-        from workers.events import EventLog
-        from workers.storage import RunStorage
+def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision: FailureDecision,
+            error: TrainingFailedError) -> None:
+    from policies.journal import Failure
+    from workers.events import EventLog
+    from workers.storage import RunStorage
 
-        EventLog(RunStorage(run_url), source="controller").emit(
-            "failure", classified=verdict.kind, reason=verdict.reason, decision=decision.value,
+    try:
+        EventLog(RunStorage(run_url), source="controller").emit(Failure(
+            classified=verdict.kind, reason=verdict.reason, decision=decision.value,
             ranks=sorted(getattr(error, "worker_failures", {}) or {}), messages=list(facts.messages)[:4],
-            dead_nodes=list(facts.dead_attempt_nodes))
-    except Exception:
+            dead_nodes=list(facts.dead_attempt_nodes)))
+    except Exception:  # noqa: BLE001 - the log is for people; a failed write must not change Ray's decision
         pass
 
 

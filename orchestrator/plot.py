@@ -3,34 +3,32 @@ preemption notice, restart and committed state marked (people read a run faster 
 
 from __future__ import annotations
 
-from typing import Any
+from orchestrator.timeline import restarts
+from policies.journal import Journal, PreemptionNotice
 
-from orchestrator.timeline import merged_steps, restarts
 
-
-def plot_run(events: list[dict[str, Any]], path: str, title: str = "") -> None:
+def plot_run(journal: Journal, path: str, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = merged_steps(events)
-    xs = [steps[k]["global_micro_step"] for k in sorted(steps)]
+    steps = [step for _, step in sorted(journal.steps().items())]
+    xs = [s.global_micro_step for s in steps]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    ax.plot(xs, [steps[k]["loss"] for k in sorted(steps)], color="tab:blue", label="loss")
+    ax.plot(xs, [s.loss for s in steps], color="tab:blue", label="loss")
     ax.set_xlabel("global micro-step")
     ax.set_ylabel("loss", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(xs, [steps[k]["lr"] for k in sorted(steps)], color="tab:gray", linestyle="--", label="learning rate")
+    ax2.plot(xs, [s.lr for s in steps], color="tab:gray", linestyle="--", label="learning rate")
     ax2.set_ylabel("learning rate", color="tab:gray")
-    commits = [e for e in events if e["kind"] == "state_committed"]
-    for i, e in enumerate(commits):
-        ax.axvline(e["global_micro_step"], color="tab:green", alpha=0.35, linewidth=1,
+    for i, commit in enumerate(journal.commits):
+        ax.axvline(commit.global_micro_step, color="tab:green", alpha=0.35, linewidth=1,
                    label="state committed" if i == 0 else None)
-    for i, e in enumerate(x for x in events if x["kind"] == "preemption_notice"):
-        ax.axvline(e["global_micro_step"], color="tab:orange", linestyle=":", linewidth=2,
+    for i, notice in enumerate(journal.of_kind(PreemptionNotice)):
+        ax.axvline(notice.global_micro_step, color="tab:orange", linestyle=":", linewidth=2,
                    label="preemption notice" if i == 0 else None)
-    for i, r in enumerate(restarts(events)):
+    for i, r in enumerate(restarts(journal)):
         ax.axvline(r.previous_max_micro_step, color="tab:red", linewidth=2,
                    label="failure / restart" if i == 0 else None)
         ax.axvspan(r.resumed_micro_step, r.previous_max_micro_step, color="tab:red", alpha=0.12,

@@ -17,11 +17,16 @@ import re
 import sys
 import uuid
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from policies.failures import failure_reason, user_error_line
+from policies.failures import failure_reason, is_ours
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec
+
+if TYPE_CHECKING:
+    from policies.journal import Journal
+    from workers.storage import RunStorage
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -65,7 +70,8 @@ class _DropMessages(logging.Filter):
 
 def _add_filter(logger_name: str, *patterns: str) -> None:
     logger = logging.getLogger(logger_name)
-    if not any(isinstance(f, _DropMessages) and [p.pattern for p in f.patterns] == list(patterns) for f in logger.filters):
+    if not any(isinstance(f, _DropMessages) and [p.pattern for p in f.patterns] == list(patterns)
+               for f in logger.filters):
         logger.addFilter(_DropMessages(*patterns))
 
 
@@ -79,7 +85,7 @@ WATCHER_ARGS_LINE = re.compile(r"Actor with class name: 'PreemptionWatcher' and 
                                r"in the object store and max_restarts > 0")
 
 
-def _filtered_log_handler(handler):
+def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], None]:
     def handle(data: dict) -> None:
         lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
         if lines:
@@ -122,12 +128,12 @@ def quiet_worker(spec: JobSpec) -> None:
         # the module itself: `deepspeed.comm.torch` as an attribute is torch (deepspeed.comm imports it)
         ds_torch = importlib.import_module("deepspeed.comm.torch")
         original = ds_torch.build_shm_op
-    except Exception:
+    except Exception:  # noqa: BLE001 - no DeepSpeed, or another one: its line shows, nothing else changes
         return
     if getattr(original, "_syncpoint_quiet", False):
         return
 
-    def build_shm_op():
+    def build_shm_op() -> Any:
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -209,7 +215,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         try:
             with installed(spec.run_url):
                 trainer.fit()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = failure_report(e)
     finally:
         from workers.lease import release_lease
@@ -235,34 +241,34 @@ def finish_line(spec: JobSpec) -> str:
     from workers.storage import RunStorage
 
     storage = RunStorage(spec.run_url)
-    events = EventLog(storage).read_all()
-    summary = summarize(events)
+    journal = EventLog(storage).journal()
+    summary = summarize(journal)
     if summary is None:  # fit() returned without a finish event: say where to look rather than guess
         return f"syncpoint: job {spec.name!r} finished; states under {_shown(storage)}"
     plot = None
     try:
-        plot = _draw_plot(storage, events, spec.name)
-    except Exception as e:
+        plot = _draw_plot(storage, journal, spec.name)
+    except Exception as e:  # noqa: BLE001 - the plot is a courtesy: the run finished, and the line says how to draw it
         print(f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
               f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it", file=sys.stderr)
     model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
     return format_summary(spec.name, summary, model, plot)
 
 
-def _draw_plot(storage, events: list[dict[str, Any]], title: str) -> str:
+def _draw_plot(storage: RunStorage, journal: Journal, title: str) -> str:
     import tempfile
 
     from orchestrator.plot import plot_run
 
     with tempfile.TemporaryDirectory(prefix="syncpoint-plot-") as d:
         local = os.path.join(d, "plot.png")
-        plot_run(events, local, title=title)
+        plot_run(journal, local, title=title)
         with open(local, "rb") as f:
             storage.write_bytes(f.read(), "plot.png")
     return _shown(storage, "plot.png")
 
 
-def _shown(storage, *parts: str) -> str:
+def _shown(storage: RunStorage, *parts: str) -> str:
     """A path as a newcomer types it: relative to the working directory when under it."""
     path = storage.local_path(*parts)
     if path is None:
@@ -271,23 +277,25 @@ def _shown(storage, *parts: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
-def failure_report(e: BaseException) -> tuple[str, str]:
-    """(reason, details) of a failed fit: the lowest failed rank's own exception, not Ray's wrapper.
+def failure_report(error: BaseException) -> tuple[str, str]:
+    """(reason, details) of a failure: the one rule for a failed run's last line and for the failure
+    policy's message of each failed rank.
 
-    Ray Train v2 keeps each worker's exception object (``WorkerGroupError.worker_failures``,
-    wrapped with its traceback text); its message is the reason. Without one (a controller
-    error), the last exception line of the text.
+    The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
+    worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
+    traceback text). Of several failed ranks, the lowest, except that syncpoint's own refusal
+    comes first: a refusal on one rank often surfaces as a broken collective on the others.
     """
-    failures = getattr(e, "worker_failures", None) or {}
-    bases = [getattr(failures[r], "_base_exc", failures[r]) for r in sorted(failures)]
-    bases = [b for b in bases if isinstance(b, BaseException)]
-    # a refusal on one rank often surfaces as a broken collective on the others: syncpoint's own first
-    bases.sort(key=lambda b: not type(b).__module__.startswith(("workers", "orchestrator", "policies")))
-    if bases:
-        return failure_reason(type(bases[0]).__name__, type(bases[0]).__module__, str(bases[0]))
-    return user_error_line(str(e)), ""
+    failures = getattr(error, "worker_failures", None) or {}
+    causes = [_own_exception(failures[rank]) for rank in sorted(failures)] or [_own_exception(error)]
+    return failure_reason(next((c for c in causes if is_ours(c)), causes[0]))
 
 
-def failure_summary(e: BaseException) -> str:
-    """The reason line alone (drill reports, tests)."""
-    return failure_report(e)[0]
+def _own_exception(error: BaseException) -> BaseException:
+    """The exception that says why: Ray wraps a worker's in ``UserExceptionWithTraceback``
+    (``_base_exc``) and the controller's in ``ControllerError`` (``controller_failure``)."""
+    for wrapped in ("_base_exc", "controller_failure"):
+        inner = getattr(error, wrapped, None)
+        if isinstance(inner, BaseException):
+            return _own_exception(inner)
+    return error

@@ -9,7 +9,19 @@ commit, so the figure is exact to that granularity).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from policies.journal import (
+    AttemptStarted,
+    Event,
+    Failure,
+    FaultFired,
+    Finished,
+    Journal,
+    PreemptionNotice,
+    ResumeDecision,
+    StateCommitted,
+    UnknownEvent,
+)
 
 
 @dataclass
@@ -24,79 +36,40 @@ class Restart:
     reason: str
 
 
-def merged_steps(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """Per optimizer step records; a later attempt's record of a recomputed step wins."""
-    out: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if e["kind"] == "progress":
-            for r in e["records"]:
-                out[r["optimizer_step"]] = {**r, "attempt": e.get("attempt")}
-    return out
+def restarts(journal: Journal) -> list[Restart]:
+    """One per attempt after the first, with the work the attempt before it lost."""
+    starts = journal.attempts
+    return [_restart(journal, prev, cur) for prev, cur in zip(starts, starts[1:], strict=False)]
 
 
-def records_after(records: list[dict[str, Any]], t: float) -> bool:
-    return any(r.get("time", 0) > t for r in records)
+def _restart(journal: Journal, prev: AttemptStarted, cur: AttemptStarted) -> Restart:
+    records = journal.progress_of(prev.attempt)
+    fired = journal.faults_in(prev.attempt)
+    max_step = max([r.global_micro_step for r in records] + [f.global_micro_step for f in fired
+                                                             if f.global_micro_step is not None]
+                   + [prev.global_micro_step])
+    last_time = max([r.time for r in records] + [f.time for f in fired] + [prev.time])
+    # the state captured training at its snapshot: the commit time minus the save's duration
+    # (an async commit lands steps later)
+    commit = journal.commit_of(cur.resumed_from)
+    since = commit.time - commit.seconds if commit else prev.time
+    failure = journal.failure_between(prev.time, cur.time)
+    if failure and failure.time > last_time and not any(r.time > failure.time for r in records):
+        # progress is flushed every few seconds: a hard crash loses the tail, the failure time bounds it
+        last_time = failure.time
+    return Restart(
+        attempt=cur.attempt, resumed_from=cur.resumed_from, resumed_micro_step=cur.global_micro_step,
+        previous_max_micro_step=max_step, lost_micro_steps=max(0, max_step - cur.global_micro_step),
+        lost_seconds=max(0.0, last_time - since) if max_step > cur.global_micro_step else 0.0,
+        cause=failure.classified if failure else "restart", reason=failure.reason if failure else "")
 
 
-def restarts(events: list[dict[str, Any]]) -> list[Restart]:
-    starts = [e for e in events if e["kind"] == "attempt_started"]
-    commits = {e["state"]: e for e in events if e["kind"] == "state_committed"}
-    failures = [e for e in events if e["kind"] == "failure"]
-    out = []
-    for prev, cur in zip(starts, starts[1:]):
-        a = prev.get("attempt")
-        records = [r for e in events if e["kind"] == "progress" and e.get("attempt") == a for r in e["records"]]
-        fired = [e["global_micro_step"] for e in events if e["kind"] == "fault_fired" and e.get("attempt") == a
-                 and e.get("global_micro_step") is not None]
-        max_step = max([r["global_micro_step"] for r in records] + fired + [prev.get("global_micro_step", 0)])
-        last_time = max([r.get("time", 0) for r in records]
-                        + [e["time"] for e in events if e["kind"] == "fault_fired" and e.get("attempt") == a]
-                        + [prev["time"]])
-        resumed_step = cur.get("global_micro_step", 0)
-        state = cur.get("resumed_from")
-        # the state captured training at its snapshot: the commit time minus the save's duration
-        # (an async commit lands steps later)
-        since = commits[state]["time"] - commits[state].get("seconds", 0.0) if state in commits else prev["time"]
-        failure = next((f for f in failures if prev["time"] <= f["time"] <= cur["time"]), None)
-        if failure and failure["time"] > last_time and not records_after(records, failure["time"]):
-            # progress is flushed every few seconds: a hard crash loses the tail, the failure time bounds it
-            last_time = failure["time"]
-        out.append(Restart(
-            attempt=cur.get("attempt", 0), resumed_from=state, resumed_micro_step=resumed_step,
-            previous_max_micro_step=max_step, lost_micro_steps=max(0, max_step - resumed_step),
-            lost_seconds=max(0.0, last_time - since) if max_step > resumed_step else 0.0,
-            cause=failure["classified"] if failure else "restart", reason=failure["reason"] if failure else ""))
-    return out
-
-
-def format_timeline(events: list[dict[str, Any]]) -> str:
-    if not events:
+def format_timeline(journal: Journal) -> str:
+    if not journal.events:
         return "(no events)"
-    t0 = events[0]["time"]
-    lines = []
-    for e in events:
-        k = e["kind"]
-        at = f"+{e['time'] - t0:8.2f}s  {k:<17}"
-        if k == "attempt_started":
-            lines.append(f"{at} attempt {e.get('attempt')} on {e.get('world_size')} worker(s), "
-                         f"from {e.get('resumed_from') or 'scratch'} (micro-step {e.get('global_micro_step')})")
-        elif k == "resume_decision":
-            rejected = [f"{c['state']} {c['verdict']}" for c in e.get("candidates", []) if c["verdict"] != "resumable"]
-            lines.append(f"{at} chose {e.get('chosen') or 'fresh start'}: {e.get('reason')}"
-                         + (f"; rejected: {', '.join(rejected)}" if rejected else ""))
-        elif k == "state_committed":
-            lines.append(f"{at} {e['state']} (optimizer step {e['optimizer_step']}, {e['bytes'] / 1e6:.2f} MB, "
-                         f"{e['seconds']:.3f}s, loop blocked {e['blocked_seconds']:.3f}s) [{', '.join(e['reasons'])}]")
-        elif k == "preemption_notice":
-            lines.append(f"{at} {e.get('source')} at micro-step {e.get('global_micro_step')}"
-                         + (f", deadline in {(e['deadline_ms'] / 1000 - e['time']):.1f}s" if e.get("deadline_ms") else ""))
-        elif k == "failure":
-            lines.append(f"{at} {e['classified']} -> {e['decision']}: {e['reason']}")
-        elif k == "fault_fired":
-            lines.append(f"{at} rank {e.get('rank')} {e.get('mode')} at {e.get('where')}")
-        elif k == "finished":
-            lines.append(f"{at} finished at micro-step {e['global_micro_step']} ({e['state']})")
-    rs = restarts(events)
+    t0 = journal.events[0].time
+    lines = [line for e in journal.events if (line := _line(e, t0))]
+    rs = restarts(journal)
     if rs:
         lines.append("")
         lines.append("restart  cause        resumed from   lost micro-steps  lost seconds")
@@ -104,6 +77,35 @@ def format_timeline(events: list[dict[str, Any]]) -> str:
             lines.append(f"{r.attempt:>7}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  {r.lost_micro_steps:>16}  "
                          f"{r.lost_seconds:>12.2f}")
     return "\n".join(lines)
+
+
+def _line(e: Event | UnknownEvent, t0: float) -> str | None:
+    """One event's timeline line; None for the kinds the timeline leaves out (progress, submitted)."""
+    match e:
+        case AttemptStarted():
+            what = (f"attempt {e.attempt} on {e.world_size} worker(s), "
+                    f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})")
+        case ResumeDecision():
+            rejected = [f"{c.state} {c.verdict}" for c in e.candidates if c.verdict != "resumable"]
+            what = f"chose {e.chosen or 'fresh start'}: {e.reason}" + (f"; rejected: {', '.join(rejected)}"
+                                                                       if rejected else "")
+        case StateCommitted():
+            what = (f"{e.state} (optimizer step {e.optimizer_step}, {e.bytes / 1e6:.2f} MB, {e.seconds:.3f}s, "
+                    f"loop blocked {e.blocked_seconds:.3f}s) [{', '.join(e.reasons)}]")
+        case PreemptionNotice():
+            what = f"{e.source} at micro-step {e.global_micro_step}" + (
+                f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else "")
+        case Failure():
+            what = f"{e.classified} -> {e.decision}: {e.reason}"
+        case FaultFired():
+            what = f"rank {e.rank} {e.mode} at {e.where}"
+        case Finished():
+            what = f"finished at micro-step {e.global_micro_step} ({e.state})"
+        case UnknownEvent():
+            what = f"not read: {e.problem}"
+        case _:
+            return None
+    return f"+{e.time - t0:8.2f}s  {e.kind:<17} {what}"
 
 
 @dataclass
@@ -120,23 +122,22 @@ class RunSummary:
     lost_seconds: float
 
 
-def summarize(events: list[dict[str, Any]]) -> RunSummary | None:
+def summarize(journal: Journal) -> RunSummary | None:
     """The run's summary, or None when it has not finished."""
-    finished = [e for e in events if e["kind"] == "finished"]
-    if not finished:
+    last = journal.last_finish
+    if last is None:
         return None
-    last = finished[-1]
-    upto = [e for e in events if e["time"] <= last["time"]]
-    earlier = [e["time"] for e in finished[:-1] if e["time"] < last["time"]]
+    upto = journal.until(last.time)
+    earlier = [f.time for f in journal.finishes[:-1] if f.time < last.time]
     begin = max(earlier) if earlier else None
-    segment = [e for e in upto if begin is None or e["time"] > begin]
-    starts = [e for e in upto if e["kind"] == "attempt_started"]
+    first = next(e for e in upto.events if begin is None or e.time > begin)  # `last` itself at the latest
+    starts = upto.attempts
     # restarts() pairs consecutive attempts; a pair whose first attempt precedes `begin` is a new run
-    rs = [r for (prev, _), r in zip(zip(starts, starts[1:]), restarts(upto)) if begin is None or prev["time"] > begin]
-    return RunSummary(state=last.get("state"), optimizer_step=int(last.get("optimizer_step") or 0),
-                      micro_step=int(last.get("global_micro_step") or 0),
-                      wall_seconds=max(0.0, last["time"] - segment[0]["time"]), restarts=len(rs),
-                      lost_micro_steps=sum(r.lost_micro_steps for r in rs), lost_seconds=sum(r.lost_seconds for r in rs))
+    rs = [r for prev, r in zip(starts, restarts(upto), strict=False) if begin is None or prev.time > begin]
+    return RunSummary(state=last.state, optimizer_step=last.optimizer_step, micro_step=last.global_micro_step,
+                      wall_seconds=max(0.0, last.time - first.time), restarts=len(rs),
+                      lost_micro_steps=sum(r.lost_micro_steps for r in rs),
+                      lost_seconds=sum(r.lost_seconds for r in rs))
 
 
 def _duration(seconds: float) -> str:

@@ -41,28 +41,24 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
     return FailureVerdict(APPLICATION, first)
 
 
-def user_error_line(message: str) -> str:
-    """The most useful line of a worker traceback: the last 'SomethingError: ...' line."""
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        head = ln.split(":", 1)[0]
-        if head.endswith(("Error", "Exception", "Refused", "Mismatch")) and " " not in head.strip():
-            return ln
-    return lines[-1] if lines else message
-
-
 _OURS = ("workers.", "orchestrator.", "policies.")
 
 
-def failure_reason(exc_type: str, exc_module: str, message: str) -> tuple[str, str]:
+def is_ours(error: BaseException) -> bool:
+    """Raised by syncpoint itself (a refusal written for the user), not by the user's code or a library."""
+    return (type(error).__module__ + ".").startswith(_OURS)
+
+
+def failure_reason(error: BaseException) -> tuple[str, str]:
     """(reason, details) for a failed run's last line: the reason itself, never a source line.
 
     syncpoint's own refusals carry messages written for the user: the first line is the reason
     and the rest (a candidates table) is detail printed above it. Anything else (the user's own
     exception) is named by its type, as Python would print it.
     """
-    lines = message.strip().splitlines() or [exc_type]
+    exc_type = type(error).__name__
+    lines = str(error).strip().splitlines() or [exc_type]
     head, details = lines[0].strip(), "\n".join(lines[1:]).strip()
-    if not (exc_module + ".").startswith(_OURS):
+    if not is_ours(error):
         head = f"{exc_type}: {head}" if head != exc_type else head
     return head, details

@@ -7,8 +7,19 @@ import inspect
 
 import pytest
 
-from orchestrator.timeline import format_timeline, merged_steps, restarts
-from policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, user_error_line
+from orchestrator.ray_runner import failure_report
+from orchestrator.timeline import format_timeline, restarts
+from policies.errors import ResumeRefused
+from policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure
+from policies.journal import (
+    AttemptStarted,
+    Failure,
+    FaultFired,
+    Journal,
+    Progress,
+    ProgressRecord,
+    StateCommitted,
+)
 
 
 def facts(**kw):
@@ -26,9 +37,34 @@ def test_classification():
     assert classify_failure(facts(notice_logged=True)).kind == PREEMPTION
 
 
-def test_user_error_line_picks_the_users_exception():
-    tb = 'Traceback (most recent call last):\n  File "x.py", line 3\n    raise ValueError("bad batch")\nValueError: bad batch at call 5\n'
-    assert user_error_line(tb) == "ValueError: bad batch at call 5"
+def _worker_failures(**by_rank: BaseException) -> BaseException:
+    """A worker group's failure exactly as Ray Train v2 hands it over: each rank's exception wrapped
+    with its traceback text."""
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    failures = {int(rank[4:]): UserExceptionWithTraceback(e, f"Traceback (most recent call last):\n  File \"x.py\", "
+                                                             f"line 3\n{type(e).__name__}: {e}\n")
+                for rank, e in by_rank.items()}
+    return WorkerGroupError("snippet", failures)
+
+
+def test_failure_report_names_the_failing_codes_own_exception():
+    """One rule for the run's last line and for the failure policy's message of each rank."""
+    assert failure_report(_worker_failures(rank0=ValueError("bad batch at call 5"))) == (
+        "ValueError: bad batch at call 5", "")
+    # a syncpoint refusal on rank 1 surfaces as a broken collective on rank 0: the refusal says why
+    refusal = ResumeRefused("no resumable state\n000000000010  incompatible")
+    reason, details = failure_report(_worker_failures(rank0=RuntimeError("gloo: connection closed"), rank1=refusal))
+    assert (reason, details) == ("no resumable state", "000000000010  incompatible")
+    # the policy's message of one rank's failure is that rank's own exception
+    (wrapped,) = _worker_failures(rank2=KeyError("x")).worker_failures.values()
+    assert failure_report(wrapped)[0] == "KeyError: 'x'"
+    # the controller's failure: the exception it wraps
+    from ray.train.v2.api.exceptions import ControllerError
+
+    assert failure_report(ControllerError(OSError("disk full")))[0] == "OSError: disk full"
+    assert failure_report(RuntimeError("plain"))[0] == "RuntimeError: plain"
 
 
 def test_ray_internals_used_by_the_failure_policy_still_exist():
@@ -52,26 +88,29 @@ def test_ray_internals_used_by_the_failure_policy_still_exist():
     assert not isinstance(data_parallel_trainer.create_failure_policy(policy.failure_config), fp.SyncpointFailurePolicy)
 
 
-def _ev(kind, t, **kw):
-    return {"kind": kind, "time": t, **kw}
+def _step(t: float, attempt: int, optimizer_step: int, global_micro_step: int, loss: float) -> Progress:
+    return Progress(time=t, attempt=attempt, records=[ProgressRecord(
+        optimizer_step=optimizer_step, global_micro_step=global_micro_step, epoch=0, loss=loss, lr=1.0, time=t)])
 
 
 def test_timeline_lost_work():
-    events = [
-        _ev("attempt_started", 0, attempt=1, global_micro_step=0, resumed_from=None, world_size=2),
-        _ev("progress", 1, attempt=1, records=[{"optimizer_step": 1, "global_micro_step": 4, "loss": 2.0, "lr": 1, "time": 1}]),
-        _ev("state_committed", 1.1, state="000000000004", global_micro_step=4, optimizer_step=1, bytes=10,
-            seconds=0.1, blocked_seconds=0.1, reasons=["interval"]),
-        _ev("progress", 3, attempt=1, records=[{"optimizer_step": 2, "global_micro_step": 8, "loss": 1.5, "lr": 1, "time": 3}]),
-        _ev("fault_fired", 3.5, attempt=1, global_micro_step=10, rank=1, mode="exit", where="micro-step 10"),
-        _ev("failure", 4, classified="preemption", decision="RETRY", reason="node(s) lost: x"),
-        _ev("attempt_started", 5, attempt=2, global_micro_step=4, resumed_from="000000000004", world_size=2),
-        _ev("progress", 6, attempt=2, records=[{"optimizer_step": 2, "global_micro_step": 8, "loss": 1.5, "lr": 1, "time": 6}]),
-    ]
-    (r,) = restarts(events)
+    journal = Journal([
+        AttemptStarted(time=0, attempt=1, world_size=2, resumed_from=None, global_micro_step=0, optimizer_step=0),
+        _step(1, 1, 1, 4, 2.0),
+        StateCommitted(time=1.1, attempt=1, state="000000000004", global_micro_step=4, optimizer_step=1, bytes=10,
+                       seconds=0.1, blocked_seconds=0.1, committed_at_micro_step=4, reasons=["interval"]),
+        _step(3, 1, 2, 8, 1.5),
+        FaultFired(time=3.5, attempt=1, global_micro_step=10, rank=1, mode="exit", fault="f", where="micro-step 10"),
+        Failure(time=4, classified="preemption", decision="RETRY", reason="node(s) lost: x", ranks=[1], messages=[],
+                dead_nodes=["x"]),
+        AttemptStarted(time=5, attempt=2, world_size=2, resumed_from="000000000004", global_micro_step=4,
+                       optimizer_step=1),
+        _step(6, 2, 2, 8, 1.5),
+    ])
+    (r,) = restarts(journal)
     assert (r.resumed_micro_step, r.previous_max_micro_step, r.lost_micro_steps) == (4, 10, 6)
-    # from the state's snapshot (commit 1.1 minus its 0.1 s save) to the failure (4.0): the crash lost its unflushed tail
+    # from the state's snapshot (commit 1.1 minus its 0.1 s save) to the failure (4.0): the crash lost its
+    # unflushed tail
     assert r.lost_seconds == pytest.approx(4.0 - 1.0) and r.cause == "preemption"
-    assert merged_steps(events)[2]["attempt"] == 2
-    text = format_timeline(events)
+    text = format_timeline(journal)
     assert "lost micro-steps" in text and "000000000004" in text

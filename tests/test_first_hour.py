@@ -21,7 +21,20 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.timeline import format_summary, summarize
+from policies.journal import (
+    AttemptStarted,
+    Failure,
+    FaultFired,
+    Finished,
+    Journal,
+    Progress,
+    ProgressRecord,
+    StateCommitted,
+    Submitted,
+)
 from tests.helpers import EXAMPLE, ROOT, lm_spec, state_names, step_history
+from workers.events import EventLog
+from workers.storage import RunStorage
 
 # ---------------------------------------------------------------- import paths, before Ray starts
 
@@ -97,26 +110,37 @@ def test_the_check_finds_modules_next_to_the_job_without_running_them(tmp_path, 
 # ---------------------------------------------------------------- the end-of-run summary
 
 
-def _events_with_a_restart() -> list[dict]:
+def _attempt(t: float, attempt: int, step: int, resumed_from: str | None) -> AttemptStarted:
+    return AttemptStarted(time=t, attempt=attempt, world_size=1, resumed_from=resumed_from, global_micro_step=step,
+                          optimizer_step=step // 4)
+
+
+def _finished(t: float, attempt: int) -> Finished:
+    return Finished(time=t, attempt=attempt, state="000000000024", global_micro_step=24, optimizer_step=6)
+
+
+def _events_with_a_restart() -> list:
     """Attempt 1 commits state 8 (snapshot at t=113, a 1 s save), crashes at micro-step 13 and fails
     at t=122; attempt 2 resumes from 8 and finishes at micro-step 24 (optimizer step 6)."""
-    rec = lambda step, gms, t: {"optimizer_step": step, "global_micro_step": gms, "loss": 1.0, "lr": 0.1, "time": t}
+    def rec(step: int, gms: int, t: float) -> ProgressRecord:
+        return ProgressRecord(optimizer_step=step, global_micro_step=gms, epoch=0, loss=1.0, lr=0.1, time=t)
+
     return [
-        {"kind": "submitted", "time": 100.0},
-        {"kind": "attempt_started", "time": 110.0, "attempt": 1, "global_micro_step": 0, "resumed_from": None},
-        {"kind": "state_committed", "time": 114.0, "state": "000000000008", "seconds": 1.0, "global_micro_step": 8},
-        {"kind": "progress", "time": 120.0, "attempt": 1, "records": [rec(2, 8, 113.0), rec(3, 12, 120.0)]},
-        {"kind": "fault_fired", "time": 121.0, "attempt": 1, "global_micro_step": 13, "rank": 1, "mode": "crash"},
-        {"kind": "failure", "time": 122.0, "classified": "application", "decision": "retry", "reason": "crash"},
-        {"kind": "attempt_started", "time": 130.0, "attempt": 2, "global_micro_step": 8,
-         "resumed_from": "000000000008"},
-        {"kind": "finished", "time": 160.5, "attempt": 2, "state": "000000000024", "global_micro_step": 24,
-         "optimizer_step": 6},
+        Submitted(time=100.0, source="driver", name="tiny-lm", address="embedded"),
+        _attempt(110.0, 1, 0, None),
+        StateCommitted(time=114.0, attempt=1, state="000000000008", global_micro_step=8, optimizer_step=2,
+                       bytes=1000, seconds=1.0, blocked_seconds=1.0, committed_at_micro_step=8, reasons=["interval"]),
+        Progress(time=120.0, attempt=1, records=[rec(2, 8, 113.0), rec(3, 12, 120.0)]),
+        FaultFired(time=121.0, attempt=1, global_micro_step=13, rank=1, mode="exit", fault="f", where="micro-step 13"),
+        Failure(time=122.0, classified="application", decision="retry", reason="crash", ranks=[1], messages=["crash"],
+                dead_nodes=[]),
+        _attempt(130.0, 2, 8, "000000000008"),
+        _finished(160.5, 2),
     ]
 
 
 def test_summary_counts_restarts_and_lost_work_from_the_event_log():
-    s = summarize(_events_with_a_restart())
+    s = summarize(Journal(_events_with_a_restart()))
     assert (s.state, s.optimizer_step, s.micro_step, s.restarts, s.lost_micro_steps) == ("000000000024", 6, 24, 1, 5)
     assert s.wall_seconds == pytest.approx(60.5)  # first event of the run to its finish
     assert s.lost_seconds == pytest.approx(122.0 - 113.0)  # the failure's time minus the state's snapshot time
@@ -124,18 +148,15 @@ def test_summary_counts_restarts_and_lost_work_from_the_event_log():
     assert line == ("syncpoint: job 'tiny-lm' finished: state 000000000024, 6 optimizer steps (24 micro-steps) in "
                     "1m00s, 1 restart (lost 5 micro-steps, 9.0 s); model runs/tiny-lm/final/model.safetensors; "
                     "plot runs/tiny-lm/plot.png")
-    assert summarize(_events_with_a_restart()[:-1]) is None  # not finished: no summary
+    assert summarize(Journal(_events_with_a_restart()[:-1])) is None  # not finished: no summary
 
 
 def test_a_finished_run_run_again_is_summarized_from_its_new_submission():
     """`make example` twice: the second run resumes the final state and finishes at once; its summary
     is that submission's, not a restart of the first."""
-    again = [{"kind": "submitted", "time": 900.0},
-             {"kind": "attempt_started", "time": 910.0, "attempt": 3, "global_micro_step": 24,
-              "resumed_from": "000000000024"},
-             {"kind": "finished", "time": 912.0, "attempt": 3, "state": "000000000024", "global_micro_step": 24,
-              "optimizer_step": 6}]
-    s = summarize(_events_with_a_restart() + again)
+    again = [Submitted(time=900.0, source="driver", name="tiny-lm", address="embedded"),
+             _attempt(910.0, 3, 24, "000000000024"), _finished(912.0, 3)]
+    s = summarize(Journal(_events_with_a_restart() + again))
     assert (s.state, s.optimizer_step, s.restarts, s.lost_micro_steps) == ("000000000024", 6, 0, 0)
     assert s.wall_seconds == pytest.approx(12.0)
 
@@ -196,11 +217,10 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     m = SUMMARY.match(lines[-1] if lines[-1].startswith("syncpoint: job") else r.stdout.strip().splitlines()[-1])
     assert m, out[-2000:]
     state, opt_steps, micro_steps, model, plot = m.groups()
-    finished = [e for e in __import__("workers.events", fromlist=["EventLog"]).EventLog(
-        __import__("workers.storage", fromlist=["RunStorage"]).RunStorage(f"file://{tmp_path}/tiny-lm")).read_all()
-        if e["kind"] == "finished"]
-    assert (state, int(opt_steps), int(micro_steps)) == (finished[-1]["state"], finished[-1]["optimizer_step"],
-                                                         finished[-1]["global_micro_step"])
+    finished = EventLog(RunStorage(f"file://{tmp_path}/tiny-lm")).journal().last_finish
+    assert finished is not None
+    assert (state, int(opt_steps), int(micro_steps)) == (finished.state, finished.optimizer_step,
+                                                         finished.global_micro_step)
     assert os.path.isfile(os.path.join(ROOT, model)) and model.endswith("final/model.safetensors")
     with open(os.path.join(ROOT, plot), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -163,7 +163,7 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
     from orchestrator.timeline import restarts
 
-    (restart,) = restarts(_events(spec))
+    (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
     assert restart.cause == "preemption"
     assert restart.lost_micro_steps < spec.train.grad_accum  # every boundary in the grace window committed
     final = state_names(spec)[-1]

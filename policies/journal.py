@@ -1,0 +1,341 @@
+"""The run's event log as typed events, and the one reader of it: ``Journal``.
+
+Why typed: the log is read by the loop (attempt number, restart of a submission), the failure
+policy (the attempt's nodes and notice), the timeline, drill and plot; with bare strings and dicts
+each re-scanned it its own way, and a misspelt field was written silently and read as missing.
+Every kind is one pydantic model below, discriminated on ``kind``; ``workers.events`` validates
+each event against them before writing it (an unknown kind or field fails loudly there).
+
+Why reading is lenient where writing is strict: logs outlive the code that wrote them. A field
+that older writers did not record yet is declared with ``older_logs_lack(default)``: writing
+requires it, reading an old log fills in the default. Fields that no model declares are kept
+when reading (an older writer's ``node``, a newer writer's addition) and refused when writing.
+A record no model accepts (a kind this version does not know, a foreign or damaged file) is kept
+as an ``UnknownEvent`` that says why, never dropped and never fatal: the queries skip it, the
+timeline shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+_OLDER_LOGS_LACK = "older_logs_lack"
+_EMITTING = "emitting"  # validation context key: the record is about to be written
+
+
+def older_logs_lack(default: Any) -> Any:
+    """A field current writers always record and older logs may lack (read back as ``default``)."""
+    return Field(default, json_schema_extra={_OLDER_LOGS_LACK: True})
+
+
+class _Record(BaseModel):
+    """Lenient on reading (unknown fields kept); exact when emitting (see ``_exact_when_emitting``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exact_when_emitting(cls, data: Any, info: ValidationInfo) -> Any:
+        if not (info.context or {}).get(_EMITTING) or not isinstance(data, Mapping):
+            return data
+        unknown = sorted(set(data) - set(cls.model_fields))
+        missing = sorted(name for name, f in cls.model_fields.items()
+                         if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(_OLDER_LOGS_LACK)
+                         and name not in data)
+        if unknown or missing:
+            raise ValueError(f"{cls.__name__}: " + "; ".join(
+                part for part in (f"unknown field(s) {', '.join(unknown)}" if unknown else "",
+                                  f"missing field(s) {', '.join(missing)}" if missing else "") if part))
+        return data
+
+
+class _Event(_Record):
+    # Both are stamped by the writer (``workers.events.EventLog.emit``): a typed event is built without them.
+    time: float = 0.0  # seconds since the epoch; a foreign record without one sorts first
+    source: str = ""  # who wrote it: worker, driver, controller, rank<N> (a notice: where it came from)
+
+
+# ---------------------------------------------------------------- the kinds
+
+
+class Submitted(_Event):
+    """The driver starts a submission (``syncpoint run``)."""
+
+    kind: Literal["submitted"] = "submitted"
+    name: str
+    address: str  # the Ray address, redacted, or "embedded"
+
+
+class AttemptStarted(_Event):
+    """Rank 0 of a worker group agreed on its start (after the resume negotiation)."""
+
+    kind: Literal["attempt_started"] = "attempt_started"
+    attempt: int
+    world_size: int
+    nodes: list[str] = older_logs_lack([])  # the Ray node of each rank (older logs: one `node`)
+    submission: str = older_logs_lack("")  # the `syncpoint run` it belongs to ("" outside Ray)
+    resumed_from: str | None  # the state it resumed, None from scratch
+    global_micro_step: int
+    optimizer_step: int
+
+
+class CandidateSeen(_Record):
+    state: str
+    verdict: str | None
+    reason: str | None
+
+
+class ResumeDecision(_Event):
+    """What the resume policy chose, and every candidate it looked at."""
+
+    kind: Literal["resume_decision"] = "resume_decision"
+    attempt: int
+    chosen: str | None  # None: a fresh start, or a refusal (its reason)
+    reason: str | None
+    total_candidates: int = older_logs_lack(0)
+    candidates: list[CandidateSeen]
+
+
+class ProgressRecord(_Record):
+    """One optimizer step as the loop saw it."""
+
+    optimizer_step: int
+    global_micro_step: int
+    epoch: int
+    loss: float
+    lr: float
+    time: float = older_logs_lack(0.0)
+    samples: list[int] | None = None  # only with train.record_samples: the step's sample ids, global order
+
+
+class Progress(_Event):
+    """Steps since the last flush (every few seconds and before every commit)."""
+
+    kind: Literal["progress"] = "progress"
+    attempt: int | None = older_logs_lack(None)
+    records: list[ProgressRecord]
+
+
+class StateCommitted(_Event):
+    """A state's manifest is written: the state is resumable."""
+
+    kind: Literal["state_committed"] = "state_committed"
+    attempt: int | None = older_logs_lack(None)
+    state: str
+    global_micro_step: int
+    optimizer_step: int
+    bytes: int
+    seconds: float  # the whole save, snapshot to commit
+    blocked_seconds: float  # how long the training loop waited for it
+    committed_at_micro_step: int | None = older_logs_lack(None)  # later than the state's own step when async
+    reasons: list[str]  # interval, preemption, final
+
+
+class PreemptionNotice(_Event):
+    """The attempt learnt of an imminent preemption; ``source`` says from where (ray-drain,
+    sigterm, another rank); Ray's drain notice adds its deadline and the nodes and ranks it hits."""
+
+    kind: Literal["preemption_notice"] = "preemption_notice"
+    attempt: int
+    global_micro_step: int
+    optimizer_step: int
+    deadline_ms: int | None = None
+    nodes: list[str] | None = None
+    ranks: list[int] | None = None
+
+
+class FaultFired(_Event):
+    """An injected fault (``faults:`` in the spec, or a drill) fired on a rank."""
+
+    kind: Literal["fault_fired"] = "fault_fired"
+    fault: str
+    mode: str
+    where: str
+    rank: int
+    global_micro_step: int | None  # None at a save phase
+    attempt: int
+
+
+class Failure(_Event):
+    """The failure policy classified a failed attempt and decided (retry or raise)."""
+
+    kind: Literal["failure"] = "failure"
+    classified: str  # policies.failures.PREEMPTION or APPLICATION
+    reason: str
+    decision: str
+    ranks: list[int]
+    messages: list[str]
+    dead_nodes: list[str]
+
+
+class Finished(_Event):
+    """The run reached its end; ``state`` is its last committed state."""
+
+    kind: Literal["finished"] = "finished"
+    attempt: int | None = older_logs_lack(None)
+    state: str | None
+    global_micro_step: int
+    optimizer_step: int
+
+
+Event = Annotated[Submitted | AttemptStarted | ResumeDecision | Progress | StateCommitted | PreemptionNotice
+                  | FaultFired | Failure | Finished, Field(discriminator="kind")]
+_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class UnknownEvent(BaseModel):
+    """A stored record no model accepts: kept (with why) so nothing in a log vanishes unseen."""
+
+    kind: str
+    time: float
+    source: str
+    problem: str
+    record: dict[str, Any]
+
+
+def event_to_emit(record: Mapping[str, Any]) -> Event:
+    """The typed event for a record about to be written: a known kind, every field current writers
+    record, no field the kind does not declare (``pydantic.ValidationError`` otherwise)."""
+    return _EVENT.validate_python(record, context={_EMITTING: True})
+
+
+def stored_form(event: Event) -> dict[str, Any]:
+    """What is written: the fields given, nothing defaulted (so an event reads back as it was written)."""
+    return {"kind": event.kind, **event.model_dump(exclude_unset=True)}
+
+
+def read_event(record: Mapping[str, Any]) -> Event | UnknownEvent:
+    try:
+        return _EVENT.validate_python(record)
+    except ValidationError as e:
+        t = record.get("time")
+        return UnknownEvent(kind=str(record.get("kind")), time=float(t) if isinstance(t, int | float) else 0.0,
+                            source=str(record.get("source", "")), problem=_problem(e), record=dict(record))
+
+
+def _problem(error: ValidationError) -> str:
+    first = error.errors()[0]
+    if first["type"] == "union_tag_invalid":
+        return "a kind this version does not know"
+    if first["type"] == "union_tag_not_found":
+        return "no kind"
+    where = ".".join(str(p) for p in first["loc"][1:])  # loc[0] is the kind
+    return f"{where}: {first['msg']}" if where else first["msg"]
+
+
+class Step(ProgressRecord):
+    """An optimizer step's record with the attempt that recorded it."""
+
+    attempt: int | None = None
+
+
+E = TypeVar("E", bound=BaseModel)
+
+
+class Journal:
+    """A run's events in time order, and the questions the code asks of them.
+
+    Attempts are numbered by the loop in the order they start (``next_attempt``), so "the
+    attempt" of an event is its ``attempt`` field; events of logs older than that field (None)
+    belong to no attempt."""
+
+    def __init__(self, events: Iterable[Event | UnknownEvent]) -> None:
+        self.events: list[Event | UnknownEvent] = sorted(events, key=lambda e: e.time)
+
+    @classmethod
+    def parse(cls, records: Iterable[Mapping[str, Any]]) -> Journal:
+        """The journal of stored records (``workers.events.EventLog.read_all``)."""
+        return cls(read_event(r) for r in records)
+
+    def of_kind(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def until(self, time: float) -> Journal:
+        """The events up to ``time``, inclusive."""
+        return Journal(e for e in self.events if e.time <= time)
+
+    @property
+    def unknown(self) -> list[UnknownEvent]:
+        return self.of_kind(UnknownEvent)
+
+    # ---- attempts
+
+    @property
+    def attempts(self) -> list[AttemptStarted]:
+        return self.of_kind(AttemptStarted)
+
+    @property
+    def last_attempt(self) -> AttemptStarted | None:
+        return (self.attempts or [None])[-1]
+
+    def next_attempt(self) -> int:
+        """The number the next attempt to start takes (1 for a new run)."""
+        return 1 + len(self.attempts)
+
+    def is_restart_of(self, submission: str) -> bool:
+        """Whether an attempt of this submission already started (a Ray restart, not a new ``syncpoint run``)."""
+        return bool(submission) and any(a.submission == submission for a in self.attempts)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({a.world_size for a in self.attempts})
+
+    # ---- within an attempt
+
+    def notice_in(self, attempt: int | None) -> PreemptionNotice | None:
+        """The attempt's first preemption notice."""
+        return next((e for e in self.of_kind(PreemptionNotice) if e.attempt == attempt), None)
+
+    def progress_of(self, attempt: int | None) -> list[ProgressRecord]:
+        return [r for e in self.of_kind(Progress) if e.attempt == attempt for r in e.records]
+
+    def faults_in(self, attempt: int | None) -> list[FaultFired]:
+        return [e for e in self.of_kind(FaultFired) if e.attempt == attempt]
+
+    # ---- steps and states
+
+    def steps(self) -> dict[int, Step]:
+        """Per optimizer step, its record; a later attempt's record of a recomputed step wins."""
+        return {r.optimizer_step: Step.model_validate({**r.model_dump(), "attempt": e.attempt})
+                for e in self.of_kind(Progress) for r in e.records}
+
+    def furthest_micro_step(self) -> int:
+        """The furthest global micro-step any attempt recorded progress at (0 before any)."""
+        return max((r.global_micro_step for e in self.of_kind(Progress) for r in e.records), default=0)
+
+    @property
+    def commits(self) -> list[StateCommitted]:
+        return self.of_kind(StateCommitted)
+
+    def commit_of(self, state: str | None) -> StateCommitted | None:
+        """The latest commit of a state by that name (a recomputed state is committed again)."""
+        return next((c for c in reversed(self.commits) if c.state == state), None)
+
+    # ---- failures and ends
+
+    @property
+    def failures(self) -> list[Failure]:
+        return self.of_kind(Failure)
+
+    def failure_between(self, start: float, end: float) -> Failure | None:
+        """The first failure recorded in [start, end] (between two attempts: what ended the first)."""
+        return next((f for f in self.failures if start <= f.time <= end), None)
+
+    @property
+    def finishes(self) -> list[Finished]:
+        return self.of_kind(Finished)
+
+    @property
+    def last_finish(self) -> Finished | None:
+        return (self.finishes or [None])[-1]
