@@ -1,4 +1,4 @@
-"""``syncpoint`` command line: run, validate, schema, states, digest, events.
+"""``syncpoint`` command line: run, submit, validate, schema, states, digest, events, drill.
 
 Bad input (a spec, an argument, a storage URL) exits 2 with a paragraph naming what is wrong and
 how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback.
@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.spec_file import load_spec, resolve_storage
 from policies.errors import SpecError
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec, job_schema, spec_to_json
+
+if TYPE_CHECKING:
+    from policies.candidates import Candidate, Expectation
+    from workers.storage import RunStorage
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
@@ -85,7 +89,7 @@ def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -
                 why = f"no module named {module!r}"
             except ModuleNotFoundError as e:  # a parent package is missing
                 found, why = False, f"no module named {e.name!r}" if e.name else str(e)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any error a user's package raises on import is reported
                 found, why = False, f"importing its package raised {type(e).__name__}: {e}"
             if not found:
                 problems.append(
@@ -107,7 +111,7 @@ def _check_storage(spec: JobSpec) -> None:
         probe = path.rstrip("/") + "/.syncpoint-probe"
         fs.pipe_file(probe, b"ok")
         fs.rm(probe)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - every backend raises its own types; each is a spec error
         # redacted with the URL's own secrets too: a backend's error may quote a password bare
         raise SpecError("storage", [redact_text(
             f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. Use a local path, file://, memory:// "
@@ -115,7 +119,7 @@ def _check_storage(spec: JobSpec) -> None:
             "access", spec.storage)]) from None
 
 
-def _storage(arg: str, what: str):
+def _storage(arg: str, what: str) -> RunStorage:
     from workers.storage import RunStorage
 
     try:
@@ -135,14 +139,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_states(args: argparse.Namespace) -> int:
-    from policies.candidates import Expectation, candidates_table, classify, expectation_from_trainer
+    from policies.candidates import candidates_table, classify
     from policies.errors import NoResumableState
     from policies.resume import enforce_safe, make_policy
+    from policies.state_format import STATES_DIR
     from workers.discovery import discover
     from workers.signing import load_key
 
     storage = _storage(args.run_dir, "RUN_DIR")
-    if not storage.list_names("states") and not storage.list_names("events"):
+    if not storage.list_names(STATES_DIR) and not storage.list_names("events"):
         raise SpecError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
                                     "(<storage>/<name>)"], "invalid argument")
     try:
@@ -150,10 +155,7 @@ def cmd_states(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SpecError("--signing-key-env", [str(e)], "invalid argument") from None
     cands = discover(storage, signing_key=key)
-    # The run's own expectation, read back from its newest committed state the way the loop wrote
-    # it (elastic runs judge other world sizes by the elastic rules, as the loop does).
-    newest = next((c.trainer for c in cands if c.trainer and c.manifest), None)
-    exp = expectation_from_trainer(newest) if newest else Expectation("", 0, 0, 0, 0, -1, "", -1)
+    exp = _run_expectation(cands)
     for c in cands:
         classify(c, exp)
     try:
@@ -168,7 +170,8 @@ def cmd_states(args: argparse.Namespace) -> int:
         policy = make_policy(args.policy, policy_args)
     except (ValueError, TypeError) as e:
         raise SpecError("--policy", [f"{args.policy}: {e}; check --policy-args (pinned needs "
-                                     "'{\"state\": N}', best-metric takes metric and mode)"], "invalid argument") from None
+                                     "'{\"state\": N}', best-metric takes metric and mode)"],
+                        "invalid argument") from None
     try:
         decision = enforce_safe(policy.choose(cands, {}), cands)
         choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
@@ -184,6 +187,24 @@ def cmd_states(args: argparse.Namespace) -> int:
         print(f"policy {args.policy}: " + (f"resume from {choice['state']} ({choice['reason']})" if choice.get("state")
                                            else choice.get("error") or choice.get("reason", "")))
     return 0
+
+
+def _run_expectation(cands: list[Candidate]) -> Expectation | None:
+    """The run's own expectation, read back from its newest committed, readable state the way the
+    loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
+    None when no state is readable, so nothing can be incompatible with it."""
+    from pydantic import ValidationError
+
+    from policies.candidates import Expectation
+    from policies.state_format import TrainState
+
+    for c in cands:
+        if c.manifest is not None and c.trainer is not None:
+            try:
+                return Expectation.from_state(TrainState.model_validate(c.trainer))
+            except ValidationError:
+                continue  # classification names what is wrong with it
+    return None
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
@@ -237,15 +258,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
     try:
         points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
     except ValueError:
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"], "invalid argument") from None
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"],
+                        "invalid argument") from None
     if not points or min(points) < 1 or points != sorted(set(points)):
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"], "invalid argument")
+        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"],
+                        "invalid argument")
     hows = [h.strip() for h in args.how.split(",")]
     bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
     if bad or len(hows) not in (1, len(points)):
-        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"], "invalid argument")
+        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"],
+                        "invalid argument")
     if args.no_replacement and "node" not in hows:
-        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"], "invalid argument")
+        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"],
+                        "invalid argument")
     report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
     print(report.table)
     return 0 if report.ok else 1

@@ -7,7 +7,7 @@ crashed saves and go; torn ones newer than it may be a save in flight and stay. 
 corrupt and incompatible states are reported and only removed with ``prune_unsafe``.
 
 Only what syncpoint wrote is ever a candidate for deletion: a directory (never a file, never a
-symbolic link) whose name is a state name (12 ASCII digits, ``workers.state_writer.state_name``).
+symbolic link) whose name is a state name (12 ASCII digits, ``policies.state_format.state_name``).
 Anything else under ``states/`` (a ``notes/`` folder, a ``README.txt``) is someone else's and is
 ignored; a symbolic link is reported as corrupt and left alone, because deleting through it would
 delete its target, outside the run. Deletion itself stays manifest-first
@@ -19,12 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.candidates import (
-    Candidate,
-    Verdict,
-    is_state_name,
-    newest_first,
-)
+from policies.candidates import Candidate, Verdict, newest_first
+from policies.state_format import is_state_name
 
 
 @dataclass
@@ -43,7 +39,7 @@ def _not_ours(c: Candidate, kinds: Mapping[str, str] | None) -> str | None:
     ``symlink`` flag decide.
     """
     kind = kinds.get(c.name, "missing") if kinds is not None else "dir"
-    if getattr(c, "symlink", False) or kind == "link":
+    if c.symlink or kind == "link":
         return "corrupt (a symbolic link, not a directory syncpoint wrote: never followed, left alone)"
     if kind != "dir":
         return f"not a directory ({kind}): left alone"

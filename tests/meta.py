@@ -6,27 +6,46 @@ from __future__ import annotations
 from typing import Any
 
 from policies.boundaries import position_after
-from policies.candidates import Candidate, Expectation, identity_record, required_files
+from policies.candidates import Candidate, Expectation, identity_record
+from policies.state_format import (
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    STATES_DIR,
+    TRAINER_FILE,
+    TRAINER_SCHEMA_VERSION,
+    DataRecord,
+    SchedulerRecord,
+    TrainState,
+    json_bytes,
+    state_name,
+)
 
 
 def trainer_for(step: int, exp: Expectation, **overrides: Any) -> dict[str, Any]:
+    """The trainer.json object of a boundary state at ``step``; ``data_<key>`` overrides a key of
+    ``data``, any other keyword a top-level key (any value: tests plant wrong ones)."""
     p = position_after(step, exp.grad_accum, exp.micro_batches_per_epoch)
     per_micro = exp.micro_batch_size * exp.world_size
-    spe = exp.samples_per_epoch or exp.micro_batches_per_epoch * per_micro
-    t: dict[str, Any] = {
-        "schema_version": 1, "job_name": "j", **identity_record(exp),
-        "epoch": p.epoch, "position_in_epoch": p.position_in_epoch, "global_micro_step": step,
-        "optimizer_step": p.optimizer_step,
-        "data": {"sampler": exp.sampler, "num_samples": exp.num_samples if exp.num_samples is not None else spe,
-                 "global_samples": p.epoch * spe + p.position_in_epoch * per_micro,
-                 "samples_in_epoch": p.position_in_epoch * per_micro, "samples_per_epoch": spe,
-                 "global_batch": exp.global_batch or exp.grad_accum * per_micro},
-        "elastic_optimizer": exp.zero_stage == 0 or exp.elastic,
-        "metrics": {"loss": 1.0}, "save_reasons": ["interval"], "attempt": 1, "submission": "",
-    }
+    samples_per_epoch = exp.samples_per_epoch or exp.micro_batches_per_epoch * per_micro
+    scheduler = None
     if exp.scheduler_type is not None:
-        t["scheduler"] = {"type": exp.scheduler_type, "phases": list(exp.scheduler_phases or ()),
-                          "unit": "optimizer_steps", "position": p.optimizer_step}
+        scheduler = SchedulerRecord(type=exp.scheduler_type, phases=list(exp.scheduler_phases or ()),
+                                    unit="optimizer_steps", position=p.optimizer_step)
+    state = TrainState(
+        schema_version=TRAINER_SCHEMA_VERSION, job_name="j", **identity_record(exp), epoch=p.epoch,
+        position_in_epoch=p.position_in_epoch, global_micro_step=step, optimizer_step=p.optimizer_step,
+        scheduler=scheduler,
+        data=DataRecord(sampler=exp.sampler,
+                        num_samples=exp.num_samples if exp.num_samples is not None else samples_per_epoch,
+                        global_samples=p.epoch * samples_per_epoch + p.position_in_epoch * per_micro,
+                        samples_in_epoch=p.position_in_epoch * per_micro, samples_per_epoch=samples_per_epoch,
+                        global_batch=exp.global_batch or exp.grad_accum * per_micro),
+        elastic_optimizer=exp.zero_stage == 0 or exp.elastic, metrics={"loss": 1.0}, save_reasons=["interval"],
+        attempt=1, submission="")
+    t = state.record()
+    if scheduler is None:
+        del t["scheduler"]
+    del t["created_at"]
     for key, value in overrides.items():
         if key.startswith("data_"):
             t["data"][key[5:]] = value
@@ -38,24 +57,24 @@ def trainer_for(step: int, exp: Expectation, **overrides: Any) -> dict[str, Any]
 def candidate_for(step: int, exp: Expectation, *, manifest: bool = True, files: dict | None = None,
                   **overrides: Any) -> Candidate:
     t = trainer_for(step, exp, **overrides)
-    names = required_files(world_size=t["world_size"], zero_stage=t["zero_stage"], precision=t.get("precision"),
-                           full_optimizer_state=bool(t.get("elastic")) and t["zero_stage"] in (1, 2))
-    entries = files if files is not None else {n: {"size": 10, "xxh3_128": "ab" * 16} for n in names}
+    try:  # the layout of the state as edited (a wrong world_size brings its RNG files), else as written
+        state = TrainState.model_validate(t)
+    except ValueError:
+        state = TrainState.model_validate(trainer_for(step, exp))
+    entries = files if files is not None else {n: {"size": 10, "xxh3_128": "ab" * 16} for n in state.required_files()}
     listing = {n: e["size"] for n, e in entries.items() if isinstance(e, dict) and "size" in e}
-    m = {"format": "syncpoint-state/1", "state": f"{step:012d}", "world_size": t["world_size"], "files": entries}
-    return Candidate(name=f"{step:012d}", trainer=t, manifest=m if manifest else None, listing=listing)
+    m = {"format": MANIFEST_FORMAT, "state": state_name(step), "world_size": state.world_size, "files": entries}
+    return Candidate(name=state_name(step), trainer=t, manifest=m if manifest else None, listing=listing)
 
 
 def commit_candidate(store, c: Candidate, *, algo: str = "xxh3_128") -> None:
     """Write a candidate's files for real (placeholder bytes for shards) and commit its manifest."""
-    import json
-
     from workers.checksum import checksum_bytes
 
     files: dict[str, Any] = {}
     for rel in (c.manifest or {}).get("files", {}):
-        data = json.dumps(c.trainer).encode() if rel == "trainer.json" else b"x" * 10
-        store.write_bytes(data, "states", c.name, rel)
+        data = json_bytes(c.trainer or {}) if rel == TRAINER_FILE else b"x" * 10
+        store.write_bytes(data, STATES_DIR, c.name, rel)
         files[rel] = {"size": len(data), algo: checksum_bytes(data, algo)}
     manifest = dict(c.manifest or {}, files=files)
-    store.commit_bytes(json.dumps(manifest).encode(), "states", c.name, "manifest.json")
+    store.commit_bytes(json_bytes(manifest), STATES_DIR, c.name, MANIFEST_FILE)

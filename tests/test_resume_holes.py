@@ -11,9 +11,10 @@ import math
 
 import pytest
 
-from policies.candidates import Expectation, Verdict, classify, expectation_from_trainer, identity_record
+from policies.candidates import Expectation, Verdict, classify, identity_record
 from policies.errors import NoResumableState, ResumeRefused
 from policies.resume import BestMetric
+from policies.state_format import TrainState
 from tests.helpers import (
     committed_steps,
     digest,
@@ -315,17 +316,27 @@ def test_expectation_round_trips_through_the_trainer_record():
                       scheduler_phases=("linear_warmup", "cosine"))
     t = candidate_for(8, exp).trainer
     assert identity_record(exp).items() <= t.items()
-    assert expectation_from_trainer(t) == exp
+    assert Expectation.from_state(TrainState.model_validate(t)) == exp
 
 
 def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
+    from policies.elastic import layout
+    from workers.engine import model_fingerprint
+    from workers.task import load_task
+
     spec = _spec(tmp_path)
     run(spec)
     store = RunStorage(spec.run_url)
     newest = discover(store)[0]
-    exp = expectation_from_trainer(newest.trainer)
+    exp = Expectation.from_state(TrainState.model_validate(newest.trainer))
     assert all(classify(c, exp).verdict is Verdict.RESUMABLE for c in discover(store))
     assert exp.num_samples == 10 and exp.optimizer_type == "adamw" and exp.precision == "fp32"
+    # the one constructor of the live run's expectation agrees with what its states read back
+    task = load_task(spec.task.path, spec.task.config)
+    t = spec.train
+    live = Expectation.from_spec(spec, layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
+                                 model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset))
+    assert live == exp
 
 
 # ------------------------------------------------------------------ 12. the failure line says why
@@ -345,7 +356,7 @@ def _ray_failure(exc: BaseException) -> BaseException:
 def _failure_of(spec) -> BaseException:
     try:
         run(spec)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever the run raised is the failure under test
         return e
     raise AssertionError("the run did not fail")
 
@@ -402,8 +413,9 @@ def test_retention_keeps_the_submissions_own_newest_state_behind_newer_old_ones(
     base = _prepare_old_run(tmp_path)  # states 4 .. 20 from an earlier submission
     spec = with_overrides(base, "resume.policy=pinned", "resume.policy_args={state: 4}", "checkpoint.keep_last=2",
                           "faults=[{at_micro_step: 9, mode: raise}]")
-    with pytest.raises(BaseException):
+    with pytest.raises(BaseException) as crash:
         run_in_process(spec, print_progress=False, submission_id="submission-C")
+    assert type(crash.value).__name__ == "InjectedCrash"
     assert 8 in committed_steps(spec)  # 18 and 20 are newer, yet the submission's own state stays
     result = run_in_process(spec, print_progress=False, submission_id="submission-C")
     assert result.resumed_from == "000000000008"

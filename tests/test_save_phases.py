@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from policies.candidates import Verdict, expectation_from_trainer
+from policies.candidates import Expectation, Verdict
+from policies.state_format import TrainState
 from tests.helpers import digest, lm_spec, run, run_until_crash
 from workers.discovery import discover
 from workers.launch import run_spawned
@@ -30,7 +31,7 @@ def resumable_states(spec) -> list[str]:
     newest = next((c.trainer for c in cands if c.manifest and c.trainer), None)
     if newest is None:
         return []
-    exp = expectation_from_trainer(newest)
+    exp = Expectation.from_state(TrainState.model_validate(newest))
     return [c.name for c in discover(RunStorage(spec.run_url), exp) if c.verdict is Verdict.RESUMABLE]
 
 

@@ -21,6 +21,7 @@ import torch
 
 from orchestrator.cli import main
 from policies.candidates import Candidate
+from policies.state_format import ManifestEntry
 from policies.state_paths import path_problem
 from tests.helpers import committed_steps, lm_spec, run, run_until_crash, with_overrides
 from workers.checkpoint_engine import StreamingCheckpointEngine
@@ -84,13 +85,14 @@ def test_the_payload_is_live_when_unpickled_the_old_way(tmp_path, fmt):
     does, really runs the planted code; syncpoint's checkpoint engine refuses, naming the class."""
     marker, path = tmp_path / "marker", tmp_path / "planted.pt"
     path.write_bytes(payload(marker, fmt))
-    with pytest.raises(StateRefused, match=r"engine-dir/planted\.pt needs class(es)? .*(pathlib|getattr).*refused \(corrupt\)") as e:
+    refused = r"engine-dir/planted\.pt needs class(es)? .*(pathlib|getattr).*refused \(corrupt\)"
+    with pytest.raises(StateRefused, match=refused) as e:
         StreamingCheckpointEngine().load(str(_moved(path, tmp_path / "engine-dir")), map_location="cpu")
     one_paragraph(str(e.value))
     assert not marker.exists()
     try:
         torch.load(tmp_path / "engine-dir" / "planted.pt", weights_only=False)
-    except Exception:
+    except Exception:  # noqa: BLE001 - only whether the planted payload ran matters
         pass
     assert marker.exists()
 
@@ -187,12 +189,14 @@ def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_pa
     store.write_bytes(b"changed after commit", "states", "000000000004", SHARD)
     local = tmp_path / "fetch"
     local.mkdir()
-    info = entry(len(b"what was committed!!"), "xxh3_128", checksum_bytes(b"what was committed!!", "xxh3_128"))
+    info = ManifestEntry(**entry(len(b"what was committed!!"), "xxh3_128",
+                                 checksum_bytes(b"what was committed!!", "xxh3_128")))
     with pytest.raises(ChecksumMismatch, match="xxh3_128 does not match"):
         _download_verified(store, "000000000004", SHARD, info, str(local))
     assert not (local / SHARD).exists()
     assert [p for p in local.rglob("*") if p.is_file()] == []  # nor the temporary download
-    good = entry(len(b"changed after commit"), "xxh3_128", checksum_bytes(b"changed after commit", "xxh3_128"))
+    good = ManifestEntry(**entry(len(b"changed after commit"), "xxh3_128",
+                                 checksum_bytes(b"changed after commit", "xxh3_128")))
     _download_verified(store, "000000000004", SHARD, good, str(local))
     assert (local / SHARD).read_bytes() == b"changed after commit"
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from policies.candidates import required_files
 from policies.errors import SpecError
+from policies.state_format import required_files
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
 from tests.test_exact_resume import assert_same_run, module_params
 from tests.test_trust_load import one_paragraph, payload, plant

@@ -50,17 +50,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from policies.errors import JobConfigError
+from policies.state_format import ENGINE_TAG
 from workers.checksum import ChecksummingWriter
 from workers.safe_load import load_state_file
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
-Sink = Callable[[str], ContextManager[ChecksummingWriter]]
+Sink = Callable[[str], AbstractContextManager[ChecksummingWriter]]
 
 
 class StreamingCheckpointEngine(TorchCheckpointEngine):
@@ -74,7 +77,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         self.files: dict[str, dict[str, Any]] = {}
 
     @contextlib.contextmanager
-    def streaming(self, root: str, sink: Sink):
+    def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, dict[str, Any]]]:
         """Within the block, shards DeepSpeed saves under ``root`` go to ``sink`` instead."""
         self.root, self.sink, self.files = root, sink, {}
         try:
@@ -97,7 +100,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
 
 
 @contextlib.contextmanager
-def _without_zip_crc32():
+def _without_zip_crc32() -> Iterator[None]:
     """torch.save's per-record zip crc32 is computed over each whole tensor before any byte is
     written (no overlap with the write) and duplicates the manifest checksum that covers the whole
     file; torch.load does not need it. Off for our saves only, restored afterwards."""
@@ -180,8 +183,8 @@ def safe_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | No
     file is read), every file through :func:`load_state_file`. Same signature as DeepSpeed's."""
     from workers.export import consolidate_zero3
 
-    directory = os.path.join(checkpoint_dir, tag or "engine")
-    names = sorted(f"engine/{n}" for n in os.listdir(directory))
+    directory = os.path.join(checkpoint_dir, tag or ENGINE_TAG)
+    names = sorted(f"{ENGINE_TAG}/{n}" for n in os.listdir(directory))
 
     def load(rel: str) -> Any:
         return load_state_file(os.path.join(directory, rel.split("/", 1)[1]), rel)
@@ -207,7 +210,7 @@ def local_sink(root: str, algo: str) -> Sink:
     """Write into a local directory (staging), checksumming; no fsync (host memory, not durable)."""
 
     @contextlib.contextmanager
-    def open_local(rel: str):
+    def open_local(rel: str) -> Iterator[ChecksummingWriter]:
         p = os.path.join(root, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from policies.candidates import CHECKSUM_ALGORITHMS
+from policies.state_format import CHECKSUM_ALGORITHMS, ManifestEntry
 
 ALGORITHMS = CHECKSUM_ALGORITHMS  # the names manifests may use (classification checks the same list)
 DEFAULT = "xxh3_128"
@@ -59,6 +59,11 @@ def matches(info: dict[str, Any], data: bytes) -> bool:
     """Whether bytes are the file a manifest entry describes (size and checksum)."""
     algo = algorithm_of(info)
     return len(data) == info["size"] and checksum_bytes(data, algo) == info[algo]
+
+
+def matches_entry(entry: ManifestEntry, data: bytes) -> bool:
+    """Whether bytes are the file a parsed manifest entry describes (size and checksum)."""
+    return len(data) == entry.size and checksum_bytes(data, entry.algorithm) == entry.digest
 
 
 class ChecksummingWriter:

@@ -3,9 +3,10 @@
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
 one allowlist of the plain DeepSpeed classes they contain (``workers.safe_load``), after their
-checksum matched the manifest; nothing is unpickled blindly. Every manifest name is checked with
-``policies.state_paths`` before any file is read, so a manifest cannot make ``digest`` read
-outside the state (``engine/../../other-run/...``). Refusals raise ``StateRefused``.
+checksum matched the manifest; nothing is unpickled blindly. The manifest and ``trainer.json`` are
+parsed with the state format's models before any file is read (every manifest name checked with
+``policies.state_paths``), so a manifest cannot make ``digest`` read outside the state
+(``engine/../../other-run/...``). Refusals raise ``StateRefused``.
 """
 
 from __future__ import annotations
@@ -17,16 +18,26 @@ import re
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load as st_load
 
-from policies.candidates import entry_problem
 from policies.errors import StateRefused
 from policies.redact import redact_url
-from workers.checksum import algorithm_of, matches
-from workers.export import ZERO3_MODEL, ZERO3_OPTIM, consolidate_zero3
+from policies.state_format import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    RNG_DIR,
+    TRAINER_FILE,
+    ZERO3_MODEL,
+    ZERO_OPTIM,
+    TrainState,
+    problem_of,
+)
+from workers.checksum import matches_entry
+from workers.export import consolidate_zero3
 from workers.rng import safetensors_metadata
 from workers.safe_load import load_state_file
-from workers.state_reader import ChecksumMismatch
+from workers.state_reader import ChecksumMismatch, parse_manifest
 from workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -39,19 +50,6 @@ SKIPPED_KEYS = {"ds_config", "ds_version"}
 def load_deepspeed_file(data: bytes, name: str = "DeepSpeed state file") -> Any:
     """A DeepSpeed file's contents, weights-only (``StateRefused`` names a disallowed class)."""
     return load_state_file(data, name, map_location="cpu")
-
-
-def _checked_files(manifest: Any) -> dict[str, Any]:
-    """The manifest's files, refused before anything is read unless every name stays in the state."""
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise ValueError("manifest.json has no files mapping")
-    for rel, info in files.items():
-        problem = entry_problem(rel, info)
-        if problem:
-            raise StateRefused(f"{problem}; a state names only normalized relative paths inside itself, so digest "
-                               "reads nothing outside it: refused (corrupt)")
-    return files
 
 
 class CanonicalHash:
@@ -104,19 +102,19 @@ def state_digest(state_url: str) -> dict[str, str]:
     """Digest of one committed state directory; returns the total and each component's hash."""
     base, _, name = state_url.rstrip("/").rpartition("/")
     storage = RunStorage(base)
-    files = _checked_files(json.loads(storage.read_bytes(name, "manifest.json")))
+    files = parse_manifest(json.loads(storage.read_bytes(name, MANIFEST_FILE)), name).files
 
     def read(rel: str) -> bytes:
         data = storage.read_bytes(name, rel)
-        if not matches(files[rel], data):
-            raise ChecksumMismatch(f"{redact_url(state_url)}/{rel}: {algorithm_of(files[rel])} does not match the manifest")
+        if not matches_entry(files[rel], data):
+            raise ChecksumMismatch(f"{redact_url(state_url)}/{rel}: {files[rel].algorithm} does not match the manifest")
         return data
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
-    model_files = sorted(p for p in files if p.startswith("engine/mp_rank_"))
+    model_files = [MODEL_FILE] if MODEL_FILE in files else []
     # zero_pp_rank_*_optim_states (ZeRO 1-3) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's
     # BF16_Optimizer); ZeRO-3's per-rank zero_pp_rank_*_model_states are read for the parameters
-    zero_files = sorted((p for p in files if ZERO3_OPTIM.match(p)), key=_rank_of)
+    zero_files = sorted((p for p in files if ZERO_OPTIM.match(p)), key=_rank_of)
     if any(ZERO3_MODEL.match(p) for p in files):
         # ZeRO-3: each rank's model file holds empty placeholders; the parameters are the fp32
         # partitions in the optimizer shards, put together as the export does
@@ -128,9 +126,12 @@ def state_digest(state_url: str) -> dict[str, str]:
             parts["optimizer"].feed(sd["optimizer"])
     for rel in zero_files:
         parts["optimizer"].feed(load_deepspeed_file(read(rel), rel)["optimizer_state_dict"])
-    trainer = json.loads(read("trainer.json"))
-    parts["position"].feed({k: trainer.get(k) for k in POSITION_KEYS})
-    for rel in sorted((p for p in files if p.startswith("rng/")), key=_rank_of):
+    try:
+        trainer = TrainState.model_validate(json.loads(read(TRAINER_FILE)))
+    except ValidationError as e:
+        raise StateRefused(f"{problem_of(e, TRAINER_FILE)}: refused (corrupt)") from None
+    parts["position"].feed(trainer.model_dump(include=set(POSITION_KEYS)))
+    for rel in sorted((p for p in files if p.startswith(f"{RNG_DIR}/")), key=_rank_of):
         data = read(rel)
         parts["rng"].feed(st_load(data))
         parts["rng"].feed(safetensors_metadata(data))

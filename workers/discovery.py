@@ -10,17 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from policies.candidates import Candidate, Expectation, classify, is_state_name, newest_first
-from workers.checksum import matches
+from pydantic import ValidationError
+
+from policies.candidates import Candidate, Expectation, classify, newest_first
+from policies.state_format import MANIFEST_FILE, STATES_DIR, TRAINER_FILE, Manifest, is_state_name
+from workers.checksum import matches_entry
 from workers.signing import trust_problem
 from workers.storage import RunStorage
-
-STATES = "states"
-
-
-def _json_object(storage: RunStorage, name: str, file: str) -> tuple[dict | None, str | None]:
-    """A metadata file as (object, None) or (None, why it is unusable)."""
-    return _parse_object(storage.read_bytes(STATES, name, file))
 
 
 def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
@@ -33,14 +29,14 @@ def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
 
 def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None) -> Candidate:
     """One state's metadata; with a signing key, its manifest's signature is checked too."""
-    if storage.is_link(STATES, name):
+    if storage.is_link(STATES_DIR, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
-    c = Candidate(name=name, listing=storage.listing(STATES, name))
+    c = Candidate(name=name, listing=storage.listing(STATES_DIR, name))
     trainer_bytes = b""
-    if "manifest.json" in c.listing:
-        c.manifest, c.manifest_error = _json_object(storage, name, "manifest.json")
-    if "trainer.json" in c.listing:
-        trainer_bytes = storage.read_bytes(STATES, name, "trainer.json")
+    if MANIFEST_FILE in c.listing:
+        c.manifest, c.manifest_error = _parse_object(storage.read_bytes(STATES_DIR, name, MANIFEST_FILE))
+    if TRAINER_FILE in c.listing:
+        trainer_bytes = storage.read_bytes(STATES_DIR, name, TRAINER_FILE)
         c.trainer, c.trainer_error = _parse_object(trainer_bytes)
     if c.trainer is not None and c.manifest is not None:
         c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
@@ -51,15 +47,14 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
 
 def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | None:
     """trainer.json is read anyway, so selection verifies it against the manifest: an edited
-    position is refused before any tensor is read (a malformed entry is classification's to name)."""
-    info = (manifest.get("files") or {}).get("trainer.json") if isinstance(manifest.get("files"), dict) else None
-    if not isinstance(info, dict) or not isinstance(info.get("size"), int):
-        return None
+    position is refused before any tensor is read (a malformed manifest is classification's to name)."""
     try:
-        ok = matches(info, trainer_bytes)
-    except (ValueError, KeyError, TypeError):
+        entry = Manifest.model_validate(manifest).files.get(TRAINER_FILE)
+    except ValidationError:
         return None
-    return None if ok else "does not match its checksum in the manifest (changed after commit)"
+    if entry is None or matches_entry(entry, trainer_bytes):
+        return None
+    return "does not match its checksum in the manifest (changed after commit)"
 
 
 def discover(storage: RunStorage, expectation: Expectation | None = None,
@@ -75,7 +70,7 @@ def discover(storage: RunStorage, expectation: Expectation | None = None,
 def state_names(storage: RunStorage) -> list[str]:
     """The entries of ``states/`` that syncpoint could have written (12-digit names). Anything else
     (a README, a notes folder) is not ours: selection and retention never look at it."""
-    return [n for n in storage.list_names(STATES) if is_state_name(n)]
+    return [n for n in storage.list_names(STATES_DIR) if is_state_name(n)]
 
 
 def state_order(name: str) -> tuple[int, int, str]:
@@ -104,7 +99,7 @@ class LazyCandidates(Sequence[Candidate]):
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int | slice) -> Candidate | list[Candidate]:  # type: ignore[override]
         if isinstance(i, slice):
             return [self._load(j) for j in range(*i.indices(len(self)))]
         if i < 0:

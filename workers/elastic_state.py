@@ -26,28 +26,31 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
+from policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
 from workers.rng import safetensors_metadata
 
-FULL_STATE = "optim/full.safetensors"
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
-def _base_optimizer(engine):
+def _base_optimizer(engine: DeepSpeedEngine) -> torch.optim.Optimizer:
     return getattr(engine.optimizer, "optimizer", engine.optimizer)
 
 
-def _state_keys(engine) -> list[str]:
+def _state_keys(engine: DeepSpeedEngine) -> list[str]:
     base = _base_optimizer(engine)
     for st in base.state.values():
         return sorted(k for k, v in st.items() if torch.is_tensor(v) and v.dim() > 0)
     return []
 
 
-def _step(engine) -> float:
+def _step(engine: DeepSpeedEngine) -> float:
     base = _base_optimizer(engine)
     for st in base.state.values():
         step = st.get("step")
@@ -55,7 +58,7 @@ def _step(engine) -> float:
     return 0.0
 
 
-def save_full_optimizer_state(engine, staging: str, rank: int) -> None:
+def save_full_optimizer_state(engine: DeepSpeedEngine, staging: str, rank: int) -> None:
     """All ranks (collectives); rank 0 writes ``<staging>/optim/full.safetensors``."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
@@ -68,12 +71,12 @@ def save_full_optimizer_state(engine, staging: str, rank: int) -> None:
         for key in keys:
             tensors[f"{name}::{key}"] = safe_get_full_optimizer_state(p, key).detach().cpu().contiguous()
     if rank == 0:
-        os.makedirs(os.path.join(staging, "optim"), exist_ok=True)
-        save_file(tensors, os.path.join(staging, FULL_STATE), metadata={"step": json.dumps(_step(engine)),
-                                                                       "keys": json.dumps(keys)})
+        path = local_path(staging, FULL_OPTIMIZER_FILE)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        save_file(tensors, path, metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys)})
 
 
-def load_full_optimizer_state(engine, data: bytes) -> None:
+def load_full_optimizer_state(engine: DeepSpeedEngine, data: bytes) -> None:
     """Every rank: scatter the full state into this world size's ZeRO partitions."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
@@ -99,7 +102,7 @@ def load_full_optimizer_state(engine, data: bytes) -> None:
             safe_set_full_optimizer_state(p, tensors[f"{name}::{key}"], key)
 
 
-def prepare_resize(engine, local_dir: str, rank: int) -> None:
+def prepare_resize(engine: DeepSpeedEngine, local_dir: str, rank: int) -> None:
     """ZeRO-3 at another world size: give this rank the model file DeepSpeed will look for.
 
     Why: DeepSpeed's module-only load reads ``zero_pp_rank_<this rank>_mp_rank_00_model_states.pt``;
@@ -111,13 +114,12 @@ def prepare_resize(engine, local_dir: str, rank: int) -> None:
     """
     if int(engine.zero_optimization_stage()) != 3:
         return
-    directory = os.path.join(local_dir, "engine")
-    mine = os.path.join(directory, f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+    mine = local_path(local_dir, zero3_model_file(rank))
     if not os.path.exists(mine):
-        shutil.copyfile(os.path.join(directory, "zero_pp_rank_0_mp_rank_00_model_states.pt"), mine)
+        shutil.copyfile(local_path(local_dir, zero3_model_file(0)), mine)
 
 
-def _partitions(engine) -> list[torch.Tensor]:
+def _partitions(engine: DeepSpeedEngine) -> list[torch.Tensor]:
     """The tensors the base optimizer keys its state by: its param groups' params at ZeRO 1/2, the
     flat fp32 partitions at ZeRO-3 (whose param groups are empty between steps)."""
     flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
@@ -126,7 +128,7 @@ def _partitions(engine) -> list[torch.Tensor]:
     return [flat for group in _base_optimizer(engine).param_groups for flat in group["params"]]
 
 
-def _step_value(base, step: float):
+def _step_value(base: torch.optim.Optimizer, step: float) -> int | torch.Tensor:
     """Each optimizer's own type for ``step``: torch's Adam a float32 tensor, DeepSpeed's CPU Adam
     (optimizer offload) a plain int it passes to its C++ kernel."""
     if type(base).__name__ == "DeepSpeedCPUAdam":
@@ -134,7 +136,7 @@ def _step_value(base, step: float):
     return torch.tensor(float(step), dtype=torch.float32)
 
 
-def check_full_optimizer_state(engine, path: str) -> None:
+def check_full_optimizer_state(engine: DeepSpeedEngine, path: str) -> None:
     """Refuse (``StateRefused``) a gathered full state that does not fit this model, before any of
     the state is loaded: ``load_full_optimizer_state`` runs after DeepSpeed already loaded the
     weights, so a missing tensor or a wrong shape found there would leave a half-loaded engine.
@@ -143,10 +145,10 @@ def check_full_optimizer_state(engine, path: str) -> None:
 
     problem = _full_state_problem(engine, path)
     if problem:
-        raise StateRefused(f"{FULL_STATE}: {problem}: refused (corrupt)")
+        raise StateRefused(f"{FULL_OPTIMIZER_FILE}: {problem}: refused (corrupt)")
 
 
-def _full_state_problem(engine, path: str) -> str | None:
+def _full_state_problem(engine: DeepSpeedEngine, path: str) -> str | None:
     """Why the file cannot be scattered into this engine (one phrase), or None when it can."""
     from safetensors import SafetensorError, safe_open
 

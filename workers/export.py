@@ -21,18 +21,20 @@ import os
 import re
 import tempfile
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
 
+from policies.state_format import MANIFEST_FILE, STATES_DIR, ZERO3_MODEL, ZERO_OPTIM
 from workers.storage import RunStorage
 
-ZERO3_MODEL = re.compile(r"^engine/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
-ZERO3_OPTIM = re.compile(r"^engine/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 
-def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:
+def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any]) -> None:
     """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model."""
     if _is_zero3(engine):
         tensors = zero3_state_from_storage(storage, info["state"])
@@ -45,7 +47,7 @@ def export_final(engine, storage: RunStorage, info: dict[str, Any]) -> None:
     storage.write_bytes(json.dumps(info, indent=1).encode(), "final", "info.json")
 
 
-def _is_zero3(engine) -> bool:
+def _is_zero3(engine: DeepSpeedEngine) -> bool:
     stage = getattr(engine, "zero_optimization_stage", None)
     return callable(stage) and int(stage()) == 3
 
@@ -53,17 +55,18 @@ def _is_zero3(engine) -> bool:
 def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
     """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
     from policies.errors import StateRefused
-    from workers.checksum import algorithm_of, matches
+    from workers.checksum import matches_entry
     from workers.safe_load import load_state_file
+    from workers.state_reader import parse_manifest
 
     if not state:
         raise StateRefused("ZeRO-3 export needs the run's final committed state, and there is none")
-    files = json.loads(storage.read_bytes("states", state, "manifest.json"))["files"]
+    files = parse_manifest(json.loads(storage.read_bytes(STATES_DIR, state, MANIFEST_FILE)), state).files
 
     def load(rel: str) -> Any:
-        data = storage.read_bytes("states", state, rel)
-        if not matches(files[rel], data):
-            raise StateRefused(f"{state}/{rel}: {algorithm_of(files[rel])} does not match the manifest: refused (corrupt)")
+        data = storage.read_bytes(STATES_DIR, state, rel)
+        if not matches_entry(files[rel], data):
+            raise StateRefused(f"{state}/{rel}: {files[rel].algorithm} does not match the manifest: refused (corrupt)")
         return load_state_file(data, rel)
 
     return consolidate_zero3(list(files), load)
@@ -78,7 +81,8 @@ def consolidate_zero3(names: list[str], load: Callable[[str], Any]) -> dict[str,
     ``p = ceil(numel / world)``, the last partition zero-padded. Frozen parameters are stored the
     same way in each model file's ``frozen_param_fragments``.
     """
-    flats = [torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"])) for sd in _by_rank(names, ZERO3_OPTIM, load)]
+    flats = [torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"]))
+             for sd in _by_rank(names, ZERO_OPTIM, load)]
     # the optimizer shards say how many ranks wrote the state; a resize may have added model files
     # for more ranks to a fetched copy (workers.elastic_state.prepare_resize), which are not read
     models = _by_rank(names, ZERO3_MODEL, load, limit=len(flats))

@@ -8,14 +8,13 @@ in another order) is refused with the opt-out named, ``resume.reset_schedule: tr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from policies.errors import ScheduleMismatch
 from policies.spec import SchedulerSpec
-
-
-def phases(s: SchedulerSpec) -> list[str]:
-    return (["linear_warmup"] if s.warmup else []) + [s.type]
+from policies.state_format import SchedulerRecord
+from policies.state_format import scheduler_phases as phases
 
 
 def lr_at(position: int, base_lr: float, s: SchedulerSpec, total: int) -> float:
@@ -35,11 +34,11 @@ def lr_at(position: int, base_lr: float, s: SchedulerSpec, total: int) -> float:
 
 def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:
     """What ``trainer.json`` stores: identity of the schedule's shape plus position and unit."""
-    return {"type": s.type, "phases": phases(s), "unit": s.unit, "position": position}
+    return SchedulerRecord.of(s, position).model_dump()
 
 
 def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimizer_step: int, epoch_done: int,
-                    reset: bool, warn) -> int:
+                    reset: bool, warn: Callable[[str], None]) -> int:
     """Where the live schedule continues from, given what a state recorded.
 
     - no record: warn, start at 0;  - reset opt-out: 0;

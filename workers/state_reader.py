@@ -21,20 +21,37 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+from pydantic import ValidationError
 
-from policies.candidates import Candidate, entry_problem
+from policies.candidates import Candidate
 from policies.errors import StateRefused
+from policies.state_format import (
+    ENGINE_TAG,
+    FULL_OPTIMIZER_FILE,
+    LOCAL_DIRS,
+    MANIFEST_FILE,
+    STATES_DIR,
+    TRAINER_FILE,
+    Manifest,
+    ManifestEntry,
+    local_path,
+    problem_of,
+    rng_file,
+)
 from policies.state_paths import path_problem
-from workers.checksum import algorithm_of, matches
+from workers.checksum import matches_entry
 from workers.safe_load import check_state_file
 from workers.storage import RunStorage
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
 __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]
 
-FETCHED_PREFIXES = ("engine/", "optim/")  # what DeepSpeed and the elastic loader read from local disk
+FETCHED_PREFIXES = tuple(f"{d}/" for d in LOCAL_DIRS)  # the rest is read into memory
 PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
 
 
@@ -66,40 +83,41 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
                 _download_verified(storage, cand.name, rel, files[rel], local)
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
         for rel in sorted(files):
-            if rel.startswith("engine/") and rel.endswith(".pt"):
-                check_state_file(os.path.join(local, *rel.split("/")), rel)
+            if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
+                check_state_file(local_path(local, rel), rel)
         rng_bytes = None
-        rel = f"rng/rank_{rank:05d}.safetensors"
+        rel = rng_file(rank)
         if want_rng and rel in files:
             rng_bytes = _read_verified(storage, cand.name, rel, files)
-        _read_verified(storage, cand.name, "trainer.json", files)
+        _read_verified(storage, cand.name, TRAINER_FILE, files)
         return FetchedState(local, rng_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
 
 
-def manifest_files(cand: Candidate) -> dict[str, dict[str, Any]]:
+def manifest_files(cand: Candidate) -> dict[str, ManifestEntry]:
     """The manifest's ``files``, refused unless every name is a safe path inside the state and every
     entry has a size and a known checksum (``init_from`` reaches here without classification)."""
     problem = path_problem(cand.name)
     if problem or "/" in cand.name:
         raise StateRefused(f"state name {cand.name!r} {problem or 'has a /'}: refused")
-    files = (cand.manifest or {}).get("files") if isinstance(cand.manifest, dict) else None
-    if not isinstance(files, dict):
-        raise StateRefused(f"{cand.name}: manifest.json has no files mapping: refused (corrupt)")
-    for rel, info in files.items():
-        problem = entry_problem(rel, info)
-        if problem:
-            raise StateRefused(f"{cand.name}: {problem}; a state names only normalized relative paths inside "
-                               "itself, each with a size and one known checksum: refused (corrupt)")
-    return files
+    return parse_manifest(cand.manifest, cand.name).files
+
+
+def parse_manifest(raw: object, name: str) -> Manifest:
+    """A manifest read from storage, refused (``StateRefused``, the bad field named) unless it is one."""
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise StateRefused(f"{name}: {problem_of(e, MANIFEST_FILE)}; a state names only normalized relative paths "
+                           "inside itself, each with a size and one known checksum: refused (corrupt)") from None
 
 
 def destination(local: str, rel: str) -> str:
     """Where ``rel`` (already a safe path) lands under ``local``, checked after resolving links:
     a second line of defence should the rule in ``path_problem`` ever miss a case."""
-    dest = os.path.join(local, *rel.split("/"))
+    dest = local_path(local, rel)
     root = os.path.realpath(local)
     resolved = os.path.realpath(dest)
     if resolved == root or os.path.commonpath([root, resolved]) != root:
@@ -107,43 +125,43 @@ def destination(local: str, rel: str) -> str:
     return dest
 
 
-def _download_verified(storage: RunStorage, name: str, rel: str, info: dict[str, Any], local: str) -> None:
+def _download_verified(storage: RunStorage, name: str, rel: str, entry: ManifestEntry, local: str) -> None:
     """Download under a temporary name; rename into place only once size and checksum matched."""
     dest = destination(local, rel)
     partial_dir = os.path.join(local, PARTIAL_DIR)
     os.makedirs(partial_dir, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=partial_dir)
     os.close(fd)
-    algo = algorithm_of(info)
+    algo = entry.algorithm
     try:
-        size, digest = storage.download_file(partial, "states", name, rel, algo=algo)
+        size, digest = storage.download_file(partial, STATES_DIR, name, rel, algo=algo)
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
-    if size != info["size"]:
+    if size != entry.size:
         os.unlink(partial)
-        raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {info['size']} (changed after commit)")
-    if digest != info[algo]:
+        raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {entry.size} (changed after commit)")
+    if digest != entry.digest:
         os.unlink(partial)
         raise ChecksumMismatch(f"{rel}: {algo} does not match the manifest (content changed after commit)")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     os.replace(partial, dest)
 
 
-def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, dict[str, Any]]) -> bytes:
+def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, ManifestEntry]) -> bytes:
     """A small file read into memory (never written locally), returned only if it matches."""
     if rel not in files:
-        raise StateRefused(f"{name}: manifest.json does not list {rel}: refused (corrupt)")
+        raise StateRefused(f"{name}: {MANIFEST_FILE} does not list {rel}: refused (corrupt)")
     try:
-        data = storage.read_bytes("states", name, rel)
+        data = storage.read_bytes(STATES_DIR, name, rel)
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
-    if not matches(files[rel], data):
-        raise ChecksumMismatch(f"{rel}: {algorithm_of(files[rel])} does not match the manifest")
+    if not matches_entry(files[rel], data):
+        raise ChecksumMismatch(f"{rel}: {files[rel].algorithm} does not match the manifest")
     return data
 
 
-def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False, optimizer: bool = True,
-                     other_world_size: bool = False) -> None:
+def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_only: bool = False,
+                     optimizer: bool = True, other_world_size: bool = False) -> None:
     """Load a verified state. From another world size, ZeRO-1/2 optimizer state comes from the
     gathered full state (``workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file.
 
@@ -153,14 +171,14 @@ def load_into_engine(engine, fetched: FetchedState, *, module_only: bool = False
     from workers.checkpoint_engine import install
 
     install(engine)
-    full = os.path.join(fetched.local_dir, "optim", "full.safetensors")
+    full = local_path(fetched.local_dir, FULL_OPTIMIZER_FILE)
     cross = other_world_size and engine.zero_optimization_stage() in (1, 2, 3) and optimizer and not module_only
     if cross:
         from workers.elastic_state import check_full_optimizer_state, prepare_resize
 
         check_full_optimizer_state(engine, full)
         prepare_resize(engine, fetched.local_dir, dist.get_rank())
-    engine.load_checkpoint(fetched.local_dir, tag="engine", load_module_strict=True,
+    engine.load_checkpoint(fetched.local_dir, tag=ENGINE_TAG, load_module_strict=True,
                            load_optimizer_states=optimizer and not module_only and not cross,
                            load_lr_scheduler_states=False, load_module_only=module_only or cross)
     if cross:

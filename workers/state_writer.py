@@ -21,27 +21,35 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from policies.errors import LeaseLostError
 from policies.retention import is_state_name
+from policies.state_format import (
+    ENGINE_TAG,
+    LOCAL_DIRS,
+    MANIFEST_FILE,
+    STATES_DIR,
+    TRAINER_FILE,
+    Manifest,
+    json_bytes,
+    rng_file,
+    state_name,
+)
 from workers import rng
 from workers.checkpoint_engine import install, local_sink
-from workers.checksum import DEFAULT, checksum_bytes, entry
+from workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from workers.faults import Faults
 from workers.lease import RunLease
 from workers.signing import sign
 from workers.storage import RunStorage
 
-MANIFEST_FORMAT = "syncpoint-state/1"
-
-
-def state_name(global_micro_step: int) -> str:
-    return f"{global_micro_step:012d}"
-
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
 
 @dataclass
 class SaveResult:
@@ -59,7 +67,7 @@ class Snapshot:
     name: str
     staging: str
     rng_bytes: bytes
-    trainer: dict[str, Any]
+    trainer: dict[str, Any]  # the trainer.json object (``policies.state_format.TrainState.record``)
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
@@ -83,7 +91,8 @@ def staging_root() -> str | None:
     return None
 
 
-def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimizer_state: bool = False, *,
+def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faults,
+                  full_optimizer_state: bool = False, *,
                   algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save) or into local
@@ -94,12 +103,12 @@ def take_snapshot(engine, trainer: dict[str, Any], faults: Faults, full_optimize
     name = state_name(trainer["global_micro_step"])
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
     if direct is not None:
-        def sink(rel: str):
-            return direct.open_durable("states", name, rel, algo=algo)
+        def sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
+            return direct.open_durable(STATES_DIR, name, rel, algo=algo)
     else:
         sink = local_sink(staging, algo)
     with install(engine).streaming(staging, sink) as written:
-        engine.save_checkpoint(staging, tag="engine", save_latest=False)
+        engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
     if full_optimizer_state:
         from workers.elastic_state import save_full_optimizer_state
 
@@ -118,17 +127,17 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     still in staging is copied (no second read when its checksum is known), then the RNG file."""
     mine: dict[str, dict[str, Any]] = dict(snap.files)
     try:
-        for sub in ("engine", "optim"):
+        for sub in LOCAL_DIRS:
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
                 rel = f"{sub}/{fname}"
-                size, digest = storage.upload_file(os.path.join(src, fname), "states", snap.name, sub, fname,
+                size, digest = storage.upload_file(os.path.join(src, fname), STATES_DIR, snap.name, sub, fname,
                                                    algo=snap.algo, known=snap.staged.get(rel))
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
-    rel = f"rng/rank_{rank:05d}.safetensors"
-    storage.write_bytes(snap.rng_bytes, "states", snap.name, rel)
+    rel = rng_file(rank)
+    storage.write_bytes(snap.rng_bytes, STATES_DIR, snap.name, rel)
     mine[rel] = entry(len(snap.rng_bytes), snap.algo, checksum_bytes(snap.rng_bytes, snap.algo))
     faults.at_phase("after_some_shards")
     snap.files = mine
@@ -150,31 +159,33 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     for part in gathered:
         files.update(part or {})
     if rank == 0:
-        trainer_bytes = storage.write_json(snap.trainer, "states", snap.name, "trainer.json")
-        files["trainer.json"] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
+        trainer_bytes = json_bytes(snap.trainer)
+        storage.write_bytes(trainer_bytes, STATES_DIR, snap.name, TRAINER_FILE)
+        files[TRAINER_FILE] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
         faults.at_phase("before_manifest")
         verdict = lease.confirm() if lease is not None else None
     if rank == 0 and verdict is None:
-        manifest = {"format": MANIFEST_FORMAT, "state": snap.name, "created_at": time.time(), "world_size": world,
-                    "checksum": snap.algo, "files": dict(sorted(files.items()))}
-        if lease is not None:
-            manifest["lease_generation"] = lease.generation  # the fencing token of the writer
+        manifest = Manifest(state=snap.name, created_at=time.time(), world_size=world, checksum=snap.algo,
+                            files=dict(sorted(files.items())),
+                            lease_generation=lease.generation if lease is not None else None).record()
         if snap.signing_key is not None:
             manifest = sign(manifest, snap.signing_key)
-        data = _json_bytes(manifest)
-        faults.during_manifest(storage, data, "states", snap.name, "manifest.json")
-        storage.commit_bytes(data, "states", snap.name, "manifest.json")
+        data = json_bytes(manifest)
+        faults.during_manifest(storage, data, STATES_DIR, snap.name, MANIFEST_FILE)
+        storage.commit_bytes(data, STATES_DIR, snap.name, MANIFEST_FILE)
     box = [verdict]
     dist.broadcast_object_list(box, src=0)  # the barrier: committed, or the lease is lost
     if box[0]:
         raise LeaseLostError(box[0])
     end = time.perf_counter()
-    return SaveResult(name=snap.name, optimizer_step=snap.trainer["optimizer_step"], bytes=sum(f["size"] for f in files.values()), seconds=end - snap.started,
+    return SaveResult(name=snap.name, optimizer_step=snap.trainer["optimizer_step"],
+                      bytes=sum(f["size"] for f in files.values()), seconds=end - snap.started,
                       blocked_seconds=snap.blocked + (end - t0))
 
 
-def save_state(engine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
-               full_optimizer_state: bool = False, algo: str = DEFAULT, lease: RunLease | None = None, signing_key: bytes | None = None) -> SaveResult:
+def save_state(engine: DeepSpeedEngine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
+               full_optimizer_state: bool = False, algo: str = DEFAULT, lease: RunLease | None = None,
+               signing_key: bytes | None = None) -> SaveResult:
     """A synchronous save: shards streamed into storage, the rest uploaded, committed before
     training continues."""
     snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage,
@@ -209,7 +220,7 @@ class AsyncUpload:
     def _run(self) -> None:
         try:
             upload_snapshot(self.storage, self.snap, self.rank, self.faults)  # type: ignore[arg-type]
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - re-raised on the main thread by finish()
             self.error = e
 
     def uploading(self) -> bool:
@@ -227,12 +238,6 @@ class AsyncUpload:
         return snap
 
 
-def _json_bytes(obj: Any) -> bytes:
-    import json
-
-    return json.dumps(obj, indent=1, sort_keys=True).encode()
-
-
 def delete_state(storage: RunStorage, name: str) -> bool:
     """Un-commit first (manifest), then remove: a half-deleted directory is torn, never 'resumable'.
 
@@ -240,10 +245,10 @@ def delete_state(storage: RunStorage, name: str) -> bool:
     link (deleting through it would delete its target's files, outside the run), is reported and
     left alone (returns False).
     """
-    if not is_state_name(name) or storage.is_link("states", name):
+    if not is_state_name(name) or storage.is_link(STATES_DIR, name):
         print(f"[syncpoint] WARNING: retention left states/{name} alone: not a state directory syncpoint wrote "
               "(a symbolic link or a foreign name)", file=sys.stderr, flush=True)
         return False
-    storage.remove("states", name, "manifest.json")
-    storage.delete_tree("states", name)
+    storage.remove(STATES_DIR, name, MANIFEST_FILE)
+    storage.delete_tree(STATES_DIR, name)
     return True

@@ -1,0 +1,328 @@
+"""The state format in one place: where a state's files lie and what its two metadata files hold.
+
+A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 12 ASCII digits)::
+
+    trainer.json                  TrainState: position, identity, metrics, provenance (rank 0)
+    engine/...                    DeepSpeed's files under the tag ``engine`` (``required_files``)
+    optim/full.safetensors        the gathered optimizer state of elastic ZeRO 1-3 runs
+    rng/rank_<r:05d>.safetensors  every rank's RNG state
+    manifest.json                 Manifest: every file with size and checksum; written last, it commits
+
+Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
+files; one definition means one parse that names the bad field (``problem_of``) instead of a
+``.get()`` fallback per reader, and the one conversion of older states happens here, in
+``TrainState``'s validator. Every field and default below is what states on disk hold today; the
+bytes written do not change (``json_bytes`` is the one encoding of both files). Pure data: nothing
+here does I/O, so classification (a policy) can use it. ``policies.state_paths`` stays its own module:
+the one rule for which names a manifest may give its files, shared with fetch and ``digest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Annotated, Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies.spec import SchedulerSpec
+from policies.state_paths import path_problem
+
+STATES_DIR = "states"  # under the run directory
+STATE_NAME_DIGITS = 12
+TRAINER_FILE = "trainer.json"
+MANIFEST_FILE = "manifest.json"
+ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
+FULL_OPTIMIZER_FILE = "optim/full.safetensors"
+RNG_DIR = "rng"
+LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
+MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
+ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
+ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+
+TRAINER_SCHEMA_VERSION = 1
+MANIFEST_FORMAT = "syncpoint-state/1"
+SAMPLER_VERSION = "global-permutation/v1"
+# The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
+CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
+
+
+def state_name(global_micro_step: int) -> str:
+    """Zero-padded, so names sort by micro-step and retention can tell ours from anything else."""
+    return f"{global_micro_step:0{STATE_NAME_DIGITS}d}"
+
+
+def is_state_name(name: str) -> bool:
+    """Only directories named like ``state_name`` are syncpoint's states."""
+    return len(name) == STATE_NAME_DIGITS and name.isascii() and name.isdigit()
+
+
+def local_path(directory: str, rel: str) -> str:
+    """Where a state file (``rel``, as the manifest names it) lies in a local copy of the state."""
+    return os.path.join(directory, *rel.split("/"))
+
+
+def rng_file(rank: int) -> str:
+    return f"{RNG_DIR}/rank_{rank:05d}.safetensors"
+
+
+def zero3_model_file(rank: int) -> str:
+    return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+def zero_optim_file(rank: int, *, bf16: bool) -> str:
+    return f"{ENGINE_TAG}/{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def required_files(*, world_size: int, zero_stage: int, precision: str | None,
+                   full_optimizer_state: bool) -> list[str]:
+    """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
+
+    ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
+    one optimizer shard per rank (``bf16_``-prefixed in bf16); ZeRO 3 partitions the model too, so
+    every rank writes its own model file (shapes and buffers; no ``mp_rank_00_model_states.pt``)
+    next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
+    (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
+    (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file.
+    """
+    ranks = range(world_size)
+    files = [TRAINER_FILE]
+    files += [zero3_model_file(r) for r in ranks] if zero_stage == 3 else [MODEL_FILE]
+    if zero_stage in (1, 2, 3):
+        files += [zero_optim_file(r, bf16=precision == "bf16") for r in ranks]
+        if full_optimizer_state:
+            files.append(FULL_OPTIMIZER_FILE)
+    return files + [rng_file(r) for r in ranks]
+
+
+def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
+    """The phase order a state records: a schedule with another order cannot be continued."""
+    return (["linear_warmup"] if scheduler.warmup else []) + [scheduler.type]
+
+
+def json_bytes(record: dict[str, Any]) -> bytes:
+    """The one encoding of ``trainer.json`` and ``manifest.json`` (what every state on disk holds)."""
+    return json.dumps(record, indent=1, sort_keys=True).encode()
+
+
+def problem_of(error: ValidationError, file: str) -> str:
+    """One line naming the first field a metadata file got wrong (classification's reason)."""
+    errors = error.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    cause = (first.get("ctx") or {}).get("error")
+    if first["type"] == "value_error" and cause is not None:
+        detail = str(cause)
+    elif first["type"] == "missing":
+        detail = "missing"
+    else:
+        detail = f"{first['msg']} (it is {_short(first.get('input'))})"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{file} field {where}: {detail}{more}" if where else f"{file}: {detail}{more}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+Count = Annotated[StrictInt, Field(ge=0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+
+
+class _Record(BaseModel):
+    """Strict (a string is no integer, a bool no count); unknown keys kept, so a record reads back whole."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class SchedulerRecord(_Record):
+    """The schedule's shape and position; the live spec supplies every value (``workers.schedule``)."""
+
+    type: str
+    phases: list[str]
+    unit: str
+    position: Count | None = None  # None: not recorded, the schedule restarts (with a warning)
+
+    @classmethod
+    def of(cls, scheduler: SchedulerSpec, position: int) -> SchedulerRecord:
+        return cls(type=scheduler.type, phases=scheduler_phases(scheduler), unit=scheduler.unit, position=position)
+
+
+class OptimizerRecord(_Record):
+    type: str | None = None  # None: not recorded (states before the field), not compared
+
+
+class DataRecord(_Record):
+    """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
+
+    sampler: str = SAMPLER_VERSION
+    num_samples: Count | None = None  # None: not recorded, not compared
+    global_samples: Count
+    samples_in_epoch: Count
+    samples_per_epoch: Count
+    global_batch: Count
+
+
+class TrainState(_Record):
+    """``trainer.json``: what a state's position is, which run wrote it, and how.
+
+    Identity (``policies.candidates.identity_record``) and position are required; provenance
+    fields default to "not recorded". ``elastic`` is ``None`` in states written before it was
+    recorded (``elastic_optimizer`` then tells what a resize may do).
+    """
+
+    FILE: ClassVar[str] = TRAINER_FILE
+
+    schema_version: StrictInt
+    job_name: str | None = None
+    job_identity: str
+    world_size: Positive
+    micro_batch_size: Positive
+    grad_accum: Positive
+    micro_batches_per_epoch: Positive
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)]
+    precision: str | None = None  # None: not recorded, not compared
+    model_fingerprint: str
+    seed: StrictInt
+    elastic: StrictBool | None = None
+    optimizer: OptimizerRecord = OptimizerRecord()
+    epoch: Count
+    position_in_epoch: Positive
+    global_micro_step: Positive
+    optimizer_step: Count
+    scheduler: SchedulerRecord | None = None  # None: not recorded, the schedule restarts (with a warning)
+    data: DataRecord
+    # the optimizer state loads at another world size (ZeRO 0 holds it whole; elastic 1-3 add optim/full.safetensors)
+    elastic_optimizer: StrictBool = False
+    metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
+    save_reasons: list[str] = []
+    attempt: StrictInt | None = None
+    submission: str | None = None  # a restart of this submission continues from its own states
+    created_at: StrictFloat | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sample_counters_of_older_states(cls, raw: Any) -> Any:
+        """The one legacy conversion. States written before elastic runs record only ``sampler``,
+        ``num_samples`` and ``global_samples`` in ``data``; they were written at one fixed world
+        size, so their sample counters follow from the micro-step counters (as their resume did)."""
+        if not isinstance(raw, dict):
+            return raw
+        data = raw.get("data")
+        if not isinstance(data, dict) or "samples_in_epoch" in data or "samples_per_epoch" in data:
+            return raw
+        keys = ("position_in_epoch", "global_micro_step", "grad_accum", "micro_batches_per_epoch",
+                "micro_batch_size", "world_size")
+        counters = [raw.get(k) for k in keys]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in counters):
+            return raw  # the field errors name what is wrong
+        position, global_micro_step, grad_accum, micro_batches_per_epoch, micro_batch_size, world_size = counters
+        per_micro = micro_batch_size * world_size
+        derived = {"global_samples": global_micro_step * per_micro, "samples_in_epoch": position * per_micro,
+                   "samples_per_epoch": micro_batches_per_epoch * per_micro, "global_batch": grad_accum * per_micro}
+        return {**raw, "data": {**derived, **data}}
+
+    @property
+    def full_optimizer_state(self) -> bool:
+        """Whether the state holds ``optim/full.safetensors`` (elastic ZeRO 1-3; before ``elastic``
+        was recorded, an elastic optimizer at ZeRO 1/2 said so)."""
+        return bool(self.elastic) or (self.elastic_optimizer and self.zero_stage in (1, 2))
+
+    def required_files(self) -> list[str]:
+        return required_files(world_size=self.world_size, zero_stage=self.zero_stage, precision=self.precision,
+                              full_optimizer_state=self.full_optimizer_state)
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""
+        return self.model_dump()
+
+
+def schema_problem(raw: dict[str, Any]) -> str | None:
+    """Why this syncpoint cannot read a ``trainer.json`` at all (checked before the model: a newer
+    schema may lack or retype fields this one requires), or None."""
+    version = raw.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > TRAINER_SCHEMA_VERSION:
+        return (f"{TRAINER_FILE} schema_version {version!r} is newer than this syncpoint reads "
+                f"(<= {TRAINER_SCHEMA_VERSION}); upgrade syncpoint to resume it")
+    return None
+
+
+def entry_problem(rel: Any, info: Any) -> str | None:
+    """Why one manifest entry is unusable (an unsafe path, no valid size, not exactly one known
+    checksum): the one rule that classification, fetch and ``digest`` apply alike."""
+    if not isinstance(rel, str):
+        return f"manifest names a non-string path {rel!r}"
+    bad_path = path_problem(rel)
+    if bad_path:
+        return f"manifest entry {rel!r} {bad_path}"
+    if not isinstance(info, dict):
+        return f"manifest entry {rel} is not an object"
+    size = info.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"manifest entry {rel} has no valid size ({size!r})"
+    algos = [a for a in CHECKSUM_ALGORITHMS if a in info]
+    if len(algos) != 1:
+        return (f"manifest entry {rel} names {'no' if not algos else 'more than one'} known checksum algorithm "
+                f"(one of {', '.join(CHECKSUM_ALGORITHMS)}; it has {sorted(k for k in info if k != 'size')})")
+    digest = info[algos[0]]
+    if not isinstance(digest, str) or not digest or any(ch not in "0123456789abcdef" for ch in digest):
+        return f"manifest entry {rel}: {algos[0]} is not a hex digest"
+    return None
+
+
+class ManifestEntry(_Record):
+    """One file: its size and exactly one checksum, keyed by the algorithm (``entry_problem``)."""
+
+    size: Count
+    xxh3_128: str | None = None
+    sha256: str | None = None
+
+    @property
+    def algorithm(self) -> str:
+        return next(a for a in CHECKSUM_ALGORITHMS if getattr(self, a) is not None)
+
+    @property
+    def digest(self) -> str:
+        return getattr(self, self.algorithm)
+
+
+class Manifest(_Record):
+    """``manifest.json``: written last, it commits the state; a signed one also carries ``signature``
+    (``workers.signing``, which checks the object as read)."""
+
+    FILE: ClassVar[str] = MANIFEST_FILE
+
+    format: str = MANIFEST_FORMAT
+    state: str | None = None  # None: not recorded (the directory name is the state)
+    created_at: StrictFloat | None = None
+    world_size: Positive | None = None  # None: not recorded, not compared
+    checksum: str | None = None  # the algorithm the writer used (each entry names its own)
+    files: dict[str, ManifestEntry]
+    lease_generation: StrictInt | None = None  # the fencing token of the writer
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _every_entry_usable(cls, files: Any) -> Any:
+        if not isinstance(files, dict) or not files:
+            raise ValueError("manifest lists no files")
+        for rel, info in files.items():
+            problem = entry_problem(rel, info)
+            if problem:
+                raise ValueError(problem)
+        return files
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object ``manifest.json`` holds, unsigned (``json_bytes`` encodes it)."""
+        return self.model_dump(exclude_none=True)
