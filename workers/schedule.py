@@ -8,6 +8,7 @@ in another order) is refused with the opt-out named, ``resume.reset_schedule: tr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from policies.errors import ScheduleMismatch
@@ -39,7 +40,7 @@ def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:
 
 
 def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimizer_step: int, epoch_done: int,
-                    reset: bool, warn) -> int:
+                    reset: bool, warn: Callable[[str], None]) -> int:
     """Where the live schedule continues from, given what a state recorded.
 
     - no record: warn, start at 0;  - reset opt-out: 0;
