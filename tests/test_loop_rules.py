@@ -48,7 +48,8 @@ def test_short_cycle_averages_over_the_micro_batches_it_accumulated(tmp_path):
     store = RunStorage(spec.run_url)
 
     def params(step):
-        return load_deepspeed_file(store.read_bytes("states", f"{step:012d}", "engine/mp_rank_00_model_states.pt"))["module"]
+        data = store.read_bytes("states", f"{step:012d}", "engine/mp_rank_00_model_states.pt")
+        return load_deepspeed_file(data)["module"]
 
     before, after = params(8), params(10)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.0), torch.nn.Linear(8, 1))
@@ -84,4 +85,4 @@ def test_skip_is_index_arithmetic_and_loads_no_sample():
     r0 = RankMicroBatches(64, 4, 2, 0, seed=1, epoch=0, start=0)
     r1 = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=0, start=0)
     assert set(r0.indices(3)).isdisjoint(r1.indices(3))
-    assert sorted(r0.indices(3) + r1.indices(3)) == sorted(r0.perm[24:32].tolist())
+    assert sorted(r0.indices(3) + r1.indices(3)) == sorted(r0.permutation[24:32].tolist())

@@ -11,25 +11,27 @@ run with worker processes and a run on another world size all see the same sampl
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from policies.errors import DataLayoutError
+from workers.rng import derive_seed
 
-
-def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (no Python hash randomisation)."""
-    digest = hashlib.blake2b(",".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+# Salts: the part of each derived seed that names the stream it seeds, so two streams of the same
+# (seed, epoch) never coincide. A sample's own seed, (seed, epoch, index), needs none. The values
+# are part of the resume contract (old states must resume to the same samples): never change them.
+EPOCH_PERMUTATION_SALT = 0x5EED  # the order of the epoch's samples
+COLLATE_SALT = 0xC011A7E  # a micro-batch's collate, followed by the batch's sample indices
+DATALOADER_GENERATOR_SALT = 0xDA7A  # the DataLoader's own generator (worker base seeds)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(derive_seed(seed, epoch, 0x5EED))
+    g = torch.Generator().manual_seed(derive_seed(seed, epoch, EPOCH_PERMUTATION_SALT))
     return torch.randperm(num_samples, generator=g)
 
 
@@ -45,29 +47,30 @@ def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size:
 
 
 class RankMicroBatches(Sampler[list[int]]):
-    """This rank's sample indices for micro-batches ``start..mbpe-1`` of one epoch.
+    """This rank's sample indices for micro-batches ``start..micro_batches_per_epoch-1`` of one epoch.
 
     Constructing it at position 10^5 costs one permutation, the same as at 0: no sample is touched.
     """
 
     def __init__(self, num_samples: int, micro_batch_size: int, world_size: int, rank: int,
                  seed: int, epoch: int, start: int, samples_per_epoch: int | None = None) -> None:
-        self.mbs, self.world, self.rank = micro_batch_size, world_size, rank
-        self.mbpe = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size, world_size)
+        self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
+        self.micro_batches_per_epoch = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size,
+                                                               world_size)
         self.start = start
-        self.perm = epoch_permutation(num_samples, seed, epoch)
+        self.permutation = epoch_permutation(num_samples, seed, epoch)
 
     def indices(self, micro_batch: int) -> list[int]:
-        g = self.mbs * self.world
-        lo = micro_batch * g + self.rank * self.mbs
-        return self.perm[lo:lo + self.mbs].tolist()
+        global_micro_batch = self.micro_batch_size * self.world_size
+        first = micro_batch * global_micro_batch + self.rank * self.micro_batch_size
+        return self.permutation[first:first + self.micro_batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        for i in range(self.start, self.mbpe):
+        for i in range(self.start, self.micro_batches_per_epoch):
             yield self.indices(i)
 
     def __len__(self) -> int:
-        return self.mbpe - self.start
+        return self.micro_batches_per_epoch - self.start
 
 
 class SeededSamples(Dataset):
@@ -87,7 +90,7 @@ class SeededSamples(Dataset):
         """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
         the user's collate sees the same randomness wherever and whenever the batch is built."""
         batch = SeededBatch(self[i] for i in indices)
-        batch.seed = derive_seed(self.seed, self.epoch, 0xC011A7E, *(int(i) for i in indices))
+        batch.seed = derive_seed(self.seed, self.epoch, COLLATE_SALT, *(int(i) for i in indices))
         return batch
 
 
@@ -145,5 +148,6 @@ def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, ra
                                samples_per_epoch)
     return DataLoader(
         SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=SeededCollate(collate),
-        num_workers=num_workers, generator=torch.Generator().manual_seed(derive_seed(seed, epoch, 0xDA7A)),
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(derive_seed(seed, epoch, DATALOADER_GENERATOR_SALT)),
     )

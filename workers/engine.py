@@ -1,13 +1,17 @@
-"""Build the DeepSpeed engine from the spec (DeepSpeed itself is the engine, on CPU via gloo)."""
+"""Build the DeepSpeed engine from the spec: DeepSpeed itself is the engine, on the CPU (gloo) or
+on this rank's GPU (NCCL), as ``scaling.use_gpu`` says (``workers.device`` picks the device)."""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from policies.spec import JobSpec
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 
 def zero_config(spec: JobSpec) -> dict[str, Any]:
@@ -75,7 +79,7 @@ def _cpu_adam(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Op
                             adamw_mode=o.type == "adamw")
 
 
-def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None):
+def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None) -> DeepSpeedEngine:
     import deepspeed
 
     optimizer = make_optimizer(spec, model)
@@ -101,7 +105,7 @@ def live_hyperparameters(spec: JobSpec) -> dict[str, Any]:
     return {"weight_decay": o.weight_decay, "momentum": o.momentum}
 
 
-def apply_hyperparameters(engine, spec: JobSpec) -> list[str]:
+def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec) -> list[str]:
     """Config wins: after a load, set every param group's hyper-parameters from the live spec.
 
     DeepSpeed's (and torch's) optimizer load restores the saved param groups, so without this an
@@ -122,7 +126,7 @@ def apply_hyperparameters(engine, spec: JobSpec) -> list[str]:
             for k, (have, want) in changes.items()]
 
 
-def resync_cpu_adam(engine) -> int:
+def resync_cpu_adam(engine: DeepSpeedEngine) -> int:
     """Bring DeepSpeed's CPU Adam kernel to the loaded step the way the uninterrupted run got there.
 
     Why: the C++ op (ops/csrc/includes/cpu_adam.h ``IncrementStep``) keeps beta1^t and beta2^t as
@@ -148,6 +152,6 @@ def resync_cpu_adam(engine) -> int:
     return max(steps)
 
 
-def set_lr(engine, lr: float) -> None:
+def set_lr(engine: DeepSpeedEngine, lr: float) -> None:
     for group in engine.optimizer.param_groups:
         group["lr"] = lr

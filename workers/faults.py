@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from policies.spec import CrashFault
 from workers.storage import RunStorage
@@ -20,18 +21,21 @@ class InjectedCrash(BaseException):
 
 
 class Faults:
-    def __init__(self, faults: list[CrashFault], storage: RunStorage, rank: int) -> None:
+    def __init__(self, faults: list[CrashFault], storage: RunStorage, rank: int,
+                 send_sigterm: Callable[[], None] | None = None) -> None:
         self.storage, self.rank = storage, rank
         self.mine = [f for f in faults if f.rank == rank and not storage.exists("faults", f.fault_id + ".fired")]
         self.saves_seen = 0
         self.attempt = 0  # set by the loop once the attempt number is known
-        self.sigterm_flag = None  # set by the loop: the worker's SIGTERM notice source
+        # How ``mode: sigterm`` reaches this worker (the loop's preemption notices); only sent, never read here.
+        self.send_sigterm = send_sigterm
         self.exit_after_preemption_save = False
 
     def _fire(self, f: CrashFault, where: str, micro_step: int | None = None) -> None:
         from workers.events import EventLog
 
-        self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()}, "faults", f.fault_id + ".fired")
+        self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()},
+                                "faults", f.fault_id + ".fired")
         EventLog(self.storage, source=f"rank{self.rank}").emit(
             "fault_fired", fault=f.fault_id, mode=f.mode, where=where, rank=self.rank, global_micro_step=micro_step,
             attempt=self.attempt)
@@ -41,8 +45,8 @@ class Faults:
             raise InjectedCrash(where)
         if f.mode == "sigterm":
             # A spot notice: the worker gets SIGTERM, saves at the next boundary, then its node goes away.
-            if self.sigterm_flag is not None:
-                self.sigterm_flag.flag = True
+            if self.send_sigterm is not None:
+                self.send_sigterm()
             self.exit_after_preemption_save = True
             return
         os._exit(17)
@@ -54,7 +58,8 @@ class Faults:
 
     def after_preemption_save(self) -> None:
         if self.exit_after_preemption_save:
-            print(f"[syncpoint] rank {self.rank}: node reclaimed after the preemption save", file=sys.stderr, flush=True)
+            print(f"[syncpoint] rank {self.rank}: node reclaimed after the preemption save", file=sys.stderr,
+                  flush=True)
             os._exit(143)
 
     def save_started(self) -> None:

@@ -8,6 +8,7 @@ randomness continue exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 
@@ -49,6 +50,24 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors."""
     header_len = int.from_bytes(data[:8], "little")
     return json.loads(data[8:8 + header_len]).get("__metadata__", {})
+
+
+# The last part of the seed that re-derives a rank's streams when a state is resumed on another
+# world size. Its value is part of the resume contract (a resumed run must draw the same numbers
+# as an earlier resume of the same state): never change it.
+RESIZED_WORLD_SALT = 0xE1A5
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 63-bit seed from integers (no Python hash randomisation)."""
+    digest = hashlib.blake2b(",".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def reseed_for_resized_world(seed: int, optimizer_step: int, rank: int) -> None:
+    """Per-rank streams cannot be carried to another world size: derive them from (seed, optimizer
+    step, rank) instead, the same for every resume of the same state at the same world size."""
+    seed_everything(derive_seed(seed, optimizer_step, rank, RESIZED_WORLD_SALT))
 
 
 def seed_everything(seed: int) -> None:

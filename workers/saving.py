@@ -5,61 +5,76 @@ only when no save is in flight (it stays pending otherwise: never dropped, never
 overlapping). With ``checkpoint.async``, only the snapshot to local staging blocks training; the
 upload runs in a background thread, and the commit (a collective) happens on the main thread at
 the first boundary where every rank reports its upload done, or at the end of the run, which
-waits for its last save.
+waits for its last save. After every commit rank 0 applies retention, here, where the commit is
+known, rather than being handed a callback to do it.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from policies.errors import LeaseLostError
+from policies.retention import plan_retention
 from policies.save_triggers import PendingSave
-from workers.checksum import DEFAULT
-from workers.events import EventLog
-from workers.faults import Faults
-from workers.lease import RunLease
-from workers.state_writer import AsyncUpload, SaveResult, commit_snapshot, save_state, state_name, take_snapshot
-from workers.storage import RunStorage
+from workers.attempt import Attempt
+from workers.boundary_vote import BoundaryVote
+from workers.discovery import discover
+from workers.progress import ProgressLog
+from workers.state_writer import (
+    AsyncUpload,
+    SaveResult,
+    commit_snapshot,
+    delete_state,
+    save_state,
+    state_name,
+    take_snapshot,
+)
 
-# Rank 0's share of the boundary vote once its heartbeat found the lease lost: far above any sum
-# of "still uploading" votes, so every rank sees it in the same all-reduce and stops together.
-LEASE_LOST_VOTE = float(2**40)
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
 
 class SaveCoordinator:
-    def __init__(self, engine, storage: RunStorage, faults: Faults, events: EventLog | None, *, rank: int,
-                 attempt: int, use_async: bool, full_optimizer_state: bool = False, retain: Callable[[], None],
-                 flush_progress: Callable[[], None], last_saved: str | None, checksum: str = DEFAULT,
-                 lease: RunLease | None = None, signing_key: bytes | None = None) -> None:
-        self.engine, self.storage, self.faults, self.events = engine, storage, faults, events
-        self.rank, self.attempt, self.use_async = rank, attempt, use_async
-        self.full_optimizer_state = full_optimizer_state
-        self.checksum = checksum
-        self.retain, self.flush_progress = retain, flush_progress
-        self.lease = lease  # rank 0's: commits confirm it, and a lost lease stops every rank
-        self.signing_key = signing_key
-        self.upload = AsyncUpload(storage, rank, faults)
+    def __init__(self, engine: DeepSpeedEngine, attempt: Attempt, progress: ProgressLog, *,
+                 last_saved: str | None) -> None:
+        spec = attempt.spec
+        self.engine, self.attempt, self.progress = engine, attempt, progress
+        self.storage, self.faults, self.events = attempt.storage, attempt.faults, attempt.events
+        self.use_async = spec.checkpoint.async_save
+        # Elastic ZeRO 1-3 runs also write the gathered optimizer state, loadable at another world size.
+        self.full_optimizer_state = spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3)
+        self.checksum = spec.checkpoint.checksum
+        self.lease = attempt.lease  # rank 0's: commits confirm it, and a lost lease stops every rank
+        self.signing_key = attempt.signing_key
+        self.upload = AsyncUpload(attempt.storage, attempt.rank, attempt.faults)
         self.reasons_in_flight: list[str] = []
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
         self.micro_step = 0
 
-    def still_uploading(self) -> float:
-        """This rank's vote for the boundary collective: 1.0 while its upload is running, plus
-        ``LEASE_LOST_VOTE`` once rank 0's heartbeat found the run directory's lease lost."""
-        lost = self.lease is not None and self.lease.lost is not None
-        return (1.0 if self.upload.uploading() else 0.0) + (LEASE_LOST_VOTE if lost else 0.0)
+    def seconds_since_last_save(self) -> float:
+        return time.monotonic() - self.last_save_time
 
-    def at_boundary(self, pending: PendingSave, trainer_record: Callable[[list[str]], dict[str, Any]], *,
-                    ranks_uploading: float, last: bool, micro_step: int) -> None:
+    def uploading(self) -> bool:
+        """This rank's vote at the boundary: its asynchronous upload is still running."""
+        return self.upload.uploading()
+
+    def lease_lost(self) -> bool:
+        """Rank 0's vote at the boundary: its heartbeat found the run directory's lease lost."""
+        return self.lease is not None and self.lease.lost is not None
+
+    def at_boundary(self, pending: PendingSave, trainer_record: Callable[[list[str]], dict[str, Any]],
+                    agreed: BoundaryVote, *, last: bool, micro_step: int) -> None:
         self.micro_step = micro_step
-        if ranks_uploading >= LEASE_LOST_VOTE:  # every rank stops here, before any further write
+        if agreed.lease_lost:  # every rank stops here, before any further write
             raise LeaseLostError(str(self.lease.lost) if self.lease is not None and self.lease.lost else
                                  "rank 0 lost the run directory's lease to another submission (its error names it)")
-        if self.upload.in_flight and (ranks_uploading == 0 or last):
+        if self.upload.in_flight and (agreed.uploading == 0 or last):
             self._record(commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease),
                          self.reasons_in_flight)
         if not pending.pending or self.upload.in_flight:
@@ -82,8 +97,8 @@ class SaveCoordinator:
         (commits re-check right before the manifest); and it un-commits a state of the same name
         still committed from an earlier trajectory (a run resumed from an older pin recomputes it,
         possibly under another spec), so no manifest ever describes files being rewritten."""
-        verdict = self.lease.confirm() if self.rank == 0 and self.lease is not None else None
-        if self.rank == 0 and verdict is None and self.storage.exists("states", name, "manifest.json"):
+        verdict = self.lease.confirm() if self.attempt.rank == 0 and self.lease is not None else None
+        if self.attempt.rank == 0 and verdict is None and self.storage.exists("states", name, "manifest.json"):
             self.storage.remove("states", name, "manifest.json")
         box = [verdict]
         dist.broadcast_object_list(box, src=0)
@@ -93,13 +108,33 @@ class SaveCoordinator:
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
         self.last_saved = result.name
         if self.events:
-            self.flush_progress()
-            self.events.emit("state_committed", attempt=self.attempt, state=result.name,
+            self.progress.flush()
+            self.events.emit("state_committed", attempt=self.attempt.number, state=result.name,
                              global_micro_step=int(result.name), optimizer_step=result.optimizer_step,
                              bytes=result.bytes, seconds=result.seconds, blocked_seconds=result.blocked_seconds,
                              committed_at_micro_step=self.micro_step, reasons=reasons)
         self.faults.at_phase("before_retention")
-        if self.rank == 0:
-            self.retain()
+        if self.attempt.rank == 0:
+            retain(self.attempt, keep=result.name)
         if "preemption" in reasons:
             self.faults.after_preemption_save()
+
+
+def retain(attempt: Attempt, keep: str | None) -> None:
+    """Retention after a commit (rank 0). ``keep`` (the state this run just committed) is never
+    deleted, even when newer states of another trajectory (a run resumed from an older pin)
+    outnumber it: a restart of this submission continues from it."""
+    checkpoint = attempt.spec.checkpoint
+    if checkpoint.keep_last == 0 and not checkpoint.prune_unsafe:
+        return  # keep everything (torn debris included): no need to read every state after each save
+    if attempt.lease is not None and attempt.lease.confirm() is not None:
+        return  # lost: delete nothing; every rank stops at the next boundary (the boundary vote)
+    storage = attempt.storage
+    plan = plan_retention(discover(storage, attempt.expectation, attempt.signing_key), checkpoint.keep_last,
+                          checkpoint.prune_unsafe, kinds=storage.entry_kinds("states"))
+    for i, name in enumerate(n for n in plan.delete if n != keep):
+        delete_state(storage, name)
+        if i == 0:
+            attempt.faults.at_phase("during_retention")
+    for line in plan.reported:
+        print(f"[syncpoint] retention kept unsafe state {line}", file=sys.stderr, flush=True)

@@ -7,8 +7,9 @@ Users never write the training loop. ``task.path: "pkg.mod:build"`` names a func
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -1,0 +1,51 @@
+"""What every part of one attempt shares, set up once by ``run_worker``.
+
+Why one object: resume negotiation, the training loop, saving and retention all need the same
+dozen facts about the attempt (the spec, the run's storage, which rank this is, the layout, the
+lease...). Passed one by one they made every signature a dozen parameters long; grouped, each
+function names only the attempt and what is really its own.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from policies.candidates import Expectation
+from policies.elastic import Layout
+from policies.spec import JobSpec
+from workers.events import EventLog
+from workers.faults import Faults
+from workers.lease import RunLease
+from workers.position import RunLength
+from workers.storage import RunStorage
+
+
+@dataclass(frozen=True)
+class Attempt:
+    spec: JobSpec
+    storage: RunStorage
+    events: EventLog | None  # rank 0 writes the event log; the other ranks hold None
+    faults: Faults
+    rank: int
+    world_size: int
+    number: int  # 1 for a submission's first attempt, counted from the event log
+    submission_id: str  # one per `syncpoint run`: restarts inside it continue their own states
+    expectation: Expectation  # what a state must match to resume in this attempt
+    layout: Layout
+    lease: RunLease | None  # rank 0's hold on the run directory; None on the other ranks
+    signing_key: bytes | None = None
+
+    @property
+    def run_length(self) -> RunLength:
+        return RunLength.of(self.spec.train, self.layout)
+
+    def say(self, message: str) -> None:
+        """One line for the user, printed once (by rank 0), not once per rank."""
+        if self.rank == 0:
+            print(f"[syncpoint] {message}", flush=True)
+
+    def warn(self, message: str) -> None:
+        """A warning, printed once (by rank 0) on stderr."""
+        if self.rank == 0:
+            print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)

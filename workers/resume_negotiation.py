@@ -1,0 +1,266 @@
+"""Where an attempt starts: every rank agrees on one state, loads it, and learns its position.
+
+Rank 0 chooses from metadata alone (the resume policy over discovered candidates); every rank
+fetches, verifies and loads; all agree or try the next candidate. With no state to resume,
+``resume.policy: fresh`` archives or deletes what a previous submission left, and
+``resume.init_from`` imports another run's weights. The result is one small record the loop
+starts from: the state, the position, how to restore the RNG, and whether anything is left.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from policies.candidates import Candidate, Verdict
+from policies.errors import JobConfigError, NoResumableState, ResumeRefused
+from policies.redact import redact_url
+from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
+from workers import rng
+from workers.attempt import Attempt
+from workers.discovery import discover, discover_lazy, read_candidate
+from workers.engine import apply_hyperparameters
+from workers.events import EventLog
+from workers.position import RunLength, TrainingPosition
+from workers.schedule import resume_position
+from workers.signing import load_key
+from workers.state_reader import StateRefused, fetch_state, load_into_engine
+from workers.storage import RunStorage
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+
+@dataclass
+class ResumeStart:
+    """Where this attempt starts, the same on every rank."""
+
+    state: str | None  # the state loaded, or None for a fresh start (init_from weights included)
+    position: TrainingPosition
+    finished: bool  # the state is at or past the run's end: export and finish, train nothing
+    rng_bytes: bytes | None = None  # this rank's saved RNG streams, restored right before the first fetch
+    rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
+
+    def restore_rng(self, seed: int, rank: int) -> None:
+        """After the data skip and every start-up draw, immediately before the first fetch (once)."""
+        if self.rng_bytes is not None:
+            rng.restore(self.rng_bytes)
+        elif self.rederive_rng:
+            rng.reseed_for_resized_world(seed, self.position.optimizer_step, rank)
+        self.rng_bytes, self.rederive_rng = None, False
+
+
+def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
+    """The one entry point: choose, fetch, load (falling back past refused states), then position.
+    A state at or past the run's end finishes the run at once (a finished run stays finished)."""
+    name, trainer, rng_bytes = _choose_and_load(attempt, engine)
+    start = ResumeStart(name, TrainingPosition(), finished=False, rng_bytes=rng_bytes)
+    if trainer:
+        _position_from(attempt, trainer, start)
+    start.finished = _already_finished(attempt, name, start.position, attempt.run_length)
+    return start
+
+
+def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart) -> None:
+    """The loaded state's position at this attempt's layout (index arithmetic, no sample touched)."""
+    spec, layout, at = attempt.spec, attempt.layout, start.position
+    data = trainer.get("data") or {}
+    saved_world = trainer["world_size"]
+    micro_batch_size = spec.train.micro_batch_size
+    samples_in_epoch = data.get("samples_in_epoch", trainer["position_in_epoch"] * micro_batch_size * saved_world)
+    at.epoch, at.position_in_epoch = trainer["epoch"], layout.position_for(samples_in_epoch)
+    at.global_micro_step, at.optimizer_step = trainer["global_micro_step"], trainer["optimizer_step"]
+    at.global_samples = data.get("global_samples", at.global_micro_step * micro_batch_size * saved_world)
+    if saved_world != attempt.world_size:
+        # Per-rank RNG streams cannot be carried to another world size: derive them instead.
+        start.rederive_rng, start.rng_bytes = True, None
+        attempt.warn(f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
+                     f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
+                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run")
+    if at.position_in_epoch == layout.micro_batches_per_epoch:
+        at.next_epoch()
+    at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,
+                                           optimizer_step=at.optimizer_step, epoch_done=at.epoch,
+                                           reset=spec.resume.reset_schedule, warn=attempt.warn)
+
+
+def _choose_and_load(attempt: Attempt,
+                     engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, bytes | None]:
+    """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
+
+    Any refusal after selection (a checksum, an unsafe file, a read error) marks that candidate
+    corrupt and asks the policy again, so a damaged newest state costs one fallback, not the run.
+    Returns the state's name, its trainer record and this rank's RNG bytes (all None: fresh start).
+    """
+    spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
+    restart = rank == 0 and _is_restart(events, attempt.submission_id)
+    policy = _resume_policy(spec.resume.policy, spec.resume.policy_args, attempt.submission_id if restart else "")
+    candidates = discover_lazy(storage, attempt.expectation, attempt.signing_key) if rank == 0 else []
+    spec_dict = spec.model_dump(mode="json")
+    while True:
+        msg: dict[str, Any] = {}
+        if rank == 0:
+            try:
+                decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
+                chosen = next((c for c in candidates if c.name == decision.state), None)
+                if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
+                    _clear_for_fresh(attempt)
+                msg = {"state": decision.state, "reason": decision.reason,
+                       "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
+            except NoResumableState as e:
+                msg = {"error": str(e)}
+            if events:
+                looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
+                events.emit("resume_decision", attempt=attempt.number, chosen=msg.get("state"),
+                            reason=msg.get("reason") or msg.get("error"), total_candidates=len(candidates),
+                            candidates=[{"state": c.name, "verdict": c.verdict.value if c.verdict else None,
+                                         "reason": c.reason} for c in looked_at])
+        box = [msg]
+        dist.broadcast_object_list(box, src=0)
+        msg = box[0]
+        if "error" in msg:
+            raise ResumeRefused(msg["error"])
+        if msg["state"] is None:
+            attempt.say(msg["reason"])
+            _maybe_init_from(attempt, engine)
+            return None, None, None
+        candidate = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
+        rng_bytes, refusal = _fetch_and_load(attempt, candidate, engine)
+        if refusal is None:
+            attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
+            if spec.resume.init_from:
+                attempt.say("resume.init_from ignored: this run's own resumable state wins")
+            return candidate.name, candidate.trainer, rng_bytes
+        if rank == 0:
+            for c in candidates:
+                if c.name == candidate.name:
+                    c.verdict, c.reason = Verdict.CORRUPT, f"verification failed: {refusal}"
+
+
+def _is_restart(events: EventLog | None, submission_id: str) -> bool:
+    """Whether an earlier attempt of this same submission already started (a Ray restart)."""
+    return bool(events and submission_id and any(
+        e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()))
+
+
+def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> ResumePolicy:
+    """The spec's policy chooses where a submission starts; a restart continues its own states.
+
+    ``fresh`` already emptied the directory on the submission's first attempt, so on a restart
+    whatever is there was written by this submission (torn debris included)."""
+    try:
+        start = NewestResumable() if (restart_of and name == "fresh") else make_policy(name, policy_args)
+    except (ValueError, TypeError) as e:
+        raise JobConfigError(f"resume.policy / resume.policy_args: {name}: {e}. Give the keyword arguments the "
+                             "policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})") from None
+    return ContinueSubmission(restart_of, start) if restart_of else start
+
+
+def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> tuple[bytes | None, str | None]:
+    """Every rank fetches and verifies, then loads; (this rank's RNG bytes, None) or (None, the first
+    rank's refusal).
+
+    Both steps end in a collective so every rank takes the same branch. A refusal during the load
+    (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
+    and when none is left the run fails (it never trains on a half-loaded engine)."""
+    fetched, error = None, None
+    try:
+        fetched = fetch_state(attempt.storage, candidate, attempt.rank)
+    except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
+        error = _refusal(e)
+    refusal = _first_refusal(error)
+    if refusal is None:
+        assert fetched is not None
+        try:
+            load_into_engine(engine, fetched, module_only=attempt.spec.resume.reset_optimizer,
+                             other_world_size=candidate.trainer["world_size"] != attempt.world_size)  # type: ignore[index]
+        except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
+            error = _refusal(e)
+        refusal = _first_refusal(error)
+    if fetched:
+        fetched.cleanup()
+    if refusal is not None:
+        return None, refusal
+    _apply_live_hyperparameters(attempt, engine)
+    return (fetched.rng_bytes if fetched else None), None
+
+
+def _refusal(e: BaseException) -> str:
+    return str(e) if isinstance(e, StateRefused) else f"{type(e).__name__}: {e}"
+
+
+def _first_refusal(error: str | None) -> str | None:
+    errors: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return next((e for e in errors if e), None)
+
+
+def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine) -> None:
+    """Config wins: the state supplied moments and positions, the live spec supplies every
+    hyper-parameter (the loaded param groups carried the old ones); each change is said once."""
+    changes = apply_hyperparameters(engine, attempt.spec)
+    if attempt.spec.resume.reset_optimizer:
+        attempt.warn("resume.reset_optimizer: weights and position come from the state; the optimizer state "
+                     "(moments) starts fresh")
+    for line in changes:
+        attempt.warn(line)
+
+
+def _already_finished(attempt: Attempt, state: str | None, at: TrainingPosition, run_length: RunLength) -> bool:
+    """A state at or past the run's end finishes at once (export and finish only), whatever unit
+    ended it: re-submitting a finished run, or restarting after its final commit, trains nothing."""
+    done = run_length.reached(at)
+    max_steps, step = attempt.spec.train.max_steps, at.optimizer_step
+    if done and state is not None:
+        if max_steps is not None and step > max_steps:
+            attempt.warn(f"state {state} is at optimizer step {step}, past train.max_steps {max_steps}: the run "
+                         f"finishes at once and its final model is that state's weights (step {step})")
+        attempt.say(f"state {state} already reached the end of the run (optimizer step {step}); nothing left to train")
+    return done
+
+
+def _clear_for_fresh(attempt: Attempt) -> None:
+    """``resume.policy: fresh`` over existing states: refuse, archive them, or delete them."""
+    storage, mode = attempt.storage, attempt.spec.resume.on_existing
+    if mode == "refuse":
+        raise NoResumableState([], (
+            f"resume.policy fresh, but {redact_url(storage.url)}/states already holds states; set resume.on_existing: "
+            "archive (move them to archive/) or overwrite (delete them), or use another run name."))
+    if mode == "archive":
+        storage.rename_tree(("states",), ("archive", f"states-{int(time.time())}"))
+    else:
+        storage.delete_tree("states")
+
+
+def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
+    """Fine-tune: take weights (optionally optimizer state) from another run; never its position."""
+    spec = attempt.spec
+    url = spec.resume.init_from
+    if not url:
+        return
+    base, sep, name = url.rstrip("/").rpartition("/states/")
+    source = RunStorage(base if sep else url)
+    key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or \
+        load_key(spec.checkpoint.signing_key_env)
+    if not sep:
+        candidates = discover(source, signing_key=key)
+        name = next((c.name for c in candidates if c.manifest and not c.trust_error), "")
+        if not name:
+            raise ResumeRefused(f"resume.init_from: {redact_url(url)} holds no committed"
+                                f"{' and trusted' if key else ''} state")
+    candidate = read_candidate(source, name, key)
+    if candidate.manifest is None:
+        raise ResumeRefused(f"resume.init_from: {redact_url(url)} is not a committed state (no manifest.json)")
+    if candidate.trust_error:
+        raise ResumeRefused(f"resume.init_from: {redact_url(url)}/states/{name} is untrusted: {candidate.trust_error}. "
+                            "Give the source run's key with resume.init_from_signing_key_env")
+    fetched = fetch_state(source, candidate, attempt.rank, want_rng=False)
+    try:
+        load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
+    finally:
+        fetched.cleanup()
+    attempt.say(f"init_from {redact_url(source.url)}/states/{name}: weights imported; schedule, RNG and data start "
+                "fresh")
