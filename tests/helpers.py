@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.spec_file import parse_spec, resolve_storage
+from policies.journal import Step
 from policies.spec import JobSpec
 from workers.digest import state_digest
 from workers.events import EventLog
@@ -70,14 +71,9 @@ def digest(spec: JobSpec, name: str) -> str:
     return state_digest(spec.run_url + "/states/" + name)["digest"]
 
 
-def step_history(spec: JobSpec) -> dict[int, dict[str, Any]]:
+def step_history(spec: JobSpec) -> dict[int, Step]:
     """Per optimizer step records of a run (later attempts overwrite recomputed steps)."""
-    out: dict[int, dict[str, Any]] = {}
-    for e in EventLog(RunStorage(spec.run_url)).read_all():
-        if e["kind"] == "progress":
-            for r in e["records"]:
-                out[r["optimizer_step"]] = r
-    return out
+    return EventLog(RunStorage(spec.run_url)).journal().steps()
 
 
 def trainer_json(spec: JobSpec, name: str) -> dict[str, Any]:

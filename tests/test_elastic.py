@@ -62,14 +62,14 @@ def _assert_same_samples_and_close(ref, spec):
     a, b = step_history(ref), step_history(spec)
     assert sorted(a) == sorted(b)
     for step in a:
-        assert b[step]["samples"] == a[step]["samples"], f"optimizer step {step} consumed other samples"
-        assert b[step]["lr"] == a[step]["lr"]
-        assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-3)
+        assert b[step].samples == a[step].samples, f"optimizer step {step} consumed other samples"
+        assert b[step].lr == a[step].lr
+        assert b[step].loss == pytest.approx(a[step].loss, rel=1e-3)
     pa, pb = module_params(ref, state_names(ref)[-1]), module_params(spec, state_names(spec)[-1])
     # Adam moves each weight by at most ~lr per step whatever the gradient's size, and for weights
     # whose gradient is at rounding-noise level the direction itself is noise: so the per-element
     # bound is 2 x (sum of the learning rates of the steps after the world-size change).
-    bound = 2 * sum(b[s]["lr"] for s in b if s > min(b))
+    bound = 2 * sum(b[s].lr for s in b if s > min(b))
     for k in pa:
         diff = (pa[k] - pb[k]).abs()
         assert diff.max().item() <= bound, (k, diff.max().item(), bound)

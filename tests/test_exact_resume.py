@@ -55,8 +55,8 @@ def assert_same_run(ref_spec, ref_final, spec, final):
     ref_hist, hist = step_history(ref_spec), step_history(spec)
     assert sorted(hist) == sorted(ref_hist)
     for step, rec in ref_hist.items():
-        assert hist[step]["loss"] == rec["loss"], f"loss differs at optimizer step {step}"
-        assert hist[step]["lr"] == rec["lr"], f"lr differs at optimizer step {step}"
+        assert hist[step].loss == rec.loss, f"loss differs at optimizer step {step}"
+        assert hist[step].lr == rec.lr, f"lr differs at optimizer step {step}"
     a, b = module_params(ref_spec, ref_final), module_params(spec, final)
     assert a.keys() == b.keys()
     for k in a:

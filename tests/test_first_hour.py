@@ -227,7 +227,7 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     spec = lm_spec(tmp_path)  # same name and storage: read the run back
     history = step_history(spec)
     assert sorted(history) == list(range(1, 33))
-    first, last = (sum(history[s]["loss"] for s in steps) / 4 for steps in ([1, 2, 3, 4], [29, 30, 31, 32]))
+    first, last = (sum(history[s].loss for s in steps) / 4 for steps in ([1, 2, 3, 4], [29, 30, 31, 32]))
     assert last < first - 0.3, (first, last)  # it learns
     assert state == state_names(spec)[-1] == f"{128:012d}"  # 1024 samples / (8 x 2) x 2 epochs
 

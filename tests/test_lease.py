@@ -32,7 +32,7 @@ def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
     if isinstance(spec_or_url, str):
         url, identity, name = spec_or_url, JOB, "job"
     else:
-        from workers.loop import job_identity
+        from policies.candidates import job_identity
 
         url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
     lease = {"job_identity": identity, "job_name": name, "submission": "other", "host": "h",

@@ -12,13 +12,13 @@ import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from policies.elastic import layout
 from policies.spec import TrainSpec
 from workers import data, rng
 from workers.boundary_vote import BoundaryVote
 from workers.faults import Faults
+from workers.launch import ensure_single_process_group
 from workers.position import RunLength, TrainingPosition
 from workers.preemption import PreemptionNotices
 
@@ -32,12 +32,9 @@ def test_a_vote_goes_through_a_tensor_and_back_slot_by_slot():
         BoundaryVote.from_tensor(torch.zeros(4, dtype=torch.float64))
 
 
-def test_agreeing_sums_the_ranks_votes(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    try:
-        agreed = BoundaryVote(0.1 + 0.2, preemption_notices=1, lease_lost=1).agree()
-    finally:
-        dist.destroy_process_group()
+def test_agreeing_sums_the_ranks_votes():
+    ensure_single_process_group("gloo")  # the in-process launcher's group, shared with other tests
+    agreed = BoundaryVote(0.1 + 0.2, preemption_notices=1, lease_lost=1).agree()
     assert agreed == BoundaryVote(0.1 + 0.2, 1, 0, 0, 1)  # the loss sum is carried bit for bit
 
 

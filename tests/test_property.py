@@ -88,7 +88,7 @@ def _spec(storage: str, s: Scenario, *extra: str):
 
 
 def _steps(spec) -> dict[int, tuple]:
-    return {step: (r["global_micro_step"], r["epoch"], r["loss"], r["lr"]) for step, r in step_history(spec).items()}
+    return {step: (r.global_micro_step, r.epoch, r.loss, r.lr) for step, r in step_history(spec).items()}
 
 
 def _reference(s: Scenario) -> tuple:

@@ -137,7 +137,7 @@ def _attempts_started(spec) -> int:
 
 
 def _observed(spec, final: str) -> tuple:
-    steps = {k: (r["global_micro_step"], r["loss"], r["lr"], tuple(r["samples"])) for k, r in step_history(spec).items()}
+    steps = {k: (r.global_micro_step, r.loss, r.lr, tuple(r.samples or ())) for k, r in step_history(spec).items()}
     return steps, committed_steps(spec), digest(spec, final)
 
 

@@ -277,7 +277,7 @@ def test_random_collate_resumes_exactly(tmp_path, workers):
         assert run_until_crash(spec)
         final = run(spec).final_state
     ref_hist, hist = step_history(ref_spec), step_history(spec)
-    assert {s: r["loss"] for s, r in hist.items()} == {s: r["loss"] for s, r in ref_hist.items()}
+    assert {s: r.loss for s, r in hist.items()} == {s: r.loss for s, r in ref_hist.items()}
     assert digest(spec, final) == digest(ref_spec, ref_final)
 
 

@@ -111,8 +111,8 @@ def assert_same_run(ref_spec, ref_final: str, spec, final: str) -> None:
     ref_hist, hist = step_history(ref_spec), step_history(spec)
     assert sorted(hist) == sorted(ref_hist) and ref_hist
     for step, rec in ref_hist.items():
-        assert hist[step]["loss"] == rec["loss"], f"loss differs at optimizer step {step}"
-        assert hist[step]["lr"] == rec["lr"], f"lr differs at optimizer step {step}"
+        assert hist[step].loss == rec.loss, f"loss differs at optimizer step {step}"
+        assert hist[step].lr == rec.lr, f"lr differs at optimizer step {step}"
     assert digest(spec, final) == digest(ref_spec, ref_final)
 
 

@@ -86,8 +86,8 @@ def test_edited_learning_rate_takes_effect_on_resume(tmp_path):
     run(ref)
     ref_hist = step_history(ref)
     for step in (4, 5, 6):  # after the resume at optimizer step 3: the new base lr, same position
-        assert hist[step]["lr"] == pytest.approx(ref_hist[step]["lr"])
-    assert hist[2]["lr"] != ref_hist[2]["lr"]  # before the edit the old lr applied
+        assert hist[step].lr == pytest.approx(ref_hist[step].lr)
+    assert hist[2].lr != ref_hist[2].lr  # before the edit the old lr applied
 
 
 def test_changed_scheduler_type_fails_naming_the_opt_out(tmp_path):
@@ -100,7 +100,7 @@ def test_changed_scheduler_type_fails_naming_the_opt_out(tmp_path):
     reset = with_overrides(changed, "resume.reset_schedule=true")
     result = run(reset)
     assert result.resumed_from == "000000000010"
-    assert step_history(reset)[4]["lr"] == pytest.approx(spec.train.lr * 1 / 4)  # warmup restarted at position 0
+    assert step_history(reset)[4].lr == pytest.approx(spec.train.lr * 1 / 4)  # warmup restarted at position 0
 
 
 def test_state_without_schedule_position_warns_and_starts_fresh(tmp_path, capsys):
@@ -113,7 +113,7 @@ def test_state_without_schedule_position_warns_and_starts_fresh(tmp_path, capsys
 
     run(with_overrides(spec, "faults=[]"))
     assert "no LR-schedule position" in capsys.readouterr().err
-    assert step_history(spec)[4]["lr"] == pytest.approx(spec.train.lr / 4)
+    assert step_history(spec)[4].lr == pytest.approx(spec.train.lr / 4)
 
 
 def test_init_from_imports_weights_but_never_position(tmp_path):
@@ -126,9 +126,9 @@ def test_init_from_imports_weights_but_never_position(tmp_path):
     result = run(child)
     assert result.resumed_from is None
     hist = step_history(child)
-    assert hist[1]["lr"] == pytest.approx(child.train.lr / 4)  # schedule starts at 0
+    assert hist[1].lr == pytest.approx(child.train.lr / 4)  # schedule starts at 0
     assert min(hist) == 1 and max(hist) == 6  # full data pass from position 0
-    assert hist[1]["loss"] < step_history(parent)[1]["loss"]  # it starts from trained weights
+    assert hist[1].loss < step_history(parent)[1].loss  # it starts from trained weights
 
 
 def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from policies.journal import FaultFired
 from policies.spec import CrashFault
 from workers.storage import RunStorage
 
@@ -36,9 +37,9 @@ class Faults:
 
         self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()},
                                 "faults", f.fault_id + ".fired")
-        EventLog(self.storage, source=f"rank{self.rank}").emit(
-            "fault_fired", fault=f.fault_id, mode=f.mode, where=where, rank=self.rank, global_micro_step=micro_step,
-            attempt=self.attempt)
+        EventLog(self.storage, source=f"rank{self.rank}").emit(FaultFired(
+            fault=f.fault_id, mode=f.mode, where=where, rank=self.rank, global_micro_step=micro_step,
+            attempt=self.attempt))
         self.mine.remove(f)
         print(f"[syncpoint] injected crash on rank {self.rank} at {where}", file=sys.stderr, flush=True)
         if f.mode == "raise":

@@ -17,7 +17,6 @@ README's *How resume stays exact*, rule by rule:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -29,12 +28,14 @@ import torch
 import torch.distributed as dist
 
 from policies.boundaries import cycle_length, is_boundary
-from policies.candidates import TRAINER_SCHEMA_VERSION, Expectation, identity_record
-from policies.elastic import Layout, layout
+from policies.candidates import Expectation, identity_record
+from policies.elastic import layout
 from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
 from policies.import_path import load_object
+from policies.journal import AttemptStarted, Finished, PreemptionNotice
 from policies.save_triggers import PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
+from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
 from workers import rng
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
@@ -51,7 +52,7 @@ from workers.preemption import PreemptionNotices, RayNotice
 from workers.progress import ProgressLine, ProgressLog
 from workers.resume_negotiation import ResumeStart, negotiate_resume
 from workers.saving import SaveCoordinator
-from workers.schedule import lr_at, phases, schedule_record
+from workers.schedule import lr_at
 from workers.signing import load_key
 from workers.storage import RunStorage
 from workers.task import Task, load_task
@@ -83,10 +84,6 @@ class WorkerResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def job_identity(spec: JobSpec) -> str:
-    return hashlib.sha256(f"{spec.name}|{spec.task.path}".encode()).hexdigest()[:16]
-
-
 def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     """Set up, take the lease, agree where to resume, train, finish."""
     ctx = ctx or WorkerContext()
@@ -109,7 +106,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     engine = build_engine(spec, task.model, data_layout.grad_accum)
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
-    expectation = _expectation(spec, task, data_layout, world)
+    expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
+                                        num_samples=len(task.dataset))  # type: ignore[arg-type]
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     number = faults.attempt = _attempt_number(events)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
@@ -187,9 +185,9 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 if notices.in_grace_window:
                     pending.request("preemption")
                 if first_notice and attempt.events:
-                    attempt.events.emit("preemption_notice", attempt=attempt.number,
-                                        global_micro_step=at.global_micro_step, optimizer_step=at.optimizer_step,
-                                        **(notice or {"source": "another rank"}))
+                    attempt.events.emit(PreemptionNotice(
+                        attempt=attempt.number, global_micro_step=at.global_micro_step,
+                        optimizer_step=at.optimizer_step, **(notice or {"source": "another rank"})))
                 if agreed.wall_clock_saves:
                     pending.request("interval")
                 progress.add(_step_record(at, step_loss, lr, cycle_sample_ids if train.record_samples else None,
@@ -218,28 +216,14 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
 # ------------------------------------------------------------------ helpers
 
 
-def _expectation(spec: JobSpec, task: Task, data_layout: Layout, world: int) -> Expectation:
-    """What a state must match to resume in this attempt (compared from metadata alone)."""
-    t = spec.train
-    return Expectation(
-        job_identity=job_identity(spec), world_size=world, micro_batch_size=t.micro_batch_size,
-        grad_accum=data_layout.grad_accum, micro_batches_per_epoch=data_layout.micro_batches_per_epoch,
-        zero_stage=spec.deepspeed.zero_stage, model_fingerprint=model_fingerprint(task.model), seed=t.seed,
-        elastic=spec.scaling.elastic, global_batch=data_layout.global_batch,
-        samples_per_epoch=data_layout.samples_per_epoch, num_samples=len(task.dataset),  # type: ignore[arg-type]
-        precision=spec.deepspeed.precision, optimizer_type=t.optimizer.type, scheduler_type=t.scheduler.type,
-        scheduler_phases=tuple(phases(t.scheduler)), reset_schedule=spec.resume.reset_schedule,
-        reset_optimizer=spec.resume.reset_optimizer)
-
-
 def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> None:
     nodes: list[str | None] = [None] * attempt.world_size
     dist.all_gather_object(nodes, node_id)
     if attempt.events:
-        attempt.events.emit("attempt_started", attempt=attempt.number, world_size=attempt.world_size, nodes=nodes,
-                            submission=attempt.submission_id, resumed_from=start.state,
-                            global_micro_step=start.position.global_micro_step,
-                            optimizer_step=start.position.optimizer_step)
+        attempt.events.emit(AttemptStarted(
+            attempt=attempt.number, world_size=attempt.world_size, nodes=nodes, submission=attempt.submission_id,
+            resumed_from=start.state, global_micro_step=start.position.global_micro_step,
+            optimizer_step=start.position.optimizer_step))
 
 
 def _step_record(at: TrainingPosition, loss: float, lr: float | None, cycle_sample_ids: list[list[int]] | None,
@@ -260,8 +244,8 @@ def _finish(attempt: Attempt, engine: DeepSpeedEngine, saves: SaveCoordinator, p
                                                "task": attempt.spec.task.path})
     if attempt.events:
         progress.flush()
-        attempt.events.emit("finished", attempt=attempt.number, state=last_saved,
-                            global_micro_step=at.global_micro_step, optimizer_step=at.optimizer_step)
+        attempt.events.emit(Finished(attempt=attempt.number, state=last_saved, global_micro_step=at.global_micro_step,
+                                     optimizer_step=at.optimizer_step))
     dist.barrier()
     if attempt.lease:
         attempt.lease.release()
@@ -296,10 +280,8 @@ def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: i
 
 
 def _attempt_number(events: EventLog | None) -> int:
-    n = 1
-    if events is not None:
-        n = 1 + sum(1 for name in events.storage.list_files("events") if "-attempt_started-" in name)
-    box = [n]
+    """This attempt's number: one more than the attempts the journal holds (rank 0 reads, all learn)."""
+    box = [events.journal().next_attempt() if events is not None else 1]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])
 
@@ -315,23 +297,16 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], 
                     num_samples: int) -> dict[str, Any]:
     """``trainer.json``: the position, the identity selection compares, and why this state was saved."""
     exp, spec = attempt.expectation, attempt.spec
-    return {
-        "schema_version": TRAINER_SCHEMA_VERSION,
-        "job_name": spec.name,
-        **identity_record(exp),  # what selection compares (read back by expectation_from_trainer)
-        "epoch": at.epoch,
-        "position_in_epoch": at.position_in_epoch,
-        "global_micro_step": at.global_micro_step,
-        "optimizer_step": at.optimizer_step,
-        "scheduler": schedule_record(spec.train.scheduler, at.schedule_position),
-        "data": {"sampler": exp.sampler, "num_samples": num_samples, "global_samples": at.global_samples,
-                 "samples_in_epoch": at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-                 "samples_per_epoch": exp.samples_per_epoch, "global_batch": exp.global_batch},
+    return TrainState(
+        schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name,
+        **identity_record(exp),  # what selection compares (read back by Expectation.from_state)
+        epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
+        optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
+        data=DataRecord(sampler=exp.sampler, num_samples=num_samples, global_samples=at.global_samples,
+                        samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
+                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
-        "elastic_optimizer": exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
-        "metrics": {"loss": loss},
-        "save_reasons": reasons,
-        "attempt": attempt.number,
-        "submission": attempt.submission_id,  # a restart of this submission continues from its own states
-        "created_at": time.time(),
-    }
+        elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
+        metrics={"loss": loss}, save_reasons=reasons, attempt=attempt.number,
+        submission=attempt.submission_id,  # a restart of this submission continues from its own states
+        created_at=time.time()).record()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from policies.journal import Progress, ProgressRecord
 from workers.events import EventLog
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
@@ -32,7 +33,8 @@ class ProgressLog:
 
     def flush(self) -> None:
         if self.events and self.unflushed:
-            self.events.emit("progress", attempt=self.attempt, records=self.unflushed)
+            self.events.emit(Progress(attempt=self.attempt,
+                                      records=[ProgressRecord.model_validate(r) for r in self.unflushed]))
         self.unflushed, self.last_flush = [], time.monotonic()
 
 

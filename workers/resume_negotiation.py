@@ -17,8 +17,10 @@ import torch.distributed as dist
 
 from policies.candidates import Candidate, Verdict
 from policies.errors import JobConfigError, NoResumableState, ResumeRefused
+from policies.journal import CandidateSeen, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
+from policies.state_format import TrainState
 from workers import rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
@@ -67,13 +69,11 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
 def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart) -> None:
     """The loaded state's position at this attempt's layout (index arithmetic, no sample touched)."""
     spec, layout, at = attempt.spec, attempt.layout, start.position
-    data = trainer.get("data") or {}
-    saved_world = trainer["world_size"]
-    micro_batch_size = spec.train.micro_batch_size
-    samples_in_epoch = data.get("samples_in_epoch", trainer["position_in_epoch"] * micro_batch_size * saved_world)
-    at.epoch, at.position_in_epoch = trainer["epoch"], layout.position_for(samples_in_epoch)
-    at.global_micro_step, at.optimizer_step = trainer["global_micro_step"], trainer["optimizer_step"]
-    at.global_samples = data.get("global_samples", at.global_micro_step * micro_batch_size * saved_world)
+    state = TrainState.model_validate(trainer)  # classified already: the legacy counters are filled in
+    saved_world = state.world_size
+    at.epoch, at.position_in_epoch = state.epoch, layout.position_for(state.data.samples_in_epoch)
+    at.global_micro_step, at.optimizer_step = state.global_micro_step, state.optimizer_step
+    at.global_samples = state.data.global_samples
     if saved_world != attempt.world_size:
         # Per-rank RNG streams cannot be carried to another world size: derive them instead.
         start.rederive_rng, start.rng_bytes = True, None
@@ -82,7 +82,7 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
                      "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run")
     if at.position_in_epoch == layout.micro_batches_per_epoch:
         at.next_epoch()
-    at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,
+    at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,  # the record as stored
                                            optimizer_step=at.optimizer_step, epoch_done=at.epoch,
                                            reset=spec.resume.reset_schedule, warn=attempt.warn)
 
@@ -114,10 +114,11 @@ def _choose_and_load(attempt: Attempt,
                 msg = {"error": str(e)}
             if events:
                 looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
-                events.emit("resume_decision", attempt=attempt.number, chosen=msg.get("state"),
-                            reason=msg.get("reason") or msg.get("error"), total_candidates=len(candidates),
-                            candidates=[{"state": c.name, "verdict": c.verdict.value if c.verdict else None,
-                                         "reason": c.reason} for c in looked_at])
+                events.emit(ResumeDecision(
+                    attempt=attempt.number, chosen=msg.get("state"), reason=msg.get("reason") or msg.get("error"),
+                    total_candidates=len(candidates),
+                    candidates=[CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None,
+                                              reason=c.reason) for c in looked_at]))
         box = [msg]
         dist.broadcast_object_list(box, src=0)
         msg = box[0]
@@ -142,8 +143,7 @@ def _choose_and_load(attempt: Attempt,
 
 def _is_restart(events: EventLog | None, submission_id: str) -> bool:
     """Whether an earlier attempt of this same submission already started (a Ray restart)."""
-    return bool(events and submission_id and any(
-        e["kind"] == "attempt_started" and e.get("submission") == submission_id for e in events.read_all()))
+    return bool(events and submission_id and events.journal().is_restart_of(submission_id))
 
 
 def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> ResumePolicy:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from policies.errors import LeaseLostError
+from policies.journal import StateCommitted
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave
 from workers.attempt import Attempt
@@ -109,10 +110,10 @@ class SaveCoordinator:
         self.last_saved = result.name
         if self.events:
             self.progress.flush()
-            self.events.emit("state_committed", attempt=self.attempt.number, state=result.name,
-                             global_micro_step=int(result.name), optimizer_step=result.optimizer_step,
-                             bytes=result.bytes, seconds=result.seconds, blocked_seconds=result.blocked_seconds,
-                             committed_at_micro_step=self.micro_step, reasons=reasons)
+            self.events.emit(StateCommitted(
+                attempt=self.attempt.number, state=result.name, global_micro_step=int(result.name),
+                optimizer_step=result.optimizer_step, bytes=result.bytes, seconds=result.seconds,
+                blocked_seconds=result.blocked_seconds, committed_at_micro_step=self.micro_step, reasons=reasons))
         self.faults.at_phase("before_retention")
         if self.attempt.rank == 0:
             retain(self.attempt, keep=result.name)
