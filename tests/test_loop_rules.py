@@ -48,7 +48,8 @@ def test_short_cycle_averages_over_the_micro_batches_it_accumulated(tmp_path):
     store = RunStorage(spec.run_url)
 
     def params(step):
-        return load_deepspeed_file(store.read_bytes("states", f"{step:012d}", "engine/mp_rank_00_model_states.pt"))["module"]
+        return load_deepspeed_file(store.read_bytes("states", f"{step:012d}",
+                                                    "engine/mp_rank_00_model_states.pt"))["module"]
 
     before, after = params(8), params(10)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.0), torch.nn.Linear(8, 1))
