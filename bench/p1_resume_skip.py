@@ -179,7 +179,8 @@ def main() -> None:
             largest_real = (pos, t_fd)
             ok = same_batch(b_ours, b_fd)
             checks.append(f"  position {pos:>7}: ours == fetch-and-discard batch (reached by iteration): "
-                          f"{'OK' if ok else 'MISMATCH'}; == index-skip batch: {'OK' if same_batch(b_ours, b_idx) else 'MISMATCH'}")
+                          f"{'OK' if ok else 'MISMATCH'}; == index-skip batch: "
+                          f"{'OK' if same_batch(b_ours, b_idx) else 'MISMATCH'}")
         else:
             t_fd = setup + (pos + 1) * rate
             extrapolated = True
@@ -194,7 +195,8 @@ def main() -> None:
           f"(rounds={args.rounds}, side={args.side}); fetch-and-discard rate {rate * 1e3:.3f} ms/batch "
           f"over a {args.window}-batch window, setup {setup * 1e3:.1f} ms")
     print()
-    hdr = f"{'position':>9} | {'ours (s)':>9} | {'fetch-and-discard (s)':>22} | {'ratio':>9} | {'index-skip (s)':>14} | {'ratio':>7}"
+    hdr = (f"{'position':>9} | {'ours (s)':>9} | {'fetch-and-discard (s)':>22} | {'ratio':>9} | "
+           f"{'index-skip (s)':>14} | {'ratio':>7}")
     print(hdr)
     print("-" * len(hdr))
     for pos, t_ours, t_fd, ext, t_idx in rows:

@@ -39,16 +39,17 @@ What it measures
         baseline. Each is measured twice before each training run and twice after the last (the
         disk's speed drifts; the spread is printed). On this VM a buffered write of a *new* file
         pays a host page fault per page of fresh page cache (free guest memory is handed back to
-        the host), unless it reuses pages just freed, as a write-unlink-rewrite loop does. Reference rows, outside training: ``RunStorage.upload_file`` on a staged file of
-        the same size with its checksum known (the async upload's path: copy + fsync), and reading
-        it with each checksum.
+        the host), unless it reuses pages just freed, as a write-unlink-rewrite loop does.
+        Reference rows, outside training: ``RunStorage.upload_file`` on a staged file of the same
+        size with its checksum known (the async upload's path: copy + fsync), and reading it with
+        each checksum.
 
     Where the bytes go: DeepSpeed's ``save_checkpoint`` hands every shard to syncpoint's streaming
     checkpoint engine, which serializes it through a checksumming writer: for a sync save straight
-    into storage (locally with O_DIRECT through two reused aligned buffers, then fsync), for an async save into local staging (``SYNCPOINT_STAGING_DIR``,
-    else /dev/shm when it has > 2 GiB free, else the temp dir), from which the background thread
-    copies it into storage without reading it again. The script prints the staging directory and
-    its filesystem type.
+    into storage (locally with O_DIRECT through two reused aligned buffers, then fsync), for an
+    async save into local staging (``SYNCPOINT_STAGING_DIR``, else /dev/shm when it has > 2 GiB
+    free, else the temp dir), from which the background thread copies it into storage without
+    reading it again. The script prints the staging directory and its filesystem type.
 
 Baseline: (a) the sync save; (b) the no-save run; (c) the raw sequential write, all measured in the
 same run on the same disk.
@@ -218,7 +219,8 @@ def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> Non
         print(f"  NOTE: state_committed events lack {missing}", file=sys.stderr)
     RunStorage(spec.run_url).delete_tree()  # keep /tmp small: ~0.4 GB per state
     gc.collect()
-    print(f"  [p2] {r.label:<10} {r.steps} steps, {len(r.commits)} commits, {r.wall:.1f} s", file=sys.stderr, flush=True)
+    print(f"  [p2] {r.label:<10} {r.steps} steps, {len(r.commits)} commits, {r.wall:.1f} s", file=sys.stderr,
+          flush=True)
 
 
 def clean_step(r: Run, w: tuple[int, int]) -> float:
@@ -410,7 +412,8 @@ def main() -> None:
           + (" (from SYNCPOINT_STAGING_DIR)" if os.environ.get("SYNCPOINT_STAGING_DIR") else
              " (default: /dev/shm = host memory when it has > 2 GiB free; set SYNCPOINT_STAGING_DIR to change)"))
     print("runs: " + ", ".join(f"{r.label} {r.steps} steps {r.wall:.0f} s" for r in runs) + f"; total {total:.0f} s")
-    print(f"machine: {os.cpu_count()} cores, 1-min load average {load_before[0]:.2f} before / {load_after[0]:.2f} after "
+    print(f"machine: {os.cpu_count()} cores, 1-min load average {load_before[0]:.2f} before / "
+          f"{load_after[0]:.2f} after "
           "(other work shares these cores: expect drift between runs)")
     print()
 
@@ -450,7 +453,8 @@ def main() -> None:
     print("(b) steady-state throughput (optimizer steps/s from progress record times, over whole save intervals after "
           "the warm-up; no-save run measured over the same windows)")
     hdr = (f"{'run':<12} | {'N':>3} | {'interval s':>10} | {'window (steps)':>14} | {'saves in it':>11} | "
-           f"{'window s':>8} | {'steps/s':>7} | {'vs none':>7} | {'overhead measured':>17} | {'overhead from blocked':>21} | "
+           f"{'window s':>8} | {'steps/s':>7} | {'vs none':>7} | {'overhead measured':>17} | "
+           f"{'overhead from blocked':>21} | "
            f"{'clean step s':>12} | {'overhead vs own clean steps':>27}")
     print(hdr)
     print("-" * len(hdr))
@@ -540,7 +544,8 @@ def main() -> None:
     sync_cs = periodic(lambda r: r.mode == "sync" and r.checksum == "xxh3_128")
     sha_cs = periodic(lambda r: r.mode == "sync" and r.checksum == "sha256")
     async_cs = periodic(lambda r: r.mode == "async")
-    row("sync save, whole (boundary -> commit; xxh3-128 checksums, default)", [(c["bytes"], c["seconds"]) for _, c in sync_cs])
+    row("sync save, whole (boundary -> commit; xxh3-128 checksums, default)",
+        [(c["bytes"], c["seconds"]) for _, c in sync_cs])
     row("  of which shards streamed into storage (serialize, checksum, fsync)",
         [(c["bytes"], phase(r, c, "snapshot")) for r, c in sync_cs])
     row("sync save, whole, checkpoint.checksum: sha256", [(c["bytes"], c["seconds"]) for _, c in sha_cs])
@@ -549,10 +554,12 @@ def main() -> None:
     row("async save, background upload (copy + fsync; training runs alongside)",
         [(c["bytes"], phase(r, c, "upload")) for r, c in async_cs])
     print("reference, outside training, a staged file of the same size in the staging dir:")
-    row("  RunStorage.upload_file, checksum known (the async upload's path)", [(state_bytes, x) for x in refs["upload_known"]])
+    row("  RunStorage.upload_file, checksum known (the async upload's path)",
+        [(state_bytes, x) for x in refs["upload_known"]])
     row("  read staging + xxh3-128 only (no write)", [(state_bytes, x) for x in refs["xxh3_128"]])
     row("  read staging + sha256 only (no write)", [(state_bytes, x) for x in refs["sha256"]])
-    print(f"medians over {len(sync_cs)} sync (+{len(sha_cs)} sha256) and {len(async_cs)} async periodic saves; a state is "
+    print(f"medians over {len(sync_cs)} sync (+{len(sha_cs)} sha256) and {len(async_cs)} async periodic saves; "
+          "a state is "
           "a few files (DeepSpeed's model and optimizer shards, the RNG file, trainer.json).")
     print("Goal (issue P2): save write bandwidth >= 70% of the raw sequential write (ratio >= 0.70x).")
 

@@ -46,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,8 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
         return g
     starts = [e for e in run_events if e["kind"] == "attempt_started"]
     rows = []
-    for i, (prev, r) in enumerate(zip(starts, restarts(Journal.parse(run_events)))):
+    # the last attempt has no restart after it: the shorter list ends the pairing
+    for i, (prev, r) in enumerate(zip(starts, restarts(Journal.parse(run_events)), strict=False)):
         a = prev.get("attempt")
         recs = [rec for e in run_events if e["kind"] == "progress" and e.get("attempt") == a for rec in e["records"]]
         recorded = len({rec["optimizer_step"] for rec in recs if rec["global_micro_step"] > r.resumed_micro_step})
@@ -103,7 +105,7 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
         })
     # one save interval in seconds: median time between periodic commits of the reference run
     commits = [e for e in ref_events if e["kind"] == "state_committed" and "interval" in e.get("reasons", [])]
-    gaps = [b["time"] - a["time"] for a, b in zip(commits, commits[1:])]
+    gaps = [b["time"] - a["time"] for a, b in pairwise(commits)]
     starts_ref = [e for e in ref_events if e["kind"] == "attempt_started"]
     if commits and starts_ref and not gaps:
         gaps = [commits[0]["time"] - starts_ref[0]["time"]]
@@ -141,7 +143,8 @@ def main() -> None:
             secs = time.perf_counter() - t0
             run_events = EventLog(RunStorage(f"{spec.run_url}-drill")).read_all()
             ref_events = EventLog(RunStorage(f"{spec.run_url}-drill-ref")).read_all()
-            rows, interval_s = analyse(spec, run_events, ref_events, points, hows * len(points) if len(hows) == 1 else hows)
+            rows, interval_s = analyse(spec, run_events, ref_events, points,
+                                       hows * len(points) if len(hows) == 1 else hows)
             results.append((label, spec, points, report, rows, interval_s, secs))
             print(f"  [p3] drill {label}: {secs:.0f} s", file=sys.stderr, flush=True)
     finally:
@@ -162,7 +165,7 @@ def main() -> None:
            f"{'lost s':>6} | {'lost / interval (steps)':>23} | {'lost / interval (s)':>19} | "
            f"{'notice -> committed state':>25}")
     summary = []
-    for label, spec_i, points, report, rows, interval_s, secs in results:
+    for label, _spec, points, report, rows, interval_s, secs in results:
         print(f"{label} (drill {secs:.0f} s; one save interval = {interval_micro} micro-steps = {args.save_every} "
               f"optimizer steps = {interval_s:.2f} s in the reference run)")
         print(hdr)
@@ -174,7 +177,8 @@ def main() -> None:
                 notice = f"{at} -> {int(state)} in {dt:.2f} s"
             opt = f"{r['lost_opt']}" + (f" (+{r['partial']} micro)" if r["partial"] else "")
             print(f"{r['n']:>2} | {r['how']:<8} | {str(r['at']):>13} | {r['cause']:<11} | {r['resumed_from']:<13} | "
-                  f"{r['reached']:>7} | {r['lost_micro']:>16} | {opt:>25} | {r['recorded']:>12} | {r['lost_s']:>6.2f} | "
+                  f"{r['reached']:>7} | {r['lost_micro']:>16} | {opt:>25} | {r['recorded']:>12} | "
+                  f"{r['lost_s']:>6.2f} | "
                   f"{r['lost_micro'] / interval_micro:>22.2f}x | {r['lost_s'] / interval_s:>18.2f}x | {notice:>25}")
         if len(rows) != len(points):
             print(f"   expected {len(points)} restart(s), the event log shows {len(rows)}")
@@ -182,7 +186,7 @@ def main() -> None:
         for line in report.table.splitlines():
             print(f"   {line}")
         print()
-        summary.append((label, rows, interval_s))
+        summary.append((label, rows))
 
     print("summary per kind")
     hdr = (f"{'kind':<15} | {'preemptions':>11} | {'lost micro-steps (mean / max)':>29} | "
@@ -190,7 +194,7 @@ def main() -> None:
            f"{'goal':<30} | {'met':<3}")
     print(hdr)
     print("-" * len(hdr))
-    for label, rows, interval_s in summary:
+    for label, rows in summary:
         if not rows:
             print(f"{label:<15} | {0:>11} | (no restart in the event log)")
             continue

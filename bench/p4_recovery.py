@@ -144,22 +144,24 @@ def main() -> None:
     if not ok:
         return
     hdr = (f"{'repetition':<10} | {'cold start s':>12} | {'recovery s':>10} | {'recovery / cold':>15} || "
-           f"{'cold: ->resume_decision':>23} | {'cold: ->attempt_started':>23} | {'cold: ->1st step':>16} || {'rec: ->resume_decision':>22} | "
-           f"{'rec: ->attempt_started':>22} | {'rec: ->1st step':>15} || {'detection s':>11} | {'crash -> 1st step s':>19}")
+           f"{'cold: ->resume_decision':>23} | {'cold: ->attempt_started':>23} | {'cold: ->1st step':>16} || "
+           f"{'rec: ->resume_decision':>22} | {'rec: ->attempt_started':>22} | {'rec: ->1st step':>15} || "
+           f"{'detection s':>11} | {'crash -> 1st step s':>19}")
     print(hdr)
     print("-" * len(hdr))
 
     def line(label: str, v: dict[str, float]) -> None:
         print(f"{label:<10} | {v['cold']:>12.2f} | {v['recovery']:>10.2f} | {v['recovery'] / v['cold']:>14.2f}x || "
-              f"{v['cold_to_decision']:>23.2f} | {v['cold_to_attempt']:>23.2f} | {v['cold_attempt_to_step']:>16.2f} || {v['rec_to_decision']:>22.2f} | "
+              f"{v['cold_to_decision']:>23.2f} | {v['cold_to_attempt']:>23.2f} | {v['cold_attempt_to_step']:>16.2f} || "
+              f"{v['rec_to_decision']:>22.2f} | "
               f"{v['rec_to_attempt']:>22.2f} | {v['rec_attempt_to_step']:>15.2f} || {v['detection']:>11.2f} | "
               f"{v['crash_to_step']:>19.2f}")
 
     for i, m in enumerate(reps):
         if "missing" not in m:
             line(f"{i + 1}", m)
-    keys = ["cold", "recovery", "cold_to_decision", "cold_to_attempt", "cold_attempt_to_step", "rec_to_decision", "rec_to_attempt",
-            "rec_attempt_to_step", "detection", "crash_to_step"]
+    keys = ["cold", "recovery", "cold_to_decision", "cold_to_attempt", "cold_attempt_to_step", "rec_to_decision",
+            "rec_to_attempt", "rec_attempt_to_step", "detection", "crash_to_step"]
     if len(ok) > 1:
         med = {k: statistics.median(m[k] for m in ok) for k in keys}
         line("median", med)
@@ -174,7 +176,8 @@ def main() -> None:
     print("cold start = driver's submitted event -> first optimizer step of attempt 1 (includes starting the embedded "
           "Ray); recovery = controller's failure event -> first optimizer step of attempt 2. '->resume_decision' and "
           "'->attempt_started' split both: (Ray start,) worker group start + DeepSpeed init up to the decision, "
-          "then fetch/verify/load of the state (none on the cold start); '->1st step' is the loader set-up and the first accumulation cycle. "
+          "then fetch/verify/load of the state (none on the cold start); '->1st step' is the loader set-up and "
+          "the first accumulation cycle. "
           "detection = fault_fired (the crash) -> failure event (Ray noticing the dead worker, the controller "
           "classifying it).")
     print(f"Goal (issue P4): recovery <= 1.1x cold start; {'median' if len(ok) > 1 else 'measured'} "

@@ -192,7 +192,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 1_000, 10_000])
     ap.add_argument("--torn-newest", type=int, default=1, help="newest states left torn (no manifest)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats per cell (median); full discover at >=10^4 uses 3")
-    ap.add_argument("--root", default=None, help="where to plant (default: a temp dir, or /tmp/syncpoint-bench-p5 with --keep)")
+    ap.add_argument("--root", default=None,
+                    help="where to plant (default: a temp dir, or /tmp/syncpoint-bench-p5 with --keep)")
     ap.add_argument("--keep", action="store_true", help="keep planted states and reuse them on the next run")
     ap.add_argument("--quick", action="store_true", help="sizes 10 and 10^3 only, 3 repeats")
     args = ap.parse_args()
@@ -225,8 +226,10 @@ def main() -> None:
     print(hdr)
     print("-" * len(hdr))
     for n, t_full, c_full, t_lazy, c_lazy in rows:
-        print(f"{n:>7,} | {t_full:>17.4f} | {c_full['files read']:>10,} | {c_full['manifests']:>9,} | {c_full['listings']:>8,} || "
-              f"{t_lazy:>21.4f} | {c_lazy['files read']:>10,} | {c_lazy['manifests']:>9,} | {c_lazy['listings']:>8,} || "
+        print(f"{n:>7,} | {t_full:>17.4f} | {c_full['files read']:>10,} | {c_full['manifests']:>9,} | "
+              f"{c_full['listings']:>8,} || "
+              f"{t_lazy:>21.4f} | {c_lazy['files read']:>10,} | {c_lazy['manifests']:>9,} | "
+              f"{c_lazy['listings']:>8,} || "
               f"{t_full / t_lazy:>7,.0f}x")
     print()
     print("ratio = full discover time / lazy newest-first time (medians, same run, same planted directory).")

@@ -154,7 +154,7 @@ def _rank(rank: int, port: int, stage: int, off_opt: str, off_par: str, width: i
             json.dump({"bytes": peak, "rss": rss, "rss_before": rss_before, "numel": numel}, f)
         dist.barrier()
         dist.destroy_process_group()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
         traceback.print_exc()
         os._exit(1)
     os._exit(0)
@@ -175,7 +175,8 @@ def run_config(stage: int, off_opt: str, off_par: str, width: int, depth: int, s
         for p in procs:
             p.join(900)
         if any(p.exitcode != 0 for p in procs):
-            raise SystemExit(f"ZeRO-{stage} (offload {off_opt}/{off_par}) failed: exit codes {[p.exitcode for p in procs]}")
+            raise SystemExit(f"ZeRO-{stage} (offload {off_opt}/{off_par}) failed: "
+                             f"exit codes {[p.exitcode for p in procs]}")
         ranks = []
         for r in range(WORLD):
             with open(f"{out}.{r}.json") as f:
@@ -204,7 +205,8 @@ def main() -> None:
                      max(r["rss"] - r["rss_before"] for r in ranks)))
     mb = 1e6
     numel = rows[0][3]["numel"]
-    print(f"P7 ZeRO memory: MLP {depth}x{width} ({numel / 1e6:.2f}M parameters), AdamW, fp32, {WORLD} ranks (gloo, CPU); "
+    print(f"P7 ZeRO memory: MLP {depth}x{width} ({numel / 1e6:.2f}M parameters), AdamW, fp32, "
+          f"{WORLD} ranks (gloo, CPU); "
           "per rank, the larger rank")
     head = (f"{'config':<17} | {'params MB':>9} | {'grads MB':>8} | {'optim MB':>8} | {'model state MB':>14} | "
             f"{'vs ZeRO-0':>9} | {'device MB':>9} | {'peak RSS MB':>11} | {'RSS growth MB':>13}")
@@ -221,7 +223,8 @@ def main() -> None:
               f"{growth / mb:>13.0f}")
     print("model state = parameters + gradients + optimizer state (fp32 master partitions, Adam moments), measured "
           "after the boundary's backward and after step (transient peaks inside backward are not seen); device = "
-          "what a GPU would hold (this CPU machine's offload moves nothing physically); RSS includes torch and DeepSpeed")
+          "what a GPU would hold (this CPU machine's offload moves nothing physically); "
+          "RSS includes torch and DeepSpeed")
     z3_ratio = totals["ZeRO-3"][0] / base
     off_ratio = totals["ZeRO-3 + offload"][1] / max(totals["ZeRO-3"][1], 1)
     print(f"goal zero3 model state per rank vs ZeRO-0: {z3_ratio:.2f}x vs target <= 0.65x: "

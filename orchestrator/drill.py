@@ -99,7 +99,7 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
         cluster.shutdown()
 
 
-def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: list[str | None],
+def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tuple[str, str],
                   steps: dict[int, Step]) -> tuple[bool, float, float]:
     """Adam moves a weight by ~lr per step whatever its gradient's size, and where a gradient is at
     rounding-noise level its sign is noise: 2 x the summed learning rate since the change bounds it."""
@@ -111,7 +111,7 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: list
                        if s.world_size != p.world_size), 0)
     bound = 2 * sum(r.lr for k, r in steps.items() if k > changed_at)
 
-    def params(spec: JobSpec, name: str | None) -> dict:
+    def params(spec: JobSpec, name: str) -> dict:
         store = RunStorage(spec.run_url)
         if not store.exists("states", name, "engine/mp_rank_00_model_states.pt"):  # ZeRO-3: rebuilt from partitions
             from workers.export import zero3_state_from_storage
@@ -151,6 +151,7 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} ({len(a)} optimizer "
                  "steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
     finals = [j.last_finish.state if j.last_finish else None for j in (ref_journal, run_journal)]
+    ref_final, run_final = finals
     worlds = run_journal.world_sizes
     digest_ok = False
     if len(worlds) > 1:  # elastic: the same samples per step, parameters within the reduction-order bound
@@ -162,7 +163,8 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
         losses_ok = near  # reduction order differs across world sizes: losses agree only approximately
         lines.append(f"world sizes {worlds}: samples and learning rate of every optimizer step: "
                      f"{'match' if same_samples else 'MISMATCH'}")
-        close, worst, bound = (_params_close(ref, run, run_journal, finals, b) if all(finals)
+        close, worst, bound = (_params_close(ref, run, run_journal, (ref_final, run_final), b)
+                               if ref_final and run_final
                                else (False, float("nan"), 0.0))
         lines.append(f"final parameters: {'within' if close else 'OUTSIDE'} the reduction-order bound "
                      f"(max |diff| {worst:.2e} <= 2 x sum of learning rates since the change = {bound:.2e})")

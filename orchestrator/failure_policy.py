@@ -41,8 +41,9 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             limit = self.failure_config.max_preemption_failures
             within = limit == -1 or self._preemption_failures <= limit
             decision = FailureDecision.RETRY if within else FailureDecision.RAISE
+            # inf for "no limit", as Ray's own policy logs it (its annotation says int)
             self._log_decision(decision, training_failed_error, self._preemption_failures,
-                               float("inf") if limit == -1 else limit)
+                               float("inf") if limit == -1 else limit)  # type: ignore[arg-type]
         else:
             decision = super().make_decision(training_failed_error)
         _record(self.run_url, verdict, facts, decision, training_failed_error)
@@ -119,7 +120,10 @@ def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision
 def installed(run_url: str) -> Iterator[None]:
     """Make ``DataParallelTrainer`` build ``SyncpointFailurePolicy`` while a trainer runs ``fit()``."""
     original = _dpt.create_failure_policy
-    _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(failure_config, run_url)
+    # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
+    # at run time it is V2's (the one the policy takes)
+    _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
+        failure_config, run_url)  # type: ignore[arg-type]
     try:
         yield
     finally:

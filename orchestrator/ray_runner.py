@@ -90,7 +90,7 @@ def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], N
         lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
         if lines:
             handler({**data, "lines": lines})
-    handle._syncpoint_filtered = True  # type: ignore[attr-defined]
+    handle._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: quiet_driver wraps a handler once
     return handle
 
 
@@ -126,7 +126,7 @@ def quiet_worker(spec: JobSpec) -> None:
         import importlib
 
         # the module itself: `deepspeed.comm.torch` as an attribute is torch (deepspeed.comm imports it)
-        ds_torch = importlib.import_module("deepspeed.comm.torch")
+        ds_torch: Any = importlib.import_module("deepspeed.comm.torch")  # its attributes vary by version
         original = ds_torch.build_shm_op
     except Exception:  # noqa: BLE001 - no DeepSpeed, or another one: its line shows, nothing else changes
         return
@@ -144,7 +144,7 @@ def quiet_worker(spec: JobSpec) -> None:
             if rest:
                 sys.stdout.write("".join(rest))
 
-    build_shm_op._syncpoint_quiet = True  # type: ignore[attr-defined]
+    build_shm_op._syncpoint_quiet = True  # type: ignore[attr-defined]  # a marker: patched once per process
     ds_torch.build_shm_op = build_shm_op
 
 
@@ -184,9 +184,11 @@ def connect(spec: JobSpec, address: str | None) -> bool:
 
 def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
     """Run the job to completion on Ray; returns the process exit code (0 ok, 1 failed)."""
+    # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from workers.events import EventLog
     from workers.storage import RunStorage

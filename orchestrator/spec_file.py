@@ -154,7 +154,8 @@ def _line_index(node: yaml.Node, path: tuple = (), duplicates: list[str] | None 
             key = k.value if isinstance(k, yaml.ScalarNode) else f"<{k.tag}>"
             if key in seen and duplicates is not None:
                 dotted = ".".join(str(p) for p in (*path, key))
-                duplicates.append(f"{dotted}: duplicate key (lines {seen[key]} and {k.start_mark.line + 1}); YAML would "
+                duplicates.append(f"{dotted}: duplicate key (lines {seen[key]} and {k.start_mark.line + 1}); "
+                                  "YAML would "
                                   "silently keep the last one. Merge them into one")
             seen[key] = k.start_mark.line + 1
             out[path + (key,)] = k.start_mark.line + 1

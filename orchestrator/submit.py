@@ -9,15 +9,21 @@ through ``RAY_ADDRESS``, which the job supervisor sets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from policies.errors import SpecError
 from policies.redact import redact_text, redact_url, url_secret_paths
 from policies.spec import JobSpec
+
+if TYPE_CHECKING:  # Ray is imported when a job is submitted, not when the CLI starts
+    from ray.job_submission import JobSubmissionClient
 
 TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
@@ -83,7 +89,8 @@ def _is_local(address: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _connect(client_cls, address: str, headers: dict[str, str]):
+def _connect(client_cls: Callable[..., JobSubmissionClient], address: str,
+             headers: dict[str, str]) -> JobSubmissionClient:
     """The Job API client; a refused or missing token is one paragraph (exit 2), never a traceback."""
     from ray.exceptions import AuthenticationError
     try:
@@ -128,7 +135,8 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
         raise SpecError(job_file, [f"the job file must live inside the working directory {wd} (it is shipped "
                                    "with it); move it there or pass --working-dir"])
     if spec.storage.startswith("file://"):
-        print(f"syncpoint: storage {redact_url(spec.storage)} is a local path: every Ray node (and a re-submitted job) must "
+        print(f"syncpoint: storage {redact_url(spec.storage)} is a local path: "
+              "every Ray node (and a re-submitted job) must "
               "see the same path; use s3:// or gs:// for a real cluster", file=sys.stderr)
     # storage is resolved here, on the submitting side: the job's driver runs in a temporary copy of
     # the working directory, where a relative path would vanish with the job
@@ -190,12 +198,15 @@ def preflight_timeout_s() -> float:
     return float(os.environ.get("SYNCPOINT_PREFLIGHT_TIMEOUT_S", "180"))
 
 
-def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, str]] = (),
-              source: str = "submit", timeout_s: float | None = None) -> dict:
+def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, Any],
+              paths: Sequence[tuple[str, str]] = (), source: str = "submit",
+              timeout_s: float | None = None) -> dict[str, Any]:
     """Run the probe job and wait for it (bounded); refuse (SpecError, exit 2) unless the cluster's
     ``python`` imports syncpoint at this machine's version and finds the modules of ``paths``.
     Returns the probe's report."""
     import importlib.metadata
+
+    from ray.exceptions import AuthenticationError
 
     try:
         ours: str | None = importlib.metadata.version("syncpoint")
@@ -213,10 +224,10 @@ def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, st
     deadline = time.monotonic() + timeout_s
     while (status := str(client.get_job_status(probe_id)).rsplit(".", 1)[-1]) not in TERMINAL:
         if time.monotonic() > deadline:
-            try:
+            # best effort: the refusal below is the answer. Ray raises RuntimeError for an HTTP error status,
+            # AuthenticationError for a rejected token, and requests' errors (OSError) for an unreachable cluster
+            with contextlib.suppress(RuntimeError, AuthenticationError, OSError):
                 client.stop_job(probe_id)
-            except Exception:
-                pass
             raise SpecError(where, [
                 f"the preflight job {probe_id} (which checks that the cluster's Python can import syncpoint) did not "
                 f"finish within {timeout_s:.0f} s (status {status}), so nothing was submitted. Look at "
@@ -255,6 +266,6 @@ def preflight(client, address: str, runtime_env: dict, paths: list[tuple[str, st
     return report
 
 
-async def _stream(client, job_id: str) -> None:
+async def _stream(client: JobSubmissionClient, job_id: str) -> None:
     async for lines in client.tail_job_logs(job_id):
         print(redact_text(lines), end="", flush=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -381,11 +382,11 @@ def finite_metric(t: dict[str, Any] | None, name: str) -> tuple[float | None, st
     return float(v), ""
 
 
-def newest_first(cands: list[Candidate]) -> list[Candidate]:
+def newest_first(cands: Iterable[Candidate]) -> list[Candidate]:
     return sorted(cands, key=lambda c: c.sort_key, reverse=True)
 
 
-def candidates_table(cands: list[Candidate]) -> str:
+def candidates_table(cands: Iterable[Candidate]) -> str:
     """Plain-text table of every candidate and its verdict (for errors and ``syncpoint states``)."""
     rows = [("state", "micro-step", "verdict", "reason")]
     for c in newest_first(cands):

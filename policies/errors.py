@@ -12,6 +12,7 @@ a state or of the run directory derive from ``RuntimeError`` or ``Exception`` as
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from policies.redact import redact_text
@@ -87,7 +88,7 @@ class ScheduleMismatch(ValueError):
 class NoResumableState(RuntimeError):
     """Candidates exist but none can be continued exactly: fail fast, listing every one."""
 
-    def __init__(self, candidates: list[Candidate], headline: str = "") -> None:
+    def __init__(self, candidates: Sequence[Candidate], headline: str = "") -> None:
         self.candidates = candidates
         newest = next(iter(candidates), None)
         why = (f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "

@@ -277,7 +277,8 @@ class Journal:
 
     @property
     def last_attempt(self) -> AttemptStarted | None:
-        return (self.attempts or [None])[-1]
+        attempts = self.attempts
+        return attempts[-1] if attempts else None
 
     def next_attempt(self) -> int:
         """The number the next attempt to start takes (1 for a new run)."""
@@ -338,4 +339,5 @@ class Journal:
 
     @property
     def last_finish(self) -> Finished | None:
-        return (self.finishes or [None])[-1]
+        finishes = self.finishes
+        return finishes[-1] if finishes else None

@@ -27,7 +27,7 @@ class Decision:
 
 
 class ResumePolicy(Protocol):
-    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision: ...
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision: ...
 
 
 class NewestResumable:
@@ -40,7 +40,7 @@ class NewestResumable:
     def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         if not candidates:
             return Decision(None, "no states yet: fresh start")
-        skipped = []
+        skipped: list[str] = []
         for c in candidates:
             if c.verdict is Verdict.RESUMABLE:
                 why = f"newest resumable state ({c.reason})"
@@ -61,19 +61,20 @@ class Pinned:
     def __init__(self, state: str | int) -> None:
         self.state = str(state)
 
-    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         for c in candidates:
             if c.name == self.state or (self.state.isdigit() and c.micro_step == int(self.state)):
                 if c.verdict is Verdict.RESUMABLE:
                     return Decision(c.name, f"pinned to {self.state}")
-                raise NoResumableState(candidates, f"pinned state {self.state} is {c.verdict.value}: {c.reason}.")
+                verdict = c.verdict.value if c.verdict else "unclassified"
+                raise NoResumableState(candidates, f"pinned state {self.state} is {verdict}: {c.reason}.")
         raise NoResumableState(candidates, f"pinned state {self.state} does not exist.")
 
 
 class Fresh:
     """Ignore existing states (the driver archives or refuses a non-empty run directory)."""
 
-    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         return Decision(None, "policy fresh: start from scratch")
 
 
@@ -85,7 +86,7 @@ class BestMetric:
             raise ValueError("best-metric mode must be 'min' or 'max'")
         self.metric, self.mode = metric, mode
 
-    def choose(self, candidates: list[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         scored: list[tuple[float, Candidate]] = []
         skipped: list[str] = []
         for c in candidates:
@@ -125,7 +126,7 @@ class ContinueSubmission:
         for c in candidates:
             if c.verdict is Verdict.RESUMABLE and (c.trainer or {}).get("submission") == self.submission:
                 return Decision(c.name, f"restart of this submission: the newest state it committed ({c.reason})")
-        decision = self.start.choose(candidates, spec)  # type: ignore[arg-type]
+        decision = self.start.choose(candidates, spec)
         return Decision(decision.state, f"restart of this submission, nothing committed yet: {decision.reason}")
 
 
@@ -142,7 +143,7 @@ def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:
     return cls(**(args or {}))
 
 
-def enforce_safe(decision: Decision, candidates: list[Candidate]) -> Decision:
+def enforce_safe(decision: Decision, candidates: Sequence[Candidate]) -> Decision:
     """The loader's guard: a decision naming an unsafe or unknown candidate is refused."""
     if decision.state is None:
         return decision
@@ -150,6 +151,7 @@ def enforce_safe(decision: Decision, candidates: list[Candidate]) -> Decision:
     if c is None:
         raise NoResumableState(candidates, f"the resume policy chose {decision.state!r}, which does not exist.")
     if c.verdict is not Verdict.RESUMABLE:
+        verdict = c.verdict.value if c.verdict else "unclassified"
         raise NoResumableState(
-            candidates, f"the resume policy chose {c.name}, which is {c.verdict.value} ({c.reason}); refused.")
+            candidates, f"the resume policy chose {c.name}, which is {verdict} ({c.reason}); refused.")
     return decision

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator, model_validator
 
@@ -125,7 +125,8 @@ class ScalingSpec(_Strict):
 
 
 class TaskSpec(_Strict):
-    path: str = Field(..., max_length=MAX_IMPORT_PATH_CHARS, description="Import path 'package.module:function' returning a Task.")
+    path: str = Field(..., max_length=MAX_IMPORT_PATH_CHARS,
+                      description="Import path 'package.module:function' returning a Task.")
     config: dict[str, Any] = Field(default_factory=dict, description="Passed to the task function as-is.")
 
     @field_validator("path")
@@ -150,13 +151,15 @@ class SchedulerSpec(_Strict):
     type: Literal["constant", "linear", "cosine"] = "constant"
     warmup: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Warmup length in `unit`s (linear ramp from 0).")
     unit: Literal["optimizer_steps", "epochs"] = "optimizer_steps"
-    total: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description="Horizon in `unit`s; default: the run's length.")
+    total: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
+                                    description="Horizon in `unit`s; default: the run's length.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
 class TrainSpec(_Strict):
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
-    grad_accum: StrictInt = Field(1, ge=1, le=MAX_GRAD_ACCUM, description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
+    grad_accum: StrictInt = Field(1, ge=1, le=MAX_GRAD_ACCUM,
+                                  description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
     epochs: StrictInt | None = Field(None, ge=1, le=MAX_EPOCHS)
     max_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description="Stop after this many optimizer steps.")
     seed: StrictInt = Field(0, ge=0, le=MAX_SEED)
@@ -164,8 +167,10 @@ class TrainSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     gradient_clipping: float = Field(0.0, ge=0)
-    dataloader_workers: StrictInt = Field(0, ge=0, le=MAX_DATALOADER_WORKERS, description="torch DataLoader worker processes.")
-    record_samples: bool = Field(False, description="Log the sample ids of every optimizer step (audits, elastic tests).")
+    dataloader_workers: StrictInt = Field(0, ge=0, le=MAX_DATALOADER_WORKERS,
+                                          description="torch DataLoader worker processes.")
+    record_samples: bool = Field(False,
+                                 description="Log the sample ids of every optimizer step (audits, elastic tests).")
     log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description="Print progress every N optimizer steps.")
     deterministic: bool = Field(True, description=(
         "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
@@ -216,7 +221,8 @@ class DeepSpeedSpec(_Strict):
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     offload_optimizer: Literal["none", "cpu"] = Field(
-        "none", description="ZeRO-Offload: optimizer state and step on the CPU (ZeRO 1-3; Adam/AdamW use DeepSpeed's CPU Adam).")
+        "none", description=(
+            "ZeRO-Offload: optimizer state and step on the CPU (ZeRO 1-3; Adam/AdamW use DeepSpeed's CPU Adam)."))
     offload_params: Literal["none", "cpu"] = Field(
         "none", description="ZeRO-Infinity parameter offload to the CPU (ZeRO 3 only).")
     config: dict[str, Any] = Field(default_factory=dict, description="Passthrough DeepSpeed config keys.")
@@ -228,7 +234,8 @@ class DeepSpeedSpec(_Strict):
             raise ValueError("deepspeed.offload_optimizer needs deepspeed.zero_stage 1, 2 or 3 (ZeRO 0 does not "
                              "partition the optimizer, so DeepSpeed has nothing to offload)")
         if self.offload_params != "none" and self.zero_stage != 3:
-            raise ValueError("deepspeed.offload_params needs deepspeed.zero_stage: 3 (only ZeRO-3 partitions parameters)")
+            raise ValueError("deepspeed.offload_params needs deepspeed.zero_stage: 3 "
+                             "(only ZeRO-3 partitions parameters)")
         return self
 
     @field_validator("config")
@@ -244,7 +251,8 @@ class DeepSpeedSpec(_Strict):
         secrets = _secret_keys(v)
         if secrets:
             raise ValueError(
-                f"{', '.join(secrets[:5])} look{'s' if len(secrets) == 1 else ''} like a secret (a key, token or password). "
+                f"{', '.join(secrets[:5])} look{'s' if len(secrets) == 1 else ''} like a secret "
+                "(a key, token or password). "
                 "DeepSpeed stores its whole config inside every checkpoint file (mp_rank_*.pt), so it would land in "
                 "storage: remove it and give it to the workers as an environment variable instead (the monitors read "
                 "WANDB_API_KEY, COMET_API_KEY, ...; set it from a secret store or a Kubernetes Secret)")
@@ -318,7 +326,8 @@ class ResumeSpec(_Strict):
             raise ValueError(f"must be one of {', '.join(BUILTIN_POLICIES)}, or 'package.module:Class' for your own")
         return v
     policy_args: dict[str, Any] = Field(default_factory=dict)
-    init_from: str | None = Field(None, max_length=MAX_PATH_CHARS, description="State URL to take weights from (fine-tune).")
+    init_from: str | None = Field(None, max_length=MAX_PATH_CHARS,
+                                  description="State URL to take weights from (fine-tune).")
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
     init_from_signing_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", description=(
         "With init_from: the environment variable holding the source run's signing key; its state must be "
@@ -389,7 +398,8 @@ class JobSpec(_Strict):
             raise ValueError("deepspeed.precision fp16 needs scaling.use_gpu: true (use fp32 or bf16 on CPU)")
         for f in self.faults:
             if f.rank >= self.scaling.max_workers:
-                raise ValueError(f"faults: rank {f.rank} does not exist with scaling.num_workers={self.scaling.max_workers}")
+                raise ValueError(f"faults: rank {f.rank} does not exist with "
+                                 f"scaling.num_workers={self.scaling.max_workers}")
         if self.scaling.elastic:
             from policies.elastic import allowed_world_sizes
 

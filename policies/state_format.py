@@ -225,8 +225,8 @@ class TrainState(_Record):
             return raw
         keys = ("position_in_epoch", "global_micro_step", "grad_accum", "micro_batches_per_epoch",
                 "micro_batch_size", "world_size")
-        counters = [raw.get(k) for k in keys]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in counters):
+        counters = [v for v in (raw.get(k) for k in keys) if isinstance(v, int) and not isinstance(v, bool)]
+        if len(counters) != len(keys):
             return raw  # the field errors name what is wrong
         position, global_micro_step, grad_accum, micro_batches_per_epoch, micro_batch_size, world_size = counters
         per_micro = micro_batch_size * world_size

@@ -36,7 +36,8 @@ train: {micro_batch_size: 1, grad_accum: 4, epochs: 1, seed: 3, lr: 0.01, log_ev
 deepspeed: {zero_stage: 0}
 checkpoint: {keep_last: 0, export_final: false}
 """
-    return resolve_storage(parse_spec(text, "linear", [f"storage={storage}", f"scaling.num_workers={workers}", *overrides]))
+    return resolve_storage(parse_spec(text, "linear",
+                                      [f"storage={storage}", f"scaling.num_workers={workers}", *overrides]))
 
 
 def with_overrides(spec: JobSpec, *overrides: str) -> JobSpec:

@@ -20,7 +20,7 @@ def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:
 
     if skew_s:
         real = time.time
-        time.time = lambda: real() + skew_s  # type: ignore[assignment]
+        time.time = lambda: real() + skew_s  # type: ignore[assignment]  # a skewed clock, in this driver process only
 
     lease = RunLease(RunStorage(url), job_identity=JOB, job_name="job", submission=submission, ttl_s=30.0)
     start.wait()

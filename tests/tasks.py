@@ -69,7 +69,7 @@ class EveryFifthMicroStep:
 
 def noisy_collate(samples):
     """A collate that draws randomness per batch (random masking/mixing in real tasks)."""
-    xs, ys = zip(*samples)
+    xs, ys = zip(*samples, strict=True)
     x = torch.stack(xs)
     return x + 0.05 * torch.randn_like(x), torch.stack(ys)
 

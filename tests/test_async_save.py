@@ -6,6 +6,7 @@ a while), so training demonstrably continues while a save uploads."""
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 
 import fsspec
 import pytest
@@ -51,7 +52,7 @@ def test_one_save_in_flight_requests_wait_and_training_continues():
     # training went on while each background save uploaded: committed at a later boundary
     assert all(c["committed_at_micro_step"] > c["global_micro_step"] for c in background)
     # never two in flight: each save was snapshotted after the previous one committed
-    for prev, cur in zip(commits, commits[1:]):
+    for prev, cur in pairwise(commits):
         assert cur["global_micro_step"] >= prev["committed_at_micro_step"]
     # requests raised while a save was in flight were deferred, not dropped: fewer saves than requests,
     # and every request (every 3 micro-steps) is covered by a later committed state

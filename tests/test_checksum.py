@@ -106,7 +106,8 @@ def test_manifests_written_with_sha256_only_still_load(tmp_path):
     newest = state_names(spec)[-1]
     manifest = json.loads(store.read_bytes("states", newest, "manifest.json"))
     manifest.pop("checksum")
-    manifest["files"] = {rel: {"size": i["size"], "sha256": hashlib.sha256(store.read_bytes("states", newest, rel)).hexdigest()}
+    manifest["files"] = {rel: {"size": i["size"],
+                               "sha256": hashlib.sha256(store.read_bytes("states", newest, rel)).hexdigest()}
                          for rel, i in manifest["files"].items()}
     store.commit_bytes(json.dumps(manifest).encode(), "states", newest, "manifest.json")
     assert run(spec).resumed_from == newest

@@ -133,7 +133,8 @@ def test_bf16_resume_equals_uninterrupted(tmp_path, tmp_path_factory, zero, cras
     save = "{value: 3, unit: micro_steps}"
     ref = _spec(tmp_path_factory.mktemp("bf16"), 10, 4, save, zero, "deepspeed.precision=bf16")
     ref_final = run(ref).final_state
-    spec = _spec(tmp_path, 10, 4, save, zero, "deepspeed.precision=bf16", f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
+    spec = _spec(tmp_path, 10, 4, save, zero, "deepspeed.precision=bf16",
+                 f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
     assert run_until_crash(spec)
     result = run(spec)
     assert all(t.dtype == torch.bfloat16 for t in module_params(spec, result.final_state).values())

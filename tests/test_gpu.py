@@ -24,7 +24,8 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
     pytest.mark.skipif(os.environ.get("DS_ACCELERATOR") != "cuda",
-                       reason="DeepSpeed's accelerator is chosen at import: run with DS_ACCELERATOR=cuda (make test-gpu)"),
+                       reason="DeepSpeed's accelerator is chosen at import: "
+                              "run with DS_ACCELERATOR=cuda (make test-gpu)"),
 ]
 
 SAVE = "{value: 3, unit: micro_steps}"

@@ -27,8 +27,9 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jsonschema
 import pytest
@@ -291,17 +292,21 @@ def test_entrypoint_reads_the_mounted_job_spec(overlay: tuple[str, list[Doc]]) -
     assert os.path.basename(ENTRYPOINT_SPEC) in cm["data"]
 
 
+def _rules_out(e: Doc, key: str, value: str | None) -> bool:
+    """Whether one node-affinity expression keeps the pod off nodes labelled key=value."""
+    return e["key"] == key and (e["operator"] == "DoesNotExist"
+                                or (e["operator"] == "NotIn" and value in e.get("values", [])))
+
+
 def _excludes_spot(pod: Doc) -> list[str]:
     """Spot labels the pod's required node affinity does *not* rule out."""
     terms = pod.get("affinity", {}).get("nodeAffinity", {}) \
         .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
     missing = []
     for key, value in SPOT_LABELS.items():
-        def rules_out(e: Doc) -> bool:
-            return e["key"] == key and (e["operator"] == "DoesNotExist"
-                                        or (e["operator"] == "NotIn" and value in e.get("values", [])))
         # nodeSelectorTerms are ORed: every term must rule the label out
-        if not terms or not all(any(rules_out(e) for e in t.get("matchExpressions", [])) for t in terms):
+        if not terms or not all(any(_rules_out(e, key, value) for e in t.get("matchExpressions", []))
+                                for t in terms):
             missing.append(key)
     return missing
 

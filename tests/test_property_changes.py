@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
@@ -122,7 +123,7 @@ def _first_fault(s: Scenario) -> list[str]:
     return []
 
 
-def _attempt(spec) -> tuple[str, object]:
+def _attempt(spec) -> tuple[str, Any]:
     """('done', result) | ('crash', None) | ('refused', message)."""
     try:
         return "done", run(spec)
@@ -172,8 +173,8 @@ def check(s: Scenario, workdir: str) -> None:
     if outcome2 == "crash":
         outcome2, value2 = _attempt(new_spec)
     assert outcome2 == "done", f"{label}: {outcome2} {value2}"
-    assert value2.final_state == ref_value.final_state  # type: ignore[union-attr]
-    got, want = _observed(new_spec, value2.final_state), _observed(ref_spec, ref_value.final_state)  # type: ignore[union-attr]
+    assert value2.final_state == ref_value.final_state
+    got, want = _observed(new_spec, value2.final_state), _observed(ref_spec, ref_value.final_state)
     assert got[0] == want[0], "per-step loss, lr or samples differ"
     if "async" not in label:  # with one upload in flight, which interval saves happen depends on timing
         assert got[1] == want[1], "committed states differ"

@@ -76,8 +76,10 @@ def test_redact_text_finds_urls_in_messages_and_bare_secrets():
 def test_redact_is_a_leaf_module():
     """policies/ imports nothing else of the project; redact.py only the standard library."""
     tree = ast.parse((ROOT / "policies" / "redact.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {alias.name.split(".")[0]
+                for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0]
+                 for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
 
 
@@ -181,7 +183,8 @@ def test_submit_without_credentials_prints_the_address_redacted(tmp_path, capsys
 # ----------------------------------------------------------------------------- DeepSpeed config secrets
 
 SECRET_CONFIGS = [
-    pytest.param({"wandb": {"enabled": True, "project": "p", "api_key": SECRET}}, ["wandb.api_key"], id="wandb-api-key"),
+    pytest.param({"wandb": {"enabled": True, "project": "p", "api_key": SECRET}}, ["wandb.api_key"],
+                 id="wandb-api-key"),
     pytest.param({"comet": {"enabled": True, "apiKey": SECRET}}, ["comet.apiKey"], id="comet-camel-case"),
     pytest.param({"comet": {"API-KEY": SECRET}}, ["comet.API-KEY"], id="upper-case-dashed"),
     pytest.param({"csv_monitor": {"enabled": True, "token": SECRET}}, ["csv_monitor.token"], id="csv-monitor-token"),

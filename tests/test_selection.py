@@ -53,7 +53,8 @@ def test_mid_cycle_torn_and_bad_checksum_are_rejected_and_older_state_wins(tmp_p
     assert verdicts["000000000012"][0] == "mid-cycle"
     events = EventLog(store).read_all()
     decisions = [e for e in events if e["kind"] == "resume_decision"]
-    assert any("xxh3_128 does not match" in (c["reason"] or "") for c in decisions[-1]["candidates"] if c["state"] == "000000000010")
+    assert any("xxh3_128 does not match" in (c["reason"] or "")
+               for c in decisions[-1]["candidates"] if c["state"] == "000000000010")
     ref = _spec(tmp_path / "ref")
     run(ref)
     assert digest(spec, result.final_state) == digest(ref, result.final_state)

@@ -52,7 +52,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
@@ -90,7 +90,8 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
             return super().save(state_dict, path)
         rel = os.path.relpath(path, self.root).replace(os.sep, "/")
         with self.sink(rel) as writer, _without_zip_crc32():
-            torch.save(state_dict, writer, _use_new_zipfile_serialization=self.zipfile_serialization)
+            # torch.save only writes and flushes a buffer it did not open: the writer is the file it needs
+            torch.save(state_dict, cast(IO[bytes], writer), _use_new_zipfile_serialization=self.zipfile_serialization)
         self.files[rel] = writer.entry()
 
     def load(self, path: str, map_location: Any = None) -> Any:
@@ -193,6 +194,7 @@ def safe_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | No
     return {k: v.float() if v.is_floating_point() else v for k, v in full.items()}
 
 
+# a marker, checked below before DeepSpeed's loader is trusted (a function attribute mypy does not model)
 safe_fp32_state_dict_from_zero_checkpoint.syncpoint_safe = True  # type: ignore[attr-defined]
 
 

@@ -14,13 +14,14 @@ refused (tmpfs, some network filesystems, macOS), the same writer falls back to 
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any
 
 BLOCK = 16 << 20  # per buffer; a multiple of every logical block size (16 MiB: 2.7 GB/s here, 8 MiB: 1.7)
 ALIGN = 4096
@@ -86,13 +87,13 @@ class DirectFileWriter:
                 self._submit()
         return n
 
-    def fill_from(self, src: BinaryIO, on_chunk: Any = None) -> int:
+    def fill_from(self, src: io.RawIOBase | io.BufferedIOBase, on_chunk: Any = None) -> int:
         """Copy a whole readable file in, reading straight into the aligned buffers (no extra copy).
         ``on_chunk(memoryview)`` sees every chunk (a checksum)."""
         total = 0
         while True:
             buf = memoryview(self.buffers[self.current])[self.fill:]
-            n = src.readinto(buf)  # type: ignore[attr-defined]
+            n = src.readinto(buf)
             if not n:
                 return total
             if on_chunk is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import overload
 
 from pydantic import ValidationError
 
@@ -99,7 +100,12 @@ class LazyCandidates(Sequence[Candidate]):
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 
-    def __getitem__(self, i: int | slice) -> Candidate | list[Candidate]:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Candidate]: ...
+
+    def __getitem__(self, i: int | slice) -> Candidate | list[Candidate]:
         if isinstance(i, slice):
             return [self._load(j) for j in range(*i.indices(len(self)))]
         if i < 0:

@@ -12,6 +12,8 @@ import socket
 import time
 import traceback
 import uuid
+from multiprocessing.context import ForkServerContext, SpawnContext
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -19,6 +21,9 @@ from policies.spec import JobSpec
 from workers.device import backend, prepare_process
 from workers.lease import release_lease
 from workers.storage import RunStorage
+
+if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
+    from workers.loop import WorkerResult
 
 
 def free_port() -> int:
@@ -39,7 +44,7 @@ def ensure_single_process_group(backend_name: str = "gloo") -> None:
     dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
 
-def run_in_process(spec: JobSpec, **ctx_kwargs):
+def run_in_process(spec: JobSpec, **ctx_kwargs: Any) -> WorkerResult:
     """Run the loop in this process; an injected crash with ``mode: raise`` propagates to the caller."""
     from workers.loop import WorkerContext, run_worker
 
@@ -70,11 +75,12 @@ def _start_method(spec: JobSpec) -> str:
     return "spawn"
 
 
-def _context(method: str) -> mp.context.BaseContext:
-    ctx = mp.get_context(method)
+def _context(method: str) -> ForkServerContext | SpawnContext:
     if method == "forkserver":
+        ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+        return ctx
+    return mp.get_context("spawn")
 
 
 def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str,
@@ -92,7 +98,7 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
 
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
         traceback.print_exc()
         os._exit(1)
     os._exit(0)

@@ -45,7 +45,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from policies.errors import LeaseLostError, LeaseRefused
 from workers.storage import RunStorage
@@ -137,8 +137,8 @@ class RunLease:
     def __init__(self, storage: RunStorage, *, job_identity: str, job_name: str, submission: str,
                  ttl_s: float) -> None:
         self.storage, self.ttl = storage, float(ttl_s)
-        self.identity = {"job_identity": job_identity, "job_name": job_name, "submission": submission,
-                         "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": self.ttl}
+        self.identity: dict[str, Any] = {"job_identity": job_identity, "job_name": job_name, "submission": submission,
+                                         "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": self.ttl}
         self.token = uuid.uuid4().hex  # this holder, distinct from an earlier attempt of the same submission
         self.generation = 0
         self.lost: LeaseLostError | None = None
@@ -262,10 +262,10 @@ class RunLease:
                 held = read_lease(self.storage)
                 if not self._is_mine(held):
                     break
-                self._version = held.version  # type: ignore[union-attr]  # our own write landed (a retried PUT)
+                self._version = held.version  # our own write landed (a retried PUT)
             raise self._lose(held)
 
-    def _is_mine(self, held: HeldLease | None) -> bool:
+    def _is_mine(self, held: HeldLease | None) -> TypeGuard[HeldLease]:
         return bool(held and held.record and not held.released and held.record.get("holder") == self.token
                     and held.generation == self.generation)
 

@@ -58,7 +58,7 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
                               mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source))
     except (OSError, MemoryError):
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - unpickling hostile bytes fails in any way; each one means corrupt
         raise StateRefused(refusal(name, source, e)) from None
 
 
@@ -92,7 +92,7 @@ def disallowed_globals(source: str | bytes) -> list[str]:
     try:
         with torch.serialization.safe_globals(allowed_classes()):
             return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(_file(source)))
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unreadable file names no globals; the refusal says why it failed
         return []
 
 

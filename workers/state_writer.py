@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -102,9 +103,11 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
     faults.at_phase("before_shards")
     name = state_name(trainer["global_micro_step"])
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
+    sink: Callable[[str], AbstractContextManager[ChecksummingWriter]]
     if direct is not None:
-        def sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
+        def durable_sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
             return direct.open_durable(STATES_DIR, name, rel, algo=algo)
+        sink = durable_sink
     else:
         sink = local_sink(staging, algo)
     with install(engine).streaming(staging, sink) as written:
@@ -165,9 +168,11 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
         faults.at_phase("before_manifest")
         verdict = lease.confirm() if lease is not None else None
     if rank == 0 and verdict is None:
-        manifest = Manifest(state=snap.name, created_at=time.time(), world_size=world, checksum=snap.algo,
-                            files=dict(sorted(files.items())),
-                            lease_generation=lease.generation if lease is not None else None).record()
+        # the entries are raw records, as read back from a manifest: its validator checks each one
+        manifest = Manifest.model_validate({
+            "state": snap.name, "created_at": time.time(), "world_size": world, "checksum": snap.algo,
+            "files": dict(sorted(files.items())),
+            "lease_generation": lease.generation if lease is not None else None}).record()
         if snap.signing_key is not None:
             manifest = sign(manifest, snap.signing_key)
         data = json_bytes(manifest)
@@ -214,12 +219,13 @@ class AsyncUpload:
     def start(self, snap: Snapshot) -> None:
         assert self.snap is None, "a save is already in flight"
         self.snap, self.error = snap, None
-        self.thread = threading.Thread(target=self._run, name=f"syncpoint-upload-{snap.name}", daemon=False)
+        self.thread = threading.Thread(target=self._run, args=(snap,), name=f"syncpoint-upload-{snap.name}",
+                                       daemon=False)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _run(self, snap: Snapshot) -> None:
         try:
-            upload_snapshot(self.storage, self.snap, self.rank, self.faults)  # type: ignore[arg-type]
+            upload_snapshot(self.storage, snap, self.rank, self.faults)
         except BaseException as e:  # noqa: BLE001 - re-raised on the main thread by finish()
             self.error = e
 

@@ -105,13 +105,17 @@ class FsspecBackend:
         f.close()
 
     def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            digest = pool.submit(checksum_file, local_path, algo) if known is None else None
-            with open(local_path, "rb") as src, self.fs.open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst, CHUNK)
-            if digest is None:
-                return int(known["size"]), str(known[algo])  # type: ignore[index]
+        if known is not None:
+            self._copy(local_path, path)
+            return int(known["size"]), str(known[algo])
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the checksum reads while the copy writes
+            digest = pool.submit(checksum_file, local_path, algo)
+            self._copy(local_path, path)
             return digest.result()
+
+    def _copy(self, local_path: str, path: str) -> None:
+        with open(local_path, "rb") as src, self.fs.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK)
 
     def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]:
         h = new_hasher(algo)

@@ -54,11 +54,17 @@ class LocalBackend(FsspecBackend):
     def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
         """Read straight into the page-aligned buffers of a ``DirectFileWriter`` (checksummed there
         when not known) and write with O_DIRECT while the next buffer fills."""
+        if known is None:
+            hasher = new_hasher(algo)
+            return self._copy_direct(local_path, path, hasher.update), hasher.hexdigest()
+        self._copy_direct(local_path, path, None)
+        return int(known["size"]), str(known[algo])
+
+    @staticmethod
+    def _copy_direct(local_path: str, path: str, on_chunk: Any) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        hasher = new_hasher(algo) if known is None else None
         with open(local_path, "rb", buffering=0) as src, DirectFileWriter(path) as dst:
-            size = dst.fill_from(src, hasher.update if hasher else None)
-        return (size, hasher.hexdigest()) if hasher else (int(known["size"]), str(known[algo]))  # type: ignore[index]
+            return dst.fill_from(src, on_chunk)
 
     # ---- compare-and-swap under flock
     def read_versioned(self, path: str) -> Versioned | None:
