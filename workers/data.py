@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from policies.errors import DataLayoutError
 from workers.rng import derive_seed
+from workers.task import MapDataset
 
 # Salts: the part of each derived seed that names the stream it seeds, so two streams of the same
 # (seed, epoch) never coincide. A sample's own seed, (seed, epoch, index), needs none. The values
@@ -76,11 +77,11 @@ class RankMicroBatches(Sampler[list[int]]):
 class SeededSamples(Dataset):
     """Wraps the user's dataset so each sample's randomness depends only on (seed, epoch, index)."""
 
-    def __init__(self, dataset: Dataset, seed: int, epoch: int) -> None:
+    def __init__(self, dataset: MapDataset, seed: int, epoch: int) -> None:
         self.dataset, self.seed, self.epoch = dataset, seed, epoch
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         with _seeded_rngs(derive_seed(self.seed, self.epoch, int(index))):
@@ -136,7 +137,7 @@ def _seeded_rngs(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
+def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
                  epoch: int, start: int, collate: Any, num_workers: int,
                  samples_per_epoch: int | None = None) -> DataLoader:
     """A DataLoader over this rank's remaining micro-batches of ``epoch``.
@@ -144,7 +145,7 @@ def epoch_loader(dataset: Dataset, *, micro_batch_size: int, world_size: int, ra
     It gets its own generator so creating it never draws from the global torch RNG (which would
     shift the model's dropout stream between a resumed and an uninterrupted run).
     """
-    sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,  # type: ignore[arg-type]
+    sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,
                                samples_per_epoch)
     return DataLoader(
         SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=SeededCollate(collate),

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -101,13 +101,13 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
-    data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,  # type: ignore[arg-type]
+    data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
     engine = build_engine(spec, task.model, data_layout.grad_accum)
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
-                                        num_samples=len(task.dataset))  # type: ignore[arg-type]
+                                        num_samples=len(task.dataset))
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     number = faults.attempt = _attempt_number(events)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
@@ -162,10 +162,9 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             engine.backward(loss / cycle, scale_wrt_gas=False)
             cycle_loss_sum += float(loss.detach())
             # LR schedule: the live spec decides the value, the state only the position.
-            lr = None
+            lr = lr_at(at.schedule_position, train.lr, train.scheduler, run_length.schedule_horizon)
             if boundary:
-                lr = lr_at(at.schedule_position, train.lr, train.scheduler, run_length.schedule_horizon)
-                set_lr(engine, lr)
+                set_lr(engine, lr)  # this cycle's optimizer step uses it
             engine.step()
             if boundary:
                 at.optimizer_stepped(train.scheduler.unit)
@@ -200,9 +199,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     pending.request("final")  # the run always commits a state at its last micro-step
                 if attempt.rank == 0 and ctx.print_progress and (at.optimizer_step % train.log_every == 0 or last):
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
-                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)  # type: ignore[arg-type]
-                trainer_record = partial(_trainer_record, attempt, at, loss=step_loss,
-                                         num_samples=len(task.dataset))  # type: ignore[arg-type]
+                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
+                trainer_record = partial(_trainer_record, attempt, at, loss=step_loss)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
@@ -226,11 +224,11 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> Non
             optimizer_step=start.position.optimizer_step))
 
 
-def _step_record(at: TrainingPosition, loss: float, lr: float | None, cycle_sample_ids: list[list[int]] | None,
+def _step_record(at: TrainingPosition, loss: float, lr: float, cycle_sample_ids: list[list[int]] | None,
                  world: int) -> dict[str, Any]:
     """One optimizer step for the progress log (and ``WorkerResult.history``)."""
-    record = {"optimizer_step": at.optimizer_step, "global_micro_step": at.global_micro_step, "epoch": at.epoch,
-              "loss": loss, "lr": lr, "time": time.time()}
+    record: dict[str, Any] = {"optimizer_step": at.optimizer_step, "global_micro_step": at.global_micro_step,
+                              "epoch": at.epoch, "loss": loss, "lr": lr, "time": time.time()}
     if cycle_sample_ids is not None:
         record["samples"] = _gather_samples(cycle_sample_ids, world)
     return record
@@ -265,7 +263,7 @@ def _make_trigger(spec: JobSpec) -> SaveTrigger:
 
 def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: int, submission: str) -> RunLease | None:
     """Rank 0 takes the run directory's lease; every rank learns the outcome (one broadcast)."""
-    lease, box = None, [None]
+    lease, box = None, [cast(str | None, None)]
     if rank == 0:
         lease = RunLease(storage, job_identity=exp.job_identity, job_name=spec.name,
                          submission=submission or uuid.uuid4().hex, ttl_s=spec.resume.lease_ttl_s)
@@ -293,8 +291,7 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
     return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
 
 
-def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], *, loss: float,
-                    num_samples: int) -> dict[str, Any]:
+def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], *, loss: float) -> dict[str, Any]:
     """``trainer.json``: the position, the identity selection compares, and why this state was saved."""
     exp, spec = attempt.expectation, attempt.spec
     return TrainState(
@@ -302,7 +299,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], 
         **identity_record(exp),  # what selection compares (read back by Expectation.from_state)
         epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
-        data=DataRecord(sampler=exp.sampler, num_samples=num_samples, global_samples=at.global_samples,
+        data=DataRecord(sampler=exp.sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -17,10 +17,20 @@ from policies.errors import TaskError
 from policies.import_path import load_object
 
 
+@runtime_checkable
+class MapDataset(Protocol):
+    """What syncpoint needs of a dataset: map-style, so skipping to a position is index arithmetic
+    (a ``torch.utils.data.Dataset`` with ``__len__`` is one; an iterable-only dataset is not)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
 @dataclass
 class Task:
     model: torch.nn.Module
-    dataset: torch.utils.data.Dataset  # map-style: __len__ and __getitem__(int)
+    dataset: MapDataset
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
 
