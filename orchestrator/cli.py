@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.spec_file import load_spec, resolve_storage
-from policies.errors import SpecError
+from policies.errors import SpecError, UsageError
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec, job_schema, spec_to_json
 
@@ -126,8 +126,7 @@ def _storage(arg: str, what: str) -> RunStorage:
         return RunStorage(_as_url(arg))
     except (ValueError, ImportError) as e:
         raise SpecError(what, [redact_text(f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed",
-                                           arg)],
-                        "invalid argument") from None
+                                           arg)]) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -148,12 +147,12 @@ def cmd_states(args: argparse.Namespace) -> int:
 
     storage = _storage(args.run_dir, "RUN_DIR")
     if not storage.list_names(STATES_DIR) and not storage.list_names("events"):
-        raise SpecError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
-                                    "(<storage>/<name>)"], "invalid argument")
+        raise UsageError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
+                                    "(<storage>/<name>)"])
     try:
         key = load_key(args.signing_key_env, "--signing-key-env")
     except ValueError as e:
-        raise SpecError("--signing-key-env", [str(e)], "invalid argument") from None
+        raise UsageError("--signing-key-env", [str(e)]) from None
     cands = discover(storage, signing_key=key)
     exp = _run_expectation(cands)
     for c in cands:
@@ -161,17 +160,16 @@ def cmd_states(args: argparse.Namespace) -> int:
     try:
         policy_args = json.loads(args.policy_args) if args.policy_args else {}
     except ValueError as e:
-        raise SpecError("--policy-args", [f"{args.policy_args!r} is not JSON ({e}); e.g. '{{\"state\": 120}}'"],
-                        "invalid argument") from None
+        raise UsageError("--policy-args",
+                         [f"{args.policy_args!r} is not JSON ({e}); e.g. '{{\"state\": 120}}'"]) from None
     if not isinstance(policy_args, dict):
-        raise SpecError("--policy-args", [f"{args.policy_args!r} must be a JSON object of keyword arguments, "
-                                          "e.g. '{\"state\": 120}'"], "invalid argument")
+        raise UsageError("--policy-args", [f"{args.policy_args!r} must be a JSON object of keyword arguments, "
+                                          "e.g. '{\"state\": 120}'"])
     try:
         policy = make_policy(args.policy, policy_args)
     except (ValueError, TypeError) as e:
-        raise SpecError("--policy", [f"{args.policy}: {e}; check --policy-args (pinned needs "
-                                     "'{\"state\": N}', best-metric takes metric and mode)"],
-                        "invalid argument") from None
+        raise UsageError("--policy", [f"{args.policy}: {e}; check --policy-args (pinned needs "
+                                     "'{\"state\": N}', best-metric takes metric and mode)"]) from None
     try:
         decision = enforce_safe(policy.choose(cands, {}), cands)
         choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
@@ -215,14 +213,14 @@ def cmd_digest(args: argparse.Namespace) -> int:
     try:
         d = state_digest(_as_url(args.state_dir))
     except StateRefused as e:  # a disallowed pickle class, an unsafe manifest path, changed bytes
-        raise SpecError("STATE_DIR", [f"{args.state_dir}: refused to read this state: {e}; "
-                                      "`syncpoint states <run>` shows its verdict"], "invalid argument") from None
+        raise UsageError("STATE_DIR", [f"{args.state_dir}: refused to read this state: {e}; "
+                                      "`syncpoint states <run>` shows its verdict"]) from None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-        raise SpecError("STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"],
-                        "invalid argument") from None
+        raise UsageError("STATE_DIR",
+                         [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]) from None
     except (ValueError, KeyError) as e:
-        raise SpecError("STATE_DIR", [f"{args.state_dir}: the state's manifest or files are damaged ({e}); "
-                                      "`syncpoint states <run>` shows its verdict"], "invalid argument") from None
+        raise UsageError("STATE_DIR", [f"{args.state_dir}: the state's manifest or files are damaged ({e}); "
+                                      "`syncpoint states <run>` shows its verdict"]) from None
     print(json.dumps(d, indent=2) if args.json else d["digest"])
     return 0
 
@@ -234,8 +232,7 @@ def cmd_events(args: argparse.Namespace) -> int:
 
     events = EventLog(_storage(args.run_dir, "RUN_DIR")).read_all()  # as stored, for --json
     if not events:
-        raise SpecError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"],
-                        "invalid argument")
+        raise UsageError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"])
     if args.plot:
         from orchestrator.plot import plot_run
 
@@ -258,19 +255,15 @@ def cmd_drill(args: argparse.Namespace) -> int:
     try:
         points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
     except ValueError:
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"],
-                        "invalid argument") from None
+        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
     if not points or min(points) < 1 or points != sorted(set(points)):
-        raise SpecError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"],
-                        "invalid argument")
+        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
     hows = [h.strip() for h in args.how.split(",")]
     bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
     if bad or len(hows) not in (1, len(points)):
-        raise SpecError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"],
-                        "invalid argument")
+        raise UsageError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
     if args.no_replacement and "node" not in hows:
-        raise SpecError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"],
-                        "invalid argument")
+        raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
     report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
     print(report.table)
     return 0 if report.ok else 1

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from orchestrator.timeline import restarts
 from policies.journal import Journal, Step
 from policies.spec import CrashFault, JobSpec
+from policies.state_format import MODEL_FILE, STATES_DIR
 
 
 @dataclass
@@ -113,11 +114,11 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tupl
 
     def params(spec: JobSpec, name: str) -> dict:
         store = RunStorage(spec.run_url)
-        if not store.exists("states", name, "engine/mp_rank_00_model_states.pt"):  # ZeRO-3: rebuilt from partitions
+        if not store.exists(STATES_DIR, name, MODEL_FILE):  # ZeRO-3: rebuilt from partitions
             from workers.export import zero3_state_from_storage
 
             return zero3_state_from_storage(store, name)
-        return load_deepspeed_file(store.read_bytes("states", name, "engine/mp_rank_00_model_states.pt"))["module"]
+        return load_deepspeed_file(store.read_bytes(STATES_DIR, name, MODEL_FILE))["module"]
 
     pa, pb = params(ref, finals[0]), params(run, finals[1])
     worst = max((pa[k] - pb[k]).abs().max().item() for k in pa)

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from policies.errors import SpecError
+from policies.errors import SpecError, UsageError
 from policies.spec import MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, JobSpec
 
 _TOO_DEEP = (f"nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded); a job spec needs a handful: flatten "
@@ -234,31 +234,30 @@ def _yaml_problem(e: Exception) -> str:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set a.b=value`` (value parsed as YAML, within the same bounds as a job file)."""
     if sum(len(o) for o in overrides) > MAX_SPEC_BYTES:
-        raise SpecError("--set", [f"the overrides are longer than {MAX_SPEC_BYTES} characters together; put large "
-                                  "values in the job file or in files the task reads"], "invalid argument")
+        raise UsageError("--set", [f"the overrides are longer than {MAX_SPEC_BYTES} characters together; put large "
+                                  "values in the job file or in files the task reads"])
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SpecError("--set", [f"{_short_repr(item)}: write overrides as a.b=value"], "invalid argument")
+            raise UsageError("--set", [f"{_short_repr(item)}: write overrides as a.b=value"])
         parts = key.split(".")
         if len(parts) >= MAX_YAML_DEPTH:
-            raise SpecError("--set", [f"{_short_repr(key)}: nested deeper than {MAX_YAML_DEPTH} levels; a job spec "
-                                      "needs a handful"], "invalid argument")
+            raise UsageError("--set", [f"{_short_repr(key)}: nested deeper than {MAX_YAML_DEPTH} levels; a job spec "
+                                      "needs a handful"])
         node = raw
         for p in parts[:-1]:
             nxt = node.get(p)
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
-                raise SpecError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it (set the whole "
-                                          f"value instead, e.g. --set '{p}=[...]')"], "invalid argument")
+                raise UsageError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it (set the whole "
+                                          f"value instead, e.g. --set '{p}=[...]')"])
             node = nxt
         try:
             node[parts[-1]] = _bounded_yaml(value, base_depth=len(parts))[1]
         except (yaml.YAMLError, ValueError) as e:
-            raise SpecError("--set", [f"{_short_repr(key)}={_short_repr(value, 60)}: {_yaml_problem(e)}; quote "
-                                      "strings and close brackets, e.g. --set 'faults=[]'"],
-                            "invalid argument") from None
+            raise UsageError("--set", [f"{_short_repr(key)}={_short_repr(value, 60)}: {_yaml_problem(e)}; quote "
+                                      "strings and close brackets, e.g. --set 'faults=[]'"]) from None
     return raw
 
 

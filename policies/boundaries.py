@@ -42,7 +42,7 @@ class Position:
     """Where a run stands after ``global_micro_step`` micro-batches (0 = nothing consumed)."""
 
     epoch: int  # 0-indexed epoch that holds the next micro-batch to consume
-    position_in_epoch: int  # micro-batches of ``epoch`` already consumed (0..mbpe)
+    position_in_epoch: int  # micro-batches of ``epoch`` already consumed (0..micro_batches_per_epoch)
     global_micro_step: int
     optimizer_step: int
 
@@ -50,7 +50,7 @@ class Position:
 def position_after(global_micro_step: int, grad_accum: int, micro_batches_per_epoch: int) -> Position:
     """Pure arithmetic from a global micro-step to (epoch, position, optimizer step).
 
-    A state saved at the end of an epoch is reported as (epoch, mbpe) so it round-trips exactly to
+    A state saved at the end of an epoch is reported as (epoch, micro_batches_per_epoch) so it round-trips exactly to
     what the writer recorded; the loop rolls it over to the next epoch when it resumes.
     """
     if global_micro_step == 0:
@@ -63,16 +63,17 @@ def position_after(global_micro_step: int, grad_accum: int, micro_batches_per_ep
     return Position(epoch, pos, global_micro_step, steps)
 
 
-def _boundaries_up_to(pos: int, grad_accum: int, mbpe: int) -> list[int]:
+def _boundaries_up_to(pos: int, grad_accum: int, micro_batches_per_epoch: int) -> list[int]:
     full = pos // grad_accum
     out = [grad_accum * i for i in range(1, full + 1)]
-    if pos == mbpe and mbpe % grad_accum:
-        out.append(mbpe)
+    if pos == micro_batches_per_epoch and micro_batches_per_epoch % grad_accum:
+        out.append(micro_batches_per_epoch)
     return out
 
 
 def boundary_micro_steps(grad_accum: int, micro_batches_per_epoch: int, epochs: int) -> list[int]:
-    """Every global micro-step after which an optimizer step fires (for tests and explain)."""
+    """Every global micro-step after which an optimizer step fires: the contract's list (10 micro-batches,
+    accumulation 4: 4, 8, 10, 14, 18, 20, ...), which the tests check the loop against."""
     out = []
     for e in range(epochs):
         for p in range(1, micro_batches_per_epoch + 1):

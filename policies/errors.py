@@ -62,6 +62,14 @@ def _cap_problems(problems: list[str]) -> list[str]:
     return out
 
 
+class UsageError(SpecError):
+    """A bad command-line argument (``--set``, ``--policy-args``, ``RUN_DIR``, ...), not a bad job file:
+    the same bounded, redacted paragraph and exit 2, headed "invalid argument"."""
+
+    def __init__(self, argument: str, problems: list[str], what: str = "invalid argument") -> None:
+        super().__init__(argument, problems, what)
+
+
 class JobConfigError(ValueError):
     """A spec field that only fails on the workers (an import path, policy arguments): names the field."""
 

@@ -177,20 +177,7 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
         opt.load_hp_checkpoint_state("folder", "fp32")
 
 
-def _elastic_zero3_wired() -> bool:
-    """Elastic ZeRO-3 needs two one-token changes outside this feature's files (the loop saves the
-    gathered optimizer state for stages 1-3, the reader scatters it for 1-3); until both are in,
-    the elastic stage-3 tests skip rather than fail."""
-    import inspect
-
-    from workers import loop, state_reader
-
-    return ("zero_stage in (1, 2, 3)" in inspect.getsource(loop)
-            and "zero_optimization_stage() in (1, 2, 3)" in inspect.getsource(state_reader))
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _elastic_zero3_wired(), reason="needs the loop/state_reader wiring for elastic ZeRO-3")
 @pytest.mark.parametrize("direction", ["shrink", "grow"])
 def test_elastic_zero3_across_world_sizes(tmp_path, direction):
     """Stage 3 as 1/2: the gathered optimizer state is scattered into the other world size's

@@ -20,7 +20,7 @@ from policies.errors import JobConfigError, NoResumableState, ResumeRefused
 from policies.journal import CandidateSeen, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from policies.state_format import TrainState
+from policies.state_format import STATES_DIR, TrainState
 from workers import rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
@@ -230,9 +230,9 @@ def _clear_for_fresh(attempt: Attempt) -> None:
             f"resume.policy fresh, but {redact_url(storage.url)}/states already holds states; set resume.on_existing: "
             "archive (move them to archive/) or overwrite (delete them), or use another run name."))
     if mode == "archive":
-        storage.rename_tree(("states",), ("archive", f"states-{int(time.time())}"))
+        storage.rename_tree((STATES_DIR,), ("archive", f"{STATES_DIR}-{int(time.time())}"))
     else:
-        storage.delete_tree("states")
+        storage.delete_tree(STATES_DIR)
 
 
 def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:

@@ -22,6 +22,7 @@ from policies.errors import LeaseLostError
 from policies.journal import StateCommitted
 from policies.retention import plan_retention
 from policies.save_triggers import PendingSave
+from policies.state_format import MANIFEST_FILE, STATES_DIR
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.discovery import discover
@@ -99,8 +100,8 @@ class SaveCoordinator:
         still committed from an earlier trajectory (a run resumed from an older pin recomputes it,
         possibly under another spec), so no manifest ever describes files being rewritten."""
         verdict = self.lease.confirm() if self.attempt.rank == 0 and self.lease is not None else None
-        if self.attempt.rank == 0 and verdict is None and self.storage.exists("states", name, "manifest.json"):
-            self.storage.remove("states", name, "manifest.json")
+        if self.attempt.rank == 0 and verdict is None and self.storage.exists(STATES_DIR, name, MANIFEST_FILE):
+            self.storage.remove(STATES_DIR, name, MANIFEST_FILE)
         box = [verdict]
         dist.broadcast_object_list(box, src=0)
         if box[0]:
@@ -132,7 +133,7 @@ def retain(attempt: Attempt, keep: str | None) -> None:
         return  # lost: delete nothing; every rank stops at the next boundary (the boundary vote)
     storage = attempt.storage
     plan = plan_retention(discover(storage, attempt.expectation, attempt.signing_key), checkpoint.keep_last,
-                          checkpoint.prune_unsafe, kinds=storage.entry_kinds("states"))
+                          checkpoint.prune_unsafe, kinds=storage.entry_kinds(STATES_DIR))
     for i, name in enumerate(n for n in plan.delete if n != keep):
         delete_state(storage, name)
         if i == 0:
