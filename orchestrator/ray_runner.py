@@ -177,7 +177,10 @@ def connect(spec: JobSpec, address: str | None) -> bool:
         return False
     needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
-    ray.init(num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env={"env_vars": env_vars})
+    # address="local": a new embedded instance even when another Ray runs on this machine (without
+    # it, ray.init joins that one and then refuses num_cpus: "When connecting to an existing cluster").
+    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True,
+             runtime_env={"env_vars": env_vars})
     quiet_driver()
     return True
 

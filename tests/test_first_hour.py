@@ -266,3 +266,28 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     assert [j.metadata for j in jobs] == [{"syncpoint": "preflight"}]
     assert all(j.entrypoint.startswith("python -c ") for j in jobs)
     assert not (runs / "tiny-lm" / "events").exists()
+
+
+@pytest.mark.slow
+def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
+    """`syncpoint run` without an address embeds a new local Ray even when another Ray instance runs
+    on this machine (a local cluster here, which registers itself as the machine's current one); it must
+    not join that one and fail on num_cpus (seen when two tests' clusters overlapped)."""
+    from ray.cluster_utils import Cluster
+
+    from tests.test_job_submit import _env
+
+    sets = ["task.config.num_samples=40", "task.config.seq_len=8", "task.config.d_model=16",
+            "train.micro_batch_size=2", "train.epochs=1", "checkpoint.export_final=false", f"storage={tmp_path}"]
+    cmd = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+    for s in sets:
+        cmd += ["--set", s]
+    other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in _env().items() if k != "RAY_ADDRESS"},
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        other.shutdown()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "Connecting to existing Ray cluster" not in r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("syncpoint: job 'tiny-lm' finished")
