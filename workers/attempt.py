@@ -35,6 +35,7 @@ class Attempt:
     layout: Layout
     lease: RunLease | None  # rank 0's hold on the run directory; None on the other ranks
     signing_key: bytes | None = None
+    restart: bool = False  # rank 0: an earlier attempt of this submission already started
 
     @property
     def run_length(self) -> RunLength:

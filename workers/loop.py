@@ -32,7 +32,7 @@ from policies.candidates import Expectation, identity_record
 from policies.elastic import layout
 from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
 from policies.import_path import load_object
-from policies.journal import AttemptStarted, Finished, PreemptionNotice
+from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_triggers import PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
 from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
@@ -109,10 +109,12 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
                                         num_samples=len(task.dataset))
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
-    number = faults.attempt = _attempt_number(events)
+    journal = events.journal() if events is not None else None  # read once: number and restart
+    number = faults.attempt = _attempt_number(journal)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
     attempt = Attempt(spec, storage, events, faults, rank, world, number, ctx.submission_id, expectation, data_layout,
-                      lease, signing_key)
+                      lease, signing_key,
+                      restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)))
     try:
         start = negotiate_resume(attempt, engine)
         return _train(attempt, ctx, notices, task, engine, start)
@@ -277,9 +279,9 @@ def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: i
     return lease
 
 
-def _attempt_number(events: EventLog | None) -> int:
+def _attempt_number(journal: Journal | None) -> int:
     """This attempt's number: one more than the attempts the journal holds (rank 0 reads, all learn)."""
-    box = [events.journal().next_attempt() if events is not None else 1]
+    box = [journal.next_attempt() if journal is not None else 1]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])
 

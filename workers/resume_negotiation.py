@@ -25,7 +25,6 @@ from workers import rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import apply_hyperparameters
-from workers.events import EventLog
 from workers.position import RunLength, TrainingPosition
 from workers.schedule import resume_position
 from workers.signing import load_key
@@ -96,7 +95,7 @@ def _choose_and_load(attempt: Attempt,
     Returns the state's name, its trainer record and this rank's RNG bytes (all None: fresh start).
     """
     spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
-    restart = rank == 0 and _is_restart(events, attempt.submission_id)
+    restart = rank == 0 and attempt.restart
     policy = _resume_policy(spec.resume.policy, spec.resume.policy_args, attempt.submission_id if restart else "")
     candidates = discover_lazy(storage, attempt.expectation, attempt.signing_key) if rank == 0 else []
     spec_dict = spec.model_dump(mode="json")
@@ -139,11 +138,6 @@ def _choose_and_load(attempt: Attempt,
             for c in candidates:
                 if c.name == candidate.name:
                     c.verdict, c.reason = Verdict.CORRUPT, f"verification failed: {refusal}"
-
-
-def _is_restart(events: EventLog | None, submission_id: str) -> bool:
-    """Whether an earlier attempt of this same submission already started (a Ray restart)."""
-    return bool(events and submission_id and events.journal().is_restart_of(submission_id))
 
 
 def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> ResumePolicy:
