@@ -23,14 +23,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two pytest workers: the tests that start a Ray cluster run one after another on one of them
+# (tests/conftest.py groups them), everything else on the other and then wherever there is room.
+XDIST := -n 2 --dist loadgroup
+
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(XDIST) tests
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m slow tests
+	$(BIN)/python -m pytest -q $(XDIST) -m slow tests
 
 # On a GPU machine: exact resume on CUDA (bf16, ZeRO-2, NCCL). DeepSpeed picks its accelerator at import.
 test-gpu: $(STAMP)

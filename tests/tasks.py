@@ -78,3 +78,27 @@ def linear_random_collate(config: dict) -> Task:
     task = linear(config)
     task.collate = noisy_collate
     return task
+
+
+def paced_lm(config: dict) -> Task:
+    """The example's model and data with a pause before every micro-batch's loss (``pace_s``).
+
+    Why: tests that must act while a run trains (a drain notice, a second submission) need a run
+    that lasts in wall time; a pause costs no CPU, where thousands of extra micro-steps cost the
+    other tests theirs. Numerics are the example's: a reference run of ``examples.tiny_lm:build``
+    with the same config ends at the same digest.
+    """
+    import time
+
+    from examples.tiny_lm import build
+
+    pace = float(config.get("pace_s", 0.0))
+    task = build(config)
+    inner = task.loss
+
+    def loss(model, batch):
+        time.sleep(pace)
+        return inner(model, batch)
+
+    task.loss = loss
+    return task

@@ -101,6 +101,7 @@ def test_one_worker_grows_back_to_two(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
     import os
     import subprocess

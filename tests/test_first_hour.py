@@ -195,6 +195,7 @@ def _plain(line: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     """The example as a new user runs it (2 Ray workers, ZeRO-2 on CPU, 2 epochs): its output is
     syncpoint's own lines and Ray's start-up lines only, it ends in one summary line, and it learns."""
@@ -236,6 +237,7 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     """`ray start --head` run from a shell whose first `python` is not syncpoint's: the head itself
     runs (its `ray` script is the venv's), but job entrypoints get that `python`."""
@@ -269,6 +271,7 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
     """`syncpoint run` without an address embeds a new local Ray even when another Ray instance runs
     on this machine (a local cluster here, which registers itself as the machine's current one); it must

@@ -21,7 +21,7 @@ from workers.events import EventLog
 from workers.launch import free_port, run_spawned
 from workers.storage import RunStorage
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 BIN = os.path.dirname(sys.executable)
 
 

@@ -295,7 +295,9 @@ def test_lease_lost_mid_run_stops_both_ranks_without_a_hang(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_two_real_runs_on_one_directory(tmp_path):
-    spec = lm_spec(tmp_path, "task.config.num_samples=4000", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
+    # 200 micro-steps paced at 150 ms: the first run trains ~30 s (little CPU) while the second tries
+    spec = lm_spec(tmp_path, "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.15", "task.config.num_samples=800",
+                   "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
     ctx = mp.get_context("spawn")
     first = ctx.Process(target=run_spawned, args=(spec,))
     first.start()
@@ -307,7 +309,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
     codes = run_spawned(spec)  # a second submission while the first trains
     assert codes != [0, 0]
     first.join(300)
-    assert first.exitcode == 0 and committed_steps(spec)[-1] == 1000
+    assert first.exitcode == 0 and committed_steps(spec)[-1] == 200
 
 
 # ---------------------------------------------------------------- concurrent commits

@@ -21,7 +21,7 @@ from workers.events import EventLog
 from workers.launch import run_spawned
 from workers.storage import RunStorage
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 COMMON = ["task.config.num_samples=240", "train.epochs=2", "checkpoint.save_every={value: 8, unit: micro_steps}"]
 
@@ -136,9 +136,10 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
 
 def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
     c, nodes = cluster
-    # long enough (2,000 micro-steps) that the notice arrives mid-run
+    # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
+    length = ["task.config.num_samples=1600", "train.epochs=1"]
     spec = _spec(tmp_path / "run", "failure.max_failures=0", "checkpoint.save_every={value: 0, unit: micro_steps}",
-                 "task.config.num_samples=4000")
+                 *length, "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05")
     proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
     time.sleep(1.0)
@@ -167,7 +168,7 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert restart.cause == "preemption"
     assert restart.lost_micro_steps < spec.train.grad_accum  # every boundary in the grace window committed
     final = state_names(spec)[-1]
-    ref = _spec(tmp_path / "ref", "task.config.num_samples=4000")
+    ref = _spec(tmp_path / "ref", *length)  # the example's task, unpaced: the same numerics
     assert run_spawned(ref) == [0, 0]
     assert digest(spec, final) == digest(ref, final)
 

@@ -152,6 +152,7 @@ def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.Complet
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_the_head_refuses_requests_without_its_token(token_head) -> None:
     """What makes the other tests meaningful: this cluster really enforces the token."""
     address, token = token_head
@@ -161,6 +162,7 @@ def test_the_head_refuses_requests_without_its_token(token_head) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypatch) -> None:
     """The Job SDK client built the way `syncpoint submit` builds it (RAY_AUTH_TOKEN, no RAY_AUTH_MODE)."""
     from ray.job_submission import JobSubmissionClient
@@ -173,6 +175,7 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:
     """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
     (a task path that does not exist) comes back as exit 1 - the token got it all the way there."""
@@ -193,6 +196,7 @@ def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_head, tmp_path) -> None:
     address, token = token_head
     home = tmp_path / "home"
