@@ -41,9 +41,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     check_imports(spec, args.job)
     _check_storage(spec)
+    import os
+
+    from orchestrator.progress_bar import show_progress_bar
     from orchestrator.ray_runner import run_on_ray
 
-    return run_on_ray(spec, args.address)
+    return run_on_ray(spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ))
 
 
 def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:

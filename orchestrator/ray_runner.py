@@ -49,8 +49,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         return {"source": "ray-drain", "deadline_ms": info.deadline_ms, "nodes": info.preempted_node_ids,
                 "ranks": info.preempted_ranks}
 
+    def report(metrics: dict[str, float]) -> None:
+        ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
+
     run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
-                                   submission_id=config["submission_id"]))
+                                   submission_id=config["submission_id"], report_metrics=report,
+                                   print_progress=config.get("print_progress", True)))
 
 
 # ---------------------------------------------------------------- known-harmless third-party messages
@@ -114,6 +118,15 @@ def quiet_driver_start() -> None:
 
 def quiet_worker(spec: JobSpec) -> None:
     """In a worker, before DeepSpeed is imported."""
+    # Ray Train v2 logs every ray.train.report at INFO ("Reporting training result N: TrainingReport(
+    # checkpoint=None, metrics={...}) from rank R"), once per rank and logged step: the metrics are the
+    # ones the progress line (or the driver's bar) already shows. Its logger is named by its file path.
+    try:
+        from ray.train.v2._internal.execution import context as train_context
+    except ImportError:  # another Ray: the lines show, nothing else changes
+        pass
+    else:
+        _add_filter(train_context.logger.name, r"^Reporting training result \d+: ")
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
@@ -185,8 +198,11 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     return True
 
 
-def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
-    """Run the job to completion on Ray; returns the process exit code (0 ok, 1 failed)."""
+def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
+    """Run the job to completion on Ray; returns the process exit code (0 ok, 1 failed).
+
+    ``progress_bar``: the driver shows a live bar (``orchestrator.progress_bar``) and the workers
+    print no progress lines of their own."""
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
     from ray.train.torch import TorchConfig
@@ -196,15 +212,16 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
     from workers.events import EventLog
     from workers.storage import RunStorage
 
-    EventLog(RunStorage(spec.run_url), source="driver").emit("submitted", name=spec.name,
-                                                                    address=redact_url(address or "embedded"))
+    submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
+        "submitted", name=spec.name, address=redact_url(address or "embedded"))
     embedded = connect(spec, address)
     submission = uuid.uuid4().hex
     try:
         s = spec.scaling
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission},
+            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission,
+                               "print_progress": not progress_bar},
             scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
                                          use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
@@ -218,7 +235,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
 
         failure: tuple[str, str] | None = None
         try:
-            with installed(spec.run_url):
+            with installed(spec.run_url), _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = failure_report(e)
@@ -236,6 +253,15 @@ def run_on_ray(spec: JobSpec, address: str | None = None) -> int:
         return 1
     print(finish_line(spec), flush=True)
     return 0
+
+
+def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.AbstractContextManager[Any]:
+    if not show:
+        return contextlib.nullcontext()
+    from orchestrator.progress_bar import live_progress
+    from workers.storage import RunStorage
+
+    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size)
 
 
 def finish_line(spec: JobSpec) -> str:

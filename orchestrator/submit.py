@@ -166,7 +166,8 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
 # the spec's import paths (task.path, ...) can be found there, next to the shipped working dir.
 
 PROBE_MARK = "SYNCPOINT-PROBE "
-PROBE_MODULES = ("ray", "torch", "deepspeed", "fsspec", "pydantic", "yaml", "numpy", "safetensors", "xxhash")
+PROBE_MODULES = ("ray", "torch", "deepspeed", "fsspec", "pydantic", "yaml", "numpy", "safetensors", "xxhash", "rich",
+                 "tensorboard")
 PROBE = """\
 import importlib.metadata as m, importlib.util as u, json, os, sys
 r = {"python": sys.executable, "version": sys.version.split()[0], "error": None, "imports": []}

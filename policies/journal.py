@@ -88,6 +88,7 @@ class AttemptStarted(_Event):
     resumed_from: str | None  # the state it resumed, None from scratch
     global_micro_step: int
     optimizer_step: int
+    total_steps: int | None = None  # the run's optimizer steps (the driver's progress bar); older logs lack it
 
 
 class CandidateSeen(_Record):

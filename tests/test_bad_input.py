@@ -72,7 +72,7 @@ def no_ray(monkeypatch):
     """Bad input must be refused before the launcher: reaching it fails the test (and starts no Ray)."""
     fake = types.ModuleType("orchestrator.ray_runner")
 
-    def run_on_ray(spec, address=None):
+    def run_on_ray(spec, address=None, **kwargs):
         raise AssertionError(f"bad input reached the Ray launcher (storage {spec.storage!r})")
 
     fake.run_on_ray = run_on_ray

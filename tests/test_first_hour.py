@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -204,6 +205,9 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     for s in sets:
         cmd += ["--set", s]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR")}
+    # What Ray Train's controller received from ray.train.report (issue 17.3), recorded by a callback
+    reports = tmp_path / "ray-reports.jsonl"
+    env.update(RAY_TRAIN_CALLBACKS="tests.ray_report_probe.RecordReports", SYNCPOINT_TEST_REPORTS=str(reports))
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
@@ -231,6 +235,17 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
     first, last = (sum(history[s].loss for s in steps) / 4 for steps in ([1, 2, 3, 4], [29, 30, 31, 32]))
     assert last < first - 0.3, (first, last)  # it learns
     assert state == state_names(spec)[-1] == f"{128:012d}"  # 1024 samples / (8 x 2) x 2 epochs
+    # Ray Train saw every logged step (log_every 8), from both ranks, metrics only (no checkpoint)
+    delivered = [json.loads(ln) for ln in reports.read_text().splitlines()]
+    assert [[m["optimizer_step"] for m in d["per_rank"]] for d in delivered] == [[s, s] for s in (8, 16, 24, 32)]
+    assert not any(d["checkpoint"] for d in delivered)
+    for d in delivered:
+        rank0 = d["per_rank"][0]
+        step = history[rank0["optimizer_step"]]
+        assert (rank0["loss"], rank0["lr"]) == (step.loss, step.lr)
+        assert rank0["samples_per_s"] > 0
+    # TensorBoard: rank 0's event file of the one attempt, uploaded into the run directory
+    assert os.listdir(tmp_path / "tiny-lm" / "tensorboard") == ["events.out.tfevents.attempt-000001.syncpoint"]
 
 
 # ---------------------------------------------------------------- submit to a head whose python lacks syncpoint

@@ -109,7 +109,7 @@ def test_validate_prints_the_spec_with_credentials_redacted(tmp_path, capsys):
                                      f"https://alice:{SECRET}@127.0.0.1:9/runs"])
 def test_run_storage_error_redacts_credentials(tmp_path, capsys, monkeypatch, storage):
     fake = types.ModuleType("orchestrator.ray_runner")
-    fake.run_on_ray = lambda spec, address=None: pytest.fail("an unusable storage reached the launcher")
+    fake.run_on_ray = lambda spec, address=None, **kwargs: pytest.fail("an unusable storage reached the launcher")
     monkeypatch.setitem(sys.modules, "orchestrator.ray_runner", fake)
     rc, out, err = cli(capsys, "run", str(_job(tmp_path)), "--set", f"storage={storage}")
     assert rc == 2

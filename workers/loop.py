@@ -47,6 +47,7 @@ from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
 from workers.lease import RunLease
+from workers.metric_sinks import ReportFn, RunMetrics
 from workers.position import TrainingPosition
 from workers.preemption import PreemptionNotices, RayNotice
 from workers.progress import ProgressLine, ProgressLog
@@ -73,6 +74,9 @@ class WorkerContext:
     # One id per `syncpoint run` invocation: a Ray restart inside the same submission shares it, so
     # `resume.policy: fresh` starts over only once and restarts continue their own progress.
     submission_id: str = ""
+    # Ray Train's `report` (workers.metric_sinks.RayReport), or None outside Ray. A barrier: every
+    # rank calls it at the same logged steps.
+    report_metrics: ReportFn | None = None
 
 
 @dataclass
@@ -117,7 +121,10 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                       restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)))
     try:
         start = negotiate_resume(attempt, engine)
-        return _train(attempt, ctx, notices, task, engine, start)
+        with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
+                             optimizer_step=start.position.optimizer_step,
+                             global_micro_step=start.position.global_micro_step) as metrics:
+            return _train(attempt, ctx, notices, task, engine, start, metrics)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -127,7 +134,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart) -> WorkerResult:
+           start: ResumeStart, metrics: RunMetrics) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
@@ -141,6 +148,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     console = ProgressLine(attempt.number, train.epochs, run_length.total_steps, samples_per_micro_step,
                            at.global_micro_step)
     saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
+    saves.on_commit = metrics.committed
     finished = start.finished
 
     while not finished and run_length.has_epoch(at.epoch):
@@ -191,17 +199,20 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                         optimizer_step=at.optimizer_step, **(notice or {"source": "another rank"})))
                 if agreed.wall_clock_saves:
                     pending.request("interval")
-                progress.add(_step_record(at, step_loss, lr, cycle_sample_ids if train.record_samples else None,
-                                          world))
+                record = _step_record(at, step_loss, lr, cycle_sample_ids if train.record_samples else None, world)
+                progress.add(record)
                 epoch_end = at.position_in_epoch == per_epoch
                 if epoch_end:
                     at.epoch_completed(train.scheduler.unit)
                 last = run_length.is_last_boundary(at, epoch_end)
                 if last:
                     pending.request("final")  # the run always commits a state at its last micro-step
-                if attempt.rank == 0 and ctx.print_progress and (at.optimizer_step % train.log_every == 0 or last):
+                logged = at.optimizer_step % train.log_every == 0 or last  # the same steps on every rank
+                if attempt.rank == 0 and ctx.print_progress and logged:
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
                                   global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
+                if logged:
+                    metrics.logged_step(record)  # Ray Train's report (every rank), TensorBoard (rank 0)
                 trainer_record = partial(_trainer_record, attempt, at, loss=step_loss)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
@@ -223,7 +234,7 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> Non
         attempt.events.emit(AttemptStarted(
             attempt=attempt.number, world_size=attempt.world_size, nodes=nodes, submission=attempt.submission_id,
             resumed_from=start.state, global_micro_step=start.position.global_micro_step,
-            optimizer_step=start.position.optimizer_step))
+            optimizer_step=start.position.optimizer_step, total_steps=attempt.run_length.total_steps))
 
 
 def _step_record(at: TrainingPosition, loss: float, lr: float, cycle_sample_ids: list[list[int]] | None,

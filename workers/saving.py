@@ -58,6 +58,8 @@ class SaveCoordinator:
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
         self.micro_step = 0
+        # Called after each commit on every rank (workers.metric_sinks.RunMetrics.committed: TensorBoard).
+        self.on_commit: Callable[[SaveResult, list[str]], None] | None = None
 
     def seconds_since_last_save(self) -> float:
         return time.monotonic() - self.last_save_time
@@ -115,6 +117,8 @@ class SaveCoordinator:
                 attempt=self.attempt.number, state=result.name, global_micro_step=int(result.name),
                 optimizer_step=result.optimizer_step, bytes=result.bytes, seconds=result.seconds,
                 blocked_seconds=result.blocked_seconds, committed_at_micro_step=self.micro_step, reasons=reasons))
+        if self.on_commit is not None:
+            self.on_commit(result, reasons)
         self.faults.at_phase("before_retention")
         if self.attempt.rank == 0:
             retain(self.attempt, keep=result.name)

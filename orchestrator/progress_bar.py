@@ -1,0 +1,165 @@
+"""The live progress bar of ``syncpoint run`` in a terminal.
+
+Why in the driver, from the event log: the terminal belongs to the driver, while the steps happen
+in Ray workers whose prints reach it as log lines. Every fact the bar shows is already in the run's
+event log (``policies.journal``): ``attempt_started`` (the attempt, its start and the run's total
+steps), ``progress`` records (step, loss, time, flushed every few seconds and at every commit) and
+``state_committed`` (the newest state). So a thread polls the log about once a second, reading only
+the event files it has not seen, and the workers are told not to print their own progress lines.
+
+Where nobody watches a terminal (stdout a pipe or a file, ``ray job submit``'s driver, whose output
+is a log) the bar never starts and the workers print today's plain lines: ``show_progress_bar``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from policies.journal import AttemptStarted, Event, Finished, StateCommitted, UnknownEvent, read_event
+from policies.journal import Progress as ProgressEvent
+from workers.storage import RunStorage
+
+POLL_S = 1.0
+# Set by Ray's job supervisor in the environment of a `ray job submit` entrypoint (ray._private.
+# runtime_env.constants.RAY_JOB_CONFIG_JSON_ENV_VAR): the driver's output is the job's log.
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def show_progress_bar(stdout: TextIO, environ: Mapping[str, str]) -> bool:
+    """Whether ``syncpoint run`` shows the live bar: only on a terminal, never under a Ray job or on
+    a dumb terminal (plain lines there, as before)."""
+    if RAY_JOB_ENV in environ or environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stdout, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+@dataclass
+class RunView:
+    """What the bar shows, folded from the run's events in time order."""
+
+    attempt: int | None = None
+    step: int = 0
+    total: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    newest_state: str | None = None
+    micro_batch_size: int = 1
+    world_size: int = 1
+    finished: bool = False
+    _last: tuple[int, float] | None = field(default=None, repr=False)  # (micro-step, time) of the last record
+
+    def fold(self, event: Event | UnknownEvent, current: bool = True) -> None:
+        """Take one event into the view; events of earlier submissions (``current`` False) only
+        tell which state is newest."""
+        if isinstance(event, StateCommitted):
+            self.newest_state = event.state
+        if not current:
+            return
+        if isinstance(event, AttemptStarted):
+            self.attempt, self.step, self.world_size = event.attempt, event.optimizer_step, event.world_size
+            self.total = event.total_steps or self.total
+            self.loss = self.samples_per_s = self._last = None
+            self.finished = False
+        elif isinstance(event, ProgressEvent) and event.records:
+            records = sorted(event.records, key=lambda r: r.global_micro_step)
+            first = self._last or (records[0].global_micro_step, records[0].time)
+            last = records[-1]
+            if last.time > first[1] and last.global_micro_step > first[0]:
+                self.samples_per_s = ((last.global_micro_step - first[0]) * self.micro_batch_size * self.world_size
+                                      / (last.time - first[1]))
+            self.step, self.loss, self._last = last.optimizer_step, last.loss, (last.global_micro_step, last.time)
+        elif isinstance(event, Finished):
+            self.step, self.finished = event.optimizer_step, True
+
+
+def make_progress(console: Console, get_time: Callable[[], float] | None = None) -> Progress:
+    """The bar: attempt, bar, step/total, loss, samples/s, ETA (rich's estimate from the steps of the
+    last 30 s), newest committed state."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("step"), MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
+        TimeRemainingColumn(), TextColumn("{task.fields[state]}"), console=console, transient=False,
+        get_time=get_time)
+
+
+def show(progress: Progress, task: TaskID, view: RunView, *, new_attempt: bool = False) -> None:
+    """Put the view on the bar. A new attempt resets the bar's speed estimate (a resumed attempt
+    starts where its state was, often behind the last attempt's step)."""
+    fields: dict[str, Any] = {
+        "description": ("finished" if view.finished else f"attempt {view.attempt}" if view.attempt else "starting"),
+        "loss": f"loss {view.loss:.4f}" if view.loss is not None else "loss -",
+        "speed": f"{view.samples_per_s:,.0f} samples/s" if view.samples_per_s is not None else "- samples/s",
+        "state": f"state {view.newest_state}" if view.newest_state else "no state yet",
+    }
+    if new_attempt:
+        progress.reset(task, total=view.total, completed=view.step, **fields)
+    else:
+        progress.update(task, total=view.total, completed=view.step, **fields)
+
+
+class EventFollower:
+    """The run's event log, read incrementally: each poll lists the directory once and reads only
+    the files it has not read yet (a file still being written is read again next time)."""
+
+    def __init__(self, storage: RunStorage) -> None:
+        self.storage, self.seen = storage, set[str]()
+
+    def new_events(self) -> list[Event | UnknownEvent]:
+        out = []
+        for name in self.storage.list_files("events"):
+            if name in self.seen or not name.endswith(".json"):
+                continue
+            try:
+                record = self.storage.read_json("events", name)
+            except (ValueError, OSError):
+                continue  # not whole yet: next poll
+            self.seen.add(name)
+            if isinstance(record, dict):
+                out.append(read_event(record))
+        return sorted(out, key=lambda e: e.time)
+
+
+@contextlib.contextmanager
+def live_progress(storage: RunStorage, *, since: float, micro_batch_size: int, console: Console | None = None,
+                  poll_s: float = POLL_S) -> Iterator[RunView]:
+    """The bar while the block runs (``trainer.fit()``): a thread folds new events into the view
+    every ``poll_s``; prints of the driver (Ray's log stream included) appear above the bar."""
+    progress = make_progress(console or Console())
+    view, follower = RunView(micro_batch_size=micro_batch_size), EventFollower(storage)
+    task = progress.add_task("starting", total=None, loss="", speed="", state="")
+    stop = threading.Event()
+
+    def tick() -> None:
+        shown_attempt = view.attempt
+        for event in follower.new_events():
+            view.fold(event, current=event.time >= since)
+        show(progress, task, view, new_attempt=view.attempt != shown_attempt)
+
+    def poll() -> None:
+        while not stop.wait(poll_s):
+            try:
+                tick()
+            except Exception:  # noqa: BLE001 - the bar is a view: a failed read shows nothing new, the run goes on
+                continue
+
+    with progress:
+        thread = threading.Thread(target=poll, name="syncpoint-progress", daemon=True)
+        thread.start()
+        try:
+            yield view
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            with contextlib.suppress(Exception):  # the last look, as in poll()
+                tick()
