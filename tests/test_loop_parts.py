@@ -24,18 +24,18 @@ from workers.preemption import PreemptionNotices
 
 
 def test_a_vote_goes_through_a_tensor_and_back_slot_by_slot():
-    vote = BoundaryVote(1.25, preemption_notices=1, wall_clock_saves=0, uploading=1, lease_lost=0)
+    vote = BoundaryVote(1.25, preemption_notices=1, wall_clock_saves=0, uploading=1, lease_lost=0, reports_due=1)
     tensor = vote.to_tensor()
-    assert tensor.dtype == torch.float64 and tensor.tolist() == [1.25, 1.0, 0.0, 1.0, 0.0]
+    assert tensor.dtype == torch.float64 and tensor.tolist() == [1.25, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert BoundaryVote.from_tensor(tensor) == vote
-    with pytest.raises(ValueError, match="5 slots, not 4"):
+    with pytest.raises(ValueError, match="6 slots, not 4"):
         BoundaryVote.from_tensor(torch.zeros(4, dtype=torch.float64))
 
 
 def test_agreeing_sums_the_ranks_votes():
     ensure_single_process_group("gloo")  # the in-process launcher's group, shared with other tests
     agreed = BoundaryVote(0.1 + 0.2, preemption_notices=1, lease_lost=1).agree()
-    assert agreed == BoundaryVote(0.1 + 0.2, 1, 0, 0, 1)  # the loss sum is carried bit for bit
+    assert agreed == BoundaryVote(0.1 + 0.2, 1, 0, 0, 1, 0)  # the loss sum is carried bit for bit
 
 
 def test_sigterm_is_a_notice_while_listening_and_the_old_handler_comes_back():

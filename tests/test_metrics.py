@@ -147,6 +147,20 @@ def test_ray_report_at_every_logged_step(tmp_path):
         assert (r["loss"], r["lr"]) == (history[r["optimizer_step"]].loss, history[r["optimizer_step"]].lr)
 
 
+def test_ray_reports_no_more_often_than_ray_collects_them(tmp_path, monkeypatch):
+    """Ray's controller collects one report per worker per poll and a worker's next report waits for
+    it: logged steps reach Ray at most every REPORT_EVERY_S (agreed by the boundary vote), the last
+    step always; TensorBoard still gets every logged step."""
+    import workers.metric_sinks as sinks
+
+    monkeypatch.setattr(sinks, "REPORT_EVERY_S", 3600.0)
+    spec = lm_spec(tmp_path, *SETS, "train.log_every=1")
+    reports: list[dict] = []
+    run_in_process(spec, print_progress=False, report_metrics=reports.append)
+    assert [r["optimizer_step"] for r in reports] == [1, 6]  # the first logged step, then the last
+    assert [step for step, _ in _curve(_accumulator(_local_copy(spec, tmp_path)), "loss")] == [1, 2, 3, 4, 5, 6]
+
+
 def test_step_values_per_parameter_group():
     record = {"optimizer_step": 3, "global_micro_step": 12, "loss": 2.5, "lr": 0.1}
     assert step_values(record, 10.0) == {"loss": 2.5, "lr": 0.1, "samples_per_s": 10.0}

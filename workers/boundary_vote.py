@@ -23,6 +23,7 @@ class BoundaryVote:
     wall_clock_saves: int = 0  # ranks whose wall-clock save trigger fired
     uploading: int = 0  # ranks whose asynchronous upload is still running
     lease_lost: int = 0  # rank 0's heartbeat found the run directory's lease taken over
+    reports_due: int = 0  # ranks whose interval between reports to Ray Train has passed
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         # float64 carries the loss sum exactly as before and every count exactly (NCCL reduces

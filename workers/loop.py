@@ -186,7 +186,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 clock_says_save = wall_clock and trigger.wants_save(at.tick(True, saves.seconds_since_last_save()))
                 agreed = BoundaryVote(cycle_loss_sum, preemption_notices=int(notice is not None),
                                       wall_clock_saves=int(clock_says_save), uploading=int(saves.uploading()),
-                                      lease_lost=int(saves.lease_lost())).agree(engine.device)
+                                      lease_lost=int(saves.lease_lost()),
+                                      reports_due=int(metrics.report_due())).agree(engine.device)
                 step_loss = agreed.loss_sum / (cycle * world)
                 # A preemption notice: this boundary and every later one inside the grace window commits,
                 # so whatever is computed before the node goes away survives.
@@ -212,7 +213,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
                                   global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
                 if logged:
-                    metrics.logged_step(record)  # Ray Train's report (every rank), TensorBoard (rank 0)
+                    # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
+                    metrics.logged_step(record, report=bool(agreed.reports_due) or last)
                 trainer_record = partial(_trainer_record, attempt, at, loss=step_loss)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last

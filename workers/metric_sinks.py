@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 TENSORBOARD_DIR = "tensorboard"  # <run>/tensorboard: `tensorboard --logdir <run>/tensorboard`
 UPLOAD_EVERY_S = 30.0  # how stale an object store's copy of the event file may get between commits
+# Ray Train v2's controller collects one report per worker each health-check interval (2 s by
+# default), and a worker's next report waits until the last one is collected: reporting more
+# often would stall training. Logged steps reach Ray at most this often (TensorBoard gets all).
+REPORT_EVERY_S = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
 
 ReportFn = Callable[[dict[str, float]], None]
 
@@ -189,6 +193,7 @@ class RunMetrics:
         self.samples_per_micro_step = samples_per_micro_step
         self.last_time, self.last_micro_step = time.monotonic(), global_micro_step
         self.last_upload = time.monotonic()
+        self.last_report = -float("inf")  # the first logged step reports
 
     @classmethod
     def open(cls, attempt: Attempt, report: ReportFn | None, *, state: str | None, optimizer_step: int,
@@ -221,20 +226,31 @@ class RunMetrics:
             print(f"[syncpoint] WARNING: TensorBoard events of the failed attempt not uploaded: "
                   f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
-    def logged_step(self, record: Mapping[str, Any]) -> None:
+    def report_due(self) -> bool:
+        """This rank's vote: has ``REPORT_EVERY_S`` passed since its last report to Ray? The ranks
+        agree through the boundary vote (clocks differ; Ray's report is a barrier)."""
+        return time.monotonic() - self.last_report >= REPORT_EVERY_S
+
+    def logged_step(self, record: Mapping[str, Any], *, report: bool = True) -> None:
         """A logged optimizer step (every rank, at the same steps): the record is the step's
-        progress record (``optimizer_step``, ``global_micro_step``, ``loss``, ``lr``/``lrs``)."""
+        progress record (``optimizer_step``, ``global_micro_step``, ``loss``, ``lr``/``lrs``).
+        ``report`` (agreed by every rank): this step goes to Ray as well as to the record."""
         now, micro_step = time.monotonic(), int(record["global_micro_step"])
         samples_per_s = ((micro_step - self.last_micro_step) * self.samples_per_micro_step
                          / max(now - self.last_time, 1e-9))
         self.last_time, self.last_micro_step = now, micro_step
-        self.scalars(int(record["optimizer_step"]), step_values(record, samples_per_s))
+        values = step_values(record, samples_per_s)
+        if report:
+            self.scalars(int(record["optimizer_step"]), values)
+        else:
+            self.records.scalars(int(record["optimizer_step"]), values)
         if now - self.last_upload > UPLOAD_EVERY_S:
             self.flush()
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Every rank, at the same steps (Ray's report is a barrier): logged steps and evaluations."""
         self.sinks.scalars(step, values)
+        self.last_report = time.monotonic()
 
     def committed(self, result: SaveResult, reasons: list[str]) -> None:
         """A state committed: its cost, at the state's step, and an upload of the record so far."""
