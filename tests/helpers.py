@@ -112,3 +112,16 @@ def stop_processes(ours) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(list(procs), timeout=30)
+
+
+GPT2_EXAMPLE = (ROOT / "examples" / "hf_gpt2.yaml").read_text()
+
+
+def gpt2_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
+    """The Hugging Face GPT-2 example shrunk for tests (one block, short sequences, few samples);
+    still ZeRO-3, dropout, activation checkpointing, AdamW with decay and a warmup + cosine schedule."""
+    base = [f"storage={storage}", f"scaling.num_workers={workers}", "task.config.num_samples=40",
+            "task.config.seq_len=16", "task.config.n_layer=2", "task.config.n_embd=32", "task.config.n_head=2",
+            "train.micro_batch_size=2", "train.log_every=1000", "checkpoint.keep_last=0",
+            "checkpoint.export_final=false"]
+    return resolve_storage(parse_spec(GPT2_EXAMPLE, "examples/hf_gpt2.yaml", [*base, *overrides]))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
-from tests.helpers import lm_spec, run, run_until_crash, state_names, trainer_json
+from tests.helpers import gpt2_spec, lm_spec, run, run_until_crash, state_names, trainer_json
 from tests.test_exact_resume import assert_same_run
 from workers.launch import run_spawned
 from workers.storage import RunStorage
@@ -82,3 +82,19 @@ def test_gpu_spawned_hard_crash_resume(tmp_path):
     assert run_spawned(spec, 1) == [17]
     assert run_spawned(spec, 1) == [0]
     assert_same_run(ref, ref_final, spec, max(state_names(spec)))
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_gpu_hf_gpt2_bf16_resume_equals_uninterrupted(tmp_path, zero):
+    """The Hugging Face GPT-2 example (dropout, activation checkpointing: the recompute restores the
+    CUDA RNG state too) in bf16 on the GPU, a crash mid-cycle in the second epoch, then resume."""
+    pytest.importorskip("transformers")
+    extra = ("scaling.use_gpu=true", "deepspeed.precision=bf16", f"deepspeed.zero_stage={zero}",
+             "task.config.num_samples=24", "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+    ref = gpt2_spec(tmp_path / "ref", *extra)
+    ref_final = run(ref).final_state
+    spec = gpt2_spec(tmp_path / "run", *extra, "faults=[{at_micro_step: 19, mode: raise}]")
+    assert run_until_crash(spec)
+    result = run(spec)
+    assert result.resumed_from == f"{16:012d}"
+    assert_same_run(ref, ref_final, spec, result.final_state)
