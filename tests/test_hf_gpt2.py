@@ -22,7 +22,6 @@ import torch
 from examples.hf_gpt2 import build, splits
 from tests.helpers import ROOT, gpt2_spec, run, run_until_crash, state_names, step_history
 from tests.test_exact_resume import assert_same_run
-from workers.launch import run_spawned
 
 SAVE = "checkpoint.save_every={value: 2, unit: optimizer_steps}"
 
