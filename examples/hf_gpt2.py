@@ -25,7 +25,7 @@ the tiny example:
 ``checkpointing`` (true/false).
 
 The evaluation split (``eval_dataset``) is a disjoint slice of the same corpus, without augmentation,
-built here so ``Task.eval_dataset`` can take it as is.
+the task's ``eval_dataset`` (``train.eval_every`` in the yaml evaluates it).
 """
 
 from __future__ import annotations
@@ -105,5 +105,4 @@ def build(config: dict) -> Task:
     seq_len = int(config.get("seq_len", 32))
     train, evaluation = splits(int(config.get("num_samples", 512)), int(config.get("eval_samples", 64)), seq_len,
                                float(config.get("noise", 0.05)))
-    del evaluation  # Task.eval_dataset (issue 17.2) takes it once that field exists
-    return Task(model=gpt2(config), dataset=train, loss=lm_loss)
+    return Task(model=gpt2(config), dataset=train, loss=lm_loss, eval_dataset=evaluation)

@@ -3,7 +3,8 @@
 It has dropout (model-side randomness) and a random per-sample augmentation (data-side
 randomness: a random crop offset and random token noise), so exact resume has to get both RNG
 streams right. ``task.config`` sets ``num_samples`` and ``seq_len`` so tests choose the epoch
-length from the spec.
+length from the spec. ``eval_samples`` (default 128, 0 for none) windows from a later, disjoint part of
+the same corpus, with the same augmentation, form the eval set that ``train.eval_every`` evaluates.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ def synthetic_corpus(num_chars: int, seed: int = 7) -> torch.Tensor:
 class SyntheticText(torch.utils.data.Dataset):
     """Windows over the corpus; each fetch crops at a random offset and flips a few tokens."""
 
-    def __init__(self, num_samples: int, seq_len: int, noise: float = 0.05) -> None:
+    def __init__(self, num_samples: int, seq_len: int, noise: float = 0.05, skip: int = 0) -> None:
+        """``skip``: start ``skip`` windows into the corpus (the eval split starts past every training
+        window; the corpus's prefix does not depend on its length, so the training windows stay as they are)."""
         self.seq_len, self.noise, self.num_samples = seq_len, noise, num_samples
-        self.corpus = synthetic_corpus(num_samples * seq_len + 4 * seq_len)
+        self.corpus = synthetic_corpus((skip + num_samples + 4) * seq_len)[skip * seq_len:]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -80,5 +83,9 @@ def build(config: dict) -> Task:
     seq_len = int(config.get("seq_len", 32))
     model = TinyLM(d_model=int(config.get("d_model", 32)), n_layers=int(config.get("n_layers", 1)), seq_len=seq_len,
                    dropout=float(config.get("dropout", 0.1)))
-    data = SyntheticText(int(config.get("num_samples", 512)), seq_len, float(config.get("noise", 0.05)))
-    return Task(model=model, dataset=data, loss=lm_loss)
+    num_samples, noise = int(config.get("num_samples", 512)), float(config.get("noise", 0.05))
+    data = SyntheticText(num_samples, seq_len, noise)
+    # Training windows end before window num_samples + 2 (crop offset < seq_len): the eval split starts past them.
+    eval_samples = int(config.get("eval_samples", 128))
+    eval_data = SyntheticText(eval_samples, seq_len, noise, skip=num_samples + 4) if eval_samples > 0 else None
+    return Task(model=model, dataset=data, loss=lm_loss, eval_dataset=eval_data)

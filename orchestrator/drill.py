@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from orchestrator.timeline import restarts
-from policies.journal import Journal, Step
+from policies.journal import Evaluated, Journal, Step
 from policies.spec import CrashFault, JobSpec
 from policies.state_format import MODEL_FILE, STATES_DIR
 
@@ -125,6 +125,37 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tupl
     return worst <= bound, worst, bound
 
 
+def compare_evaluations(ref: Journal, run: Journal) -> tuple[bool, str | None]:
+    """The interrupted run's evaluations against the reference's, step by step (None: neither evaluated).
+
+    Exact: the same steps evaluated, the same metric names, bitwise the same values (a resumed attempt
+    that evaluates a step again must report what the uninterrupted run reported there). Across a
+    world-size change the eval set is split otherwise and summed in another order: within 1e-3 relative."""
+    a, b = ref.evaluations(), run.evaluations()
+    if not a and not b:
+        return True, None
+    resized = len(run.world_sizes) > 1
+
+    def same(x: dict[str, float], y: dict[str, float]) -> bool:
+        if x.keys() != y.keys():
+            return False
+        return all(x[k] == y[k] or (resized and abs(x[k] - y[k]) <= 1e-3 * abs(x[k])) for k in x)
+
+    differ = {k for k in a.keys() | b.keys() if k not in a or k not in b or not same(a[k].metrics, b[k].metrics)}
+    # every evaluation of a step counts, also one a crash made the resumed attempt repeat
+    differ |= {e.optimizer_step for e in run.of_kind(Evaluated)
+               if e.optimizer_step in a and not same(a[e.optimizer_step].metrics, e.metrics)}
+    mismatched = sorted(differ)
+    ok = not mismatched
+    verdict = ("within 1e-3 relative" if resized else "match") if ok else "MISMATCH"
+    detail = f"; first mismatch at step {mismatched[0]}" if mismatched else ""
+    if mismatched and mismatched[0] in a and mismatched[0] in b:
+        detail += f" ({b[mismatched[0]].metrics} vs reference {a[mismatched[0]].metrics})"
+    elif mismatched:
+        detail += f" (evaluated in {'the reference only' if mismatched[0] in a else 'the interrupted run only'})"
+    return ok, f"evaluation metrics: {verdict} ({len(a)} evaluations{detail})"
+
+
 def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[str]) -> DrillReport:
     from workers.digest import state_digest
     from workers.events import EventLog
@@ -151,6 +182,9 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     losses_ok = bool(a) and not mismatched and a.keys() == b.keys()
     lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} ({len(a)} optimizer "
                  "steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
+    evaluations_ok, evaluation_line = compare_evaluations(ref_journal, run_journal)
+    if evaluation_line:
+        lines.append(evaluation_line)
     finals = [j.last_finish.state if j.last_finish else None for j in (ref_journal, run_journal)]
     ref_final, run_final = finals
     worlds = run_journal.world_sizes
@@ -177,7 +211,7 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
         lines.append(f"final digest: {'match' if digest_ok else 'MISMATCH'} ({db[:16]}… vs reference {da[:16]}…)")
     else:
         lines.append(f"final digest: MISMATCH (final states {finals[1]} vs reference {finals[0]})")
-    ok = ok and losses_ok and digest_ok
+    ok = ok and losses_ok and digest_ok and evaluations_ok
     verdict = ("the interrupted run consumed the same samples at every step and agrees within the reduction-order "
                "bound" if len(worlds) > 1 else "the interrupted run is bitwise the uninterrupted one")
     lines.append("RESULT: " + (verdict if ok else "FAILED"))

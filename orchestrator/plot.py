@@ -1,5 +1,7 @@
 """Draw a run's history: loss and learning rate against the global micro-step, with every
-preemption notice, restart and committed state marked (people read a run faster from a picture)."""
+preemption notice, restart and committed state marked (people read a run faster from a picture).
+Evaluations (``train.eval_every``) are points: ``loss`` on the loss axis, any other metric in a
+panel of its own below (their scales are the task's)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,25 @@ def plot_run(journal: Journal, path: str, title: str = "") -> None:
 
     steps = [step for _, step in sorted(journal.steps().items())]
     xs = [s.global_micro_step for s in steps]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    evaluations = [e for _, e in sorted(journal.evaluations().items())]
+    others = sorted({k for e in evaluations for k in e.metrics} - {"loss"})
+    if others:
+        fig, (ax, ax_eval) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=[3, 2])
+    else:
+        fig, ax = plt.subplots(figsize=(10, 4.5))
     ax.plot(xs, [s.loss for s in steps], color="tab:blue", label="loss")
+    with_loss = [e for e in evaluations if "loss" in e.metrics]
+    if with_loss:
+        ax.plot([e.global_micro_step for e in with_loss], [e.metrics["loss"] for e in with_loss], color="tab:purple",
+                marker="o", linestyle="-", linewidth=1, label="eval loss")
+    if others:
+        for name in others:
+            at = [e for e in evaluations if name in e.metrics]
+            ax_eval.plot([e.global_micro_step for e in at], [e.metrics[name] for e in at], marker="o",
+                         label=f"eval {name}")
+        ax_eval.set_xlabel("global micro-step")
+        ax_eval.set_ylabel("evaluation")
+        ax_eval.legend(loc="upper right", fontsize=8)
     ax.set_xlabel("global micro-step")
     ax.set_ylabel("loss", color="tab:blue")
     ax2 = ax.twinx()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from policies.journal import (
     AttemptStarted,
+    Evaluated,
     Event,
     Failure,
     FaultFired,
@@ -97,6 +98,9 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
                 f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else "")
         case Failure():
             what = f"{e.classified} -> {e.decision}: {e.reason}"
+        case Evaluated():
+            shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
+            what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"
         case FaultFired():
             what = f"rank {e.rank} {e.mode} at {e.where}"
         case Finished():

@@ -143,6 +143,18 @@ class StateCommitted(_Event):
     reasons: list[str]  # interval, preemption, final
 
 
+class Evaluated(_Event):
+    """An evaluation at a sync boundary (``train.eval_every``): each metric's exact average over the
+    whole eval set, by the names ``Task.metrics`` gave (``trainer.json`` records them as ``eval_<name>``)."""
+
+    kind: Literal["evaluated"] = "evaluated"
+    attempt: int
+    optimizer_step: int
+    global_micro_step: int
+    metrics: dict[str, float]
+    seconds: float  # the evaluation's wall time (training waited for it)
+
+
 class PreemptionNotice(_Event):
     """The attempt learnt of an imminent preemption; ``source`` says from where (ray-drain,
     sigterm, another rank); Ray's drain notice adds its deadline and the nodes and ranks it hits."""
@@ -191,7 +203,7 @@ class Finished(_Event):
 
 
 Event = Annotated[Submitted | AttemptStarted | ResumeDecision | Progress | StateCommitted | PreemptionNotice
-                  | FaultFired | Failure | Finished, Field(discriminator="kind")]
+                  | FaultFired | Failure | Finished | Evaluated, Field(discriminator="kind")]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -311,6 +323,12 @@ class Journal:
         """Per optimizer step, its record; a later attempt's record of a recomputed step wins."""
         return {r.optimizer_step: Step.model_validate({**r.model_dump(), "attempt": e.attempt})
                 for e in self.of_kind(Progress) for r in e.records}
+
+    def evaluations(self) -> dict[int, Evaluated]:
+        """Per optimizer step, its evaluation; a later attempt's evaluation of the same step wins (a
+        crash after an evaluation and before the next commit makes the resumed attempt evaluate the
+        step again, and it must report the same numbers)."""
+        return {e.optimizer_step: e for e in self.of_kind(Evaluated)}
 
     def furthest_micro_step(self) -> int:
         """The furthest global micro-step any attempt recorded progress at (0 before any)."""

@@ -156,6 +156,37 @@ class SchedulerSpec(_Strict):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
+class EvalEvery(_Strict):
+    """``train.eval_every``: the shape and shorthand of ``checkpoint.save_every`` (``{value, unit}`` or
+    ``"N unit"``), in the units an evaluation can be due in, and ``0`` for off. No ``seconds``: the
+    steps evaluated must be the same in a resumed run as in the uninterrupted one, and wall-clock time
+    is not; no ``micro_steps``: evaluation runs at sync boundaries only."""
+
+    value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables evaluation.")
+    unit: Literal["optimizer_steps", "epochs"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            if v == 0:
+                return {"value": 0, "unit": "optimizer_steps"}
+            raise ValueError(f"{v} needs a unit: write '{v} optimizer_steps' or '{v} epochs' (0 turns evaluation off)")
+        if isinstance(v, str):
+            parts = v.split()
+            if len(parts) != 2:
+                raise ValueError("write it as '<number> <unit>', e.g. '100 optimizer_steps' or '1 epochs', "
+                                 "or {value, unit}")
+            return {"value": parts[0], "unit": parts[1]}
+        return v
+
+    @model_validator(mode="after")
+    def _integral(self) -> EvalEvery:
+        if self.value != int(self.value):
+            raise ValueError(f"{self.unit} must be a whole number")
+        return self
+
+
 class TrainSpec(_Strict):
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
     grad_accum: StrictInt = Field(1, ge=1, le=MAX_GRAD_ACCUM,
@@ -172,6 +203,9 @@ class TrainSpec(_Strict):
     record_samples: bool = Field(False,
                                  description="Log the sample ids of every optimizer step (audits, elastic tests).")
     log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description="Print progress every N optimizer steps.")
+    eval_every: EvalEvery = Field(default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"), description=(
+        "Evaluate the task's eval_dataset every N optimizer_steps or epochs (at sync boundaries, and at the run's "
+        "end); 0 is off."))
     deterministic: bool = Field(True, description=(
         "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
         "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."))

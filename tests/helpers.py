@@ -24,7 +24,8 @@ def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> Jo
     """The example job shrunk for tests (small model, short sequences)."""
     base = [f"storage={storage}", f"scaling.num_workers={workers}", "task.config.seq_len=8",
             "task.config.d_model=16", "train.micro_batch_size=2", "train.log_every=1000",
-            "checkpoint.keep_last=0", "checkpoint.export_final=false"]
+            "checkpoint.keep_last=0", "checkpoint.export_final=false",
+            "task.config.eval_samples=8"]  # the example evaluates (train.eval_every): a small eval set keeps it cheap
     return resolve_storage(parse_spec(EXAMPLE, "examples/tiny_lm.yaml", [*base, *overrides]))
 
 

@@ -102,3 +102,46 @@ def paced_lm(config: dict) -> Task:
 
     task.loss = loss
     return task
+
+
+class CleanVectors(torch.utils.data.Dataset):
+    """An eval set without augmentation (a reference computed by hand needs no seeding)."""
+
+    def __init__(self, n: int, dim: int = 4) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = self.x.sum(dim=1, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+def per_sample_metrics(model, batch):
+    """A batch mean (0-d) and per-sample values (1-d) of the same errors: both must average exactly."""
+    x, y = batch
+    err = (model(x) - y).squeeze(1)
+    return {"mse": (err ** 2).mean(), "abs_err": err.abs()}
+
+
+def linear_eval(config: dict) -> Task:
+    """linear with an eval set (``eval_samples``, default 7: uneven batches and shards) and, with
+    ``metrics: per_sample``, two metrics; ``eval_noise``: an augmented eval set (random per fetch)."""
+    task = linear(config)
+    n = int(config.get("eval_samples", 7))
+    task.eval_dataset = (Vectors(n, int(config.get("dim", 4))) if config.get("eval_noise")
+                         else CleanVectors(n, int(config.get("dim", 4))))
+    kind = config.get("metrics", "default")
+    if kind == "per_sample":
+        task.metrics = per_sample_metrics
+    elif kind == "float":
+        task.metrics = lambda model, batch: {"loss": float(mse(model, batch))}
+    elif kind == "nan":
+        task.metrics = lambda model, batch: {"loss": mse(model, batch) * float("nan")}
+    elif kind == "matrix":
+        task.metrics = lambda model, batch: {"out": model(batch[0])}
+    elif kind == "list":
+        task.metrics = lambda model, batch: [mse(model, batch)]
+    return task

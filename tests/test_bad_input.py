@@ -294,6 +294,30 @@ SPEC_CASES = [
               r"checkpoint\.save_every\.value", _FINITE),
     spec_case("save-every-nan-shorthand", _edit("{value: 1, unit: optimizer_steps}", "'nan seconds'"),
               r"checkpoint\.save_every\.value", r"(finite|valid number)"),
+    # --- issue 17 §2: train.eval_every (the shape of checkpoint.save_every)
+    spec_case("eval-every-seconds", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: '30 seconds'\n"),
+              r"train\.eval_every\.unit", r"'optimizer_steps' or 'epochs'"),
+    spec_case("eval-every-micro-steps",
+              _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: {value: 4, unit: micro_steps}\n"),
+              r"train\.eval_every\.unit", r"'optimizer_steps' or 'epochs'"),
+    spec_case("eval-every-no-unit", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: '5'\n"),
+              r"train\.eval_every", r"write it as '<number> <unit>', e\.g\. '100 optimizer_steps'"),
+    spec_case("eval-every-number-without-unit", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: 5\n"),
+              r"train\.eval_every",
+              r"5 needs a unit: write '5 optimizer_steps' or '5 epochs' \(0 turns evaluation off\)"),
+    spec_case("eval-every-unit-missing", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: {value: 5}\n"),
+              r"train\.eval_every\.unit", r"required field is missing"),
+    spec_case("eval-every-fractional", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: 1.5 epochs\n"),
+              r"train\.eval_every", r"epochs must be a whole number"),
+    spec_case("eval-every-negative", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: {value: -2, unit: epochs}\n"),
+              r"train\.eval_every\.value", r"greater than or equal to 0", line=13),
+    spec_case("eval-every-inf", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: {value: .inf, unit: epochs}\n"),
+              r"train\.eval_every\.value", _FINITE),
+    spec_case("eval-every-huge", _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: 10000000000 optimizer_steps\n"),
+              r"train\.eval_every\.value", r"less than or equal to 1000000000"),
+    spec_case("eval-every-unknown-key",
+              _edit("  lr: 0.01\n", "  lr: 0.01\n  eval_every: {value: 1, unit: epochs, at: end}\n"),
+              r"train\.eval_every\.at", r"allowed keys here are: unit, value"),
     # --- issue 14 §6: absurd integers and sizes
     spec_case("train-seed-2-to-the-70", _edit("seed: 3", f"seed: {2**70}"), r"train\.seed",
               r"less than or equal to 9223372036854775807", line=11),
@@ -715,6 +739,15 @@ def no_length_task(config: dict):
 
 NOT_A_FUNCTION = "a string, not a function"
 
+
+def no_eval_length_task(config: dict):
+    """A task whose eval set is not map-style: tests.test_bad_input:no_eval_length_task."""
+    from tests.tasks import linear
+
+    task = linear(config)
+    task.eval_dataset = _NoLength()
+    return task
+
 # (overrides on the committed run's own spec, expected exception, message regex)
 RUNTIME_CASES = [
     pytest.param(("task.path=no_such_module:build",), TaskError,
@@ -733,6 +766,14 @@ RUNTIME_CASES = [
     pytest.param(("task.path=tests.test_bad_input:no_length_task",), TaskError,
                  r"task\.path: .* dataset without __len__/__getitem__ \(map-style needed\)",
                  id="task-dataset-not-map-style"),
+    pytest.param(("train.eval_every=1 epochs",), TaskError,
+                 r"train\.eval_every is 1 epochs but the task \(tests\.tasks:linear\) returns no Task\.eval_dataset: "
+                 r"return one from the task function, or set train\.eval_every to 0", id="eval-every-without-eval-set"),
+    pytest.param(("task.path=tests.tasks:linear_eval", "task.config.eval_samples=0", "train.eval_every=1 epochs"),
+                 TaskError, r"Task\.eval_dataset of tests\.tasks:linear_eval is empty", id="eval-set-empty"),
+    pytest.param(("task.path=tests.test_bad_input:no_eval_length_task",), TaskError,
+                 r"eval_dataset without __len__/__getitem__ \(Task\.eval_dataset must be map-style",
+                 id="eval-set-not-map-style"),
     pytest.param(("task.config.num_samples=0",), DataLayoutError,
                  r"the dataset has 0 samples, fewer than one global micro-batch .*use more samples",
                  id="dataset-empty"),

@@ -98,12 +98,14 @@ def _node_of_rank(spec, cluster_nodes, rank):
 def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
     cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
-           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}"]
+           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}",
+           "--set", "train.eval_every=3 optimizer_steps"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "per-step losses and learning rates: match" in out and "final digest: match" in out
+    assert "evaluation metrics: match (4 evaluations)" in out  # steps 3, 6, 9 and the end (10)
     rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)]
     assert [r[1] for r in rows] == ["crash", "sigterm"]
     assert rows[1][3] == "preemption" and rows[1][5] == "0"  # the noticed preemption lost nothing

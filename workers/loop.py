@@ -43,6 +43,7 @@ from workers.checkpoint_engine import install as install_streaming
 from workers.data import epoch_loader
 from workers.device import check_engine_device, prepare_process, to_device
 from workers.engine import build_engine, model_fingerprint, set_lr
+from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
@@ -105,6 +106,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
+    check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
     engine = build_engine(spec, task.model, data_layout.grad_accum)
@@ -149,6 +151,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                            at.global_micro_step)
     saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
     saves.on_commit = metrics.committed
+    evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
+                            events=attempt.events, carried=start.metrics, print_progress=ctx.print_progress)
     finished = start.finished
 
     while not finished and run_length.has_epoch(at.epoch):
@@ -212,10 +216,14 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 if attempt.rank == 0 and ctx.print_progress and logged:
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
                                   global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
-                if logged:
-                    # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
-                    metrics.logged_step(record, report=bool(agreed.reports_due) or last)
-                trainer_record = partial(_trainer_record, attempt, at, loss=step_loss)
+                # Evaluation runs before the save at the same boundary, so the state records it.
+                evaluated = evaluation.due(at, epoch_end=epoch_end, last=last)
+                if evaluated:
+                    evaluation.run(engine, at)
+                # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
+                metrics.at_boundary(record, logged=logged, evaluated=evaluation.latest if evaluated else None,
+                                    report=bool(agreed.reports_due) or last)
+                trainer_record = partial(_trainer_record, attempt, at, loss=step_loss, evaluated=evaluation.latest)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
@@ -306,8 +314,10 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
     return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
 
 
-def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], *, loss: float) -> dict[str, Any]:
-    """``trainer.json``: the position, the identity selection compares, and why this state was saved."""
+def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], *, loss: float,
+                    evaluated: dict[str, float] | None = None) -> dict[str, Any]:
+    """``trainer.json``: the position, the identity selection compares, and why this state was saved;
+    ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for ``best-metric``."""
     exp, spec = attempt.expectation, attempt.spec
     return TrainState(
         schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name,
@@ -319,6 +329,6 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], 
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
-        metrics={"loss": loss}, save_reasons=reasons, attempt=attempt.number,
+        metrics={"loss": loss, **(evaluated or {})}, save_reasons=reasons, attempt=attempt.number,
         submission=attempt.submission_id,  # a restart of this submission continues from its own states
         created_at=time.time()).record()

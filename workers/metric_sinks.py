@@ -16,8 +16,8 @@ Two kinds of sink, because they differ in who may call them:
 * ``TensorBoardSink`` keeps the record: rank 0 only. It also gets what only the record wants (a
   save's blocked seconds, a restart as text), through ``RunMetrics.records``.
 
-Evaluation (issue 17.2) feeds its results in with one call on every rank, at the optimizer step it
-evaluated: ``metrics.scalars(at.optimizer_step, {"eval_loss": ..., "eval_<name>": ...})``.
+An evaluation's ``eval_*`` values join the boundary's values (``RunMetrics.at_boundary``): one
+report per boundary, never two at one step.
 
 Nothing here touches an RNG or the model: a run with metrics is bitwise the run without.
 """
@@ -231,16 +231,25 @@ class RunMetrics:
         agree through the boundary vote (clocks differ; Ray's report is a barrier)."""
         return time.monotonic() - self.last_report >= REPORT_EVERY_S
 
-    def logged_step(self, record: Mapping[str, Any], *, report: bool = True) -> None:
-        """A logged optimizer step (every rank, at the same steps): the record is the step's
-        progress record (``optimizer_step``, ``global_micro_step``, ``loss``, ``lr``/``lrs``).
-        ``report`` (agreed by every rank): this step goes to Ray as well as to the record."""
-        now, micro_step = time.monotonic(), int(record["global_micro_step"])
-        samples_per_s = ((micro_step - self.last_micro_step) * self.samples_per_micro_step
-                         / max(now - self.last_time, 1e-9))
-        self.last_time, self.last_micro_step = now, micro_step
-        values = step_values(record, samples_per_s)
-        if report:
+    def at_boundary(self, record: Mapping[str, Any], *, logged: bool, evaluated: Mapping[str, float] | None = None,
+                    report: bool = True) -> None:
+        """A sync boundary (every rank, same arguments): ``record`` is the step's progress record
+        (``optimizer_step``, ``global_micro_step``, ``loss``, ``lr``/``lrs``); a ``logged`` step
+        contributes its scalars, an evaluation its ``eval_*`` values, in one report. ``report``
+        (agreed by every rank): a logged step goes to Ray as well as to the record; an evaluation
+        always does (it is rare, and Ray users watch it)."""
+        values: dict[str, float] = {}
+        now = time.monotonic()
+        if logged:
+            micro_step = int(record["global_micro_step"])
+            samples_per_s = ((micro_step - self.last_micro_step) * self.samples_per_micro_step
+                             / max(now - self.last_time, 1e-9))
+            self.last_time, self.last_micro_step = now, micro_step
+            values.update(step_values(record, samples_per_s))
+        values.update(evaluated or {})
+        if not values:
+            return
+        if report or evaluated:
             self.scalars(int(record["optimizer_step"]), values)
         else:
             self.records.scalars(int(record["optimizer_step"]), values)

@@ -44,6 +44,7 @@ class ResumeStart:
     finished: bool  # the state is at or past the run's end: export and finish, train nothing
     rng_bytes: bytes | None = None  # this rank's saved RNG streams, restored right before the first fetch
     rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
+    metrics: dict[str, Any] | None = None  # the resumed state's trainer.json metrics (evaluations carry on)
 
     def restore_rng(self, seed: int, rank: int) -> None:
         """After the data skip and every start-up draw, immediately before the first fetch (once)."""
@@ -61,6 +62,7 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     start = ResumeStart(name, TrainingPosition(), finished=False, rng_bytes=rng_bytes)
     if trainer:
         _position_from(attempt, trainer, start)
+        start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
     start.finished = _already_finished(attempt, name, start.position, attempt.run_length)
     return start
 

@@ -33,6 +33,11 @@ class Task:
     dataset: MapDataset
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
+    # Evaluation (``train.eval_every``, ``workers.evaluation``): a map-style eval set, and what to
+    # measure on a batch: ``metrics(model, batch) -> {name: tensor}``, a 0-d tensor being the batch's
+    # mean and a 1-d tensor one value per item. Default: the task's loss, recorded as ``eval_loss``.
+    eval_dataset: MapDataset | None = None
+    metrics: Callable[[Any, Any], dict[str, torch.Tensor]] | None = None
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
@@ -53,4 +58,11 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
         raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
     if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
         raise TaskError(f"task.path: {path!r} returned a dataset without __len__/__getitem__ (map-style needed)")
+    if task.eval_dataset is not None and (not hasattr(task.eval_dataset, "__len__")
+                                          or not hasattr(task.eval_dataset, "__getitem__")):
+        raise TaskError(f"task.path: {path!r} returned an eval_dataset without __len__/__getitem__ "
+                        "(Task.eval_dataset must be map-style, like Task.dataset)")
+    if task.metrics is not None and not callable(task.metrics):
+        raise TaskError(f"task.path: {path!r} returned Task.metrics that is not callable; it must be a function "
+                        "metrics(model, batch) -> dict[str, Tensor]")
     return task
