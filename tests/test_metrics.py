@@ -30,7 +30,7 @@ from orchestrator.progress_bar import (
     show_progress_bar,
 )
 from policies.journal import AttemptStarted, Finished, Progress, ProgressRecord, StateCommitted
-from tests.helpers import digest, lm_spec, run, run_until_crash, step_history, with_overrides
+from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json, with_overrides
 from workers.events import EventLog
 from workers.launch import run_in_process
 from workers.metric_sinks import TENSORBOARD_DIR, step_values
@@ -160,7 +160,11 @@ def test_ray_reports_no_more_often_than_ray_collects_them(tmp_path, monkeypatch)
     reports: list[dict] = []
     run_in_process(spec, print_progress=False, report_metrics=reports.append)
     assert [r["optimizer_step"] for r in reports] == [1, 6]  # the first logged step, then the last
-    assert [step for step, _ in _curve(_accumulator(_local_copy(spec, tmp_path)), "loss")] == [1, 2, 3, 4, 5, 6]
+    acc = _accumulator(_local_copy(spec, tmp_path))
+    assert [step for step, _ in _curve(acc, "loss")] == [1, 2, 3, 4, 5, 6]
+    # the final evaluation (the example's eval_every): in TensorBoard, and in the last report, as the state has it
+    final = trainer_json(spec, max(state_names(spec)))["metrics"]["eval_loss"]
+    assert _curve(acc, "eval_loss") == [(6, pytest.approx(final))] and reports[-1]["eval_loss"] == final
 
 
 def test_step_values_per_parameter_group():
