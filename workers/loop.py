@@ -47,12 +47,13 @@ from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
 from workers.lease import RunLease
+from workers.param_groups import settings_of
 from workers.position import TrainingPosition
 from workers.preemption import PreemptionNotices, RayNotice
 from workers.progress import ProgressLine, ProgressLog
 from workers.resume_negotiation import ResumeStart, negotiate_resume
 from workers.saving import SaveCoordinator
-from workers.schedule import lr_at
+from workers.schedule import Schedule
 from workers.signing import load_key
 from workers.storage import RunStorage
 from workers.task import Task, load_task
@@ -103,11 +104,14 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     task = load_task(spec.task.path, spec.task.config)
     data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
-    engine = build_engine(spec, task.model, data_layout.grad_accum)
+    schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
+    engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
+    groups = settings_of(engine)  # the param-group layout is part of a state's identity
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
-                                        num_samples=len(task.dataset))
+                                        num_samples=len(task.dataset), param_groups=groups.layout_record,
+                                        optimizer_type=groups.task_class)
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -117,7 +121,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                       restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)))
     try:
         start = negotiate_resume(attempt, engine)
-        return _train(attempt, ctx, notices, task, engine, start)
+        return _train(attempt, ctx, notices, task, engine, start, schedule)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -127,7 +131,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart) -> WorkerResult:
+           start: ResumeStart, schedule: Schedule) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
@@ -163,10 +167,10 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             loss = task.loss(engine, to_device(batch, engine.device))
             engine.backward(loss / cycle, scale_wrt_gas=False)
             cycle_loss_sum += float(loss.detach())
-            # LR schedule: the live spec decides the value, the state only the position.
-            lr = lr_at(at.schedule_position, train.lr, train.scheduler, run_length.schedule_horizon)
+            # LR schedule: the live spec decides the factor, the state only the position; each param
+            # group's rate is its own base rate times the factor.
             if boundary:
-                set_lr(engine, lr)  # this cycle's optimizer step uses it
+                lrs = set_lr(engine, schedule.factor(at.schedule_position, run_length.schedule_horizon))
             engine.step()
             if boundary:
                 at.optimizer_stepped(train.scheduler.unit)
@@ -191,7 +195,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                         optimizer_step=at.optimizer_step, **(notice or {"source": "another rank"})))
                 if agreed.wall_clock_saves:
                     pending.request("interval")
-                progress.add(_step_record(at, step_loss, lr, cycle_sample_ids if train.record_samples else None,
+                progress.add(_step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None,
                                           world))
                 epoch_end = at.position_in_epoch == per_epoch
                 if epoch_end:
@@ -201,7 +205,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     pending.request("final")  # the run always commits a state at its last micro-step
                 if attempt.rank == 0 and ctx.print_progress and (at.optimizer_step % train.log_every == 0 or last):
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
-                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
+                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lrs[0])
                 trainer_record = partial(_trainer_record, attempt, at, loss=step_loss)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
@@ -226,11 +230,14 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> Non
             optimizer_step=start.position.optimizer_step))
 
 
-def _step_record(at: TrainingPosition, loss: float, lr: float, cycle_sample_ids: list[list[int]] | None,
+def _step_record(at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None,
                  world: int) -> dict[str, Any]:
-    """One optimizer step for the progress log (and ``WorkerResult.history``)."""
+    """One optimizer step for the progress log (and ``WorkerResult.history``): ``lr`` is the first
+    param group's rate, ``lrs`` every group's (only when there are several)."""
     record: dict[str, Any] = {"optimizer_step": at.optimizer_step, "global_micro_step": at.global_micro_step,
-                              "epoch": at.epoch, "loss": loss, "lr": lr, "time": time.time()}
+                              "epoch": at.epoch, "loss": loss, "lr": lrs[0], "time": time.time()}
+    if len(lrs) > 1:
+        record["lrs"] = lrs
     if cycle_sample_ids is not None:
         record["samples"] = _gather_samples(cycle_sample_ids, world)
     return record

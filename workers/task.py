@@ -33,6 +33,9 @@ class Task:
     dataset: MapDataset
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
+    # optimizer(model) -> any torch optimizer, any param groups (each with its own lr, weight decay, ...);
+    # None: the spec's train.optimizer (with train.optimizer.no_decay). The schedule scales each group's lr.
+    optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
@@ -51,6 +54,9 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
         raise TaskError(f"task.path: {path!r} cannot be called as {path.split(':')[1]}(config: dict): {e}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
+    if task.optimizer is not None and not callable(task.optimizer):
+        raise TaskError(f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
+                        "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer")
     if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
         raise TaskError(f"task.path: {path!r} returned a dataset without __len__/__getitem__ (map-style needed)")
     return task
