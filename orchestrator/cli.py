@@ -51,7 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
-    ``checkpoint.save_trigger`` when they are import paths — names a module that cannot be found."""
+    ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — names a module
+    that cannot be found."""
     problems = import_problems(import_paths(spec), base_dir)
     if problems:
         raise SpecError(source, problems)
@@ -66,6 +67,8 @@ def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
         paths.append(("resume.policy", spec.resume.policy))
     if spec.checkpoint.save_trigger:
         paths.append(("checkpoint.save_trigger", spec.checkpoint.save_trigger))
+    if spec.train.scheduler.path:
+        paths.append(("train.scheduler.path", spec.train.scheduler.path))
     return paths
 
 

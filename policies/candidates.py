@@ -120,29 +120,35 @@ class Expectation:
     optimizer_type: str | None = None
     scheduler_type: str | None = None
     scheduler_phases: tuple[str, ...] | None = None
+    # the optimizer's param groups, (parameters, elements, names hash) each; None: not known
+    param_groups: tuple[tuple[int, int, str | None], ...] | None = None
     sampler: str = SAMPLER_VERSION
     # opt-outs (resume.*): continue on these weights and this position although that part differs
     reset_schedule: bool = False
     reset_optimizer: bool = False
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int) -> Expectation:
+    def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int,
+                  param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
+                  optimizer_type: str | None = None) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
-        task's model and dataset size."""
+        task's model and dataset size, and the built optimizer's param groups (``optimizer_type``:
+        the class name when the task builds the optimizer, else the spec's type)."""
         t = spec.train
         return cls(
             job_identity=job_identity(spec), world_size=layout.world_size, micro_batch_size=t.micro_batch_size,
             grad_accum=layout.grad_accum, micro_batches_per_epoch=layout.micro_batches_per_epoch,
             zero_stage=spec.deepspeed.zero_stage, model_fingerprint=model_fingerprint, seed=t.seed,
             elastic=spec.scaling.elastic, global_batch=layout.global_batch, samples_per_epoch=layout.samples_per_epoch,
-            num_samples=num_samples, precision=spec.deepspeed.precision, optimizer_type=t.optimizer.type,
+            num_samples=num_samples, precision=spec.deepspeed.precision,
+            optimizer_type=optimizer_type or t.optimizer.type, param_groups=param_groups,
             scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
             reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer)
 
     @classmethod
     def from_state(cls, state: TrainState) -> Expectation:
         """The expectation a state itself implies: the run that wrote it, as it was then."""
-        scheduler = state.scheduler
+        scheduler, groups = state.scheduler, state.optimizer.param_groups
         return cls(
             job_identity=state.job_identity, world_size=state.world_size, micro_batch_size=state.micro_batch_size,
             grad_accum=state.grad_accum, micro_batches_per_epoch=state.micro_batches_per_epoch,
@@ -150,6 +156,7 @@ class Expectation:
             elastic=bool(state.elastic), global_batch=state.data.global_batch,
             samples_per_epoch=state.data.samples_per_epoch, num_samples=state.data.num_samples,
             precision=state.precision, optimizer_type=state.optimizer.type,
+            param_groups=tuple((g.params, g.numel, g.names) for g in groups) if groups is not None else None,
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler)
 
@@ -167,7 +174,8 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
         "model_fingerprint": exp.model_fingerprint,
         "seed": exp.seed,
         "elastic": exp.elastic,
-        "optimizer": {"type": exp.optimizer_type},
+        "optimizer": {"type": exp.optimizer_type, "param_groups": None if exp.param_groups is None else
+                      [{"params": n, "numel": numel, "names": names} for n, numel, names in exp.param_groups]},
     }
 
 
@@ -290,13 +298,46 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
                        "or take the weights into a new run with resume.init_from."))
     if not exp.reset_optimizer and exp.optimizer_type is not None and s.optimizer.type is not None:
         checks.append(("optimizer.type", s.optimizer.type, exp.optimizer_type,
-                       "optimizer type differs (train.optimizer.type): its moments cannot be loaded",
+                       "optimizer type differs (train.optimizer.type, or the class Task.optimizer returns): its "
+                       "moments cannot be loaded",
                        "Set resume.reset_optimizer: true to keep weights and position and start the optimizer "
-                       "state fresh, or restore train.optimizer.type."))
+                       "state fresh, or restore train.optimizer.type (Task.optimizer)."))
     for key, have, want, what, fix in checks:
         if have != want:
             return _differs(key, have, want, what, fix)
-    return _schedule_incompatibility(s, exp)
+    return _group_incompatibility(s, exp) or _schedule_incompatibility(s, exp)
+
+
+def _groups_text(groups: tuple[tuple[int, int, str | None], ...]) -> str:
+    return "[" + ", ".join(f"{n} params / {numel} elements" for n, numel, _ in groups[:8]) + (
+        f", ... ({len(groups) - 8} more)" if len(groups) > 8 else "") + "]"
+
+
+def _group_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """The optimizer's moments are flattened and partitioned per param group: another number or
+    split of groups cannot load them (same counts with other members: the names hash differs).
+    A state written before the layout was recorded had one group."""
+    if exp.reset_optimizer or exp.param_groups is None:
+        return None
+    fix = ("Set resume.reset_optimizer: true to keep weights and position and start the optimizer state fresh, "
+           "or restore the previous groups (train.optimizer.no_decay, or the task's Task.optimizer).")
+    recorded = s.optimizer.param_groups
+    if recorded is None:
+        if len(exp.param_groups) == 1:
+            return None
+        return (f"parameter groups differ: the state records none (it was written before syncpoint recorded them, "
+                f"with one group of every parameter), this run has {len(exp.param_groups)} "
+                f"{_groups_text(exp.param_groups)} (train.optimizer.no_decay / Task.optimizer). Set "
+                "train.optimizer.no_decay: [] for one group as before, or resume.reset_optimizer: true to keep "
+                "weights and position and start the optimizer state fresh.")
+    have = tuple((g.params, g.numel, g.names) for g in recorded)
+    if have == exp.param_groups:
+        return None
+    same_sizes = [g[:2] for g in have] == [g[:2] for g in exp.param_groups]
+    return (f"parameter groups differ (train.optimizer.no_decay / Task.optimizer): the state has {len(have)} "
+            f"{_groups_text(have)}, this run has {len(exp.param_groups)} {_groups_text(exp.param_groups)}"
+            f"{' (same sizes, other parameters)' if same_sizes else ''}; the optimizer moments are stored per group. "
+            + fix)
 
 
 def _schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:

@@ -115,8 +115,9 @@ class ProgressRecord(_Record):
     global_micro_step: int
     epoch: int
     loss: float
-    lr: float
+    lr: float  # the first param group's
     time: float = older_logs_lack(0.0)
+    lrs: list[float] | None = None  # every param group's rate, when there are several
     samples: list[int] | None = None  # only with train.record_samples: the step's sample ids, global order
 
 

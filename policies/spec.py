@@ -49,6 +49,9 @@ MAX_LEASE_TTL_S = 7 * 24 * 3600.0  # a crashed owner blocks its successors this 
 MAX_PATH_CHARS = 4096  # storage and state URLs
 MAX_NAME_CHARS = 200  # the run directory's name (file systems stop at 255 bytes)
 MAX_IMPORT_PATH_CHARS = 512
+MAX_NO_DECAY_PATTERNS = 256  # train.optimizer.no_decay entries
+MAX_PATTERN_CHARS = 256  # one no_decay name pattern
+MAX_POWER = 100.0  # a polynomial schedule's exponent: beyond this the rate is 0 after the first step anyway
 MAX_FAULTS = 1000
 
 
@@ -139,21 +142,79 @@ class TaskSpec(_Strict):
 
 class OptimizerSpec(_Strict):
     type: Literal["adamw", "adam", "sgd"] = "adamw"
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="Weight decay of every parameter not matched by no_decay.")
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0, le=1)
     momentum: float = Field(0.0, ge=0, le=1)
+    no_decay: list[Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]] | None = Field(
+        None, max_length=MAX_NO_DECAY_PATTERNS, description=(
+            "Parameter name patterns (fnmatch, e.g. '*.bias') kept out of weight decay, in a second param group "
+            "with weight_decay 0. Default (null): biases and the parameters of normalization modules (LayerNorm, "
+            "RMSNorm, GroupNorm, BatchNorm, any module class named *Norm*); [] keeps one group. The split does not "
+            "depend on weight_decay, so editing weight_decay never changes the group layout."))
+
+
+# the fields only one schedule type reads: set for another type they are an error, not silently ignored
+_TYPE_FIELDS = {"decay": "wsd", "decay_fraction": "wsd", "decay_shape": "wsd", "power": "polynomial",
+                "step_size": "step", "gamma": "step", "path": "custom"}
 
 
 class SchedulerSpec(_Strict):
-    """The live schedule. Only its *position* is persisted; this spec decides the values."""
+    """The live schedule. Only its *position* is persisted; this spec decides the values.
 
-    type: Literal["constant", "linear", "cosine"] = "constant"
+    Every type yields a factor that multiplies each param group's own base learning rate.
+    """
+
+    type: Literal["constant", "linear", "cosine", "wsd", "inverse_sqrt", "polynomial", "step", "custom"] = Field(
+        "constant", description=(
+            "constant | linear | cosine (decay to min_lr_ratio over the horizon) | wsd (warmup-stable-decay) | "
+            "inverse_sqrt | polynomial | step | custom (scheduler.path)."))
     warmup: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Warmup length in `unit`s (linear ramp from 0).")
     unit: Literal["optimizer_steps", "epochs"] = "optimizer_steps"
     total: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
                                     description="Horizon in `unit`s; default: the run's length.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The factor decaying schedules end at (their floor).")
+    decay: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
+                                    description="wsd: the decay phase's length in `unit`s (or decay_fraction).")
+    decay_fraction: float | None = Field(None, gt=0, le=1,
+                                         description="wsd: the decay phase as a fraction of the horizon (or decay).")
+    decay_shape: Literal["linear", "cosine"] | None = Field(None, description="wsd: the decay's shape (linear).")
+    power: float | None = Field(None, gt=0, le=MAX_POWER,
+                                description="polynomial: the exponent of (1 - progress) (default 1: linear).")
+    step_size: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
+                                        description="step: multiply the rate by gamma every step_size `unit`s.")
+    gamma: float | None = Field(None, gt=0, le=1, description="step: the factor per step_size (default 0.1).")
+    path: str | None = Field(None, max_length=MAX_IMPORT_PATH_CHARS, description=(
+        "custom: 'pkg.mod:fn', fn(position: int, total: int) -> float, a finite factor >= 0 on each group's base "
+        "rate (it decides warmup too)."))
+
+    @field_validator("path")
+    @classmethod
+    def _path_shape(cls, v: str | None) -> str | None:
+        if v is not None and not is_import_path(v):
+            raise ValueError("must look like 'package.module:function' (fn(position: int, total: int) -> float)")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_fit_type(self) -> SchedulerSpec:
+        stray = [k for k, owner in _TYPE_FIELDS.items() if getattr(self, k) is not None and owner != self.type]
+        if stray:
+            k = stray[0]
+            raise ValueError(f"train.scheduler.{k} applies to type {_TYPE_FIELDS[k]} only (type is {self.type}); "
+                             f"remove it or set type: {_TYPE_FIELDS[k]}")
+        if self.type == "wsd" and (self.decay is None) == (self.decay_fraction is None):
+            raise ValueError("train.scheduler type wsd needs exactly one of decay (the decay phase in units) or "
+                             "decay_fraction (of the horizon), e.g. decay_fraction: 0.2")
+        if self.type == "step" and self.step_size is None:
+            raise ValueError("train.scheduler type step needs step_size (units between two multiplications by gamma)")
+        if self.type == "custom":
+            if self.path is None:
+                raise ValueError("train.scheduler type custom needs path: 'package.module:function', "
+                                 "fn(position: int, total: int) -> float")
+            if self.warmup or self.min_lr_ratio:
+                raise ValueError("train.scheduler type custom: the function decides the whole schedule; "
+                                 "remove warmup and min_lr_ratio (put them in the function)")
+        return self
 
 
 class EvalEvery(_Strict):

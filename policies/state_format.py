@@ -107,8 +107,15 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
 
 
 def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
-    """The phase order a state records: a schedule with another order cannot be continued."""
-    return (["linear_warmup"] if scheduler.warmup else []) + [scheduler.type]
+    """The phase order a state records: a schedule with another order cannot be continued.
+
+    One phase named after the type (what states before warmup-stable-decay record for constant,
+    linear and cosine), after a warmup when there is one; ``wsd`` records its stable phase and its
+    decay's shape (linear and cosine decay differ as linear and cosine schedules do)."""
+    warmup = ["linear_warmup"] if scheduler.warmup else []
+    if scheduler.type == "wsd":
+        return [*warmup, "stable", f"{scheduler.decay_shape or 'linear'}_decay"]
+    return [*warmup, scheduler.type]
 
 
 def json_bytes(record: dict[str, Any]) -> bytes:
@@ -160,8 +167,19 @@ class SchedulerRecord(_Record):
         return cls(type=scheduler.type, phases=scheduler_phases(scheduler), unit=scheduler.unit, position=position)
 
 
+class ParamGroupRecord(_Record):
+    """One optimizer param group as the state's moments are laid out: DeepSpeed flattens and
+    partitions each group on its own, so another split cannot load them."""
+
+    params: Count  # parameters in the group
+    numel: Count  # their elements, all together
+    names: str | None = None  # a short hash of the parameters' names in group order (None: unnamed)
+
+
 class OptimizerRecord(_Record):
     type: str | None = None  # None: not recorded (states before the field), not compared
+    # None: not recorded (states before the field: one group, which the live layout must then be)
+    param_groups: list[ParamGroupRecord] | None = None
 
 
 class DataRecord(_Record):

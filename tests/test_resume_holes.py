@@ -181,11 +181,13 @@ def test_config_wins_for_every_optimizer_hyperparameter(tmp_path, capsys):
                              "faults=[]")
     result = run(changed)
     err = capsys.readouterr().err
-    assert "weight_decay: the state had 0.01, the spec says 0.2" in err and "betas" in err and "eps" in err
+    assert "weight_decay (param group 0): the state had 0.01, the spec says 0.2" in err
+    assert "betas" in err and "eps" in err
     saved = load_deepspeed_file(RunStorage(spec.run_url).read_bytes("states", result.final_state,
                                                                     "engine/mp_rank_00_model_states.pt"))
-    for group in saved["optimizer"]["param_groups"]:
-        assert (group["weight_decay"], tuple(group["betas"]), group["eps"]) == (0.2, (0.8, 0.9), 1e-6)
+    # the default no_decay split: weights decay, biases (the second group) do not, whatever weight_decay says
+    got = [(g["weight_decay"], tuple(g["betas"]), g["eps"]) for g in saved["optimizer"]["param_groups"]]
+    assert got == [(0.2, (0.8, 0.9), 1e-6), (0.0, (0.8, 0.9), 1e-6)]
 
 
 # ------------------------------------------------------------------ 6., 7., 9. edited, incomplete, unknown checksum
@@ -321,7 +323,8 @@ def test_expectation_round_trips_through_the_trainer_record():
 
 def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     from policies.elastic import layout
-    from workers.engine import model_fingerprint
+    from workers.engine import make_optimizer, model_fingerprint
+    from workers.param_groups import layout_of
     from workers.task import load_task
 
     spec = _spec(tmp_path)
@@ -334,9 +337,11 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     # the one constructor of the live run's expectation agrees with what its states read back
     task = load_task(spec.task.path, spec.task.config)
     t = spec.train
+    groups = tuple(g.record() for g in layout_of(make_optimizer(spec, task.model), task.model))
     live = Expectation.from_spec(spec, layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
-                                 model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset))
-    assert live == exp
+                                 model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset),
+                                 param_groups=groups)
+    assert live == exp and len(groups) == 2  # the default no_decay split: weights, biases
 
 
 # ------------------------------------------------------------------ 12. the failure line says why

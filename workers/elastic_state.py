@@ -62,6 +62,7 @@ def save_full_optimizer_state(engine: DeepSpeedEngine, staging: str, rank: int) 
     """All ranks (collectives); rank 0 writes ``<staging>/optim/full.safetensors``."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+    _relink_optimizer_state(engine)
     keys = _state_keys(engine)
     tensors: dict[str, torch.Tensor] = {}
     for name, p in engine.module.named_parameters():
@@ -74,6 +75,20 @@ def save_full_optimizer_state(engine: DeepSpeedEngine, staging: str, rank: int) 
         path = local_path(staging, FULL_OPTIMIZER_FILE)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         save_file(tensors, path, metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys)})
+
+
+def _relink_optimizer_state(engine: DeepSpeedEngine) -> None:
+    """Map every parameter to its group's optimizer state again, now that every group has stepped.
+
+    Why: DeepSpeed 0.19's ZeRO-1/2 ``_optimizer_step(group)`` links the fragments of *all* groups
+    after the *first* group's step (``_lazy_init_hp_params_optimizer_state``, once), when the later
+    groups' state is still empty; with several param groups ``safe_get_full_optimizer_state`` then
+    finds no ``exp_avg`` for their parameters. Linking again is cheap (views into the flat state)
+    and changes no tensor. DeepSpeed-internal, ZeRO-1/2 only (stage 3 reads its state directly)."""
+    opt = engine.optimizer
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state") and getattr(opt, "_hp_optimizer_states_linked", False):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
 
 
 def load_full_optimizer_state(engine: DeepSpeedEngine, data: bytes) -> None:

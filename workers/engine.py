@@ -4,11 +4,14 @@ on this rank's GPU (NCCL), as ``scaling.use_gpu`` says (``workers.device`` picks
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from policies.errors import JobConfigError
 from policies.spec import JobSpec
+from workers.param_groups import ATTRIBUTE, GroupSettings, builtin_groups, layout_of, settings_of, spec_key
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -35,7 +38,7 @@ def zero_config(spec: JobSpec) -> dict[str, Any]:
     return zero
 
 
-def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, Any]:
+def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optimizer: bool = False) -> dict[str, Any]:
     t, d = spec.train, spec.deepspeed
     zero = zero_config(spec)
     cfg: dict[str, Any] = {
@@ -48,43 +51,64 @@ def deepspeed_config(spec: JobSpec, grad_accum: int | None = None) -> dict[str, 
         "bf16": {"enabled": d.precision == "bf16"},
         "fp16": {"enabled": d.precision == "fp16"},
     }
-    if d.offload_optimizer != "none" and t.optimizer.type == "sgd":
+    if d.offload_optimizer != "none" and (task_optimizer or t.optimizer.type == "sgd"):
         # DeepSpeed insists on its CPU Adam for offload unless told otherwise; SGD has no CPU
         # counterpart there, and torch's SGD steps the offloaded fp32 partitions on the CPU as well.
+        # A Task.optimizer is the user's choice: it steps the offloaded partitions on the CPU as it
+        # is (return DeepSpeedCPUAdam from Task.optimizer for DeepSpeed's fast CPU kernel).
         cfg["zero_force_ds_cpu_optimizer"] = False
     cfg.update(d.config)
     return cfg
 
 
 def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The spec's built-in optimizer over the param groups ``train.optimizer.no_decay`` makes
+    (``workers.param_groups.builtin_groups``: decaying parameters, then the rest with no decay)."""
     o, lr = spec.train.optimizer, spec.train.lr
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups = builtin_groups(model, o.weight_decay, o.no_decay)
     if spec.deepspeed.offload_optimizer != "none" and o.type in ("adamw", "adam"):
-        return _cpu_adam(spec, params)
+        return _cpu_adam(spec, groups)
     if o.type == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     if o.type == "adam":
-        return torch.optim.Adam(params, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        return torch.optim.Adam(groups, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
-def _cpu_adam(spec: JobSpec, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def _cpu_adam(spec: JobSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
     """DeepSpeed's CPU Adam, which ZeRO-Offload requires (a JIT-built op, cached in
     ``~/.cache/torch_extensions``). ``adamw_mode`` keeps AdamW's decoupled weight decay; Adam's
-    L2 decay otherwise. Same hyper-parameters as the torch optimizer it replaces."""
+    L2 decay otherwise. Same hyper-parameters and groups as the torch optimizer it replaces."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     o = spec.train.optimizer
-    return DeepSpeedCPUAdam(params, lr=spec.train.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+    return DeepSpeedCPUAdam(groups, lr=spec.train.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
                             adamw_mode=o.type == "adamw")
 
 
-def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None) -> DeepSpeedEngine:
+def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None,
+                 task_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None) -> DeepSpeedEngine:
+    """DeepSpeed over the task's optimizer (``Task.optimizer``) or the spec's built-in one.
+
+    The param groups' layout is read before DeepSpeed flattens them, and every group's
+    hyper-parameters are snapshotted right after, before any state is loaded
+    (``workers.param_groups.GroupSettings``, kept on the engine as ``syncpoint_groups``)."""
     import deepspeed
 
-    optimizer = make_optimizer(spec, model)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(spec, grad_accum),
-                                           dist_init_required=False)
+    if task_optimizer is not None:
+        optimizer = task_optimizer(model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise JobConfigError(f"Task.optimizer returned {type(optimizer).__name__}; it must return a "
+                                 "torch.optim.Optimizer built over the model's parameters (any param groups)")
+    else:
+        optimizer = make_optimizer(spec, model)
+    layout = layout_of(optimizer, model)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, dist_init_required=False,
+        config=deepspeed_config(spec, grad_accum, task_optimizer=task_optimizer is not None))
+    settings = GroupSettings.snapshot(engine.optimizer.param_groups, layout,
+                                      type(optimizer).__name__ if task_optimizer is not None else None)
+    setattr(engine, ATTRIBUTE, settings)
     return engine
 
 
@@ -97,33 +121,18 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def live_hyperparameters(spec: JobSpec) -> dict[str, Any]:
-    """Every optimizer hyper-parameter the spec decides, by param-group key (lr is the schedule's)."""
-    o = spec.train.optimizer
-    if o.type in ("adamw", "adam"):
-        return {"weight_decay": o.weight_decay, "betas": tuple(o.betas), "eps": o.eps}
-    return {"weight_decay": o.weight_decay, "momentum": o.momentum}
-
-
 def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec) -> list[str]:
-    """Config wins: after a load, set every param group's hyper-parameters from the live spec.
+    """Config wins: after a load, every param group's hyper-parameters come back from the live
+    task/spec (the snapshot taken when the engine was built), group by group.
 
     DeepSpeed's (and torch's) optimizer load restores the saved param groups, so without this an
-    edited weight decay or beta would silently keep the state's value. Returns one line per
-    changed setting (the state's value and the spec's) for the log.
+    edited weight decay, beta or a group's base rate would silently keep the state's value.
+    Returns one line per changed setting (the state's value and the live one) for the log.
     """
-    changes: dict[str, tuple[Any, Any]] = {}
-    for group in engine.optimizer.param_groups:
-        for key, want in live_hyperparameters(spec).items():
-            have = group.get(key)
-            if isinstance(have, list):
-                have = tuple(have)
-            if have != want and key not in changes:
-                changes[key] = (have, want)
-            group[key] = want
+    settings = settings_of(engine)
+    changes = settings.restore(engine.optimizer.param_groups, spec_key(settings.task_class is not None))
     resync_cpu_adam(engine)  # also a post-load step: the loop calls this right after every load
-    return [f"train.optimizer.{k}: the state had {have!r}, the spec says {want!r}; the spec wins"
-            for k, (have, want) in changes.items()]
+    return list(dict.fromkeys(changes))
 
 
 def resync_cpu_adam(engine: DeepSpeedEngine) -> int:
@@ -143,15 +152,21 @@ def resync_cpu_adam(engine: DeepSpeedEngine) -> int:
     steps = [int(st["step"]) for st in base.state.values() if "step" in st]
     if not steps or max(steps) <= 0:
         return 0
-    group = base.param_groups[0]
-    beta1, beta2 = group["betas"]
+    # One kernel call per group and step, with each group's betas, as DeepSpeedCPUAdam.step makes
+    # them (the kernel recomputes with pow whenever the betas differ from the previous call's, so
+    # groups with other betas must be replayed in their order too; equal betas: one product per step).
+    groups = [g for g in base.param_groups if g["params"]] or base.param_groups[:1]
+    if int(engine.zero_optimization_stage()) == 3:
+        groups = base.param_groups  # stage 3 fills the groups only for a step: every group steps each time
     scratch = [torch.zeros(1) for _ in range(4)]  # param, grad, exp_avg, exp_avg_sq
     for t in range(1, max(steps) + 1):
-        base.ds_opt_adam.adam_update(base.opt_id, t, 0.0, beta1, beta2, group["eps"], 0.0,
-                                     group["bias_correction"], *scratch)
+        for group in groups:
+            beta1, beta2 = group["betas"]
+            base.ds_opt_adam.adam_update(base.opt_id, t, 0.0, beta1, beta2, group["eps"], 0.0,
+                                         group["bias_correction"], *scratch)
     return max(steps)
 
 
-def set_lr(engine: DeepSpeedEngine, lr: float) -> None:
-    for group in engine.optimizer.param_groups:
-        group["lr"] = lr
+def set_lr(engine: DeepSpeedEngine, factor: float) -> list[float]:
+    """The schedule's factor on each param group's own base learning rate; returns the rates set."""
+    return settings_of(engine).set_factor(engine.optimizer.param_groups, factor)

@@ -49,12 +49,13 @@ from workers.export import export_final
 from workers.faults import Faults
 from workers.lease import RunLease
 from workers.metric_sinks import ReportFn, RunMetrics
+from workers.param_groups import settings_of
 from workers.position import TrainingPosition
 from workers.preemption import PreemptionNotices, RayNotice
 from workers.progress import ProgressLine, ProgressLog
 from workers.resume_negotiation import ResumeStart, negotiate_resume
 from workers.saving import SaveCoordinator
-from workers.schedule import lr_at
+from workers.schedule import Schedule
 from workers.signing import load_key
 from workers.storage import RunStorage
 from workers.task import Task, load_task
@@ -109,11 +110,14 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
-    engine = build_engine(spec, task.model, data_layout.grad_accum)
+    schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
+    engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
+    groups = settings_of(engine)  # the param-group layout is part of a state's identity
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
-                                        num_samples=len(task.dataset))
+                                        num_samples=len(task.dataset), param_groups=groups.layout_record,
+                                        optimizer_type=groups.task_class)
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -126,7 +130,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
-            return _train(attempt, ctx, notices, task, engine, start, metrics)
+            return _train(attempt, ctx, notices, task, engine, start, schedule, metrics)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -136,7 +140,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart, metrics: RunMetrics) -> WorkerResult:
+           start: ResumeStart, schedule: Schedule, metrics: RunMetrics) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
@@ -175,10 +179,10 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             loss = task.loss(engine, to_device(batch, engine.device))
             engine.backward(loss / cycle, scale_wrt_gas=False)
             cycle_loss_sum += float(loss.detach())
-            # LR schedule: the live spec decides the value, the state only the position.
-            lr = lr_at(at.schedule_position, train.lr, train.scheduler, run_length.schedule_horizon)
+            # LR schedule: the live spec decides the factor, the state only the position; each param
+            # group's rate is its own base rate times the factor.
             if boundary:
-                set_lr(engine, lr)  # this cycle's optimizer step uses it
+                lrs = set_lr(engine, schedule.factor(at.schedule_position, run_length.schedule_horizon))
             engine.step()
             if boundary:
                 at.optimizer_stepped(train.scheduler.unit)
@@ -204,7 +208,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                         optimizer_step=at.optimizer_step, **(notice or {"source": "another rank"})))
                 if agreed.wall_clock_saves:
                     pending.request("interval")
-                record = _step_record(at, step_loss, lr, cycle_sample_ids if train.record_samples else None, world)
+                record = _step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None, world)
                 progress.add(record)
                 epoch_end = at.position_in_epoch == per_epoch
                 if epoch_end:
@@ -215,7 +219,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 logged = at.optimizer_step % train.log_every == 0 or last  # the same steps on every rank
                 if attempt.rank == 0 and ctx.print_progress and logged:
                     console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
-                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lr)
+                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lrs[0])
                 # Evaluation runs before the save at the same boundary, so the state records it.
                 evaluated = evaluation.due(at, epoch_end=epoch_end, last=last)
                 if evaluated:
@@ -247,11 +251,14 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> Non
             optimizer_step=start.position.optimizer_step, total_steps=attempt.run_length.total_steps))
 
 
-def _step_record(at: TrainingPosition, loss: float, lr: float, cycle_sample_ids: list[list[int]] | None,
+def _step_record(at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None,
                  world: int) -> dict[str, Any]:
-    """One optimizer step for the progress log (and ``WorkerResult.history``)."""
+    """One optimizer step for the progress log (and ``WorkerResult.history``): ``lr`` is the first
+    param group's rate, ``lrs`` every group's (only when there are several)."""
     record: dict[str, Any] = {"optimizer_step": at.optimizer_step, "global_micro_step": at.global_micro_step,
-                              "epoch": at.epoch, "loss": loss, "lr": lr, "time": time.time()}
+                              "epoch": at.epoch, "loss": loss, "lr": lrs[0], "time": time.time()}
+    if len(lrs) > 1:
+        record["lrs"] = lrs
     if cycle_sample_ids is not None:
         record["samples"] = _gather_samples(cycle_sample_ids, world)
     return record

@@ -169,14 +169,11 @@ class TensorBoardSink:
 
 
 def step_values(record: Mapping[str, Any], samples_per_s: float) -> dict[str, float]:
-    """The scalars of one logged optimizer step: loss, the learning rate (one per parameter group
-    as ``lr/group_<i>`` when the record has ``lrs``, else ``lr``) and throughput."""
-    values = {"loss": float(record["loss"])}
-    lrs = record.get("lrs")
-    if lrs:
-        values.update({f"lr/group_{i}": float(lr) for i, lr in enumerate(lrs)})
-    else:
-        values["lr"] = float(record["lr"])
+    """The scalars of one logged optimizer step: loss, the learning rate (``lr``: the first parameter
+    group's, the same curve whatever the grouping; plus ``lr/group_<i>`` per group when there are
+    several) and throughput."""
+    values = {"loss": float(record["loss"]), "lr": float(record["lr"])}
+    values.update({f"lr/group_{i}": float(lr) for i, lr in enumerate(record.get("lrs") or [])})
     values["samples_per_s"] = samples_per_s
     return values
 

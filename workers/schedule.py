@@ -1,5 +1,9 @@
 """The LR schedule: the live spec decides values; a state contributes only its position.
 
+A schedule is a factor on each param group's own base learning rate (``workers.param_groups``):
+constant, linear, cosine, wsd (warmup-stable-decay), inverse_sqrt, polynomial, step, or a custom
+function named by import path.
+
 Why position-only: a user who edits the learning rate or the horizon and restarts expects the
 edit to take effect. What cannot be continued meaningfully (another schedule type, or its phases
 in another order) is refused with the opt-out named, ``resume.reset_schedule: true``.
@@ -8,28 +12,81 @@ in another order) is refused with the opt-out named, ``resume.reset_schedule: tr
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
-from policies.errors import ScheduleMismatch
+from policies.errors import JobConfigError, ScheduleMismatch
+from policies.import_path import load_object
 from policies.spec import SchedulerSpec
 from policies.state_format import SchedulerRecord
 from policies.state_format import scheduler_phases as phases
 
 
-def lr_at(position: int, base_lr: float, s: SchedulerSpec, total: int) -> float:
-    """Learning rate for the step taken at ``position`` (steps or epochs already completed)."""
+def factor_at(position: int, s: SchedulerSpec, total: int) -> float:
+    """The factor on each param group's base rate for the step taken at ``position`` (steps or
+    epochs already completed), for every built-in type (``custom``: ``Schedule``)."""
     if s.warmup and position < s.warmup:
-        return base_lr * (position + 1) / s.warmup
+        return (position + 1) / s.warmup
     if s.type == "constant":
-        return base_lr
-    span = max(1, total - s.warmup)
-    progress = min(1.0, max(0.0, (position - s.warmup) / span))
-    if s.type == "linear":
-        factor = 1.0 - progress
+        return 1.0
+    after = position - s.warmup  # units since the warmup ended
+    if s.type == "inverse_sqrt":
+        shape = math.sqrt(max(1, s.warmup) / (position + 1))  # 1 where the warmup ends, then 1/sqrt
+    elif s.type == "step":
+        shape = (s.gamma if s.gamma is not None else 0.1) ** (after // (s.step_size or 1))
+    elif s.type == "wsd":
+        length = s.decay if s.decay is not None else max(1, round((s.decay_fraction or 0.0) * total))
+        start = max(s.warmup, total - length)  # the stable phase runs from the warmup to here
+        if position < start:
+            return 1.0
+        shape = _decay(min(1.0, (position - start) / max(1, total - start)), s.decay_shape or "linear")
     else:
-        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return base_lr * (s.min_lr_ratio + (1.0 - s.min_lr_ratio) * factor)
+        progress = min(1.0, max(0.0, after / max(1, total - s.warmup)))
+        shape = (1.0 - progress) ** (s.power if s.power is not None else 1.0) if s.type == "polynomial" \
+            else _decay(progress, s.type)
+    return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * shape
+
+
+def _decay(progress: float, shape: str) -> float:
+    return 1.0 - progress if shape == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def lr_at(position: int, base_lr: float, s: SchedulerSpec, total: int) -> float:
+    """Learning rate of a group with base rate ``base_lr`` at ``position`` (built-in types)."""
+    return base_lr * factor_at(position, s, total)
+
+
+class Schedule:
+    """The live schedule: a built-in type, or ``custom``'s function loaded by import path.
+
+    Built at the attempt's start, so a ``train.scheduler.path`` that does not resolve fails before
+    anything is loaded or trained; every factor a custom function returns is checked (finite, >= 0)."""
+
+    def __init__(self, s: SchedulerSpec) -> None:
+        self.spec = s
+        self.custom: Callable[[int, int], Any] | None = None
+        if s.type == "custom":
+            assert s.path is not None  # the spec requires it
+            try:
+                fn = load_object(s.path)
+            except ValueError as e:
+                raise JobConfigError(f"train.scheduler.path: {e}. It must name a function fn(position: int, "
+                                     "total: int) -> float importable on every worker") from None
+            if not callable(fn):
+                raise JobConfigError(f"train.scheduler.path: {s.path!r} is not callable; it must be a function "
+                                     "fn(position: int, total: int) -> float")
+            self.custom = fn
+
+    def factor(self, position: int, total: int) -> float:
+        if self.custom is None:
+            return factor_at(position, self.spec, total)
+        value = self.custom(position, total)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+            raise JobConfigError(f"train.scheduler.path: {self.spec.path} returned {value!r} at position {position} "
+                                 f"(total {total}); it must return a finite factor >= 0 on each param group's base "
+                                 "learning rate")
+        return float(value)
 
 
 def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:

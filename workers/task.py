@@ -38,6 +38,9 @@ class Task:
     # mean and a 1-d tensor one value per item. Default: the task's loss, recorded as ``eval_loss``.
     eval_dataset: MapDataset | None = None
     metrics: Callable[[Any, Any], dict[str, torch.Tensor]] | None = None
+    # optimizer(model) -> any torch optimizer, any param groups (each with its own lr, weight decay, ...);
+    # None: the spec's train.optimizer (with train.optimizer.no_decay). The schedule scales each group's lr.
+    optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
@@ -56,6 +59,9 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
         raise TaskError(f"task.path: {path!r} cannot be called as {path.split(':')[1]}(config: dict): {e}") from None
     if not isinstance(task, Task):
         raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
+    if task.optimizer is not None and not callable(task.optimizer):
+        raise TaskError(f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
+                        "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer")
     if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
         raise TaskError(f"task.path: {path!r} returned a dataset without __len__/__getitem__ (map-style needed)")
     if task.eval_dataset is not None and (not hasattr(task.eval_dataset, "__len__")
