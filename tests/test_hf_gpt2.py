@@ -41,6 +41,20 @@ def test_the_example_is_hf_gpt2_with_dropout_and_checkpointing():
     assert task.loss(model, batch).item() != task.loss(model, batch).item()  # dropout draws
     model.eval()
     assert task.loss(model, batch).item() == task.loss(model, batch).item()
+    assert task.eval_dataset is not None and len(task.eval_dataset) == 4
+
+
+def test_the_default_no_decay_groups_are_the_usual_practice():
+    """train.optimizer.no_decay's default on GPT-2: every bias (HF's Conv1D ones too) and every
+    LayerNorm parameter (ln_1, ln_2, ln_f) decay-free; the matrices and embeddings decay, as HF Trainer does."""
+    from workers.param_groups import decay_split
+
+    torch.manual_seed(0)
+    decay, no_decay = decay_split(build({"n_layer": 1, "n_embd": 32, "n_head": 2}).model, None)
+    assert all(n.endswith(".weight") and ".ln_" not in n for n, _ in decay)
+    assert {n.rsplit(".", 2)[-2] for n, _ in no_decay} == {"ln_1", "ln_2", "ln_f", "c_attn", "c_proj", "c_fc"}
+    assert all(n.endswith(".bias") or ".ln_" in n for n, _ in no_decay)
+    assert "transformer.wte.weight" in dict(decay) and "lm_head.weight" not in dict(decay)  # tied, listed once
 
 
 def test_the_evaluation_split_is_disjoint_and_fixed():
