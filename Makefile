@@ -25,10 +25,12 @@ lint: $(STAMP)
 
 # Two pytest processes side by side: the tests that start a Ray cluster, one after another (two
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
-# everything else. The Ray half's output follows the other's; either failing fails the target.
+# everything else at the lowest CPU priority, filling the Ray tests' waits (Ray runs its workers at
+# nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long pole). The Ray
+# half's output follows the other's; either failing fails the target.
 test: lint
-	@log=$$(mktemp); $(BIN)/python -m pytest -q -m ray tests > $$log 2>&1 & ray=$$!; \
-	$(BIN)/python -m pytest -q -m "not ray" tests; rest=$$?; \
+	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=5 -m ray tests > $$log 2>&1 & ray=$$!; \
+	nice -n 19 $(BIN)/python -m pytest -q --durations=5 -m "not ray" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 

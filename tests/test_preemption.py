@@ -177,7 +177,7 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
 
 def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path, cluster):
     spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 5}",
-                   "train.micro_batch_size=1", "train.epochs=1", "failure.max_failures=1",
+                   "train.micro_batch_size=1", "train.epochs=1", "failure.max_failures=1", "train.eval_every=0",
                    "checkpoint.save_every={value: 8, unit: micro_steps}", workers=2)
     proc = _start(spec, cluster[0].address)  # the module's cluster: no Ray of its own to start
     out, _ = proc.communicate(timeout=300)
