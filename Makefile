@@ -34,8 +34,9 @@ test: lint
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 
+# The fast tests start no Ray cluster, so two xdist workers split them freely.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow tests

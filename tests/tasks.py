@@ -81,22 +81,28 @@ def linear_random_collate(config: dict) -> Task:
 
 
 def paced_lm(config: dict) -> Task:
-    """The example's model and data with a pause before every micro-batch's loss (``pace_s``).
+    """The example's model and data with a pause before every micro-batch's loss (``pace_s``), or
+    held at its first micro-batch until a file exists (``hold_until``).
 
     Why: tests that must act while a run trains (a drain notice, a second submission) need a run
     that lasts in wall time; a pause costs no CPU, where thousands of extra micro-steps cost the
     other tests theirs. Numerics are the example's: a reference run of ``examples.tiny_lm:build``
     with the same config ends at the same digest.
     """
+    import os
     import time
 
     from examples.tiny_lm import build
 
-    pace = float(config.get("pace_s", 0.0))
+    pace, hold = float(config.get("pace_s", 0.0)), config.get("hold_until")
     task = build(config)
     inner = task.loss
 
     def loss(model, batch):
+        # ``hold_until``: the first micro-batch waits (at most 10 min) until the test creates that file
+        deadline = time.monotonic() + 600
+        while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.1)
         time.sleep(pace)
         return inner(model, batch)
 

@@ -295,9 +295,10 @@ def test_lease_lost_mid_run_stops_both_ranks_without_a_hang(tmp_path, monkeypatc
 
 @pytest.mark.slow
 def test_two_real_runs_on_one_directory(tmp_path):
-    # 200 micro-steps paced at 150 ms: the first run trains ~30 s (little CPU) while the second tries
-    spec = lm_spec(tmp_path, "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.15", "task.config.num_samples=800",
-                   "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
+    # the first run holds at its first micro-batch (no CPU) until the second submission has tried
+    go = tmp_path / "second-submission-tried"
+    spec = lm_spec(tmp_path, "task.path=tests.tasks:paced_lm", f"task.config.hold_until={go}",
+                   "task.config.num_samples=800", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
     ctx = mp.get_context("spawn")
     first = ctx.Process(target=run_spawned, args=(spec,))
     first.start()
@@ -307,6 +308,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     codes = run_spawned(spec)  # a second submission while the first trains
+    go.touch()
     assert codes != [0, 0]
     first.join(300)
     assert first.exitcode == 0 and committed_steps(spec)[-1] == 200
