@@ -8,15 +8,20 @@ from workers.task import Task
 
 
 class Vectors(torch.utils.data.Dataset):
-    def __init__(self, n: int, dim: int = 4) -> None:
-        g = torch.Generator().manual_seed(99)
+    """Fixed vectors (from ``seed``) and their sums; ``augment``: random noise added per fetch."""
+
+    def __init__(self, n: int, dim: int = 4, *, seed: int = 99, augment: bool = True) -> None:
+        g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, dim, generator=g)
         self.y = self.x.sum(dim=1, keepdim=True)
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int):
+        if not self.augment:
+            return self.x[i], self.y[i]
         return self.x[i] + 0.01 * torch.randn(self.x.shape[1]), self.y[i]  # random augmentation
 
 
@@ -110,19 +115,9 @@ def paced_lm(config: dict) -> Task:
     return task
 
 
-class CleanVectors(torch.utils.data.Dataset):
+def CleanVectors(n: int, dim: int = 4) -> Vectors:
     """An eval set without augmentation (a reference computed by hand needs no seeding)."""
-
-    def __init__(self, n: int, dim: int = 4) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(n, dim, generator=g)
-        self.y = self.x.sum(dim=1, keepdim=True)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
+    return Vectors(n, dim, seed=1234, augment=False)
 
 
 def per_sample_metrics(model, batch):

@@ -77,7 +77,7 @@ class WorkerContext:
     # `resume.policy: fresh` starts over only once and restarts continue their own progress.
     submission_id: str = ""
     # Ray Train's `report` (workers.metric_sinks.RayReport), or None outside Ray. A barrier: every
-    # rank calls it at the same logged steps.
+    # rank calls it at the same boundaries (logged steps as often as Ray collects them, evaluations).
     report_metrics: ReportFn | None = None
 
 
