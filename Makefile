@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example lint test test-fast test-slow test-gpu bench clean
+.PHONY: venv example lint test test-all test-fast test-slow test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -27,12 +27,22 @@ lint: $(STAMP)
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
 # everything else at the lowest CPU priority, filling the Ray tests' waits (Ray runs its workers at
 # nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long pole). The Ray
-# half's output follows the other's; either failing fails the target.
-test: lint
-	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=5 -m ray tests > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/python -m pytest -q --durations=5 -m "not ray" tests; rest=$$?; \
+# half's output follows the other's; either failing fails the target. MARK narrows both halves.
+define two_halves
+	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=5 -m "ray $(1)" tests > $$log 2>&1 & ray=$$!; \
+	nice -n 19 $(BIN)/python -m pytest -q --durations=5 -m "not ray $(1)" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
+endef
+
+# The README's test command: every test except those marked `long` (whole-job drills, the storm, the
+# 200/150-example property runs: each re-walks, at a larger size, a path a shorter test here covers).
+test: lint
+	$(call two_halves,and not long)
+
+# The whole suite, `long` included: what CI runs (.ci/run).
+test-all: lint
+	$(call two_halves,)
 
 # The fast tests start no Ray cluster, so two xdist workers split them freely.
 test-fast: $(STAMP)

@@ -102,6 +102,7 @@ def test_one_worker_grows_back_to_two(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
+@pytest.mark.long
 def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
     import os
     import subprocess

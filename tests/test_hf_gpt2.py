@@ -94,6 +94,7 @@ def test_single_rank_zero3_crash_and_resume_equals_uninterrupted(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_drill_on_the_example(tmp_path):
     """`syncpoint drill examples/hf_gpt2.yaml` as the README shows it (the example's own size, 2 Ray

@@ -95,6 +95,7 @@ def _node_of_rank(spec, cluster_nodes, rank):
 
 
 # the drill first: it starts its own Ray, before this module's shared cluster exists
+@pytest.mark.long
 def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
     cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",

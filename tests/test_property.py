@@ -137,6 +137,7 @@ def test_resume_equals_uninterrupted(scenario):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @settings(max_examples=SLOW_EXAMPLES, **COMMON)
 @given(scenarios())
 def test_resume_equals_uninterrupted_200_examples(scenario):

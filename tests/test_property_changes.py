@@ -195,6 +195,7 @@ def test_changed_spec_resumes_exactly_or_is_refused(workdir, scenario):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @settings(max_examples=SLOW_EXAMPLES, **COMMON)
 @given(scenarios())
 def test_changed_spec_resumes_exactly_or_is_refused_150_examples(workdir, scenario):
