@@ -14,6 +14,7 @@ from policies.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
+    AutoDecision,
     PreemptionHistory,
     decide,
     mtbf_estimate,
@@ -107,7 +108,7 @@ def _tick(seconds: float, step: int = 1) -> Tick:
 
 
 def test_trigger_probes_once_then_follows_the_measured_interval():
-    logged = []
+    logged: list[AutoDecision] = []
     t = AutoInterval(1.0, on_decision=logged.append)
     assert t.wall_clock and t.interval_s is None
     assert t.wants_save(_tick(0.0)) and not t.wants_save(_tick(0.5))  # the probe is asked once, never twice
