@@ -207,3 +207,23 @@ def test_auto_saves_and_resumes_exactly(tmp_path, tmp_path_factory, capfd):
     # the second attempt starts from the costs the event log holds: no probe
     assert "no save measured yet" not in again and "save_every auto: a state every" in again
     assert_same_run(ref, ref_final, spec, result.final_state)
+
+
+# ---------------------------------------------------------------- the simulator (bench/p8_goodput.py)
+
+
+def test_simulator_accounts_saves_losses_and_notices():
+    from bench.p8_goodput import Costs, simulate
+
+    costs = Costs(save_blocked_s=1.0, restart_s=5.0, notice_to_commit_s=0.5, step_s=1.0)
+    clean = simulate(100.0, 10.0, costs, [])
+    assert clean.wall_s == pytest.approx(100 + 9 * 1 + 1)  # nine periodic saves and the final one
+    # a crash at 25 s: the state of cycle 2 committed at 21 s (20 s of work kept), 5 s restart
+    crashed = simulate(100.0, 10.0, costs, [(25.0, None)])
+    assert crashed.wall_s == pytest.approx(25 + 5 + 80 + 7 + 1)
+    # the same moment announced 2 s ahead: the work until the notice (23 s: 21 s of work) is kept, and
+    # half of the rest of the lead after the commit and the last step (0.5 s x 1/2)
+    noticed = simulate(100.0, 10.0, costs, [(25.0, 2.0)])
+    kept = 21.0 + 0.5 * 0.5
+    left = 100 - kept
+    assert noticed.wall_s == pytest.approx(25 + 5 + left + (math.ceil(left / 10) - 1) + 1)
