@@ -8,8 +8,11 @@ never written mid-cycle. Users plug their own trigger in by import path
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from policies.save_interval import AutoDecision, PreemptionHistory, decide
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,60 @@ class Never:
 
     def wants_save(self, tick: Tick) -> bool:
         return False
+
+
+class AutoInterval:
+    """``checkpoint.save_every: auto``: a wall-clock interval from the Young-Daly optimum
+    (``policies.save_interval``), re-decided after every committed save with the run's measured
+    save cost and preemption history. Before any save was measured it asks at the first boundary
+    (the probe: the cost is measured, not guessed). A request is still only a request: the loop
+    carries it to the next boundary like any other.
+
+    ``history`` is what this run's event log held when the attempt started (earlier attempts'
+    preemptions, running time and save costs); ``observe_save`` adds each of this attempt's saves
+    with the attempt's elapsed time. ``on_decision`` receives every decision with its inputs (the
+    worker logs it); it is called only when the interval changes by more than 10%, and at the first.
+    """
+
+    wall_clock = True
+
+    def __init__(self, prior_per_hour: float, history: PreemptionHistory | None = None,
+                 on_decision: Callable[[AutoDecision], None] | None = None) -> None:
+        self.prior_per_hour = prior_per_hour
+        self.history = history or PreemptionHistory(0, 0.0, ())
+        self.blocked: list[float] = list(self.history.blocked_seconds)
+        self.on_decision = on_decision
+        self.decision: AutoDecision | None = None
+        self._probe_asked = False
+        self._decide(0.0)
+
+    @property
+    def interval_s(self) -> float | None:
+        return self.decision.interval_s if self.decision else None
+
+    def observe_save(self, blocked_seconds: float, attempt_elapsed_s: float) -> AutoDecision:
+        """A save committed: its blocked time joins the measurements; decide again."""
+        self.blocked.append(blocked_seconds)
+        return self._decide(attempt_elapsed_s)
+
+    def _decide(self, attempt_elapsed_s: float) -> AutoDecision:
+        new = decide(self.blocked, self.history.preemptions, self.history.exposure_s + attempt_elapsed_s,
+                     self.prior_per_hour)
+        old = self.decision
+        changed = (old is None or (old.interval_s is None) != (new.interval_s is None)
+                   or (new.interval_s is not None and old.interval_s is not None
+                       and abs(new.interval_s - old.interval_s) > 0.1 * old.interval_s))
+        self.decision = new
+        if changed and self.on_decision is not None:
+            self.on_decision(new)
+        return new
+
+    def wants_save(self, tick: Tick) -> bool:
+        interval = self.interval_s
+        if interval is None:  # the probe: asked once, carried to a boundary and never dropped
+            asked, self._probe_asked = self._probe_asked, True
+            return not asked
+        return tick.seconds_since_last_save >= interval
 
 
 def trigger_from_interval(value: float, unit: str) -> SaveTrigger:

@@ -53,6 +53,7 @@ MAX_NO_DECAY_PATTERNS = 256  # train.optimizer.no_decay entries
 MAX_PATTERN_CHARS = 256  # one no_decay name pattern
 MAX_POWER = 100.0  # a polynomial schedule's exponent: beyond this the rate is 0 after the first step anyway
 MAX_FAULTS = 1000
+MAX_PREEMPTIONS_PER_HOUR = 3600.0  # one a second: beyond that no state could ever commit
 
 
 def _ranges(values: list[int], limit: int = 12) -> str:
@@ -355,12 +356,18 @@ class DeepSpeedSpec(_Strict):
 
 
 class SaveEvery(_Strict):
+    """``checkpoint.save_every``: ``{value, unit}``, ``"200 micro_steps"``, or ``auto`` (stored as
+    ``{value: 0, unit: auto}``: the interval is decided while the run goes, see
+    ``policies.save_interval``)."""
+
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
-    unit: Literal["micro_steps", "optimizer_steps", "seconds"]
+    unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"]
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip() == "auto":
+            return {"value": 0, "unit": "auto"}
         if isinstance(v, str):
             parts = v.split()
             if len(parts) != 2:
@@ -370,7 +377,11 @@ class SaveEvery(_Strict):
 
     @model_validator(mode="after")
     def _integral(self) -> SaveEvery:
-        if self.unit != "seconds" and self.value != int(self.value):
+        if self.unit == "auto" and self.value != 0:
+            raise ValueError("save_every auto takes no value (the interval is computed from the measured save cost "
+                             "and preemption rate): write `save_every: auto`, or give a fixed interval such as "
+                             f"'{self.value:g} seconds'")
+        if self.unit not in ("seconds", "auto") and self.value != int(self.value):
             raise ValueError(f"{self.unit} must be a whole number")
         return self
 
@@ -388,6 +399,9 @@ class CheckpointSpec(_Strict):
         if v is not None and not is_import_path(v):
             raise ValueError("must look like 'package.module:Class' (a class with wants_save(tick) -> bool)")
         return v
+    expected_preemptions_per_hour: float | None = Field(None, gt=0, le=MAX_PREEMPTIONS_PER_HOUR, description=(
+        "With save_every: auto, the preemption rate assumed until this run has seen its own (default 1 per hour); "
+        "the estimate then moves to the observed rate."))
     keep_last: StrictInt = Field(3, ge=0, le=MAX_COUNT, description="Resumable states to keep; 0 keeps all.")
     prune_unsafe: bool = False
     export_final: bool = Field(True, description="Write consolidated safetensors to <run>/final/.")
@@ -401,6 +415,14 @@ class CheckpointSpec(_Strict):
         "Name of an environment variable holding a key (>= 32 bytes): rank 0 signs every manifest with "
         "HMAC-SHA256, and selection refuses unsigned or wrongly signed states as untrusted. Needs "
         "checksum: sha256."))
+
+    @model_validator(mode="after")
+    def _rate_needs_auto(self) -> CheckpointSpec:
+        if self.expected_preemptions_per_hour is not None and (self.save_every.unit != "auto" or self.save_trigger):
+            raise ValueError("checkpoint.expected_preemptions_per_hour is only read by checkpoint.save_every: auto "
+                             "(it sets the preemption rate the interval assumes before any was observed); set "
+                             "save_every: auto, or remove expected_preemptions_per_hour")
+        return self
 
     @model_validator(mode="after")
     def _signed_needs_sha256(self) -> CheckpointSpec:

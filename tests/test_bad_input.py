@@ -264,7 +264,7 @@ SPEC_CASES = [
     spec_case("faults-not-a-list", _edit("", "faults: {rank: 0, at_micro_step: 1}\n"), r"\bfaults\b", r"valid list"),
     # --- checkpoint
     spec_case("save-every-bad-unit", _edit("{value: 1, unit: optimizer_steps}", "'5 weeks'"),
-              r"checkpoint\.save_every\.unit", r"'micro_steps', 'optimizer_steps' or 'seconds'"),
+              r"checkpoint\.save_every\.unit", r"'micro_steps', 'optimizer_steps', 'seconds' or 'auto'"),
     spec_case("save-every-no-unit-shorthand", _edit("{value: 1, unit: optimizer_steps}", "'5'"),
               r"checkpoint\.save_every", r"write it as '<number> <unit>'"),
     spec_case("save-every-unit-missing", _edit("{value: 1, unit: optimizer_steps}", "{value: 3}"),

@@ -18,8 +18,10 @@ README's *How resume stays exact*, rule by rule:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -33,7 +35,8 @@ from policies.elastic import layout
 from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
 from policies.import_path import load_object
 from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
-from policies.save_triggers import PendingSave, SaveTrigger, trigger_from_interval
+from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
+from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
 from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
 from workers import rng
@@ -57,6 +60,7 @@ from workers.resume_negotiation import ResumeStart, negotiate_resume
 from workers.saving import SaveCoordinator
 from workers.schedule import Schedule
 from workers.signing import load_key
+from workers.state_writer import SaveResult
 from workers.storage import RunStorage
 from workers.task import Task, load_task
 
@@ -148,13 +152,15 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     run_length, at = attempt.run_length, start.position
     _announce_attempt(attempt, ctx.node_id, start)
     notices.listen_for_sigterm()
-    trigger = _make_trigger(spec)
+    trigger = _make_trigger(attempt)
     wall_clock = getattr(trigger, "wall_clock", False)  # clocks differ between ranks: decided by the boundary vote
     pending, progress = PendingSave(), ProgressLog(attempt.events, attempt.number)
     console = ProgressLine(attempt.number, train.epochs, run_length.total_steps, samples_per_micro_step,
                            at.global_micro_step)
     saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
     saves.on_commit = metrics.committed
+    if isinstance(trigger, AutoInterval):  # save_every auto decides again with each measured save
+        saves.on_commit = _measuring(metrics.committed, trigger, time.monotonic())
     evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
                             events=attempt.events, carried=start.metrics, print_progress=ctx.print_progress)
     finished = start.finished
@@ -281,7 +287,10 @@ def _finish(attempt: Attempt, engine: DeepSpeedEngine, saves: SaveCoordinator, p
                         optimizer_step=at.optimizer_step, resumed_from=start.state, history=progress.history)
 
 
-def _make_trigger(spec: JobSpec) -> SaveTrigger:
+def _make_trigger(attempt: Attempt) -> SaveTrigger:
+    spec = attempt.spec
+    if not spec.checkpoint.save_trigger and spec.checkpoint.save_every.unit == "auto":
+        return _auto_trigger(attempt)
     if not spec.checkpoint.save_trigger:
         return trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit)
     try:
@@ -289,6 +298,29 @@ def _make_trigger(spec: JobSpec) -> SaveTrigger:
     except (ValueError, TypeError) as e:
         raise JobConfigError(f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
                              "constructible without arguments, importable on every worker") from None
+
+
+def _auto_trigger(attempt: Attempt) -> AutoInterval:
+    """``save_every: auto``: rank 0 reads the run's preemptions and save costs so far from the event
+    log and every rank starts from the same history (one broadcast); rank 0 logs each decision."""
+    box: list[PreemptionHistory | None] = [None]
+    if attempt.events is not None:
+        box[0] = preemption_history(attempt.events.journal())
+    dist.broadcast_object_list(box, src=0)
+    rate = attempt.spec.checkpoint.expected_preemptions_per_hour or DEFAULT_PREEMPTIONS_PER_HOUR
+    return AutoInterval(rate, box[0], on_decision=_log_decision if attempt.rank == 0 else None)
+
+
+def _log_decision(decision: AutoDecision) -> None:
+    print(f"[syncpoint] {decision.describe()}", file=sys.stderr, flush=True)
+
+
+def _measuring(committed: Callable[[SaveResult, list[str]], None], trigger: AutoInterval,
+               started: float) -> Callable[[SaveResult, list[str]], None]:
+    def on_commit(result: SaveResult, reasons: list[str]) -> None:
+        committed(result, reasons)
+        trigger.observe_save(result.blocked_seconds, time.monotonic() - started)
+    return on_commit
 
 
 def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: int, submission: str) -> RunLease | None:

@@ -1,0 +1,463 @@
+"""P8 goodput: simulate it from measured costs, check the simulator against a real run, plan past this machine.
+
+What it does
+    1. Measures, on embedded local Ray, the example job ``examples/tiny_lm.yaml`` (ZeRO-2, accumulation
+       4, no evaluation, a state every 8 optimizer steps) with two interruptions: a preemption notice
+       (``mode: sigterm``: the rank saves at the next boundary and dies) and a hard crash
+       (``os._exit``). From its event log: the step time, the save's blocked time C (median of the
+       commits), the restart cost R (the interruption to the first resumed step, one step's work
+       subtracted), the notice-to-commit time N, the start-up time, and the run's measured goodput.
+       Also the same job on 1 (and, without ``--quick``, 3) workers with one crash, for R against the
+       world size.
+    2. Validation: replays the measured run's interruptions (a trace) through the simulator with the
+       measured costs and compares its goodput with the measured one (goal: within 3 points).
+    3. Goodput against the save interval for preemption rates from 1/day to 1/10 min, with and
+       without notices (Poisson preemptions, Monte Carlo over >= 1,500 preemptions per cell; the same
+       preemption times for every interval of a rate), and ``save_every: auto``'s interval (computed
+       by ``policies.save_interval.decide``, the function the loop uses) against the best fixed one.
+       Costs: those of the example job as measured in step 1 (``--costs C,R,N`` overrides them).
+    4. Planning at scale: 8 .. 1,024 nodes at a fixed per-node preemption rate, R growing with the
+       world size as fitted on step 1's measurements (linear or logarithmic, whichever fits better,
+       stated), plus the state's restore from storage for a state of ``--state-gb`` per node at
+       ``--storage-gbps``; against a peer copy of the newest state in a surviving node's memory
+       (restore at ``--net-gbps`` instead). Reports where checkpoint-restart falls below 90%.
+
+The simulator (``simulate``): a job needs ``work_s`` seconds of training. An attempt trains in cycles
+of ``interval_s`` of work and a save that blocks ``C`` and commits ``commit_s`` after it started
+(sync: = C); a preemption without notice keeps the newest committed state and loses the rest; one
+with a notice of lead ``lead_s`` >= N keeps everything done up to the notice (the loop saves at the
+next boundary), and of the rest of the lead the share a step takes of a step plus a save (in the
+grace window every boundary commits), less the last step; then the next attempt starts ``R`` later (start-up
+``S`` for the first). A preemption during a restart restarts it. Goodput = work_s / wall time.
+
+Command (about 3-4 minutes on 2 shared cores; ``--quick`` about 2-3, one restart run fewer and
+fewer Monte Carlo preemptions; ``--no-measure --costs 0.05,9,0.3,0.2`` skips Ray entirely):
+
+    .venv/bin/python -m bench.p8_goodput [--quick] [--trace FILE] [--no-measure --costs C,R,N]
+
+A trace file holds one interruption a line: ``<seconds since start> [<notice lead seconds>]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from policies.save_interval import decide
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
+SAVE_EVERY_STEPS = 8
+RATES_PER_HOUR = [("1/day", 1 / 24), ("1/6 h", 1 / 6), ("1/hour", 1.0), ("1/20 min", 3.0), ("1/10 min", 6.0)]
+NODES = [8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+@dataclass(frozen=True)
+class Costs:
+    save_blocked_s: float  # C: training waits this long per save
+    restart_s: float  # R: interruption -> training again (detection, restart, restore)
+    notice_to_commit_s: float  # N: a notice -> its state committed
+    startup_s: float = 0.0  # S: the first attempt's start (steady-state tables: 0)
+    commit_s: float | None = None  # a save's start -> commit (None: = C, a sync save)
+    step_s: float = 0.0  # one optimizer step: in a notice's grace window every boundary saves
+
+    @property
+    def grace_kept(self) -> float:
+        """The share of a notice's grace window (after the first commit) that is kept: the loop trains
+        on and commits at every boundary, so a step of work costs a step plus a save."""
+        return self.step_s / (self.step_s + self.save_blocked_s) if self.step_s > 0 else 0.0
+
+    @property
+    def commit(self) -> float:
+        return self.save_blocked_s if self.commit_s is None else self.commit_s
+
+
+Interruption = tuple[float, float | None]  # (time, notice lead or None)
+
+
+@dataclass
+class SimResult:
+    wall_s: float
+    work_s: float
+    preemptions: int
+
+    @property
+    def goodput(self) -> float:
+        return self.work_s / self.wall_s
+
+
+def simulate(work_s: float, interval_s: float, costs: Costs, trace: list[Interruption]) -> SimResult:
+    """Event by event over the interruptions, in closed form within each attempt (no per-cycle loop)."""
+    c, period, t, kept, n = costs.save_blocked_s, interval_s + costs.save_blocked_s, costs.startup_s, 0.0, 0
+    it = iter(sorted(trace))
+    nxt = next(it, None)
+    while nxt is not None and nxt[0] < t:  # preempted during the start-up: start again
+        t, n, nxt = nxt[0] + costs.restart_s, n + 1, next(it, None)
+    while True:
+        remaining = work_s - kept
+        periodic = max(0, math.ceil(remaining / interval_s) - 1) if math.isfinite(interval_s) else 0
+        end = t + remaining + periodic * c + c  # the work, the periodic saves, the final save
+        if nxt is None or nxt[0] >= end:
+            return SimResult(end, work_s, n)
+        at, lead = nxt
+        if lead is not None and lead >= costs.notice_to_commit_s and at - lead >= t:
+            e = at - lead - t  # the notice: everything done so far is committed before the node goes
+            j = math.floor(e / period) if math.isfinite(period) else 0
+            done = j * interval_s + min(e - j * period, interval_s)
+            grace = max(0.0, lead - costs.notice_to_commit_s - costs.step_s) * costs.grace_kept  # the last step is lost
+            kept += min(done + grace, remaining)
+        else:  # states committed by the interruption: the save of cycle j commits at j*tau + (j-1)*C + commit
+            e = at - t
+            j = math.floor((e - costs.commit + c) / period) if math.isfinite(period) else 0
+            kept += min(max(0, j), periodic) * interval_s
+        t, n, nxt = at + costs.restart_s, n + 1, next(it, None)
+        while nxt is not None and nxt[0] < t:  # preempted while restarting
+            t, n, nxt = nxt[0] + costs.restart_s, n + 1, next(it, None)
+
+
+def poisson_trace(rate_per_s: float, horizon_s: float, rng: random.Random, lead_s: float | None) -> list[Interruption]:
+    out: list[Interruption] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate_per_s)
+        if t > horizon_s:
+            return out
+        out.append((t, lead_s))
+
+
+def load_trace(path: str) -> list[Interruption]:
+    out: list[Interruption] = []
+    for line in Path(path).read_text().splitlines():
+        parts = line.split("#")[0].split()
+        if parts:
+            out.append((float(parts[0]), float(parts[1]) if len(parts) > 1 else None))
+    return out
+
+
+def steady_goodput(interval_s: float, costs: Costs, rate_per_hour: float, lead_s: float | None,
+                   preemptions: int, seed: int = 0) -> float:
+    """Goodput of a long job (about ``preemptions`` preemptions), start-up excluded."""
+    mtbf = 3600.0 / rate_per_hour
+    work = preemptions * mtbf
+    trace = poisson_trace(1 / mtbf, work * 3, random.Random(seed), lead_s)
+    return simulate(work, interval_s, replace(costs, startup_s=0.0), trace).goodput
+
+
+def auto_interval(costs: Costs, rate_per_hour: float) -> float:
+    """What ``save_every: auto`` settles on: the loop's own decision function, with the measured C and
+    the rate as its prior (equal to what it observes after enough preemptions)."""
+    d = decide([costs.save_blocked_s], 0, 0.0, rate_per_hour)
+    assert d.interval_s is not None
+    return d.interval_s
+
+
+# ---------------------------------------------------------------- measuring on this machine
+
+
+def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_failures: int):
+    from orchestrator.spec_file import load_spec, resolve_storage
+
+    overrides = [f"storage={storage}", f"name={name}", f"scaling.num_workers={workers}", f"train.epochs={epochs}",
+                 "train.log_every=1000", "train.eval_every=0",
+                 f"checkpoint.save_every={{value: {SAVE_EVERY_STEPS}, unit: optimizer_steps}}",
+                 "checkpoint.keep_last=2", "checkpoint.export_final=false", f"failure.max_failures={max_failures}",
+                 f"faults={faults}"]
+    return resolve_storage(load_spec(EXAMPLE, overrides))
+
+
+def _run(spec) -> list[dict[str, Any]]:
+    from orchestrator.ray_runner import run_on_ray
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = run_on_ray(spec)
+    print(f"  [p8] {spec.name}: rc {rc}, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return EventLog(RunStorage(spec.run_url)).read_all()
+
+
+def _steps(events: list[dict[str, Any]], attempt: int | None) -> list[dict[str, Any]]:
+    return sorted((r for e in events if e["kind"] == "progress" and e.get("attempt") == attempt
+                   for r in e["records"]), key=lambda r: r["time"])
+
+
+def _first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any]:
+    found = next((e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())), None)
+    if found is None:
+        raise SystemExit(f"p8: the measured run's event log has no {kind} event {match or ''}: see its stderr")
+    return found
+
+
+def step_time(events: list[dict[str, Any]]) -> float:
+    """Median seconds per optimizer step (consecutive steps of an attempt; a save's step is an outlier)."""
+    gaps = [b["time"] - a["time"] for n in {e.get("attempt") for e in events if e["kind"] == "progress"}
+            for a, b in zip(_steps(events, n), _steps(events, n)[1:], strict=False)
+            if b["optimizer_step"] == a["optimizer_step"] + 1]
+    return statistics.median(gaps)
+
+
+def restarts(events: list[dict[str, Any]], s: float) -> list[dict[str, Any]]:
+    """Each interruption: when (the crash, or the commit after a notice), its kind, and R = that ->
+    the next attempt's first step, minus the one step of work that first step did."""
+    out = []
+    attempts = sorted({e["attempt"] for e in events if e["kind"] == "attempt_started"})
+    for a in attempts[1:]:
+        prev = a - 1
+        notice = next((e for e in events if e["kind"] == "preemption_notice" and e.get("attempt") == prev), None)
+        fault = next((e for e in events if e["kind"] == "fault_fired" and e.get("attempt") == prev), None)
+        if notice is not None:
+            commit = next(e for e in events if e["kind"] == "state_committed" and e.get("attempt") == prev
+                          and "preemption" in e["reasons"])
+            at, kind, lead = commit["time"], "notice", commit["time"] - notice["time"]
+        elif fault is not None:
+            at, kind, lead = fault["time"], "crash", None
+        else:
+            continue
+        first = _steps(events, a)[0]
+        out.append({"at": at, "kind": kind, "lead": lead, "restart_s": first["time"] - at - s,
+                    "restore_s": _first(events, "attempt_started", attempt=a)["time"]
+                    - _first(events, "resume_decision", attempt=a)["time"]})
+    return out
+
+
+def measured_goodput(events: list[dict[str, Any]], s: float) -> dict[str, float]:
+    """The run's goodput. TODO(lead, after merging h-goodput): use ``policies.goodput.goodput`` only; this
+    fallback counts each kept optimizer step as one median step of productive time, over the wall time
+    from the driver's submission to the finish."""
+    try:
+        from policies.goodput import goodput
+        from policies.journal import Journal
+
+        g = goodput(Journal.parse(events))
+        return {"total_s": g.total_s, "productive_s": g.productive_s, "ratio": g.ratio, "source": 1.0}
+    except ImportError:
+        pass
+    sub, fin = _first(events, "submitted"), [e for e in events if e["kind"] == "finished"][-1]
+    total = fin["time"] - sub["time"]
+    productive = fin["optimizer_step"] * s
+    return {"total_s": total, "productive_s": productive, "ratio": productive / total, "source": 0.0}
+
+
+@dataclass
+class Measured:
+    costs: Costs
+    step_s: float
+    steps: int
+    trace: list[Interruption]
+    goodput: dict[str, float]
+    restart_by_world: dict[int, float]
+    restore_s: float
+
+
+def measure(quick: bool) -> Measured:
+    storage = tempfile.mkdtemp(prefix="syncpoint-p8-", dir="/tmp")
+    try:
+        epochs = 2 if quick else 3
+        main = _spec(storage, "p8-goodput", 2, epochs,
+                     "[{rank: 0, at_micro_step: 40, mode: sigterm}, {rank: 1, at_micro_step: 100}]", 2)
+        events = _run(main)
+        s = step_time(events)
+        t0 = _first(events, "submitted")["time"]
+        first = _steps(events, 1)[0]
+        rs = restarts(events, s)
+        blocked = [e["blocked_seconds"] for e in events if e["kind"] == "state_committed"]
+        notice_lead = [r["lead"] for r in rs if r["kind"] == "notice"]
+        costs = Costs(save_blocked_s=statistics.median(blocked),
+                      restart_s=statistics.median(r["restart_s"] for r in rs),
+                      notice_to_commit_s=notice_lead[0] if notice_lead else float("nan"),
+                      startup_s=first["time"] - t0 - s, step_s=s)
+        trace = [(r["at"] - t0, r["lead"]) for r in rs]
+        steps = [e for e in events if e["kind"] == "finished"][-1]["optimizer_step"]
+        by_world = {2: statistics.median(r["restart_s"] for r in rs if r["kind"] == "crash")}
+        for w in (1,) if quick else (1, 3):
+            ev = _run(_spec(storage, f"p8-restart-w{w}", w, 1, "[{rank: 0, at_micro_step: 40}]", 1))
+            r = restarts(ev, step_time(ev))
+            if r:
+                by_world[w] = r[0]["restart_s"]
+        return Measured(costs, s, steps, trace, measured_goodput(events, s), dict(sorted(by_world.items())),
+                        statistics.median(r["restore_s"] for r in rs))
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- fitting R against the world size
+
+
+def fit_restart(by_world: dict[int, float]) -> tuple[str, float, float]:
+    """R(w) = a + b*w or a + b*ln(w), least squares; the one with the smaller residual (linear on a tie:
+    the pessimistic one). Returns (form, a, b)."""
+    ws, rs = list(by_world), list(by_world.values())
+    best: tuple[float, str, float, float] | None = None
+    for form, f in (("linear", float), ("log", math.log)):
+        xs = [f(w) for w in ws]
+        mx, my = statistics.mean(xs), statistics.mean(rs)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, rs, strict=True)) / sxx if sxx else 0.0
+        b = max(b, 0.0)  # a restart does not get cheaper with more nodes; noise must not extrapolate that way
+        a = my - b * mx
+        res = sum((a + b * x - y) ** 2 for x, y in zip(xs, rs, strict=True))
+        if best is None or res < best[0] - 1e-9:
+            best = (res, form, a, b)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def restart_at(form: str, a: float, b: float, w: int) -> float:
+    return a + b * (w if form == "linear" else math.log(w))
+
+
+# ---------------------------------------------------------------- main
+
+
+def goal(name: str, measured: str, target: str, met: bool) -> str:
+    return f"goal {name}: {measured} vs {target}: {'met' if met else 'not met'}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer restart runs and Monte Carlo preemptions")
+    ap.add_argument("--no-measure", action="store_true", help="skip the Ray runs (needs --costs; no validation)")
+    ap.add_argument("--costs", help="C,R,N[,step] seconds: override the measured save blocked, restart, "
+                                    "notice-to-commit (and step) times")
+    ap.add_argument("--trace", help="also simulate this trace file of interruptions (seconds [lead])")
+    ap.add_argument("--lead", type=float, default=30.0, help="notice lead time in seconds for the 'notice' columns")
+    ap.add_argument("--node-rate-per-day", type=float, default=1.0, help="planning: preemptions per node per day")
+    ap.add_argument("--state-gb", type=float, default=10.0, help="planning: state bytes per node (GB)")
+    ap.add_argument("--storage-gbps", type=float, default=1.0, help="planning: restore from storage, GB/s per node")
+    ap.add_argument("--net-gbps", type=float, default=12.5, help="planning: restore from a peer's RAM, GB/s per node")
+    args = ap.parse_args()
+    preemptions = 600 if args.quick else 1500
+    t_all = time.perf_counter()
+    lines: list[str] = []
+
+    m: Measured | None = None
+    if not args.no_measure:
+        m = measure(args.quick)
+        c = m.costs
+        print(f"P8 goodput: measured on examples/tiny_lm.yaml (2 workers, ZeRO-2, accumulation 4, no evaluation, a "
+              f"state every {SAVE_EVERY_STEPS} optimizer steps), embedded local Ray")
+        print(f"  step {m.step_s:.3f} s | save blocked C {c.save_blocked_s:.3f} s | restart R {c.restart_s:.2f} s "
+              f"(of which restore {m.restore_s:.2f} s) | notice-to-commit N {c.notice_to_commit_s:.3f} s | "
+              f"start-up {c.startup_s:.2f} s | {m.steps} optimizer steps")
+        by_world = ", ".join(f"{w} worker(s) {r:.2f} s" for w, r in m.restart_by_world.items())
+        print(f"  restart R by world size: {by_world}")
+    if args.costs:
+        vals = [float(x) for x in args.costs.split(",")]
+        base = Costs(vals[0], vals[1], vals[2], step_s=vals[3] if len(vals) > 3 else (m.step_s if m else 0.2))
+    elif m is not None:
+        base = replace(m.costs, startup_s=0.0)
+    else:
+        sys.exit("--no-measure needs --costs C,R,N")
+
+    # ---- validation: the measured run, replayed
+    if m is not None:
+        sim = simulate(m.steps * m.step_s, SAVE_EVERY_STEPS * m.step_s, m.costs, m.trace)
+        meas = m.goodput["ratio"]
+        diff = abs(sim.goodput - meas) * 100
+        print()
+        print("(a) validation: the measured run's interruptions replayed through the simulator with its measured costs")
+        print(f"{'':<22} | {'wall s':>8} | {'productive s':>12} | {'goodput':>8}")
+        print(f"{'measured (event log)':<22} | {m.goodput['total_s']:>8.2f} | {m.goodput['productive_s']:>12.2f} | "
+              f"{meas:>7.1%}")
+        print(f"{'simulated':<22} | {sim.wall_s:>8.2f} | {sim.work_s:>12.2f} | {sim.goodput:>7.1%}")
+        src = "policies.goodput" if m.goodput["source"] else "the bench's own accounting (TODO: policies.goodput)"
+        kinds = ", ".join(f"{'notice' if ld is not None else 'crash'} at {t:.1f} s" for t, ld in m.trace)
+        print(f"  interruptions: {kinds}; measured goodput from {src}")
+        lines.append(goal("simulator vs measured run", f"{diff:.1f} points apart", "<= 3 points", diff <= 3.0))
+
+    # ---- goodput vs interval
+    print()
+    print(f"(b) goodput vs the save interval (C {base.save_blocked_s:.3f} s, R {base.restart_s:.2f} s, "
+          f"N {base.notice_to_commit_s:.3f} s; notices {args.lead:g} s ahead; Poisson, ~{preemptions} preemptions "
+          f"per cell)")
+    fixed = [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
+    hdr = f"{'rate':<9} | {'notice':<6} | " + " | ".join(f"{_dur(x):>6}" for x in fixed) + \
+        f" || {'best fixed':>16} | {'auto':>16} | auto/best"
+    print(hdr)
+    print("-" * len(hdr))
+    results: dict[tuple[str, bool], tuple[float, float, float]] = {}
+    for label, rate in RATES_PER_HOUR:
+        tau = auto_interval(base, rate)
+        # the best fixed interval: the table's, and a fine geometric grid around the optimum
+        grid = sorted(set(fixed) | {tau * 2 ** (k / 4) for k in range(-12, 13)})
+        for notice in (False, True):
+            lead = args.lead if notice else None
+            g = {x: steady_goodput(x, base, rate, lead, preemptions) for x in grid}
+            best_x = max(g, key=lambda x: g[x])
+            ga = steady_goodput(tau, base, rate, lead, preemptions)
+            results[(label, notice)] = (ga, g[best_x], tau)
+            print(f"{label:<9} | {'yes' if notice else 'no':<6} | " + " | ".join(f"{g[x]:>6.1%}" for x in fixed)
+                  + f" || {g[best_x]:>6.2%} @ {_dur(best_x):>6} | {ga:>6.2%} @ {_dur(tau):>6} | {ga / g[best_x]:.4f}")
+    ga, gb, tau = results[("1/hour", False)]
+    lines.append(goal("auto vs best fixed interval at 1/hour without notice", f"{ga / gb:.4f}x", ">= 0.99x",
+                      ga >= 0.99 * gb))
+    lines.append(goal("auto goodput at 1/hour without notice", f"{ga:.2%}", ">= 95%", ga >= 0.95))
+    gn = results[("1/hour", True)][0]
+    lines.append(goal("auto goodput at 1/hour with notices", f"{gn:.2%}", ">= 99%", gn >= 0.99))
+
+    if args.trace:
+        tr = load_trace(args.trace)
+        horizon = max((t for t, _ in tr), default=0.0)
+        sim = simulate(horizon, auto_interval(base, max(1e-9, len(tr) / max(horizon, 1) * 3600)), base, tr)
+        print(f"\ntrace {args.trace}: {len(tr)} interruptions over {horizon:.0f} s -> goodput {sim.goodput:.2%} "
+              f"at save_every auto")
+
+    # ---- planning at scale
+    if m is not None:
+        form, a, b = fit_restart(m.restart_by_world)
+        restore_here = m.restore_s
+    else:
+        form, a, b, restore_here = "linear", base.restart_s, 0.0, 0.0
+    storage_restore = args.state_gb / args.storage_gbps
+    peer_restore = args.state_gb / args.net_gbps
+    print()
+    fit = f"R(w) = {a:.2f} + {b:.3f} x {'w' if form == 'linear' else 'ln(w)'} s ({form} fit"
+    fit += f" of {', '.join(f'{w}: {r:.2f} s' for w, r in m.restart_by_world.items())})" if m else ", given)"
+    print(f"(c) planning: {args.node_rate_per_day:g} preemption(s) per node per day, no notice, save_every auto; "
+          f"restart {fit}, less this machine's restore ({restore_here:.2f} s), plus a {args.state_gb:g} GB/node "
+          f"restore: from storage at {args.storage_gbps:g} GB/s ({storage_restore:.1f} s) or from a peer's RAM at "
+          f"{args.net_gbps:g} GB/s ({peer_restore:.1f} s)")
+    hdr = (f"{'nodes':>5} | {'cluster MTBF':>12} | {'R storage s':>11} | {'goodput (storage)':>17} | "
+           f"{'R peer s':>8} | {'goodput (peer copy)':>19} | {'recovered':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    below: int | None = None
+    for n in NODES:
+        rate = args.node_rate_per_day * n / 24
+        r0 = max(0.0, restart_at(form, a, b, n) - restore_here)
+        gs = steady_goodput(auto_interval(base, rate), replace(base, restart_s=r0 + storage_restore), rate, None,
+                            preemptions // 2)
+        gp = steady_goodput(auto_interval(base, rate), replace(base, restart_s=r0 + peer_restore), rate, None,
+                            preemptions // 2)
+        if below is None and gs < 0.9:
+            below = n
+        print(f"{n:>5} | {_dur(3600 / rate):>12} | {r0 + storage_restore:>11.1f} | {gs:>17.1%} | "
+              f"{r0 + peer_restore:>8.1f} | {gp:>19.1%} | {100 * (gp - gs):>+8.1f}p")
+    print(f"checkpoint-restart goodput falls below 90% at {below if below else 'no size up to 1024'} nodes")
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
+    for line in lines:
+        print(line)
+
+
+def _dur(s: float) -> str:
+    if s < 60:
+        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m" if s % 60 == 0 or s >= 600 else f"{s / 60:.1f}m"
+    return f"{s / 3600:.1f}h"
+
+
+if __name__ == "__main__":
+    main()
