@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -351,6 +351,42 @@ def _schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:
                 f"{list(exp.scheduler_phases or [])}: a schedule of another type or phase order cannot be continued. "
                 "Set resume.reset_schedule: true to restart the schedule from step 0 on these weights, or restore "
                 "the previous train.scheduler.")
+    return None
+
+
+def init_from_problem(trainer: Any, exp: Expectation, init_optimizer: bool) -> str | None:
+    """Why ``resume.init_from`` cannot take this state, from its trainer record alone (before any
+    tensor is read), or None. Weights are matched by name and shape; with ``init_optimizer`` the
+    optimizer moments come too, and DeepSpeed stores them flattened per group, per rank and per
+    ZeRO stage and precision: any of those differing would fail mid-load or, worse, load moments
+    onto the wrong parameters. Each reason names the field and the opt-out."""
+    s, err = _parsed(TrainState, trainer)
+    if err:
+        return f"its trainer.json is unreadable: {err}"
+    if s.model_fingerprint != exp.model_fingerprint:
+        return ("its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
+                "name and shape; point resume.init_from at a state of the same model")
+    if not init_optimizer:
+        return None
+    opt_out = " Set resume.init_optimizer: false to take the weights only, with a fresh optimizer state."
+    checks: list[tuple[str, Any, Any, str]] = [
+        ("zero_stage", s.zero_stage, exp.zero_stage, "ZeRO stage (deepspeed.zero_stage)"),
+        ("optimizer.type", s.optimizer.type, exp.optimizer_type, "optimizer type (train.optimizer.type / "
+         "Task.optimizer)"),
+    ]
+    if not (s.elastic_optimizer and exp.elastic):
+        checks.append(("world_size", s.world_size, exp.world_size, "world size (scaling.num_workers): "
+                       "optimizer shards are per rank"))
+    if s.precision is not None and exp.precision is not None:
+        checks.append(("precision", s.precision, exp.precision, "precision (deepspeed.precision)"))
+    for key, have, want, what in checks:
+        if have is not None and want is not None and have != want:
+            return f"with resume.init_optimizer its {what} must match: the state has {key}={have!r}, this run " \
+                   f"has {want!r}.{opt_out}"
+    groups = _group_incompatibility(s, replace(exp, reset_optimizer=False))
+    if groups:
+        return "with resume.init_optimizer the " + groups.split("; the optimizer moments", 1)[0] + \
+            "; the optimizer moments are stored per group." + opt_out
     return None
 
 

@@ -144,3 +144,24 @@ def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
     result = run_in_process(fresh, print_progress=False, submission_id="sub-1")  # Ray's restart of it
     assert result.resumed_from == f"{10:012d}"  # continued its own progress, did not archive it again
     assert len(RunStorage(spec.run_url).list_dirs("archive")) == 1
+
+
+@pytest.mark.parametrize("change,named", [
+    ("train.optimizer.no_decay=[]", "parameter groups differ"),
+    ("deepspeed.zero_stage=2", "zero_stage"),
+    ("train.optimizer.type=sgd", "optimizer.type"),
+])
+def test_init_from_with_optimizer_refuses_what_cannot_load_before_reading_a_tensor(tmp_path, change, named):
+    """init_optimizer takes the moments, which DeepSpeed stores per group, rank, stage and optimizer: a
+    source that differs in any is refused from its trainer.json, naming the opt-out, and the run writes
+    nothing; without init_optimizer the same source gives its weights."""
+    parent = _spec(tmp_path / "parent", "deepspeed.zero_stage=1")
+    run(parent)
+    child = with_overrides(_spec(tmp_path / "child"), "name=child", "deepspeed.zero_stage=1", change,
+                           f"resume.init_from={parent.run_url}", "resume.init_optimizer=true")
+    with pytest.raises(ResumeRefused, match=rf"{named}.*resume\.init_optimizer: false") as refused:
+        run(child)
+    assert "cannot be taken" in str(refused.value)
+    assert not RunStorage(child.run_url).list_dirs("states")
+    weights_only = with_overrides(child, "resume.init_optimizer=false")
+    assert run(weights_only).resumed_from is None

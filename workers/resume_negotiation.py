@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from policies.candidates import Candidate, Verdict
+from policies.candidates import Candidate, Verdict, init_from_problem
 from policies.errors import JobConfigError, NoResumableState, ResumeRefused
 from policies.journal import CandidateSeen, ResumeDecision
 from policies.redact import redact_url
@@ -253,6 +253,9 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
     if candidate.trust_error:
         raise ResumeRefused(f"resume.init_from: {redact_url(url)}/states/{name} is untrusted: {candidate.trust_error}. "
                             "Give the source run's key with resume.init_from_signing_key_env")
+    problem = init_from_problem(candidate.trainer, attempt.expectation, spec.resume.init_optimizer)
+    if problem:
+        raise ResumeRefused(f"resume.init_from: {redact_url(source.url)}/states/{name} cannot be taken: {problem}")
     fetched = fetch_state(source, candidate, attempt.rank, want_rng=False)
     try:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
