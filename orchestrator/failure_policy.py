@@ -21,7 +21,7 @@ from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from orchestrator.ray_runner import failure_report
-from policies.failures import PREEMPTION, FailureFacts, FailureVerdict, classify_failure
+from policies.failures import PREEMPTION, REFUSAL, FailureFacts, FailureVerdict, classify_failure
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
@@ -32,7 +32,10 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self.run_url = run_url
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
-        facts = gather_facts(training_failed_error, self.run_url)
+        return self.decide(gather_facts(training_failed_error, self.run_url), training_failed_error)
+
+    def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
+        """The decision from gathered facts (apart from gathering, which asks the running cluster)."""
         verdict = classify_failure(facts)
         ray_counts_as_preemption = facts.ray_says_preempted
         if (verdict.kind == PREEMPTION and not ray_counts_as_preemption
@@ -44,6 +47,8 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             # inf for "no limit", as Ray's own policy logs it (its annotation says int)
             self._log_decision(decision, training_failed_error, self._preemption_failures,
                                float("inf") if limit == -1 else limit)  # type: ignore[arg-type]
+        elif verdict.kind == REFUSAL:
+            decision = FailureDecision.RAISE
         else:
             decision = super().make_decision(training_failed_error)
         _record(self.run_url, verdict, facts, decision, training_failed_error)
@@ -81,7 +86,20 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(set(attempt_nodes) & dead)),
-        notice_logged=notice, messages=messages)
+        notice_logged=notice, messages=messages, refusal=_refusal(failures))
+
+
+def _refusal(failures: dict) -> str | None:
+    """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
+    (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
+    from orchestrator.ray_runner import _own_exception
+    from policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused
+
+    for _, error in sorted(failures.items()):
+        own = _own_exception(error)
+        if isinstance(own, (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError)):
+            return failure_report(error)[0]
+    return None
 
 
 def _dead_nodes() -> set[str]:

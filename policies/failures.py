@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 PREEMPTION = "preemption"
 APPLICATION = "application"
+REFUSAL = "refusal"  # syncpoint refused the job's configuration or state: the same on every retry
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class FailureFacts:
     dead_attempt_nodes: tuple[str, ...]  # nodes that hosted a rank of the attempt and are dead now
     notice_logged: bool  # the attempt logged a preemption notice (drain or SIGTERM)
     messages: tuple[str, ...] = ()
+    refusal: str | None = None  # a rank's syncpoint refusal (spec, task, selection, lease lost), its reason
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
         return FailureVerdict(PREEMPTION, f"node(s) lost: {', '.join(n[:12] for n in f.dead_attempt_nodes)}")
     if f.notice_logged:
         return FailureVerdict(PREEMPTION, "the attempt received a preemption notice before failing")
+    if f.refusal:
+        # Deterministic: the same spec, task and states refuse again. Retrying would only spend
+        # failure.max_failures and delay the one line the user needs.
+        return FailureVerdict(REFUSAL, f.refusal)
     first = next((m for m in f.messages if m), "unknown error")
     return FailureVerdict(APPLICATION, first)
 

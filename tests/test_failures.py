@@ -114,3 +114,27 @@ def test_timeline_lost_work():
     assert r.lost_seconds == pytest.approx(4.0 - 1.0) and r.cause == "preemption"
     text = format_timeline(journal)
     assert "lost micro-steps" in text and "000000000004" in text
+
+
+def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
+    """A refusal of the job itself (spec, task, selection, lost lease) is the same on every retry: the
+    run fails at once with it instead of spending failure.max_failures; a lost node still comes first
+    (the refusal may be a symptom of the loss, and a retry on another node can succeed)."""
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.config import FailureConfig
+
+    from orchestrator.failure_policy import SyncpointFailurePolicy, _refusal
+    from policies.errors import TaskError
+    from policies.failures import REFUSAL
+
+    v = classify_failure(facts(refusal="train.eval_every needs Task.eval_dataset"))
+    assert (v.kind, v.reason) == (REFUSAL, "train.eval_every needs Task.eval_dataset")
+    assert classify_failure(facts(refusal="x", dead_attempt_nodes=("n1",))).kind == PREEMPTION
+    error = _worker_failures(rank0=RuntimeError("gloo: connection closed"),
+                             rank1=TaskError("train.eval_every is 2 optimizer_steps but no eval set"))
+    assert _refusal(error.worker_failures) == "train.eval_every is 2 optimizer_steps but no eval set"
+    assert _refusal(_worker_failures(rank0=ValueError("user bug")).worker_failures) is None
+    policy = SyncpointFailurePolicy(FailureConfig(max_failures=3), "memory://refusal-test")
+    assert policy.decide(facts(refusal=_refusal(error.worker_failures)), error) == FailureDecision.RAISE
+    bug = _worker_failures(rank0=ValueError("user bug"))
+    assert policy.decide(facts(), bug) == FailureDecision.RETRY
