@@ -188,3 +188,17 @@ def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp
     assert [f["classified"] for f in failures] == ["application", "application"]
     assert [f["decision"] for f in failures] == ["RETRY", "RAISE"]
     assert len(_events(spec, "attempt_started")) == 2
+
+
+def test_a_refusal_on_the_workers_fails_the_run_at_once(tmp_path, cluster):
+    """A task without an eval set under train.eval_every is refused on the workers: the run stops on the
+    first failure (classified refusal, not retried although max_failures allows 3), its last line says why."""
+    spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 1000}",
+                   "train.epochs=1", "failure.max_failures=3", "train.eval_every={value: 2, unit: optimizer_steps}",
+                   workers=2)
+    proc = _start(spec, cluster[0].address)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    assert "train.eval_every" in out.strip().splitlines()[-1]
+    failures = _events(spec, "failure")
+    assert [(f["classified"], f["decision"]) for f in failures] == [("refusal", "RAISE")]
