@@ -214,7 +214,10 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
         "submitted", name=spec.name, address=redact_url(address or "embedded"))
-    embedded = connect(spec, address)
+    # A connection this call makes, it closes before the last line: a connected driver keeps
+    # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
+    ours = not ray.is_initialized()
+    connect(spec, address)
     submission = uuid.uuid4().hex
     try:
         s = spec.scaling
@@ -243,7 +246,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
         from workers.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
-        if embedded:
+        if ours:
             ray.shutdown()
     if failure is not None:  # printed last: a failed run's last line says why
         reason, details = failure
