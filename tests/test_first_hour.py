@@ -260,7 +260,8 @@ def test_a_run_prints_its_own_lines_and_one_summary_line(tmp_path):
 def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     """`ray start --head` run from a shell whose first `python` is not syncpoint's: the head itself
     runs (its `ray` script is the venv's), but job entrypoints get that `python`."""
-    from tests.test_job_submit import _env, local_head
+    from tests.ray_processes import local_head
+    from tests.ray_processes import ray_env as _env
 
     bare = tmp_path / "bare"  # a real Python 3.11 with nothing installed: no syncpoint, no fsspec
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
@@ -268,7 +269,8 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     head_env["PATH"] = str(bare / "bin") + os.pathsep + head_env["PATH"]
     client_env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
     runs = tmp_path / "runs"
-    with local_head(head_env, num_cpus=1) as address:
+    with local_head(head_env, num_cpus=1) as head:
+        address = head.address
         r = subprocess.run([sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address",
                             address, "--set", f"storage={runs}"], cwd=ROOT, env=client_env, capture_output=True,
                            text=True, timeout=600)
@@ -297,7 +299,7 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
     not join that one and fail on num_cpus (seen when two tests' clusters overlapped)."""
     from ray.cluster_utils import Cluster
 
-    from tests.test_job_submit import _env
+    from tests.ray_processes import ray_env as _env
 
     sets = ["task.config.num_samples=40", "task.config.seq_len=8", "task.config.d_model=16",
             "train.micro_batch_size=2", "train.epochs=1", "checkpoint.export_final=false", f"storage={tmp_path}"]

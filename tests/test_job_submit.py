@@ -6,19 +6,16 @@ and storage continues from its newest resumable state, as a whole-cluster retry 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-import tempfile
-import time
 
-import psutil
 import pytest
 
-from tests.helpers import ROOT, lm_spec, state_names, stop_processes
+from tests.helpers import ROOT, lm_spec, state_names
+from tests.ray_processes import local_head, ray_env
 from workers.events import EventLog
-from workers.launch import free_port, run_spawned
+from workers.launch import run_spawned
 from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -26,59 +23,13 @@ BIN = os.path.dirname(sys.executable)
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # the head runs `python` entrypoints from this venv
-    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
-        env["RAY_AUTH_MODE"] = "token"  # Ray 2.60: token auth is on when ~/.ray/auth_token exists
-    return env
-
-
-@contextlib.contextmanager
-def local_head(env: dict, num_cpus: int = 2):
-    """A real Ray head on its own ports and temp dir, started with ``env`` (its PATH decides which
-    ``python`` runs job entrypoints); stopped by its own process ids and their children, never by
-    `ray stop` (which stops every Ray on the machine). Yields the Job API address."""
-    temp = tempfile.mkdtemp(prefix="sp-ray-")
-    ports = [free_port() for _ in range(7)]
-    before = set(psutil.pids())
-    ours: list[psutil.Process] = []
-    try:
-        try:
-            subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
-                            f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
-                            f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
-                            f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
-                            "--disable-usage-stats", "--include-dashboard=true"],
-                           check=True, env=env, capture_output=True, timeout=180)
-        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
-            marks = [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)]
-            for pid in set(psutil.pids()) - before:
-                try:
-                    proc = psutil.Process(pid)
-                    if any(m in " ".join(proc.cmdline()) for m in marks):
-                        ours.append(proc)
-                except psutil.Error:
-                    pass
-        address = f"http://127.0.0.1:{ports[1]}"
-        _wait_for_job_agent(address)
-        yield address
-    finally:
-        stop_processes(ours)  # this head's processes and everything they started (never another engineer's)
+    return ray_env()
 
 
 @pytest.fixture(scope="module")
 def head():
-    with local_head(_env()) as address:
-        yield address
-
-
-def _wait_for_job_agent(address: str) -> None:
-    """The head answers before its job agent is up; wait until a job can be listed."""
-    deadline = time.monotonic() + 90
-    while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address], env=_env(),
-                         capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, "the head's job agent never came up"
-        time.sleep(1)
+    with local_head(_env()) as h:
+        yield h.address
 
 
 SETS = ["task.config.num_samples=80", "task.config.seq_len=8", "task.config.d_model=16", "train.micro_batch_size=2",

@@ -1,0 +1,154 @@
+"""Real Ray processes a test starts and stops itself: a head (`ray start --head`) and worker nodes
+(`ray start --address=... --block`, each its own node), never `ray stop` (which stops every Ray on
+the machine, another engineer's included). Everything is stopped by its own process ids.
+
+Why worker nodes with ``--block``: that process is what a KubeRay worker pod runs as its main
+process, and a spot reclaim reaches it as SIGTERM; Ray's handler then asks the GCS to drain the node
+(``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``) before it stops the node's processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psutil
+
+from tests.helpers import stop_processes
+from workers.launch import free_port
+
+BIN = os.path.dirname(sys.executable)
+
+
+def ray_env() -> dict:
+    """This venv's `ray`/`python` first on PATH, no inherited RAY_ADDRESS, token auth when set up."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # the head runs `python` entrypoints from this venv
+    if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        env["RAY_AUTH_MODE"] = "token"  # Ray 2.60: token auth is on when ~/.ray/auth_token exists
+    return env
+
+
+@dataclass
+class Head:
+    address: str  # the Job API (dashboard) address, for `ray job submit` / `syncpoint submit`
+    gcs_address: str  # what drivers and worker nodes connect to
+    temp_dir: str
+    processes: list[psutil.Process] = field(default_factory=list)
+
+
+def _new_processes(before: set[int], marks: list[str]) -> list[psutil.Process]:
+    found = []
+    for pid in set(psutil.pids()) - before:
+        try:
+            proc = psutil.Process(pid)
+            if any(m in " ".join(proc.cmdline()) for m in marks):
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+@contextlib.contextmanager
+def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None) -> Iterator[Head]:
+    """A real Ray head on its own ports and temp dir, started with ``env`` (its PATH decides which
+    ``python`` runs job entrypoints); stopped by its own process ids and their children."""
+    temp = tempfile.mkdtemp(prefix="sp-ray-")
+    ports = [free_port() for _ in range(7)]
+    before = set(psutil.pids())
+    head = Head(f"http://127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[0]}", temp)
+    try:
+        try:
+            subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
+                            f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
+                            f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+                            f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
+                            "--disable-usage-stats", "--include-dashboard=true",
+                            *([f"--system-config={system_config}"] if system_config else [])],
+                           check=True, env=env, capture_output=True, timeout=180)
+        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
+            head.processes = _new_processes(before, [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)])
+        wait_for_job_agent(head.address)
+        yield head
+    finally:
+        stop_processes(head.processes)  # this head's processes and everything they started
+
+
+def wait_for_job_agent(address: str) -> None:
+    """The head answers before its job agent is up; wait (bounded) until a job can be listed."""
+    deadline = time.monotonic() + 90
+    while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address], env=ray_env(),
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "the head's job agent never came up within 90 s"
+        time.sleep(1)
+
+
+@dataclass
+class WorkerNode:
+    proc: subprocess.Popen  # the `ray start --block` process: the pod's main process
+    node_id: str
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+
+@contextlib.contextmanager
+def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]]:
+    """``count`` worker nodes of one CPU each; the list may grow (``add_worker_node``); every node's
+    processes are stopped at the end, whatever state the test left them in."""
+    nodes: list[WorkerNode] = []
+    try:
+        for _ in range(count):
+            nodes.append(add_worker_node(head, env))
+        yield nodes
+    finally:
+        stop_processes([psutil.Process(n.proc.pid) for n in nodes if n.proc.poll() is None]
+                       + [c for n in nodes for c in n.children()])
+
+
+def add_worker_node(head: Head, env: dict, timeout: float = 240) -> WorkerNode:
+    """Start one `ray start --address=HEAD --num-cpus=1 --block` node (its own agent ports: several
+    nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id."""
+    ports = [free_port() for _ in range(4)]
+    proc = subprocess.Popen(
+        [f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
+         f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
+         f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in WorkerNode(proc, "").children():
+            with contextlib.suppress(psutil.Error):
+                cmd = child.cmdline()
+                if cmd and cmd[0].endswith("raylet"):
+                    ids = [a.split("=", 1)[1] for a in cmd if a.startswith("--node_id=")]
+                    if ids:
+                        wait_until_registered(head, ids[0], env, deadline)
+                        return WorkerNode(proc, ids[0])
+        if proc.poll() is not None:
+            raise AssertionError(f"`ray start --block` for a worker node exited with {proc.returncode}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"a worker node's raylet did not start within {timeout:.0f} s")
+
+
+def wait_until_registered(head: Head, node_id: str, env: dict, deadline: float) -> None:
+    """A raylet runs some seconds (tens on a loaded machine) before the GCS lists its node as
+    active, and Ray Train sees no capacity until then: wait, bounded, for `ray status` to list it."""
+    while time.monotonic() < deadline:
+        r = subprocess.run([f"{BIN}/ray", "status", "--address", head.gcs_address], env=env, capture_output=True,
+                           text=True, timeout=60)
+        alive = r.stdout.split("Pending:", 1)[0]  # the Active: and Idle: sections (not recent failures)
+        if f"node_{node_id}" in alive:
+            return
+        time.sleep(1)
+    raise AssertionError(f"worker node {node_id[:12]} did not register with the head in time")

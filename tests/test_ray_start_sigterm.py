@@ -1,0 +1,139 @@
+"""The real shutdown path of a Kubernetes spot reclaim, on this machine: SIGTERM to the `ray start
+--block` process of a worker node hosting a rank (what the kubelet sends a KubeRay worker pod's main
+process). Ray's handler asks the GCS to drain the node (reason PREEMPTION, deadline
+``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``) and stops the node's processes at the deadline.
+
+Asserted, for `syncpoint run --address` and for `ray job submit` against the same cluster: the
+notice reaches the loop through ``ray.train.get_preemption_info()``; a state is committed at the next
+boundary, before the node is gone; the failure is charged to the preemption budget (the run has
+``failure.max_failures: 0``); the run resumes with 0 optimizer steps lost and ends at the digest
+of the uninterrupted run.
+
+The cluster: a head with no CPUs (`ray start --head`) and one `ray start --block` process per worker
+node, started and stopped by the test's own process ids (tests/ray_processes.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from orchestrator.timeline import restarts
+from tests.helpers import ROOT, digest, lm_spec, state_names
+from tests.ray_processes import BIN, add_worker_node, local_head, ray_env, worker_nodes
+from workers.events import EventLog
+from workers.launch import run_spawned
+from workers.storage import RunStorage
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
+# ~400 micro-steps paced at 50 ms: the run lasts ~20 s of wall time and little CPU, so the notice lands mid-run
+LENGTH = ["task.config.num_samples=1600", "train.epochs=1"]
+
+
+def _env() -> dict:
+    env = ray_env()
+    env.update(RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=str(DRAIN_S), RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.2")
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_start_cluster():
+    # fast GCS health checks: the drained node's death is noticed within seconds of its deadline
+    config = '{"health_check_period_ms": 500, "health_check_failure_threshold": 4}'
+    with local_head(_env(), num_cpus=0, system_config=config) as head, worker_nodes(head, 2, _env()) as nodes:
+        yield head, nodes
+
+
+# the run: paced (numerics unchanged), no application-error retries, saves only when a notice asks
+RUN = [*LENGTH, "failure.max_failures=0", "checkpoint.save_every={value: 0, unit: micro_steps}",
+       "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]
+# what tests.helpers.lm_spec sets on the example, for the job `ray job submit` runs from examples/tiny_lm.yaml
+LM_SPEC = ["scaling.num_workers=2", "task.config.seq_len=8", "task.config.d_model=16", "train.micro_batch_size=2",
+           "train.log_every=1000", "checkpoint.keep_last=0", "checkpoint.export_final=false",
+           "task.config.eval_samples=8"]
+
+
+def _spec(tmp):
+    return lm_spec(tmp, *RUN, workers=2)
+
+
+def _events(spec, kind):
+    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
+
+
+def _wait_for(pred, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"the driver exited before {what}:\n{proc.stdout.read()[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {what} within {timeout:.0f} s:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.1)
+
+
+def _reclaim_rank_1_node(spec, head, nodes, proc) -> None:
+    """When the run trains, SIGTERM the `ray start --block` process of rank 1's node, after a
+    replacement node has joined (the autoscaler's part); assert the node went away within its grace."""
+    _wait_for(lambda: bool(_events(spec, "attempt_started")), proc, "a started attempt")
+    time.sleep(1.0)
+    rank_nodes = _events(spec, "attempt_started")[-1]["nodes"]
+    victim = next(n for n in nodes if n.node_id == rank_nodes[1])
+    nodes.append(add_worker_node(head, _env()))
+    victim.proc.send_signal(signal.SIGTERM)
+    victim.proc.wait(timeout=DRAIN_S + 60)  # Ray's handler drains, then stops the node and exits
+    nodes.remove(victim)
+
+
+def _assert_exact_and_cheap(tmp_path, spec) -> None:
+    notice = _events(spec, "preemption_notice")[0]
+    assert notice["source"] == "ray-drain" and notice["ranks"] == [1]  # from ray.train.get_preemption_info()
+    saved = next(e for e in _events(spec, "state_committed") if "preemption" in e["reasons"])
+    assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # committed at the very next boundary
+    (failure,) = _events(spec, "failure")
+    assert failure["classified"] == "preemption" and failure["decision"] == "RETRY"  # max_failures is 0
+    second = _events(spec, "attempt_started")[1]
+    assert second["optimizer_step"] >= notice["optimizer_step"]  # 0 optimizer steps lost
+    (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
+    assert restart.cause == "preemption"
+    final = state_names(spec)[-1]
+    ref = lm_spec(tmp_path / "ref", *LENGTH, workers=2)  # the example's task, unpaced: the same numerics
+    assert run_spawned(ref) == [0, 0]
+    assert digest(spec, final) == digest(ref, final)
+
+
+def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_start_cluster):
+    head, nodes = ray_start_cluster
+    spec = _spec(tmp_path / "run")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _reclaim_rank_1_node(spec, head, nodes, proc)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    _assert_exact_and_cheap(tmp_path, spec)
+
+
+def test_the_same_through_ray_job_submit(tmp_path, ray_start_cluster):
+    head, nodes = ray_start_cluster
+    spec = _spec(tmp_path / "run")
+    assert spec == lm_spec(tmp_path / "run", *LM_SPEC, *RUN, workers=2)  # the submitted job is this spec
+    cmd = [f"{BIN}/ray", "job", "submit", "--address", head.address, "--working-dir", str(ROOT), "--",
+           "python", "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+    for s in [*LM_SPEC, *RUN, f"storage={tmp_path / 'run'}"]:
+        cmd += ["--set", s]
+    env = _env()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _reclaim_rank_1_node(spec, head, nodes, proc)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    assert "syncpoint: job 'tiny-lm' finished" in out
+    _assert_exact_and_cheap(tmp_path, spec)
