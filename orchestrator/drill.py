@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from orchestrator.timeline import restarts
+from orchestrator.timeline import format_goodput, restarts
+from policies.goodput import goodput
 from policies.journal import Evaluated, Journal, Step
 from policies.spec import CrashFault, JobSpec
 from policies.state_format import MODEL_FILE, STATES_DIR
@@ -197,7 +198,9 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     from workers.events import EventLog
     from workers.storage import RunStorage
 
-    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" for p, h in zip(points, hows, strict=False))]
+    # a node is removed once the flushed progress passes its point: it goes down later, where training really was
+    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" if h != "node" else f"node lost after micro-step {p}"
+                                   for p, h in zip(points, hows, strict=False))]
     ref_journal = EventLog(RunStorage(ref.run_url)).journal()
     run_journal = EventLog(RunStorage(run.run_url)).journal()
     rs = restarts(run_journal)
@@ -208,6 +211,8 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
             lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {'no restart seen (the run did not stop there)'}")
             continue
         r = rs[i]
+        if how in ("node", "?"):  # where it really stopped: measured by the heartbeat, else at least the point
+            at = r.previous_max_micro_step if r.measured else (f">={at}" if how == "node" else at)
         lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
                      f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}")
     ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
@@ -251,6 +256,9 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
         lines.append(f"final digest: {'match' if digest_ok else 'MISMATCH'} ({db[:16]}… vs reference {da[:16]}…)")
     else:
         lines.append(f"final digest: MISMATCH (final states {finals[1]} vs reference {finals[0]})")
+    g = goodput(run_journal)
+    if g is not None:
+        lines.append("interrupted run's " + format_goodput(g))
     ok = ok and losses_ok and digest_ok and evaluations_ok
     verdict = ("the interrupted run matched bit for bit until the world-size change, then consumed the same samples at "
                "the same learning rates and stayed within the elastic bound (README, Elastic resume)"

@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from ray.train.v2._internal.execution.failure_handling import default as _default
 from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
@@ -27,11 +28,12 @@ from policies.failures import PREEMPTION, REFUSAL, FailureFacts, FailureVerdict,
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
-    def __init__(self, failure_config: FailureConfig, run_url: str) -> None:
+    def __init__(self, failure_config: FailureConfig, run_url: str, heartbeat: Any | None = None) -> None:
         super().__init__(failure_config)
-        self.run_url = run_url
+        self.run_url, self.heartbeat = run_url, heartbeat
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
+        record_interruption(self.run_url, self.heartbeat, time.time())  # before the next attempt can start
         return self.decide(gather_facts(training_failed_error, self.run_url), training_failed_error)
 
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
@@ -53,6 +55,34 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             decision = super().make_decision(training_failed_error)
         _record(self.run_url, verdict, facts, decision, training_failed_error)
         return decision
+
+
+def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float) -> None:
+    """Write the failed attempt's measured interruption point (``interrupted``): each rank's last
+    heartbeat. Nothing without a board (older drivers), or when the attempt sent no beat (it failed
+    before training) or already has one."""
+    if heartbeat is None:
+        return
+    import ray
+
+    from policies.journal import Interrupted, RankReached
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    try:
+        log = EventLog(RunStorage(run_url), source="controller")
+        journal = log.journal()
+        last = journal.last_attempt
+        if last is None or journal.interrupted(last.attempt) is not None:
+            return
+        beats = [RankReached.model_validate(b) for b in ray.get(heartbeat.read.remote(last.attempt), timeout=30)]
+        if not beats:
+            return
+        newest = max(beats, key=lambda b: (b.global_micro_step, b.time))
+        log.emit(Interrupted(attempt=last.attempt, ranks=beats, global_micro_step=newest.global_micro_step,
+                             reached_at=max(b.time for b in beats), detected_at=detected_at))
+    except Exception:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
+        pass
 
 
 def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
@@ -135,13 +165,13 @@ def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision
 
 
 @contextlib.contextmanager
-def installed(run_url: str) -> Iterator[None]:
+def installed(run_url: str, heartbeat: Any | None = None) -> Iterator[None]:
     """Make ``DataParallelTrainer`` build ``SyncpointFailurePolicy`` while a trainer runs ``fit()``."""
     original = _dpt.create_failure_policy
     # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
     # at run time it is V2's (the one the policy takes)
     _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
-        failure_config, run_url)  # type: ignore[arg-type]
+        failure_config, run_url, heartbeat)  # type: ignore[arg-type]
     try:
         yield
     finally:

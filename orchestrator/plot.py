@@ -1,11 +1,13 @@
 """Draw a run's history: loss and learning rate against the global micro-step, with every
-preemption notice, restart and committed state marked (people read a run faster from a picture).
+preemption notice, restart and committed state marked, and the run's goodput with its losses in a
+box (people read a run faster from a picture).
 Evaluations (``train.eval_every``) are points: ``loss`` on the loss axis, any other metric in a
 panel of its own below (their scales are the task's)."""
 
 from __future__ import annotations
 
 from orchestrator.timeline import restarts
+from policies.goodput import goodput
 from policies.journal import Journal, PreemptionNotice
 
 
@@ -55,6 +57,12 @@ def plot_run(journal: Journal, path: str, title: str = "") -> None:
     handles, labels = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(handles + h2, labels + l2, loc="upper right", fontsize=8)
+    g = goodput(journal)
+    if g is not None and g.total_s > 0:  # the run's goodput and where the rest of its wall time went
+        shown = [f"goodput {100 * g.ratio:.1f}% ({g.productive_s:.1f} s of {g.total_s:.1f} s)"]
+        shown += [f"{name} {seconds:.1f} s" for name, seconds in g.losses.items() if seconds > 0]
+        ax.text(0.01, 0.02, "\n".join(shown), transform=ax.transAxes, fontsize=8, va="bottom", ha="left",
+                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "tab:gray"})
     ax.set_title(title or "syncpoint run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

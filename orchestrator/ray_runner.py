@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Callable
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Entry point inside each Ray Train worker (a torch process group is already set up)."""
+    launched_at = time.time()  # before the imports below (DeepSpeed's takes seconds): start-up begins here
     import ray
     import ray.train
 
@@ -54,7 +56,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
                                    submission_id=config["submission_id"], report_metrics=report,
-                                   print_progress=config.get("print_progress", True)))
+                                   print_progress=config.get("print_progress", True),
+                                   heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
 
 
 # ---------------------------------------------------------------- known-harmless third-party messages
@@ -219,12 +222,14 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
     ours = not ray.is_initialized()
     connect(spec, address)
     submission = uuid.uuid4().hex
+    board = None
     try:
+        board = heartbeat_board()
         s = spec.scaling
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission,
-                               "print_progress": not progress_bar},
+                               "print_progress": not progress_bar, "heartbeat": board},
             scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
                                          use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
@@ -238,7 +243,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
 
         failure: tuple[str, str] | None = None
         try:
-            with installed(spec.run_url), _progress_bar(spec, progress_bar, since=submitted.time):
+            with installed(spec.run_url, board), _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = failure_report(e)
@@ -246,6 +251,9 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
         from workers.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
+        if board is not None:
+            with contextlib.suppress(Exception):  # the board dies with the driver anyway
+                ray.kill(board)
         if ours:
             ray.shutdown()
     if failure is not None:  # printed last: a failed run's last line says why
@@ -256,6 +264,19 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
         return 1
     print(finish_line(spec), flush=True)
     return 0
+
+
+def heartbeat_board() -> Any:
+    """The submission's heartbeat board (``workers.heartbeat``): a Ray actor without CPUs, kept on the
+    driver's node (a head that outlives the worker nodes a preemption takes)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from workers.heartbeat import BeatBoard
+
+    here = ray.get_runtime_context().get_node_id()
+    return ray.remote(BeatBoard).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
 
 
 def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.AbstractContextManager[Any]:

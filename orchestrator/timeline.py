@@ -1,15 +1,18 @@
 """Read a run's event log back into a timeline: attempts, restarts and the work each one lost.
 
 Lost work of a restart = what the failed attempt had computed beyond the state the next attempt
-resumed from: micro-steps recomputed, and the seconds between that state's commit and the
-attempt's last recorded progress (progress is flushed at least every few seconds and at every
-commit, so the figure is exact to that granularity).
+resumed from: micro-steps recomputed, and the seconds between that state's snapshot and the
+moment the attempt was last seen computing. Both come from the measured interruption point (the
+ranks' heartbeat, recorded as ``interrupted`` by the controller) when the log has one; older logs
+and runs outside Ray fall back to the last flushed progress (every few seconds and at every commit)
+bounded by the failure's time (``Journal.reached``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.goodput import Goodput, goodput
 from policies.journal import (
     AttemptStarted,
     Evaluated,
@@ -17,6 +20,7 @@ from policies.journal import (
     Failure,
     FaultFired,
     Finished,
+    Interrupted,
     Journal,
     PreemptionNotice,
     ResumeDecision,
@@ -35,6 +39,7 @@ class Restart:
     lost_seconds: float
     cause: str  # failure classification, or "restart"
     reason: str
+    measured: bool = False  # the interruption point came from the heartbeat (``interrupted``), not progress
 
 
 def restarts(journal: Journal) -> list[Restart]:
@@ -44,25 +49,18 @@ def restarts(journal: Journal) -> list[Restart]:
 
 
 def _restart(journal: Journal, prev: AttemptStarted, cur: AttemptStarted) -> Restart:
-    records = journal.progress_of(prev.attempt)
-    fired = journal.faults_in(prev.attempt)
-    max_step = max([r.global_micro_step for r in records] + [f.global_micro_step for f in fired
-                                                             if f.global_micro_step is not None]
-                   + [prev.global_micro_step])
-    last_time = max([r.time for r in records] + [f.time for f in fired] + [prev.time])
+    max_step, last_time, measured = journal.reached(prev, until=cur.time)
     # the state captured training at its snapshot: the commit time minus the save's duration
     # (an async commit lands steps later)
     commit = journal.commit_of(cur.resumed_from)
     since = commit.time - commit.seconds if commit else prev.time
     failure = journal.failure_between(prev.time, cur.time)
-    if failure and failure.time > last_time and not any(r.time > failure.time for r in records):
-        # progress is flushed every few seconds: a hard crash loses the tail, the failure time bounds it
-        last_time = failure.time
     return Restart(
         attempt=cur.attempt, resumed_from=cur.resumed_from, resumed_micro_step=cur.global_micro_step,
         previous_max_micro_step=max_step, lost_micro_steps=max(0, max_step - cur.global_micro_step),
         lost_seconds=max(0.0, last_time - since) if max_step > cur.global_micro_step else 0.0,
-        cause=failure.classified if failure else "restart", reason=failure.reason if failure else "")
+        cause=failure.classified if failure else "restart", reason=failure.reason if failure else "",
+        measured=measured)
 
 
 def format_timeline(journal: Journal) -> str:
@@ -73,10 +71,29 @@ def format_timeline(journal: Journal) -> str:
     rs = restarts(journal)
     if rs:
         lines.append("")
-        lines.append("restart  cause        resumed from   lost micro-steps  lost seconds")
+        lines.append("restart  cause        resumed from   lost micro-steps  lost seconds  interruption point")
         for r in rs:
             lines.append(f"{r.attempt:>7}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  {r.lost_micro_steps:>16}  "
-                         f"{r.lost_seconds:>12.2f}")
+                         f"{r.lost_seconds:>12.2f}  {'measured' if r.measured else 'from progress'}")
+    g = goodput(journal)
+    if g is not None:
+        lines.append("")
+        lines.append(format_goodput(g))
+    return "\n".join(lines)
+
+
+def format_goodput(g: Goodput) -> str:
+    """The goodput block: the ratio, then every loss with its share of the wall time, then each restart."""
+    def share(x: float) -> str:
+        return f"{100 * x / g.total_s:5.1f}%" if g.total_s > 0 else "    -"
+
+    state = "" if g.finished else " (run not finished: so far)"
+    lines = [f"goodput {100 * g.ratio:.1f}%: productive {g.productive_s:.2f} s of {g.total_s:.2f} s wall time{state}"]
+    lines += [f"  {name:<14} {seconds:9.2f} s  {share(seconds)}" for name, seconds in g.losses.items()
+              if seconds > 0 or name != "uncommitted"]
+    lines += [f"  after attempt {c.attempt}: {c.lost_micro_steps} micro-step{'s' if c.lost_micro_steps != 1 else ''} "
+              f"recomputed ({c.recomputed_s:.2f} s, {'measured' if c.measured else 'from flushed progress'}), "
+              f"restart gap {c.restart_gap_s:.2f} s, start-up {c.startup_s:.2f} s" for c in g.restarts]
     return "\n".join(lines)
 
 
@@ -101,6 +118,10 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
         case Evaluated():
             shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
             what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"
+        case Interrupted():
+            ranks = ", ".join(f"rank {r.rank} {r.global_micro_step} at +{r.time - t0:.2f}s" for r in e.ranks)
+            what = (f"attempt {e.attempt} stopped at micro-step {e.global_micro_step} ({ranks}); "
+                    f"detected {e.detected_at - e.reached_at:.2f}s after the last heartbeat")
         case FaultFired():
             what = f"rank {e.rank} {e.mode} at {e.where}"
         case Finished():

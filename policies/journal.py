@@ -89,6 +89,9 @@ class AttemptStarted(_Event):
     global_micro_step: int
     optimizer_step: int
     total_steps: int | None = None  # the run's optimizer steps (the driver's progress bar); older logs lack it
+    # when rank 0's process began setting up (before DeepSpeed and the state load): goodput splits a
+    # restart into the gap (failure to this) and start-up (this to the attempt's start); older logs lack it
+    launched_at: float | None = None
 
 
 class CandidateSeen(_Record):
@@ -193,6 +196,29 @@ class Failure(_Event):
     dead_nodes: list[str]
 
 
+class RankReached(_Record):
+    """The last micro-step one rank reported reaching (its heartbeat), and when."""
+
+    rank: int
+    global_micro_step: int
+    time: float
+
+
+class Interrupted(_Event):
+    """Where a failed attempt really stopped, measured: the last micro-step each rank reported
+    through its heartbeat (``workers.heartbeat``: at every sync boundary and at most ~0.2 s apart
+    in between), written by the controller when it learns of the failure, before the next attempt
+    starts. Why: progress is flushed only every few seconds, so a node lost without notice would
+    otherwise be charged from the last flush, not from where training was."""
+
+    kind: Literal["interrupted"] = "interrupted"
+    attempt: int
+    ranks: list[RankReached]
+    global_micro_step: int  # the furthest any rank reached
+    reached_at: float  # the newest heartbeat of any rank: when the attempt was last seen computing
+    detected_at: float  # when the controller learnt of the failure
+
+
 class Finished(_Event):
     """The run reached its end; ``state`` is its last committed state."""
 
@@ -204,7 +230,7 @@ class Finished(_Event):
 
 
 Event = Annotated[Submitted | AttemptStarted | ResumeDecision | Progress | StateCommitted | PreemptionNotice
-                  | FaultFired | Failure | Finished | Evaluated, Field(discriminator="kind")]
+                  | FaultFired | Failure | Finished | Evaluated | Interrupted, Field(discriminator="kind")]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -342,6 +368,29 @@ class Journal:
     def commit_of(self, state: str | None) -> StateCommitted | None:
         """The latest commit of a state by that name (a recomputed state is committed again)."""
         return next((c for c in reversed(self.commits) if c.state == state), None)
+
+    def interrupted(self, attempt: int | None) -> Interrupted | None:
+        """The measured interruption point of a failed attempt (None: not measured, e.g. outside Ray)."""
+        return next((e for e in self.of_kind(Interrupted) if e.attempt == attempt), None)
+
+    def reached(self, attempt: AttemptStarted, until: float | None = None) -> tuple[int, float, bool]:
+        """How far a failed attempt got: (furthest micro-step, the time it was last seen computing,
+        measured). Measured when its heartbeat was recorded (``Interrupted``); otherwise the best the
+        log knows: its flushed progress and fired faults, and, when the failure came after both (a
+        hard crash loses the unflushed tail), the failure's time bounds it. ``until``: the next
+        attempt's start (the failure that ended this attempt lies before it)."""
+        records = self.progress_of(attempt.attempt)
+        fired = [f for f in self.faults_in(attempt.attempt) if f.global_micro_step is not None]
+        step = max([r.global_micro_step for r in records] + [f.global_micro_step or 0 for f in fired]
+                   + [attempt.global_micro_step])
+        last = max([r.time for r in records] + [f.time for f in self.faults_in(attempt.attempt)] + [attempt.time])
+        beat = self.interrupted(attempt.attempt)
+        if beat is not None:
+            return max(step, beat.global_micro_step), max(last, beat.reached_at), True
+        failure = self.failure_between(attempt.time, until if until is not None else float("inf"))
+        if failure and failure.time > last and not any(r.time > failure.time for r in records):
+            last = failure.time
+        return step, last, False
 
     # ---- failures and ends
 

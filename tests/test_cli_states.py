@@ -56,7 +56,8 @@ def test_events_timeline_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "attempt 2" in out and "from 000000000010" in out
     assert "lost micro-steps" in out and "restart" in out
-    lost_line = out.strip().splitlines()[-2 if "plot written" in out else -1]
-    assert lost_line.split()[3] == "3"  # crashed after 13, resumed from 10
+    (lost_row,) = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["2"]]  # the restart table's row
+    assert lost_row[3] == "3" and lost_row[5:] == ["from", "progress"]  # crashed after 13, resumed from 10; no Ray
+    assert "goodput" in out and "after attempt 1: 3 micro-steps recomputed" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["events", str(tmp_path / "empty")]) == 2

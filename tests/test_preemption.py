@@ -133,6 +133,21 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert proc.returncode == 0, out[-4000:]
     failures = _events(spec, "failure")
     assert failures and failures[0]["classified"] == "preemption", failures
+    # Lost work measured, not inferred: the node went down while the run trained past its last
+    # progress flush; the controller recorded each rank's last heartbeat before the restart.
+    from orchestrator.timeline import restarts
+
+    journal = EventLog(RunStorage(spec.run_url)).journal()
+    (restart,) = restarts(journal)
+    beat = journal.interrupted(1)
+    assert beat is not None and restart.measured, _events(spec, "interrupted")
+    assert beat.global_micro_step == max(r.global_micro_step for r in beat.ranks)
+    assert beat.detected_at >= beat.reached_at and {r.rank for r in beat.ranks} == {0, 1}
+    flushed = max(r.global_micro_step for r in journal.progress_of(1))
+    assert beat.global_micro_step >= flushed  # the heartbeat knows at least what the flushed progress knew
+    assert restart.previous_max_micro_step == beat.global_micro_step
+    assert restart.lost_micro_steps == beat.global_micro_step - restart.resumed_micro_step > 0
+    assert restart.lost_seconds > 0
     final = state_names(spec)[-1]
     assert digest(spec, final) == digest(_reference(tmp_path), final)
 

@@ -50,6 +50,7 @@ from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog
 from workers.export import export_final
 from workers.faults import Faults
+from workers.heartbeat import Heartbeat
 from workers.lease import RunLease
 from workers.metric_sinks import ReportFn, RunMetrics
 from workers.param_groups import settings_of
@@ -83,6 +84,11 @@ class WorkerContext:
     # Ray Train's `report` (workers.metric_sinks.RayReport), or None outside Ray. A barrier: every
     # rank calls it at the same boundaries (logged steps as often as Ray collects them, evaluations).
     report_metrics: ReportFn | None = None
+    # The driver's heartbeat board (a Ray actor handle, ``workers.heartbeat``), or None outside Ray:
+    # each rank beats its micro-step there, so a failure's real interruption point is measured.
+    heartbeat_board: Any | None = None
+    # When the launcher started this worker (before its imports); None: when run_worker starts.
+    launched_at: float | None = None
 
 
 @dataclass
@@ -97,6 +103,7 @@ class WorkerResult:
 def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     """Set up, take the lease, agree where to resume, train, finish."""
     ctx = ctx or WorkerContext()
+    launched_at = ctx.launched_at if ctx.launched_at is not None else time.time()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = dist.get_rank(), dist.get_world_size()
     storage = RunStorage(spec.run_url)
@@ -134,7 +141,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
-            return _train(attempt, ctx, notices, task, engine, start, schedule, metrics)
+            return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at)
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -144,13 +151,14 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
 
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart, schedule: Schedule, metrics: RunMetrics) -> WorkerResult:
+           start: ResumeStart, schedule: Schedule, metrics: RunMetrics, launched_at: float) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
     samples_per_micro_step = train.micro_batch_size * world
     run_length, at = attempt.run_length, start.position
-    _announce_attempt(attempt, ctx.node_id, start)
+    _announce_attempt(attempt, ctx.node_id, start, launched_at)
+    heartbeat = Heartbeat(ctx.heartbeat_board, attempt.rank, attempt.number)
     notices.listen_for_sigterm()
     trigger = _make_trigger(attempt)
     wall_clock = getattr(trigger, "wall_clock", False)  # clocks differ between ranks: decided by the boundary vote
@@ -192,6 +200,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             engine.step()
             if boundary:
                 at.optimizer_stepped(train.scheduler.unit)
+            heartbeat.at_micro_step(at.global_micro_step, boundary)  # computed: before any save or collective
             # Save requests are never dropped: raised at any micro-step, serviced at a boundary.
             if not wall_clock and trigger.wants_save(at.tick(boundary, saves.seconds_since_last_save())):
                 pending.request("interval")
@@ -247,14 +256,15 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
 # ------------------------------------------------------------------ helpers
 
 
-def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart) -> None:
+def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart, launched_at: float) -> None:
     nodes: list[str | None] = [None] * attempt.world_size
     dist.all_gather_object(nodes, node_id)
     if attempt.events:
         attempt.events.emit(AttemptStarted(
             attempt=attempt.number, world_size=attempt.world_size, nodes=nodes, submission=attempt.submission_id,
             resumed_from=start.state, global_micro_step=start.position.global_micro_step,
-            optimizer_step=start.position.optimizer_step, total_steps=attempt.run_length.total_steps))
+            optimizer_step=start.position.optimizer_step, total_steps=attempt.run_length.total_steps,
+            launched_at=launched_at))
 
 
 def _step_record(at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None,

@@ -1,0 +1,173 @@
+"""Goodput of a run, read from its journal: the share of wall time that became committed, kept
+training progress, and where the rest went.
+
+Why a pure function over the journal: the same figure is shown by ``syncpoint events``, the plot
+and the drill, and a goodput simulator (``bench/``) checks itself against it on a real drill's
+log; one definition, no I/O, testable over hand-built journals.
+
+The run's wall time (its first event to its ``finished`` event, or to the log's last event while it
+runs) is cut into consecutive pieces, so the parts always add up to ``total_s``:
+
+* ``startup_s``: from the submission (the first attempt) or the worker's launch (a restart:
+  ``attempt_started.launched_at``) to the attempt's start (Ray workers, DeepSpeed, the state load
+  and the resume negotiation); older logs without ``launched_at`` count a restart's whole wait as a
+  restart gap;
+* ``productive_s``: from an attempt's start to the snapshot of the state the run went on from
+  (the next attempt's, or the attempt's own final state), less the saves that blocked the loop;
+* ``save_blocked_s``: what the loop waited for saves (``state_committed.blocked_seconds``);
+* ``recomputed_s``: a failed attempt's training after that snapshot up to where it was last seen
+  computing (``Journal.reached``: the measured heartbeat when the log has it) -- the lost work that
+  the next attempt computes again;
+* ``restart_gap_s``: from there to the next attempt's launch (detection, the new worker group;
+  between two submissions, the time nothing ran);
+* ``uncommitted_s``: trained but not (yet) committed: the tail of a run still going or one that
+  failed for good (0 for a finished run).
+
+``ratio`` = productive / total. Evaluations count as productive (the job asked for them) unless
+they fall in recomputed work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from policies.journal import AttemptStarted, Finished, Journal, StateCommitted, Submitted
+
+
+@dataclass(frozen=True)
+class RestartCost:
+    """What one failed attempt cost the run."""
+
+    attempt: int  # the attempt that failed
+    lost_micro_steps: int  # computed beyond the state the next attempt resumed from
+    recomputed_s: float
+    restart_gap_s: float
+    startup_s: float  # the next attempt's start-up
+    measured: bool  # the interruption point is the heartbeat's, not the last flushed progress
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A run's wall time, split (see the module docstring); the parts add up to ``total_s``."""
+
+    total_s: float
+    productive_s: float
+    startup_s: float
+    save_blocked_s: float
+    recomputed_s: float
+    restart_gap_s: float
+    uncommitted_s: float = 0.0
+    restarts: tuple[RestartCost, ...] = field(default=())
+    finished: bool = False
+
+    @property
+    def ratio(self) -> float:
+        """Productive share of the wall time (the effective training time ratio); 0 for an empty run."""
+        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def losses(self) -> dict[str, float]:
+        """Every non-productive part by name, in the order people read them."""
+        return {"start-up": self.startup_s, "saves blocked": self.save_blocked_s,
+                "recomputed": self.recomputed_s, "restart gaps": self.restart_gap_s,
+                "uncommitted": self.uncommitted_s}
+
+
+def current_run(journal: Journal) -> Journal:
+    """The events of the newest run in the log: after the last ``finished`` that precedes the newest
+    attempt (a finished run submitted again starts a new run), up to the finish that ends it."""
+    last = journal.last_attempt
+    if last is None:
+        return journal
+    before = [f.time for f in journal.finishes if f.time < last.time]
+    after = [f.time for f in journal.finishes if f.time >= last.time]
+    begin = max(before) if before else float("-inf")
+    end = min(after) if after else float("inf")
+    return Journal(e for e in journal.events if begin < e.time <= end)
+
+
+def goodput(journal: Journal) -> Goodput | None:
+    """The newest run's goodput (``current_run``); None when no attempt started.
+
+    ``journal``: ``policies.journal.Journal``, e.g. ``EventLog(storage).journal()`` or
+    ``Journal.parse(records)`` over the stored records (``syncpoint events --json``)."""
+    run = current_run(journal)
+    attempts = run.attempts
+    if not attempts:
+        return None
+    finish = run.last_finish
+    t_start, t_end = run.events[0].time, (finish.time if finish else run.events[-1].time)
+    parts = dict.fromkeys(("productive", "startup", "blocked", "recomputed", "gap", "uncommitted"), 0.0)
+    costs: list[RestartCost] = []
+    prev_end = t_start
+    for i, a in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        # before training: the gap since the previous attempt stopped, then this attempt's start-up
+        launched = _launched(run, a, prev_end) if i else t_start
+        gap, startup = launched - prev_end, a.time - launched
+        parts["gap"] += gap
+        parts["startup"] += startup
+        if costs:  # the previous attempt failed: this is its restart
+            costs[-1] = replace(costs[-1], restart_gap_s=gap, startup_s=startup)
+        # training: kept up to the cut, lost (or uncommitted) after it
+        end, cut, lost_steps, measured = _training(run, a, nxt, finish, t_end)
+        kept_blocked, after_blocked = _blocked(run.commits, a.time, cut, end)
+        parts["blocked"] += kept_blocked + after_blocked
+        parts["productive"] += (cut - a.time) - kept_blocked
+        tail = (end - cut) - after_blocked
+        if nxt is not None:
+            parts["recomputed"] += tail
+            costs.append(RestartCost(attempt=a.attempt, lost_micro_steps=lost_steps, recomputed_s=tail,
+                                     restart_gap_s=0.0, startup_s=0.0, measured=measured))
+        else:
+            parts["uncommitted"] += tail
+            parts["gap"] += t_end - end  # a run that failed for good: from the failure to the log's end
+        prev_end = end
+    return Goodput(total_s=t_end - t_start, productive_s=parts["productive"], startup_s=parts["startup"],
+                   save_blocked_s=parts["blocked"], recomputed_s=parts["recomputed"], restart_gap_s=parts["gap"],
+                   uncommitted_s=parts["uncommitted"], restarts=tuple(costs), finished=finish is not None)
+
+
+def _launched(run: Journal, a: AttemptStarted, prev_end: float) -> float:
+    """When this attempt's workers were launched: recorded by rank 0, or the submission that started
+    it; without either, the attempt's start (its whole wait counts as a restart gap)."""
+    submitted = [s.time for s in run.of_kind(Submitted) if prev_end < s.time <= a.time]
+    t = a.launched_at if a.launched_at is not None else (submitted[-1] if submitted else a.time)
+    return min(max(t, prev_end), a.time)
+
+
+def _training(run: Journal, a: AttemptStarted, nxt: AttemptStarted | None, finish: Finished | None,
+              t_end: float) -> tuple[float, float, int, bool]:
+    """(end, cut, lost micro-steps, measured) of an attempt's training: ``end`` when it was last seen
+    computing, ``cut`` the snapshot of the state the run went on from (``a.time`` <= cut <= end)."""
+    if nxt is None and finish is not None:  # the run finished in this attempt: all of it is kept
+        return t_end, t_end, 0, False
+    step, seen, measured = run.reached(a, until=nxt.time if nxt else None)
+    failed_for_good = nxt is None and any(f.time > a.time for f in run.failures)
+    end = min(max(seen, a.time), nxt.time if nxt else t_end) if (nxt or failed_for_good) else t_end
+    if nxt is not None:
+        commit = _last_commit(run, nxt.resumed_from, before=nxt.time)
+        lost = max(0, step - nxt.global_micro_step)
+    else:  # still running or failed for good: kept up to its newest commit
+        mine = [c for c in run.commits if a.time <= c.time <= end]
+        commit, lost = (mine[-1] if mine else None), 0
+    cut = commit.time - commit.seconds if commit else a.time
+    return end, min(max(cut, a.time), end), lost, measured
+
+
+def _last_commit(run: Journal, state: str | None, before: float) -> StateCommitted | None:
+    return next((c for c in reversed(run.commits) if c.state == state and c.time <= before), None)
+
+
+def _blocked(commits: list[StateCommitted], start: float, cut: float, end: float) -> tuple[float, float]:
+    """Loop-blocked seconds of the saves taken in [start, end], split by where their snapshot lies:
+    before the cut (kept) or at and after it; each part at most its piece of time."""
+    kept = after = 0.0
+    for c in commits:
+        snapshot = c.time - c.seconds
+        if start <= snapshot <= end:
+            if snapshot < cut:
+                kept += c.blocked_seconds
+            else:
+                after += c.blocked_seconds
+    return min(kept, cut - start), min(after, end - cut)

@@ -1,0 +1,166 @@
+"""Goodput and measured lost work, over hand-built journals (``policies.goodput``, ``Journal.reached``,
+``orchestrator.timeline``), and the heartbeat's sending rule. The real path (Ray actor, a node
+lost after the last progress flush) is in ``tests/test_preemption.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.timeline import format_timeline, restarts
+from policies.goodput import goodput
+from policies.journal import (
+    AttemptStarted,
+    Failure,
+    Finished,
+    Interrupted,
+    Journal,
+    Progress,
+    ProgressRecord,
+    RankReached,
+    StateCommitted,
+    Submitted,
+)
+from workers import heartbeat
+from workers.heartbeat import BeatBoard, Heartbeat
+
+
+def _attempt(t: float, n: int, step: int = 0, launched: float | None = None) -> AttemptStarted:
+    return AttemptStarted(time=t, attempt=n, world_size=2, nodes=["a", "b"], submission="s",
+                          resumed_from=f"{step:012d}" if step else None, global_micro_step=step,
+                          optimizer_step=step // 4, launched_at=launched)
+
+
+def _progress(t: float, n: int, *micro_steps: int) -> Progress:
+    return Progress(time=t, attempt=n, records=[ProgressRecord(optimizer_step=g // 4, global_micro_step=g, epoch=0,
+                                                               loss=1.0, lr=0.1, time=t) for g in micro_steps])
+
+
+def _commit(t: float, n: int, step: int, seconds: float = 0.5, blocked: float = 0.5) -> StateCommitted:
+    return StateCommitted(time=t, attempt=n, state=f"{step:012d}", global_micro_step=step, optimizer_step=step // 4,
+                          bytes=1, seconds=seconds, blocked_seconds=blocked, committed_at_micro_step=step,
+                          reasons=["interval"])
+
+
+def _failure(t: float) -> Failure:
+    return Failure(time=t, classified="preemption", reason="node lost", decision="retry", ranks=[1], messages=[],
+                   dead_nodes=["b"])
+
+
+def _sums(g) -> float:
+    return g.productive_s + g.startup_s + g.save_blocked_s + g.recomputed_s + g.restart_gap_s + g.uncommitted_s
+
+
+def _node_lost(with_heartbeat: bool) -> Journal:
+    """The issue's case: progress flushed at the commit of state 32 (snapshot 5.5 s), the run trains
+    on to micro-step 40 (7.6 s), the node goes, the controller notices at 9.0 s, the replacement
+    attempt launches at 11 s, starts at 14 s from state 32 and finishes at 20.2 s."""
+    events = [
+        Submitted(time=0.0, name="job", address="embedded"),
+        _attempt(2.0, 1, launched=0.5),
+        _progress(6.0, 1, 28, 32),
+        _commit(6.0, 1, 32),
+        _failure(9.1),
+        _attempt(14.0, 2, step=32, launched=11.0),
+        _progress(20.0, 2, 36, 64),
+        _commit(20.0, 2, 64),
+        Finished(time=20.2, attempt=2, state=f"{64:012d}", global_micro_step=64, optimizer_step=16),
+    ]
+    if with_heartbeat:
+        events.append(Interrupted(time=9.05, attempt=1, global_micro_step=40, reached_at=7.6, detected_at=9.0,
+                                  ranks=[RankReached(rank=0, global_micro_step=40, time=7.6),
+                                         RankReached(rank=1, global_micro_step=38, time=7.5)]))
+    return Journal(events)
+
+
+def test_a_run_without_failures_has_no_restart_loss_and_its_parts_add_up():
+    j = Journal([Submitted(time=0.0, name="job", address="embedded"), _attempt(5.0, 1, launched=1.0),
+                 _progress(8.0, 1, 4, 8), _commit(8.0, 1, 8, seconds=0.5, blocked=0.2),
+                 _progress(10.0, 1, 12, 16), _commit(10.0, 1, 16, seconds=0.3, blocked=0.3),
+                 Finished(time=10.5, attempt=1, state=f"{16:012d}", global_micro_step=16, optimizer_step=4)])
+    g = goodput(j)
+    assert g.finished and g.restarts == ()
+    assert g.total_s == pytest.approx(10.5) and _sums(g) == pytest.approx(g.total_s)
+    assert g.restart_gap_s == 0 and g.recomputed_s == 0 and g.uncommitted_s == 0
+    assert g.startup_s == pytest.approx(5.0)  # the submission to the attempt's start
+    assert g.save_blocked_s == pytest.approx(0.5)
+    assert g.productive_s == pytest.approx(5.0) and g.ratio == pytest.approx(5.0 / 10.5)
+
+
+def test_the_lost_work_of_a_node_lost_after_the_last_flush_is_measured_from_the_heartbeat():
+    j = _node_lost(with_heartbeat=True)
+    (r,) = restarts(j)
+    assert r.measured and r.previous_max_micro_step == 40
+    assert r.lost_micro_steps == 8  # 40 reached - 32 resumed, though the last flushed progress said 32
+    assert r.lost_seconds == pytest.approx(7.6 - 5.5)  # the last heartbeat - the snapshot of state 32
+
+    g = goodput(j)
+    assert g.total_s == pytest.approx(20.2) and _sums(g) == pytest.approx(g.total_s)
+    (c,) = g.restarts
+    assert c.measured and c.lost_micro_steps == 8
+    assert c.recomputed_s == pytest.approx(7.6 - 5.5 - 0.5)  # less the save of state 32 (blocked, counted there)
+    assert c.restart_gap_s == pytest.approx(11.0 - 7.6)  # last seen computing to the new workers' launch
+    assert c.startup_s == pytest.approx(14.0 - 11.0)
+    assert g.startup_s == pytest.approx(2.0 + 3.0) and g.save_blocked_s == pytest.approx(1.0)
+    assert g.productive_s == pytest.approx((5.5 - 2.0) + (20.2 - 14.0 - 0.5))
+
+    text = format_timeline(j)
+    assert "interrupted" in text and "stopped at micro-step 40" in text and "measured" in text
+    assert f"goodput {100 * g.ratio:.1f}%" in text and "after attempt 1: 8 micro-steps recomputed" in text
+
+
+def test_without_a_heartbeat_the_old_inference_stays_and_the_parts_still_add_up():
+    j = _node_lost(with_heartbeat=False)  # an older log, or a run outside Ray
+    (r,) = restarts(j)
+    assert not r.measured and r.lost_micro_steps == 0 and r.lost_seconds == 0.0
+    g = goodput(j)
+    assert _sums(g) == pytest.approx(g.total_s) and not g.restarts[0].measured
+    assert g.recomputed_s == pytest.approx(9.1 - 5.5 - 0.5)  # bounded by the failure's time, as the timeline
+
+
+def test_a_log_without_launch_times_counts_the_whole_wait_as_a_restart_gap():
+    j = Journal([_attempt(1.0, 1), _progress(3.0, 1, 4), _commit(3.0, 1, 4, seconds=0.0, blocked=0.0),
+                 _failure(3.5), _attempt(6.0, 2, step=4),
+                 Finished(time=8.0, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)])
+    g = goodput(j)
+    assert g.startup_s == 0.0 and g.restart_gap_s == pytest.approx(6.0 - 3.5)
+    assert g.productive_s == pytest.approx(2.0 + 2.0) and _sums(g) == pytest.approx(g.total_s)
+
+
+def test_a_run_still_going_counts_its_tail_as_uncommitted():
+    j = Journal([_attempt(1.0, 1), _progress(5.0, 1, 4), _commit(5.0, 1, 4, seconds=1.0, blocked=0.2),
+                 _progress(6.0, 1, 8)])
+    g = goodput(j)
+    assert not g.finished and g.total_s == pytest.approx(5.0)
+    assert g.productive_s == pytest.approx(3.0) and g.uncommitted_s == pytest.approx(6.0 - 4.0 - 0.2)
+    assert _sums(g) == pytest.approx(g.total_s)
+    assert "run not finished" in format_timeline(j)
+
+
+def test_a_finished_run_submitted_again_is_a_new_run():
+    first = [Submitted(time=0.0, name="job", address="embedded"), _attempt(1.0, 1), _progress(2.0, 1, 4),
+             _commit(2.0, 1, 4, seconds=0.0, blocked=0.0),
+             Finished(time=3.0, attempt=1, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)]
+    again = [Submitted(time=100.0, name="job", address="embedded"), _attempt(104.0, 2, step=4),
+             Finished(time=104.5, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)]
+    g = goodput(Journal(first + again))
+    assert g.total_s == pytest.approx(4.5) and g.startup_s == pytest.approx(4.0)
+    assert goodput(Journal([])) is None
+
+
+def test_the_heartbeat_beats_at_every_boundary_and_at_most_every_interval_between():
+    board = BeatBoard()
+
+    class Handle:  # the shape of a Ray actor handle's method (`board.beat.remote(...)`), run in place
+        class beat:
+            remote = staticmethod(board.beat)
+
+    hb = Heartbeat(Handle(), rank=1, attempt=3)
+    hb.at_micro_step(1, boundary=False)  # the first one always goes
+    hb.at_micro_step(2, boundary=False)  # too soon after it
+    assert board.read(3) == [{"rank": 1, "global_micro_step": 1, "time": pytest.approx(board.beats[3][1][1])}]
+    hb.at_micro_step(4, boundary=True)  # a boundary always goes
+    assert board.read(3)[0]["global_micro_step"] == 4
+    hb.last -= heartbeat.BEAT_EVERY_S
+    hb.at_micro_step(5, boundary=False)
+    assert board.read(3)[0]["global_micro_step"] == 5 and board.read(2) == []
+    Heartbeat(None, rank=0, attempt=1).at_micro_step(1, boundary=True)  # outside Ray: nothing to send to
