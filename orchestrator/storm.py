@@ -285,7 +285,7 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
             print(plan.table(), flush=True)
         run = storm_variant(spec, plan)
         ref_wall = _wall(ref_journal)
-        budget_s = 120.0 + 3 * ref_wall + 90.0 * n  # the whole interrupted run, restarts included
+        budget_s = 120.0 + 3 * ref_wall + 240.0 * n  # the whole interrupted run, restarts included
         controller = Controller(cluster, nodes, cpus, run, plan, budget_s)
         rc_run, problems = controller.run()
     return storm_report(ref, run, plan, rc_ref, rc_run, problems, controller.removals)
@@ -351,7 +351,7 @@ class Controller:
         thread.join(timeout=max(1.0, self.deadline - time.monotonic()))
         if thread.is_alive():
             self.problems.append(f"the interrupted run did not finish within the storm's bound ({self.budget_s:.0f} "
-                                 "s: 120 s + 3 x the reference's wall time + 90 s per interruption); the cluster is "
+                                 "s: 120 s + 3 x the reference's wall time + 240 s per interruption); the cluster is "
                                  "shut down to end it")
             return 1, self.problems
         return self.result.get("rc", 1), self.problems

@@ -64,7 +64,7 @@ class Faults:
 
     def at_micro_step(self, step: int) -> None:
         for f in list(self.mine):
-            if f.at_micro_step == step:
+            if f.phase is None and f.at_micro_step == step:  # with a phase, the micro-step picks the save
                 self._fire(f, f"micro-step {step}", step)
 
     def after_preemption_save(self) -> None:
