@@ -256,6 +256,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from orchestrator.drill import run_drill
 
     spec = _load(args)
+    if (args.preempt_at is None) == (args.storm is None):
+        raise UsageError("--preempt-at", ["give --preempt-at P[,Q...] (interrupt at these micro-steps) or --storm N "
+                                          "(N interruptions at random points and of random kinds), one of the two"])
+    if args.storm is not None:
+        return _storm(args, spec)
     check_imports(spec, args.job)
     _check_storage(spec)
     try:
@@ -264,13 +269,37 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
     if not points or min(points) < 1 or points != sorted(set(points)):
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
-    hows = [h.strip() for h in args.how.split(",")]
+    hows = [h.strip() for h in (args.how or "crash").split(",")]
     bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
     if bad or len(hows) not in (1, len(points)):
         raise UsageError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
     if args.no_replacement and "node" not in hows:
         raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
     report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
+    print(report.table)
+    return 0 if report.ok else 1
+
+
+def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
+    import random
+
+    from orchestrator.storm import MAX_STORM, StormTooShort, run_storm
+
+    if not 1 <= args.storm <= MAX_STORM:
+        raise UsageError("--storm", [f"{args.storm}: give between 1 and {MAX_STORM} interruptions"])
+    for flag, given in (("--how", args.how), ("--no-replacement", args.no_replacement), ("--address", args.address)):
+        if given:
+            raise UsageError(flag, [f"{flag} does not apply to --storm: a storm draws its kinds itself and runs on "
+                                    "its own local multi-node cluster (one node per worker); drop it"])
+    if args.seed is not None and not 0 <= args.seed <= 2**63 - 1:
+        raise UsageError("--seed", [f"{args.seed}: give a seed between 0 and 2**63-1"])
+    check_imports(spec, args.job)
+    _check_storage(spec)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    try:
+        report = run_storm(spec, args.storm, seed)
+    except StormTooShort as e:
+        raise UsageError("--storm", [str(e)]) from None
     print(report.table)
     return 0 if report.ok else 1
 
@@ -326,8 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_events)
     dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
     with_spec(dr)
-    dr.add_argument("--preempt-at", required=True, metavar="P[,Q...]", help="global micro-steps to interrupt at")
-    dr.add_argument("--how", default="crash", help="crash|sigterm|node, or one per point: crash,sigterm")
+    dr.add_argument("--preempt-at", default=None, metavar="P[,Q...]", help="global micro-steps to interrupt at")
+    dr.add_argument("--storm", type=int, default=None, metavar="N",
+                    help="N interruptions of random kinds at random micro-steps (a seeded plan, printed first), on a "
+                         "local multi-node cluster")
+    dr.add_argument("--seed", type=int, default=None, help="with --storm: the plan's seed (default: a random one)")
+    dr.add_argument("--how", default=None, help="crash|sigterm|node (default crash), or one per point: crash,sigterm")
     dr.add_argument("--address", default=None, help="Ray cluster address (crash/sigterm; default embedded)")
     dr.add_argument("--no-replacement", action="store_true",
                     help="with --how node: the lost node is not replaced (an elastic job continues on fewer workers)")

@@ -12,15 +12,22 @@ digest, and reports each preemption with the work it lost. Kinds of interruption
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.timeline import format_goodput, restarts
 from policies.goodput import goodput
 from policies.journal import Evaluated, Journal, Step
 from policies.spec import CrashFault, JobSpec
 from policies.state_format import MODEL_FILE, STATES_DIR
+
+if TYPE_CHECKING:
+    from ray._private.node import Node as ClusterNode
+    from ray.cluster_utils import Cluster
 
 
 @dataclass
@@ -62,20 +69,32 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
     return compare(ref, run, rc_ref, rc_run, points, hows)
 
 
-def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool) -> tuple[int, int]:
+@contextlib.contextmanager
+def local_cluster(spec: JobSpec) -> Iterator[tuple[Cluster, list[ClusterNode], int]]:
+    """A local multi-node Ray cluster for a node drill: a head with no CPUs (driver and Ray Train
+    controller) and one node per worker, with fast GCS health checks so a removed node is declared
+    dead within seconds. Yields (cluster, worker nodes, CPUs per node); shuts both down after."""
     import ray
     from ray.cluster_utils import Cluster
 
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    try:
+        cpus = max(1, int(spec.scaling.cpus_per_worker))
+        nodes = [cluster.add_node(num_cpus=cpus) for _ in range(spec.scaling.max_workers)]
+        cluster.wait_for_nodes()
+        yield cluster, nodes, cpus
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool) -> tuple[int, int]:
     from orchestrator.ray_runner import run_on_ray
     from workers.events import EventLog
     from workers.storage import RunStorage
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
-    cpus = max(1, int(run.scaling.cpus_per_worker))
-    nodes = [cluster.add_node(num_cpus=cpus) for _ in range(run.scaling.max_workers)]
-    cluster.wait_for_nodes()
-    try:
+    with local_cluster(run) as (cluster, nodes, cpus):
         rc_ref = run_on_ray(ref, cluster.address)
         result: dict[str, int] = {}
         thread = threading.Thread(target=lambda: result.update(rc=run_on_ray(run, cluster.address)), daemon=True)
@@ -96,9 +115,6 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
                 time.sleep(0.05)
         thread.join()
         return rc_ref, result.get("rc", 1)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tuple[str, str],
@@ -194,7 +210,6 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
 
 
 def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[str]) -> DrillReport:
-    from workers.digest import state_digest
     from workers.events import EventLog
     from workers.storage import RunStorage
 
@@ -218,6 +233,22 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
     if len(rs) != len(points):
         lines.append(f"expected {len(points)} restart(s), saw {len(rs)}")
+    judged, verdict_lines, verdict = judge(ref, run, ref_journal, run_journal)
+    lines.extend(verdict_lines)
+    ok = ok and judged
+    lines.append("RESULT: " + (verdict if ok else "FAILED"))
+    return DrillReport("\n".join(lines), ok)
+
+
+def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal) -> tuple[bool, list[str], str]:
+    """The verdict on the interrupted run against the reference: (ok, lines, what ok means).
+
+    Same world size throughout: per-step losses and learning rates, evaluations and the final digest
+    bit for bit. After a world-size change (elastic): the documented elastic rules (``judge_resized``
+    and the parameter bound), stated as such."""
+    from workers.digest import state_digest
+
+    lines: list[str] = []
     a, b = ref_journal.steps(), run_journal.steps()
     worlds = run_journal.world_sizes
     resized = len(worlds) > 1
@@ -259,9 +290,8 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     g = goodput(run_journal)
     if g is not None:
         lines.append("interrupted run's " + format_goodput(g))
-    ok = ok and losses_ok and digest_ok and evaluations_ok
+    ok = losses_ok and digest_ok and evaluations_ok
     verdict = ("the interrupted run matched bit for bit until the world-size change, then consumed the same samples at "
                "the same learning rates and stayed within the elastic bound (README, Elastic resume)"
                if resized else "the interrupted run is bitwise the uninterrupted one")
-    lines.append("RESULT: " + (verdict if ok else "FAILED"))
-    return DrillReport("\n".join(lines), ok)
+    return ok, lines, verdict

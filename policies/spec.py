@@ -467,23 +467,36 @@ class FailureSpec(_Strict):
 
 
 class CrashFault(_Strict):
-    """Rehearse preemption: crash ``rank`` once per run, at a micro-step or a save phase."""
+    """Rehearse preemption: crash ``rank`` once per run, at a micro-step or a save phase.
+
+    ``phase`` picks the save by its ordinal (``at_save``, the attempt's saves) or, with
+    ``at_micro_step``, as the first save at or after that micro-step: a storm drill places a crash
+    inside a save at a point of the run without knowing how many saves earlier attempts made."""
 
     rank: StrictInt = Field(0, ge=0, le=MAX_WORKERS)
-    at_micro_step: StrictInt | None = Field(None, ge=1, le=MAX_MICRO_STEPS)
+    at_micro_step: StrictInt | None = Field(None, ge=1, le=MAX_MICRO_STEPS, description=(
+        "The micro-step to fire after; with phase: the first save at or after this micro-step."))
     phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
                    "before_retention", "during_retention"] | None = None
-    at_save: StrictInt = Field(1, ge=1, le=MAX_COUNT, description="With phase: which save (1 = first) of the run.")
-    mode: Literal["exit", "raise", "sigterm"] = Field(
+    at_save: StrictInt = Field(1, ge=1, le=MAX_COUNT, description=(
+        "With phase (and no at_micro_step): which save (1 = first) of the attempt."))
+    mode: Literal["exit", "raise", "sigterm", "hold"] = Field(
         "exit", description="exit: os._exit (hard crash); raise: exception (in-process tests); sigterm: a preemption "
-                            "notice, then the process dies after the next boundary's save (at_micro_step only).")
+                            "notice, then the process dies after the next boundary's save (at_micro_step only); "
+                            "hold: the rank stops after the micro-step and waits, bounded, for its node to be taken "
+                            "away (the storm drill's node loss at an exact point; at_micro_step only).")
 
     @model_validator(mode="after")
     def _one_trigger(self) -> CrashFault:
-        if (self.at_micro_step is None) == (self.phase is None):
-            raise ValueError("a fault needs exactly one of at_micro_step or phase")
-        if self.mode == "sigterm" and self.phase is not None:
-            raise ValueError("mode sigterm needs at_micro_step (a notice arrives between micro-steps)")
+        if self.at_micro_step is None and self.phase is None:
+            raise ValueError("a fault needs at_micro_step, phase, or both (phase with at_micro_step: the first save "
+                             "at or after that micro-step)")
+        # at_save's default (1) is what a dumped spec carries to the workers: only another value conflicts
+        if self.phase is not None and self.at_micro_step is not None and self.at_save != 1:
+            raise ValueError("give phase with at_save (the attempt's Nth save) or with at_micro_step (the first save "
+                             "at or after it), not both")
+        if self.mode in ("sigterm", "hold") and (self.phase is not None or self.at_micro_step is None):
+            raise ValueError(f"mode {self.mode} needs at_micro_step and no phase (it fires between micro-steps)")
         if self.phase in ("before_manifest", "during_manifest", "during_retention") and self.rank != 0:
             raise ValueError(f"phase {self.phase} happens on rank 0 only (it writes the manifest and runs "
                              "retention): use rank: 0, or a phase every rank passes (before_shards, "
@@ -492,7 +505,12 @@ class CrashFault(_Strict):
 
     @property
     def fault_id(self) -> str:
-        where = f"step{self.at_micro_step}" if self.at_micro_step else f"{self.phase}-save{self.at_save}"
+        if self.phase is None:
+            where = f"step{self.at_micro_step}"
+        elif self.at_micro_step is None:
+            where = f"{self.phase}-save{self.at_save}"
+        else:
+            where = f"{self.phase}-from-step{self.at_micro_step}"
         return f"rank{self.rank}-{where}"
 
 

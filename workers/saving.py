@@ -75,6 +75,7 @@ class SaveCoordinator:
     def at_boundary(self, pending: PendingSave, trainer_record: Callable[[list[str]], dict[str, Any]],
                     agreed: BoundaryVote, *, last: bool, micro_step: int) -> None:
         self.micro_step = micro_step
+        self.faults.at_boundary(micro_step)
         if agreed.lease_lost:  # every rank stops here, before any further write
             raise LeaseLostError(str(self.lease.lost) if self.lease is not None and self.lease.lost else
                                  "rank 0 lost the run directory's lease to another submission (its error names it)")
