@@ -164,7 +164,8 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     and when none is left the run fails (it never trains on a half-loaded engine)."""
     fetched, error = None, None
     try:
-        fetched = fetch_state(attempt.storage, candidate, attempt.rank)
+        own = _own_shard(attempt, candidate, engine)
+        fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
     refusal = _first_refusal(error)
@@ -182,6 +183,17 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         return None, refusal
     _apply_live_hyperparameters(attempt, engine)
     return (fetched.rng_bytes if fetched else None), None
+
+
+def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> int | None:
+    """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO optimizer shard
+    (``workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
+    no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
+    same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
+    if (not same_world or attempt.spec.resume.reset_optimizer or engine.zero_optimization_stage() not in (1, 2)
+            or engine.mpu is not None or engine.zero_elastic_checkpoint()):
+        return None
+    return int(dist.get_rank(group=engine.optimizer.dp_process_group))
 
 
 def _refusal(e: BaseException) -> str:

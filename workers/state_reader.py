@@ -11,13 +11,20 @@ so it costs only the pickle metadata). A state that fails any of these raises ``
 on every rank alike (every rank fetches and checks the same files), before the engine is touched:
 a refused state never leaves a half-loaded engine behind. DeepSpeed's own reads then go through
 the same loader again (``workers.checkpoint_engine``), so nothing is ever unpickled blindly.
-Every rank fetches the whole ``engine/`` directory because DeepSpeed's ZeRO loader reads every
-data-parallel rank's optimizer shard.
+Every rank fetches the whole ``engine/`` directory (ZeRO-3's module-only consolidation, the
+elastic paths and DeepSpeed's ``zero.elastic_checkpoint`` read every data-parallel rank's shard),
+except where the caller knows DeepSpeed reads only this rank's optimizer shard (``own_shard``: a
+ZeRO-1/2 load at the same world size; DeepSpeed 0.19.8 ``_get_all_zero_checkpoint_state_dicts``
+loads other ranks' shards only with ``elastic_checkpoint``): there the other ranks' shards are
+neither downloaded nor checked here, each rank checks its own, and the caller's collective agreement
+on refusals (``workers.resume_negotiation``) still makes every rank refuse alike, before any load.
+On an object store that halves what a 2-rank restore downloads.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]
 
 FETCHED_PREFIXES = tuple(f"{d}/" for d in LOCAL_DIRS)  # the rest is read into memory
+ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")  # DeepSpeed's optimizer shards
 PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
 
 
@@ -68,21 +76,25 @@ class FetchedState:
         shutil.rmtree(self.local_dir, ignore_errors=True)
 
 
-def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True) -> FetchedState:
+def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True,
+                own_shard: int | None = None) -> FetchedState:
     """Download and verify this rank's view of a state.
 
     Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
     unusable: an unsafe or malformed manifest entry, a file missing from storage, changed bytes, a
     DeepSpeed file that needs a class outside the allowlist or is no torch file. ``OSError`` means
-    the storage or the local disk failed, not the state."""
+    the storage or the local disk failed, not the state.
+
+    ``own_shard``: this rank's data-parallel rank when DeepSpeed will read only its own ZeRO
+    optimizer shard (module docstring); the other ranks' shards are skipped."""
     files = manifest_files(cand)
+    fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
-        for rel in sorted(files):
-            if rel.startswith(FETCHED_PREFIXES):
-                _download_verified(storage, cand.name, rel, files[rel], local)
+        for rel in fetched:
+            _download_verified(storage, cand.name, rel, files[rel], local)
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
-        for rel in sorted(files):
+        for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(local_path(local, rel), rel)
         rng_bytes = None
@@ -94,6 +106,14 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
+
+
+def _other_shard(rel: str, own_shard: int | None) -> bool:
+    """Whether ``rel`` is another data-parallel rank's ZeRO optimizer shard (never, without ``own_shard``)."""
+    if own_shard is None or not rel.startswith(f"{ENGINE_TAG}/"):
+        return False
+    m = ZERO_SHARD.fullmatch(rel.split("/", 1)[1])
+    return m is not None and int(m.group(1)) != own_shard
 
 
 def manifest_files(cand: Candidate) -> dict[str, ManifestEntry]:

@@ -1,18 +1,41 @@
-"""The S3 backend (s3fs): the fsspec backend plus a compare-and-swap the server checks.
+"""The S3 backend (s3fs): the fsspec backend plus a compare-and-swap the server checks, and
+parallel multipart transfers of big files.
 
-Why: two drivers that both read the lease as "free" must not both win. S3 checks the precondition
-itself (``If-None-Match: *`` to create, ``If-Match: <etag>`` to replace), so no client-side lock
-is needed, and the object's LastModified against the response's Date dates the lease by the
-server's clock, never the reader's.
+Why the compare-and-swap: two drivers that both read the lease as "free" must not both win. S3
+checks the precondition itself (``If-None-Match: *`` to create, ``If-Match: <etag>`` to replace),
+so no client-side lock is needed, and the object's LastModified against the response's Date dates
+the lease by the server's clock, never the reader's.
+
+Why parallel transfers: one S3 stream (s3fs's ``S3File``, which uploads its parts one at a time
+inside ``write``, and reads ahead one block at a time) is bound by one connection's round trips,
+far below what the store and the network give several. Gigabyte shards therefore move as parts
+of ``default_block_size`` bytes (s3fs's setting, 50 MiB unless configured), ``max_concurrency``
+at a time (s3fs's, 10): uploads of a staged file are s3fs's own ``put_file``, downloads its own
+``get_file`` (ranged GETs); only a shard that ``torch.save`` streams straight into storage (a
+synchronous save) goes through :class:`ParallelPartWriter`, hand-written because s3fs has no
+streaming writer with concurrent parts. Tune both through fsspec's config for ``s3``
+(``FSSPEC_S3='{"default_block_size": 67108864, "max_concurrency": 16}'``); the same settings
+bound the memory a transfer holds (``max_concurrency`` x ``default_block_size`` per file).
+Checksums still cover the exact bytes: computed as the bytes pass (streaming), from the local
+file (uploads), from the downloaded file (downloads, before the reader renames it into place).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from workers.storage_fsspec import FsspecBackend
+from workers.checksum import ChecksummingWriter
+from workers.storage_fsspec import FsspecBackend, checksum_file
 from workers.storage_protocol import Versioned
+
+S3_MAX_PARTS = 10_000  # an S3 multipart upload has at most this many parts
 
 
 def is_s3(fs: Any) -> bool:
@@ -23,6 +46,50 @@ def is_s3(fs: Any) -> bool:
 
 class S3Backend(FsspecBackend):
     conditional_writes = "s3"
+
+    # ---- big files: parallel multipart uploads, parallel ranged downloads (module docstring)
+    @property
+    def part_size(self) -> int:
+        """Bytes per part (and per ranged GET): s3fs's ``default_block_size``."""
+        return int(self.fs.default_block_size)
+
+    @property
+    def concurrency(self) -> int:
+        """Parts in flight per file: s3fs's ``max_concurrency``."""
+        return max(1, int(getattr(self.fs, "max_concurrency", 1) or 1))
+
+    @contextlib.contextmanager
+    def open_durable(self, path: str, algo: str) -> Iterator[ChecksummingWriter]:
+        """Stream into parts uploaded ``concurrency`` at a time while the caller keeps writing; the
+        object exists only once the upload completes on a clean exit; on an error the multipart
+        upload is aborted (without a manifest a partial state is torn anyway)."""
+        writer = ParallelPartWriter(self.fs, path, self.part_size, self.concurrency)
+        try:
+            yield ChecksummingWriter(writer, algo)
+        except BaseException:
+            writer.discard()
+            raise
+        writer.close()
+
+    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
+        """s3fs's ``put_file`` (parts of ``part_size``, ``concurrency`` in flight); the checksum, when
+        not known from staging, is computed from the local bytes by a second thread meanwhile."""
+        put = {"chunksize": self.part_size, "max_concurrency": self.concurrency}
+        if known is not None:
+            self.fs.put_file(local_path, path, **put)
+            return int(known["size"]), str(known[algo])
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            digest = pool.submit(checksum_file, local_path, algo)
+            self.fs.put_file(local_path, path, **put)
+            return digest.result()
+
+    def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]:
+        """s3fs's ``get_file`` (ranged GETs of ``part_size``, ``concurrency`` at a time, written at
+        their offsets), then the checksum of the bytes as they landed on local disk (read back from
+        the page cache: the reader trusts exactly the file it will load)."""
+        os.makedirs(os.path.dirname(local_path), exist_ok=True)
+        self.fs.get_file(path, local_path, chunksize=self.part_size, max_concurrency=self.concurrency)
+        return checksum_file(local_path, algo)
 
     def read_versioned(self, path: str) -> Versioned | None:
         """One GET: the body, its ETag, and its age as the server's Date minus its LastModified."""
@@ -78,3 +145,93 @@ def _error_code(e: BaseException) -> tuple[str, int]:
 def _precondition_failed(e: BaseException) -> bool:
     code, status = _error_code(e)
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+class ParallelPartWriter:
+    """A write-only file object that uploads an S3 object as a multipart upload, up to
+    ``concurrency`` parts in flight on s3fs's event loop while the caller keeps writing.
+
+    Hand-written because s3fs offers no streaming writer with concurrent parts (``S3File`` uploads
+    each part synchronously inside ``write``; ``put_file``/``pipe_file`` need the whole object
+    first). A synchronous save serializes with ``torch.save`` into this writer, so serialization
+    overlaps the upload instead of alternating with it, and at most ``concurrency`` parts plus one
+    partial part are held in memory. A file smaller than one part is a single PUT on ``close``.
+    Every request goes through s3fs's ``_call_s3`` (its session, retries and error mapping).
+    """
+
+    def __init__(self, fs: Any, path: str, part_size: int, concurrency: int) -> None:
+        self.fs, self.path = fs, path
+        self.bucket, self.key, _ = fs.split_path(path)
+        self.part_size, self.concurrency = part_size, max(1, concurrency)
+        self.buffer = bytearray()
+        self.upload_id: str | None = None
+        self.in_flight: deque[tuple[int, Future]] = deque()
+        self.parts: list[dict[str, Any]] = []
+        self.closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        """Nothing to flush before ``close``: a part is sent as soon as it is full."""
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.buffer += view
+        while len(self.buffer) >= self.part_size:
+            part = bytes(self.buffer[:self.part_size])
+            del self.buffer[:self.part_size]  # deleting from the front of a bytearray does not move the rest
+            self._send(part)
+        return len(view)
+
+    def _call(self, method: str, **kwargs: Any) -> Future:
+        coro = self.fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+        return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+
+    def _send(self, part: bytes) -> None:
+        if self.upload_id is None:
+            self.upload_id = str(self._call("create_multipart_upload").result()["UploadId"])
+        number = len(self.parts) + len(self.in_flight) + 1
+        if number > S3_MAX_PARTS:
+            raise OSError(f"{self.path}: more than {S3_MAX_PARTS} parts of {self.part_size} bytes; raise s3fs's "
+                          "default_block_size (fsspec config for s3) for files this large")
+        while len(self.in_flight) >= self.concurrency:
+            self._collect_oldest()
+        self.in_flight.append((number, self._call("upload_part", UploadId=self.upload_id, PartNumber=number,
+                                                  Body=part)))
+
+    def _collect_oldest(self) -> None:
+        number, future = self.in_flight.popleft()
+        self.parts.append({"PartNumber": number, "ETag": future.result()["ETag"]})
+
+    def close(self) -> None:
+        """Send the rest and complete the upload (or PUT a small file whole): the object appears
+        only now, complete."""
+        if self.closed:
+            return
+        if self.upload_id is None:
+            self._call("put_object", Body=bytes(self.buffer)).result()
+        else:
+            if self.buffer:
+                self._send(bytes(self.buffer))
+            while self.in_flight:
+                self._collect_oldest()
+            self._call("complete_multipart_upload", UploadId=self.upload_id,
+                       MultipartUpload={"Parts": self.parts}).result()
+        self.buffer = bytearray()
+        self.closed = True
+        self.fs.invalidate_cache(self.path)
+
+    def discard(self) -> None:
+        """Abort: wait for the parts in flight, then abort the multipart upload (no object appears)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.buffer = bytearray()
+        for _, future in self.in_flight:
+            with contextlib.suppress(Exception):
+                future.result()
+        self.in_flight.clear()
+        if self.upload_id is not None:
+            with contextlib.suppress(Exception):
+                self._call("abort_multipart_upload", UploadId=self.upload_id).result()

@@ -1,0 +1,253 @@
+"""P10 object store: save and restore bandwidth of a gigabyte state on S3, against raw s3fs transfers.
+
+What it measures
+    A local S3-protocol server (moto's, the one the tests use, on 127.0.0.1), started in its own
+    process here (in the tests it shares the test's process; here it must not share a GIL with the
+    client whose bandwidth is measured). Two ranks (spawned processes, gloo, ``workers.launch.
+    run_spawned``), DeepSpeed ZeRO stage 2, fp32, AdamW, on CPU. The task is P2's MLP
+    (``bench.p2_save_cost:build``): width 4096, depth 6 (~109M parameters, a state of ~1.75 GB:
+    the module weights plus each rank's fp32 master partition and two Adam moments); ``--quick``:
+    width 1536, depth 4 (~12.5M parameters, ~200 MB). Runs, all in this process's child ranks:
+
+    * save: a run on ``s3://`` trains 2 optimizer steps and commits its final state with a
+      synchronous save (each rank streams its shards into S3 as parallel multipart uploads through
+      ``workers.storage_s3.ParallelPartWriter``). Save seconds = the ``state_committed`` event's
+      ``seconds`` (boundary to commit), bytes = its ``bytes``.
+    * restore: a second submission of the same job (``max_steps`` 3) selects that state, fetches it
+      (parallel ranged GETs, s3fs ``get_file``; each rank fetches the model file and its own ZeRO
+      shard), verifies, loads, and trains step 3. Restore seconds = the first resumed step's
+      progress ``time`` minus the ``resume_decision`` event's time, minus the compute of a first
+      step (the save run's ``attempt_started`` to its step 1: the same warm-up, no restore), so
+      the figure is the restore, not the step; the unadjusted figure and the decision ->
+      ``attempt_started`` time (fetch, verify, load) are printed too.
+    * raw baselines, same client library (s3fs), same part size and concurrency (s3fs's
+      ``default_block_size`` / ``max_concurrency``), same bytes: ``fs.get`` of every file of the
+      committed state to local disk (parallel ranged reads), then ``fs.put`` of those files to
+      another prefix (parallel multipart uploads), one process.
+    * local disk: the same two runs on a local directory (/tmp), restore timed the same way,
+      against a raw sequential read (8 MiB reads) of the state's files (both warm in the page
+      cache: the state was just written, as after a save on the same node).
+
+Goals (issue 20, part 2): save and restore bandwidth >= 0.8x the raw parallel upload/download;
+restore from local disk >= 0.8x a raw sequential read.
+
+Memory: moto keeps objects in memory up to ~5 MB each and spills larger ones to temp files; the raw
+upload's copy is deleted before the restore run. Run the full size once, on a quiet machine.
+
+Command (from the repo root; ``--quick`` ~4 min on 2 shared cores, the full size ~15 min):
+
+    cd /work/main && .venv/bin/python -m bench.p10_object_store --quick
+    cd /work/main && .venv/bin/python -m bench.p10_object_store
+
+No timed assertions: the script reports, it does not pass or fail on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+BUCKET = "p10-bench"
+KEY = SECRET = "testing"
+GOAL = 0.8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in its own process on loopback; this process and spawned ranks point s3fs at it."""
+    import fsspec
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+           "FSSPEC_S3_ENDPOINT_URL": endpoint, "FSSPEC_S3_KEY": KEY, "FSSPEC_S3_SECRET": SECRET}
+    os.environ.update(env)
+    fsspec.config.conf["s3"] = {**fsspec.config.conf.get("s3", {}), "client_kwargs": {"endpoint_url": endpoint},
+                                "key": KEY, "secret": SECRET}
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("moto server did not start") from None
+            time.sleep(0.2)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY,
+                 aws_secret_access_key=SECRET).create_bucket(Bucket=BUCKET)
+    return proc, endpoint
+
+
+def _spec(storage: str, width: int, depth: int, max_steps: int):
+    from orchestrator.spec_file import parse_spec, resolve_storage
+
+    text = f"""
+name: p10
+task: {{path: "bench.p2_save_cost:build", config: {{width: {width}, depth: {depth}, num_samples: 100000}}}}
+scaling: {{num_workers: 2, cpus_per_worker: 1}}
+train: {{micro_batch_size: 8, grad_accum: 1, max_steps: {max_steps}, seed: 1, lr: 1.0e-4, log_every: 1000000}}
+deepspeed: {{zero_stage: 2, precision: fp32}}
+checkpoint: {{keep_last: 0, export_final: false, save_every: {{value: 1000, unit: optimizer_steps}}}}
+"""
+    return resolve_storage(parse_spec(text, "bench/p10", [f"storage={storage}"]))
+
+
+def _events(spec) -> list[dict[str, Any]]:
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    return EventLog(RunStorage(spec.run_url)).read_all()
+
+
+def _run(spec) -> None:
+    from workers.launch import run_spawned
+
+    codes = run_spawned(spec, world_size=2, timeout=3600)
+    if any(codes):
+        raise RuntimeError(f"ranks exited with {codes}")
+
+
+def _step_times(events: list[dict[str, Any]]) -> dict[int, float]:
+    return {r["optimizer_step"]: r["time"] for e in events if e["kind"] == "progress" for r in e["records"]}
+
+
+def save_and_restore(storage: str, width: int, depth: int) -> dict[str, Any]:
+    """Run 1 (2 steps, one sync save at the end), run 2 (resume, 1 step): the save's and restore's seconds."""
+    first = _spec(storage, width, depth, 2)
+    _run(first)
+    events = _events(first)
+    committed = [e for e in events if e["kind"] == "state_committed"]
+    started = [e for e in events if e["kind"] == "attempt_started"][-1]
+    first_step_s = _step_times(events)[1] - started["time"]  # a fresh start's first step, warm-up included
+    second = _spec(storage, width, depth, 3)
+    _run(second)
+    events = _events(second)
+    decision = [e for e in events if e["kind"] == "resume_decision"][-1]
+    assert decision["chosen"] == committed[-1]["state"], decision
+    loaded = [e for e in events if e["kind"] == "attempt_started"][-1]
+    to_first_step = _step_times(events)[3] - decision["time"]
+    return {"spec": first, "state": committed[-1]["state"], "bytes": committed[-1]["bytes"],
+            "save_s": committed[-1]["seconds"], "blocked_s": committed[-1]["blocked_seconds"],
+            "step_s": first_step_s, "load_s": loaded["time"] - decision["time"],
+            "to_first_step_s": to_first_step, "restore_s": max(1e-9, to_first_step - first_step_s)}
+
+
+def raw_s3(state_url: str, workdir: str) -> tuple[float, float, int]:
+    """(download s, upload s, bytes): s3fs ``get`` then ``put`` of every file of the state."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(state_url)
+    fs.invalidate_cache()
+    found = fs.find(root, detail=True)
+    rpaths = sorted(found)
+    size = sum(int(found[p]["size"]) for p in rpaths)
+    lpaths = [os.path.join(workdir, p[len(root):].lstrip("/")) for p in rpaths]
+    for lp in lpaths:
+        os.makedirs(os.path.dirname(lp), exist_ok=True)
+    kw = {"chunksize": fs.default_block_size, "max_concurrency": fs.max_concurrency}
+    t0 = time.perf_counter()
+    fs.get(rpaths, lpaths, **kw)
+    down = time.perf_counter() - t0
+    dest = f"{BUCKET}/raw-upload"
+    t0 = time.perf_counter()
+    fs.put(lpaths, [f"{dest}/{i}" for i in range(len(lpaths))], **kw)
+    up = time.perf_counter() - t0
+    fs.rm(dest, recursive=True)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return down, up, size
+
+
+def raw_read(directory: str) -> tuple[float, int]:
+    """A sequential read (8 MiB reads) of every file below a directory: (seconds, bytes)."""
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs)
+    size, t0 = 0, time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                size += len(chunk)
+    return time.perf_counter() - t0, size
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="~200 MB state instead of ~1.75 GB")
+    args = p.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    width, depth = (1536, 4) if args.quick else (4096, 6)
+    from bench.p2_save_cost import param_count
+
+    n = param_count({"width": width, "depth": depth})
+    print(f"P10 object store: ZeRO-2, 2 ranks, fp32 MLP width {width} depth {depth} ({n / 1e6:.1f}M parameters, "
+          f"~{16 * n / 1e9:.2f} GB state)", flush=True)
+    server, endpoint = start_moto()
+    work = tempfile.mkdtemp(prefix="p10-")
+    try:
+        import fsspec
+
+        fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}/x")
+        print(f"moto server {endpoint} (own process); s3fs part size {fs.default_block_size >> 20} MiB, "
+              f"max_concurrency {fs.max_concurrency}", flush=True)
+        s3 = save_and_restore(f"s3://{BUCKET}/runs", width, depth)
+        down, up, size = raw_s3(f"{s3['spec'].run_url}/states/{s3['state']}", os.path.join(work, "raw"))
+        local = save_and_restore(os.path.join(work, "local"), width, depth)
+        from workers.storage import RunStorage
+
+        local_dir = RunStorage(local["spec"].run_url).local_path("states", local["state"])
+        assert local_dir is not None
+        read_s, read_bytes = raw_read(local_dir)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def mbps(b: int, s: float) -> float:
+        return b / s / 1e6
+
+    rows = [
+        ("S3 save (boundary -> commit)", s3["bytes"], s3["save_s"]),
+        ("raw s3fs parallel upload (put)", size, up),
+        ("S3 restore (selection -> first step, less a first step)", s3["bytes"], s3["restore_s"]),
+        ("  selection -> first step, unadjusted", s3["bytes"], s3["to_first_step_s"]),
+        ("  selection -> loaded (fetch, verify, load)", s3["bytes"], s3["load_s"]),
+        ("raw s3fs parallel download (get)", size, down),
+        ("local restore (selection -> first step, less a first step)", local["bytes"], local["restore_s"]),
+        ("  selection -> first step, unadjusted", local["bytes"], local["to_first_step_s"]),
+        ("  selection -> loaded (fetch, verify, load)", local["bytes"], local["load_s"]),
+        ("raw sequential read (8 MiB reads, page cache)", read_bytes, read_s),
+    ]
+    print(f"\n{'what':58s} {'bytes':>14s} {'seconds':>9s} {'MB/s':>8s}")
+    for name, b, s in rows:
+        print(f"{name:58s} {b:14,d} {s:9.2f} {mbps(b, s):8.0f}")
+    print(f"a fresh start's first step (subtracted): S3 run {s3['step_s']:.2f} s, local run {local['step_s']:.2f} s; "
+          f"S3 save blocked the loop {s3['blocked_s']:.2f} s")
+    save_ratio = mbps(s3["bytes"], s3["save_s"]) / mbps(size, up)
+    restore_ratio = mbps(s3["bytes"], s3["restore_s"]) / mbps(size, down)
+    local_ratio = mbps(local["bytes"], local["restore_s"]) / mbps(read_bytes, read_s)
+    print()
+    for name, ratio in (("s3_save_vs_raw_upload", save_ratio), ("s3_restore_vs_raw_download", restore_ratio),
+                        ("local_restore_vs_raw_read", local_ratio)):
+        print(f"goal {name}: {ratio:.2f}x vs >= {GOAL:.2f}x: {'met' if ratio >= GOAL else 'not met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
