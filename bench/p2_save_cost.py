@@ -489,17 +489,20 @@ def main() -> None:
           "tensors copied into reusable host buffers (shards s) + the commit collective at a later boundary; "
           "serialization, checksum and write run in the background (upload s). commit lag = optimizer steps trained "
           "between the snapshot and its commit. sync-N-sha = sync-N with checkpoint.checksum: sha256.")
-    arena = [PHASES.get((r.url, c["state"]), {}) for r in runs if r.mode == "async"
+    arena = [(r.label, PHASES.get((r.url, c["state"]), {})) for r in runs if r.mode == "async"
              for c in r.commits if "final" not in c["reasons"]]
-    arena = [a for a in arena if "arena_capacity" in a]
+    arena = [(run, a) for run, a in arena if "arena_capacity" in a]
     if arena:
-        caps = [a["arena_capacity"] for a in arena]
-        same = len({(a["arena_ptr"], a["arena_chunks"]) for a in arena}) == 1
-        print(f"snapshot buffers (peak host memory of an async save): {mb(max(caps)):.0f} MB allocated, "
-              f"{mb(med([a['arena_used'] for a in arena])):.0f} MB filled per save; capacity over the {len(caps)} "
+        caps = [a["arena_capacity"] for _, a in arena]
+        # each run (its own engine) keeps one arena: the same chunks at the same address every save
+        same = all(len({(a["arena_ptr"], a["arena_chunks"], a["arena_capacity"]) for run, a in arena if run == label})
+                   == 1 for label in {run for run, _ in arena})
+        print(f"snapshot buffers (peak host memory of an async save): {mb(max(caps)):.0f} MB reserved, of which "
+              f"{mb(med([a['arena_used'] for _, a in arena])):.0f} MB filled per save (only filled pages are ever "
+              f"touched, i.e. resident, on CPU); capacity over the {len(caps)} "
               f"async saves {mb(min(caps)):.0f}..{mb(max(caps)):.0f} MB ("
               + ("the same buffers every save, not growing" if same and min(caps) == max(caps) else
-                 "NOT the same buffers every save") + "); freed with the run's engine")
+                 "NOT the same buffers every save") + " within each run); freed with the run's engine")
         first, later = [], []
         for r in runs:
             if r.mode == "async":
