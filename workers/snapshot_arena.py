@@ -104,15 +104,18 @@ class SnapshotArena:
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         nbytes = t.numel() * t.element_size()
-        dst = self._slot(nbytes, pin=t.is_cuda).view(t.dtype).view(t.shape)
+        target, alias = self._slot(nbytes, pin=t.is_cuda)
         with torch.no_grad():
-            dst.copy_(t.detach(), non_blocking=t.is_cuda)
+            # into a view of the chunk's own (pinned) tensor, so torch's pinned-memory bookkeeping of
+            # a non_blocking device-to-host copy sees its allocation; the alias is the same bytes
+            target.view(t.dtype).view(t.shape).copy_(t.detach(), non_blocking=t.is_cuda)
         self._device_copies |= t.is_cuda
-        return dst
+        return alias.view(t.dtype).view(t.shape)
 
-    def _slot(self, nbytes: int, pin: bool) -> torch.Tensor:
-        """The next ``nbytes`` of the arena as a uint8 tensor with its own storage: same sizes in
-        the same order give the same slots every save."""
+    def _slot(self, nbytes: int, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next ``nbytes`` of the arena, twice: a view of the chunk's tensor (to copy into) and
+        a uint8 tensor over the same bytes with a storage of its own (to serialize). The same sizes
+        in the same order give the same slots every save."""
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         i, off = self._cursor
         while i < len(self.chunks) and off + size > self.chunks[i].nbytes:
@@ -122,7 +125,8 @@ class SnapshotArena:
             self.chunks.append(_new_chunk(max(size, self.chunk_bytes), pin))
         self._cursor = (i, off + size)
         self.used += size
-        return torch.from_numpy(self.chunks[i].array[off:off + nbytes])
+        chunk = self.chunks[i]
+        return chunk.owner[off:off + nbytes], torch.from_numpy(chunk.array[off:off + nbytes])
 
 
 def _new_chunk(nbytes: int, pin: bool) -> _Chunk:
