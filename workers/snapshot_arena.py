@@ -56,7 +56,7 @@ class SnapshotArena:
         self.chunk_bytes = chunk_bytes
         self.chunks: list[_Chunk] = []
         self.busy = False
-        self.used = 0  # bytes placed by the current (or last) save, padding included
+        self.used = 0  # bytes filled by the current (or last) save, alignment padding included
         self._cursor = (0, 0)  # (chunk index, offset) of the next slot
         self._device_copies = False
 
@@ -119,8 +119,7 @@ class SnapshotArena:
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         i, off = self._cursor
         while i < len(self.chunks) and off + size > self.chunks[i].nbytes:
-            self.used += self.chunks[i].nbytes - off  # the tail that did not fit stays unused
-            i, off = i + 1, 0
+            i, off = i + 1, 0  # the tail that did not fit stays unused (and untouched)
         if i == len(self.chunks):
             self.chunks.append(_new_chunk(max(size, self.chunk_bytes), pin))
         self._cursor = (i, off + size)
