@@ -17,11 +17,17 @@ What it measures
       the default xxh3-128, to show what a cryptographic checksum costs on the save path.
 
     (a) Loop-blocked seconds per save from the ``state_committed`` events (``blocked_seconds``,
-        ``seconds`` = boundary to commit, ``bytes``), sync vs async. The split shards / upload is
-        timed by wrapping ``workers.state_writer.take_snapshot`` / ``upload_snapshot`` in this
-        process (instrumentation only, the project's code runs unchanged): "shards" is DeepSpeed
-        serializing its shards through the streaming checkpoint engine (straight into storage for
-        a sync save, into staging for an async one), "upload" the rest (async: the staged copy).
+        ``seconds`` = boundary to commit, ``bytes``), sync vs async, and against a raw in-memory
+        copy of the state's bytes (``torch`` copying them into a preallocated, already-touched host
+        buffer, one thread; three copies between every two runs and at the end): the physical
+        limit of a consistent snapshot. The split shards / upload is timed by wrapping
+        ``workers.state_writer.take_snapshot`` / ``upload_snapshot`` in this process
+        (instrumentation only, the project's code runs unchanged): "shards" is DeepSpeed handing its
+        shards to the streaming checkpoint engine (a sync save serializes them straight into
+        storage; an async one only copies their tensors into reusable host buffers,
+        ``workers.snapshot_arena``), "upload" the rest (async: serialize + checksum + write in the
+        background). The wrapper also reads the arena's size after each async snapshot: the peak
+        host memory of the snapshot buffers, and whether they are the same buffers every save.
     (b) Steady-state throughput (optimizer steps/s) from the per-step ``time`` of the progress
         records over a window of whole save intervals that skips the warm-up (realistic N:
         steps (N, 2N]; aggressive N: (2N, 7N]); the no-save run is measured over the same
@@ -45,16 +51,18 @@ What it measures
         each checksum.
 
     Where the bytes go: DeepSpeed's ``save_checkpoint`` hands every shard to syncpoint's streaming
-    checkpoint engine, which serializes it through a checksumming writer: for a sync save straight
-    into storage (locally with O_DIRECT through two reused aligned buffers, then fsync), for an
-    async save into local staging (``SYNCPOINT_STAGING_DIR``, else /dev/shm when it has > 2 GiB
-    free, else the temp dir), from which the background thread copies it into storage without
-    reading it again. The script prints the staging directory and its filesystem type.
+    checkpoint engine. A sync save serializes it through a checksumming writer straight into
+    storage (locally with O_DIRECT through reused aligned buffers, then fsync); an async save
+    copies its tensors into the engine's reusable host buffers and returns, and the background
+    thread serializes the copy through the same writer into storage. (The staging directory, which
+    the script prints, now only holds elastic runs' gathered optimizer file.)
 
-Baseline: (a) the sync save; (b) the no-save run; (c) the raw sequential write, all measured in the
-same run on the same disk.
-Goal (issue P2): overhead <= 3.5 % at a realistic save interval (the CheckFreq figure); save write
-bandwidth >= 70 % of the raw sequential write.
+Baseline: (a) the sync save and the raw in-memory copy; (b) the no-save run; (c) the raw sequential
+write, all measured in the same run on the same machine and disk.
+Goals: issue 20.1, an async save blocks <= 1.5x a raw in-memory copy of the same bytes and <= 0.25x
+a sync save; issue P2, overhead <= 3.5 % at a realistic save interval (the CheckFreq figure), save
+write bandwidth >= 70 % of the raw sequential write. The script ends with one ``goal ...: met`` (or
+``not met``) line per goal.
 
 Command (from the repo root; about 3-4 minutes on 2 shared cores with defaults, ~1 min with
 --quick, which uses a ~10M-parameter model, N = 16 and 4):
@@ -155,7 +163,13 @@ def instrument() -> None:
 
     def take_snapshot(*args, **kwargs):
         snap = orig_take(*args, **kwargs)
-        PHASES.setdefault((_CURRENT["run"], snap.name), {})["snapshot"] = snap.blocked
+        rec = PHASES.setdefault((_CURRENT["run"], snap.name), {})
+        rec["snapshot"] = snap.blocked
+        if snap.arena_of is not None:  # an async save: what its host buffers hold
+            arena = snap.arena_of.arena
+            rec["arena_capacity"], rec["arena_used"] = float(arena.capacity), float(arena.used)
+            rec["arena_ptr"] = float(arena.chunks[0].owner.data_ptr()) if arena.chunks else 0.0
+            rec["arena_chunks"] = float(len(arena.chunks))
         return snap
 
     def upload_snapshot(*args, **kwargs):
@@ -293,6 +307,25 @@ def raw_writes(root: str, nbytes: int, repeats: int, into: dict[str, list[float]
             into.setdefault(kind, []).append(raw_write(os.path.join(root, "dd.bin"), nbytes, block, direct))
 
 
+def raw_copy(nbytes: int, repeats: int, into: list[float]) -> None:
+    """The physical limit of a consistent in-memory snapshot: ``torch`` copying ``nbytes`` into a
+    preallocated, already-touched buffer (as the arena is after its first save), one intra-op
+    thread as in the runs (``scaling.cpus_per_worker: 1``). Seconds per copy, ``repeats`` times."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # touch every page once: the timed copies reuse the buffer
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            into.append(time.perf_counter() - t0)
+        del src, dst
+    finally:
+        torch.set_num_threads(threads)
+
+
 def upload_path_refs(staging: str, root: str, nbytes: int, repeats: int = 2) -> dict[str, list[float]]:
     """The async upload's own path outside training, on a staged file of the same size:
     ``RunStorage.upload_file`` with the checksum already known (copy + fsync: the checksum was
@@ -388,15 +421,18 @@ def main() -> None:
         Run(f"async-{A}", "async", A, aggr_w[1], aggr_w),
     ]
     raw: dict[str, list[float]] = {}
+    copies: list[float] = []  # raw in-memory copies of the state's bytes (the snapshot's physical limit)
     load_before = os.getloadavg()
     state_bytes = 0
     try:
         for r in runs:
-            if state_bytes:  # the raw write uses the size of a real state, once known
+            if state_bytes:  # the raw write and copy use the size of a real state, once known
                 raw_writes(root, state_bytes, args.dd_repeats, raw)
+                raw_copy(state_bytes, 3, copies)
             do_run(r, root, model_cfg, args.zero_stage)
             state_bytes = state_bytes or r.commits[-1]["bytes"]
         raw_writes(root, state_bytes, args.dd_repeats, raw)
+        raw_copy(state_bytes, 3, copies)
         refs = upload_path_refs(staging, root, state_bytes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -420,9 +456,10 @@ def main() -> None:
     # ---- (a) blocked seconds per save
     print("(a) loop-blocked seconds per save (periodic saves only; from state_committed events; shards/upload "
           "split timed by wrapping take_snapshot/upload_snapshot)")
+    copy_s = med(copies)
     hdr = (f"{'run':<12} | {'saves':>5} | {'MB':>6} | {'blocked s (median)':>18} | {'min..max':>13} | "
            f"{'boundary->commit s':>18} | {'shards s':>10} | {'upload s':>8} | {'commit lag (steps)':>18} | "
-           f"{'blocked vs sync':>15}")
+           f"{'blocked vs sync':>15} | {'vs raw copy':>11}")
     print(hdr)
     print("-" * len(hdr))
     sync_blocked: dict[int, float] = {}
@@ -440,13 +477,41 @@ def main() -> None:
         print(f"{r.label:<12} | {len(cs):>5} | {mb(med([c['bytes'] for c in cs])):>6.0f} | {med(bl):>18.3f} | "
               f"{f'{min(bl):.3f}..{max(bl):.3f}':>13} | {med([c['seconds'] for c in cs]):>18.3f} | "
               f"{med([p.get('snapshot', float('nan')) for p in ph]):>10.3f} | "
-              f"{med([p.get('upload', float('nan')) for p in ph]):>8.3f} | {med(lag):>18.0f} | {ratio:>15}")
+              f"{med([p.get('upload', float('nan')) for p in ph]):>8.3f} | {med(lag):>18.0f} | {ratio:>15} | "
+              f"{med(bl) / copy_s:>10.2f}x")
+    print(f"{'raw copy':<12} | {len(copies):>5} | {mb(state_bytes):>6.0f} | {copy_s:>18.3f} | "
+          f"{f'{min(copies):.3f}..{max(copies):.3f}':>13} | (torch copy of the state's bytes into a preallocated, "
+          "touched host buffer, 1 thread; measured between the runs)")
     finals = [c for r in runs for c in r.commits if "final" in c["reasons"]]
     print(f"final saves (always synchronous, also with checkpoint.async: the run waits for its last state): "
           f"median blocked {med([c['blocked_seconds'] for c in finals]):.3f} s over {len(finals)} runs")
-    print("blocked = the loop's wait: sync = shards streamed into storage + RNG file + commit; async = shards "
-          "serialized into staging + the commit collective at a later boundary. commit lag = optimizer steps trained "
+    print("blocked = the loop's wait: sync = shards streamed into storage + RNG file + commit; async = the shards' "
+          "tensors copied into reusable host buffers (shards s) + the commit collective at a later boundary; "
+          "serialization, checksum and write run in the background (upload s). commit lag = optimizer steps trained "
           "between the snapshot and its commit. sync-N-sha = sync-N with checkpoint.checksum: sha256.")
+    arena = [(r.label, PHASES.get((r.url, c["state"]), {})) for r in runs if r.mode == "async"
+             for c in r.commits if "final" not in c["reasons"]]
+    arena = [(run, a) for run, a in arena if "arena_capacity" in a]
+    if arena:
+        caps = [a["arena_capacity"] for _, a in arena]
+        # each run (its own engine) keeps one arena: the same chunks at the same address every save
+        same = all(len({(a["arena_ptr"], a["arena_chunks"], a["arena_capacity"]) for run, a in arena if run == label})
+                   == 1 for label in {run for run, _ in arena})
+        print(f"snapshot buffers (peak host memory of an async save): {mb(max(caps)):.0f} MB reserved, of which "
+              f"{mb(med([a['arena_used'] for _, a in arena])):.0f} MB filled per save (only filled pages are ever "
+              f"touched, i.e. resident, on CPU); capacity over the {len(caps)} "
+              f"async saves {mb(min(caps)):.0f}..{mb(max(caps)):.0f} MB ("
+              + ("the same buffers every save, not growing" if same and min(caps) == max(caps) else
+                 "NOT the same buffers every save") + " within each run); freed with the run's engine")
+        first, later = [], []
+        for r in runs:
+            if r.mode == "async":
+                bl = [c["blocked_seconds"] for c in r.commits if "final" not in c["reasons"]]
+                first += bl[:1]
+                later += bl[1:]
+        print(f"async blocked s: a run's first save (allocates the buffers: fresh pages) median {med(first):.3f} "
+              f"({med(first) / copy_s:.2f}x raw copy) over {len(first)}; later saves (reused buffers) median "
+              f"{med(later):.3f} ({med(later) / copy_s:.2f}x) over {len(later)}")
     print()
 
     # ---- (b) throughput
@@ -549,12 +614,13 @@ def main() -> None:
     row("  of which shards streamed into storage (serialize, checksum, fsync)",
         [(c["bytes"], phase(r, c, "snapshot")) for r, c in sync_cs])
     row("sync save, whole, checkpoint.checksum: sha256", [(c["bytes"], c["seconds"]) for _, c in sha_cs])
-    row(f"async save, snapshot into staging ({staging}; blocks training)",
+    row("async save, snapshot: copy into reusable host buffers (blocks training)",
         [(c["bytes"], phase(r, c, "snapshot")) for r, c in async_cs])
-    row("async save, background upload (copy + fsync; training runs alongside)",
+    row("async save, background serialize + checksum + write (training alongside)",
         [(c["bytes"], phase(r, c, "upload")) for r, c in async_cs])
+    row("raw in-memory copy of the same bytes (1 thread)", [(state_bytes, x) for x in copies])
     print("reference, outside training, a staged file of the same size in the staging dir:")
-    row("  RunStorage.upload_file, checksum known (the async upload's path)",
+    row("  RunStorage.upload_file, checksum known (elastic runs' full optimizer file)",
         [(state_bytes, x) for x in refs["upload_known"]])
     row("  read staging + xxh3-128 only (no write)", [(state_bytes, x) for x in refs["xxh3_128"]])
     row("  read staging + sha256 only (no write)", [(state_bytes, x) for x in refs["sha256"]])
@@ -562,6 +628,26 @@ def main() -> None:
           "a state is "
           "a few files (DeepSpeed's model and optimizer shards, the RNG file, trainer.json).")
     print("Goal (issue P2): save write bandwidth >= 70% of the raw sequential write (ratio >= 0.70x).")
+    print()
+
+    # ---- goals, one line each (issue 20: mechanically checkable)
+    async_bl = med([c["blocked_seconds"] for _, c in async_cs])
+    sync_bl = med([c["blocked_seconds"] for _, c in sync_cs])
+    sync_bw = med([c["bytes"] / c["seconds"] for _, c in sync_cs]) / dd_bw
+    sync_over = overheads.get(f"sync-{N}", (float("nan"),) * 3)[2]
+    async_over = overheads.get(f"async-{N}", (float("nan"),) * 3)[2]
+    goal("async blocked vs raw copy", async_bl / copy_s, "<=", 1.5, "x")
+    goal("async blocked vs sync blocked", async_bl / sync_bl, "<=", 0.25, "x")
+    goal(f"sync save overhead at N={N} (vs own clean steps)", sync_over, "<=", 3.5, "%")
+    goal(f"async save overhead at N={N} (vs own clean steps)", async_over, "<=", 3.5, "%")
+    goal("sync save write bandwidth vs raw write", sync_bw, ">=", 0.70, "x")
+
+
+def goal(name: str, measured: float, op: str, target: float, unit: str) -> None:
+    """``goal <name>: <measured> vs target <op> <target>: met`` (or ``not met``), one line per goal."""
+    ok = measured <= target if op == "<=" else measured >= target
+    fmt = (lambda v: f"{v:.2f}x") if unit == "x" else (lambda v: f"{v:.1f}%")
+    print(f"goal {name}: {fmt(measured)} vs target {op} {target:g}{unit}: {'met' if ok else 'not met'}")
 
 
 if __name__ == "__main__":

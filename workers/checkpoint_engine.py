@@ -7,8 +7,9 @@ save. DeepSpeed routes every shard through ``engine.checkpoint_engine.save(state
 straight into a sink chosen per save, checksumming as the bytes pass:
 
 * a synchronous save streams into storage itself (``RunStorage.open_durable``): one write;
-* an asynchronous save streams into local staging (host memory) and records the checksum, so
-  the background upload is a plain copy with no second read.
+* an asynchronous save only copies the shard's tensors into reusable host buffers
+  (``workers.snapshot_arena``: the one part that blocks training) and keeps the copied structure;
+  the background thread then serializes it into storage the same way (:func:`write_captured`).
 
 DeepSpeed still gets a local directory for everything else it writes (its recovery scripts),
 which the writer ignores.
@@ -61,6 +62,7 @@ from policies.errors import JobConfigError
 from policies.state_format import ENGINE_TAG
 from workers.checksum import ChecksummingWriter
 from workers.safe_load import load_state_file
+from workers.snapshot_arena import SnapshotArena
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
 Sink = Callable[[str], AbstractContextManager[ChecksummingWriter]]
@@ -75,6 +77,10 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         self.root: str | None = None
         self.sink: Sink | None = None
         self.files: dict[str, dict[str, Any]] = {}
+        # async saves: the host buffers (kept for the engine's life, reused save after save) and,
+        # within ``capturing``, each shard's rel path -> its copied structure, in save order
+        self.arena = SnapshotArena()
+        self.captured: dict[str, Any] | None = None
 
     @contextlib.contextmanager
     def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, dict[str, Any]]]:
@@ -85,7 +91,29 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         finally:
             self.root, self.sink = None, None
 
+    @contextlib.contextmanager
+    def capturing(self, root: str) -> Iterator[dict[str, Any]]:
+        """Within the block, shards DeepSpeed saves under ``root`` are only copied into the arena
+        (an async save's snapshot); the block's value maps each rel path to its copy, to serialize
+        later with :func:`write_captured`. Device-to-host copies are complete when the block exits.
+        The caller releases the arena (``self.arena.release()``) once the copies are written."""
+        self.arena.begin()
+        self.root, self.captured = root, {}
+        try:
+            yield self.captured
+        except BaseException:
+            self.arena.end_copies()
+            self.arena.release()
+            raise
+        else:
+            self.arena.end_copies()
+        finally:
+            self.root, self.captured = None, None
+
     def save(self, state_dict: Any, path: str) -> None:
+        if self.root is not None and self.captured is not None:
+            self.captured[os.path.relpath(path, self.root).replace(os.sep, "/")] = self.arena.capture(state_dict)
+            return None
         if self.sink is None or self.root is None:
             return super().save(state_dict, path)
         rel = os.path.relpath(path, self.root).replace(os.sep, "/")
@@ -98,6 +126,20 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         """DeepSpeed's every read of a state file: weights-only, with syncpoint's allowlist, never
         ``weights_only=False``; a file needing another class raises ``StateRefused`` naming it."""
         return load_state_file(path, _name_in_state(path), map_location=map_location)
+
+
+def write_captured(captured: dict[str, Any], sink: Sink,
+                   zipfile_serialization: bool = True) -> dict[str, dict[str, Any]]:
+    """Serialize an async save's copied shards (:meth:`StreamingCheckpointEngine.capturing`)
+    into ``sink``, checksumming on the way, exactly as a sync save writes them; returns their
+    manifest entries. Runs in the background thread: the copies are no longer training's tensors."""
+    files: dict[str, dict[str, Any]] = {}
+    with _without_zip_crc32():
+        for rel, state_dict in captured.items():
+            with sink(rel) as writer:
+                torch.save(state_dict, cast(IO[bytes], writer), _use_new_zipfile_serialization=zipfile_serialization)
+            files[rel] = writer.entry()
+    return files
 
 
 @contextlib.contextmanager
@@ -206,16 +248,3 @@ def route_zero3_module_load() -> None:
 
     if not getattr(ds_engine.get_fp32_state_dict_from_zero_checkpoint, "syncpoint_safe", False):
         ds_engine.get_fp32_state_dict_from_zero_checkpoint = safe_fp32_state_dict_from_zero_checkpoint
-
-
-def local_sink(root: str, algo: str) -> Sink:
-    """Write into a local directory (staging), checksumming; no fsync (host memory, not durable)."""
-
-    @contextlib.contextmanager
-    def open_local(rel: str) -> Iterator[ChecksummingWriter]:
-        p = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "wb") as f:
-            yield ChecksummingWriter(f, algo)
-
-    return open_local

@@ -4,8 +4,9 @@ Protocol (all ranks, at a sync boundary only):
 1. DeepSpeed saves its checkpoint (``engine.save_checkpoint``); every shard goes through the
    streaming checkpoint engine (``workers.checkpoint_engine``), checksummed as it is serialized:
    a synchronous save streams each rank's shards straight into storage through fsspec (no shared
-   filesystem needed); an asynchronous one into rank-local staging, which a background thread
-   then copies into storage. Each rank also writes its RNG file, durably.
+   filesystem needed); an asynchronous one only copies their tensors into reusable host buffers
+   (``workers.snapshot_arena``) and a background thread then serializes them into storage the
+   same way. Each rank also writes its RNG file, durably.
 2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
    durable.
 3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
@@ -21,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,7 @@ from policies.state_format import (
     state_name,
 )
 from workers import rng
-from workers.checkpoint_engine import install, local_sink
+from workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from workers.faults import Faults
 from workers.lease import RunLease
@@ -74,6 +74,10 @@ class Snapshot:
     blocked: float = 0.0
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's files already in storage
     staged: dict[str, dict[str, Any]] = field(default_factory=dict)  # checksummed in staging, to upload
+    # async: DeepSpeed's shards copied into the engine's arena, to serialize in the background; the
+    # engine whose arena holds them (released once they are written)
+    captured: dict[str, Any] = field(default_factory=dict, repr=False)
+    arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
     signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (workers.signing)
 
 
@@ -96,40 +100,63 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
                   full_optimizer_state: bool = False, *,
                   algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
-    checksummed on the way, straight into storage (``direct``: a synchronous save) or into local
-    staging (an asynchronous one); elastic ZeRO-1/2 runs add the gathered optimizer state."""
+    checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
+    asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
+    (serialized later by :func:`upload_snapshot`); elastic ZeRO-1/2 runs add the gathered
+    optimizer state (into local staging)."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
     name = state_name(trainer["global_micro_step"])
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
-    sink: Callable[[str], AbstractContextManager[ChecksummingWriter]]
-    if direct is not None:
-        def durable_sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
-            return direct.open_durable(STATES_DIR, name, rel, algo=algo)
-        sink = durable_sink
-    else:
-        sink = local_sink(staging, algo)
-    with install(engine).streaming(staging, sink) as written:
-        engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
-    if full_optimizer_state:
-        from workers.elastic_state import save_full_optimizer_state
+    ce = install(engine)
+    written: dict[str, dict[str, Any]] = {}
+    captured: dict[str, Any] = {}
+    try:
+        if direct is not None:
+            with ce.streaming(staging, _durable_sink(direct, name, algo)) as written:
+                engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
+        else:
+            with ce.capturing(staging) as captured:
+                engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
+        if full_optimizer_state:
+            from workers.elastic_state import save_full_optimizer_state
 
-        save_full_optimizer_state(engine, staging, dist.get_rank())
+            save_full_optimizer_state(engine, staging, dist.get_rank())
+    except BaseException:
+        if direct is None:
+            ce.arena.release()  # nothing will be written from it
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key)
-    if direct is not None:
-        snap.files.update(written)
-    else:
-        snap.staged.update(written)
+    snap.files.update(written)
+    if direct is None:
+        snap.captured, snap.arena_of = dict(captured), ce
     snap.blocked = time.perf_counter() - t0
     return snap
 
 
+def _durable_sink(storage: RunStorage, name: str, algo: str) -> Sink:
+    def durable_sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
+        return storage.open_durable(STATES_DIR, name, rel, algo=algo)
+    return durable_sink
+
+
 def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faults) -> dict[str, dict[str, Any]]:
-    """Make this rank's files durable in storage (safe to run in a background thread): what is
-    still in staging is copied (no second read when its checksum is known), then the RNG file."""
+    """Make this rank's files durable in storage (safe to run in a background thread): an async
+    save's copied shards are serialized straight into storage (checksummed on the way; then the
+    arena is free for the next save), what is in staging is copied (no second read when its
+    checksum is known), then the RNG file."""
     mine: dict[str, dict[str, Any]] = dict(snap.files)
     try:
+        if snap.arena_of is not None:
+            ce = snap.arena_of
+            try:
+                mine.update(write_captured(snap.captured, _durable_sink(storage, snap.name, snap.algo),
+                                           ce.zipfile_serialization))
+            finally:
+                snap.captured, snap.arena_of = {}, None
+                ce.arena.release()
         for sub in LOCAL_DIRS:
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
