@@ -633,7 +633,7 @@ ARG_CASES = [
     _arg_case("run-without-job", ["run"], r"usage: syncpoint run .*required: job"),
     _arg_case("unknown-option", ["validate", "{job}", "--bogus"], r"unrecognized arguments: --bogus"),
     _arg_case("states-without-run-dir", ["states"], r"required: run_dir"),
-    _arg_case("drill-without-preempt-at", ["drill", "{job}"], r"required: --preempt-at"),
+    _arg_case("drill-without-preempt-at", ["drill", "{job}"], r"--preempt-at.*--storm N"),
     # the job file
     _arg_case("validate-missing-file", ["validate", "{tmp}/missing.yaml"],
               r"missing\.yaml.*cannot read the job file.*check the path"),
