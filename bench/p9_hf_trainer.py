@@ -18,7 +18,9 @@ What it measures
       first with ``trainer.train()``, the next ones with ``trainer.train(resume_from_checkpoint=True)``.
     * syncpoint: a process per attempt running the bare-process-group loop
       (``workers.launch.run_in_process``, what ``syncpoint run`` runs on each rank), the same
-      storage every time, ``checkpoint.save_every`` 1 optimizer step, ZeRO-0.
+      storage every time, ``checkpoint.save_every`` 1 optimizer step, ZeRO-0; every attempt is
+      the same submission restarted (as Ray Train restarts a failed worker group), so it takes
+      back the run directory's lease the killed process still holds.
 
     Both record the same thing from inside the loss call of every micro-batch: the sample ids of
     the batch (the dataset puts each sample's index in it) and the loss, in float32 bits. The
@@ -55,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -188,7 +191,9 @@ def _syncpoint_attempt(storage: str, augment: bool, workers: int, epochs: int) -
                                  seed=SEED, lr=LR, wd=WEIGHT_DECAY, b1=BETAS[0], b2=BETAS[1], warmup=WARMUP,
                                  minr=MIN_LR_RATIO, clip=CLIP, workers=workers)
     spec = resolve_storage(parse_spec(text, "p9", [f"storage={storage}", "scaling.num_workers=1"]))
-    run_in_process(spec, print_progress=False)
+    # Every attempt of a chain is the same submission restarted (what Ray Train's restart is): it takes
+    # back the run directory's lease its killed predecessor still holds, as a restart does.
+    run_in_process(spec, print_progress=False, submission_id=os.environ["P9_SUBMISSION"])
 
 
 def _newest_committed(storage: str) -> int:
@@ -203,12 +208,13 @@ def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, .
     """A chain of syncpoint processes on one storage until the run finishes; what it trained and its final model."""
     storage = os.path.join(workdir, "runs")
     record = os.path.join(workdir, "records.jsonl")
-    starts, codes = [], []
+    starts, codes, submission = [], [], uuid.uuid4().hex
     for attempt in range(1, len(kills) + 3):
         start = _newest_committed(storage)
         starts.append(start)
         env = {**os.environ, "P9_RECORD": record, "P9_ATTEMPT": str(attempt), "P9_START": str(start),
-               "P9_KILLS": ",".join(map(str, kills)), "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+               "P9_KILLS": ",".join(map(str, kills)), "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu",
+               "P9_SUBMISSION": submission}
         cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "sp-attempt", "--storage", storage,
                "--augment", str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
