@@ -38,8 +38,8 @@ Expected (measured outside the project with transformers 5.24): HF resumes bitwi
 the resumed epoch's first accumulation cycle has been fetched, and it saves no DataLoader-worker
 RNG); syncpoint resumes bitwise in all four cells.
 
-Command (from the repo root; ~6 minutes on 2 shared cores, 16 process chains; ``--quick`` runs
-only the augmented cells, the ones where the two differ, in ~3 minutes):
+Command (from the repo root; ~15 minutes on 2 shared cores with ``--jobs 3``, 16 process chains;
+``--quick`` runs only the four augmented cells, the ones where the two differ, in ~8 minutes):
 
     .venv/bin/python -m bench.p9_hf_trainer
     .venv/bin/python -m bench.p9_hf_trainer --quick
