@@ -1,0 +1,76 @@
+"""The peer benchmarks' harnesses (issue 20.3): P1's accelerate baselines and P9's HF Trainer /
+syncpoint chains. The benches report timings; these tests check only that what they compare is
+what they say (the same batches, the same bookkeeping), never a time."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from bench import p1_resume_skip as p1
+from bench import p9_hf_trainer as p9
+
+
+def test_p1_accelerate_baselines_reach_the_batch_ours_starts_at():
+    """accelerate.skip_first_batches on the stream (fetch-and-discard) and on the map-style loader
+    (index skip) land on the micro-batch ``epoch_loader(start=position)`` returns first."""
+    ds = p1.DecodeLike(200, side=8)
+    for position in (0, 3, 11):
+        _, ours = p1.ours(ds, position)
+        _, fetched = p1.fetch_and_discard(ds, position)
+        _, indexed = p1.index_skip(ds, position)
+        assert p1.same_batch(ours, fetched) and p1.same_batch(ours, indexed)
+    _, a = p1.ours(ds, 3)
+    _, b = p1.ours(ds, 4)
+    assert not p1.same_batch(a, b)  # the check can fail
+
+
+def _records(attempt, ids, losses, steps=None):
+    return [{"a": attempt, "step": None, "idx": list(i), "loss": x} for i, x in zip(ids, losses, strict=True)]
+
+
+def test_p9_kept_and_compare_find_redone_skipped_and_repeated_work():
+    layout = p9.Layout(per_epoch=6, accum=2)
+    ids = [(2 * g, 2 * g + 1) for g in range(12)]
+    losses = [float(g) for g in range(12)]
+    params = {"w": torch.ones(3)}
+    ref = {"records": _records(1, ids, losses), "starts": [0], "codes": [0], "params": params}
+    # killed before mb 5 (resumed at 4), then finished: mb 4 was computed twice, kept once
+    exact = {"records": _records(1, ids[:5], losses[:5]) + _records(2, ids[4:], losses[4:]), "starts": [0, 4],
+             "codes": [-signal.SIGKILL, 0], "params": {"w": torch.ones(3)}}
+    c = p9.compare(ref, exact, layout)
+    assert c["losses_identical"] and c["bitwise"] and c["kills"] == 1 and c["first_resume"] == 4
+    assert (c["skipped"], c["repeated"], c["ids_differ"], c["micro_batches"]) == (0, 0, 0, 12)
+    # a resume that trains mb 3's samples again at mb 4 and never sees mb 4's, with other losses after it
+    bad_ids = ids[:4] + [ids[3]] + ids[5:]
+    bad = {"records": _records(1, ids[:5], losses[:5]) + _records(2, bad_ids[4:], [x + 1 for x in losses[4:]]),
+           "starts": [0, 4], "codes": [-signal.SIGKILL, 0], "params": {"w": torch.ones(3) * 1.5}}
+    c = p9.compare(ref, bad, layout)
+    assert not c["losses_identical"] and c["first_loss_diff"] == 4 and not c["bitwise"]
+    assert c["max_param_diff"] == 0.5
+    assert (c["skipped"], c["repeated"], c["ids_differ"]) == (2, 2, 1)
+
+
+def test_p9_hf_micro_index_follows_the_short_epoch_end_cycle():
+    layout = p9.Layout()  # 22 micro-batches an epoch, accumulation 4: steps of 4,4,4,4,4,2
+    assert layout.steps_per_epoch == 6
+    assert [layout.micro_index(s, 0) for s in (0, 2, 5, 6, 8)] == [0, 8, 20, 22, 30]
+    assert layout.micro_index(5, 1) == 21 and layout.epoch_of(21) == 0 and layout.epoch_of(22) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_p9_harness_runs_both_sides_on_a_tiny_size(tmp_path):
+    """One epoch, one kill inside the short epoch-end cycle, no augmentation, no DataLoader worker:
+    both chains run, each resumes from the step before the kill, and both are exact (HF too: nothing
+    in ``__getitem__`` draws randomness)."""
+    for framework in ("hf", "syncpoint"):
+        runner = p9.run_hf if framework == "hf" else p9.run_syncpoint
+        ref = runner(str(tmp_path / f"{framework}-ref"), False, 0, (), epochs=1)
+        run = runner(str(tmp_path / f"{framework}-int"), False, 0, (21,), epochs=1)
+        assert run["codes"] == [-signal.SIGKILL, 0] and run["starts"] == [0, 20], framework
+        c = p9.compare(ref, run)
+        assert c["micro_batches"] == 22 and c["losses_identical"] and c["bitwise"], (framework, c)
+        assert c["skipped"] == c["repeated"] == c["ids_differ"] == 0, (framework, c)
