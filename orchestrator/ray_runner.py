@@ -328,7 +328,10 @@ def _shown(storage: RunStorage, *parts: str) -> str:
     path = storage.local_path(*parts)
     if path is None:
         return redact_url(storage.url_of(*parts))
-    rel = os.path.relpath(path)
+    try:
+        rel = os.path.relpath(path)
+    except OSError:  # the working directory is gone (seen under `ray job submit`: its package was cleaned up)
+        return path
     return rel if not rel.startswith("..") else path
 
 

@@ -138,3 +138,17 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
     assert policy.decide(facts(refusal=_refusal(error.worker_failures)), error) == FailureDecision.RAISE
     bug = _worker_failures(rank0=ValueError("user bug"))
     assert policy.decide(facts(), bug) == FailureDecision.RETRY
+
+
+def test_the_last_line_survives_a_deleted_working_directory(tmp_path, monkeypatch):
+    """Under `ray job submit` the job's working directory (Ray's unpacked package) was removed while
+    the job ran; the finish line's paths then fall back to absolute ones instead of a traceback."""
+    from orchestrator.ray_runner import _shown
+    from workers.storage import RunStorage
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    storage = RunStorage(f"file://{tmp_path}/run")
+    assert _shown(storage, "plot.png") == f"{tmp_path}/run/plot.png"
