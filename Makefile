@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv example lint test test-all test-fast test-slow test-gpu bench clean
+.PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -40,9 +40,12 @@ endef
 test: lint
 	$(call two_halves,and not long)
 
-# The whole suite, `long` included: what CI runs (.ci/run).
+# The whole suite, `long` included: what CI runs (.ci/run). The storm drill is apart (test-storm).
 test-all: lint
-	$(call two_halves,)
+	$(call two_halves,and not storm)
+
+test-storm: $(STAMP)
+	$(BIN)/python -m pytest -q -m storm tests
 
 # The fast tests start no Ray cluster, so two xdist workers split them freely.
 test-fast: $(STAMP)

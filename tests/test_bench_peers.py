@@ -61,6 +61,7 @@ def test_p9_hf_micro_index_follows_the_short_epoch_end_cycle():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(1800)
 def test_p9_harness_runs_both_sides_on_a_tiny_size(tmp_path):
     """One epoch, one kill inside the short epoch-end cycle, no augmentation, no DataLoader worker:

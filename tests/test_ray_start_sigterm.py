@@ -122,6 +122,7 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_s
     _assert_exact_and_cheap(tmp_path, spec)
 
 
+@pytest.mark.long  # the Job API path itself is tests/test_job_submit.py's
 def test_the_same_through_ray_job_submit(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
     spec = _spec(tmp_path / "run")

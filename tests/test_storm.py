@@ -195,6 +195,7 @@ def test_during_manifest_at_a_micro_step_tears_the_manifest_of_that_save():
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.long
+@pytest.mark.storm
 def test_a_storm_of_twenty_interruptions_ends_bitwise_equal(tmp_path):
     """The example job, shrunk (tiny model, 2 workers, accumulation 4, 2 epochs of 128 micro-steps: 256),
     through 20 interruptions of every kind on a local cluster of two one-CPU nodes."""
