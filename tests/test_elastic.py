@@ -77,7 +77,7 @@ def _assert_same_samples_and_close(ref, spec):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [0, 2])
+@pytest.mark.parametrize("zero", [pytest.param(0, marks=pytest.mark.long), 2])
 def test_two_workers_lose_one_and_finish_on_one(tmp_path, zero):
     ref = _spec(tmp_path / "ref", f"deepspeed.zero_stage={zero}")
     assert run_spawned(ref) == [0, 0]
@@ -90,6 +90,7 @@ def test_two_workers_lose_one_and_finish_on_one(tmp_path, zero):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_one_worker_grows_back_to_two(tmp_path):
     ref = _spec(tmp_path / "ref")
     assert run_spawned(ref) == [0, 0]

@@ -313,6 +313,7 @@ def test_bad_task_metrics_fail_naming_task_metrics(tmp_path, kind, message):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_zero3_two_ranks_uneven_eval_shards(tmp_path):
     """5 eval samples on 2 ranks in batches of 2: rank 0 has 2 batches, rank 1 one; rank 1 runs a
     weight-0 forward so ZeRO-3's parameter all-gathers pair up. On vs off: the same run; a hard crash

@@ -111,7 +111,8 @@ def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_fac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("zero", [pytest.param(0, marks=pytest.mark.long), pytest.param(1, marks=pytest.mark.long), 2,
+                                  pytest.param(3, marks=pytest.mark.long)])  # ZeRO-3 two-rank: tests/test_zero3.py
 def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     ref = _spec(tmp_path / "ref", 10, 4, "{value: 3, unit: micro_steps}", zero, workers=2)
     assert run_spawned(ref) == [0, 0]

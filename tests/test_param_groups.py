@@ -296,6 +296,7 @@ def test_another_schedule_type_or_decay_shape_is_refused_naming_reset_schedule(t
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_offload_with_groups_resumes_exactly(tmp_path):
     """DeepSpeed's CPU Adam over the default split (equal betas), and a Task.optimizer's own CPU Adam
     with other betas per group (the kernel's beta powers replayed group by group after a load)."""
@@ -305,6 +306,7 @@ def test_offload_with_groups_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_offload_with_a_torch_task_optimizer_resumes_exactly(tmp_path):
     """A Task.optimizer that is not DeepSpeed's CPU Adam steps the offloaded partitions as it is."""
     _crash_and_resume(tmp_path, 2, "deepspeed.offload_optimizer=cpu", TWO_GROUPS)

@@ -113,8 +113,12 @@ def test_consolidate_zero3_puts_padded_partitions_together():
     assert torch.equal(out["a"], a) and torch.equal(out["b"], b) and torch.equal(out["buf"], torch.ones(2))
 
 
+LONG = pytest.mark.long
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,offload_params", [(1, "none"), (2, "none"), (3, "none"), (3, "cpu")])
+@pytest.mark.parametrize("zero,offload_params", [pytest.param(1, "none", marks=LONG), pytest.param(2, "none", marks=LONG),
+                                                 pytest.param(3, "none", marks=LONG), (3, "cpu")])
 def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
     """Optimizer offload (DeepSpeed's CPU Adam; its op is JIT-built once) at every stage that has
     it, and parameter offload at stage 3: the resumed run is bitwise the uninterrupted one."""
@@ -126,8 +130,8 @@ def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), ("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu")],
-                         ids=["zero3", "zero3-offload"])
+@pytest.mark.parametrize("extra", [(), pytest.param(("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu"),
+                                                    marks=pytest.mark.long)], ids=["zero3", "zero3-offload"])
 def test_two_ranks_zero3_hard_crash_resume_equals_uninterrupted(tmp_path, extra):
     """Two spawned ranks, each holding half of every parameter; rank 1 dies hard mid-cycle."""
     ref = _spec(tmp_path / "ref", 3, *extra, workers=2)
@@ -178,7 +182,7 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("direction", ["shrink", "grow"])
+@pytest.mark.parametrize("direction", ["shrink", pytest.param("grow", marks=pytest.mark.long)])
 def test_elastic_zero3_across_world_sizes(tmp_path, direction):
     """Stage 3 as 1/2: the gathered optimizer state is scattered into the other world size's
     partitions; the same samples per step, losses within 1e-3, weights within 2 x sum(lr)."""
