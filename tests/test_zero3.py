@@ -117,7 +117,8 @@ LONG = pytest.mark.long
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,offload_params", [pytest.param(1, "none", marks=LONG), pytest.param(2, "none", marks=LONG),
+@pytest.mark.parametrize("zero,offload_params", [pytest.param(1, "none", marks=LONG),
+                                                 pytest.param(2, "none", marks=LONG),
                                                  pytest.param(3, "none", marks=LONG), (3, "cpu")])
 def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
     """Optimizer offload (DeepSpeed's CPU Adam; its op is JIT-built once) at every stage that has
