@@ -203,6 +203,16 @@ def _newest_committed(storage: str) -> int:
     return max(names, default=0)
 
 
+def _attempt_finished(cmd: list[str], env: dict[str, str], label: str, codes: list[int], timeout: float) -> bool:
+    """Run one attempt of a chain; True when it finished, False when it was killed at its kill point
+    (SIGKILL, as planned); any other exit is the bench's failure, raised with the attempt's output."""
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    codes.append(r.returncode)
+    if r.returncode not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"{label} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
+    return r.returncode == 0
+
+
 def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int = EPOCHS,
                   timeout: float = 600) -> dict[str, Any]:
     """A chain of syncpoint processes on one storage until the run finishes; what it trained and its final model."""
@@ -217,12 +227,8 @@ def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, .
                "P9_SUBMISSION": submission}
         cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "sp-attempt", "--storage", storage,
                "--augment", str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        codes.append(r.returncode)
-        if r.returncode == 0:
+        if _attempt_finished(cmd, env, f"syncpoint attempt {attempt}", codes, timeout):
             break
-        if r.returncode != -signal.SIGKILL:
-            raise RuntimeError(f"syncpoint attempt {attempt} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     from safetensors.torch import load_file
 
     final = load_file(os.path.join(storage, "p9-gpt2", "final", "model.safetensors"))
@@ -286,12 +292,8 @@ def run_hf(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], ep
                str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
         if ckpts:
             cmd.append("--resume")
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        codes.append(r.returncode)
-        if r.returncode == 0:
+        if _attempt_finished(cmd, env, f"HF attempt {attempt}", codes, timeout):
             break
-        if r.returncode != -signal.SIGKILL:
-            raise RuntimeError(f"HF attempt {attempt} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-3000:]}")
     params = torch.load(os.path.join(out, "final.pt"), weights_only=True)
     return {"records": _read(record), "starts": starts, "codes": codes, "params": params}
 
