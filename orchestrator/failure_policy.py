@@ -122,11 +122,11 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
 def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
-    from orchestrator.ray_runner import _own_exception
+    from orchestrator.ray_runner import own_exception
     from policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused
 
     for _, error in sorted(failures.items()):
-        own = _own_exception(error)
+        own = own_exception(error)
         if isinstance(own, (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError)):
             return failure_report(error)[0]
     return None

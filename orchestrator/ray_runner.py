@@ -345,15 +345,15 @@ def failure_report(error: BaseException) -> tuple[str, str]:
     comes first: a refusal on one rank often surfaces as a broken collective on the others.
     """
     failures = getattr(error, "worker_failures", None) or {}
-    causes = [_own_exception(failures[rank]) for rank in sorted(failures)] or [_own_exception(error)]
+    causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
     return failure_reason(next((c for c in causes if is_ours(c)), causes[0]))
 
 
-def _own_exception(error: BaseException) -> BaseException:
+def own_exception(error: BaseException) -> BaseException:
     """The exception that says why: Ray wraps a worker's in ``UserExceptionWithTraceback``
     (``_base_exc``) and the controller's in ``ControllerError`` (``controller_failure``)."""
     for wrapped in ("_base_exc", "controller_failure"):
         inner = getattr(error, wrapped, None)
         if isinstance(inner, BaseException):
-            return _own_exception(inner)
+            return own_exception(inner)
     return error
