@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
+DURATIONS ?= 5
 
 .PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu bench clean
 
@@ -29,8 +31,8 @@ lint: $(STAMP)
 # nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long pole). The Ray
 # half's output follows the other's; either failing fails the target. MARK narrows both halves.
 define two_halves
-	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=5 -m "ray $(1)" tests > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/python -m pytest -q --durations=5 -m "not ray $(1)" tests; rest=$$?; \
+	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" tests > $$log 2>&1 & ray=$$!; \
+	nice -n 19 $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 endef

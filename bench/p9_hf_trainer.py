@@ -203,6 +203,19 @@ def _newest_committed(storage: str) -> int:
     return max(names, default=0)
 
 
+# Set by whatever ran in the caller's process before (an in-process syncpoint run sets LOCAL_RANK): an attempt
+# that inherits them makes accelerate think it is one rank of a multi-process job and wait for MASTER_ADDR.
+_DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                     "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def _attempt_env(**extra: str) -> dict[str, str]:
+    """The environment of one attempt: the caller's, without any distributed-launch variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_VARS}
+    env.update(extra)
+    return env
+
+
 def _attempt_finished(cmd: list[str], env: dict[str, str], label: str, codes: list[int], timeout: float) -> bool:
     """Run one attempt of a chain; True when it finished, False when it was killed at its kill point
     (SIGKILL, as planned); any other exit is the bench's failure, raised with the attempt's output."""
@@ -222,9 +235,9 @@ def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, .
     for attempt in range(1, len(kills) + 3):
         start = _newest_committed(storage)
         starts.append(start)
-        env = {**os.environ, "P9_RECORD": record, "P9_ATTEMPT": str(attempt), "P9_START": str(start),
-               "P9_KILLS": ",".join(map(str, kills)), "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu",
-               "P9_SUBMISSION": submission}
+        env = _attempt_env(P9_RECORD=record, P9_ATTEMPT=str(attempt), P9_START=str(start),
+                           P9_KILLS=",".join(map(str, kills)), CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
+                           P9_SUBMISSION=submission)
         cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "sp-attempt", "--storage", storage,
                "--augment", str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
         if _attempt_finished(cmd, env, f"syncpoint attempt {attempt}", codes, timeout):
@@ -286,8 +299,8 @@ def run_hf(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], ep
         ckpts = [int(p.name.split("-")[1]) for p in Path(out).glob("checkpoint-*")] if os.path.isdir(out) else []
         # where HF resumes: the newest checkpoint's step, as a micro-batch index of the run
         starts.append(layout.micro_index(max(ckpts), 0) if ckpts else 0)
-        env = {**os.environ, "P9_RECORD": record, "P9_ATTEMPT": str(attempt), "P9_START": str(starts[-1]),
-               "P9_KILLS": ",".join(map(str, kills)), "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        env = _attempt_env(P9_RECORD=record, P9_ATTEMPT=str(attempt), P9_START=str(starts[-1]),
+                           P9_KILLS=",".join(map(str, kills)), CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
         cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "hf-attempt", "--out", out, "--augment",
                str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
         if ckpts:

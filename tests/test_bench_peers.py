@@ -75,3 +75,14 @@ def test_p9_harness_runs_both_sides_on_a_tiny_size(tmp_path):
         c = p9.compare(ref, run)
         assert c["micro_batches"] == 22 and c["losses_identical"] and c["bitwise"], (framework, c)
         assert c["skipped"] == c["repeated"] == c["ids_differ"] == 0, (framework, c)
+
+
+def test_p9_attempts_do_not_inherit_a_distributed_launch(monkeypatch):
+    """An in-process syncpoint run earlier in the same process leaves ``LOCAL_RANK`` set; an HF attempt that
+    inherits it is taken by accelerate for one rank of a multi-process job and fails waiting for
+    ``MASTER_ADDR`` (seen in CI). The attempt's environment drops every such variable and keeps the rest."""
+    for name, value in (("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1234"), ("P9_KEEP", "x")):
+        monkeypatch.setenv(name, value)
+    env = p9._attempt_env(P9_ATTEMPT="1")
+    assert not {"LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(env)
+    assert env["P9_KEEP"] == "x" and env["P9_ATTEMPT"] == "1"

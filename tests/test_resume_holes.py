@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 
@@ -73,6 +74,20 @@ def test_max_steps_run_resubmitted_trains_nothing(tmp_path):
     assert (again.optimizer_step, again.final_state, again.history) == (5, first.final_state, [])
     assert (committed_steps(spec), digest(spec, again.final_state), len(_events(spec, "progress"))) == before
     assert _events(spec, "finished")[-1]["optimizer_step"] == 5
+
+
+@pytest.mark.parametrize("before", [None, "3"])
+def test_an_in_process_run_leaves_local_rank_as_it_found_it(tmp_path, monkeypatch, before):
+    """DeepSpeed needs ``LOCAL_RANK`` while the engine is built; left set after the run, it made an
+    accelerate/HF Trainer started later in the same process wait for ``MASTER_ADDR`` (the CI failure of
+    stop 24). The caller's value, or its absence, comes back."""
+    if before is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", before)
+    spec = linear_spec(tmp_path, "task.config.num_samples=8", "train.grad_accum=2", "train.epochs=1")
+    assert run(spec).optimizer_step == 4  # 8 samples, micro-batch 1, accumulation 2
+    assert os.environ.get("LOCAL_RANK") == before
 
 
 def test_crash_right_after_the_final_commit_restarts_finished(tmp_path):

@@ -6,12 +6,14 @@ they stay fast and Ray-free; Ray Train is just another launcher around the same 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import socket
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,6 @@ def ensure_single_process_group(backend_name: str = "gloo") -> None:
         if dist.get_backend() == backend_name:
             return
         dist.destroy_process_group()
-    os.environ.setdefault("LOCAL_RANK", "0")
     dist.init_process_group(backend_name, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 
 
@@ -52,9 +53,29 @@ def run_in_process(spec: JobSpec, **ctx_kwargs: Any) -> WorkerResult:
     ensure_single_process_group(backend(spec))
     ctx_kwargs.setdefault("submission_id", uuid.uuid4().hex)
     try:
-        return run_worker(spec, WorkerContext(**ctx_kwargs))
+        with _local_rank_zero():
+            return run_worker(spec, WorkerContext(**ctx_kwargs))
     finally:  # this process is also the driver: the submission is over, free the run directory
         release_lease(RunStorage(spec.run_url), ctx_kwargs["submission_id"])
+
+
+@contextlib.contextmanager
+def _local_rank_zero() -> Iterator[None]:
+    """``LOCAL_RANK=0`` for the length of one in-process run, then what was there before.
+
+    DeepSpeed's engine reads ``LOCAL_RANK`` when it is built, so the run needs it; left behind, it
+    makes anything the caller starts later in this process (accelerate's ``PartialState``, an HF
+    Trainer) take the process for one rank of a multi-process job and wait for ``MASTER_ADDR``.
+    """
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = before
 
 
 # What a forkserver imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
