@@ -12,29 +12,63 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from ray.train.v2._internal.constants import DEFAULT_WORKER_GROUP_START_TIMEOUT_S, WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
+from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 from ray.train.v2._internal.execution.failure_handling import default as _default
 from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
 from ray.train.v2.api import data_parallel_trainer as _dpt
 from ray.train.v2.api.config import FailureConfig
-from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
+from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, WorkerGroupError
 
 from orchestrator.ray_runner import failure_report
-from policies.failures import PREEMPTION, REFUSAL, FailureFacts, FailureVerdict, classify_failure
+from policies.failures import (
+    PLACEMENT,
+    PREEMPTION,
+    REFUSAL,
+    FailureFacts,
+    FailureVerdict,
+    classify_failure,
+    placement_exhausted,
+    placement_waited_s,
+)
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
-    def __init__(self, failure_config: FailureConfig, run_url: str, heartbeat: Any | None = None) -> None:
+    def __init__(self, failure_config: FailureConfig, run_url: str, heartbeat: Any | None = None,
+                 placement_timeout_s: float = float("inf")) -> None:
         super().__init__(failure_config)
-        self.run_url, self.heartbeat = run_url, heartbeat
+        self.run_url, self.heartbeat, self.placement_timeout_s = run_url, heartbeat, placement_timeout_s
+        self._placement_since: float | None = None  # the first of the current run of placement timeouts
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
+        if is_placement_timeout(training_failed_error):
+            return self.decide_placement(time.monotonic(), training_failed_error)
+        self._placement_since = None  # a worker group started: the wait for room is over
         record_interruption(self.run_url, self.heartbeat, time.time())  # before the next attempt can start
         return self.decide(gather_facts(training_failed_error, self.run_url), training_failed_error)
+
+    def decide_placement(self, now: float, training_failed_error: TrainingFailedError) -> FailureDecision:
+        """A worker-group start timed out waiting for room: retry (Ray's controller budget) until the
+        run has waited ``failure.placement_timeout_s`` in a row, then fail instead of waiting forever."""
+        if self._placement_since is None:
+            self._placement_since = now
+        waited = placement_waited_s(self._placement_since, now, start_timeout_s())
+        if placement_exhausted(waited, self.placement_timeout_s):
+            decision = FailureDecision.RAISE
+            reason = (f"no room for the workers after {waited:.0f} s "
+                      f"(failure.placement_timeout_s {self.placement_timeout_s:g})")
+        else:
+            decision = super().make_decision(training_failed_error)
+            reason = f"waiting for room for the workers: {waited:.0f} s of {self.placement_timeout_s:g}"
+        facts = FailureFacts(ray_says_preempted=False, dead_attempt_nodes=(), notice_logged=False,
+                             messages=(failure_report(training_failed_error)[0],))
+        _record(self.run_url, FailureVerdict(PLACEMENT, reason), facts, decision, training_failed_error)
+        return decision
 
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
         """The decision from gathered facts (apart from gathering, which asks the running cluster)."""
@@ -55,6 +89,16 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             decision = super().make_decision(training_failed_error)
         _record(self.run_url, verdict, facts, decision, training_failed_error)
         return decision
+
+
+def is_placement_timeout(error: BaseException) -> bool:
+    """Ray Train's controller gave up one worker-group start for lack of room (and would retry forever)."""
+    return isinstance(error, ControllerError) and isinstance(error.controller_failure, WorkerGroupStartupTimeoutError)
+
+
+def start_timeout_s() -> float:
+    """Ray Train's per-try worker-group start timeout, as the controller (this process) reads it."""
+    return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
 def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float) -> None:
@@ -109,14 +153,32 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
     if system_death and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
         # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
         # health check gives up, so wait (bounded) before calling it an application failure.
-        deadline = time.monotonic() + float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
-        while time.monotonic() < deadline and not (set(attempt_nodes) & dead):
-            time.sleep(0.5)
-            dead = _dead_nodes()
+        dead, note = await_node_death(attempt_nodes, node_death_wait_s(), _dead_nodes)
+        messages = (*messages, note) if note else messages
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(set(attempt_nodes) & dead)),
         notice_logged=notice, messages=messages, refusal=_refusal(failures))
+
+
+def node_death_wait_s() -> float:
+    return float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
+
+
+def await_node_death(attempt_nodes: list[str], bound_s: float, dead_nodes: Callable[[], set[str]],
+                     poll_s: float = 0.5) -> tuple[set[str], str | None]:
+    """Poll Ray's node table until a node of the attempt is dead or ``bound_s`` has passed; returns the
+    dead nodes and, when the bound was hit, the note saying so (kept with the failure's messages: the
+    failure is then counted as a crash, and the log says why)."""
+    deadline = time.monotonic() + bound_s
+    dead = dead_nodes()
+    while not (set(attempt_nodes) & dead):
+        if time.monotonic() >= deadline:
+            return dead, (f"a worker vanished but no node of the attempt was declared dead within "
+                          f"SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash")
+        time.sleep(poll_s)
+        dead = dead_nodes()
+    return dead, None
 
 
 def _refusal(failures: dict) -> str | None:
@@ -165,13 +227,13 @@ def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision
 
 
 @contextlib.contextmanager
-def installed(run_url: str, heartbeat: Any | None = None) -> Iterator[None]:
+def installed(run_url: str, heartbeat: Any | None = None, placement_timeout_s: float = float("inf")) -> Iterator[None]:
     """Make ``DataParallelTrainer`` build ``SyncpointFailurePolicy`` while a trainer runs ``fit()``."""
     original = _dpt.create_failure_policy
     # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
     # at run time it is V2's (the one the policy takes)
     _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
-        failure_config, run_url, heartbeat)  # type: ignore[arg-type]
+        failure_config, run_url, heartbeat, placement_timeout_s)  # type: ignore[arg-type]
     try:
         yield
     finally:

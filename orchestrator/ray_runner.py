@@ -243,10 +243,11 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
 
         failure: tuple[str, str] | None = None
         try:
-            with installed(spec.run_url, board), _progress_bar(spec, progress_bar, since=submitted.time):
+            policy = installed(spec.run_url, board, spec.failure.placement_timeout_s)
+            with policy, _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
-            failure = failure_report(e)
+            failure = _placement_report(spec, e) or failure_report(e)
     finally:
         from workers.lease import release_lease
 
@@ -347,6 +348,20 @@ def failure_report(error: BaseException) -> tuple[str, str]:
     failures = getattr(error, "worker_failures", None) or {}
     causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
     return failure_reason(next((c for c in causes if is_ours(c)), causes[0]))
+
+
+def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | None:
+    """The run gave up waiting for room (``failure.placement_timeout_s``): say that, with the fix,
+    instead of Ray's per-try timeout text (which only suggests raising that timeout)."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    from policies.failures import placement_gave_up
+
+    if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):
+        return None
+    s = spec.scaling
+    return placement_gave_up(s.max_workers if not s.elastic else s.min_workers, s.cpus_per_worker, s.use_gpu,
+                             spec.failure.placement_timeout_s), str(own_exception(error))
 
 
 def own_exception(error: BaseException) -> BaseException:

@@ -360,7 +360,7 @@ class Controller:
         """Between polls: due replacements join; False (with a message) once the storm's bound is hit."""
         self._add_due()
         if time.monotonic() > self.deadline:
-            self.problems.append(f"the storm's bound ({self.budget_s:.0f} s) was hit while waiting for the "
+            self.problems.append(f"the storm's bound ({self.budget_s:g} s) was hit while waiting for the "
                                  "interrupted run; stopping")
             return False
         return True

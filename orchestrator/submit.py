@@ -231,7 +231,7 @@ def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, 
                 client.stop_job(probe_id)
             raise SpecError(where, [
                 f"the preflight job {probe_id} (which checks that the cluster's Python can import syncpoint) did not "
-                f"finish within {timeout_s:.0f} s (status {status}), so nothing was submitted. Look at "
+                f"finish within {timeout_s:g} s (status {status}), so nothing was submitted. Look at "
                 f"`ray job logs {probe_id} --address {where}`: the cluster may have no room to start a job, or its "
                 "runtime env (the working-dir upload) may be stuck; set SYNCPOINT_PREFLIGHT_TIMEOUT_S to wait longer"],
                 "the cluster cannot run syncpoint")

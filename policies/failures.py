@@ -15,6 +15,7 @@ from dataclasses import dataclass
 PREEMPTION = "preemption"
 APPLICATION = "application"
 REFUSAL = "refusal"  # syncpoint refused the job's configuration or state: the same on every retry
+PLACEMENT = "placement"  # the workers found no room on the cluster (a worker-group start timed out)
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,25 @@ def failure_reason(error: BaseException) -> tuple[str, str]:
     if not is_ours(error):
         head = f"{exc_type}: {head}" if head != exc_type else head
     return head, details
+
+
+def placement_waited_s(first_timeout_at: float, now: float, start_timeout_s: float) -> float:
+    """How long the run has been waiting for room, in a row: Ray Train reports the first failed
+    placement only after one start timeout, so the wait began that much before it."""
+    return max(0.0, now - first_timeout_at) + start_timeout_s
+
+
+def placement_exhausted(waited_s: float, timeout_s: float) -> bool:
+    """Whether the run stops waiting for room (``failure.placement_timeout_s``). Why a bound: Ray
+    Train retries a worker-group start that timed out without limit, so a fixed-size job whose lost
+    node never comes back would wait forever, silently."""
+    return waited_s >= timeout_s
+
+
+def placement_gave_up(workers: int, cpus_per_worker: float, gpus: bool, timeout_s: float) -> str:
+    """The last line of a run that found no room for its workers within its bound."""
+    each = f"{cpus_per_worker:g} CPU" + (" and 1 GPU" if gpus else "")
+    return (f"gave up after waiting failure.placement_timeout_s ({timeout_s:g} s) for room for {workers} "
+            f"workers of {each} each: the cluster never had it (a lost node not replaced, or a cluster "
+            "smaller than scaling.num_workers needs). Add nodes, lower scaling.num_workers (or make it "
+            "elastic with {min, max}), or raise failure.placement_timeout_s.")

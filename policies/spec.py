@@ -464,6 +464,10 @@ class FailureSpec(_Strict):
 
     max_failures: StrictInt = Field(0, ge=-1, le=MAX_COUNT, description="Application-error restarts (-1: unlimited).")
     max_preemptions: StrictInt = Field(-1, ge=-1, le=MAX_COUNT, description="Preemption restarts (-1: unlimited).")
+    placement_timeout_s: float = Field(900.0, gt=0, le=MAX_LEASE_TTL_S, description=(
+        "How long the run waits in a row for room to place its workers (at start or after a lost node) "
+        "before it fails with a message; Ray Train alone would wait forever. Checked each time Ray "
+        "Train's worker-group start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default)."))
 
 
 class CrashFault(_Strict):

@@ -152,3 +152,65 @@ def test_the_last_line_survives_a_deleted_working_directory(tmp_path, monkeypatc
     gone.rmdir()
     storage = RunStorage(f"file://{tmp_path}/run")
     assert _shown(storage, "plot.png") == f"{tmp_path}/run/plot.png"
+
+
+def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
+    """Ray Train retries a worker-group start that found no room without limit (a fixed-size job whose
+    lost node never comes back would wait forever). The policy retries until the run has waited
+    ``failure.placement_timeout_s`` in a row, counting the first try's own timeout, then raises; a
+    worker group that starts in between ends the wait; each decision is journaled as ``placement``."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.config import FailureConfig
+    from ray.train.v2.api.exceptions import ControllerError
+
+    from orchestrator.failure_policy import SyncpointFailurePolicy, is_placement_timeout
+    from policies.failures import PLACEMENT, placement_gave_up
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
+    no_room = ControllerError(WorkerGroupStartupTimeoutError(num_workers=3))
+    assert is_placement_timeout(no_room) and not is_placement_timeout(_worker_failures(rank0=ValueError("x")))
+    url = "memory://placement-test"
+    policy = SyncpointFailurePolicy(FailureConfig(), url, placement_timeout_s=150)
+    assert [policy.decide_placement(t, no_room) for t in (1000.0, 1060.0, 1090.0)] == [
+        FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]  # waited 60, 120, 150 s
+    failures = [e for e in EventLog(RunStorage(url)).read_all() if e["kind"] == "failure"]
+    assert [(f["classified"], f["decision"]) for f in failures] == [(PLACEMENT, "RETRY")] * 2 + [(PLACEMENT, "RAISE")]
+    assert "150" in failures[-1]["reason"]
+    policy = SyncpointFailurePolicy(FailureConfig(), "memory://placement-test-2", placement_timeout_s=150)
+    assert policy.decide_placement(1000.0, no_room) == FailureDecision.RETRY
+    policy._placement_since = None  # what make_decision does when a started group fails: the wait is over
+    assert policy.decide_placement(1100.0, no_room) == FailureDecision.RETRY  # waited 60 s, not 160
+    line = placement_gave_up(3, 1, False, 150)
+    assert "failure.placement_timeout_s (150 s)" in line and "scaling.num_workers" in line and "\n" not in line
+
+
+def test_the_wait_for_a_node_to_be_declared_dead_is_bounded_and_says_so():
+    """A worker that vanished without an exception: the controller polls Ray's node table for its node's
+    death, at most ``SYNCPOINT_NODE_DEATH_WAIT_S``; hitting the bound leaves a note with the failure."""
+    from orchestrator.failure_policy import await_node_death
+
+    calls = iter([set(), set(), {"n2"}])
+    dead, note = await_node_death(["n1", "n2"], 5.0, lambda: next(calls), poll_s=0.01)
+    assert dead == {"n2"} and note is None
+    dead, note = await_node_death(["n1"], 0.05, lambda: {"other"}, poll_s=0.01)
+    assert dead == {"other"}
+    assert note is not None and "SYNCPOINT_NODE_DEATH_WAIT_S (0.05 s)" in note and "counted as a crash" in note
+
+
+def test_a_held_rank_gives_up_after_its_bound_with_a_message():
+    """``mode: hold`` (the drill's node-loss rehearsal) waits for the drill to take the node away, at
+    most ``SYNCPOINT_FAULT_HOLD_S``, then exits as a crash and says why."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    r = subprocess.run([sys.executable, "-c", "from workers.faults import _hold; _hold(1, 'micro-step 7')"],
+                       cwd=ROOT, env={**os.environ, "SYNCPOINT_FAULT_HOLD_S": "0.3"}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 18
+    assert "rank 1: held at micro-step 7 for 0.3 s (SYNCPOINT_FAULT_HOLD_S)" in r.stderr

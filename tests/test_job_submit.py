@@ -68,3 +68,15 @@ def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, he
     assert "on the cluster, task.path: 'examples.no_such_task:build' cannot be imported: no module named " \
            "'examples.no_such_task'" in r.stderr
     assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()
+
+
+def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
+    """The preflight job is waited for at most ``SYNCPOINT_PREFLIGHT_TIMEOUT_S``: past it, submit stops
+    the probe, refuses in one paragraph naming the variable (exit 2) and submits nothing."""
+    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head,
+            "--set", f"storage={tmp_path}"]
+    env = {**{k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}, "SYNCPOINT_PREFLIGHT_TIMEOUT_S": "0.2"}
+    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "did not finish within 0.2 s" in r.stderr and "SYNCPOINT_PREFLIGHT_TIMEOUT_S" in r.stderr
+    assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()

@@ -222,3 +222,19 @@ def test_a_refusal_on_the_workers_fails_the_run_at_once(tmp_path, cluster):
     assert "train.eval_every" in out.strip().splitlines()[-1]
     failures = _events(spec, "failure")
     assert [(f["classified"], f["decision"]) for f in failures] == [("refusal", "RAISE")]
+
+
+def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, cluster):
+    """Three workers on a cluster with room for two: Ray Train alone retries the worker-group start
+    forever. The run gives up after ``failure.placement_timeout_s`` (each try here times out after 3 s)
+    and its last line says why and what to change; the cluster is left as it was (two free nodes)."""
+    spec = lm_spec(tmp_path, *COMMON, "failure.placement_timeout_s=8", workers=3)
+    proc = _start(spec, cluster[0].address, env_extra={"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "3"})
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert "failure.placement_timeout_s (8 s)" in last and "3 workers" in last, last
+    failures = _events(spec, "failure")
+    assert failures and {f["classified"] for f in failures} == {"placement"}, failures
+    assert failures[-1]["decision"] == "RAISE" and all(f["decision"] == "RETRY" for f in failures[:-1])
+    assert not _events(spec, "attempt_started")  # no worker ever started, nothing was written but the log

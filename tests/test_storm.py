@@ -192,6 +192,25 @@ def test_during_manifest_at_a_micro_step_tears_the_manifest_of_that_save():
 # ------------------------------------------------------------------ a real storm
 
 
+def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
+    """Every wait of the storm's controller (for a fault to fire, for the next attempt) polls against
+    the storm's bound: past it the wait ends, and the problem says what it was waiting for."""
+    import threading
+
+    from orchestrator.storm import Controller
+
+    controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=0.2)  # type: ignore[arg-type]
+    release = threading.Event()
+    run = threading.Thread(target=release.wait, args=(60,), daemon=True)
+    run.start()
+    try:
+        assert controller._wait("interruption 3's crash at micro-step 40", run, lambda journal: None) is None
+    finally:
+        release.set()
+    assert controller.problems == ["the storm's bound (0.2 s) was hit while waiting for the interrupted run; "
+                                   "stopping (waiting for interruption 3's crash at micro-step 40)"]
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.long

@@ -109,6 +109,6 @@ def _hold(rank: int, where: str) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         time.sleep(0.1)
-    print(f"[syncpoint] rank {rank}: held at {where} for {limit:.0f} s (SYNCPOINT_FAULT_HOLD_S) and its node was not "
+    print(f"[syncpoint] rank {rank}: held at {where} for {limit:g} s (SYNCPOINT_FAULT_HOLD_S) and its node was not "
           "taken away; exiting as a crash", file=sys.stderr, flush=True)
     os._exit(18)
