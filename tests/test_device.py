@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import pytest
 import torch
 
 from tests.helpers import linear_spec
@@ -29,3 +30,27 @@ def test_cpu_batches_are_not_copied(tmp_path):
 def test_backend_follows_use_gpu(tmp_path):
     assert backend(linear_spec(tmp_path)) == "gloo"
     assert backend(linear_spec(tmp_path, "scaling.use_gpu=true")) == "nccl"
+
+
+def test_deepspeed_ops_are_built_with_this_environments_ninja(tmp_path):
+    """Whichever way a process was started (a Ray worker from the venv's ``ray``, or ``.venv/bin/python``
+    with the system's ``ninja`` first on PATH), the ops are built by the environment's own ``ninja``:
+    two ninja versions alternating on one build directory discard each other's log and rebuild every
+    op from scratch (minutes each, seen in this suite). Once, and only once, first on PATH."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(sys.executable)
+    if not os.path.isfile(os.path.join(here, "ninja")):
+        pytest.skip("no pip ninja next to this Python")
+    decoy = tmp_path / "ninja"
+    decoy.write_text("#!/bin/sh\necho 1.0.0-decoy\n")
+    decoy.chmod(0o755)
+    path = os.pathsep.join([str(tmp_path), *(p for p in os.environ["PATH"].split(os.pathsep) if p != here)])
+    code = ("import os, shutil; from workers.device import use_environment_ninja as u; u(); u(); "
+            "print(shutil.which('ninja')); print(os.environ['PATH'])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": path}, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.splitlines()
+    assert out[0] == os.path.join(here, "ninja")
+    assert out[1].split(os.pathsep)[:2] == [here, str(tmp_path)]  # prepended once, the rest kept in order

@@ -9,6 +9,7 @@ already deterministic at a fixed intra-op thread count, which the loop pins.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -21,6 +22,26 @@ def backend(spec: JobSpec) -> str:
     return "nccl" if spec.scaling.use_gpu else "gloo"
 
 
+def use_environment_ninja() -> None:
+    """Put this Python environment's own ``ninja`` first on ``PATH`` before DeepSpeed JIT-builds an op.
+
+    Why: torch builds DeepSpeed's ops (``cpu_adam``, the shared-memory comm op every CPU process
+    group loads) with whichever ``ninja`` comes first on ``PATH``, keeping ninja's build log in the
+    shared ``~/.cache/torch_extensions``. A Ray worker started from the environment's ``ray`` finds
+    the pip ``ninja`` DeepSpeed depends on (1.13 here, build log v7); a process started as
+    ``.venv/bin/python`` without activating finds the system's (1.11). Each discards the other's log
+    and rebuilds the op from scratch: measured on this 2-core machine, the shm comm op was rebuilt
+    four times in 20 minutes, 110-280 s each, while every rank starting DeepSpeed waited on the
+    build lock. One ``ninja`` per environment makes the first build the only one.
+    """
+    here = os.path.dirname(sys.executable)
+    if not os.path.isfile(os.path.join(here, "ninja")):
+        return  # no pip ninja next to this Python: whatever PATH has is all there is
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = here + (os.pathsep + path if path else "")
+
+
 def prepare_process(spec: JobSpec) -> torch.device:
     """Select this rank's device and, on GPU, deterministic kernels; returns the device.
 
@@ -28,6 +49,7 @@ def prepare_process(spec: JobSpec) -> torch.device:
     DeepSpeed itself assume), so all three pick the same device."""
     # DeepSpeed picks its accelerator once, at import: make it follow the spec, not the host.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
+    use_environment_ninja()
     if not spec.scaling.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():

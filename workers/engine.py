@@ -11,6 +11,7 @@ import torch
 
 from policies.errors import JobConfigError
 from policies.spec import JobSpec
+from workers.device import use_environment_ninja
 from workers.param_groups import ATTRIBUTE, GroupSettings, builtin_groups, layout_of, settings_of, spec_key
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None =
     hyper-parameters are snapshotted right after, before any state is loaded
     (``workers.param_groups.GroupSettings``, kept on the engine as ``syncpoint_groups``)."""
     import deepspeed
+
+    use_environment_ninja()  # before the optimizer: DeepSpeedCPUAdam JIT-builds its op
 
     if task_optimizer is not None:
         optimizer = task_optimizer(model)
