@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The environment's own tools first (its `ninja` builds DeepSpeed's ops: see workers.device.use_environment_ninja).
+export PATH := $(abspath $(BIN)):$(PATH)
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 
