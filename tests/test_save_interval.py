@@ -227,3 +227,24 @@ def test_simulator_accounts_saves_losses_and_notices():
     kept = 21.0 + 0.5 * 0.5
     left = 100 - kept
     assert noticed.wall_s == pytest.approx(25 + 5 + left + (math.ceil(left / 10) - 1) + 1)
+
+
+def test_the_restart_profile_splits_r_into_phases_that_add_up():
+    """P8's R (interruption -> the next attempt's first step, less that step) is split into detection,
+    the new worker group, and engine/restore/first batch: the profile a not-met goodput goal prints."""
+    from bench.p8_goodput import restart_profile, restarts
+
+    def progress(attempt, *steps):
+        return {"kind": "progress", "attempt": attempt,
+                "records": [{"time": t, "optimizer_step": n} for n, t in steps]}
+
+    events = [{"kind": "attempt_started", "attempt": 1, "time": 1.0},
+              {"kind": "resume_decision", "attempt": 1, "time": 0.9}, progress(1, (1, 5.0), (2, 5.5)),
+              {"kind": "fault_fired", "attempt": 1, "time": 10.0},
+              {"kind": "failure", "time": 13.0},
+              {"kind": "resume_decision", "attempt": 2, "time": 30.0},
+              {"kind": "attempt_started", "attempt": 2, "time": 31.0}, progress(2, (3, 35.0))]
+    (r,) = restarts(events, 0.5)
+    assert r["kind"] == "crash" and r["restart_s"] == 24.5
+    assert r["phases"] == {"detection": 3.0, "new worker group": 17.0, "engine, restore, first batch": 4.5}
+    assert sum(restart_profile([r]).values()) == r["restart_s"]
