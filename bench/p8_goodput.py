@@ -245,21 +245,12 @@ def restart_profile(rs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def measured_goodput(events: list[dict[str, Any]], s: float) -> dict[str, float]:
-    """The run's goodput. TODO(lead, after merging h-goodput): use ``policies.goodput.goodput`` only; this
-    fallback counts each kept optimizer step as one median step of productive time, over the wall time
-    from the driver's submission to the finish."""
-    try:
-        from policies.goodput import goodput
-        from policies.journal import Journal
+    """The run's goodput as every run reports it (``policies.goodput``), for the simulator to match."""
+    from policies.goodput import goodput
+    from policies.journal import Journal
 
-        g = goodput(Journal.parse(events))
-        return {"total_s": g.total_s, "productive_s": g.productive_s, "ratio": g.ratio, "source": 1.0}
-    except ImportError:
-        pass
-    sub, fin = _first(events, "submitted"), [e for e in events if e["kind"] == "finished"][-1]
-    total = fin["time"] - sub["time"]
-    productive = fin["optimizer_step"] * s
-    return {"total_s": total, "productive_s": productive, "ratio": productive / total, "source": 0.0}
+    g = goodput(Journal.parse(events))
+    return {"total_s": g.total_s, "productive_s": g.productive_s, "ratio": g.ratio}
 
 
 @dataclass
@@ -386,9 +377,8 @@ def main() -> None:
         print(f"{'measured (event log)':<22} | {m.goodput['total_s']:>8.2f} | {m.goodput['productive_s']:>12.2f} | "
               f"{meas:>7.1%}")
         print(f"{'simulated':<22} | {sim.wall_s:>8.2f} | {sim.work_s:>12.2f} | {sim.goodput:>7.1%}")
-        src = "policies.goodput" if m.goodput["source"] else "the bench's own accounting (TODO: policies.goodput)"
         kinds = ", ".join(f"{'notice' if ld is not None else 'crash'} at {t:.1f} s" for t, ld in m.trace)
-        print(f"  interruptions: {kinds}; measured goodput from {src}")
+        print(f"  interruptions: {kinds}; measured goodput from policies.goodput")
         lines.append(goal("simulator vs measured run", f"{diff:.1f} points apart", "<= 3 points", diff <= 3.0))
 
     # ---- goodput vs interval
