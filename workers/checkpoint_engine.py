@@ -58,7 +58,7 @@ from typing import IO, Any, cast
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from policies.errors import JobConfigError
+from policies.errors import JobConfigError, StateRefused
 from policies.state_format import ENGINE_TAG
 from workers.checksum import ChecksummingWriter
 from workers.safe_load import load_state_file
@@ -81,6 +81,24 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         # within ``capturing``, each shard's rel path -> its copied structure, in save order
         self.arena = SnapshotArena()
         self.captured: dict[str, Any] | None = None
+        # a load of a state read in place: rel path -> the verified file's path (``serving``)
+        self.served: tuple[str, dict[str, str]] | None = None
+        # the last file served, handed out once more if DeepSpeed asks for it again at once: its
+        # ``SDLoaderBase.check_ckpt_list`` loads the model file only to read one key, then ``load``
+        # loads it again (0.19.8, state_dict_factory.py); the first read of a state file is its cost
+        self.repeat: tuple[tuple[str, Any], Any] | None = None
+
+    @contextlib.contextmanager
+    def serving(self, root: str, files: dict[str, str]) -> Iterator[None]:
+        """Within the block, DeepSpeed's reads under ``root`` get only these verified files (rel path
+        -> the path that opens the verified descriptor, ``workers.verified_files``); any other file
+        it asks for is refused (``StateRefused``): in place, the state directory may hold files
+        nobody verified (another rank's shard), and a name there may be swapped after verification."""
+        self.served, self.repeat = (root, files), None
+        try:
+            yield
+        finally:
+            self.served, self.repeat = None, None
 
     @contextlib.contextmanager
     def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, dict[str, Any]]]:
@@ -124,8 +142,22 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
 
     def load(self, path: str, map_location: Any = None) -> Any:
         """DeepSpeed's every read of a state file: weights-only, with syncpoint's allowlist, never
-        ``weights_only=False``; a file needing another class raises ``StateRefused`` naming it."""
-        return load_state_file(path, _name_in_state(path), map_location=map_location)
+        ``weights_only=False``; a file needing another class raises ``StateRefused`` naming it.
+        While ``serving``, only the verified files are read, each through its open descriptor."""
+        if self.served is None:
+            return load_state_file(path, _name_in_state(path), map_location=map_location)
+        root, files = self.served
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        if rel not in files:
+            raise StateRefused(f"{rel}: DeepSpeed asked for a file this rank did not verify against the manifest: "
+                               "refused")
+        key = (rel, _placement(map_location))
+        if self.repeat is not None and self.repeat[0] == key:  # DeepSpeed reads the model file twice in a row
+            loaded, self.repeat = self.repeat[1], None
+            return loaded
+        loaded = load_state_file(files[rel], rel, map_location=map_location)
+        self.repeat = (key, loaded)
+        return loaded
 
 
 def write_captured(captured: dict[str, Any], sink: Sink,
@@ -157,6 +189,15 @@ def _without_zip_crc32() -> Iterator[None]:
         yield
     finally:
         torch.serialization.set_crc32_options(before)
+
+
+def _placement(map_location: Any) -> Any:
+    """What decides where a load puts tensors, comparable between calls: DeepSpeed passes a fresh
+    ``lambda storage, loc: storage`` each time, so a function without closure is keyed by its code."""
+    if callable(map_location) and getattr(map_location, "__closure__", True) is None:
+        code = map_location.__code__
+        return ("code", code.co_code, code.co_consts, code.co_names)
+    return map_location if isinstance(map_location, (str, type(None))) else repr(map_location)
 
 
 def _name_in_state(path: str) -> str:

@@ -163,9 +163,12 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
     and when none is left the run fails (it never trains on a half-loaded engine)."""
     fetched, error = None, None
+    same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
     try:
         own = _own_shard(attempt, candidate, engine)
-        fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own)
+        # in place (local storage): the load below reads only through the checkpoint engine
+        fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own,
+                              in_place=same_world and not attempt.spec.resume.reset_optimizer)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
     refusal = _first_refusal(error)

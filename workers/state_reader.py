@@ -19,6 +19,14 @@ loads other ranks' shards only with ``elastic_checkpoint``): there the other ran
 neither downloaded nor checked here, each rank checks its own, and the caller's collective agreement
 on refusals (``workers.resume_negotiation``) still makes every rank refuse alike, before any load.
 On an object store that halves what a 2-rank restore downloads.
+
+On local storage, where the caller's load goes only through DeepSpeed's checkpoint engine
+(``in_place``: the same world size, optimizer loaded), nothing is copied: each file is opened in
+the state directory without following links, checksummed in one read, and loaded through that
+same descriptor (``workers.verified_files``, which says how each rule above is kept); the checkpoint
+engine then serves DeepSpeed only those verified files, and a file written meanwhile is refused
+after the load, before training uses it. The elastic and ZeRO-3 module-only paths read or add
+files by name in the directory, so they still get a private verified copy.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -52,6 +60,14 @@ from policies.state_paths import path_problem
 from workers.checksum import matches_entry
 from workers.safe_load import check_state_file
 from workers.storage import RunStorage
+from workers.verified_files import (
+    ChecksumMismatch,
+    VerifiedFile,
+    available,
+    open_state_dir,
+    open_verified,
+    read_verified,
+)
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -63,21 +79,32 @@ ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\
 PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
 
 
-class ChecksumMismatch(StateRefused):
-    """A file's bytes differ from its manifest entry (size or checksum)."""
-
-
 @dataclass
 class FetchedState:
     local_dir: str  # contains engine/ as DeepSpeed wrote it
     rng_bytes: bytes | None
+    # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
+    verified: dict[str, VerifiedFile] | None = field(default=None)
+
+    @property
+    def in_place(self) -> bool:
+        return self.verified is not None
+
+    def unchanged(self) -> None:
+        """In place: refuse (``StateRefused``) when a file was written after it was verified."""
+        for f in (self.verified or {}).values():
+            f.unchanged()
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.local_dir, ignore_errors=True)
+        if self.verified is None:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+            return
+        for f in self.verified.values():  # the state directory itself is storage: only our descriptors go
+            f.close()
 
 
 def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True,
-                own_shard: int | None = None) -> FetchedState:
+                own_shard: int | None = None, in_place: bool = False) -> FetchedState:
     """Download and verify this rank's view of a state.
 
     Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
@@ -86,9 +113,15 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     the storage or the local disk failed, not the state.
 
     ``own_shard``: this rank's data-parallel rank when DeepSpeed will read only its own ZeRO
-    optimizer shard (module docstring); the other ranks' shards are skipped."""
+    optimizer shard (module docstring); the other ranks' shards are skipped.
+
+    ``in_place``: the caller's load reads only through the checkpoint engine (module docstring);
+    on local storage the state is then verified where it lies instead of copied."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
+    state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
+    if state_dir is not None:
+        return _verify_in_place(state_dir, files, fetched, rng_file(rank) if want_rng else None)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel in fetched:
@@ -106,6 +139,32 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
+
+
+def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
+                     rng_rel: str | None) -> FetchedState:
+    """Open and verify each file in the state directory itself; weights-only check through the same
+    descriptors (``workers.verified_files``)."""
+    root = open_state_dir(state_dir)
+    verified: dict[str, VerifiedFile] = {}
+    try:
+        for rel in fetched:
+            verified[rel] = open_verified(root, rel, files[rel])
+        for rel in fetched:
+            if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
+                check_state_file(verified[rel].path, rel)
+        rng_bytes = read_verified(root, rng_rel, files[rng_rel]) if rng_rel in files else None
+        if TRAINER_FILE not in files:
+            raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {TRAINER_FILE}: "
+                               "refused (corrupt)")
+        read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
+        return FetchedState(state_dir, rng_bytes, verified)
+    except BaseException:
+        for f in verified.values():
+            f.close()
+        raise
+    finally:
+        os.close(root)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:
@@ -190,9 +249,18 @@ def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_o
     here too, so no caller can load through DeepSpeed's own ``weights_only=False``)."""
     from workers.checkpoint_engine import install
 
-    install(engine)
+    streaming = install(engine)
     full = local_path(fetched.local_dir, FULL_OPTIMIZER_FILE)
     cross = other_world_size and engine.zero_optimization_stage() in (1, 2, 3) and optimizer and not module_only
+    if fetched.verified is not None:
+        if cross or module_only:  # these read files by name (elastic_state, the ZeRO-3 consolidation)
+            raise ValueError("a state read in place loads only through the checkpoint engine: fetch a copy "
+                             "(in_place=False) for a module-only or other-world-size load")
+        with streaming.serving(fetched.local_dir, {rel: f.path for rel, f in fetched.verified.items()}):
+            engine.load_checkpoint(fetched.local_dir, tag=ENGINE_TAG, load_module_strict=True,
+                                   load_optimizer_states=optimizer, load_lr_scheduler_states=False)
+        fetched.unchanged()
+        return
     if cross:
         from workers.elastic_state import check_full_optimizer_state, prepare_resize
 

@@ -36,6 +36,11 @@ from workers.storage_fsspec import FsspecBackend, checksum_file
 from workers.storage_protocol import Versioned
 
 S3_MAX_PARTS = 10_000  # an S3 multipart upload has at most this many parts
+# A streamed file's first parts are at most this big, so its upload starts while torch.save is still
+# serializing it (a 50 MiB part would hold back a 50 MB model file until its close: no overlap at all);
+# after STREAM_SMALL_PARTS parts it goes on in the configured part size (S3 parts may differ in size).
+STREAM_PART = 8 << 20
+STREAM_SMALL_PARTS = 1000
 
 
 def is_s3(fs: Any) -> bool:
@@ -155,7 +160,8 @@ class ParallelPartWriter:
     each part synchronously inside ``write``; ``put_file``/``pipe_file`` need the whole object
     first). A synchronous save serializes with ``torch.save`` into this writer, so serialization
     overlaps the upload instead of alternating with it, and at most ``concurrency`` parts plus one
-    partial part are held in memory. A file smaller than one part is a single PUT on ``close``.
+    partial part are held in memory. The first parts are small (``STREAM_PART``) so the overlap
+    starts early in each file. A file smaller than one part is a single PUT on ``close``.
     Every request goes through s3fs's ``_call_s3`` (its session, retries and error mapping).
     """
 
@@ -176,19 +182,29 @@ class ParallelPartWriter:
         """Nothing to flush before ``close``: a part is sent as soon as it is full."""
 
     def write(self, data: Any) -> int:
+        """Copy into the current part (the one copy on this path) and send each part as it fills;
+        a full part's buffer is handed to the upload as it is and a new one started."""
         view = memoryview(data).cast("B")
-        self.buffer += view
-        while len(self.buffer) >= self.part_size:
-            part = bytes(self.buffer[:self.part_size])
-            del self.buffer[:self.part_size]  # deleting from the front of a bytearray does not move the rest
-            self._send(part)
-        return len(view)
+        written = len(view)
+        while view:
+            room = self._part_target() - len(self.buffer)
+            self.buffer += view[:room]
+            view = view[room:]
+            if len(self.buffer) >= self._part_target():
+                part, self.buffer = self.buffer, bytearray()
+                self._send(part)
+        return written
+
+    def _part_target(self) -> int:
+        """The size of the part being filled (``STREAM_PART`` for the first parts, then ``part_size``)."""
+        number = len(self.parts) + len(self.in_flight) + 1
+        return min(self.part_size, STREAM_PART) if number <= STREAM_SMALL_PARTS else self.part_size
 
     def _call(self, method: str, **kwargs: Any) -> Future:
         coro = self.fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
         return asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
 
-    def _send(self, part: bytes) -> None:
+    def _send(self, part: bytes | bytearray) -> None:
         if self.upload_id is None:
             self.upload_id = str(self._call("create_multipart_upload").result()["UploadId"])
         number = len(self.parts) + len(self.in_flight) + 1
@@ -210,10 +226,10 @@ class ParallelPartWriter:
         if self.closed:
             return
         if self.upload_id is None:
-            self._call("put_object", Body=bytes(self.buffer)).result()
+            self._call("put_object", Body=self.buffer).result()
         else:
             if self.buffer:
-                self._send(bytes(self.buffer))
+                self._send(self.buffer)
             while self.in_flight:
                 self._collect_oldest()
             self._call("complete_multipart_upload", UploadId=self.upload_id,

@@ -1,0 +1,162 @@
+"""A local state's files verified where they lie: opened without following links, checksummed in
+one read, and loaded from the very inode that was checksummed.
+
+Why: on local storage, copying a state into a temporary directory before loading it (what the
+reader does for object stores) reads every byte twice and writes it once more, which made a local
+restore several times slower than reading its files (README, P10). Reading in place must keep what
+the copy gave:
+
+* only the state's own files: each manifest name (already a normalized path inside the state,
+  ``policies.state_paths``) is opened component by component relative to the state directory with
+  ``O_NOFOLLOW``, so a symbolic link anywhere below the state, or the state directory itself being
+  one, is refused rather than followed out of it; a name that is not a regular file is refused;
+* a checksum before use: the file's size and checksum are verified on the open descriptor before
+  anything unpickles it, and every later read (the weights-only check, DeepSpeed's load through the
+  checkpoint engine) goes through that same descriptor (``/proc/self/fd/N``), so a file renamed or
+  swapped in behind it is never what is loaded;
+* the bytes loaded are the bytes checksummed: a descriptor does not stop someone with write access
+  from rewriting the file in place between the checksum and the load, so :meth:`VerifiedFile.
+  unchanged` compares the file's inode, size, modification and change times (the change time cannot
+  be set by a writer) before and after the load, and a file changed meanwhile is refused before any
+  tensor is used for training.
+
+Linux only (``/proc/self/fd``); elsewhere :func:`available` is false and the reader copies as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from policies.errors import StateRefused
+from policies.state_format import ManifestEntry
+from workers.checksum import new_hasher
+from workers.storage_protocol import CHUNK
+
+_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def available() -> bool:
+    """Whether this system can hand an open descriptor to a loader by path (``/proc/self/fd``)."""
+    return hasattr(os, "O_NOFOLLOW") and os.path.isdir("/proc/self/fd")
+
+
+class ChecksumMismatch(StateRefused):
+    """A file's bytes differ from its manifest entry (size or checksum)."""
+
+
+@dataclass
+class VerifiedFile:
+    """One file of a state, open and verified; loaders read it by :attr:`path`."""
+
+    rel: str
+    fd: int
+    signature: tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns when verified
+
+    @property
+    def path(self) -> str:
+        """A path that opens this descriptor's file (never the name in the state directory)."""
+        return f"/proc/self/fd/{self.fd}"
+
+    def unchanged(self) -> None:
+        """Refuse (``StateRefused``) when the file was written since it was verified."""
+        if _signature(os.fstat(self.fd)) != self.signature:
+            raise StateRefused(f"{self.rel} changed while it was being loaded (written after its checksum was "
+                               "verified): refused")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def open_state_dir(path: str) -> int:
+    """The state directory, opened without following a link (discovery already refuses a linked state)."""
+    try:
+        return os.open(path, _FLAGS | os.O_DIRECTORY)
+    except OSError as e:
+        raise _refusal(os.path.basename(path), e) from None
+
+
+def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
+    """Open ``rel`` below the state directory ``root_fd`` without following links, then verify its
+    size and checksum in one sequential read. Raises ``StateRefused`` (``ChecksumMismatch`` for
+    changed bytes); ``OSError`` is the disk, not the state."""
+    fd = _open_below(root_fd, rel)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateRefused(f"{rel} is not a regular file: refused (corrupt)")
+        if st.st_size != entry.size:
+            raise ChecksumMismatch(f"{rel} is {st.st_size} bytes, the manifest says {entry.size} "
+                                   "(changed after commit)")
+        size, digest = checksum_fd(fd, entry.algorithm)
+        if size != entry.size or digest != entry.digest:
+            raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest "
+                                   "(content changed after commit)")
+        return VerifiedFile(rel, fd, _signature(st))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_verified(root_fd: int, rel: str, entry: ManifestEntry) -> bytes:
+    """A small file read whole into memory, opened and checked as :func:`open_verified` does."""
+    fd = _open_below(root_fd, rel)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateRefused(f"{rel} is not a regular file: refused (corrupt)")
+        chunks = []
+        while chunk := os.read(fd, CHUNK):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    h = new_hasher(entry.algorithm)
+    h.update(data)
+    if len(data) != entry.size or h.hexdigest() != entry.digest:
+        raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest")
+    return data
+
+
+def checksum_fd(fd: int, algo: str) -> tuple[int, str]:
+    """(size, checksum) of an open file from its start, read in ``CHUNK`` pieces into one reused buffer."""
+    h, size, offset = new_hasher(algo), 0, 0
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while n := os.preadv(fd, [buf], offset):
+        h.update(view[:n])
+        size += n
+        offset += n
+    return size, h.hexdigest()
+
+
+def _open_below(root_fd: int, rel: str) -> int:
+    """Each directory of ``rel`` and then the file, relative to the one before, none through a link."""
+    parts = rel.split("/")
+    dir_fd, opened = root_fd, []
+    try:
+        for part in parts[:-1]:
+            dir_fd = os.open(part, _FLAGS | os.O_DIRECTORY, dir_fd=dir_fd)
+            opened.append(dir_fd)
+        return os.open(parts[-1], _FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        raise _refusal(rel, e) from None
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _refusal(rel: str, e: OSError) -> BaseException:
+    if e.errno == errno.ENOENT:
+        return StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)")
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return StateRefused(f"{rel} is (or lies below) a symbolic link, which a state never contains; links are not "
+                            "followed out of a state: refused (corrupt)")
+    return e
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
