@@ -22,7 +22,14 @@ from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
 from orchestrator.ray_runner import failure_report
-from policies.failures import PREEMPTION, REFUSAL, FailureFacts, FailureVerdict, classify_failure
+from policies.failures import (
+    PREEMPTION,
+    REFUSAL,
+    FailureFacts,
+    FailureVerdict,
+    classify_failure,
+    looks_like_lost_peer,
+)
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
@@ -105,8 +112,11 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
         pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
+    # A node that went silent (no RST, no exit) shows first as a survivor's collective timeout when
+    # scaling.collective_timeout_s is shorter than Ray's health check: the same wait applies.
+    lost_peer = any(looks_like_lost_peer(m) for m in messages)
     own_node = ray.get_runtime_context().get_node_id()
-    if system_death and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
+    if (system_death or lost_peer) and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
         # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
         # health check gives up, so wait (bounded) before calling it an application failure.
         deadline = time.monotonic() + float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
