@@ -31,6 +31,7 @@ from policies.failures import (
     FailureFacts,
     FailureVerdict,
     classify_failure,
+    looks_like_lost_peer,
     placement_exhausted,
     placement_waited_s,
 )
@@ -149,8 +150,11 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
         pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
+    # A node that went silent (no RST, no exit) shows first as a survivor's collective timeout when
+    # scaling.collective_timeout_s is shorter than Ray's health check: the same wait applies.
+    lost_peer = any(looks_like_lost_peer(m) for m in messages)
     own_node = ray.get_runtime_context().get_node_id()
-    if system_death and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
+    if (system_death or lost_peer) and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
         # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
         # health check gives up, so wait (bounded) before calling it an application failure.
         dead, note = await_node_death(attempt_nodes, node_death_wait_s(), _dead_nodes)

@@ -233,7 +233,9 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
             scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
                                          use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
-            torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
+            # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
+            # DeepSpeed's own groups too (workers.device.apply_collective_timeout)
+            torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s),
             run_config=RunConfig(
                 name=spec.name, storage_path=_ray_storage_path(spec),
                 failure_config=FailureConfig(max_failures=spec.failure.max_failures,

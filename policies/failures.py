@@ -10,6 +10,7 @@ attempt logged a preemption notice.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PREEMPTION = "preemption"
@@ -46,6 +47,20 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
         return FailureVerdict(REFUSAL, f.refusal)
     first = next((m for m in f.messages if m), "unknown error")
     return FailureVerdict(APPLICATION, first)
+
+
+# What a rank says when a peer went silent (its node vanished without closing a connection): gloo's
+# "Timed out waiting 30000ms for recv operation to complete", NCCL's watchdog "Watchdog caught collective
+# operation timeout", torch's store "Socket Timeout"/"wait timeout after"; and what it says when a peer's
+# process did close: gloo "Connection closed by peer", "Connection reset by peer".
+_LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
+                        r"|wait timeout after|Connection (closed|reset) by peer", re.IGNORECASE)
+
+
+def looks_like_lost_peer(message: str) -> bool:
+    """A rank's failure reads as a collective that lost its peer, not as a bug of its own: the controller
+    then waits (bounded) for Ray to declare a node dead before calling it an application error."""
+    return bool(_LOST_PEER.search(message))
 
 
 _OURS = ("workers.", "orchestrator.", "policies.")

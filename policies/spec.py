@@ -53,6 +53,7 @@ MAX_NO_DECAY_PATTERNS = 256  # train.optimizer.no_decay entries
 MAX_PATTERN_CHARS = 256  # one no_decay name pattern
 MAX_POWER = 100.0  # a polynomial schedule's exponent: beyond this the rate is 0 after the first step anyway
 MAX_FAULTS = 1000
+MAX_COLLECTIVE_TIMEOUT_S = 24 * 3600  # one collective's wait; a day is already a hang
 MAX_PREEMPTIONS_PER_HOUR = 3600.0  # one a second: beyond that no state could ever commit
 
 
@@ -105,6 +106,10 @@ class ScalingSpec(_Strict):
         "can place (elastic; train.grad_accum is then stated for max workers)."))
     cpus_per_worker: float = Field(1.0, gt=0, le=MAX_CPUS_PER_WORKER, description="CPUs reserved per worker.")
     use_gpu: bool = Field(False, description="One GPU per worker; NCCL instead of gloo.")
+    collective_timeout_s: StrictInt = Field(600, ge=1, le=MAX_COLLECTIVE_TIMEOUT_S, description=(
+        "Seconds any one collective (gloo or NCCL, DeepSpeed's own groups included) may wait for its peers "
+        "before it fails: the backstop for a peer that went silent where Ray's node health check cannot see it. "
+        "Every legitimate wait must fit (the slowest rank's save, load or op build at a barrier)."))
 
     @field_validator("num_workers")
     @classmethod

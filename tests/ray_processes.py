@@ -56,13 +56,17 @@ def _new_processes(before: set[int], marks: list[str]) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None) -> Iterator[Head]:
+def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None,
+               node_ip: str | None = None) -> Iterator[Head]:
     """A real Ray head on its own ports and temp dir, started with ``env`` (its PATH decides which
-    ``python`` runs job entrypoints); stopped by its own process ids and their children."""
+    ``python`` runs job entrypoints); stopped by its own process ids and their children.
+    ``node_ip``: the head advertises and serves its dashboard on that address (a test's own network,
+    tests/netns.py) instead of 127.0.0.1."""
     temp = tempfile.mkdtemp(prefix="sp-ray-")
     ports = [free_port() for _ in range(7)]
     before = set(psutil.pids())
-    head = Head(f"http://127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[0]}", temp)
+    host = node_ip or "127.0.0.1"
+    head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp)
     try:
         try:
             subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
@@ -70,6 +74,7 @@ def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None) -
                             f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
                             f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
                             "--disable-usage-stats", "--include-dashboard=true",
+                            *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
                             *([f"--system-config={system_config}"] if system_config else [])],
                            check=True, env=env, capture_output=True, timeout=180)
         finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
@@ -115,14 +120,18 @@ def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]
                        + [c for n in nodes for c in n.children()])
 
 
-def add_worker_node(head: Head, env: dict, timeout: float = 240) -> WorkerNode:
+def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None,
+                    node_ip: str | None = None) -> WorkerNode:
     """Start one `ray start --address=HEAD --num-cpus=1 --block` node (its own agent ports: several
-    nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id."""
+    nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id.
+    ``prefix``/``node_ip``: run it inside a network namespace (``ip netns exec NS``, which execs, so
+    the process is `ray start` itself) bound to the namespace's address (tests/netns.py)."""
     ports = [free_port() for _ in range(4)]
     proc = subprocess.Popen(
-        [f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
+        [*(prefix or []), f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
          f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
-         f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats"],
+         f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats",
+         *([f"--node-ip-address={node_ip}"] if node_ip else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

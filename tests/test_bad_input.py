@@ -246,6 +246,12 @@ SPEC_CASES = [
               r"scaling\.cpus_per_worker", r"greater than 0"),
     spec_case("use-gpu-not-a-boolean", _edit("", "scaling: {use_gpu: maybe}\n"),
               r"scaling\.use_gpu", r"valid boolean"),
+    spec_case("collective-timeout-zero", _edit("", "scaling: {collective_timeout_s: 0}\n"),
+              r"scaling\.collective_timeout_s", r"greater than or equal to 1"),
+    spec_case("collective-timeout-absurd", _edit("", "scaling: {collective_timeout_s: 1.0e+9}\n"),
+              r"scaling\.collective_timeout_s", r"valid integer"),
+    spec_case("collective-timeout-over-a-day", _edit("", "scaling: {collective_timeout_s: 86401}\n"),
+              r"scaling\.collective_timeout_s", r"less than or equal to 86400"),
     # --- faults
     spec_case("fault-rank-does-not-exist", _edit("", "faults: [{rank: 3, at_micro_step: 2}]\n"),
               r"faults: rank 3 does not exist", r"scaling\.num_workers=1"),

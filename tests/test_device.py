@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import linear_spec
-from workers.device import backend, to_device
+from workers.device import apply_collective_timeout, backend, collective_timeout, to_device
 
 Pair = namedtuple("Pair", "x y")
 
@@ -54,3 +54,19 @@ def test_deepspeed_ops_are_built_with_this_environments_ninja(tmp_path):
                          text=True, timeout=120, check=True).stdout.splitlines()
     assert out[0] == os.path.join(here, "ninja")
     assert out[1].split(os.pathsep)[:2] == [here, str(tmp_path)]  # prepended once, the rest kept in order
+
+
+def test_collective_timeout_reaches_the_groups_deepspeed_makes(tmp_path, monkeypatch):
+    """The world group gets scaling.collective_timeout_s from the launcher; DeepSpeed's clones and ZeRO's
+    groups come from ``new_group``, which reads torch's default at call time: the two globals set here."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import Backend
+
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):  # restored after the test
+        monkeypatch.setattr(c10d, name, getattr(c10d, name))
+    spec = linear_spec(tmp_path, "scaling.collective_timeout_s=7")
+    assert collective_timeout(spec).total_seconds() == 7
+    assert linear_spec(tmp_path).scaling.collective_timeout_s == 600  # the default: not torch's 1800
+    apply_collective_timeout(spec)
+    assert c10d._get_default_timeout(Backend.GLOO).total_seconds() == 7  # what new_group(timeout=None) uses
+    assert c10d.default_pg_nccl_timeout is not None and c10d.default_pg_nccl_timeout.total_seconds() == 7

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.ray_runner import failure_report
 from orchestrator.timeline import format_timeline, restarts
 from policies.errors import ResumeRefused
-from policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure
+from policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, looks_like_lost_peer
 from policies.journal import (
     AttemptStarted,
     Failure,
@@ -35,6 +35,18 @@ def test_classification():
     v = classify_failure(facts(dead_attempt_nodes=("abcdef0123456789",)))
     assert v.kind == PREEMPTION and "abcdef012345" in v.reason
     assert classify_failure(facts(notice_logged=True)).kind == PREEMPTION
+
+
+def test_a_collective_that_lost_its_peer_is_told_from_a_bug():
+    """The survivors of a silent node fail with these (gloo's, captured from torch 2.13 with a peer that
+    stopped answering; NCCL's watchdog): the controller then waits for Ray's verdict on the node."""
+    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+            "Timed out waiting 3000ms for recv operation to complete")
+    nccl = "DistBackendError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, ...)"
+    closed = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4"
+    assert looks_like_lost_peer(gloo) and looks_like_lost_peer(nccl) and looks_like_lost_peer(closed)
+    assert not looks_like_lost_peer("ValueError: bad batch at call 5")
+    assert not looks_like_lost_peer("TimeoutError: the dataset server timed out")  # the user's own timeout
 
 
 def _worker_failures(**by_rank: BaseException) -> BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -40,6 +41,28 @@ def use_environment_ninja() -> None:
     path = os.environ.get("PATH", "")
     if path.split(os.pathsep)[0] != here:
         os.environ["PATH"] = here + (os.pathsep + path if path else "")
+
+
+def collective_timeout(spec: JobSpec) -> timedelta:
+    """How long one collective may wait for its peers (``scaling.collective_timeout_s``).
+
+    Why not torch's 30 minutes: a peer whose node went silent (no RST, no exit) leaves the others
+    waiting inside a collective; Ray's node health check usually ends that within seconds, and this
+    bound is the backstop where it cannot (a link cut between two ranks that both still reach Ray)."""
+    return timedelta(seconds=spec.scaling.collective_timeout_s)
+
+
+def apply_collective_timeout(spec: JobSpec) -> None:
+    """Make every process group created from now on in this process wait at most
+    ``collective_timeout(spec)``: the launcher passes it for the world group, but DeepSpeed clones
+    the world group (``deepspeed.utils.groups._clone_world_group``) and ZeRO makes groups of its own,
+    all with torch's default, which ``new_group`` reads from these two module globals at call time.
+    ``tests/test_device.py`` checks both names, so a torch that moves them fails loudly."""
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = collective_timeout(spec)
+    c10d.default_pg_timeout = timeout
+    c10d.default_pg_nccl_timeout = timeout
 
 
 def prepare_process(spec: JobSpec) -> torch.device:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from policies.spec import JobSpec
-from workers.device import backend, prepare_process
+from workers.device import backend, collective_timeout, prepare_process
 from workers.lease import release_lease
 from workers.storage import RunStorage
 
@@ -114,7 +114,8 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
     try:
         spec = JobSpec.model_validate_json(spec_json)
         prepare_process(spec)  # NCCL binds a communicator to the current GPU
-        dist.init_process_group(backend(spec), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        dist.init_process_group(backend(spec), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=collective_timeout(spec))
         from workers.loop import WorkerContext, run_worker
 
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))

@@ -44,7 +44,7 @@ from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
 from workers.data import epoch_loader
-from workers.device import check_engine_device, prepare_process, to_device
+from workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
 from workers.engine import build_engine, model_fingerprint, set_lr
 from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog
@@ -115,6 +115,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     # with OMP_NUM_THREADS; this makes every launcher agree).
     torch.set_num_threads(max(1, int(spec.scaling.cpus_per_worker)))
     prepare_process(spec)  # this rank's GPU and deterministic kernels, before any CUDA work
+    apply_collective_timeout(spec)  # DeepSpeed's groups too, not torch's 30 minutes (a silent peer)
 
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
