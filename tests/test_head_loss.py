@@ -91,6 +91,13 @@ def _trained_past_a_commit(spec) -> bool:
     return len(commits) >= 2 and max(steps, default=0) > max(c["global_micro_step"] for c in commits)
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
     """Every process of the cluster (GCS, raylet, agents, the controller, the training workers) and the
     driver: frozen first, so none acts while the others die, then killed. Nothing says goodbye."""
@@ -112,6 +119,7 @@ def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
             pass
     _, alive = psutil.wait_procs(list(procs), timeout=60)
     driver.wait(timeout=60)
+    alive = [p for p in alive if _running(p)]  # a killed orphan nobody has reaped yet is a zombie: dead
     assert not alive, f"still running after SIGKILL: {alive}"
     left = []
     for p in psutil.process_iter(["cmdline", "status"]):
@@ -145,7 +153,9 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
         first = _driver(job, head, log1)
         _wait_for(lambda: _trained_past_a_commit(spec), first, log1, "two commits and progress past them")
         _lose_the_head(head, first)
-    old, last_beat = _read_lease(spec)
+    held = _read_lease(spec)
+    assert held is not None, "the first submission never took the lease"
+    old, last_beat = held
     assert not old["released"], "the killed driver released its lease: it said goodbye"
     gen = old["generation"]
     store = RunStorage(spec.run_url)
