@@ -217,6 +217,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
         "submitted", name=spec.name, address=redact_url(address or "embedded"))
+    await_predecessor(spec)
     # A connection this call makes, it closes before the last line: a connected driver keeps
     # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
     ours = not ray.is_initialized()
@@ -267,6 +268,20 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
         return 1
     print(finish_line(spec), flush=True)
     return 0
+
+
+def await_predecessor(spec: JobSpec) -> str:
+    """A re-submission of this job whose predecessor died without a word (a lost head pod takes the
+    driver, the Train controller and the lease holder at once) finds that submission's lease still
+    young. Rather than start workers that would be refused (a whole KubeRay retry spent), wait here,
+    bounded by the lease's remaining TTL, until it expires or its holder shows it is alive
+    (``workers.lease.await_expiry``); rank 0's acquisition then decides as always."""
+    from policies.candidates import job_identity
+    from workers.lease import await_expiry
+    from workers.storage import RunStorage
+
+    return await_expiry(RunStorage(spec.run_url), job_identity(spec),
+                        say=lambda m: print(redact_text(f"syncpoint: {m}", spec.storage), flush=True))
 
 
 def heartbeat_board() -> Any:

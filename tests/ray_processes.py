@@ -62,27 +62,48 @@ def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None,
     ``python`` runs job entrypoints); stopped by its own process ids and their children.
     ``node_ip``: the head advertises and serves its dashboard on that address (a test's own network,
     tests/netns.py) instead of 127.0.0.1."""
-    temp = tempfile.mkdtemp(prefix="sp-ray-")
-    ports = [free_port() for _ in range(7)]
-    before = set(psutil.pids())
-    host = node_ip or "127.0.0.1"
-    head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp)
+    head = _start_head(env, num_cpus, system_config, node_ip)
     try:
-        try:
-            subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
-                            f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
-                            f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
-                            f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
-                            "--disable-usage-stats", "--include-dashboard=true",
-                            *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
-                            *([f"--system-config={system_config}"] if system_config else [])],
-                           check=True, env=env, capture_output=True, timeout=180)
-        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
-            head.processes = _new_processes(before, [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)])
         wait_for_job_agent(head.address)
         yield head
     finally:
         stop_processes(head.processes)  # this head's processes and everything they started
+
+
+HEAD_START_TRIES = 2
+
+
+def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: str | None = None) -> Head:
+    """`ray start --head`, once more on fresh ports and a fresh temp dir if it fails: on a loaded
+    machine its raylet can give up waiting for its own dashboard agent ("Timed out waiting for
+    file .../ports_by_node.json"), a start-up race, not the test's subject. A second failure is
+    reported with `ray start`'s own output."""
+    for attempt in range(1, HEAD_START_TRIES + 1):
+        temp = tempfile.mkdtemp(prefix="sp-ray-")
+        ports = [free_port() for _ in range(7)]
+        before = set(psutil.pids())
+        host = node_ip or "127.0.0.1"
+        head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp)
+        try:
+            r = subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
+                                f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
+                                f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
+                                f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
+                                "--disable-usage-stats", "--include-dashboard=true",
+                                *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
+                                *([f"--system-config={system_config}"] if system_config else [])],
+                               env=env, capture_output=True, text=True, timeout=180)
+            failure = None if r.returncode == 0 else f"exit status {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
+        except subprocess.TimeoutExpired:
+            failure = "no answer within 180 s"
+        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
+            head.processes = _new_processes(before, [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)])
+        if failure is None:
+            return head
+        stop_processes(head.processes)
+        if attempt == HEAD_START_TRIES:
+            raise AssertionError(f"`ray start --head` failed {attempt} times; the last: {failure}")
+    raise AssertionError("unreachable")
 
 
 def wait_for_job_agent(address: str) -> None:

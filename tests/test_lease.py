@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
 from workers.launch import run_in_process, run_spawned
-from workers.lease import RunLease, read_lease, release_lease
+from workers.lease import RunLease, await_expiry, read_lease, release_lease
 from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
@@ -236,6 +237,58 @@ def test_malformed_lease_is_reported_and_taken_over_after_the_ttl(tmp_path, caps
         assert successor.generation >= 1 and successor.confirm() is None
     finally:
         successor.stop()
+
+
+# ---------------------------------------------------------------- a re-submission waits for a dead holder
+
+
+def test_a_resubmission_waits_for_a_dead_holders_lease_then_takes_it_over(tmp_path):
+    # a lost head: the holder died 0.5 s after its last heartbeat; its lease has 1.5 s left
+    url = str(tmp_path / "run")
+    _plant_lease(url, age_s=0.5, ttl_s=2.0, generation=3)
+    said: list[str] = []
+    started = time.monotonic()
+    assert await_expiry(RunStorage(url), JOB, say=said.append) == "expired"
+    waited = time.monotonic() - started
+    assert 1.0 <= waited <= 2.0 + 2.0 + 1.0  # the remaining TTL (by the file's mtime), at most that plus a margin
+    assert "held by submission other of this job" in said[0] and re.search(r"expires in [12]s", said[0])
+    assert "waiting for that" in said[0] and "expired after" in said[-1] and "taking over" in said[-1]
+    successor = _lease(url, "successor", ttl=2.0)
+    try:
+        assert successor.acquire() == "takeover" and successor.generation == 4
+        line = successor.takeover_line()
+        assert line and "from submission other (host h, pid 1), generation 3" in line
+        assert float(line.split("unrenewed for ")[1].split("s ")[0]) >= 2.0  # by the storage's clock
+    finally:
+        successor.stop()
+
+
+def test_the_wait_ends_at_the_live_holders_next_heartbeat_and_the_submission_is_refused(tmp_path):
+    url = str(tmp_path / "run")
+    owner = _lease(url, "owner", ttl=3.0)  # alive: renews every 1 s
+    owner.acquire()
+    try:
+        started = time.monotonic()
+        assert await_expiry(RunStorage(url), JOB, say=lambda _: None) == "alive"
+        assert time.monotonic() - started < 2.9  # its heartbeat, well before the TTL
+        with pytest.raises(LeaseRefused, match="in use by another running submission"):
+            _lease(url, "successor", ttl=3.0).acquire()
+    finally:
+        owner.stop()
+
+
+def test_nothing_to_wait_for_returns_at_once(tmp_path):
+    said: list[str] = []
+    assert await_expiry(RunStorage(str(tmp_path / "none")), JOB, say=said.append) == "free"
+    _plant_lease(str(tmp_path / "other"), job_identity="someone-else")
+    assert await_expiry(RunStorage(str(tmp_path / "other")), JOB, say=said.append) == "free"  # refused by rank 0
+    _plant_lease(str(tmp_path / "released"), released=True)
+    assert await_expiry(RunStorage(str(tmp_path / "released")), JOB, say=said.append) == "free"
+    _plant_lease(str(tmp_path / "old"), age_s=600)
+    assert await_expiry(RunStorage(str(tmp_path / "old")), JOB, say=said.append) == "expired"
+    RunStorage(str(tmp_path / "bad")).write_bytes(b"null", "lease.json")
+    assert await_expiry(RunStorage(str(tmp_path / "bad")), JOB, say=said.append) == "free"  # rank 0 warns, judges
+    assert said == []
 
 
 # ---------------------------------------------------------------- a lost lease in a real run

@@ -32,6 +32,13 @@ A restart inside the same submission (Ray Train's worker-group restart) takes th
 once with a new generation; a successor of the same job takes over once the lease has expired (the
 owner died: a KubeRay retry, a re-submitted job); another job is always refused. A finished
 submission marks the lease released (a tombstone, so the generation keeps counting up).
+
+A re-submission right after its predecessor died (a lost head pod: driver, controller and lease
+holder gone at once, then a KubeRay retry or a user re-submitting) would find the dead holder's
+lease still young and be refused, costing a whole retry. So the driver first waits, bounded, in
+``await_expiry``: it watches the lease until the storage says it expired (then rank 0 takes it
+over) or until its holder renews it (alive after all: rank 0 refuses, as before). The rule that
+decides stays in ``RunLease``; the wait only picks the moment to ask.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -142,6 +150,7 @@ class RunLease:
         self.token = uuid.uuid4().hex  # this holder, distinct from an earlier attempt of the same submission
         self.generation = 0
         self.lost: LeaseLostError | None = None
+        self.predecessor: HeldLease | None = None  # the expired lease this holder took over, as it read it
         self._version: str | None = None
         self._beats = 0
         self._renewed = 0.0  # monotonic time of the last write proven ours
@@ -174,6 +183,7 @@ class RunLease:
                                             expect=held.version if held else None)
             if version is not None:
                 self.generation, self._version, self._renewed = generation, version, time.monotonic()
+                self.predecessor = held if how == "takeover" else None
                 return how
             lost_race = True  # someone changed it between our read and our write: judge it again
         raise LeaseRefused(f"{self.storage.url}: the lease kept changing while this submission tried to take "
@@ -236,6 +246,21 @@ class RunLease:
             if now is None or now.version != held.version:
                 return False
         return True
+
+    def takeover_line(self) -> str | None:
+        """After a take-over: one line naming the dead holder and how long its lease had gone
+        unrenewed by the storage's clock (so a log shows the hand-over was not early)."""
+        held = self.predecessor
+        if held is None:
+            return None
+        rec = held.record or {}
+        who = (f"submission {rec['submission']} (host {rec.get('host')}, pid {rec.get('pid')})" if held.problem is None
+               else f"a malformed lease ({held.problem})")
+        ttl = float(rec["ttl_s"]) if held.problem is None else self.ttl
+        age = (f"unrenewed for {held.age_s:.1f}s by the storage's clock" if held.age_s is not None
+               else "unchanged for a whole TTL while watched")
+        return (f"took over the run directory's lease from {who}, generation {held.generation}: {age}, past its "
+                f"{ttl:g}s TTL; this submission writes as generation {self.generation}")
 
     def _record(self, generation: int, released: bool = False) -> dict[str, Any]:
         return {"format": LEASE_FORMAT, **self.identity, "generation": generation, "holder": self.token,
@@ -370,3 +395,67 @@ def release_lease(storage: RunStorage, submission: str) -> None:
     except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
         _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
               "it expires after its TTL")
+
+
+# ---------------------------------------------------------------- a re-submission waits for a dead holder
+
+
+def await_expiry(storage: RunStorage, job_identity: str, *, say: Callable[[str], None] | None = None,
+                 poll_s: float | None = None) -> str:
+    """On the driver, before any worker starts: if another submission of this job holds a live-looking
+    lease, watch it until it expires or its holder shows it is alive, and say so while waiting.
+
+    Returns ``"free"`` (no lease, a released or malformed one, another job's: the worker judges at
+    once), ``"expired"`` (expired now: rank 0 will take it over), ``"alive"`` (its holder renewed
+    it, or another submission took it: rank 0 will refuse, naming it) or ``"undecided"`` (still
+    unexpired after its remaining TTL and a margin, e.g. a store that dates files oddly: rank 0
+    judges). Bounded: at most the lease's remaining TTL plus ``max(2 s, ttl/10)``; a live holder
+    renews every ttl/3, so a live one ends the wait sooner. Never raises: a storage error ends the
+    wait and rank 0 judges (and names the error) as before.
+    """
+    say = say or _say
+    try:
+        held = read_lease(storage)
+        if held is None or held.problem is not None or held.released or held.record is None:
+            return "free"
+        rec = held.record
+        if rec["job_identity"] != job_identity:
+            return "free"
+        ttl = float(rec["ttl_s"])
+        if held.age_s is not None and held.age_s >= ttl:
+            return "expired"
+        remaining = ttl - (held.age_s or 0.0)
+        bound = remaining + max(2.0, ttl / 10)
+        poll = poll_s if poll_s is not None else min(1.0, max(0.05, ttl / 20))
+        started = said = time.monotonic()
+        say(f"the run directory's lease is held by submission {rec['submission']} of this job (host {rec.get('host')}, "
+            f"pid {rec.get('pid')}, generation {held.generation}), last renewed {_age_text(held.age_s)} by the "
+            f"storage's clock. If its driver is gone (a lost head, a killed driver), the lease expires in "
+            f"{remaining:.0f}s: waiting for that, at most {bound:.0f}s. A live holder renews it every "
+            f"{ttl / 3:.0f}s; if it does, this submission is refused.")
+        while True:
+            time.sleep(poll)
+            now = read_lease(storage)
+            waited = time.monotonic() - started
+            if now is None or now.problem is not None or now.released:
+                return "free"
+            if now.version != held.version:
+                return "alive"  # renewed by its holder, or taken by another submission: rank 0 judges
+            if (now.age_s is not None and now.age_s >= ttl) or (now.age_s is None and waited >= ttl):
+                say(f"the lease of submission {rec['submission']} expired after {waited:.0f}s of waiting: "
+                    "taking over (a new generation)")
+                return "expired"
+            if waited >= bound:
+                return "undecided"
+            if time.monotonic() - said >= 10:
+                said = time.monotonic()
+                say(f"still waiting for the lease of submission {rec['submission']} to expire "
+                    f"({waited:.0f}s of at most {bound:.0f}s)")
+    except Exception as e:  # noqa: BLE001 - the wait is a courtesy; rank 0's acquisition judges and names errors
+        _warn(f"{storage.url}: could not watch the run directory's lease ({type(e).__name__}: {e}); "
+              "the training workers will judge it")
+        return "undecided"
+
+
+def _say(message: str) -> None:
+    print(f"syncpoint: {message}", flush=True)

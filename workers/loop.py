@@ -344,6 +344,10 @@ def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: i
             lease.acquire()
         except LeaseRefused as e:
             box = [str(e)]
+        else:
+            line = lease.takeover_line()
+            if line:  # a dead holder's expired lease (a lost head, a killed driver): say whose, and how old
+                print(f"[syncpoint] {line}", flush=True)
     dist.broadcast_object_list(box, src=0)
     if box[0]:
         raise ResumeRefused(box[0])
