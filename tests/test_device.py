@@ -70,3 +70,34 @@ def test_collective_timeout_reaches_the_groups_deepspeed_makes(tmp_path, monkeyp
     apply_collective_timeout(spec)
     assert c10d._get_default_timeout(Backend.GLOO).total_seconds() == 7  # what new_group(timeout=None) uses
     assert c10d.default_pg_nccl_timeout is not None and c10d.default_pg_nccl_timeout.total_seconds() == 7
+
+
+def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_one_kept(tmp_path, capsys):
+    """torch makes every process wait without bound while an op's build lock exists; a rank killed while
+    building leaves it. Cleared: a lock over a minute old with no process working in its directory.
+    Kept: a fresh lock (its builder may not have started ninja yet) and one whose directory a process
+    works in (ninja and the compiler run there for the whole build)."""
+    import os
+    import subprocess
+    import time
+
+    from workers.device import STALE_BUILD_LOCK_S, clear_stale_build_locks
+
+    now = time.time()
+    dirs = {name: tmp_path / "py311_cpu" / name for name in ("left", "fresh", "building")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+        (d / "lock").write_text("")
+    for name in ("left", "building"):
+        os.utime(dirs[name] / "lock", (now - STALE_BUILD_LOCK_S - 5,) * 2)
+    (tmp_path / "py311_cpu" / "nolock").mkdir()
+    builder = subprocess.Popen(["sleep", "60"], cwd=dirs["building"])  # a build working in its directory
+    try:
+        removed = clear_stale_build_locks(str(tmp_path), now=now)
+    finally:
+        builder.kill()
+        builder.wait()
+    assert removed == [str(dirs["left"] / "lock")]
+    assert not (dirs["left"] / "lock").exists()
+    assert (dirs["fresh"] / "lock").exists() and (dirs["building"] / "lock").exists()
+    assert "removed a stale build lock" in capsys.readouterr().err

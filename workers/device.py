@@ -8,8 +8,11 @@ already deterministic at a fixed intra-op thread count, which the loop pins.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +24,12 @@ from policies.spec import JobSpec
 
 def backend(spec: JobSpec) -> str:
     return "nccl" if spec.scaling.use_gpu else "gloo"
+
+
+def prepare_op_builds() -> None:
+    """Before DeepSpeed may JIT-build an op: no stale build lock, and this environment's ninja."""
+    clear_stale_build_locks()
+    use_environment_ninja()
 
 
 def use_environment_ninja() -> None:
@@ -41,6 +50,58 @@ def use_environment_ninja() -> None:
     path = os.environ.get("PATH", "")
     if path.split(os.pathsep)[0] != here:
         os.environ["PATH"] = here + (os.pathsep + path if path else "")
+
+
+STALE_BUILD_LOCK_S = 60.0
+
+
+def clear_stale_build_locks(root: str | None = None, now: float | None = None) -> list[str]:
+    """Remove torch-extension build locks that no build holds any more; returns what was removed.
+
+    Why: torch serializes the JIT build of an op with a ``lock`` file in its build directory and
+    makes every other process wait, without a bound, until the file is gone. A rank killed while it
+    builds (a preemption during the first DeepSpeed start of a fresh environment, which is exactly
+    when builds happen) leaves the file behind, and every later DeepSpeed start on the machine waits
+    forever: seen in ``tests/test_silent_node.py``, both restarted ranks stuck. A lock is stale when
+    it is older than ``STALE_BUILD_LOCK_S`` and no process works in its directory (ninja and the
+    compiler run there for the whole build). Linux only (``/proc``); elsewhere nothing is removed.
+    """
+    if not os.path.isdir("/proc"):
+        return []
+    if root is None:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    dirs = glob.glob(os.path.join(root, "*", "*")) + glob.glob(os.path.join(root, "*"))
+    now = time.time() if now is None else now
+    stale = []
+    for lock in (os.path.join(d, "lock") for d in dirs):
+        try:
+            age = now - os.stat(lock).st_mtime
+        except OSError:
+            continue  # no lock here (or it just went away)
+        if age < STALE_BUILD_LOCK_S or _someone_works_in(os.path.dirname(lock)):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(lock)
+            stale.append(lock)
+            print(f"[syncpoint] removed a stale build lock {lock} ({age:.0f}s old, no build running there): a "
+                  "process killed while building a DeepSpeed op left it, and every DeepSpeed start on this "
+                  "machine would have waited on it", file=sys.stderr)
+    return stale
+
+
+def _someone_works_in(directory: str) -> bool:
+    """Whether any process of this machine has its working directory in ``directory``."""
+    real = os.path.realpath(directory)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            if cwd == real or cwd.startswith(real + os.sep):
+                return True
+    return False
 
 
 def collective_timeout(spec: JobSpec) -> timedelta:
@@ -72,7 +133,7 @@ def prepare_process(spec: JobSpec) -> torch.device:
     DeepSpeed itself assume), so all three pick the same device."""
     # DeepSpeed picks its accelerator once, at import: make it follow the spec, not the host.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
-    use_environment_ninja()
+    prepare_op_builds()
     if not spec.scaling.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():

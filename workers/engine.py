@@ -11,7 +11,7 @@ import torch
 
 from policies.errors import JobConfigError
 from policies.spec import JobSpec
-from workers.device import use_environment_ninja
+from workers.device import prepare_op_builds
 from workers.param_groups import ATTRIBUTE, GroupSettings, builtin_groups, layout_of, settings_of, spec_key
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None =
     (``workers.param_groups.GroupSettings``, kept on the engine as ``syncpoint_groups``)."""
     import deepspeed
 
-    use_environment_ninja()  # before the optimizer: DeepSpeedCPUAdam JIT-builds its op
+    prepare_op_builds()  # before the optimizer: DeepSpeedCPUAdam JIT-builds its op
 
     if task_optimizer is not None:
         optimizer = task_optimizer(model)
