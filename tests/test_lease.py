@@ -351,7 +351,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
     # the first run holds at its first micro-batch (no CPU) until the second submission has tried
     go = tmp_path / "second-submission-tried"
     spec = lm_spec(tmp_path, "task.path=tests.tasks:paced_lm", f"task.config.hold_until={go}",
-                   "task.config.num_samples=800", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
+                   "task.config.num_samples=200", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
     ctx = mp.get_context("spawn")
     first = ctx.Process(target=run_spawned, args=(spec,))
     first.start()
@@ -364,7 +364,7 @@ def test_two_real_runs_on_one_directory(tmp_path):
     go.touch()
     assert codes != [0, 0]
     first.join(300)
-    assert first.exitcode == 0 and committed_steps(spec)[-1] == 200
+    assert first.exitcode == 0 and committed_steps(spec)[-1] == 50
 
 
 # ---------------------------------------------------------------- concurrent commits
