@@ -157,7 +157,7 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert digest(spec, final) == digest(_reference(tmp_path), final)
 
 
-# In make test-all (CI): make test walks notice -> commit at the next boundary -> exact resume through the
+# In make test-all: make test (CI) walks notice -> commit at the next boundary -> exact resume through the
 # real path of a drain, SIGTERM to `ray start` (tests/test_ray_start_sigterm.py); this one drains by Ray's API.
 @pytest.mark.long
 def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
