@@ -186,7 +186,10 @@ def test_the_heartbeat_rereads_the_lease_so_two_owners_never_alternate(tmp_path)
     owner.acquire()
     try:
         _plant_lease(url, submission="intruder", job_identity=JOB, generation=2)
-        time.sleep(1.0)  # five heartbeats
+        time.sleep(1.0)  # five heartbeats, on a quiet machine
+        deadline = time.monotonic() + 60  # a starved heartbeat thread runs late, not never
+        while owner.lost is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         held = read_lease(RunStorage(url))
         assert held.record["submission"] == "intruder"  # never overwritten by the old owner's heartbeat
         assert isinstance(owner.lost, LeaseLostError) and "submission intruder" in str(owner.lost)
