@@ -96,9 +96,11 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def stop_processes(ours) -> None:
+def stop_processes(ours, freeze_first: bool = False, timeout: float = 30) -> list:
     """Kill these processes and everything they started (a test's own Ray head; never `ray stop`,
-    which would stop every cluster on the machine)."""
+    which would stop every cluster on the machine); returns those still alive after ``timeout``.
+    ``freeze_first``: SIGSTOP them all before any is killed, so none acts on another's death (a
+    lost machine: nothing says goodbye)."""
     import psutil
 
     procs = set(ours)
@@ -107,12 +109,14 @@ def stop_processes(ours) -> None:
             procs.update(p.children(recursive=True))
         except psutil.Error:
             pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(list(procs), timeout=30)
+    for signal_them in ([lambda p: p.suspend()] if freeze_first else []) + [lambda p: p.kill()]:
+        for p in procs:
+            try:
+                signal_them(p)
+            except psutil.Error:
+                pass
+    _, alive = psutil.wait_procs(list(procs), timeout=timeout)
+    return alive
 
 
 GPT2_EXAMPLE = (ROOT / "examples" / "hf_gpt2.yaml").read_text()

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import psutil
@@ -182,3 +182,30 @@ def wait_until_registered(head: Head, node_id: str, env: dict, deadline: float) 
             return
         time.sleep(1)
     raise AssertionError(f"worker node {node_id[:12]} did not register with the head in time")
+
+
+def events(spec, kind: str) -> list[dict]:
+    """The run's events of one kind, oldest first (what a test watching a driver asks of the log)."""
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
+
+
+def wait_for_driver(pred, proc: subprocess.Popen, what: str, timeout: float = 600,
+                    output: Callable[[], str] | None = None) -> None:
+    """Poll ``pred`` until it holds, failing with the driver's output if the driver exits first or
+    ``timeout`` passes (the driver is then killed). ``output``: where that output is (default: the
+    driver's stdout pipe)."""
+    def tail() -> str:
+        return (output() if output else proc.stdout.read() if proc.stdout else "")[-4000:]
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"the driver exited ({proc.returncode}) before {what}:\n{tail()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {what} within {timeout:.0f} s:\n{tail()}")
+        time.sleep(0.1)
+

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import ROOT, committed_steps, digest, lm_spec
-from tests.ray_processes import Head, local_head, ray_env
-from workers.events import EventLog
+from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
+from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
+from tests.ray_processes import events as _events
 from workers.launch import run_spawned
 from workers.storage import RunStorage
 
@@ -50,8 +49,6 @@ RUN = [*LENGTH, f"resume.lease_ttl_s={TTL:g}", "failure.max_failures=0",
        "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]  # ~20 s of wall time, little CPU
 
 
-def _events(spec, kind: str) -> list[dict]:
-    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
 
 
 def _lease_file(spec) -> Path:
@@ -73,15 +70,6 @@ def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
                                 cwd=ROOT, env=ray_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(pred, proc: subprocess.Popen, log: Path, what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"the driver exited ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no {what} within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-        time.sleep(0.1)
 
 
 def _trained_past_a_commit(spec) -> bool:
@@ -101,23 +89,7 @@ def _running(p: psutil.Process) -> bool:
 def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
     """Every process of the cluster (GCS, raylet, agents, the controller, the training workers) and the
     driver: frozen first, so none acts while the others die, then killed. Nothing says goodbye."""
-    procs = {*head.processes, psutil.Process(driver.pid)}
-    for p in list(procs):
-        try:
-            procs.update(p.children(recursive=True))
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGSTOP)
-        except psutil.Error:
-            pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(list(procs), timeout=60)
+    alive = stop_processes({*head.processes, psutil.Process(driver.pid)}, freeze_first=True, timeout=60)
     driver.wait(timeout=60)
     alive = [p for p in alive if _running(p)]  # a killed orphan nobody has reaped yet is a zombie: dead
     assert not alive, f"still running after SIGKILL: {alive}"
@@ -151,7 +123,8 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     with local_head(ray_env(), num_cpus=2) as head:
         log1 = tmp_path / "driver1.log"
         first = _driver(job, head, log1)
-        _wait_for(lambda: _trained_past_a_commit(spec), first, log1, "two commits and progress past them")
+        wait_for_driver(lambda: _trained_past_a_commit(spec), first, "two commits and progress past them",
+                        output=log1.read_text)
         _lose_the_head(head, first)
     held = _read_lease(spec)
     assert held is not None, "the first submission never took the lease"

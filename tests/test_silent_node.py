@@ -25,6 +25,8 @@ from orchestrator.timeline import restarts
 from tests.helpers import ROOT, digest, lm_spec, state_names
 from tests.netns import INNER_IF, private_network
 from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nodes
+from tests.ray_processes import events as _events
+from tests.ray_processes import wait_for_driver as _wait_for
 from workers.events import EventLog
 from workers.launch import run_spawned
 from workers.storage import RunStorage
@@ -59,19 +61,8 @@ def _env() -> dict:
     return env
 
 
-def _events(spec, kind):
-    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
 
 
-def _wait_for(pred, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"the driver exited before {what}:\n{proc.stdout.read()[-4000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no {what} within {timeout:.0f} s:\n{proc.stdout.read()[-4000:]}")
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(1800)  # three Ray worker nodes and two worker groups on 2 shared cores
