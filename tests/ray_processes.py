@@ -24,6 +24,10 @@ from tests.helpers import stop_processes
 from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
+# Each node's object store, small: by default every `ray start` takes 30% of the machine's memory for
+# one (shared memory), and a test runs up to five nodes on this 24 GB machine beside the other half of
+# the suite; the tests pass kilobytes through it.
+OBJECT_STORE = f"--object-store-memory={256 * 1024 * 1024}"
 
 
 def ray_env() -> dict:
@@ -89,7 +93,7 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
                                 f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
                                 f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
                                 f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
-                                "--disable-usage-stats", "--include-dashboard=true",
+                                "--disable-usage-stats", "--include-dashboard=true", OBJECT_STORE,
                                 *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
                                 *([f"--system-config={system_config}"] if system_config else [])],
                                env=env, capture_output=True, text=True, timeout=180)
@@ -152,6 +156,7 @@ def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[st
         [*(prefix or []), f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
          f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
          f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats",
+         OBJECT_STORE,
          *([f"--node-ip-address={node_ip}"] if node_ip else [])],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
