@@ -133,7 +133,6 @@ def prepare_process(spec: JobSpec) -> torch.device:
     DeepSpeed itself assume), so all three pick the same device."""
     # DeepSpeed picks its accelerator once, at import: make it follow the spec, not the host.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
-    prepare_op_builds()
     if not spec.scaling.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
