@@ -41,17 +41,24 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
     def __init__(self, failure_config: FailureConfig, run_url: str, heartbeat: Any | None = None,
-                 placement_timeout_s: float = float("inf")) -> None:
+                 placement_timeout_s: float = float("inf"), submission: str = "") -> None:
         super().__init__(failure_config)
         self.run_url, self.heartbeat, self.placement_timeout_s = run_url, heartbeat, placement_timeout_s
+        self.submission = submission
         self._placement_since: float | None = None  # the first of the current run of placement timeouts
+        # Nodes already dead when the policy was built (on the driver) or at its last decision: a
+        # worker group that fails before logging its start has no nodes on record, and only a node
+        # that died since then can be its own (see gather_facts).
+        self._known_dead: frozenset[str] = frozenset(_dead_nodes())
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
         if is_placement_timeout(training_failed_error):
             return self.decide_placement(time.monotonic(), training_failed_error)
         self._placement_since = None  # a worker group started: the wait for room is over
         record_interruption(self.run_url, self.heartbeat, time.time())  # before the next attempt can start
-        return self.decide(gather_facts(training_failed_error, self.run_url), training_failed_error)
+        facts = gather_facts(training_failed_error, self.run_url, self.submission, self._known_dead)
+        self._known_dead = frozenset(_dead_nodes())
+        return self.decide(facts, training_failed_error)
 
     def decide_placement(self, now: float, training_failed_error: TrainingFailedError) -> FailureDecision:
         """A worker-group start timed out waiting for room: retry (Ray's controller budget) until the
@@ -130,7 +137,14 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float)
         pass
 
 
-def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
+def gather_facts(error: TrainingFailedError, run_url: str, submission: str = "",
+                 known_dead: frozenset[str] = frozenset()) -> FailureFacts:
+    """What the classification needs, from Ray's error, the run's journal and Ray's node table.
+
+    The failing attempt's nodes and notice come from its ``attempt_started`` and notice events
+    (``Journal.failing_attempt``). A worker group that died while setting up logged neither: then
+    no earlier attempt's nodes or notice count, only a node that died since the last decision
+    (``known_dead`` is the dead set then)."""
     import ray
 
     from workers.events import EventLog
@@ -140,12 +154,14 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
     messages = tuple(failure_report(e)[0] for _, e in sorted(failures.items()))
     attempt_nodes: list[str] = []
     notice = False
+    logged = True  # an unreadable log: no nodes, no notice (the facts Ray gave decide)
     try:
         journal = EventLog(RunStorage(run_url)).journal()
-        last = journal.last_attempt
-        if last is not None:
-            attempt_nodes = list(last.nodes)
-            notice = journal.notice_in(last.attempt) is not None
+        failing = journal.failing_attempt(submission)
+        logged = failing is not None
+        if failing is not None:
+            attempt_nodes = list(failing.nodes)
+            notice = journal.notice_in(failing.attempt) is not None
     except Exception:  # noqa: BLE001 - an unreadable log leaves the facts Ray gave; the decision must still be made
         pass
     dead = _dead_nodes()
@@ -154,14 +170,22 @@ def gather_facts(error: TrainingFailedError, run_url: str) -> FailureFacts:
     # scaling.collective_timeout_s is shorter than Ray's health check: the same wait applies.
     lost_peer = any(looks_like_lost_peer(m) for m in messages)
     own_node = ray.get_runtime_context().get_node_id()
-    if (system_death or lost_peer) and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
-        # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
-        # health check gives up, so wait (bounded) before calling it an application failure.
-        dead, note = await_node_death(attempt_nodes, node_death_wait_s(), _dead_nodes)
-        messages = (*messages, note) if note else messages
+    if logged:
+        if (system_death or lost_peer) and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
+            # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
+            # health check gives up, so wait (bounded) before calling it an application failure.
+            dead, note = await_node_death(attempt_nodes, node_death_wait_s(), _dead_nodes)
+            messages = (*messages, note) if note else messages
+        lost = set(attempt_nodes) & dead
+    else:
+        lost = dead - known_dead
+        if system_death and not lost:
+            dead, note = await_new_node_death(known_dead, node_death_wait_s(), _dead_nodes)
+            messages = (*messages, note) if note else messages
+            lost = dead - known_dead
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
-        dead_attempt_nodes=tuple(sorted(set(attempt_nodes) & dead)),
+        dead_attempt_nodes=tuple(sorted(lost)),
         notice_logged=notice, messages=messages, refusal=_refusal(failures))
 
 
@@ -180,6 +204,21 @@ def await_node_death(attempt_nodes: list[str], bound_s: float, dead_nodes: Calla
         if time.monotonic() >= deadline:
             return dead, (f"a worker vanished but no node of the attempt was declared dead within "
                           f"SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash")
+        time.sleep(poll_s)
+        dead = dead_nodes()
+    return dead, None
+
+
+def await_new_node_death(known_dead: frozenset[str], bound_s: float, dead_nodes: Callable[[], set[str]],
+                         poll_s: float = 0.5) -> tuple[set[str], str | None]:
+    """``await_node_death`` for a worker group that died setting up, before it logged its nodes:
+    poll until any node not already in ``known_dead`` is dead, or ``bound_s`` has passed."""
+    deadline = time.monotonic() + bound_s
+    dead = dead_nodes()
+    while not (dead - known_dead):
+        if time.monotonic() >= deadline:
+            return dead, (f"a worker vanished while its group was setting up and no node was declared dead "
+                          f"within SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash")
         time.sleep(poll_s)
         dead = dead_nodes()
     return dead, None
@@ -231,13 +270,14 @@ def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision
 
 
 @contextlib.contextmanager
-def installed(run_url: str, heartbeat: Any | None = None, placement_timeout_s: float = float("inf")) -> Iterator[None]:
+def installed(run_url: str, heartbeat: Any | None = None, placement_timeout_s: float = float("inf"),
+              submission: str = "") -> Iterator[None]:
     """Make ``DataParallelTrainer`` build ``SyncpointFailurePolicy`` while a trainer runs ``fit()``."""
     original = _dpt.create_failure_policy
     # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
     # at run time it is V2's (the one the policy takes)
     _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
-        failure_config, run_url, heartbeat, placement_timeout_s)  # type: ignore[arg-type]
+        failure_config, run_url, heartbeat, placement_timeout_s, submission)  # type: ignore[arg-type]
     try:
         yield
     finally:

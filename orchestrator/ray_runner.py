@@ -246,7 +246,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
 
         failure: tuple[str, str] | None = None
         try:
-            policy = installed(spec.run_url, board, spec.failure.placement_timeout_s)
+            policy = installed(spec.run_url, board, spec.failure.placement_timeout_s, submission)
             with policy, _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below

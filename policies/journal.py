@@ -320,6 +320,22 @@ class Journal:
         attempts = self.attempts
         return attempts[-1] if attempts else None
 
+    def failing_attempt(self, submission: str = "") -> AttemptStarted | None:
+        """The attempt a failure being decided now belongs to: the newest logged attempt (of
+        ``submission``, when given) if no failure was decided after it started; None otherwise.
+
+        Why: a worker group that dies while setting up (DeepSpeed, selection, the state load) dies
+        before rank 0 logs its ``attempt_started``, so the newest logged attempt is then the one
+        before it, whose nodes and notice say nothing of this failure. A node of *that* attempt lost
+        earlier would turn a start-up crash into a preemption (retried on the preemption budget,
+        which may be unbounded), and a notice it got would do the same."""
+        last = self.last_attempt
+        if last is None or (submission and last.submission != submission):
+            return None
+        if any(f.time >= last.time for f in self.of_kind(Failure)):
+            return None
+        return last
+
     def next_attempt(self) -> int:
         """The number the next attempt to start takes (1 for a new run)."""
         return 1 + len(self.attempts)

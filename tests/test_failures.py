@@ -226,3 +226,43 @@ def test_a_held_rank_gives_up_after_its_bound_with_a_message():
                        text=True, timeout=120)
     assert r.returncode == 18
     assert "rank 1: held at micro-step 7 for 0.3 s (SYNCPOINT_FAULT_HOLD_S)" in r.stderr
+
+
+def test_a_group_that_dies_setting_up_is_not_judged_by_the_attempt_before_it():
+    """Rank 0 logs ``attempt_started`` only after DeepSpeed, selection and the state load; a worker group
+    that dies before that has no nodes or notice on record. The attempt before it, already decided,
+    must not lend it its lost node or its notice (a start-up crash would become a preemption, retried
+    on a budget that may be unbounded)."""
+    from policies.journal import PreemptionNotice
+
+    def start(t: float, attempt: int, submission: str = "s1") -> AttemptStarted:
+        return AttemptStarted(time=t, attempt=attempt, world_size=2, nodes=["n1", "n2"], submission=submission,
+                              resumed_from=None, global_micro_step=0, optimizer_step=0)
+
+    def failure(t: float) -> Failure:
+        return Failure(time=t, classified="preemption", decision="RETRY", reason="node(s) lost: n2", ranks=[1],
+                       messages=[], dead_nodes=["n2"])
+
+    one = start(1, 1)
+    assert Journal([one]).failing_attempt("s1") == one  # attempt 1 failed: its own nodes count
+    assert Journal([one]).failing_attempt() == one
+    decided = Journal([one, PreemptionNotice(time=2, attempt=1, source="ray-drain", global_micro_step=3,
+                                                   optimizer_step=0), failure(3)])
+    assert decided.failing_attempt("s1") is None  # the next group died before logging its start
+    two = start(4, 2)
+    assert Journal([*decided.events, two]).failing_attempt("s1") == two
+    # a new submission's first group: the previous submission's attempt is not its own
+    assert Journal([one]).failing_attempt("s2") is None
+    assert Journal([]).failing_attempt("s1") is None
+
+
+def test_a_set_up_death_waits_bounded_for_a_node_that_died_since_the_last_decision():
+    from orchestrator.failure_policy import await_new_node_death
+
+    known = frozenset({"n-old"})
+    calls = iter([{"n-old"}, {"n-old"}, {"n-old", "n3"}])
+    dead, note = await_new_node_death(known, 5.0, lambda: next(calls), poll_s=0.01)
+    assert dead - known == {"n3"} and note is None
+    dead, note = await_new_node_death(known, 0.05, lambda: {"n-old"}, poll_s=0.01)  # only the old loss
+    assert dead == {"n-old"} and note is not None
+    assert "while its group was setting up" in note and "(0.05 s): counted as a crash" in note
