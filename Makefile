@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The environment's own tools first (its `ninja` builds DeepSpeed's ops: see workers.device.use_environment_ninja).
 export PATH := $(abspath $(BIN)):$(PATH)
+# DeepSpeed's JIT-built CPU ops, per environment: torch keys its build by the compile command, which
+# names this venv's paths, so two checkouts sharing ~/.cache/torch_extensions (a CI clone beside a
+# working tree) rebuild each other's ops, minutes each, on every switch.
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 
