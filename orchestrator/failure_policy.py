@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,7 +56,7 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         if is_placement_timeout(training_failed_error):
             return self.decide_placement(time.monotonic(), training_failed_error)
         self._placement_since = None  # a worker group started: the wait for room is over
-        record_interruption(self.run_url, self.heartbeat, time.time())  # before the next attempt can start
+        record_interruption(self.run_url, self.heartbeat, time.time(), self.submission)  # before the next attempt
         facts = gather_facts(training_failed_error, self.run_url, self.submission, self._known_dead)
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
@@ -109,32 +110,42 @@ def start_timeout_s() -> float:
     return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
-def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float) -> None:
+def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float, submission: str = "") -> str | None:
     """Write the failed attempt's measured interruption point (``interrupted``): each rank's last
-    heartbeat. Nothing without a board (older drivers), or when the attempt sent no beat (it failed
-    before training) or already has one."""
+    heartbeat. Nothing without a board (older drivers), for a worker group that died before it
+    logged its start, or for an attempt that already has one. When the reading cannot be taken (no
+    beat, the board unreachable, a failed write) the controller's log says why, in one line that is
+    also returned: the timeline then falls back to the flushed progress, and the line is what tells
+    a person (and the node-loss test) which of those it was."""
     if heartbeat is None:
-        return
+        return None
     import ray
 
     from policies.journal import Interrupted, RankReached
     from workers.events import EventLog
     from workers.storage import RunStorage
 
+    attempt: int | None = None
     try:
         log = EventLog(RunStorage(run_url), source="controller")
         journal = log.journal()
-        last = journal.last_attempt
-        if last is None or journal.interrupted(last.attempt) is not None:
-            return
-        beats = [RankReached.model_validate(b) for b in ray.get(heartbeat.read.remote(last.attempt), timeout=30)]
+        failing = journal.failing_attempt(submission)
+        if failing is None or journal.interrupted(failing.attempt) is not None:
+            return None
+        attempt = failing.attempt
+        beats = [RankReached.model_validate(b) for b in ray.get(heartbeat.read.remote(attempt), timeout=30)]
         if not beats:
-            return
-        newest = max(beats, key=lambda b: (b.global_micro_step, b.time))
-        log.emit(Interrupted(attempt=last.attempt, ranks=beats, global_micro_step=newest.global_micro_step,
-                             reached_at=max(b.time for b in beats), detected_at=detected_at))
-    except Exception:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
-        pass
+            note = f"attempt {attempt}: no rank's heartbeat reached the board"
+        else:
+            newest = max(beats, key=lambda b: (b.global_micro_step, b.time))
+            log.emit(Interrupted(attempt=attempt, ranks=beats, global_micro_step=newest.global_micro_step,
+                                 reached_at=max(b.time for b in beats), detected_at=detected_at))
+            return None
+    except Exception as e:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
+        note = f"attempt {attempt or '?'}: the heartbeat reading failed ({type(e).__name__}: {str(e)[:200]})"
+    line = f"[syncpoint] no interruption point measured for {note}; lost work falls back to the flushed progress"
+    print(line, file=sys.stderr, flush=True)
+    return line
 
 
 def gather_facts(error: TrainingFailedError, run_url: str, submission: str = "",

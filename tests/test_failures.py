@@ -266,3 +266,32 @@ def test_a_set_up_death_waits_bounded_for_a_node_that_died_since_the_last_decisi
     dead, note = await_new_node_death(known, 0.05, lambda: {"n-old"}, poll_s=0.01)  # only the old loss
     assert dead == {"n-old"} and note is not None
     assert "while its group was setting up" in note and "(0.05 s): counted as a crash" in note
+
+
+def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
+    """The controller's measured interruption point is a courtesy (the timeline falls back to the
+    flushed progress), but when it is missing its log says why, in one line: which attempt, and what
+    failed. An attempt with no start on record (a group that died setting up) is not read at all."""
+    import uuid
+
+    from orchestrator.failure_policy import record_interruption
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    class UnreachableBoard:  # the shape of the actor handle: board.read.remote(attempt)
+        class read:  # mirrors the actor method's name
+            @staticmethod
+            def remote(attempt: int) -> None:
+                raise RuntimeError("the board's node is gone")
+
+    url = f"memory://beats-{uuid.uuid4().hex}/run"
+    log = EventLog(RunStorage(url), source="worker")
+    log.emit(AttemptStarted(attempt=1, world_size=2, nodes=["n1", "n2"], submission="s1", resumed_from=None,
+                            global_micro_step=0, optimizer_step=0))
+    line = record_interruption(url, UnreachableBoard(), 123.0, "s1")
+    assert line is not None
+    assert "attempt 1: the heartbeat reading failed (RuntimeError: the board's node is gone)" in line
+    assert line in capsys.readouterr().err and "\n" not in line
+    assert record_interruption(url, None, 123.0, "s1") is None  # no board (outside Ray): nothing to say
+    log.emit(Failure(classified="preemption", decision="RETRY", reason="x", ranks=[1], messages=[], dead_nodes=[]))
+    assert record_interruption(url, UnreachableBoard(), 124.0, "s1") is None  # decided already: not read again

@@ -140,8 +140,10 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     journal = EventLog(RunStorage(spec.run_url)).journal()
     (restart,) = restarts(journal)
     beat = journal.interrupted(1)
-    if beat is None:  # seen once under heavy load (not yet diagnosed): the controller wrote no `interrupted`
-        pytest.xfail("no heartbeat reading was recorded for the failed attempt")
+    if beat is None:  # seen under heavy load (not yet diagnosed): the controller wrote no `interrupted`
+        why = [ln for ln in out.splitlines() if "no interruption point measured" in ln]
+        pytest.xfail("no heartbeat reading was recorded for the failed attempt: "
+                     + (why[0] if why else "the controller printed no reason (it did not try)"))
     assert restart.measured, _events(spec, "interrupted")
     assert beat.global_micro_step == max(r.global_micro_step for r in beat.ranks)
     assert beat.detected_at >= beat.reached_at and {r.rank for r in beat.ranks} == {0, 1}
