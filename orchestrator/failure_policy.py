@@ -209,27 +209,25 @@ def await_node_death(attempt_nodes: list[str], bound_s: float, dead_nodes: Calla
     """Poll Ray's node table until a node of the attempt is dead or ``bound_s`` has passed; returns the
     dead nodes and, when the bound was hit, the note saying so (kept with the failure's messages: the
     failure is then counted as a crash, and the log says why)."""
-    deadline = time.monotonic() + bound_s
-    dead = dead_nodes()
-    while not (set(attempt_nodes) & dead):
-        if time.monotonic() >= deadline:
-            return dead, (f"a worker vanished but no node of the attempt was declared dead within "
-                          f"SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash")
-        time.sleep(poll_s)
-        dead = dead_nodes()
-    return dead, None
+    return _await_death(lambda dead: bool(set(attempt_nodes) & dead), bound_s, dead_nodes, poll_s,
+                        "a worker vanished but no node of the attempt was declared dead")
 
 
 def await_new_node_death(known_dead: frozenset[str], bound_s: float, dead_nodes: Callable[[], set[str]],
                          poll_s: float = 0.5) -> tuple[set[str], str | None]:
     """``await_node_death`` for a worker group that died setting up, before it logged its nodes:
     poll until any node not already in ``known_dead`` is dead, or ``bound_s`` has passed."""
+    return _await_death(lambda dead: bool(dead - known_dead), bound_s, dead_nodes, poll_s,
+                        "a worker vanished while its group was setting up and no node was declared dead")
+
+
+def _await_death(found: Callable[[set[str]], bool], bound_s: float, dead_nodes: Callable[[], set[str]],
+                 poll_s: float, what: str) -> tuple[set[str], str | None]:
     deadline = time.monotonic() + bound_s
     dead = dead_nodes()
-    while not (dead - known_dead):
+    while not found(dead):
         if time.monotonic() >= deadline:
-            return dead, (f"a worker vanished while its group was setting up and no node was declared dead "
-                          f"within SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash")
+            return dead, f"{what} within SYNCPOINT_NODE_DEATH_WAIT_S ({bound_s:g} s): counted as a crash"
         time.sleep(poll_s)
         dead = dead_nodes()
     return dead, None

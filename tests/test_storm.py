@@ -211,6 +211,23 @@ def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
                                    "stopping (waiting for interruption 3's crash at micro-step 40)"]
 
 
+# the example job shrunk to a tiny model (its steps take milliseconds: a storm's time is its restarts),
+# a state every 2 optimizer steps, no evaluations, no final export
+SHRUNK = ("task.config.seq_len=8", "task.config.d_model=16", "task.config.eval_samples=8", "train.eval_every=0",
+          "checkpoint.save_every={value: 2, unit: optimizer_steps}", "checkpoint.export_final=false",
+          "train.log_every=1000")
+
+
+def _storm(tmp_path, n: int, seed: int, *sets: str, timeout_s: int) -> subprocess.CompletedProcess:
+    """`syncpoint drill examples/tiny_lm.yaml --storm N --seed S`, shrunk, as a user runs it."""
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
+           str(seed), "--set", f"storage={tmp_path}"]
+    for s in (*SHRUNK, *sets):
+        cmd += ["--set", s]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.long
@@ -219,13 +236,7 @@ def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
 def test_a_storm_of_twenty_interruptions_ends_bitwise_equal(tmp_path):
     """The example job, shrunk (tiny model, 2 workers, accumulation 4, 2 epochs of 128 micro-steps: 256),
     through 20 interruptions of every kind on a local cluster of two one-CPU nodes."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--storm", "20", "--seed", "19",
-           "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=2048", "--set", "train.epochs=2",
-           "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "task.config.eval_samples=8",
-           "--set", "train.eval_every=0", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-           "--set", "checkpoint.export_final=false", "--set", "train.log_every=1000"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    proc = _storm(tmp_path, 20, 19, "task.config.num_samples=2048", "train.epochs=2", timeout_s=3600)
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:] + proc.stderr[-4000:]
     assert "storm plan: 20 interruptions, seed 19" in out
@@ -245,14 +256,8 @@ def test_an_elastic_storm_ends_on_fewer_workers_judged_by_the_elastic_rules(tmp_
     (seed 9) ends with a node lost for good: the earlier node losses get their replacement before the
     loss (an elastic job keeps its world size), the last continues on one worker, and the verdict is
     the documented elastic one, stated as such, not a bitwise MISMATCH."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--storm", "4", "--seed", "9",
-           "--set", f"storage={tmp_path}", "--set", "scaling.num_workers={min: 1, max: 2}",
-           "--set", "task.config.num_samples=1280", "--set", "train.epochs=1",
-           "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "task.config.eval_samples=8",
-           "--set", "train.eval_every=0", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-           "--set", "checkpoint.export_final=false", "--set", "train.log_every=1000"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    proc = _storm(tmp_path, 4, 9, "scaling.num_workers={min: 1, max: 2}", "task.config.num_samples=1280",
+                  "train.epochs=1", timeout_s=1800)
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:] + proc.stderr[-4000:]
     plan = out[out.index("storm plan: 4 interruptions, seed 9"):]
