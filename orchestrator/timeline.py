@@ -53,7 +53,9 @@ def _restart(journal: Journal, prev: AttemptStarted, cur: AttemptStarted) -> Res
     # the state captured training at its snapshot: the commit time minus the save's duration
     # (an async commit lands steps later)
     commit = journal.commit_of(cur.resumed_from)
-    since = commit.time - commit.seconds if commit else prev.time
+    # never before the failed attempt began training: when it had itself resumed the same state (a
+    # second interruption before the next commit), the time since that commit holds a restart too
+    since = max(commit.time - commit.seconds, prev.time) if commit else prev.time
     failure = journal.failure_between(prev.time, cur.time)
     return Restart(
         attempt=cur.attempt, resumed_from=cur.resumed_from, resumed_micro_step=cur.global_micro_step,

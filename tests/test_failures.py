@@ -126,6 +126,15 @@ def test_timeline_lost_work():
     assert r.lost_seconds == pytest.approx(4.0 - 1.0) and r.cause == "preemption"
     text = format_timeline(journal)
     assert "lost micro-steps" in text and "000000000004" in text
+    # attempt 2 is interrupted too before the next commit and attempt 3 resumes the same state: what
+    # attempt 2 lost began at its own start (5.0), not at the commit (1.0) before the first restart
+    journal = Journal([*journal.events,
+                       Failure(time=7, classified="application", decision="RETRY", reason="x", ranks=[0],
+                               messages=[], dead_nodes=[]),
+                       AttemptStarted(time=9, attempt=3, world_size=2, resumed_from="000000000004",
+                                      global_micro_step=4, optimizer_step=1)])
+    _, second = restarts(journal)
+    assert second.lost_micro_steps == 4 and 0 < second.lost_seconds <= 7.0 - 5.0
 
 
 def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
