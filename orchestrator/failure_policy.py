@@ -35,6 +35,7 @@ from policies.failures import (
     looks_like_lost_peer,
     placement_exhausted,
     placement_waited_s,
+    should_await_node_death,
 )
 
 
@@ -182,7 +183,7 @@ def gather_facts(error: TrainingFailedError, run_url: str, submission: str = "",
     lost_peer = any(looks_like_lost_peer(m) for m in messages)
     own_node = ray.get_runtime_context().get_node_id()
     if logged:
-        if (system_death or lost_peer) and set(attempt_nodes) - {own_node} and not (set(attempt_nodes) & dead):
+        if should_await_node_death(system_death or lost_peer, set(attempt_nodes), own_node, dead, notice):
             # A worker vanished without a Python exception: Ray marks its node dead only after the GCS
             # health check gives up, so wait (bounded) before calling it an application failure.
             dead, note = await_node_death(attempt_nodes, node_death_wait_s(), _dead_nodes)

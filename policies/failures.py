@@ -57,6 +57,16 @@ _LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective o
                         r"|wait timeout after|Connection (closed|reset) by peer", re.IGNORECASE)
 
 
+def should_await_node_death(vanished: bool, attempt_nodes: set[str], own_node: str, dead: set[str],
+                            notice_logged: bool) -> bool:
+    """Whether the controller should wait (bounded) for Ray to declare one of the attempt's nodes dead
+    before classifying: a worker vanished (no Python exception, or a collective lost its peer), the
+    attempt ran on a node other than the controller's, none of its nodes is dead yet, and nothing
+    else already makes it a preemption. A logged notice does (``classify_failure``): waiting out Ray's
+    health check then only delays the restart, by up to ``SYNCPOINT_NODE_DEATH_WAIT_S``."""
+    return vanished and bool(attempt_nodes - {own_node}) and not (attempt_nodes & dead) and not notice_logged
+
+
 def looks_like_lost_peer(message: str) -> bool:
     """A rank's failure reads as a collective that lost its peer, not as a bug of its own: the controller
     then waits (bounded) for Ray to declare a node dead before calling it an application error."""

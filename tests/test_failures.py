@@ -304,3 +304,17 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
     assert record_interruption(url, None, 123.0, "s1") is None  # no board (outside Ray): nothing to say
     log.emit(Failure(classified="preemption", decision="RETRY", reason="x", ranks=[1], messages=[], dead_nodes=[]))
     assert record_interruption(url, UnreachableBoard(), 124.0, "s1") is None  # decided already: not read again
+
+
+def test_the_wait_for_a_node_death_is_skipped_when_a_notice_already_decides():
+    """A rank that got a preemption notice saves, then its worker vanishes: the notice already makes the
+    failure a preemption, so waiting out Ray's health check (up to SYNCPOINT_NODE_DEATH_WAIT_S, 30 s)
+    would only delay the restart. The 100-interruption storm spent 30 s on each such restart."""
+    from policies.failures import should_await_node_death
+
+    nodes = {"n1", "n2"}
+    assert should_await_node_death(True, nodes, "head", set(), notice_logged=False)
+    assert not should_await_node_death(True, nodes, "head", set(), notice_logged=True)
+    assert not should_await_node_death(False, nodes, "head", set(), notice_logged=False)  # an exception: a bug
+    assert not should_await_node_death(True, nodes, "head", {"n2"}, notice_logged=False)  # already dead
+    assert not should_await_node_death(True, {"head"}, "head", set(), notice_logged=False)  # only the driver's node
