@@ -53,7 +53,7 @@ test: lint
 test-all: lint
 	$(call two_halves,)
 
-# The 20-interruption storm alone (also part of test-all).
+# The storm tests alone (also part of test-all).
 test-storm: $(STAMP)
 	$(BIN)/python -m pytest -q -m storm tests
 

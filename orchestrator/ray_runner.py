@@ -292,9 +292,26 @@ def heartbeat_board() -> Any:
 
     from workers.heartbeat import BeatBoard
 
-    here = ray.get_runtime_context().get_node_id()
     return ray.remote(BeatBoard).options(
-        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(board_node(), soft=True)).remote()
+
+
+def board_node() -> str:
+    """The head node (Ray marks it with the ``node:__internal_head__`` resource), else the driver's.
+
+    Why not simply the driver's node: a driver started on a machine that runs several raylets (a
+    local multi-node cluster, the storm drill, the tests) may attach to a worker node's raylet; the
+    board then lived on a node a preemption takes, and every later interruption point went
+    unmeasured (the 100-interruption storm lost its readings at its first two-node loss)."""
+    import ray
+
+    try:
+        for node in ray.nodes():
+            if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+                return str(node["NodeID"])
+    except Exception:  # noqa: BLE001 - no node table (GCS busy): the driver's node, as before
+        pass
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.AbstractContextManager[Any]:
