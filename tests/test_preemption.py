@@ -140,7 +140,10 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     journal = EventLog(RunStorage(spec.run_url)).journal()
     (restart,) = restarts(journal)
     beat = journal.interrupted(1)
-    if beat is None:  # seen under heavy load (not yet diagnosed): the controller wrote no `interrupted`
+    # Seen now and then until 2026-11-30: the board sat on the driver's raylet, which here can be the lost
+    # worker node's (the 100-storm lost every reading after its first two-node loss). It now goes on the
+    # head (ray_runner.board_node); should it recur, the xfail quotes the controller's reason.
+    if beat is None:
         why = [ln for ln in out.splitlines() if "no interruption point measured" in ln]
         pytest.xfail("no heartbeat reading was recorded for the failed attempt: "
                      + (why[0] if why else "the controller printed no reason (it did not try)"))
