@@ -37,6 +37,7 @@ from policies.failures import (
     placement_waited_s,
     should_await_node_death,
 )
+from policies.journal import Journal
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
@@ -57,8 +58,9 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         if is_placement_timeout(training_failed_error):
             return self.decide_placement(time.monotonic(), training_failed_error)
         self._placement_since = None  # a worker group started: the wait for room is over
-        record_interruption(self.run_url, self.heartbeat, time.time(), self.submission)  # before the next attempt
-        facts = gather_facts(training_failed_error, self.run_url, self.submission, self._known_dead)
+        journal = read_journal(self.run_url)  # once: on object storage the log is many files
+        record_interruption(self.run_url, self.heartbeat, time.time(), journal, self.submission)  # before the next
+        facts = gather_facts(training_failed_error, journal, self.submission, self._known_dead)
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
 
@@ -111,7 +113,19 @@ def start_timeout_s() -> float:
     return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
-def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float, submission: str = "") -> str | None:
+def read_journal(run_url: str) -> Journal | None:
+    """The run's journal, or None when the log cannot be read (the decision must still be made)."""
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    try:
+        return EventLog(RunStorage(run_url)).journal()
+    except Exception:  # noqa: BLE001 - an unreadable log leaves the facts Ray gave
+        return None
+
+
+def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float, journal: Journal | None,
+                        submission: str = "") -> str | None:
     """Write the failed attempt's measured interruption point (``interrupted``): each rank's last
     heartbeat. Nothing without a board (older drivers), for a worker group that died before it
     logged its start, or for an attempt that already has one. When the reading cannot be taken (no
@@ -128,8 +142,8 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
 
     attempt: int | None = None
     try:
-        log = EventLog(RunStorage(run_url), source="controller")
-        journal = log.journal()
+        if journal is None:
+            raise RuntimeError("the run's event log could not be read")
         failing = journal.failing_attempt(submission)
         if failing is None or journal.interrupted(failing.attempt) is not None:
             return None
@@ -139,8 +153,9 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
             note = f"attempt {attempt}: no rank's heartbeat reached the board"
         else:
             newest = max(beats, key=lambda b: (b.global_micro_step, b.time))
-            log.emit(Interrupted(attempt=attempt, ranks=beats, global_micro_step=newest.global_micro_step,
-                                 reached_at=max(b.time for b in beats), detected_at=detected_at))
+            EventLog(RunStorage(run_url), source="controller").emit(Interrupted(
+                attempt=attempt, ranks=beats, global_micro_step=newest.global_micro_step,
+                reached_at=max(b.time for b in beats), detected_at=detected_at))
             return None
     except Exception as e:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
         note = f"attempt {attempt or '?'}: the heartbeat reading failed ({type(e).__name__}: {str(e)[:200]})"
@@ -149,7 +164,7 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
     return line
 
 
-def gather_facts(error: TrainingFailedError, run_url: str, submission: str = "",
+def gather_facts(error: TrainingFailedError, journal: Journal | None, submission: str = "",
                  known_dead: frozenset[str] = frozenset()) -> FailureFacts:
     """What the classification needs, from Ray's error, the run's journal and Ray's node table.
 
@@ -159,23 +174,17 @@ def gather_facts(error: TrainingFailedError, run_url: str, submission: str = "",
     (``known_dead`` is the dead set then)."""
     import ray
 
-    from workers.events import EventLog
-    from workers.storage import RunStorage
-
     failures = getattr(error, "worker_failures", {}) or {}
     messages = tuple(failure_report(e)[0] for _, e in sorted(failures.items()))
     attempt_nodes: list[str] = []
     notice = False
     logged = True  # an unreadable log: no nodes, no notice (the facts Ray gave decide)
-    try:
-        journal = EventLog(RunStorage(run_url)).journal()
+    if journal is not None:
         failing = journal.failing_attempt(submission)
         logged = failing is not None
         if failing is not None:
             attempt_nodes = list(failing.nodes)
             notice = journal.notice_in(failing.attempt) is not None
-    except Exception:  # noqa: BLE001 - an unreadable log leaves the facts Ray gave; the decision must still be made
-        pass
     dead = _dead_nodes()
     system_death = any(_is_system_death(e) for e in failures.values())
     # A node that went silent (no RST, no exit) shows first as a survivor's collective timeout when

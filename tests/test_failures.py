@@ -283,7 +283,7 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
     failed. An attempt with no start on record (a group that died setting up) is not read at all."""
     import uuid
 
-    from orchestrator.failure_policy import record_interruption
+    from orchestrator.failure_policy import read_journal, record_interruption
     from workers.events import EventLog
     from workers.storage import RunStorage
 
@@ -297,13 +297,17 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
     log = EventLog(RunStorage(url), source="worker")
     log.emit(AttemptStarted(attempt=1, world_size=2, nodes=["n1", "n2"], submission="s1", resumed_from=None,
                             global_micro_step=0, optimizer_step=0))
-    line = record_interruption(url, UnreachableBoard(), 123.0, "s1")
+    line = record_interruption(url, UnreachableBoard(), 123.0, read_journal(url), "s1")
     assert line is not None
     assert "attempt 1: the heartbeat reading failed (RuntimeError: the board's node is gone)" in line
     assert line in capsys.readouterr().err and "\n" not in line
-    assert record_interruption(url, None, 123.0, "s1") is None  # no board (outside Ray): nothing to say
+    unread = record_interruption(url, UnreachableBoard(), 123.0, None, "s1")  # the log could not be read
+    assert unread is not None and "the run's event log could not be read" in unread
+    # no board (outside Ray): nothing to say
+    assert record_interruption(url, None, 123.0, read_journal(url), "s1") is None
     log.emit(Failure(classified="preemption", decision="RETRY", reason="x", ranks=[1], messages=[], dead_nodes=[]))
-    assert record_interruption(url, UnreachableBoard(), 124.0, "s1") is None  # decided already: not read again
+    # decided already: not read again
+    assert record_interruption(url, UnreachableBoard(), 124.0, read_journal(url), "s1") is None
 
 
 def test_the_wait_for_a_node_death_is_skipped_when_a_notice_already_decides():

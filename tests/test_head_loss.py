@@ -49,8 +49,6 @@ RUN = [*LENGTH, f"resume.lease_ttl_s={TTL:g}", "failure.max_failures=0",
        "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]  # ~20 s of wall time, little CPU
 
 
-
-
 def _lease_file(spec) -> Path:
     return Path(RunStorage(spec.run_url).path("lease.json"))
 
@@ -68,8 +66,6 @@ def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads while the test watches the lease
         return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
                                 cwd=ROOT, env=ray_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
-
-
 
 
 def _trained_past_a_commit(spec) -> bool:

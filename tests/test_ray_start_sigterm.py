@@ -66,10 +66,6 @@ def _spec(tmp):
     return lm_spec(tmp, *RUN, workers=2)
 
 
-
-
-
-
 def _reclaim_rank_1_node(spec, head, nodes, proc) -> None:
     """When the run trains, SIGTERM the `ray start --block` process of rank 1's node, after a
     replacement node has joined (the autoscaler's part); assert the node went away within its grace."""
