@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"syncpoint: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print("syncpoint: interrupted (SIGINT): stopped here; whatever was committed stays, and running the same "
+              "command again resumes from it", file=sys.stderr, flush=True)
         return 130
 
 

@@ -274,13 +274,14 @@ def await_predecessor(spec: JobSpec) -> str:
     """A re-submission of this job whose predecessor died without a word (a lost head pod takes the
     driver, the Train controller and the lease holder at once) finds that submission's lease still
     young. Rather than start workers that would be refused (a whole KubeRay retry spent), wait here,
-    bounded by the lease's remaining TTL, until it expires or its holder shows it is alive
-    (``workers.lease.await_expiry``); rank 0's acquisition then decides as always."""
+    bounded by the lease's remaining TTL and this job's own ``resume.lease_ttl_s``, until it expires
+    or its holder shows it is alive (``workers.lease.await_expiry``); rank 0's acquisition then
+    decides as always."""
     from policies.candidates import job_identity
     from workers.lease import await_expiry
     from workers.storage import RunStorage
 
-    return await_expiry(RunStorage(spec.run_url), job_identity(spec),
+    return await_expiry(RunStorage(spec.run_url), job_identity(spec), own_ttl_s=spec.resume.lease_ttl_s,
                         say=lambda m: print(redact_text(f"syncpoint: {m}", spec.storage), flush=True))
 
 

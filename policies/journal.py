@@ -219,6 +219,18 @@ class Interrupted(_Event):
     detected_at: float  # when the controller learnt of the failure
 
 
+class InitFromResolved(_Event):
+    """``resume.init_from`` resolved to one source state, once per run: every later attempt (a Ray
+    restart, a re-submission) before the run's first commit takes exactly this state again, so two
+    attempts never start from two different states of a source run that kept training."""
+
+    kind: Literal["init_from_resolved"] = "init_from_resolved"
+    attempt: int
+    init_from: str  # the spec's value, redacted (credentials never reach the log)
+    source_state: str  # the state's name in the source run
+    manifest_sha256: str  # sha256 of the source manifest's canonical JSON: every file's size and checksum
+
+
 class Finished(_Event):
     """The run reached its end; ``state`` is its last committed state."""
 
@@ -230,7 +242,8 @@ class Finished(_Event):
 
 
 Event = Annotated[Submitted | AttemptStarted | ResumeDecision | Progress | StateCommitted | PreemptionNotice
-                  | FaultFired | Failure | Finished | Evaluated | Interrupted, Field(discriminator="kind")]
+                  | FaultFired | Failure | Finished | Evaluated | Interrupted | InitFromResolved,
+                  Field(discriminator="kind")]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -417,6 +430,10 @@ class Journal:
     def failure_between(self, start: float, end: float) -> Failure | None:
         """The first failure recorded in [start, end] (between two attempts: what ended the first)."""
         return next((f for f in self.failures if start <= f.time <= end), None)
+
+    def init_from(self, init_from: str) -> InitFromResolved | None:
+        """The source state this run resolved ``resume.init_from`` (as the spec gives it, redacted) to."""
+        return next((e for e in reversed(self.of_kind(InitFromResolved)) if e.init_from == init_from), None)
 
     @property
     def finishes(self) -> list[Finished]:

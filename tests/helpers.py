@@ -96,12 +96,16 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def stop_processes(ours, freeze_first: bool = False, timeout: float = 30) -> list:
+def stop_processes(ours, freeze_first: bool = False, timeout: float = 30, mark: str | None = None) -> list:
     """Kill these processes and everything they started (a test's own Ray head; never `ray stop`,
     which would stop every cluster on the machine); returns those still alive after ``timeout``.
     ``freeze_first``: SIGSTOP them all before any is killed, so none acts on another's death (a
-    lost machine: nothing says goodbye)."""
+    lost machine: nothing says goodbye). ``mark``: the test's environment marker
+    (``tests.own_processes``): a kill list holding any process without it is refused whole, before
+    anything is signalled (a test ends only what it started)."""
     import psutil
+
+    from tests.own_processes import not_marked
 
     procs = set(ours)
     for p in ours:
@@ -109,6 +113,10 @@ def stop_processes(ours, freeze_first: bool = False, timeout: float = 30) -> lis
             procs.update(p.children(recursive=True))
         except psutil.Error:
             pass
+    if mark is not None:
+        foreign = not_marked(list(procs), mark)
+        if foreign:
+            raise AssertionError(f"refusing to kill processes this test did not start: {foreign}")
     for signal_them in ([lambda p: p.suspend()] if freeze_first else []) + [lambda p: p.kill()]:
         for p in procs:
             try:

@@ -16,11 +16,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
 from tests.helpers import stop_processes
+from tests.own_processes import marked_env, marked_processes
 from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
@@ -44,19 +45,13 @@ class Head:
     address: str  # the Job API (dashboard) address, for `ray job submit` / `syncpoint submit`
     gcs_address: str  # what drivers and worker nodes connect to
     temp_dir: str
-    processes: list[psutil.Process] = field(default_factory=list)
+    mark: str = ""  # the environment marker of every process of this cluster (tests.own_processes)
 
-
-def _new_processes(before: set[int], marks: list[str]) -> list[psutil.Process]:
-    found = []
-    for pid in set(psutil.pids()) - before:
-        try:
-            proc = psutil.Process(pid)
-            if any(m in " ".join(proc.cmdline()) for m in marks):
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
+    @property
+    def processes(self) -> list[psutil.Process]:
+        """Every process of this cluster now: the head's daemons, the worker nodes started for it and
+        the Ray workers they run (all inherit the mark), nothing else on the machine."""
+        return marked_processes(self.mark)
 
 
 @contextlib.contextmanager
@@ -71,7 +66,7 @@ def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None,
         wait_for_job_agent(head.address)
         yield head
     finally:
-        stop_processes(head.processes)  # this head's processes and everything they started
+        stop_processes(head.processes, mark=head.mark)  # this cluster's processes only, found by its mark
 
 
 HEAD_START_TRIES = 2
@@ -85,9 +80,9 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
     for attempt in range(1, HEAD_START_TRIES + 1):
         temp = tempfile.mkdtemp(prefix="sp-ray-")
         ports = [free_port() for _ in range(7)]
-        before = set(psutil.pids())
+        head_env, mark = marked_env(env)
         host = node_ip or "127.0.0.1"
-        head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp)
+        head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp, mark)
         try:
             r = subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
                                 f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
@@ -96,15 +91,13 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
                                 "--disable-usage-stats", "--include-dashboard=true", OBJECT_STORE,
                                 *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
                                 *([f"--system-config={system_config}"] if system_config else [])],
-                               env=env, capture_output=True, text=True, timeout=180)
+                               env=head_env, capture_output=True, text=True, timeout=180)
             failure = None if r.returncode == 0 else f"exit status {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
             failure = "no answer within 180 s"
-        finally:  # what `ray start` left running: new processes naming this head's temp dir or ports
-            head.processes = _new_processes(before, [temp, *(f":{p}" for p in ports), *(f"={p}" for p in ports)])
         if failure is None:
             return head
-        stop_processes(head.processes)
+        stop_processes(head.processes, mark=mark)
         if attempt == HEAD_START_TRIES:
             raise AssertionError(f"`ray start --head` failed {attempt} times; the last: {failure}")
     raise AssertionError("unreachable")
@@ -142,7 +135,7 @@ def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]
         yield nodes
     finally:
         stop_processes([psutil.Process(n.proc.pid) for n in nodes if n.proc.poll() is None]
-                       + [c for n in nodes for c in n.children()])
+                       + [c for n in nodes for c in n.children()], mark=head.mark)
 
 
 def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None,
@@ -158,7 +151,8 @@ def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[st
          f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats",
          OBJECT_STORE,
          *([f"--node-ip-address={node_ip}"] if node_ip else [])],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=marked_env(env, head.mark)[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for child in WorkerNode(proc, "").children():

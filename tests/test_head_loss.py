@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
+from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
 from tests.ray_processes import events as _events
 from workers.launch import run_spawned
@@ -65,7 +66,8 @@ def _read_lease(spec) -> tuple[dict, float] | None:
 def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads while the test watches the lease
         return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
-                                cwd=ROOT, env=ray_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+                                cwd=ROOT, env=marked_env(ray_env(), head.mark)[0], stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
 
 
 def _trained_past_a_commit(spec) -> bool:
@@ -85,7 +87,8 @@ def _running(p: psutil.Process) -> bool:
 def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
     """Every process of the cluster (GCS, raylet, agents, the controller, the training workers) and the
     driver: frozen first, so none acts while the others die, then killed. Nothing says goodbye."""
-    alive = stop_processes({*head.processes, psutil.Process(driver.pid)}, freeze_first=True, timeout=60)
+    alive = stop_processes({*head.processes, psutil.Process(driver.pid)}, freeze_first=True, timeout=60,
+                           mark=head.mark)
     driver.wait(timeout=60)
     alive = [p for p in alive if _running(p)]  # a killed orphan nobody has reaped yet is a zombie: dead
     assert not alive, f"still running after SIGKILL: {alive}"

@@ -254,7 +254,7 @@ def test_a_resubmission_waits_for_a_dead_holders_lease_then_takes_it_over(tmp_pa
     _plant_lease(url, age_s=1.0, ttl_s=4.0, generation=3)
     said: list[str] = []
     started = time.monotonic()
-    assert await_expiry(RunStorage(url), JOB, say=said.append) == "expired"
+    assert await_expiry(RunStorage(url), JOB, own_ttl_s=4.0, say=said.append) == "expired"
     # it waited (what is left of the TTL by the file's mtime, less however long this loaded machine took to
     # get here), and not past the bound; generous above, since a starved test process runs late
     assert 1.0 <= time.monotonic() - started <= 60
@@ -276,7 +276,7 @@ def test_the_wait_ends_at_the_live_holders_next_heartbeat_and_the_submission_is_
     owner.acquire()
     try:
         # "alive", not "expired": the wait ended at the owner's renewal, before the TTL ran out
-        assert await_expiry(RunStorage(url), JOB, say=lambda _: None) == "alive"
+        assert await_expiry(RunStorage(url), JOB, own_ttl_s=9.0, say=lambda _: None) == "alive"
         with pytest.raises(LeaseRefused, match="in use by another running submission"):
             _lease(url, "successor", ttl=9.0).acquire()
     finally:
@@ -285,16 +285,83 @@ def test_the_wait_ends_at_the_live_holders_next_heartbeat_and_the_submission_is_
 
 def test_nothing_to_wait_for_returns_at_once(tmp_path):
     said: list[str] = []
-    assert await_expiry(RunStorage(str(tmp_path / "none")), JOB, say=said.append) == "free"
+    assert await_expiry(RunStorage(str(tmp_path / "none")), JOB, own_ttl_s=60.0, say=said.append) == "free"
     _plant_lease(str(tmp_path / "other"), job_identity="someone-else")
-    assert await_expiry(RunStorage(str(tmp_path / "other")), JOB, say=said.append) == "free"  # refused by rank 0
+    assert await_expiry(RunStorage(str(tmp_path / "other")), JOB, own_ttl_s=60.0, say=said.append) == "free"
     _plant_lease(str(tmp_path / "released"), released=True)
-    assert await_expiry(RunStorage(str(tmp_path / "released")), JOB, say=said.append) == "free"
+    assert await_expiry(RunStorage(str(tmp_path / "released")), JOB, own_ttl_s=60.0, say=said.append) == "free"
     _plant_lease(str(tmp_path / "old"), age_s=600)
-    assert await_expiry(RunStorage(str(tmp_path / "old")), JOB, say=said.append) == "expired"
+    assert await_expiry(RunStorage(str(tmp_path / "old")), JOB, own_ttl_s=60.0, say=said.append) == "expired"
     RunStorage(str(tmp_path / "bad")).write_bytes(b"null", "lease.json")
-    assert await_expiry(RunStorage(str(tmp_path / "bad")), JOB, say=said.append) == "free"  # rank 0 warns, judges
+    # rank 0 warns and judges
+    assert await_expiry(RunStorage(str(tmp_path / "bad")), JOB, own_ttl_s=60.0, say=said.append) == "free"
     assert said == []
+
+
+def test_a_planted_lease_with_a_ttl_no_spec_can_set_is_malformed_and_taken_over_after_our_ttl(tmp_path, capsys):
+    """``ttl_s: 1e12`` made a re-submission wait ~35,000 years: a lease whose TTL is over what any job's
+    ``resume.lease_ttl_s`` may be was not written by syncpoint; it is held only until it is older than
+    the live job's own TTL, like any malformed lease."""
+    url = str(tmp_path / "run")
+    _plant_lease(url, age_s=3.0, ttl_s=1e12)
+    held = read_lease(RunStorage(url))
+    assert held is not None and held.problem and "over the 604800s" in held.problem
+    started = time.monotonic()
+    assert await_expiry(RunStorage(url), JOB, own_ttl_s=2.0, say=lambda _: None) == "free"  # rank 0 judges
+    assert time.monotonic() - started < 5
+    successor = _lease(url, "successor", ttl=2.0)
+    try:
+        assert successor.acquire() == "takeover"
+    finally:
+        successor.stop()
+    assert "malformed" in capsys.readouterr().err
+
+
+def test_the_wait_for_a_longer_lived_lease_is_bounded_by_the_live_jobs_own_ttl(tmp_path):
+    """A holder whose TTL (6 days, within the spec's limit) is far longer than this job's: the driver
+    waits at most this job's own TTL and a margin, then the workers judge (and refuse, naming it)."""
+    url = str(tmp_path / "run")
+    _plant_lease(url, ttl_s=6 * 24 * 3600.0)
+    said: list[str] = []
+    started = time.monotonic()
+    assert await_expiry(RunStorage(url), JOB, own_ttl_s=1.0, say=said.append, poll_s=0.1) == "undecided"
+    assert time.monotonic() - started < 30
+    assert "at most 3s" in said[0] and "longer than this job's resume.lease_ttl_s" in said[0]
+    with pytest.raises(LeaseRefused, match="in use by another running submission"):
+        _lease(url, "successor", ttl=1.0).acquire()
+
+
+def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
+    """``syncpoint run`` waiting for a live-looking lease: SIGINT ends it at once with exit 130 and a
+    last line that says so (nothing was started, nothing committed is lost)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    spec = _spec(tmp_path)
+    _plant_lease(spec, ttl_s=600.0)
+    args = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
+            "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2",
+            "--set", "task.config.num_samples=20", "--set", "train.grad_accum=4", "--set", "train.epochs=1",
+            "--set", "task.config.eval_samples=8", "--set", "scaling.num_workers=1"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = ""
+        deadline = time.monotonic() + 120
+        assert proc.stdout is not None
+        while "waiting for that" not in out and time.monotonic() < deadline:
+            out += proc.stdout.readline()
+        assert "Ctrl-C stops waiting" in out, out
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert "interrupted" in rest.strip().splitlines()[-1] and "Traceback" not in rest
 
 
 # ---------------------------------------------------------------- a lost lease in a real run

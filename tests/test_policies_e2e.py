@@ -115,6 +115,55 @@ def test_init_from_is_ignored_once_the_run_has_its_own_state(tmp_path, capsys):
     assert "own resumable state wins" in capsys.readouterr().out
 
 
+def _init_from_events(spec) -> list[dict]:
+    from workers.events import EventLog
+
+    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "init_from_resolved"]
+
+
+def test_init_from_a_run_directory_is_resolved_once_per_run(tmp_path, capsys):
+    """A fine-tune that fails before its first commit and is re-submitted while the source run kept
+    training takes the source state it took the first time (recorded in its journal), not the source's
+    newer one: the two attempts never mix two fine-tunes. Its result is the fine-tune of that state."""
+    parent = _spec(tmp_path / "parent", "train.epochs=1", "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    run(parent)
+    first_source = f"{10:012d}"  # the parent's newest state when the fine-tune starts
+    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
+                           "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+                           "faults=[{at_micro_step: 2, mode: raise}]")  # before the child's first commit
+    assert run_until_crash(child) and not committed_steps(child)
+    assert [e["source_state"] for e in _init_from_events(child)] == [first_source]
+    run(with_overrides(parent, "train.epochs=2"))  # the source run trains on: a newer state
+    assert max(committed_steps(parent)) == 20
+    capsys.readouterr()
+    resumed = run(with_overrides(child, "faults=[]"))
+    assert f"the source state this run took at attempt 1 ({first_source}), unchanged" in capsys.readouterr().out
+    assert len(_init_from_events(child)) == 1
+    pinned = with_overrides(_spec(tmp_path / "pinned"), "name=child",
+                            f"resume.init_from={parent.run_url}/states/{first_source}")
+    assert digest(child, resumed.final_state) == digest(pinned, run(pinned).final_state)
+
+
+def test_init_from_refuses_a_recorded_source_state_that_changed_or_went_away(tmp_path):
+    parent = _spec(tmp_path / "parent", "train.epochs=1")
+    run(parent)
+    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
+                           "faults=[{at_micro_step: 2, mode: raise}]")
+    assert run_until_crash(child)
+    source = _init_from_events(child)[0]["source_state"]
+    store = RunStorage(parent.run_url)
+    manifest = json.loads(store.read_bytes("states", source, "manifest.json"))
+    manifest["created_at"] = 0.0  # re-committed by someone: another manifest, even with the same files
+    store.commit_bytes(json.dumps(manifest).encode(), "states", source, "manifest.json")
+    again = with_overrides(child, "faults=[]")
+    with pytest.raises(ResumeRefused, match="the source state this run took at attempt 1, changed since"):
+        run(again)
+    store.remove("states", source, "manifest.json")
+    with pytest.raises(ResumeRefused, match="the source state this run took at attempt 1, is gone"):
+        run(again)
+    assert not committed_steps(child)
+
+
 def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
     spec = _spec(tmp_path, "faults=[{at_micro_step: 12, mode: raise}]",
                  "checkpoint.save_every={value: 1, unit: optimizer_steps}")

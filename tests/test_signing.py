@@ -128,3 +128,72 @@ def test_states_cli_verifies_signatures_when_given_the_key(tmp_path, capsys):
     assert {c["verdict"] for c in json.loads(capsys.readouterr().out)["candidates"]} == {"resumable"}
     assert main(["states", run_dir, "--json", "--signing-key-env", "SYNCPOINT_TEST_KEY"]) == 0
     assert {c["verdict"] for c in json.loads(capsys.readouterr().out)["candidates"]} == {"untrusted"}
+
+
+def _copy_state(src_spec, dst_spec, name: str, as_name: str | None = None) -> None:
+    import shutil
+
+    src, dst = RunStorage(src_spec.run_url), RunStorage(dst_spec.run_url)
+    shutil.copytree(src.path("states", name), dst.path("states", as_name or name))
+
+
+def test_a_signed_state_replayed_into_another_run_directory_is_untrusted_there(tmp_path):
+    """Same key, same job name, another storage location: the attacker copies run A's newer signed state
+    into run B. The signature binds the run directory that wrote it, so B refuses it and resumes its own."""
+    a = _spec(tmp_path / "a", *SIGNED)
+    run(a)  # finished: states up to 20
+    b = _crashed(tmp_path / "b")  # states 4, 8, 10
+    _copy_state(a, b, "000000000020")
+    result = run(with_overrides(b, "faults=[]"))
+    assert result.resumed_from == "000000000010"
+    verdict, reason = _verdicts(b)["000000000020"]
+    assert verdict == "untrusted" and "signed for another run directory" in reason and "init_from" in reason
+    assert digest(b, result.final_state) == digest(a, "000000000020")  # its own resume is exact all the same
+
+
+def test_a_signed_state_renamed_to_look_newer_is_untrusted(tmp_path):
+    spec = _crashed(tmp_path)
+    _copy_state(spec, spec, "000000000008", as_name="000000000030")
+    with pytest.raises(ResumeRefused):  # the copy is refused first, by its binding
+        run(with_overrides(spec, "resume.policy=pinned", "resume.policy_args={state: 30}", "faults=[]"))
+    result = run(with_overrides(spec, "faults=[]"))
+    assert result.resumed_from == "000000000010"
+    # the manifest's own state name gives it away first; the binding (bound to the name too) would next
+    assert _verdicts(spec)["000000000030"] == ("corrupt", "manifest names state '000000000008' but lies in "
+                                                          "directory 000000000030")
+
+
+def test_the_binding_is_inside_the_signature_and_names_what_differs():
+    key = KEY.encode()
+    m = {"format": "syncpoint-state/1", "files": {"trainer.json": {"size": 2, "sha256": "ab"}},
+         "binding": {"run": "file:///data/runs/job", "state": "000000000008", "job_identity": "j1"}}
+    signed = sign(m, key)
+    assert trust_problem(signed, key, run_url="/data/runs/job", state="000000000008", job_identity="j1") is None
+    assert trust_problem(signed, key, run_url="file:///data/runs/job/", state="000000000008") is None
+    assert "another run directory" in trust_problem(signed, key, run_url="/data/other/job", state="000000000008")
+    assert "renamed" in trust_problem(signed, key, run_url="/data/runs/job", state="000000000009")
+    assert "job identity" in trust_problem(signed, key, run_url="/data/runs/job", state="000000000008",
+                                           job_identity="j2")
+    rebound = json.loads(json.dumps(signed))
+    rebound["binding"]["run"] = "file:///data/other/job"  # re-pointing the binding breaks the signature
+    assert "does not match" in trust_problem(rebound, key, run_url="/data/other/job", state="000000000008")
+
+
+@pytest.mark.parametrize("value, says", [(12345, "signature value 12345 is not a hmac-sha256"),
+                                         ("zz", "signature value 'zz' is not a hmac-sha256"),
+                                         (None, "signature value None")])
+def test_a_malformed_signature_value_is_named_as_such(value, says):
+    signed = sign({"files": {"a": {"size": 1, "sha256": "ab"}}}, KEY.encode())
+    signed["signature"]["value"] = value
+    assert says in trust_problem(signed, KEY.encode())
+
+
+def test_a_state_signed_before_signatures_were_bound_still_resumes_with_a_warning(tmp_path, capsys):
+    spec = _crashed(tmp_path)
+    store = RunStorage(spec.run_url)
+    m = _manifest(spec, "000000000010")
+    legacy = sign({k: v for k, v in m.items() if k not in ("binding", "signature")}, KEY.encode())
+    store.commit_bytes(json.dumps(legacy).encode(), "states", "000000000010", "manifest.json")
+    capsys.readouterr()
+    assert run(with_overrides(spec, "faults=[]")).resumed_from == "000000000010"
+    assert "signed before syncpoint bound signatures" in capsys.readouterr().err

@@ -19,12 +19,12 @@ import time
 import urllib.error
 import urllib.request
 
-import psutil
 import pytest
 
 from orchestrator.submit import auth_headers, read_token
 from policies.errors import SpecError
 from tests.helpers import ROOT, stop_processes
+from tests.own_processes import marked_env, marked_processes
 from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
@@ -109,14 +109,13 @@ def token_head():
     token = secrets.token_hex(32)
     temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
     ports = [free_port() for _ in range(7)]
-    before = set(psutil.pids())
+    head_env, mark = marked_env(_env(token, RAY_AUTH_MODE="token"))
     subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
                     f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
                     f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
                     f"--ray-client-server-port={ports[6]}", "--num-cpus=1", f"--temp-dir={temp}",
                     "--disable-usage-stats", "--include-dashboard=true"],
-                   check=True, env=_env(token, RAY_AUTH_MODE="token"), capture_output=True, timeout=180)
-    ours = [psutil.Process(p) for p in set(psutil.pids()) - before if psutil.pid_exists(p)]
+                   check=True, env=head_env, capture_output=True, timeout=180)
     address = f"http://127.0.0.1:{ports[1]}"
     try:
         deadline = time.monotonic() + 90  # the head answers before its job agent is up
@@ -126,7 +125,8 @@ def token_head():
             time.sleep(1)
         yield address, token
     finally:
-        stop_processes(ours)  # this head's processes and everything they started; never `ray stop`
+        # this head's processes, found by the mark they inherited; never `ray stop`, never a pid diff
+        stop_processes(marked_processes(mark), mark=mark)
 
 
 def _status(address: str, authorization: str | None) -> int:

@@ -28,8 +28,10 @@ def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
     return (obj, None) if isinstance(obj, dict) else (None, "not a JSON object")
 
 
-def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None) -> Candidate:
-    """One state's metadata; with a signing key, its manifest's signature is checked too."""
+def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None,
+                   job_identity: str | None = None) -> Candidate:
+    """One state's metadata; with a signing key, its manifest's signature is checked too, and that it
+    was signed for this run directory, this name and (when given) this job (``workers.signing``)."""
     if storage.is_link(STATES_DIR, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
     c = Candidate(name=name, listing=storage.listing(STATES_DIR, name))
@@ -42,7 +44,8 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
     if c.trainer is not None and c.manifest is not None:
         c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
     if signing_key is not None and c.manifest is not None:
-        c.trust_error = trust_problem(c.manifest, signing_key)
+        c.trust_error = trust_problem(c.manifest, signing_key, run_url=storage.url, state=name,
+                                      job_identity=job_identity)
     return c
 
 
@@ -61,7 +64,8 @@ def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | Non
 def discover(storage: RunStorage, expectation: Expectation | None = None,
              signing_key: bytes | None = None) -> list[Candidate]:
     """Every candidate, newest first, all read now; classified when an expectation is given."""
-    cands = [read_candidate(storage, name, signing_key) for name in state_names(storage)]
+    identity = expectation.job_identity if expectation is not None else None
+    cands = [read_candidate(storage, name, signing_key, identity) for name in state_names(storage)]
     if expectation is not None:
         for c in cands:
             classify(c, expectation)
@@ -96,7 +100,8 @@ class LazyCandidates(Sequence[Candidate]):
 
     def _load(self, i: int) -> Candidate:
         if i not in self._loaded:
-            c = read_candidate(self.storage, self.names[i], self.signing_key)
+            identity = self.expectation.job_identity if self.expectation is not None else None
+            c = read_candidate(self.storage, self.names[i], self.signing_key, identity)
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from policies.errors import LeaseLostError, LeaseRefused
+from policies.spec import MAX_LEASE_TTL_S
 from workers.storage import RunStorage
 
 LEASE = "lease.json"
@@ -104,6 +105,8 @@ def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
             return None, f"{key} is {obj.get(key)!r}, not a non-empty string"
     if not _finite(obj.get("ttl_s")) or obj["ttl_s"] <= 0:
         return None, f"ttl_s is {obj.get('ttl_s')!r}, not a positive number of seconds"
+    if obj["ttl_s"] > MAX_LEASE_TTL_S:  # no job spec can set more: not a lease syncpoint wrote
+        return None, f"ttl_s is {obj['ttl_s']!r}, over the {MAX_LEASE_TTL_S:.0f}s any job's resume.lease_ttl_s may be"
     if "heartbeat" in obj and not _finite(obj["heartbeat"]):
         return None, f"heartbeat is {obj['heartbeat']!r}, not a time"
     gen = obj.get("generation", 0)
@@ -400,18 +403,20 @@ def release_lease(storage: RunStorage, submission: str) -> None:
 # ---------------------------------------------------------------- a re-submission waits for a dead holder
 
 
-def await_expiry(storage: RunStorage, job_identity: str, *, say: Callable[[str], None] | None = None,
-                 poll_s: float | None = None) -> str:
+def await_expiry(storage: RunStorage, job_identity: str, *, own_ttl_s: float,
+                 say: Callable[[str], None] | None = None, poll_s: float | None = None) -> str:
     """On the driver, before any worker starts: if another submission of this job holds a live-looking
     lease, watch it until it expires or its holder shows it is alive, and say so while waiting.
 
     Returns ``"free"`` (no lease, a released or malformed one, another job's: the worker judges at
     once), ``"expired"`` (expired now: rank 0 will take it over), ``"alive"`` (its holder renewed
     it, or another submission took it: rank 0 will refuse, naming it) or ``"undecided"`` (still
-    unexpired after its remaining TTL and a margin, e.g. a store that dates files oddly: rank 0
-    judges). Bounded: at most the lease's remaining TTL plus ``max(2 s, ttl/10)``; a live holder
-    renews every ttl/3, so a live one ends the wait sooner. Never raises: a storage error ends the
-    wait and rank 0 judges (and names the error) as before.
+    unexpired at the bound: rank 0 judges). Bounded by this job's own limits, not the stored
+    lease's: at most the lease's remaining TTL, and never more than ``own_ttl_s`` (the live spec's
+    ``resume.lease_ttl_s``), plus ``max(2 s, own_ttl_s/10)``; a lease's ``ttl_s`` comes from storage,
+    which anyone with write access can set to centuries. A live holder renews every ttl/3, so a
+    live one ends the wait sooner. SIGINT ends it (``KeyboardInterrupt`` passes through). Never
+    raises otherwise: a storage error ends the wait and rank 0 judges (and names the error).
     """
     say = say or _say
     try:
@@ -425,14 +430,16 @@ def await_expiry(storage: RunStorage, job_identity: str, *, say: Callable[[str],
         if held.age_s is not None and held.age_s >= ttl:
             return "expired"
         remaining = ttl - (held.age_s or 0.0)
-        bound = remaining + max(2.0, ttl / 10)
-        poll = poll_s if poll_s is not None else min(1.0, max(0.05, ttl / 20))
+        bound = min(remaining, own_ttl_s) + max(2.0, own_ttl_s / 10)
+        poll = poll_s if poll_s is not None else min(1.0, max(0.05, min(ttl, own_ttl_s) / 20))
         started = said = time.monotonic()
+        longer = (f" (its TTL, {ttl:.0f}s, is longer than this job's resume.lease_ttl_s, {own_ttl_s:g}s: the "
+                  "workers judge it after that)") if remaining > own_ttl_s else ""
         say(f"the run directory's lease is held by submission {rec['submission']} of this job (host {rec.get('host')}, "
             f"pid {rec.get('pid')}, generation {held.generation}), last renewed {_age_text(held.age_s)} by the "
             f"storage's clock. If its driver is gone (a lost head, a killed driver), the lease expires in "
-            f"{remaining:.0f}s: waiting for that, at most {bound:.0f}s. A live holder renews it every "
-            f"{ttl / 3:.0f}s; if it does, this submission is refused.")
+            f"{remaining:.0f}s: waiting for that, at most {bound:.0f}s{longer}. A live holder renews it every "
+            f"{ttl / 3:.0f}s; if it does, this submission is refused. Ctrl-C stops waiting.")
         while True:
             time.sleep(poll)
             now = read_lease(storage)

@@ -9,6 +9,8 @@ starts from: the state, the position, how to restore the RNG, and whether anythi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 from policies.candidates import Candidate, Verdict, init_from_problem
 from policies.errors import JobConfigError, NoResumableState, ResumeRefused
-from policies.journal import CandidateSeen, ResumeDecision
+from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
 from policies.state_format import STATES_DIR, TrainState
@@ -27,7 +29,7 @@ from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import apply_hyperparameters
 from workers.position import RunLength, TrainingPosition
 from workers.schedule import resume_position
-from workers.signing import load_key
+from workers.signing import legacy_unbound, load_key
 from workers.state_reader import StateRefused, fetch_state, load_into_engine
 from workers.storage import RunStorage
 
@@ -133,6 +135,9 @@ def _choose_and_load(attempt: Attempt,
         rng_bytes, refusal = _fetch_and_load(attempt, candidate, engine)
         if refusal is None:
             attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
+            if attempt.signing_key is not None and candidate.manifest and legacy_unbound(candidate.manifest):
+                attempt.warn(f"state {candidate.name} was signed before syncpoint bound signatures to their run "
+                             "directory: it is trusted by the key alone; the states this run writes are bound")
             if spec.resume.init_from:
                 attempt.say("resume.init_from ignored: this run's own resumable state wins")
             return candidate.name, candidate.trainer, rng_bytes
@@ -247,30 +252,32 @@ def _clear_for_fresh(attempt: Attempt) -> None:
 
 
 def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
-    """Fine-tune: take weights (optionally optimizer state) from another run; never its position."""
+    """Fine-tune: take weights (optionally optimizer state) from another run; never its position.
+
+    Rank 0 resolves the source state once per run and every rank loads what it broadcast: the
+    first resolution is recorded in the run's journal (``InitFromResolved``: the state and a
+    sha256 of its manifest), and every later attempt before the run's own first commit takes that
+    same state, refused if it changed or went away, instead of whatever the source run committed
+    since (two attempts of one fine-tune must not start from two different weights)."""
     spec = attempt.spec
     url = spec.resume.init_from
     if not url:
         return
-    base, sep, name = url.rstrip("/").rpartition("/states/")
+    base, sep, _ = url.rstrip("/").rpartition("/states/")
     source = RunStorage(base if sep else url)
     key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or \
         load_key(spec.checkpoint.signing_key_env)
-    if not sep:
-        candidates = discover(source, signing_key=key)
-        name = next((c.name for c in candidates if c.manifest and not c.trust_error), "")
-        if not name:
-            raise ResumeRefused(f"resume.init_from: {redact_url(url)} holds no committed"
-                                f"{' and trusted' if key else ''} state")
-    candidate = read_candidate(source, name, key)
-    if candidate.manifest is None:
-        raise ResumeRefused(f"resume.init_from: {redact_url(url)} is not a committed state (no manifest.json)")
-    if candidate.trust_error:
-        raise ResumeRefused(f"resume.init_from: {redact_url(url)}/states/{name} is untrusted: {candidate.trust_error}. "
-                            "Give the source run's key with resume.init_from_signing_key_env")
-    problem = init_from_problem(candidate.trainer, attempt.expectation, spec.resume.init_optimizer)
-    if problem:
-        raise ResumeRefused(f"resume.init_from: {redact_url(source.url)}/states/{name} cannot be taken: {problem}")
+    box: list[dict[str, Any]] = [{}]
+    if attempt.rank == 0:
+        try:
+            box[0] = _resolve_init_from(attempt, source, key)
+        except ResumeRefused as e:
+            box[0] = {"error": str(e)}
+    dist.broadcast_object_list(box, src=0)
+    if "error" in box[0]:
+        raise ResumeRefused(box[0]["error"])
+    name = box[0]["state"]
+    candidate = Candidate(name=name, manifest=box[0]["manifest"], trainer=box[0]["trainer"])
     fetched = fetch_state(source, candidate, attempt.rank, want_rng=False)
     try:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
@@ -278,3 +285,55 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
         fetched.cleanup()
     attempt.say(f"init_from {redact_url(source.url)}/states/{name}: weights imported; schedule, RNG and data start "
                 "fresh")
+
+
+def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) -> dict[str, Any]:
+    """Rank 0: the source state's name and metadata, checked from metadata alone; the run's first
+    resolution is recorded, a later attempt reuses it (``ResumeRefused`` when it cannot)."""
+    spec = attempt.spec
+    url = spec.resume.init_from or ""
+    shown = redact_url(url)
+    _, sep, name = url.rstrip("/").rpartition("/states/")
+    # a new submission with resume.policy fresh starts over: it resolves the source again
+    starts_over = spec.resume.policy == "fresh" and not attempt.restart
+    recorded = attempt.events.journal().init_from(shown) if attempt.events is not None and not starts_over else None
+    if recorded is not None:
+        name = recorded.source_state
+    elif not sep:
+        candidates = discover(source, signing_key=key)
+        name = next((c.name for c in candidates if c.manifest and not c.trust_error), "")
+        if not name:
+            raise ResumeRefused(f"resume.init_from: {shown} holds no committed{' and trusted' if key else ''} state")
+    candidate = read_candidate(source, name, key)
+    where = f"{redact_url(source.url)}/states/{name}"
+    if candidate.manifest is None:
+        if recorded is not None:
+            raise ResumeRefused(
+                f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, is gone "
+                "(no manifest.json). Restore it, or start the fine-tune again as a new run (another name) to "
+                "take another source state")
+        raise ResumeRefused(f"resume.init_from: {shown} is not a committed state (no manifest.json)")
+    if candidate.trust_error:
+        raise ResumeRefused(f"resume.init_from: {where} is untrusted: {candidate.trust_error}. "
+                            "Give the source run's key with resume.init_from_signing_key_env")
+    digest = manifest_sha256(candidate.manifest)
+    if recorded is not None and digest != recorded.manifest_sha256:
+        raise ResumeRefused(
+            f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, changed since "
+            f"(its manifest's sha256 was {recorded.manifest_sha256[:16]}..., now {digest[:16]}...). The run's "
+            "first attempts started from the old bytes; restore them, or start the fine-tune again as a new run")
+    problem = init_from_problem(candidate.trainer, attempt.expectation, spec.resume.init_optimizer)
+    if problem:
+        raise ResumeRefused(f"resume.init_from: {where} cannot be taken: {problem}")
+    if recorded is None and attempt.events is not None:
+        attempt.events.emit(InitFromResolved(attempt=attempt.number, init_from=shown, source_state=name,
+                                             manifest_sha256=digest))
+    elif recorded is not None:
+        attempt.say(f"init_from: the source state this run took at attempt {recorded.attempt} ({name}), unchanged")
+    return {"state": name, "manifest": candidate.manifest, "trainer": candidate.trainer}
+
+
+def manifest_sha256(manifest: dict[str, Any]) -> str:
+    """A state's content digest from its manifest alone: the manifest lists every file's size and
+    checksum, so equal canonical manifests mean equal states (no tensor read)."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

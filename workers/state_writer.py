@@ -46,7 +46,7 @@ from workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, 
 from workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from workers.faults import Faults
 from workers.lease import RunLease
-from workers.signing import sign
+from workers.signing import BINDING, binding_of, sign
 from workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -201,6 +201,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
             "files": dict(sorted(files.items())),
             "lease_generation": lease.generation if lease is not None else None}).record()
         if snap.signing_key is not None:
+            manifest[BINDING] = binding_of(storage.url, snap.name, snap.trainer["job_identity"])
             manifest = sign(manifest, snap.signing_key)
         data = json_bytes(manifest)
         faults.during_manifest(storage, data, STATES_DIR, snap.name, MANIFEST_FILE)
