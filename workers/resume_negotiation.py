@@ -80,7 +80,9 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
         start.rederive_rng, start.rng_bytes = True, None
         attempt.warn(f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
                      f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
-                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run")
+                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run"
+                     + ("; module buffers (BatchNorm statistics) of rank r are those of saved rank r mod "
+                        f"{saved_world}" if state.per_rank_buffers else ""))
     if at.position_in_epoch == layout.micro_batches_per_epoch:
         at.next_epoch()
     at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,  # the record as stored
