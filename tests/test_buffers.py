@@ -97,6 +97,23 @@ def test_a_buffers_file_that_does_not_fit_is_refused_and_the_resume_falls_back(t
     assert "buffer body.2.center is torch.float32 (3,)" in reasons[newest], reasons
 
 
+@pytest.mark.slow
+def test_a_state_written_before_per_rank_buffers_still_resumes(tmp_path):
+    """No ``per_rank_buffers`` in trainer.json, no buffers/ files: resumed as such states always were."""
+    spec = _spec(tmp_path, 0, "faults=[{at_micro_step: 9, mode: raise}]", workers=1)
+    assert run_until_crash(spec)
+    newest = state_names(spec)[-1]
+    store = RunStorage(spec.run_url)
+    manifest = json.loads(store.read_bytes("states", newest, "manifest.json"))
+    del manifest["files"][buffers_file(0)]
+    store.remove("states", newest, buffers_file(0))
+    store.commit_bytes(json_bytes(manifest), "states", newest, "manifest.json")
+    older = trainer_json(spec, newest)
+    del older["per_rank_buffers"]
+    rewrite(store, newest, "trainer.json", json_bytes(older))
+    assert run(spec).resumed_from == newest
+
+
 def _edited_digest(spec, name: str, tmp) -> dict[str, str]:
     """The digest of a copy of the state in which only rank 1's buffers differ."""
     copy = RunStorage(str(tmp))
