@@ -6,6 +6,7 @@ A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 
     engine/...                    DeepSpeed's files under the tag ``engine`` (``required_files``)
     optim/full.safetensors        the gathered optimizer state of elastic ZeRO 1-3 runs
     rng/rank_<r:05d>.safetensors  every rank's RNG state
+    buffers/rank_<r:05d>.safetensors  every rank's module buffers (states that record per_rank_buffers)
     manifest.json                 Manifest: every file with size and checksum; written last, it commits
 
 Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
@@ -46,6 +47,7 @@ MANIFEST_FILE = "manifest.json"
 ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
 FULL_OPTIMIZER_FILE = "optim/full.safetensors"
 RNG_DIR = "rng"
+BUFFERS_DIR = "buffers"
 LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
 MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
 ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
@@ -77,6 +79,10 @@ def rng_file(rank: int) -> str:
     return f"{RNG_DIR}/rank_{rank:05d}.safetensors"
 
 
+def buffers_file(rank: int) -> str:
+    return f"{BUFFERS_DIR}/rank_{rank:05d}.safetensors"
+
+
 def zero3_model_file(rank: int) -> str:
     return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
@@ -86,7 +92,7 @@ def zero_optim_file(rank: int, *, bf16: bool) -> str:
 
 
 def required_files(*, world_size: int, zero_stage: int, precision: str | None,
-                   full_optimizer_state: bool) -> list[str]:
+                   full_optimizer_state: bool, per_rank_buffers: bool = False) -> list[str]:
     """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
 
     ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
@@ -94,7 +100,8 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
     every rank writes its own model file (shapes and buffers; no ``mp_rank_00_model_states.pt``)
     next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
-    (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file.
+    (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
+    and, in states that record ``per_rank_buffers``, its buffers file (``workers.buffers``).
     """
     ranks = range(world_size)
     files = [TRAINER_FILE]
@@ -103,7 +110,8 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
         files += [zero_optim_file(r, bf16=precision == "bf16") for r in ranks]
         if full_optimizer_state:
             files.append(FULL_OPTIMIZER_FILE)
-    return files + [rng_file(r) for r in ranks]
+    files += [rng_file(r) for r in ranks]
+    return files + ([buffers_file(r) for r in ranks] if per_rank_buffers else [])
 
 
 def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
@@ -224,6 +232,9 @@ class TrainState(_Record):
     data: DataRecord
     # the optimizer state loads at another world size (ZeRO 0 holds it whole; elastic 1-3 add optim/full.safetensors)
     elastic_optimizer: StrictBool = False
+    # every rank's module buffers lie in buffers/ (False: states before the field; every rank resumes
+    # with the buffers of DeepSpeed's module file, rank 0's at ZeRO 0-2)
+    per_rank_buffers: StrictBool = False
     metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
     save_reasons: list[str] = []
     attempt: StrictInt | None = None
@@ -260,7 +271,7 @@ class TrainState(_Record):
 
     def required_files(self) -> list[str]:
         return required_files(world_size=self.world_size, zero_stage=self.zero_stage, precision=self.precision,
-                              full_optimizer_state=self.full_optimizer_state)
+                              full_optimizer_state=self.full_optimizer_state, per_rank_buffers=self.per_rank_buffers)
 
     def record(self) -> dict[str, Any]:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""

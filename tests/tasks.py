@@ -146,3 +146,50 @@ def linear_eval(config: dict) -> Task:
     elif kind == "list":
         task.metrics = lambda model, batch: [mse(model, batch)]
     return task
+
+
+class RunningCenter(torch.nn.Module):
+    """Subtracts a running mean of its input: a buffer that a training forward both updates and
+    reads, kept out of ``state_dict`` (non-persistent), as a model's own running statistics may be."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("center", torch.zeros(dim), persistent=False)
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.center.mul_(0.9).add_(0.1 * x.mean(0))
+        return x - self.center
+
+
+class BufferNet(torch.nn.Module):
+    """BatchNorm (persistent running statistics) and a RunningCenter; each rank sees other samples,
+    so every rank's buffers differ. ``dump``: a directory where the first forward of each process
+    writes the buffers it starts from (``rank_<r>.safetensors``): what a resume gave that rank."""
+
+    def __init__(self, dim: int, dump: str | None) -> None:
+        super().__init__()
+        # every parameter's size even: ZeRO-3 pads odd ones per rank with uninitialized memory, which
+        # the digest of the optimizer shards would see
+        self.body = torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.BatchNorm1d(8), RunningCenter(8),
+                                        torch.nn.Linear(8, 1, bias=False))
+        self.dump = dump
+
+    def forward(self, x):
+        if self.dump:
+            import os
+
+            from safetensors.torch import save_file
+
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            save_file({n: b.detach().cpu().clone() for n, b in self.named_buffers()},
+                      os.path.join(self.dump, f"rank_{rank}.safetensors"))
+            self.dump = None
+        return self.body(x)
+
+
+def buffer_net(config: dict) -> Task:
+    dim = int(config.get("dim", 4))
+    return Task(model=BufferNet(dim, config.get("dump")), dataset=Vectors(int(config.get("num_samples", 32)), dim),
+                loss=mse)

@@ -1,4 +1,7 @@
-"""A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG.
+"""A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG,
+and every rank's module buffers (states that carry them: ``buffers``, fed rank by rank, so two
+states that differ only in rank 1's BatchNorm statistics digest differently; older states have no
+such component and digest as they always did).
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
@@ -24,6 +27,7 @@ from safetensors.torch import load as st_load
 from policies.errors import StateRefused
 from policies.redact import redact_url
 from policies.state_format import (
+    BUFFERS_DIR,
     MANIFEST_FILE,
     MODEL_FILE,
     RNG_DIR,
@@ -135,6 +139,12 @@ def state_digest(state_url: str) -> dict[str, str]:
         data = read(rel)
         parts["rng"].feed(st_load(data))
         parts["rng"].feed(safetensors_metadata(data))
+    buffer_files = sorted((p for p in files if p.startswith(f"{BUFFERS_DIR}/")), key=_rank_of)
+    if buffer_files:
+        parts["buffers"] = CanonicalHash()
+    for rel in buffer_files:
+        parts["buffers"].feed(_rank_of(rel))
+        parts["buffers"].feed(st_load(read(rel)))
     out = {k: v.hexdigest() for k, v in parts.items()}
     total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
     return {"digest": total, **out}

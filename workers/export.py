@@ -35,7 +35,10 @@ if TYPE_CHECKING:
 
 
 def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any]) -> None:
-    """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model."""
+    """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model.
+
+    Its buffers are rank 0's (persistent ones, as ``state_dict`` holds them): DeepSpeed does not
+    sync buffers, so each rank's differ; every rank's lie in the final state's ``buffers/``."""
     if _is_zero3(engine):
         tensors = zero3_state_from_storage(storage, info["state"])
     else:

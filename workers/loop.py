@@ -383,6 +383,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], 
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
+        per_rank_buffers=True,  # every rank writes its module buffers (workers.buffers)
         metrics={"loss": loss, **(evaluated or {})}, save_reasons=reasons, attempt=attempt.number,
         submission=attempt.submission_id,  # a restart of this submission continues from its own states
         created_at=time.time()).record()

@@ -22,8 +22,8 @@ from policies.errors import JobConfigError, NoResumableState, ResumeRefused
 from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from policies.state_format import STATES_DIR, TrainState
-from workers import rng
+from policies.state_format import STATES_DIR, TrainState, buffers_file
+from workers import buffers, rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import apply_hyperparameters
@@ -82,7 +82,9 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
         start.rederive_rng, start.rng_bytes = True, None
         attempt.warn(f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
                      f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
-                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run")
+                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run"
+                     + ("; module buffers (BatchNorm statistics) of rank r are those of saved rank r mod "
+                        f"{saved_world}" if state.per_rank_buffers else ""))
     if at.position_in_epoch == layout.micro_batches_per_epoch:
         at.next_epoch()
     at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,  # the record as stored
@@ -166,14 +168,19 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
 
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
-    and when none is left the run fails (it never trains on a half-loaded engine)."""
-    fetched, error = None, None
+    and when none is left the run fails (it never trains on a half-loaded engine). This rank's
+    module buffers (``workers.buffers``) are checked against the live module with the fetch and
+    applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
+    fetched, error, saved_buffers = None, None, None
     same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
+    buffers_of = _buffers_source(attempt, candidate)
     try:
         own = _own_shard(attempt, candidate, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
         fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own,
-                              in_place=same_world and not attempt.spec.resume.reset_optimizer)
+                              in_place=same_world and not attempt.spec.resume.reset_optimizer, buffers_of=buffers_of)
+        if fetched.buffers_bytes is not None and buffers_of is not None:
+            saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
     refusal = _first_refusal(error)
@@ -182,6 +189,8 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         try:
             load_into_engine(engine, fetched, module_only=attempt.spec.resume.reset_optimizer,
                              other_world_size=candidate.trainer["world_size"] != attempt.world_size)  # type: ignore[index]
+            if saved_buffers is not None:
+                buffers.apply(engine.module, saved_buffers)
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
             error = _refusal(e)
         refusal = _first_refusal(error)
@@ -191,6 +200,16 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         return None, refusal
     _apply_live_hyperparameters(attempt, engine)
     return (fetched.rng_bytes if fetched else None), None
+
+
+def _buffers_source(attempt: Attempt, candidate: Candidate) -> int | None:
+    """The saved rank whose module buffers this rank applies, or None for a state without per-rank
+    buffers (every rank then keeps those of DeepSpeed's module file)."""
+    trainer = candidate.trainer or {}
+    saved_world = trainer.get("world_size")
+    if trainer.get("per_rank_buffers") is not True or not isinstance(saved_world, int) or saved_world < 1:
+        return None
+    return buffers.source_rank(attempt.rank, saved_world)
 
 
 def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> int | None:

@@ -52,6 +52,7 @@ from policies.state_format import (
     TRAINER_FILE,
     Manifest,
     ManifestEntry,
+    buffers_file,
     local_path,
     problem_of,
     rng_file,
@@ -85,6 +86,7 @@ class FetchedState:
     rng_bytes: bytes | None
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
+    buffers_bytes: bytes | None = None  # the module buffers this rank applies (``workers.buffers``), verified
 
     @property
     def in_place(self) -> bool:
@@ -104,7 +106,7 @@ class FetchedState:
 
 
 def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True,
-                own_shard: int | None = None, in_place: bool = False) -> FetchedState:
+                own_shard: int | None = None, in_place: bool = False, buffers_of: int | None = None) -> FetchedState:
     """Download and verify this rank's view of a state.
 
     Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
@@ -116,12 +118,16 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     optimizer shard (module docstring); the other ranks' shards are skipped.
 
     ``in_place``: the caller's load reads only through the checkpoint engine (module docstring);
-    on local storage the state is then verified where it lies instead of copied."""
+    on local storage the state is then verified where it lies instead of copied.
+
+    ``buffers_of``: the saved rank whose buffers file this rank applies (``workers.buffers``; None:
+    the state carries none, or the caller applies none); read into memory, verified like the RNG file."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
     if state_dir is not None:
-        return _verify_in_place(state_dir, files, fetched, rng_file(rank) if want_rng else None)
+        return _verify_in_place(state_dir, files, fetched, rng_file(rank) if want_rng else None,
+                                buffers_file(buffers_of) if buffers_of is not None else None)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel in fetched:
@@ -134,15 +140,18 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         rel = rng_file(rank)
         if want_rng and rel in files:
             rng_bytes = _read_verified(storage, cand.name, rel, files)
+        buffers_bytes = None
+        if buffers_of is not None:
+            buffers_bytes = _read_verified(storage, cand.name, buffers_file(buffers_of), files)
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, rng_bytes)
+        return FetchedState(local, rng_bytes, buffers_bytes=buffers_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
 
 
 def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
-                     rng_rel: str | None) -> FetchedState:
+                     rng_rel: str | None, buffers_rel: str | None) -> FetchedState:
     """Open and verify each file in the state directory itself; weights-only check through the same
     descriptors (``workers.verified_files``)."""
     root = open_state_dir(state_dir)
@@ -154,11 +163,13 @@ def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: l
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
         rng_bytes = read_verified(root, rng_rel, files[rng_rel]) if rng_rel in files else None
-        if TRAINER_FILE not in files:
-            raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {TRAINER_FILE}: "
-                               "refused (corrupt)")
+        for listed in (TRAINER_FILE, buffers_rel):
+            if listed is not None and listed not in files:
+                raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: "
+                                   "refused (corrupt)")
+        buffers_bytes = read_verified(root, buffers_rel, files[buffers_rel]) if buffers_rel is not None else None
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, rng_bytes, verified)
+        return FetchedState(state_dir, rng_bytes, verified, buffers_bytes)
     except BaseException:
         for f in verified.values():
             f.close()

@@ -6,7 +6,8 @@ Protocol (all ranks, at a sync boundary only):
    a synchronous save streams each rank's shards straight into storage through fsspec (no shared
    filesystem needed); an asynchronous one only copies their tensors into reusable host buffers
    (``workers.snapshot_arena``) and a background thread then serializes them into storage the
-   same way. Each rank also writes its RNG file, durably.
+   same way. Each rank also writes its RNG file and its module buffers file (``workers.buffers``:
+   DeepSpeed's ZeRO 0-2 module file holds rank 0's buffers only), durably.
 2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
    durable.
 3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
@@ -37,11 +38,12 @@ from policies.state_format import (
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
+    buffers_file,
     json_bytes,
     rng_file,
     state_name,
 )
-from workers import rng
+from workers import buffers, rng
 from workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from workers.faults import Faults
@@ -79,6 +81,7 @@ class Snapshot:
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
     arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
     signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (workers.signing)
+    buffers_bytes: bytes | None = field(default=None, repr=False)  # this rank's module buffers (workers.buffers)
 
 
 def staging_root() -> str | None:
@@ -128,7 +131,10 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
             ce.arena.release()  # nothing will be written from it
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key)
+    # the record says whether the state carries per-rank buffers (``required_files`` then needs them)
+    mine = buffers.capture(engine.module) if trainer.get("per_rank_buffers") else None
+    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key,
+                    buffers_bytes=mine)
     snap.files.update(written)
     if direct is None:
         snap.captured, snap.arena_of = dict(captured), ce
@@ -146,7 +152,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     """Make this rank's files durable in storage (safe to run in a background thread): an async
     save's copied shards are serialized straight into storage (checksummed on the way; then the
     arena is free for the next save), what is in staging is copied (no second read when its
-    checksum is known), then the RNG file."""
+    checksum is known), then the RNG and buffers files."""
     mine: dict[str, dict[str, Any]] = dict(snap.files)
     try:
         if snap.arena_of is not None:
@@ -166,9 +172,12 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
-    rel = rng_file(rank)
-    storage.write_bytes(snap.rng_bytes, STATES_DIR, snap.name, rel)
-    mine[rel] = entry(len(snap.rng_bytes), snap.algo, checksum_bytes(snap.rng_bytes, snap.algo))
+    small = {rng_file(rank): snap.rng_bytes}
+    if snap.buffers_bytes is not None:
+        small[buffers_file(rank)] = snap.buffers_bytes
+    for rel, data in small.items():
+        storage.write_bytes(data, STATES_DIR, snap.name, rel)
+        mine[rel] = entry(len(data), snap.algo, checksum_bytes(data, snap.algo))
     faults.at_phase("after_some_shards")
     snap.files = mine
     return mine
