@@ -122,6 +122,10 @@ class Expectation:
     scheduler_phases: tuple[str, ...] | None = None
     # the optimizer's param groups, (parameters, elements, names hash) each; None: not known
     param_groups: tuple[tuple[int, int, str | None], ...] | None = None
+    # the model's state-dict buffers, (name, shape, dtype) each, and its parameters' dtypes (the
+    # common one, (name, dtype) of each other); None: not known
+    model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
+    parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None
     sampler: str = SAMPLER_VERSION
     # opt-outs (resume.*): continue on these weights and this position although that part differs
     reset_schedule: bool = False
@@ -130,10 +134,13 @@ class Expectation:
     @classmethod
     def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int,
                   param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
-                  optimizer_type: str | None = None) -> Expectation:
+                  optimizer_type: str | None = None,
+                  model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
+                  parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
-        task's model and dataset size, and the built optimizer's param groups (``optimizer_type``:
-        the class name when the task builds the optimizer, else the spec's type)."""
+        task's model (fingerprint, buffers, dtypes) and dataset size, and the built optimizer's
+        param groups (``optimizer_type``: the class name when the task builds the optimizer, else
+        the spec's type)."""
         t = spec.train
         return cls(
             job_identity=job_identity(spec), world_size=layout.world_size, micro_batch_size=t.micro_batch_size,
@@ -142,6 +149,7 @@ class Expectation:
             elastic=spec.scaling.elastic, global_batch=layout.global_batch, samples_per_epoch=layout.samples_per_epoch,
             num_samples=num_samples, precision=spec.deepspeed.precision,
             optimizer_type=optimizer_type or t.optimizer.type, param_groups=param_groups,
+            model_buffers=model_buffers, parameter_dtypes=parameter_dtypes,
             scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
             reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer)
 
@@ -157,6 +165,10 @@ class Expectation:
             samples_per_epoch=state.data.samples_per_epoch, num_samples=state.data.num_samples,
             precision=state.precision, optimizer_type=state.optimizer.type,
             param_groups=tuple((g.params, g.numel, g.names) for g in groups) if groups is not None else None,
+            model_buffers=None if state.model_buffers is None else tuple(
+                (b.name, tuple(b.shape), b.dtype) for b in state.model_buffers),
+            parameter_dtypes=None if state.parameter_dtypes is None else (
+                state.parameter_dtypes.common, tuple(state.parameter_dtypes.others.items())),
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler)
 
@@ -172,6 +184,10 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
         "zero_stage": exp.zero_stage,
         "precision": exp.precision,
         "model_fingerprint": exp.model_fingerprint,
+        "model_buffers": None if exp.model_buffers is None else
+        [{"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in exp.model_buffers],
+        "parameter_dtypes": None if exp.parameter_dtypes is None else
+        {"common": exp.parameter_dtypes[0], "others": dict(exp.parameter_dtypes[1])},
         "seed": exp.seed,
         "elastic": exp.elastic,
         "optimizer": {"type": exp.optimizer_type, "param_groups": None if exp.param_groups is None else
@@ -305,7 +321,65 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
     for key, have, want, what, fix in checks:
         if have != want:
             return _differs(key, have, want, what, fix)
-    return _group_incompatibility(s, exp) or _schedule_incompatibility(s, exp)
+    return (_tensor_incompatibility(s, exp) or _group_incompatibility(s, exp)
+            or _schedule_incompatibility(s, exp))
+
+
+def _shape(shape: Iterable[int]) -> str:
+    dims = tuple(shape)
+    return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _buffer_difference(s: TrainState, exp: Expectation, *, dtypes: bool) -> str | None:
+    """The first buffer that differs between the state and this run (name, shape, dtype), in one
+    phrase; None when both record the same (or either records none: states before the field)."""
+    if s.model_buffers is None or exp.model_buffers is None:
+        return None
+    have = {b.name: (tuple(b.shape), b.dtype) for b in s.model_buffers}
+    want = {name: (shape, dtype) for name, shape, dtype in exp.model_buffers}
+    for name in [*want, *(n for n in have if n not in want)]:
+        if name not in have:
+            return f"buffer {name}: not in the state, shape {_shape(want[name][0])} {want[name][1]} in this run"
+        if name not in want:
+            return f"buffer {name}: shape {_shape(have[name][0])} {have[name][1]} in the state, not in this run"
+        if have[name][0] != want[name][0]:
+            return f"buffer {name}: shape {_shape(have[name][0])} in the state, {_shape(want[name][0])} in this run"
+        if dtypes and have[name][1] != want[name][1]:
+            return f"buffer {name}: dtype {have[name][1]} in the state, {want[name][1]} in this run"
+    return None
+
+
+def _dtype_difference(s: TrainState, exp: Expectation) -> str | None:
+    """The first parameter whose dtype differs (both record dtypes), in one phrase, or None."""
+    if s.parameter_dtypes is None or exp.parameter_dtypes is None:
+        return None
+    have_common, have_others = s.parameter_dtypes.common, s.parameter_dtypes.others
+    want_common, want_others = exp.parameter_dtypes[0], dict(exp.parameter_dtypes[1])
+    for name in [*want_others, *(n for n in have_others if n not in want_others)]:
+        have, want = have_others.get(name, have_common), want_others.get(name, want_common)
+        if have != want:
+            return f"parameter {name}: dtype {have} in the state, {want} in this run"
+    if have_common != want_common:
+        return f"parameters: dtype {have_common} in the state, {want_common} in this run"
+    return None
+
+
+def _tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """Buffers and dtypes the parameter fingerprint does not cover: another buffer name or shape
+    fails DeepSpeed's load (strict), another dtype loads cast, so not exactly. Refused here, from
+    the metadata, naming the tensor, before any tensor is read."""
+    buffers = _buffer_difference(s, exp, dtypes=True)
+    if buffers:
+        return (f"model buffers differ (task): {buffers}. The state's buffers do not load into this model exactly: "
+                "restore the previous model (task / task.config), or start a new run (another name, or "
+                "resume.policy: fresh)" + ("; resume.init_from takes the weights cast to the new dtype."
+                                           if "dtype" in buffers else "."))
+    dtypes = _dtype_difference(s, exp)
+    if dtypes:
+        return (f"model parameter dtypes differ (task): {dtypes}. The state's weights would load cast, not "
+                "exactly: restore the previous dtype (task / task.config), or take the weights into a new run "
+                "with resume.init_from (cast to the new dtype).")
+    return None
 
 
 def _groups_text(groups: tuple[tuple[int, int, str | None], ...]) -> str:
@@ -366,6 +440,10 @@ def init_from_problem(trainer: Any, exp: Expectation, init_optimizer: bool) -> s
     if s.model_fingerprint != exp.model_fingerprint:
         return ("its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
                 "name and shape; point resume.init_from at a state of the same model")
+    buffers = _buffer_difference(s, exp, dtypes=False)
+    if buffers:
+        return (f"its model buffers differ from this run's (task): {buffers}; init_from takes buffers by name and "
+                "shape too: point resume.init_from at a state of the same model")
     if not init_optimizer:
         return None
     opt_out = " Set resume.init_optimizer: false to take the weights only, with a fresh optimizer state."

@@ -103,11 +103,21 @@ class NoResumableState(RuntimeError):
                f"{newest.reason.rstrip('.')}." if newest is not None else "")
         head = headline or (
             f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
-            f"of them.{why} Fix or remove the states below, or set resume.policy: fresh with "
-            "resume.on_existing: archive to start a new run.")
+            f"of them.{why} {_what_to_do(candidates)}")
         from policies.candidates import candidates_table  # the table is the candidates module's format
 
         super().__init__(head + "\n" + candidates_table(candidates))
+
+
+def _what_to_do(candidates: Sequence[Candidate]) -> str:
+    """The advice the candidates' verdicts call for: intact states that do not fit this run are not
+    to be "fixed or removed"; the reasons below name what changed (or the key they need)."""
+    verdicts = {c.verdict.value if c.verdict else "?" for c in candidates}
+    fresh = "or set resume.policy: fresh with resume.on_existing: archive to start a new run."
+    if verdicts and verdicts <= {"incompatible", "untrusted"}:
+        return ("They are intact but do not fit this run: restore what each reason below names (the signing key, "
+                f"for untrusted ones), {fresh}")
+    return f"Fix or remove the damaged (corrupt, torn, mid-cycle) states below, {fresh}"
 
 
 class ResumeRefused(RuntimeError):

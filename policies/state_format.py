@@ -188,6 +188,33 @@ class OptimizerRecord(_Record):
     type: str | None = None  # None: not recorded (states before the field), not compared
     # None: not recorded (states before the field: one group, which the live layout must then be)
     param_groups: list[ParamGroupRecord] | None = None
+    # per group: the keys the optimizer itself changed since it was built (running state, which the
+    # state supplies on resume), each with its as-built value (None: not JSON); None: not recorded
+    # (states before the field: every group key comes from the live run). ``workers.param_groups``
+    running: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _one_running_record_per_group(self) -> OptimizerRecord:
+        if self.running is not None and self.param_groups is not None and len(self.running) != len(self.param_groups):
+            raise ValueError(f"optimizer.running has {len(self.running)} group(s), optimizer.param_groups "
+                             f"{len(self.param_groups)}")
+        return self
+
+
+class BufferRecord(_Record):
+    """One buffer of the model's state dict: a state loads only into buffers of these names and
+    shapes, and exactly only into these dtypes."""
+
+    name: str
+    shape: list[Count]
+    dtype: str
+
+
+class ParameterDtypes(_Record):
+    """The parameters' dtypes: the most common one, and every parameter of another dtype by name."""
+
+    common: str
+    others: dict[str, str] = {}
 
 
 class DataRecord(_Record):
@@ -221,6 +248,9 @@ class TrainState(_Record):
     zero_stage: Annotated[StrictInt, Field(ge=0, le=3)]
     precision: str | None = None  # None: not recorded, not compared
     model_fingerprint: str
+    # None: not recorded (states before the fields), not compared (the fingerprint still is)
+    model_buffers: list[BufferRecord] | None = None
+    parameter_dtypes: ParameterDtypes | None = None
     seed: StrictInt
     elastic: StrictBool | None = None
     optimizer: OptimizerRecord = OptimizerRecord()

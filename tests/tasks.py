@@ -193,3 +193,85 @@ def buffer_net(config: dict) -> Task:
     dim = int(config.get("dim", 4))
     return Task(model=BufferNet(dim, config.get("dump")), dataset=Vectors(int(config.get("num_samples", 32)), dim),
                 loss=mse)
+
+
+class GrowingSteps(torch.optim.Optimizer):
+    """An optimizer that keeps running state in its param groups, as Prodigy does: ``d`` (an
+    adapted step size, in the constructor's defaults like Prodigy's) grows every step, ``k``
+    counts the steps, and ``norm`` (the last gradient norm) appears at the first step, absent at
+    build. The update uses all three, so a resume that resets any of them changes the weights."""
+
+    def __init__(self, params, lr: float = 0.01, weight_decay: float = 0.0, d0: float = 1.0,
+                 growth: float = 1.05) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "d": d0, "d0": d0, "k": 0,
+                                  "growth": growth})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            k, d, last = group["k"], group["d"], group.get("norm", 1.0)
+            total = 0.0
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                total += float(p.grad.norm())
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(p.grad, alpha=-group["lr"] * d / (1 + k) ** 0.5 / (1.0 + last))
+            group["d"], group["k"], group["norm"] = d * group["growth"], k + 1, total
+
+
+def linear_running_groups(config: dict) -> Task:
+    """linear with ``GrowingSteps`` (``optimizer: prodigy``: the real Prodigy); ``weight_decay`` and
+    ``d0`` from ``task.config``, so a test can edit them between attempts."""
+    task = linear(config)
+    wd, d0 = float(config.get("weight_decay", 0.01)), float(config.get("d0", 1.0))
+    if config.get("optimizer") == "prodigy":
+        from prodigyopt import Prodigy
+
+        task.optimizer = lambda model: Prodigy(model.parameters(), lr=1.0, weight_decay=wd, d0=d0 * 1e-3)
+    else:
+        task.optimizer = lambda model: GrowingSteps(model.parameters(), weight_decay=wd, d0=d0)
+    return task
+
+
+COUNTERS = ("micro_steps", "global_steps", "global_samples", "skipped_steps")
+
+
+def linear_counters(config: dict) -> Task:
+    """linear whose loss reads DeepSpeed's step counters (a curriculum or warm-up would): a resume
+    that leaves any of them elsewhere than the uninterrupted run has it changes every later loss.
+    ``starts_at_zero``: the first micro-batch's loss refuses counters other than 0."""
+    task = linear(config)
+    first = {"call": bool(config.get("starts_at_zero"))}  # a fresh position: every counter must read 0
+
+    def loss(model, batch):
+        c = [float(getattr(model, name)) for name in COUNTERS]
+        if first.pop("call", False) and any(c):
+            seen = dict(zip(COUNTERS, c, strict=True))
+            raise AssertionError(f"DeepSpeed's counters at the first micro-batch: {seen}")
+        return mse(model, batch) * (1 + 1e-3 * c[0] + 1e-2 * c[1] + 1e-4 * c[2] + c[3])
+
+    task.loss = loss
+    return task
+
+
+class RunningMean(torch.nn.Module):
+    """Passes its input through and keeps a running mean of it in a buffer of ``size`` entries
+    (a BatchNorm's statistics, shaped by the config and not by any parameter)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.register_buffer("running_mean", torch.zeros(size))
+        self.register_buffer("scratch", torch.zeros(size), persistent=False)  # rebuilt, never saved
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.running_mean.mul_(0.9).add_(0.1 * x.detach().mean())
+        return x
+
+
+def linear_stats(config: dict) -> Task:
+    """linear with a ``RunningMean`` buffer of ``stats`` entries (``task.config.stats``, default 16)."""
+    task = linear(config)
+    task.model = torch.nn.Sequential(*task.model, RunningMean(int(config.get("stats", 16))))
+    return task

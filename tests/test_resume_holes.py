@@ -330,15 +330,18 @@ def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_
 def test_expectation_round_trips_through_the_trainer_record():
     exp = Expectation("j", 2, 2, 4, 10, 1, "f", 3, elastic=True, global_batch=16, samples_per_epoch=40,
                       num_samples=41, precision="bf16", optimizer_type="sgd", scheduler_type="cosine",
-                      scheduler_phases=("linear_warmup", "cosine"))
-    t = candidate_for(8, exp).trainer
-    assert identity_record(exp).items() <= t.items()
+                      scheduler_phases=("linear_warmup", "cosine"),
+                      model_buffers=(("bn.running_mean", (16,), "float32"),),
+                      parameter_dtypes=("bfloat16", (("head.weight", "float32"),)))
+    t, identity = candidate_for(8, exp).trainer, identity_record(exp)
+    assert {k: v for k, v in identity.items() if k != "optimizer"}.items() <= t.items()
+    assert identity["optimizer"].items() <= t["optimizer"].items()  # the record adds the groups' running keys
     assert Expectation.from_state(TrainState.model_validate(t)) == exp
 
 
 def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     from policies.elastic import layout
-    from workers.engine import make_optimizer, model_fingerprint
+    from workers.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
     from workers.param_groups import layout_of
     from workers.task import load_task
 
@@ -355,7 +358,8 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     groups = tuple(g.record() for g in layout_of(make_optimizer(spec, task.model), task.model))
     live = Expectation.from_spec(spec, layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
                                  model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset),
-                                 param_groups=groups)
+                                 param_groups=groups, model_buffers=model_buffers(task.model),
+                                 parameter_dtypes=parameter_dtypes(task.model))
     assert live == exp and len(groups) == 2  # the default no_decay split: weights, biases
 
 

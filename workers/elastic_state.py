@@ -19,6 +19,11 @@ load, which at ZeRO-3 syncpoint routes through the weights-only loader. The diff
 3 is where the optimizer keeps its per-partition state: the base optimizer's param groups are
 empty between steps (DeepSpeed fills them only for a step or a load), and its state is keyed by
 the flat fp32 partitions.
+
+The base optimizer's param-group values travel in the file's metadata too (``groups``, rank 0's,
+those JSON holds exactly): an optimizer that keeps running state in its groups (Prodigy's ``d``
+and ``k``) continues from it after a resize, as after a same-size load, where DeepSpeed's own
+files carry the groups; ``workers.param_groups`` then decides which of them the live run overrides.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
 from policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
+from workers.param_groups import portable_values
 from workers.rng import safetensors_metadata
 
 if TYPE_CHECKING:
@@ -74,7 +80,9 @@ def save_full_optimizer_state(engine: DeepSpeedEngine, staging: str, rank: int) 
     if rank == 0:
         path = local_path(staging, FULL_OPTIMIZER_FILE)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        save_file(tensors, path, metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys)})
+        groups = [portable_values(g) for g in _base_optimizer(engine).param_groups]
+        save_file(tensors, path, metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys),
+                                           "groups": json.dumps(groups)})
 
 
 def _relink_optimizer_state(engine: DeepSpeedEngine) -> None:
@@ -99,6 +107,8 @@ def load_full_optimizer_state(engine: DeepSpeedEngine, data: bytes) -> None:
     header = safetensors_metadata(data)
     keys, step = json.loads(header["keys"]), json.loads(header["step"])
     opt, base = engine.optimizer, _base_optimizer(engine)
+    for group, values in zip(base.param_groups, json.loads(header.get("groups", "[]")), strict=False):
+        group.update({k: v for k, v in values.items() if k != "params"})  # states before the field: none
     for flat in _partitions(engine):  # torch creates optimizer state at the first step: create it now
         state = base.state[flat]
         state["step"] = _step_value(base, step)
@@ -171,6 +181,7 @@ def _full_state_problem(engine: DeepSpeedEngine, path: str) -> str | None:
         with safe_open(path, framework="pt", device="cpu") as f:
             meta = f.metadata() or {}
             keys, step = json.loads(meta["keys"]), json.loads(meta["step"])
+            groups = json.loads(meta.get("groups", "[]"))
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except FileNotFoundError:
         return "missing, though this elastic resume needs it"
@@ -178,6 +189,9 @@ def _full_state_problem(engine: DeepSpeedEngine, path: str) -> str | None:
         return f"not a safetensors file with keys and step in its metadata ({type(e).__name__}: {e})"
     if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)) or not isinstance(step, (int, float)):
         return "its metadata names no list of state keys and no numeric step"
+    if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)) or (
+            groups and len(groups) != len(_base_optimizer(engine).param_groups)):
+        return "its metadata's param groups are not one object per param group of this optimizer"
     for name, p in engine.module.named_parameters():
         if not p.requires_grad:
             continue

@@ -12,7 +12,16 @@ import torch
 from policies.errors import JobConfigError
 from policies.spec import JobSpec
 from workers.device import prepare_op_builds
-from workers.param_groups import ATTRIBUTE, GroupSettings, builtin_groups, layout_of, settings_of, spec_key
+from workers.param_groups import (
+    ATTRIBUTE,
+    GroupSettings,
+    Restored,
+    builtin_groups,
+    layout_of,
+    settings_of,
+    spec_key,
+)
+from workers.position import TrainingPosition
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -116,7 +125,8 @@ def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None =
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
-    """Names, shapes and dtypes of every parameter: what a state must match to load exactly."""
+    """Names, shapes and ``requires_grad`` of every parameter: what a state's weights must match to
+    load at all (dtypes and buffers are recorded beside it: ``parameter_dtypes``, ``model_buffers``)."""
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         # ZeRO-3 replaces each parameter by an empty placeholder and keeps its shape in ds_shape
@@ -124,18 +134,71 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec) -> list[str]:
-    """Config wins: after a load, every param group's hyper-parameters come back from the live
-    task/spec (the snapshot taken when the engine was built), group by group.
+def model_buffers(model: torch.nn.Module) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """(name, shape, dtype) of every buffer the module's state dict holds (persistent ones: the
+    rest are rebuilt by the model and never saved), in ``named_buffers`` order.
+
+    Why beside the fingerprint: a buffer of another shape cannot load (a BatchNorm's running
+    statistics), and one of another dtype loads cast, not exactly; recorded per buffer, so
+    selection names the one that changed before any tensor is read."""
+    modules = dict(model.named_modules())
+    out = []
+    for name, b in model.named_buffers():
+        owner, _, leaf = name.rpartition(".")
+        if leaf in getattr(modules.get(owner), "_non_persistent_buffers_set", ()):
+            continue
+        out.append((name, tuple(int(n) for n in b.shape), str(b.dtype).removeprefix("torch.")))
+    return tuple(out)
+
+
+def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The parameters' dtype (the most common one) and every parameter of another dtype, by name:
+    a parameter whose dtype changed loads cast, not exactly; the fingerprint covers names and
+    shapes only (it is compared as computed for states written before dtypes were recorded)."""
+    dtypes = [(name, str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
+    counts: dict[str, int] = {}
+    for _, d in dtypes:
+        counts[d] = counts.get(d, 0) + 1
+    common = max(counts, key=lambda d: counts[d]) if counts else ""
+    return common, tuple((name, d) for name, d in dtypes if d != common)
+
+
+def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec,
+                          running: list[dict[str, Any]] | None = None) -> Restored:
+    """Config wins for what the user sets; the state supplies running state. After a load, every
+    param group's hyper-parameters come back from the live task/spec (the snapshot taken when the
+    engine was built), group by group, except the keys the state records as running state
+    (``running``: the optimizer itself changed them; ``workers.param_groups``).
 
     DeepSpeed's (and torch's) optimizer load restores the saved param groups, so without this an
     edited weight decay, beta or a group's base rate would silently keep the state's value.
-    Returns one line per changed setting (the state's value and the live one) for the log.
+    Returns the lines for the log: each changed setting (the state's value and the live one), and
+    each running value kept although its initial value changed.
     """
     settings = settings_of(engine)
-    changes = settings.restore(engine.optimizer.param_groups, spec_key(settings.task_class is not None))
+    restored = settings.restore(engine.optimizer.param_groups, spec_key(settings.task_class is not None), running)
     resync_cpu_adam(engine)  # also a post-load step: the loop calls this right after every load
-    return list(dict.fromkeys(changes))
+    return Restored(list(dict.fromkeys(restored.changes)), list(dict.fromkeys(restored.kept)))
+
+
+def set_counters(engine: DeepSpeedEngine, at: TrainingPosition, *, resumed: bool) -> None:
+    """Put DeepSpeed's step counters where the uninterrupted run has them at this position.
+
+    Why: a loss may read them (``engine.micro_steps``, ``global_steps``, ``global_samples``,
+    ``skipped_steps``: curricula, warm-ups, logging), and DeepSpeed's load restores only some,
+    only sometimes: never ``micro_steps``, and none on a module-only load (``resume.reset_optimizer``,
+    another world size), while ``init_from`` with its optimizer brings the other run's. The
+    position decides them all: one ``engine.step()`` per micro-batch, ``global_steps`` per
+    optimizer step, ``global_samples`` a global batch per step (DeepSpeed's managed accumulation;
+    the micro-batches' samples in its unmanaged mode). ``skipped_steps`` (fp16 overflows) is only
+    in DeepSpeed's files: a full load restores it, a module-only load leaves it at 0, and a fresh
+    start or ``init_from`` starts it at 0."""
+    engine.micro_steps = at.global_micro_step
+    engine.global_steps = at.optimizer_step
+    managed = getattr(engine, "managed_gradient_accumulation", lambda: True)()
+    engine.global_samples = at.optimizer_step * engine.train_batch_size() if managed else at.global_samples
+    if not resumed:
+        engine.skipped_steps = 0
 
 
 def resync_cpu_adam(engine: DeepSpeedEngine) -> int:

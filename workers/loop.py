@@ -45,7 +45,7 @@ from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
 from workers.data import epoch_loader
 from workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
-from workers.engine import build_engine, model_fingerprint, set_lr
+from workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
 from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog
 from workers.export import export_final
@@ -129,7 +129,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
                                         num_samples=len(task.dataset), param_groups=groups.layout_record,
-                                        optimizer_type=groups.task_class)
+                                        optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
+                                        parameter_dtypes=parameter_dtypes(task.model))
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -243,7 +244,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
                 metrics.at_boundary(record, logged=logged, evaluated=evaluation.latest if evaluated else None,
                                     report=bool(agreed.reports_due) or last)
-                trainer_record = partial(_trainer_record, attempt, at, loss=step_loss, evaluated=evaluation.latest)
+                trainer_record = partial(_trainer_record, attempt, at, engine, loss=step_loss,
+                                         evaluated=evaluation.latest)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
@@ -368,14 +370,17 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
     return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
 
 
-def _trainer_record(attempt: Attempt, at: TrainingPosition, reasons: list[str], *, loss: float,
-                    evaluated: dict[str, float] | None = None) -> dict[str, Any]:
-    """``trainer.json``: the position, the identity selection compares, and why this state was saved;
-    ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for ``best-metric``."""
+def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEngine, reasons: list[str], *,
+                    loss: float, evaluated: dict[str, float] | None = None) -> dict[str, Any]:
+    """``trainer.json``: the position, the identity selection compares, which param-group keys are
+    the optimizer's running state, and why this state was saved; ``evaluated``: the latest
+    evaluation at or before it (``eval_<name>``), for ``best-metric``. Every rank calls it."""
     exp, spec = attempt.expectation, attempt.spec
+    identity = identity_record(exp)  # what selection compares (read back by Expectation.from_state)
+    running = settings_of(engine).running_record(engine.optimizer.param_groups)  # a collective
+    identity["optimizer"] = {**identity["optimizer"], "running": running}
     return TrainState(
-        schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name,
-        **identity_record(exp),  # what selection compares (read back by Expectation.from_state)
+        schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name, **identity,
         epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
         data=DataRecord(sampler=exp.sampler, num_samples=exp.num_samples, global_samples=at.global_samples,

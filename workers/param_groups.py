@@ -11,6 +11,17 @@ Rules (2) and (1) need each group's live values as built, before a state's param
 them: ``GroupSettings`` snapshots every key of every group except ``params`` right after the
 engine is built (the snapshot lives beside the engine, never in the saved optimizer state, so the
 state files do not change).
+
+Config wins only for what the user sets. Some optimizers keep running state in their groups
+(Prodigy's ``d``, ``d_max``, ``d_numerator``, ``k``; D-Adaptation; schedule-free's counters), often
+under keys their constructor also puts in ``defaults``, so a key's name cannot tell. What can: a
+key is *running state* once the optimizer itself changed it since it was built. Every save
+records, per group, the snapshot keys whose value differs from the as-built one (``lr`` and
+``initial_lr`` follow the schedule and never count), with each one's as-built value
+(``OptimizerRecord.running``); after a load those keys keep the state's value and every other
+snapshot key takes the live one. Keys absent at build (added at the first step) are no snapshot
+key: they always keep the state's value. A state without the record takes every snapshot key
+from the live run.
 """
 
 from __future__ import annotations
@@ -18,11 +29,13 @@ from __future__ import annotations
 import copy
 import fnmatch
 import hashlib
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from policies.errors import JobConfigError
 
@@ -115,23 +128,35 @@ def layout_of(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple
 
 
 @dataclass
+class Restored:
+    """What a restore did, for the log: ``changes`` (warnings) one per hyper-parameter the user
+    changed, ``kept`` (info) one per running value kept although its initial value changed."""
+
+    changes: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+@dataclass
 class GroupSettings:
     """Every param group's live hyper-parameters as built, the layout, and who decided them.
 
     ``task_class``: the optimizer's class name when ``Task.optimizer`` built it (the optimizer
-    type a state records), None for the spec's built-in optimizer."""
+    type a state records), None for the spec's built-in optimizer. ``running``: per group, the
+    snapshot keys known to be running state (the optimizer changed them in this attempt, or the
+    loaded state recorded them), each with the as-built value the state records."""
 
     base: list[dict[str, Any]]
     layout: tuple[GroupLayout, ...]
     task_class: str | None = None
     _lrs: list[Any] = field(default_factory=list)
+    running: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def snapshot(cls, param_groups: Iterable[dict[str, Any]], layout: tuple[GroupLayout, ...],
                  task_class: str | None) -> GroupSettings:
         base = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in param_groups]
         return cls(base=base, layout=layout, task_class=task_class,
-                   _lrs=[g.get("initial_lr", g["lr"]) for g in base])
+                   _lrs=[g.get("initial_lr", g["lr"]) for g in base], running=[{} for _ in base])
 
     @property
     def layout_record(self) -> tuple[tuple[int, int, str | None], ...]:
@@ -146,32 +171,110 @@ class GroupSettings:
             group["lr"] = lr * factor
         return self.lrs(factor)
 
-    def restore(self, param_groups: list[dict[str, Any]], spec_keys: Callable[[str], bool]) -> list[str]:
-        """Config wins, per group: put every snapshot key back; one line per logged change."""
+    def running_record(self, param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """At a save (every rank, together): per group, each snapshot key the optimizer changed
+        so far, with its as-built value (``None`` where JSON cannot hold it) for ``trainer.json``.
+
+        Once changed, a key stays running state. The ranks' findings are united (one small
+        collective per save): at ZeRO 1/2 each rank's optimizer sees only its own partition, and
+        every rank must restore the same keys the same way."""
+        for i, (group, base) in enumerate(zip(param_groups, self.base, strict=True)):
+            for key, built in base.items():
+                if key not in _SCHEDULED and key in group and not _same(group[key], built):
+                    self.running[i].setdefault(key, _json_value(built))
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            found: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(found, self.running)
+            for other in found:
+                for mine, theirs in zip(self.running, other or [], strict=False):
+                    for key, built in theirs.items():
+                        mine.setdefault(key, built)
+        return [dict(sorted(g.items())) for g in self.running]
+
+    def restore(self, param_groups: list[dict[str, Any]], spec_keys: Callable[[str], bool],
+                running: list[dict[str, Any]] | None = None) -> Restored:
+        """After a load, per group: the running keys (``running``, the state's record) keep the
+        state's value; every other snapshot key comes back from the live run (config wins), with
+        one line per setting the user changed."""
         if len(param_groups) != len(self.base):
             raise JobConfigError(f"the loaded optimizer has {len(param_groups)} param group(s), this run builds "
                                  f"{len(self.base)}: the state's group layout does not fit (resume.reset_optimizer)")
-        lines: list[str] = []
+        for mine, recorded in zip(self.running, running or [], strict=False):
+            for key, built in recorded.items():
+                mine.setdefault(key, built)
+        out = Restored()
         many = len(self.base) > 1
         for i, (group, base) in enumerate(zip(param_groups, self.base, strict=True)):
             for key, want in base.items():
                 have = group.get(key)
-                if key not in _SCHEDULED and have is not None and spec_keys(key) and _norm(have) != _norm(want):
-                    lines.append(self._change_line(i, key, have, want, many))
+                if key in self.running[i] and key in group:
+                    before = self.running[i][key]  # the state's as-built value (None: not known)
+                    if spec_keys(key) and before is not None and not _same(_json_value(want), before):
+                        out.kept.append(self._kept_line(i, key, have, before, want, many))
+                    continue
+                if key not in _SCHEDULED and have is not None and spec_keys(key) and not _same(have, want):
+                    out.changes.append(self._change_line(i, key, have, want, many))
                 group[key] = copy.deepcopy(want)
-        return lines
+        return out
+
+    def _where(self, i: int, key: str, many: bool) -> str:
+        if self.task_class is None:
+            return f"train.optimizer.{key}" + (f" (param group {i})" if many else "")
+        return f"Task.optimizer param group {i} {key}"
 
     def _change_line(self, i: int, key: str, have: Any, want: Any, many: bool) -> str:
         have, want = _norm(have), _norm(want)
         if self.task_class is None:
-            where = f"train.optimizer.{key}" + (f" (param group {i})" if many else "")
-            return f"{where}: the state had {have!r}, the spec says {want!r}; the spec wins"
-        return f"Task.optimizer param group {i} {key}: the state had {have!r}, the task says {want!r}; the task wins"
+            return f"{self._where(i, key, many)}: the state had {have!r}, the spec says {want!r}; the spec wins"
+        return f"{self._where(i, key, many)}: the state had {have!r}, the task says {want!r}; the task wins"
+
+    def _kept_line(self, i: int, key: str, have: Any, before: Any, want: Any, many: bool) -> str:
+        return (f"{self._where(i, key, many)}: running state (the optimizer changes it as it trains): the state's "
+                f"value {_norm(have)!r} is kept; its initial value changed from {before!r} to {_norm(want)!r}, "
+                "which only a fresh optimizer state starts from (resume.reset_optimizer: true)")
 
 
 def _norm(v: Any) -> Any:
     """Compare betas saved as a list (after a load) with the tuple the optimizer was built with."""
     return tuple(v) if isinstance(v, list) else v
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two group values are equal: tensors by value (shape and dtype included), NaN equal
+    to NaN, a list equal to the tuple it was saved from; never raises."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu())))
+    a, b = _norm(a), _norm(b)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value whose == does not give a bool: not known equal
+        return False
+
+
+def _json_value(v: Any) -> Any:
+    """A group value as ``trainer.json`` can hold it exactly (finite numbers, strings, booleans,
+    None, lists of those; a tuple as a list), else None: not known."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, (list, tuple)):
+        items = [_json_value(x) for x in v]
+        return None if any(x is None for x in items) else items
+    return None
+
+
+def portable_values(group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's values that JSON holds exactly (every key but ``params``; a tensor or any
+    other object is left out): what the world-size-independent optimizer state carries."""
+    out = {}
+    for key, value in group.items():
+        if key != "params" and (value is None or _json_value(value) is not None):
+            out[key] = _json_value(value)
+    return out
 
 
 def settings_of(engine: DeepSpeedEngine) -> GroupSettings:

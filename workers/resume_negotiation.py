@@ -26,7 +26,7 @@ from policies.state_format import STATES_DIR, TrainState, buffers_file
 from workers import buffers, rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
-from workers.engine import apply_hyperparameters
+from workers.engine import apply_hyperparameters, set_counters
 from workers.position import RunLength, TrainingPosition
 from workers.schedule import resume_position
 from workers.signing import legacy_unbound, load_key
@@ -65,6 +65,7 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     if trainer:
         _position_from(attempt, trainer, start)
         start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
+    set_counters(engine, start.position, resumed=name is not None)  # a loss may read DeepSpeed's counters
     start.finished = _already_finished(attempt, name, start.position, attempt.run_length)
     return start
 
@@ -96,9 +97,11 @@ def _choose_and_load(attempt: Attempt,
                      engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, bytes | None]:
     """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
 
-    Any refusal after selection (a checksum, an unsafe file, a read error) marks that candidate
-    corrupt and asks the policy again, so a damaged newest state costs one fallback, not the run.
-    Returns the state's name, its trainer record and this rank's RNG bytes (all None: fresh start).
+    Any refusal after selection marks that candidate and asks the policy again, so a bad newest
+    state costs one fallback, not the run: corrupt when fetching or verifying refused it (a
+    checksum, an unsafe file, a read error), incompatible when its verified files do not fit this
+    model (``_load_refusal``). Returns the state's name, its trainer record and this rank's RNG
+    bytes (all None: fresh start).
     """
     spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
     restart = rank == 0 and attempt.restart
@@ -146,7 +149,7 @@ def _choose_and_load(attempt: Attempt,
         if rank == 0:
             for c in candidates:
                 if c.name == candidate.name:
-                    c.verdict, c.reason = Verdict.CORRUPT, f"verification failed: {refusal}"
+                    c.verdict, c.reason = _refused_verdict(refusal)
 
 
 def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> ResumePolicy:
@@ -164,7 +167,7 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
 
 def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> tuple[bytes | None, str | None]:
     """Every rank fetches and verifies, then loads; (this rank's RNG bytes, None) or (None, the first
-    rank's refusal).
+    rank's refusal: ``_refused_verdict`` reads it).
 
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
@@ -192,13 +195,13 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             if saved_buffers is not None:
                 buffers.apply(engine.module, saved_buffers)
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
-            error = _refusal(e)
+            error = _load_refusal(e)
         refusal = _first_refusal(error)
     if fetched:
         fetched.cleanup()
     if refusal is not None:
         return None, refusal
-    _apply_live_hyperparameters(attempt, engine)
+    _apply_live_hyperparameters(attempt, engine, candidate)
     return (fetched.rng_bytes if fetched else None), None
 
 
@@ -227,21 +230,50 @@ def _refusal(e: BaseException) -> str:
     return str(e) if isinstance(e, StateRefused) else f"{type(e).__name__}: {e}"
 
 
+_DOES_NOT_FIT = "does not fit this model: "
+
+
+def _load_refusal(e: BaseException) -> str:
+    """A load that failed on files already verified against the manifest: those bytes are the ones
+    the writer wrote, so anything but a refusal of a file (``StateRefused``) or a failing disk or
+    memory is the state not fitting the live model (DeepSpeed's or torch's size mismatch, missing or
+    unexpected keys): incompatible, never corrupt. DeepSpeed's multi-line messages become one line."""
+    if isinstance(e, (StateRefused, OSError, MemoryError)):
+        return _refusal(e)
+    text = " ".join(str(e).split()).rstrip(".")
+    return _DOES_NOT_FIT + (text if len(text) <= 400 else text[:397] + "...")
+
+
+def _refused_verdict(refusal: str) -> tuple[Verdict, str]:
+    """The verdict and reason of a candidate whose fetch or load every rank refused."""
+    if refusal.startswith(_DOES_NOT_FIT):
+        return Verdict.INCOMPATIBLE, (f"{refusal}. The state is intact, this run's model differs from the one that "
+                                      "wrote it: restore the previous model (task / task.config), or start a new run "
+                                      "(another name, or resume.policy: fresh)")
+    return Verdict.CORRUPT, f"verification failed: {refusal}"
+
+
 def _first_refusal(error: str | None) -> str | None:
     errors: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     return next((e for e in errors if e), None)
 
 
-def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine) -> None:
-    """Config wins: the state supplied moments and positions, the live spec supplies every
-    hyper-parameter (the loaded param groups carried the old ones); each change is said once."""
-    changes = apply_hyperparameters(engine, attempt.spec)
+def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine, candidate: Candidate) -> None:
+    """Config wins for what the user sets: the state supplied moments, positions and the param
+    groups' running state (the keys it records as changed by the optimizer itself), the live spec
+    every other hyper-parameter (the loaded param groups carried the old ones); each change is said once."""
+    running = None
+    if not attempt.spec.resume.reset_optimizer:
+        running = TrainState.model_validate(candidate.trainer).optimizer.running  # classified: it parses
+    restored = apply_hyperparameters(engine, attempt.spec, running)
     if attempt.spec.resume.reset_optimizer:
         attempt.warn("resume.reset_optimizer: weights and position come from the state; the optimizer state "
                      "(moments) starts fresh")
-    for line in changes:
+    for line in restored.changes:
         attempt.warn(line)
+    for line in restored.kept:
+        attempt.say(line)
 
 
 def _already_finished(attempt: Attempt, state: str | None, at: TrainingPosition, run_length: RunLength) -> bool:
