@@ -129,6 +129,11 @@ class StateRefused(Exception):
     pickle class, missing file): the loop marks it corrupt with this message and falls back."""
 
 
+class StateMismatch(Exception):
+    """A verified state that does not fit the live job (a buffer of another shape, names this model
+    lacks): intact, so the candidate is incompatible, never corrupt; the loop falls back."""
+
+
 class LeaseRefused(RuntimeError):
     """This submission may not write the run directory (someone else holds it)."""
 

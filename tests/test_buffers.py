@@ -17,7 +17,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from policies.candidates import Expectation, Verdict, classify
-from policies.errors import StateRefused
+from policies.errors import StateMismatch, StateRefused
 from policies.state_format import TrainState, buffers_file, json_bytes, required_files
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json
 from tests.meta import candidate_for
@@ -74,10 +74,10 @@ def test_a_buffers_file_is_read_only_if_it_holds_exactly_the_models_buffers():
     with pytest.raises(StateRefused, match="not a safetensors file.*corrupt"):
         buffers.read(b"\xff" * 16, "buffers/rank_00000.safetensors", model)
     wrong_shape = dict(saved, **{"body.2.center": torch.zeros(3)})
-    with pytest.raises(StateRefused, match=r"buffer body.2.center is torch.float32 \(3,\).*incompatible"):
+    with pytest.raises(StateMismatch, match=r"buffer body.2.center is torch.float32 \(3,\).*other buffers"):
         buffers.read(st_save(wrong_shape), "buffers/rank_00000.safetensors", model)
     without = {k: v for k, v in saved.items() if k != "body.2.center"}
-    with pytest.raises(StateRefused, match=r"missing \['body.2.center'\]"):
+    with pytest.raises(StateMismatch, match=r"missing \['body.2.center'\]"):
         buffers.read(st_save(without), "buffers/rank_00000.safetensors", model)
     assert [buffers.source_rank(r, 2) for r in range(5)] == [0, 1, 0, 1, 0]
     assert [buffers.source_rank(r, 4) for r in range(2)] == [0, 1]
@@ -95,6 +95,8 @@ def test_a_buffers_file_that_does_not_fit_is_refused_and_the_resume_falls_back(t
     decision = [e for e in EventLog(store).read_all() if e["kind"] == "resume_decision"][-1]
     reasons = {c["state"]: c["reason"] for c in decision["candidates"]}
     assert "buffer body.2.center is torch.float32 (3,)" in reasons[newest], reasons
+    verdicts = {c["state"]: c["verdict"] for c in decision["candidates"]}
+    assert verdicts[newest] == "incompatible" and "does not fit this model" in reasons[newest]  # intact, not corrupt
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from policies.errors import StateRefused
+from policies.errors import StateMismatch, StateRefused
 
 
 def capture(module: torch.nn.Module) -> bytes:
@@ -39,8 +39,9 @@ def source_rank(rank: int, saved_world_size: int) -> int:
 
 
 def read(data: bytes, rel: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A verified buffers file's tensors, refused (``StateRefused``) unless it is a safetensors file
-    holding exactly this module's buffers, each with its name, shape and dtype; called before the
+    """A verified buffers file's tensors: refused (``StateRefused``) unless it is a safetensors file,
+    ``StateMismatch`` unless it holds exactly this module's buffers, each with its name, shape and
+    dtype (the state is then intact but incompatible); called before the
     engine is touched, so a refusal falls back to the next candidate with nothing half-loaded."""
     try:
         saved = st_load(data)
@@ -48,8 +49,7 @@ def read(data: bytes, rel: str, module: torch.nn.Module) -> dict[str, torch.Tens
         raise StateRefused(f"{rel}: not a safetensors file ({e}): refused (corrupt)") from None
     problem = _mismatch(saved, dict(module.named_buffers()))
     if problem:
-        raise StateRefused(f"{rel}: {problem}: refused (incompatible: the state's model has other buffers than "
-                           "this job's model)")
+        raise StateMismatch(f"{rel}: {problem} (the state's model has other buffers than this job's model)")
     return saved
 
 

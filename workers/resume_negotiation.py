@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from policies.candidates import Candidate, Verdict, init_from_problem
-from policies.errors import JobConfigError, NoResumableState, ResumeRefused
+from policies.errors import JobConfigError, NoResumableState, ResumeRefused, StateMismatch
 from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
@@ -227,6 +227,8 @@ def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) 
 
 
 def _refusal(e: BaseException) -> str:
+    if isinstance(e, StateMismatch):
+        return _DOES_NOT_FIT + " ".join(str(e).split())
     return str(e) if isinstance(e, StateRefused) else f"{type(e).__name__}: {e}"
 
 
