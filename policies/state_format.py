@@ -224,6 +224,9 @@ class TrainState(_Record):
     data: DataRecord
     # the optimizer state loads at another world size (ZeRO 0 holds it whole; elastic 1-3 add optim/full.safetensors)
     elastic_optimizer: StrictBool = False
+    # the task's own train-side generators, path -> kind, whose states the RNG files hold (None:
+    # not recorded, states before they were captured; not compared)
+    task_generators: dict[str, str] | None = None
     metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
     save_reasons: list[str] = []
     attempt: StrictInt | None = None

@@ -7,7 +7,9 @@ paths inside the state (``policies.state_paths``) and resolves each below the fe
 (2) downloads each file under a temporary name and renames it into place only after its size and
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
 DeepSpeed file once with the weights-only loader (``workers.safe_load``; storages memory-mapped,
-so it costs only the pickle metadata). A state that fails any of these raises ``StateRefused``
+so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
+(``workers.rng.verify``), so the restore after the data skip cannot fail on a state already
+accepted. A state that fails any of these raises ``StateRefused``
 on every rank alike (every rank fetches and checks the same files), before the engine is touched:
 a refused state never leaves a half-loaded engine behind. DeepSpeed's own reads then go through
 the same loader again (``workers.checkpoint_engine``), so nothing is ever unpickled blindly.
@@ -57,6 +59,7 @@ from policies.state_format import (
     rng_file,
 )
 from policies.state_paths import path_problem
+from workers import rng
 from workers.checksum import matches_entry
 from workers.safe_load import check_state_file
 from workers.storage import RunStorage
@@ -82,7 +85,7 @@ PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ e
 @dataclass
 class FetchedState:
     local_dir: str  # contains engine/ as DeepSpeed wrote it
-    rng_bytes: bytes | None
+    rng_state: rng.SavedRng | None  # this rank's RNG file, parsed and tried (``rng.verify``)
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
 
@@ -130,12 +133,12 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(local_path(local, rel), rel)
-        rng_bytes = None
+        saved = None
         rel = rng_file(rank)
         if want_rng and rel in files:
-            rng_bytes = _read_verified(storage, cand.name, rel, files)
+            saved = rng.verify(_read_verified(storage, cand.name, rel, files), rel)
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, rng_bytes)
+        return FetchedState(local, saved)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -153,12 +156,12 @@ def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: l
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
-        rng_bytes = read_verified(root, rng_rel, files[rng_rel]) if rng_rel in files else None
+        saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
         if TRAINER_FILE not in files:
             raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {TRAINER_FILE}: "
                                "refused (corrupt)")
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, rng_bytes, verified)
+        return FetchedState(state_dir, saved, verified)
     except BaseException:
         for f in verified.values():
             f.close()
