@@ -40,6 +40,8 @@ def own_generators(config: dict) -> Task:
         return (1.0 + 0.5 * float(scale.random())) * mse(model, (x, y))
 
     task.loss = loss
+    if config.get("eval_samples"):  # evaluated with the loss: its draws come from the same generators
+        task.eval_dataset = OwnRngVectors(int(config["eval_samples"]))
     return task
 
 

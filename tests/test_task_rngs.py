@@ -239,8 +239,8 @@ def test_a_state_whose_task_generators_differ_is_incompatible():
 def _own(tmp, *extra):
     # 12 micro-batches per epoch, accumulation 2, 2 epochs; a state every optimizer step
     return linear_spec(tmp, "task.path=tests.rng_tasks:own_generators", "task.config.num_samples=12",
-                       "train.grad_accum=2", "train.epochs=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                       *extra)
+                       "train.grad_accum=2", "train.epochs=2",
+                       "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
 
 
 @pytest.mark.slow
@@ -264,6 +264,25 @@ def test_the_datasets_own_generator_is_the_same_with_and_without_loader_workers(
     a, b = step_history(zero), step_history(two)
     assert [a[s].loss for s in sorted(a)] == [b[s].loss for s in sorted(b)]
     assert digest(zero, state_names(zero)[-1]) == digest(two, state_names(two)[-1])
+
+
+@pytest.mark.slow
+def test_an_evaluation_leaves_the_tasks_generators_to_training(tmp_path):
+    """The eval set is scored with the task's loss, which draws from the task's generators: the
+    evaluation saves them, seeds them from train.seed and puts them back, so training with
+    evaluations is training without."""
+    plain = _own(tmp_path / "plain")
+    evaluated = _own(tmp_path / "eval", "task.config.eval_samples=5",
+                     "train.eval_every={value: 2, unit: optimizer_steps}")
+    run(plain), run(evaluated)
+    a, b = step_history(plain), step_history(evaluated)
+    assert [a[s].loss for s in sorted(a)] == [b[s].loss for s in sorted(b)]
+    assert digest(plain, state_names(plain)[-1]) == digest(evaluated, state_names(evaluated)[-1])
+    assert len(_eval_losses(evaluated)) == 6
+
+
+def _eval_losses(spec) -> list[float]:
+    return [e["metrics"]["loss"] for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "evaluated"]
 
 
 def _in_own_process(storage, hash_seed: str, *overrides: str) -> int:
@@ -317,3 +336,18 @@ def test_a_bad_rng_file_in_the_newest_state_falls_back_to_the_previous(tmp_path,
     assert BAD_FILES[case][1] in reasons[newest], reasons
     ref = _own(tmp_path / "ref")
     assert digest(spec, result.final_state) == digest(ref, run(ref).final_state)
+
+
+@pytest.mark.slow
+def test_a_schedule_record_without_a_position_resumes_with_the_schedule_restarted(tmp_path, capsys):
+    """``scheduler.position: null`` is "not recorded" to selection (the state format's model), so the
+    resume after choosing it must read it so too, not fail on it."""
+    spec = _own(tmp_path, "faults=[{at_micro_step: 15, mode: raise}]")
+    assert run_until_crash(spec)
+    store, newest = RunStorage(spec.run_url), f"{14:012d}"
+    trainer = json.loads(store.read_bytes("states", newest, "trainer.json"))
+    trainer["scheduler"]["position"] = None
+    _recommit_file(store, newest, "trainer.json", json.dumps(trainer).encode())
+    capsys.readouterr()
+    assert run(with_overrides(spec, "faults=[]")).resumed_from == newest
+    assert "records no LR-schedule position" in capsys.readouterr().err

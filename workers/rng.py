@@ -15,8 +15,8 @@ restore after the skip applies what was verified and cannot fail.
 File layout (one per rank): tensors ``python``, ``numpy_keys``, ``torch_cpu``, ``cuda_<i>`` and
 ``task/<i>``; one metadata key, ``rng`` (JSON): the scalars of the global streams and
 ``task_generators``, a list of each generator's path, kind, and its tensor's name (torch,
-``random.Random``) or, for NumPy, its bit generator's state with integers as strings. A file without ``task_generators`` was written before task
-generators were captured.
+``random.Random``) or, for NumPy, its bit generator's state with integers as strings. A file
+without ``task_generators`` was written before task generators were captured.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def serialize(saved: SavedRng) -> bytes:
     }
     for i, s in enumerate(saved.cuda):
         tensors[f"cuda_{i}"] = s
-    meta = {"python_version": version, "python_gauss": gauss, "numpy_name": np_name, "numpy_pos": int(np_pos),
-            "numpy_has_gauss": int(np_has_gauss), "numpy_cached_gaussian": float(np_cached),
-            "cuda_devices": len(saved.cuda)}
+    meta: dict[str, Any] = {"python_version": version, "python_gauss": gauss, "numpy_name": np_name,
+                            "numpy_pos": int(np_pos), "numpy_has_gauss": int(np_has_gauss),
+                            "numpy_cached_gaussian": float(np_cached), "cuda_devices": len(saved.cuda)}
     entries = []
     for i, (path, (kind, state)) in enumerate((saved.task or {}).items()):
         entry: dict[str, Any] = {"path": path, "kind": kind}

@@ -102,7 +102,10 @@ def find(roots: Mapping[str, Any], max_objects: int = MAX_OBJECTS) -> Walk:
             if id(obj) not in skip:
                 walk.generators.setdefault(path, obj)
         else:
-            queue.extend(_children(path, obj, walk))
+            try:
+                queue.extend(_children(path, obj, walk))
+            except Exception:  # noqa: BLE001 - an object that refuses to be looked into (a dead proxy) holds none
+                continue
     return walk
 
 
