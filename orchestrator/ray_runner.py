@@ -171,6 +171,19 @@ def _ray_storage_path(spec: JobSpec) -> str:
     return os.path.join(os.path.expanduser("~"), "ray_results", "syncpoint")
 
 
+def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
+    """What every Ray Train worker process starts with: the job's ``PYTHONHASHSEED`` (from
+    ``train.seed``), so an order that follows a set or dict of strings is the same on every restart.
+
+    Why here and not in ``ray.init``: Ray Train v2 creates its worker actors with this runtime env
+    on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
+    run`` themselves, which a driver's ``ray.init(runtime_env=...)`` may not contradict); Ray starts
+    each worker process with it, and the hash secret is fixed when an interpreter starts."""
+    from workers.rng import hash_seed
+
+    return {"env_vars": {"PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
+
+
 def connect(spec: JobSpec, address: str | None) -> bool:
     """Connect to a cluster, or start an embedded local Ray; returns True if embedded."""
     import ray
@@ -238,7 +251,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
             # DeepSpeed's own groups too (workers.device.apply_collective_timeout)
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s),
             run_config=RunConfig(
-                name=spec.name, storage_path=_ray_storage_path(spec),
+                name=spec.name, storage_path=_ray_storage_path(spec), worker_runtime_env=worker_runtime_env(spec),
                 failure_config=FailureConfig(max_failures=spec.failure.max_failures,
                                              max_preemption_failures=spec.failure.max_preemptions)),
         )

@@ -127,6 +127,8 @@ class Expectation:
     model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
     parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None
     sampler: str = SAMPLER_VERSION
+    # the task's own train-side generators, (path, kind) each, whose states a state's RNG files hold
+    task_generators: tuple[tuple[str, str], ...] | None = None
     # opt-outs (resume.*): continue on these weights and this position although that part differs
     reset_schedule: bool = False
     reset_optimizer: bool = False
@@ -136,7 +138,8 @@ class Expectation:
                   param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
                   optimizer_type: str | None = None,
                   model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
-                  parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None) -> Expectation:
+                  parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None,
+                  task_generators: dict[str, str] | None = None) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
         task's model (fingerprint, buffers, dtypes) and dataset size, and the built optimizer's
         param groups (``optimizer_type``: the class name when the task builds the optimizer, else
@@ -151,7 +154,8 @@ class Expectation:
             optimizer_type=optimizer_type or t.optimizer.type, param_groups=param_groups,
             model_buffers=model_buffers, parameter_dtypes=parameter_dtypes,
             scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
-            reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer)
+            reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer,
+            task_generators=None if task_generators is None else tuple(sorted(task_generators.items())))
 
     @classmethod
     def from_state(cls, state: TrainState) -> Expectation:
@@ -170,7 +174,8 @@ class Expectation:
             parameter_dtypes=None if state.parameter_dtypes is None else (
                 state.parameter_dtypes.common, tuple(state.parameter_dtypes.others.items())),
             scheduler_type=scheduler.type if scheduler else None,
-            scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler)
+            scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler,
+            task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())))
 
 
 def identity_record(exp: Expectation) -> dict[str, Any]:
@@ -192,6 +197,7 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
         "elastic": exp.elastic,
         "optimizer": {"type": exp.optimizer_type, "param_groups": None if exp.param_groups is None else
                       [{"params": n, "numel": numel, "names": names} for n, numel, names in exp.param_groups]},
+        "task_generators": None if exp.task_generators is None else dict(exp.task_generators),
     }
 
 
@@ -322,7 +328,7 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
         if have != want:
             return _differs(key, have, want, what, fix)
     return (_tensor_incompatibility(s, exp) or _group_incompatibility(s, exp)
-            or _schedule_incompatibility(s, exp))
+            or _schedule_incompatibility(s, exp) or _generator_incompatibility(s, exp))
 
 
 def _shape(shape: Iterable[int]) -> str:
@@ -379,6 +385,30 @@ def _tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
         return (f"model parameter dtypes differ (task): {dtypes}. The state's weights would load cast, not "
                 "exactly: restore the previous dtype (task / task.config), or take the weights into a new run "
                 "with resume.init_from (cast to the new dtype).")
+    return None
+
+
+def _generator_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """The RNG files hold the states of the task's own train-side generators, by path: a task whose
+    generators are others would continue some of them from a fresh state, silently. A state
+    written before they were recorded is not compared (its resume says which start fresh)."""
+    if exp.task_generators is None or s.task_generators is None:
+        return None
+    have, want = s.task_generators, dict(exp.task_generators)
+    if have == want:
+        return None
+    fix = ("Restore the task's generators as they were (the same attribute or closure, the same kind), or start a "
+           "new run (another name, or resume.policy: fresh; resume.init_from takes the weights).")
+    for path in sorted(set(have) | set(want)):
+        if path not in want:
+            return (f"the task's own random generators differ: the state saved {path} ({have[path]}), this run's "
+                    f"task has no generator there (it has {sorted(want) or 'none'}). {fix}")
+        if path not in have:
+            return (f"the task's own random generators differ: this run's task has {path} ({want[path]}), the state "
+                    f"saved no state for it (it saved {sorted(have) or 'none'}). {fix}")
+        if have[path] != want[path]:
+            return (f"the task's own random generators differ: {path} is a {want[path]} in this run's task, the "
+                    f"state saved a {have[path]}. {fix}")
     return None
 
 

@@ -265,6 +265,9 @@ class TrainState(_Record):
     # every rank's module buffers lie in buffers/ (False: states before the field; every rank resumes
     # with the buffers of DeepSpeed's module file, rank 0's at ZeRO 0-2)
     per_rank_buffers: StrictBool = False
+    # the task's own train-side generators, path -> kind, whose states the RNG files hold (None:
+    # not recorded, states before they were captured; not compared)
+    task_generators: dict[str, str] | None = None
     metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
     save_reasons: list[str] = []
     attempt: StrictInt | None = None

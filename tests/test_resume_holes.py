@@ -344,6 +344,7 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     from workers.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
     from workers.param_groups import layout_of
     from workers.task import load_task
+    from workers.task_rngs import kind, of_task
 
     spec = _spec(tmp_path)
     run(spec)
@@ -359,7 +360,8 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     live = Expectation.from_spec(spec, layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
                                  model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset),
                                  param_groups=groups, model_buffers=model_buffers(task.model),
-                                 parameter_dtypes=parameter_dtypes(task.model))
+                                 parameter_dtypes=parameter_dtypes(task.model),
+                                 task_generators={p: kind(g) for p, g in of_task(task)[0].items()})
     assert live == exp and len(groups) == 2  # the default no_decay split: weights, biases
 
 

@@ -6,6 +6,9 @@ arithmetic on it, so starting at any position costs the same. Data-side randomne
 augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
 (seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
+Generators the task keeps on its dataset or collate (``np.random.default_rng``, ``random.Random``,
+``torch.Generator``; found by ``workers.task_rngs``) are reseeded the same way, each from its own
+path, in whichever process runs the fetch, and put back afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from policies.errors import DataLayoutError
 from workers.rng import derive_seed
 from workers.task import MapDataset
+from workers.task_rngs import DataGenerators, get_state, reseed, set_state
 
 # Salts: the part of each derived seed that names the stream it seeds, so two streams of the same
 # (seed, epoch) never coincide. A sample's own seed, (seed, epoch, index), needs none. The values
@@ -77,14 +81,16 @@ class RankMicroBatches(Sampler[list[int]]):
 class SeededSamples(Dataset):
     """Wraps the user's dataset so each sample's randomness depends only on (seed, epoch, index)."""
 
-    def __init__(self, dataset: MapDataset, seed: int, epoch: int) -> None:
+    def __init__(self, dataset: MapDataset, seed: int, epoch: int, root: str = "dataset") -> None:
         self.dataset, self.seed, self.epoch = dataset, seed, epoch
+        self.generators = DataGenerators(dataset, root)  # the dataset's own, found in each process's copy
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        with _seeded_rngs(derive_seed(self.seed, self.epoch, int(index))):
+        seed, i = self.seed, int(index)
+        with _seeded_rngs(derive_seed(seed, self.epoch, i)), _reseeded(self.generators, seed, self.epoch, i):
             return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> SeededBatch:
@@ -113,12 +119,13 @@ class SeededCollate:
 
     def __init__(self, collate: Callable[[list[Any]], Any] | None) -> None:
         self.collate = collate or default_collate
+        self.generators = DataGenerators(self.collate, "collate")
 
     def __call__(self, batch: list[Any]) -> Any:
         seed = getattr(batch, "seed", None)
         if seed is None:
             return self.collate(batch)
-        with _seeded_rngs(seed):
+        with _seeded_rngs(seed), _reseeded(self.generators, seed):
             return self.collate(list(batch))
 
 
@@ -135,6 +142,21 @@ def _seeded_rngs(seed: int) -> Iterator[None]:
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+@contextlib.contextmanager
+def _reseeded(generators: DataGenerators, *seed_parts: int) -> Iterator[None]:
+    """Each task-owned generator seeded from ``seed_parts`` and its path for the block, then put
+    back: the caller's own draws from a generator it shares with the data stay its own."""
+    found = generators.found()
+    before = [get_state(g) for _, g in found]
+    for salt, g in found:
+        reseed(g, derive_seed(*seed_parts, salt))
+    try:
+        yield
+    finally:
+        for (_, g), state in zip(found, before, strict=True):
+            set_state(g, state)
 
 
 def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,

@@ -4,7 +4,8 @@ The decisions (when, which samples per rank, how values combine) are ``policies.
 module runs them on the DeepSpeed engine. Why each part is here:
 
 * **Training is not disturbed.** An evaluation captures every RNG (Python, NumPy, torch CPU and
-  CUDA; ``workers.rng``) and every submodule's train/eval flag, and puts them back afterwards, so
+  CUDA, the task's own train-side generators; ``workers.rng``) and every submodule's train/eval
+  flag, and puts them back afterwards, so
   a run with evaluation is bitwise the training trajectory of one without. It reads samples
   without a DataLoader, so no loader generator or worker process draws from anything training
   uses; forwards run under ``torch.no_grad()`` through the engine (as ``Task.loss`` does), so

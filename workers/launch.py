@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from policies.spec import JobSpec
+from workers import rng
 from workers.device import backend, collective_timeout, prepare_process
 from workers.lease import release_lease
 from workers.storage import RunStorage
@@ -96,12 +98,50 @@ def _start_method(spec: JobSpec) -> str:
     return "spawn"
 
 
-def _context(method: str) -> ForkServerContext | SpawnContext:
-    if method == "forkserver":
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        return ctx
+def _context(method: str, hash_seed: str) -> ForkServerContext | SpawnContext:
+    if method == "forkserver" and _fork_server_with(hash_seed):
+        return mp.get_context("forkserver")
     return mp.get_context("spawn")
+
+
+# The PYTHONHASHSEED this process started its fork server with (None: not started here).
+_fork_server_hash_seed: str | None = None
+
+
+def _fork_server_with(hash_seed: str) -> bool:
+    """Whether this process's fork server runs with ``PYTHONHASHSEED=hash_seed``, (re)starting it so.
+
+    Why: a forked rank keeps its fork server's hash secret, fixed when the server started, whatever
+    its environment says. A server started elsewhere (or that cannot be stopped) is left alone and
+    the ranks are spawned instead."""
+    global _fork_server_hash_seed
+    server = forkserver._forkserver
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if running and _fork_server_hash_seed != hash_seed:
+        if _fork_server_hash_seed is None or not hasattr(server, "_stop"):
+            return False
+        server._stop()
+    if not running or _fork_server_hash_seed != hash_seed:
+        forkserver.set_forkserver_preload(PRELOAD)
+        with _environ(PYTHONHASHSEED=hash_seed):
+            forkserver.ensure_running()
+        _fork_server_hash_seed = hash_seed
+    return True
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """These environment variables for the block (a started interpreter keeps them), then as before."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str,
@@ -134,13 +174,16 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     """
     world = world_size or spec.scaling.max_workers
     port = free_port()
-    ctx = _context(_start_method(spec))
+    # every rank (and each DataLoader worker it starts) hashes strings as the job's every other attempt does
+    hash_seed = str(rng.hash_seed(spec.train.seed))
+    ctx = _context(_start_method(spec), hash_seed)
     submission = uuid.uuid4().hex
-    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission,
-                                              dict(os.environ)))
+    environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ))
              for r in range(world)]
-    for p in procs:
-        p.start()
+    with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
+        for p in procs:
+            p.start()
     deadline = time.monotonic() + timeout
     first_fail = None
     while any(p.is_alive() for p in procs):

@@ -39,7 +39,7 @@ from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, P
 from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
 from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
-from workers import rng
+from workers import rng, task_rngs
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
@@ -117,8 +117,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     prepare_process(spec)  # this rank's GPU and deterministic kernels, before any CUDA work
     apply_collective_timeout(spec)  # DeepSpeed's groups too, not torch's 30 minutes (a silent peer)
 
+    rng.use_task_generators({})  # an earlier run's in this process are not this task's
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
     task = load_task(spec.task.path, spec.task.config)
+    own_generators, unreproducible = task_rngs.of_task(task)
+    rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
@@ -130,7 +133,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
                                         num_samples=len(task.dataset), param_groups=groups.layout_record,
                                         optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
-                                        parameter_dtypes=parameter_dtypes(task.model))
+                                        parameter_dtypes=parameter_dtypes(task.model),
+                                        task_generators=rng.task_generator_kinds())
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -138,6 +142,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     attempt = Attempt(spec, storage, events, faults, rank, world, number, ctx.submission_id, expectation, data_layout,
                       lease, signing_key,
                       restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)))
+    for line in unreproducible:
+        attempt.warn(line)
+    _check_hash_seed(attempt)
     try:
         start = negotiate_resume(attempt, engine)
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
@@ -150,6 +157,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         raise
     finally:
         notices.stop_listening()
+        rng.use_task_generators({})
 
 
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
@@ -354,6 +362,21 @@ def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: i
     if box[0]:
         raise ResumeRefused(box[0])
     return lease
+
+
+_HASH_SEED_WARNED: set[int] = set()
+
+
+def _check_hash_seed(attempt: Attempt) -> None:
+    """Every rank checks that its interpreter runs with the job's PYTHONHASHSEED (one gather);
+    rank 0 warns once per process, naming the ranks and the fix."""
+    expected = rng.hash_seed(attempt.spec.train.seed)
+    problems: list[str | None] = [None] * attempt.world_size
+    dist.all_gather_object(problems, rng.hash_seed_problem(expected))
+    bad = [r for r, p in enumerate(problems) if p]
+    if bad and expected not in _HASH_SEED_WARNED:
+        _HASH_SEED_WARNED.add(expected)
+        attempt.warn(f"rank(s) {bad}: {problems[bad[0]]}")
 
 
 def _attempt_number(journal: Journal | None) -> int:

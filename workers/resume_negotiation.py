@@ -44,28 +44,31 @@ class ResumeStart:
     state: str | None  # the state loaded, or None for a fresh start (init_from weights included)
     position: TrainingPosition
     finished: bool  # the state is at or past the run's end: export and finish, train nothing
-    rng_bytes: bytes | None = None  # this rank's saved RNG streams, restored right before the first fetch
+    rng_state: rng.SavedRng | None = None  # this rank's saved RNG streams (verified), restored before the first fetch
     rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
     metrics: dict[str, Any] | None = None  # the resumed state's trainer.json metrics (evaluations carry on)
 
     def restore_rng(self, seed: int, rank: int) -> None:
         """After the data skip and every start-up draw, immediately before the first fetch (once)."""
-        if self.rng_bytes is not None:
-            rng.restore(self.rng_bytes)
+        if self.rng_state is not None:
+            rng.restore(self.rng_state)
         elif self.rederive_rng:
             rng.reseed_for_resized_world(seed, self.position.optimizer_step, rank)
-        self.rng_bytes, self.rederive_rng = None, False
+        self.rng_state, self.rederive_rng = None, False
 
 
 def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     """The one entry point: choose, fetch, load (falling back past refused states), then position.
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
-    name, trainer, rng_bytes = _choose_and_load(attempt, engine)
-    start = ResumeStart(name, TrainingPosition(), finished=False, rng_bytes=rng_bytes)
+    name, trainer, rng_state = _choose_and_load(attempt, engine)
+    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=rng_state)
     if trainer:
         _position_from(attempt, trainer, start)
         start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
     set_counters(engine, start.position, resumed=name is not None)  # a loss may read DeepSpeed's counters
+    if start.rng_state is not None and start.rng_state.task is None and rng.task_generator_kinds():
+        attempt.warn(f"state {name} was written before syncpoint saved task-owned generators: "
+                     f"{', '.join(rng.task_generator_kinds())} continue from their freshly built state")
     start.finished = _already_finished(attempt, name, start.position, attempt.run_length)
     return start
 
@@ -80,7 +83,7 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
     at.global_samples = state.data.global_samples
     if saved_world != attempt.world_size:
         # Per-rank RNG streams cannot be carried to another world size: derive them instead.
-        start.rederive_rng, start.rng_bytes = True, None
+        start.rederive_rng, start.rng_state = True, None
         attempt.warn(f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
                      f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
                      "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run"
@@ -94,14 +97,14 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
 
 
 def _choose_and_load(attempt: Attempt,
-                     engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, bytes | None]:
+                     engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, rng.SavedRng | None]:
     """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
 
     Any refusal after selection marks that candidate and asks the policy again, so a bad newest
     state costs one fallback, not the run: corrupt when fetching or verifying refused it (a
     checksum, an unsafe file, a read error), incompatible when its verified files do not fit this
     model (``_load_refusal``). Returns the state's name, its trainer record and this rank's RNG
-    bytes (all None: fresh start).
+    state (all None: fresh start).
     """
     spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
     restart = rank == 0 and attempt.restart
@@ -137,7 +140,7 @@ def _choose_and_load(attempt: Attempt,
             _maybe_init_from(attempt, engine)
             return None, None, None
         candidate = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
-        rng_bytes, refusal = _fetch_and_load(attempt, candidate, engine)
+        rng_state, refusal = _fetch_and_load(attempt, candidate, engine)
         if refusal is None:
             attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
             if attempt.signing_key is not None and candidate.manifest and legacy_unbound(candidate.manifest):
@@ -145,7 +148,7 @@ def _choose_and_load(attempt: Attempt,
                              "directory: it is trusted by the key alone; the states this run writes are bound")
             if spec.resume.init_from:
                 attempt.say("resume.init_from ignored: this run's own resumable state wins")
-            return candidate.name, candidate.trainer, rng_bytes
+            return candidate.name, candidate.trainer, rng_state
         if rank == 0:
             for c in candidates:
                 if c.name == candidate.name:
@@ -165,9 +168,10 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
     return ContinueSubmission(restart_of, start) if restart_of else start
 
 
-def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> tuple[bytes | None, str | None]:
-    """Every rank fetches and verifies, then loads; (this rank's RNG bytes, None) or (None, the first
-    rank's refusal: ``_refused_verdict`` reads it).
+def _fetch_and_load(attempt: Attempt, candidate: Candidate,
+                    engine: DeepSpeedEngine) -> tuple[rng.SavedRng | None, str | None]:
+    """Every rank fetches and verifies (its RNG file parsed and tried too), then loads; (this rank's
+    RNG state, None) or (None, the first rank's refusal).
 
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
@@ -202,7 +206,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     if refusal is not None:
         return None, refusal
     _apply_live_hyperparameters(attempt, engine, candidate)
-    return (fetched.rng_bytes if fetched else None), None
+    return (fetched.rng_state if fetched else None), None
 
 
 def _buffers_source(attempt: Attempt, candidate: Candidate) -> int | None:

@@ -104,7 +104,7 @@ def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimi
     """
     if reset:
         return 0
-    if not saved or "position" not in saved:
+    if not saved or saved.get("position") is None:  # a record may say null: selection does not compare it
         warn("the resumed state records no LR-schedule position; the schedule starts from the beginning")
         return 0
     if saved.get("type") != live.type or saved.get("phases") != phases(live):

@@ -7,7 +7,9 @@ paths inside the state (``policies.state_paths``) and resolves each below the fe
 (2) downloads each file under a temporary name and renames it into place only after its size and
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
 DeepSpeed file once with the weights-only loader (``workers.safe_load``; storages memory-mapped,
-so it costs only the pickle metadata). A state that fails any of these raises ``StateRefused``
+so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
+(``workers.rng.verify``), so the restore after the data skip cannot fail on a state already
+accepted. A state that fails any of these raises ``StateRefused``
 on every rank alike (every rank fetches and checks the same files), before the engine is touched:
 a refused state never leaves a half-loaded engine behind. DeepSpeed's own reads then go through
 the same loader again (``workers.checkpoint_engine``), so nothing is ever unpickled blindly.
@@ -58,6 +60,7 @@ from policies.state_format import (
     rng_file,
 )
 from policies.state_paths import path_problem
+from workers import rng
 from workers.checksum import matches_entry
 from workers.safe_load import check_state_file
 from workers.storage import RunStorage
@@ -83,7 +86,7 @@ PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ e
 @dataclass
 class FetchedState:
     local_dir: str  # contains engine/ as DeepSpeed wrote it
-    rng_bytes: bytes | None
+    rng_state: rng.SavedRng | None  # this rank's RNG file, parsed and tried (``rng.verify``)
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
     buffers_bytes: bytes | None = None  # the module buffers this rank applies (``workers.buffers``), verified
@@ -136,15 +139,15 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(local_path(local, rel), rel)
-        rng_bytes = None
+        saved = None
         rel = rng_file(rank)
         if want_rng and rel in files:
-            rng_bytes = _read_verified(storage, cand.name, rel, files)
+            saved = rng.verify(_read_verified(storage, cand.name, rel, files), rel)
         buffers_bytes = None
         if buffers_of is not None:
             buffers_bytes = _read_verified(storage, cand.name, buffers_file(buffers_of), files)
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, rng_bytes, buffers_bytes=buffers_bytes)
+        return FetchedState(local, saved, buffers_bytes=buffers_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -162,14 +165,14 @@ def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: l
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
-        rng_bytes = read_verified(root, rng_rel, files[rng_rel]) if rng_rel in files else None
+        saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
         for listed in (TRAINER_FILE, buffers_rel):
             if listed is not None and listed not in files:
                 raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: "
                                    "refused (corrupt)")
         buffers_bytes = read_verified(root, buffers_rel, files[buffers_rel]) if buffers_rel is not None else None
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, rng_bytes, verified, buffers_bytes)
+        return FetchedState(state_dir, saved, verified, buffers_bytes)
     except BaseException:
         for f in verified.values():
             f.close()

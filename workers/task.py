@@ -3,6 +3,15 @@
 Users never write the training loop. ``task.path: "pkg.mod:build"`` names a function called as
 ``build(config: dict) -> Task`` on every worker, after syncpoint has seeded every RNG from
 ``train.seed`` (so model initialisation is identical on every attempt and every rank).
+
+Randomness a resume reproduces: the global streams (Python ``random``, NumPy's global functions,
+torch CPU and CUDA), and generators the task keeps on its own objects (``random.Random``,
+``np.random.Generator`` / ``RandomState`` / a bit generator, ``torch.Generator``) where
+``workers.task_rngs`` finds them: those reachable from ``dataset``, ``collate`` and
+``eval_dataset`` are reseeded per sample / batch from (seed, epoch, index), those reachable from
+``loss``, ``model``, ``metrics`` and ``optimizer`` are saved with the rank's RNG. Seed them (from
+the global RNG, which syncpoint seeded, or from ``config``): a generator drawing OS entropy, or one
+created anew inside ``__getitem__`` or ``loss`` without a seed, differs on every run.
 """
 
 from __future__ import annotations
