@@ -28,6 +28,7 @@ from policies.boundaries import is_boundary
 from policies.elastic import Layout
 from policies.spec import JobSpec
 from policies.state_format import (
+    KNOWN_SAMPLERS,
     MANIFEST_FILE,
     SAMPLER_VERSION,
     STATE_NAME_DIGITS,
@@ -273,8 +274,6 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
         ("model_fingerprint", s.model_fingerprint, exp.model_fingerprint,
          "model parameters (names/shapes) differ (task)", "Use resume.init_from to take compatible weights instead."),
         ("seed", s.seed, exp.seed, "sampler seed differs (train.seed): other samples per step", restore),
-        ("data.sampler", d.sampler, exp.sampler, "sampler version differs",
-         "Resume it with the syncpoint version that wrote it."),
     ]
     if exp.num_samples is not None and d.num_samples is not None:
         checks.append(("data.num_samples", d.num_samples, exp.num_samples,
@@ -327,6 +326,9 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
     for key, have, want, what, fix in checks:
         if have != want:
             return _differs(key, have, want, what, fix)
+    if d.sampler not in KNOWN_SAMPLERS:
+        return (f"its sampler ({d.sampler!r}) is not one this syncpoint knows ({', '.join(KNOWN_SAMPLERS)}): it "
+                "cannot compute the state's sample order. Resume it with the syncpoint version that wrote it.")
     return (_tensor_incompatibility(s, exp) or _group_incompatibility(s, exp)
             or _schedule_incompatibility(s, exp) or _generator_incompatibility(s, exp))
 
@@ -550,7 +552,7 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
     if why:
         return Verdict.INCOMPATIBLE, why
     return Verdict.RESUMABLE, (f"boundary at micro-step {state.global_micro_step} "
-                               f"(optimizer step {state.optimizer_step})")
+                               f"(optimizer step {state.optimizer_step}; sampler {state.data.sampler})")
 
 
 def finite_metric(t: dict[str, Any] | None, name: str) -> tuple[float | None, str]:

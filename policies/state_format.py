@@ -55,7 +55,12 @@ ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00
 
 TRAINER_SCHEMA_VERSION = 1
 MANIFEST_FORMAT = "syncpoint-state/1"
-SAMPLER_VERSION = "global-permutation/v1"
+# The epoch order's algorithm (``workers.data.epoch_order``). A state records the one it was written
+# with, and a run continues with its state's: new runs use SAMPLER_VERSION, states written before it
+# keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
+SAMPLER_VERSION = "feistel/v1"
+LEGACY_SAMPLER = "global-permutation/v1"
+KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER)
 # The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 
@@ -220,7 +225,7 @@ class ParameterDtypes(_Record):
 class DataRecord(_Record):
     """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
 
-    sampler: str = SAMPLER_VERSION
+    sampler: str = LEGACY_SAMPLER  # what a record without it was written with
     num_samples: Count | None = None  # None: not recorded, not compared
     global_samples: Count
     samples_in_epoch: Count

@@ -61,3 +61,59 @@ def test_out_of_range_positions_are_refused():
         perm([-1])
     with pytest.raises(ValueError):
         FeistelPermutation(0, 1)
+
+
+# ---------------------------------------------------------------- the sampler built on it
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_samples=st.integers(1, 400), micro_batch_size=st.integers(1, 4), world=st.integers(1, 4),
+       seed=st.integers(0, 2**31), epoch=st.integers(0, 5))
+def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_world_size(
+        num_samples, micro_batch_size, world, seed, epoch):
+    """The ranks' micro-batches of an epoch cover its first ``samples_per_epoch`` positions of one global
+    order exactly once; a global micro-batch is the same samples in the same order on any world size
+    whose micro-batches tile it (what the elastic rules allow: the global batch stays fixed)."""
+    from policies.errors import DataLayoutError
+    from workers.data import RankMicroBatches
+
+    try:
+        ranks = [RankMicroBatches(num_samples, micro_batch_size, world, r, seed, epoch, 0) for r in range(world)]
+    except DataLayoutError:
+        assert num_samples < micro_batch_size * world  # fewer samples than one global micro-batch
+        return
+    per_epoch = ranks[0].micro_batches_per_epoch
+    seen = [i for mb in range(per_epoch) for r in ranks for i in r.indices(mb)]
+    assert len(seen) == len(set(seen)) == per_epoch * micro_batch_size * world
+    order = FeistelPermutation(num_samples, seed, epoch, 0x5EED)(np.arange(len(seen))).tolist()
+    assert seen == order  # global order, micro-batch major, rank minor: independent of the world size
+    one = RankMicroBatches(num_samples, micro_batch_size * world, 1, 0, seed, epoch, 0)
+    assert [i for mb in range(one.micro_batches_per_epoch) for i in one.indices(mb)][:len(seen)] == seen
+
+
+def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
+    """States written before the per-position sampler resume to the same samples: the legacy order is
+    ``epoch_permutation`` sliced as before."""
+    from policies.state_format import LEGACY_SAMPLER
+    from workers.data import RankMicroBatches, epoch_permutation
+
+    legacy = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=3, start=0, sampler=LEGACY_SAMPLER)
+    perm = epoch_permutation(64, 1, 3)
+    assert [legacy.indices(mb) for mb in range(8)] == [perm[mb * 8 + 4: mb * 8 + 8].tolist() for mb in range(8)]
+
+
+def test_a_sampler_at_any_position_of_a_ten_billion_sample_epoch_costs_no_memory():
+    import tracemalloc
+
+    from workers.data import RankMicroBatches
+
+    tracemalloc.start()
+    try:
+        sampler = RankMicroBatches(10**10, 8, 8, 5, seed=0, epoch=2, start=10**8)
+        first = next(iter(sampler))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(first) == 8 and all(0 <= i < 10**10 for i in first) and len(set(first)) == 8
+    assert len(sampler) == 10**10 // 64 - 10**8
+    assert peak < 1 << 20  # < 1 MB: no order is materialised

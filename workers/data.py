@@ -1,8 +1,11 @@
 """Data position: a deterministic global sampler where skipping is index arithmetic.
 
 Why: resuming at micro-step 10^5 must not load, decode or transform 10^5 batches. The epoch's
-permutation is a pure function of (seed, epoch); each rank's slice of each global micro-batch is
-arithmetic on it, so starting at any position costs the same. Data-side randomness (random
+order is a pure function of (seed, epoch); each rank's slice of each global micro-batch is
+arithmetic on it, so starting at any position costs the same. The order is computed per position
+(``workers.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
+states written before it keep the materialised ``torch.randperm`` of the epoch
+(``policies.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side randomness (random
 augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
 (seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
@@ -23,6 +26,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from policies.errors import DataLayoutError
+from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
+from workers.index_permutation import FeistelPermutation
 from workers.rng import derive_seed
 from workers.task import MapDataset
 from workers.task_rngs import DataGenerators, get_state, reseed, set_state
@@ -36,8 +41,19 @@ DATALOADER_GENERATOR_SALT = 0xDA7A  # the DataLoader's own generator (worker bas
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The legacy sampler's whole epoch order (``LEGACY_SAMPLER``): num_samples int64s per rank."""
     g = torch.Generator().manual_seed(derive_seed(seed, epoch, EPOCH_PERMUTATION_SALT))
     return torch.randperm(num_samples, generator=g)
+
+
+def epoch_order(sampler: str, num_samples: int, seed: int, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
+    """positions -> sample indices for one epoch, by the state's sampler version."""
+    if sampler == SAMPLER_VERSION:
+        return FeistelPermutation(num_samples, seed, epoch, EPOCH_PERMUTATION_SALT)
+    if sampler == LEGACY_SAMPLER:
+        permutation = epoch_permutation(num_samples, seed, epoch).numpy()
+        return lambda positions: permutation[positions]
+    raise ValueError(f"unknown sampler {sampler!r} (known: {SAMPLER_VERSION}, {LEGACY_SAMPLER})")
 
 
 def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size: int) -> int:
@@ -54,21 +70,24 @@ def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size:
 class RankMicroBatches(Sampler[list[int]]):
     """This rank's sample indices for micro-batches ``start..micro_batches_per_epoch-1`` of one epoch.
 
-    Constructing it at position 10^5 costs one permutation, the same as at 0: no sample is touched.
+    Constructing it at any position costs the same as at 0 and touches no sample: with the default
+    sampler nothing at all (each micro-batch's indices are computed when it is fetched), with the
+    legacy one a whole permutation.
     """
 
     def __init__(self, num_samples: int, micro_batch_size: int, world_size: int, rank: int,
-                 seed: int, epoch: int, start: int, samples_per_epoch: int | None = None) -> None:
+                 seed: int, epoch: int, start: int, samples_per_epoch: int | None = None,
+                 sampler: str = SAMPLER_VERSION) -> None:
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
         self.micro_batches_per_epoch = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size,
                                                                world_size)
         self.start = start
-        self.permutation = epoch_permutation(num_samples, seed, epoch)
+        self.order = epoch_order(sampler, num_samples, seed, epoch)
 
     def indices(self, micro_batch: int) -> list[int]:
         global_micro_batch = self.micro_batch_size * self.world_size
         first = micro_batch * global_micro_batch + self.rank * self.micro_batch_size
-        return self.permutation[first:first + self.micro_batch_size].tolist()
+        return self.order(np.arange(first, first + self.micro_batch_size)).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         for i in range(self.start, self.micro_batches_per_epoch):
@@ -161,16 +180,16 @@ def _reseeded(generators: DataGenerators, *seed_parts: int) -> Iterator[None]:
 
 def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
                  epoch: int, start: int, collate: Any, num_workers: int,
-                 samples_per_epoch: int | None = None) -> DataLoader:
+                 samples_per_epoch: int | None = None, sampler: str = SAMPLER_VERSION) -> DataLoader:
     """A DataLoader over this rank's remaining micro-batches of ``epoch``.
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
     shift the model's dropout stream between a resumed and an uninterrupted run).
     """
-    sampler = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,
-                               samples_per_epoch)
+    batches = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,
+                               samples_per_epoch, sampler)
     return DataLoader(
-        SeededSamples(dataset, seed, epoch), batch_sampler=sampler, collate_fn=SeededCollate(collate),
+        SeededSamples(dataset, seed, epoch), batch_sampler=batches, collate_fn=SeededCollate(collate),
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(derive_seed(seed, epoch, DATALOADER_GENERATOR_SALT)),
     )

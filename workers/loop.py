@@ -188,7 +188,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
         loader = epoch_loader(task.dataset, micro_batch_size=train.micro_batch_size, world_size=world,
                               rank=attempt.rank, seed=train.seed, epoch=at.epoch, start=at.position_in_epoch,
                               collate=task.collate, num_workers=train.dataloader_workers,
-                              samples_per_epoch=attempt.layout.samples_per_epoch)
+                              samples_per_epoch=attempt.layout.samples_per_epoch, sampler=start.sampler)
         start.restore_rng(train.seed, attempt.rank)
         cycle_loss_sum, cycle_sample_ids = 0.0, []
         for batch in loader:
@@ -253,7 +253,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 metrics.at_boundary(record, logged=logged, evaluated=evaluation.latest if evaluated else None,
                                     report=bool(agreed.reports_due) or last)
                 trainer_record = partial(_trainer_record, attempt, at, engine, loss=step_loss,
-                                         evaluated=evaluation.latest)
+                                         evaluated=evaluation.latest, sampler=start.sampler)
                 saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
@@ -394,10 +394,11 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
 
 
 def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEngine, reasons: list[str], *,
-                    loss: float, evaluated: dict[str, float] | None = None) -> dict[str, Any]:
+                    loss: float, sampler: str, evaluated: dict[str, float] | None = None) -> dict[str, Any]:
     """``trainer.json``: the position, the identity selection compares, which param-group keys are
-    the optimizer's running state, and why this state was saved; ``evaluated``: the latest
-    evaluation at or before it (``eval_<name>``), for ``best-metric``. Every rank calls it."""
+    the optimizer's running state, the sampler the run orders its epochs with, and why this state
+    was saved; ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for
+    ``best-metric``. Every rank calls it."""
     exp, spec = attempt.expectation, attempt.spec
     identity = identity_record(exp)  # what selection compares (read back by Expectation.from_state)
     running = settings_of(engine).running_record(engine.optimizer.param_groups)  # a collective
@@ -406,7 +407,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name, **identity,
         epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
-        data=DataRecord(sampler=exp.sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
+        data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)

@@ -22,7 +22,7 @@ from policies.errors import JobConfigError, NoResumableState, ResumeRefused, Sta
 from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from policies.state_format import STATES_DIR, TrainState, buffers_file
+from policies.state_format import SAMPLER_VERSION, STATES_DIR, TrainState, buffers_file
 from workers import buffers, rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
@@ -47,6 +47,7 @@ class ResumeStart:
     rng_state: rng.SavedRng | None = None  # this rank's saved RNG streams (verified), restored before the first fetch
     rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
     metrics: dict[str, Any] | None = None  # the resumed state's trainer.json metrics (evaluations carry on)
+    sampler: str = SAMPLER_VERSION  # the epoch order's algorithm: the resumed state's, or NEW_RUN_SAMPLER
 
     def restore_rng(self, seed: int, rank: int) -> None:
         """After the data skip and every start-up draw, immediately before the first fetch (once)."""
@@ -57,11 +58,16 @@ class ResumeStart:
         self.rng_state, self.rederive_rng = None, False
 
 
+# What a run that starts without a state orders its epochs with (a test sets the legacy one to write
+# states as syncpoint did before the per-position sampler).
+NEW_RUN_SAMPLER = SAMPLER_VERSION
+
+
 def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     """The one entry point: choose, fetch, load (falling back past refused states), then position.
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
     name, trainer, rng_state = _choose_and_load(attempt, engine)
-    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=rng_state)
+    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=rng_state, sampler=NEW_RUN_SAMPLER)
     if trainer:
         _position_from(attempt, trainer, start)
         start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
@@ -78,6 +84,7 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
     spec, layout, at = attempt.spec, attempt.layout, start.position
     state = TrainState.model_validate(trainer)  # classified already: the legacy counters are filled in
     saved_world = state.world_size
+    start.sampler = state.data.sampler  # classified already: one this syncpoint knows
     at.epoch, at.position_in_epoch = state.epoch, layout.position_for(state.data.samples_in_epoch)
     at.global_micro_step, at.optimizer_step = state.global_micro_step, state.optimizer_step
     at.global_samples = state.data.global_samples
