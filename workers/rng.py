@@ -17,6 +17,11 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from policies.bounded_json import BoundedJsonError, loads_bounded
+from policies.errors import StateRefused
+
+MAX_HEADER_BYTES = 1 << 20  # a safetensors header syncpoint writes: tensor names, shapes, a small metadata dict
+
 
 def capture() -> bytes:
     version, py_state, gauss = random.getstate()
@@ -47,9 +52,24 @@ def restore(data: bytes) -> None:
 
 
 def safetensors_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors."""
-    header_len = int.from_bytes(data[:8], "little")
-    return json.loads(data[8:8 + header_len]).get("__metadata__", {})
+    """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors.
+
+    Refused (``StateRefused``, one line) unless the header's stated length fits the blob and
+    MAX_HEADER_BYTES, and the header is a shallow JSON object whose metadata maps strings to
+    strings: the bytes come from storage, and a header of 10⁵ nested arrays, or a length of 2⁶⁴,
+    must not become a crash or an allocation."""
+    header_len = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 <= header_len <= min(len(data) - 8, MAX_HEADER_BYTES):
+        raise StateRefused(f"a safetensors header of {header_len} bytes in a file of {len(data)} (at most "
+                           f"{MAX_HEADER_BYTES}): refused (corrupt)")
+    try:
+        header = loads_bounded(data[8:8 + header_len], max_bytes=MAX_HEADER_BYTES, max_depth=8)
+    except BoundedJsonError as e:
+        raise StateRefused(f"a safetensors header that is {e}: refused (corrupt)") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise StateRefused("a safetensors header that is not an object with string metadata: refused (corrupt)")
+    return meta
 
 
 # The last part of the seed that re-derives a rank's streams when a state is resumed on another
