@@ -279,6 +279,10 @@ def cmd_digest(args: argparse.Namespace) -> int:
     except OSError as e:  # the storage failing, not the state
         raise UsageError("STATE_DIR", [f"{args.state_dir}: the storage failed while reading it "
                                       f"({type(e).__name__}: {_first_line(e)}); try again"]) from None
+    except MemoryError:  # within the load bounds: this machine, not the state
+        raise UsageError("STATE_DIR", [f"{args.state_dir}: this machine ran out of memory digesting it (digest holds "
+                                      "one state file and its tensors in memory at a time); run it where the "
+                                      "training ran"]) from None
     print(json.dumps(d, indent=2) if args.json else d["digest"])
     return 0
 
