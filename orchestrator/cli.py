@@ -1,13 +1,15 @@
 """``syncpoint`` command line: run, submit, validate, schema, states, digest, events, drill.
 
 Bad input (a spec, an argument, a storage URL) exits 2 with a paragraph naming what is wrong and
-how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback.
+how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback. Output
+cut short by its reader (``syncpoint events --json | head -1``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,10 @@ from policies.spec import JobSpec, job_schema, spec_to_json
 if TYPE_CHECKING:
     from policies.candidates import Candidate, Expectation
     from workers.storage import RunStorage
+
+MAX_POLICY_ARGS_BYTES = 64 << 10  # --policy-args: keyword arguments, a few dozen bytes
+MAX_POLICY_ARGS_DEPTH = 8
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")  # what --plot writes, by the file's extension
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
@@ -41,8 +47,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     check_imports(spec, args.job)
     _check_storage(spec)
-    import os
-
     from orchestrator.progress_bar import show_progress_bar
     from orchestrator.ray_runner import run_on_ray
 
@@ -135,6 +139,30 @@ def _storage(arg: str, what: str) -> RunStorage:
                                            arg)]) from None
 
 
+def _directory(arg: str, what: str, kind: str, example: str) -> RunStorage:
+    """The storage of a directory the command reads (a run, a state), refused (exit 2) when it is a
+    local file rather than a directory, or when the storage cannot be listed at all (an unreachable
+    endpoint, missing credentials): one paragraph, before anything is read."""
+    storage = _storage(arg, what)
+    local = storage.local_path()
+    if local is not None:
+        if os.path.exists(local) and not os.path.isdir(local):
+            raise UsageError(what, [f"{arg}: not a directory, so not {kind}; pass {example}"])
+        return storage
+    try:
+        storage.list_names()
+    except Exception as e:  # noqa: BLE001 - every backend raises its own types when it cannot be reached
+        raise UsageError(what, [redact_text(f"{arg}: the storage cannot be read ({type(e).__name__}: "
+                                            f"{_first_line(e)}); check the URL, the endpoint and the credentials, "
+                                            f"and pass {kind}, {example}", arg)]) from None
+    return storage
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.submit import submit
 
@@ -146,12 +174,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_states(args: argparse.Namespace) -> int:
     from policies.candidates import candidates_table, classify
     from policies.errors import NoResumableState
-    from policies.resume import enforce_safe, make_policy
+    from policies.resume import enforce_safe
     from policies.state_format import STATES_DIR
     from workers.discovery import discover
     from workers.signing import load_key
 
-    storage = _storage(args.run_dir, "RUN_DIR")
+    storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
     if not storage.list_names(STATES_DIR) and not storage.list_names("events"):
         raise UsageError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
                                     "(<storage>/<name>)"])
@@ -163,19 +191,7 @@ def cmd_states(args: argparse.Namespace) -> int:
     exp = _run_expectation(cands)
     for c in cands:
         classify(c, exp)
-    try:
-        policy_args = json.loads(args.policy_args) if args.policy_args else {}
-    except ValueError as e:
-        raise UsageError("--policy-args",
-                         [f"{args.policy_args!r} is not JSON ({e}); e.g. '{{\"state\": 120}}'"]) from None
-    if not isinstance(policy_args, dict):
-        raise UsageError("--policy-args", [f"{args.policy_args!r} must be a JSON object of keyword arguments, "
-                                          "e.g. '{\"state\": 120}'"])
-    try:
-        policy = make_policy(args.policy, policy_args)
-    except (ValueError, TypeError) as e:
-        raise UsageError("--policy", [f"{args.policy}: {e}; check --policy-args (pinned needs "
-                                     "'{\"state\": N}', best-metric takes metric and mode)"]) from None
+    policy = make_policy_for_cli(args.policy, policy_args_of(args.policy_args))
     try:
         decision = enforce_safe(policy.choose(cands, {}), cands)
         choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
@@ -191,6 +207,42 @@ def cmd_states(args: argparse.Namespace) -> int:
         print(f"policy {args.policy}: " + (f"resume from {choice['state']} ({choice['reason']})" if choice.get("state")
                                            else choice.get("error") or choice.get("reason", "")))
     return 0
+
+
+def policy_args_of(text: str | None) -> dict[str, Any]:
+    """``--policy-args``: a JSON object of keyword arguments, small and shallow (exit 2 otherwise)."""
+    from policies.bounded_json import BoundedJsonError, loads_bounded
+
+    if not text:
+        return {}
+    try:
+        value = loads_bounded(text, max_bytes=MAX_POLICY_ARGS_BYTES, max_depth=MAX_POLICY_ARGS_DEPTH)
+    except BoundedJsonError as e:
+        raise UsageError("--policy-args", [f"{text[:80]!r} is {e if str(e).startswith('not JSON') else f'JSON {e}'}; "
+                                          "e.g. '{\"state\": 120}'"]) from None
+    if not isinstance(value, dict):
+        raise UsageError("--policy-args", [f"{text[:80]!r} must be a JSON object of keyword arguments, "
+                                          "e.g. '{\"state\": 120}'"])
+    return value
+
+
+def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
+    """The policy ``syncpoint states`` asks: a built-in, or the class a custom import path names
+    (checked to be a policy class before it is instantiated: ``os:system`` is refused, never called)."""
+    from policies.import_path import load_class
+    from policies.resume import BUILTIN, make_policy
+
+    if name not in BUILTIN:
+        try:
+            load_class(name, "choose")
+        except ValueError as e:
+            raise UsageError("--policy", [f"{e}; give a built-in policy ({', '.join(BUILTIN)}) or pkg.mod:Class, "
+                                         "a class with a choose(candidates, spec) method"]) from None
+    try:
+        return make_policy(name, policy_args)
+    except (ValueError, TypeError) as e:
+        raise UsageError("--policy", [f"{name}: {e}; check --policy-args (pinned needs "
+                                     "'{\"state\": N}', best-metric takes metric and mode)"]) from None
 
 
 def _run_expectation(cands: list[Candidate]) -> Expectation | None:
@@ -215,18 +267,22 @@ def cmd_digest(args: argparse.Namespace) -> int:
     from policies.errors import StateRefused
     from workers.digest import state_digest
 
-    _storage(args.state_dir, "STATE_DIR")
+    _directory(args.state_dir, "STATE_DIR", "a committed state", "<run>/states/<name>")
     try:
         d = state_digest(_as_url(args.state_dir))
-    except StateRefused as e:  # a disallowed pickle class, an unsafe manifest path, changed bytes
+    except StateRefused as e:  # whatever the state's content is: digest refuses what loading refuses
         raise UsageError("STATE_DIR", [f"{args.state_dir}: refused to read this state: {e}; "
                                       "`syncpoint states <run>` shows its verdict"]) from None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
         raise UsageError("STATE_DIR",
                          [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]) from None
-    except (ValueError, KeyError) as e:
-        raise UsageError("STATE_DIR", [f"{args.state_dir}: the state's manifest or files are damaged ({e}); "
-                                      "`syncpoint states <run>` shows its verdict"]) from None
+    except OSError as e:  # the storage failing, not the state
+        raise UsageError("STATE_DIR", [f"{args.state_dir}: the storage failed while reading it "
+                                      f"({type(e).__name__}: {_first_line(e)}); try again"]) from None
+    except MemoryError:  # within the load bounds: this machine, not the state
+        raise UsageError("STATE_DIR", [f"{args.state_dir}: this machine ran out of memory digesting it (digest holds "
+                                      "one state file and its tensors in memory at a time); run it where the "
+                                      "training ran"]) from None
     print(json.dumps(d, indent=2) if args.json else d["digest"])
     return 0
 
@@ -234,22 +290,52 @@ def cmd_digest(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     from orchestrator.timeline import format_timeline
     from policies.journal import Journal
-    from workers.events import EventLog
+    from workers.events import EventLog, skipped_line
 
-    events = EventLog(_storage(args.run_dir, "RUN_DIR")).read_all()  # as stored, for --json
-    if not events:
-        raise UsageError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"])
     if args.plot:
-        from orchestrator.plot import plot_run
-
-        plot_run(Journal.parse(events), args.plot, title=args.run_dir)
+        _check_plot_path(args.plot)
+    stored = EventLog(_directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")).read_stored()
+    if not stored.records and not stored.skipped:
+        raise UsageError("RUN_DIR", [f"{args.run_dir}: no events found; pass a run directory (<storage>/<name>)"])
+    journal = Journal.parse(stored.records, skipped=[str(u) for u in stored.skipped])
+    if args.plot:
+        _plot(journal, args.plot, args.run_dir)
+    if journal.skipped:  # on stderr with --json: stdout stays the records as stored
+        print(skipped_line(journal.skipped), file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(events, indent=1))
+        print(json.dumps(stored.records, indent=1))
     else:
-        print(format_timeline(Journal.parse(events)))
+        print(format_timeline(journal))
         if args.plot:
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _check_plot_path(path: str) -> None:
+    """``--plot``: a file to write in an existing directory, with an extension the plot can be drawn as;
+    refused (exit 2) before the log is read."""
+    parent = os.path.dirname(os.path.abspath(path))
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if os.path.isdir(path):
+        problem = "is a directory"
+    elif not os.path.isdir(parent):
+        problem = f"is in {parent}, which is not an existing directory"
+    elif ext not in PLOT_FORMATS:
+        problem = f"has the extension {ext[:20]!r}" if ext else "has no extension"
+    else:
+        return
+    raise UsageError("--plot", [f"{path}: {problem}; name a new file in an existing directory, ending in "
+                                f"{', '.join('.' + f for f in PLOT_FORMATS)} (e.g. --plot run.png)"])
+
+
+def _plot(journal: Any, path: str, title: str) -> None:
+    from orchestrator.plot import plot_run
+
+    try:
+        plot_run(journal, path, title=title)
+    except (OSError, ValueError) as e:
+        raise UsageError("--plot", [f"{path}: the plot cannot be written ({type(e).__name__}: {_first_line(e)}); "
+                                    "name a new file in a directory you can write"]) from None
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -305,8 +391,6 @@ def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
 
 
 def _as_url(path: str) -> str:
-    import os
-
     return path if "://" in path else "file://" + os.path.abspath(path)
 
 
@@ -336,10 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     with_spec(v)
     v.set_defaults(fn=cmd_validate)
     sub.add_parser("schema", help="print the job spec JSON schema").set_defaults(fn=cmd_schema)
-    s = sub.add_parser("states", help="list a run's states, their verdicts, and what a policy would choose")
+    s = sub.add_parser("states", help="list a run's states, their verdicts, and what a policy would choose (reads "
+                                      "metadata only, runs no training)")
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--policy", default="newest-resumable")
+    s.add_argument("--policy", default="newest-resumable",
+                   help="newest-resumable, pinned, fresh, best-metric, or pkg.mod:Class: a class with a choose() "
+                        "method (its module is imported and the class built with --policy-args; anything else an "
+                        "import path names, such as os:system, is refused, never called)")
     s.add_argument("--policy-args", default=None, help="JSON object of policy keyword arguments")
     s.add_argument("--signing-key-env", default=None, metavar="NAME",
                    help="verify signatures with the key in this environment variable (signed runs)")
@@ -371,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args) or 0)
+        rc = int(args.fn(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader gone away is caught below
+        return rc
     except SpecError as e:
         print(f"syncpoint: {e}", file=sys.stderr)
         return 2
@@ -379,6 +469,20 @@ def main(argv: list[str] | None = None) -> int:
         print("syncpoint: interrupted (SIGINT): stopped here; whatever was committed stays, and running the same "
               "command again resumes from it", file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """stdout's reader closed it (``| head``): stop quietly, as a Unix tool killed by SIGPIPE does
+    (128 + 13). stdout is pointed at /dev/null so the interpreter's last flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real stdout (captured): nothing is flushed to it at exit
+        pass
+    return 141
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ The models themselves live in ``policies.spec`` so that every layer can import t
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import yaml
@@ -262,13 +263,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def read_spec_file(path: str | os.PathLike[str]) -> str:
-    """The job file's text, reading at most MAX_SPEC_BYTES + 1 bytes (``/dev/zero`` is refused, not read)."""
+    """The job file's text: a regular file, of which at most MAX_SPEC_BYTES + 1 bytes are read.
+
+    Why opened non-blocking and checked on the descriptor: opening a FIFO blocks until someone
+    writes to it, and reading a device (``/dev/zero``) never ends, so ``run``, ``validate``, ``drill``
+    and ``submit`` would hang on a job path that is not a file; the check is on what was opened, not
+    on a name that could be swapped in between."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise SpecError(source, [f"cannot read the job file: {e.strerror or e}; check the path"]) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpecError(source, ["cannot read the job file: not a regular file (a directory, a FIFO or a device); "
+                                     "check the path: it must name the job spec YAML file"])
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
         raise SpecError(source, [f"cannot read the job file: {e.strerror or e}; check the path"]) from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError(source, [f"the job file is larger than {MAX_SPEC_BYTES} bytes (a job spec is a few hundred): "
                                  "check the path, and let the task read large data from its own files"])

@@ -3,11 +3,20 @@
 Why its own leaf: the spec validates the *shape* of an import path, the workers import tasks and
 triggers, decisions import custom policies; all three must say the same thing about a bad path,
 and none of them should import the others to get it.
+
+Why the kind of object is checked before it is called: every path is called with arguments someone
+else chose (``--policy-args``, ``resume.policy_args``, the task's config, the schedule's counters),
+and any importable callable fits an import path: ``os:system`` called with ``{"command": ...}``
+runs a shell command, ``subprocess:run`` called with a dict runs its keys. ``load_class`` accepts
+only a class defining the method its role needs, ``load_function`` only a function written in
+Python; nothing else is ever called.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 
@@ -30,3 +39,31 @@ def load_object(path: str) -> Any:
         return getattr(module, attr)
     except AttributeError as e:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from e
+
+
+def load_class(path: str, method: str) -> type:
+    """Import ``package.module:Class`` and check, before anything calls it, that it is a class whose
+    ``method`` is a function written in Python (a policy's ``choose``, a trigger's ``wants_save``)."""
+    obj = load_object(path)
+    if not isinstance(obj, type) or not inspect.isfunction(getattr(obj, method, None)):
+        raise ValueError(f"{path!r} is {_kind(obj)}, not a class with a {method}() method; it is not called")
+    return obj
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """Import ``package.module:function`` and check, before anything calls it, that it is a function
+    written in Python (not a builtin such as ``os.system``, not a class)."""
+    obj = load_object(path)
+    if not inspect.isfunction(obj):
+        raise ValueError(f"{path!r} is {_kind(obj)}, not a function written in Python; it is not called")
+    return obj
+
+
+def _kind(obj: Any) -> str:
+    if inspect.isbuiltin(obj):
+        return "a builtin function"
+    if isinstance(obj, type):
+        return f"the class {obj.__qualname__[:80]}"
+    if inspect.isfunction(obj):
+        return "a function"
+    return f"a value of type {type(obj).__name__[:80]}"

@@ -12,11 +12,17 @@ requires it, reading an old log fills in the default. Fields that no model decla
 when reading (an older writer's ``node``, a newer writer's addition) and refused when writing.
 A record no model accepts (a kind this version does not know, a foreign or damaged file) is kept
 as an ``UnknownEvent`` that says why, never dropped and never fatal: the queries skip it, the
-timeline shows it.
+timeline shows it. A file that is no record at all (not a JSON object within the reader's bounds,
+or a ``time`` that is no usable number of seconds) cannot be placed on the timeline: the reader
+(``workers.events``) skips it and the journal names it in ``skipped``.
+
+Why times are bounded (finite, within ``MAX_TIME`` of the epoch): every reader subtracts, sorts and
+plots them; a NaN breaks the order and a 400-digit integer raises ``OverflowError`` in ``float()``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -32,6 +38,11 @@ from pydantic import (
 
 _OLDER_LOGS_LACK = "older_logs_lack"
 _EMITTING = "emitting"  # validation context key: the record is about to be written
+MAX_TIME = 1e12  # seconds: any time or duration a log holds is within this of 0 (year 33,700)
+_SHOWN_CHARS = 100  # a damaged record's kind, source or problem, as the timeline quotes it
+
+# A time since the epoch, or a duration: finite and bounded, so every difference and sum stays finite.
+Seconds = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_TIME, le=MAX_TIME)]
 
 
 def older_logs_lack(default: Any) -> Any:
@@ -62,7 +73,7 @@ class _Record(BaseModel):
 
 class _Event(_Record):
     # Both are stamped by the writer (``workers.events.EventLog.emit``): a typed event is built without them.
-    time: float = 0.0  # seconds since the epoch; a foreign record without one sorts first
+    time: Seconds = 0.0  # seconds since the epoch; a foreign record without one sorts first
     source: str = ""  # who wrote it: worker, driver, controller, rank<N> (a notice: where it came from)
 
 
@@ -91,7 +102,7 @@ class AttemptStarted(_Event):
     total_steps: int | None = None  # the run's optimizer steps (the driver's progress bar); older logs lack it
     # when rank 0's process began setting up (before DeepSpeed and the state load): goodput splits a
     # restart into the gap (failure to this) and start-up (this to the attempt's start); older logs lack it
-    launched_at: float | None = None
+    launched_at: Seconds | None = None
 
 
 class CandidateSeen(_Record):
@@ -119,7 +130,7 @@ class ProgressRecord(_Record):
     epoch: int
     loss: float
     lr: float  # the first param group's
-    time: float = older_logs_lack(0.0)
+    time: Seconds = older_logs_lack(0.0)
     lrs: list[float] | None = None  # every param group's rate, when there are several
     samples: list[int] | None = None  # only with train.record_samples: the step's sample ids, global order
 
@@ -141,8 +152,8 @@ class StateCommitted(_Event):
     global_micro_step: int
     optimizer_step: int
     bytes: int
-    seconds: float  # the whole save, snapshot to commit
-    blocked_seconds: float  # how long the training loop waited for it
+    seconds: Seconds  # the whole save, snapshot to commit
+    blocked_seconds: Seconds  # how long the training loop waited for it
     committed_at_micro_step: int | None = older_logs_lack(None)  # later than the state's own step when async
     reasons: list[str]  # interval, preemption, final
 
@@ -156,7 +167,7 @@ class Evaluated(_Event):
     optimizer_step: int
     global_micro_step: int
     metrics: dict[str, float]
-    seconds: float  # the evaluation's wall time (training waited for it)
+    seconds: Seconds  # the evaluation's wall time (training waited for it)
 
 
 class PreemptionNotice(_Event):
@@ -201,7 +212,7 @@ class RankReached(_Record):
 
     rank: int
     global_micro_step: int
-    time: float
+    time: Seconds
 
 
 class Interrupted(_Event):
@@ -215,8 +226,8 @@ class Interrupted(_Event):
     attempt: int
     ranks: list[RankReached]
     global_micro_step: int  # the furthest any rank reached
-    reached_at: float  # the newest heartbeat of any rank: when the attempt was last seen computing
-    detected_at: float  # when the controller learnt of the failure
+    reached_at: Seconds  # the newest heartbeat of any rank: when the attempt was last seen computing
+    detected_at: Seconds  # when the controller learnt of the failure
 
 
 class InitFromResolved(_Event):
@@ -268,13 +279,32 @@ def stored_form(event: Event) -> dict[str, Any]:
     return {"kind": event.kind, **event.model_dump(exclude_unset=True)}
 
 
+def time_of(record: Mapping[str, Any]) -> float | None:
+    """A stored record's time: 0.0 when it has none (a foreign record sorts first), None when its
+    ``time`` is no usable number of seconds (not a number, not finite, beyond MAX_TIME)."""
+    t = record.get("time", 0.0)
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        return None
+    try:
+        seconds = float(t)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) and abs(seconds) <= MAX_TIME else None
+
+
 def read_event(record: Mapping[str, Any]) -> Event | UnknownEvent:
     try:
         return _EVENT.validate_python(record)
     except ValidationError as e:
-        t = record.get("time")
-        return UnknownEvent(kind=str(record.get("kind")), time=float(t) if isinstance(t, int | float) else 0.0,
-                            source=str(record.get("source", "")), problem=_problem(e), record=dict(record))
+        return UnknownEvent(kind=_shown(record.get("kind")), time=time_of(record) or 0.0,
+                            source=_shown(record.get("source", "")), problem=_shown(_problem(e)), record=dict(record))
+
+
+def _shown(value: Any) -> str:
+    """A damaged record's field as the timeline quotes it: printable, one bounded line."""
+    text = value if isinstance(value, str) else type(value).__name__ if isinstance(value, dict | list) else str(value)
+    text = "".join(c if c.isprintable() else "?" for c in text[:_SHOWN_CHARS + 1])
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
 def _problem(error: ValidationError) -> str:
@@ -301,15 +331,25 @@ class Journal:
 
     Attempts are numbered by the loop in the order they start (``next_attempt``), so "the
     attempt" of an event is its ``attempt`` field; events of logs older than that field (None)
-    belong to no attempt."""
+    belong to no attempt. ``skipped``: the stored files that held no record, each as
+    ``name (why)`` (``workers.events``); nothing in the journal comes from them."""
 
-    def __init__(self, events: Iterable[Event | UnknownEvent]) -> None:
+    def __init__(self, events: Iterable[Event | UnknownEvent], skipped: Iterable[str] = ()) -> None:
         self.events: list[Event | UnknownEvent] = sorted(events, key=lambda e: e.time)
+        self.skipped: list[str] = list(skipped)
 
     @classmethod
-    def parse(cls, records: Iterable[Mapping[str, Any]]) -> Journal:
-        """The journal of stored records (``workers.events.EventLog.read_all``)."""
-        return cls(read_event(r) for r in records)
+    def parse(cls, records: Iterable[Mapping[str, Any]], skipped: Iterable[str] = ()) -> Journal:
+        """The journal of stored records (``workers.events.EventLog.read_all``); a record whose time
+        is unusable (``time_of``) is skipped and named, as the reader does."""
+        events: list[Event | UnknownEvent] = []
+        named = list(skipped)
+        for r in records:
+            if time_of(r) is None:
+                named.append(f"a {_shown(r.get('kind'))} record (its time is not a usable number of seconds)")
+            else:
+                events.append(read_event(r))
+        return cls(events, named)
 
     def of_kind(self, kind: type[E]) -> list[E]:
         return [e for e in self.events if isinstance(e, kind)]

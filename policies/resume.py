@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from policies.candidates import Candidate, Verdict, finite_metric
 from policies.errors import NoResumableState
-from policies.import_path import load_object
+from policies.import_path import load_class
 
 
 @dataclass(frozen=True)
@@ -139,8 +139,11 @@ BUILTIN: dict[str, type] = {
 
 
 def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:
-    cls = BUILTIN.get(name) or load_object(name)
-    return cls(**(args or {}))
+    """A built-in policy by name, or a custom one by import path: a class with a ``choose`` method,
+    checked before it is instantiated with ``args`` (``ValueError`` names what the path is instead)."""
+    cls = BUILTIN.get(name) or load_class(name, "choose")
+    policy: ResumePolicy = cls(**(args or {}))
+    return policy
 
 
 def enforce_safe(decision: Decision, candidates: Sequence[Candidate]) -> Decision:

@@ -509,7 +509,7 @@ HOSTILE_CASES = [
     pytest.param(_in_task_config("".join(f"    d{i}: &d{i} " + "[" * 20 + (f"*d{i - 1}" if i else "1") + "]" * 20 + "\n"
                                          for i in range(60))), [], r"nested deeper than 32 levels",
                  id="nesting-through-chained-aliases"),
-    pytest.param("/dev/zero", [], r"larger than 1048576 bytes", id="dev-zero"),
+    pytest.param("/dev/zero", [], r"not a regular file", id="dev-zero"),
     pytest.param(_edit("", "# padding\n" * 300_000), [], r"larger than 1048576 bytes", id="huge-file"),
     pytest.param(_edit("", "".join(f"k{i}: 0\n" for i in range(4000))), [], r"unknown key.*more problem",
                  id="four-thousand-unknown-keys"),
@@ -805,11 +805,14 @@ RUNTIME_CASES = [
                  r"task\.path: module 'tests\.tasks' has no attribute 'no_such_function'.*Point it at a function",
                  id="task-attribute-missing"),
     pytest.param(("task.path=tests.test_bad_input:NOT_A_FUNCTION",), TaskError,
-                 r"task\.path: 'tests\.test_bad_input:NOT_A_FUNCTION' is not callable; "
-                 r"it must be a function returning a Task",
+                 r"task\.path: 'tests\.test_bad_input:NOT_A_FUNCTION' is a value of type \w+, not a function "
+                 r"written in Python; it is not called.*a function 'package\.module:function' returning a Task",
                  id="task-not-callable"),
     pytest.param(("task.path=builtins:len",), TaskError,
-                 r"task\.path: 'builtins:len' returned int, expected workers\.task\.Task", id="task-returns-no-task"),
+                 r"task\.path: 'builtins:len' is a builtin function, not a function written in Python; it is not "
+                 r"called", id="task-builtin-not-called"),
+    pytest.param(("task.path=json:dumps",), TaskError,
+                 r"task\.path: 'json:dumps' returned str, expected workers\.task\.Task", id="task-returns-no-task"),
     pytest.param(("task.path=tests.test_bad_input:no_length_task",), TaskError,
                  r"task\.path: .* dataset without __len__/__getitem__ \(map-style needed\)",
                  id="task-dataset-not-map-style"),

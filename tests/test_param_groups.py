@@ -275,7 +275,7 @@ def test_custom_schedule_errors_name_the_function(tmp_path):
     with pytest.raises(JobConfigError, match=r"train\.scheduler\.path: .*no attribute 'missing'"):
         run(bad)
     not_fn = _spec(tmp_path / "b", 0, "train.scheduler={type: custom, path: 'tests.group_tasks:NOT_A_FUNCTION'}")
-    with pytest.raises(JobConfigError, match="is not callable"):
+    with pytest.raises(JobConfigError, match="not a function written in Python; it is not called"):
         run(not_fn)
     nan = _spec(tmp_path / "c", 0, "train.scheduler={type: custom, path: 'tests.group_tasks:not_finite'}")
     with pytest.raises(JobConfigError, match=r"tests\.group_tasks:not_finite returned nan at position 1"):

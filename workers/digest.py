@@ -9,14 +9,19 @@ one allowlist of the plain DeepSpeed classes they contain (``workers.safe_load``
 checksum matched the manifest; nothing is unpickled blindly. The manifest and ``trainer.json`` are
 parsed with the state format's models before any file is read (every manifest name checked with
 ``policies.state_paths``), so a manifest cannot make ``digest`` read outside the state
-(``engine/../../other-run/...``). Refusals raise ``StateRefused``.
+(``engine/../../other-run/...``).
+
+Why every failure is one refusal: ``digest`` reads what loading reads, from storage that may be
+hostile, and must meet the same bounds (``workers.safe_load``: no meta tensors, no expanded views,
+no unbounded nesting or allocation; JSON within ``policies.bounded_json``'s bounds). Whatever the
+state's bytes make fail is ``StateRefused`` with one line; ``OSError`` is the storage failing,
+``FileNotFoundError`` a state that is not there.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import re
 from typing import Any
 
@@ -24,6 +29,7 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load as st_load
 
+from policies.bounded_json import BoundedJsonError, loads_bounded
 from policies.errors import StateRefused
 from policies.redact import redact_url
 from policies.state_format import (
@@ -49,6 +55,8 @@ from workers.storage import RunStorage
 POSITION_KEYS = ("epoch", "position_in_epoch", "global_micro_step", "optimizer_step", "grad_accum",
                  "micro_batches_per_epoch", "micro_batch_size", "world_size", "seed", "scheduler", "data")
 SKIPPED_KEYS = {"ds_config", "ds_version"}
+MAX_JSON_BYTES = 32 << 20  # manifest.json and trainer.json: kilobytes for any state syncpoint writes
+MAX_JSON_DEPTH = 32
 
 
 def load_deepspeed_file(data: bytes, name: str = "DeepSpeed state file") -> Any:
@@ -103,10 +111,29 @@ def _rank_of(path: str) -> int:
 
 
 def state_digest(state_url: str) -> dict[str, str]:
-    """Digest of one committed state directory; returns the total and each component's hash."""
+    """Digest of one committed state directory; returns the total and each component's hash.
+    Raises ``StateRefused`` for anything the state's content makes fail (see the module docstring)."""
+    try:
+        return _state_digest(state_url)
+    except (StateRefused, OSError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - hostile content fails in any way (a missing key, a wrong type)
+        text = " ".join(str(e).split())[:200]
+        raise StateRefused(f"its content cannot be digested ({type(e).__name__}: {text}): refused (corrupt)") from None
+
+
+def _json(data: bytes, what: str) -> Any:
+    try:
+        return loads_bounded(data, max_bytes=MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH)
+    except BoundedJsonError as e:
+        raise StateRefused(f"{what} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: refused (corrupt)") \
+            from None
+
+
+def _state_digest(state_url: str) -> dict[str, str]:
     base, _, name = state_url.rstrip("/").rpartition("/")
     storage = RunStorage(base)
-    files = parse_manifest(json.loads(storage.read_bytes(name, MANIFEST_FILE)), name).files
+    files = parse_manifest(_json(storage.read_bytes(name, MANIFEST_FILE), MANIFEST_FILE), name).files
 
     def read(rel: str) -> bytes:
         data = storage.read_bytes(name, rel)
@@ -131,7 +158,7 @@ def state_digest(state_url: str) -> dict[str, str]:
     for rel in zero_files:
         parts["optimizer"].feed(load_deepspeed_file(read(rel), rel)["optimizer_state_dict"])
     try:
-        trainer = TrainState.model_validate(json.loads(read(TRAINER_FILE)))
+        trainer = TrainState.model_validate(_json(read(TRAINER_FILE), TRAINER_FILE))
     except ValidationError as e:
         raise StateRefused(f"{problem_of(e, TRAINER_FILE)}: refused (corrupt)") from None
     parts["position"].feed(trainer.model_dump(include=set(POSITION_KEYS)))

@@ -3,16 +3,27 @@
 Why one file per event: object stores cannot append, and a crashed writer must never corrupt
 earlier events. File names sort by time, so listing the directory is reading the timeline.
 What an event holds is ``policies.journal``'s models; what is asked of a log is its ``Journal``.
+
+Why reading never fails: whoever can write the storage can plant a file among the events, and
+every attempt reads the log at its start. A file that holds no record within bounds (``read_record``:
+too large, not JSON, nested too deep, an integer beyond 64 bits, no object, no usable time) is
+skipped and named (``Journal.skipped``, one line in ``syncpoint events``); the rest is read.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
-from policies.journal import Event, Journal, event_to_emit, stored_form
+from policies.bounded_json import BoundedJsonError, loads_bounded
+from policies.journal import Event, Journal, event_to_emit, stored_form, time_of
 from workers.storage import RunStorage
+
+EVENTS_DIR = "events"
+EVENT_MAX_BYTES = 1 << 20  # one event file: the largest written (a resume decision, a progress batch) is KiBs
+EVENT_MAX_DEPTH = 16  # an event nests 4 levels (progress -> records -> a record -> its samples)
 
 
 class EventLog:
@@ -33,27 +44,82 @@ class EventLog:
             given = stored_form(event)
         typed = event_to_emit({"source": self.source, **given, "time": time.time()})
         name = f"{time.time_ns():020d}-{typed.kind}-{uuid.uuid4().hex[:6]}.json"
-        self.storage.write_json(stored_form(typed), "events", name)
+        self.storage.write_json(stored_form(typed), EVENTS_DIR, name)
         return typed
+
+    def read_stored(self) -> StoredLog:
+        """Every stored record as written, in time order, and the files that hold none, each named
+        with why (``read_record``). Never raises for what a file holds."""
+        records: list[dict[str, Any]] = []
+        skipped: list[Unreadable] = []
+        for name in event_files(self.storage):
+            got = read_record(self.storage, name)
+            if isinstance(got, Unreadable):
+                skipped.append(got)
+            else:
+                records.append(got)
+        return StoredLog(sorted(records, key=lambda r: time_of(r) or 0.0), skipped)
 
     def read_all(self) -> list[dict[str, Any]]:
         """Every stored record as written, in time order: the raw log (``syncpoint events --json``).
-        Files that hold no JSON object are skipped. Code that asks questions of the log reads ``journal()``."""
-        out = []
-        for name in self.storage.list_files("events"):
-            if name.endswith(".json"):
-                try:
-                    record = self.storage.read_json("events", name)
-                except (ValueError, OSError):
-                    continue
-                if isinstance(record, dict):
-                    out.append(record)
-        return sorted(out, key=_time_of)
+        Code that asks questions of the log reads ``journal()``."""
+        return self.read_stored().records
 
     def journal(self) -> Journal:
-        return Journal.parse(self.read_all())
+        stored = self.read_stored()
+        return Journal.parse(stored.records, skipped=[str(u) for u in stored.skipped])
 
 
-def _time_of(record: dict[str, Any]) -> float:
-    t = record.get("time")
-    return float(t) if isinstance(t, int | float) else 0.0
+@dataclass(frozen=True)
+class Unreadable:
+    """An event file that holds no record, and why; ``partial``: it may be one still being written
+    (a follower reads it again next time)."""
+
+    name: str
+    reason: str
+    partial: bool = False
+
+    def __str__(self) -> str:
+        return f"{_printable(self.name)} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class StoredLog:
+    records: list[dict[str, Any]]
+    skipped: list[Unreadable] = field(default_factory=list)
+
+
+def event_files(storage: RunStorage) -> list[str]:
+    """The names of the stored events."""
+    return [n for n in storage.list_files(EVENTS_DIR) if n.endswith(".json")]
+
+
+def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
+    """One stored event as written, or why the file holds none: unreadable, larger than
+    EVENT_MAX_BYTES, not JSON, nested deeper than EVENT_MAX_DEPTH, an integer beyond 64 bits, not an
+    object, or a ``time`` that is no usable number of seconds (``policies.journal.time_of``)."""
+    try:
+        data = storage.read_bytes(EVENTS_DIR, name)
+    except OSError as e:
+        return Unreadable(name, f"unreadable: {type(e).__name__}", partial=True)
+    try:
+        record = loads_bounded(data, max_bytes=EVENT_MAX_BYTES, max_depth=EVENT_MAX_DEPTH)
+    except BoundedJsonError as e:
+        return Unreadable(name, str(e), partial=str(e).startswith("not JSON"))
+    if not isinstance(record, dict):
+        return Unreadable(name, "not a JSON object")
+    if time_of(record) is None:
+        return Unreadable(name, "its time is not a usable number of seconds")
+    return record
+
+
+def skipped_line(skipped: list[str], shown: int = 5) -> str:
+    """One line (``syncpoint events``, the loop): how many files were skipped, naming a few."""
+    more = f" and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return f"{len(skipped)} event record(s) unreadable, skipped: {', '.join(skipped[:shown])}{more}"
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    """A file name from storage as a message quotes it: no control characters, bounded."""
+    text = "".join(c if c.isprintable() else "?" for c in text[:limit + 1])
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -33,7 +33,7 @@ from policies.boundaries import cycle_length, is_boundary
 from policies.candidates import Expectation, identity_record
 from policies.elastic import layout
 from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
-from policies.import_path import load_object
+from policies.import_path import load_class
 from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
 from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
@@ -47,7 +47,7 @@ from workers.data import epoch_loader
 from workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
 from workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
 from workers.evaluation import Evaluation, check_task
-from workers.events import EventLog
+from workers.events import EventLog, skipped_line
 from workers.export import export_final
 from workers.faults import Faults
 from workers.heartbeat import Heartbeat
@@ -315,7 +315,8 @@ def _make_trigger(attempt: Attempt) -> SaveTrigger:
     if not spec.checkpoint.save_trigger:
         return trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit)
     try:
-        return load_object(spec.checkpoint.save_trigger)()
+        trigger: SaveTrigger = load_class(spec.checkpoint.save_trigger, "wants_save")()
+        return trigger
     except (ValueError, TypeError) as e:
         raise JobConfigError(f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
                              "constructible without arguments, importable on every worker") from None
@@ -380,7 +381,10 @@ def _check_hash_seed(attempt: Attempt) -> None:
 
 
 def _attempt_number(journal: Journal | None) -> int:
-    """This attempt's number: one more than the attempts the journal holds (rank 0 reads, all learn)."""
+    """This attempt's number: one more than the attempts the journal holds (rank 0 reads, all learn).
+    Rank 0 says which event files it skipped (planted or damaged: the run goes on without them)."""
+    if journal is not None and journal.skipped:
+        print(f"[syncpoint] {skipped_line(journal.skipped)}", file=sys.stderr, flush=True)
     box = [journal.next_attempt() if journal is not None else 1]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])

@@ -2,7 +2,9 @@
 
 Why the event log gets them in batches: one event per step would be one storage write per step;
 but the timeline's lost-work accounting needs a fresh view of progress when a node disappears,
-so the batch is flushed at every commit and at least every ``PROGRESS_FLUSH_S`` seconds.
+so the batch is flushed at every commit and at least every ``PROGRESS_FLUSH_S`` seconds; and
+before it grows near the size a reader accepts for one event file (``EVENT_MAX_BYTES``: a tiny
+model with ``train.record_samples`` logs thousands of steps in those seconds).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import time
 from typing import Any
 
 from policies.journal import Progress, ProgressRecord
-from workers.events import EventLog
+from workers.events import EVENT_MAX_BYTES, EventLog
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
+FLUSH_AT_BYTES = EVENT_MAX_BYTES // 4  # a batch's estimated JSON size that flushes it whatever the time
+_RECORD_BYTES, _SAMPLE_BYTES = 400, 16  # at most: one step's record (indented JSON) without samples; a sample id
 
 
 class ProgressLog:
@@ -23,19 +27,21 @@ class ProgressLog:
         self.events, self.attempt = events, attempt
         self.history: list[dict[str, Any]] = []
         self.unflushed: list[dict[str, Any]] = []
+        self.unflushed_bytes = 0  # the batch's estimated JSON size
         self.last_flush = time.monotonic()
 
     def add(self, record: dict[str, Any]) -> None:
         self.history.append(record)
         self.unflushed.append(record)
-        if time.monotonic() - self.last_flush > PROGRESS_FLUSH_S:
+        self.unflushed_bytes += _RECORD_BYTES + _SAMPLE_BYTES * len(record.get("samples") or ())
+        if time.monotonic() - self.last_flush > PROGRESS_FLUSH_S or self.unflushed_bytes >= FLUSH_AT_BYTES:
             self.flush()
 
     def flush(self) -> None:
         if self.events and self.unflushed:
             self.events.emit(Progress(attempt=self.attempt,
                                       records=[ProgressRecord.model_validate(r) for r in self.unflushed]))
-        self.unflushed, self.last_flush = [], time.monotonic()
+        self.unflushed, self.unflushed_bytes, self.last_flush = [], 0, time.monotonic()
 
 
 class ProgressLine:

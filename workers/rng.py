@@ -37,6 +37,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from policies.bounded_json import BoundedJsonError, loads_bounded
 from policies.errors import StateRefused
 from workers import task_rngs
 
@@ -169,21 +170,34 @@ def parse(data: bytes, name: str = "RNG file") -> SavedRng:
 
 
 def safetensors_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors."""
-    header_len = int.from_bytes(data[:8], "little")
-    if len(data) < 8 or header_len > len(data) - 8:
-        raise ValueError(f"safetensors header of {header_len} bytes in a blob of {len(data)}")
-    return json.loads(data[8:8 + header_len]).get("__metadata__", {})
+    """The ``__metadata__`` of a safetensors blob (its JSON header), without loading tensors.
+
+    Refused (``StateRefused``, one line) unless the header's stated length fits the blob and
+    MAX_HEADER, and the header is a shallow JSON object whose metadata maps strings to
+    strings: the bytes come from storage, and a header of 10⁵ nested arrays, or a length of 2⁶⁴,
+    must not become a crash or an allocation."""
+    header_len = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 <= header_len <= min(len(data) - 8, MAX_HEADER):
+        raise StateRefused(f"a safetensors header of {header_len} bytes in a file of {len(data)} (at most "
+                           f"{MAX_HEADER}): refused (corrupt)")
+    try:
+        header = loads_bounded(data[8:8 + header_len], max_bytes=MAX_HEADER, max_depth=8)
+    except BoundedJsonError as e:
+        raise StateRefused(f"a safetensors header that is {e}: refused (corrupt)") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise StateRefused("a safetensors header that is not an object with string metadata: refused (corrupt)")
+    return meta
 
 
 def _parse(data: bytes) -> SavedRng:
-    _need(len(data) >= 8, f"{len(data)} bytes, no safetensors header")
-    header_len = int.from_bytes(data[:8], "little")
-    _need(header_len <= min(len(data) - 8, MAX_HEADER), f"header of {header_len} bytes in a file of {len(data)}")
-    meta = safetensors_metadata(data)
-    _need(isinstance(meta, dict) and isinstance(meta.get("rng"), str), "no rng metadata")
+    meta = safetensors_metadata(data)  # the header bounded (StateRefused otherwise)
+    _need(isinstance(meta.get("rng"), str), "no rng metadata")
     tensors = st_load(data)
-    g = json.loads(meta["rng"])
+    try:
+        g = loads_bounded(meta["rng"].encode(), max_bytes=MAX_HEADER, max_depth=32)
+    except BoundedJsonError as e:
+        raise StateRefused(f"rng metadata that is {e}: refused (corrupt)") from None
     _need(isinstance(g, dict), "rng metadata is not an object")
     python = (_int(g.get("python_version"), "python_version", 1, 1 << 16),
               _mt_words(tensors, "python", MT_WORDS + 1), _gauss(g.get("python_gauss"), "python_gauss"))

@@ -13,6 +13,12 @@ The allowlist is what DeepSpeed 0.19's files hold beyond torch's own safe types,
 scanning the files fp32 and bf16 runs at ZeRO 0, 1 and 2 write (fp16 adds the dynamic loss
 scaler, a plain attribute bag): the static and dynamic loss scalers, the ZeRO stage enum and the
 fragment addresses of ZeRO/bf16 optimizer shards. None of them runs code when it is rebuilt.
+
+Running no code is not enough: what torch's weights-only unpickler does allow can still allocate
+without bound or build what no reader survives (``bytearray(10**13)``, a meta tensor of 10¹²
+elements, a stride-0 view of 3·10⁸ elements in a 774-byte file, a cycle). Every load is bounded by
+``workers.state_file_bounds``: the pickle's opcodes are checked before ``torch.load`` and what it
+built is checked after, so resume, ``digest`` and every other reader refuse the same files.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, BinaryIO
 import torch
 
 from policies.errors import StateRefused
+from workers.state_file_bounds import check_loaded, prescan
 
 # A refusal quotes the file's own content (global names, torch's error): bounded, one line.
 _REASON_CHARS = 200
@@ -48,17 +55,23 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
     """Unpickle one DeepSpeed file (a local path or its bytes) without running any code from it.
 
     ``name`` is how the refusal names the file (its path inside the state). Raises
-    :class:`StateRefused` when the file needs a class outside the allowlist or is not a torch file
-    at all; ``OSError`` (the disk, not the content) and ``MemoryError`` pass through unchanged.
-    ``mmap`` maps tensor storages instead of reading them (zip-format files): a cheap full check.
+    :class:`StateRefused` when the file needs a class outside the allowlist, is not a torch file
+    at all, or exceeds a bound of ``workers.state_file_bounds`` (checked before and after the
+    unpickling); ``OSError`` (the disk, not the content) and ``MemoryError`` (within those bounds:
+    the machine, not the file) pass through unchanged. ``mmap`` maps tensor storages instead of
+    reading them (zip-format files): a cheap full check.
     """
     try:
-        with torch.serialization.safe_globals(allowed_classes()):
-            return torch.load(_file(source), map_location=map_location, weights_only=True,
-                              mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source))
-    except (OSError, MemoryError):
+        classes = allowed_classes()
+        prescan(source, name, classes)
+        with torch.serialization.safe_globals(classes):
+            loaded = torch.load(_file(source), map_location=map_location, weights_only=True,
+                                mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source))
+        check_loaded(loaded, name, _size(source))
+        return loaded
+    except (OSError, MemoryError, StateRefused):
         raise
-    except Exception as e:  # noqa: BLE001 - unpickling hostile bytes fails in any way; each one means corrupt
+    except Exception as e:  # noqa: BLE001 - unpickling hostile bytes fails in any way (RecursionError too)
         raise StateRefused(refusal(name, source, e)) from None
 
 
@@ -109,6 +122,10 @@ def _reason(error: BaseException) -> str:
     if m is not None and text:
         return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _size(source: str | bytes) -> int:
+    return len(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.path.getsize(source)
 
 
 def _file(source: str | bytes) -> BinaryIO | str:

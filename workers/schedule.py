@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policies.errors import JobConfigError, ScheduleMismatch
-from policies.import_path import load_object
+from policies.import_path import load_function
 from policies.spec import SchedulerSpec
 from policies.state_format import SchedulerRecord
 from policies.state_format import scheduler_phases as phases
@@ -69,14 +69,10 @@ class Schedule:
         if s.type == "custom":
             assert s.path is not None  # the spec requires it
             try:
-                fn = load_object(s.path)
+                self.custom = load_function(s.path)
             except ValueError as e:
                 raise JobConfigError(f"train.scheduler.path: {e}. It must name a function fn(position: int, "
                                      "total: int) -> float importable on every worker") from None
-            if not callable(fn):
-                raise JobConfigError(f"train.scheduler.path: {s.path!r} is not callable; it must be a function "
-                                     "fn(position: int, total: int) -> float")
-            self.custom = fn
 
     def factor(self, position: int, total: int) -> float:
         if self.custom is None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from policies.errors import TaskError
-from policies.import_path import load_object
+from policies.import_path import load_function
 
 
 @runtime_checkable
@@ -54,12 +54,10 @@ class Task:
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
     try:
-        fn = load_object(path)
+        fn = load_function(path)
     except ValueError as e:
-        raise TaskError(f"task.path: {e}. Point it at a function 'package.module:function' "
+        raise TaskError(f"task.path: {e}. Point it at a function 'package.module:function' returning a Task, "
                         "importable on every worker (ship the code with --working-dir).") from None
-    if not callable(fn):
-        raise TaskError(f"task.path: {path!r} is not callable; it must be a function returning a Task")
     try:
         task = fn(dict(config))
     except TypeError as e:
