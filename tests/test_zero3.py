@@ -201,3 +201,46 @@ def test_elastic_zero3_across_world_sizes(tmp_path, direction):
         assert run_spawned(spec, world_size=1) == [17]
         assert run_spawned(spec) == [0, 0]
     _assert_same_samples_and_close(ref, spec)
+
+
+@pytest.mark.slow
+def test_the_digest_of_a_two_rank_zero3_state_ignores_the_uninitialised_padding(tmp_path):
+    """DeepSpeed pads each parameter's partition to the world size and never initialises the fp32
+    padding (``linear``'s 1-element output bias leaves rank 1 one padded element per group): two
+    bitwise-equal runs differ there, so the digest hashes real elements only. A real element still counts."""
+    import json
+
+    import torch
+
+    from tests.helpers import linear_spec
+    from workers.checksum import checksum_bytes
+    from workers.safe_load import load_state_file
+
+    spec = linear_spec(tmp_path, "deepspeed.zero_stage=3", "task.config.num_samples=16", "train.grad_accum=2",
+                       workers=2)
+    assert run_spawned(spec) == [0, 0]
+    name = max(state_names(spec))
+    store, shard = RunStorage(spec.run_url), "engine/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    before = digest(spec, name)
+
+    def rewrite(edit) -> str:
+        sd = load_state_file(store.local_path("states", name, shard), shard)
+        edit(sd["optimizer_state_dict"])
+        torch.save(sd, store.local_path("states", name, shard))
+        with open(store.local_path("states", name, shard), "rb") as f:
+            data = f.read()
+        with open(store.local_path("states", name, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read())
+        manifest["files"][shard] = {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
+        store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
+        return digest(spec, name)
+
+    def garbage_in_padding(osd):  # group 1 is [0.bias (4 of 8 on rank 1), 2.bias (0 of 1: padding)]
+        osd["fp32_flat_groups"][1].data[-1] = 1.2e28
+        osd["optimizer_state_dict"]["state"][1]["exp_avg"][-1] = -3.0
+
+    def a_real_change(osd):
+        osd["fp32_flat_groups"][1].data[0] += 1.0
+
+    assert rewrite(garbage_in_padding) == before
+    assert rewrite(a_real_change) != before

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import re
 from typing import Any
 
@@ -122,6 +123,49 @@ def state_digest(state_url: str) -> dict[str, str]:
         raise StateRefused(f"its content cannot be digested ({type(e).__name__}: {text}): refused (corrupt)") from None
 
 
+def _zero3_masks(files: Any, read: Any, world: int) -> list[list[torch.Tensor]]:
+    """ZeRO-3 only: per rank, per param group, which elements of the rank's flat partition are real.
+
+    Why: DeepSpeed pads each parameter to a multiple of the world size and leaves the padding of
+    its fp32 partition uninitialised (``torch.empty``), and Adam then updates those elements too;
+    two bitwise-equal runs differ there. The layout is the one ``consolidate_zero3`` reads: rank r
+    holds elements ``[r*p, (r+1)*p)`` of each parameter, ``p = ceil(numel / world)``."""
+    model0 = next((rel for rel in files if ZERO3_MODEL.match(rel) and _rank_of(rel) == 0), None)
+    if model0 is None or world < 1:
+        return []
+    shapes = load_deepspeed_file(read(model0), model0)["param_shapes"]
+    masks: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    for group in shapes:
+        for r in range(world):
+            pieces = []
+            for shape in group.values():
+                numel = math.prod(int(d) for d in shape)
+                part = -(-numel // world)
+                real = min(part, max(0, numel - r * part))
+                pieces += [torch.ones(real, dtype=torch.bool), torch.zeros(part - real, dtype=torch.bool)]
+            masks[r].append(torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.bool))
+    return masks
+
+
+def _without_padding(osd: Any, masks: list[torch.Tensor]) -> Any:
+    """A ZeRO-3 rank's optimizer state with the padding of each group's flat tensors (the fp32
+    partition and every moment of that length) set to zero before hashing."""
+    def clean(t: Any, g: int) -> Any:
+        if isinstance(t, torch.Tensor) and g < len(masks) and t.dim() == 1 and t.numel() == masks[g].numel():
+            return t.detach().masked_fill(~masks[g], 0)
+        return t
+
+    out = dict(osd)
+    if isinstance(osd.get("fp32_flat_groups"), list):
+        out["fp32_flat_groups"] = [clean(t, g) for g, t in enumerate(osd["fp32_flat_groups"])]
+    inner = osd.get("optimizer_state_dict")
+    if isinstance(inner, dict) and isinstance(inner.get("state"), dict):
+        state = {g: ({k: clean(v, g) for k, v in st.items()} if isinstance(g, int) and isinstance(st, dict) else st)
+                 for g, st in inner["state"].items()}
+        out["optimizer_state_dict"] = {**inner, "state": state}
+    return out
+
+
 def _json(data: bytes, what: str) -> Any:
     try:
         return loads_bounded(data, max_bytes=MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH)
@@ -155,8 +199,10 @@ def _state_digest(state_url: str) -> dict[str, str]:
         parts["parameters"].feed(sd["module"])
         if sd.get("optimizer") is not None:
             parts["optimizer"].feed(sd["optimizer"])
+    masks = _zero3_masks(files, read, len(zero_files))
     for rel in zero_files:
-        parts["optimizer"].feed(load_deepspeed_file(read(rel), rel)["optimizer_state_dict"])
+        osd = load_deepspeed_file(read(rel), rel)["optimizer_state_dict"]
+        parts["optimizer"].feed(_without_padding(osd, masks[_rank_of(rel)]) if masks else osd)
     try:
         trainer = TrainState.model_validate(_json(read(TRAINER_FILE), TRAINER_FILE))
     except ValidationError as e:
