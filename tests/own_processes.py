@@ -37,6 +37,20 @@ def marked_processes(mark: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter() if carries(p, mark)]
 
 
+def owned(mark: str) -> set[psutil.Process]:
+    """What a test started: every process carrying its mark and every descendant of one. A process
+    that renames itself (``setproctitle``, as Ray's dashboard modules and workers do) overwrites the
+    memory ``/proc/<pid>/environ`` shows, so its own mark can vanish: it is still a descendant."""
+    found = set(marked_processes(mark))
+    for p in list(found):
+        try:
+            found.update(p.children(recursive=True))
+        except psutil.Error:
+            pass
+    return found
+
+
 def not_marked(procs: list[psutil.Process], mark: str) -> list[psutil.Process]:
-    """The processes of a kill list that do not carry the test's mark (alive ones only)."""
-    return [p for p in procs if p.is_running() and not carries(p, mark)]
+    """The processes of a kill list the test did not start (alive ones only)."""
+    ours = owned(mark)
+    return [p for p in procs if p.is_running() and p not in ours]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import psutil
 
 from tests.helpers import stop_processes
-from tests.own_processes import marked_env, marked_processes
+from tests.own_processes import marked_env, marked_processes, owned
 from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
@@ -49,9 +49,9 @@ class Head:
 
     @property
     def processes(self) -> list[psutil.Process]:
-        """Every process of this cluster now: the head's daemons, the worker nodes started for it and
-        the Ray workers they run (all inherit the mark), nothing else on the machine."""
-        return marked_processes(self.mark)
+        """The head's processes now: those carrying the mark they inherited (the GCS, raylet,
+        dashboard) and their descendants (``tests.own_processes.owned``), nothing else."""
+        return list(owned(self.mark))
 
 
 @contextlib.contextmanager
@@ -116,6 +116,7 @@ def wait_for_job_agent(address: str) -> None:
 class WorkerNode:
     proc: subprocess.Popen  # the `ray start --block` process: the pod's main process
     node_id: str
+    mark: str = ""  # the environment marker of this node's processes (tests.own_processes)
 
     def children(self) -> list[psutil.Process]:
         try:
@@ -134,8 +135,9 @@ def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]
             nodes.append(add_worker_node(head, env))
         yield nodes
     finally:
-        stop_processes([psutil.Process(n.proc.pid) for n in nodes if n.proc.poll() is None]
-                       + [c for n in nodes for c in n.children()], mark=head.mark)
+        for n in nodes:  # each node's processes: its `ray start` and whatever carries its mark (orphans too)
+            roots = {*marked_processes(n.mark), *([psutil.Process(n.proc.pid)] if n.proc.poll() is None else [])}
+            stop_processes(list(roots), mark=n.mark)
 
 
 def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None,
@@ -145,24 +147,24 @@ def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[st
     ``prefix``/``node_ip``: run it inside a network namespace (``ip netns exec NS``, which execs, so
     the process is `ray start` itself) bound to the namespace's address (tests/netns.py)."""
     ports = [free_port() for _ in range(4)]
+    node_env, mark = marked_env(env)
     proc = subprocess.Popen(
         [*(prefix or []), f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
          f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
          f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats",
          OBJECT_STORE,
          *([f"--node-ip-address={node_ip}"] if node_ip else [])],
-        env=marked_env(env, head.mark)[0], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        env=node_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for child in WorkerNode(proc, "").children():
+        for child in WorkerNode(proc, "", mark).children():
             with contextlib.suppress(psutil.Error):
                 cmd = child.cmdline()
                 if cmd and cmd[0].endswith("raylet"):
                     ids = [a.split("=", 1)[1] for a in cmd if a.startswith("--node_id=")]
                     if ids:
                         wait_until_registered(head, ids[0], env, deadline)
-                        return WorkerNode(proc, ids[0])
+                        return WorkerNode(proc, ids[0], mark)
         if proc.poll() is not None:
             raise AssertionError(f"`ray start --block` for a worker node exited with {proc.returncode}")
         time.sleep(0.2)
