@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from policies.journal import AttemptStarted, Event, Finished, StateCommitted, UnknownEvent, read_event
 from policies.journal import Progress as ProgressEvent
+from workers.events import event_files, read_record
 from workers.storage import RunStorage
 
 POLL_S = 1.0
@@ -117,16 +118,14 @@ class EventFollower:
 
     def new_events(self) -> list[Event | UnknownEvent]:
         out = []
-        for name in self.storage.list_files("events"):
-            if name in self.seen or not name.endswith(".json"):
+        for name in event_files(self.storage):
+            if name in self.seen:
                 continue
-            try:
-                record = self.storage.read_json("events", name)
-            except (ValueError, OSError):
+            record = read_record(self.storage, name)
+            if record is None:
                 continue  # not whole yet: next poll
             self.seen.add(name)
-            if isinstance(record, dict):
-                out.append(read_event(record))
+            out.append(read_event(record))
         return sorted(out, key=lambda e: e.time)
 
 

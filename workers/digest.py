@@ -6,7 +6,9 @@ one allowlist of the plain DeepSpeed classes they contain (``workers.safe_load``
 checksum matched the manifest; nothing is unpickled blindly. The manifest and ``trainer.json`` are
 parsed with the state format's models before any file is read (every manifest name checked with
 ``policies.state_paths``), so a manifest cannot make ``digest`` read outside the state
-(``engine/../../other-run/...``). Refusals raise ``StateRefused``.
+(``engine/../../other-run/...``). Every read is bounded (the manifest by its cap, each file by its
+listed size) and, locally, never through a link nor of anything but a regular file
+(``workers.state_reader.read_listed``). Refusals raise ``StateRefused``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from safetensors.torch import load as st_load
 from policies.errors import StateRefused
 from policies.redact import redact_url
 from policies.state_format import (
-    MANIFEST_FILE,
     MODEL_FILE,
     RNG_DIR,
     TRAINER_FILE,
@@ -33,11 +34,10 @@ from policies.state_format import (
     TrainState,
     problem_of,
 )
-from workers.checksum import matches_entry
 from workers.export import consolidate_zero3
 from workers.rng import safetensors_metadata
 from workers.safe_load import load_state_file
-from workers.state_reader import ChecksumMismatch, parse_manifest
+from workers.state_reader import ChecksumMismatch, read_listed, read_manifest
 from workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -102,13 +102,13 @@ def state_digest(state_url: str) -> dict[str, str]:
     """Digest of one committed state directory; returns the total and each component's hash."""
     base, _, name = state_url.rstrip("/").rpartition("/")
     storage = RunStorage(base)
-    files = parse_manifest(json.loads(storage.read_bytes(name, MANIFEST_FILE)), name).files
+    files = read_manifest(storage, (name,)).files
 
     def read(rel: str) -> bytes:
-        data = storage.read_bytes(name, rel)
-        if not matches_entry(files[rel], data):
-            raise ChecksumMismatch(f"{redact_url(state_url)}/{rel}: {files[rel].algorithm} does not match the manifest")
-        return data
+        try:
+            return read_listed(storage, (name,), rel, files[rel])
+        except ChecksumMismatch as e:
+            raise ChecksumMismatch(f"{redact_url(state_url)}/{e}") from None
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
     model_files = [MODEL_FILE] if MODEL_FILE in files else []

@@ -27,10 +27,16 @@ same descriptor (``workers.verified_files``, which says how each rule above is k
 engine then serves DeepSpeed only those verified files, and a file written meanwhile is refused
 after the load, before training uses it. The elastic and ZeRO-3 module-only paths read or add
 files by name in the directory, so they still get a private verified copy.
+
+Every read is bounded by the manifest: a file is read or copied up to its listed size plus one byte
+and refused when larger (a shard listed with size 0 and linked to ``/dev/zero`` costs one byte);
+locally nothing is read through a link or unless it is a regular file (``workers.nofollow``), and
+such a refusal (``UnsafeEntry``) refuses the state like a checksum does, so selection falls back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -42,12 +48,13 @@ import torch.distributed as dist
 from pydantic import ValidationError
 
 from policies.candidates import Candidate
-from policies.errors import StateRefused
+from policies.errors import OversizedEntry, StateRefused, UnsafeEntry
 from policies.state_format import (
     ENGINE_TAG,
     FULL_OPTIMIZER_FILE,
     LOCAL_DIRS,
     MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
@@ -64,7 +71,6 @@ from workers.verified_files import (
     ChecksumMismatch,
     VerifiedFile,
     available,
-    open_state_dir,
     open_verified,
     read_verified,
 )
@@ -121,7 +127,11 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
     if state_dir is not None:
-        return _verify_in_place(state_dir, files, fetched, rng_file(rank) if want_rng else None)
+        root = _open_state(storage, cand.name)
+        try:
+            return _verify_in_place(root, state_dir, files, fetched, rng_file(rank) if want_rng else None)
+        finally:
+            os.close(root)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel in fetched:
@@ -141,11 +151,22 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         raise
 
 
-def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
+def _open_state(storage: RunStorage, name: str) -> int:
+    """The state directory reached from the run directory without following a link."""
+    try:
+        root = storage.open_local_dir(STATES_DIR, name)
+    except FileNotFoundError:
+        raise StateRefused(f"{STATES_DIR}/{name}: missing from storage: refused") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
+    assert root is not None, "in place needs local storage"
+    return root
+
+
+def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
                      rng_rel: str | None) -> FetchedState:
-    """Open and verify each file in the state directory itself; weights-only check through the same
-    descriptors (``workers.verified_files``)."""
-    root = open_state_dir(state_dir)
+    """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
+    check through the same descriptors (``workers.verified_files``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
         for rel in fetched:
@@ -163,8 +184,6 @@ def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: l
         for f in verified.values():
             f.close()
         raise
-    finally:
-        os.close(root)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:
@@ -213,9 +232,14 @@ def _download_verified(storage: RunStorage, name: str, rel: str, entry: Manifest
     os.close(fd)
     algo = entry.algorithm
     try:
-        size, digest = storage.download_file(partial, STATES_DIR, name, rel, algo=algo)
+        size, digest = storage.download_file(partial, STATES_DIR, name, rel, limit=entry.size, algo=algo)
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
+    except OversizedEntry:
+        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
+                               "commit)") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
     if size != entry.size:
         os.unlink(partial)
         raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {entry.size} (changed after commit)")
@@ -230,13 +254,40 @@ def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, Ma
     """A small file read into memory (never written locally), returned only if it matches."""
     if rel not in files:
         raise StateRefused(f"{name}: {MANIFEST_FILE} does not list {rel}: refused (corrupt)")
+    return read_listed(storage, (STATES_DIR, name), rel, files[rel])
+
+
+def read_listed(storage: RunStorage, state: tuple[str, ...], rel: str, entry: ManifestEntry) -> bytes:
+    """A file a manifest lists, read into memory with its listed size as the bound, returned only if
+    it matches its entry. ``state``: the state directory's parts in ``storage``. Raises
+    ``StateRefused`` (``ChecksumMismatch`` for changed bytes); ``OSError`` is the storage failing."""
     try:
-        data = storage.read_bytes(STATES_DIR, name, rel)
+        data = storage.read_bytes(*state, rel, limit=entry.size)
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
-    if not matches_entry(files[rel], data):
-        raise ChecksumMismatch(f"{rel}: {files[rel].algorithm} does not match the manifest")
+    except OversizedEntry:
+        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
+                               "commit)") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
+    if not matches_entry(entry, data):
+        raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest")
     return data
+
+
+def read_manifest(storage: RunStorage, state: tuple[str, ...]) -> Manifest:
+    """A state's manifest read with its cap (``MANIFEST_MAX_BYTES``) and parsed; ``StateRefused`` for
+    one that is not (``FileNotFoundError`` when there is none: not a committed state)."""
+    name = state[-1]
+    try:
+        raw = storage.read_bytes(*state, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES)
+    except UnsafeEntry as e:
+        raise StateRefused(f"{name}: {e}: refused (corrupt)") from None
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise StateRefused(f"{name}: {MANIFEST_FILE} is not JSON ({type(e).__name__}): refused (corrupt)") from None
+    return parse_manifest(obj, name)
 
 
 def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_only: bool = False,
