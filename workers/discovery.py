@@ -54,13 +54,15 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
         return Candidate(name=name, manifest_error=str(e))
     c = Candidate(name=name, listing=found.files, unsafe=found.unsafe)
     trainer_bytes = b""
-    if MANIFEST_FILE in c.listing or MANIFEST_FILE in c.unsafe:
+    c.manifest_error = _unsafe(c, MANIFEST_FILE)
+    if MANIFEST_FILE in c.listing:
         try:
             c.manifest, c.manifest_error = _parse_object(
                 storage.read_bytes(STATES_DIR, name, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES))
-        except UnsafeEntry as e:
+        except UnsafeEntry as e:  # too large, or swapped for a link since the listing
             c.manifest_error = str(e)
-    if TRAINER_FILE in c.listing or TRAINER_FILE in c.unsafe:
+    c.trainer_error = _unsafe(c, TRAINER_FILE)
+    if TRAINER_FILE in c.listing:
         try:
             trainer_bytes = storage.read_bytes(STATES_DIR, name, TRAINER_FILE, limit=TRAINER_MAX_BYTES)
             c.trainer, c.trainer_error = _parse_object(trainer_bytes)
@@ -71,6 +73,12 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
     if signing_key is not None and c.manifest is not None:
         c.trust_error = trust_problem(c.manifest, signing_key)
     return c
+
+
+def _unsafe(c: Candidate, rel: str) -> str | None:
+    """Why a metadata file the listing found is not read at all (a link, a FIFO), or None."""
+    kind = c.unsafe.get(rel)
+    return None if kind is None else f"{STATES_DIR}/{c.name}/{rel} is {kind}, not a regular file: never read"
 
 
 def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | None:

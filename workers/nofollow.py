@@ -141,6 +141,8 @@ def _open_dir(parent: int, name: str, shown: str, create: bool) -> int:
             kind = kind_at(parent, name)
             if kind in (None, "a directory"):
                 continue  # changed since the open: look again
+            if kind == "a regular file":  # not hostile, just no directory (a plain file named as one)
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), shown) from None
             if not (create and kind == "a symbolic link"):
                 raise UnsafeEntry(f"{shown} is {kind}, not a directory: never followed ({NEVER})") from None
             replace_planted(parent, name, shown, kind, "a real directory")

@@ -254,17 +254,19 @@ def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, Ma
     """A small file read into memory (never written locally), returned only if it matches."""
     if rel not in files:
         raise StateRefused(f"{name}: {MANIFEST_FILE} does not list {rel}: refused (corrupt)")
-    return read_listed(storage, (STATES_DIR, name), rel, files[rel])
+    try:
+        return read_listed(storage, (STATES_DIR, name), rel, files[rel])
+    except FileNotFoundError:
+        raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
 
 
 def read_listed(storage: RunStorage, state: tuple[str, ...], rel: str, entry: ManifestEntry) -> bytes:
     """A file a manifest lists, read into memory with its listed size as the bound, returned only if
     it matches its entry. ``state``: the state directory's parts in ``storage``. Raises
-    ``StateRefused`` (``ChecksumMismatch`` for changed bytes); ``OSError`` is the storage failing."""
+    ``StateRefused`` (``ChecksumMismatch`` for changed bytes), ``FileNotFoundError`` when it is
+    missing (not a committed state); any other ``OSError`` is the storage failing."""
     try:
         data = storage.read_bytes(*state, rel, limit=entry.size)
-    except FileNotFoundError:
-        raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
     except OversizedEntry:
         raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
                                "commit)") from None

@@ -83,7 +83,7 @@ class LocalBackend(FsspecBackend):
         try:
             with self._parent(path) as (fd, name, _):
                 return kind_at(fd, name) is not None
-        except (FileNotFoundError, UnsafeEntry):
+        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
             return False
 
     def read_bytes(self, path: str, limit: int) -> bytes:
@@ -94,7 +94,7 @@ class LocalBackend(FsspecBackend):
         try:
             with self._dir(path) as fd:
                 return scan(fd)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return {}
 
     def list_dirs(self, path: str) -> list[str]:
@@ -110,7 +110,7 @@ class LocalBackend(FsspecBackend):
         try:
             with self._dir(path) as fd:
                 return Listing(*walk_files(fd))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return Listing({}, {})
 
     def entry_kinds(self, path: str) -> dict[str, str]:
@@ -123,7 +123,7 @@ class LocalBackend(FsspecBackend):
         try:
             with self._parent(path) as (fd, name, _):
                 return kind_at(fd, name) == "a symbolic link"
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
         except UnsafeEntry:
             return True
