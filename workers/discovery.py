@@ -116,10 +116,9 @@ def states_entries(storage: RunStorage) -> list[str]:
         return storage.list_names(STATES_DIR)
     except UnsafeEntry as e:
         raise RunDirectoryRefused(
-            f"{redact_url(storage.url_of(STATES_DIR))} cannot be used: {e}. syncpoint never reads or writes through "
-            f"links under the run directory (a link would take selection, saves and retention outside it). Replace "
-            f"it with a real directory (move what it points to into {STATES_DIR}/ in its place, or remove it to "
-            "start without states), then re-submit.") from None
+            f"{redact_url(storage.url_of(STATES_DIR))} cannot be used: {e}. A link there would take selection, saves "
+            f"and retention outside the run directory. Replace it with a real directory (move what it points to into "
+            f"{STATES_DIR}/ in its place, or remove it to start without states), then re-submit.") from None
 
 
 def state_order(name: str) -> tuple[int, int, str]:

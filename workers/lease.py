@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from policies.errors import LeaseLostError, LeaseRefused
+from policies.errors import LeaseLostError, LeaseRefused, UnsafeEntry
 from workers.storage import RunStorage
 
 LEASE = "lease.json"
@@ -173,6 +173,10 @@ class RunLease:
             how = self._take()
         except LeaseRefused:
             raise
+        except UnsafeEntry as e:  # a link, a FIFO, a huge file: planted, never read
+            raise LeaseRefused(f"{self.storage.url}: the run directory's lease cannot be read: {e}. A lease is a small "
+                               f"regular file syncpoint writes: remove {LEASE} (once no other submission of this job "
+                               "is running), then retry") from None
         except Exception as e:  # noqa: BLE001 - any storage failure becomes a refusal that names it
             raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
                                f"({type(e).__name__}: {e}); check that the storage is reachable and "

@@ -284,7 +284,7 @@ def read_manifest(storage: RunStorage, state: tuple[str, ...]) -> Manifest:
     try:
         raw = storage.read_bytes(*state, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES)
     except UnsafeEntry as e:
-        raise StateRefused(f"{name}: {e}: refused (corrupt)") from None
+        raise StateRefused(f"{e}: refused (corrupt)") from None
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
