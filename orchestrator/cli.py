@@ -112,15 +112,14 @@ def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -
 
 
 def _check_storage(spec: JobSpec) -> None:
-    """Before anything starts: can the run directory be written (a probe file written and removed)?"""
-    import fsspec
+    """Before anything starts: can the run directory be written (a probe file written and removed,
+    through storage: a planted link at the probe's name is replaced, never written through)?"""
+    from workers.storage import RunStorage
 
     try:
-        fs, path = fsspec.core.url_to_fs(spec.run_url)
-        fs.makedirs(path, exist_ok=True)
-        probe = path.rstrip("/") + "/.syncpoint-probe"
-        fs.pipe_file(probe, b"ok")
-        fs.rm(probe)
+        storage = RunStorage(spec.run_url)
+        storage.write_bytes(b"ok", ".syncpoint-probe")
+        storage.remove(".syncpoint-probe")
     except Exception as e:  # noqa: BLE001 - every backend raises its own types; each is a spec error
         # redacted with the URL's own secrets too: a backend's error may quote a password bare
         raise SpecError("storage", [redact_text(
@@ -173,14 +172,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_states(args: argparse.Namespace) -> int:
     from policies.candidates import candidates_table, classify
-    from policies.errors import NoResumableState
+    from policies.errors import NoResumableState, RunDirectoryRefused
     from policies.resume import enforce_safe
-    from policies.state_format import STATES_DIR
-    from workers.discovery import discover
+    from workers.discovery import discover, states_entries
+    from workers.events import event_files
     from workers.signing import load_key
 
     storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
-    if not storage.list_names(STATES_DIR) and not storage.list_names("events"):
+    try:
+        empty = not states_entries(storage) and not event_files(storage)
+    except RunDirectoryRefused as e:  # states/ is a link: never followed
+        raise UsageError("RUN_DIR", [str(e)]) from None
+    if empty:
         raise UsageError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
                                     "(<storage>/<name>)"])
     try:

@@ -133,7 +133,10 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tupl
             from workers.export import zero3_state_from_storage
 
             return zero3_state_from_storage(store, name)
-        return load_deepspeed_file(store.read_bytes(STATES_DIR, name, MODEL_FILE))["module"]
+        from workers.state_reader import read_listed, read_manifest
+
+        entry = read_manifest(store, (STATES_DIR, name)).files[MODEL_FILE]
+        return load_deepspeed_file(read_listed(store, (STATES_DIR, name), MODEL_FILE, entry))["module"]
 
     pa, pb = params(ref, finals[0]), params(run, finals[1])
     worst = max((pa[k] - pb[k]).abs().max().item() for k in pa)

@@ -2,9 +2,13 @@
 preemption notice, restart and committed state marked, and the run's goodput with its losses in a
 box (people read a run faster from a picture).
 Evaluations (``train.eval_every``) are points: ``loss`` on the loss axis, any other metric in a
-panel of its own below (their scales are the task's)."""
+panel of its own below (their scales are the task's).
+The picture is rendered to bytes (``render_plot``): the run's own ``plot.png`` is written through
+storage like every other file of the run, never by a library opening a path that may be a planted link."""
 
 from __future__ import annotations
+
+import io
 
 from orchestrator.timeline import restarts
 from policies.goodput import goodput
@@ -12,6 +16,14 @@ from policies.journal import Journal, PreemptionNotice
 
 
 def plot_run(journal: Journal, path: str, title: str = "") -> None:
+    """Draw the run into a file the user named (``syncpoint events --plot FILE.png``)."""
+    data = render_plot(journal, title)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def render_plot(journal: Journal, title: str = "") -> bytes:
+    """The run's picture as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -65,5 +77,7 @@ def plot_run(journal: Journal, path: str, title: str = "") -> None:
                 bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "tab:gray"})
     ax.set_title(title or "syncpoint run")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=110)
     plt.close(fig)
+    return out.getvalue()

@@ -70,7 +70,9 @@ class Candidate:
     trainer_error: str | None = None
     manifest: dict[str, Any] | None = None
     manifest_error: str | None = None
-    listing: dict[str, int] = field(default_factory=dict)  # relative path -> size in bytes
+    listing: dict[str, int] = field(default_factory=dict)  # relative path -> size in bytes (regular files)
+    # what the listing found that is neither file nor directory (a link, a FIFO): path -> what it is
+    unsafe: dict[str, str] = field(default_factory=dict)
     symlink: bool = False  # the directory is a link: never followed, never deleted through
     trust_error: str | None = None  # signing on and the manifest's signature missing or wrong
     verdict: Verdict | None = None
@@ -215,12 +217,28 @@ def _manifest_problem(c: Candidate, manifest: Manifest) -> str | None:
     if manifest.state is not None and manifest.state != c.name:
         return f"manifest names state {manifest.state!r} but lies in directory {c.name}"
     for rel, entry in manifest.files.items():
+        unsafe = _unsafe_at(c, rel)
+        if unsafe:
+            return unsafe
         if rel not in c.listing:
             return f"missing file listed in the manifest: {rel}"
         if entry.size != c.listing[rel]:
             return f"{rel} is {c.listing[rel]} bytes, the manifest says {entry.size}"
     if TRAINER_FILE not in manifest.files:
         return f"manifest does not cover {TRAINER_FILE}"
+    return None
+
+
+def _unsafe_at(c: Candidate, rel: str) -> str | None:
+    """Why a file the manifest lists cannot be read: it, or a directory above it, is a link or no
+    regular file (never followed, never read), or None."""
+    parts = rel.split("/")
+    for i in range(len(parts), 0, -1):
+        at = "/".join(parts[:i])
+        if at in c.unsafe:
+            if at == rel:
+                return f"{rel} is {c.unsafe[at]}, not a regular file: never followed or read"
+            return f"{rel} lies below {at}, which is {c.unsafe[at]}: never followed or read"
     return None
 
 

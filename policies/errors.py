@@ -140,3 +140,23 @@ class LeaseRefused(RuntimeError):
 
 class LeaseLostError(RuntimeError):
     """This run held the lease and lost it: it must stop before writing anything more."""
+
+
+class RunDirectoryRefused(ResumeRefused):
+    """The run directory cannot be used as it is (``states/`` is a symbolic link or no directory): no
+    retry changes that, the user must; the message says how."""
+
+
+# ---------------------------------------------------------------- storage entries
+
+
+class UnsafeEntry(OSError):
+    """An entry under the run directory that syncpoint never reads or writes through: a symbolic link,
+    a FIFO, socket or device where a file or directory belongs, a name that leaves the directory.
+
+    An ``OSError`` (storage, not the job's input), named in the message with what it is, so that
+    discovery can make it a candidate's reason and the reader a refusal of the state."""
+
+
+class OversizedEntry(UnsafeEntry):
+    """A file larger than what it holds can be: its manifest size, or the cap of its kind of record."""

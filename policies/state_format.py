@@ -63,6 +63,15 @@ LEGACY_SAMPLER = "global-permutation/v1"
 KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER)
 # The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
+# Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
+# manifest of a million entries). A manifest of MANIFEST_MAX_FILES entries with long DeepSpeed names
+# and sha256 digests takes about 17 MB as json_bytes writes it: 32 MiB holds that with room; a real
+# state lists 2-4 files per rank, so 100,000 entries is ~25,000 ranks. trainer.json holds a position,
+# an identity and the task's metrics (a few KiB); 4 MiB is room for very many metrics. A file a
+# manifest lists is read with exactly its listed size as the bound.
+MANIFEST_MAX_BYTES = 32 << 20
+MANIFEST_MAX_FILES = 100_000
+TRAINER_MAX_BYTES = 4 << 20
 
 
 def state_name(global_micro_step: int) -> str:
@@ -384,6 +393,9 @@ class Manifest(_Record):
     def _every_entry_usable(cls, files: Any) -> Any:
         if not isinstance(files, dict) or not files:
             raise ValueError("manifest lists no files")
+        if len(files) > MANIFEST_MAX_FILES:  # checked first: validating a million entries costs seconds
+            raise ValueError(f"manifest lists {len(files)} files, more than the {MANIFEST_MAX_FILES} a state holds "
+                             "(2-4 per rank): not a manifest syncpoint wrote")
         for rel, info in files.items():
             problem = entry_problem(rel, info)
             if problem:

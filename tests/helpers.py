@@ -10,6 +10,7 @@ from typing import Any
 from orchestrator.spec_file import parse_spec, resolve_storage
 from policies.journal import Step
 from policies.spec import JobSpec
+from policies.state_format import TRAINER_MAX_BYTES
 from workers.digest import state_digest
 from workers.events import EventLog
 from workers.faults import InjectedCrash
@@ -79,7 +80,7 @@ def step_history(spec: JobSpec) -> dict[int, Step]:
 
 
 def trainer_json(spec: JobSpec, name: str) -> dict[str, Any]:
-    return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "trainer.json"))
+    return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "trainer.json", limit=TRAINER_MAX_BYTES))
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -8,6 +8,8 @@ import os
 import tempfile
 import time
 
+from workers.lease import LEASE_MAX_BYTES
+
 JOB = "job-identity"
 
 
@@ -119,8 +121,9 @@ def write_lease(store, record: dict) -> None:
     landing at the same moment cannot silently undo it)."""
     data = json.dumps(record).encode()
     while True:
-        current = store.read_versioned("lease.json")
-        if store.write_if(data, "lease.json", expect=current.version if current else None) is not None:
+        current = store.read_versioned("lease.json", limit=LEASE_MAX_BYTES)
+        if store.write_if(data, "lease.json", expect=current.version if current else None,
+                          limit=LEASE_MAX_BYTES) is not None:
             return
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import xxhash
 
+from policies.state_format import MANIFEST_MAX_BYTES
 from tests.helpers import digest, linear_spec, run, run_until_crash, state_names
 from workers.checkpoint_engine import StreamingCheckpointEngine
 from workers.checksum import ChecksummingWriter, algorithm_of, checksum_bytes, entry, matches, new_hasher
@@ -54,11 +55,11 @@ def test_default_manifest_is_xxh3_and_shards_were_streamed(tmp_path):
     run(spec)
     store = RunStorage(spec.run_url)
     for name in state_names(spec):
-        manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+        manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
         assert manifest["checksum"] == "xxh3_128"
         for rel, info in manifest["files"].items():
             assert set(info) == {"size", "xxh3_128"}, rel
-            assert matches(info, store.read_bytes("states", name, rel)), rel
+            assert matches(info, store.read_bytes("states", name, rel, limit=1 << 30)), rel
 
 
 def test_engine_uses_the_streaming_checkpoint_engine(tmp_path, monkeypatch):
@@ -87,10 +88,10 @@ def test_sha256_on_request_resumes_and_detects_corruption(tmp_path, tmp_path_fac
     assert run_until_crash(spec)
     store = RunStorage(spec.run_url)
     newest = state_names(spec)[-1]
-    manifest = json.loads(store.read_bytes("states", newest, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", newest, "manifest.json", limit=MANIFEST_MAX_BYTES))
     assert manifest["checksum"] == "sha256" and all(set(i) == {"size", "sha256"} for i in manifest["files"].values())
     shard = next(r for r in manifest["files"] if r.startswith("engine/"))
-    data = bytearray(store.read_bytes("states", newest, shard))
+    data = bytearray(store.read_bytes("states", newest, shard, limit=1 << 30))
     data[len(data) // 2] ^= 0xFF
     store.write_bytes(bytes(data), "states", newest, shard)
     result = run(spec)
@@ -104,10 +105,11 @@ def test_manifests_written_with_sha256_only_still_load(tmp_path):
     assert run_until_crash(spec)
     store = RunStorage(spec.run_url)
     newest = state_names(spec)[-1]
-    manifest = json.loads(store.read_bytes("states", newest, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", newest, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest.pop("checksum")
     manifest["files"] = {rel: {"size": i["size"],
-                               "sha256": hashlib.sha256(store.read_bytes("states", newest, rel)).hexdigest()}
+                               "sha256": hashlib.sha256(store.read_bytes("states", newest, rel,
+                                                                         limit=1 << 30)).hexdigest()}
                          for rel, i in manifest["files"].items()}
     store.commit_bytes(json.dumps(manifest).encode(), "states", newest, "manifest.json")
     assert run(spec).resumed_from == newest
@@ -119,7 +121,7 @@ def test_upload_with_a_known_checksum_does_not_read_the_file_again(tmp_path):
     store = RunStorage(f"file://{tmp_path}/run")
     known = entry(1000, "xxh3_128", "recorded-while-serialized")
     assert store.upload_file(str(src), "a", "b.bin", known=known) == (1000, "recorded-while-serialized")
-    assert store.read_bytes("a", "b.bin") == src.read_bytes()
+    assert store.read_bytes("a", "b.bin", limit=1 << 30) == src.read_bytes()
     assert store.upload_file(str(src), "a", "c.bin") == (1000, checksum_bytes(src.read_bytes(), "xxh3_128"))
 
 

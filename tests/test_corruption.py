@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, with_overrides
 from workers.events import EventLog
 from workers.storage import RunStorage
@@ -16,13 +17,13 @@ SHARD = "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 
 def flip_byte(store):
-    data = bytearray(store.read_bytes("states", NEWEST, SHARD))
+    data = bytearray(store.read_bytes("states", NEWEST, SHARD, limit=1 << 30))
     data[100] ^= 0x01
     store.write_bytes(bytes(data), "states", NEWEST, SHARD)
 
 
 def truncate(store):
-    data = store.read_bytes("states", NEWEST, SHARD)
+    data = store.read_bytes("states", NEWEST, SHARD, limit=1 << 30)
     store.write_bytes(data[: len(data) // 2], "states", NEWEST, SHARD)
 
 
@@ -37,10 +38,10 @@ def manifest_not_json(store):
 def newer_schema(store):
     from workers.checksum import checksum_bytes
 
-    t = json.loads(store.read_bytes("states", NEWEST, "trainer.json"))
+    t = json.loads(store.read_bytes("states", NEWEST, "trainer.json", limit=TRAINER_MAX_BYTES))
     t["schema_version"] = 99
     data = store.write_json(t, "states", NEWEST, "trainer.json")
-    m = json.loads(store.read_bytes("states", NEWEST, "manifest.json"))
+    m = json.loads(store.read_bytes("states", NEWEST, "manifest.json", limit=MANIFEST_MAX_BYTES))
     m["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     store.commit_bytes(json.dumps(m).encode(), "states", NEWEST, "manifest.json")
 

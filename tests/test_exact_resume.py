@@ -37,7 +37,7 @@ def module_params(spec, name):
     files = RunStorage(spec.run_url)
     if not files.exists("states", name, "engine/mp_rank_00_model_states.pt"):
         return zero3_state_from_storage(files, name)
-    data = files.read_bytes("states", name, "engine/mp_rank_00_model_states.pt")
+    data = files.read_bytes("states", name, "engine/mp_rank_00_model_states.pt", limit=1 << 30)
     return load_deepspeed_file(data)["module"]
 
 

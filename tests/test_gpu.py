@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
+from policies.state_format import MANIFEST_MAX_BYTES
 from tests.helpers import gpt2_spec, lm_spec, run, run_until_crash, state_names, trainer_json
 from tests.test_exact_resume import assert_same_run
 from workers.launch import run_spawned
@@ -67,9 +68,10 @@ def test_gpu_state_holds_cuda_rng_and_precision(tmp_path):
     spec = _spec(tmp_path, 2, "bf16", "train.max_steps=2")
     final = run(spec).final_state
     assert trainer_json(spec, final)["precision"] == "bf16"
-    rng = st_load(RunStorage(spec.run_url).read_bytes("states", final, "rng", "rank_00000.safetensors"))
+    rng = st_load(RunStorage(spec.run_url).read_bytes("states", final, "rng", "rank_00000.safetensors", limit=1 << 30))
     assert "cuda_0" in rng and rng["cuda_0"].numel() > 0
-    files = json.loads(RunStorage(spec.run_url).read_bytes("states", final, "manifest.json"))["files"]
+    files = json.loads(RunStorage(spec.run_url).read_bytes("states", final, "manifest.json",
+                                                           limit=MANIFEST_MAX_BYTES))["files"]
     assert any("zero_pp_rank_0" in f for f in files), "ZeRO-2 bf16 optimizer shard missing from the manifest"
 
 

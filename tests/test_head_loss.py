@@ -32,6 +32,7 @@ import psutil
 import pytest
 import yaml
 
+from policies.state_format import MANIFEST_MAX_BYTES
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
 from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
@@ -133,7 +134,7 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     store = RunStorage(spec.run_url)
     before = committed_steps(spec)
     assert len(before) >= 2 and before == SCHEDULE[:len(before)], before
-    manifests = {s: store.read_bytes("states", f"{s:012d}", "manifest.json") for s in before}
+    manifests = {s: store.read_bytes("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES) for s in before}
     assert {json.loads(m)["lease_generation"] for m in manifests.values()} == {gen}
 
     # ---- the fresh cluster, the same job again; watch lease.json for the take-over write
@@ -171,9 +172,11 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     assert resumed["resumed_from"] == f"{before[-1]:012d}"
     assert committed_steps(spec) == SCHEDULE
     for s in before:
-        assert store.read_bytes("states", f"{s:012d}", "manifest.json") == manifests[s], f"state {s} changed"
+        now = store.read_bytes("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
+        assert now == manifests[s], f"state {s} changed"
     for s in SCHEDULE[len(before):]:
-        assert json.loads(store.read_bytes("states", f"{s:012d}", "manifest.json"))["lease_generation"] == gen + 1
+        manifest = store.read_json("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
+        assert manifest["lease_generation"] == gen + 1
     commits = [e["state"] for e in _events(spec, "state_committed")]
     assert len(commits) == len(set(commits)), f"a state committed twice: {commits}"
 

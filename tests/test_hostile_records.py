@@ -106,7 +106,7 @@ def test_progress_batches_stay_within_what_the_reader_accepts():
         log.add({"optimizer_step": step, "global_micro_step": step, "epoch": 0, "loss": 0.1, "lr": 0.01,
                  "time": 1e9 + step, "samples": list(range(10**9, 10**9 + 100))})
     log.flush()
-    sizes = [len(store.read_bytes("events", n)) for n in store.list_files("events")]
+    sizes = [len(store.read_bytes("events", n, limit=1 << 30)) for n in store.list_files("events")]
     assert len(sizes) > 1 and max(sizes) <= EVENT_MAX_BYTES, sizes
     journal = EventLog(store).journal()
     assert journal.skipped == [] and sorted(journal.steps()) == list(range(1, 2001))
@@ -163,7 +163,7 @@ def _with_param(store: RunStorage, tensor: torch.Tensor) -> bytes:
     """The state's own model file with its first parameter replaced."""
     from workers.safe_load import load_state_file
 
-    sd = load_state_file(store.read_bytes("states", NEWEST, MODEL), MODEL)
+    sd = load_state_file(store.read_bytes("states", NEWEST, MODEL, limit=1 << 30), MODEL)
     sd["module"][next(iter(sd["module"]))] = tensor
     return _saved(sd)
 
@@ -196,8 +196,8 @@ STATE_CASES = {
                      "nests deeper than 100"),
     "cycle": (MODEL, lambda s: _torch_file(b"\x80\x02]q\x00h\x00a."), "contains itself"),
     "shared-2-to-the-100": (MODEL, lambda s: _torch_file(_shared_dag(100)), "expands to more than"),
-    "safetensors-header-length": (RNG, lambda s: struct.pack("<Q", 2**63) + s.read_bytes("states", NEWEST, RNG)[8:],
-                                  "safetensors"),
+    "safetensors-header-length": (RNG, lambda s: struct.pack("<Q", 2**63)
+                                  + s.read_bytes("states", NEWEST, RNG, limit=1 << 30)[8:], "safetensors"),
     "trainer-json-deep": ("trainer.json", lambda s: _deep_json(100_000), "trainer.json is JSON nested deeper"),
 }
 
@@ -205,7 +205,7 @@ STATE_CASES = {
 def _plant(store: RunStorage, rel: str, data: bytes) -> None:
     """Replace one file of the newest state and re-commit its manifest to match (a storage writer)."""
     store.write_bytes(data, "states", NEWEST, rel)
-    manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json", limit=1 << 30))
     manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
     store.commit_bytes(json.dumps(manifest).encode(), "states", NEWEST, "manifest.json")
 

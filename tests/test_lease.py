@@ -15,6 +15,7 @@ import time
 import pytest
 
 from policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
+from policies.state_format import MANIFEST_MAX_BYTES
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
 from workers.launch import run_in_process, run_spawned
@@ -52,7 +53,8 @@ def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:
 
 def _manifests(spec) -> dict[int, dict]:
     s = RunStorage(spec.run_url)
-    return {step: s.read_json("states", f"{step:012d}", "manifest.json") for step in committed_steps(spec)}
+    return {step: s.read_json("states", f"{step:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
+            for step in committed_steps(spec)}
 
 
 # ---------------------------------------------------------------- runs on one directory
@@ -468,7 +470,7 @@ def test_concurrent_commits_never_two_committed_writers(tmp_path):
     by_gen: dict[int, list[float]] = {}
     for name in store.list_dirs("states"):
         if store.exists("states", name, "manifest.json"):
-            gen = store.read_json("states", name, "manifest.json")["lease_generation"]
+            gen = store.read_json("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES)["lease_generation"]
             by_gen.setdefault(gen, []).append(os.stat(store.path("states", name, "manifest.json")).st_mtime)
     assert sorted(by_gen) == [1, 2]
     assert len(by_gen[1]) == 2 and len(by_gen[2]) == 40

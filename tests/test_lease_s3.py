@@ -12,7 +12,7 @@ import pytest
 from policies.errors import LeaseRefused
 from tests import lease_drivers, test_s3
 from tests.test_s3 import BUCKET
-from workers.lease import RunLease, read_lease
+from workers.lease import LEASE_MAX_BYTES, RunLease, read_lease
 from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
@@ -26,15 +26,18 @@ def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:
 def test_conditional_writes_are_checked_by_the_server(s3):
     store = RunStorage(f"s3://{BUCKET}/cas")
     assert store.conditional_writes == "s3"
-    first = store.write_if(b"first", "lease.json", expect=None)
+    first = store.write_if(b"first", "lease.json", expect=None, limit=LEASE_MAX_BYTES)
     assert first is not None
-    assert store.write_if(b"second", "lease.json", expect=None) is None  # If-None-Match: * refused
-    assert store.write_if(b"third", "lease.json", expect='"0123456789abcdef0123456789abcdef"') is None
+    assert store.write_if(b"second", "lease.json", expect=None,
+                          limit=LEASE_MAX_BYTES) is None  # If-None-Match: * refused
+    assert store.write_if(b"third", "lease.json", expect='"0123456789abcdef0123456789abcdef"',
+                          limit=LEASE_MAX_BYTES) is None
     assert s3.get_object(Bucket=BUCKET, Key="cas/lease.json")["Body"].read() == b"first"
-    second = store.write_if(b"second", "lease.json", expect=first)  # If-Match: the etag we read
-    got = store.read_versioned("lease.json")
+    second = store.write_if(b"second", "lease.json", expect=first, limit=LEASE_MAX_BYTES)  # If-Match: the etag we read
+    got = store.read_versioned("lease.json", limit=LEASE_MAX_BYTES)
     assert got.data == b"second" and got.version == second and 0 <= got.age_s < 5
-    assert store.write_if(b"late", "lease.json", expect=first) is None  # a stale owner cannot write back
+    # a stale owner cannot write back
+    assert store.write_if(b"late", "lease.json", expect=first, limit=LEASE_MAX_BYTES) is None
 
 
 def test_racing_threads_on_s3_exactly_one_wins(s3):

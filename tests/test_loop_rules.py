@@ -49,7 +49,7 @@ def test_short_cycle_averages_over_the_micro_batches_it_accumulated(tmp_path):
     store = RunStorage(spec.run_url)
 
     def params(step):
-        data = store.read_bytes("states", f"{step:012d}", "engine/mp_rank_00_model_states.pt")
+        data = store.read_bytes("states", f"{step:012d}", "engine/mp_rank_00_model_states.pt", limit=1 << 30)
         return load_deepspeed_file(data)["module"]
 
     before, after = params(8), params(10)

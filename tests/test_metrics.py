@@ -58,7 +58,7 @@ def _local_copy(spec, tmp) -> str:
     storage, out = RunStorage(spec.run_url), tmp / f"tb-{uuid.uuid4().hex[:6]}"
     out.mkdir()
     for name in storage.list_files(TENSORBOARD_DIR):
-        (out / name).write_bytes(storage.read_bytes(TENSORBOARD_DIR, name))
+        (out / name).write_bytes(storage.read_bytes(TENSORBOARD_DIR, name, limit=1 << 30))
     return str(out)
 
 

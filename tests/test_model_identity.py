@@ -65,7 +65,7 @@ def _as_written_before_buffers(spec, name: str) -> None:
     t = trainer_json(spec, name)
     del t["model_buffers"], t["parameter_dtypes"]
     data = store.write_json(t, "states", name, "trainer.json")
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))
     manifest["files"]["trainer.json"] = {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
 

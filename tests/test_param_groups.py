@@ -53,14 +53,15 @@ def _crash_and_resume(tmp_path, zero, *extra, crash_at=9):
 
 
 def _saved_groups(spec, name):
-    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/mp_rank_00_model_states.pt")
+    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/mp_rank_00_model_states.pt", limit=1 << 30)
     optimizer = load_deepspeed_file(data)["optimizer"]
     # ZeRO 0: the torch optimizer's state dict; ZeRO 1/2 keep theirs in the per-rank shards
     return optimizer["param_groups"] if optimizer else None
 
 
 def _zero_groups(spec, name):
-    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                               limit=1 << 30)
     return load_deepspeed_file(data)["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
 
 

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from policies.errors import ResumeRefused
+from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from tests.helpers import (
     committed_steps,
     digest,
@@ -47,11 +48,11 @@ def test_a_keep_last_1_interrupted_after_12_still_resumes(tmp_path):
 def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
     name = f"{step:012d}"
     shutil.copytree(store.path("states", src), store.path("states", name))
-    t = json.loads(store.read_bytes("states", name, "trainer.json"))
+    t = json.loads(store.read_bytes("states", name, "trainer.json", limit=TRAINER_MAX_BYTES))
     epoch, pos = divmod(step, t["micro_batches_per_epoch"])
     t.update(global_micro_step=step, epoch=epoch, position_in_epoch=pos)
     data = store.write_json(t, "states", name, "trainer.json")
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     manifest["state"] = name
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
@@ -152,7 +153,7 @@ def test_init_from_refuses_a_recorded_source_state_that_changed_or_went_away(tmp
     assert run_until_crash(child)
     source = _init_from_events(child)[0]["source_state"]
     store = RunStorage(parent.run_url)
-    manifest = json.loads(store.read_bytes("states", source, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", source, "manifest.json", limit=1 << 30))
     manifest["created_at"] = 0.0  # re-committed by someone: another manifest, even with the same files
     store.commit_bytes(json.dumps(manifest).encode(), "states", source, "manifest.json")
     again = with_overrides(child, "faults=[]")

@@ -15,7 +15,7 @@ import pytest
 from policies.candidates import Expectation, Verdict, classify, identity_record
 from policies.errors import NoResumableState, ResumeRefused
 from policies.resume import BestMetric
-from policies.state_format import TrainState
+from policies.state_format import MANIFEST_MAX_BYTES, TrainState
 from tests.helpers import (
     committed_steps,
     digest,
@@ -50,7 +50,7 @@ def _recommit(store: RunStorage, name: str, edit=None, drop: str | None = None, 
     or a buggy writer with storage access)."""
     from workers.checksum import checksum_bytes
 
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
     if trainer is not None:
         data = store.write_json(trainer, "states", name, "trainer.json")
         manifest["files"]["trainer.json"] = {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
@@ -185,7 +185,7 @@ def test_reset_optimizer_keeps_weights_and_position_with_a_new_optimizer(tmp_pat
     assert result.resumed_from == "000000000010" and result.optimizer_step == 6
     assert "optimizer state (moments) starts fresh" in capsys.readouterr().err
     saved = load_deepspeed_file(RunStorage(spec.run_url).read_bytes("states", result.final_state,
-                                                                    "engine/mp_rank_00_model_states.pt"))
+                                                                    "engine/mp_rank_00_model_states.pt", limit=1 << 30))
     group = saved["optimizer"]["param_groups"][0]
     assert group["momentum"] == 0.9 and "betas" not in group
 
@@ -199,7 +199,7 @@ def test_config_wins_for_every_optimizer_hyperparameter(tmp_path, capsys):
     assert "weight_decay (param group 0): the state had 0.01, the spec says 0.2" in err
     assert "betas" in err and "eps" in err
     saved = load_deepspeed_file(RunStorage(spec.run_url).read_bytes("states", result.final_state,
-                                                                    "engine/mp_rank_00_model_states.pt"))
+                                                                    "engine/mp_rank_00_model_states.pt", limit=1 << 30))
     # the default no_decay split: weights decay, biases (the second group) do not, whatever weight_decay says
     got = [(g["weight_decay"], tuple(g["betas"]), g["eps"]) for g in saved["optimizer"]["param_groups"]]
     assert got == [(0.2, (0.8, 0.9), 1e-6), (0.0, (0.8, 0.9), 1e-6)]

@@ -37,7 +37,8 @@ def _groups(spec, name, zero):
     """The base optimizer's param groups as DeepSpeed saved them (rank 0's file)."""
     if zero != 3:
         return _groups_0_to_2(spec, name, zero)
-    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                               limit=1 << 30)
     return load_deepspeed_file(data)["optimizer_state_dict"]["optimizer_state_dict"]["param_groups"]
 
 

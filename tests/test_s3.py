@@ -145,7 +145,7 @@ def test_crash_before_manifest_on_s3_is_torn_and_skipped(s3, tmp_path):
     torn = f"{4:012d}"
     store = RunStorage(spec.run_url)
     assert torn in state_names(spec)
-    listed = store.listing("states", torn)
+    listed = store.listing("states", torn).files
     assert "trainer.json" in listed and any(p.startswith("engine/") for p in listed)  # everything but the manifest
     assert "manifest.json" not in listed
     assert f"torn/linear/states/{torn}/manifest.json" not in keys(s3, "torn/linear/")

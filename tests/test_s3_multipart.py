@@ -18,6 +18,7 @@ import fsspec
 import pytest
 
 from policies.candidates import Candidate
+from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from tests import test_s3
 from tests.helpers import committed_steps, digest, run, run_until_crash
 from tests.test_s3 import BUCKET
@@ -60,7 +61,7 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
             w.write(data[start:start + size])
     assert w.entry() == {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
     assert _parts(client, "parts/streamed.bin") == 5
-    assert store.read_bytes("streamed.bin") == data
+    assert store.read_bytes("streamed.bin", limit=1 << 30) == data
 
     local = tmp_path / "local.bin"
     local.write_bytes(data)
@@ -68,12 +69,13 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
     assert _parts(client, "parts/uploaded.bin") == 5
 
     back = tmp_path / "back" / "x.bin"
-    assert store.download_file(str(back), "streamed.bin") == (len(data), checksum_bytes(data, "xxh3_128"))
+    got = store.download_file(str(back), "streamed.bin", limit=len(data))
+    assert got == (len(data), checksum_bytes(data, "xxh3_128"))
     assert back.read_bytes() == data
 
     with store.open_durable("small.bin") as w:  # under one part: one PUT
         w.write(b"tiny")
-    assert _parts(client, "parts/small.bin") == 1 and store.read_bytes("small.bin") == b"tiny"
+    assert _parts(client, "parts/small.bin") == 1 and store.read_bytes("small.bin", limit=1 << 30) == b"tiny"
 
     with pytest.raises(RuntimeError), store.open_durable("failed.bin") as w:
         w.write(data)
@@ -101,7 +103,7 @@ def test_multipart_state_is_bitwise_and_a_changed_part_is_refused(small_parts, t
     assert run_until_crash(spec)
     assert committed_steps(spec) == [4, 8]
     store = RunStorage(spec.run_url)
-    manifest = store.read_json("states", f"{8:012d}", "manifest.json")
+    manifest = store.read_json("states", f"{8:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
     shard = next(rel for rel in manifest["files"] if rel.endswith("optim_states.pt"))
     key = f"multipart/linear/states/{8:012d}/{shard}"
     assert _parts(client, key) >= 5
@@ -116,7 +118,7 @@ def test_multipart_state_is_bitwise_and_a_changed_part_is_refused(small_parts, t
     body[3 * PART + 17] ^= 0x01  # one bit inside the fourth part; the size is unchanged
     client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
     cand = Candidate(name=f"{8:012d}", manifest=manifest,
-                     trainer=store.read_json("states", f"{8:012d}", "trainer.json"))
+                     trainer=store.read_json("states", f"{8:012d}", "trainer.json", limit=TRAINER_MAX_BYTES))
     with pytest.raises(ChecksumMismatch, match="does not match the manifest"):
         fetch_state(store, cand, 0)
 

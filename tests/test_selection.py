@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from policies.errors import ResumeRefused
+from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, step_history
 from workers.events import EventLog
 from workers.storage import RunStorage
@@ -35,12 +36,12 @@ def test_mid_cycle_torn_and_bad_checksum_are_rejected_and_older_state_wins(tmp_p
     store = RunStorage(spec.run_url)
     # bad checksum (same size) in the newest state: only detectable while fetching
     shard = "engine/mp_rank_00_model_states.pt"
-    data = bytearray(store.read_bytes("states", "000000000010", shard))
+    data = bytearray(store.read_bytes("states", "000000000010", shard, limit=1 << 30))
     data[len(data) // 2] ^= 0xFF
     store.write_bytes(bytes(data), "states", "000000000010", shard)
     # a mid-cycle state left by an older writer at 12 (position 2 of epoch 2), fully committed
     shutil.copytree(store.path("states", "000000000008"), store.path("states", "000000000012"))
-    t = json.loads(store.read_bytes("states", "000000000012", "trainer.json"))
+    t = json.loads(store.read_bytes("states", "000000000012", "trainer.json", limit=TRAINER_MAX_BYTES))
     t.update(global_micro_step=12, epoch=1, position_in_epoch=2)
     _rewrite_trainer(store, "000000000012", t)
     # a torn directory at 13 (no manifest)
@@ -107,7 +108,7 @@ def test_changed_scheduler_type_fails_naming_the_opt_out(tmp_path):
 def test_state_without_schedule_position_warns_and_starts_fresh(tmp_path, capsys):
     spec = _crashed_at_10(tmp_path)
     store = RunStorage(spec.run_url)
-    t = json.loads(store.read_bytes("states", "000000000010", "trainer.json"))
+    t = json.loads(store.read_bytes("states", "000000000010", "trainer.json", limit=TRAINER_MAX_BYTES))
     del t["scheduler"]
     _rewrite_trainer(store, "000000000010", t)
     from tests.helpers import with_overrides
@@ -137,7 +138,7 @@ def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:
     from workers.checksum import checksum_bytes
 
     data = store.write_json(trainer, "states", name, "trainer.json")
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest["files"]["trainer.json"] = {"size": len(data), "sha256": checksum_bytes(data, "sha256")}
     manifest["state"] = name
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.spec_file import parse_spec
 from policies.errors import JobConfigError, ResumeRefused, SpecError
+from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from tests.helpers import EXAMPLE, committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
 from workers.checksum import checksum_bytes
 from workers.events import EventLog
@@ -38,7 +39,7 @@ def _crashed(tmp, *extra):
 
 
 def _manifest(spec, name):
-    return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "manifest.json"))
+    return json.loads(RunStorage(spec.run_url).read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
 
 
 def _verdicts(spec) -> dict[str, tuple[str, str]]:
@@ -66,7 +67,7 @@ def test_a_state_re_committed_without_the_key_is_untrusted_and_the_run_falls_bac
     spec = _crashed(tmp_path)
     store = RunStorage(spec.run_url)
     # an attacker with storage access rewrites trainer.json and re-commits a matching manifest
-    t = json.loads(store.read_bytes("states", "000000000010", "trainer.json"))
+    t = json.loads(store.read_bytes("states", "000000000010", "trainer.json", limit=TRAINER_MAX_BYTES))
     t["metrics"]["loss"] = -1.0
     data = store.write_json(t, "states", "000000000010", "trainer.json")
     m = _manifest(spec, "000000000010")

@@ -252,7 +252,7 @@ def test_task_owned_generators_resume_exactly(tmp_path):
     result = run(with_overrides(spec, "faults=[]"))
     assert result.resumed_from == f"{14:012d}"
     assert_same_run(ref, ref_final, spec, result.final_state)
-    assert set(json.loads(RunStorage(spec.run_url).read_bytes("states", ref_final, "trainer.json"))[
+    assert set(json.loads(RunStorage(spec.run_url).read_bytes("states", ref_final, "trainer.json", limit=1 << 30))[
         "task_generators"]) == {"loss.<locals>.noise", "loss.<locals>.scale"}
 
 
@@ -316,7 +316,7 @@ def _recommit_file(store: RunStorage, name: str, rel: str, data: bytes) -> None:
     from workers.checksum import checksum_bytes
 
     store.write_bytes(data, "states", name, rel)
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))
     manifest["files"][rel] = {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
     store.commit_bytes(json.dumps(manifest).encode(), "states", name, "manifest.json")
 
@@ -327,7 +327,7 @@ def test_a_bad_rng_file_in_the_newest_state_falls_back_to_the_previous(tmp_path,
     spec = _own(tmp_path / "run", "faults=[{at_micro_step: 15, mode: raise}]")
     assert run_until_crash(spec) and committed_steps(spec)[-2:] == [12, 14]
     store, newest, rel = RunStorage(spec.run_url), f"{14:012d}", "rng/rank_00000.safetensors"
-    _recommit_file(store, newest, rel, BAD_FILES[case][0](store.read_bytes("states", newest, rel)))
+    _recommit_file(store, newest, rel, BAD_FILES[case][0](store.read_bytes("states", newest, rel, limit=1 << 30)))
     result = run(with_overrides(spec, "faults=[]"))
     assert result.resumed_from == f"{12:012d}"
     decision = [e for e in EventLog(store).read_all() if e["kind"] == "resume_decision"][-1]
@@ -345,7 +345,7 @@ def test_a_schedule_record_without_a_position_resumes_with_the_schedule_restarte
     spec = _own(tmp_path, "faults=[{at_micro_step: 15, mode: raise}]")
     assert run_until_crash(spec)
     store, newest = RunStorage(spec.run_url), f"{14:012d}"
-    trainer = json.loads(store.read_bytes("states", newest, "trainer.json"))
+    trainer = json.loads(store.read_bytes("states", newest, "trainer.json", limit=1 << 30))
     trainer["scheduler"]["position"] = None
     _recommit_file(store, newest, "trainer.json", json.dumps(trainer).encode())
     capsys.readouterr()

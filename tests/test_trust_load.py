@@ -21,7 +21,7 @@ import torch
 
 from orchestrator.cli import main
 from policies.candidates import Candidate
-from policies.state_format import ManifestEntry
+from policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
 from policies.state_paths import path_problem
 from tests.helpers import committed_steps, lm_spec, run, run_until_crash, with_overrides
 from workers.checkpoint_engine import StreamingCheckpointEngine
@@ -60,7 +60,7 @@ def payload(marker: pathlib.Path, fmt: str) -> bytes:
 def plant(store: RunStorage, state: str, rel: str, data: bytes) -> None:
     """Replace one file and re-commit the manifest to match, as a storage writer could."""
     store.write_bytes(data, "states", state, rel)
-    manifest = json.loads(store.read_bytes("states", state, "manifest.json"))
+    manifest = json.loads(store.read_bytes("states", state, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
     store.commit_bytes(json.dumps(manifest).encode(), "states", state, "manifest.json")
 
@@ -154,8 +154,14 @@ def test_path_problem_refuses_anything_else(rel):
 
 def _escaping_state(store: RunStorage, state: str, rel: str, data: bytes) -> None:
     """A state whose manifest names ``rel`` with the right checksum of ``data`` (stored under the
-    literal key, as an object store keeps it, or where the local path resolves)."""
-    store.write_bytes(data, "states", state, rel)
+    literal key, as an object store keeps it, or where the local path resolves: local storage itself
+    refuses a '..' name, so the file is put there directly)."""
+    local = store.local_path("states", state, rel)
+    if local is None:
+        store.write_bytes(data, "states", state, rel)
+    else:
+        with open(local, "wb") as f:
+            f.write(data)
     trainer = store.write_json({"schema_version": 1}, "states", state, "trainer.json")
     files = {rel: entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")),
              "trainer.json": entry(len(trainer), "xxh3_128", checksum_bytes(trainer, "xxh3_128"))}
@@ -212,8 +218,8 @@ def test_digest_reads_nothing_outside_the_state(tmp_path, crashed, capsys):
     state's file; it is refused before any file is read."""
     store = RunStorage(crashed.run_url)
     rel = f"rng/../../{OLDER}/rng/rank_00000.safetensors"
-    data = store.read_bytes("states", OLDER, "rng/rank_00000.safetensors")
-    manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json"))
+    data = store.read_bytes("states", OLDER, "rng/rank_00000.safetensors", limit=1 << 30)
+    manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
     store.commit_bytes(json.dumps(manifest).encode(), "states", NEWEST, "manifest.json")
     assert main(["digest", f"{crashed.run_url}/states/{NEWEST}"]) == 2

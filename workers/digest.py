@@ -15,7 +15,9 @@ Why every failure is one refusal: ``digest`` reads what loading reads, from stor
 hostile, and must meet the same bounds (``workers.safe_load``: no meta tensors, no expanded views,
 no unbounded nesting or allocation; JSON within ``policies.bounded_json``'s bounds). Whatever the
 state's bytes make fail is ``StateRefused`` with one line; ``OSError`` is the storage failing,
-``FileNotFoundError`` a state that is not there.
+``FileNotFoundError`` a state that is not there. Every read is bounded (the manifest by its cap, each
+file by its listed size) and, locally, never through a link nor of anything but a regular file
+(``workers.state_reader.read_listed``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from policies.errors import StateRefused
 from policies.redact import redact_url
 from policies.state_format import (
     BUFFERS_DIR,
-    MANIFEST_FILE,
     MODEL_FILE,
     RNG_DIR,
     TRAINER_FILE,
@@ -44,11 +45,10 @@ from policies.state_format import (
     TrainState,
     problem_of,
 )
-from workers.checksum import matches_entry
 from workers.export import consolidate_zero3
 from workers.rng import safetensors_metadata
 from workers.safe_load import load_state_file
-from workers.state_reader import ChecksumMismatch, parse_manifest
+from workers.state_reader import ChecksumMismatch, read_listed, read_manifest
 from workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -177,13 +177,13 @@ def _json(data: bytes, what: str) -> Any:
 def _state_digest(state_url: str) -> dict[str, str]:
     base, _, name = state_url.rstrip("/").rpartition("/")
     storage = RunStorage(base)
-    files = parse_manifest(_json(storage.read_bytes(name, MANIFEST_FILE), MANIFEST_FILE), name).files
+    files = read_manifest(storage, (name,)).files
 
     def read(rel: str) -> bytes:
-        data = storage.read_bytes(name, rel)
-        if not matches_entry(files[rel], data):
-            raise ChecksumMismatch(f"{redact_url(state_url)}/{rel}: {files[rel].algorithm} does not match the manifest")
-        return data
+        try:
+            return read_listed(storage, (name,), rel, files[rel])
+        except ChecksumMismatch as e:
+            raise ChecksumMismatch(f"{redact_url(state_url)}/{e}") from None
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
     model_files = [MODEL_FILE] if MODEL_FILE in files else []

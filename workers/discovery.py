@@ -3,6 +3,12 @@
 For each ``states/<name>/`` it lists files (sizes from the listing) and reads ``manifest.json`` and
 ``trainer.json``; it never opens engine shards, RNG files or data. The classification itself is a
 plain function in ``policies.candidates``.
+
+Storage may be hostile: both files are read with a bound (``MANIFEST_MAX_BYTES``,
+``TRAINER_MAX_BYTES``), locally never through a link and only if regular, and whatever is refused
+(a link, a FIFO, a file too large) becomes the candidate's reason, so selection falls back to an
+older state instead of hanging or crashing. ``states/`` itself being a link refuses the run
+(``RunDirectoryRefused``): every save, selection and retention would go through it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,17 @@ from typing import overload
 from pydantic import ValidationError
 
 from policies.candidates import Candidate, Expectation, classify, newest_first
-from policies.state_format import MANIFEST_FILE, STATES_DIR, TRAINER_FILE, Manifest, is_state_name
+from policies.errors import RunDirectoryRefused, UnsafeEntry
+from policies.redact import redact_url
+from policies.state_format import (
+    MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
+    STATES_DIR,
+    TRAINER_FILE,
+    TRAINER_MAX_BYTES,
+    Manifest,
+    is_state_name,
+)
 from workers.checksum import matches_entry
 from workers.signing import trust_problem
 from workers.storage import RunStorage
@@ -34,19 +50,38 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
     was signed for this run directory, this name and (when given) this job (``workers.signing``)."""
     if storage.is_link(STATES_DIR, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
-    c = Candidate(name=name, listing=storage.listing(STATES_DIR, name))
+    try:
+        found = storage.listing(STATES_DIR, name)
+    except UnsafeEntry as e:  # not a directory (a FIFO, a file), or swapped for a link since
+        return Candidate(name=name, manifest_error=str(e))
+    c = Candidate(name=name, listing=found.files, unsafe=found.unsafe)
     trainer_bytes = b""
+    c.manifest_error = _unsafe(c, MANIFEST_FILE)
     if MANIFEST_FILE in c.listing:
-        c.manifest, c.manifest_error = _parse_object(storage.read_bytes(STATES_DIR, name, MANIFEST_FILE))
+        try:
+            c.manifest, c.manifest_error = _parse_object(
+                storage.read_bytes(STATES_DIR, name, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES))
+        except UnsafeEntry as e:  # too large, or swapped for a link since the listing
+            c.manifest_error = str(e)
+    c.trainer_error = _unsafe(c, TRAINER_FILE)
     if TRAINER_FILE in c.listing:
-        trainer_bytes = storage.read_bytes(STATES_DIR, name, TRAINER_FILE)
-        c.trainer, c.trainer_error = _parse_object(trainer_bytes)
+        try:
+            trainer_bytes = storage.read_bytes(STATES_DIR, name, TRAINER_FILE, limit=TRAINER_MAX_BYTES)
+            c.trainer, c.trainer_error = _parse_object(trainer_bytes)
+        except UnsafeEntry as e:
+            c.trainer_error = str(e)
     if c.trainer is not None and c.manifest is not None:
         c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
     if signing_key is not None and c.manifest is not None:
         c.trust_error = trust_problem(c.manifest, signing_key, run_url=storage.url, state=name,
                                       job_identity=job_identity)
     return c
+
+
+def _unsafe(c: Candidate, rel: str) -> str | None:
+    """Why a metadata file the listing found is not read at all (a link, a FIFO), or None."""
+    kind = c.unsafe.get(rel)
+    return None if kind is None else f"{STATES_DIR}/{c.name}/{rel} is {kind}, not a regular file: never read"
 
 
 def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | None:
@@ -75,7 +110,19 @@ def discover(storage: RunStorage, expectation: Expectation | None = None,
 def state_names(storage: RunStorage) -> list[str]:
     """The entries of ``states/`` that syncpoint could have written (12-digit names). Anything else
     (a README, a notes folder) is not ours: selection and retention never look at it."""
-    return [n for n in storage.list_names(STATES_DIR) if is_state_name(n)]
+    return [n for n in states_entries(storage) if is_state_name(n)]
+
+
+def states_entries(storage: RunStorage) -> list[str]:
+    """Every entry name of ``states/``; ``RunDirectoryRefused`` when ``states/`` itself is a link (or
+    no directory): every selection, save and retention pass would go through it."""
+    try:
+        return storage.list_names(STATES_DIR)
+    except UnsafeEntry as e:
+        raise RunDirectoryRefused(
+            f"{redact_url(storage.url_of(STATES_DIR))} cannot be used: {e}. A link there would take selection, saves "
+            f"and retention outside the run directory. Replace it with a real directory (move what it points to into "
+            f"{STATES_DIR}/ in its place, or remove it to start without states), then re-submit.") from None
 
 
 def state_order(name: str) -> tuple[int, int, str]:

@@ -8,6 +8,7 @@ Why reading never fails: whoever can write the storage can plant a file among th
 every attempt reads the log at its start. A file that holds no record within bounds (``read_record``:
 too large, not JSON, nested too deep, an integer beyond 64 bits, no object, no usable time) is
 skipped and named (``Journal.skipped``, one line in ``syncpoint events``); the rest is read.
+A link or a FIFO among the events is never read, and ``events/`` itself as a link reads as empty.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.bounded_json import BoundedJsonError, loads_bounded
+from policies.errors import UnsafeEntry
 from policies.journal import Event, Journal, event_to_emit, stored_form, time_of
 from workers.storage import RunStorage
 
@@ -90,8 +92,12 @@ class StoredLog:
 
 
 def event_files(storage: RunStorage) -> list[str]:
-    """The names of the stored events."""
-    return [n for n in storage.list_files(EVENTS_DIR) if n.endswith(".json")]
+    """The names of the stored events; none while ``events/`` is no real directory (a planted link is
+    never followed; the next event written replaces it, with a warning)."""
+    try:
+        return [n for n in storage.list_files(EVENTS_DIR) if n.endswith(".json")]
+    except UnsafeEntry:
+        return []
 
 
 def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
@@ -99,7 +105,9 @@ def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
     EVENT_MAX_BYTES, not JSON, nested deeper than EVENT_MAX_DEPTH, an integer beyond 64 bits, not an
     object, or a ``time`` that is no usable number of seconds (``policies.journal.time_of``)."""
     try:
-        data = storage.read_bytes(EVENTS_DIR, name)
+        data = storage.read_bytes(EVENTS_DIR, name, limit=EVENT_MAX_BYTES)
+    except UnsafeEntry as e:  # a link, a FIFO, a device, or larger than EVENT_MAX_BYTES: never read
+        return Unreadable(name, _printable(str(e), 200))
     except OSError as e:
         return Unreadable(name, f"unreadable: {type(e).__name__}", partial=True)
     try:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from policies.state_format import MANIFEST_FILE, STATES_DIR, ZERO3_MODEL, ZERO_OPTIM
+from policies.state_format import STATES_DIR, ZERO3_MODEL, ZERO_OPTIM
 from workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 
 def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any]) -> None:
-    """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model.
+    """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model. Both go
+    through storage, which never writes through a planted link (it replaces it, with a warning).
 
     Its buffers are rank 0's (persistent ones, as ``state_dict`` holds them): DeepSpeed does not
     sync buffers, so each rank's differ; every rank's lie in the final state's ``buffers/``."""
@@ -58,19 +59,15 @@ def _is_zero3(engine: DeepSpeedEngine) -> bool:
 def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
     """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
     from policies.errors import StateRefused
-    from workers.checksum import matches_entry
     from workers.safe_load import load_state_file
-    from workers.state_reader import parse_manifest
+    from workers.state_reader import read_listed, read_manifest
 
     if not state:
         raise StateRefused("ZeRO-3 export needs the run's final committed state, and there is none")
-    files = parse_manifest(json.loads(storage.read_bytes(STATES_DIR, state, MANIFEST_FILE)), state).files
+    files = read_manifest(storage, (STATES_DIR, state)).files
 
     def load(rel: str) -> Any:
-        data = storage.read_bytes(STATES_DIR, state, rel)
-        if not matches_entry(files[rel], data):
-            raise StateRefused(f"{state}/{rel}: {files[rel].algorithm} does not match the manifest: refused (corrupt)")
-        return load_state_file(data, rel)
+        return load_state_file(read_listed(storage, (STATES_DIR, state), rel, files[rel]), rel)
 
     return consolidate_zero3(list(files), load)
 

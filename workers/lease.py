@@ -27,6 +27,10 @@ Why each rule:
   (``workers.boundary_vote.BoundaryVote.lease_lost``).
 * **A malformed lease is not a crash.** It is reported, treated as held by an unknown owner, and
   taken over once the storage says it is older than this run's TTL.
+* **A lease that is no file is not read.** ``lease.json`` is read up to ``LEASE_MAX_BYTES``, and
+  locally only as a regular file reached without a link (so is its ``.lock``, where a planted link
+  is replaced, never created through): a link, a FIFO or a huge file refuses the submission with
+  what it is (the driver's wait gives up at once), instead of blocking or reading forever.
 
 A restart inside the same submission (Ray Train's worker-group restart) takes the lease back at
 once with a new generation; a successor of the same job takes over once the lease has expired (the
@@ -55,12 +59,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from policies.errors import LeaseLostError, LeaseRefused
+from policies.errors import LeaseLostError, LeaseRefused, UnsafeEntry
 from policies.spec import MAX_LEASE_TTL_S
 from workers.storage import RunStorage
 
 LEASE = "lease.json"
 LEASE_FORMAT = "syncpoint-lease/2"
+# A lease is one small JSON object (~400 bytes); a larger lease.json is not one syncpoint wrote and is
+# refused unread (storage may be hostile: a lease linked to /dev/zero must not be read forever).
+LEASE_MAX_BYTES = 64 << 10
 CONFIRM_TRIES = 3
 
 
@@ -119,7 +126,7 @@ def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
 
 def read_lease(storage: RunStorage) -> HeldLease | None:
     """The lease as stored now (``None``: there is none)."""
-    got = storage.read_versioned(LEASE)
+    got = storage.read_versioned(LEASE, limit=LEASE_MAX_BYTES)
     if got is None:
         return None
     record, problem = parse_lease(got.data)
@@ -169,6 +176,10 @@ class RunLease:
             how = self._take()
         except LeaseRefused:
             raise
+        except UnsafeEntry as e:  # a link, a FIFO, a huge file: planted, never read
+            raise LeaseRefused(f"{self.storage.url}: the run directory's lease cannot be read: {e}. A lease is a small "
+                               f"regular file syncpoint writes: remove {LEASE} (once no other submission of this job "
+                               "is running), then retry") from None
         except Exception as e:  # noqa: BLE001 - any storage failure becomes a refusal that names it
             raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
                                f"({type(e).__name__}: {e}); check that the storage is reachable and "
@@ -183,7 +194,7 @@ class RunLease:
             held = read_lease(self.storage)
             how, generation = self._judge(held, lost_race)
             version = self.storage.write_if(_encode(self._record(generation)), LEASE,
-                                            expect=held.version if held else None)
+                                            expect=held.version if held else None, limit=LEASE_MAX_BYTES)
             if version is not None:
                 self.generation, self._version, self._renewed = generation, version, time.monotonic()
                 self.predecessor = held if how == "takeover" else None
@@ -283,7 +294,8 @@ class RunLease:
             held = None
             for _ in range(2):
                 self._beats += 1
-                version = self.storage.write_if(_encode(self._record(self.generation)), LEASE, expect=self._version)
+                version = self.storage.write_if(_encode(self._record(self.generation)), LEASE, expect=self._version,
+                                                limit=LEASE_MAX_BYTES)
                 if version is not None:
                     self._version, self._renewed = version, time.monotonic()
                     return
@@ -361,7 +373,7 @@ class RunLease:
             if self._version is None:
                 return
             version = self.storage.write_if(_encode(self._record(self.generation, released=True)), LEASE,
-                                            expect=self._version)
+                                            expect=self._version, limit=LEASE_MAX_BYTES)
             if version is None:
                 raise self._lose(read_lease(self.storage))
             self._version = None
@@ -393,7 +405,7 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             if held is None or held.record is None or held.released or held.record.get("submission") != submission:
                 return
             tombstone = {**held.record, "released": True}
-            if storage.write_if(_encode(tombstone), LEASE, expect=held.version) is not None:
+            if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is not None:
                 return
     except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
         _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from policies.candidates import Candidate, Verdict, init_from_problem
-from policies.errors import JobConfigError, NoResumableState, ResumeRefused, StateMismatch
+from policies.errors import JobConfigError, NoResumableState, ResumeRefused, RunDirectoryRefused, StateMismatch
 from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
@@ -116,19 +117,22 @@ def _choose_and_load(attempt: Attempt,
     spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
     restart = rank == 0 and attempt.restart
     policy = _resume_policy(spec.resume.policy, spec.resume.policy_args, attempt.submission_id if restart else "")
-    candidates = discover_lazy(storage, attempt.expectation, attempt.signing_key) if rank == 0 else []
+    candidates: Sequence[Candidate] = []
+    discovered = rank != 0
     spec_dict = spec.model_dump(mode="json")
     while True:
         msg: dict[str, Any] = {}
         if rank == 0:
             try:
+                if not discovered:  # here, so a refused run directory reaches every rank below
+                    candidates, discovered = discover_lazy(storage, attempt.expectation, attempt.signing_key), True
                 decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
                 chosen = next((c for c in candidates if c.name == decision.state), None)
                 if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
                     _clear_for_fresh(attempt)
                 msg = {"state": decision.state, "reason": decision.reason,
                        "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
-            except NoResumableState as e:
+            except (NoResumableState, RunDirectoryRefused) as e:
                 msg = {"error": str(e)}
             if events:
                 looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)

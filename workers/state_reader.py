@@ -29,6 +29,11 @@ same descriptor (``workers.verified_files``, which says how each rule above is k
 engine then serves DeepSpeed only those verified files, and a file written meanwhile is refused
 after the load, before training uses it. The elastic and ZeRO-3 module-only paths read or add
 files by name in the directory, so they still get a private verified copy.
+
+Every read is bounded by the manifest: a file is read or copied up to its listed size plus one byte
+and refused when larger (a shard listed with size 0 and linked to ``/dev/zero`` costs one byte);
+locally nothing is read through a link or unless it is a regular file (``workers.nofollow``), and
+such a refusal (``UnsafeEntry``) refuses the state like a checksum does, so selection falls back.
 """
 
 from __future__ import annotations
@@ -43,13 +48,15 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from pydantic import ValidationError
 
+from policies.bounded_json import BoundedJsonError, loads_bounded
 from policies.candidates import Candidate
-from policies.errors import StateRefused
+from policies.errors import OversizedEntry, StateRefused, UnsafeEntry
 from policies.state_format import (
     ENGINE_TAG,
     FULL_OPTIMIZER_FILE,
     LOCAL_DIRS,
     MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
@@ -68,7 +75,6 @@ from workers.verified_files import (
     ChecksumMismatch,
     VerifiedFile,
     available,
-    open_state_dir,
     open_verified,
     read_verified,
 )
@@ -78,6 +84,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]
 
+MANIFEST_MAX_DEPTH = 8  # a manifest nests 4 levels (files -> entry -> checksum; the signature and binding)
 FETCHED_PREFIXES = tuple(f"{d}/" for d in LOCAL_DIRS)  # the rest is read into memory
 ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")  # DeepSpeed's optimizer shards
 PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
@@ -129,8 +136,12 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
     if state_dir is not None:
-        return _verify_in_place(state_dir, files, fetched, rng_file(rank) if want_rng else None,
-                                buffers_file(buffers_of) if buffers_of is not None else None)
+        root = _open_state(storage, cand.name)
+        try:
+            return _verify_in_place(root, state_dir, files, fetched, rng_file(rank) if want_rng else None,
+                                    buffers_file(buffers_of) if buffers_of is not None else None)
+        finally:
+            os.close(root)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel in fetched:
@@ -153,11 +164,22 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         raise
 
 
-def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
+def _open_state(storage: RunStorage, name: str) -> int:
+    """The state directory reached from the run directory without following a link."""
+    try:
+        root = storage.open_local_dir(STATES_DIR, name)
+    except FileNotFoundError:
+        raise StateRefused(f"{STATES_DIR}/{name}: missing from storage: refused") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
+    assert root is not None, "in place needs local storage"
+    return root
+
+
+def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
                      rng_rel: str | None, buffers_rel: str | None) -> FetchedState:
-    """Open and verify each file in the state directory itself; weights-only check through the same
-    descriptors (``workers.verified_files``)."""
-    root = open_state_dir(state_dir)
+    """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
+    check through the same descriptors (``workers.verified_files``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
         for rel in fetched:
@@ -177,8 +199,6 @@ def _verify_in_place(state_dir: str, files: dict[str, ManifestEntry], fetched: l
         for f in verified.values():
             f.close()
         raise
-    finally:
-        os.close(root)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:
@@ -227,9 +247,14 @@ def _download_verified(storage: RunStorage, name: str, rel: str, entry: Manifest
     os.close(fd)
     algo = entry.algorithm
     try:
-        size, digest = storage.download_file(partial, STATES_DIR, name, rel, algo=algo)
+        size, digest = storage.download_file(partial, STATES_DIR, name, rel, limit=entry.size, algo=algo)
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
+    except OversizedEntry:
+        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
+                               "commit)") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
     if size != entry.size:
         os.unlink(partial)
         raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {entry.size} (changed after commit)")
@@ -245,12 +270,42 @@ def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, Ma
     if rel not in files:
         raise StateRefused(f"{name}: {MANIFEST_FILE} does not list {rel}: refused (corrupt)")
     try:
-        data = storage.read_bytes(STATES_DIR, name, rel)
+        return read_listed(storage, (STATES_DIR, name), rel, files[rel])
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
-    if not matches_entry(files[rel], data):
-        raise ChecksumMismatch(f"{rel}: {files[rel].algorithm} does not match the manifest")
+
+
+def read_listed(storage: RunStorage, state: tuple[str, ...], rel: str, entry: ManifestEntry) -> bytes:
+    """A file a manifest lists, read into memory with its listed size as the bound, returned only if
+    it matches its entry. ``state``: the state directory's parts in ``storage``. Raises
+    ``StateRefused`` (``ChecksumMismatch`` for changed bytes), ``FileNotFoundError`` when it is
+    missing (not a committed state); any other ``OSError`` is the storage failing."""
+    try:
+        data = storage.read_bytes(*state, rel, limit=entry.size)
+    except OversizedEntry:
+        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
+                               "commit)") from None
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
+    if not matches_entry(entry, data):
+        raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest")
     return data
+
+
+def read_manifest(storage: RunStorage, state: tuple[str, ...]) -> Manifest:
+    """A state's manifest read with its cap (``MANIFEST_MAX_BYTES``) and parsed; ``StateRefused`` for
+    one that is not (``FileNotFoundError`` when there is none: not a committed state)."""
+    name = state[-1]
+    try:
+        raw = storage.read_bytes(*state, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES)
+    except UnsafeEntry as e:
+        raise StateRefused(f"{e}: refused (corrupt)") from None
+    try:
+        obj = loads_bounded(raw, max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH)
+    except BoundedJsonError as e:
+        raise StateRefused(f"{name}: {MANIFEST_FILE} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: "
+                           "refused (corrupt)") from None
+    return parse_manifest(obj, name)
 
 
 def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_only: bool = False,

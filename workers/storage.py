@@ -7,6 +7,10 @@ Why a facade over backends: the run must work on any fsspec URL (local path, ``f
 O_DIRECT, links; ``workers.storage_s3``: server-checked conditional PUTs;
 ``workers.storage_fsspec``: everything else). Discovery, saving, the lease and retention never see
 which backend is underneath.
+
+Storage may be hostile, so every read names its bound (``limit``, the most bytes the file may hold:
+its manifest size, or the cap of its kind of record) and nothing is read or written through a link
+(``workers.nofollow``, for the local backend, anchored at this run directory).
 """
 
 from __future__ import annotations
@@ -22,16 +26,18 @@ from fsspec.implementations.memory import MemoryFileSystem
 from workers.checksum import DEFAULT, ChecksummingWriter
 from workers.storage_fsspec import FsspecBackend, MemoryBackend
 from workers.storage_local import LocalBackend
-from workers.storage_protocol import CHUNK, StorageBackend, Versioned
+from workers.storage_protocol import CHUNK, Listing, StorageBackend, Versioned
 from workers.storage_s3 import S3Backend, is_s3
 
-__all__ = ["CHUNK", "RunStorage", "StorageBackend", "Versioned", "backend_for"]
+__all__ = ["CHUNK", "Listing", "RunStorage", "StorageBackend", "Versioned", "backend_for"]
 
 
-def backend_for(fs: Any) -> StorageBackend:
-    """The backend for an fsspec filesystem: the one place that asks what kind of store it is."""
+def backend_for(fs: Any, root: str) -> StorageBackend:
+    """The backend for an fsspec filesystem: the one place that asks what kind of store it is.
+    ``root``: the run directory, where a local backend anchors (nothing below it is reached through
+    a link)."""
     if isinstance(fs, LocalFileSystem):
-        return LocalBackend(fs)
+        return LocalBackend(fs, root)
     if is_s3(fs):
         return S3Backend(fs)
     if isinstance(fs, MemoryFileSystem):  # subclasses too: their store lives in this process
@@ -46,7 +52,7 @@ class RunStorage:
         self.url = run_url.rstrip("/")
         fs, root = fsspec.core.url_to_fs(self.url)
         self.root = root.rstrip("/")
-        self.backend: StorageBackend = backend_for(fs)
+        self.backend: StorageBackend = backend_for(fs, self.root)
 
     # ---- paths
     def path(self, *parts: str) -> str:
@@ -64,11 +70,13 @@ class RunStorage:
     def exists(self, *parts: str) -> bool:
         return self.backend.exists(self.path(*parts))
 
-    def read_bytes(self, *parts: str) -> bytes:
-        return self.backend.read_bytes(self.path(*parts))
+    def read_bytes(self, *parts: str, limit: int) -> bytes:
+        """A whole file of at most ``limit`` bytes (``OversizedEntry`` beyond); locally only a regular
+        file, never through a link (``UnsafeEntry``)."""
+        return self.backend.read_bytes(self.path(*parts), limit)
 
-    def read_json(self, *parts: str) -> Any:
-        return json.loads(self.read_bytes(*parts))
+    def read_json(self, *parts: str, limit: int) -> Any:
+        return json.loads(self.read_bytes(*parts, limit=limit))
 
     def list_dirs(self, *parts: str) -> list[str]:
         """Names of the sub-directories of a directory (empty if it does not exist)."""
@@ -81,9 +89,15 @@ class RunStorage:
     def list_files(self, *parts: str) -> list[str]:
         return self.backend.list_files(self.path(*parts))
 
-    def listing(self, *parts: str) -> dict[str, int]:
-        """Every file below a directory as relative path -> size (one listing call, no reads)."""
+    def listing(self, *parts: str) -> Listing:
+        """Every file below a directory as relative path -> size (one listing call, no reads), and
+        what is neither file nor directory (a link, a FIFO), reported and never followed."""
         return self.backend.listing(self.path(*parts))
+
+    def open_local_dir(self, *parts: str) -> int | None:
+        """A descriptor of the directory, reached without following links (the caller closes it);
+        ``None`` where the storage is not local. ``UnsafeEntry`` for a link on the way."""
+        return self.backend.open_dir(self.path(*parts))
 
     # ---- durable writes
     def write_bytes(self, data: bytes, *parts: str) -> None:
@@ -117,9 +131,10 @@ class RunStorage:
         """
         return self.backend.upload_file(local_path, self.path(*parts), algo, known)
 
-    def download_file(self, local_path: str, *parts: str, algo: str = DEFAULT) -> tuple[int, str]:
-        """Copy a stored file to local disk; returns (size, checksum) for verification."""
-        return self.backend.download_file(local_path, self.path(*parts), algo)
+    def download_file(self, local_path: str, *parts: str, limit: int, algo: str = DEFAULT) -> tuple[int, str]:
+        """Copy a stored file of at most ``limit`` bytes to local disk (``OversizedEntry`` beyond, having
+        copied one byte more); returns (size, checksum) for verification."""
+        return self.backend.download_file(local_path, self.path(*parts), algo, limit)
 
     # ---- compare-and-swap of small control files (the lease)
     @property
@@ -128,11 +143,12 @@ class RunStorage:
         ``flock``, ``s3``, ``process-lock`` or ``none``."""
         return self.backend.conditional_writes
 
-    def read_versioned(self, *parts: str) -> Versioned | None:
-        """A small file with its version and storage-clock age (``None`` if it does not exist)."""
-        return self.backend.read_versioned(self.path(*parts))
+    def read_versioned(self, *parts: str, limit: int) -> Versioned | None:
+        """A small file (at most ``limit`` bytes) with its version and storage-clock age (``None`` if it
+        does not exist)."""
+        return self.backend.read_versioned(self.path(*parts), limit)
 
-    def write_if(self, data: bytes, *parts: str, expect: str | None) -> str | None:
+    def write_if(self, data: bytes, *parts: str, expect: str | None, limit: int) -> str | None:
         """Write ``data`` only if the file is still at version ``expect`` (``None``: only if it does
         not exist); returns the new version, or ``None`` when someone else changed it first.
 
@@ -140,8 +156,9 @@ class RunStorage:
         win. S3 checks the precondition on the server; a local filesystem compares under an
         exclusive ``flock`` and lands the bytes by rename; memory:// under a process lock. Other
         stores fall back to write-then-read-back, which narrows the race but cannot close it.
+        ``limit``: the bound of the current file's read (as in ``read_versioned``).
         """
-        return self.backend.write_if(data, self.path(*parts), expect)
+        return self.backend.write_if(data, self.path(*parts), expect, limit)
 
     # ---- deletion (retention) and what a listing says about each entry
     def entry_kinds(self, *parts: str) -> dict[str, str]:

@@ -7,7 +7,9 @@ file is one ``pipe_file`` and a manifest commits with no temp name; an upload is
 second thread while fsspec sends it (hashlib and xxhash release the GIL). Listings are cached per
 process by fsspec, and other writers (ranks, drivers) add states and events, so every listing
 invalidates the cache first. A store without conditional writes gets a best-effort
-compare-and-swap (write, then read back), which narrows the race but cannot close it.
+compare-and-swap (write, then read back), which narrows the race but cannot close it. Every read
+is a ranged one of at most its bound plus one byte (``cat_file(start=0, end=limit + 1)``), so a file
+larger than it may be is refused having read only that much.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from policies.errors import OversizedEntry
 from workers.checksum import ChecksummingWriter, new_hasher
-from workers.storage_protocol import CHUNK, Versioned, content_version
+from workers.storage_protocol import CHUNK, Listing, Versioned, content_version
 
 
 class FsspecBackend:
@@ -41,8 +44,8 @@ class FsspecBackend:
         self.fs.invalidate_cache(path)
         return self.fs.exists(path)
 
-    def read_bytes(self, path: str) -> bytes:
-        return self.fs.cat_file(path)
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        return bounded(self.fs.cat_file(path, start=0, end=limit + 1), limit, path)
 
     def _entries(self, path: str, detail: bool) -> list:
         """One fresh listing of a directory (empty if it does not exist)."""
@@ -63,14 +66,23 @@ class FsspecBackend:
     def list_files(self, path: str) -> list[str]:
         return sorted(_name(e["name"]) for e in self._entries(path, detail=True) if e.get("type") == "file")
 
-    def listing(self, path: str) -> dict[str, int]:
-        """Every file below a directory as relative path -> size (one listing call, no reads)."""
+    def listing(self, path: str) -> Listing:
+        """Every file below a directory as relative path -> size (one listing call, no reads); an entry
+        the store calls a link or anything but a file is reported, not counted as a file."""
         self.fs.invalidate_cache(path)
         try:
             found = self.fs.find(path, detail=True)
         except FileNotFoundError:
-            return {}
-        return {name[len(path):].lstrip("/"): int(info.get("size") or 0) for name, info in found.items()}
+            return Listing({}, {})
+        files: dict[str, int] = {}
+        unsafe: dict[str, str] = {}
+        for name, info in found.items():
+            rel = name[len(path):].lstrip("/")
+            if info.get("islink") or info.get("type") != "file":
+                unsafe[rel] = "a symbolic link" if info.get("islink") else f"a {info.get('type')} entry, not a file"
+            else:
+                files[rel] = int(info.get("size") or 0)
+        return Listing(files, unsafe)
 
     def entry_kinds(self, path: str) -> dict[str, str]:
         """Each entry as ``dir``, ``file`` or ``other`` (object stores have no links)."""
@@ -117,33 +129,38 @@ class FsspecBackend:
         with open(local_path, "rb") as src, self.fs.open(path, "wb") as dst:
             shutil.copyfileobj(src, dst, CHUNK)
 
-    def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]:
+    def open_dir(self, path: str) -> int | None:
+        return None
+
+    def download_file(self, local_path: str, path: str, algo: str, limit: int) -> tuple[int, str]:
+        """Copy at most ``limit`` bytes; one more is refused (``OversizedEntry``) before it is kept."""
         h = new_hasher(algo)
         size = 0
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
         with self.fs.open(path, "rb") as src, open(local_path, "wb") as dst:
-            while chunk := src.read(CHUNK):
+            while chunk := src.read(min(CHUNK, limit + 1 - size)):
+                size += len(chunk)
+                bounded(b"", limit, path, size)
                 h.update(chunk)
                 dst.write(chunk)
-                size += len(chunk)
         return size, h.hexdigest()
 
     # ---- compare-and-swap without server support: compare, write, let a racing writer land, read back
-    def read_versioned(self, path: str) -> Versioned | None:
+    def read_versioned(self, path: str, limit: int) -> Versioned | None:
         self.fs.invalidate_cache(path)
         try:
-            data = self.fs.cat_file(path)
+            data = self.read_bytes(path, limit)
         except FileNotFoundError:
             return None
         return Versioned(data, content_version(data), None)
 
-    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
-        before = self.read_versioned(path)
+    def write_if(self, data: bytes, path: str, expect: str | None, limit: int) -> str | None:
+        before = self.read_versioned(path, limit)
         if (before.version if before else None) != expect:
             return None
         self.fs.pipe_file(path, data)
         time.sleep(0.2)
-        after = self.read_versioned(path)
+        after = self.read_versioned(path, max(limit, len(data)))
         return after.version if after is not None and after.data == data else None
 
     # ---- deletion and moves
@@ -176,10 +193,10 @@ class MemoryBackend(FsspecBackend):
 
     conditional_writes = "process-lock"
 
-    def read_versioned(self, path: str) -> Versioned | None:
+    def read_versioned(self, path: str, limit: int) -> Versioned | None:
         with _MEMORY_LOCK:
             try:
-                data = self.fs.cat_file(path)
+                data = self.read_bytes(path, limit)
             except FileNotFoundError:
                 return None
             version, now = content_version(data), time.monotonic()
@@ -188,10 +205,10 @@ class MemoryBackend(FsspecBackend):
                 stamp = _MEMORY_STAMPS[path] = (version, now)
             return Versioned(data, version, now - stamp[1])
 
-    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
+    def write_if(self, data: bytes, path: str, expect: str | None, limit: int) -> str | None:
         with _MEMORY_LOCK:
             try:
-                current: str | None = content_version(self.fs.cat_file(path))
+                current: str | None = content_version(self.read_bytes(path, limit))
             except FileNotFoundError:
                 current = None
             if current != expect:
@@ -210,6 +227,13 @@ def checksum_file(path: str, algo: str) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
+
+
+def bounded(data: bytes, limit: int, path: str, size: int | None = None) -> bytes:
+    """``data`` when it (or ``size`` bytes read so far) is within ``limit``, else ``OversizedEntry``."""
+    if (len(data) if size is None else size) > limit:
+        raise OversizedEntry(f"{path} holds more than the {limit} bytes it can hold: not read")
+    return data
 
 
 def _name(entry: Any) -> str:

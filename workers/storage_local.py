@@ -4,9 +4,14 @@ Why it differs from the fsspec backend: a local file is durable only after ``fsy
 manifest commits by temp name + fsync + atomic rename + fsync of the directory, so readers see the
 whole file or none. Big files bypass the page cache (``workers.direct_io``). The lease's
 compare-and-swap reads, compares and renames under an exclusive ``flock``, and dates the file by
-the filesystem's own clock (a freshly touched lock file), the file server's on NFS. And a local
-directory can hold symbolic links: retention and deletion must never follow one out of the run.
-Listings and reads are the fsspec backend's (``LocalFileSystem``).
+the filesystem's own clock (a freshly touched lock file), the file server's on NFS.
+
+And a local directory can hold symbolic links, FIFOs and links to devices, planted by anyone who can
+write it: the backend is anchored at the run directory (``RunStorage``'s root, followed as the user
+named it) and reaches everything below it through ``workers.nofollow``, component by component with
+``O_NOFOLLOW``. Nothing is read or written through a link; only regular files are read, each up to
+its bound; a write replaces a planted link instead of following it (one WARNING line), and deletion
+never descends through one.
 """
 
 from __future__ import annotations
@@ -14,41 +19,133 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import threading
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
+from policies.errors import OversizedEntry, UnsafeEntry
 from workers.checksum import ChecksummingWriter, new_hasher
 from workers.direct_io import DirectFileWriter
+from workers.nofollow import (
+    Tree,
+    delete_tree,
+    kind_at,
+    open_dirs,
+    open_lock,
+    open_regular,
+    read_fd,
+    read_file,
+    scan,
+    walk_files,
+    write_replacing,
+)
 from workers.storage_fsspec import FsspecBackend
-from workers.storage_protocol import Versioned, content_version
+from workers.storage_protocol import CHUNK, Listing, Versioned, content_version
 
 
 class LocalBackend(FsspecBackend):
     conditional_writes = "flock"  # an exclusive lock file serialises read-compare-rename
 
+    def __init__(self, fs: Any, root: str) -> None:
+        super().__init__(fs)
+        self.tree = Tree(root)
+
     def local_path(self, path: str) -> str | None:
         return path
 
+    # ---- how a path is reached: the anchor, then its components without following links
+    @contextlib.contextmanager
+    def _parent(self, path: str, *, create: bool = False) -> Iterator[tuple[int, str, str]]:
+        """(descriptor of the entry's directory, the entry's name, its path below the run for messages)."""
+        parts = self.tree.parts(path)
+        if not parts:
+            raise UnsafeEntry(f"{path} is the run directory itself, not a file in it")
+        with self.tree.directory(parts[:-1], create=create) as fd:
+            yield fd, parts[-1], "/".join(parts)
+
+    @contextlib.contextmanager
+    def _dir(self, path: str) -> Iterator[int]:
+        with self.tree.directory(self.tree.parts(path)) as fd:
+            yield fd
+
+    def open_dir(self, path: str) -> int | None:
+        root = self.tree.open_root()
+        try:
+            return open_dirs(root, self.tree.parts(path))
+        finally:
+            os.close(root)
+
+    # ---- reads and listings
+    def exists(self, path: str) -> bool:
+        """Whether the entry is there, looked up without following links (below a link it is not)."""
+        if not self.tree.parts(path):
+            return os.path.isdir(self.tree.root)
+        try:
+            with self._parent(path) as (fd, name, _):
+                return kind_at(fd, name) is not None
+        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
+            return False
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        with self._parent(path) as (fd, name, shown):
+            return read_file(fd, name, limit, shown)
+
+    def _kinds(self, path: str) -> dict[str, str]:
+        try:
+            with self._dir(path) as fd:
+                return scan(fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+
+    def list_dirs(self, path: str) -> list[str]:
+        return sorted(n for n, k in self._kinds(path).items() if k == "dir")
+
+    def list_names(self, path: str) -> list[str]:
+        return sorted(self._kinds(path))
+
+    def list_files(self, path: str) -> list[str]:
+        return sorted(n for n, k in self._kinds(path).items() if k == "file")
+
+    def listing(self, path: str) -> Listing:
+        try:
+            with self._dir(path) as fd:
+                return Listing(*walk_files(fd))
+        except (FileNotFoundError, NotADirectoryError):
+            return Listing({}, {})
+
+    def entry_kinds(self, path: str) -> dict[str, str]:
+        """Each entry as ``dir``, ``file``, ``link`` or ``other``, never following a link:
+        retention must know that ``states/x`` is a link before it deletes anything in it."""
+        return self._kinds(path)
+
+    def is_link(self, path: str) -> bool:
+        """Whether the entry, or a directory between the run and it, is a symbolic link."""
+        try:
+            with self._parent(path) as (fd, name, _):
+                return kind_at(fd, name) == "a symbolic link"
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except UnsafeEntry:
+            return True
+
     # ---- durable writes
     def write_bytes(self, data: bytes, path: str) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_synced(path, data)
+        with self._parent(path, create=True) as (fd, name, shown):
+            write_replacing(fd, name, data, shown)
 
     def commit_bytes(self, data: bytes, path: str) -> None:
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        tmp = path + ".tmp"
-        _write_synced(tmp, data)
-        os.replace(tmp, path)
-        _fsync_path(directory)  # the rename itself is durable
+        with self._parent(path, create=True) as (fd, name, shown):
+            write_replacing(fd, name, data, shown, sync_dir=True)  # the rename itself is durable
+
+    def _new_file(self, path: str) -> DirectFileWriter:
+        with self._parent(path, create=True) as (fd, name, shown):
+            return DirectFileWriter(name, dir_fd=fd, shown=shown)
 
     @contextlib.contextmanager
     def open_durable(self, path: str, algo: str) -> Iterator[ChecksummingWriter]:
         """Page-cache bypass, fsync on a clean exit; on an error the partial file is left (without a
         manifest it is torn anyway)."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with DirectFileWriter(path) as f:
+        with self._new_file(path) as f:
             yield ChecksummingWriter(f, algo)
 
     def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
@@ -60,103 +157,91 @@ class LocalBackend(FsspecBackend):
         self._copy_direct(local_path, path, None)
         return int(known["size"]), str(known[algo])
 
-    @staticmethod
-    def _copy_direct(local_path: str, path: str, on_chunk: Any) -> int:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(local_path, "rb", buffering=0) as src, DirectFileWriter(path) as dst:
+    def _copy_direct(self, local_path: str, path: str, on_chunk: Any) -> int:
+        with open(local_path, "rb", buffering=0) as src, self._new_file(path) as dst:
             return dst.fill_from(src, on_chunk)
 
+    def download_file(self, local_path: str, path: str, algo: str, limit: int) -> tuple[int, str]:
+        """Copy a regular file (never through a link) to our own local path, at most ``limit`` bytes:
+        one more is refused (``OversizedEntry``) before it is kept."""
+        h, size = new_hasher(algo), 0
+        os.makedirs(os.path.dirname(local_path), exist_ok=True)
+        with self._parent(path) as (fd, name, shown):
+            src = open_regular(fd, name, shown)
+        try:
+            with open(local_path, "wb") as dst:
+                while chunk := os.read(src, min(CHUNK, limit + 1 - size)):
+                    size += len(chunk)
+                    if size > limit:
+                        raise OversizedEntry(f"{shown} holds more than the {limit} bytes it can hold: not copied")
+                    h.update(chunk)
+                    dst.write(chunk)
+        finally:
+            os.close(src)
+        return size, h.hexdigest()
+
     # ---- compare-and-swap under flock
-    def read_versioned(self, path: str) -> Versioned | None:
-        with _lock(path) as now:
+    def read_versioned(self, path: str, limit: int) -> Versioned | None:
+        with self._parent(path, create=True) as (fd, name, shown), _lock(fd, name, shown) as now:
             try:
-                with open(path, "rb") as f:
-                    mtime = os.fstat(f.fileno()).st_mtime
-                    data = f.read()
+                src = open_regular(fd, name, shown)
             except FileNotFoundError:
                 return None
+            try:
+                mtime = os.fstat(src).st_mtime
+                data = read_fd(src, limit, shown)
+            finally:
+                os.close(src)
             return Versioned(data, content_version(data), max(0.0, now - mtime))
 
-    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
-        with _lock(path):
+    def write_if(self, data: bytes, path: str, expect: str | None, limit: int) -> str | None:
+        with self._parent(path, create=True) as (fd, name, shown), _lock(fd, name, shown):
             try:
-                with open(path, "rb") as f:
-                    current: str | None = content_version(f.read())
+                current: str | None = content_version(read_file(fd, name, limit, shown))
             except FileNotFoundError:
                 current = None
             if current != expect:
                 return None
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            _write_synced(tmp, data)
-            os.replace(tmp, path)
-            _fsync_path(os.path.dirname(path))
+            write_replacing(fd, name, data, shown, sync_dir=True)
             return content_version(data)
 
-    # ---- links and deletion
-    def entry_kinds(self, path: str) -> dict[str, str]:
-        """Each entry as ``dir``, ``file``, ``link`` or ``other``, never following a link:
-        retention must know that ``states/x`` is a link before it deletes anything in it."""
-        try:
-            with os.scandir(path) as it:
-                return {e.name: _scandir_kind(e) for e in it}
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-
-    def is_link(self, path: str) -> bool:
-        return os.path.islink(path)
-
+    # ---- deletion and moves, never through a link
     def remove(self, path: str) -> None:
-        """The parent directory is opened with ``O_NOFOLLOW`` and the name unlinked relative to it,
-        so a parent that is (or was just swapped for) a symbolic link is refused rather than
-        followed: deleting ``states/<link>/manifest.json`` would delete a file outside the run."""
-        parent, name = os.path.split(path)
+        """The name is unlinked relative to its directory, reached without following links, so a
+        parent that is (or was just swapped for) a symbolic link is refused rather than followed:
+        deleting ``states/<link>/manifest.json`` would delete a file outside the run."""
         try:
-            fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return
-        try:
-            os.unlink(name, dir_fd=fd)
+            with self._parent(path) as (fd, name, _):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)
         except FileNotFoundError:
             pass
-        finally:
-            os.close(fd)
 
     def delete_tree(self, path: str) -> None:
-        if self.is_link(path):
-            raise OSError(f"refusing to delete through a symbolic link: {path}")
-        super().delete_tree(path)
+        if not self.tree.parts(path):  # the whole run directory (a drill's own)
+            if os.path.islink(self.tree.root):
+                raise UnsafeEntry(f"refusing to delete through a symbolic link: {path}")
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(self.tree.root)
+            return
+        try:
+            with self._parent(path) as (fd, name, shown):
+                delete_tree(fd, name, shown)
+        except FileNotFoundError:
+            pass
 
-
-def _write_synced(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _scandir_kind(e: os.DirEntry) -> str:
-    if e.is_symlink():
-        return "link"
-    if e.is_dir(follow_symlinks=False):
-        return "dir"
-    return "file" if e.is_file(follow_symlinks=False) else "other"
+    def rename_tree(self, src: str, dst: str) -> None:
+        with self._parent(src) as (sfd, sname, _), self._parent(dst, create=True) as (dfd, dname, _):
+            os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
 
 
 @contextlib.contextmanager
-def _lock(path: str) -> Iterator[float]:
-    """Hold an exclusive ``flock`` on ``<path>.lock`` (threads and processes alike: every call
+def _lock(dir_fd: int, name: str, shown: str) -> Iterator[float]:
+    """Hold an exclusive ``flock`` on ``<name>.lock`` (threads and processes alike: every call
     opens its own file description); yields the filesystem's "now", read by touching the lock file
-    so that ages compare two timestamps from the same clock (the file server's, on NFS)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    so that ages compare two timestamps from the same clock (the file server's, on NFS). The lock
+    file is opened without following a link (a planted one is replaced, never created through)."""
+    fd = open_lock(dir_fd, name + ".lock", shown + ".lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.utime(fd)

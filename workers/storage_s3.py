@@ -18,6 +18,12 @@ streaming writer with concurrent parts. Tune both through fsspec's config for ``
 bound the memory a transfer holds (``max_concurrency`` x ``default_block_size`` per file).
 Checksums still cover the exact bytes: computed as the bytes pass (streaming), from the local
 file (uploads), from the downloaded file (downloads, before the reader renames it into place).
+
+Why reads are hand-written ranged GETs (``_ranged``): every read is bounded (storage may be
+hostile: an object listed with size 0 may hold terabytes), and s3fs's ``get_file``/``cat_file``
+fetch whatever the object holds. The first GET asks for at most the bound plus one byte and learns
+the object's size from its ``Content-Range``; a larger object is refused then, and the rest moves
+in ``part_size`` ranges, ``concurrency`` at a time, each checked against that size.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from policies.errors import OversizedEntry, UnsafeEntry
 from workers.checksum import ChecksummingWriter
 from workers.storage_fsspec import FsspecBackend, checksum_file
 from workers.storage_protocol import Versioned
@@ -88,32 +95,96 @@ class S3Backend(FsspecBackend):
             self.fs.put_file(local_path, path, **put)
             return digest.result()
 
-    def download_file(self, local_path: str, path: str, algo: str) -> tuple[int, str]:
-        """s3fs's ``get_file`` (ranged GETs of ``part_size``, ``concurrency`` at a time, written at
-        their offsets), then the checksum of the bytes as they landed on local disk (read back from
-        the page cache: the reader trusts exactly the file it will load)."""
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Ranged GETs of at most ``limit`` + 1 bytes in all (module docstring)."""
+        buf = bytearray()
+
+        def into(offset: int, data: bytes, total: int) -> None:
+            if not buf:
+                buf.extend(bytes(total))  # once: the size is checked against the bound first
+            buf[offset:offset + len(data)] = data
+
+        self._ranged(path, limit, into)
+        return bytes(buf)
+
+    def download_file(self, local_path: str, path: str, algo: str, limit: int) -> tuple[int, str]:
+        """Ranged GETs (``part_size``, ``concurrency`` at a time, at most ``limit`` + 1 bytes in all,
+        written at their offsets), then the checksum of the bytes as they landed on local disk (read
+        back from the page cache: the reader trusts exactly the file it will load)."""
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
-        self.fs.get_file(path, local_path, chunksize=self.part_size, max_concurrency=self.concurrency)
+        with open(local_path, "wb") as f:
+            def into(offset: int, data: bytes, total: int) -> None:
+                f.seek(offset)
+                f.write(data)
+
+            self._ranged(path, limit, into)
         return checksum_file(local_path, algo)
 
-    def read_versioned(self, path: str) -> Versioned | None:
-        """One GET: the body, its ETag, and its age as the server's Date minus its LastModified."""
+    def _ranged(self, path: str, limit: int, into: Any) -> int:
+        """Read an object of at most ``limit`` bytes through ``into(offset, bytes, total)``; returns its
+        size. ``OversizedEntry`` for a larger one (having fetched at most one part), ``UnsafeEntry``
+        for one whose size changed between the GETs."""
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+        part = max(1, self.part_size)
+
+        async def fetch() -> int:
+            data, total, _ = await self._get_range(bucket, key, 0, min(limit + 1, part))
+            if total > limit:
+                raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
+            into(0, data, total)
+            ranges = [(start, min(start + part, total)) for start in range(len(data), total, part)]
+            for i in range(0, len(ranges), self.concurrency):
+                batch = ranges[i:i + self.concurrency]
+                got = await asyncio.gather(*(self._get_range(bucket, key, a, b) for a, b in batch))
+                for (a, b), (chunk, now, _) in zip(batch, got, strict=True):
+                    if now != total or len(chunk) != b - a:
+                        raise UnsafeEntry(f"{path} changed while it was being read ({total} bytes, then {now}): "
+                                          "not read")
+                    into(a, chunk, total)
+            return total
+
+        return int(sync(self.fs.loop, fetch))
+
+    async def _get_range(self, bucket: str, key: str, start: int, end: int) -> tuple[bytes, int, dict]:
+        """Bytes ``[start, end)`` of an object (never more, whatever the server sends), the object's
+        whole size (its ``Content-Range``) and the response; an empty object is ``b""`` of size 0."""
+        try:
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        except OSError as e:
+            if start == 0 and _error_code(e)[0] == "InvalidRange":  # nothing at offset 0: an empty object
+                return b"", 0, {}
+            raise
+        body = resp["Body"]
+        chunks, got = [], 0
+        try:
+            while got < end - start and (chunk := await body.read(end - start - got)):  # a read may return less
+                chunks.append(chunk)
+                got += len(chunk)
+        finally:
+            body.close()
+        data = b"".join(chunks)
+        return data, _object_size(resp, start + len(data)), resp
+
+    def read_versioned(self, path: str, limit: int) -> Versioned | None:
+        """One ranged GET: the body (at most ``limit`` bytes), its ETag, and its age as the server's
+        Date minus its LastModified."""
         from fsspec.asyn import sync
 
         bucket, key, _ = self.fs.split_path(path)
 
-        async def get() -> tuple[bytes, dict]:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            body = resp["Body"]
-            try:
-                return await body.read(), resp
-            finally:
-                body.close()
+        async def get() -> tuple[bytes, int, dict]:
+            return await self._get_range(bucket, key, 0, limit + 1)
 
         try:
-            data, resp = sync(self.fs.loop, get)
+            data, total, resp = sync(self.fs.loop, get)
         except FileNotFoundError:
             return None
+        if total > limit:
+            raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
+        if not resp:  # an empty object: its metadata from a HEAD
+            resp = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
         date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
         modified = resp.get("LastModified")
         age = None
@@ -121,7 +192,8 @@ class S3Backend(FsspecBackend):
             age = max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
         return Versioned(data, str(resp["ETag"]), age)
 
-    def write_if(self, data: bytes, path: str, expect: str | None) -> str | None:
+    def write_if(self, data: bytes, path: str, expect: str | None, limit: int) -> str | None:
+        """The server checks the precondition; nothing is read, so ``limit`` is not needed here."""
         bucket, key, _ = self.fs.split_path(path)
         condition = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
         try:
@@ -145,6 +217,16 @@ def _error_code(e: BaseException) -> tuple[str, int]:
                     int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0))
         seen = seen.__cause__ or seen.__context__
     return "", 0
+
+
+def _object_size(resp: dict, fallback: int) -> int:
+    """The whole object's size: ``Content-Range: bytes a-b/SIZE`` of a ranged answer, else (a server
+    that answered with the whole object) its ``Content-Length``."""
+    content_range = str(resp.get("ContentRange") or "")
+    if "/" in content_range and content_range.rsplit("/", 1)[1].isdigit():
+        return int(content_range.rsplit("/", 1)[1])
+    length = resp.get("ContentLength")
+    return int(length) if isinstance(length, int) else fallback
 
 
 def _precondition_failed(e: BaseException) -> bool:

@@ -8,8 +8,10 @@ the copy gave:
 
 * only the state's own files: each manifest name (already a normalized path inside the state,
   ``policies.state_paths``) is opened component by component relative to the state directory with
-  ``O_NOFOLLOW``, so a symbolic link anywhere below the state, or the state directory itself being
-  one, is refused rather than followed out of it; a name that is not a regular file is refused;
+  ``O_NOFOLLOW`` (``workers.nofollow``; the state directory itself is reached the same way from the
+  run directory), so a symbolic link anywhere below the state, or the state directory itself being
+  one, is refused rather than followed out of it; a name that is not a regular file is refused, and
+  a FIFO cannot block the open (``O_NONBLOCK``); no file is read past its manifest size plus one byte;
 * a checksum before use: the file's size and checksum are verified on the open descriptor before
   anything unpickles it, and every later read (the weights-only check, DeepSpeed's load through the
   checkpoint engine) goes through that same descriptor (``/proc/self/fd/N``), so a file renamed or
@@ -27,15 +29,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from dataclasses import dataclass
 
-from policies.errors import StateRefused
+from policies.errors import OversizedEntry, StateRefused, UnsafeEntry
 from policies.state_format import ManifestEntry
 from workers.checksum import new_hasher
+from workers.nofollow import open_dirs, open_regular, read_fd
 from workers.storage_protocol import CHUNK
-
-_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def available() -> bool:
@@ -72,14 +72,6 @@ class VerifiedFile:
             self.fd = -1
 
 
-def open_state_dir(path: str) -> int:
-    """The state directory, opened without following a link (discovery already refuses a linked state)."""
-    try:
-        return os.open(path, _FLAGS | os.O_DIRECTORY)
-    except OSError as e:
-        raise _refusal(os.path.basename(path), e) from None
-
-
 def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
     """Open ``rel`` below the state directory ``root_fd`` without following links, then verify its
     size and checksum in one sequential read. Raises ``StateRefused`` (``ChecksumMismatch`` for
@@ -87,12 +79,10 @@ def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
     fd = _open_below(root_fd, rel)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateRefused(f"{rel} is not a regular file: refused (corrupt)")
         if st.st_size != entry.size:
             raise ChecksumMismatch(f"{rel} is {st.st_size} bytes, the manifest says {entry.size} "
                                    "(changed after commit)")
-        size, digest = checksum_fd(fd, entry.algorithm)
+        size, digest = checksum_fd(fd, entry.algorithm, entry.size)
         if size != entry.size or digest != entry.digest:
             raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest "
                                    "(content changed after commit)")
@@ -106,14 +96,12 @@ def read_verified(root_fd: int, rel: str, entry: ManifestEntry) -> bytes:
     """A small file read whole into memory, opened and checked as :func:`open_verified` does."""
     fd = _open_below(root_fd, rel)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StateRefused(f"{rel} is not a regular file: refused (corrupt)")
-        chunks = []
-        while chunk := os.read(fd, CHUNK):
-            chunks.append(chunk)
+        data = read_fd(fd, entry.size, rel)
+    except OversizedEntry:
+        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
+                               "commit)") from None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     h = new_hasher(entry.algorithm)
     h.update(data)
     if len(data) != entry.size or h.hexdigest() != entry.digest:
@@ -121,12 +109,18 @@ def read_verified(root_fd: int, rel: str, entry: ManifestEntry) -> bytes:
     return data
 
 
-def checksum_fd(fd: int, algo: str) -> tuple[int, str]:
-    """(size, checksum) of an open file from its start, read in ``CHUNK`` pieces into one reused buffer."""
+def checksum_fd(fd: int, algo: str, size_limit: int | None = None) -> tuple[int, str]:
+    """(size, checksum) of an open file from its start, read in ``CHUNK`` pieces into one reused
+    buffer; with ``size_limit``, no more than one byte past it is read (a larger size tells)."""
     h, size, offset = new_hasher(algo), 0, 0
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    while n := os.preadv(fd, [buf], offset):
+    stop = None if size_limit is None else size_limit + 1
+    while True:
+        want = CHUNK if stop is None else min(CHUNK, stop - offset)
+        n = os.preadv(fd, [view[:want]], offset) if want > 0 else 0
+        if not n:
+            break
         h.update(view[:n])
         size += n
         offset += n
@@ -134,27 +128,26 @@ def checksum_fd(fd: int, algo: str) -> tuple[int, str]:
 
 
 def _open_below(root_fd: int, rel: str) -> int:
-    """Each directory of ``rel`` and then the file, relative to the one before, none through a link."""
+    """Each directory of ``rel`` and then the file, relative to the one before, none through a link;
+    only a regular file (``workers.nofollow``)."""
     parts = rel.split("/")
-    dir_fd, opened = root_fd, []
     try:
-        for part in parts[:-1]:
-            dir_fd = os.open(part, _FLAGS | os.O_DIRECTORY, dir_fd=dir_fd)
-            opened.append(dir_fd)
-        return os.open(parts[-1], _FLAGS, dir_fd=dir_fd)
-    except OSError as e:
+        dir_fd = open_dirs(root_fd, parts[:-1])
+    except OSError as e:  # UnsafeEntry too
+        raise _refusal(rel, e) from None
+    try:
+        return open_regular(dir_fd, parts[-1], rel)
+    except OSError as e:  # UnsafeEntry too
         raise _refusal(rel, e) from None
     finally:
-        for fd in opened:
-            os.close(fd)
+        os.close(dir_fd)
 
 
 def _refusal(rel: str, e: OSError) -> BaseException:
+    if isinstance(e, UnsafeEntry):
+        return StateRefused(f"{e}; a state never contains one: refused (corrupt)")
     if e.errno == errno.ENOENT:
         return StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)")
-    if e.errno in (errno.ELOOP, errno.ENOTDIR):
-        return StateRefused(f"{rel} is (or lies below) a symbolic link, which a state never contains; links are not "
-                            "followed out of a state: refused (corrupt)")
     return e
 
 
