@@ -51,6 +51,14 @@ def owned(mark: str) -> set[psutil.Process]:
 
 
 def not_marked(procs: list[psutil.Process], mark: str) -> list[psutil.Process]:
-    """The processes of a kill list the test did not start (alive ones only)."""
+    """The processes of a kill list the test did not start (live ones only: a zombie has already
+    exited, shows no environment, and no signal reaches it)."""
     ours = owned(mark)
-    return [p for p in procs if p.is_running() and p not in ours]
+    return [p for p in procs if _alive(p) and p not in ours]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
