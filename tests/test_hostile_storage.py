@@ -333,7 +333,7 @@ def _lease_outcomes(run_dir: str) -> tuple[str, str, str]:
         read = f"read {read_lease(store)}"
     except UnsafeEntry as e:
         read = f"UnsafeEntry: {e}"
-    waited = await_expiry(store, "job", poll_s=0.01, say=lambda _: None)
+    waited = await_expiry(store, "job", own_ttl_s=60.0, poll_s=0.01, say=lambda _: None)
     try:
         RunLease(store, job_identity="job", job_name="j", submission="s", ttl_s=5).acquire()
         acquired = "acquired"

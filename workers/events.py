@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.bounded_json import BoundedJsonError, loads_bounded
-from policies.errors import UnsafeEntry
+from policies.errors import OversizedEntry, UnsafeEntry
 from policies.journal import Event, Journal, event_to_emit, stored_form, time_of
 from workers.storage import RunStorage
 
@@ -106,7 +106,9 @@ def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
     object, or a ``time`` that is no usable number of seconds (``policies.journal.time_of``)."""
     try:
         data = storage.read_bytes(EVENTS_DIR, name, limit=EVENT_MAX_BYTES)
-    except UnsafeEntry as e:  # a link, a FIFO, a device, or larger than EVENT_MAX_BYTES: never read
+    except OversizedEntry:
+        return Unreadable(name, f"larger than {EVENT_MAX_BYTES} bytes")
+    except UnsafeEntry as e:  # a link, a FIFO, a device: never read
         return Unreadable(name, _printable(str(e), 200))
     except OSError as e:
         return Unreadable(name, f"unreadable: {type(e).__name__}", partial=True)
