@@ -8,6 +8,10 @@ rank's saved stream state. ``.map`` tokenizes each document and crops it at a ra
 per example: syncpoint seeds every example's draw by its position), ``.with_format("torch")`` makes
 the tokens tensors, and the collate flips a few tokens at random (seeded per micro-batch).
 
+``shard_shuffle: true`` adds ``datasets``' shard-order shuffle (``.shuffle(seed, buffer_size=1)``, before
+the ``.map``: ``datasets`` reads the shuffled shards in threads, where a random draw could not be
+seeded by position), which resumes exactly without DataLoader workers.
+
 ``task.config.streaming: false`` loads the same corpus as a map-style ``datasets.Dataset`` instead
 (no random crop: ``Dataset.map`` runs once, eagerly), which syncpoint orders and skips by index like
 any map-style dataset. ``format: parquet`` writes Parquet shards instead of JSONL.
@@ -38,8 +42,8 @@ def corpus_files(corpus_dir: str, fmt: str, shards: int, docs_per_shard: int, do
     for shard in range(shards):
         path = os.path.join(corpus_dir, f"shard_{shard:03d}.{ext}")
         if not os.path.exists(path):
-            docs = [_document(shard * docs_per_shard + i, doc_chars) for i in range(docs_per_shard)]
-            _write_atomically(path, docs, fmt)
+            first = shard * docs_per_shard
+            _write_atomically(path, [_document(first + i, doc_chars) for i in range(docs_per_shard)], first, fmt)
         files.append(path)
     return files
 
@@ -49,18 +53,18 @@ def _document(index: int, chars: int) -> str:
     return "".join(" " if c == 0 else chr(96 + c) for c in codes)
 
 
-def _write_atomically(path: str, docs: list[str], fmt: str) -> None:
+def _write_atomically(path: str, docs: list[str], first: int, fmt: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".partial-")
     os.close(fd)
     if fmt == "jsonl":
         with open(tmp, "w") as f:
-            for i, text in enumerate(docs):
+            for i, text in enumerate(docs, start=first):
                 f.write(json.dumps({"id": i, "text": text}) + "\n")
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), tmp)
+        pq.write_table(pa.table({"id": list(range(first, first + len(docs))), "text": docs}), tmp)
     os.replace(tmp, path)
 
 
@@ -96,6 +100,8 @@ def build(config: dict) -> Task:
                          doc_chars=seq_len + int(config.get("doc_slack", 16)))
     if streaming:
         ds = load_dataset(FORMATS[fmt][0], data_files=files, split="train", streaming=True)
+        if config.get("shard_shuffle"):  # datasets' shard-order shuffle, reseeded every pass (buffer_size=1: no buffer)
+            ds = ds.shuffle(seed=int(config.get("shard_shuffle_seed", 0)), buffer_size=1)
         ds = ds.map(partial(tokenize, seq_len=seq_len, crop=True), remove_columns=["text"])
     else:
         ds = load_dataset(FORMATS[fmt][0], data_files=files, split="train",

@@ -57,7 +57,7 @@ from workers.task_rngs import DataGenerators
 STREAM_EXAMPLE_SALT = 0x57EA4E  # each example's draw from the stream (its .map's randomness)
 STREAM_COLLATE_SALT = 0x57C011  # each micro-batch's collate
 STREAM_SHUFFLE_SALT = 0x575FF1  # each draw from the shuffle buffer
-STREAM_LOADER_SALT = 0x57DA7A  # each pass's DataLoader generator (its workers' base seed)
+STREAM_LOADER_SALT = 0x57DA7A  # the DataLoader's generator (its workers' base seed)
 HF_BUFFER_SHUFFLE = "BufferShuffledExamplesIterable"
 
 
@@ -75,6 +75,12 @@ def prepare(spec: JobSpec, dataset: Any, collate: Callable[[list[Any]], Any] | N
     """Check the job fits a stream, split it for this rank, and wrap it (``JobConfigError`` /
     ``TaskError``, one paragraph, when it cannot be resumed exactly)."""
     check_spec(spec)
+    try:
+        import torchdata.stateful_dataloader  # noqa: F401 - needed before the first fetch: checked at start
+    except ImportError:
+        raise TaskError(f"task.path: {spec.task.path!r} returned a stream dataset, which syncpoint reads through "
+                        "torchdata's StatefulDataLoader: install it on every worker (pip install "
+                        "'syncpoint[datasets]', or torchdata==0.11.*)") from None
     train = spec.train
     if hf_iterable(dataset):
         _check_hf(spec, dataset)
@@ -251,14 +257,18 @@ class RankStream(torch.utils.data.IterableDataset):
         self.micro_batch_size, self.shuffle_buffer = micro_batch_size, shuffle_buffer
         self.collate = SeededCollate(collate)
         self.generators = DataGenerators(inner, "dataset")
-        self.pass_number = 0
+        # shared memory: DataLoader workers live across passes and read the pass the loop set
+        self._pass = torch.zeros((), dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         self._position: dict[str, Any] = _fresh_position()
 
+    @property
+    def pass_number(self) -> int:
+        return int(self._pass)
+
     def set_epoch(self, pass_number: int) -> None:
-        self.pass_number = pass_number
-        if callable(getattr(self.inner, "set_epoch", None)):
-            self.inner.set_epoch(pass_number)
+        """The next ``__iter__`` (in every DataLoader worker) reads pass ``pass_number``."""
+        self._pass.fill_(pass_number)
 
     def state_dict(self) -> dict[str, Any]:
         p = self._position
@@ -271,6 +281,8 @@ class RankStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         key = (self.seed, self.rank, self.pass_number, info.id if info is not None else 0)
+        if callable(getattr(self.inner, "set_epoch", None)):
+            self.inner.set_epoch(self.pass_number)  # in this process: a worker's copy is its own
         resume, self._resume = self._resume, None
         if resume is not None:
             self.inner.load_state_dict(resume["inner"])
@@ -337,31 +349,29 @@ def _as_is(item: Any) -> Any:
 
 
 class StreamSource:
-    """This rank's micro-batches, pass after pass, from a ``StatefulDataLoader`` over its stream.
+    """This rank's micro-batches, pass after pass, from one ``StatefulDataLoader`` over its stream.
 
-    The loader is built per pass (its generator, hence its workers' base seed, derived from the
-    pass) and, on resume, from the saved state before the first fetch. A pass that yields nothing
-    is an error: the stream would never produce the micro-batch every rank must draw."""
+    Its DataLoader workers persist across passes (a pass's start then costs no process start and
+    no import of the stream's libraries in each new worker); each pass's number reaches them
+    through ``RankStream.set_epoch``. On resume the loader takes the saved state before the first
+    fetch. A pass that yields nothing is an error: the stream would never produce the micro-batch
+    every rank must draw."""
 
     def __init__(self, prepared: PreparedStream, *, seed: int, rank: int, num_workers: int,
                  saved: SavedStream | None) -> None:
-        self.stream, self.seed, self.rank, self.num_workers = prepared.stream, seed, rank, num_workers
-        self.pass_number = saved.pass_number if saved is not None else 0
-        self.loader = self._loader(saved.loader if saved is not None else None)
-        self.iterator: Iterator[Any] | None = None
-        self.yielded_in_pass = saved is not None  # a resumed pass already yielded before the save
-
-    def _loader(self, state: dict[str, Any] | None) -> Any:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
+        self.stream, self.rank = prepared.stream, rank
+        self.pass_number = saved.pass_number if saved is not None else 0
         self.stream.set_epoch(self.pass_number)
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, self.rank, self.pass_number,
-                                                              STREAM_LOADER_SALT))
-        loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is, num_workers=self.num_workers,
-                                    generator=generator)
-        if state is not None:
-            loader.load_state_dict(state)
-        return loader
+        # its own generator: building the loader never draws from the global torch RNG
+        generator = torch.Generator().manual_seed(derive_seed(seed, rank, STREAM_LOADER_SALT))
+        self.loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
+                                         persistent_workers=num_workers > 0, generator=generator)
+        if saved is not None:
+            self.loader.load_state_dict(saved.loader)
+        self.iterator: Iterator[Any] | None = None
+        self.yielded_in_pass = saved is not None  # a resumed pass already yielded before the save
 
     def next_batch(self) -> Any:
         while True:
@@ -377,7 +387,8 @@ class StreamSource:
                         "each worker's shards fill micro-batches on their own), a smaller micro_batch_size, "
                         "or fewer workers") from None
                 self.pass_number += 1
-                self.loader, self.iterator, self.yielded_in_pass = self._loader(None), None, False
+                self.stream.set_epoch(self.pass_number)
+                self.iterator, self.yielded_in_pass = None, False
                 continue
             self.yielded_in_pass = True
             return batch
@@ -392,8 +403,8 @@ class StreamSource:
         return encode(SavedStream(self.pass_number, self.loader.state_dict()))
 
     def close(self) -> None:
-        """Stop the DataLoader workers of the current pass, if any."""
-        shutdown = getattr(self.iterator, "_shutdown_workers", None)
+        """Stop the DataLoader's workers, if any (the loader holds them across passes)."""
+        shutdown = getattr(getattr(self.loader, "_iterator", None), "_shutdown_workers", None)
         if callable(shutdown):
             shutdown()
         self.iterator = None
