@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -366,8 +367,11 @@ class StreamSource:
         self.stream.set_epoch(self.pass_number)
         # its own generator: building the loader never draws from the global torch RNG
         generator = torch.Generator().manual_seed(derive_seed(seed, rank, STREAM_LOADER_SALT))
-        self.loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
-                                         persistent_workers=num_workers > 0, generator=generator)
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital: not the user's concern
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            self.loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is,
+                                             num_workers=num_workers, persistent_workers=num_workers > 0,
+                                             generator=generator)
         if saved is not None:
             self.loader.load_state_dict(saved.loader)
         self.iterator: Iterator[Any] | None = None
