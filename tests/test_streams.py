@@ -492,6 +492,15 @@ def test_a_stream_source_resumes_mid_buffer_to_the_same_batches():
     assert ids and whole.pass_number == resumed.pass_number == 1
 
 
+def test_the_example_streams_parquet_shards_too(tmp_path):
+    spec, task = _task("examples.stream_lm:build", tmp_path / "corpus", "task.config.format=parquet")
+    prepared = prepare(spec, task.dataset, task.collate, 1, 2)
+    assert [f["name"] for f in prepared.record["identity"]["files"]] == [f"shard_{i:03d}.parquet" for i in range(4)]
+    source = StreamSource(prepared, seed=spec.train.seed, rank=1, num_workers=0, saved=None)
+    batches = [source.next_batch() for _ in range(13)]  # rank 1's 2 shards are 12 micro-batches: a second pass
+    assert all(b.shape == (2, 9) for b in batches) and source.pass_number == 1
+
+
 def test_spec_fields_parse():
     spec = resolve_storage(parse_spec("name: x\ntask: {path: a.b:c}\ntrain: {micro_batch_size: 1, max_steps: 2, "
                                       "stream_shuffle_buffer: 8, stream_epoch_steps: 3}\n", "x", ["storage=/tmp/x"]))
