@@ -32,6 +32,7 @@ from policies.state_format import (
     MANIFEST_FILE,
     SAMPLER_VERSION,
     STATE_NAME_DIGITS,
+    STREAM_SAMPLER,
     TRAINER_FILE,
     TRAINER_SCHEMA_VERSION,
     Manifest,
@@ -130,6 +131,8 @@ class Expectation:
     model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
     parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None
     sampler: str = SAMPLER_VERSION
+    # a stream dataset's ``StreamRecord`` fields (source, identity, DataLoader workers, shuffle buffer); None: map-style
+    stream: dict[str, Any] | None = None
     # the task's own train-side generators, (path, kind) each, whose states a state's RNG files hold
     task_generators: tuple[tuple[str, str], ...] | None = None
     # opt-outs (resume.*): continue on these weights and this position although that part differs
@@ -137,16 +140,17 @@ class Expectation:
     reset_optimizer: bool = False
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int,
+    def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int | None,
                   param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
                   optimizer_type: str | None = None,
                   model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
                   parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None,
-                  task_generators: dict[str, str] | None = None) -> Expectation:
+                  task_generators: dict[str, str] | None = None,
+                  stream: dict[str, Any] | None = None) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
-        task's model (fingerprint, buffers, dtypes) and dataset size, and the built optimizer's
-        param groups (``optimizer_type``: the class name when the task builds the optimizer, else
-        the spec's type)."""
+        task's model (fingerprint, buffers, dtypes) and dataset (its size, or for a stream
+        ``stream``, what names it), and the built optimizer's param groups (``optimizer_type``: the
+        class name when the task builds the optimizer, else the spec's type)."""
         t = spec.train
         return cls(
             job_identity=job_identity(spec), world_size=layout.world_size, micro_batch_size=t.micro_batch_size,
@@ -158,7 +162,8 @@ class Expectation:
             model_buffers=model_buffers, parameter_dtypes=parameter_dtypes,
             scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
             reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer,
-            task_generators=None if task_generators is None else tuple(sorted(task_generators.items())))
+            task_generators=None if task_generators is None else tuple(sorted(task_generators.items())),
+            stream=stream, sampler=SAMPLER_VERSION if stream is None else STREAM_SAMPLER)
 
     @classmethod
     def from_state(cls, state: TrainState) -> Expectation:
@@ -178,6 +183,7 @@ class Expectation:
                 state.parameter_dtypes.common, tuple(state.parameter_dtypes.others.items())),
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler,
+            stream=None if state.data.stream is None else state.data.stream.model_dump(),
             task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())))
 
 
@@ -293,6 +299,13 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
          "model parameters (names/shapes) differ (task)", "Use resume.init_from to take compatible weights instead."),
         ("seed", s.seed, exp.seed, "sampler seed differs (train.seed): other samples per step", restore),
     ]
+    if d.stream is not None or exp.stream is not None:  # which job, model and seed first, then which stream
+        for key, have, want, what, fix in checks:
+            if have != want:
+                return _differs(key, have, want, what, fix)
+        stream = _stream_incompatibility(s, exp)
+        if stream:
+            return stream
     if exp.num_samples is not None and d.num_samples is not None:
         checks.append(("data.num_samples", d.num_samples, exp.num_samples,
                        "dataset size differs (the task's dataset): each epoch's permutation changes", restore))
@@ -315,16 +328,20 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
             return (f"{d.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
                     f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}")
     else:
-        checks += [
+        checks += [] if d.stream is not None or exp.stream is not None else [  # a stream's: _stream_incompatibility
             ("world_size", s.world_size, exp.world_size, "world size differs (scaling.num_workers)",
              "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
              "states)."),
+        ]
+        checks += [
             ("micro_batch_size", s.micro_batch_size, exp.micro_batch_size,
              "micro-batch size differs (train.micro_batch_size)", restore),
             ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)",
              restore),
             ("micro_batches_per_epoch", s.micro_batches_per_epoch, exp.micro_batches_per_epoch,
-             "epoch length in micro-batches differs (dataset size, train.micro_batch_size)", restore),
+             "epoch length in micro-batches differs (" + ("train.stream_epoch_steps x train.grad_accum"
+                                                          if exp.stream is not None else
+                                                          "dataset size, train.micro_batch_size") + ")", restore),
         ]
         if exp.samples_per_epoch:
             checks.append(("data.samples_per_epoch", d.samples_per_epoch, exp.samples_per_epoch,
@@ -349,6 +366,73 @@ def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
                 "cannot compute the state's sample order. Resume it with the syncpoint version that wrote it.")
     return (_tensor_incompatibility(s, exp) or _group_incompatibility(s, exp)
             or _schedule_incompatibility(s, exp) or _generator_incompatibility(s, exp))
+
+
+def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """A stream's position is its per-rank, per-worker state: it continues only the same stream, on
+    the same world size, read by as many DataLoader workers, through the same shuffle buffer; and a
+    map-style position never continues a stream, nor the other way round."""
+    have, want = s.data.stream, exp.stream
+    if have is None and want is None:
+        return None
+    fix = "Restore the previous dataset, or start a new run (another name, or resume.policy: fresh)."
+    if have is None or want is None:
+        kinds = ("map-style", f"a stream ({(want or {}).get('source')})") if have is None else (
+            f"a stream ({have.source})", "map-style")
+        return (f"data kind differs (the task's dataset): the state was written with a {kinds[0]} dataset, this run's "
+                f"is {kinds[1]}; one's position cannot continue the other. {fix}")
+    if s.world_size != exp.world_size:
+        return (f"world size differs (scaling.num_workers): the state has world_size={s.world_size}, this run has "
+                f"{exp.world_size}. A stream's position is each rank's own (its shard position, its DataLoader "
+                "workers' states and shuffle buffers), so it cannot continue on another number of workers; no stream "
+                "re-splits exactly (a datasets stream whose n_shards divides both world sizes is split by shard, but "
+                f"each rank's position inside its shards is its own). Resume on {s.world_size} worker(s), or start a "
+                "new run (another name, or resume.policy: fresh).")
+    if have.source != want["source"]:
+        return (f"the stream differs (the task's dataset): a {have.source} stream in the state, {want['source']} in "
+                f"this run. {fix}")
+    if have.dataloader_workers != want["dataloader_workers"]:
+        return _differs("data.stream.dataloader_workers", have.dataloader_workers, want["dataloader_workers"],
+                        "DataLoader workers differ (train.dataloader_workers): each worker reads its own shards of "
+                        "a stream and keeps its own position in them",
+                        f"Restore train.dataloader_workers: {have.dataloader_workers}, or start a new run.")
+    if have.shuffle_buffer != want["shuffle_buffer"]:
+        return _differs("data.stream.shuffle_buffer", have.shuffle_buffer, want["shuffle_buffer"],
+                        "the stream's shuffle buffer differs (train.stream_shuffle_buffer): the state holds each "
+                        "worker's buffer and its draws", f"Restore train.stream_shuffle_buffer: {have.shuffle_buffer},"
+                        " or start a new run.")
+    difference = _identity_difference(have.identity, want["identity"])
+    if difference:
+        return (f"the stream differs (the task's dataset): {difference}; a stream's saved position is meaningful only "
+                f"in the stream that wrote it. {fix}")
+    return None
+
+
+def _identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | None:
+    """The first part of two streams' identities that differs, in one phrase (a file by its place)."""
+    for key in sorted(set(have) | set(want)):
+        a, b = have.get(key), want.get(key)
+        if a == b:
+            continue
+        if key == "files" and isinstance(a, list) and isinstance(b, list):
+            for i in range(max(len(a), len(b))):
+                x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
+                if x != y:
+                    return f"data file {i}: {_file_text(x)} in the state, {_file_text(y)} in this run"
+        return f"its {key} is {_short(a)} in the state, {_short(b)} in this run"
+    return None
+
+
+def _file_text(entry: Any) -> str:
+    if not isinstance(entry, dict):
+        return "none"
+    size = entry.get("size")
+    return f"{entry.get('name')!r}" + (f" ({size} bytes)" if size is not None else "")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _shape(shape: Iterable[int]) -> str:

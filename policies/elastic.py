@@ -58,3 +58,17 @@ def layout(num_samples: int, micro_batch_size: int, grad_accum: int, world_size:
     g = micro_batch_size * hi * grad_accum
     return Layout(world_size, micro_batch_size, g // (micro_batch_size * world_size), g, usable,
                   usable // (micro_batch_size * world_size))
+
+
+# A stream without a declared epoch (train.stream_epoch_steps) runs in one epoch no run reaches the
+# end of (train.max_steps <= 10**9 optimizer steps): no epoch-end short cycle, a boundary every
+# grad_accum micro-steps.
+UNBOUNDED_STREAM_EPOCH_STEPS = 1 << 40
+
+
+def stream_layout(micro_batch_size: int, grad_accum: int, world_size: int, epoch_steps: int | None) -> Layout:
+    """A stream's layout: it has no length, so its epoch is what the job declares, in optimizer
+    steps (or unbounded), and each rank draws one micro-batch per micro-step from its own stream."""
+    per_epoch = grad_accum * (epoch_steps or UNBOUNDED_STREAM_EPOCH_STEPS)
+    per_micro = micro_batch_size * world_size
+    return Layout(world_size, micro_batch_size, grad_accum, per_micro * grad_accum, per_epoch * per_micro, per_epoch)

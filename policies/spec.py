@@ -43,6 +43,7 @@ MAX_EPOCHS = 10**6
 MAX_MICRO_STEPS = 10**12  # state names are 12-digit global micro-steps
 MAX_COUNT = 10**6  # keep_last, restarts, the save ordinal of a fault
 MAX_DATALOADER_WORKERS = 256
+MAX_STREAM_SHUFFLE_BUFFER = 1 << 20  # examples a stream's shuffle buffer holds (saved with every state)
 MAX_SEED = (1 << 63) - 1  # torch and numpy take 64-bit seeds; 63 bits survive every signed cast
 MAX_LR = 100.0  # above this it is a typo (1e3 for 1e-3), not a learning rate
 MAX_LEASE_TTL_S = 7 * 24 * 3600.0  # a crashed owner blocks its successors this long at most
@@ -267,6 +268,13 @@ class TrainSpec(_Strict):
     gradient_clipping: float = Field(0.0, ge=0)
     dataloader_workers: StrictInt = Field(0, ge=0, le=MAX_DATALOADER_WORKERS,
                                           description="torch DataLoader worker processes.")
+    stream_shuffle_buffer: StrictInt = Field(0, ge=0, le=MAX_STREAM_SHUFFLE_BUFFER, description=(
+        "Stream datasets: shuffle each rank's stream through a buffer of this many examples, reseeded every pass "
+        "and saved with every state, so a resume continues exactly (0: no shuffle). Datasets' own "
+        ".shuffle(buffer_size) is refused: its resume refills the buffer with other examples."))
+    stream_epoch_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description=(
+        "Stream datasets: optimizer steps that count as one epoch (a stream has no length), so train.epochs, "
+        "epoch-unit schedules and evaluations can count epochs; default: none, train.max_steps ends the run."))
     record_samples: bool = Field(False,
                                  description="Log the sample ids of every optimizer step (audits, elastic tests).")
     log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description="Print progress every N optimizer steps.")

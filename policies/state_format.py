@@ -7,6 +7,7 @@ A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 
     optim/full.safetensors        the gathered optimizer state of elastic ZeRO 1-3 runs
     rng/rank_<r:05d>.safetensors  every rank's RNG state
     buffers/rank_<r:05d>.safetensors  every rank's module buffers (states that record per_rank_buffers)
+    stream/rank_<r:05d>.safetensors   every rank's stream position (states of stream datasets: data.stream)
     manifest.json                 Manifest: every file with size and checksum; written last, it commits
 
 Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
@@ -48,6 +49,7 @@ ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
 FULL_OPTIMIZER_FILE = "optim/full.safetensors"
 RNG_DIR = "rng"
 BUFFERS_DIR = "buffers"
+STREAM_DIR = "stream"
 LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
 MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
 ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
@@ -60,7 +62,10 @@ MANIFEST_FORMAT = "syncpoint-state/1"
 # keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
 SAMPLER_VERSION = "feistel/v1"
 LEGACY_SAMPLER = "global-permutation/v1"
-KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER)
+# A stream dataset has no epoch order: each rank's position is its stream's own state (``workers.stream``),
+# in the rank's stream file, and ``data.stream`` says which stream it is.
+STREAM_SAMPLER = "stream/v1"
+KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, STREAM_SAMPLER)
 # The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 # Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
@@ -97,6 +102,10 @@ def buffers_file(rank: int) -> str:
     return f"{BUFFERS_DIR}/rank_{rank:05d}.safetensors"
 
 
+def stream_file(rank: int) -> str:
+    return f"{STREAM_DIR}/rank_{rank:05d}.safetensors"
+
+
 def zero3_model_file(rank: int) -> str:
     return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
@@ -106,7 +115,7 @@ def zero_optim_file(rank: int, *, bf16: bool) -> str:
 
 
 def required_files(*, world_size: int, zero_stage: int, precision: str | None,
-                   full_optimizer_state: bool, per_rank_buffers: bool = False) -> list[str]:
+                   full_optimizer_state: bool, per_rank_buffers: bool = False, stream: bool = False) -> list[str]:
     """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
 
     ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
@@ -115,7 +124,8 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
     next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
     (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
-    and, in states that record ``per_rank_buffers``, its buffers file (``workers.buffers``).
+    and, in states that record ``per_rank_buffers``, its buffers file (``workers.buffers``); states of
+    a stream dataset, its stream file (``workers.stream_state``).
     """
     ranks = range(world_size)
     files = [TRAINER_FILE]
@@ -125,7 +135,8 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
         if full_optimizer_state:
             files.append(FULL_OPTIMIZER_FILE)
     files += [rng_file(r) for r in ranks]
-    return files + ([buffers_file(r) for r in ranks] if per_rank_buffers else [])
+    files += [buffers_file(r) for r in ranks] if per_rank_buffers else []
+    return files + ([stream_file(r) for r in ranks] if stream else [])
 
 
 def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
@@ -231,6 +242,17 @@ class ParameterDtypes(_Record):
     others: dict[str, str] = {}
 
 
+class StreamRecord(_Record):
+    """Which stream a stream dataset's state continues (``workers.stream.identity``): a state of
+    another stream, or read by another number of DataLoader workers or another shuffle buffer,
+    cannot continue it exactly. Each rank's position lies in its own stream file."""
+
+    source: str  # "huggingface" (a datasets.IterableDataset) or "custom" (a stateful IterableDataset)
+    identity: dict[str, Any]  # what the stream is made of: its files, its pipeline, its class
+    dataloader_workers: Count  # every worker keeps its own shard position
+    shuffle_buffer: Count  # train.stream_shuffle_buffer
+
+
 class DataRecord(_Record):
     """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
 
@@ -240,6 +262,15 @@ class DataRecord(_Record):
     samples_in_epoch: Count
     samples_per_epoch: Count
     global_batch: Count
+    # a stream dataset's (sampler STREAM_SAMPLER); absent from map-style records, which stay as they were
+    stream: StreamRecord | None = Field(None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _stream_has_its_sampler(self) -> DataRecord:
+        if (self.stream is not None) != (self.sampler == STREAM_SAMPLER):
+            raise ValueError(f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
+                             f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither")
+        return self
 
 
 class TrainState(_Record):
@@ -318,7 +349,8 @@ class TrainState(_Record):
 
     def required_files(self) -> list[str]:
         return required_files(world_size=self.world_size, zero_stage=self.zero_stage, precision=self.precision,
-                              full_optimizer_state=self.full_optimizer_state, per_rank_buffers=self.per_rank_buffers)
+                              full_optimizer_state=self.full_optimizer_state, per_rank_buffers=self.per_rank_buffers,
+                              stream=self.data.stream is not None)
 
     def record(self) -> dict[str, Any]:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""

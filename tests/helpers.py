@@ -139,3 +139,18 @@ def gpt2_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> 
             "train.micro_batch_size=2", "train.log_every=1000", "checkpoint.keep_last=0",
             "checkpoint.export_final=false"]
     return resolve_storage(parse_spec(GPT2_EXAMPLE, "examples/hf_gpt2.yaml", [*base, *overrides]))
+
+
+STREAM_EXAMPLE = (ROOT / "examples" / "stream_lm.yaml").read_text()
+
+
+def stream_spec(storage: os.PathLike | str, corpus: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
+    """The datasets streaming example shrunk for tests: 4 JSONL shards of 12 documents in ``corpus``,
+    a tiny model, 14 optimizer steps of accumulation 2 (one pass is 24 micro-batches on one rank,
+    12 on two), a state every 3 optimizer steps and a shuffle buffer of 5."""
+    base = [f"storage={storage}", f"scaling.num_workers={workers}", f"task.config.corpus_dir={corpus}",
+            "task.config.seq_len=8", "task.config.d_model=16", "task.config.docs_per_shard=12",
+            "train.micro_batch_size=2", "train.grad_accum=2", "train.max_steps=14", "train.stream_shuffle_buffer=5",
+            "train.log_every=1000", "checkpoint.keep_last=0", "checkpoint.export_final=false",
+            "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
+    return resolve_storage(parse_spec(STREAM_EXAMPLE, "examples/stream_lm.yaml", [*base, *overrides]))

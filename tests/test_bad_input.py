@@ -777,7 +777,7 @@ class _NoLength(torch.utils.data.IterableDataset):
 
 
 def no_length_task(config: dict):
-    """A task whose dataset is not map-style (no __len__): importable as tests.test_bad_input:no_length_task."""
+    """A task whose dataset is a plain iterable (no __len__, no state): tests.test_bad_input:no_length_task."""
     from tests.tasks import linear
 
     task = linear(config)
@@ -815,8 +815,11 @@ RUNTIME_CASES = [
     pytest.param(("task.path=json:dumps",), TaskError,
                  r"task\.path: 'json:dumps' returned str, expected workers\.task\.Task", id="task-returns-no-task"),
     pytest.param(("task.path=tests.test_bad_input:no_length_task",), TaskError,
-                 r"task\.path: .* dataset without __len__/__getitem__ \(map-style needed\)",
-                 id="task-dataset-not-map-style"),
+                 r"task\.path: .* returned a plain iterable dataset \(_NoLength\): it has no state_dict\(\)/"
+                 r"load_state_dict\(\).*cannot be resumed exactly\. Return instead a map-style dataset \(__len__ and "
+                 r"__getitem__.*a Hugging Face datasets\.IterableDataset .*split_dataset_by_node.*an IterableDataset "
+                 r"with state_dict\(\)/load_state_dict\(\).*split\(rank, world_size\)",
+                 id="task-dataset-plain-iterable"),
     pytest.param(("train.eval_every=1 epochs",), TaskError,
                  r"train\.eval_every is 1 epochs but the task \(tests\.tasks:linear\) returns no Task\.eval_dataset: "
                  r"return one from the task function, or set train\.eval_every to 0", id="eval-every-without-eval-set"),

@@ -1,7 +1,8 @@
 """A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG,
 and every rank's module buffers (states that carry them: ``buffers``, fed rank by rank, so two
 states that differ only in rank 1's BatchNorm statistics digest differently; older states have no
-such component and digest as they always did).
+such component and digest as they always did), and a stream dataset's every rank's stream position
+(``stream``: its pass, its loader's state and shuffle buffer, parsed as loading parses them).
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
@@ -39,6 +40,7 @@ from policies.state_format import (
     BUFFERS_DIR,
     MODEL_FILE,
     RNG_DIR,
+    STREAM_DIR,
     TRAINER_FILE,
     ZERO3_MODEL,
     ZERO_OPTIM,
@@ -50,6 +52,7 @@ from workers.rng import safetensors_metadata
 from workers.safe_load import load_state_file
 from workers.state_reader import ChecksumMismatch, read_listed, read_manifest
 from workers.storage import RunStorage
+from workers.stream_state import parse as parse_stream
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
 # save reasons are left out so a drill's two differently named runs compare equal.
@@ -218,6 +221,12 @@ def _state_digest(state_url: str) -> dict[str, str]:
     for rel in buffer_files:
         parts["buffers"].feed(_rank_of(rel))
         parts["buffers"].feed(st_load(read(rel)))
+    stream_files = sorted((p for p in files if p.startswith(f"{STREAM_DIR}/")), key=_rank_of)
+    if stream_files:
+        parts["stream"] = CanonicalHash()
+    for rel in stream_files:
+        saved = parse_stream(read(rel), rel)
+        parts["stream"].feed([_rank_of(rel), saved.pass_number, saved.loader])
     out = {k: v.hexdigest() for k, v in parts.items()}
     total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
     return {"digest": total, **out}

@@ -11,8 +11,9 @@ README's *How resume stays exact*, rule by rule:
 * save requests (interval trigger, preemption notice, final) stay pending until a boundary and
   are serviced there: never dropped, never written mid-cycle;
 * on start every rank agrees on one state chosen by the resume policy from metadata alone
-  (``workers.resume_negotiation``); the data position is restored by index arithmetic and every
-  RNG after the skip, right before the first fetch.
+  (``workers.resume_negotiation``); the data position is restored (by index arithmetic for a
+  map-style dataset, from each rank's saved stream state for a stream) and every RNG after it,
+  right before the first fetch.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
 from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
-from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
+from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, StreamRecord, TrainState
 from workers import rng, task_rngs
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
-from workers.data import epoch_loader
+from workers.data_source import DataSource, data_source
 from workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
 from workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
 from workers.evaluation import Evaluation, check_task
@@ -63,7 +64,8 @@ from workers.schedule import Schedule
 from workers.signing import load_key
 from workers.state_writer import SaveResult
 from workers.storage import RunStorage
-from workers.task import Task, load_task
+from workers.stream import PreparedStream, check_map_spec, prepare
+from workers.task import Task, is_stream, load_task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -123,15 +125,18 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     own_generators, unreproducible = task_rngs.of_task(task)
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
-    data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
-                         spec.scaling.min_workers, spec.scaling.max_workers)
+    stream = _prepare_stream(spec, task, rank, world)
+    data_layout = stream.layout if stream is not None else layout(
+        len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world, spec.scaling.min_workers,
+        spec.scaling.max_workers)
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
     engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
-                                        num_samples=len(task.dataset), param_groups=groups.layout_record,
+                                        num_samples=None if stream else len(task.dataset),
+                                        stream=stream.record if stream else None, param_groups=groups.layout_record,
                                         optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
                                         parameter_dtypes=parameter_dtypes(task.model),
                                         task_generators=rng.task_generator_kinds())
@@ -150,7 +155,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
-            return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at)
+            source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
+            try:
+                return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at, source)
+            finally:
+                source.close()
     except BaseException:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
@@ -160,8 +169,17 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         rng.use_task_generators({})
 
 
+def _prepare_stream(spec: JobSpec, task: Task, rank: int, world: int) -> PreparedStream | None:
+    """This rank's part of a stream dataset (checked, split, wrapped), or None for a map-style one."""
+    if not is_stream(task.dataset):
+        check_map_spec(spec)
+        return None
+    return prepare(spec, task.dataset, task.collate, rank, world)
+
+
 def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart, schedule: Schedule, metrics: RunMetrics, launched_at: float) -> WorkerResult:
+           start: ResumeStart, schedule: Schedule, metrics: RunMetrics, launched_at: float,
+           source: DataSource) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
@@ -177,6 +195,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                            at.global_micro_step)
     saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
     saves.on_commit = metrics.committed
+    saves.stream_state = source.capture  # a stream's per-rank position goes into every state
     if isinstance(trigger, AutoInterval):  # save_every auto decides again with each measured save
         saves.on_commit = _measuring(metrics.committed, trigger, time.monotonic())
     evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
@@ -184,17 +203,15 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     finished = start.finished
 
     while not finished and run_length.has_epoch(at.epoch):
-        # Data position is index arithmetic; the saved RNG goes back after the skip, before the first fetch.
-        loader = epoch_loader(task.dataset, micro_batch_size=train.micro_batch_size, world_size=world,
-                              rank=attempt.rank, seed=train.seed, epoch=at.epoch, start=at.position_in_epoch,
-                              collate=task.collate, num_workers=train.dataloader_workers,
-                              samples_per_epoch=attempt.layout.samples_per_epoch, sampler=start.sampler)
+        # Data position is index arithmetic (a stream's: restored from its state when the source was built);
+        # the saved RNG goes back after it, before the first fetch.
+        loader = source.epoch(at)
         start.restore_rng(train.seed, attempt.rank)
         cycle_loss_sum, cycle_sample_ids = 0.0, []
         for batch in loader:
             at.consume_micro_batch(samples_per_micro_step)
             if train.record_samples:
-                cycle_sample_ids.append(loader.batch_sampler.indices(at.position_in_epoch - 1))  # type: ignore[union-attr]
+                cycle_sample_ids.append(source.sample_ids(at.position_in_epoch - 1))
             # Sync boundary: from the 1-indexed position in the epoch; each micro-batch's loss is
             # divided by the length of the cycle it really belongs to (short at the epoch's end).
             boundary = is_boundary(at.position_in_epoch, accum, per_epoch)
@@ -413,7 +430,8 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
         data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
+                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch,
+                        stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream)),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
         per_rank_buffers=True,  # every rank writes its module buffers (workers.buffers)

@@ -23,7 +23,7 @@ from policies.errors import JobConfigError, NoResumableState, ResumeRefused, Run
 from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from policies.redact import redact_url
 from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from policies.state_format import SAMPLER_VERSION, STATES_DIR, TrainState, buffers_file
+from policies.state_format import SAMPLER_VERSION, STATES_DIR, STREAM_SAMPLER, TrainState, buffers_file
 from workers import buffers, rng
 from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
@@ -33,6 +33,7 @@ from workers.schedule import resume_position
 from workers.signing import legacy_unbound, load_key
 from workers.state_reader import StateRefused, fetch_state, load_into_engine
 from workers.storage import RunStorage
+from workers.stream_state import SavedStream
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -49,6 +50,7 @@ class ResumeStart:
     rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
     metrics: dict[str, Any] | None = None  # the resumed state's trainer.json metrics (evaluations carry on)
     sampler: str = SAMPLER_VERSION  # the epoch order's algorithm: the resumed state's, or NEW_RUN_SAMPLER
+    stream_state: SavedStream | None = None  # a stream's: this rank's saved position (verified), restored first
 
     def restore_rng(self, seed: int, rank: int) -> None:
         """After the data skip and every start-up draw, immediately before the first fetch (once)."""
@@ -67,8 +69,10 @@ NEW_RUN_SAMPLER = SAMPLER_VERSION
 def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     """The one entry point: choose, fetch, load (falling back past refused states), then position.
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
-    name, trainer, rng_state = _choose_and_load(attempt, engine)
-    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=rng_state, sampler=NEW_RUN_SAMPLER)
+    name, trainer, loaded = _choose_and_load(attempt, engine)
+    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=loaded.rng_state,
+                        sampler=NEW_RUN_SAMPLER if attempt.expectation.stream is None else STREAM_SAMPLER,
+                        stream_state=loaded.stream_state)
     if trainer:
         _position_from(attempt, trainer, start)
         start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
@@ -104,15 +108,22 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
                                            reset=spec.resume.reset_schedule, warn=attempt.warn)
 
 
-def _choose_and_load(attempt: Attempt,
-                     engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, rng.SavedRng | None]:
+@dataclass
+class Loaded:
+    """What this rank keeps of the state it loaded, beyond the engine: its RNG and its stream position."""
+
+    rng_state: rng.SavedRng | None = None
+    stream_state: SavedStream | None = None
+
+
+def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, Loaded]:
     """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
 
     Any refusal after selection marks that candidate and asks the policy again, so a bad newest
     state costs one fallback, not the run: corrupt when fetching or verifying refused it (a
     checksum, an unsafe file, a read error), incompatible when its verified files do not fit this
     model (``_load_refusal``). Returns the state's name, its trainer record and this rank's RNG
-    state (all None: fresh start).
+    state and stream position (None and empty: fresh start).
     """
     spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
     restart = rank == 0 and attempt.restart
@@ -149,9 +160,9 @@ def _choose_and_load(attempt: Attempt,
         if msg["state"] is None:
             attempt.say(msg["reason"])
             _maybe_init_from(attempt, engine)
-            return None, None, None
+            return None, None, Loaded()
         candidate = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
-        rng_state, refusal = _fetch_and_load(attempt, candidate, engine)
+        loaded, refusal = _fetch_and_load(attempt, candidate, engine)
         if refusal is None:
             attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
             if attempt.signing_key is not None and candidate.manifest and legacy_unbound(candidate.manifest):
@@ -159,7 +170,7 @@ def _choose_and_load(attempt: Attempt,
                              "directory: it is trusted by the key alone; the states this run writes are bound")
             if spec.resume.init_from:
                 attempt.say("resume.init_from ignored: this run's own resumable state wins")
-            return candidate.name, candidate.trainer, rng_state
+            return candidate.name, candidate.trainer, loaded
         if rank == 0:
             for c in candidates:
                 if c.name == candidate.name:
@@ -179,10 +190,10 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
     return ContinueSubmission(restart_of, start) if restart_of else start
 
 
-def _fetch_and_load(attempt: Attempt, candidate: Candidate,
-                    engine: DeepSpeedEngine) -> tuple[rng.SavedRng | None, str | None]:
-    """Every rank fetches and verifies (its RNG file parsed and tried too), then loads; (this rank's
-    RNG state, None) or (None, the first rank's refusal).
+def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> tuple[Loaded, str | None]:
+    """Every rank fetches and verifies (its RNG file parsed and tried too, its stream file parsed
+    whole), then loads; (this rank's RNG state and stream position, None) or (nothing, the first
+    rank's refusal).
 
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
@@ -192,11 +203,14 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate,
     fetched, error, saved_buffers = None, None, None
     same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
     buffers_of = _buffers_source(attempt, candidate)
+    # a stream's state: selection admitted it at this world size only, so this rank reads its own
+    stream_of = attempt.rank if TrainState.model_validate(candidate.trainer).data.stream is not None else None
     try:
         own = _own_shard(attempt, candidate, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
         fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own,
-                              in_place=same_world and not attempt.spec.resume.reset_optimizer, buffers_of=buffers_of)
+                              in_place=same_world and not attempt.spec.resume.reset_optimizer, buffers_of=buffers_of,
+                              stream_of=stream_of)
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
@@ -215,9 +229,10 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate,
     if fetched:
         fetched.cleanup()
     if refusal is not None:
-        return None, refusal
+        return Loaded(), refusal
     _apply_live_hyperparameters(attempt, engine, candidate)
-    return (fetched.rng_state if fetched else None), None
+    assert fetched is not None
+    return Loaded(fetched.rng_state, fetched.stream_state), None
 
 
 def _buffers_source(attempt: Attempt, candidate: Candidate) -> int | None:

@@ -36,6 +36,7 @@ from workers.state_writer import (
     state_name,
     take_snapshot,
 )
+from workers.stream_state import StreamStateError
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -60,6 +61,8 @@ class SaveCoordinator:
         self.micro_step = 0
         # Called after each commit on every rank (workers.metric_sinks.RunMetrics.committed: TensorBoard).
         self.on_commit: Callable[[SaveResult, list[str]], None] | None = None
+        # A stream dataset's: this rank's stream position as its stream file's bytes, at the boundary.
+        self.stream_state: Callable[[], bytes] | None = None
 
     def seconds_since_last_save(self) -> float:
         return time.monotonic() - self.last_save_time
@@ -87,14 +90,35 @@ class SaveCoordinator:
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
+        stream = self._stream_bytes()
         self._before_writing(state_name(trainer["global_micro_step"]))
         if self.use_async and not last:
             self.upload.start(take_snapshot(self.engine, trainer, self.faults, self.full_optimizer_state,
-                                            algo=self.checksum, signing_key=self.signing_key))
+                                            algo=self.checksum, signing_key=self.signing_key, stream_bytes=stream))
             self.reasons_in_flight = reasons
         else:
             self._record(save_state(self.engine, self.storage, trainer, self.faults, self.full_optimizer_state,
-                                    self.checksum, lease=self.lease, signing_key=self.signing_key), reasons)
+                                    self.checksum, lease=self.lease, signing_key=self.signing_key,
+                                    stream_bytes=stream), reasons)
+
+    def _stream_bytes(self) -> bytes | None:
+        """This rank's stream position (a stream dataset's), before anything of the state is written.
+        A position the stream file cannot hold (``StreamStateError``, naming the value) fails every
+        rank here, at the first save, the first rank's message said: one gather, so none is left
+        waiting in a collective."""
+        if self.stream_state is None:
+            return None
+        data, problem = None, None
+        try:
+            data = self.stream_state()
+        except StreamStateError as e:
+            problem = str(e)
+        problems: list[str | None] = [None] * self.attempt.world_size
+        dist.all_gather_object(problems, problem)
+        first = next(((r, p) for r, p in enumerate(problems) if p), None)
+        if first is not None:
+            raise StreamStateError(f"rank {first[0]}: {first[1]}")
+        return data
 
     def _before_writing(self, name: str) -> None:
         """Before a save writes anything (all ranks, one broadcast): rank 0 re-checks the lease, so a

@@ -9,10 +9,11 @@ checksum matched, so a wrong file never sits where a loader looks, and (3) unpic
 DeepSpeed file once with the weights-only loader (``workers.safe_load``; storages memory-mapped,
 so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
 (``workers.rng.verify``), so the restore after the data skip cannot fail on a state already
-accepted. A state that fails any of these raises ``StateRefused``
-on every rank alike (every rank fetches and checks the same files), before the engine is touched:
-a refused state never leaves a half-loaded engine behind. DeepSpeed's own reads then go through
-the same loader again (``workers.checkpoint_engine``), so nothing is ever unpickled blindly.
+accepted, and a stream's state file likewise (``workers.stream_state.parse``). A state that fails
+any of these raises ``StateRefused`` on every rank alike (every rank fetches and checks the same
+files), before the engine is touched: a refused state never leaves a half-loaded engine behind.
+DeepSpeed's own reads then go through the same loader again (``workers.checkpoint_engine``), so
+nothing is ever unpickled blindly.
 Every rank fetches the whole ``engine/`` directory (ZeRO-3's module-only consolidation, the
 elastic paths and DeepSpeed's ``zero.elastic_checkpoint`` read every data-parallel rank's shard),
 except where the caller knows DeepSpeed reads only this rank's optimizer shard (``own_shard``: a
@@ -65,9 +66,10 @@ from policies.state_format import (
     local_path,
     problem_of,
     rng_file,
+    stream_file,
 )
 from policies.state_paths import path_problem
-from workers import rng
+from workers import rng, stream_state
 from workers.checksum import matches_entry
 from workers.safe_load import check_state_file
 from workers.storage import RunStorage
@@ -97,6 +99,7 @@ class FetchedState:
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
     buffers_bytes: bytes | None = None  # the module buffers this rank applies (``workers.buffers``), verified
+    stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
 
     @property
     def in_place(self) -> bool:
@@ -116,7 +119,8 @@ class FetchedState:
 
 
 def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True,
-                own_shard: int | None = None, in_place: bool = False, buffers_of: int | None = None) -> FetchedState:
+                own_shard: int | None = None, in_place: bool = False, buffers_of: int | None = None,
+                stream_of: int | None = None) -> FetchedState:
     """Download and verify this rank's view of a state.
 
     Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
@@ -131,7 +135,10 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     on local storage the state is then verified where it lies instead of copied.
 
     ``buffers_of``: the saved rank whose buffers file this rank applies (``workers.buffers``; None:
-    the state carries none, or the caller applies none); read into memory, verified like the RNG file."""
+    the state carries none, or the caller applies none); read into memory, verified like the RNG file.
+
+    ``stream_of``: the rank whose stream file this rank restores (a stream dataset's state; None:
+    none), read into memory, verified and parsed whole (``workers.stream_state``)."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
@@ -139,7 +146,8 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         root = _open_state(storage, cand.name)
         try:
             return _verify_in_place(root, state_dir, files, fetched, rng_file(rank) if want_rng else None,
-                                    buffers_file(buffers_of) if buffers_of is not None else None)
+                                    buffers_file(buffers_of) if buffers_of is not None else None,
+                                    stream_file(stream_of) if stream_of is not None else None)
         finally:
             os.close(root)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
@@ -157,8 +165,12 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
         buffers_bytes = None
         if buffers_of is not None:
             buffers_bytes = _read_verified(storage, cand.name, buffers_file(buffers_of), files)
+        stream = None
+        if stream_of is not None:
+            rel = stream_file(stream_of)
+            stream = stream_state.parse(_read_verified(storage, cand.name, rel, files), rel)
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, saved, buffers_bytes=buffers_bytes)
+        return FetchedState(local, saved, buffers_bytes=buffers_bytes, stream_state=stream)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -177,7 +189,7 @@ def _open_state(storage: RunStorage, name: str) -> int:
 
 
 def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
-                     rng_rel: str | None, buffers_rel: str | None) -> FetchedState:
+                     rng_rel: str | None, buffers_rel: str | None, stream_rel: str | None) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
     check through the same descriptors (``workers.verified_files``)."""
     verified: dict[str, VerifiedFile] = {}
@@ -188,13 +200,16 @@ def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry],
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
         saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
-        for listed in (TRAINER_FILE, buffers_rel):
+        for listed in (TRAINER_FILE, buffers_rel, stream_rel):
             if listed is not None and listed not in files:
                 raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: "
                                    "refused (corrupt)")
         buffers_bytes = read_verified(root, buffers_rel, files[buffers_rel]) if buffers_rel is not None else None
+        stream = None
+        if stream_rel is not None:
+            stream = stream_state.parse(read_verified(root, stream_rel, files[stream_rel]), stream_rel)
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, saved, verified, buffers_bytes)
+        return FetchedState(state_dir, saved, verified, buffers_bytes, stream)
     except BaseException:
         for f in verified.values():
             f.close()

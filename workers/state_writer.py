@@ -7,7 +7,8 @@ Protocol (all ranks, at a sync boundary only):
    filesystem needed); an asynchronous one only copies their tensors into reusable host buffers
    (``workers.snapshot_arena``) and a background thread then serializes them into storage the
    same way. Each rank also writes its RNG file and its module buffers file (``workers.buffers``:
-   DeepSpeed's ZeRO 0-2 module file holds rank 0's buffers only), durably.
+   DeepSpeed's ZeRO 0-2 module file holds rank 0's buffers only), and, for a stream dataset, its
+   stream position (``workers.stream_state``), durably.
 2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
    durable.
 3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
@@ -42,6 +43,7 @@ from policies.state_format import (
     json_bytes,
     rng_file,
     state_name,
+    stream_file,
 )
 from workers import buffers, rng
 from workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
@@ -82,6 +84,7 @@ class Snapshot:
     arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
     signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (workers.signing)
     buffers_bytes: bytes | None = field(default=None, repr=False)  # this rank's module buffers (workers.buffers)
+    stream_bytes: bytes | None = field(default=None, repr=False)  # this rank's stream position (workers.stream_state)
 
 
 def staging_root() -> str | None:
@@ -101,12 +104,14 @@ def staging_root() -> str | None:
 
 def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faults,
                   full_optimizer_state: bool = False, *,
-                  algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None) -> Snapshot:
+                  algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None,
+                  stream_bytes: bytes | None = None) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
     asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
     (serialized later by :func:`upload_snapshot`); elastic ZeRO-1/2 runs add the gathered
-    optimizer state (into local staging)."""
+    optimizer state (into local staging). ``stream_bytes``: this rank's stream position, captured at
+    the same boundary (a stream dataset's)."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
@@ -134,7 +139,7 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
     # the record says whether the state carries per-rank buffers (``required_files`` then needs them)
     mine = buffers.capture(engine.module) if trainer.get("per_rank_buffers") else None
     snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key,
-                    buffers_bytes=mine)
+                    buffers_bytes=mine, stream_bytes=stream_bytes)
     snap.files.update(written)
     if direct is None:
         snap.captured, snap.arena_of = dict(captured), ce
@@ -175,6 +180,8 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     small = {rng_file(rank): snap.rng_bytes}
     if snap.buffers_bytes is not None:
         small[buffers_file(rank)] = snap.buffers_bytes
+    if snap.stream_bytes is not None:
+        small[stream_file(rank)] = snap.stream_bytes
     for rel, data in small.items():
         storage.write_bytes(data, STATES_DIR, snap.name, rel)
         mine[rel] = entry(len(data), snap.algo, checksum_bytes(data, snap.algo))
@@ -227,11 +234,11 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
 
 def save_state(engine: DeepSpeedEngine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
                full_optimizer_state: bool = False, algo: str = DEFAULT, lease: RunLease | None = None,
-               signing_key: bytes | None = None) -> SaveResult:
+               signing_key: bytes | None = None, stream_bytes: bytes | None = None) -> SaveResult:
     """A synchronous save: shards streamed into storage, the rest uploaded, committed before
     training continues."""
     snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage,
-                         signing_key=signing_key)
+                         signing_key=signing_key, stream_bytes=stream_bytes)
     t0 = time.perf_counter()
     upload_snapshot(storage, snap, dist.get_rank(), faults)
     snap.blocked += time.perf_counter() - t0

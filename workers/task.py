@@ -12,10 +12,16 @@ torch CPU and CUDA), and generators the task keeps on its own objects (``random.
 ``loss``, ``model``, ``metrics`` and ``optimizer`` are saved with the rank's RNG. Seed them (from
 the global RNG, which syncpoint seeded, or from ``config``): a generator drawing OS entropy, or one
 created anew inside ``__getitem__`` or ``loss`` without a seed, differs on every run.
+
+``dataset`` is map-style (``__len__`` and ``__getitem__``: positions are index arithmetic) or a
+stream whose position is its own state: a Hugging Face ``datasets.IterableDataset``, or an iterable
+with ``state_dict()`` / ``load_state_dict()`` (``workers.stream`` says how each is split per rank and
+resumed). A plain iterable is refused: nothing could say where a resume continues it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -36,10 +42,50 @@ class MapDataset(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+def hf_iterable(dataset: Any) -> bool:
+    """A Hugging Face ``datasets.IterableDataset`` (``datasets`` is looked up, never imported: a
+    task that returns one has imported it)."""
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(dataset, module.IterableDataset)
+
+
+def is_stream(dataset: Any) -> bool:
+    """A stream: a ``datasets.IterableDataset``, or an iterable (no map-style dataset) with
+    ``state_dict()`` and ``load_state_dict()``."""
+    if hf_iterable(dataset):
+        return True
+    stateful = callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+    return stateful and hasattr(dataset, "__iter__") and not is_map_style(dataset)
+
+
+def is_map_style(dataset: Any) -> bool:
+    """``__len__`` and ``__getitem__``, and no torch ``IterableDataset`` (whose ``__getitem__`` is
+    torch's base class raising NotImplementedError)."""
+    return (not isinstance(dataset, torch.utils.data.IterableDataset) and hasattr(dataset, "__len__")
+            and hasattr(dataset, "__getitem__"))
+
+
+def dataset_problem(path: str, dataset: Any) -> str | None:
+    """Why ``Task.dataset`` cannot be trained on with exact resume, in one paragraph, or None."""
+    if is_stream(dataset) or is_map_style(dataset):
+        return None
+    kind = type(dataset).__qualname__
+    if not hasattr(dataset, "__iter__"):
+        return (f"task.path: {path!r} returned a dataset ({kind}) that is neither map-style (__len__ and "
+                "__getitem__) nor iterable; return a map-style dataset, or a stream (see below)")
+    return (f"task.path: {path!r} returned a plain iterable dataset ({kind}): it has no state_dict()/"
+            "load_state_dict(), so no state could say where a resume continues it, and it cannot be resumed "
+            "exactly. Return instead a map-style dataset (__len__ and __getitem__: syncpoint orders each epoch and "
+            "skips by index arithmetic), a Hugging Face datasets.IterableDataset (load_dataset(..., "
+            "streaming=True): syncpoint splits it per rank with split_dataset_by_node and saves its state_dict), "
+            "or an IterableDataset with state_dict()/load_state_dict() (torchdata's Stateful) and split(rank, "
+            "world_size) returning each rank's stream; streams need train.max_steps")
+
+
 @dataclass
 class Task:
     model: torch.nn.Module
-    dataset: MapDataset
+    dataset: MapDataset | Any  # map-style, or a stream (``is_stream``)
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
     # Evaluation (``train.eval_every``, ``workers.evaluation``): a map-style eval set, and what to
@@ -69,8 +115,9 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
     if task.optimizer is not None and not callable(task.optimizer):
         raise TaskError(f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
                         "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer")
-    if not hasattr(task.dataset, "__len__") or not hasattr(task.dataset, "__getitem__"):
-        raise TaskError(f"task.path: {path!r} returned a dataset without __len__/__getitem__ (map-style needed)")
+    problem = dataset_problem(path, task.dataset)
+    if problem:
+        raise TaskError(problem)
     if task.eval_dataset is not None and (not hasattr(task.eval_dataset, "__len__")
                                           or not hasattr(task.eval_dataset, "__getitem__")):
         raise TaskError(f"task.path: {path!r} returned an eval_dataset without __len__/__getitem__ "

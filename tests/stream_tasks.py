@@ -1,0 +1,81 @@
+"""Stream tasks for tests: a stateful custom stream, and the datasets example with datasets' own shuffle."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tests.tasks import mse
+from workers.task import Task
+
+
+class CountingStream(torch.utils.data.IterableDataset):
+    """A stateful stream of ``n`` fixed vectors and their sums, the contract of a custom stream:
+    ``split(rank, world_size)`` gives each rank every ``world_size``-th example, each DataLoader
+    worker takes its share (``get_worker_info``), ``state_dict`` is the next index of this copy.
+    Each example is augmented from the global torch RNG and from the stream's own NumPy generator,
+    so a resume is exact only if both are seeded by position."""
+
+    def __init__(self, n: int, dim: int = 4, part: int = 0, parts: int = 1, bad_state: bool = False) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.x = torch.randn(n, dim, generator=g)
+        self.n, self.dim, self.part, self.parts, self.bad_state = n, dim, part, parts, bad_state
+        self.rng = np.random.default_rng(11)
+        self.next, self.loaded, self.epoch = 0, False, 0
+
+    def split(self, rank: int, world_size: int) -> CountingStream:
+        return CountingStream(self.n, self.dim, rank, world_size, self.bad_state)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        state = {"next": self.next}
+        if self.bad_state:
+            state["seen"] = {self.next}  # a set: no JSON value
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next, self.loaded = state["next"], True
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if not self.loaded:
+            self.next = 0
+        self.loaded = False
+        shares = self.parts * workers
+        mine = self.part * workers + worker
+        for i in range(self.next, self.n):
+            if i % shares != mine:
+                continue
+            self.next = i + 1
+            noise = 0.01 * torch.randn(self.dim) + float(self.rng.normal()) * 0.01
+            yield self.x[i] + noise, self.x[i].sum(dim=0, keepdim=True)
+
+
+def counting_stream(config: dict) -> Task:
+    dim = int(config.get("dim", 4))
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
+    data = CountingStream(int(config.get("num_samples", 24)), dim, bad_state=bool(config.get("bad_state", False)))
+    return Task(model=model, dataset=data, loss=mse)
+
+
+def hf_buffer_shuffled(config: dict) -> Task:
+    """The datasets example with datasets' own buffer shuffle (refused: not exact)."""
+    from examples.stream_lm import build
+
+    task = build(config)
+    task.dataset = task.dataset.shuffle(seed=3, buffer_size=int(config.get("hf_buffer", 8)))
+    return task
+
+
+def hf_already_split(config: dict) -> Task:
+    """The datasets example split by the task itself (refused: syncpoint splits the whole stream)."""
+    from datasets.distributed import split_dataset_by_node
+
+    from examples.stream_lm import build
+
+    task = build(config)
+    task.dataset = split_dataset_by_node(task.dataset, rank=0, world_size=1)
+    return task

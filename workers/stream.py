@@ -1,0 +1,414 @@
+"""Stream datasets: iterables whose position is their own state, not an index.
+
+A task may return as ``Task.dataset`` a Hugging Face ``datasets.IterableDataset``
+(``load_dataset(..., streaming=True)``, with ``.map``, ``.with_format("torch")``, ...) or any
+iterable dataset with ``state_dict()`` / ``load_state_dict()`` (torchdata's ``Stateful``). The task
+returns the whole stream; each rank reads its own part of it:
+
+* a ``datasets.IterableDataset`` is split with ``datasets.distributed.split_dataset_by_node`` (by
+  shard when ``n_shards`` is a multiple of the world size, else every rank keeps one example in
+  ``world_size``);
+* any other stateful stream must have ``split(rank, world_size)`` returning this rank's stream
+  (itself stateful; with DataLoader workers it takes its worker's share with
+  ``torch.utils.data.get_worker_info()``, as any torch IterableDataset does). ``set_epoch(k)``,
+  when it has one, is called before each pass; ``stream_identity()``, when it has one, returns a
+  JSON value that names the stream (its files, say), compared at selection.
+
+Why syncpoint batches the stream itself (``RankStream``): each rank must draw exactly one
+micro-batch per micro-step, so its micro-batches have ``train.micro_batch_size`` examples (the rest
+of a pass is dropped) and its stream repeats: when it ends, the rank's next pass starts
+(``set_epoch(pass)``, which re-seeds a ``datasets`` shard shuffle), independently of the other
+ranks. Every example is drawn, and every micro-batch collated, with Python's, NumPy's and torch's
+global RNG and the stream's own generators seeded from (seed, rank, pass, DataLoader worker, count),
+so random augmentation in a ``.map`` or the collate is a function of the position, in whichever
+process runs it. ``train.stream_shuffle_buffer`` shuffles the examples through a buffer whose draws
+are derived the same way and whose content is part of the state, so a resume continues the same
+order; ``datasets``' own ``.shuffle(buffer_size)`` is refused: its state does not keep the buffer
+(huggingface/datasets#7444: a resume refills it with other examples).
+
+The rank's position (``StreamSource.capture``) is its pass number and torchdata's
+``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
+stream's own ``state_dict()``, the counts, the buffer); ``workers.stream_state`` writes it without
+pickle. A stream's state is per rank and per DataLoader worker: selection refuses it on another
+world size or another ``train.dataloader_workers`` (``policies.candidates``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from policies.elastic import Layout, stream_layout
+from policies.errors import JobConfigError, TaskError
+from policies.spec import JobSpec
+from workers.data import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
+from workers.rng import derive_seed
+from workers.stream_state import SavedStream, encode
+from workers.task import hf_iterable
+from workers.task_rngs import DataGenerators
+
+# Salts of the seeds a stream derives (with seed, rank, pass, worker and a count). Part of the resume
+# contract: a state resumes to the same examples only while these stay as they are.
+STREAM_EXAMPLE_SALT = 0x57EA4E  # each example's draw from the stream (its .map's randomness)
+STREAM_COLLATE_SALT = 0x57C011  # each micro-batch's collate
+STREAM_SHUFFLE_SALT = 0x575FF1  # each draw from the shuffle buffer
+STREAM_LOADER_SALT = 0x57DA7A  # the DataLoader's generator (its workers' base seed)
+HF_BUFFER_SHUFFLE = "BufferShuffledExamplesIterable"
+
+
+@dataclass
+class PreparedStream:
+    """This rank's stream, ready for the loop, and what a state records of it."""
+
+    stream: RankStream
+    record: dict[str, Any]  # ``policies.state_format.StreamRecord``'s fields
+    layout: Layout
+
+
+def prepare(spec: JobSpec, dataset: Any, collate: Callable[[list[Any]], Any] | None, rank: int,
+            world_size: int) -> PreparedStream:
+    """Check the job fits a stream, split it for this rank, and wrap it (``JobConfigError`` /
+    ``TaskError``, one paragraph, when it cannot be resumed exactly)."""
+    check_spec(spec)
+    try:
+        import torchdata.stateful_dataloader  # noqa: F401 - needed before the first fetch: checked at start
+    except ImportError:
+        raise TaskError(f"task.path: {spec.task.path!r} returned a stream dataset, which syncpoint reads through "
+                        "torchdata's StatefulDataLoader: install it on every worker (pip install "
+                        "'syncpoint[datasets]', or torchdata==0.11.*)") from None
+    train = spec.train
+    if hf_iterable(dataset):
+        _check_hf(spec, dataset)
+        from datasets.distributed import split_dataset_by_node
+
+        source, own = "huggingface", split_dataset_by_node(dataset, rank=rank, world_size=world_size)
+        identity = hf_identity(dataset)
+    else:
+        source, own = "custom", _custom_split(spec, dataset, rank, world_size)
+        identity = custom_identity(dataset, spec.task.path)
+    record = {"source": source, "identity": identity, "dataloader_workers": train.dataloader_workers,
+              "shuffle_buffer": train.stream_shuffle_buffer}
+    stream = RankStream(own, seed=train.seed, rank=rank, micro_batch_size=train.micro_batch_size, collate=collate,
+                        shuffle_buffer=train.stream_shuffle_buffer)
+    return PreparedStream(stream, record, stream_layout(train.micro_batch_size, train.grad_accum, world_size,
+                                                        train.stream_epoch_steps))
+
+
+def check_spec(spec: JobSpec) -> None:
+    """What a stream job must say: its length in optimizer steps (a stream has none), a fixed number
+    of workers (its position is per rank), no sample ids to record (a stream has no index)."""
+    train, where = spec.train, f"task {spec.task.path} returns a stream dataset"
+    if train.stream_epoch_steps is None:
+        if train.max_steps is None or train.epochs is not None:
+            raise JobConfigError(
+                f"train.epochs: {where}, which has no length, so epochs cannot be counted. Set train.max_steps (the "
+                "run's length in optimizer steps) and remove train.epochs, or declare an epoch with "
+                "train.stream_epoch_steps (optimizer steps per epoch) for train.epochs to count")
+        epoch_units = [name for name, unit in (("train.scheduler.unit", train.scheduler.unit),
+                                               ("train.eval_every", train.eval_every.unit
+                                                if train.eval_every.value else None)) if unit == "epochs"]
+        if epoch_units:
+            raise JobConfigError(f"{epoch_units[0]}: {where}, which has no epochs; count in optimizer_steps, or "
+                                 "declare an epoch with train.stream_epoch_steps")
+    if spec.scaling.elastic:
+        raise JobConfigError(
+            f"scaling.num_workers: {where}; its position is each rank's own (its shard position, DataLoader "
+            "workers and shuffle buffer), so a state cannot continue on another number of workers: set a fixed "
+            "scaling.num_workers")
+    if train.record_samples:
+        raise JobConfigError(f"train.record_samples: {where}, whose examples have no index to record; remove it")
+
+
+def check_map_spec(spec: JobSpec) -> None:
+    """The stream fields set for a map-style dataset would silently do nothing: refused."""
+    train = spec.train
+    for name, value in (("stream_shuffle_buffer", train.stream_shuffle_buffer),
+                        ("stream_epoch_steps", train.stream_epoch_steps)):
+        if value:
+            raise JobConfigError(
+                f"train.{name}: applies to stream datasets, and task {spec.task.path} returns a map-style dataset "
+                "(its epochs are its length, its order syncpoint's per-epoch permutation): remove it")
+
+
+def _hf_pipeline(dataset: Any) -> list[Any]:
+    """The ``datasets`` examples iterables the stream is built of, outermost first (internal API:
+    ``_ex_iterable`` and each step's ``ex_iterable`` / ``ex_iterables``)."""
+    out, todo, seen = [], [getattr(dataset, "_ex_iterable", None)], 0
+    while todo and seen < 256:
+        step = todo.pop(0)
+        if step is None:
+            continue
+        out.append(step)
+        seen += 1
+        todo.append(getattr(step, "ex_iterable", None))
+        todo.extend(getattr(step, "ex_iterables", None) or [])
+    return out
+
+
+def _check_hf(spec: JobSpec, dataset: Any) -> None:
+    if getattr(dataset, "_distributed", None) is not None:
+        raise TaskError(f"task.path: {spec.task.path!r} returned a datasets.IterableDataset already split with "
+                        "split_dataset_by_node: return the whole stream; syncpoint splits it per rank")
+    for step in _hf_pipeline(dataset):
+        if type(step).__name__ != HF_BUFFER_SHUFFLE:
+            continue
+        size = getattr(step, "buffer_size", 0)
+        if size > 1:
+            raise TaskError(
+                f"task.path: {spec.task.path!r} returned a datasets.IterableDataset shuffled with a buffer "
+                f"(.shuffle(buffer_size={size})): datasets saves no buffer content in its state_dict, so a resume "
+                "refills it with other examples and is not exact (huggingface/datasets#7444). Remove the "
+                ".shuffle(...) and set train.stream_shuffle_buffer: N instead (syncpoint's buffer shuffle, reseeded "
+                "every pass and saved with every state); .shuffle(seed=S, buffer_size=1) keeps only datasets' "
+                "shard-order shuffle, which resumes exactly with train.dataloader_workers: 0")
+        if spec.train.dataloader_workers:
+            raise TaskError(
+                f"task.path: {spec.task.path!r} returned a datasets.IterableDataset with .shuffle(...): with "
+                f"train.dataloader_workers: {spec.train.dataloader_workers} its saved state fails to load "
+                "(datasets 5.2 writes each worker's shuffled state in a form its load_state_dict cannot read back). "
+                "Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
+                "shuffle), or set train.dataloader_workers: 0")
+
+
+def hf_identity(dataset: Any) -> dict[str, Any]:
+    """What names a ``datasets`` stream: its builder, config and split, its shards, its data files
+    (name and size, in order: a changed, added or removed file is another stream; the directory they
+    lie in may move), and the steps of its pipeline (a changed pipeline has another state layout)."""
+    info = getattr(dataset, "info", None)
+    files: list[dict[str, Any]] = []
+    for step in _hf_pipeline(dataset):
+        kwargs = getattr(step, "kwargs", None)
+        if not isinstance(kwargs, dict):
+            continue
+        listed = next((kwargs[k] for k in ("original_files", "base_files", "files") if k in kwargs), None)
+        files += [_file_entry(p) for p in _strings(listed)]
+    return {"builder": getattr(info, "builder_name", None), "config": getattr(info, "config_name", None),
+            "split": None if getattr(dataset, "split", None) is None else str(dataset.split),
+            "n_shards": int(dataset.num_shards), "files": files,
+            "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)]}
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [s for item in obj[:100_000] for s in _strings(item)]
+    return []
+
+
+def _file_entry(path: str) -> dict[str, Any]:
+    """A data file by name and size (its size when it is a local file; None for a remote one)."""
+    size = os.path.getsize(path) if "://" not in path and os.path.isfile(path) else None
+    return {"name": os.path.basename(path.rstrip("/")), "size": size}
+
+
+def custom_identity(dataset: Any, task_path: str) -> dict[str, Any]:
+    """A custom stream by its class and, when it has one, its own ``stream_identity()``."""
+    cls = type(dataset)
+    identity: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+    own = getattr(dataset, "stream_identity", None)
+    if callable(own):
+        value = own()
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise TaskError(f"task.path: {task_path!r}: the dataset's stream_identity() returned "
+                            f"{type(value).__name__}, not a JSON value (str, number, list, dict)") from None
+        identity["stream_identity"] = value
+    return identity
+
+
+def _custom_split(spec: JobSpec, dataset: Any, rank: int, world_size: int) -> Any:
+    """The contract for a stateful stream that is not a ``datasets`` one: ``split(rank, world_size)``."""
+    split = getattr(dataset, "split", None)
+    if not callable(split):
+        if world_size == 1:
+            return dataset
+        raise TaskError(
+            f"task.path: {spec.task.path!r} returned a stateful stream ({type(dataset).__qualname__}) without "
+            f"split(rank, world_size): on {world_size} workers each rank needs its own part of the stream. Give it a "
+            "split(rank: int, world_size: int) method returning this rank's stream (itself with "
+            "state_dict()/load_state_dict()), or use a datasets.IterableDataset (split with split_dataset_by_node)")
+    own = split(rank, world_size)
+    if not (callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None))):
+        raise TaskError(f"task.path: {spec.task.path!r}: the dataset's split({rank}, {world_size}) returned "
+                        f"{type(own).__qualname__}, which has no state_dict()/load_state_dict(); it must return this "
+                        "rank's stream, stateful like the whole one")
+    return own
+
+
+class RankStream(torch.utils.data.IterableDataset):
+    """This rank's stream as micro-batches, every draw seeded by its position, with its state.
+
+    In each DataLoader worker (or the main process) one copy iterates; ``state_dict`` is that
+    copy's position: the stream's own state, how many examples and micro-batches it drew in this
+    pass, the shuffle buffer's content and draws, and whether the stream ran out (the buffer then
+    drains). ``load_state_dict`` takes effect at the next ``__iter__``.
+    """
+
+    def __init__(self, inner: Any, *, seed: int, rank: int, micro_batch_size: int,
+                 collate: Callable[[list[Any]], Any] | None, shuffle_buffer: int) -> None:
+        self.inner, self.seed, self.rank = inner, seed, rank
+        self.micro_batch_size, self.shuffle_buffer = micro_batch_size, shuffle_buffer
+        self.collate = SeededCollate(collate)
+        self.generators = DataGenerators(inner, "dataset")
+        # shared memory: DataLoader workers live across passes and read the pass the loop set
+        self._pass = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._resume: dict[str, Any] | None = None
+        self._position: dict[str, Any] = _fresh_position()
+
+    @property
+    def pass_number(self) -> int:
+        return int(self._pass)
+
+    def set_epoch(self, pass_number: int) -> None:
+        """The next ``__iter__`` (in every DataLoader worker) reads pass ``pass_number``."""
+        self._pass.fill_(pass_number)
+
+    def state_dict(self) -> dict[str, Any]:
+        p = self._position
+        return {"inner": self.inner.state_dict(), "examples": p["examples"], "taken": p["taken"],
+                "batches": p["batches"], "exhausted": p["exhausted"], "buffer": list(p["buffer"])}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = state
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        key = (self.seed, self.rank, self.pass_number, info.id if info is not None else 0)
+        if callable(getattr(self.inner, "set_epoch", None)):
+            self.inner.set_epoch(self.pass_number)  # in this process: a worker's copy is its own
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            self.inner.load_state_dict(resume["inner"])
+            self._position = {k: resume[k] for k in ("examples", "taken", "batches", "exhausted")}
+            self._position["buffer"] = list(resume["buffer"])
+        else:
+            self._position = _fresh_position()
+        source = iter(self.inner)
+        while True:
+            examples: list[Any] = []
+            while len(examples) < self.micro_batch_size:
+                example = self._next_example(source, key)
+                if example is _END:
+                    return  # the pass's last examples, fewer than a micro-batch, are dropped
+                examples.append(example)
+            batch = SeededBatch(examples)
+            batch.seed = derive_seed(*key, STREAM_COLLATE_SALT, self._position["batches"])
+            self._position["batches"] += 1
+            yield self.collate(batch)
+
+    def _draw(self, source: Iterator[Any], key: tuple[int, ...]) -> Any:
+        """The stream's next example, its randomness seeded by its count in this pass."""
+        p = self._position
+        if p["exhausted"]:
+            return _END
+        seed = derive_seed(*key, STREAM_EXAMPLE_SALT, p["examples"])
+        with _seeded_rngs(seed), _reseeded(self.generators, seed):
+            try:
+                example = next(source)
+            except StopIteration:
+                p["exhausted"] = True
+                return _END
+        p["examples"] += 1
+        return example
+
+    def _next_example(self, source: Iterator[Any], key: tuple[int, ...]) -> Any:
+        if self.shuffle_buffer <= 1:
+            return self._draw(source, key)
+        p = self._position
+        buffer = p["buffer"]
+        while len(buffer) < self.shuffle_buffer:
+            example = self._draw(source, key)
+            if example is _END:
+                break
+            buffer.append(example)
+        if not buffer:
+            return _END
+        j = derive_seed(*key, STREAM_SHUFFLE_SALT, p["taken"]) % len(buffer)
+        p["taken"] += 1
+        buffer[j], buffer[-1] = buffer[-1], buffer[j]
+        return buffer.pop()
+
+
+_END = object()
+
+
+def _fresh_position() -> dict[str, Any]:
+    return {"examples": 0, "taken": 0, "batches": 0, "exhausted": False, "buffer": []}
+
+
+def _as_is(item: Any) -> Any:
+    """The DataLoader's collate: ``RankStream`` yields whole micro-batches, collated already."""
+    return item
+
+
+class StreamSource:
+    """This rank's micro-batches, pass after pass, from one ``StatefulDataLoader`` over its stream.
+
+    Its DataLoader workers persist across passes (a pass's start then costs no process start and
+    no import of the stream's libraries in each new worker); each pass's number reaches them
+    through ``RankStream.set_epoch``. On resume the loader takes the saved state before the first
+    fetch. A pass that yields nothing is an error: the stream would never produce the micro-batch
+    every rank must draw."""
+
+    def __init__(self, prepared: PreparedStream, *, seed: int, rank: int, num_workers: int,
+                 saved: SavedStream | None) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.stream, self.rank = prepared.stream, rank
+        self.pass_number = saved.pass_number if saved is not None else 0
+        self.stream.set_epoch(self.pass_number)
+        # its own generator: building the loader never draws from the global torch RNG
+        generator = torch.Generator().manual_seed(derive_seed(seed, rank, STREAM_LOADER_SALT))
+        with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital: not the user's concern
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            self.loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is,
+                                             num_workers=num_workers, persistent_workers=num_workers > 0,
+                                             generator=generator)
+        if saved is not None:
+            self.loader.load_state_dict(saved.loader)
+        self.iterator: Iterator[Any] | None = None
+        self.yielded_in_pass = saved is not None  # a resumed pass already yielded before the save
+
+    def next_batch(self) -> Any:
+        while True:
+            if self.iterator is None:
+                self.iterator = iter(self.loader)
+            try:
+                batch = next(self.iterator)
+            except StopIteration:
+                if not self.yielded_in_pass:
+                    raise TaskError(
+                        f"rank {self.rank}'s stream yields no micro-batch of train.micro_batch_size examples in a "
+                        f"whole pass (pass {self.pass_number}): give it more examples (with DataLoader workers, "
+                        "each worker's shards fill micro-batches on their own), a smaller micro_batch_size, "
+                        "or fewer workers") from None
+                self.pass_number += 1
+                self.stream.set_epoch(self.pass_number)
+                self.iterator, self.yielded_in_pass = None, False
+                continue
+            self.yielded_in_pass = True
+            return batch
+
+    def epoch(self, count: int) -> Iterator[Any]:
+        for _ in range(count):
+            yield self.next_batch()
+
+    def capture(self) -> bytes:
+        """This rank's position at a boundary, as its stream file's bytes (``StreamStateError``
+        naming a value the file cannot hold)."""
+        return encode(SavedStream(self.pass_number, self.loader.state_dict()))
+
+    def close(self) -> None:
+        """Stop the DataLoader's workers, if any (the loader holds them across passes)."""
+        shutdown = getattr(getattr(self.loader, "_iterator", None), "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        self.iterator = None

@@ -1,0 +1,180 @@
+"""A rank's stream position as a file: tensors as safetensors, everything else as JSON, never pickle.
+
+Why a codec of its own: a stream's state (``torchdata``'s ``StatefulDataLoader.state_dict()``, with
+every DataLoader worker's dataset state inside, syncpoint's shuffle buffer included) is a tree of
+plain values and, in a buffer of formatted examples, tensors. Pickling it would let whoever can
+write storage run code on every rank at resume. So the tree is written as JSON with each tensor
+replaced by a reference into the same file's safetensors section; tuples, byte strings and dicts
+with non-string keys get a marked form so the tree reads back equal to what was saved. Anything
+else is refused at the first save, naming its path in the tree (``StreamStateError``): a state
+that cannot be written exactly is a job error, not a silently truncated position.
+
+File: ``stream/rank_<r:05d>.safetensors`` (``policies.state_format.stream_file``), one metadata key
+``stream`` holding ``{"version": 1, "pass": <the rank's pass over its stream>, "loader": <tree>}``.
+Parsing is whole and strict (``parse``): a file that is not exactly this is ``StateRefused``, so a
+bad one is a refusal of its state at fetch, which falls back to the next candidate.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from policies.bounded_json import BoundedJsonError, loads_bounded
+from policies.errors import StateRefused, TaskError
+
+FORMAT_VERSION = 1
+META_KEY = "stream"
+MAX_DEPTH = 96  # StatefulDataLoader -> worker snapshots -> datasets' nested iterables -> buffered examples
+MAX_JSON_BYTES = 64 << 20  # safetensors caps its header at 100 MB
+# Markers of the forms JSON lacks; a dict of the task's own that uses one of these keys is refused.
+TENSOR, TUPLE = "__syncpoint_tensor__", "__syncpoint_tuple__"
+BYTES, ITEMS = "__syncpoint_bytes__", "__syncpoint_items__"
+MARKERS = (TENSOR, TUPLE, BYTES, ITEMS)
+
+
+class StreamStateError(TaskError):
+    """A stream's state holds something the codec cannot write exactly (its path is named)."""
+
+
+@dataclass
+class SavedStream:
+    """One rank's stream position as saved: its pass over its stream and the loader's state."""
+
+    pass_number: int
+    loader: dict[str, Any]
+
+
+def encode(saved: SavedStream) -> bytes:
+    """The file's bytes; ``StreamStateError`` naming the first value that is neither JSON nor a tensor."""
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _encode(saved.loader, "state", tensors, 0)
+    meta = {"version": FORMAT_VERSION, "pass": saved.pass_number, "loader": tree}
+    return st_save(tensors, metadata={META_KEY: json.dumps(meta, allow_nan=False, sort_keys=True)})
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise StreamStateError(f"the stream's state is nested deeper than {MAX_DEPTH} levels at {path}")
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise StreamStateError(f"the stream's state holds {obj!r} at {path}, which JSON cannot hold")
+        return float(obj)
+    if isinstance(obj, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = obj.detach().cpu().contiguous().clone()
+        return {TENSOR: key}
+    if isinstance(obj, (bytes, bytearray)):
+        return {BYTES: base64.b64encode(bytes(obj)).decode()}
+    if isinstance(obj, list):
+        return [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {TUPLE: [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            clash = next((k for k in obj if k in MARKERS), None)
+            if clash is not None:
+                raise StreamStateError(f"the stream's state has a key {clash!r} at {path}, which syncpoint reserves")
+            return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1) for k, v in obj.items()}
+        return {ITEMS: [[_encode(k, f"{path}<key {k!r}>", tensors, depth + 1),
+                         _encode(v, f"{path}[{k!r}]", tensors, depth + 1)] for k, v in obj.items()]}
+    raise StreamStateError(
+        f"the stream's state holds a {type(obj).__module__}.{type(obj).__qualname__} at {path}: syncpoint saves a "
+        "stream's state as JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch "
+        "tensors, never pickled objects. Make the dataset's state_dict() (and what it buffers) hold only those "
+        "(with_format('torch') for examples of arrays)")
+
+
+def parse(data: bytes, rel: str) -> SavedStream:
+    """A stream file read back whole; ``StateRefused`` (corrupt) unless it is exactly one."""
+    with_meta = _metadata(data, rel)
+    try:
+        tensors = st_load(data)
+    except (SafetensorError, ValueError) as e:
+        raise StateRefused(f"{rel}: not a stream state file ({e}): refused (corrupt)") from None
+    raw = with_meta.get(META_KEY)
+    if raw is None:
+        raise StateRefused(f"{rel}: no {META_KEY!r} metadata: refused (corrupt)")
+    try:
+        meta = loads_bounded(raw, max_bytes=MAX_JSON_BYTES, max_depth=MAX_DEPTH * 2 + 4)
+    except BoundedJsonError as e:
+        raise StateRefused(f"{rel}: its {META_KEY!r} metadata is {e}: refused (corrupt)") from None
+    if not isinstance(meta, dict) or sorted(meta) != ["loader", "pass", "version"]:
+        raise StateRefused(f"{rel}: not a stream state (keys {sorted(meta) if isinstance(meta, dict) else meta!r}): "
+                           "refused (corrupt)")
+    if meta["version"] != FORMAT_VERSION:
+        raise StateRefused(f"{rel}: stream state version {meta['version']!r}, this syncpoint reads "
+                           f"{FORMAT_VERSION}: refused")
+    number = meta["pass"]
+    if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+        raise StateRefused(f"{rel}: pass {number!r} is no count: refused (corrupt)")
+    used: set[str] = set()
+    loader = _decode(meta["loader"], tensors, used, rel)
+    if not isinstance(loader, dict):
+        raise StateRefused(f"{rel}: the loader's state is no object: refused (corrupt)")
+    if used != set(tensors):
+        raise StateRefused(f"{rel}: tensors {sorted(set(tensors) - used)[:5]} are referenced nowhere: refused "
+                           "(corrupt)")
+    return SavedStream(number, loader)
+
+
+def _metadata(data: bytes, rel: str) -> dict[str, str]:
+    """The safetensors header's ``__metadata__``, read within bounds before any tensor is (its stated
+    length must fit the file and MAX_JSON_BYTES: the bytes come from storage)."""
+    header_len = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 <= header_len <= min(len(data) - 8, MAX_JSON_BYTES):
+        raise StateRefused(f"{rel}: a safetensors header of {header_len} bytes in a file of {len(data)}: refused "
+                           "(corrupt)")
+    try:
+        header = loads_bounded(data[8:8 + header_len], max_bytes=MAX_JSON_BYTES, max_depth=8)
+    except BoundedJsonError as e:
+        raise StateRefused(f"{rel}: a safetensors header that is {e}: refused (corrupt)") from None
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise StateRefused(f"{rel}: a safetensors header without string metadata: refused (corrupt)")
+    return meta
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], used: set[str], rel: str) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors, used, rel) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    marked = [k for k in MARKERS if k in obj]
+    if not marked:
+        return {k: _decode(v, tensors, used, rel) for k, v in obj.items()}
+    if len(obj) != 1:
+        raise StateRefused(f"{rel}: a marked value {marked[0]} with other keys: refused (corrupt)")
+    kind, value = marked[0], obj[marked[0]]
+    if kind == TENSOR:
+        if not isinstance(value, str) or value not in tensors or value in used:
+            raise StateRefused(f"{rel}: tensor reference {value!r} names no tensor of the file: refused (corrupt)")
+        used.add(value)
+        return tensors[value]
+    if kind == BYTES:
+        try:
+            return base64.b64decode(value, validate=True)
+        except (TypeError, ValueError):
+            raise StateRefused(f"{rel}: a byte string that is not base64: refused (corrupt)") from None
+    if not isinstance(value, list):
+        raise StateRefused(f"{rel}: {kind} holds no list: refused (corrupt)")
+    if kind == TUPLE:
+        return tuple(_decode(v, tensors, used, rel) for v in value)
+    if not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise StateRefused(f"{rel}: {ITEMS} holds no [key, value] pairs: refused (corrupt)")
+    try:
+        return {_decode(k, tensors, used, rel): _decode(v, tensors, used, rel) for k, v in value}
+    except TypeError:
+        raise StateRefused(f"{rel}: a dict key that cannot be one: refused (corrupt)") from None
