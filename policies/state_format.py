@@ -60,7 +60,10 @@ MANIFEST_FORMAT = "syncpoint-state/1"
 # keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
 SAMPLER_VERSION = "feistel/v1"
 LEGACY_SAMPLER = "global-permutation/v1"
-KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER)
+# A sharded corpus's locality shuffle (``workers.data.ShardWindowOrder``): the shard order permuted,
+# then the rows within each window of ``data.window_shards`` consecutive shards of that order.
+SHARD_WINDOW_SAMPLER = "shard-window/v1"
+KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER)
 # The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 # Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
@@ -231,10 +234,21 @@ class ParameterDtypes(_Record):
     others: dict[str, str] = {}
 
 
+class CorpusRecord(_Record):
+    """The sharded corpus a state was trained on (``policies.corpus_identity``): its digest and
+    size; the whole index lies in the run directory under ``corpus/<digest>.json``."""
+
+    digest: str
+    shards: Positive
+    rows: Count
+
+
 class DataRecord(_Record):
     """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
 
     sampler: str = LEGACY_SAMPLER  # what a record without it was written with
+    corpus: CorpusRecord | None = None  # None: the dataset was no sharded corpus (and every state before it)
+    window_shards: Positive | None = None  # the shard-window sampler's window; None for the others
     num_samples: Count | None = None  # None: not recorded, not compared
     global_samples: Count
     samples_in_epoch: Count

@@ -38,8 +38,15 @@ from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
 from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
-from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, TrainState
-from workers import rng, task_rngs
+from policies.state_format import (
+    SHARD_WINDOW_SAMPLER,
+    TRAINER_SCHEMA_VERSION,
+    CorpusRecord,
+    DataRecord,
+    SchedulerRecord,
+    TrainState,
+)
+from workers import corpus, rng, task_rngs
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
@@ -119,10 +126,12 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.use_task_generators({})  # an earlier run's in this process are not this task's
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
+    corpus.use_job_settings(spec.corpus)  # a sharded corpus the task builds caches where the spec says
     task = load_task(spec.task.path, spec.task.config)
     own_generators, unreproducible = task_rngs.of_task(task)
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
+    data_plan = corpus.plan_for(spec, task.dataset)  # corpus.shuffle and the cache bound: refused here too
     data_layout = layout(len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world,
                          spec.scaling.min_workers, spec.scaling.max_workers)
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
@@ -134,7 +143,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                                         num_samples=len(task.dataset), param_groups=groups.layout_record,
                                         optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
                                         parameter_dtypes=parameter_dtypes(task.model),
-                                        task_generators=rng.task_generator_kinds())
+                                        task_generators=rng.task_generator_kinds(), corpus=data_plan.identity,
+                                        sampler=data_plan.sampler, window_shards=data_plan.window_shards)
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -147,6 +157,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     _check_hash_seed(attempt)
     try:
         start = negotiate_resume(attempt, engine)
+        if rank == 0:
+            corpus.publish_index(storage, data_plan.identity)  # later selections name a changed shard by it
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
@@ -188,7 +200,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
         loader = epoch_loader(task.dataset, micro_batch_size=train.micro_batch_size, world_size=world,
                               rank=attempt.rank, seed=train.seed, epoch=at.epoch, start=at.position_in_epoch,
                               collate=task.collate, num_workers=train.dataloader_workers,
-                              samples_per_epoch=attempt.layout.samples_per_epoch, sampler=start.sampler)
+                              samples_per_epoch=attempt.layout.samples_per_epoch, sampler=start.sampler,
+                              window_shards=attempt.expectation.window_shards)
         start.restore_rng(train.seed, attempt.rank)
         cycle_loss_sum, cycle_sample_ids = 0.0, []
         for batch in loader:
@@ -413,7 +426,9 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
         data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
+                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch,
+                        corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
+                        window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
         per_rank_buffers=True,  # every rank writes its module buffers (workers.buffers)
