@@ -78,6 +78,7 @@ class CacheSettings:
     bytes: int
     prefetch_shards: int | None = None  # None: one window ahead
     concurrency: int = 4
+    run_url: str | None = None  # the job's run directory: its copy of the index serves a node that joins later
 
 
 def default_cache_dir() -> str:
@@ -85,19 +86,19 @@ def default_cache_dir() -> str:
                                                                     f"syncpoint-corpus-{os.getuid()}")
 
 
-def settings_of(spec: CorpusSpec) -> CacheSettings:
+def settings_of(spec: CorpusSpec, run_url: str | None = None) -> CacheSettings:
     return CacheSettings(spec.cache_dir or default_cache_dir(), spec.cache_bytes, spec.prefetch_shards,
-                         spec.fetch_concurrency)
+                         spec.fetch_concurrency, run_url)
 
 
 _job_settings: CacheSettings | None = None
 
 
-def use_job_settings(spec: CorpusSpec | None) -> None:
+def use_job_settings(spec: JobSpec | None) -> None:
     """The job's cache settings for every corpus this process builds from now on (set before the
     task function runs, so a corpus the task already reads inside ``build`` uses them too)."""
     global _job_settings
-    _job_settings = settings_of(spec) if spec is not None else None
+    _job_settings = settings_of(spec.corpus, spec.run_url) if spec is not None else None
 
 
 # ------------------------------------------------------------------ the index
@@ -254,6 +255,9 @@ class _TokenRows:
     def __init__(self, rows: np.ndarray) -> None:
         self.rows = rows
 
+    def __len__(self) -> int:
+        return len(self.rows)
+
     def get(self, row: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self.rows[row], dtype=np.int64))
 
@@ -270,6 +274,9 @@ class _JsonlRows:
         lines: tuple[np.ndarray, np.ndarray] = _jsonl_lines(self.mm) if size else (empty, empty)
         self.starts, self.ends = lines
 
+    def __len__(self) -> int:
+        return len(self.starts)
+
     def get(self, row: int) -> Any:
         return json.loads(self.mm[int(self.starts[row]):int(self.ends[row])])
 
@@ -285,6 +292,9 @@ class _ParquetRows:
         sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
         self.group_start = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._group: tuple[int, Any] | None = None
+
+    def __len__(self) -> int:
+        return int(self.group_start[-1])
 
     def get(self, row: int) -> dict[str, Any]:
         g = int(np.searchsorted(self.group_start, row, side="right") - 1)
@@ -460,14 +470,24 @@ class ShardedCorpus(torch.utils.data.Dataset):
         return reader
 
     def _open(self, proc: _Process, s: int) -> Any:
+        """The shard's reader: in place (checked against the index), or from the cache (fetched and
+        verified first); its rows must be the index's."""
         shard = self.shards[s]
         if proc.cache is None:
             if s not in proc.verified:
                 _verify_in_place(proc.fs, shard)
                 proc.verified.add(s)
-            return open_rows(self.format, shard.path, self.params, shard.name)
-        return proc.cache.open(shard.remote(), lambda path: open_rows(self.format, path, self.params, shard.name),
-                               keep=proc.keep)
+            reader = open_rows(self.format, shard.path, self.params, shard.name)
+        else:
+            reader = proc.cache.open(shard.remote(), lambda path: open_rows(self.format, path, self.params, shard.name),
+                                     keep=proc.keep)
+        rows = len(reader)
+        if rows != shard.rows:
+            reader.close()
+            raise CorpusChanged(f"shard {shard.name} holds {rows} rows, its index entry says {shard.rows}: the "
+                                "index is not this corpus's (the cache directory's or the run directory's copy was "
+                                "edited); remove the corpus index files to rebuild them")
+        return reader
 
     # ---- prefetch
     def follow(self, order: Callable[[np.ndarray], np.ndarray]) -> Callable[[int, int], None] | None:
@@ -534,63 +554,102 @@ def _verify_in_place(fs: Any, shard: Shard) -> None:
 # ------------------------------------------------------------------ building and caching the index
 
 
-def _index_cache_path(settings: CacheSettings, fs: Any, patterns: Sequence[str], params: dict[str, Any]) -> str:
+def index_key(fs: Any, patterns: Sequence[str], params: dict[str, Any]) -> str:
+    """Names a corpus's cached index: its filesystem, shard patterns and parameters."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    key = hashlib.sha256(json.dumps([protocol, list(patterns), params], sort_keys=True).encode()).hexdigest()[:24]
-    return os.path.join(settings.directory, "index", f"{key}.json")
+    return hashlib.sha256(json.dumps([protocol, list(patterns), params], sort_keys=True).encode()).hexdigest()[:24]
+
+
+def listing_file(key: str) -> str:
+    """The run directory's copy of a corpus's index (under ``corpus/``), with paths and stamps: a
+    node that joins later (a replacement, an elastic one) reads it instead of the whole corpus."""
+    return f"listing-{key}.json"
 
 
 def _cache_checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _load_cached(path: str) -> dict[str, Shard]:
-    """The cached index by path, or nothing when it is missing, torn or fails its checksum."""
+def listing_bytes(params: dict[str, Any], shards: Sequence[Shard]) -> bytes:
+    body = {"version": INDEX_CACHE_VERSION, "params": params, "shards": [asdict(s) for s in shards]}
+    return json.dumps({**body, "checksum": _cache_checksum(body)}, sort_keys=True).encode()
+
+
+def _parse_listing(data: bytes, params: dict[str, Any]) -> dict[str, Shard]:
+    """A cached index by path, or nothing when it is torn, fails its checksum or is another corpus's.
+    A wrong entry that passes (written on purpose) cannot pass unseen: every fetch checks size and
+    checksum, every open the rows."""
     try:
-        with open(path, "rb") as f:
-            raw = json.loads(f.read(INDEX_CACHE_MAX_BYTES + 1))
+        raw = json.loads(data)
         body = {k: raw[k] for k in ("version", "params", "shards")}
-        if raw.get("checksum") != _cache_checksum(body) or body["version"] != INDEX_CACHE_VERSION:
+        if raw.get("checksum") != _cache_checksum(body) or body["version"] != INDEX_CACHE_VERSION \
+                or body["params"] != params:
             return {}
-        return {s["path"]: Shard(**s) for s in body["shards"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        shards = [Shard(**s) for s in body["shards"]]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for s in shards for v in (s.size, s.rows)):
+            return {}
+        return {s.path: s for s in shards}
+    except (ValueError, KeyError, TypeError, RecursionError):
         return {}
 
 
-def _save_cached(path: str, params: dict[str, Any], shards: list[Shard]) -> None:
-    body = {"version": INDEX_CACHE_VERSION, "params": params, "shards": [asdict(s) for s in shards]}
+def _node_listing(path: str, params: dict[str, Any]) -> dict[str, Shard]:
+    try:
+        with open(path, "rb") as f:
+            return _parse_listing(f.read(INDEX_CACHE_MAX_BYTES + 1), params)
+    except OSError:
+        return {}
+
+
+def _run_listing(run_url: str | None, key: str, params: dict[str, Any]) -> dict[str, Shard]:
+    """The run directory's copy (bounded read, never through a link), or nothing."""
+    if not run_url:
+        return {}
+    try:
+        return _parse_listing(RunStorage(run_url).read_bytes(CORPUS_DIR, listing_file(key),
+                                                             limit=INDEX_CACHE_MAX_BYTES), params)
+    except OSError:
+        return {}
+
+
+def _save_node_listing(path: str, params: dict[str, Any], shards: list[Shard]) -> None:
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({**body, "checksum": _cache_checksum(body)}, f)
+    with open(tmp, "wb") as f:
+        f.write(listing_bytes(params, shards))
     os.replace(tmp, path)
 
 
 def build_index(fs: Any, patterns: Sequence[str], params: dict[str, Any], settings: CacheSettings) -> list[Shard]:
-    """Every shard's entry: from the node's cached index where size and stamp still match, read
-    (checksum and rows) where not; one process per node builds it at a time (a file lock)."""
-    path = _index_cache_path(settings, fs, patterns, params)
+    """Every shard's entry: from the node's cached index, else the run directory's copy, where size
+    and stamp still match; read (checksum and rows) where not. One process per node builds it at a
+    time (a file lock)."""
+    key = index_key(fs, patterns, params)
+    path = os.path.join(settings.directory, "index", f"{key}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with flocked(path + ".lock"):
         listed = _listed(fs, patterns)
-        cached = _load_cached(path)
         names = _names([p for p, _ in listed])
-        todo: list[tuple[int, str, str, int, str]] = []
-        shards: list[Shard | None] = []
-        for i, ((p, info), name) in enumerate(zip(listed, names, strict=True)):
-            size, stamp = int(info.get("size") or 0), _stamp(fs, p, info)
-            old = cached.get(p)
-            if old is not None and (old.size, old.stamp, old.name) == (size, stamp, name):
-                shards.append(old)
-            else:
-                shards.append(None)
-                todo.append((i, p, name, size, stamp))
+        current = [(p, name, int(info.get("size") or 0), _stamp(fs, p, info))
+                   for (p, info), name in zip(listed, names, strict=True)]
+        node = _node_listing(path, params)
+        known = node if all(_matches(node.get(p), n, size, st) for p, n, size, st in current) else \
+            {**_run_listing(settings.run_url, key, params), **node}
+        shards: list[Shard | None] = [known.get(p) if _matches(known.get(p), n, size, st) else None
+                                      for p, n, size, st in current]
+        todo = [(i, *current[i]) for i, s in enumerate(shards) if s is None]
         if todo:
             with ThreadPoolExecutor(max(1, min(settings.concurrency, len(todo)))) as pool:
                 for i, shard in zip([t[0] for t in todo], pool.map(lambda t: _read_shard(fs, params, settings, *t[1:]),
                                                                    todo), strict=True):
                     shards[i] = shard
-            _save_cached(path, params, [s for s in shards if s is not None])
-        return [s for s in shards if s is not None]
+        complete = [s for s in shards if s is not None]
+        if [node.get(s.path) for s in complete] != complete:
+            _save_node_listing(path, params, complete)
+        return complete
+
+
+def _matches(old: Shard | None, name: str, size: int, stamp: str) -> bool:
+    return old is not None and (old.name, old.size, old.stamp) == (name, size, stamp)
 
 
 def _read_shard(fs: Any, params: dict[str, Any], settings: CacheSettings, path: str, name: str, size: int,
@@ -643,10 +702,20 @@ def plan_for(spec: JobSpec, dataset: Any) -> DataPlan:
     return DataPlan(SHARD_WINDOW_SAMPLER if window else SAMPLER_VERSION, window, dataset.identity())
 
 
-def publish_index(storage: RunStorage, identity: CorpusIdentity | None) -> None:
-    """The corpus's whole index in the run directory (once per digest), so a later selection can
-    name the shard another corpus differs in."""
-    if identity is None or storage.exists(CORPUS_DIR, index_file(identity.digest)):
+def publish_index(storage: RunStorage, dataset: Any, identity: CorpusIdentity | None) -> None:
+    """Rank 0, holding the lease: the corpus's identity in the run directory (once per digest), so a
+    later selection can name the shard another corpus differs in, and its index with paths and
+    stamps (when it changed), so a node that joins later need not read the corpus to index it."""
+    if identity is None or not isinstance(dataset, ShardedCorpus):
         return
-    storage.commit_bytes(json_bytes(identity.document()), CORPUS_DIR, index_file(identity.digest))
+    if not storage.exists(CORPUS_DIR, index_file(identity.digest)):
+        storage.commit_bytes(json_bytes(identity.document()), CORPUS_DIR, index_file(identity.digest))
+    name = listing_file(index_key(dataset._process().fs, dataset.patterns, dataset.params))
+    data = listing_bytes(dataset.params, dataset.shards)
+    try:
+        same = storage.read_bytes(CORPUS_DIR, name, limit=len(data)) == data
+    except OSError:  # missing, larger, or unreadable: written anew
+        same = False
+    if not same:
+        storage.commit_bytes(data, CORPUS_DIR, name)
 

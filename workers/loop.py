@@ -126,7 +126,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.use_task_generators({})  # an earlier run's in this process are not this task's
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
-    corpus.use_job_settings(spec.corpus)  # a sharded corpus the task builds caches where the spec says
+    corpus.use_job_settings(spec)  # a sharded corpus the task builds caches where the spec says
     task = load_task(spec.task.path, spec.task.config)
     own_generators, unreproducible = task_rngs.of_task(task)
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
@@ -158,7 +158,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     try:
         start = negotiate_resume(attempt, engine)
         if rank == 0:
-            corpus.publish_index(storage, data_plan.identity)  # later selections name a changed shard by it
+            corpus.publish_index(storage, task.dataset, data_plan.identity)  # selections name a changed shard
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
