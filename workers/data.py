@@ -198,14 +198,23 @@ class SeededSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
+        with _streams_restored():
+            return self._seeded(index)
+
+    def _seeded(self, index: int) -> Any:
+        """One sample with every stream seeded from its index (the caller restores them)."""
         seed, i = self.seed, int(index)
-        with _seeded_rngs(derive_seed(seed, self.epoch, i)), _reseeded(self.generators, seed, self.epoch, i):
+        _seed_streams(derive_seed(seed, self.epoch, i))
+        with _reseeded(self.generators, seed, self.epoch, i):
             return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> SeededBatch:
         """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
-        the user's collate sees the same randomness wherever and whenever the batch is built."""
-        batch = SeededBatch(self[i] for i in indices)
+        the user's collate sees the same randomness wherever and whenever the batch is built. The
+        caller's streams are saved and restored once per batch (saving NumPy's costs more than
+        seeding it); each sample's values depend on its own seed only."""
+        with _streams_restored():
+            batch = SeededBatch([self._seeded(i) for i in indices])
         batch.seed = derive_seed(self.seed, self.epoch, COLLATE_SALT, *(int(i) for i in indices))
         return batch
 
@@ -239,18 +248,29 @@ class SeededCollate:
 
 
 @contextlib.contextmanager
-def _seeded_rngs(seed: int) -> Iterator[None]:
-    """Python, NumPy and torch CPU seeded for the block, each restored afterwards."""
+def _streams_restored() -> Iterator[None]:
+    """Python, NumPy and torch CPU as they were before the block, whatever it seeds or draws."""
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % (2**32))
-        torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds every device (100x slower)
         try:
             yield
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+def _seed_streams(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds every device (100x slower)
+
+
+@contextlib.contextmanager
+def _seeded_rngs(seed: int) -> Iterator[None]:
+    """Python, NumPy and torch CPU seeded for the block, each restored afterwards."""
+    with _streams_restored():
+        _seed_streams(seed)
+        yield
 
 
 @contextlib.contextmanager
