@@ -209,13 +209,15 @@ def corpus_epoch(url: str, cache: str, concurrency: int, window: int, seeded: bo
     n = len(c)  # the index, from the node's cache: no shard read
     batches = RankMicroBatches(n, 32, 1, 0, 0, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=c.shard_rows,
                                window_shards=window)
-    read = SeededSamples(c, 0, 0) if seeded else c
+    seeded_samples = SeededSamples(c, 0, 0)
     t0 = time.perf_counter()
     batches.on_position = c.follow(batches.order)
     samples = 0
     for idx in batches:
-        for i in idx:
-            read[i]
+        if seeded:
+            seeded_samples.__getitems__(idx)  # what the loop's DataLoader calls
+        else:
+            c.__getitems__(idx)  # what a DataLoader over the corpus itself calls
         samples += len(idx)
     return time.perf_counter() - t0, samples
 

@@ -211,6 +211,25 @@ def test_the_index_document_must_hash_to_its_name(tmp_path):
     assert parse_document({"format": "x"}, ident.digest)[0] is None
 
 
+def test_a_batch_read_gives_each_sample_the_values_one_fetch_of_it_gives(memory_corpus, tmp_path):
+    import functools
+
+    from examples.sharded_lm import add_noise
+    from workers.data import SeededSamples
+
+    c = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path),
+                      transform=functools.partial(add_noise, noise=0.5))  # random per sample
+    seeded = SeededSamples(c, 3, 1)
+    idx = [17, 3, 99, 4, 58, 3]
+    batch = seeded.__getitems__(idx)  # each shard's rows read at once, each sample's noise under its own seed
+    assert [t.tolist() for t in batch] == [seeded[i].tolist() for i in idx]
+    assert batch[1].tolist() == batch[5].tolist()  # the same sample, the same seed
+    plain = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path))
+    rows = plain.__getitems__(idx)
+    assert [t.tolist() for t in rows] == [plain[i].tolist() for i in idx]
+    assert any(a.tolist() != b.tolist() for a, b in zip(batch, rows, strict=True))  # the noise did draw
+
+
 # ------------------------------------------------------------------ the shard-window order
 
 

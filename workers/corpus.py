@@ -92,6 +92,15 @@ def settings_of(spec: CorpusSpec, run_url: str | None = None) -> CacheSettings:
 
 
 _job_settings: CacheSettings | None = None
+_pid = os.getpid()  # this process's (os.getpid() is a system call per sample otherwise)
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def use_job_settings(spec: JobSpec | None) -> None:
@@ -253,13 +262,17 @@ def count_rows(fmt: str, path: str, params: dict[str, Any], name: str) -> int:
 
 class _TokenRows:
     def __init__(self, rows: np.ndarray) -> None:
-        self.rows = rows
+        self.rows = rows.view(np.ndarray)  # the same mapping, without np.memmap's per-index bookkeeping
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def get(self, row: int) -> torch.Tensor:
         return torch.from_numpy(np.array(self.rows[row], dtype=np.int64))
+
+    def get_many(self, rows: np.ndarray) -> list[torch.Tensor]:
+        """One copy for the rows of one shard; each sample a row of it."""
+        return list(torch.from_numpy(self.rows[rows].astype(np.int64)).unbind(0))
 
     def close(self) -> None:
         self.rows = np.zeros((0, 0), np.int64)
@@ -279,6 +292,9 @@ class _JsonlRows:
 
     def get(self, row: int) -> Any:
         return json.loads(self.mm[int(self.starts[row]):int(self.ends[row])])
+
+    def get_many(self, rows: np.ndarray) -> list[Any]:
+        return [self.get(int(r)) for r in rows]
 
     def close(self) -> None:
         if isinstance(self.mm, mmap.mmap):
@@ -301,6 +317,9 @@ class _ParquetRows:
         if self._group is None or self._group[0] != g:
             self._group = (g, self.pf.read_row_group(g, columns=self.columns))
         return self._group[1].slice(row - int(self.group_start[g]), 1).to_pylist()[0]
+
+    def get_many(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        return [self.get(int(r)) for r in rows]
 
     def close(self) -> None:
         self._group = None
@@ -428,14 +447,14 @@ class ShardedCorpus(torch.utils.data.Dataset):
     # ---- per process
     def _process(self) -> _Process:
         proc = self._proc
-        if proc is None or proc.pid != os.getpid():  # first use, or a forked DataLoader worker
+        if proc is None or proc.pid != _pid:  # first use, or a forked DataLoader worker
             fs = self._fs()
             cache = None
             if not isinstance(fs, LocalFileSystem):
                 backend = backend_for(fs, "")
                 cache = ShardCache(os.path.join(self.settings.directory, "shards-cache"), self.settings.bytes,
                                    lambda src, dst, limit: backend.download_file(dst, src, "xxh3_128", limit))
-            proc = self._proc = _Process(os.getpid(), fs, cache)
+            proc = self._proc = _Process(_pid, fs, cache)
         return proc
 
     def __getstate__(self) -> dict[str, Any]:
@@ -454,6 +473,36 @@ class ShardedCorpus(torch.utils.data.Dataset):
         s = int(np.searchsorted(self._starts, i, side="right") - 1)
         item = self._reader(s).get(i - int(self._starts[s]))
         return self.transform(item) if self.transform is not None else item
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch (what a DataLoader asks for): the rows of each shard read at once."""
+        return self.seeded_items(indices, None)
+
+    def seeded_items(self, indices: Sequence[int],
+                     seeding: Callable[[int], contextlib.AbstractContextManager[Any]] | None) -> list[Any]:
+        """Samples ``indices``, the rows of each shard read at once (the read draws no randomness),
+        then ``transform`` on each under ``seeding(index)``: the hook ``workers.data.SeededSamples``
+        seeds every stream through, so a sample's values are those one fetch of it would give."""
+        idx = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"samples must lie in [0, {n}), got [{idx.min()}, {idx.max()}]")
+        assert self._starts is not None
+        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
+        out: list[Any] = [None] * len(idx)
+        for s in np.unique(shard_of):
+            at = np.flatnonzero(shard_of == s)
+            for k, item in zip(at, self._reader(int(s)).get_many(idx[at] - self._starts[s]), strict=True):
+                out[k] = item
+        if self.transform is None:
+            return out
+        if seeding is None:
+            return [self.transform(item) for item in out]
+        transformed = []
+        for i, item in zip(idx.tolist(), out, strict=True):
+            with seeding(i):
+                transformed.append(self.transform(item))
+        return transformed
 
     def _reader(self, s: int) -> Any:
         proc = self._process()

@@ -203,18 +203,27 @@ class SeededSamples(Dataset):
 
     def _seeded(self, index: int) -> Any:
         """One sample with every stream seeded from its index (the caller restores them)."""
+        with self._seeding(index):
+            return self.dataset[index]
+
+    @contextlib.contextmanager
+    def _seeding(self, index: int) -> Iterator[None]:
         seed, i = self.seed, int(index)
         _seed_streams(derive_seed(seed, self.epoch, i))
         with _reseeded(self.generators, seed, self.epoch, i):
-            return self.dataset[index]
+            yield
 
     def __getitems__(self, indices: list[int]) -> SeededBatch:
         """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
         the user's collate sees the same randomness wherever and whenever the batch is built. The
         caller's streams are saved and restored once per batch (saving NumPy's costs more than
-        seeding it); each sample's values depend on its own seed only."""
+        seeding it); each sample's values depend on its own seed only. A dataset that reads a batch
+        at once (``seeded_items``, a sharded corpus) seeds each sample's randomness through
+        ``_seeding`` itself."""
         with _streams_restored():
-            batch = SeededBatch([self._seeded(i) for i in indices])
+            many = getattr(self.dataset, "seeded_items", None)
+            samples = many(indices, self._seeding) if callable(many) else [self._seeded(i) for i in indices]
+            batch = SeededBatch(samples)
         batch.seed = derive_seed(self.seed, self.epoch, COLLATE_SALT, *(int(i) for i in indices))
         return batch
 
