@@ -29,11 +29,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -254,6 +256,15 @@ class DataRecord(_Record):
     samples_in_epoch: Count
     samples_per_epoch: Count
     global_batch: Count
+
+    @model_serializer(mode="wrap")
+    def _corpus_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A run on any other dataset writes the record it wrote before the corpus fields existed."""
+        out: dict[str, Any] = handler(self)
+        for key in ("corpus", "window_shards"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class TrainState(_Record):

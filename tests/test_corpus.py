@@ -479,3 +479,16 @@ def test_another_shuffle_or_window_is_incompatible_and_other_datasets_unaffected
     c = classify(_state_of(live), plain)
     assert c.verdict is Verdict.INCOMPATIBLE and "the dataset differs" in c.reason
     assert classify(candidate_for(4, plain), plain).verdict is Verdict.RESUMABLE  # no corpus: as before
+
+
+def test_a_run_on_another_dataset_writes_the_data_record_it_wrote_before():
+    from policies.state_format import DataRecord
+
+    plain = DataRecord(sampler=SAMPLER_VERSION, num_samples=8, global_samples=4, samples_in_epoch=4,
+                       samples_per_epoch=8, global_batch=4).model_dump()
+    assert set(plain) == {"sampler", "num_samples", "global_samples", "samples_in_epoch", "samples_per_epoch",
+                          "global_batch"}
+    assert DataRecord.model_validate(plain).corpus is None  # and states without the fields read back
+    sharded = DataRecord.model_validate({**plain, "sampler": SHARD_WINDOW_SAMPLER, "window_shards": 2,
+                                         "corpus": {"digest": "ab", "shards": 3, "rows": 8}})
+    assert sharded.model_dump()["corpus"] == {"digest": "ab", "shards": 3, "rows": 8}

@@ -135,11 +135,12 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
 @pytest.mark.parametrize("how", ["crash", "sigterm"])
 def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path, how):
     url = f"s3://{BUCKET}/corpus-drill-{how}"
-    write_corpus(url, 8, 10, 8)
+    write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
     cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
            "--set", f"storage={tmp_path}", "--set", "task.path=examples.sharded_lm:build",
            "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",
-           "--set", "train.epochs=2", "--set", f"corpus.window_shards={WINDOW}",
+           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+           "--set", f"corpus.window_shards={WINDOW}",
            "--set", f"corpus.cache_dir={tmp_path / 'cache'}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
