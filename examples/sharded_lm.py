@@ -7,7 +7,8 @@ corpus to try it:
 
     python -m examples.sharded_lm write /tmp/corpus --shards 16 --rows 64 --seq-len 32
     syncpoint run examples/tiny_lm.yaml --set task.path=examples.sharded_lm:build \\
-        --set 'task.config={shards: "/tmp/corpus/*.npy", seq_len: 32}'
+        --set 'task.config={shards: "/tmp/corpus/*.npy", seq_len: 32}' --set train.eval_every=0 \\
+        --set corpus.window_shards=4
 """
 
 from __future__ import annotations
