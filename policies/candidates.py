@@ -25,12 +25,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.boundaries import is_boundary
+from policies.corpus_identity import CORPUS_DIR, CorpusIdentity, CorpusSummary, first_difference, index_file
 from policies.elastic import Layout
 from policies.spec import JobSpec
 from policies.state_format import (
     KNOWN_SAMPLERS,
     MANIFEST_FILE,
     SAMPLER_VERSION,
+    SHARD_WINDOW_SAMPLER,
     STATE_NAME_DIGITS,
     STREAM_SAMPLER,
     TRAINER_FILE,
@@ -76,6 +78,10 @@ class Candidate:
     unsafe: dict[str, str] = field(default_factory=dict)
     symlink: bool = False  # the directory is a link: never followed, never deleted through
     trust_error: str | None = None  # signing on and the manifest's signature missing or wrong
+    # the state's corpus index (``corpus/<digest>.json``), read only when its corpus differs from the
+    # live one, so the reason can name the shard; or why it could not be read
+    corpus_index: CorpusIdentity | None = None
+    corpus_index_error: str | None = None
     verdict: Verdict | None = None
     reason: str = ""
 
@@ -130,7 +136,12 @@ class Expectation:
     # common one, (name, dtype) of each other); None: not known
     model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
     parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None
-    sampler: str = SAMPLER_VERSION
+    sampler: str = SAMPLER_VERSION  # what a new run orders its epochs with (a state continues with its own)
+    window_shards: int | None = None  # the shard-window sampler's window (None: another sampler)
+    # the sharded corpus (None: the dataset is none): its digest and size, and (the live run only)
+    # the whole index, to name the shard a state's corpus differs in
+    corpus: CorpusSummary | None = None
+    corpus_index: CorpusIdentity | None = None
     # a stream dataset's ``StreamRecord`` fields (source, identity, DataLoader workers, shuffle buffer); None: map-style
     stream: dict[str, Any] | None = None
     # the task's own train-side generators, (path, kind) each, whose states a state's RNG files hold
@@ -145,12 +156,14 @@ class Expectation:
                   optimizer_type: str | None = None,
                   model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
                   parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None,
-                  task_generators: dict[str, str] | None = None,
+                  task_generators: dict[str, str] | None = None, corpus: CorpusIdentity | None = None,
+                  sampler: str = SAMPLER_VERSION, window_shards: int | None = None,
                   stream: dict[str, Any] | None = None) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
-        task's model (fingerprint, buffers, dtypes) and dataset (its size, or for a stream
-        ``stream``, what names it), and the built optimizer's param groups (``optimizer_type``: the
-        class name when the task builds the optimizer, else the spec's type)."""
+        task's model (fingerprint, buffers, dtypes), its dataset (its size and corpus, or for a
+        stream ``stream``, what names it), the order a new run uses (``sampler``,
+        ``window_shards``), and the built optimizer's param groups (``optimizer_type``: the class
+        name when the task builds the optimizer, else the spec's type)."""
         t = spec.train
         return cls(
             job_identity=job_identity(spec), world_size=layout.world_size, micro_batch_size=t.micro_batch_size,
@@ -163,7 +176,8 @@ class Expectation:
             scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
             reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer,
             task_generators=None if task_generators is None else tuple(sorted(task_generators.items())),
-            stream=stream, sampler=SAMPLER_VERSION if stream is None else STREAM_SAMPLER)
+            sampler=sampler if stream is None else STREAM_SAMPLER, window_shards=window_shards,
+            corpus=corpus.summary() if corpus else None, corpus_index=corpus, stream=stream)
 
     @classmethod
     def from_state(cls, state: TrainState) -> Expectation:
@@ -184,7 +198,9 @@ class Expectation:
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler,
             stream=None if state.data.stream is None else state.data.stream.model_dump(),
-            task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())))
+            task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())),
+            window_shards=state.data.window_shards, corpus=None if state.data.corpus is None else CorpusSummary(
+                state.data.corpus.digest, state.data.corpus.shards, state.data.corpus.rows))
 
 
 def identity_record(exp: Expectation) -> dict[str, Any]:
@@ -290,9 +306,13 @@ def _differs(field_name: str, have: Any, want: Any, what: str, fix: str) -> str:
     return f"{what}: the state has {field_name}={have!r}, this run has {want!r}. {fix}"
 
 
-def _incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None) -> str | None:
     d = s.data
     restore = "Restore the previous value, or start a new run (another name, or resume.policy: fresh)."
+    if s.job_identity == exp.job_identity:  # another job's state: that is the reason (below)
+        data = _corpus_incompatibility(s, exp, c) or _order_incompatibility(s, exp)
+        if data:
+            return data
     checks: list[tuple[str, Any, Any, str, str]] = [
         ("job_identity", s.job_identity, exp.job_identity, "written by another job (name / task.path)", restore),
         ("model_fingerprint", s.model_fingerprint, exp.model_fingerprint,
@@ -433,6 +453,48 @@ def _file_text(entry: Any) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+_NEW_CORPUS = ("Restore the corpus the state was trained on (task.config), or start a new run (another name, or "
+               "resume.policy: fresh; resume.init_from takes the weights).")
+
+
+def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None) -> str | None:
+    """Another corpus means other samples at every position: refused from the digest, naming the
+    first differing shard from the state's index in the run directory (``Candidate.corpus_index``)."""
+    have, want = s.data.corpus, exp.corpus
+    if have is None and want is None:
+        return None
+    if have is None or want is None:
+        which = ("this run's task reads a sharded corpus, the state was trained on another dataset" if have is None
+                 else f"the state was trained on a sharded corpus ({have.shards} shards), this run's dataset is none")
+        return f"the dataset differs (task): {which}. {_NEW_CORPUS}"
+    if have.digest == want.digest:
+        return None
+    if c is not None and c.corpus_index is not None and exp.corpus_index is not None:
+        what = first_difference(c.corpus_index, exp.corpus_index)
+    else:
+        why = c.corpus_index_error if c is not None and c.corpus_index_error else "not read"
+        what = (f"{have.shards} shards / {have.rows} rows then, {want.shards} / {want.rows} now (the state's index "
+                f"{CORPUS_DIR}/{index_file(have.digest)}: {why}, so the shard cannot be named)")
+    return f"the sharded corpus differs from the state's (corpus {have.digest[:12]} then, {want.digest[:12]} now): " \
+           f"{what}. {_NEW_CORPUS}"
+
+
+def _order_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """The shard-window order is the user's choice (corpus.shuffle, corpus.window_shards): another
+    choice means other samples per step. Between the other samplers a state keeps its own."""
+    have, want = s.data.sampler == SHARD_WINDOW_SAMPLER, exp.sampler == SHARD_WINDOW_SAMPLER
+    if have != want:
+        return (f"the epoch order differs (corpus.shuffle): the state uses {s.data.sampler}, this run asks for "
+                f"{exp.sampler}; other samples per step. Restore corpus.shuffle "
+                f"({'shard-window' if have else 'global'}), or start a new run (another name, or "
+                "resume.policy: fresh).")
+    if have and s.data.window_shards != exp.window_shards:
+        return _differs("data.window_shards", s.data.window_shards, exp.window_shards,
+                        "shuffle window differs (corpus.window_shards): other samples per step",
+                        "Restore the previous value, or start a new run (another name, or resume.policy: fresh).")
+    return None
 
 
 def _shape(shape: Iterable[int]) -> str:
@@ -650,7 +712,7 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
     problem = _position_problem(c, manifest, state) or _completeness_problem(manifest, state)
     if problem:
         return Verdict.CORRUPT, problem
-    why = _incompatibility(state, exp) if exp is not None else None
+    why = _incompatibility(state, exp, c) if exp is not None else None
     if why:
         return Verdict.INCOMPATIBLE, why
     return Verdict.RESUMABLE, (f"boundary at micro-step {state.global_micro_step} "

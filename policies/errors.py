@@ -78,6 +78,16 @@ class TaskError(JobConfigError):
     """The task import path or its return value is unusable (a user error, not a preemption)."""
 
 
+class CorpusError(JobConfigError):
+    """A sharded corpus that cannot be read as given (no shard matches, a shard of another format, a
+    cache too small for the shuffle window): names the shard or the field and the fix."""
+
+
+class CorpusChanged(CorpusError):
+    """A shard's bytes differ from the corpus index the run reads by (rewritten while the run read
+    it): the samples at its positions would not be the ones the run's states were trained on."""
+
+
 class ElasticLayoutError(ValueError):
     """The world size cannot keep the global batch (a user error naming the sizes that work)."""
 

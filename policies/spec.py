@@ -56,6 +56,9 @@ MAX_POWER = 100.0  # a polynomial schedule's exponent: beyond this the rate is 0
 MAX_FAULTS = 1000
 MAX_COLLECTIVE_TIMEOUT_S = 24 * 3600  # one collective's wait; a day is already a hang
 MAX_PREEMPTIONS_PER_HOUR = 3600.0  # one a second: beyond that no state could ever commit
+MAX_WINDOW_SHARDS = 1 << 16  # shards a shuffle window spans (each must fit the local cache)
+MAX_CACHE_BYTES = 1 << 50  # a local shard cache of a petabyte is a typo
+MAX_FETCH_CONCURRENCY = 64
 
 
 def _ranges(values: list[int], limit: int = 12) -> str:
@@ -445,6 +448,62 @@ class CheckpointSpec(_Strict):
         return self
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def _byte_count(v: Any) -> Any:
+    """``17179869184``, ``"16GiB"``, ``"500 MB"`` -> bytes; anything else is left to the int check."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", v)
+        if not m or m.group(2).lower() not in _BYTE_UNITS:
+            raise ValueError("write a number of bytes, optionally with a unit: 17179869184, '16 GiB', '500 MB'")
+        return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+    return v
+
+
+class CorpusSpec(_Strict):
+    """How syncpoint reads a sharded corpus (``workers.corpus.ShardedCorpus``, returned by the task as
+    its dataset): the epoch order, and the node-local cache the shards are fetched into."""
+
+    shuffle: Literal["auto", "global", "shard-window"] = Field("auto", description=(
+        "auto: shard-window when the task's dataset is a ShardedCorpus, else global | global: one keyed "
+        "permutation of every sample per epoch (random access over the whole corpus) | shard-window: the "
+        "shard order permuted per epoch, then the rows within each window of window_shards shards (reads "
+        "window_shards shards at a time)."))
+    window_shards: StrictInt = Field(8, ge=1, le=MAX_WINDOW_SHARDS, description=(
+        "shard-window: consecutive shards (of the epoch's shard order) whose rows are shuffled together; "
+        "a micro-batch draws from one window. More mixes better and needs a larger cache."))
+    prefetch_shards: StrictInt | None = Field(None, ge=0, le=MAX_WINDOW_SHARDS, description=(
+        "Shards fetched ahead of the window in use (default: window_shards, one window ahead)."))
+    fetch_concurrency: StrictInt = Field(4, ge=1, le=MAX_FETCH_CONCURRENCY,
+                                         description="Shards downloaded at the same time per process.")
+    cache_dir: str | None = Field(None, max_length=MAX_PATH_CHARS, description=(
+        "Local directory of the shard cache and the corpus index (shared by the ranks of a node); default "
+        "$SYNCPOINT_CORPUS_CACHE, else <tmp>/syncpoint-corpus-<uid>. Shards on a local filesystem are read "
+        "in place."))
+    cache_bytes: StrictInt = Field(16 << 30, ge=1, le=MAX_CACHE_BYTES, description=(
+        "Bound of the shard cache per node (bytes, or '16 GiB'): it must hold window_shards + prefetch_shards "
+        "of the largest shard; least recently used shards are evicted beyond it."))
+
+    @field_validator("cache_bytes", mode="before")
+    @classmethod
+    def _units(cls, v: Any) -> Any:
+        return _byte_count(v)
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _local_dir(cls, v: str | None) -> str | None:
+        if v is not None and "://" in v and not v.startswith("file://"):
+            raise ValueError("must be a local directory (the cache holds shards next to the ranks that read them), "
+                             "not a URL")
+        return v.removeprefix("file://") if v else v
+
+    @property
+    def prefetch(self) -> int:
+        return self.window_shards if self.prefetch_shards is None else self.prefetch_shards
+
+
 class ResumeSpec(_Strict):
     policy: str = Field("newest-resumable", max_length=MAX_IMPORT_PATH_CHARS,
                         description="newest-resumable | pinned | fresh | best-metric | pkg.mod:Class")
@@ -542,6 +601,7 @@ class JobSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     resume: ResumeSpec = Field(default_factory=ResumeSpec)
     failure: FailureSpec = Field(default_factory=FailureSpec)
+    corpus: CorpusSpec = Field(default_factory=CorpusSpec)
     faults: list[CrashFault] = Field(default_factory=list, max_length=MAX_FAULTS)
 
     @model_validator(mode="after")

@@ -30,11 +30,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -65,7 +67,10 @@ LEGACY_SAMPLER = "global-permutation/v1"
 # A stream dataset has no epoch order: each rank's position is its stream's own state (``workers.stream``),
 # in the rank's stream file, and ``data.stream`` says which stream it is.
 STREAM_SAMPLER = "stream/v1"
-KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, STREAM_SAMPLER)
+# A sharded corpus's locality shuffle (``workers.data.ShardWindowOrder``): the shard order permuted,
+# then the rows within each window of ``data.window_shards`` consecutive shards of that order.
+SHARD_WINDOW_SAMPLER = "shard-window/v1"
+KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER, STREAM_SAMPLER)
 # The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 # Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
@@ -253,10 +258,21 @@ class StreamRecord(_Record):
     shuffle_buffer: Count  # train.stream_shuffle_buffer
 
 
+class CorpusRecord(_Record):
+    """The sharded corpus a state was trained on (``policies.corpus_identity``): its digest and
+    size; the whole index lies in the run directory under ``corpus/<digest>.json``."""
+
+    digest: str
+    shards: Positive
+    rows: Count
+
+
 class DataRecord(_Record):
     """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
 
     sampler: str = LEGACY_SAMPLER  # what a record without it was written with
+    corpus: CorpusRecord | None = None  # None: the dataset was no sharded corpus (and every state before it)
+    window_shards: Positive | None = None  # the shard-window sampler's window; None for the others
     num_samples: Count | None = None  # None: not recorded, not compared
     global_samples: Count
     samples_in_epoch: Count
@@ -271,6 +287,15 @@ class DataRecord(_Record):
             raise ValueError(f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
                              f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither")
         return self
+
+    @model_serializer(mode="wrap")
+    def _corpus_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A run on any other dataset writes the record it wrote before the corpus fields existed."""
+        out: dict[str, Any] = handler(self)
+        for key in ("corpus", "window_shards"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class TrainState(_Record):

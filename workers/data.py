@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from policies.errors import DataLayoutError
-from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
+from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 from workers.index_permutation import FeistelPermutation
 from workers.rng import derive_seed
 from workers.task import MapDataset
@@ -38,6 +38,8 @@ from workers.task_rngs import DataGenerators, get_state, reseed, set_state
 EPOCH_PERMUTATION_SALT = 0x5EED  # the order of the epoch's samples
 COLLATE_SALT = 0xC011A7E  # a micro-batch's collate, followed by the batch's sample indices
 DATALOADER_GENERATOR_SALT = 0xDA7A  # the DataLoader's own generator (worker base seeds)
+SHARD_ORDER_SALT = 0x5A4D  # shard-window/v1: the epoch's shard order
+WINDOW_ROWS_SALT = 0x3140  # shard-window/v1: the order of the rows within one window (followed by its number)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
@@ -46,14 +48,94 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_samples, generator=g)
 
 
-def epoch_order(sampler: str, num_samples: int, seed: int, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
-    """positions -> sample indices for one epoch, by the state's sampler version."""
+class ShardWindowOrder:
+    """shard-window/v1: an epoch order that reads a sharded corpus a few shards at a time.
+
+    The epoch's shard order is a keyed permutation of the shards (``(seed, epoch)``); consecutive
+    runs of ``window`` shards of that order form windows, and the rows of each window are permuted
+    among themselves (keyed by ``(seed, epoch, window)``). Position ``p`` of the epoch lies in the
+    window whose prefix sum of row counts covers it, so any position maps to its sample in
+    O(log shards) with O(shards) memory, and the order depends on nothing but the seed, the epoch,
+    the shards' row counts (index order) and ``window``: the same at every world size.
+
+    Randomness: every sample once per epoch and every epoch another order, but a micro-batch (and
+    every step until the window is used up) draws from at most ``window`` shards, so samples stored
+    together are trained together; a global permutation mixes the whole corpus into every batch.
+    """
+
+    def __init__(self, shard_rows: Sequence[int], window: int, seed: int, epoch: int) -> None:
+        rows = np.asarray(shard_rows, dtype=np.int64)
+        if rows.ndim != 1 or not len(rows) or rows.min() < 0 or not rows.sum():
+            raise ValueError("a shard-window order needs at least one shard with rows")
+        self.window, self.seed, self.epoch = int(window), seed, epoch
+        self.size = int(rows.sum())
+        self.shard_start = np.concatenate([[0], np.cumsum(rows)])  # each shard's first sample index
+        self.shards = FeistelPermutation(len(rows), seed, epoch, SHARD_ORDER_SALT)(np.arange(len(rows)))
+        ordered = rows[self.shards]
+        self.ordered_start = np.concatenate([[0], np.cumsum(ordered)])  # each ordered shard's first position
+        firsts = np.arange(0, len(rows), self.window)
+        self.window_start = self.ordered_start[np.append(firsts, len(rows))]  # each window's first position
+        self._rows: dict[int, FeistelPermutation] = {}
+
+    @property
+    def windows(self) -> int:
+        return len(self.window_start) - 1
+
+    def window_of(self, position: int) -> int:
+        return int(np.searchsorted(self.window_start, position, side="right") - 1)
+
+    def window_shards(self, window: int) -> np.ndarray:
+        """The shards (index numbers) of one window, in the epoch's shard order."""
+        return self.shards[window * self.window:(window + 1) * self.window]
+
+    def shards_from(self, position: int, count: int) -> list[int]:
+        """The first ``count`` shards the epoch reads from ``position`` on (its window first)."""
+        first = self.window_of(position) * self.window
+        return [int(s) for s in self.shards[first:first + count]]
+
+    def _window_rows(self, window: int) -> FeistelPermutation:
+        perm = self._rows.get(window)
+        if perm is None:
+            if len(self._rows) > 4:
+                self._rows.clear()
+            n = int(self.window_start[window + 1] - self.window_start[window])
+            perm = self._rows[window] = FeistelPermutation(n, self.seed, self.epoch, WINDOW_ROWS_SALT, window)
+        return perm
+
+    def __call__(self, positions: np.ndarray | list[int] | range) -> np.ndarray:
+        """The sample index at each position (``0 <= position < size``), as int64."""
+        p = np.asarray(positions, dtype=np.int64)
+        if p.size and (p.min() < 0 or p.max() >= self.size):
+            raise IndexError(f"positions must lie in [0, {self.size}), got [{p.min()}, {p.max()}]")
+        windows = np.searchsorted(self.window_start, p, side="right") - 1
+        placed = np.empty_like(p)  # each position's place in the window-shuffled order
+        for w in np.unique(windows):
+            at = windows == w
+            start = self.window_start[w]
+            placed[at] = start + self._window_rows(int(w))(p[at] - start)
+        ordered = np.searchsorted(self.ordered_start, placed, side="right") - 1
+        shard = self.shards[ordered]
+        return self.shard_start[shard] + (placed - self.ordered_start[ordered])
+
+
+def epoch_order(sampler: str, num_samples: int, seed: int, epoch: int, *, shard_rows: Sequence[int] | None = None,
+                window_shards: int | None = None) -> Callable[[np.ndarray], np.ndarray]:
+    """positions -> sample indices for one epoch, by the state's sampler version (shard-window/v1
+    also needs the corpus's shard row counts and its window)."""
     if sampler == SAMPLER_VERSION:
         return FeistelPermutation(num_samples, seed, epoch, EPOCH_PERMUTATION_SALT)
     if sampler == LEGACY_SAMPLER:
         permutation = epoch_permutation(num_samples, seed, epoch).numpy()
         return lambda positions: permutation[positions]
-    raise ValueError(f"unknown sampler {sampler!r} (known: {SAMPLER_VERSION}, {LEGACY_SAMPLER})")
+    if sampler == SHARD_WINDOW_SAMPLER:
+        if shard_rows is None or window_shards is None:
+            raise ValueError(f"sampler {SHARD_WINDOW_SAMPLER} needs the corpus's shard rows and window")
+        order = ShardWindowOrder(shard_rows, window_shards, seed, epoch)
+        if order.size != num_samples:
+            raise ValueError(f"the corpus's shards hold {order.size} rows, the dataset {num_samples}")
+        return order
+    raise ValueError(f"unknown sampler {sampler!r} (known: {SAMPLER_VERSION}, {LEGACY_SAMPLER}, "
+                     f"{SHARD_WINDOW_SAMPLER})")
 
 
 def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size: int) -> int:
@@ -77,12 +159,17 @@ class RankMicroBatches(Sampler[list[int]]):
 
     def __init__(self, num_samples: int, micro_batch_size: int, world_size: int, rank: int,
                  seed: int, epoch: int, start: int, samples_per_epoch: int | None = None,
-                 sampler: str = SAMPLER_VERSION) -> None:
+                 sampler: str = SAMPLER_VERSION, *, shard_rows: Sequence[int] | None = None,
+                 window_shards: int | None = None) -> None:
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
         self.micro_batches_per_epoch = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size,
                                                                world_size)
         self.start = start
-        self.order = epoch_order(sampler, num_samples, seed, epoch)
+        self.order = epoch_order(sampler, num_samples, seed, epoch, shard_rows=shard_rows,
+                                 window_shards=window_shards)
+        # told each global micro-batch's positions (first, count) before this rank's part is yielded
+        # (a sharded corpus's prefetcher)
+        self.on_position: Callable[[int, int], None] | None = None
 
     def indices(self, micro_batch: int) -> list[int]:
         global_micro_batch = self.micro_batch_size * self.world_size
@@ -91,6 +178,9 @@ class RankMicroBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for i in range(self.start, self.micro_batches_per_epoch):
+            if self.on_position is not None:
+                global_micro_batch = self.micro_batch_size * self.world_size
+                self.on_position(i * global_micro_batch, global_micro_batch)
             yield self.indices(i)
 
     def __len__(self) -> int:
@@ -108,14 +198,32 @@ class SeededSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        seed, i = self.seed, int(index)
-        with _seeded_rngs(derive_seed(seed, self.epoch, i)), _reseeded(self.generators, seed, self.epoch, i):
+        with _streams_restored():
+            return self._seeded(index)
+
+    def _seeded(self, index: int) -> Any:
+        """One sample with every stream seeded from its index (the caller restores them)."""
+        with self._seeding(index):
             return self.dataset[index]
+
+    @contextlib.contextmanager
+    def _seeding(self, index: int) -> Iterator[None]:
+        seed, i = self.seed, int(index)
+        _seed_streams(derive_seed(seed, self.epoch, i))
+        with _reseeded(self.generators, seed, self.epoch, i):
+            yield
 
     def __getitems__(self, indices: list[int]) -> SeededBatch:
         """A micro-batch: each sample seeded by its index, and the batch itself by its indices, so
-        the user's collate sees the same randomness wherever and whenever the batch is built."""
-        batch = SeededBatch(self[i] for i in indices)
+        the user's collate sees the same randomness wherever and whenever the batch is built. The
+        caller's streams are saved and restored once per batch (saving NumPy's costs more than
+        seeding it); each sample's values depend on its own seed only. A dataset that reads a batch
+        at once (``seeded_items``, a sharded corpus) seeds each sample's randomness through
+        ``_seeding`` itself."""
+        with _streams_restored():
+            many = getattr(self.dataset, "seeded_items", None)
+            samples = many(indices, self._seeding) if callable(many) else [self._seeded(i) for i in indices]
+            batch = SeededBatch(samples)
         batch.seed = derive_seed(self.seed, self.epoch, COLLATE_SALT, *(int(i) for i in indices))
         return batch
 
@@ -149,18 +257,29 @@ class SeededCollate:
 
 
 @contextlib.contextmanager
-def _seeded_rngs(seed: int) -> Iterator[None]:
-    """Python, NumPy and torch CPU seeded for the block, each restored afterwards."""
+def _streams_restored() -> Iterator[None]:
+    """Python, NumPy and torch CPU as they were before the block, whatever it seeds or draws."""
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % (2**32))
-        torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds every device (100x slower)
         try:
             yield
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+def _seed_streams(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.default_generator.manual_seed(seed)  # CPU only: torch.manual_seed also seeds every device (100x slower)
+
+
+@contextlib.contextmanager
+def _seeded_rngs(seed: int) -> Iterator[None]:
+    """Python, NumPy and torch CPU seeded for the block, each restored afterwards."""
+    with _streams_restored():
+        _seed_streams(seed)
+        yield
 
 
 @contextlib.contextmanager
@@ -180,14 +299,20 @@ def _reseeded(generators: DataGenerators, *seed_parts: int) -> Iterator[None]:
 
 def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
                  epoch: int, start: int, collate: Any, num_workers: int,
-                 samples_per_epoch: int | None = None, sampler: str = SAMPLER_VERSION) -> DataLoader:
+                 samples_per_epoch: int | None = None, sampler: str = SAMPLER_VERSION,
+                 window_shards: int | None = None) -> DataLoader:
     """A DataLoader over this rank's remaining micro-batches of ``epoch``.
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
-    shift the model's dropout stream between a resumed and an uninterrupted run).
+    shift the model's dropout stream between a resumed and an uninterrupted run). A sharded corpus
+    (``workers.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
     """
+    shard_rows = getattr(dataset, "shard_rows", None) if sampler == SHARD_WINDOW_SAMPLER else None
     batches = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,
-                               samples_per_epoch, sampler)
+                               samples_per_epoch, sampler, shard_rows=shard_rows, window_shards=window_shards)
+    follow = getattr(dataset, "follow", None)
+    if callable(follow):
+        batches.on_position = follow(batches.order)
     return DataLoader(
         SeededSamples(dataset, seed, epoch), batch_sampler=batches, collate_fn=SeededCollate(collate),
         num_workers=num_workers,

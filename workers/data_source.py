@@ -35,7 +35,8 @@ class MapSource:
                                    world_size=self.attempt.world_size, rank=self.attempt.rank, seed=train.seed,
                                    epoch=at.epoch, start=at.position_in_epoch, collate=self.task.collate,
                                    num_workers=train.dataloader_workers,
-                                   samples_per_epoch=self.attempt.layout.samples_per_epoch, sampler=self.sampler)
+                                   samples_per_epoch=self.attempt.layout.samples_per_epoch, sampler=self.sampler,
+                                   window_shards=self.attempt.expectation.window_shards)
         return self.loader
 
     def sample_ids(self, micro_batch: int) -> list[int]:

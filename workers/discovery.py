@@ -20,6 +20,7 @@ from typing import overload
 from pydantic import ValidationError
 
 from policies.candidates import Candidate, Expectation, classify, newest_first
+from policies.corpus_identity import CORPUS_DIR, CORPUS_INDEX_MAX_BYTES, CorpusIdentity, index_file, parse_document
 from policies.errors import RunDirectoryRefused, UnsafeEntry
 from policies.redact import redact_url
 from policies.state_format import (
@@ -96,13 +97,45 @@ def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | Non
     return "does not match its checksum in the manifest (changed after commit)"
 
 
+CorpusIndexes = dict[str, tuple[CorpusIdentity | None, str | None]]
+
+
+def attach_corpus_index(storage: RunStorage, c: Candidate, expectation: Expectation | None,
+                        read: CorpusIndexes) -> None:
+    """A state trained on another corpus than the live run's: its index (``corpus/<digest>.json``,
+    read once per digest, bounded, and checked to hash to its name) goes with the candidate, so the
+    reason names the shard they differ in."""
+    data = (c.trainer or {}).get("data")
+    corpus = data.get("corpus") if isinstance(data, dict) else None
+    digest = corpus.get("digest") if isinstance(corpus, dict) else None
+    if expectation is None or expectation.corpus is None or not isinstance(digest, str) \
+            or digest == expectation.corpus.digest or not digest.isalnum() or len(digest) > 64:
+        return
+    if digest not in read:
+        read[digest] = _read_corpus_index(storage, digest)
+    c.corpus_index, c.corpus_index_error = read[digest]
+
+
+def _read_corpus_index(storage: RunStorage, digest: str) -> tuple[CorpusIdentity | None, str | None]:
+    try:
+        raw = storage.read_bytes(CORPUS_DIR, index_file(digest), limit=CORPUS_INDEX_MAX_BYTES)
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as e:  # a link, too large, unreadable: never fatal, the digest still refuses
+        return None, str(e)[:200]
+    obj, problem = _parse_object(raw)
+    return parse_document(obj, digest) if obj is not None else (None, problem)
+
+
 def discover(storage: RunStorage, expectation: Expectation | None = None,
              signing_key: bytes | None = None) -> list[Candidate]:
     """Every candidate, newest first, all read now; classified when an expectation is given."""
     identity = expectation.job_identity if expectation is not None else None
     cands = [read_candidate(storage, name, signing_key, identity) for name in state_names(storage)]
     if expectation is not None:
+        indexes: CorpusIndexes = {}
         for c in cands:
+            attach_corpus_index(storage, c, expectation, indexes)
             classify(c, expectation)
     return newest_first(cands)
 
@@ -141,6 +174,7 @@ class LazyCandidates(Sequence[Candidate]):
         self.storage, self.expectation, self.signing_key = storage, expectation, signing_key
         self.names = sorted(state_names(storage), key=state_order, reverse=True)
         self._loaded: dict[int, Candidate] = {}
+        self._indexes: CorpusIndexes = {}
 
     def __len__(self) -> int:
         return len(self.names)
@@ -149,6 +183,7 @@ class LazyCandidates(Sequence[Candidate]):
         if i not in self._loaded:
             identity = self.expectation.job_identity if self.expectation is not None else None
             c = read_candidate(self.storage, self.names[i], self.signing_key, identity)
+            attach_corpus_index(self.storage, c, self.expectation, self._indexes)
             self._loaded[i] = classify(c, self.expectation) if self.expectation else c
         return self._loaded[i]
 

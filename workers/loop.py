@@ -39,8 +39,16 @@ from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
 from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
 from policies.spec import JobSpec
-from policies.state_format import TRAINER_SCHEMA_VERSION, DataRecord, SchedulerRecord, StreamRecord, TrainState
-from workers import rng, task_rngs
+from policies.state_format import (
+    SHARD_WINDOW_SAMPLER,
+    TRAINER_SCHEMA_VERSION,
+    CorpusRecord,
+    DataRecord,
+    SchedulerRecord,
+    StreamRecord,
+    TrainState,
+)
+from workers import corpus, rng, task_rngs
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.checkpoint_engine import install as install_streaming
@@ -121,11 +129,13 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
 
     rng.use_task_generators({})  # an earlier run's in this process are not this task's
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
+    corpus.use_job_settings(spec)  # a sharded corpus the task builds caches where the spec says
     task = load_task(spec.task.path, spec.task.config)
     own_generators, unreproducible = task_rngs.of_task(task)
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     stream = _prepare_stream(spec, task, rank, world)
+    data_plan = corpus.plan_for(spec, task.dataset)  # corpus.shuffle and the cache bound: refused here too
     data_layout = stream.layout if stream is not None else layout(
         len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world, spec.scaling.min_workers,
         spec.scaling.max_workers)
@@ -139,7 +149,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                                         stream=stream.record if stream else None, param_groups=groups.layout_record,
                                         optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
                                         parameter_dtypes=parameter_dtypes(task.model),
-                                        task_generators=rng.task_generator_kinds())
+                                        task_generators=rng.task_generator_kinds(), corpus=data_plan.identity,
+                                        sampler=data_plan.sampler, window_shards=data_plan.window_shards)
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
@@ -152,6 +163,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     _check_hash_seed(attempt)
     try:
         start = negotiate_resume(attempt, engine)
+        if rank == 0:
+            corpus.publish_index(storage, task.dataset, data_plan.identity)  # selections name a changed shard
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
@@ -431,7 +444,9 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch,
-                        stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream)),
+                        stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream),
+                        corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
+                        window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
         per_rank_buffers=True,  # every rank writes its module buffers (workers.buffers)

@@ -49,7 +49,8 @@ class ResumeStart:
     rng_state: rng.SavedRng | None = None  # this rank's saved RNG streams (verified), restored before the first fetch
     rederive_rng: bool = False  # saved on another world size: per-rank streams are derived instead
     metrics: dict[str, Any] | None = None  # the resumed state's trainer.json metrics (evaluations carry on)
-    sampler: str = SAMPLER_VERSION  # the epoch order's algorithm: the resumed state's, or NEW_RUN_SAMPLER
+    # the epoch order's algorithm: the resumed state's, or NEW_RUN_SAMPLER (shard-window/v1 where the job asks)
+    sampler: str = SAMPLER_VERSION
     stream_state: SavedStream | None = None  # a stream's: this rank's saved position (verified), restored first
 
     def restore_rng(self, seed: int, rank: int) -> None:
@@ -70,8 +71,9 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     """The one entry point: choose, fetch, load (falling back past refused states), then position.
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
     name, trainer, loaded = _choose_and_load(attempt, engine)
+    new_run = NEW_RUN_SAMPLER if attempt.expectation.sampler == SAMPLER_VERSION else attempt.expectation.sampler
     start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=loaded.rng_state,
-                        sampler=NEW_RUN_SAMPLER if attempt.expectation.stream is None else STREAM_SAMPLER,
+                        sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
                         stream_state=loaded.stream_state)
     if trainer:
         _position_from(attempt, trainer, start)
