@@ -144,6 +144,18 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _reread_fsspec_config() -> None:
+    """fsspec reads its ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials) once,
+    when it is imported; a rank forked from a fork server imported it with the server's environment,
+    so it would reach another endpoint than the caller named (the real AWS instead of a test's moto
+    server). Read them again from the caller's environment, as fsspec does at import."""
+    import fsspec.config
+
+    fsspec.config.conf.clear()
+    fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
+    fsspec.config.set_conf_env(fsspec.config.conf)
+
+
 def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str,
            environ: dict[str, str]) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
@@ -151,6 +163,7 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
     os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    _reread_fsspec_config()
     try:
         spec = JobSpec.model_validate_json(spec_json)
         prepare_process(spec)  # NCCL binds a communicator to the current GPU
