@@ -164,6 +164,11 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     _reread_fsspec_config()
+    # A process started by a fork server or by spawn makes that its default start method, so the
+    # rank's DataLoader workers would be forked by a fork server of the rank's own: they then watch
+    # that server, not the rank, and outlive a rank that dies hard (each holding the rank's memory).
+    # Forked from the rank, as in a Ray Train worker, they notice its death and exit.
+    mp.set_start_method("fork", force=True)
     try:
         spec = JobSpec.model_validate_json(spec_json)
         prepare_process(spec)  # NCCL binds a communicator to the current GPU
