@@ -567,7 +567,7 @@ class JobSpec(_Strict):
 def spec_to_json(spec: JobSpec, redact: bool = True) -> str:
     """The normalized spec as JSON; with ``redact`` (the default: it is for printing), URL credentials
     anywhere in it (storage, resume.init_from, task.config) are replaced by ``***``."""
-    data = spec.model_dump(mode="json")
+    data = spec.model_dump(mode="json", by_alias=True)  # checkpoint.async, as the docs and the schema spell it
     return json.dumps(redact_obj(data) if redact else data, indent=2, sort_keys=False)
 
 

@@ -81,9 +81,9 @@ def test_run_refuses_before_ray_starts_or_storage_is_touched(tmp_path, capsys, m
     assert not runs.exists()
 
 
-def test_the_check_finds_modules_next_to_the_job_without_running_them(tmp_path, capsys, monkeypatch):
-    """find_spec locates the task module without executing it; its parent package's __init__ does
-    run (as on every worker), and an exception there is reported, not raised."""
+def test_the_check_finds_modules_next_to_the_job_and_imports_them_in_a_child(tmp_path, capsys, monkeypatch):
+    """The check imports the task module, as every worker will, but in a child Python: the CLI's
+    own process never runs it; its parent package's __init__ raising is reported, not raised."""
     pkg, broken = f"sp_task_{uuid.uuid4().hex[:8]}", f"sp_broken_{uuid.uuid4().hex[:8]}"
     (tmp_path / pkg).mkdir()
     (tmp_path / pkg / "__init__.py").write_text("")
@@ -94,18 +94,14 @@ def test_the_check_finds_modules_next_to_the_job_without_running_them(tmp_path, 
     (tmp_path / broken / "task.py").write_text("")
     job = _write_job(tmp_path)
     monkeypatch.chdir(tmp_path)
-    try:
-        assert main(["validate", job, "--set", f"task.path={pkg}.task:build"]) == 0
-        assert not ran.exists()
-        capsys.readouterr()
-        assert main(["validate", job, "--set", f"task.path={broken}.task:build"]) == 2
-        err = capsys.readouterr().err
-        assert f"task.path: '{broken}.task:build' cannot be imported: importing its package raised RuntimeError: " \
-               "boom in __init__" in err
-        assert str(tmp_path) not in sys.path  # the check's import path is its own
-    finally:
-        for name in [m for m in sys.modules if m.startswith((pkg, broken))]:
-            del sys.modules[name]
+    assert main(["validate", job, "--set", f"task.path={pkg}.task:build"]) == 0
+    assert ran.exists() and pkg not in sys.modules  # imported by the child only
+    capsys.readouterr()
+    assert main(["validate", job, "--set", f"task.path={broken}.task:build"]) == 2
+    err = capsys.readouterr().err
+    assert f"task.path: '{broken}.task:build' cannot be imported: importing '{broken}.task' raised RuntimeError: " \
+           f"boom in __init__ (at {broken}/__init__.py:1)" in err
+    assert str(tmp_path) not in sys.path and broken not in sys.modules
 
 
 # ---------------------------------------------------------------- the end-of-run summary

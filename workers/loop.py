@@ -130,6 +130,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
+    if rank == 0 and groups.task_class is not None:  # validate prints train.lr/optimizer: say which one is in effect
+        print(f"[syncpoint] optimizer: Task.optimizer's {groups.task_class} ({len(groups.base)} param group"
+              f"{'s' if len(groups.base) != 1 else ''}); train.lr and train.optimizer are not used", flush=True)
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
                                         num_samples=len(task.dataset), param_groups=groups.layout_record,
                                         optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
