@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from policies.failures import failure_reason, is_ours
+from policies.failures import failure_reason, is_ours, looks_like_lost_peer
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec
 
@@ -54,10 +54,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     def report(metrics: dict[str, float]) -> None:
         ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
 
-    run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
-                                   submission_id=config["submission_id"], report_metrics=report,
-                                   print_progress=config.get("print_progress", True),
-                                   heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
+    try:
+        run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
+                                       submission_id=config["submission_id"], report_metrics=report,
+                                       print_progress=config.get("print_progress", True),
+                                       heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
+    except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
+        from workers.failure_site import annotate
+
+        annotate(e, ctx.get_world_rank(), None)
+        raise
 
 
 # ---------------------------------------------------------------- known-harmless third-party messages
@@ -264,6 +270,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = _placement_report(spec, e) or failure_report(e)
+            failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
         from workers.lease import release_lease
 
@@ -384,12 +391,36 @@ def failure_report(error: BaseException) -> tuple[str, str]:
 
     The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
     worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
-    traceback text). Of several failed ranks, the lowest, except that syncpoint's own refusal
-    comes first: a refusal on one rank often surfaces as a broken collective on the others.
+    traceback text), which names where its rank was (``workers.failure_site``). Of several failed
+    ranks, ``failing_cause`` picks: a refusal or a bug on one rank often surfaces as a broken
+    collective on the others.
     """
+    return failure_reason(failing_cause(error))
+
+
+def failing_cause(error: BaseException) -> BaseException:
+    """The exception that says why a worker group failed (``failure_report``'s rule, also the failure
+    policy's for telling a repeated bug): syncpoint's own refusal first, then the lowest rank's own
+    error over a peer's lost connection (a rank that raised leaves the others' collectives broken),
+    then the lowest rank's."""
     failures = getattr(error, "worker_failures", None) or {}
     causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
-    return failure_reason(next((c for c in causes if is_ours(c)), causes[0]))
+    return (next((c for c in causes if is_ours(c)), None)
+            or next((c for c in causes if not looks_like_lost_peer(str(c))), causes[0]))
+
+
+def _not_retried(spec: JobSpec, submission: str) -> str:
+    """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
+    (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
+    from policies.failures import APPLICATION, not_retried_line
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    try:
+        last = EventLog(RunStorage(spec.run_url)).journal().last_failure(submission, APPLICATION)
+    except Exception:  # noqa: BLE001 - the log is unreadable: the reason alone still says why
+        return ""
+    return f"; {not_retried_line(last.micro_step)}" if last and last.repeated and last.micro_step is not None else ""
 
 
 def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | None:

@@ -116,7 +116,8 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
             what = f"{e.source} at micro-step {e.global_micro_step}" + (
                 f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else "")
         case Failure():
-            what = f"{e.classified} -> {e.decision}: {e.reason}"
+            what = f"{e.classified} -> {e.decision}: {e.reason}" + (
+                " (the previous attempt's failure again, no state in between: not retried)" if e.repeated else "")
         case Evaluated():
             shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
             what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"

@@ -78,6 +78,11 @@ class TaskError(JobConfigError):
     """The task import path or its return value is unusable (a user error, not a preemption)."""
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss stayed non-finite (``train.max_nonfinite_steps``), or a state to commit was: the run
+    stops. Resumed exactly, it would diverge again at the same step: a refusal, never retried."""
+
+
 class ElasticLayoutError(ValueError):
     """The world size cannot keep the global batch (a user error naming the sizes that work)."""
 

@@ -102,3 +102,173 @@ def test_run_refuses_a_misspelt_attribute_before_ray_starts(user_dir, capsys):
                          "--set", f"storage={runs}")
         assert rc == 2 and "has no attribute 'buidl'" in err
     assert not runs.exists()
+
+
+# ---------------------------------------------------------------- 2. a bug that repeats is not retried
+
+
+def _worker_failures(**by_rank: BaseException) -> BaseException:
+    """A worker group's failure as Ray Train v2 hands it over (tests/test_failures.py)."""
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    return WorkerGroupError("snippet", {int(rank[4:]): UserExceptionWithTraceback(e, "Traceback ...")
+                                        for rank, e in by_rank.items()})
+
+
+def _sited(error: BaseException, rank: int, micro_step: int | None, where: str | None = "mytask.py:14 in loss"):
+    error.syncpoint_site = {"rank": rank, "micro_step": micro_step, "where": where}  # type: ignore[attr-defined]
+    return error
+
+
+def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retried():
+    """The policy decides from the journal: the previous application failure of this submission had
+    the same exception at the same micro-step and nothing was committed since: raise, journaled as
+    repeated. A new commit in between, another micro-step, another message or another submission:
+    retried as before (Ray's max_failures)."""
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.config import FailureConfig
+
+    from orchestrator.failure_policy import SyncpointFailurePolicy, _repetition
+    from policies.failures import FailureFacts, failure_signature
+    from policies.journal import Failure, Journal, StateCommitted
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    def bug(micro_step: int = 3, text: str = "bad label encoding in batch (call 3)") -> BaseException:
+        return _worker_failures(rank0=_sited(ValueError(text), 0, micro_step))
+
+    def journal(*extra, submission: str = "sub") -> Journal:
+        cause = _sited(ValueError("bad label encoding in batch (call 3)"), 0, 3)
+        first = Failure(time=10.0, classified="application", reason="x", decision="RETRY", ranks=[0], messages=[],
+                        dead_nodes=[], submission=submission, signature=failure_signature(cause), micro_step=3)
+        return Journal([first, *extra])
+
+    assert _repetition(bug(), journal(), "sub")[1:] == (3, True)
+    assert _repetition(bug(micro_step=4), journal(), "sub")[2] is False
+    assert _repetition(bug(text="another message"), journal(), "sub")[2] is False
+    assert _repetition(bug(), journal(submission="earlier"), "sub")[2] is False
+    committed = StateCommitted(time=11.0, state="000000000002", global_micro_step=2, optimizer_step=1, bytes=1,
+                               seconds=0.1, blocked_seconds=0.1, reasons=["interval"])
+    assert _repetition(bug(), journal(committed), "sub")[2] is False
+    assert _repetition(_worker_failures(rank0=_sited(ValueError("x"), 0, None)), journal(), "sub")[2] is False
+
+    url = f"memory://repeat-{uuid.uuid4().hex[:8]}"
+    policy = SyncpointFailurePolicy(FailureConfig(max_failures=5), url, submission="sub")
+    signature, micro_step, repeats = _repetition(bug(), journal(), "sub")
+    base = dict(ray_says_preempted=False, dead_attempt_nodes=(), notice_logged=False, messages=("ValueError: x",),
+                signature=signature, micro_step=micro_step)
+    assert policy.decide(FailureFacts(**base, repeats=False), bug()) == FailureDecision.RETRY
+    assert policy.decide(FailureFacts(**base, repeats=True), bug()) == FailureDecision.RAISE
+    recorded = EventLog(RunStorage(url)).journal().failures
+    assert [(f.repeated, f.micro_step, f.submission) for f in recorded] == [(False, 3, "sub"), (True, 3, "sub")]
+    assert recorded[0].signature == "builtins.ValueError: bad label encoding in batch (call 3)"
+
+
+def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first():
+    """The failing rank's own exception with where it was, one line; a peer's broken collective
+    (the symptom) never hides it."""
+    from orchestrator.ray_runner import failure_report
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
+    error = _worker_failures(rank0=gloo, rank1=_sited(ValueError("bad label encoding in batch (call 3)"), 1, 3))
+    assert failure_report(error) == ("ValueError: bad label encoding in batch (call 3) at mytask.py:14 in loss "
+                                     "(rank 1, micro-step 3)", "")
+    assert failure_report(_worker_failures(rank0=_sited(KeyError("y"), 0, None, "mytask.py:3 in build")))[0] == \
+        "KeyError: 'y' at mytask.py:3 in build (rank 0)"
+    # syncpoint's own refusal at set-up: nothing to add
+    from policies.errors import TaskError
+
+    assert failure_report(_worker_failures(rank0=_sited(TaskError("task.path: x"), 0, None, None)))[0] == "task.path: x"
+
+
+def _linear(tmp_path, task: str, *overrides: str):
+    from tests.helpers import linear_spec
+
+    return linear_spec(tmp_path, f"task.path=tests.tasks:{task}", *overrides)
+
+
+def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
+    """What the driver's last line and the failure policy read: the rank, the micro-step, and the
+    innermost frame of the user's code (here tests/tasks.py's loss), not syncpoint's or torch's."""
+    from workers.launch import run_in_process
+
+    spec = _linear(tmp_path, "failing_loss", "task.config.fail_at=3", "task.config.num_samples=16")
+    with pytest.raises(ValueError, match="bad batch at call 3") as caught:
+        run_in_process(spec, print_progress=False)
+    site = caught.value.syncpoint_site  # type: ignore[attr-defined]
+    assert site["rank"] == 0 and site["micro_step"] == 3
+    assert site["where"].startswith("tests/tasks.py:") and site["where"].endswith(" in loss"), site
+
+
+@pytest.mark.parametrize("task,says", [
+    ("unreduced_loss", r"returned a tensor of shape \(1, 1\)\. Reduce it to the batch's mean"),
+])
+def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, task, says):
+    """A refusal (TaskError: not retried) at micro-step 1, naming the shape it got."""
+    from policies.errors import TaskError
+    from workers.launch import run_in_process
+
+    spec = _linear(tmp_path, task, "task.config.num_samples=16")
+    with pytest.raises(TaskError, match=says) as caught:
+        run_in_process(spec, print_progress=False)
+    assert caught.value.syncpoint_site["micro_step"] == 1  # type: ignore[attr-defined]
+
+
+def test_check_loss_names_what_came_back():
+    import torch
+
+    from policies.errors import TaskError
+    from workers.task import check_loss
+
+    w = torch.ones(2, requires_grad=True)
+    check_loss((w * 2).sum(), "t:build")
+    for value, says in [(0.5, "returned float"), ((w * 2), r"shape \(2,\)"),
+                        (torch.tensor(3), "returned a int64 tensor"), (torch.tensor(1.0), "no gradient reaches")]:
+        with pytest.raises(TaskError, match=says):
+            check_loss(value, "t:build")
+
+
+# ---------------------------------------------------------------- 3. a diverging run fails, commits nothing non-finite
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [0, 2])
+def test_a_loss_that_turns_nan_fails_naming_its_first_step_and_commits_nothing_non_finite(tmp_path, zero):
+    """ZeRO 0 applies the NaN update (the weights become NaN), ZeRO 2 skips it (DeepSpeed's overflow
+    check): either way the run fails after train.max_nonfinite_steps non-finite steps, naming the
+    first, and every committed state is finite (the saves requested meanwhile waited)."""
+
+    from policies.errors import TrainingDiverged
+    from tests.helpers import committed_steps
+    from workers.launch import run_in_process
+
+    spec = _linear(tmp_path, "diverging_loss", "task.config.nan_from=9", f"deepspeed.zero_stage={zero}",
+                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", "train.max_nonfinite_steps=3")
+    with pytest.raises(TrainingDiverged) as caught:
+        run_in_process(spec, print_progress=False)
+    message = str(caught.value)
+    # micro-step 9 is the first of optimizer step 3 (accumulation 4): its loss is the first non-finite
+    assert "3 optimizer steps in a row" in message and "from optimizer step 3 (micro-step 12: loss nan)" in message
+    assert caught.value.syncpoint_site["micro_step"] == 20  # type: ignore[attr-defined]  # steps 3, 4, 5
+    assert committed_steps(spec) == [4, 8]  # 12, 16 and 20 were requested and not committed
+
+
+def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
+    """What a save checks on each rank besides the agreed loss: the module's parameters and every
+    tensor of the innermost torch optimizer (its parameters, its moments)."""
+    import types
+
+    import torch
+
+    from workers.finite import agreed_finite, tensors_finite
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    engine = types.SimpleNamespace(module=model, optimizer=types.SimpleNamespace(optimizer=optimizer), device="cpu")
+    assert tensors_finite(engine) and agreed_finite(engine, 0.5)  # type: ignore[arg-type]
+    assert not agreed_finite(engine, float("inf"))  # type: ignore[arg-type]
+    optimizer.state[model.weight]["exp_avg_sq"][0, 1] = float("nan")
+    assert not tensors_finite(engine)  # type: ignore[arg-type]

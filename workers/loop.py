@@ -32,7 +32,7 @@ import torch.distributed as dist
 from policies.boundaries import cycle_length, is_boundary
 from policies.candidates import Expectation, identity_record
 from policies.elastic import layout
-from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
+from policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
 from policies.import_path import load_class
 from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
@@ -49,7 +49,9 @@ from workers.engine import build_engine, model_buffers, model_fingerprint, param
 from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog, skipped_line
 from workers.export import export_final
+from workers.failure_site import annotate
 from workers.faults import Faults
+from workers.finite import NonfiniteSteps
 from workers.heartbeat import Heartbeat
 from workers.lease import RunLease
 from workers.metric_sinks import ReportFn, RunMetrics
@@ -63,7 +65,7 @@ from workers.schedule import Schedule
 from workers.signing import load_key
 from workers.state_writer import SaveResult
 from workers.storage import RunStorage
-from workers.task import Task, load_task
+from workers.task import Task, check_loss, load_task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -148,15 +150,18 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     for line in unreproducible:
         attempt.warn(line)
     _check_hash_seed(attempt)
+    start: ResumeStart | None = None
     try:
         start = negotiate_resume(attempt, engine)
         with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
                              optimizer_step=start.position.optimizer_step,
                              global_micro_step=start.position.global_micro_step) as metrics:
             return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at)
-    except BaseException:
+    except BaseException as e:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
+        if isinstance(e, Exception):  # where, for the driver's last line and the failure policy
+            annotate(e, rank, start.position.global_micro_step if start is not None else None)
         raise
     finally:
         notices.stop_listening()
@@ -185,6 +190,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
                             events=attempt.events, carried=start.metrics, print_progress=ctx.print_progress)
     finished = start.finished
+    nonfinite = NonfiniteSteps(train.max_nonfinite_steps)
 
     while not finished and run_length.has_epoch(at.epoch):
         # Data position is index arithmetic; the saved RNG goes back after the skip, before the first fetch.
@@ -204,6 +210,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             cycle = cycle_length(at.position_in_epoch, accum, per_epoch)
             engine.set_gradient_accumulation_boundary(boundary)
             loss = task.loss(engine, to_device(batch, engine.device))
+            check_loss(loss, spec.task.path)  # what backward needs, refused at once (a bug that would repeat)
             engine.backward(loss / cycle, scale_wrt_gas=False)
             cycle_loss_sum += float(loss.detach())
             # LR schedule: the live spec decides the factor, the state only the position; each param
@@ -223,7 +230,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 agreed = BoundaryVote(cycle_loss_sum, preemption_notices=int(notice is not None),
                                       wall_clock_saves=int(clock_says_save), uploading=int(saves.uploading()),
                                       lease_lost=int(saves.lease_lost()),
-                                      reports_due=int(metrics.report_due())).agree(engine.device)
+                                      reports_due=int(metrics.report_due()),
+                                      skipped_updates=int(not engine.was_step_applied())).agree(engine.device)
                 step_loss = agreed.loss_sum / (cycle * world)
                 # A preemption notice: this boundary and every later one inside the grace window commits,
                 # so whatever is computed before the node goes away survives.
@@ -238,6 +246,11 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     pending.request("interval")
                 record = _step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None, world)
                 progress.add(record)
+                diverged = nonfinite.observe(loss=step_loss, skipped=bool(agreed.skipped_updates),
+                                             optimizer_step=at.optimizer_step, micro_step=at.global_micro_step)
+                if diverged:  # every rank, at the same boundary (agreed values)
+                    progress.flush()
+                    raise TrainingDiverged(diverged)
                 epoch_end = at.position_in_epoch == per_epoch
                 if epoch_end:
                     at.epoch_completed(train.scheduler.unit)
@@ -257,7 +270,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                                     report=bool(agreed.reports_due) or last)
                 trainer_record = partial(_trainer_record, attempt, at, engine, loss=step_loss,
                                          evaluated=evaluation.latest, sampler=start.sampler)
-                saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
+                saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step,
+                                  loss=step_loss)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
             if finished:
