@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.ray_runner import quiet_cli
+
+    quiet_cli()
     args = build_parser().parse_args(argv)
     try:
         rc = int(args.fn(args) or 0)

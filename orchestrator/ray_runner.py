@@ -118,6 +118,17 @@ def quiet_driver() -> None:
                                 else _filtered_log_handler(h)) for name, h in dispatcher.handlers]
 
 
+# DeepSpeed logs (its "DeepSpeed" logger, warning) whenever it is imported without DS_ACCELERATOR on a
+# machine without a GPU. The CLI's own process (digest, drill's comparison) imports it to read states,
+# which needs no accelerator; the workers are told which one (quiet_worker).
+ACCELERATOR_LINE = r"^Setting accelerator to CPU\. If you have GPU or other accelerator, we were unable to detect it\.$"
+
+
+def quiet_cli() -> None:
+    """In the CLI's process, before anything imports DeepSpeed."""
+    _add_filter("DeepSpeed", ACCELERATOR_LINE)
+
+
 def quiet_driver_start() -> None:
     """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
     authentication by default (it does; nothing to act on) is dropped at its logger."""
@@ -139,9 +150,11 @@ def quiet_worker(spec: JobSpec) -> None:
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
-    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor, deprecated in torch 2.13: not ours to change.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor and (ZeRO-3) reduce_scatter_tensor, both
+    # deprecated in torch 2.13: not ours to change.
+    for deprecated in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{deprecated}` is deprecated",
+                                category=FutureWarning)
     # DeepSpeed prints (print, not its logger) "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
     # successfully" whenever a process loads its CPU shared-memory op: that one line is dropped.
     try:
@@ -206,18 +219,31 @@ def connect(spec: JobSpec, address: str | None) -> bool:
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     quiet_driver_start()
+    runtime_env = job_runtime_env(env_vars)
     if address:
-        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
+        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
         quiet_driver()
         return False
     needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     # address="local": a new embedded instance even when another Ray runs on this machine (without
     # it, ray.init joins that one and then refuses num_cpus: "When connecting to an existing cluster").
-    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True,
-             runtime_env={"env_vars": env_vars})
+    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env=runtime_env)
     quiet_driver()
     return True
+
+
+def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The job's runtime env: ``env_vars``, and the setup hook that tells every worker process its own
+    cluster (``orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
+    --runtime-env``), which Ray would refuse to replace."""
+    from ray._private import ray_constants
+
+    if ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR in os.environ:
+        return {"env_vars": env_vars}
+    from orchestrator.worker_setup import HOOK
+
+    return {"env_vars": env_vars, "worker_process_setup_hook": HOOK}
 
 
 def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
@@ -341,7 +367,8 @@ def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.Abstrac
     from orchestrator.progress_bar import live_progress
     from workers.storage import RunStorage
 
-    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size)
+    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size,
+                         epochs=spec.train.epochs)
 
 
 def finish_line(spec: JobSpec) -> str:
