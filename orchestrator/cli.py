@@ -425,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a run's event timeline")
     e.add_argument("run_dir")
     e.add_argument("--json", action="store_true")
-    e.add_argument("--plot", metavar="FILE.png", help="draw loss and LR vs micro-step with saves/preemptions marked")
+    e.add_argument("--plot", metavar="FILE.png",
+                   help="draw loss and every param group's LR vs the optimizer step with saves/preemptions marked")
     e.set_defaults(fn=cmd_events)
     dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
     with_spec(dr)

@@ -67,6 +67,16 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
 
+    def _log_decision(self, decision: FailureDecision, training_failed_error: TrainingFailedError, error_count: int,
+                      retry_limit: int) -> None:
+        """One line per decision. Ray's own logs the whole worker-group error with its traceback
+        (every rank's snippet), twice over, at every retry; the failing rank's traceback is already
+        in its own log, and the run's last line names it."""
+        limit = "unlimited" if retry_limit in (-1, float("inf")) else f"{retry_limit:g}"
+        reason = failure_report(training_failed_error)[0][:300]
+        print(f"[syncpoint] attempt failed ({reason}): {decision.value.lower()} ({error_count} of {limit} allowed)",
+              file=sys.stderr, flush=True)
+
     def decide_placement(self, now: float, training_failed_error: TrainingFailedError) -> FailureDecision:
         """A worker-group start timed out waiting for room: retry (Ray's controller budget) until the
         run has waited ``failure.placement_timeout_s`` in a row, then fail instead of waiting forever."""

@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from policies.failures import failure_reason, is_ours, looks_like_lost_peer
+from policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec
 
@@ -147,6 +147,11 @@ def quiet_worker(spec: JobSpec) -> None:
         pass
     else:
         _add_filter(train_context.logger.name, r"^Reporting training result \d+: ")
+    # Ray Train logs every rank's failure with its traceback ("Error in training function:"). A rank
+    # whose collective lost its peer (gloo's "Connection closed by peer", a timeout) only says that
+    # another rank died first: that one's own traceback, the failure policy's line and the last line
+    # say why. Its 50 lines are dropped; every other failure's traceback shows.
+    _add_filter("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")

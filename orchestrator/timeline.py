@@ -25,6 +25,7 @@ from policies.journal import (
     PreemptionNotice,
     ResumeDecision,
     StateCommitted,
+    Submitted,
     UnknownEvent,
 )
 
@@ -100,8 +101,10 @@ def format_goodput(g: Goodput) -> str:
 
 
 def _line(e: Event | UnknownEvent, t0: float) -> str | None:
-    """One event's timeline line; None for the kinds the timeline leaves out (progress, submitted)."""
+    """One event's timeline line; None for the kinds the timeline leaves out (progress)."""
     match e:
+        case Submitted():
+            what = f"{e.name} to {e.address}"
         case AttemptStarted():
             what = (f"attempt {e.attempt} on {e.world_size} worker(s), "
                     f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})")

@@ -1,6 +1,6 @@
 """Run in every Ray worker process of a syncpoint job as it starts (Ray's ``worker_process_setup_hook``).
 
-Why: Ray's State API client (``ray.util.state``) finds its cluster from ``RAY_ADDRESS``, else by
+Why the cluster address: Ray's State API client (``ray.util.state``) finds its cluster from ``RAY_ADDRESS``, else by
 looking for Ray processes on the machine; where more than one Ray instance runs on the host (a test's
 cluster, a colleague's, the embedded one ``syncpoint run`` starts beside a ``ray start`` head) it
 raises "Found multiple active Ray instances". Ray Train's placement-group cleaner, a detached actor
@@ -11,14 +11,37 @@ environment, so the cleaner (and any State API call of the task's) asks that one
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 
-HOOK = "orchestrator.worker_setup.own_cluster_address"
+HOOK = "orchestrator.worker_setup.set_up"
+# Ray Train's controller warns, with a traceback, that shutting down a worker group whose worker
+# crashed could not be graceful, and says itself that this is expected: the failure policy's line
+# already says which failure it was.
+SHUTDOWN_LINE = re.compile(r"^Graceful shutdown of backend failed\. "
+                           r"This is expected if one of the workers has crashed\.$")
+
+
+class _DropShutdownWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not SHUTDOWN_LINE.match(record.getMessage())
+
+
+def set_up() -> None:
+    """The hook: this process's cluster address, and the controller's expected-shutdown warning quieted.
+    Never raises: a failing hook makes Ray stop the worker."""
+    try:
+        logger = logging.getLogger("ray.train.v2._internal.callbacks.backend_setup")
+        if not any(isinstance(f, _DropShutdownWarning) for f in logger.filters):
+            logger.addFilter(_DropShutdownWarning())
+    except Exception:  # noqa: BLE001 - the warning shows, nothing else changes
+        pass
+    own_cluster_address()
 
 
 def own_cluster_address() -> None:
-    """``RAY_ADDRESS`` := this worker's own cluster (its GCS address), unless something set it already.
-    Never raises: a failing hook makes Ray stop the worker."""
+    """``RAY_ADDRESS`` := this worker's own cluster (its GCS address), unless something set it already."""
     if os.environ.get("RAY_ADDRESS"):
         return
     try:

@@ -56,7 +56,7 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
 # "Timed out waiting 30000ms for recv operation to complete", NCCL's watchdog "Watchdog caught collective
 # operation timeout", torch's store "Socket Timeout"/"wait timeout after"; and what it says when a peer's
 # process did close: gloo "Connection closed by peer", "Connection reset by peer".
-_LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
+LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
                         r"|wait timeout after|Connection (closed|reset) by peer", re.IGNORECASE)
 
 
@@ -73,7 +73,7 @@ def should_await_node_death(vanished: bool, attempt_nodes: set[str], own_node: s
 def looks_like_lost_peer(message: str) -> bool:
     """A rank's failure reads as a collective that lost its peer, not as a bug of its own: the controller
     then waits (bounded) for Ray to declare a node dead before calling it an application error."""
-    return bool(_LOST_PEER.search(message))
+    return bool(LOST_PEER.search(message))
 
 
 _OURS = ("workers.", "orchestrator.", "policies.")

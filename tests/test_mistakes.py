@@ -272,3 +272,77 @@ def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
     assert not agreed_finite(engine, float("inf"))  # type: ignore[arg-type]
     optimizer.state[model.weight]["exp_avg_sq"][0, 1] = float("nan")
     assert not tensors_finite(engine)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- 8. small things that confused
+
+
+def _journal_with_groups_and_a_restart():
+    from policies.journal import AttemptStarted, Failure, Journal, Progress, ProgressRecord, StateCommitted, Submitted
+
+    def rec(step: int) -> ProgressRecord:
+        return ProgressRecord(optimizer_step=step, global_micro_step=4 * step, epoch=0, loss=2.0 / step,
+                              lr=0.1 * step, lrs=[0.1 * step, 0.01 * step], time=100.0 + step)
+
+    return Journal([
+        Submitted(time=99.0, source="driver", name="groups", address="embedded"),
+        AttemptStarted(time=100.0, attempt=1, world_size=1, resumed_from=None, global_micro_step=0, optimizer_step=0),
+        Progress(time=103.5, attempt=1, records=[rec(1), rec(2), rec(3)]),
+        StateCommitted(time=103.0, attempt=1, state="000000000008", global_micro_step=8, optimizer_step=2, bytes=1,
+                       seconds=0.1, blocked_seconds=0.1, reasons=["interval"]),
+        Failure(time=104.0, classified="application", decision="RETRY", reason="x", ranks=[0], messages=[],
+                dead_nodes=[]),
+        AttemptStarted(time=105.0, attempt=2, world_size=1, resumed_from="000000000008", global_micro_step=8,
+                       optimizer_step=2),
+        Progress(time=108.0, attempt=2, records=[rec(3), rec(4)]),
+    ])
+
+
+def test_the_plot_is_against_the_optimizer_step_with_every_groups_rate():
+    """TensorBoard's x-axis, labelled; each param group's LR a line of its own; a restart at its
+    fraction of a step (the crash at micro-step 14 of step 4)."""
+    import matplotlib.pyplot as plt
+
+    from orchestrator.plot import draw, step_of
+
+    journal = _journal_with_groups_and_a_restart()
+    fig = draw(journal, "groups")
+    try:
+        ax, ax2 = fig.axes[0], fig.axes[1]
+        assert ax.get_xlabel() == "optimizer step"
+        assert list(ax.lines[0].get_xdata()) == [1, 2, 3, 4]
+        lrs = {line.get_label(): list(line.get_ydata()) for line in ax2.lines}
+        assert lrs == {"lr group 0": pytest.approx([0.1, 0.2, 0.3, 0.4]),
+                       "lr group 1": pytest.approx([0.01, 0.02, 0.03, 0.04])}
+        committed = [line for line in ax.lines if line.get_label() == "state committed"]
+        assert list(committed[0].get_xdata()) == [2, 2]
+    finally:
+        plt.close(fig)
+    steps = list(journal.steps().values())
+    assert step_of(steps)(14) == pytest.approx(3.5) and step_of(steps)(20) == pytest.approx(5.0)
+
+
+def test_the_timeline_shows_the_submission():
+    from orchestrator.timeline import format_timeline
+
+    first = format_timeline(_journal_with_groups_and_a_restart()).splitlines()[0]
+    assert first.split()[2:] == ["submitted", "groups", "to", "embedded"], first
+
+
+@pytest.mark.slow
+def test_a_resume_that_changes_the_schedule_horizon_says_so(tmp_path, capsys):
+    """A finished run extended (train.max_steps raised): the cosine schedule's rate from the resumed
+    step on follows the new horizon; one line says so. The same horizon says nothing."""
+    from workers.launch import run_in_process
+
+    sets = ["train.scheduler={type: cosine}", "checkpoint.save_every={value: 4, unit: optimizer_steps}",
+            "task.config.num_samples=64"]
+    run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=4"), print_progress=False)
+    capsys.readouterr()
+    run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=4"), print_progress=False)
+    assert "horizon changed" not in capsys.readouterr().out
+    run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=8"), print_progress=False)
+    out = capsys.readouterr().out
+    assert ("[syncpoint] the LR schedule's horizon changed from 4 to 8 optimizer_steps since the resumed state "
+            "(train.max_steps, train.epochs or train.scheduler.total): from position 4 on the learning rate follows "
+            "the new horizon (factor 0 -> 0.5 here)") in out, out

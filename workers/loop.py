@@ -428,6 +428,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name, **identity,
         epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
+        schedule_horizon=attempt.run_length.schedule_horizon,
         data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch),
