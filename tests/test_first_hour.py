@@ -310,4 +310,8 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
         other.shutdown()
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "Connecting to existing Ray cluster" not in r.stdout + r.stderr
+    # Ray Train's placement-group cleaner asks the State API, which finds two Ray instances here unless
+    # its process is told its own cluster (orchestrator.worker_setup): no traceback, no dead cleaner
+    assert "Found multiple active Ray instances" not in r.stdout + r.stderr
+    assert "PlacementGroupCleaner" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("syncpoint: job 'tiny-lm' finished")
