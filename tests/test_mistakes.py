@@ -451,3 +451,42 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_p
             assert "Graceful shutdown of backend failed" not in out and "[FailurePolicy]" not in out, out
             assert out.count("Traceback (most recent call last)") <= attempts, out  # the failing rank's own, once each
             print(f"{task}: {took:.0f} s, {len(out.splitlines())} lines")
+
+
+# ---------------------------------------------------------------- 7. submit right after `ray start`
+
+
+class _AgentStartingClient:
+    """What the Job SDK client does while a new head's job agent registers: ``submit_job`` raises
+    Ray's own RuntimeError for the API's HTTP 500 (ray.dashboard.modules.job.sdk, `_raise_error`)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.calls = refusals, 0
+
+    def submit_job(self, **job):
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
+                               "again later..")
+        return "raysubmit_ok"
+
+
+def test_submit_waits_for_a_new_heads_job_agent_bounded_and_says_so(capsys):
+    from orchestrator.submit import submit_job
+    from policies.errors import SpecError
+
+    client = _AgentStartingClient(refusals=3)
+    assert submit_job(client, "http://127.0.0.1:8265", wait_s=30, poll_s=0.01, entrypoint="x") == "raysubmit_ok"
+    err = capsys.readouterr().err
+    assert client.calls == 4 and err.count("job agent is not up yet") == 1, err  # said once
+    began = time.monotonic()
+    with pytest.raises(SpecError) as refused:
+        submit_job(_AgentStartingClient(refusals=10**6), "http://127.0.0.1:8265", wait_s=0.3, poll_s=0.05,
+                   entrypoint="x")
+    assert time.monotonic() - began < 5
+    assert "the cluster's job agent did not come up within 0.3 s (SYNCPOINT_JOB_AGENT_WAIT_S)" in str(refused.value)
+    assert "nothing was submitted" in str(refused.value)
+    other = _AgentStartingClient(refusals=0)
+    other.submit_job = lambda **job: (_ for _ in ()).throw(RuntimeError("Request failed with status code 400: bad"))
+    with pytest.raises(RuntimeError, match="400"):  # any other error is not waited on
+        submit_job(other, "http://127.0.0.1:8265", wait_s=30, entrypoint="x")
