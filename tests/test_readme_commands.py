@@ -15,48 +15,25 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
+import tempfile
 
 import pytest
 
-from tests.helpers import ROOT, stop_processes
+from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes
 from tests.ray_processes import OBJECT_STORE
+from tests.readme import bash_blocks, commands, copy_of_repository, venv_is_up_to_date
 from workers.launch import free_port
-
-README = (ROOT / "README.md").read_text()
-
-
-def bash_blocks(section: str) -> list[str]:
-    """The ```bash blocks of a README section (from its heading to the next heading of its level)."""
-    start = README.index(section)
-    level = section.split(" ", 1)[0]
-    nxt = re.search(rf"^{level} ", README[start + len(section):], re.MULTILINE)
-    text = README[start:start + len(section) + (nxt.start() if nxt else len(README))]
-    return re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
-
-
-def copy_of_repository(dest) -> None:
-    """The tracked files (mtimes kept: make compares them), and ``.venv`` linking to this environment."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
-    for name in filter(None, (f.decode() for f in files)):
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if (ROOT / name).is_file():
-            shutil.copy2(ROOT / name, target)
-    (dest / ".venv").symlink_to(sys.prefix)
 
 
 def test_the_deploy_block_holds_the_commands_the_test_runs():
     """Guards the extraction below: the block the test runs is the one a reader copies."""
-    block = bash_blocks("## Deploy with `ray job submit`")[0]
-    commands = [ln.split("#")[0].strip() for ln in block.splitlines() if ln.split("#")[0].strip()]
-    assert commands[:5] == ["make venv", "source .venv/bin/activate", "ray get-auth-token --generate > /dev/null",
+    lines = commands(bash_blocks("## Deploy with `ray job submit`")[0])
+    assert lines[:5] == ["make venv", "source .venv/bin/activate", "ray get-auth-token --generate > /dev/null",
                             "export RAY_AUTH_MODE=token", "ray start --head --disable-usage-stats"]
-    assert "syncpoint submit examples/tiny_lm.yaml --address http://127.0.0.1:8265" in commands
-    assert commands[-1] == "ray stop"
+    assert "syncpoint submit examples/tiny_lm.yaml --address http://127.0.0.1:8265" in lines
+    assert lines[-1] == "ray stop"
 
 
 @pytest.mark.slow
@@ -67,7 +44,7 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     copy_of_repository(repo)
     block = bash_blocks("## Deploy with `ray job submit`")[0]
     ports = [free_port() for _ in range(7)]
-    temp = tmp_path / "ray"
+    temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
     own_ports = (f" --port={ports[0]} --dashboard-port={ports[1]} --dashboard-agent-listen-port={ports[2]} "
                  f"--dashboard-agent-grpc-port={ports[3]} --metrics-export-port={ports[4]} "
                  f"--runtime-env-agent-port={ports[5]} --ray-client-server-port={ports[6]} --temp-dir={temp} "
@@ -76,8 +53,7 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     script = block.replace(head, head + own_ports)
     script = script.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{ports[1]}")
     script = re.sub(r"^ray stop\b.*$", "", script, flags=re.MULTILINE)
-    make_is_up_to_date = subprocess.run(["make", "-q", "venv"], cwd=repo, capture_output=True).returncode == 0
-    if not make_is_up_to_date:
+    if not venv_is_up_to_date(repo):
         script = re.sub(r"^make venv\b.*$", "", script, flags=re.MULTILINE)
     assert script.count("ray start --head") == 1 and f"127.0.0.1:{ports[1]}" in script
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("DS_ACCELERATOR",)}
