@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -490,3 +491,68 @@ def test_submit_waits_for_a_new_heads_job_agent_bounded_and_says_so(capsys):
     other.submit_job = lambda **job: (_ for _ in ()).throw(RuntimeError("Request failed with status code 400: bad"))
     with pytest.raises(RuntimeError, match="400"):  # any other error is not waited on
         submit_job(other, "http://127.0.0.1:8265", wait_s=30, entrypoint="x")
+
+
+# ---------------------------------------------------------------- 6. noise, quieted at its source
+
+
+def test_zero3s_deprecated_collectives_are_quieted_in_a_worker_and_other_warnings_are_not():
+    """torch 2.13 deprecates the collectives DeepSpeed's ZeRO calls (all_gather_into_tensor, and at
+    ZeRO-3 reduce_scatter_tensor): a worker drops exactly those FutureWarnings."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from orchestrator.ray_runner import quiet_worker
+    from tests.helpers import linear_spec
+    from workers.launch import ensure_single_process_group
+
+    ensure_single_process_group("gloo")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_worker(linear_spec("memory://quiet"))
+        for call in (lambda: dist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(1)),
+                     lambda: dist.all_gather_into_tensor(torch.zeros(1), torch.zeros(1))):
+            try:
+                call()
+            except RuntimeError:  # gloo may not implement it: the deprecation warning comes first anyway
+                pass
+        warnings.warn("`torch.distributed.something_else` is deprecated", FutureWarning, stacklevel=1)
+    shown = [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+    assert shown == ["`torch.distributed.something_else` is deprecated"], shown
+
+
+def test_the_cli_process_imports_deepspeed_without_its_accelerator_line():
+    """digest and drill import DeepSpeed in the CLI's own process (no DS_ACCELERATOR there): its
+    "Setting accelerator to CPU" warning is dropped at its logger, by its exact text."""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    code = "import deepspeed.accelerator as a; a.get_accelerator()"
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    quieted = "from orchestrator.ray_runner import quiet_cli; quiet_cli(); " + code
+    quiet = subprocess.run([sys.executable, "-c", quieted], env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == quiet.returncode == 0, plain.stderr + quiet.stderr
+    assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what it says unquieted, on this machine
+    assert "Setting accelerator to CPU" not in quiet.stdout + quiet.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
+    """`syncpoint drill --preempt-at P` crashes rank 1 on purpose: the survivor's broken collective,
+    Ray's failure-policy dump and the controller's shutdown warning said nothing the table does not;
+    what remains is syncpoint's lines, Ray's start-up lines and the raylet's one line about the death."""
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
+           "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=40", "--set", "task.config.seq_len=8",
+           "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2", "--set", "train.epochs=1",
+           "--set", "checkpoint.export_final=false", "--set", "task.config.eval_samples=8",
+           "--set", "checkpoint.save_every={value: 1, unit: optimizer_steps}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DS_ACCELERATOR")}
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "RESULT: the interrupted run is bitwise the uninterrupted one" in r.stdout
+    for noise in ("Traceback", "Graceful shutdown of backend failed", "[FailurePolicy]", "Error Snippet",
+                  "Setting accelerator to CPU"):
+        assert noise not in out, (noise, out[-6000:])
+    assert len(out.splitlines()) < 60, out
