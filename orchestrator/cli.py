@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.ray_runner import quiet_cli
+    from orchestrator.quiet import quiet_cli
 
     quiet_cli()
     args = build_parser().parse_args(argv)

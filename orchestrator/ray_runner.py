@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.quiet import drop
 from policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec
@@ -69,23 +69,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- known-harmless third-party messages
 # A successful run shows syncpoint's lines and real problems. Each message below is quieted at its
 # source, by exact text, and only because it says nothing about this run; anything else from the
-# same loggers and streams still shows.
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, *patterns: str) -> None:
-        super().__init__()
-        self.patterns = [re.compile(p) for p in patterns]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(p.search(record.getMessage()) for p in self.patterns)
-
-
-def _add_filter(logger_name: str, *patterns: str) -> None:
-    logger = logging.getLogger(logger_name)
-    if not any(isinstance(f, _DropMessages) and [p.pattern for p in f.patterns] == list(patterns)
-               for f in logger.filters):
-        logger.addFilter(_DropMessages(*patterns))
+# same loggers and streams still shows (orchestrator.quiet; the CLI's own process: quiet_cli there;
+# every worker process of the job as it starts: orchestrator.worker_setup).
 
 
 # Ray's core worker logs (C++, once per process, error level) that the PreemptionWatcher actor has
@@ -118,21 +103,10 @@ def quiet_driver() -> None:
                                 else _filtered_log_handler(h)) for name, h in dispatcher.handlers]
 
 
-# DeepSpeed logs (its "DeepSpeed" logger, warning) whenever it is imported without DS_ACCELERATOR on a
-# machine without a GPU. The CLI's own process (digest, drill's comparison) imports it to read states,
-# which needs no accelerator; the workers are told which one (quiet_worker).
-ACCELERATOR_LINE = r"^Setting accelerator to CPU\. If you have GPU or other accelerator, we were unable to detect it\.$"
-
-
-def quiet_cli() -> None:
-    """In the CLI's process, before anything imports DeepSpeed."""
-    _add_filter("DeepSpeed", ACCELERATOR_LINE)
-
-
 def quiet_driver_start() -> None:
     """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
     authentication by default (it does; nothing to act on) is dropped at its logger."""
-    _add_filter("ray._private.authentication.authentication_token_setup",
+    drop("ray._private.authentication.authentication_token_setup",
                 r"^Token authentication is enabled for this Ray cluster\.")
 
 
@@ -146,12 +120,12 @@ def quiet_worker(spec: JobSpec) -> None:
     except ImportError:  # another Ray: the lines show, nothing else changes
         pass
     else:
-        _add_filter(train_context.logger.name, r"^Reporting training result \d+: ")
+        drop(train_context.logger.name, r"^Reporting training result \d+: ")
     # Ray Train logs every rank's failure with its traceback ("Error in training function:"). A rank
     # whose collective lost its peer (gloo's "Connection closed by peer", a timeout) only says that
     # another rank died first: that one's own traceback, the failure policy's line and the last line
     # say why. Its 50 lines are dropped; every other failure's traceback shows.
-    _add_filter("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
+    drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")

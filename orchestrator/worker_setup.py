@@ -11,30 +11,22 @@ environment, so the cleaner (and any State API call of the task's) asks that one
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 
 HOOK = "orchestrator.worker_setup.set_up"
 # Ray Train's controller warns, with a traceback, that shutting down a worker group whose worker
 # crashed could not be graceful, and says itself that this is expected: the failure policy's line
 # already says which failure it was.
-SHUTDOWN_LINE = re.compile(r"^Graceful shutdown of backend failed\. "
-                           r"This is expected if one of the workers has crashed\.$")
-
-
-class _DropShutdownWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not SHUTDOWN_LINE.match(record.getMessage())
+SHUTDOWN_LINE = r"^Graceful shutdown of backend failed\. This is expected if one of the workers has crashed\.$"
 
 
 def set_up() -> None:
     """The hook: this process's cluster address, and the controller's expected-shutdown warning quieted.
     Never raises: a failing hook makes Ray stop the worker."""
     try:
-        logger = logging.getLogger("ray.train.v2._internal.callbacks.backend_setup")
-        if not any(isinstance(f, _DropShutdownWarning) for f in logger.filters):
-            logger.addFilter(_DropShutdownWarning())
+        from orchestrator.quiet import drop
+
+        drop("ray.train.v2._internal.callbacks.backend_setup", SHUTDOWN_LINE)
     except Exception:  # noqa: BLE001 - the warning shows, nothing else changes
         pass
     own_cluster_address()

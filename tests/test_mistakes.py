@@ -529,7 +529,7 @@ def test_the_cli_process_imports_deepspeed_without_its_accelerator_line():
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     code = "import deepspeed.accelerator as a; a.get_accelerator()"
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    quieted = "from orchestrator.ray_runner import quiet_cli; quiet_cli(); " + code
+    quieted = "from orchestrator.quiet import quiet_cli; quiet_cli(); " + code
     quiet = subprocess.run([sys.executable, "-c", quieted], env=env, capture_output=True, text=True, timeout=300)
     assert plain.returncode == quiet.returncode == 0, plain.stderr + quiet.stderr
     assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what it says unquieted, on this machine
