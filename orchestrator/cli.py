@@ -35,7 +35,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = _load(args)
     check_imports(spec, args.job)
     print(spec_to_json(spec))
+    print(f"syncpoint: note: {OPTIMIZER_NOTE}", file=sys.stderr)  # stdout stays the spec's JSON
     return 0
+
+
+# validate prints every field, also those a Task.optimizer makes unused: said once, not guessed (only
+# building the task would tell, and validate builds nothing)
+OPTIMIZER_NOTE = ("train.lr and train.optimizer build the optimizer only for a task without Task.optimizer; a "
+                  "Task.optimizer's param groups carry their own lr and settings instead, and train.scheduler scales "
+                  "each group's lr (the workers say which one is in effect)")
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -55,8 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
-    ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — names a module
-    that cannot be found."""
+    ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
+    resolve to an object of its kind (``orchestrator.import_check``), one paragraph per path."""
     problems = import_problems(import_paths(spec), base_dir)
     if problems:
         raise SpecError(source, problems)
@@ -77,38 +85,13 @@ def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
 
 
 def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -> list[str]:
-    """One paragraph per import path whose module cannot be found where the workers look: ``base_dir``
+    """One paragraph per import path that does not resolve where the workers look: ``base_dir``
     (default the working directory, which the driver puts first on the workers' PYTHONPATH), then the
-    installed packages.
+    installed packages. Each module is imported in a child Python, bounded in time
+    (``orchestrator.import_check``), never in this process. ``syncpoint submit`` runs this on the cluster."""
+    from orchestrator.import_check import resolve_problems
 
-    ``importlib.util.find_spec`` locates a module without running it; for a dotted name it imports the
-    parent packages (their ``__init__``), as every worker does anyway. The name after ``:`` is not
-    checked: that would mean running the module. ``syncpoint submit`` runs this on the cluster.
-    """
-    import importlib.util
-    import os
-
-    base = os.path.abspath(base_dir or os.getcwd())
-    problems = []
-    sys.path.insert(0, base)
-    try:
-        for field, path in paths:
-            module = path.partition(":")[0]
-            try:
-                found = importlib.util.find_spec(module) is not None
-                why = f"no module named {module!r}"
-            except ModuleNotFoundError as e:  # a parent package is missing
-                found, why = False, f"no module named {e.name!r}" if e.name else str(e)
-            except Exception as e:  # noqa: BLE001 - any error a user's package raises on import is reported
-                found, why = False, f"importing its package raised {type(e).__name__}: {e}"
-            if not found:
-                problems.append(
-                    f"{field}: {path!r} cannot be imported: {why}. The workers import it from {base} (the "
-                    "working directory; `syncpoint submit` ships it with the job) and the installed packages; "
-                    "check the spelling, run from the directory that holds the package, or install it")
-    finally:
-        sys.path.remove(base)
-    return problems
+    return resolve_problems(paths, os.path.abspath(base_dir or os.getcwd()))
 
 
 def _check_storage(spec: JobSpec) -> None:
@@ -442,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a run's event timeline")
     e.add_argument("run_dir")
     e.add_argument("--json", action="store_true")
-    e.add_argument("--plot", metavar="FILE.png", help="draw loss and LR vs micro-step with saves/preemptions marked")
+    e.add_argument("--plot", metavar="FILE.png",
+                   help="draw loss and every param group's LR vs the optimizer step with saves/preemptions marked")
     e.set_defaults(fn=cmd_events)
     dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
     with_spec(dr)
@@ -460,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.quiet import quiet_cli
+
+    quiet_cli()
     args = build_parser().parse_args(argv)
     try:
         rc = int(args.fn(args) or 0)

@@ -26,15 +26,18 @@ from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, Wo
 
 from orchestrator.ray_runner import failure_report
 from policies.failures import (
+    APPLICATION,
     PLACEMENT,
     PREEMPTION,
     REFUSAL,
     FailureFacts,
     FailureVerdict,
     classify_failure,
+    failure_signature,
     looks_like_lost_peer,
     placement_exhausted,
     placement_waited_s,
+    repeats_previous,
     should_await_node_death,
 )
 from policies.journal import Journal
@@ -64,6 +67,16 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
 
+    def _log_decision(self, decision: FailureDecision, training_failed_error: TrainingFailedError, error_count: int,
+                      retry_limit: int) -> None:
+        """One line per decision. Ray's own logs the whole worker-group error with its traceback
+        (every rank's snippet), twice over, at every retry; the failing rank's traceback is already
+        in its own log, and the run's last line names it."""
+        limit = "unlimited" if retry_limit in (-1, float("inf")) else f"{retry_limit:g}"
+        reason = failure_report(training_failed_error)[0][:300]
+        print(f"[syncpoint] attempt failed ({reason}): {decision.value.lower()} ({error_count} of {limit} allowed)",
+              file=sys.stderr, flush=True)
+
     def decide_placement(self, now: float, training_failed_error: TrainingFailedError) -> FailureDecision:
         """A worker-group start timed out waiting for room: retry (Ray's controller budget) until the
         run has waited ``failure.placement_timeout_s`` in a row, then fail instead of waiting forever."""
@@ -79,7 +92,8 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             reason = f"waiting for room for the workers: {waited:.0f} s of {self.placement_timeout_s:g}"
         facts = FailureFacts(ray_says_preempted=False, dead_attempt_nodes=(), notice_logged=False,
                              messages=(failure_report(training_failed_error)[0],))
-        _record(self.run_url, FailureVerdict(PLACEMENT, reason), facts, decision, training_failed_error)
+        _record(self.run_url, FailureVerdict(PLACEMENT, reason), facts, decision, training_failed_error,
+                self.submission)
         return decision
 
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
@@ -97,9 +111,11 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
                                float("inf") if limit == -1 else limit)  # type: ignore[arg-type]
         elif verdict.kind == REFUSAL:
             decision = FailureDecision.RAISE
+        elif verdict.kind == APPLICATION and facts.repeats:  # a bug that repeats: retries would only repeat it
+            decision = FailureDecision.RAISE
         else:
             decision = super().make_decision(training_failed_error)
-        _record(self.run_url, verdict, facts, decision, training_failed_error)
+        _record(self.run_url, verdict, facts, decision, training_failed_error, self.submission)
         return decision
 
 
@@ -204,10 +220,31 @@ def gather_facts(error: TrainingFailedError, journal: Journal | None, submission
             dead, note = await_new_node_death(known_dead, node_death_wait_s(), _dead_nodes)
             messages = (*messages, note) if note else messages
             lost = dead - known_dead
+    signature, micro_step, repeats = _repetition(error, journal, submission)
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(lost)),
-        notice_logged=notice, messages=messages, refusal=_refusal(failures))
+        notice_logged=notice, messages=messages, refusal=_refusal(failures),
+        signature=signature, micro_step=micro_step, repeats=repeats)
+
+
+def _repetition(error: BaseException, journal: Journal | None, submission: str) -> tuple[str, int | None, bool]:
+    """(signature, micro-step, repeats the previous failed attempt) of the failing rank's exception
+    (``failing_cause``, the one the last line names), from the site its rank attached
+    (``workers.failure_site``) and the journal's previous application failure of this submission."""
+    from orchestrator.ray_runner import failing_cause
+
+    cause = failing_cause(error)
+    site = getattr(cause, "syncpoint_site", None)
+    micro_step = site.get("micro_step") if isinstance(site, dict) else None
+    micro_step = micro_step if isinstance(micro_step, int) else None
+    signature = failure_signature(cause)
+    if journal is None or not submission:
+        return signature, micro_step, False
+    previous = journal.last_failure(submission, APPLICATION)
+    repeats = previous is not None and repeats_previous(
+        signature, micro_step, (previous.signature, previous.micro_step), journal.committed_since(previous.time))
+    return signature, micro_step, repeats
 
 
 def node_death_wait_s() -> float:
@@ -247,11 +284,11 @@ def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
     from orchestrator.ray_runner import own_exception
-    from policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused
+    from policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused, TrainingDiverged
 
     for _, error in sorted(failures.items()):
         own = own_exception(error)
-        if isinstance(own, (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError)):
+        if isinstance(own, (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError, TrainingDiverged)):
             return failure_report(error)[0]
     return None
 
@@ -274,7 +311,7 @@ def _is_system_death(error: BaseException) -> bool:
 
 
 def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision: FailureDecision,
-            error: TrainingFailedError) -> None:
+            error: TrainingFailedError, submission: str = "") -> None:
     from policies.journal import Failure
     from workers.events import EventLog
     from workers.storage import RunStorage
@@ -283,7 +320,8 @@ def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision
         EventLog(RunStorage(run_url), source="controller").emit(Failure(
             classified=verdict.kind, reason=verdict.reason, decision=decision.value,
             ranks=sorted(getattr(error, "worker_failures", {}) or {}), messages=list(facts.messages)[:4],
-            dead_nodes=list(facts.dead_attempt_nodes)))
+            dead_nodes=list(facts.dead_attempt_nodes), submission=submission, signature=facts.signature,
+            micro_step=facts.micro_step, repeated=facts.repeats and verdict.kind == APPLICATION))
     except Exception:  # noqa: BLE001 - the log is for people; a failed write must not change Ray's decision
         pass
 

@@ -22,7 +22,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from policies.journal import AttemptStarted, Event, Finished, StateCommitted, UnknownEvent, read_event
+from policies.evaluation import eval_line
+from policies.journal import AttemptStarted, Evaluated, Event, Finished, StateCommitted, UnknownEvent, read_event
 from policies.journal import Progress as ProgressEvent
 from workers.events import Unreadable, event_files, read_record
 from workers.storage import RunStorage
@@ -55,6 +56,9 @@ class RunView:
     loss: float | None = None
     samples_per_s: float | None = None
     newest_state: str | None = None
+    lr: float | None = None  # the first param group's, at the newest step
+    epoch: int | None = None  # 0-based, at the newest step
+    epochs: int | None = None  # the run's (train.epochs), None when it is bounded by steps only
     micro_batch_size: int = 1
     world_size: int = 1
     finished: bool = False
@@ -80,16 +84,18 @@ class RunView:
                 self.samples_per_s = ((last.global_micro_step - first[0]) * self.micro_batch_size * self.world_size
                                       / (last.time - first[1]))
             self.step, self.loss, self._last = last.optimizer_step, last.loss, (last.global_micro_step, last.time)
+            self.lr, self.epoch = last.lr, last.epoch
         elif isinstance(event, Finished):
             self.step, self.finished = event.optimizer_step, True
 
 
 def make_progress(console: Console, get_time: Callable[[], float] | None = None) -> Progress:
-    """The bar: attempt, bar, step/total, loss, samples/s, ETA (rich's estimate from the steps of the
-    last 30 s), newest committed state."""
+    """The bar: attempt, epoch, bar, step/total, loss, learning rate, samples/s, ETA (rich's estimate
+    from the steps of the last 30 s), newest committed state."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("step"), MofNCompleteColumn(),
-        TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
+        TextColumn("[bold]{task.description}"), TextColumn("{task.fields[epoch]}"), BarColumn(), TextColumn("step"),
+        MofNCompleteColumn(), TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[lr]}"),
+        TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
         TimeRemainingColumn(), TextColumn("{task.fields[state]}"), console=console, transient=False,
         get_time=get_time)
 
@@ -100,6 +106,9 @@ def show(progress: Progress, task: TaskID, view: RunView, *, new_attempt: bool =
     fields: dict[str, Any] = {
         "description": ("finished" if view.finished else f"attempt {view.attempt}" if view.attempt else "starting"),
         "loss": f"loss {view.loss:.4f}" if view.loss is not None else "loss -",
+        "lr": f"lr {view.lr:.3g}" if view.lr is not None else "lr -",
+        "epoch": (f"epoch {view.epoch + 1}" + (f"/{view.epochs}" if view.epochs else "")) if view.epoch is not None
+        else "",
         "speed": f"{view.samples_per_s:,.0f} samples/s" if view.samples_per_s is not None else "- samples/s",
         "state": f"state {view.newest_state}" if view.newest_state else "no state yet",
     }
@@ -132,18 +141,23 @@ class EventFollower:
 
 @contextlib.contextmanager
 def live_progress(storage: RunStorage, *, since: float, micro_batch_size: int, console: Console | None = None,
-                  poll_s: float = POLL_S) -> Iterator[RunView]:
+                  poll_s: float = POLL_S, epochs: int | None = None) -> Iterator[RunView]:
     """The bar while the block runs (``trainer.fit()``): a thread folds new events into the view
-    every ``poll_s``; prints of the driver (Ray's log stream included) appear above the bar."""
+    every ``poll_s``; prints of the driver (Ray's log stream included) appear above the bar, and so
+    does each evaluation, as the line a worker prints without the bar."""
     progress = make_progress(console or Console())
-    view, follower = RunView(micro_batch_size=micro_batch_size), EventFollower(storage)
-    task = progress.add_task("starting", total=None, loss="", speed="", state="")
+    view, follower = RunView(micro_batch_size=micro_batch_size, epochs=epochs), EventFollower(storage)
+    task = progress.add_task("starting", total=None, loss="", lr="", epoch="", speed="", state="")
     stop = threading.Event()
 
     def tick() -> None:
         shown_attempt = view.attempt
         for event in follower.new_events():
-            view.fold(event, current=event.time >= since)
+            current = event.time >= since
+            view.fold(event, current=current)
+            if current and isinstance(event, Evaluated):
+                progress.console.print(eval_line(event.attempt, event.optimizer_step, event.metrics, event.seconds),
+                                       markup=False, highlight=False)
         show(progress, task, view, new_attempt=view.attempt != shown_attempt)
 
     def poll() -> None:

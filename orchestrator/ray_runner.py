@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import sys
@@ -21,7 +20,8 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from policies.failures import failure_reason, is_ours
+from orchestrator.quiet import drop
+from policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
 from policies.redact import redact_text, redact_url
 from policies.spec import JobSpec
 
@@ -54,32 +54,23 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     def report(metrics: dict[str, float]) -> None:
         ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
 
-    run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
-                                   submission_id=config["submission_id"], report_metrics=report,
-                                   print_progress=config.get("print_progress", True),
-                                   heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
+    try:
+        run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
+                                       submission_id=config["submission_id"], report_metrics=report,
+                                       print_progress=config.get("print_progress", True),
+                                       heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
+    except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
+        from workers.failure_site import annotate
+
+        annotate(e, ctx.get_world_rank(), None)
+        raise
 
 
 # ---------------------------------------------------------------- known-harmless third-party messages
 # A successful run shows syncpoint's lines and real problems. Each message below is quieted at its
 # source, by exact text, and only because it says nothing about this run; anything else from the
-# same loggers and streams still shows.
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, *patterns: str) -> None:
-        super().__init__()
-        self.patterns = [re.compile(p) for p in patterns]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(p.search(record.getMessage()) for p in self.patterns)
-
-
-def _add_filter(logger_name: str, *patterns: str) -> None:
-    logger = logging.getLogger(logger_name)
-    if not any(isinstance(f, _DropMessages) and [p.pattern for p in f.patterns] == list(patterns)
-               for f in logger.filters):
-        logger.addFilter(_DropMessages(*patterns))
+# same loggers and streams still shows (orchestrator.quiet; the CLI's own process: quiet_cli there;
+# every worker process of the job as it starts: orchestrator.worker_setup).
 
 
 # Ray's core worker logs (C++, once per process, error level) that the PreemptionWatcher actor has
@@ -115,7 +106,7 @@ def quiet_driver() -> None:
 def quiet_driver_start() -> None:
     """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
     authentication by default (it does; nothing to act on) is dropped at its logger."""
-    _add_filter("ray._private.authentication.authentication_token_setup",
+    drop("ray._private.authentication.authentication_token_setup",
                 r"^Token authentication is enabled for this Ray cluster\.")
 
 
@@ -129,13 +120,20 @@ def quiet_worker(spec: JobSpec) -> None:
     except ImportError:  # another Ray: the lines show, nothing else changes
         pass
     else:
-        _add_filter(train_context.logger.name, r"^Reporting training result \d+: ")
+        drop(train_context.logger.name, r"^Reporting training result \d+: ")
+    # Ray Train logs every rank's failure with its traceback ("Error in training function:"). A rank
+    # whose collective lost its peer (gloo's "Connection closed by peer", a timeout) only says that
+    # another rank died first: that one's own traceback, the failure policy's line and the last line
+    # say why. Its 50 lines are dropped; every other failure's traceback shows.
+    drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
-    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor, deprecated in torch 2.13: not ours to change.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor and (ZeRO-3) reduce_scatter_tensor, both
+    # deprecated in torch 2.13: not ours to change.
+    for deprecated in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{deprecated}` is deprecated",
+                                category=FutureWarning)
     # DeepSpeed prints (print, not its logger) "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
     # successfully" whenever a process loads its CPU shared-memory op: that one line is dropped.
     try:
@@ -200,18 +198,31 @@ def connect(spec: JobSpec, address: str | None) -> bool:
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     quiet_driver_start()
+    runtime_env = job_runtime_env(env_vars)
     if address:
-        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env_vars})
+        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
         quiet_driver()
         return False
     needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
     # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     # address="local": a new embedded instance even when another Ray runs on this machine (without
     # it, ray.init joins that one and then refuses num_cpus: "When connecting to an existing cluster").
-    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True,
-             runtime_env={"env_vars": env_vars})
+    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env=runtime_env)
     quiet_driver()
     return True
+
+
+def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """The job's runtime env: ``env_vars``, and the setup hook that tells every worker process its own
+    cluster (``orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
+    --runtime-env``), which Ray would refuse to replace."""
+    from ray._private import ray_constants
+
+    if ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR in os.environ:
+        return {"env_vars": env_vars}
+    from orchestrator.worker_setup import HOOK
+
+    return {"env_vars": env_vars, "worker_process_setup_hook": HOOK}
 
 
 def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
@@ -264,6 +275,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
                 trainer.fit()
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = _placement_report(spec, e) or failure_report(e)
+            failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
         from workers.lease import release_lease
 
@@ -334,7 +346,8 @@ def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.Abstrac
     from orchestrator.progress_bar import live_progress
     from workers.storage import RunStorage
 
-    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size)
+    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size,
+                         epochs=spec.train.epochs)
 
 
 def finish_line(spec: JobSpec) -> str:
@@ -384,12 +397,36 @@ def failure_report(error: BaseException) -> tuple[str, str]:
 
     The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
     worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
-    traceback text). Of several failed ranks, the lowest, except that syncpoint's own refusal
-    comes first: a refusal on one rank often surfaces as a broken collective on the others.
+    traceback text), which names where its rank was (``workers.failure_site``). Of several failed
+    ranks, ``failing_cause`` picks: a refusal or a bug on one rank often surfaces as a broken
+    collective on the others.
     """
+    return failure_reason(failing_cause(error))
+
+
+def failing_cause(error: BaseException) -> BaseException:
+    """The exception that says why a worker group failed (``failure_report``'s rule, also the failure
+    policy's for telling a repeated bug): syncpoint's own refusal first, then the lowest rank's own
+    error over a peer's lost connection (a rank that raised leaves the others' collectives broken),
+    then the lowest rank's."""
     failures = getattr(error, "worker_failures", None) or {}
     causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
-    return failure_reason(next((c for c in causes if is_ours(c)), causes[0]))
+    return (next((c for c in causes if is_ours(c)), None)
+            or next((c for c in causes if not looks_like_lost_peer(str(c))), causes[0]))
+
+
+def _not_retried(spec: JobSpec, submission: str) -> str:
+    """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
+    (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
+    from policies.failures import APPLICATION, not_retried_line
+    from workers.events import EventLog
+    from workers.storage import RunStorage
+
+    try:
+        last = EventLog(RunStorage(spec.run_url)).journal().last_failure(submission, APPLICATION)
+    except Exception:  # noqa: BLE001 - the log is unreadable: the reason alone still says why
+        return ""
+    return f"; {not_retried_line(last.micro_step)}" if last and last.repeated and last.micro_step is not None else ""
 
 
 def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | None:

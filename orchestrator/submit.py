@@ -146,7 +146,7 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
 
     # refuses (exit 2) unless the cluster's python runs syncpoint and finds the task's module
     preflight(client, address, {"working_dir": wd}, import_paths(spec), job_file)
-    job_id = client.submit_job(entrypoint=entrypoint(rel, overrides), runtime_env={"working_dir": wd})
+    job_id = submit_job(client, address, entrypoint=entrypoint(rel, overrides), runtime_env={"working_dir": wd})
     print(f"syncpoint: submitted {spec.name!r} as Ray job {job_id} to {redact_url(address)}", flush=True)
     if not follow:
         return 0
@@ -155,6 +155,45 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
         time.sleep(0.5)
     print(f"syncpoint: Ray job {job_id} {status}", flush=True)
     return TERMINAL[status]
+
+
+# ---------------------------------------------------------------- a head that has just started
+# `ray start --head` returns before the head's job agent has registered; until it has, the Job API
+# refuses every submission with HTTP 500 "No available agent to submit job, please try again later."
+# (Ray raises it as a RuntimeError). `syncpoint submit` right after `ray start` waits for it, bounded.
+
+NO_AGENT = "No available agent to submit job"
+AGENT_WAIT_ENV = "SYNCPOINT_JOB_AGENT_WAIT_S"
+
+
+def job_agent_wait_s() -> float:
+    return float(os.environ.get(AGENT_WAIT_ENV, "60"))
+
+
+def submit_job(client: Any, address: str, *, wait_s: float | None = None, poll_s: float = 1.0, **job: Any) -> str:
+    """``client.submit_job(**job)``, again while the cluster answers that it has no job agent yet, for at
+    most ``wait_s`` (``SYNCPOINT_JOB_AGENT_WAIT_S``, 60 s), saying once that it waits; then one paragraph
+    (exit 2). Any other error is raised as it is."""
+    bound = job_agent_wait_s() if wait_s is None else wait_s
+    deadline, said = time.monotonic() + bound, False
+    while True:
+        try:
+            return str(client.submit_job(**job))
+        except RuntimeError as e:
+            if NO_AGENT not in str(e):
+                raise
+            if time.monotonic() >= deadline:
+                raise SpecError(redact_url(address), [
+                    f"the cluster's job agent did not come up within {bound:g} s ({AGENT_WAIT_ENV}): its Job API "
+                    f"still answers {NO_AGENT!r}, so nothing was submitted. A head started a moment ago needs a few "
+                    "seconds more; on a loaded head, raise the bound. `ray status` shows whether the head runs, and "
+                    "the head's dashboard_agent.log why its agent does not"],
+                    "the cluster cannot take jobs yet") from None
+            if not said:
+                print(f"syncpoint: {redact_url(address)}: the cluster's job agent is not up yet (a head that has just "
+                      f"started); waiting for it, at most {bound:g} s ({AGENT_WAIT_ENV})", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(poll_s)
 
 
 # ---------------------------------------------------------------- preflight: can the cluster's Python run syncpoint?
@@ -219,9 +258,8 @@ def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, 
                "/path/to/syncpoint`, or use the image built from k8s/Dockerfile), or restart the head from syncpoint's "
                "environment so that its `python` comes first on PATH (`source .venv/bin/activate && ray start --head "
                "...`; `ray start` alone from another shell picks up that shell's `python`)")
-    probe_id = client.submit_job(entrypoint="python -c " + shlex.quote(probe_script(list(paths))),
-                                 runtime_env=runtime_env,
-                                 metadata={"syncpoint": "preflight"})
+    probe_id = submit_job(client, address, entrypoint="python -c " + shlex.quote(probe_script(list(paths))),
+                          runtime_env=runtime_env, metadata={"syncpoint": "preflight"})
     deadline = time.monotonic() + timeout_s
     while (status := str(client.get_job_status(probe_id)).rsplit(".", 1)[-1]) not in TERMINAL:
         if time.monotonic() > deadline:

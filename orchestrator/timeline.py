@@ -25,6 +25,7 @@ from policies.journal import (
     PreemptionNotice,
     ResumeDecision,
     StateCommitted,
+    Submitted,
     UnknownEvent,
 )
 
@@ -100,8 +101,10 @@ def format_goodput(g: Goodput) -> str:
 
 
 def _line(e: Event | UnknownEvent, t0: float) -> str | None:
-    """One event's timeline line; None for the kinds the timeline leaves out (progress, submitted)."""
+    """One event's timeline line; None for the kinds the timeline leaves out (progress)."""
     match e:
+        case Submitted():
+            what = f"{e.name} to {e.address}"
         case AttemptStarted():
             what = (f"attempt {e.attempt} on {e.world_size} worker(s), "
                     f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})")
@@ -116,7 +119,8 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
             what = f"{e.source} at micro-step {e.global_micro_step}" + (
                 f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else "")
         case Failure():
-            what = f"{e.classified} -> {e.decision}: {e.reason}"
+            what = f"{e.classified} -> {e.decision}: {e.reason}" + (
+                " (the previous attempt's failure again, no state in between: not retried)" if e.repeated else "")
         case Evaluated():
             shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
             what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"

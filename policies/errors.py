@@ -88,6 +88,11 @@ class CorpusChanged(CorpusError):
     it): the samples at its positions would not be the ones the run's states were trained on."""
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss stayed non-finite (``train.max_nonfinite_steps``), or a state to commit was: the run
+    stops. Resumed exactly, it would diverge again at the same step: a refusal, never retried."""
+
+
 class ElasticLayoutError(ValueError):
     """The world size cannot keep the global batch (a user error naming the sizes that work)."""
 

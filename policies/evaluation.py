@@ -90,3 +90,9 @@ def carried(metrics: Mapping[str, Any] | None) -> dict[str, float]:
                 and not isinstance(v, bool) and math.isfinite(v)):
             out[k] = float(v)
     return out
+
+
+def eval_line(attempt: int, optimizer_step: int, metrics: Mapping[str, float], seconds: float) -> str:
+    """An evaluation's console line: the rank-0 worker's, and the driver's above its progress bar."""
+    shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+    return f"[syncpoint] attempt {attempt} step {optimizer_step} eval {shown} ({seconds:.2f} s)"

@@ -26,6 +26,9 @@ class FailureFacts:
     notice_logged: bool  # the attempt logged a preemption notice (drain or SIGTERM)
     messages: tuple[str, ...] = ()
     refusal: str | None = None  # a rank's syncpoint refusal (spec, task, selection, lease lost), its reason
+    signature: str | None = None  # the failing rank's exception (``failure_signature``)
+    micro_step: int | None = None  # the global micro-step the failing rank was at (None: setting up)
+    repeats: bool = False  # the same failure as the previous attempt's (``repeats_previous``)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
 # "Timed out waiting 30000ms for recv operation to complete", NCCL's watchdog "Watchdog caught collective
 # operation timeout", torch's store "Socket Timeout"/"wait timeout after"; and what it says when a peer's
 # process did close: gloo "Connection closed by peer", "Connection reset by peer".
-_LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
+LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
                         r"|wait timeout after|Connection (closed|reset) by peer", re.IGNORECASE)
 
 
@@ -70,7 +73,7 @@ def should_await_node_death(vanished: bool, attempt_nodes: set[str], own_node: s
 def looks_like_lost_peer(message: str) -> bool:
     """A rank's failure reads as a collective that lost its peer, not as a bug of its own: the controller
     then waits (bounded) for Ray to declare a node dead before calling it an application error."""
-    return bool(_LOST_PEER.search(message))
+    return bool(LOST_PEER.search(message))
 
 
 _OURS = ("workers.", "orchestrator.", "policies.")
@@ -93,7 +96,45 @@ def failure_reason(error: BaseException) -> tuple[str, str]:
     head, details = lines[0].strip(), "\n".join(lines[1:]).strip()
     if not is_ours(error):
         head = f"{exc_type}: {head}" if head != exc_type else head
-    return head, details
+    return head + site_text(getattr(error, "syncpoint_site", None)), details
+
+
+def site_text(site: object) -> str:
+    """`` at FILE:LINE in FUNCTION (rank R, micro-step M)``: where the failing rank was (``workers.failure_site``
+    attaches it); the parts it knows, nothing for a failure while setting up in syncpoint's own code."""
+    if not isinstance(site, dict):
+        return ""
+    where, rank, micro_step = site.get("where"), site.get("rank"), site.get("micro_step")
+    inside = ", ".join(p for p in (f"rank {rank}" if isinstance(rank, int) else "",
+                                   f"micro-step {micro_step}" if isinstance(micro_step, int) else "") if p)
+    if not where and micro_step is None:
+        return ""
+    return (f" at {str(where)[:300]}" if where else "") + (f" ({inside})" if inside else "")
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def failure_signature(error: BaseException) -> str:
+    """What makes two failures "the same": the exception's type and its message, memory addresses
+    masked and whitespace collapsed, bounded."""
+    text = " ".join(_ADDRESS.sub("0x?", str(error)).split())
+    return f"{type(error).__module__}.{type(error).__qualname__}: {text}"[:500]
+
+
+def repeats_previous(signature: str, micro_step: int | None, previous: tuple[str | None, int | None] | None,
+                     committed_since: bool) -> bool:
+    """Whether a failed attempt repeats the previous failed attempt of its submission: the same
+    exception at the same global micro-step, with no state committed in between. Resumed exactly
+    from the same state, it computes the same micro-steps bit for bit, so it fails there again: a
+    bug, not bad luck, and a retry only spends ``failure.max_failures``. A failure while setting up
+    (no micro-step) is retried as before: it may be the storage or the cluster."""
+    return micro_step is not None and not committed_since and previous == (signature, micro_step)
+
+
+def not_retried_line(micro_step: int) -> str:
+    return (f"it failed twice the same way at micro-step {micro_step} with no new state in between: not retried "
+            "(a bug, not a preemption)")
 
 
 def placement_waited_s(first_timeout_at: float, now: float, start_timeout_s: float) -> float:

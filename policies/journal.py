@@ -205,6 +205,10 @@ class Failure(_Event):
     ranks: list[int]
     messages: list[str]
     dead_nodes: list[str]
+    submission: str | None = None  # the `syncpoint run` whose attempt failed (older logs lack it)
+    signature: str | None = None  # the failing rank's exception, type and message (policies.failures)
+    micro_step: int | None = None  # where the failing rank was (None: setting up, or not known)
+    repeated: bool = False  # the same failure as the previous attempt's, no state in between: not retried
 
 
 class RankReached(_Record):
@@ -466,6 +470,15 @@ class Journal:
     @property
     def failures(self) -> list[Failure]:
         return self.of_kind(Failure)
+
+    def last_failure(self, submission: str, classified: str) -> Failure | None:
+        """The newest failure of ``submission`` classified so (the previous failed attempt's, when a
+        failure is being decided)."""
+        return next((f for f in reversed(self.failures) if f.submission == submission and f.classified == classified),
+                    None)
+
+    def committed_since(self, time: float) -> bool:
+        return any(c.time > time for c in self.commits)
 
     def failure_between(self, start: float, end: float) -> Failure | None:
         """The first failure recorded in [start, end] (between two attempts: what ended the first)."""

@@ -284,6 +284,11 @@ class TrainSpec(_Strict):
     eval_every: EvalEvery = Field(default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"), description=(
         "Evaluate the task's eval_dataset every N optimizer_steps or epochs (at sync boundaries, and at the run's "
         "end); 0 is off."))
+    max_nonfinite_steps: StrictInt = Field(10, ge=1, le=MAX_STEPS, description=(
+        "Fail the run after this many consecutive optimizer steps whose loss is not finite or whose update "
+        "DeepSpeed skipped for overflowing gradients, naming the first (a diverged run, retried, diverges again). "
+        "10: fp16's dynamic loss scale skips a few steps in a row while it finds its scale, a diverged run skips "
+        "every step."))
     deterministic: bool = Field(True, description=(
         "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
         "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."))
@@ -635,7 +640,7 @@ class JobSpec(_Strict):
 def spec_to_json(spec: JobSpec, redact: bool = True) -> str:
     """The normalized spec as JSON; with ``redact`` (the default: it is for printing), URL credentials
     anywhere in it (storage, resume.init_from, task.config) are replaced by ``***``."""
-    data = spec.model_dump(mode="json")
+    data = spec.model_dump(mode="json", by_alias=True)  # checkpoint.async, as the docs and the schema spell it
     return json.dumps(redact_obj(data) if redact else data, indent=2, sort_keys=False)
 
 

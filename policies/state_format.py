@@ -329,6 +329,9 @@ class TrainState(_Record):
     global_micro_step: Positive
     optimizer_step: Count
     scheduler: SchedulerRecord | None = None  # None: not recorded, the schedule restarts (with a warning)
+    # the horizon the schedule ran to, in its unit (the live spec decides it; a resume says when it
+    # changed, e.g. a raised train.max_steps). None: not recorded (older states), nothing said
+    schedule_horizon: Count | None = None
     data: DataRecord
     # the optimizer state loads at another world size (ZeRO 0 holds it whole; elastic 1-3 add optim/full.safetensors)
     elastic_optimizer: StrictBool = False

@@ -275,3 +275,30 @@ def linear_stats(config: dict) -> Task:
     task = linear(config)
     task.model = torch.nn.Sequential(*task.model, RunningMean(int(config.get("stats", 16))))
     return task
+
+
+def unreduced_loss(config: dict) -> Task:
+    """A loss left per sample (shape (batch, 1)): the mistake of a missing reduction."""
+    task = linear(config)
+
+    def loss(model, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(model(x), y, reduction="none")
+
+    task.loss = loss
+    return task
+
+
+def diverging_loss(config: dict) -> Task:
+    """The loss turns NaN from a chosen global call on (a learning rate too high, a log of 0)."""
+    task = linear(config)
+    calls = {"n": 0}
+    nan_from = int(config["nan_from"])
+
+    def loss(model, batch):
+        calls["n"] += 1
+        value = mse(model, batch)
+        return value * float("nan") if calls["n"] >= nan_from else value
+
+    task.loss = loss
+    return task

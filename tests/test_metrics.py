@@ -269,3 +269,32 @@ def test_the_live_bar_follows_a_run_log(tmp_path):
     assert "3/10" in out.getvalue() and "loss 1.5000" in out.getvalue()
     follower = EventFollower(storage)
     assert len(follower.new_events()) == 2 and follower.new_events() == []  # each file read once
+
+
+def test_the_live_bar_shows_each_evaluation_above_it_and_the_lr_and_epoch_in_it(tmp_path):
+    """With the bar the workers print no lines of their own: each evaluation of this submission is
+    printed above the bar as the worker's line; the bar carries the newest step's LR and epoch."""
+    from policies.journal import Evaluated
+
+    storage = RunStorage(str(tmp_path / "run"))
+    log = EventLog(storage)
+    log.emit(Evaluated(attempt=1, optimizer_step=2, global_micro_step=8, metrics={"loss": 9.0}, seconds=0.1))
+    since = time.time() + 0.01  # the evaluation above is an earlier submission's: not shown again
+    time.sleep(0.02)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200, color_system=None)
+    with live_progress(storage, since=since, micro_batch_size=8, console=console, poll_s=0.02, epochs=2) as view:
+        log.emit(AttemptStarted(attempt=1, world_size=1, nodes=[""], submission="s", resumed_from=None,
+                                global_micro_step=0, optimizer_step=0, total_steps=10))
+        log.emit(Progress(attempt=1, records=[ProgressRecord(optimizer_step=3, global_micro_step=12, epoch=1, loss=1.5,
+                                                             lr=0.00125, time=time.time())]))
+        log.emit(Evaluated(attempt=1, optimizer_step=3, global_micro_step=12, metrics={"loss": 1.25, "acc": 0.5},
+                           seconds=0.1))
+        deadline = time.monotonic() + 10
+        while "eval loss" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    text = out.getvalue()
+    assert "[syncpoint] attempt 1 step 3 eval acc 0.5 loss 1.25 (0.10 s)" in text, text[:2000]
+    assert "step 2 eval" not in text
+    assert "epoch 2/2" in text and "lr 0.00125" in text, text[-2000:]
+    assert view.lr == 0.00125 and view.epoch == 1

@@ -24,6 +24,7 @@ class BoundaryVote:
     uploading: int = 0  # ranks whose asynchronous upload is still running
     lease_lost: int = 0  # rank 0's heartbeat found the run directory's lease taken over
     reports_due: int = 0  # ranks whose interval between reports to Ray Train has passed
+    skipped_updates: int = 0  # ranks whose optimizer step DeepSpeed skipped (overflowing gradients)
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         # float64 carries the loss sum exactly as before and every count exactly (NCCL reduces

@@ -85,9 +85,7 @@ class Evaluation:
             self.events.emit(Evaluated(attempt=self.attempt, optimizer_step=at.optimizer_step,
                                        global_micro_step=at.global_micro_step, metrics=results, seconds=seconds))
         if self.rank == 0 and self.print_progress:
-            shown = " ".join(f"{k} {v:.4g}" for k, v in results.items())
-            print(f"[syncpoint] attempt {self.attempt} step {at.optimizer_step} eval {shown} ({seconds:.2f} s)",
-                  flush=True)
+            print(rules.eval_line(self.attempt, at.optimizer_step, results, seconds), flush=True)
         return results
 
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from policies.boundaries import cycle_length, is_boundary
 from policies.candidates import Expectation, identity_record
 from policies.elastic import layout
-from policies.errors import JobConfigError, LeaseRefused, ResumeRefused
+from policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
 from policies.import_path import load_class
 from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
 from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
@@ -58,7 +58,9 @@ from workers.engine import build_engine, model_buffers, model_fingerprint, param
 from workers.evaluation import Evaluation, check_task
 from workers.events import EventLog, skipped_line
 from workers.export import export_final
+from workers.failure_site import annotate
 from workers.faults import Faults
+from workers.finite import NonfiniteSteps
 from workers.heartbeat import Heartbeat
 from workers.lease import RunLease
 from workers.metric_sinks import ReportFn, RunMetrics
@@ -73,7 +75,7 @@ from workers.signing import load_key
 from workers.state_writer import SaveResult
 from workers.storage import RunStorage
 from workers.stream import PreparedStream, check_map_spec, prepare
-from workers.task import Task, is_stream, load_task
+from workers.task import Task, check_loss, is_stream, load_task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -144,6 +146,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     check_engine_device(spec, engine.device)
     install_streaming(engine)  # saves stream through syncpoint's checkpoint engine; refused config fails now
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
+    if rank == 0 and groups.task_class is not None:  # validate prints train.lr/optimizer: say which one is in effect
+        print(f"[syncpoint] optimizer: Task.optimizer's {groups.task_class} ({len(groups.base)} param group"
+              f"{'s' if len(groups.base) != 1 else ''}); train.lr and train.optimizer are not used", flush=True)
     expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
                                         num_samples=None if stream else len(task.dataset),
                                         stream=stream.record if stream else None, param_groups=groups.layout_record,
@@ -161,6 +166,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     for line in unreproducible:
         attempt.warn(line)
     _check_hash_seed(attempt)
+    start: ResumeStart | None = None
     try:
         start = negotiate_resume(attempt, engine)
         if rank == 0:
@@ -173,9 +179,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
                 return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at, source)
             finally:
                 source.close()
-    except BaseException:
+    except BaseException as e:
         if lease:
             lease.stop()  # as a crash would: the heartbeat stops, the driver or the TTL frees the lease
+        if isinstance(e, Exception):  # where, for the driver's last line and the failure policy
+            annotate(e, rank, start.position.global_micro_step if start is not None else None)
         raise
     finally:
         notices.stop_listening()
@@ -214,6 +222,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
                             events=attempt.events, carried=start.metrics, print_progress=ctx.print_progress)
     finished = start.finished
+    nonfinite = NonfiniteSteps(train.max_nonfinite_steps)
 
     while not finished and run_length.has_epoch(at.epoch):
         # Data position is index arithmetic (a stream's: restored from its state when the source was built);
@@ -231,6 +240,7 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             cycle = cycle_length(at.position_in_epoch, accum, per_epoch)
             engine.set_gradient_accumulation_boundary(boundary)
             loss = task.loss(engine, to_device(batch, engine.device))
+            check_loss(loss, spec.task.path)  # what backward needs, refused at once (a bug that would repeat)
             engine.backward(loss / cycle, scale_wrt_gas=False)
             cycle_loss_sum += float(loss.detach())
             # LR schedule: the live spec decides the factor, the state only the position; each param
@@ -250,7 +260,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 agreed = BoundaryVote(cycle_loss_sum, preemption_notices=int(notice is not None),
                                       wall_clock_saves=int(clock_says_save), uploading=int(saves.uploading()),
                                       lease_lost=int(saves.lease_lost()),
-                                      reports_due=int(metrics.report_due())).agree(engine.device)
+                                      reports_due=int(metrics.report_due()),
+                                      skipped_updates=int(not engine.was_step_applied())).agree(engine.device)
                 step_loss = agreed.loss_sum / (cycle * world)
                 # A preemption notice: this boundary and every later one inside the grace window commits,
                 # so whatever is computed before the node goes away survives.
@@ -265,6 +276,11 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     pending.request("interval")
                 record = _step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None, world)
                 progress.add(record)
+                diverged = nonfinite.observe(loss=step_loss, skipped=bool(agreed.skipped_updates),
+                                             optimizer_step=at.optimizer_step, micro_step=at.global_micro_step)
+                if diverged:  # every rank, at the same boundary (agreed values)
+                    progress.flush()
+                    raise TrainingDiverged(diverged)
                 epoch_end = at.position_in_epoch == per_epoch
                 if epoch_end:
                     at.epoch_completed(train.scheduler.unit)
@@ -284,7 +300,8 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                                     report=bool(agreed.reports_due) or last)
                 trainer_record = partial(_trainer_record, attempt, at, engine, loss=step_loss,
                                          evaluated=evaluation.latest, sampler=start.sampler)
-                saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step)
+                saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step,
+                                  loss=step_loss)
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
             if finished:
@@ -441,6 +458,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
         schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name, **identity,
         epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
         optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
+        schedule_horizon=attempt.run_length.schedule_horizon,
         data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
                         samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
                         samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch,

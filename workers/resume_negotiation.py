@@ -29,7 +29,7 @@ from workers.attempt import Attempt
 from workers.discovery import discover, discover_lazy, read_candidate
 from workers.engine import apply_hyperparameters, set_counters
 from workers.position import RunLength, TrainingPosition
-from workers.schedule import resume_position
+from workers.schedule import horizon_changed, resume_position
 from workers.signing import legacy_unbound, load_key
 from workers.state_reader import StateRefused, fetch_state, load_into_engine
 from workers.storage import RunStorage
@@ -108,6 +108,10 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
     at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,  # the record as stored
                                            optimizer_step=at.optimizer_step, epoch_done=at.epoch,
                                            reset=spec.resume.reset_schedule, warn=attempt.warn)
+    line = horizon_changed(state.schedule_horizon, attempt.run_length.schedule_horizon, spec.train.scheduler,
+                           at.schedule_position)
+    if line and attempt.rank == 0 and not spec.resume.reset_schedule:
+        print(f"[syncpoint] {line}", flush=True)
 
 
 @dataclass

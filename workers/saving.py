@@ -26,6 +26,7 @@ from policies.state_format import MANIFEST_FILE, STATES_DIR
 from workers.attempt import Attempt
 from workers.boundary_vote import BoundaryVote
 from workers.discovery import discover
+from workers.finite import agreed_finite, refused_save
 from workers.progress import ProgressLog
 from workers.state_writer import (
     AsyncUpload,
@@ -59,6 +60,7 @@ class SaveCoordinator:
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
         self.micro_step = 0
+        self.deferred = False  # a save request waits for a finite state (said once per wait)
         # Called after each commit on every rank (workers.metric_sinks.RunMetrics.committed: TensorBoard).
         self.on_commit: Callable[[SaveResult, list[str]], None] | None = None
         # A stream dataset's: this rank's stream position as its stream file's bytes, at the boundary.
@@ -76,7 +78,7 @@ class SaveCoordinator:
         return self.lease is not None and self.lease.lost is not None
 
     def at_boundary(self, pending: PendingSave, trainer_record: Callable[[list[str]], dict[str, Any]],
-                    agreed: BoundaryVote, *, last: bool, micro_step: int) -> None:
+                    agreed: BoundaryVote, *, last: bool, micro_step: int, loss: float = 0.0) -> None:
         self.micro_step = micro_step
         self.faults.at_boundary(micro_step)
         if agreed.lease_lost:  # every rank stops here, before any further write
@@ -87,6 +89,15 @@ class SaveCoordinator:
                          self.reasons_in_flight)
         if not pending.pending or self.upload.in_flight:
             return  # nothing asked, or one save is in flight: the request waits for a later boundary
+        if not agreed_finite(self.engine, loss):  # every rank: a non-finite state is never committed
+            if last:
+                raise refused_save(micro_step)
+            if not self.deferred:
+                self.attempt.warn(f"the state at micro-step {micro_step} is not finite (loss {loss}): not saved; the "
+                                  "save waits for a boundary whose state is finite")
+            self.deferred = True
+            return  # the request stays pending (never dropped): the next finite boundary services it
+        self.deferred = False
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()

@@ -114,3 +114,19 @@ def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimi
              f"recomputed as {new} {live.unit} from the state's counters")
         return new
     return int(saved["position"])
+
+
+def horizon_changed(saved: int | None, live: int, s: SchedulerSpec, position: int) -> str | None:
+    """One line when a resume continues the schedule to another horizon than the state's (a raised
+    ``train.max_steps``, more epochs, another ``scheduler.total``): the position carries on, but a
+    decaying schedule's learning rate from here follows the new horizon. None when it is the same, not
+    recorded (older states), or cannot change the rate (constant, or a custom function: it is told)."""
+    if saved is None or saved == live or s.type == "constant":
+        return None
+    if s.type == "custom":
+        return (f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state: "
+                f"train.scheduler.path is called with total={live} from position {position} on")
+    before, after = factor_at(position, s, saved), factor_at(position, s, live)
+    return (f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state "
+            f"(train.max_steps, train.epochs or train.scheduler.total): from position {position} on the learning rate "
+            f"follows the new horizon (factor {before:.4g} -> {after:.4g} here)")

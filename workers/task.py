@@ -126,3 +126,23 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
         raise TaskError(f"task.path: {path!r} returned Task.metrics that is not callable; it must be a function "
                         "metrics(model, batch) -> dict[str, Tensor]")
     return task
+
+
+def check_loss(loss: Any, path: str) -> None:
+    """What ``engine.backward`` needs of ``Task.loss``'s value, checked at every micro-step (metadata
+    only: no device sync): a 0-d floating tensor computed from the model. Anything else is the task's
+    bug, the same on every retry: a refusal (``TaskError``), not retried, naming what came back."""
+    what = "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model"
+    if not isinstance(loss, torch.Tensor):
+        raise TaskError(f"{what}; {path} returned {type(loss).__name__[:80]}. Return a tensor, e.g. "
+                        "torch.nn.functional.cross_entropy(model(x), y)")
+    if loss.dim() != 0:
+        raise TaskError(f"{what}; {path} returned a tensor of shape {tuple(loss.shape)}. Reduce it to the batch's "
+                        "mean (reduction='mean', or .mean())")
+    if not loss.is_floating_point():
+        raise TaskError(f"{what}; {path} returned a {str(loss.dtype).removeprefix('torch.')} tensor. Compute it in "
+                        "floating point (a loss over labels: cross_entropy of the model's logits)")
+    if not loss.requires_grad:
+        raise TaskError(f"{what}; {path} returned a tensor no gradient reaches (the batch does not reach the "
+                        "model's trainable parameters, or the loss was detached / computed under no_grad). Compute "
+                        "it from model(batch), the engine passed to loss()")
