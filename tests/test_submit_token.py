@@ -178,7 +178,8 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
 @pytest.mark.ray
 def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:
     """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
-    (a task path that does not exist) comes back as exit 1 - the token got it all the way there."""
+    (a loss that raises at its first call, past submit's import preflight) comes back as exit 1 - the
+    token got it all the way there."""
     address, token = token_head
     home = tmp_path / "home"
     home.mkdir()
@@ -186,11 +187,12 @@ def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path)
     token_file.write_text(token + "\n")
     env = _env(None, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token_file))  # no RAY_AUTH_MODE: syncpoint needs none
     r = _submit(address, env, "name=token-auth", f"storage={tmp_path / 'runs'}", "scaling.num_workers=1",
-                "task.path=examples.tiny_lm:nope")  # one worker: the head has one CPU
+                "task.path=tests.tasks:failing_loss", "task.config.fail_at=1", "failure.max_failures=0")
+    # one worker: the head has one CPU
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     assert "syncpoint: submitted 'token-auth' as Ray job" in r.stdout, out[-3000:]
-    assert "nope" in r.stdout, out[-3000:]  # the driver's own error, streamed through the log websocket
+    assert "bad batch at call 1" in r.stdout, out[-3000:]  # the job's own error, through the log websocket
     assert r.stdout.rstrip().endswith("FAILED"), out[-3000:]
     assert token not in out
 
