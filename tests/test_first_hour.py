@@ -206,7 +206,10 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     copy_of_repository(repo)
     assert "make example" in commands(bash_blocks("## Quick start")[0])
     make = ["make", "example"] if venv_is_up_to_date(repo) else ["make", "-o", ".venv/.installed", "example"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR")}
+    # a new user's shell: no Ray address, and no make of ours around it (under `make test` MAKELEVEL and
+    # MAKEFLAGS would make the inner make print "Entering directory" lines a user never sees)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     env["PYTHONPATH"] = str(repo)
     # What Ray Train's controller received from ray.train.report (issue 17.3), recorded by a callback
     reports = tmp_path / "ray-reports.jsonl"
