@@ -26,10 +26,12 @@ venv: $(STAMP)
 example: $(STAMP)
 	$(BIN)/syncpoint run examples/tiny_lm.yaml
 
-# Lint and types first (seconds with a warm cache): the layer contract is a test, style and types are these.
+# Lint, types and the docs first (seconds with a warm cache): the layer contract is a test, style and
+# types are these, and the site builds with no broken link, anchor or API reference (into site/, ignored).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # Two pytest processes side by side: the tests that start a Ray cluster, one after another (two
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
@@ -69,4 +71,4 @@ test-gpu: $(STAMP)
 	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/test_gpu.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -182,7 +182,7 @@ def world_size_change(journal: Journal) -> int:
 
 
 def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, worlds: list[int]) -> tuple[bool, list[str]]:
-    """The documented rules of an elastic resume (README, *Elastic resume*), as the drill's verdict.
+    """The documented rules of an elastic resume (docs/concepts/elastic.md), as the drill's verdict.
 
     Before the change both runs ran on the same world size: their steps must match bit for bit.
     From the change on, the rules that hold for every model decide: the same samples and learning
@@ -295,6 +295,6 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
         lines.append("interrupted run's " + format_goodput(g))
     ok = losses_ok and digest_ok and evaluations_ok
     verdict = ("the interrupted run matched bit for bit until the world-size change, then consumed the same samples at "
-               "the same learning rates and stayed within the elastic bound (README, Elastic resume)"
+               "the same learning rates and stayed within the elastic bound (docs/concepts/elastic.md)"
                if resized else "the interrupted run is bitwise the uninterrupted one")
     return ok, lines, verdict

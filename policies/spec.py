@@ -29,7 +29,7 @@ from policies.redact import redact_obj
 
 BUILTIN_POLICIES = ("newest-resumable", "pinned", "fresh", "best-metric")
 
-# ---- input bounds (README: Job spec reference, "Bounds"). Generous for any real job, small enough
+# ---- input bounds (docs/reference/spec.md, "Bounds"). Generous for any real job, small enough
 # that validating the worst allowed spec takes milliseconds.
 MAX_SPEC_BYTES = 1 << 20  # job file size; a spec is a few hundred bytes
 MAX_YAML_DEPTH = 32  # nesting levels, the document root included
@@ -82,8 +82,9 @@ class _Strict(BaseModel):
 
 
 class ElasticWorkers(_Strict):
-    min: StrictInt = Field(..., ge=1, le=MAX_WORKERS)
-    max: StrictInt = Field(..., ge=1, le=MAX_WORKERS)
+    min: StrictInt = Field(..., ge=1, le=MAX_WORKERS, description="The fewest workers the run continues on.")
+    max: StrictInt = Field(..., ge=1, le=MAX_WORKERS, description=(
+        "The most workers; train.grad_accum is stated for this many."))
 
     @model_validator(mode="after")
     def _order(self) -> ElasticWorkers:
@@ -106,13 +107,16 @@ class ScalingSpec(_Strict):
     """Named after Ray Train's ``ScalingConfig``."""
 
     num_workers: _Workers = Field(1, description=(
-        "Ray Train workers (one torch rank each), or {min, max} to continue on whatever number Ray "
-        "can place (elastic; train.grad_accum is then stated for max workers)."))
-    cpus_per_worker: float = Field(1.0, gt=0, le=MAX_CPUS_PER_WORKER, description="CPUs reserved per worker.")
-    use_gpu: bool = Field(False, description="One GPU per worker; NCCL instead of gloo.")
+        "Ray Train workers (one torch rank each, at most 4096), or {min, max} for elastic training: the run "
+        "continues on whatever number in the range Ray can place (train.grad_accum is then stated for max workers)."))
+    cpus_per_worker: float = Field(1.0, gt=0, le=MAX_CPUS_PER_WORKER, description=(
+        "CPUs reserved per worker; also the intra-op thread count, so results do not depend on the host's cores."))
+    use_gpu: bool = Field(False, description=(
+        "One GPU per worker (the one at LOCAL_RANK), NCCL instead of gloo; batches are moved to it for you."))
     collective_timeout_s: StrictInt = Field(600, ge=1, le=MAX_COLLECTIVE_TIMEOUT_S, description=(
         "Seconds any one collective (gloo or NCCL, DeepSpeed's own groups included) may wait for its peers "
-        "before it fails: the backstop for a peer that went silent where Ray's node health check cannot see it. "
+        "before it fails (torch and Ray Train default to 1800 s): the backstop for a peer that went silent where "
+        "Ray's node health check cannot see it. "
         "Every legitimate wait must fit (the slowest rank's save, load or op build at a barrier)."))
 
     @field_validator("num_workers")
@@ -151,11 +155,13 @@ class TaskSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    type: Literal["adamw", "adam", "sgd"] = "adamw"
+    type: Literal["adamw", "adam", "sgd"] = Field("adamw", description=(
+        "The optimizer; changing it between attempts is refused unless resume.reset_optimizer."))
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of every parameter not matched by no_decay.")
-    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0, le=1)
-    momentum: float = Field(0.0, ge=0, le=1)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
+        (0.9, 0.999), description="Adam/AdamW betas.")
+    eps: float = Field(1e-8, gt=0, le=1, description="Adam/AdamW epsilon.")
+    momentum: float = Field(0.0, ge=0, le=1, description="SGD momentum.")
     no_decay: list[Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]] | None = Field(
         None, max_length=MAX_NO_DECAY_PATTERNS, description=(
             "Parameter name patterns (fnmatch, e.g. '*.bias') kept out of weight decay, in a second param group "
@@ -177,10 +183,15 @@ class SchedulerSpec(_Strict):
 
     type: Literal["constant", "linear", "cosine", "wsd", "inverse_sqrt", "polynomial", "step", "custom"] = Field(
         "constant", description=(
-            "constant | linear | cosine (decay to min_lr_ratio over the horizon) | wsd (warmup-stable-decay) | "
-            "inverse_sqrt | polynomial | step | custom (scheduler.path)."))
+            "constant; linear, cosine (decay to min_lr_ratio over the horizon); wsd (warmup-stable-decay: 1 until "
+            "the last decay units, or decay_fraction of the horizon, then a decay_shape decay); inverse_sqrt "
+            "(sqrt(warmup / (position + 1)) after the warmup); polynomial ((1 - progress)^power); step (times gamma "
+            "every step_size units after the warmup); custom (path). Changing the type or the phase order (a warmup "
+            "added or removed, wsd's decay_shape) between attempts is refused unless resume.reset_schedule."))
     warmup: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Warmup length in `unit`s (linear ramp from 0).")
-    unit: Literal["optimizer_steps", "epochs"] = "optimizer_steps"
+    unit: Literal["optimizer_steps", "epochs"] = Field("optimizer_steps", description=(
+        "What warmup, total, decay and step_size count. A change between attempts recomputes the position "
+        "(with a warning)."))
     total: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
                                     description="Horizon in `unit`s; default: the run's length.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The factor decaying schedules end at (their floor).")
@@ -196,7 +207,8 @@ class SchedulerSpec(_Strict):
     gamma: float | None = Field(None, gt=0, le=1, description="step: the factor per step_size (default 0.1).")
     path: str | None = Field(None, max_length=MAX_IMPORT_PATH_CHARS, description=(
         "custom: 'pkg.mod:fn', fn(position: int, total: int) -> float, a finite factor >= 0 on each group's base "
-        "rate (it decides warmup too)."))
+        "rate, checked at every step. It decides the whole schedule, so warmup and min_lr_ratio are refused with "
+        "it; a path that does not resolve fails before anything is loaded."))
 
     @field_validator("path")
     @classmethod
@@ -234,7 +246,7 @@ class EvalEvery(_Strict):
     is not; no ``micro_steps``: evaluation runs at sync boundaries only."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables evaluation.")
-    unit: Literal["optimizer_steps", "epochs"]
+    unit: Literal["optimizer_steps", "epochs"] = Field(..., description="What value counts.")
 
     @model_validator(mode="before")
     @classmethod
@@ -262,13 +274,22 @@ class TrainSpec(_Strict):
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
     grad_accum: StrictInt = Field(1, ge=1, le=MAX_GRAD_ACCUM,
                                   description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
-    epochs: StrictInt | None = Field(None, ge=1, le=MAX_EPOCHS)
-    max_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description="Stop after this many optimizer steps.")
-    seed: StrictInt = Field(0, ge=0, le=MAX_SEED)
-    lr: float = Field(1e-3, gt=0, le=MAX_LR)
-    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    gradient_clipping: float = Field(0.0, ge=0)
+    epochs: StrictInt | None = Field(None, ge=1, le=MAX_EPOCHS, description=(
+        "Epochs to train; set epochs, max_steps or both (whichever ends first)."))
+    max_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description=(
+        "Stop after this many optimizer steps (with epochs: whichever ends first)."))
+    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description=(
+        "Seeds model initialisation, the sampler's permutation and every per-sample random draw."))
+    lr: float = Field(1e-3, gt=0, le=MAX_LR, description=(
+        "Base learning rate (above 100 it is a typo such as 1e3 for 1e-3); unused when the task returns "
+        "Task.optimizer, whose groups carry their own."))
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description=(
+        "adamw, adam or sgd, or {type, weight_decay, betas, eps, momentum, no_decay}; unused when the task "
+        "returns Task.optimizer."))
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description=(
+        "The learning-rate schedule: a factor on each param group's base rate, after a linear warmup of "
+        "`warmup` units (not custom), decaying schedules ending at min_lr_ratio over the horizon `total`."))
+    gradient_clipping: float = Field(0.0, ge=0, description="DeepSpeed's gradient clipping (0: off).")
     dataloader_workers: StrictInt = Field(0, ge=0, le=MAX_DATALOADER_WORKERS,
                                           description="torch DataLoader worker processes.")
     stream_shuffle_buffer: StrictInt = Field(0, ge=0, le=MAX_STREAM_SHUFFLE_BUFFER, description=(
@@ -280,7 +301,9 @@ class TrainSpec(_Strict):
         "epoch-unit schedules and evaluations can count epochs; default: none, train.max_steps ends the run."))
     record_samples: bool = Field(False,
                                  description="Log the sample ids of every optimizer step (audits, elastic tests).")
-    log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description="Print progress every N optimizer steps.")
+    log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description=(
+        "Every N optimizer steps (and at the last): the progress line, the Ray Train report and the TensorBoard "
+        "points."))
     eval_every: EvalEvery = Field(default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"), description=(
         "Evaluate the task's eval_dataset every N optimizer_steps or epochs (at sync boundaries, and at the run's "
         "end); 0 is off."))
@@ -335,14 +358,18 @@ def _secret_keys(obj: Any, path: str = "deepspeed.config", depth: int = 0) -> li
 
 
 class DeepSpeedSpec(_Strict):
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description=(
+        "ZeRO stage: 1 partitions the optimizer state, 2 also the gradients, 3 also the parameters."))
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp16 needs scaling.use_gpu.")
     offload_optimizer: Literal["none", "cpu"] = Field(
         "none", description=(
             "ZeRO-Offload: optimizer state and step on the CPU (ZeRO 1-3; Adam/AdamW use DeepSpeed's CPU Adam)."))
     offload_params: Literal["none", "cpu"] = Field(
         "none", description="ZeRO-Infinity parameter offload to the CPU (ZeRO 3 only).")
-    config: dict[str, Any] = Field(default_factory=dict, description="Passthrough DeepSpeed config keys.")
+    config: dict[str, Any] = Field(default_factory=dict, description=(
+        "Passthrough DeepSpeed config keys: not the ones syncpoint sets (batch sizes, zero_optimization, "
+        "optimizer, scheduler, bf16, fp16), and no secrets (DeepSpeed stores its config in every checkpoint file, "
+        "so a key that names a credential is refused)."))
 
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> DeepSpeedSpec:
@@ -382,7 +409,8 @@ class SaveEvery(_Strict):
     ``policies.save_interval``)."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
-    unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"]
+    unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"] = Field(..., description=(
+        "What value counts; auto takes no value."))
 
     @model_validator(mode="before")
     @classmethod
@@ -410,7 +438,10 @@ class SaveEvery(_Strict):
 class CheckpointSpec(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
-    save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"))
+    save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"), description=(
+        "{value, unit}, '200 micro_steps', or auto (an interval from the measured save cost and the preemption "
+        "rate); off by default. A request that falls mid-cycle is carried to the next sync boundary, never "
+        "dropped, and the run always commits a state at its end."))
     save_trigger: str | None = Field(None, max_length=MAX_IMPORT_PATH_CHARS,
                                      description="Custom trigger 'pkg.mod:Class' (replaces save_every).")
 
@@ -424,14 +455,17 @@ class CheckpointSpec(_Strict):
         "With save_every: auto, the preemption rate assumed until this run has seen its own (default 1 per hour); "
         "the estimate then moves to the observed rate."))
     keep_last: StrictInt = Field(3, ge=0, le=MAX_COUNT, description="Resumable states to keep; 0 keeps all.")
-    prune_unsafe: bool = False
-    export_final: bool = Field(True, description="Write consolidated safetensors to <run>/final/.")
+    prune_unsafe: bool = Field(False, description=(
+        "Also delete mid-cycle, corrupt and incompatible states older than the newest resumable one."))
+    export_final: bool = Field(True, description="Write the final model to <run>/final/model.safetensors.")
     async_save: bool = Field(False, alias="async", description=(
-        "Only the snapshot to local staging blocks training; the upload runs in the background and "
-        "the manifest commits once every rank's upload finished (at most one save in flight)."))
+        "Only a copy of the tensors into reusable host buffers blocks training; serialization, checksum and "
+        "upload run in the background, and the manifest commits once every rank's upload finished (at most one "
+        "save in flight; the run's last save is synchronous)."))
     checksum: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description=(
         "Checksum of every file in a state's manifest, verified before anything is loaded: xxh3_128 "
-        "(fast, guards against torn and corrupt files) or sha256 (cryptographic, ~7x slower)."))
+        "(fast, guards against torn and corrupt files) or sha256 (cryptographic, ~7x slower; needed for "
+        "signing)."))
     signing_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", description=(
         "Name of an environment variable holding a key (>= 32 bytes): rank 0 signs every manifest with "
         "HMAC-SHA256, and selection refuses unsigned or wrongly signed states as untrusted. Needs "
@@ -511,7 +545,10 @@ class CorpusSpec(_Strict):
 
 class ResumeSpec(_Strict):
     policy: str = Field("newest-resumable", max_length=MAX_IMPORT_PATH_CHARS,
-                        description="newest-resumable | pinned | fresh | best-metric | pkg.mod:Class")
+                        description=(
+                            "newest-resumable, pinned, fresh, best-metric, or your own 'pkg.mod:Class'. A Ray "
+                            "restart inside one submission continues from that submission's newest state "
+                            "whatever the policy."))
 
     @field_validator("policy")
     @classmethod
@@ -519,28 +556,37 @@ class ResumeSpec(_Strict):
         if v not in BUILTIN_POLICIES and not is_import_path(v):
             raise ValueError(f"must be one of {', '.join(BUILTIN_POLICIES)}, or 'package.module:Class' for your own")
         return v
-    policy_args: dict[str, Any] = Field(default_factory=dict)
-    init_from: str | None = Field(None, max_length=MAX_PATH_CHARS,
-                                  description="State URL to take weights from (fine-tune).")
+    policy_args: dict[str, Any] = Field(default_factory=dict, description=(
+        "Keyword arguments for the policy, e.g. pinned: {state: 120}, best-metric: {metric: loss, mode: min}."))
+    init_from: str | None = Field(None, max_length=MAX_PATH_CHARS, description=(
+        "A state URL, or a run directory (its newest committed state), to take weights from: fine-tuning. Never "
+        "its position, RNG or data position; once this run has its own resumable state, that wins."))
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
     init_from_signing_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", description=(
         "With init_from: the environment variable holding the source run's signing key; its state must be "
         "signed with it. Default: this run's checkpoint.signing_key_env, when set."))
-    reset_schedule: bool = Field(False, description="Opt-out: restart the LR schedule at 0 on resume.")
+    reset_schedule: bool = Field(False, description=(
+        "Opt-out: restart the LR schedule at 0 when the scheduler type or phases changed (otherwise refused)."))
     reset_optimizer: bool = Field(False, description=(
         "Opt-out: keep the state's weights and position but start the optimizer state (moments) fresh, e.g. "
         "after changing train.optimizer.type. Without it such a change is refused at selection."))
-    on_existing: Literal["refuse", "archive", "overwrite"] = "refuse"
+    on_existing: Literal["refuse", "archive", "overwrite"] = Field("refuse", description=(
+        "With policy: fresh on a run directory that has states: refuse, archive (move them to archive/) or "
+        "overwrite."))
     lease_ttl_s: float = Field(60.0, gt=0, le=MAX_LEASE_TTL_S, description=(
-        "The run directory's lease expires this long after its owner's last heartbeat; then a "
-        "successor of the same job may take over."))
+        "The run directory's lease expires this long after its owner's last heartbeat; then a successor of the "
+        "same job may take over. A re-submission waits (at most that long, plus a margin) for a dead holder's "
+        "lease to expire instead of being refused."))
 
 
 class FailureSpec(_Strict):
     """Named after Ray Train's ``FailureConfig``."""
 
-    max_failures: StrictInt = Field(0, ge=-1, le=MAX_COUNT, description="Application-error restarts (-1: unlimited).")
-    max_preemptions: StrictInt = Field(-1, ge=-1, le=MAX_COUNT, description="Preemption restarts (-1: unlimited).")
+    max_failures: StrictInt = Field(0, ge=-1, le=MAX_COUNT, description=(
+        "Application-error restarts (Ray's FailureConfig.max_failures; -1: unlimited)."))
+    max_preemptions: StrictInt = Field(-1, ge=-1, le=MAX_COUNT, description=(
+        "Preemption restarts (Ray's max_preemption_failures; -1: unlimited). Preemptions never count against "
+        "max_failures."))
     placement_timeout_s: float = Field(900.0, gt=0, le=MAX_LEASE_TTL_S, description=(
         "How long the run waits in a row for room to place its workers (at start or after a lost node) "
         "before it fails with a message; Ray Train alone would wait forever. Checked each time Ray "
@@ -554,11 +600,13 @@ class CrashFault(_Strict):
     ``at_micro_step``, as the first save at or after that micro-step: a storm drill places a crash
     inside a save at a point of the run without knowing how many saves earlier attempts made."""
 
-    rank: StrictInt = Field(0, ge=0, le=MAX_WORKERS)
+    rank: StrictInt = Field(0, ge=0, le=MAX_WORKERS, description="The rank to crash.")
     at_micro_step: StrictInt | None = Field(None, ge=1, le=MAX_MICRO_STEPS, description=(
         "The micro-step to fire after; with phase: the first save at or after this micro-step."))
     phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
-                   "before_retention", "during_retention"] | None = None
+                   "before_retention", "during_retention"] | None = Field(None, description=(
+        "Crash inside a save at this phase; before_manifest, during_manifest and during_retention run on rank 0 "
+        "only."))
     at_save: StrictInt = Field(1, ge=1, le=MAX_COUNT, description=(
         "With phase (and no at_micro_step): which save (1 = first) of the attempt."))
     mode: Literal["exit", "raise", "sigterm", "hold"] = Field(
@@ -596,18 +644,32 @@ class CrashFault(_Strict):
 
 
 class JobSpec(_Strict):
-    name: str = Field(..., min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    storage: str = Field("./runs", max_length=MAX_PATH_CHARS,
-                         description="fsspec URL or path; resolved to an absolute URL on the driver.")
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
-    task: TaskSpec
-    train: TrainSpec
-    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    resume: ResumeSpec = Field(default_factory=ResumeSpec)
-    failure: FailureSpec = Field(default_factory=FailureSpec)
-    corpus: CorpusSpec = Field(default_factory=CorpusSpec)
-    faults: list[CrashFault] = Field(default_factory=list, max_length=MAX_FAULTS)
+    """A job: one YAML file (``orchestrator.spec_file`` parses it), every field in the job spec reference."""
+
+    name: str = Field(..., min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description=(
+                          "The run's name; its directory is <storage>/<name>. Keep name and storage the same "
+                          "across retries: they are how every restart finds its states."))
+    storage: str = Field("./runs", max_length=MAX_PATH_CHARS, description=(
+        "fsspec URL or path (/abs, file://, memory://, s3://, ...), made absolute on the driver. Credentials in "
+        "the URL are redacted from all output and refused by submit: give them to the storage backend as "
+        "environment variables."))
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description=(
+        "Workers and what each gets (named after Ray Train's ScalingConfig)."))
+    task: TaskSpec = Field(..., description="Your code: the function that builds the Task, and its config.")
+    train: TrainSpec = Field(..., description="Batches, length, optimizer, schedule, evaluation, logging.")
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec, description=(
+        "ZeRO stage, precision, offload and passthrough DeepSpeed settings."))
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=(
+        "When states are saved, how they are checked, signed and kept."))
+    resume: ResumeSpec = Field(default_factory=ResumeSpec, description=(
+        "Where a run starts: the resume policy, fine-tuning, opt-outs and the run directory's lease."))
+    failure: FailureSpec = Field(default_factory=FailureSpec, description=(
+        "Restart budgets and the placement bound (named after Ray Train's FailureConfig)."))
+    corpus: CorpusSpec = Field(default_factory=CorpusSpec, description=(
+        "How a sharded corpus (workers.corpus.ShardedCorpus) is ordered and cached."))
+    faults: list[CrashFault] = Field(default_factory=list, max_length=MAX_FAULTS, description=(
+        "Fault injection: crashes that fire once per run, to rehearse preemption."))
 
     @model_validator(mode="after")
     def _combinations(self) -> JobSpec:

@@ -1,4 +1,5 @@
-"""The README's commands as a test runs them: its ```bash blocks, in a copy of the repository."""
+"""The documented commands as a test runs them: the ```bash blocks of a section of the README or of a
+docs page, in a copy of the repository."""
 
 from __future__ import annotations
 
@@ -10,16 +11,30 @@ from pathlib import Path
 
 from tests.helpers import ROOT
 
-README = (ROOT / "README.md").read_text()
+README = "README.md"
+# The sections whose commands the tests run, and the page that holds each: tests/test_docs.py checks
+# that every one is still there, with a ```bash block.
+SECTIONS = {
+    "## Quick start": README,  # tests/test_first_hour.py
+    "# Deploy with `ray job submit`": "docs/deploy/ray.md",  # tests/test_readme_commands.py
+}
 
 
-def bash_blocks(section: str) -> list[str]:
-    """The ```bash blocks of a README section (from its heading to the next heading of its level)."""
-    start = README.index(section)
-    level = section.split(" ", 1)[0]
-    nxt = re.search(rf"^{level} ", README[start + len(section):], re.MULTILINE)
-    text = README[start:start + len(section) + (nxt.start() if nxt else len(README))]
-    return re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+def section_text(section: str, page: str = README) -> str:
+    """A section of a page, from its heading line to the next heading of its level or above."""
+    text = (ROOT / page).read_text()
+    m = re.search(rf"^{re.escape(section)}$", text, re.MULTILINE)
+    if m is None:
+        raise LookupError(f"{page} has no heading {section!r}")
+    level = len(section.split(" ", 1)[0])
+    nxt = re.search(rf"^#{{1,{level}}} ", text[m.end():], re.MULTILINE)
+    return text[m.start():m.end() + (nxt.start() if nxt else len(text))]
+
+
+def bash_blocks(section: str, page: str | None = None) -> list[str]:
+    """The ```bash blocks of a section (``page``: the file that holds it, by default the one
+    ``SECTIONS`` names, else the README)."""
+    return re.findall(r"```bash\n(.*?)```", section_text(section, page or SECTIONS.get(section, README)), re.DOTALL)
 
 
 def commands(block: str) -> list[str]:
@@ -29,7 +44,7 @@ def commands(block: str) -> list[str]:
 
 def copy_of_repository(dest: Path) -> None:
     """The tracked files (mtimes kept: make compares them), and ``.venv`` linking to this environment,
-    so the README's commands run from the copy as from a checkout where `make venv` ran."""
+    so the documented commands run from the copy as from a checkout where `make venv` ran."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, (f.decode() for f in files)):
         if (ROOT / name).is_file():

@@ -3,7 +3,7 @@
 Bitwise equality is not expected across world sizes: the same samples are summed in another
 order (two ranks' partial gradients all-reduced vs eight micro-batches accumulated on one rank),
 and float addition is not associative. The tolerance follows from that alone (dropout is off, so no
-RNG-dependent op differs; per-rank RNG streams are re-derived on a world-size change, see README):
+RNG-dependent op differs; per-rank RNG streams are re-derived on a world-size change, see docs/concepts/elastic.md):
 per-step losses agree to 1e-3 relative; each weight differs by at most 2 x the sum of the learning
 rates since the change (Adam's update is ~lr per step whatever the gradient's size, and for
 gradients at rounding-noise level its sign is noise), and on average by far less.

@@ -97,7 +97,7 @@ def test_single_rank_zero3_crash_and_resume_equals_uninterrupted(tmp_path):
 @pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_drill_on_the_example(tmp_path):
-    """`syncpoint drill examples/hf_gpt2.yaml` as the README shows it (the example's own size, 2 Ray
+    """`syncpoint drill examples/hf_gpt2.yaml` as docs/task.md shows it (the example's own size, 2 Ray
     workers, its own embedded Ray like the tiny example's drill in test_preemption): a crash and a
     preemption notice, bitwise the uninterrupted run. Two ranks at ZeRO-3 with a process crash: this
     is also the example's multi-rank exact-resume test. The generous timeout is for a loaded machine

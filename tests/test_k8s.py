@@ -414,7 +414,7 @@ def test_gpu_overlay_requests_gpus_and_changes_nothing_else_in_the_spec() -> Non
 
 
 def test_gpu_component_stacks_on_a_spot_overlay(tmp_path: Path, validator: Any) -> None:
-    """The README's "GPU workers on spot" recipe: a spot overlay plus the gpu component."""
+    """The "GPU workers on spot" recipe of docs/deploy/kubernetes.md: a spot overlay plus the gpu component."""
     rel = Path(os.path.relpath(K8S, tmp_path))
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",

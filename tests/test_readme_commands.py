@@ -1,6 +1,6 @@
-"""The README's commands, run as written (issue 29.7): the one-machine block of *Deploy with `ray job
-submit`*, a real `ray start --head` with token authentication, `syncpoint submit` right after it and
-Ray's own `ray job submit` of the same job.
+"""The documented commands, run as written (issue 29.7): the one-machine block of docs/deploy/ray.md
+(*Deploy with `ray job submit`*), a real `ray start --head` with token authentication, `syncpoint submit`
+right after it and Ray's own `ray job submit` of the same job.
 
 Run in a copy of the repository's tracked files (so `./runs` is the test's) with ``.venv`` linking to
 this environment, and a home directory of its own (so ``~/.ray/auth_token`` is the test's). What is
@@ -29,7 +29,7 @@ from workers.launch import free_port
 
 def test_the_deploy_block_holds_the_commands_the_test_runs():
     """Guards the extraction below: the block the test runs is the one a reader copies."""
-    lines = commands(bash_blocks("## Deploy with `ray job submit`")[0])
+    lines = commands(bash_blocks("# Deploy with `ray job submit`", "docs/deploy/ray.md")[0])
     assert lines[:5] == ["make venv", "source .venv/bin/activate", "ray get-auth-token --generate > /dev/null",
                             "export RAY_AUTH_MODE=token", "ray start --head --disable-usage-stats"]
     assert "syncpoint submit examples/tiny_lm.yaml --address http://127.0.0.1:8265" in lines
@@ -42,7 +42,7 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     repo, home = tmp_path / "repo", tmp_path / "home"
     home.mkdir()
     copy_of_repository(repo)
-    block = bash_blocks("## Deploy with `ray job submit`")[0]
+    block = bash_blocks("# Deploy with `ray job submit`", "docs/deploy/ray.md")[0]
     ports = [free_port() for _ in range(7)]
     temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
     own_ports = (f" --port={ports[0]} --dashboard-port={ports[1]} --dashboard-agent-listen-port={ports[2]} "

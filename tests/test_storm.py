@@ -243,7 +243,7 @@ def test_a_storm_of_twenty_interruptions_ends_bitwise_equal(tmp_path):
     assert "per-step losses and learning rates: match" in out and "final digest: match" in out
     assert "restarts: " in out and "(planned " in out and "interrupted run's goodput " in out
     assert "RESULT: 20 interruptions survived; the interrupted run is bitwise the uninterrupted one" in out
-    print(out)  # the storm's report (`pytest -rP` shows it): what the README quotes
+    print(out)  # the storm's report (`pytest -rP` shows it): what bench/results/drills.md quotes
 
 
 @pytest.mark.slow

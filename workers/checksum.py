@@ -3,7 +3,7 @@
 Why not always sha256: the checksum guards against torn, truncated and bit-rotted files, not
 against an attacker (who could rewrite the manifest too). sha256 is slower than the disk: hashing
 256 MiB in memory in 8 MiB chunks (best of 3, one core of a 2-core AMD EPYC VM) ran at 1.4 GB/s
-for sha256 against 7.4 GB/s for xxh3-128, and in the README's save-cost benchmark (P2) a sync save
+for sha256 against 7.4 GB/s for xxh3-128, and in the save-cost benchmark (bench/results/p2_save_cost.md) a sync save
 with sha256 reached 0.45x of a raw write's bandwidth against 0.91x with xxh3-128, which leaves the
 save bound by the write itself. ``checkpoint.checksum: sha256`` stays available where policy asks
 for a cryptographic hash (signing requires it). Each manifest entry names its algorithm by

@@ -2,8 +2,8 @@
 
 It needs only a torch process group (one process, several spawned by a test, or Ray Train's
 workers), which keeps the big equivalence grids fast and Ray-free. ``run_worker`` sets up, takes
-the run directory's lease, negotiates where to resume, trains and finishes; ``_train`` is the
-README's *How resume stays exact*, rule by rule:
+the run directory's lease, negotiates where to resume, trains and finishes; ``_train`` is
+*How resume stays exact* (docs/concepts/exact-resume.md), rule by rule:
 
 * optimizer steps fire at sync boundaries computed from the 1-indexed position within the epoch
   (``policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the

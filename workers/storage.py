@@ -139,8 +139,8 @@ class RunStorage:
     # ---- compare-and-swap of small control files (the lease)
     @property
     def conditional_writes(self) -> str:
-        """How ``write_if`` is made atomic on this store (README: *One writer per run directory*):
-        ``flock``, ``s3``, ``process-lock`` or ``none``."""
+        """How ``write_if`` is made atomic on this store (docs/reference/state-format.md, *Lease: one writer
+        per run directory*): ``flock``, ``s3``, ``process-lock`` or ``none``."""
         return self.backend.conditional_writes
 
     def read_versioned(self, *parts: str, limit: int) -> Versioned | None:

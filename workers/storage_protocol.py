@@ -8,7 +8,7 @@ states those differences once (``workers.storage_local``, ``workers.storage_fssp
 the lease and retention never see which backend is underneath. Paths are the backend's own (the
 run root joined with ``/``), never URLs.
 
-Storage may be hostile (README: *Storage is shared and may be hostile*), so every read takes a bound
+Storage may be hostile (docs/security.md, *Storage that others can write*), so every read takes a bound
 (``limit``: the most bytes the file may hold; a larger one raises ``policies.errors.OversizedEntry``)
 derived by the caller from what the file is (a manifest's size for a file it lists, a cap for a
 record), and a listing reports what is not a regular file instead of following it. Stores with
@@ -63,8 +63,8 @@ def content_version(data: bytes) -> str:
 class StorageBackend(Protocol):
     """The operations ``RunStorage``'s users need, on backend paths.
 
-    ``conditional_writes`` names how ``write_if`` is made atomic (README: *One writer per run
-    directory*): ``flock``, ``s3``, ``process-lock`` or ``none`` (write, then read back).
+    ``conditional_writes`` names how ``write_if`` is made atomic (docs/reference/state-format.md,
+    *Lease: one writer per run directory*): ``flock``, ``s3``, ``process-lock`` or ``none`` (write, then read back).
     """
 
     conditional_writes: str

@@ -84,6 +84,22 @@ def dataset_problem(path: str, dataset: Any) -> str | None:
 
 @dataclass
 class Task:
+    """What your task function returns: ``build(config) -> Task``, named by ``task.path``.
+
+    Attributes:
+        model: the module to train; syncpoint wraps it in a DeepSpeed engine.
+        dataset: map-style (``__len__``, ``__getitem__``), a ``workers.corpus.ShardedCorpus``, or a
+            stream with its own state (a Hugging Face ``datasets.IterableDataset``, or an iterable with
+            ``state_dict()`` / ``load_state_dict()``).
+        loss: ``loss(model, batch) -> scalar tensor``; ``model`` is the DeepSpeed engine.
+        collate: the DataLoader's ``collate_fn`` (default: torch's).
+        eval_dataset: a map-style evaluation set, evaluated every ``train.eval_every``.
+        metrics: ``metrics(model, batch) -> {name: tensor}`` on evaluation batches: a 0-d tensor is the
+            batch's mean, a 1-d tensor one value per item (default: the loss, as ``eval_loss``).
+        optimizer: ``optimizer(model) -> torch.optim.Optimizer`` with any param groups; default: the
+            spec's ``train.optimizer``.
+    """
+
     model: torch.nn.Module
     dataset: MapDataset | Any  # map-style, or a stream (``is_stream``)
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor

@@ -3,7 +3,7 @@ one read, and loaded from the very inode that was checksummed.
 
 Why: on local storage, copying a state into a temporary directory before loading it (what the
 reader does for object stores) reads every byte twice and writes it once more, which made a local
-restore several times slower than reading its files (README, P10). Reading in place must keep what
+restore several times slower than reading its files (bench/results/p10_object_store.md). Reading in place must keep what
 the copy gave:
 
 * only the state's own files: each manifest name (already a normalized path inside the state,
