@@ -67,6 +67,7 @@ class Part:
     header: tuple[str, ...]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     goals: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # printed under the table
 
     def print(self) -> None:
         print(f"\n{self.title}")
@@ -74,6 +75,8 @@ class Part:
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
         for r in cells:
             print("  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        for line in self.notes:
+            print(f"  {line}")
 
 
 def goal(name: str, measured: float, op: str, target: float, unit: str = "", fmt: str = "{:.2f}") -> str:
@@ -276,7 +279,13 @@ def part_s3(quick: bool) -> Part:
     return part
 
 
-PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_s3}
+def part_resume(quick: bool) -> Part:
+    from bench.p11_resume import part_resume as resume
+
+    return resume(quick)  # type: ignore[no-any-return]
+
+
+PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_s3, "resume": part_resume}
 
 
 def main(argv: list[str] | None = None) -> int:
