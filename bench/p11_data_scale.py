@@ -1,4 +1,5 @@
-"""P11 data at scale: sampler cost per rank up to 10^10 samples, and a sharded corpus on S3 against a raw read.
+"""P11 data at scale: sampler cost per rank up to 10^10 samples, a sharded corpus on S3 against a raw read, and
+resume to the first batch at 10^8 against datasets, torchdata and MosaicML Streaming.
 
 What it measures (each part is a function returning table rows and goal lines; ``--only`` picks
 parts, so further measurements, such as streams, slot in as parts of their own):
@@ -25,10 +26,21 @@ parts, so further measurements, such as streams, slot in as parts of their own):
   read and corpus epoch alternate for ``ROUNDS`` rounds; the goal compares the best of each (the
   least disturbed by the machine's other load), and each round's own ratio is printed as well.
 
-Goals (issue 28): sampler at 10^10 samples <= 10 ms and <= 1 MiB per rank; the corpus reads S3 at
->= 0.8x the raw parallel read.
+* ``resume`` (``bench/p11_resume.py``, its docstring says what is timed and compared): the time
+  from a saved state at position P (up to 10^8, ``--quick`` 10^6) to the first batch of a corpus of
+  tiny records, for syncpoint (its map-style corpus and its stream path) and for ``datasets``
+  (``load_state_dict``, ``skip``, HF Trainer's ``skip_first_batches``), torchdata's
+  ``StatefulDataLoader`` and MosaicML's ``StreamingDataset`` (installed by ``make venv`` without its
+  own pins, which conflict with this project's: see the Makefile), each one's first resumed batch checked against its own
+  uninterrupted run. The corpus (1.07e8 records as Parquet, .npy and MDS: ~1.7 GB) is written once
+  under the temp directory (about 5 minutes here) and kept for the next run.
 
-Command (from the repo root; ``--quick`` about a minute on 2 shared cores):
+Goals (issue 28): sampler at 10^10 samples <= 10 ms and <= 1 MiB per rank; the corpus reads S3 at
+>= 0.8x the raw parallel read; resume to the first batch at 10^8 <= 0.01x the best peer's, with the
+same batch as the uninterrupted run.
+
+Command (from the repo root; ``--quick`` about two minutes on 2 shared cores, the full run about
+ten once its resume corpus exists):
 
     .venv/bin/python -m bench.p11_data_scale --quick
     .venv/bin/python -m bench.p11_data_scale
@@ -67,6 +79,7 @@ class Part:
     header: tuple[str, ...]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     goals: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # printed under the table
 
     def print(self) -> None:
         print(f"\n{self.title}")
@@ -74,6 +87,8 @@ class Part:
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
         for r in cells:
             print("  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+        for line in self.notes:
+            print(f"  {line}")
 
 
 def goal(name: str, measured: float, op: str, target: float, unit: str = "", fmt: str = "{:.2f}") -> str:
@@ -276,12 +291,18 @@ def part_s3(quick: bool) -> Part:
     return part
 
 
-PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_s3}
+def part_resume(quick: bool) -> Part:
+    from bench.p11_resume import part_resume as resume
+
+    return resume(quick)  # type: ignore[no-any-return]
+
+
+PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_s3, "resume": part_resume}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about two minutes)")
     p.add_argument("--only", action="append", choices=sorted(PARTS), help="run only these parts (repeatable)")
     args = p.parse_args(argv)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)

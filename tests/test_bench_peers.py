@@ -86,3 +86,51 @@ def test_p9_attempts_do_not_inherit_a_distributed_launch(monkeypatch):
     env = p9._attempt_env(P9_ATTEMPT="1")
     assert not {"LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(env)
     assert env["P9_KEEP"] == "x" and env["P9_ATTEMPT"] == "1"
+
+
+@pytest.mark.slow
+def test_p11_resume_each_system_resumes_to_its_uninterrupted_batch_and_filled_states_are_the_written_ones(tmp_path):
+    """P11 (c) on a small corpus (8 shards of 3,000 records, Parquet row groups of 1,000): every
+    system's resumed first batch is its uninterrupted run's batch there, the states the bench fills
+    in beyond its uninterrupted runs equal the ones each system wrote (positions in several shards
+    and row groups, one the first of a row group), and syncpoint's sampler reference is the batch its
+    uninterrupted loader yields."""
+    from bench import p11_resume as p11
+
+    corpus = p11.write_corpus(3_000, str(tmp_path / "corpus"), row_group_rows=1_000)
+    positions = [16 * 20, 16 * 125, 16 * 1_000, 16 * 1_310]  # shards 0, 0 (a row group's first), 5, 6
+    records = {p: corpus.records(p) for p in positions}
+    assert records[16 * 20] == list(range(320, 336))
+    for order in ("shard-window", "global"):
+        run = p11.syncpoint_uninterrupted(corpus, order, positions[2])
+        assert run.batch == p11.syncpoint_expected(corpus, order, positions[2]) != records[positions[2]]
+        resumed = p11.syncpoint_resume(corpus, order, positions)
+        assert [r.batch for r in resumed] == [p11.syncpoint_expected(corpus, order, p) for p in positions]
+
+    reached = p11.hf_uninterrupted(corpus, positions)
+    assert [r.batch for r in reached] == [records[p] for p in positions]
+    template = reached[0].state
+    assert all(p11.hf_state_at(corpus, template, r.position) == r.state for r in reached)
+    assert p11.hf_state_at(corpus, template, positions[1]) != reached[2].state  # the check can fail
+    jobs = [(p, p11.hf_state_at(corpus, template, p)) for p in positions]
+    assert [r.batch for r in p11.hf_resume(corpus, jobs)] == [records[p] for p in positions]
+    assert [r.batch for r in p11.hf_skip(corpus, positions)] == [records[p] for p in positions]
+    assert [r.batch for r in p11.hf_trainer(corpus, positions[:2])] == [records[p] for p in positions[:2]]
+
+    for over in ("stream", "map"):
+        reached = p11.sdl_uninterrupted(corpus, over, positions)
+        assert [r.batch for r in reached] == [records[p] for p in positions]
+        assert all(p11.sdl_state_at(corpus, over, reached[0].state, r.position) == r.state for r in reached)
+        jobs = [(p, p11.sdl_state_at(corpus, over, reached[0].state, p)) for p in positions]
+        assert [r.batch for r in p11.sdl_resume(corpus, over, jobs)] == [records[p] for p in positions]
+
+    reached = p11.stream_uninterrupted(corpus, positions)
+    assert [r.batch for r in reached] == [records[p] for p in positions]
+    assert all(p11.stream_state_at(corpus, reached[0].state, r.position) == r.state for r in reached)
+    jobs = [(p, p11.stream_state_at(corpus, reached[0].state, p)) for p in positions]
+    assert [r.batch for r in p11.stream_resume(corpus, jobs)] == [records[p] for p in positions]
+
+    states, run = p11.mosaic_states(corpus, positions, positions[1])
+    assert run.batch == records[positions[1]]
+    assert [r.batch for r in p11.mosaic_resume(corpus, [(s.position, s.state) for s in states])] == \
+        [records[p] for p in positions]

@@ -1,0 +1,91 @@
+"""A 10^9-sample epoch resumed 10^8 samples in (``tests.virtual_tasks``: sample i computed from i).
+
+What "deep inside an epoch" means here: the run trains through the first 10^8 samples of a 10^9-sample
+epoch (micro-batches of 2^20 samples, the largest ``train.micro_batch_size``; 96 of the epoch's 953),
+writes its state there, crashes, and resumes from that state. So the resumed attempt's position is
+a real one the loop wrote (``samples_in_epoch`` just over 10^8 of ``samples_per_epoch`` 953 x 2^20),
+its loader starts 96 micro-batches into a per-position permutation of 10^9 samples, and the run
+must still be the uninterrupted one, step for step. Depth beyond that costs this machine only
+training time (each micro-batch costs the same to resume at, bench P11 (a) and (c)); half-way into
+the epoch would be 4 minutes of training per run here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.spec_file import parse_spec, resolve_storage
+from policies.state_format import SAMPLER_VERSION
+from tests.helpers import digest, run, run_until_crash, step_history, trainer_json, with_overrides
+from tests.test_exact_resume import module_params
+from tests.virtual_tasks import SAMPLES
+
+pytestmark = pytest.mark.slow
+MICRO_BATCH = 1 << 20
+SPEC = """
+name: virtual
+task: {path: tests.virtual_tasks:build, config: {dropout: 0.1}}
+train: {micro_batch_size: 1048576, grad_accum: 4, max_steps: 25, seed: 5, lr: 0.01, log_every: 1000,
+        optimizer: {type: adamw, weight_decay: 0.01}}
+deepspeed: {zero_stage: 0}
+checkpoint: {keep_last: 0, export_final: false, save_every: {value: 12, unit: optimizer_steps}}
+"""
+
+
+def _spec(storage, *overrides):
+    return resolve_storage(parse_spec(SPEC, "virtual", [f"storage={storage}", "scaling.num_workers=1", *overrides]))
+
+
+def test_a_1e9_sample_epoch_resumed_1e8_samples_in_is_the_uninterrupted_run(tmp_path):
+    ref = _spec(tmp_path / "ref")
+    ref_final = run(ref).final_state
+    assert ref_final == f"{100:012d}"
+
+    spec = _spec(tmp_path / "run", "faults=[{at_micro_step: 98, mode: raise}]")
+    assert run_until_crash(spec)
+    result = run(with_overrides(spec, "faults=[]"))
+    assert result.resumed_from == f"{96:012d}"
+    deep = trainer_json(spec, result.resumed_from)
+    assert (deep["epoch"], deep["position_in_epoch"]) == (0, 96)
+    data = deep["data"]
+    assert data["samples_in_epoch"] == 96 * MICRO_BATCH > 10**8 and data["num_samples"] == SAMPLES
+    assert data["samples_per_epoch"] == (SAMPLES // MICRO_BATCH) * MICRO_BATCH and data["sampler"] == SAMPLER_VERSION
+
+    assert result.final_state == ref_final
+    a, b = step_history(ref), step_history(spec)
+    assert sorted(a) == sorted(b) == list(range(1, 26))
+    for step in a:
+        assert b[step].loss == a[step].loss, f"loss differs at optimizer step {step}"
+    assert digest(spec, ref_final) == digest(ref, ref_final)
+    ref_params, params = module_params(ref, ref_final), module_params(spec, ref_final)
+    assert all((ref_params[k] == params[k]).all() for k in ref_params)
+
+
+@pytest.mark.ray
+@pytest.mark.long
+@pytest.mark.parametrize("how", ["crash", "sigterm", "node"])
+def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path, how):
+    """``syncpoint drill`` (one Ray Train worker) interrupting after micro-step 98 of 120, 10^8
+    samples into the epoch: a crash and a lost node resume from the state at 96 (the node goes down
+    once the flushed progress passes 98, a few micro-steps later), a preemption notice saves at 100;
+    the interrupted run is the uninterrupted one, loss for loss and digest for digest."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    sets = [f"storage={tmp_path}", "scaling.num_workers=1", "task.path=tests.virtual_tasks:build",
+            "task.config={dropout: 0.1}", f"train.micro_batch_size={MICRO_BATCH}", "train.grad_accum=4",
+            "train.max_steps=30", "train.eval_every=0", "checkpoint.save_every={value: 6, unit: optimizer_steps}"]
+    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "98", "--how", how,
+           *[a for s in sets for a in ("--set", s)]]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "per-step losses and learning rates: match (30 optimizer steps)" in out and "final digest: match" in out, \
+        out[-3000:]
+    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and how in ln]
+    assert len(rows) == 1 and rows[0][4] == f"{100 if how == 'sigterm' else 96:012d}", out[-3000:]
+    assert out.strip().splitlines()[-1] == "RESULT: the interrupted run is bitwise the uninterrupted one", out[-3000:]
