@@ -81,6 +81,13 @@ class SnapshotArena:
         """The snapshot was serialized: the next save may overwrite the buffers."""
         self.busy = False
 
+    def drop(self) -> None:
+        """Let go of the chunks when the run ends: DeepSpeed's engine can outlive the run in this
+        process (a test, a Python API caller), and an arena's untouched 256 MiB chunks then add up to
+        tens of GiB of address space that make the next ``fork`` fail with ENOMEM. A snapshot still
+        being written keeps its chunk alive through its own views until the write is done."""
+        self.chunks, self.busy, self.used, self._cursor = [], False, 0, (0, 0)
+
     def capture(self, obj: Any) -> Any:
         """A deep copy of ``obj`` whose tensors (found in dicts, lists and tuples) live in the
         arena; the same tensor (or view of the same memory) appearing twice shares its copy. Must
