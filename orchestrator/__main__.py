@@ -1,5 +1,5 @@
 import sys
 
-from orchestrator.cli import main
+from syncpoint.orchestrator.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The job spec: one pydantic model that validates itself (loading YAML lives in ``orchestrator.spec_file``).
+"""The job spec: one pydantic model that validates itself (loading YAML lives in ``syncpoint.orchestrator.spec_file``).
 
 Why a leaf module in ``policies/``: every layer reads the spec (the driver parses it, the
 workers train by it, decisions compare against it), so it imports nothing of the project but
@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator, model_validator
 
-from policies.import_path import is_import_path
-from policies.redact import redact_obj
+from syncpoint.policies.import_path import is_import_path
+from syncpoint.policies.redact import redact_obj
 
 BUILTIN_POLICIES = ("newest-resumable", "pinned", "fresh", "best-metric")
 
@@ -379,7 +379,7 @@ class DeepSpeedSpec(_Strict):
 class SaveEvery(_Strict):
     """``checkpoint.save_every``: ``{value, unit}``, ``"200 micro_steps"``, or ``auto`` (stored as
     ``{value: 0, unit: auto}``: the interval is decided while the run goes, see
-    ``policies.save_interval``)."""
+    ``syncpoint.policies.save_interval``)."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
     unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"]
@@ -468,7 +468,7 @@ def _byte_count(v: Any) -> Any:
 
 
 class CorpusSpec(_Strict):
-    """How syncpoint reads a sharded corpus (``workers.corpus.ShardedCorpus``, returned by the task as
+    """How syncpoint reads a sharded corpus (``syncpoint.workers.corpus.ShardedCorpus``, returned by the task as
     its dataset): the epoch order, and the node-local cache the shards are fetched into."""
 
     shuffle: Literal["auto", "global", "shard-window"] = Field("auto", description=(
@@ -618,7 +618,7 @@ class JobSpec(_Strict):
                 raise ValueError(f"faults: rank {f.rank} does not exist with "
                                  f"scaling.num_workers={self.scaling.max_workers}")
         if self.scaling.elastic:
-            from policies.elastic import allowed_world_sizes
+            from syncpoint.policies.elastic import allowed_world_sizes
 
             lo, hi = self.scaling.min_workers, self.scaling.max_workers
             ok = allowed_world_sizes(self.train.micro_batch_size, self.train.grad_accum, lo, hi)

@@ -19,8 +19,13 @@ import numpy as np
 import pytest
 
 from examples.sharded_lm import write_corpus
-from policies.errors import ResumeRefused
-from policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.workers import corpus as corpus_mod
+from syncpoint.workers.corpus import ShardedCorpus
+from syncpoint.workers.data import ShardWindowOrder
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.shard_cache import fetched_names
 from tests import test_s3
 from tests.helpers import (
     ROOT,
@@ -33,11 +38,6 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from workers import corpus as corpus_mod
-from workers.corpus import ShardedCorpus
-from workers.data import ShardWindowOrder
-from workers.launch import run_spawned
-from workers.shard_cache import fetched_names
 
 pytestmark = pytest.mark.slow
 s3 = test_s3.s3  # moto's S3 server on loopback, shared with the S3 tests

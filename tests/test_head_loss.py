@@ -32,13 +32,13 @@ import psutil
 import pytest
 import yaml
 
-from policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
 from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
 from tests.ray_processes import events as _events
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
 

@@ -47,7 +47,7 @@ def test_the_example_is_hf_gpt2_with_dropout_and_checkpointing():
 def test_the_default_no_decay_groups_are_the_usual_practice():
     """train.optimizer.no_decay's default on GPT-2: every bias (HF's Conv1D ones too) and every
     LayerNorm parameter (ln_1, ln_2, ln_f) decay-free; the matrices and embeddings decay, as HF Trainer does."""
-    from workers.param_groups import decay_split
+    from syncpoint.workers.param_groups import decay_split
 
     torch.manual_seed(0)
     decay, no_decay = decay_split(build({"n_layer": 1, "n_embd": 32, "n_head": 2}).model, None)

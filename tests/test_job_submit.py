@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec, state_names
 from tests.ray_processes import local_head, ray_env
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 BIN = os.path.dirname(sys.executable)

@@ -14,13 +14,13 @@ import time
 
 import pytest
 
-from policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
-from policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.workers.launch import run_in_process, run_spawned
+from syncpoint.workers.lease import RunLease, await_expiry, read_lease, release_lease
+from syncpoint.workers.storage import RunStorage
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
-from workers.launch import run_in_process, run_spawned
-from workers.lease import RunLease, await_expiry, read_lease, release_lease
-from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
 
@@ -34,7 +34,7 @@ def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
     if isinstance(spec_or_url, str):
         url, identity, name = spec_or_url, JOB, "job"
     else:
-        from policies.candidates import job_identity
+        from syncpoint.policies.candidates import job_identity
 
         url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
     lease = {"job_identity": identity, "job_name": name, "submission": "other", "host": "h",

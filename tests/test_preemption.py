@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -135,7 +135,7 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert failures and failures[0]["classified"] == "preemption", failures
     # Lost work measured, not inferred: the node went down while the run trained past its last
     # progress flush; the controller recorded each rank's last heartbeat before the restart.
-    from orchestrator.timeline import restarts
+    from syncpoint.orchestrator.timeline import restarts
 
     journal = EventLog(RunStorage(spec.run_url)).journal()
     (restart,) = restarts(journal)
@@ -193,7 +193,7 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
     second = _events(spec, "attempt_started")[1]
     assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
-    from orchestrator.timeline import restarts
+    from syncpoint.orchestrator.timeline import restarts
 
     (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
     assert restart.cause == "preemption"

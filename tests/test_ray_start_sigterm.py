@@ -23,14 +23,14 @@ import time
 import pytest
 import yaml
 
-from orchestrator.timeline import restarts
+from syncpoint.orchestrator.timeline import restarts
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
 from tests.ray_processes import BIN, add_worker_node, local_head, ray_env, worker_nodes
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
