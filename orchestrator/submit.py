@@ -29,7 +29,7 @@ TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
 
 def entrypoint(job_file: str, overrides: list[str]) -> str:
-    parts = ["python", "-m", "orchestrator", "run", job_file]
+    parts = ["python", "-m", "syncpoint", "run", job_file]
     for o in overrides:
         parts += ["--set", o]
     return " ".join(shlex.quote(p) for p in parts)

@@ -596,6 +596,9 @@ class CrashFault(_Strict):
 
 
 class JobSpec(_Strict):
+    """A job: what to train (``task``), where its states live (``storage``/``name``), and how (every other
+    section). Read one from YAML with ``syncpoint.load_spec``; ``syncpoint schema`` prints its JSON Schema."""
+
     name: str = Field(..., min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     storage: str = Field("./runs", max_length=MAX_PATH_CHARS,
                          description="fsspec URL or path; resolved to an absolute URL on the driver.")

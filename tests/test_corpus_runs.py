@@ -136,7 +136,7 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
 def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path, how):
     url = f"s3://{BUCKET}/corpus-drill-{how}"
     write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
            "--set", f"storage={tmp_path}", "--set", "task.path=examples.sharded_lm:build",
            "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",
            "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",

@@ -111,7 +111,7 @@ def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
 
     from tests.helpers import ROOT
 
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
            "--how", "node", "--no-replacement", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=640",
            "--set", "train.epochs=2", "--set", "scaling.num_workers={min: 1, max: 2}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -286,7 +286,7 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     runs = tmp_path / "runs"
     with local_head(head_env, num_cpus=1) as head:
         address = head.address
-        r = subprocess.run([sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address",
+        r = subprocess.run([sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address",
                             address, "--set", f"storage={runs}"], cwd=ROOT, env=client_env, capture_output=True,
                            text=True, timeout=600)
         from ray.job_submission import JobSubmissionClient
@@ -318,7 +318,7 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
 
     sets = ["task.config.num_samples=40", "task.config.seq_len=8", "task.config.d_model=16",
             "train.micro_batch_size=2", "train.epochs=1", "checkpoint.export_final=false", f"storage={tmp_path}"]
-    cmd = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+    cmd = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in sets:
         cmd += ["--set", s]
     other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

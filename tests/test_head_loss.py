@@ -66,7 +66,7 @@ def _read_lease(spec) -> tuple[dict, float] | None:
 
 def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads while the test watches the lease
-        return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+        return subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                 cwd=ROOT, env=marked_env(ray_env(), head.mark)[0], stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
 

@@ -103,7 +103,7 @@ def test_drill_on_the_example(tmp_path):
     is also the example's multi-rank exact-resume test. The generous timeout is for a loaded machine
     (measured: 15 min with a load average of 15 on 2 cores, almost all of it Ray starting workers)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR")}
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/hf_gpt2.yaml", "--preempt-at", "21,42",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/hf_gpt2.yaml", "--preempt-at", "21,42",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "checkpoint.export_final=false"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1400)
     out = r.stdout + r.stderr

@@ -444,7 +444,7 @@ def test_an_odd_plot_path_is_one_paragraph(crashed, tmp_path, capsys, where, why
 def test_events_into_a_closed_pipe_ends_quietly(crashed):
     """``syncpoint events --json | head -1``: the reader goes away; the command ends like a Unix tool
     killed by SIGPIPE (141), with nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "events", "--json", _local(crashed.run_url)],
+    proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "events", "--json", _local(crashed.run_url)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     proc.stdout.close()  # before the command writes anything
@@ -458,7 +458,7 @@ def test_a_fifo_as_the_job_file_is_refused_not_waited_on(tmp_path, argv):
     fifo = tmp_path / "job.yaml"
     os.mkfifo(fifo)
     command, *rest = argv
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", command, str(fifo), *rest], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "syncpoint", command, str(fifo), *rest], capture_output=True,
                           text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and str(fifo) in proc.stderr, proc.stderr
     assert_one_paragraph(proc.stderr)

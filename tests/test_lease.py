@@ -344,7 +344,7 @@ def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
 
     spec = _spec(tmp_path)
     _plant_lease(spec, ttl_s=600.0)
-    args = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
+    args = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
             "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2",
             "--set", "task.config.num_samples=20", "--set", "train.grad_accum=4", "--set", "train.epochs=1",
             "--set", "task.config.eval_samples=8", "--set", "scaling.num_workers=1"]

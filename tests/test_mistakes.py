@@ -447,7 +447,7 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_p
             job = tmp_path / f"{task}.yaml"
             job.write_text(USER_JOB.format(name=task, storage=tmp_path / "runs", task=task))
             began = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+            r = subprocess.run([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
             took = time.monotonic() - began
             out = r.stdout + r.stderr
@@ -550,7 +550,7 @@ def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     """`syncpoint drill --preempt-at P` crashes rank 1 on purpose: the survivor's broken collective,
     Ray's failure-policy dump and the controller's shutdown warning said nothing the table does not;
     what remains is syncpoint's lines, Ray's start-up lines and the raylet's one line about the death."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
            "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=40", "--set", "task.config.seq_len=8",
            "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2", "--set", "train.epochs=1",
            "--set", "checkpoint.export_final=false", "--set", "task.config.eval_samples=8",

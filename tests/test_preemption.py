@@ -35,7 +35,7 @@ def _start(spec, address: str | None = None, env_extra: dict | None = None) -> s
     os.makedirs(os.path.dirname(job), exist_ok=True)
     with open(job, "w") as f:
         yaml.safe_dump(spec.model_dump(mode="json"), f)
-    cmd = [sys.executable, "-m", "orchestrator", "run", job] + (["--address", address] if address else [])
+    cmd = [sys.executable, "-m", "syncpoint", "run", job] + (["--address", address] if address else [])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(env_extra or {})
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -97,7 +97,7 @@ def _node_of_rank(spec, cluster_nodes, rank):
 # the drill first: it starts its own Ray, before this module's shared cluster exists
 @pytest.mark.long
 def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
            "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}",
            "--set", "train.eval_every=3 optimizer_steps"]

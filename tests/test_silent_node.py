@@ -79,7 +79,7 @@ def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_pa
             node = add_worker_node(head, _env(), prefix=ns.prefix, node_ip=ns.ip)
             nodes.append(node)
             netns_of[node.node_id] = ns
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+        proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                 cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             _wait_for(lambda: bool(_events(spec, "state_committed")), proc, "a committed state")

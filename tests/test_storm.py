@@ -220,7 +220,7 @@ SHRUNK = ("task.config.seq_len=8", "task.config.d_model=16", "task.config.eval_s
 
 def _storm(tmp_path, n: int, seed: int, *sets: str, timeout_s: int) -> subprocess.CompletedProcess:
     """`syncpoint drill examples/tiny_lm.yaml --storm N --seed S`, shrunk, as a user runs it."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
            str(seed), "--set", f"storage={tmp_path}"]
     for s in (*SHRUNK, *sets):
         cmd += ["--set", s]

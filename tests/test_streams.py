@@ -528,7 +528,7 @@ def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_worker
             "task.config.d_model=16", "task.config.docs_per_shard=12", "train.micro_batch_size=2",
             "train.grad_accum=2", "train.max_steps=14", "train.stream_shuffle_buffer=5",
             f"train.dataloader_workers={loader_workers}", "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/stream_lm.yaml", "--preempt-at", "9,20",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/stream_lm.yaml", "--preempt-at", "9,20",
            "--how", "crash,sigterm", *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -145,7 +145,7 @@ def _jobs(address: str, token: str) -> int:
 
 
 def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", address]
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", address]
     for s in sets:
         args += ["--set", s]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
