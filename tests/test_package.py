@@ -132,3 +132,30 @@ def test_an_old_module_name_is_refused_with_its_new_one(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"did you mean 'syncpoint\.policies\.save_triggers:EveryN'"):
         load_class("policies.save_triggers:EveryN", "wants_save")
     assert moved_hint("mypkg.workers:build") == ""
+
+
+def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
+    """``run`` maps the driver's outcome (``run_job``, what ``syncpoint run`` prints) to a RunResult, or
+    raises RunFailed with the reason its last line states; here without Ray (the driver stubbed)."""
+    import syncpoint
+    import syncpoint.orchestrator.cli as cli
+    import syncpoint.orchestrator.ray_runner as ray_runner
+    from syncpoint.orchestrator.timeline import RunSummary
+    from tests.helpers import linear_spec
+
+    spec = linear_spec(tmp_path)
+    monkeypatch.setattr(cli, "prepare_run", lambda spec, source: spec)
+    summary = RunSummary(state="000000000016", optimizer_step=4, micro_step=16, wall_seconds=2.5, restarts=1,
+                         lost_micro_steps=3, lost_seconds=0.5)
+    outcomes = [ray_runner.JobOutcome(line="syncpoint: job 'linear' finished: ...", failed=False, summary=summary),
+                ray_runner.JobOutcome(line="syncpoint: job 'linear' failed: ValueError: bad batch", failed=True,
+                                      reason="ValueError: bad batch", details="a table")]
+    monkeypatch.setattr(ray_runner, "run_job", lambda spec, address, progress_bar: outcomes.pop(0))
+    result = syncpoint.run(spec)
+    assert result == syncpoint.RunResult(name="linear", state="000000000016", optimizer_steps=4, micro_steps=16,
+                                         restarts=1, lost_micro_steps=3, wall_seconds=2.5, run_dir=spec.run_url,
+                                         line="syncpoint: job 'linear' finished: ...")
+    with pytest.raises(syncpoint.RunFailed, match="^ValueError: bad batch$") as e:
+        syncpoint.run(spec)
+    assert (e.value.details, e.value.line, e.value.run_dir) == ("a table", "syncpoint: job 'linear' failed: "
+                                                                "ValueError: bad batch", spec.run_url)

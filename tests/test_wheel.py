@@ -72,7 +72,7 @@ STEPS = 4
 def _build_wheel(out: Path) -> Path:
     """The wheel of a copy of the checkout's tracked shape (the checkout itself gets no build/ or egg-info)."""
     src = out / "src"
-    src.mkdir()
+    src.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     for name in ("syncpoint", "orchestrator", "workers", "policies"):
