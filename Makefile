@@ -3,7 +3,7 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The environment's own tools first (its `ninja` builds DeepSpeed's ops: see workers.device.use_environment_ninja).
+# The environment's own tools first (its `ninja` builds DeepSpeed's ops: see syncpoint.workers.device.use_environment_ninja).
 export PATH := $(abspath $(BIN)):$(PATH)
 # DeepSpeed's JIT-built CPU ops, per environment: torch keys its build by the compile command, which
 # names this venv's paths, so two checkouts sharing ~/.cache/torch_extensions (a CI clone beside a

@@ -3,7 +3,7 @@
 What it measures
     A local S3-protocol server (moto's, the one the tests use, on 127.0.0.1), started in its own
     process here (in the tests it shares the test's process; here it must not share a GIL with the
-    client whose bandwidth is measured). Two ranks (spawned processes, gloo, ``workers.launch.
+    client whose bandwidth is measured). Two ranks (spawned processes, gloo, ``syncpoint.workers.launch.
     run_spawned``), DeepSpeed ZeRO stage 2, fp32, AdamW, on CPU. The task is P2's MLP
     (``bench.p2_save_cost:build``): width 4096, depth 6 (~109M parameters, a state of ~1.75 GB:
     the module weights plus each rank's fp32 master partition and two Adam moments); ``--quick``:
@@ -11,11 +11,11 @@ What it measures
 
     * save: a run on ``s3://`` trains 2 optimizer steps and commits its final state with a
       synchronous save (each rank streams its shards into S3 as parallel multipart uploads through
-      ``workers.storage_s3.ParallelPartWriter``). Save seconds = the ``state_committed`` event's
+      ``syncpoint.workers.storage_s3.ParallelPartWriter``). Save seconds = the ``state_committed`` event's
       ``seconds`` (boundary to commit), bytes = its ``bytes``.
     * restore: a second submission of the same job (``max_steps`` 3) selects that state, fetches it
       (S3: parallel ranged GETs, s3fs ``get_file``, into a private temp dir; local: verified and
-      loaded in place, no copy, ``workers.verified_files``; each rank reads the model file and its
+      loaded in place, no copy, ``syncpoint.workers.verified_files``; each rank reads the model file and its
       own ZeRO shard), verifies, loads, and trains step 3. **Compared with the raw transfer:
       selection -> state loaded** (the ``resume_decision`` event to ``attempt_started``: fetch,
       verify, load; the engine and DeepSpeed were built before selection, so no fixed start-up cost
@@ -23,7 +23,7 @@ What it measures
       step, raw and less a fresh start's first step (the save run's ``attempt_started`` to its
       step 1), which adds a step's compute and its noise (seconds on a loaded machine) to a load of
       tenths of a second.
-    * where the time goes: both runs' ranks are ``workers.launch``'s own child processes with the
+    * where the time goes: both runs' ranks are ``syncpoint.workers.launch``'s own child processes with the
       reader's, checkpoint engine's and S3 writer's functions wrapped in timers (instrumentation
       only, ``SECTIONS``); the per-rank seconds are printed under the table, so a goal that is not
       met shows what bounds it.
@@ -104,7 +104,7 @@ def start_moto() -> tuple[subprocess.Popen, str]:
 
 
 def _spec(storage: str, width: int, depth: int, max_steps: int):
-    from orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 
     text = f"""
 name: p10
@@ -118,8 +118,8 @@ checkpoint: {{keep_last: 0, export_final: false, save_every: {{value: 1000, unit
 
 
 def _events(spec) -> list[dict[str, Any]]:
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     return EventLog(RunStorage(spec.run_url)).read_all()
 
@@ -127,20 +127,21 @@ def _events(spec) -> list[dict[str, Any]]:
 # Where the time goes, per rank: each wrapped function's calls and wall seconds (nested sections
 # overlap: "load into engine" contains "DeepSpeed reads files"). (module, attribute, section name)
 SECTIONS = [
-    ("workers.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
-    ("workers.state_reader", "_download_verified", "  copy to a temp dir + checksum"),
-    ("workers.state_reader", "open_verified", "  open in place + checksum (one read)"),
-    ("workers.state_reader", "check_state_file", "  weights-only check (mmap)"),
-    ("workers.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
-    ("workers.checkpoint_engine.StreamingCheckpointEngine", "load", "  DeepSpeed reads files (torch.load)"),
-    ("workers.state_reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
-    ("workers.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
-    ("workers.state_reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
-    ("workers.checkpoint_engine.StreamingCheckpointEngine", "save", "save: torch.save of a shard into storage"),
-    ("workers.checksum.ChecksummingWriter", "write", "  checksum + hand to the writer"),
-    ("workers.storage_s3.ParallelPartWriter", "write", "    copy into parts (+ wait for a free slot)"),
-    ("workers.storage_s3.ParallelPartWriter", "_collect_oldest", "      wait for a part in flight"),
-    ("workers.storage_s3.ParallelPartWriter", "close", "  close: last part + complete upload"),
+    ("syncpoint.workers.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
+    ("syncpoint.workers.state_reader", "_download_verified", "  copy to a temp dir + checksum"),
+    ("syncpoint.workers.state_reader", "open_verified", "  open in place + checksum (one read)"),
+    ("syncpoint.workers.state_reader", "check_state_file", "  weights-only check (mmap)"),
+    ("syncpoint.workers.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
+    ("syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine", "load", "  DeepSpeed reads files (torch.load)"),
+    ("syncpoint.workers.state_reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
+    ("syncpoint.workers.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
+    ("syncpoint.workers.state_reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
+    ("syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine", "save",
+     "save: torch.save of a shard into storage"),
+    ("syncpoint.workers.checksum.ChecksummingWriter", "write", "  checksum + hand to the writer"),
+    ("syncpoint.workers.storage_s3.ParallelPartWriter", "write", "    copy into parts (+ wait for a free slot)"),
+    ("syncpoint.workers.storage_s3.ParallelPartWriter", "_collect_oldest", "      wait for a part in flight"),
+    ("syncpoint.workers.storage_s3.ParallelPartWriter", "close", "  close: last part + complete upload"),
 ]
 
 
@@ -175,15 +176,15 @@ def _instrument(times: dict[str, list[float]]) -> None:
 
 
 def _profiled_child(out: str, *args: Any) -> None:
-    """``workers.launch._child`` with the sections timed; each rank writes them to ``out``."""
+    """``syncpoint.workers.launch._child`` with the sections timed; each rank writes them to ``out``."""
     import json
 
-    import workers.loop
-    from workers import launch
+    import syncpoint.workers.loop
+    from syncpoint.workers import launch
 
     times: dict[str, list[float]] = {}
     _instrument(times)
-    run_worker = workers.loop.run_worker
+    run_worker = syncpoint.workers.loop.run_worker
 
     def run_and_dump(*a: Any, **k: Any) -> Any:
         try:
@@ -192,18 +193,18 @@ def _profiled_child(out: str, *args: Any) -> None:
             with open(os.path.join(out, f"rank{args[1]}.json"), "w") as f:
                 json.dump(times, f)
 
-    workers.loop.run_worker = run_and_dump
+    syncpoint.workers.loop.run_worker = run_and_dump
     launch._child(*args)
 
 
 def _run(spec) -> list[dict[str, list[float]]]:
-    """``workers.launch.run_spawned`` (2 ranks), each rank's sections timed; returns them per rank."""
+    """``syncpoint.workers.launch.run_spawned`` (2 ranks), each rank's sections timed; returns them per rank."""
     import json
     import uuid
 
-    from workers import launch
-    from workers.lease import release_lease
-    from workers.storage import RunStorage
+    from syncpoint.workers import launch
+    from syncpoint.workers.lease import release_lease
+    from syncpoint.workers.storage import RunStorage
 
     out = tempfile.mkdtemp(prefix="p10-profile-")
     port, submission = launch.free_port(), uuid.uuid4().hex
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = save_and_restore(f"s3://{BUCKET}/runs", width, depth)
         down, up, size = raw_s3(f"{s3['spec'].run_url}/states/{s3['state']}", os.path.join(work, "raw"))
         local = save_and_restore(os.path.join(work, "local"), width, depth)
-        from workers.storage import RunStorage
+        from syncpoint.workers.storage import RunStorage
 
         local_dir = RunStorage(local["spec"].run_url).local_path("states", local["state"])
         assert local_dir is not None

@@ -106,8 +106,8 @@ def _rss() -> int:
 
 
 def _sampler(kind: str, n: int) -> Callable[[], Any]:
-    from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-    from workers.data import RankMicroBatches
+    from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+    from syncpoint.workers.data import RankMicroBatches
 
     mbs, world, rank, seed, epoch = 8, 8, 5, 0, 2
     start = n // (mbs * world) // 2
@@ -222,9 +222,9 @@ def corpus_epoch(url: str, cache: str, concurrency: int, window: int, seeded: bo
                  cold: bool = True) -> tuple[float, int]:
     """One epoch through the corpus from an empty shard cache (``cold``; else every shard cached
     already) with its index built; (seconds, samples)."""
-    from policies.state_format import SHARD_WINDOW_SAMPLER
-    from workers.corpus import CacheSettings, ShardedCorpus
-    from workers.data import RankMicroBatches, SeededSamples
+    from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+    from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
+    from syncpoint.workers.data import RankMicroBatches, SeededSamples
 
     if cold:
         shutil.rmtree(os.path.join(cache, "shards-cache"), ignore_errors=True)
@@ -259,7 +259,7 @@ def part_s3(quick: bool) -> Part:
     try:
         url = f"s3://{BUCKET}/corpus"
         size = write_token_corpus(url, shards, shard_mib << 20)
-        from workers.corpus import CacheSettings, ShardedCorpus
+        from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
 
         cache = os.path.join(work, "cache")
         built = ShardedCorpus(f"{url}/*.npy", seq_len=2049, cache=CacheSettings(cache, 1 << 40))

@@ -257,13 +257,13 @@ def _take(iterator: Any, count: int = BATCH) -> list[int]:
 
 
 def _sampler(order: str) -> tuple[str, int | None]:
-    from policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+    from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 
     return (SHARD_WINDOW_SAMPLER, WINDOW) if order == "shard-window" else (SAMPLER_VERSION, None)
 
 
 def _open_corpus(corpus: Corpus) -> Any:
-    from workers.corpus import CacheSettings, ShardedCorpus
+    from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
 
     c = ShardedCorpus(corpus.npy_glob, seq_len=1, cache=CacheSettings(os.path.join(corpus.root, "cache"), 1 << 40))
     len(c)  # the index (cached on this node after the first open)
@@ -271,7 +271,7 @@ def _open_corpus(corpus: Corpus) -> Any:
 
 
 def _syncpoint_loader(corpus_obj: Any, order: str, start: int) -> Any:
-    from workers.data import epoch_loader
+    from syncpoint.workers.data import epoch_loader
 
     sampler, window = _sampler(order)
     return epoch_loader(corpus_obj, micro_batch_size=BATCH, world_size=1, rank=0, seed=0, epoch=0, start=start,
@@ -301,7 +301,7 @@ def syncpoint_uninterrupted(corpus: Corpus, order: str, position: int) -> Reache
 def syncpoint_expected(corpus: Corpus, order: str, position: int) -> list[int]:
     """The records of the uninterrupted sampler's micro-batch ``position / BATCH`` (what its
     uninterrupted loader yields at that step: ``RankMicroBatches`` yields ``indices(i)`` for each i)."""
-    from workers.data import RankMicroBatches
+    from syncpoint.workers.data import RankMicroBatches
 
     sampler, window = _sampler(order)
     shard_rows = np.full(SHARDS, corpus.shard_rows, dtype=np.int64) if window else None
@@ -463,7 +463,7 @@ def sdl_state_at(corpus: Corpus, over: str, template: dict[str, Any], position: 
 def _stream_source(hf_stream: Any, saved: Any) -> Any:
     from datasets.distributed import split_dataset_by_node
 
-    from workers.stream import PreparedStream, RankStream, StreamSource
+    from syncpoint.workers.stream import PreparedStream, RankStream, StreamSource
 
     stream = RankStream(split_dataset_by_node(hf_stream, rank=0, world_size=1), seed=0, rank=0,
                         micro_batch_size=BATCH, collate=None, shuffle_buffer=0)
@@ -489,7 +489,7 @@ def stream_uninterrupted(corpus: Corpus, positions: list[int]) -> list[Reached]:
 
 
 def _stream_loaded(hf_stream: Any, data: bytes) -> list[int]:
-    from workers.stream_state import parse
+    from syncpoint.workers.stream_state import parse
 
     source = _stream_source(hf_stream, parse(data, "stream/rank_00000.safetensors"))
     batch = _values(source.next_batch())
@@ -513,7 +513,7 @@ def stream_resume(corpus: Corpus, jobs: list[tuple[int, bytes]]) -> list[Resumed
 def stream_state_at(corpus: Corpus, template: bytes, position: int) -> bytes:
     """The stream file at ``position`` (``template``'s layout): the loader's counts, the rank
     stream's counts and the datasets stream's state inside."""
-    from workers.stream_state import SavedStream, encode, parse
+    from syncpoint.workers.stream_state import SavedStream, encode, parse
 
     saved = parse(template, "stream/rank_00000.safetensors")
     loader = sdl_state_at(corpus, "map", saved.loader, position)  # the counts alone

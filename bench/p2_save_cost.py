@@ -1,7 +1,7 @@
 """P2 save cost: how long a save blocks training, what it costs in throughput, and its write bandwidth.
 
 What it measures
-    One rank in this process (``workers.launch.run_in_process``: the real loop, a world-size-1
+    One rank in this process (``syncpoint.workers.launch.run_in_process``: the real loop, a world-size-1
     gloo group), DeepSpeed ZeRO stage 2, fp32, AdamW, on CPU with one intra-op thread
     (``scaling.cpus_per_worker: 1``). The task is ``bench.p2_save_cost:build``: an MLP of ~25M
     parameters (1024 -> 2048 x5 -> 1000, GELU) on a synthetic classification dataset (each sample
@@ -21,11 +21,11 @@ What it measures
         copy of the state's bytes (``torch`` copying them into a preallocated, already-touched host
         buffer, one thread; three copies between every two runs and at the end): the physical
         limit of a consistent snapshot. The split shards / upload is timed by wrapping
-        ``workers.state_writer.take_snapshot`` / ``upload_snapshot`` in this process
+        ``syncpoint.workers.state_writer.take_snapshot`` / ``upload_snapshot`` in this process
         (instrumentation only, the project's code runs unchanged): "shards" is DeepSpeed handing its
         shards to the streaming checkpoint engine (a sync save serializes them straight into
         storage; an async one only copies their tensors into reusable host buffers,
-        ``workers.snapshot_arena``), "upload" the rest (async: serialize + checksum + write in the
+        ``syncpoint.workers.snapshot_arena``), "upload" the rest (async: serialize + checksum + write in the
         background). The wrapper also reads the arena's size after each async snapshot: the peak
         host memory of the snapshot buffers, and whether they are the same buffers every save.
     (b) Steady-state throughput (optimizer steps/s) from the per-step ``time`` of the progress
@@ -95,7 +95,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 NUM_CLASSES = 1000
 
@@ -156,8 +156,8 @@ _CURRENT = {"run": ""}
 
 def instrument() -> None:
     """Time the snapshot and upload phases by wrapping the project's functions (behaviour unchanged)."""
-    import workers.saving as saving
-    import workers.state_writer as sw
+    import syncpoint.workers.saving as saving
+    import syncpoint.workers.state_writer as sw
 
     orig_take, orig_upload = sw.take_snapshot, sw.upload_snapshot
 
@@ -202,10 +202,10 @@ class Run:
 
 
 def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> None:
-    from orchestrator.spec_file import parse_spec, resolve_storage
-    from workers.events import EventLog
-    from workers.launch import run_in_process
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.storage import RunStorage
 
     overrides = [f"storage={root}", f"name=p2-{r.label}", f"train.max_steps={r.steps}",
                  f"deepspeed.zero_stage={zero_stage}", f"checkpoint.async={'true' if r.mode == 'async' else 'false'}",
@@ -331,8 +331,8 @@ def upload_path_refs(staging: str, root: str, nbytes: int, repeats: int = 2) -> 
     ``RunStorage.upload_file`` with the checksum already known (copy + fsync: the checksum was
     taken while the shard was serialized), and a read of the staged file with each checksum (what
     a save would add if it had to read the bytes again)."""
-    from workers.checksum import entry, new_hasher
-    from workers.storage import CHUNK, RunStorage
+    from syncpoint.workers.checksum import entry, new_hasher
+    from syncpoint.workers.storage import CHUNK, RunStorage
 
     src = os.path.join(staging, f"syncpoint-p2-ref-{os.getpid()}.bin")
     block = os.urandom(8 << 20)
@@ -403,7 +403,7 @@ def main() -> None:
     real_w = (N, 2 * N)
     aggr_w = (2 * A, 7 * A)  # five aggressive intervals after two warm-up ones
 
-    from workers.state_writer import staging_root
+    from syncpoint.workers.state_writer import staging_root
 
     instrument()
     root = tempfile.mkdtemp(prefix="syncpoint-p2-", dir=args.dir)

@@ -1,8 +1,8 @@
 """P3 lost work per preemption, read from the event log of real drills (embedded local Ray).
 
 What it measures
-    Two drills (``orchestrator.drill.run_drill``: the uninterrupted reference run, then the
-    interrupted run of the same spec, both through ``orchestrator.ray_runner.run_on_ray`` on an
+    Two drills (``syncpoint.orchestrator.drill.run_drill``: the uninterrupted reference run, then the
+    interrupted run of the same spec, both through ``syncpoint.orchestrator.ray_runner.run_on_ray`` on an
     embedded local Ray) of the example job ``examples/tiny_lm.yaml`` (2 workers, ZeRO-2, fp32,
     grad_accum 4, 64 micro-batches per epoch), shortened to 2 epochs (128 micro-steps,
     32 optimizer steps), ``checkpoint.save_every`` 8 optimizer steps (= 32 micro-steps: states at
@@ -14,7 +14,7 @@ What it measures
       ``os._exit`` after the micro-step; the restart resumes from the last periodic state).
 
     For each preemption, from the interrupted run's events (``<storage>/<name>-drill/events``) and
-    ``orchestrator.timeline.restarts``: kind, the micro-step it was injected at, how the controller
+    ``syncpoint.orchestrator.timeline.restarts``: kind, the micro-step it was injected at, how the controller
     classified it, the state resumed from, lost micro-steps (computed by the failed attempt beyond
     that state), lost optimizer steps (progress records of the failed attempt past that state, i.e.
     completed optimizer steps that are recomputed; plus the leftover micro-steps of a partial
@@ -55,7 +55,7 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
 def drill_spec(storage: str, name: str, save_every: int, epochs: int):
-    from orchestrator.spec_file import load_spec, resolve_storage
+    from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [f"storage={storage}", f"name={name}", f"train.epochs={epochs}", "train.log_every=1000",
                  f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}", "checkpoint.keep_last=0",
@@ -69,9 +69,9 @@ def micro_batches_per_epoch(spec) -> int:
 
 def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, Any]], points: list[int],
             hows: list[str]) -> tuple[list[dict[str, Any]], float]:
-    from orchestrator.timeline import restarts
-    from policies.boundaries import is_boundary, position_after
-    from policies.journal import Journal
+    from syncpoint.orchestrator.timeline import restarts
+    from syncpoint.policies.boundaries import is_boundary, position_after
+    from syncpoint.policies.journal import Journal
 
     accum, mbpe = spec.train.grad_accum, micro_batches_per_epoch(spec)
 
@@ -124,9 +124,9 @@ def main() -> None:
     if args.quick:
         args.notice_at, args.crash_at = args.notice_at[:1], args.crash_at[-1:]
 
-    from orchestrator.drill import run_drill
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.drill import run_drill
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p3-", dir="/tmp")
     drills = [("with notice", "p3-notice", args.notice_at, ["sigterm"]),
@@ -210,9 +210,10 @@ def main() -> None:
               f"{'yes' if met else 'NO'}")
     print()
     print("lost micro-steps = micro-steps the failed attempt computed beyond the state the next attempt resumed from "
-          "(orchestrator.timeline.restarts; 'reached' is the furthest micro-step in its progress records or its "
-          "fault_fired event); lost opt steps = optimizer steps between that state and 'reached' (boundary arithmetic, "
-          "policies.boundaries), '+partial' = micro-steps of an unfinished accumulation cycle; 'in event log' = those "
+          "(syncpoint.orchestrator.timeline.restarts; 'reached' is the furthest micro-step in its progress records or "
+          "its fault_fired event); lost opt steps = optimizer steps between that state and 'reached' (boundary "
+          "arithmetic, syncpoint.policies.boundaries), '+partial' = micro-steps of an unfinished accumulation cycle; "
+          "'in event log' = those "
           "steps whose progress records reached the event log (records are flushed at commits and every 2 s, so a "
           "hard crash loses the unflushed tail: the lost-work figures rely on the fault_fired event here); lost s = "
           "from that state's commit (or the attempt's start) to the failed attempt's last recorded progress or fault.")

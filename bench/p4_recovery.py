@@ -4,7 +4,7 @@ What it measures
     The example job ``examples/tiny_lm.yaml`` (2 workers, ZeRO-2, fp32, grad_accum 4, 64
     micro-batches per epoch) shortened to 1 epoch (16 optimizer steps), ``save_every`` 8 optimizer
     steps (a state at micro-step 32), ``export_final: false``, storage in a temp dir, run through
-    ``orchestrator.ray_runner.run_on_ray`` on an embedded local Ray with a hard crash fault
+    ``syncpoint.orchestrator.ray_runner.run_on_ray`` on an embedded local Ray with a hard crash fault
     ``faults: [{rank: 1, at_micro_step: 40}]`` (``os._exit`` in rank 1's process) and
     ``failure.max_failures: 1``, so Ray Train restarts the worker group once and it resumes from
     the state at 32. Then, from the run's event log:
@@ -54,7 +54,7 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
 def job_spec(storage: str, name: str, crash_at: int, save_every: int, epochs: int):
-    from orchestrator.spec_file import load_spec, resolve_storage
+    from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [f"storage={storage}", f"name={name}", f"train.epochs={epochs}", "train.log_every=1000",
                  f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}", "checkpoint.keep_last=0",
@@ -111,9 +111,9 @@ def main() -> None:
     if args.quick:
         args.repeats = 1
 
-    from orchestrator.ray_runner import run_on_ray
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p4-", dir="/tmp")
     reps: list[dict[str, Any]] = []

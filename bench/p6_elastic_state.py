@@ -24,10 +24,10 @@ import tempfile
 
 def run(root: str, elastic: bool, steps: int) -> list[dict]:
     from bench.p2_save_cost import SPEC
-    from orchestrator.spec_file import parse_spec, resolve_storage
-    from workers.events import EventLog
-    from workers.launch import run_in_process
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.storage import RunStorage
 
     overrides = [f"storage={root}", f"name=p6-{'elastic' if elastic else 'plain'}", f"train.max_steps={steps}",
                  "checkpoint.save_every={value: 10, unit: optimizer_steps}", "checkpoint.keep_last=1"]

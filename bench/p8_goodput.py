@@ -14,7 +14,7 @@ What it does
     3. Goodput against the save interval for preemption rates from 1/day to 1/10 min, with and
        without notices (Poisson preemptions, Monte Carlo over >= 1,500 preemptions per cell; the same
        preemption times for every interval of a rate), and ``save_every: auto``'s interval (computed
-       by ``policies.save_interval.decide``, the function the loop uses) against the best fixed one.
+       by ``syncpoint.policies.save_interval.decide``, the function the loop uses) against the best fixed one.
        Costs: those of the example job as measured in step 1 (``--costs C,R,N`` overrides them).
     4. Planning at scale: 8 .. 1,024 nodes at a fixed per-node preemption rate, R growing with the
        world size as fitted on step 1's measurements (linear or logarithmic, whichever fits better,
@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from policies.save_interval import decide
+from syncpoint.policies.save_interval import decide
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
@@ -166,7 +166,7 @@ def auto_interval(costs: Costs, rate_per_hour: float) -> float:
 
 
 def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_failures: int):
-    from orchestrator.spec_file import load_spec, resolve_storage
+    from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [f"storage={storage}", f"name={name}", f"scaling.num_workers={workers}", f"train.epochs={epochs}",
                  "train.log_every=1000", "train.eval_every=0",
@@ -177,9 +177,9 @@ def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_f
 
 
 def _run(spec) -> list[dict[str, Any]]:
-    from orchestrator.ray_runner import run_on_ray
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
@@ -245,9 +245,9 @@ def restart_profile(rs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def measured_goodput(events: list[dict[str, Any]], s: float) -> dict[str, float]:
-    """The run's goodput as every run reports it (``policies.goodput``), for the simulator to match."""
-    from policies.goodput import goodput
-    from policies.journal import Journal
+    """The run's goodput as every run reports it (``syncpoint.policies.goodput``), for the simulator to match."""
+    from syncpoint.policies.goodput import goodput
+    from syncpoint.policies.journal import Journal
 
     g = goodput(Journal.parse(events))
     return {"total_s": g.total_s, "productive_s": g.productive_s, "ratio": g.ratio}
@@ -378,7 +378,7 @@ def main() -> None:
               f"{meas:>7.1%}")
         print(f"{'simulated':<22} | {sim.wall_s:>8.2f} | {sim.work_s:>12.2f} | {sim.goodput:>7.1%}")
         kinds = ", ".join(f"{'notice' if ld is not None else 'crash'} at {t:.1f} s" for t, ld in m.trace)
-        print(f"  interruptions: {kinds}; measured goodput from policies.goodput")
+        print(f"  interruptions: {kinds}; measured goodput from syncpoint.policies.goodput")
         lines.append(goal("simulator vs measured run", f"{diff:.1f} points apart", "<= 3 points", diff <= 3.0))
 
     # ---- goodput vs interval

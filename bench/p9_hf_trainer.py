@@ -17,7 +17,7 @@ What it measures
     * HF Trainer (transformers, one process, ``save_steps=1``): a process per attempt, the
       first with ``trainer.train()``, the next ones with ``trainer.train(resume_from_checkpoint=True)``.
     * syncpoint: a process per attempt running the bare-process-group loop
-      (``workers.launch.run_in_process``, what ``syncpoint run`` runs on each rank), the same
+      (``syncpoint.workers.launch.run_in_process``, what ``syncpoint run`` runs on each rank), the same
       storage every time, ``checkpoint.save_every`` 1 optimizer step, ZeRO-0; every attempt is
       the same submission restarted (as Ray Train restarts a failed worker group), so it takes
       back the run directory's lease the killed process still holds.
@@ -147,7 +147,7 @@ def _recorder() -> Recorder:
 def syncpoint_task(config: dict) -> Any:
     """``task.path`` of the syncpoint side: the example's GPT-2, the indexed windows, a loss that records."""
     from examples.hf_gpt2 import gpt2
-    from workers.task import Task
+    from syncpoint.workers.task import Task
 
     rec = _recorder()
 
@@ -183,8 +183,8 @@ failure: {{max_failures: 0}}
 
 def _syncpoint_attempt(storage: str, augment: bool, workers: int, epochs: int) -> None:
     """One attempt in this process (the ``sp-attempt`` subcommand)."""
-    from orchestrator.spec_file import parse_spec, resolve_storage
-    from workers.launch import run_in_process
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.workers.launch import run_in_process
 
     torch.set_num_threads(1)
     text = SYNCPOINT_SPEC.format(augment=str(augment).lower(), n=NUM_SAMPLES, mbs=MBS, accum=ACCUM, epochs=epochs,

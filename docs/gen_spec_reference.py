@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from policies.spec import JobSpec  # noqa: E402  (the repository root must be on sys.path first)
+from syncpoint.policies.spec import JobSpec  # noqa: E402  (the repository root must be on sys.path first)
 
 PAGE = ROOT / "docs" / "reference" / "spec.md"
 BEGIN = "<!-- BEGIN GENERATED: python docs/gen_spec_reference.py -->"

@@ -34,7 +34,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from examples.tiny_lm import VOCAB, synthetic_corpus
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 
 class CorpusWindows(torch.utils.data.Dataset):

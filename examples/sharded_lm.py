@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from examples.tiny_lm import VOCAB, TinyLM, lm_loss, synthetic_corpus
-from workers.corpus import ShardedCorpus
-from workers.task import Task
+from syncpoint.workers.corpus import ShardedCorpus
+from syncpoint.workers.task import Task
 
 
 def add_noise(tokens: torch.Tensor, noise: float) -> torch.Tensor:

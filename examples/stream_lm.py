@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from examples.tiny_lm import VOCAB, TinyLM, synthetic_corpus
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 FORMATS = {"jsonl": ("json", "jsonl"), "parquet": ("parquet", "parquet")}
 

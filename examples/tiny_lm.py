@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 VOCAB = 48
 WORDS = ["ray", "train", "spot", "node", "save", "state", "resume", "step", "epoch", "batch", "zero", "shard",

@@ -13,14 +13,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.spec_file import load_spec, resolve_storage
-from policies.errors import SpecError, UsageError
-from policies.redact import redact_text, redact_url
-from policies.spec import JobSpec, job_schema, spec_to_json
+from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
+from syncpoint.policies.errors import SpecError, UsageError
+from syncpoint.policies.redact import redact_text, redact_url
+from syncpoint.policies.spec import JobSpec, job_schema, spec_to_json
 
 if TYPE_CHECKING:
-    from policies.candidates import Candidate, Expectation
-    from workers.storage import RunStorage
+    from syncpoint.policies.candidates import Candidate, Expectation
+    from syncpoint.workers.storage import RunStorage
 
 MAX_POLICY_ARGS_BYTES = 64 << 10  # --policy-args: keyword arguments, a few dozen bytes
 MAX_POLICY_ARGS_DEPTH = 8
@@ -52,19 +52,27 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    spec = _load(args)
-    check_imports(spec, args.job)
-    _check_storage(spec)
-    from orchestrator.progress_bar import show_progress_bar
-    from orchestrator.ray_runner import run_on_ray
+    spec = prepare_run(load_spec(args.job, args.set), args.job)
+    from syncpoint.orchestrator.progress_bar import show_progress_bar
+    from syncpoint.orchestrator.ray_runner import run_on_ray
 
     return run_on_ray(spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ))
+
+
+def prepare_run(spec: JobSpec, source: str) -> JobSpec:
+    """What ``syncpoint run`` does before Ray starts (``syncpoint.run`` too): the storage made an absolute
+    URL, every import path resolved, the run directory written once; bad input raises ``SpecError``
+    naming ``source``."""
+    spec = resolve_storage(spec)
+    check_imports(spec, source)
+    _check_storage(spec)
+    return spec
 
 
 def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
     ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
-    resolve to an object of its kind (``orchestrator.import_check``), one paragraph per path."""
+    resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path."""
     problems = import_problems(import_paths(spec), base_dir)
     if problems:
         raise SpecError(source, problems)
@@ -72,7 +80,7 @@ def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> No
 
 def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, 'package.module:Name') of every user import path in the spec."""
-    from policies.spec import BUILTIN_POLICIES
+    from syncpoint.policies.spec import BUILTIN_POLICIES
 
     paths = [("task.path", spec.task.path)]
     if spec.resume.policy not in BUILTIN_POLICIES:
@@ -88,8 +96,8 @@ def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -
     """One paragraph per import path that does not resolve where the workers look: ``base_dir``
     (default the working directory, which the driver puts first on the workers' PYTHONPATH), then the
     installed packages. Each module is imported in a child Python, bounded in time
-    (``orchestrator.import_check``), never in this process. ``syncpoint submit`` runs this on the cluster."""
-    from orchestrator.import_check import resolve_problems
+    (``syncpoint.orchestrator.import_check``), never in this process. ``syncpoint submit`` runs this on the cluster."""
+    from syncpoint.orchestrator.import_check import resolve_problems
 
     return resolve_problems(paths, os.path.abspath(base_dir or os.getcwd()))
 
@@ -97,7 +105,7 @@ def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -
 def _check_storage(spec: JobSpec) -> None:
     """Before anything starts: can the run directory be written (a probe file written and removed,
     through storage: a planted link at the probe's name is replaced, never written through)?"""
-    from workers.storage import RunStorage
+    from syncpoint.workers.storage import RunStorage
 
     try:
         storage = RunStorage(spec.run_url)
@@ -112,7 +120,7 @@ def _check_storage(spec: JobSpec) -> None:
 
 
 def _storage(arg: str, what: str) -> RunStorage:
-    from workers.storage import RunStorage
+    from syncpoint.workers.storage import RunStorage
 
     try:
         return RunStorage(_as_url(arg))
@@ -146,7 +154,7 @@ def _first_line(e: BaseException, limit: int = 200) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator.submit import submit
+    from syncpoint.orchestrator.submit import submit
 
     spec = _load(args)
     return submit(spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait,
@@ -154,12 +162,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_states(args: argparse.Namespace) -> int:
-    from policies.candidates import candidates_table, classify
-    from policies.errors import NoResumableState, RunDirectoryRefused
-    from policies.resume import enforce_safe
-    from workers.discovery import discover, states_entries
-    from workers.events import event_files
-    from workers.signing import load_key
+    from syncpoint.policies.candidates import candidates_table, classify
+    from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
+    from syncpoint.policies.resume import enforce_safe
+    from syncpoint.workers.discovery import discover, states_entries
+    from syncpoint.workers.events import event_files
+    from syncpoint.workers.signing import load_key
 
     storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
     try:
@@ -197,7 +205,7 @@ def cmd_states(args: argparse.Namespace) -> int:
 
 def policy_args_of(text: str | None) -> dict[str, Any]:
     """``--policy-args``: a JSON object of keyword arguments, small and shallow (exit 2 otherwise)."""
-    from policies.bounded_json import BoundedJsonError, loads_bounded
+    from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
 
     if not text:
         return {}
@@ -215,8 +223,8 @@ def policy_args_of(text: str | None) -> dict[str, Any]:
 def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
     """The policy ``syncpoint states`` asks: a built-in, or the class a custom import path names
     (checked to be a policy class before it is instantiated: ``os:system`` is refused, never called)."""
-    from policies.import_path import load_class
-    from policies.resume import BUILTIN, make_policy
+    from syncpoint.policies.import_path import load_class
+    from syncpoint.policies.resume import BUILTIN, make_policy
 
     if name not in BUILTIN:
         try:
@@ -237,8 +245,8 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
     None when no state is readable, so nothing can be incompatible with it."""
     from pydantic import ValidationError
 
-    from policies.candidates import Expectation
-    from policies.state_format import TrainState
+    from syncpoint.policies.candidates import Expectation
+    from syncpoint.policies.state_format import TrainState
 
     for c in cands:
         if c.manifest is not None and c.trainer is not None:
@@ -250,8 +258,8 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
-    from policies.errors import StateRefused
-    from workers.digest import state_digest
+    from syncpoint.policies.errors import StateRefused
+    from syncpoint.workers.digest import state_digest
 
     _directory(args.state_dir, "STATE_DIR", "a committed state", "<run>/states/<name>")
     try:
@@ -274,9 +282,9 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from orchestrator.timeline import format_timeline
-    from policies.journal import Journal
-    from workers.events import EventLog, skipped_line
+    from syncpoint.orchestrator.timeline import format_timeline
+    from syncpoint.policies.journal import Journal
+    from syncpoint.workers.events import EventLog, skipped_line
 
     if args.plot:
         _check_plot_path(args.plot)
@@ -315,7 +323,7 @@ def _check_plot_path(path: str) -> None:
 
 
 def _plot(journal: Any, path: str, title: str) -> None:
-    from orchestrator.plot import plot_run
+    from syncpoint.orchestrator.plot import plot_run
 
     try:
         plot_run(journal, path, title=title)
@@ -325,7 +333,7 @@ def _plot(journal: Any, path: str, title: str) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from orchestrator.drill import run_drill
+    from syncpoint.orchestrator.drill import run_drill
 
     spec = _load(args)
     if (args.preempt_at is None) == (args.storm is None):
@@ -355,7 +363,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
     import random
 
-    from orchestrator.storm import MAX_STORM, StormTooShort, run_storm
+    from syncpoint.orchestrator.storm import MAX_STORM, StormTooShort, run_storm
 
     if not 1 <= args.storm <= MAX_STORM:
         raise UsageError("--storm", [f"{args.storm}: give between 1 and {MAX_STORM} interruptions"])
@@ -444,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.quiet import quiet_cli
+    from syncpoint.orchestrator.quiet import quiet_cli
 
     quiet_cli()
     args = build_parser().parse_args(argv)

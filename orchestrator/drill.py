@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.timeline import format_goodput, restarts
-from policies.goodput import goodput
-from policies.journal import Evaluated, Journal, Step
-from policies.spec import CrashFault, JobSpec
-from policies.state_format import MODEL_FILE, STATES_DIR
+from syncpoint.orchestrator.timeline import format_goodput, restarts
+from syncpoint.policies.goodput import goodput
+from syncpoint.policies.journal import Evaluated, Journal, Step
+from syncpoint.policies.spec import CrashFault, JobSpec
+from syncpoint.policies.state_format import MODEL_FILE, STATES_DIR
 
 if TYPE_CHECKING:
     from ray._private.node import Node as ClusterNode
@@ -45,8 +45,8 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
               replacement: bool = True) -> DrillReport:
     """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points). With
     ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers."""
-    from orchestrator.ray_runner import run_on_ray
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.storage import RunStorage
 
     if len(hows) == 1:
         hows = hows * len(points)
@@ -90,9 +90,9 @@ def local_cluster(spec: JobSpec) -> Iterator[tuple[Cluster, list[ClusterNode], i
 
 
 def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool) -> tuple[int, int]:
-    from orchestrator.ray_runner import run_on_ray
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     with local_cluster(run) as (cluster, nodes, cpus):
         rc_ref = run_on_ray(ref, cluster.address)
@@ -121,8 +121,8 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tupl
                   steps: dict[int, Step]) -> tuple[bool, float, float]:
     """Adam moves a weight by ~lr per step whatever its gradient's size, and where a gradient is at
     rounding-noise level its sign is noise: 2 x the summed learning rate since the change bounds it."""
-    from workers.digest import load_deepspeed_file
-    from workers.storage import RunStorage
+    from syncpoint.workers.digest import load_deepspeed_file
+    from syncpoint.workers.storage import RunStorage
 
     changed_at = world_size_change(run_journal)
     bound = 2 * sum(r.lr for k, r in steps.items() if k > changed_at)
@@ -130,10 +130,10 @@ def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tupl
     def params(spec: JobSpec, name: str) -> dict:
         store = RunStorage(spec.run_url)
         if not store.exists(STATES_DIR, name, MODEL_FILE):  # ZeRO-3: rebuilt from partitions
-            from workers.export import zero3_state_from_storage
+            from syncpoint.workers.export import zero3_state_from_storage
 
             return zero3_state_from_storage(store, name)
-        from workers.state_reader import read_listed, read_manifest
+        from syncpoint.workers.state_reader import read_listed, read_manifest
 
         entry = read_manifest(store, (STATES_DIR, name)).files[MODEL_FILE]
         return load_deepspeed_file(read_listed(store, (STATES_DIR, name), MODEL_FILE, entry))["module"]
@@ -213,8 +213,8 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
 
 
 def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[str]) -> DrillReport:
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     # a node is removed once the flushed progress passes its point: it goes down later, where training really was
     lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" if h != "node" else f"node lost after micro-step {p}"
@@ -249,7 +249,7 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
     Same world size throughout: per-step losses and learning rates, evaluations and the final digest
     bit for bit. After a world-size change (elastic): the documented elastic rules (``judge_resized``
     and the parameter bound), stated as such."""
-    from workers.digest import state_digest
+    from syncpoint.workers.digest import state_digest
 
     lines: list[str] = []
     a, b = ref_journal.steps(), run_journal.steps()

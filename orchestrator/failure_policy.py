@@ -24,8 +24,8 @@ from ray.train.v2.api import data_parallel_trainer as _dpt
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, WorkerGroupError
 
-from orchestrator.ray_runner import failure_report
-from policies.failures import (
+from syncpoint.orchestrator.ray_runner import failure_report
+from syncpoint.policies.failures import (
     APPLICATION,
     PLACEMENT,
     PREEMPTION,
@@ -40,7 +40,7 @@ from policies.failures import (
     repeats_previous,
     should_await_node_death,
 )
-from policies.journal import Journal
+from syncpoint.policies.journal import Journal
 
 
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
@@ -131,8 +131,8 @@ def start_timeout_s() -> float:
 
 def read_journal(run_url: str) -> Journal | None:
     """The run's journal, or None when the log cannot be read (the decision must still be made)."""
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     try:
         return EventLog(RunStorage(run_url)).journal()
@@ -152,9 +152,9 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
         return None
     import ray
 
-    from policies.journal import Interrupted, RankReached
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.policies.journal import Interrupted, RankReached
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     attempt: int | None = None
     try:
@@ -231,8 +231,8 @@ def gather_facts(error: TrainingFailedError, journal: Journal | None, submission
 def _repetition(error: BaseException, journal: Journal | None, submission: str) -> tuple[str, int | None, bool]:
     """(signature, micro-step, repeats the previous failed attempt) of the failing rank's exception
     (``failing_cause``, the one the last line names), from the site its rank attached
-    (``workers.failure_site``) and the journal's previous application failure of this submission."""
-    from orchestrator.ray_runner import failing_cause
+    (``syncpoint.workers.failure_site``) and the journal's previous application failure of this submission."""
+    from syncpoint.orchestrator.ray_runner import failing_cause
 
     cause = failing_cause(error)
     site = getattr(cause, "syncpoint_site", None)
@@ -283,8 +283,14 @@ def _await_death(found: Callable[[set[str]], bool], bound_s: float, dead_nodes: 
 def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
-    from orchestrator.ray_runner import own_exception
-    from policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused, TrainingDiverged
+    from syncpoint.orchestrator.ray_runner import own_exception
+    from syncpoint.policies.errors import (
+        JobConfigError,
+        LeaseLostError,
+        NoResumableState,
+        ResumeRefused,
+        TrainingDiverged,
+    )
 
     for _, error in sorted(failures.items()):
         own = own_exception(error)
@@ -312,9 +318,9 @@ def _is_system_death(error: BaseException) -> bool:
 
 def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision: FailureDecision,
             error: TrainingFailedError, submission: str = "") -> None:
-    from policies.journal import Failure
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.policies.journal import Failure
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     try:
         EventLog(RunStorage(run_url), source="controller").emit(Failure(

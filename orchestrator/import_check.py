@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from syncpoint.policies.import_path import moved_hint
+
 TIMEOUT_ENV = "SYNCPOINT_IMPORT_CHECK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
 MARK = "\x1eSYNCPOINT-IMPORT-CHECK "
@@ -182,7 +184,12 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
     if "missing_module" in r:
         return (f"{field}: {path!r} cannot be imported: no module named {r['missing_module']!r}. The workers import "
                 f"it from {base} (the working directory; `syncpoint submit` ships it with the job) and the installed "
-                "packages; check the spelling, run from the directory that holds the package, or install it")
+                "packages; check the spelling, run from the directory that holds the package, or install it"
+                + moved_hint(path))
+    if "dependency" in r and moved_hint(r["dependency"]):
+        return (f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}"
+                f"{moved_hint(r['dependency'])}: import syncpoint's objects from syncpoint (`from syncpoint import "
+                "Task`) or its modules by their new names")
     if "dependency" in r:
         return (f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}: "
                 f"{r['dependency']!r} is not installed in this Python ({sys.executable}); install it (e.g. `pip "

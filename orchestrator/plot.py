@@ -13,9 +13,9 @@ import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from orchestrator.timeline import restarts
-from policies.goodput import goodput
-from policies.journal import Journal, PreemptionNotice, Step
+from syncpoint.orchestrator.timeline import restarts
+from syncpoint.policies.goodput import goodput
+from syncpoint.policies.journal import Journal, PreemptionNotice, Step
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

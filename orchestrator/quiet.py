@@ -1,7 +1,7 @@
 """Dropping a third-party log message at its logger, by its exact text.
 
-Why its own leaf: the CLI, the driver (``orchestrator.ray_runner``) and every Ray worker process of
-a job (``orchestrator.worker_setup``) quiet messages that say nothing about the run; each filter
+Why its own leaf: the CLI, the driver (``syncpoint.orchestrator.ray_runner``) and every Ray worker process of
+a job (``syncpoint.orchestrator.worker_setup``) quiet messages that say nothing about the run; each filter
 drops only the records whose message matches, so anything else from the same logger still shows.
 """
 

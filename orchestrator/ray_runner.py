@@ -1,4 +1,4 @@
-"""Ray Train wiring: a ``TorchTrainer`` whose workers run ``workers.loop.run_worker``.
+"""Ray Train wiring: a ``TorchTrainer`` whose workers run ``syncpoint.workers.loop.run_worker``.
 
 Storage is the source of truth for resuming: every new worker group (a Ray Train restart, a
 re-submitted job, a new KubeRay cluster) negotiates its state from ``<storage>/<name>/states``
@@ -18,16 +18,18 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.quiet import drop
-from policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
-from policies.redact import redact_text, redact_url
-from policies.spec import JobSpec
+from syncpoint.orchestrator.quiet import drop
+from syncpoint.policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
+from syncpoint.policies.redact import redact_text, redact_url
+from syncpoint.policies.spec import JobSpec
 
 if TYPE_CHECKING:
-    from policies.journal import Journal
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.timeline import RunSummary
+    from syncpoint.policies.journal import Journal
+    from syncpoint.workers.storage import RunStorage
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -37,9 +39,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     spec = JobSpec.model_validate(config["spec"])
-    quiet_worker(spec)  # before workers.loop imports DeepSpeed
+    quiet_worker(spec)  # before syncpoint.workers.loop imports DeepSpeed
 
-    from workers.loop import WorkerContext, run_worker
+    from syncpoint.workers.loop import WorkerContext, run_worker
 
     ctx = ray.train.get_context()
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
@@ -60,7 +62,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                        print_progress=config.get("print_progress", True),
                                        heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
     except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
-        from workers.failure_site import annotate
+        from syncpoint.workers.failure_site import annotate
 
         annotate(e, ctx.get_world_rank(), None)
         raise
@@ -69,8 +71,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- known-harmless third-party messages
 # A successful run shows syncpoint's lines and real problems. Each message below is quieted at its
 # source, by exact text, and only because it says nothing about this run; anything else from the
-# same loggers and streams still shows (orchestrator.quiet; the CLI's own process: quiet_cli there;
-# every worker process of the job as it starts: orchestrator.worker_setup).
+# same loggers and streams still shows (syncpoint.orchestrator.quiet; the CLI's own process: quiet_cli there;
+# every worker process of the job as it starts: syncpoint.orchestrator.worker_setup).
 
 
 # Ray's core worker logs (C++, once per process, error level) that the PreemptionWatcher actor has
@@ -177,7 +179,7 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
     on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
     run`` themselves, which a driver's ``ray.init(runtime_env=...)`` may not contradict); Ray starts
     each worker process with it, and the hash secret is fixed when an interpreter starts."""
-    from workers.rng import hash_seed
+    from syncpoint.workers.rng import hash_seed
 
     return {"env_vars": {"PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
 
@@ -214,30 +216,60 @@ def connect(spec: JobSpec, address: str | None) -> bool:
 
 def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     """The job's runtime env: ``env_vars``, and the setup hook that tells every worker process its own
-    cluster (``orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
+    cluster (``syncpoint.orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
     --runtime-env``), which Ray would refuse to replace."""
     from ray._private import ray_constants
 
     if ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR in os.environ:
         return {"env_vars": env_vars}
-    from orchestrator.worker_setup import HOOK
+    from syncpoint.orchestrator.worker_setup import HOOK
 
     return {"env_vars": env_vars, "worker_process_setup_hook": HOOK}
 
 
-def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
-    """Run the job to completion on Ray; returns the process exit code (0 ok, 1 failed).
+@dataclass(frozen=True)
+class JobOutcome:
+    """How a job ended, as ``run_job`` returns it: the run's last line and, for a failed run, why.
 
-    ``progress_bar``: the driver shows a live bar (``orchestrator.progress_bar``) and the workers
+    ``reason`` and ``details`` are already redacted (worker errors may quote the storage URL: never
+    its credentials); ``summary`` is the finished run's summary (None when failed, or when the fit
+    returned without a finish event)."""
+
+    line: str
+    failed: bool
+    reason: str = ""
+    details: str = ""
+    summary: RunSummary | None = None
+
+
+def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
+    """Run the job to completion on Ray and print its last line; returns the process exit code (0 ok,
+    1 failed). A failure's details go to stderr above its line.
+
+    ``progress_bar``: the driver shows a live bar (``syncpoint.orchestrator.progress_bar``) and the workers
     print no progress lines of their own."""
+    outcome = run_job(spec, address, progress_bar=progress_bar)
+    if outcome.failed:  # printed last: a failed run's last line says why
+        if outcome.details:
+            print(outcome.details, file=sys.stderr)
+        print(outcome.line, file=sys.stderr, flush=True)
+        return 1
+    print(outcome.line, flush=True)
+    return 0
+
+
+def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> JobOutcome:
+    """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray);
+    returns how it ended without printing its last line (``run_on_ray`` and ``syncpoint.run`` both
+    call this)."""
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
     from ray.train.torch import TorchConfig
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
         "submitted", name=spec.name, address=redact_url(address or "embedded"))
@@ -259,14 +291,14 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
                                          use_gpu=s.use_gpu,
                                          resources_per_worker={"CPU": s.cpus_per_worker}),
             # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
-            # DeepSpeed's own groups too (workers.device.apply_collective_timeout)
+            # DeepSpeed's own groups too (syncpoint.workers.device.apply_collective_timeout)
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s),
             run_config=RunConfig(
                 name=spec.name, storage_path=_ray_storage_path(spec), worker_runtime_env=worker_runtime_env(spec),
                 failure_config=FailureConfig(max_failures=spec.failure.max_failures,
                                              max_preemption_failures=spec.failure.max_preemptions)),
         )
-        from orchestrator.failure_policy import installed
+        from syncpoint.orchestrator.failure_policy import installed
 
         failure: tuple[str, str] | None = None
         try:
@@ -277,7 +309,7 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
             failure = _placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
-        from workers.lease import release_lease
+        from syncpoint.workers.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
         if board is not None:
@@ -285,14 +317,12 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
                 ray.kill(board)
         if ours:
             ray.shutdown()
-    if failure is not None:  # printed last: a failed run's last line says why
-        reason, details = failure
-        if details:  # worker errors may quote the storage URL: never its credentials
-            print(redact_text(details, spec.storage), file=sys.stderr)
-        print(redact_text(f"syncpoint: job {spec.name!r} failed: {reason}", spec.storage), file=sys.stderr, flush=True)
-        return 1
-    print(finish_line(spec), flush=True)
-    return 0
+    if failure is not None:
+        reason, details = (redact_text(text, spec.storage) for text in failure)
+        return JobOutcome(line=f"syncpoint: job {spec.name!r} failed: {reason}", failed=True, reason=reason,
+                          details=details)
+    line, summary = finish(spec)
+    return JobOutcome(line=line, failed=False, summary=summary)
 
 
 def await_predecessor(spec: JobSpec) -> str:
@@ -300,23 +330,23 @@ def await_predecessor(spec: JobSpec) -> str:
     driver, the Train controller and the lease holder at once) finds that submission's lease still
     young. Rather than start workers that would be refused (a whole KubeRay retry spent), wait here,
     bounded by the lease's remaining TTL and this job's own ``resume.lease_ttl_s``, until it expires
-    or its holder shows it is alive (``workers.lease.await_expiry``); rank 0's acquisition then
+    or its holder shows it is alive (``syncpoint.workers.lease.await_expiry``); rank 0's acquisition then
     decides as always."""
-    from policies.candidates import job_identity
-    from workers.lease import await_expiry
-    from workers.storage import RunStorage
+    from syncpoint.policies.candidates import job_identity
+    from syncpoint.workers.lease import await_expiry
+    from syncpoint.workers.storage import RunStorage
 
     return await_expiry(RunStorage(spec.run_url), job_identity(spec), own_ttl_s=spec.resume.lease_ttl_s,
                         say=lambda m: print(redact_text(f"syncpoint: {m}", spec.storage), flush=True))
 
 
 def heartbeat_board() -> Any:
-    """The submission's heartbeat board (``workers.heartbeat``): a Ray actor without CPUs, kept on the
+    """The submission's heartbeat board (``syncpoint.workers.heartbeat``): a Ray actor without CPUs, kept on the
     driver's node (a head that outlives the worker nodes a preemption takes)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from workers.heartbeat import BeatBoard
+    from syncpoint.workers.heartbeat import BeatBoard
 
     return ray.remote(BeatBoard).options(
         num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(board_node(), soft=True)).remote()
@@ -343,8 +373,8 @@ def board_node() -> str:
 def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.AbstractContextManager[Any]:
     if not show:
         return contextlib.nullcontext()
-    from orchestrator.progress_bar import live_progress
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.progress_bar import live_progress
+    from syncpoint.workers.storage import RunStorage
 
     return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size,
                          epochs=spec.train.epochs)
@@ -353,15 +383,20 @@ def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.Abstrac
 def finish_line(spec: JobSpec) -> str:
     """The run's one-line summary (final state, steps, wall time, restarts, lost work, where the model
     and plot are), after drawing the plot into ``<run>/plot.png``."""
-    from orchestrator.timeline import format_summary, summarize
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    return finish(spec)[0]
+
+
+def finish(spec: JobSpec) -> tuple[str, RunSummary | None]:
+    """``finish_line``'s line and the summary it states (None: no finish event in the journal)."""
+    from syncpoint.orchestrator.timeline import format_summary, summarize
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     storage = RunStorage(spec.run_url)
     journal = EventLog(storage).journal()
     summary = summarize(journal)
     if summary is None:  # fit() returned without a finish event: say where to look rather than guess
-        return f"syncpoint: job {spec.name!r} finished; states under {_shown(storage)}"
+        return f"syncpoint: job {spec.name!r} finished; states under {_shown(storage)}", None
     plot = None
     try:
         plot = _draw_plot(storage, journal, spec.name)
@@ -369,11 +404,11 @@ def finish_line(spec: JobSpec) -> str:
         print(f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
               f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it", file=sys.stderr)
     model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
-    return format_summary(spec.name, summary, model, plot)
+    return format_summary(spec.name, summary, model, plot), summary
 
 
 def _draw_plot(storage: RunStorage, journal: Journal, title: str) -> str:
-    from orchestrator.plot import render_plot
+    from syncpoint.orchestrator.plot import render_plot
 
     storage.write_bytes(render_plot(journal, title=title), "plot.png")  # never through a planted link
     return _shown(storage, "plot.png")
@@ -397,7 +432,7 @@ def failure_report(error: BaseException) -> tuple[str, str]:
 
     The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
     worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
-    traceback text), which names where its rank was (``workers.failure_site``). Of several failed
+    traceback text), which names where its rank was (``syncpoint.workers.failure_site``). Of several failed
     ranks, ``failing_cause`` picks: a refusal or a bug on one rank often surfaces as a broken
     collective on the others.
     """
@@ -418,9 +453,9 @@ def failing_cause(error: BaseException) -> BaseException:
 def _not_retried(spec: JobSpec, submission: str) -> str:
     """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
     (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
-    from policies.failures import APPLICATION, not_retried_line
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.policies.failures import APPLICATION, not_retried_line
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     try:
         last = EventLog(RunStorage(spec.run_url)).journal().last_failure(submission, APPLICATION)
@@ -434,7 +469,7 @@ def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | 
     instead of Ray's per-try timeout text (which only suggests raising that timeout)."""
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
-    from policies.failures import placement_gave_up
+    from syncpoint.policies.failures import placement_gave_up
 
     if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):
         return None

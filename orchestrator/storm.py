@@ -41,14 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from policies.journal import AttemptStarted, FaultFired, Journal
-from policies.spec import CrashFault, JobSpec
+from syncpoint.policies.journal import AttemptStarted, FaultFired, Journal
+from syncpoint.policies.spec import CrashFault, JobSpec
 
 if TYPE_CHECKING:
     from ray._private.node import Node as ClusterNode
     from ray.cluster_utils import Cluster
 
-    from orchestrator.drill import DrillReport
+    from syncpoint.orchestrator.drill import DrillReport
 
 CRASH, SIGTERM, SAVE_CRASH = "crash", "sigterm", "save-crash"
 NODE, NODE_GONE, TWO_NODES, CRASH_THEN_NODE = "node", "node-gone", "two-nodes", "crash+node"
@@ -247,7 +247,7 @@ def _place(spec: JobSpec, kinds: list[str], rng: random.Random, t: Trajectory, w
 
 def storm_variant(spec: JobSpec, plan: StormPlan) -> JobSpec:
     """The interrupted run's spec: the plan's faults, and budgets that cover every interruption."""
-    from orchestrator.drill import _variant
+    from syncpoint.orchestrator.drill import _variant
 
     crashes = plan.count(CRASH, SAVE_CRASH, CRASH_THEN_NODE)
     run = _variant(spec, "drill", plan.faults, crashes)
@@ -263,10 +263,10 @@ def storm_variant(spec: JobSpec, plan: StormPlan) -> JobSpec:
 
 def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> DrillReport:
     """Reference, plan, interrupted run, verdict, on one local multi-node cluster."""
-    from orchestrator.drill import _variant, local_cluster
-    from orchestrator.ray_runner import run_on_ray
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.drill import _variant, local_cluster
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     if spec.scaling.elastic:  # a world-size change is judged by samples per step, so record them
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"record_samples": True})})
@@ -277,7 +277,7 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
         rc_ref = run_on_ray(ref, cluster.address)
         ref_journal = EventLog(RunStorage(ref.run_url)).journal()
         if rc_ref != 0:
-            from orchestrator.drill import DrillReport
+            from syncpoint.orchestrator.drill import DrillReport
 
             return DrillReport("storm: the reference run failed (its error is above); no storm was run", False)
         plan = plan_storm(spec, n, seed, Trajectory.of(ref_journal))
@@ -292,7 +292,7 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
 
 
 def _wall(journal: Journal) -> float:
-    from orchestrator.timeline import summarize
+    from syncpoint.orchestrator.timeline import summarize
 
     s = summarize(journal)
     return s.wall_seconds if s else 0.0
@@ -314,8 +314,8 @@ class Controller:
 
     def __init__(self, cluster: Cluster, nodes: list[ClusterNode], cpus: int, run: JobSpec, plan: StormPlan,
                  budget_s: float) -> None:
-        from workers.events import EventLog
-        from workers.storage import RunStorage
+        from syncpoint.workers.events import EventLog
+        from syncpoint.workers.storage import RunStorage
 
         self.cluster, self.nodes, self.cpus, self.run_spec, self.plan = cluster, nodes, cpus, run, plan
         self.storage = RunStorage(run.run_url)
@@ -328,7 +328,7 @@ class Controller:
         self.result: dict[str, int] = {}
 
     def run(self) -> tuple[int, list[str]]:
-        from orchestrator.ray_runner import run_on_ray
+        from syncpoint.orchestrator.ray_runner import run_on_ray
 
         def target() -> None:
             try:
@@ -437,10 +437,10 @@ def _fired(journal: Journal, fault_id: str) -> FaultFired | None:
 
 def storm_report(ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_run: int, problems: list[str],
                  removals: list[Removal]) -> DrillReport:
-    from orchestrator.drill import DrillReport, judge
-    from orchestrator.timeline import restarts
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.drill import DrillReport, judge
+    from syncpoint.orchestrator.timeline import restarts
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     ref_journal = EventLog(RunStorage(ref.run_url)).journal()
     journal = EventLog(RunStorage(run.run_url)).journal()
@@ -451,7 +451,7 @@ def storm_report(ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_ru
         lines.append("storm: the interrupted run failed (its error is above)")
     ref_wall, run_wall = _wall(ref_journal), _wall(journal)
     lost = sum(r.lost_seconds for r in restarts(journal))
-    # the run's own goodput (policies.goodput, itemised) is one of judge()'s lines below
+    # the run's own goodput (syncpoint.policies.goodput, itemised) is one of judge()'s lines below
     lines.append(f"wall time: reference {ref_wall:.1f} s, interrupted run {run_wall:.1f} s "
                  f"({ref_wall / run_wall:.0%}); {lost:.1f} s of computed work lost" if run_wall > 0 else
                  "wall time: unknown (the interrupted run did not finish)")
@@ -465,7 +465,7 @@ def storm_report(ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_ru
 def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tuple[list[str], bool]:
     """Each interruption with the attempt(s) it struck and what each restart cost; (lines, ok): ok when
     every interruption struck and caused exactly its own restart(s), and no restart is unexplained."""
-    from orchestrator.timeline import restarts
+    from syncpoint.orchestrator.timeline import restarts
 
     starts = journal.attempts
     by_prev = {prev.attempt: r for prev, r in zip(starts, restarts(journal), strict=False)}

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from policies.errors import SpecError
-from policies.redact import redact_text, redact_url, url_secret_paths
-from policies.spec import JobSpec
+from syncpoint.policies.errors import SpecError
+from syncpoint.policies.redact import redact_text, redact_url, url_secret_paths
+from syncpoint.policies.spec import JobSpec
 
 if TYPE_CHECKING:  # Ray is imported when a job is submitted, not when the CLI starts
     from ray.job_submission import JobSubmissionClient
@@ -29,7 +29,7 @@ TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
 
 def entrypoint(job_file: str, overrides: list[str]) -> str:
-    parts = ["python", "-m", "orchestrator", "run", job_file]
+    parts = ["python", "-m", "syncpoint", "run", job_file]
     for o in overrides:
         parts += ["--set", o]
     return " ".join(shlex.quote(p) for p in parts)
@@ -142,7 +142,7 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
     # the working directory, where a relative path would vanish with the job
     overrides = [*overrides, f"storage={spec.storage}"]
     client = _connect(JobSubmissionClient, address, headers)
-    from orchestrator.cli import import_paths
+    from syncpoint.orchestrator.cli import import_paths
 
     # refuses (exit 2) unless the cluster's python runs syncpoint and finds the task's module
     preflight(client, address, {"working_dir": wd}, import_paths(spec), job_file)
@@ -220,8 +220,8 @@ sys.path[:] = path
 r["missing"] = [n for n in MODULES if u.find_spec(n) is None]
 if not r["missing"]:
     try:
-        import orchestrator.cli
-        r["imports"] = orchestrator.cli.import_problems(PATHS)
+        import syncpoint.orchestrator.cli
+        r["imports"] = syncpoint.orchestrator.cli.import_problems(PATHS)
     except Exception as e:
         r["error"] = f"{type(e).__name__}: {e}"
 print(MARK + json.dumps(r))

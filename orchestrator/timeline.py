@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.goodput import Goodput, goodput
-from policies.journal import (
+from syncpoint.policies.goodput import Goodput, goodput
+from syncpoint.policies.journal import (
     AttemptStarted,
     Evaluated,
     Event,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-HOOK = "orchestrator.worker_setup.set_up"
+HOOK = "syncpoint.orchestrator.worker_setup.set_up"
 # Ray Train's controller warns, with a traceback, that shutting down a worker group whose worker
 # crashed could not be graceful, and says itself that this is expected: the failure policy's line
 # already says which failure it was.
@@ -24,7 +24,7 @@ def set_up() -> None:
     """The hook: this process's cluster address, and the controller's expected-shutdown warning quieted.
     Never raises: a failing hook makes Ray stop the worker."""
     try:
-        from orchestrator.quiet import drop
+        from syncpoint.orchestrator.quiet import drop
 
         drop("ray.train.v2._internal.callbacks.backend_setup", SHUTDOWN_LINE)
     except Exception:  # noqa: BLE001 - the warning shows, nothing else changes

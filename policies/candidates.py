@@ -2,8 +2,8 @@
 
 Why plain data: selection must decide before any weights or data are touched, must be testable
 without storage, and must give every rejected candidate a reason a person can act on. Nothing
-here reads a file; discovery (``workers.discovery``) hands in what it read, and classification
-parses it with the state format's models (``policies.state_format``): a field the model refuses
+here reads a file; discovery (``syncpoint.workers.discovery``) hands in what it read, and classification
+parses it with the state format's models (``syncpoint.policies.state_format``): a field the model refuses
 makes the state corrupt, with that field named.
 
 The rule this module keeps: anything a later step (fetch, load, the loop's resume arithmetic)
@@ -24,11 +24,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from policies.boundaries import is_boundary
-from policies.corpus_identity import CORPUS_DIR, CorpusIdentity, CorpusSummary, first_difference, index_file
-from policies.elastic import Layout
-from policies.spec import JobSpec
-from policies.state_format import (
+from syncpoint.policies.boundaries import is_boundary
+from syncpoint.policies.corpus_identity import CORPUS_DIR, CorpusIdentity, CorpusSummary, first_difference, index_file
+from syncpoint.policies.elastic import Layout
+from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.state_format import (
     KNOWN_SAMPLERS,
     MANIFEST_FILE,
     SAMPLER_VERSION,
@@ -46,7 +46,8 @@ from policies.state_format import (
     state_name,
 )
 
-# TRAINER_SCHEMA_VERSION: still imported from here by workers.loop (policies.state_format defines it)
+# TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.loop (syncpoint.policies.state_format
+# defines it)
 __all__ = ["TRAINER_SCHEMA_VERSION", "Candidate", "Expectation", "Verdict", "candidates_table", "classify",
            "finite_metric", "identity_record", "job_identity", "newest_first"]
 

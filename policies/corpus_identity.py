@@ -7,10 +7,10 @@ trained on the old corpus is refused at selection, by the shard's name (``first_
 before anything is loaded. The identity is each shard's name (its path below the corpus root),
 size, content checksum (xxh3_128) and row count, in list order, plus the parameters that turn
 bytes into rows (format, sequence length, token dtype). ``trainer.json`` records only the digest
-and two counts (``policies.state_format.CorpusRecord``); the whole index lies once per digest in
+and two counts (``syncpoint.policies.state_format.CorpusRecord``); the whole index lies once per digest in
 the run directory (``corpus/<digest>.json``), so the reason can name the shard.
 
-Pure data: nothing here does I/O (``workers.corpus`` builds the index, discovery reads the file).
+Pure data: nothing here does I/O (``syncpoint.workers.corpus`` builds the index, discovery reads the file).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policies.errors import DataLayoutError, ElasticLayoutError
+from syncpoint.policies.errors import DataLayoutError, ElasticLayoutError
 
 
 def allowed_world_sizes(micro_batch_size: int, grad_accum: int, min_workers: int, max_workers: int) -> list[int]:

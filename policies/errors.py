@@ -3,7 +3,7 @@
 Why one module: an error type is part of the contract between layers (a worker raises
 ``LeaseLostError``, the driver classifies it; the CLI catches ``SpecError`` and exits 2), so it
 must be importable from every layer without importing the module that happens to raise it.
-This is a leaf: it imports nothing of the project but ``policies.redact``.
+This is a leaf: it imports nothing of the project but ``syncpoint.policies.redact``.
 
 User errors (exit 2 or a failed run naming the field) derive from ``ValueError``; refusals of
 a state or of the run directory derive from ``RuntimeError`` or ``Exception`` as before.
@@ -15,10 +15,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from policies.redact import redact_text
+from syncpoint.policies.redact import redact_text
 
 if TYPE_CHECKING:
-    from policies.candidates import Candidate
+    from syncpoint.policies.candidates import Candidate
 
 MAX_MESSAGE_CHARS = 2000  # one error message, all problems together
 MAX_PROBLEM_CHARS = 700  # one problem's line (echoed input is cut to 80 characters before that)
@@ -119,7 +119,7 @@ class NoResumableState(RuntimeError):
         head = headline or (
             f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
             f"of them.{why} {_what_to_do(candidates)}")
-        from policies.candidates import candidates_table  # the table is the candidates module's format
+        from syncpoint.policies.candidates import candidates_table  # the table is the candidates module's format
 
         super().__init__(head + "\n" + candidates_table(candidates))
 

@@ -76,12 +76,9 @@ def looks_like_lost_peer(message: str) -> bool:
     return bool(LOST_PEER.search(message))
 
 
-_OURS = ("workers.", "orchestrator.", "policies.")
-
-
 def is_ours(error: BaseException) -> bool:
     """Raised by syncpoint itself (a refusal written for the user), not by the user's code or a library."""
-    return (type(error).__module__ + ".").startswith(_OURS)
+    return type(error).__module__.startswith("syncpoint.")
 
 
 def failure_reason(error: BaseException) -> tuple[str, str]:
@@ -100,8 +97,9 @@ def failure_reason(error: BaseException) -> tuple[str, str]:
 
 
 def site_text(site: object) -> str:
-    """`` at FILE:LINE in FUNCTION (rank R, micro-step M)``: where the failing rank was (``workers.failure_site``
-    attaches it); the parts it knows, nothing for a failure while setting up in syncpoint's own code."""
+    """`` at FILE:LINE in FUNCTION (rank R, micro-step M)``: where the failing rank was
+    (``syncpoint.workers.failure_site`` attaches it); the parts it knows, nothing for a failure while setting up in
+    syncpoint's own code."""
     if not isinstance(site, dict):
         return ""
     where, rank, micro_step = site.get("where"), site.get("rank"), site.get("micro_step")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from policies.journal import AttemptStarted, Finished, Journal, StateCommitted, Submitted
+from syncpoint.policies.journal import AttemptStarted, Finished, Journal, StateCommitted, Submitted
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def current_run(journal: Journal) -> Journal:
 def goodput(journal: Journal) -> Goodput | None:
     """The newest run's goodput (``current_run``); None when no attempt started.
 
-    ``journal``: ``policies.journal.Journal``, e.g. ``EventLog(storage).journal()`` or
+    ``journal``: ``syncpoint.policies.journal.Journal``, e.g. ``EventLog(storage).journal()`` or
     ``Journal.parse(records)`` over the stored records (``syncpoint events --json``)."""
     run = current_run(journal)
     attempts = run.attempts

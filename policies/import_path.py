@@ -19,6 +19,20 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+# syncpoint's layers as they were importable before they moved under ``syncpoint.``: generic names a
+# user's own package may hold, so a path naming them is only looked up, never rewritten; when the
+# lookup fails, the message names the new path.
+OLD_NAMES = ("orchestrator", "workers", "policies")
+
+
+def moved_hint(name: str) -> str:
+    """``; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.NAME'?)`` when ``name``
+    (a module or an import path that failed to import) starts with one of syncpoint's old top-level
+    names; else empty."""
+    if name.split(":")[0].split(".")[0] not in OLD_NAMES:
+        return ""
+    return f"; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.{name}'?)"
+
 
 def is_import_path(value: str) -> bool:
     """``package.module:Name`` with identifiers only (no file paths, no call syntax)."""
@@ -34,7 +48,8 @@ def load_object(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r} from {path!r}: {e}") from e
+        hint = moved_hint(path) if moved_hint(e.name or "") else ""
+        raise ValueError(f"cannot import module {module_name!r} from {path!r}: {e}{hint}") from e
     try:
         return getattr(module, attr)
     except AttributeError as e:

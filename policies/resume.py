@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.candidates import Candidate, Verdict, finite_metric
-from policies.errors import NoResumableState
-from policies.import_path import load_class
+from syncpoint.policies.candidates import Candidate, Verdict, finite_metric
+from syncpoint.policies.errors import NoResumableState
+from syncpoint.policies.import_path import load_class
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ crashed saves and go; torn ones newer than it may be a save in flight and stay. 
 corrupt and incompatible states are reported and only removed with ``prune_unsafe``.
 
 Only what syncpoint wrote is ever a candidate for deletion: a directory (never a file, never a
-symbolic link) whose name is a state name (12 ASCII digits, ``policies.state_format.state_name``).
+symbolic link) whose name is a state name (12 ASCII digits, ``syncpoint.policies.state_format.state_name``).
 Anything else under ``states/`` (a ``notes/`` folder, a ``README.txt``) is someone else's and is
 ignored; a symbolic link is reported as corrupt and left alone, because deleting through it would
 delete its target, outside the run. Deletion itself stays manifest-first
-(``workers.state_writer.delete_state``).
+(``syncpoint.workers.state_writer.delete_state``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from policies.candidates import Candidate, Verdict, newest_first
-from policies.state_format import is_state_name
+from syncpoint.policies.candidates import Candidate, Verdict, newest_first
+from syncpoint.policies.state_format import is_state_name
 
 
 @dataclass

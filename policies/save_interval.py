@@ -16,7 +16,7 @@ Gamma-Poisson posterior mean with one pseudo-preemption at the prior's mean time
 ``exposure / preemptions`` after many, and a long run without preemptions slowly lengthens it.
 
 Pure functions and plain data (no clock, no I/O): the worker feeds measurements in
-(``workers.loop``), the trigger (``policies.save_triggers.AutoInterval``) asks here.
+(``syncpoint.workers.loop``), the trigger (``syncpoint.policies.save_triggers.AutoInterval``) asks here.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from policies.failures import PREEMPTION
-from policies.journal import Failure, Journal
+from syncpoint.policies.failures import PREEMPTION
+from syncpoint.policies.journal import Failure, Journal
 
 DEFAULT_PREEMPTIONS_PER_HOUR = 1.0  # when checkpoint.expected_preemptions_per_hour is not given
 MIN_INTERVAL_S = 1.0  # a save per second at most: below that the formula's inputs are noise

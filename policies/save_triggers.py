@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from policies.save_interval import AutoDecision, PreemptionHistory, decide
+from syncpoint.policies.save_interval import AutoDecision, PreemptionHistory, decide
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Never:
 
 class AutoInterval:
     """``checkpoint.save_every: auto``: a wall-clock interval from the Young-Daly optimum
-    (``policies.save_interval``), re-decided after every committed save with the run's measured
+    (``syncpoint.policies.save_interval``), re-decided after every committed save with the run's measured
     save cost and preemption history. Before any save was measured it asks at the first boundary
     (the probe: the cost is measured, not guessed). A request is still only a request: the loop
     carries it to the next boundary like any other.

@@ -1,4 +1,4 @@
-"""The job spec: one pydantic model that validates itself (loading YAML lives in ``orchestrator.spec_file``).
+"""The job spec: one pydantic model that validates itself (loading YAML lives in ``syncpoint.orchestrator.spec_file``).
 
 Why a leaf module in ``policies/``: every layer reads the spec (the driver parses it, the
 workers train by it, decisions compare against it), so it imports nothing of the project but
@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator, model_validator
 
-from policies.import_path import is_import_path
-from policies.redact import redact_obj
+from syncpoint.policies.import_path import is_import_path
+from syncpoint.policies.redact import redact_obj
 
 BUILTIN_POLICIES = ("newest-resumable", "pinned", "fresh", "best-metric")
 
@@ -406,7 +406,7 @@ class DeepSpeedSpec(_Strict):
 class SaveEvery(_Strict):
     """``checkpoint.save_every``: ``{value, unit}``, ``"200 micro_steps"``, or ``auto`` (stored as
     ``{value: 0, unit: auto}``: the interval is decided while the run goes, see
-    ``policies.save_interval``)."""
+    ``syncpoint.policies.save_interval``)."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
     unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"] = Field(..., description=(
@@ -502,7 +502,7 @@ def _byte_count(v: Any) -> Any:
 
 
 class CorpusSpec(_Strict):
-    """How syncpoint reads a sharded corpus (``workers.corpus.ShardedCorpus``, returned by the task as
+    """How syncpoint reads a sharded corpus (``syncpoint.workers.corpus.ShardedCorpus``, returned by the task as
     its dataset): the epoch order, and the node-local cache the shards are fetched into."""
 
     shuffle: Literal["auto", "global", "shard-window"] = Field("auto", description=(
@@ -644,7 +644,8 @@ class CrashFault(_Strict):
 
 
 class JobSpec(_Strict):
-    """A job: one YAML file (``orchestrator.spec_file`` parses it), every field in the job spec reference."""
+    """A job: what to train (``task``), where its states live (``storage``/``name``), and how (every other
+    section). Read one from YAML with ``syncpoint.load_spec``; ``syncpoint schema`` prints its JSON Schema."""
 
     name: str = Field(..., min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                       description=(
@@ -667,7 +668,7 @@ class JobSpec(_Strict):
     failure: FailureSpec = Field(default_factory=FailureSpec, description=(
         "Restart budgets and the placement bound (named after Ray Train's FailureConfig)."))
     corpus: CorpusSpec = Field(default_factory=CorpusSpec, description=(
-        "How a sharded corpus (workers.corpus.ShardedCorpus) is ordered and cached."))
+        "How a sharded corpus (syncpoint.ShardedCorpus) is ordered and cached."))
     faults: list[CrashFault] = Field(default_factory=list, max_length=MAX_FAULTS, description=(
         "Fault injection: crashes that fire once per run, to rehearse preemption."))
 
@@ -680,7 +681,7 @@ class JobSpec(_Strict):
                 raise ValueError(f"faults: rank {f.rank} does not exist with "
                                  f"scaling.num_workers={self.scaling.max_workers}")
         if self.scaling.elastic:
-            from policies.elastic import allowed_world_sizes
+            from syncpoint.policies.elastic import allowed_world_sizes
 
             lo, hi = self.scaling.min_workers, self.scaling.max_workers
             ok = allowed_world_sizes(self.train.micro_batch_size, self.train.grad_accum, lo, hi)

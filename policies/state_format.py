@@ -15,7 +15,7 @@ files; one definition means one parse that names the bad field (``problem_of``) 
 ``.get()`` fallback per reader, and the one conversion of older states happens here, in
 ``TrainState``'s validator. Every field and default below is what states on disk hold today; the
 bytes written do not change (``json_bytes`` is the one encoding of both files). Pure data: nothing
-here does I/O, so classification (a policy) can use it. ``policies.state_paths`` stays its own module:
+here does I/O, so classification (a policy) can use it. ``syncpoint.policies.state_paths`` stays its own module:
 the one rule for which names a manifest may give its files, shared with fetch and ``digest``.
 """
 
@@ -40,8 +40,8 @@ from pydantic import (
     model_validator,
 )
 
-from policies.spec import SchedulerSpec
-from policies.state_paths import path_problem
+from syncpoint.policies.spec import SchedulerSpec
+from syncpoint.policies.state_paths import path_problem
 
 STATES_DIR = "states"  # under the run directory
 STATE_NAME_DIGITS = 12
@@ -59,19 +59,19 @@ ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00
 
 TRAINER_SCHEMA_VERSION = 1
 MANIFEST_FORMAT = "syncpoint-state/1"
-# The epoch order's algorithm (``workers.data.epoch_order``). A state records the one it was written
+# The epoch order's algorithm (``syncpoint.workers.data.epoch_order``). A state records the one it was written
 # with, and a run continues with its state's: new runs use SAMPLER_VERSION, states written before it
 # keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
 SAMPLER_VERSION = "feistel/v1"
 LEGACY_SAMPLER = "global-permutation/v1"
-# A stream dataset has no epoch order: each rank's position is its stream's own state (``workers.stream``),
+# A stream dataset has no epoch order: each rank's position is its stream's own state (``syncpoint.workers.stream``),
 # in the rank's stream file, and ``data.stream`` says which stream it is.
 STREAM_SAMPLER = "stream/v1"
-# A sharded corpus's locality shuffle (``workers.data.ShardWindowOrder``): the shard order permuted,
+# A sharded corpus's locality shuffle (``syncpoint.workers.data.ShardWindowOrder``): the shard order permuted,
 # then the rows within each window of ``data.window_shards`` consecutive shards of that order.
 SHARD_WINDOW_SAMPLER = "shard-window/v1"
 KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER, STREAM_SAMPLER)
-# The checksum algorithms a manifest entry may name (``workers.checksum`` implements them).
+# The checksum algorithms a manifest entry may name (``syncpoint.workers.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 # Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
 # manifest of a million entries). A manifest of MANIFEST_MAX_FILES entries with long DeepSpeed names
@@ -129,8 +129,8 @@ def required_files(*, world_size: int, zero_stage: int, precision: str | None,
     next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
     (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
-    and, in states that record ``per_rank_buffers``, its buffers file (``workers.buffers``); states of
-    a stream dataset, its stream file (``workers.stream_state``).
+    and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.buffers``); states of
+    a stream dataset, its stream file (``syncpoint.workers.stream_state``).
     """
     ranks = range(world_size)
     files = [TRAINER_FILE]
@@ -193,7 +193,7 @@ class _Record(BaseModel):
 
 
 class SchedulerRecord(_Record):
-    """The schedule's shape and position; the live spec supplies every value (``workers.schedule``)."""
+    """The schedule's shape and position; the live spec supplies every value (``syncpoint.workers.schedule``)."""
 
     type: str
     phases: list[str]
@@ -220,7 +220,7 @@ class OptimizerRecord(_Record):
     param_groups: list[ParamGroupRecord] | None = None
     # per group: the keys the optimizer itself changed since it was built (running state, which the
     # state supplies on resume), each with its as-built value (None: not JSON); None: not recorded
-    # (states before the field: every group key comes from the live run). ``workers.param_groups``
+    # (states before the field: every group key comes from the live run). ``syncpoint.workers.param_groups``
     running: list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")
@@ -248,7 +248,7 @@ class ParameterDtypes(_Record):
 
 
 class StreamRecord(_Record):
-    """Which stream a stream dataset's state continues (``workers.stream.identity``): a state of
+    """Which stream a stream dataset's state continues (``syncpoint.workers.stream.identity``): a state of
     another stream, or read by another number of DataLoader workers or another shuffle buffer,
     cannot continue it exactly. Each rank's position lies in its own stream file."""
 
@@ -259,7 +259,7 @@ class StreamRecord(_Record):
 
 
 class CorpusRecord(_Record):
-    """The sharded corpus a state was trained on (``policies.corpus_identity``): its digest and
+    """The sharded corpus a state was trained on (``syncpoint.policies.corpus_identity``): its digest and
     size; the whole index lies in the run directory under ``corpus/<digest>.json``."""
 
     digest: str
@@ -301,7 +301,7 @@ class DataRecord(_Record):
 class TrainState(_Record):
     """``trainer.json``: what a state's position is, which run wrote it, and how.
 
-    Identity (``policies.candidates.identity_record``) and position are required; provenance
+    Identity (``syncpoint.policies.candidates.identity_record``) and position are required; provenance
     fields default to "not recorded". ``elastic`` is ``None`` in states written before it was
     recorded (``elastic_optimizer`` then tells what a resize may do).
     """
@@ -436,7 +436,7 @@ class ManifestEntry(_Record):
 
 class Manifest(_Record):
     """``manifest.json``: written last, it commits the state; a signed one also carries ``signature``
-    (``workers.signing``, which checks the object as read)."""
+    (``syncpoint.workers.signing``, which checks the object as read)."""
 
     FILE: ClassVar[str] = MANIFEST_FILE
 

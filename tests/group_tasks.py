@@ -7,7 +7,7 @@ import math
 import torch
 
 from examples.tiny_lm import build
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 
 def _two_groups(config: dict):

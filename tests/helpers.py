@@ -7,15 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator.spec_file import parse_spec, resolve_storage
-from policies.journal import Step
-from policies.spec import JobSpec
-from policies.state_format import TRAINER_MAX_BYTES
-from workers.digest import state_digest
-from workers.events import EventLog
-from workers.faults import InjectedCrash
-from workers.launch import run_in_process
-from workers.storage import RunStorage
+from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+from syncpoint.policies.journal import Step
+from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.state_format import TRAINER_MAX_BYTES
+from syncpoint.workers.digest import state_digest
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.faults import InjectedCrash
+from syncpoint.workers.launch import run_in_process
+from syncpoint.workers.storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = (ROOT / "examples" / "tiny_lm.yaml").read_text()
@@ -43,7 +43,7 @@ checkpoint: {keep_last: 0, export_final: false}
 
 
 def with_overrides(spec: JobSpec, *overrides: str) -> JobSpec:
-    from orchestrator.spec_file import apply_overrides
+    from syncpoint.orchestrator.spec_file import apply_overrides
 
     raw = apply_overrides(spec.model_dump(mode="json"), list(overrides))
     return JobSpec.model_validate(raw)
@@ -85,7 +85,7 @@ def trainer_json(spec: JobSpec, name: str) -> dict[str, Any]:
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
     """``syncpoint ARGV`` in-process: (exit code, stdout, stderr); argparse's SystemExit is an exit code."""
-    from orchestrator.cli import main
+    from syncpoint.orchestrator.cli import main
 
     capsys.readouterr()
     try:

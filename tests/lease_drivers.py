@@ -8,7 +8,7 @@ import os
 import tempfile
 import time
 
-from workers.lease import LEASE_MAX_BYTES
+from syncpoint.workers.lease import LEASE_MAX_BYTES
 
 JOB = "job-identity"
 
@@ -16,9 +16,9 @@ JOB = "job-identity"
 def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:
     """Wait for every racer, then try to take the lease once; report the outcome. ``skew_s``: this
     driver's clock runs that far ahead (another machine with a wrong clock)."""
-    from policies.errors import LeaseRefused
-    from workers.lease import RunLease
-    from workers.storage import RunStorage
+    from syncpoint.policies.errors import LeaseRefused
+    from syncpoint.workers.lease import RunLease
+    from syncpoint.workers.storage import RunStorage
 
     if skew_s:
         real = time.time
@@ -43,12 +43,12 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     """
     import torch.distributed as dist
 
-    from policies.errors import LeaseLostError, LeaseRefused
-    from workers.faults import Faults
-    from workers.launch import free_port
-    from workers.lease import RunLease
-    from workers.state_writer import Snapshot, commit_snapshot, state_name
-    from workers.storage import RunStorage
+    from syncpoint.policies.errors import LeaseLostError, LeaseRefused
+    from syncpoint.workers.faults import Faults
+    from syncpoint.workers.launch import free_port
+    from syncpoint.workers.lease import RunLease
+    from syncpoint.workers.state_writer import Snapshot, commit_snapshot, state_name
+    from syncpoint.workers.storage import RunStorage
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     storage = RunStorage(url)
@@ -107,8 +107,8 @@ class StealLeaseAt:
         return tick.global_micro_step in self.save_at if self.save_at else tick.stepped
 
     def _steal(self) -> None:
-        from workers.lease import read_lease
-        from workers.storage import RunStorage
+        from syncpoint.workers.lease import read_lease
+        from syncpoint.workers.storage import RunStorage
 
         store = RunStorage(self.url)
         held = read_lease(store)
@@ -146,7 +146,7 @@ def race_threads(leases: list) -> tuple[list, list[str]]:
     """Every lease tries ``acquire`` at the same moment from its own thread: (winners, refusals)."""
     import threading
 
-    from policies.errors import LeaseRefused
+    from syncpoint.policies.errors import LeaseRefused
 
     start = threading.Barrier(len(leases))
     won: list = []

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.boundaries import position_after
-from policies.candidates import Candidate, Expectation, identity_record
-from policies.state_format import (
+from syncpoint.policies.boundaries import position_after
+from syncpoint.policies.candidates import Candidate, Expectation, identity_record
+from syncpoint.policies.state_format import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     STATES_DIR,
@@ -69,7 +69,7 @@ def candidate_for(step: int, exp: Expectation, *, manifest: bool = True, files: 
 
 def commit_candidate(store, c: Candidate, *, algo: str = "xxh3_128") -> None:
     """Write a candidate's files for real (placeholder bytes for shards) and commit its manifest."""
-    from workers.checksum import checksum_bytes
+    from syncpoint.workers.checksum import checksum_bytes
 
     files: dict[str, Any] = {}
     for rel in (c.manifest or {}).get("files", {}):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import psutil
 
+from syncpoint.workers.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes, owned
-from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
 # Each node's object store, small: by default every `ray start` takes 30% of the machine's memory for
@@ -187,8 +187,8 @@ def wait_until_registered(head: Head, node_id: str, env: dict, deadline: float) 
 
 def events(spec, kind: str) -> list[dict]:
     """The run's events of one kind, oldest first (what a test watching a driver asks of the log)."""
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
 

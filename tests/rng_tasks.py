@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from syncpoint.workers.task import Task
 from tests.tasks import Vectors, linear, mse
-from workers.task import Task
 
 
 class OwnRngVectors(torch.utils.data.Dataset):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from syncpoint.workers.task import Task
 from tests.rng_tasks import HashOrdered, OwnRngVectors
 from tests.tasks import COUNTERS, GrowingSteps, RunningCenter, Vectors, mse
-from workers.task import Task
 
 KINDS = ("generators", "buffers", "groups", "counters", "hash")
 

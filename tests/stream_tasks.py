@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from syncpoint.workers.task import Task
 from tests.tasks import mse
-from workers.task import Task
 
 
 class CountingStream(torch.utils.data.IterableDataset):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 
 class Vectors(torch.utils.data.Dataset):
@@ -60,7 +60,7 @@ class LastStateOnly:
         self.name = name
 
     def choose(self, candidates, spec):
-        from policies.resume import Decision
+        from syncpoint.policies.resume import Decision
 
         return Decision(self.name, "custom policy says so")
 

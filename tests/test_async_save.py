@@ -12,10 +12,10 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from policies.boundaries import boundary_micro_steps
+from syncpoint.policies.boundaries import boundary_micro_steps
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 
 class SlowObjectStore(MemoryFileSystem):

@@ -6,7 +6,7 @@ what is already committed: every test here runs against a real committed run dir
 that its ``states/`` are byte-for-byte unchanged afterwards (many cases point their spec at that
 very run: same storage, same name).
 
-Ray is never started in this file: ``orchestrator.ray_runner`` is replaced by a stub that fails the
+Ray is never started in this file: ``syncpoint.orchestrator.ray_runner`` is replaced by a stub that fails the
 test if bad input ever reaches the launcher. Bad input that only shows up at run time (a task import
 path that does not resolve, a dataset smaller than one global batch, ...) goes through the
 in-process runner.
@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.spec_file import parse_spec
-from policies.errors import JobConfigError, ResumeRefused, SpecError, TaskError
+from syncpoint.orchestrator.spec_file import parse_spec
+from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError, TaskError
+from syncpoint.workers.data import DataLayoutError
 from tests.helpers import cli, committed_steps, linear_spec, run
-from workers.data import DataLayoutError
 
 # ----------------------------------------------------------------------------- the committed run
 
@@ -70,13 +70,13 @@ def nothing_committed_is_lost(committed):
 @pytest.fixture(autouse=True)
 def no_ray(monkeypatch):
     """Bad input must be refused before the launcher: reaching it fails the test (and starts no Ray)."""
-    fake = types.ModuleType("orchestrator.ray_runner")
+    fake = types.ModuleType("syncpoint.orchestrator.ray_runner")
 
     def run_on_ray(spec, address=None, **kwargs):
         raise AssertionError(f"bad input reached the Ray launcher (storage {spec.storage!r})")
 
     fake.run_on_ray = run_on_ray
-    monkeypatch.setitem(sys.modules, "orchestrator.ray_runner", fake)
+    monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
 
 
 # ----------------------------------------------------------------------------- job specs
@@ -530,9 +530,9 @@ _DRIVER = r"""
 import contextlib, io, json, sys, time, types
 def reached(*a, **k):
     raise SystemExit(99)
-for mod, attr in (("orchestrator.ray_runner", "run_on_ray"), ("orchestrator.submit", "submit")):
+for mod, attr in (("syncpoint.orchestrator.ray_runner", "run_on_ray"), ("syncpoint.orchestrator.submit", "submit")):
     stub = types.ModuleType(mod); setattr(stub, attr, reached); sys.modules[mod] = stub
-from orchestrator.cli import main
+from syncpoint.orchestrator.cli import main
 results = {}
 for case, argvs in json.loads(sys.stdin.read()).items():
     for argv in argvs:
@@ -595,7 +595,7 @@ def test_hostile_spec_fails_fast_and_bounded(hostile_results, request, content, 
                                      "nesting-10000-flow", "nesting-through-chained-aliases", "integer-of-5000-digits"])
 def test_parse_bounds_hold_without_libyaml(monkeypatch, case_id):
     """The same bounds when PyYAML has no libyaml (the pure-Python event parser): the composer checks them."""
-    import orchestrator.spec_file as spec_module
+    import syncpoint.orchestrator.spec_file as spec_module
 
     monkeypatch.setattr(spec_module, "_BoundedLoader", spec_module._PyLoader)
     content, _, fix = next(c.values for c in HOSTILE_CASES if c.id == case_id)
@@ -813,7 +813,7 @@ RUNTIME_CASES = [
                  r"task\.path: 'builtins:len' is a builtin function, not a function written in Python; it is not "
                  r"called", id="task-builtin-not-called"),
     pytest.param(("task.path=json:dumps",), TaskError,
-                 r"task\.path: 'json:dumps' returned str, expected workers\.task\.Task", id="task-returns-no-task"),
+                 r"task\.path: 'json:dumps' returned str, expected syncpoint\.Task", id="task-returns-no-task"),
     pytest.param(("task.path=tests.test_bad_input:no_length_task",), TaskError,
                  r"task\.path: .* returned a plain iterable dataset \(_NoLength\): it has no state_dict\(\)/"
                  r"load_state_dict\(\).*cannot be resumed exactly\. Return instead a map-style dataset \(__len__ and "

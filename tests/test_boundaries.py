@@ -1,4 +1,4 @@
-from policies.boundaries import (
+from syncpoint.policies.boundaries import (
     boundary_micro_steps,
     cycle_length,
     is_boundary,

@@ -16,19 +16,19 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from policies.candidates import Expectation, Verdict, classify
-from policies.errors import StateMismatch, StateRefused
-from policies.state_format import TrainState, buffers_file, json_bytes, required_files
+from syncpoint.policies.candidates import Expectation, Verdict, classify
+from syncpoint.policies.errors import StateMismatch, StateRefused
+from syncpoint.policies.state_format import TrainState, buffers_file, json_bytes, required_files
+from syncpoint.workers import buffers
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.digest import state_digest
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json
 from tests.meta import candidate_for
 from tests.tasks import BufferNet
 from tests.test_exact_resume import module_params
-from workers import buffers
-from workers.checksum import checksum_bytes
-from workers.digest import state_digest
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 
@@ -163,7 +163,7 @@ def test_every_ranks_buffers_resume_exactly(tmp_path, zero, saving):
 
 @pytest.mark.slow
 def test_a_rank_added_by_an_elastic_resume_takes_the_buffers_of_saved_rank_0(tmp_path):
-    """1 -> 2 workers: rank r applies saved rank r mod 1's buffers (workers.buffers.source_rank)."""
+    """1 -> 2 workers: rank r applies saved rank r mod 1's buffers (syncpoint.workers.buffers.source_rank)."""
     dump = tmp_path / "dump"
     dump.mkdir()
     spec = _spec(tmp_path / "run", 0, "scaling.num_workers={min: 1, max: 2}", "faults=[{at_micro_step: 11}]",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.cli import main
+from syncpoint.orchestrator.cli import main
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, linear_spec, run
-from workers.storage import RunStorage
 
 
 def test_states_table_json_and_policies(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Sharded corpora (``workers.corpus``): the index, the shard-window order, the shard cache, and
+"""Sharded corpora (``syncpoint.workers.corpus``): the index, the shard-window order, the shard cache, and
 selection's refusal of another corpus. Fast: local files and memory://, no training; the runs on
 moto's S3 server are in tests/test_corpus_runs.py."""
 
@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from policies.candidates import Expectation, Verdict, classify
-from policies.corpus_identity import CorpusIdentity, first_difference, parse_document
-from policies.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
-from policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.policies.candidates import Expectation, Verdict, classify
+from syncpoint.policies.corpus_identity import CorpusIdentity, first_difference, parse_document
+from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
+from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.workers import corpus as corpus_mod
+from syncpoint.workers.corpus import CacheSettings, ShardedCorpus, plan_for
+from syncpoint.workers.data import RankMicroBatches, ShardWindowOrder
+from syncpoint.workers.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
+from syncpoint.workers.storage_fsspec import checksum_file
 from tests.helpers import lm_spec
 from tests.meta import candidate_for
-from workers import corpus as corpus_mod
-from workers.corpus import CacheSettings, ShardedCorpus, plan_for
-from workers.data import RankMicroBatches, ShardWindowOrder
-from workers.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
-from workers.storage_fsspec import checksum_file
 
 
 def _npy(values: np.ndarray) -> bytes:
@@ -140,7 +140,7 @@ def test_the_index_is_cached_and_only_changed_shards_are_read_again(tmp_path, mo
 
 
 def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_corpus, tmp_path, monkeypatch):
-    from workers.storage import RunStorage
+    from syncpoint.workers.storage import RunStorage
 
     run_url = str(tmp_path / "run")
     first = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path / "node1"))
@@ -215,7 +215,7 @@ def test_a_batch_read_gives_each_sample_the_values_one_fetch_of_it_gives(memory_
     import functools
 
     from examples.sharded_lm import add_noise
-    from workers.data import SeededSamples
+    from syncpoint.workers.data import SeededSamples
 
     c = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path),
                       transform=functools.partial(add_noise, noise=0.5))  # random per sample
@@ -482,7 +482,7 @@ def test_another_shuffle_or_window_is_incompatible_and_other_datasets_unaffected
 
 
 def test_a_run_on_another_dataset_writes_the_data_record_it_wrote_before():
-    from policies.state_format import DataRecord
+    from syncpoint.policies.state_format import DataRecord
 
     plain = DataRecord(sampler=SAMPLER_VERSION, num_samples=8, global_samples=4, samples_in_epoch=4,
                        samples_per_epoch=8, global_batch=4).model_dump()

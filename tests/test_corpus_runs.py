@@ -19,8 +19,13 @@ import numpy as np
 import pytest
 
 from examples.sharded_lm import write_corpus
-from policies.errors import ResumeRefused
-from policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.workers import corpus as corpus_mod
+from syncpoint.workers.corpus import ShardedCorpus
+from syncpoint.workers.data import ShardWindowOrder
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.shard_cache import fetched_names
 from tests import test_s3
 from tests.helpers import (
     ROOT,
@@ -33,11 +38,6 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from workers import corpus as corpus_mod
-from workers.corpus import ShardedCorpus
-from workers.data import ShardWindowOrder
-from workers.launch import run_spawned
-from workers.shard_cache import fetched_names
 
 pytestmark = pytest.mark.slow
 s3 = test_s3.s3  # moto's S3 server on loopback, shared with the S3 tests
@@ -136,7 +136,7 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
 def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path, how):
     url = f"s3://{BUCKET}/corpus-drill-{how}"
     write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
            "--set", f"storage={tmp_path}", "--set", "task.path=examples.sharded_lm:build",
            "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",
            "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
@@ -160,7 +160,7 @@ def test_elastic_drill_on_a_corpus_on_s3_keeps_the_samples_of_every_step(s3, tmp
     the change and within the elastic bound after it (dropout re-seeded for the new world size)."""
     url = f"s3://{BUCKET}/corpus-drill-elastic"
     write_corpus(url, 8, 100, 8)
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
            "--how", "node", "--no-replacement", "--set", f"storage={tmp_path}",
            "--set", "task.path=examples.sharded_lm:build",
            "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, with_overrides
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 NEWEST = f"{10:012d}"
 SHARD = "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -36,7 +36,7 @@ def manifest_not_json(store):
 
 
 def newer_schema(store):
-    from workers.checksum import checksum_bytes
+    from syncpoint.workers.checksum import checksum_bytes
 
     t = json.loads(store.read_bytes("states", NEWEST, "trainer.json", limit=TRAINER_MAX_BYTES))
     t["schema_version"] = 99

@@ -7,8 +7,8 @@ from collections import namedtuple
 import pytest
 import torch
 
+from syncpoint.workers.device import apply_collective_timeout, backend, collective_timeout, to_device
 from tests.helpers import linear_spec
-from workers.device import apply_collective_timeout, backend, collective_timeout, to_device
 
 Pair = namedtuple("Pair", "x y")
 
@@ -48,7 +48,7 @@ def test_deepspeed_ops_are_built_with_this_environments_ninja(tmp_path):
     decoy.write_text("#!/bin/sh\necho 1.0.0-decoy\n")
     decoy.chmod(0o755)
     path = os.pathsep.join([str(tmp_path), *(p for p in os.environ["PATH"].split(os.pathsep) if p != here)])
-    code = ("import os, shutil; from workers.device import use_environment_ninja as u; u(); u(); "
+    code = ("import os, shutil; from syncpoint.workers.device import use_environment_ninja as u; u(); u(); "
             "print(shutil.which('ninja')); print(os.environ['PATH'])")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": path}, capture_output=True,
                          text=True, timeout=120, check=True).stdout.splitlines()
@@ -81,7 +81,7 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_one_kept(tmp_
     import subprocess
     import time
 
-    from workers.device import STALE_BUILD_LOCK_S, clear_stale_build_locks
+    from syncpoint.workers.device import STALE_BUILD_LOCK_S, clear_stale_build_locks
 
     now = time.time()
     dirs = {name: tmp_path / "py311_cpu" / name for name in ("left", "fresh", "building")}

@@ -32,7 +32,7 @@ def test_the_spec_reference_is_the_one_the_models_generate():
 
 
 def test_the_spec_reference_names_every_field_with_a_description():
-    from policies.spec import JobSpec
+    from syncpoint.policies.spec import JobSpec
 
     text = _generator().render()
     rows = re.findall(r"^\| `([^`]+)` \| .* \| (.*) \|$", text, re.MULTILINE)
@@ -75,4 +75,4 @@ def test_the_site_builds_strictly(tmp_path: Path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    assert "workers.task.Task" in api and "policies.spec.JobSpec" in api
+    assert "syncpoint.workers.task.Task" in api and "syncpoint.policies.spec.JobSpec" in api

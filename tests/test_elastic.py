@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from policies.candidates import Expectation, Verdict, classify
-from policies.elastic import allowed_world_sizes, layout
-from policies.errors import ElasticLayoutError
+from syncpoint.policies.candidates import Expectation, Verdict, classify
+from syncpoint.policies.elastic import allowed_world_sizes, layout
+from syncpoint.policies.errors import ElasticLayoutError
+from syncpoint.workers.launch import run_spawned
 from tests.helpers import lm_spec, state_names, step_history, trainer_json
 from tests.test_exact_resume import module_params
-from workers.launch import run_spawned
 
 
 def _spec(tmp, *extra):
@@ -39,7 +39,7 @@ def test_layout_keeps_the_global_batch():
 
 
 def test_spec_refuses_a_range_with_unworkable_world_sizes():
-    from policies.errors import SpecError
+    from syncpoint.policies.errors import SpecError
 
     with pytest.raises(SpecError, match=r"world sizes that work: \[1, 3\]"):
         lm_spec("/tmp/x", "scaling.num_workers={min: 1, max: 3}", "train.grad_accum=1", workers=3)
@@ -111,7 +111,7 @@ def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
 
     from tests.helpers import ROOT
 
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
            "--how", "node", "--no-replacement", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=640",
            "--set", "train.epochs=2", "--set", "scaling.num_workers={min: 1, max: 2}"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -1,7 +1,7 @@
 """Evaluation (issue 17 §2): exact reduction, no effect on training, the same numbers after a resume.
 
-* the rules (``policies.evaluation``): when an evaluation is due, every eval sample counted once;
-* ``workers.evaluation.evaluate`` restores every RNG and every submodule's mode, and seeds itself;
+* the rules (``syncpoint.policies.evaluation``): when an evaluation is due, every eval sample counted once;
+* ``syncpoint.workers.evaluation.evaluate`` restores every RNG and every submodule's mode, and seeds itself;
 * a run with evaluation is bitwise the run without (ZeRO 0/2 here; ZeRO-3 on 2 ranks with uneven
   shards, slow);
 * a resumed run reports the same evaluations at the same steps, and its states carry the latest one;
@@ -19,12 +19,17 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.drill import compare_evaluations
-from orchestrator.timeline import format_timeline
-from policies import evaluation as rules
-from policies.errors import TaskError
-from policies.journal import Evaluated, Journal
-from policies.spec import TrainSpec
+from syncpoint.orchestrator.drill import compare_evaluations
+from syncpoint.orchestrator.timeline import format_timeline
+from syncpoint.policies import evaluation as rules
+from syncpoint.policies.errors import TaskError
+from syncpoint.policies.journal import Evaluated, Journal
+from syncpoint.policies.spec import TrainSpec
+from syncpoint.workers import rng
+from syncpoint.workers.evaluation import evaluate
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import ensure_single_process_group, run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     cli,
     digest,
@@ -36,11 +41,6 @@ from tests.helpers import (
     step_history,
     trainer_json,
 )
-from workers import rng
-from workers.evaluation import evaluate
-from workers.events import EventLog
-from workers.launch import ensure_single_process_group, run_spawned
-from workers.storage import RunStorage
 
 # ----------------------------------------------------------------------------- the rules
 

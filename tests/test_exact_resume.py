@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.export import zero3_state_from_storage
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json
-from workers.digest import load_deepspeed_file
-from workers.export import zero3_state_from_storage
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 # (micro-batches per epoch, accumulation, save_every) -> interruption points (crash after micro-step k)
 GRID = {

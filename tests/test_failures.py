@@ -7,11 +7,11 @@ import inspect
 
 import pytest
 
-from orchestrator.ray_runner import failure_report
-from orchestrator.timeline import format_timeline, restarts
-from policies.errors import ResumeRefused
-from policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, looks_like_lost_peer
-from policies.journal import (
+from syncpoint.orchestrator.ray_runner import failure_report
+from syncpoint.orchestrator.timeline import format_timeline, restarts
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, looks_like_lost_peer
+from syncpoint.policies.journal import (
     AttemptStarted,
     Failure,
     FaultFired,
@@ -85,7 +85,7 @@ def test_ray_internals_used_by_the_failure_policy_still_exist():
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api import data_parallel_trainer
 
-    import orchestrator.failure_policy as fp
+    import syncpoint.orchestrator.failure_policy as fp
 
     assert callable(data_parallel_trainer.create_failure_policy)
     assert "create_failure_policy(self.run_config.failure_config)" in inspect.getsource(data_parallel_trainer)
@@ -144,9 +144,9 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api.config import FailureConfig
 
-    from orchestrator.failure_policy import SyncpointFailurePolicy, _refusal
-    from policies.errors import TaskError
-    from policies.failures import REFUSAL
+    from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, _refusal
+    from syncpoint.policies.errors import TaskError
+    from syncpoint.policies.failures import REFUSAL
 
     v = classify_failure(facts(refusal="train.eval_every needs Task.eval_dataset"))
     assert (v.kind, v.reason) == (REFUSAL, "train.eval_every needs Task.eval_dataset")
@@ -164,8 +164,8 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
 def test_the_last_line_survives_a_deleted_working_directory(tmp_path, monkeypatch):
     """Under `ray job submit` the job's working directory (Ray's unpacked package) was removed while
     the job ran; the finish line's paths then fall back to absolute ones instead of a traceback."""
-    from orchestrator.ray_runner import _shown
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.ray_runner import _shown
+    from syncpoint.workers.storage import RunStorage
 
     gone = tmp_path / "gone"
     gone.mkdir()
@@ -185,10 +185,10 @@ def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
     from ray.train.v2.api.config import FailureConfig
     from ray.train.v2.api.exceptions import ControllerError
 
-    from orchestrator.failure_policy import SyncpointFailurePolicy, is_placement_timeout
-    from policies.failures import PLACEMENT, placement_gave_up
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, is_placement_timeout
+    from syncpoint.policies.failures import PLACEMENT, placement_gave_up
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
     no_room = ControllerError(WorkerGroupStartupTimeoutError(num_workers=3))
@@ -211,7 +211,7 @@ def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
 def test_the_wait_for_a_node_to_be_declared_dead_is_bounded_and_says_so():
     """A worker that vanished without an exception: the controller polls Ray's node table for its node's
     death, at most ``SYNCPOINT_NODE_DEATH_WAIT_S``; hitting the bound leaves a note with the failure."""
-    from orchestrator.failure_policy import await_node_death
+    from syncpoint.orchestrator.failure_policy import await_node_death
 
     calls = iter([set(), set(), {"n2"}])
     dead, note = await_node_death(["n1", "n2"], 5.0, lambda: next(calls), poll_s=0.01)
@@ -230,7 +230,7 @@ def test_a_held_rank_gives_up_after_its_bound_with_a_message():
 
     from tests.helpers import ROOT
 
-    r = subprocess.run([sys.executable, "-c", "from workers.faults import _hold; _hold(1, 'micro-step 7')"],
+    r = subprocess.run([sys.executable, "-c", "from syncpoint.workers.faults import _hold; _hold(1, 'micro-step 7')"],
                        cwd=ROOT, env={**os.environ, "SYNCPOINT_FAULT_HOLD_S": "0.3"}, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 18
@@ -242,7 +242,7 @@ def test_a_group_that_dies_setting_up_is_not_judged_by_the_attempt_before_it():
     that dies before that has no nodes or notice on record. The attempt before it, already decided,
     must not lend it its lost node or its notice (a start-up crash would become a preemption, retried
     on a budget that may be unbounded)."""
-    from policies.journal import PreemptionNotice
+    from syncpoint.policies.journal import PreemptionNotice
 
     def start(t: float, attempt: int, submission: str = "s1") -> AttemptStarted:
         return AttemptStarted(time=t, attempt=attempt, world_size=2, nodes=["n1", "n2"], submission=submission,
@@ -266,7 +266,7 @@ def test_a_group_that_dies_setting_up_is_not_judged_by_the_attempt_before_it():
 
 
 def test_a_set_up_death_waits_bounded_for_a_node_that_died_since_the_last_decision():
-    from orchestrator.failure_policy import await_new_node_death
+    from syncpoint.orchestrator.failure_policy import await_new_node_death
 
     known = frozenset({"n-old"})
     calls = iter([{"n-old"}, {"n-old"}, {"n-old", "n3"}])
@@ -283,9 +283,9 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
     failed. An attempt with no start on record (a group that died setting up) is not read at all."""
     import uuid
 
-    from orchestrator.failure_policy import read_journal, record_interruption
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.failure_policy import read_journal, record_interruption
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     class UnreachableBoard:  # the shape of the actor handle: board.read.remote(attempt)
         class read:  # mirrors the actor method's name
@@ -314,7 +314,7 @@ def test_the_wait_for_a_node_death_is_skipped_when_a_notice_already_decides():
     """A rank that got a preemption notice saves, then its worker vanishes: the notice already makes the
     failure a preemption, so waiting out Ray's health check (up to SYNCPOINT_NODE_DEATH_WAIT_S, 30 s)
     would only delay the restart. The 100-interruption storm spent 30 s on each such restart."""
-    from policies.failures import should_await_node_death
+    from syncpoint.policies.failures import should_await_node_death
 
     nodes = {"n1", "n2"}
     assert should_await_node_death(True, nodes, "head", set(), notice_logged=False)

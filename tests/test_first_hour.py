@@ -20,9 +20,9 @@ import uuid
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.timeline import format_summary, summarize
-from policies.journal import (
+from syncpoint.orchestrator.cli import main
+from syncpoint.orchestrator.timeline import format_summary, summarize
+from syncpoint.policies.journal import (
     AttemptStarted,
     Failure,
     FaultFired,
@@ -33,9 +33,9 @@ from policies.journal import (
     StateCommitted,
     Submitted,
 )
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import EXAMPLE, ROOT, lm_spec, state_names, step_history
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 # ---------------------------------------------------------------- import paths, before Ray starts
 
@@ -289,12 +289,12 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     runs = tmp_path / "runs"
     with local_head(head_env, num_cpus=1) as head:
         address = head.address
-        r = subprocess.run([sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address",
+        r = subprocess.run([sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address",
                             address, "--set", f"storage={runs}"], cwd=ROOT, env=client_env, capture_output=True,
                            text=True, timeout=600)
         from ray.job_submission import JobSubmissionClient
 
-        from orchestrator.submit import auth_headers
+        from syncpoint.orchestrator.submit import auth_headers
 
         jobs = JobSubmissionClient(address, headers=auth_headers(address) or None).list_jobs()
     out = r.stdout + r.stderr
@@ -321,7 +321,7 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
 
     sets = ["task.config.num_samples=40", "task.config.seq_len=8", "task.config.d_model=16",
             "train.micro_batch_size=2", "train.epochs=1", "checkpoint.export_final=false", f"storage={tmp_path}"]
-    cmd = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+    cmd = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in sets:
         cmd += ["--set", s]
     other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -333,7 +333,7 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "Connecting to existing Ray cluster" not in r.stdout + r.stderr
     # Ray Train's placement-group cleaner asks the State API, which finds two Ray instances here unless
-    # its process is told its own cluster (orchestrator.worker_setup): no traceback, no dead cleaner
+    # its process is told its own cluster (syncpoint.orchestrator.worker_setup): no traceback, no dead cleaner
     assert "Found multiple active Ray instances" not in r.stdout + r.stderr
     assert "PlacementGroupCleaner" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("syncpoint: job 'tiny-lm' finished")

@@ -1,14 +1,14 @@
-"""Goodput and measured lost work, over hand-built journals (``policies.goodput``, ``Journal.reached``,
-``orchestrator.timeline``), and the heartbeat's sending rule. The real path (Ray actor, a node
+"""Goodput and measured lost work, over hand-built journals (``syncpoint.policies.goodput``, ``Journal.reached``,
+``syncpoint.orchestrator.timeline``), and the heartbeat's sending rule. The real path (Ray actor, a node
 lost after the last progress flush) is in ``tests/test_preemption.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.timeline import format_timeline, restarts
-from policies.goodput import goodput
-from policies.journal import (
+from syncpoint.orchestrator.timeline import format_timeline, restarts
+from syncpoint.policies.goodput import goodput
+from syncpoint.policies.journal import (
     AttemptStarted,
     Failure,
     Finished,
@@ -20,8 +20,8 @@ from policies.journal import (
     StateCommitted,
     Submitted,
 )
-from workers import heartbeat
-from workers.heartbeat import BeatBoard, Heartbeat
+from syncpoint.workers import heartbeat
+from syncpoint.workers.heartbeat import BeatBoard, Heartbeat
 
 
 def _attempt(t: float, n: int, step: int = 0, launched: float | None = None) -> AttemptStarted:

@@ -32,13 +32,13 @@ import psutil
 import pytest
 import yaml
 
-from policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
 from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
 from tests.ray_processes import events as _events
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
 
@@ -66,7 +66,7 @@ def _read_lease(spec) -> tuple[dict, float] | None:
 
 def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads while the test watches the lease
-        return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+        return subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                 cwd=ROOT, env=marked_env(ray_env(), head.mark)[0], stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
 

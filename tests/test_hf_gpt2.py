@@ -47,7 +47,7 @@ def test_the_example_is_hf_gpt2_with_dropout_and_checkpointing():
 def test_the_default_no_decay_groups_are_the_usual_practice():
     """train.optimizer.no_decay's default on GPT-2: every bias (HF's Conv1D ones too) and every
     LayerNorm parameter (ln_1, ln_2, ln_f) decay-free; the matrices and embeddings decay, as HF Trainer does."""
-    from workers.param_groups import decay_split
+    from syncpoint.workers.param_groups import decay_split
 
     torch.manual_seed(0)
     decay, no_decay = decay_split(build({"n_layer": 1, "n_embd": 32, "n_head": 2}).model, None)
@@ -103,7 +103,7 @@ def test_drill_on_the_example(tmp_path):
     is also the example's multi-rank exact-resume test. The generous timeout is for a loaded machine
     (measured: 15 min with a load average of 15 on 2 cores, almost all of it Ray starting workers)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR")}
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/hf_gpt2.yaml", "--preempt-at", "21,42",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/hf_gpt2.yaml", "--preempt-at", "21,42",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "checkpoint.export_final=false"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1400)
     out = r.stdout + r.stderr

@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from policies.errors import JobConfigError, StateRefused, TaskError
-from policies.journal import Journal, UnknownEvent
+from syncpoint.policies.errors import JobConfigError, StateRefused, TaskError
+from syncpoint.policies.journal import Journal, UnknownEvent
+from syncpoint.workers.checksum import checksum_bytes, entry
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, committed_steps, linear_spec, run, run_until_crash
-from workers.checksum import checksum_bytes, entry
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 NEWEST, OLDER = f"{8:012d}", f"{4:012d}"
@@ -97,8 +97,8 @@ def test_planted_event_files_are_skipped_and_named_and_the_run_goes_on(tmp_path,
 def test_progress_batches_stay_within_what_the_reader_accepts():
     """Thousands of steps with train.record_samples inside one flush interval: the writer flushes by
     size too, so no progress event is ever a file the reader skips as too large."""
-    from workers.events import EVENT_MAX_BYTES
-    from workers.progress import ProgressLog
+    from syncpoint.workers.events import EVENT_MAX_BYTES
+    from syncpoint.workers.progress import ProgressLog
 
     store = RunStorage(f"memory://progress-{os.getpid()}-{id(object())}")
     log = ProgressLog(EventLog(store), attempt=1)
@@ -116,8 +116,8 @@ def test_numbers_no_arithmetic_takes_are_skipped_or_kept_as_unknown_never_raised
     """What the reader is handed directly (``Journal.parse`` of ``syncpoint events --json`` records):
     a 400-digit or non-finite time is skipped and named; a 400-digit number inside a known event is
     an unknown event; sorting, the timeline and goodput all go on."""
-    from orchestrator.timeline import format_timeline
-    from policies.goodput import goodput
+    from syncpoint.orchestrator.timeline import format_timeline
+    from syncpoint.policies.goodput import goodput
 
     good = [{"kind": "submitted", "time": 1.0, "source": "driver", "name": "j", "address": "embedded"},
             {"kind": "finished", "time": 5.0, "source": "worker", "attempt": 1, "state": None,
@@ -161,7 +161,7 @@ def _long1(n: int) -> bytes:
 
 def _with_param(store: RunStorage, tensor: torch.Tensor) -> bytes:
     """The state's own model file with its first parameter replaced."""
-    from workers.safe_load import load_state_file
+    from syncpoint.workers.safe_load import load_state_file
 
     sd = load_state_file(store.read_bytes("states", NEWEST, MODEL, limit=1 << 30), MODEL)
     sd["module"][next(iter(sd["module"]))] = tensor
@@ -246,7 +246,7 @@ resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 def alarm(*_):
     raise TimeoutError("no answer within 60 s")
 signal.signal(signal.SIGALRM, alarm)
-from orchestrator.cli import main
+from syncpoint.orchestrator.cli import main
 results = {}
 for case, job in json.loads(sys.stdin.read()).items():
     err, out = io.StringIO(), io.StringIO()
@@ -256,10 +256,10 @@ for case, job in json.loads(sys.stdin.read()).items():
             if job["kind"] == "digest":
                 rc = main(["digest", job["state"]])
             else:
-                from policies.spec import JobSpec
+                from syncpoint.policies.spec import JobSpec
                 from tests.helpers import run
-                from workers.events import EventLog
-                from workers.storage import RunStorage
+                from syncpoint.workers.events import EventLog
+                from syncpoint.workers.storage import RunStorage
                 spec = JobSpec.model_validate_json(job["spec"])
                 rc = run(spec).resumed_from
                 decision = [e for e in EventLog(RunStorage(spec.run_url)).read_all()
@@ -329,7 +329,7 @@ def test_resume_falls_back_past_a_hostile_state_file(crashed, tmp_path):
 def test_the_loader_refuses_what_it_would_otherwise_build(tmp_path):
     """``load_state_file`` directly (what resume, init_from and digest call), on the cases that need
     no state around them: every one is ``StateRefused`` with one line, in this process, cheaply."""
-    from workers.safe_load import check_state_file, load_state_file
+    from syncpoint.workers.safe_load import check_state_file, load_state_file
 
     for case in ("meta-tensor", "cycle", "deep-nesting", "shared-2-to-the-100"):
         _, build, why = STATE_CASES[case]
@@ -352,7 +352,7 @@ def test_the_loader_refuses_what_it_would_otherwise_build(tmp_path):
 
 
 def test_a_bad_safetensors_header_is_a_refusal():
-    from workers.rng import capture, safetensors_metadata
+    from syncpoint.workers.rng import capture, safetensors_metadata
 
     good = capture()
     assert "rng" in safetensors_metadata(good)
@@ -381,11 +381,11 @@ def test_states_never_calls_an_import_path_that_is_not_a_policy_class(crashed, t
 def test_every_user_import_path_is_checked_before_it_is_called(tmp_path):
     """Policies, save triggers, tasks and schedules: the object a path names must be of the kind its
     role calls (a class with the role's method, a Python function), or it is never called."""
-    from policies.import_path import load_class
-    from policies.resume import make_policy
-    from policies.spec import SchedulerSpec
-    from workers.schedule import Schedule
-    from workers.task import load_task
+    from syncpoint.policies.import_path import load_class
+    from syncpoint.policies.resume import make_policy
+    from syncpoint.policies.spec import SchedulerSpec
+    from syncpoint.workers.schedule import Schedule
+    from syncpoint.workers.task import load_task
 
     marker = tmp_path / "pwned"
     with pytest.raises(ValueError, match="'os:system' is a builtin function, not a class with a choose"):
@@ -444,7 +444,7 @@ def test_an_odd_plot_path_is_one_paragraph(crashed, tmp_path, capsys, where, why
 def test_events_into_a_closed_pipe_ends_quietly(crashed):
     """``syncpoint events --json | head -1``: the reader goes away; the command ends like a Unix tool
     killed by SIGPIPE (141), with nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "events", "--json", _local(crashed.run_url)],
+    proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "events", "--json", _local(crashed.run_url)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     proc.stdout.close()  # before the command writes anything
@@ -458,7 +458,7 @@ def test_a_fifo_as_the_job_file_is_refused_not_waited_on(tmp_path, argv):
     fifo = tmp_path / "job.yaml"
     os.mkfifo(fifo)
     command, *rest = argv
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", command, str(fifo), *rest], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "syncpoint", command, str(fifo), *rest], capture_output=True,
                           text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and str(fifo) in proc.stderr, proc.stderr
     assert_one_paragraph(proc.stderr)

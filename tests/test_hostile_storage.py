@@ -37,16 +37,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
-from policies.errors import LeaseRefused, OversizedEntry, ResumeRefused, UnsafeEntry
-from policies.state_format import MANIFEST_MAX_BYTES, MANIFEST_MAX_FILES
+from syncpoint.orchestrator.cli import main
+from syncpoint.policies.errors import LeaseRefused, OversizedEntry, ResumeRefused, UnsafeEntry
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, MANIFEST_MAX_FILES
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.discovery import read_candidate
+from syncpoint.workers.lease import RunLease, await_expiry, read_lease
+from syncpoint.workers.state_reader import fetch_state
+from syncpoint.workers.storage import RunStorage
 from tests import test_s3
 from tests.helpers import cli, linear_spec, run, run_until_crash
-from workers.checksum import checksum_bytes
-from workers.discovery import read_candidate
-from workers.lease import RunLease, await_expiry, read_lease
-from workers.state_reader import fetch_state
-from workers.storage import RunStorage
 
 s3 = test_s3.s3  # moto's S3 server on loopback, shared with the S3 tests
 
@@ -196,8 +196,8 @@ def copy_of(template, tmp_path):
 @pytest.mark.parametrize("target", ["final/model.safetensors", "final/info.json", "final", "plot.png",
                                     "lease.json.lock", ".syncpoint-probe", f"states/{OLDER}", f"states/{NEWEST}"])
 def test_a_planted_link_is_replaced_and_its_target_never_written(tmp_path, capsys, target):
-    from orchestrator.cli import _check_storage
-    from orchestrator.ray_runner import finish_line
+    from syncpoint.orchestrator.cli import _check_storage
+    from syncpoint.orchestrator.ray_runner import finish_line
 
     spec = linear_spec(tmp_path / "store", *LAYOUT, "checkpoint.export_final=true",
                        "faults=[{at_micro_step: 5, mode: raise}]")

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec, state_names
 from tests.ray_processes import local_head, ray_env
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 BIN = os.path.dirname(sys.executable)
@@ -46,7 +46,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
     spec = lm_spec(tmp_path, *SETS, workers=2)
     assert state_names(spec)[-1] == f"{20:012d}"
     cmd = [f"{BIN}/ray", "job", "submit", "--address", head, "--working-dir", str(ROOT), "--",
-           "python", "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+           "python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in [*SETS, f"storage={tmp_path}", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]"]:
         cmd += ["--set", s]
     again = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
@@ -60,7 +60,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
 def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, head):
     """The preflight job looks the task's module up where the job will: the shipped working dir and
     the cluster's packages. A module that is not there is refused (exit 2) and nothing is submitted."""
-    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head,
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", head,
             "--set", f"storage={tmp_path}", "--set", "task.path=examples.no_such_task:build"]
     env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -73,7 +73,7 @@ def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, he
 def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
     """The preflight job is waited for at most ``SYNCPOINT_PREFLIGHT_TIMEOUT_S``: past it, submit stops
     the probe, refuses in one paragraph naming the variable (exit 2) and submits nothing."""
-    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", head,
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", head,
             "--set", f"storage={tmp_path}"]
     env = {**{k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}, "SYNCPOINT_PREFLIGHT_TIMEOUT_S": "0.2"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from policies.journal import (
+from syncpoint.policies.journal import (
     AttemptStarted,
     Failure,
     FaultFired,
@@ -19,8 +19,8 @@ from policies.journal import (
     ProgressRecord,
     StateCommitted,
 )
-from workers.events import EventLog
-from workers.storage import RunStorage
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_old_logs_read_back_with_the_fields_they_lack_defaulted(log):
 
 def test_unknown_kinds_and_damaged_records_are_kept_as_unknown_events(log):
     """A reader never crashes on them: the queries skip them, the timeline shows them."""
-    from orchestrator.timeline import format_timeline
+    from syncpoint.orchestrator.timeline import format_timeline
 
     log.emit("attempt_started", attempt=1, world_size=1, nodes=["n"], submission="s", resumed_from=None,
              global_micro_step=0, optimizer_step=0)

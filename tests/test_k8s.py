@@ -35,7 +35,7 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.spec_file import parse_spec
+from syncpoint.orchestrator.spec_file import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -640,7 +640,7 @@ def _state_bytes(docs: list[Doc]) -> int:
 def _model_params(path: str, config: str) -> int:
     import torch
 
-    from workers.task import load_task
+    from syncpoint.workers.task import load_task
     with torch.device("meta"):  # shapes only, no memory, whatever the model's size
         task = load_task(path, json.loads(config))
     return sum(p.numel() for p in task.model.parameters())

@@ -1,66 +1,125 @@
-"""The layer contract: ``orchestrator`` → ``workers`` → ``policies``, never back.
+"""The layer contract: ``syncpoint.orchestrator`` → ``syncpoint.workers`` → ``syncpoint.policies``, never back;
+``syncpoint`` itself (the public API, ``syncpoint/``) sits on top and may import all three.
 
 Why a test and not a convention: a back-edge (a worker importing the driver, a decision importing
 a worker) is one innocent line, and it silently turns the pure, Ray-free layers into ones that
-need the whole stack to test. Parsing every import (including the lazy ones inside functions)
-makes such a line fail the build with its file and line.
+need the whole stack to test. Parsing every import (including the lazy ones inside functions), in
+every sub-package, makes such a line fail the build with its file and line.
+
+The three layers live at the repository's top level and install as ``syncpoint.<layer>``; in a
+checkout the old names (``import workers``) would still import, as a second copy of every module
+under another name, so no file of the project may spell them.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("policies", "workers", "orchestrator")
-# What each layer may import of the project (itself included).
+LAYERS = ("policies", "workers", "orchestrator")
+OLD_NAMES = LAYERS  # the layers' top-level names before they moved under syncpoint.
+# What each layer may import of the project (itself included); "syncpoint" is the public API on top.
 ALLOWED = {"policies": {"policies"}, "workers": {"policies", "workers"},
-           "orchestrator": {"policies", "workers", "orchestrator"}}
+           "orchestrator": {"policies", "workers", "orchestrator"},
+           "syncpoint": {"policies", "workers", "orchestrator", "syncpoint"}}
+# Every directory holding Python the project runs or tests, beside the layers.
+OTHER_CODE = ("syncpoint", "tests", "bench", "examples")
 
 
-def _project_imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module name) of every absolute import (``from syncpoint import y``: ``syncpoint.y``)."""
     tree = ast.parse(path.read_text(), str(path))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "syncpoint":
+            out += [(node.lineno, f"syncpoint.{a.name}") for a in node.names]  # "from syncpoint import workers"
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module))
-            if node.module in PACKAGES:  # "from workers import loop"
-                out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
-    return [(line, name) for line, name in out if name.split(".")[0] in PACKAGES + ("tests", "bench", "examples")]
+    return out
+
+
+def _layer_of(name: str) -> str | None:
+    """The layer an import of the project names (None: not the project's)."""
+    parts = name.split(".")
+    if parts[0] != "syncpoint":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "syncpoint"
+
+
+def _files(directory: str) -> list[Path]:
+    """The directory's Python files, sub-packages included (``syncpoint/`` only its own: it links the layers)."""
+    base = ROOT / directory
+    return sorted(base.glob("*.py") if directory == "syncpoint" else base.rglob("*.py"))
 
 
 def _back_edges() -> list[str]:
     found = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
-            for line, name in _project_imports(path):
-                if name.split(".")[0] not in ALLOWED[package]:
+    for layer in (*LAYERS, "syncpoint"):
+        for path in _files(layer):
+            for line, name in _imports(path):
+                target = _layer_of(name)
+                if target is not None and target not in ALLOWED[layer]:
                     found.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
-    return found
+    return sorted(set(found))
+
+
+def _old_names() -> list[str]:
+    found = []
+    for directory in (*LAYERS, *OTHER_CODE):
+        for path in _files(directory):
+            found += [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in _imports(path)
+                      if name.split(".")[0] in OLD_NAMES]
+    return sorted(set(found))
 
 
 def test_layers_flow_one_way():
     assert _back_edges() == []
 
 
+def test_nothing_imports_the_old_top_level_names():
+    """``from workers.x import ...`` must read ``from syncpoint.workers.x import ...`` everywhere."""
+    assert _old_names() == []
+
+
 def test_the_checker_sees_a_planted_back_edge(tmp_path, monkeypatch):
-    """The contract test itself can fail: a worker module importing the driver is reported."""
-    for package in PACKAGES:
+    """The contract test itself can fail: a worker module importing the driver, in a sub-package too, is reported."""
+    for package in (*LAYERS, "syncpoint"):
         (tmp_path / package).mkdir()
-    (tmp_path / "workers" / "bad.py").write_text("def f():\n    from orchestrator.cli import main\n")
-    (tmp_path / "policies" / "bad.py").write_text("import workers.storage\n")
+    (tmp_path / "workers" / "storage").mkdir()
+    (tmp_path / "workers" / "bad.py").write_text("def f():\n    from syncpoint.orchestrator.cli import main\n")
+    (tmp_path / "workers" / "storage" / "bad.py").write_text("from syncpoint import run\n")
+    (tmp_path / "policies" / "bad.py").write_text("import syncpoint.workers.storage\nfrom syncpoint import workers\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    assert _back_edges() == ["policies/bad.py:1 imports workers.storage", "workers/bad.py:2 imports orchestrator.cli"]
+    assert _back_edges() == ["policies/bad.py:1 imports syncpoint.workers.storage",
+                             "policies/bad.py:2 imports syncpoint.workers",
+                             "workers/bad.py:2 imports syncpoint.orchestrator.cli",
+                             "workers/storage/bad.py:1 imports syncpoint.run"]
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_every_module_of_a_layer_imports_on_its_own(package):
+def test_the_checker_sees_an_old_name(tmp_path, monkeypatch):
+    for directory in (*LAYERS, *OTHER_CODE):
+        (tmp_path / directory).mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("from workers.task import Task\nimport policies.spec\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert _old_names() == ["tests/test_x.py:1 imports workers.task", "tests/test_x.py:2 imports policies.spec"]
+
+
+def _modules(layer: str) -> list[str]:
+    base = ROOT / layer
+    return [".".join(("syncpoint", layer, *p.relative_to(base).with_suffix("").parts)).removesuffix(".__init__")
+            for p in _files(layer) if p.stem != "__main__"]
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_every_module_of_a_layer_imports_on_its_own(layer):
     """No hidden order dependence: each module imports cleanly in a fresh interpreter's view of the tree."""
-    modules = [p.stem for p in (ROOT / package).glob("*.py") if p.stem not in ("__init__", "__main__")]
-    assert modules
+    modules = _modules(layer)
+    assert len(modules) > 1
     for name in modules:
-        __import__(f"{package}.{name}")
+        importlib.import_module(name)

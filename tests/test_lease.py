@@ -14,13 +14,13 @@ import time
 
 import pytest
 
-from policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
-from policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.workers.launch import run_in_process, run_spawned
+from syncpoint.workers.lease import RunLease, await_expiry, read_lease, release_lease
+from syncpoint.workers.storage import RunStorage
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
-from workers.launch import run_in_process, run_spawned
-from workers.lease import RunLease, await_expiry, read_lease, release_lease
-from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
 
@@ -34,7 +34,7 @@ def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
     if isinstance(spec_or_url, str):
         url, identity, name = spec_or_url, JOB, "job"
     else:
-        from policies.candidates import job_identity
+        from syncpoint.policies.candidates import job_identity
 
         url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
     lease = {"job_identity": identity, "job_name": name, "submission": "other", "host": "h",
@@ -344,7 +344,7 @@ def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
 
     spec = _spec(tmp_path)
     _plant_lease(spec, ttl_s=600.0)
-    args = [sys.executable, "-m", "orchestrator", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
+    args = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
             "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2",
             "--set", "task.config.num_samples=20", "--set", "train.grad_accum=4", "--set", "train.epochs=1",
             "--set", "task.config.eval_samples=8", "--set", "scaling.num_workers=1"]

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from policies.errors import LeaseRefused
+from syncpoint.policies.errors import LeaseRefused
+from syncpoint.workers.lease import LEASE_MAX_BYTES, RunLease, read_lease
+from syncpoint.workers.storage import RunStorage
 from tests import lease_drivers, test_s3
 from tests.test_s3 import BUCKET
-from workers.lease import LEASE_MAX_BYTES, RunLease, read_lease
-from workers.storage import RunStorage
 
 JOB = lease_drivers.JOB
 s3 = test_s3.s3  # moto's S3 server on loopback, shared with the resume tests

@@ -13,14 +13,14 @@ import threading
 import pytest
 import torch
 
-from policies.elastic import layout
-from policies.spec import TrainSpec
-from workers import data, rng
-from workers.boundary_vote import BoundaryVote
-from workers.faults import Faults
-from workers.launch import ensure_single_process_group
-from workers.position import RunLength, TrainingPosition
-from workers.preemption import PreemptionNotices
+from syncpoint.policies.elastic import layout
+from syncpoint.policies.spec import TrainSpec
+from syncpoint.workers import data, rng
+from syncpoint.workers.boundary_vote import BoundaryVote
+from syncpoint.workers.faults import Faults
+from syncpoint.workers.launch import ensure_single_process_group
+from syncpoint.workers.position import RunLength, TrainingPosition
+from syncpoint.workers.preemption import PreemptionNotices
 
 
 def test_a_vote_goes_through_a_tensor_and_back_slot_by_slot():
@@ -56,7 +56,7 @@ def test_sigterm_is_a_notice_while_listening_and_the_old_handler_comes_back():
 
 
 def test_rays_notice_wins_and_fault_injection_only_sends_a_sigterm(tmp_path):
-    from workers.storage import RunStorage
+    from syncpoint.workers.storage import RunStorage
 
     notices = PreemptionNotices(lambda: {"source": "ray", "node": "n1"})
     faults = Faults([], RunStorage(f"file://{tmp_path}"), 0, send_sigterm=notices.send_sigterm)

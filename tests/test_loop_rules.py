@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from policies.boundaries import boundary_micro_steps
+from syncpoint.policies.boundaries import boundary_micro_steps
+from syncpoint.workers.data import RankMicroBatches, SeededSamples, epoch_loader
+from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, linear_spec, run, trainer_json
 from tests.tasks import Vectors, mse
-from workers.data import RankMicroBatches, SeededSamples, epoch_loader
-from workers.digest import load_deepspeed_file
-from workers.storage import RunStorage
 
 
 def test_save_every_3_micro_steps_first_state_at_4(tmp_path):

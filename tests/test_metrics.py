@@ -20,7 +20,7 @@ from rich.console import Console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from orchestrator.progress_bar import (
+from syncpoint.orchestrator.progress_bar import (
     RAY_JOB_ENV,
     EventFollower,
     RunView,
@@ -29,12 +29,12 @@ from orchestrator.progress_bar import (
     show,
     show_progress_bar,
 )
-from policies.journal import AttemptStarted, Finished, Progress, ProgressRecord, StateCommitted
+from syncpoint.policies.journal import AttemptStarted, Finished, Progress, ProgressRecord, StateCommitted
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_in_process
+from syncpoint.workers.metric_sinks import TENSORBOARD_DIR, step_values
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json, with_overrides
-from workers.events import EventLog
-from workers.launch import run_in_process
-from workers.metric_sinks import TENSORBOARD_DIR, step_values
-from workers.storage import RunStorage
 
 # 10 micro-batches per epoch, accumulation 4: optimizer steps at micro-steps 4, 8, 10, 14, 18, 20;
 # a state every 2 optimizer steps (micro-steps 8, 14, 20); every step logged.
@@ -154,7 +154,7 @@ def test_ray_reports_no_more_often_than_ray_collects_them(tmp_path, monkeypatch)
     """Ray's controller collects one report per worker per poll and a worker's next report waits for
     it: logged steps reach Ray at most every REPORT_EVERY_S (agreed by the boundary vote), the last
     step always; TensorBoard still gets every logged step."""
-    import workers.metric_sinks as sinks
+    import syncpoint.workers.metric_sinks as sinks
 
     monkeypatch.setattr(sinks, "REPORT_EVERY_S", 3600.0)
     spec = lm_spec(tmp_path, *SETS, "train.log_every=1")
@@ -274,7 +274,7 @@ def test_the_live_bar_follows_a_run_log(tmp_path):
 def test_the_live_bar_shows_each_evaluation_above_it_and_the_lr_and_epoch_in_it(tmp_path):
     """With the bar the workers print no lines of their own: each evaluation of this submission is
     printed above the bar as the worker's line; the bar carries the newest step's LR and epoch."""
-    from policies.journal import Evaluated
+    from syncpoint.policies.journal import Evaluated
 
     storage = RunStorage(str(tmp_path / "run"))
     log = EventLog(storage)

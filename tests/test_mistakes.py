@@ -131,11 +131,11 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
     from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
     from ray.train.v2.api.config import FailureConfig
 
-    from orchestrator.failure_policy import SyncpointFailurePolicy, _repetition
-    from policies.failures import FailureFacts, failure_signature
-    from policies.journal import Failure, Journal, StateCommitted
-    from workers.events import EventLog
-    from workers.storage import RunStorage
+    from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, _repetition
+    from syncpoint.policies.failures import FailureFacts, failure_signature
+    from syncpoint.policies.journal import Failure, Journal, StateCommitted
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
 
     def bug(micro_step: int = 3, text: str = "bad label encoding in batch (call 3)") -> BaseException:
         return _worker_failures(rank0=_sited(ValueError(text), 0, micro_step))
@@ -170,7 +170,7 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
 def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first():
     """The failing rank's own exception with where it was, one line; a peer's broken collective
     (the symptom) never hides it."""
-    from orchestrator.ray_runner import failure_report
+    from syncpoint.orchestrator.ray_runner import failure_report
 
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
     error = _worker_failures(rank0=gloo, rank1=_sited(ValueError("bad label encoding in batch (call 3)"), 1, 3))
@@ -179,7 +179,7 @@ def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first
     assert failure_report(_worker_failures(rank0=_sited(KeyError("y"), 0, None, "mytask.py:3 in build")))[0] == \
         "KeyError: 'y' at mytask.py:3 in build (rank 0)"
     # syncpoint's own refusal at set-up: nothing to add
-    from policies.errors import TaskError
+    from syncpoint.policies.errors import TaskError
 
     assert failure_report(_worker_failures(rank0=_sited(TaskError("task.path: x"), 0, None, None)))[0] == "task.path: x"
 
@@ -193,7 +193,7 @@ def _linear(tmp_path, task: str, *overrides: str):
 def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
     """What the driver's last line and the failure policy read: the rank, the micro-step, and the
     innermost frame of the user's code (here tests/tasks.py's loss), not syncpoint's or torch's."""
-    from workers.launch import run_in_process
+    from syncpoint.workers.launch import run_in_process
 
     spec = _linear(tmp_path, "failing_loss", "task.config.fail_at=3", "task.config.num_samples=16")
     with pytest.raises(ValueError, match="bad batch at call 3") as caught:
@@ -208,8 +208,8 @@ def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
 ])
 def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, task, says):
     """A refusal (TaskError: not retried) at micro-step 1, naming the shape it got."""
-    from policies.errors import TaskError
-    from workers.launch import run_in_process
+    from syncpoint.policies.errors import TaskError
+    from syncpoint.workers.launch import run_in_process
 
     spec = _linear(tmp_path, task, "task.config.num_samples=16")
     with pytest.raises(TaskError, match=says) as caught:
@@ -220,8 +220,8 @@ def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, t
 def test_check_loss_names_what_came_back():
     import torch
 
-    from policies.errors import TaskError
-    from workers.task import check_loss
+    from syncpoint.policies.errors import TaskError
+    from syncpoint.workers.task import check_loss
 
     w = torch.ones(2, requires_grad=True)
     check_loss((w * 2).sum(), "t:build")
@@ -241,9 +241,9 @@ def test_a_loss_that_turns_nan_fails_naming_its_first_step_and_commits_nothing_n
     check): either way the run fails after train.max_nonfinite_steps non-finite steps, naming the
     first, and every committed state is finite (the saves requested meanwhile waited)."""
 
-    from policies.errors import TrainingDiverged
+    from syncpoint.policies.errors import TrainingDiverged
+    from syncpoint.workers.launch import run_in_process
     from tests.helpers import committed_steps
-    from workers.launch import run_in_process
 
     spec = _linear(tmp_path, "diverging_loss", "task.config.nan_from=9", f"deepspeed.zero_stage={zero}",
                    "checkpoint.save_every={value: 1, unit: optimizer_steps}", "train.max_nonfinite_steps=3")
@@ -263,7 +263,7 @@ def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
 
     import torch
 
-    from workers.finite import agreed_finite, tensors_finite
+    from syncpoint.workers.finite import agreed_finite, tensors_finite
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.Adam(model.parameters())
@@ -280,7 +280,15 @@ def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
 
 
 def _journal_with_groups_and_a_restart():
-    from policies.journal import AttemptStarted, Failure, Journal, Progress, ProgressRecord, StateCommitted, Submitted
+    from syncpoint.policies.journal import (
+        AttemptStarted,
+        Failure,
+        Journal,
+        Progress,
+        ProgressRecord,
+        StateCommitted,
+        Submitted,
+    )
 
     def rec(step: int) -> ProgressRecord:
         return ProgressRecord(optimizer_step=step, global_micro_step=4 * step, epoch=0, loss=2.0 / step,
@@ -305,7 +313,7 @@ def test_the_plot_is_against_the_optimizer_step_with_every_groups_rate():
     fraction of a step (the crash at micro-step 14 of step 4)."""
     import matplotlib.pyplot as plt
 
-    from orchestrator.plot import draw, step_of
+    from syncpoint.orchestrator.plot import draw, step_of
 
     journal = _journal_with_groups_and_a_restart()
     fig = draw(journal, "groups")
@@ -325,7 +333,7 @@ def test_the_plot_is_against_the_optimizer_step_with_every_groups_rate():
 
 
 def test_the_timeline_shows_the_submission():
-    from orchestrator.timeline import format_timeline
+    from syncpoint.orchestrator.timeline import format_timeline
 
     first = format_timeline(_journal_with_groups_and_a_restart()).splitlines()[0]
     assert first.split()[2:] == ["submitted", "groups", "to", "embedded"], first
@@ -335,7 +343,7 @@ def test_the_timeline_shows_the_submission():
 def test_a_resume_that_changes_the_schedule_horizon_says_so(tmp_path, capsys):
     """A finished run extended (train.max_steps raised): the cosine schedule's rate from the resumed
     step on follows the new horizon; one line says so. The same horizon says nothing."""
-    from workers.launch import run_in_process
+    from syncpoint.workers.launch import run_in_process
 
     sets = ["train.scheduler={type: cosine}", "checkpoint.save_every={value: 4, unit: optimizer_steps}",
             "task.config.num_samples=64"]
@@ -354,7 +362,7 @@ def test_a_resume_that_changes_the_schedule_horizon_says_so(tmp_path, capsys):
 
 USER_TASK = '''
 import torch
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 
 class Pairs(torch.utils.data.Dataset):
@@ -419,9 +427,9 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_p
     by the test on its own ports, stopped by its own process ids): each mistake ends with exit 1 and
     its reason on the last line, within at most two attempts although max_failures is 5; nothing of
     Ray's State API noise (another Ray runs on the machine: this head) shows."""
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
     from tests.ray_processes import local_head, ray_env
-    from workers.events import EventLog
-    from workers.storage import RunStorage
 
     (tmp_path / "mytask.py").write_text(USER_TASK)
     env = {**ray_env(), "PYTHONPATH": str(ROOT)}
@@ -439,7 +447,7 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_p
             job = tmp_path / f"{task}.yaml"
             job.write_text(USER_JOB.format(name=task, storage=tmp_path / "runs", task=task))
             began = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+            r = subprocess.run([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
             took = time.monotonic() - began
             out = r.stdout + r.stderr
@@ -473,8 +481,8 @@ class _AgentStartingClient:
 
 
 def test_submit_waits_for_a_new_heads_job_agent_bounded_and_says_so(capsys):
-    from orchestrator.submit import submit_job
-    from policies.errors import SpecError
+    from syncpoint.orchestrator.submit import submit_job
+    from syncpoint.policies.errors import SpecError
 
     client = _AgentStartingClient(refusals=3)
     assert submit_job(client, "http://127.0.0.1:8265", wait_s=30, poll_s=0.01, entrypoint="x") == "raysubmit_ok"
@@ -504,9 +512,9 @@ def test_zero3s_deprecated_collectives_are_quieted_in_a_worker_and_other_warning
     import torch
     import torch.distributed as dist
 
-    from orchestrator.ray_runner import quiet_worker
+    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from syncpoint.workers.launch import ensure_single_process_group
     from tests.helpers import linear_spec
-    from workers.launch import ensure_single_process_group
 
     ensure_single_process_group("gloo")
     with warnings.catch_warnings(record=True) as seen:
@@ -529,7 +537,7 @@ def test_the_cli_process_imports_deepspeed_without_its_accelerator_line():
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     code = "import deepspeed.accelerator as a; a.get_accelerator()"
     plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    quieted = "from orchestrator.quiet import quiet_cli; quiet_cli(); " + code
+    quieted = "from syncpoint.orchestrator.quiet import quiet_cli; quiet_cli(); " + code
     quiet = subprocess.run([sys.executable, "-c", quieted], env=env, capture_output=True, text=True, timeout=300)
     assert plain.returncode == quiet.returncode == 0, plain.stderr + quiet.stderr
     assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what it says unquieted, on this machine
@@ -542,7 +550,7 @@ def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     """`syncpoint drill --preempt-at P` crashes rank 1 on purpose: the survivor's broken collective,
     Ray's failure-policy dump and the controller's shutdown warning said nothing the table does not;
     what remains is syncpoint's lines, Ray's start-up lines and the raylet's one line about the death."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
            "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=40", "--set", "task.config.seq_len=8",
            "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2", "--set", "train.epochs=1",
            "--set", "checkpoint.export_final=false", "--set", "task.config.eval_samples=8",

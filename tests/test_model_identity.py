@@ -17,17 +17,17 @@ import json
 import pytest
 import torch
 
-from policies.candidates import Expectation, Verdict, classify, init_from_problem
-from policies.errors import NoResumableState, ResumeRefused
-from policies.state_format import TrainState
+from syncpoint.policies.candidates import Expectation, Verdict, classify, init_from_problem
+from syncpoint.policies.errors import NoResumableState, ResumeRefused
+from syncpoint.policies.state_format import TrainState
+from syncpoint.workers import resume_negotiation
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.engine import model_buffers, parameter_dtypes
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, trainer_json, with_overrides
 from tests.meta import candidate_for
 from tests.tasks import RunningMean
-from workers import resume_negotiation
-from workers.checksum import checksum_bytes
-from workers.engine import model_buffers, parameter_dtypes
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 STATS = "task.path=tests.tasks:linear_stats"
 

@@ -19,17 +19,17 @@ import pytest
 import torch
 
 from examples.tiny_lm import TinyLM
-from policies.candidates import Expectation, Verdict, classify
-from policies.errors import JobConfigError, ResumeRefused, TaskError
-from policies.spec import SchedulerSpec
+from syncpoint.policies.candidates import Expectation, Verdict, classify
+from syncpoint.policies.errors import JobConfigError, ResumeRefused, TaskError
+from syncpoint.policies.spec import SchedulerSpec
+from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.param_groups import builtin_groups, decay_split, default_no_decay
+from syncpoint.workers.schedule import factor_at
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash, step_history, trainer_json, with_overrides
 from tests.meta import candidate_for
 from tests.test_exact_resume import assert_same_run
-from workers.digest import load_deepspeed_file
-from workers.launch import run_spawned
-from workers.param_groups import builtin_groups, decay_split, default_no_decay
-from workers.schedule import factor_at
-from workers.storage import RunStorage
 
 SAVE = "{value: 3, unit: micro_steps}"
 TWO_GROUPS = "task.path=tests.group_tasks:lm_two_groups"
@@ -223,7 +223,7 @@ def test_legacy_state_without_a_layout_resumes_only_into_one_group():
 
 
 def test_expectation_reads_the_layout_back_from_a_state():
-    from policies.state_format import TrainState
+    from syncpoint.policies.state_format import TrainState
 
     two = dataclasses.replace(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
     state = TrainState.model_validate(candidate_for(4, two).trainer)
@@ -329,7 +329,7 @@ def test_two_ranks_task_optimizer_hard_crash_resumes_exactly(tmp_path):
 
 def test_validate_refuses_a_custom_schedule_whose_module_cannot_be_found(capsys, monkeypatch):
     """``syncpoint validate`` / ``run`` check train.scheduler.path like every import path, before Ray starts."""
-    from orchestrator.cli import main
+    from syncpoint.orchestrator.cli import main
     from tests.helpers import ROOT
 
     monkeypatch.chdir(ROOT)

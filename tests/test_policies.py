@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from policies.candidates import Candidate, Expectation, Verdict, classify, newest_first
-from policies.errors import NoResumableState
-from policies.resume import BestMetric, Fresh, NewestResumable, Pinned, enforce_safe, make_policy
-from policies.retention import plan_retention
-from policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
+from syncpoint.policies.candidates import Candidate, Expectation, Verdict, classify, newest_first
+from syncpoint.policies.errors import NoResumableState
+from syncpoint.policies.resume import BestMetric, Fresh, NewestResumable, Pinned, enforce_safe, make_policy
+from syncpoint.policies.retention import plan_retention
+from syncpoint.policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
 from tests.meta import candidate_for, commit_candidate, trainer_for
 
 EXP = Expectation(job_identity="j", world_size=2, micro_batch_size=4, grad_accum=4, micro_batches_per_epoch=10,
@@ -106,8 +106,8 @@ def test_save_triggers_and_pending_latch():
 
 
 def test_lazy_selection_reads_only_what_it_walks(tmp_path):
-    from workers.discovery import discover_lazy
-    from workers.storage import RunStorage
+    from syncpoint.workers.discovery import discover_lazy
+    from syncpoint.workers.storage import RunStorage
 
     store = RunStorage(str(tmp_path))
     for step in (4, 8, 12):

@@ -8,8 +8,10 @@ import shutil
 
 import pytest
 
-from policies.errors import ResumeRefused
-from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     committed_steps,
     digest,
@@ -20,8 +22,6 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from workers.checksum import checksum_bytes
-from workers.storage import RunStorage
 
 
 def _spec(tmp, *extra):
@@ -117,7 +117,7 @@ def test_init_from_is_ignored_once_the_run_has_its_own_state(tmp_path, capsys):
 
 
 def _init_from_events(spec) -> list[dict]:
-    from workers.events import EventLog
+    from syncpoint.workers.events import EventLog
 
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "init_from_resolved"]
 
@@ -182,8 +182,8 @@ def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
 
 
 def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
-    from workers.faults import InjectedCrash
-    from workers.launch import run_in_process
+    from syncpoint.workers.faults import InjectedCrash
+    from syncpoint.workers.launch import run_in_process
 
     spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}")
     run(spec)  # an earlier run left states

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -35,7 +35,7 @@ def _start(spec, address: str | None = None, env_extra: dict | None = None) -> s
     os.makedirs(os.path.dirname(job), exist_ok=True)
     with open(job, "w") as f:
         yaml.safe_dump(spec.model_dump(mode="json"), f)
-    cmd = [sys.executable, "-m", "orchestrator", "run", job] + (["--address", address] if address else [])
+    cmd = [sys.executable, "-m", "syncpoint", "run", job] + (["--address", address] if address else [])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(env_extra or {})
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -97,7 +97,7 @@ def _node_of_rank(spec, cluster_nodes, rank):
 # the drill first: it starts its own Ray, before this module's shared cluster exists
 @pytest.mark.long
 def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
            "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
            "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}",
            "--set", "train.eval_every=3 optimizer_steps"]
@@ -135,7 +135,7 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert failures and failures[0]["classified"] == "preemption", failures
     # Lost work measured, not inferred: the node went down while the run trained past its last
     # progress flush; the controller recorded each rank's last heartbeat before the restart.
-    from orchestrator.timeline import restarts
+    from syncpoint.orchestrator.timeline import restarts
 
     journal = EventLog(RunStorage(spec.run_url)).journal()
     (restart,) = restarts(journal)
@@ -193,7 +193,7 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
     second = _events(spec, "attempt_started")[1]
     assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
-    from orchestrator.timeline import restarts
+    from syncpoint.orchestrator.timeline import restarts
 
     (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
     assert restart.cause == "preemption"

@@ -28,11 +28,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from policies.errors import ResumeRefused
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.faults import InjectedCrash
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, linear_spec, run, step_history, with_overrides
-from workers.events import EventLog
-from workers.faults import InjectedCrash
-from workers.storage import RunStorage
 
 FAST_EXAMPLES = 150 if os.environ.get("SYNCPOINT_SLOW") == "1" else 10
 SLOW_EXAMPLES = 150

@@ -51,7 +51,7 @@ def scenarios(draw):
 
 
 def _spec(storage: str, kinds, mbpe, accum, epochs, zero, workers, *extra):
-    from orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 
     return resolve_storage(parse_spec(TEXT, "kinds", [
         f"storage={storage}", f"task.config.kinds={','.join(kinds)}", f"task.config.num_samples={mbpe}",

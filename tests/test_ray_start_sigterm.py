@@ -23,14 +23,14 @@ import time
 import pytest
 import yaml
 
-from orchestrator.timeline import restarts
+from syncpoint.orchestrator.timeline import restarts
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
 from tests.ray_processes import BIN, add_worker_node, local_head, ray_env, worker_nodes
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -101,7 +101,7 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_s
     spec = _spec(tmp_path / "run")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+    proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                             cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _reclaim_rank_1_node(spec, head, nodes, proc)
     out, _ = proc.communicate(timeout=900)
@@ -115,7 +115,7 @@ def test_the_same_through_ray_job_submit(tmp_path, ray_start_cluster):
     spec = _spec(tmp_path / "run")
     assert spec == lm_spec(tmp_path / "run", *LM_SPEC, *RUN, workers=2)  # the submitted job is this spec
     cmd = [f"{BIN}/ray", "job", "submit", "--address", head.address, "--working-dir", str(ROOT), "--",
-           "python", "-m", "orchestrator", "run", "examples/tiny_lm.yaml"]
+           "python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in [*LM_SPEC, *RUN, f"storage={tmp_path / 'run'}"]:
         cmd += ["--set", s]
     env = _env()

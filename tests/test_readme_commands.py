@@ -20,11 +20,11 @@ import tempfile
 
 import pytest
 
+from syncpoint.workers.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes
 from tests.ray_processes import OBJECT_STORE
 from tests.readme import bash_blocks, commands, copy_of_repository, venv_is_up_to_date
-from workers.launch import free_port
 
 
 def test_the_deploy_block_holds_the_commands_the_test_runs():

@@ -12,10 +12,15 @@ import os
 
 import pytest
 
-from policies.candidates import Expectation, Verdict, classify, identity_record
-from policies.errors import NoResumableState, ResumeRefused
-from policies.resume import BestMetric
-from policies.state_format import MANIFEST_MAX_BYTES, TrainState
+from syncpoint.policies.candidates import Expectation, Verdict, classify, identity_record
+from syncpoint.policies.errors import NoResumableState, ResumeRefused
+from syncpoint.policies.resume import BestMetric
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TrainState
+from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.discovery import discover
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_in_process, run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     committed_steps,
     digest,
@@ -28,11 +33,6 @@ from tests.helpers import (
     with_overrides,
 )
 from tests.meta import candidate_for, commit_candidate
-from workers.digest import load_deepspeed_file
-from workers.discovery import discover
-from workers.events import EventLog
-from workers.launch import run_in_process, run_spawned
-from workers.storage import RunStorage
 
 
 def _spec(tmp, *extra):
@@ -48,7 +48,7 @@ def _events(spec, kind: str) -> list[dict]:
 def _recommit(store: RunStorage, name: str, edit=None, drop: str | None = None, trainer: dict | None = None) -> None:
     """Rewrite a state's metadata and re-commit its manifest with matching checksums (an attacker
     or a buggy writer with storage access)."""
-    from workers.checksum import checksum_bytes
+    from syncpoint.workers.checksum import checksum_bytes
 
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
     if trainer is not None:
@@ -313,7 +313,7 @@ def test_best_metric_skips_non_finite_and_non_numeric_metrics():
 
 
 def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_loop(tmp_path, capsys):
-    from orchestrator.cli import main
+    from syncpoint.orchestrator.cli import main
 
     exp2 = Expectation("j", 2, 2, 4, 10, 0, "f", 3, elastic=True, global_batch=16, samples_per_epoch=40,
                        precision="fp32", optimizer_type="adamw")
@@ -340,11 +340,11 @@ def test_expectation_round_trips_through_the_trainer_record():
 
 
 def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
-    from policies.elastic import layout
-    from workers.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
-    from workers.param_groups import layout_of
-    from workers.task import load_task
-    from workers.task_rngs import kind, of_task
+    from syncpoint.policies.elastic import layout
+    from syncpoint.workers.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
+    from syncpoint.workers.param_groups import layout_of
+    from syncpoint.workers.task import load_task
+    from syncpoint.workers.task_rngs import kind, of_task
 
     spec = _spec(tmp_path)
     run(spec)
@@ -388,7 +388,7 @@ def _failure_of(spec) -> BaseException:
 
 
 def test_the_failure_line_carries_the_reason_for_each_refusal_kind(tmp_path):
-    from orchestrator.ray_runner import failure_report
+    from syncpoint.orchestrator.ray_runner import failure_report
 
     spec = _crashed(tmp_path)
     kinds = {
@@ -410,7 +410,7 @@ def test_refusal_headline_names_the_newest_candidates_reason():
     exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3)
     other = dataclasses.replace(exp, seed=4)
     cands = [classify(candidate_for(s, other), exp) for s in (10, 8)]
-    from policies.resume import NewestResumable
+    from syncpoint.policies.resume import NewestResumable
 
     with pytest.raises(NoResumableState) as e:
         NewestResumable().choose(cands, {})
@@ -418,7 +418,7 @@ def test_refusal_headline_names_the_newest_candidates_reason():
 
 
 def test_finite_metric_rules():
-    from policies.candidates import finite_metric
+    from syncpoint.policies.candidates import finite_metric
 
     assert finite_metric({"metrics": {"m": 1}}, "m") == (1.0, "")
     assert finite_metric({"metrics": {"m": True}}, "m")[0] is None
@@ -450,7 +450,7 @@ def test_retention_keeps_the_submissions_own_newest_state_behind_newer_old_ones(
 def test_the_drill_report_lists_every_interruption_it_caused(tmp_path):
     """A drill whose interrupted run shows fewer restarts than injected interruptions still prints a
     row for each interruption (and fails), instead of silently dropping it."""
-    from orchestrator.drill import compare
+    from syncpoint.orchestrator.drill import compare
 
     ref, spec = _spec(tmp_path / "ref"), _spec(tmp_path / "run")
     run(ref)

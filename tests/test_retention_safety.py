@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from policies.candidates import Candidate, Verdict
-from policies.retention import is_state_name, plan_retention
+from syncpoint.policies.candidates import Candidate, Verdict
+from syncpoint.policies.retention import is_state_name, plan_retention
+from syncpoint.workers.state_writer import delete_state, state_name
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
-from workers.state_writer import delete_state, state_name
-from workers.storage import RunStorage
 
 
 def _cand(name: str, verdict: Verdict, symlink: bool = False) -> Candidate:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.param_groups import GroupSettings
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json, with_overrides
 from tests.test_exact_resume import assert_same_run
 from tests.test_param_groups import _groups as _groups_0_to_2
-from workers.digest import load_deepspeed_file
-from workers.param_groups import GroupSettings
-from workers.storage import RunStorage
 
 RUNNING = "task.path=tests.tasks:linear_running_groups"
 
@@ -157,7 +157,7 @@ def test_running_state_survives_a_resize(tmp_path):
     """Elastic ZeRO 2: two workers lose one and finish on one. The resize loads the optimizer from
     the gathered full state, not DeepSpeed's files: the groups' running values travel with it
     (``k`` counts every step of the run, not those since the resize)."""
-    from workers.launch import run_spawned
+    from syncpoint.workers.launch import run_spawned
 
     spec = linear_spec(tmp_path, RUNNING, "scaling.num_workers={min: 1, max: 2}", "task.config.num_samples=32",
                        "train.grad_accum=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}",

@@ -9,7 +9,7 @@
   caches directory listings).
 
 s3fs is pointed at the server through fsspec's config (``fsspec.config.conf["s3"]``), which
-``fsspec.core.url_to_fs`` — and so ``workers.storage.RunStorage`` — applies to every new
+``fsspec.core.url_to_fs`` — and so ``syncpoint.workers.storage.RunStorage`` — applies to every new
 ``S3FileSystem``; the ``FSSPEC_S3_*`` environment variables are set too, for processes started
 later (fsspec reads them only when it is imported, so setting them alone does not reach this one).
 """
@@ -23,7 +23,10 @@ import socket
 import fsspec
 import pytest
 
-from orchestrator.cli import main
+from syncpoint.orchestrator.cli import main
+from syncpoint.workers.discovery import discover
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     committed_steps,
     digest,
@@ -34,9 +37,6 @@ from tests.helpers import (
     step_history,
     trainer_json,
 )
-from workers.discovery import discover
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 boto3 = pytest.importorskip("boto3")
 s3fs = pytest.importorskip("s3fs")

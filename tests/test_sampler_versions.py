@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
+from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
+from syncpoint.workers import resume_negotiation
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, digest, linear_spec, run, run_until_crash, step_history, trainer_json, with_overrides
-from workers import resume_negotiation
-from workers.checksum import checksum_bytes
-from workers.storage import RunStorage
 
 
 def _spec(tmp, *extra):

@@ -9,8 +9,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from policies.journal import AttemptStarted, Failure, Journal, Progress, StateCommitted
-from policies.save_interval import (
+from syncpoint.policies.journal import AttemptStarted, Failure, Journal, Progress, StateCommitted
+from syncpoint.policies.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
     MAX_INTERVAL_S,
     MIN_INTERVAL_S,
@@ -22,8 +22,8 @@ from policies.save_interval import (
     save_cost,
     young_daly,
 )
-from policies.save_triggers import AutoInterval, PendingSave, Tick
-from policies.spec import CheckpointSpec
+from syncpoint.policies.save_triggers import AutoInterval, PendingSave, Tick
+from syncpoint.policies.spec import CheckpointSpec
 from tests.helpers import lm_spec, run, run_until_crash, trainer_json
 from tests.test_exact_resume import assert_same_run
 

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from policies.candidates import Expectation, Verdict
-from policies.state_format import TrainState
+from syncpoint.policies.candidates import Expectation, Verdict
+from syncpoint.policies.state_format import TrainState
+from syncpoint.workers.discovery import discover
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash
-from workers.discovery import discover
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 PHASES = ["before_shards", "after_some_shards", "before_manifest", "during_manifest", "before_retention",
           "during_retention"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec_file import parse_spec, resolve_storage
-from policies.errors import SpecError
-from policies.redact import redact_obj, redact_text, redact_url, url_secret_paths
+from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+from syncpoint.policies.errors import SpecError
+from syncpoint.policies.redact import redact_obj, redact_text, redact_url, url_secret_paths
 from tests.helpers import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,9 +108,9 @@ def test_validate_prints_the_spec_with_credentials_redacted(tmp_path, capsys):
 @pytest.mark.parametrize("storage", [f"ftp://alice:{SECRET}@127.0.0.1:9/runs",
                                      f"https://alice:{SECRET}@127.0.0.1:9/runs"])
 def test_run_storage_error_redacts_credentials(tmp_path, capsys, monkeypatch, storage):
-    fake = types.ModuleType("orchestrator.ray_runner")
+    fake = types.ModuleType("syncpoint.orchestrator.ray_runner")
     fake.run_on_ray = lambda spec, address=None, **kwargs: pytest.fail("an unusable storage reached the launcher")
-    monkeypatch.setitem(sys.modules, "orchestrator.ray_runner", fake)
+    monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
     rc, out, err = cli(capsys, "run", str(_job(tmp_path)), "--set", f"storage={storage}")
     assert rc == 2
     assert "is not usable" in err and "://***@127.0.0.1:9/runs" in err, err
@@ -144,7 +144,8 @@ def recording_client(monkeypatch):
 
     _RecordingClient.submitted = []
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _RecordingClient)
-    monkeypatch.setattr("orchestrator.submit.preflight", lambda *a, **k: {})  # the cluster check: not under test
+    # the cluster check: not under test
+    monkeypatch.setattr("syncpoint.orchestrator.submit.preflight", lambda *a, **k: {})
     monkeypatch.setenv("HOME", "/nonexistent-home")  # no ~/.ray/auth_token
     for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(var, raising=False)
@@ -168,7 +169,7 @@ def test_submit_refuses_credentials_and_sends_nothing(tmp_path, capsys, recordin
 
 
 def test_submit_without_credentials_prints_the_address_redacted(tmp_path, capsys, recording_client, monkeypatch):
-    from orchestrator.submit import submit
+    from syncpoint.orchestrator.submit import submit
 
     monkeypatch.chdir(tmp_path)
     job = _job(tmp_path, "s3://bucket/runs")

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from policies.errors import ResumeRefused
-from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, step_history
-from workers.events import EventLog
-from workers.storage import RunStorage
 
 
 def _spec(tmp, *extra):
@@ -135,7 +135,7 @@ def test_init_from_imports_weights_but_never_position(tmp_path):
 
 def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:
     """Rewrite trainer.json and re-commit the manifest, as a (buggy) older writer would have."""
-    from workers.checksum import checksum_bytes
+    from syncpoint.workers.checksum import checksum_bytes
 
     data = store.write_json(trainer, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from orchestrator.spec_file import parse_spec
-from policies.errors import JobConfigError, ResumeRefused, SpecError
-from policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.orchestrator.spec_file import parse_spec
+from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.signing import canonical_bytes, sign, trust_problem
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import EXAMPLE, committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
-from workers.checksum import checksum_bytes
-from workers.events import EventLog
-from workers.signing import canonical_bytes, sign, trust_problem
-from workers.storage import RunStorage
 
 KEY = "k" * 40
 SIGNED = ["checkpoint.checksum=sha256", "checkpoint.signing_key_env=SYNCPOINT_TEST_KEY"]
@@ -119,7 +119,7 @@ def test_signature_rules():
 
 
 def test_states_cli_verifies_signatures_when_given_the_key(tmp_path, capsys):
-    from orchestrator.cli import main
+    from syncpoint.orchestrator.cli import main
 
     spec = _spec(tmp_path, "checkpoint.checksum=sha256", "train.max_steps=2", "train.epochs=null")
     run(spec)  # unsigned

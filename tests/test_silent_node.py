@@ -21,15 +21,15 @@ import time
 import pytest
 import yaml
 
-from orchestrator.timeline import restarts
+from syncpoint.orchestrator.timeline import restarts
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
 from tests.netns import INNER_IF, private_network
 from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nodes
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
 
@@ -79,7 +79,7 @@ def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_pa
             node = add_worker_node(head, _env(), prefix=ns.prefix, node_ip=ns.ip)
             nodes.append(node)
             netns_of[node.node_id] = ns
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(job), "--address", head.gcs_address],
+        proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
                                 cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             _wait_for(lambda: bool(_events(spec, "state_committed")), proc, "a committed state")

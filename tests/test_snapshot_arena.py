@@ -1,5 +1,5 @@
-"""Async saves block only for a copy: the snapshot arena (``workers.snapshot_arena``) and the
-checkpoint engine's capture/serialize split (``workers.checkpoint_engine``).
+"""Async saves block only for a copy: the snapshot arena (``syncpoint.workers.snapshot_arena``) and the
+checkpoint engine's capture/serialize split (``syncpoint.workers.checkpoint_engine``).
 
 What is written must be the state at save time, bit for bit, whatever training does after
 ``save()`` returns; the host buffers are reused (same memory) save after save."""
@@ -13,12 +13,12 @@ import os
 import pytest
 import torch
 
+from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine, write_captured
+from syncpoint.workers.checksum import ChecksummingWriter, matches
+from syncpoint.workers.safe_load import load_state_file
+from syncpoint.workers.snapshot_arena import SnapshotArena
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import lm_spec, run
-from workers.checkpoint_engine import StreamingCheckpointEngine, write_captured
-from workers.checksum import ChecksummingWriter, matches
-from workers.safe_load import load_state_file
-from workers.snapshot_arena import SnapshotArena
-from workers.storage import RunStorage
 
 
 class Config:
@@ -187,7 +187,7 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
     """A real run (DeepSpeed ZeRO-2, checkpoint.async): right after each async snapshot returns, and
     before its background thread starts, every parameter, fp32 master partition and Adam moment
     is changed in place; the committed files still hold the values of the boundary, bitwise."""
-    import workers.saving as saving
+    import syncpoint.workers.saving as saving
 
     seen: dict[str, dict] = {}
     orig = saving.take_snapshot

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
-from orchestrator.spec_file import load_spec, parse_spec, resolve_storage
-from policies.errors import SpecError
+from syncpoint.orchestrator.cli import main
+from syncpoint.orchestrator.spec_file import load_spec, parse_spec, resolve_storage
+from syncpoint.policies.errors import SpecError
 from tests.helpers import EXAMPLE, ROOT
 
 MINIMAL = """

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from policies.candidates import Candidate, Expectation, Verdict, classify
-from policies.state_format import (
+from syncpoint.policies.candidates import Candidate, Expectation, Verdict, classify
+from syncpoint.policies.state_format import (
     MANIFEST_FORMAT,
     Manifest,
     TrainState,
@@ -18,9 +18,9 @@ from policies.state_format import (
     rng_file,
     state_name,
 )
+from syncpoint.workers.discovery import discover
+from syncpoint.workers.storage import RunStorage
 from tests.meta import candidate_for, commit_candidate, trainer_for
-from workers.discovery import discover
-from workers.storage import RunStorage
 
 EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 
@@ -74,7 +74,7 @@ def test_a_manifest_field_of_the_wrong_type_is_corrupt_naming_it(edit, field):
 
 
 def test_a_planted_state_is_refused_through_discovery_and_the_cli(tmp_path, capsys):
-    from orchestrator.cli import main
+    from syncpoint.orchestrator.cli import main
 
     store = RunStorage(str(tmp_path / "run"))
     commit_candidate(store, candidate_for(4, EXP))

@@ -13,11 +13,11 @@ import uuid
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from policies.spec import CrashFault
-from workers.faults import Faults, InjectedCrash
-from workers.storage import RunStorage
-from workers.storage_fsspec import FsspecBackend
-from workers.storage_local import LocalBackend
+from syncpoint.policies.spec import CrashFault
+from syncpoint.workers.faults import Faults, InjectedCrash
+from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage_fsspec import FsspecBackend
+from syncpoint.workers.storage_local import LocalBackend
 
 
 def _memory_url() -> str:

@@ -1,7 +1,7 @@
 """The storm drill: its seeded plan, the fault schema it relies on, and one real storm on Ray.
 
 The plan tests are plain data (a reference trajectory as the drill reads it from the event log);
-the fault tests drive ``workers.faults.Faults`` on real fsspec memory storage; the storm itself runs
+the fault tests drive ``syncpoint.workers.faults.Faults`` on real fsspec memory storage; the storm itself runs
 the example job, shrunk, on a local multi-node cluster (slow, Ray).
 """
 
@@ -15,8 +15,8 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.cli import main
-from orchestrator.storm import (
+from syncpoint.orchestrator.cli import main
+from syncpoint.orchestrator.storm import (
     CRASH_THEN_NODE,
     NODE_GONE,
     NODE_KINDS,
@@ -30,10 +30,10 @@ from orchestrator.storm import (
     storm_kinds,
     storm_variant,
 )
-from policies.spec import CrashFault, JobSpec
+from syncpoint.policies.spec import CrashFault, JobSpec
+from syncpoint.workers.faults import Faults, InjectedCrash
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec
-from workers.faults import Faults, InjectedCrash
-from workers.storage import RunStorage
 
 
 def _trajectory(total: int = 256, accum: int = 4, save_every: int = 8) -> Trajectory:
@@ -197,7 +197,7 @@ def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
     the storm's bound: past it the wait ends, and the problem says what it was waiting for."""
     import threading
 
-    from orchestrator.storm import Controller
+    from syncpoint.orchestrator.storm import Controller
 
     controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=0.2)  # type: ignore[arg-type]
     release = threading.Event()
@@ -220,7 +220,7 @@ SHRUNK = ("task.config.seq_len=8", "task.config.d_model=16", "task.config.eval_s
 
 def _storm(tmp_path, n: int, seed: int, *sets: str, timeout_s: int) -> subprocess.CompletedProcess:
     """`syncpoint drill examples/tiny_lm.yaml --storm N --seed S`, shrunk, as a user runs it."""
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
            str(seed), "--set", f"storage={tmp_path}"]
     for s in (*SHRUNK, *sets):
         cmd += ["--set", s]

@@ -1,4 +1,4 @@
-"""Stream datasets (``workers.stream``): a Hugging Face streaming corpus, a map-style ``datasets.Dataset``
+"""Stream datasets (``syncpoint.workers.stream``): a Hugging Face streaming corpus, a map-style ``datasets.Dataset``
 and a stateful custom stream resume bitwise; what cannot resume exactly is refused at start or at
 selection, naming why; a bad stream file is a refusal that falls back.
 
@@ -15,10 +15,15 @@ import shutil
 import pytest
 import torch
 
-from orchestrator.spec_file import parse_spec, resolve_storage
-from policies.candidates import Candidate, Expectation, Verdict, classify
-from policies.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
-from policies.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
+from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+from syncpoint.policies.candidates import Candidate, Expectation, Verdict, classify
+from syncpoint.policies.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
+from syncpoint.policies.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
+from syncpoint.workers.checksum import checksum_bytes, entry
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.stream import RankStream, StreamSource, check_spec, prepare
+from syncpoint.workers.stream_state import SavedStream, StreamStateError, encode, parse
 from tests.helpers import (
     committed_steps,
     digest,
@@ -31,11 +36,6 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from workers.checksum import checksum_bytes, entry
-from workers.launch import run_spawned
-from workers.storage import RunStorage
-from workers.stream import RankStream, StreamSource, check_spec, prepare
-from workers.stream_state import SavedStream, StreamStateError, encode, parse
 
 pytest.importorskip("datasets")
 pytest.importorskip("torchdata")
@@ -114,16 +114,16 @@ def test_hf_stream_resume_is_exact_only_because_the_stream_state_is_restored(tmp
     corpus = tmp_path / "corpus"
     ref = stream_spec(tmp_path / "ref", corpus)
     run(ref)
-    import workers.data_source
+    import syncpoint.workers.data_source
 
-    real = workers.data_source.StreamBatches.__init__
+    real = syncpoint.workers.data_source.StreamBatches.__init__
 
     def forgetful(self, attempt, prepared, saved):
         real(self, attempt, prepared, None)
 
     spec = stream_spec(tmp_path / "run", corpus)
     assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
-    monkeypatch.setattr(workers.data_source.StreamBatches, "__init__", forgetful)
+    monkeypatch.setattr(syncpoint.workers.data_source.StreamBatches, "__init__", forgetful)
     run(spec)
     a, b = _losses(ref), _losses(spec)
     assert [a[k] for k in sorted(a)][:6] == [b[k] for k in sorted(b)][:6]
@@ -198,7 +198,7 @@ def test_hf_shard_order_shuffle_resumes_exactly(tmp_path):
 
 
 def _task(path: str, corpus, *overrides: str):
-    from workers.task import load_task
+    from syncpoint.workers.task import load_task
 
     spec = stream_spec("/nonexistent", corpus, f"task.path={path}", *overrides)
     return spec, load_task(spec.task.path, spec.task.config)
@@ -261,8 +261,8 @@ def test_a_stream_job_that_cannot_resume_exactly_is_refused_naming_the_field(tmp
 
 
 def test_stream_fields_on_a_map_style_dataset_are_refused(tmp_path):
-    from workers.loop import _prepare_stream
-    from workers.task import load_task
+    from syncpoint.workers.loop import _prepare_stream
+    from syncpoint.workers.task import load_task
 
     spec = linear_spec(tmp_path, "train.stream_shuffle_buffer=4")
     with pytest.raises(JobConfigError, match=r"train\.stream_shuffle_buffer: applies to stream datasets"):
@@ -477,7 +477,7 @@ def test_the_shuffle_buffer_reorders_every_pass_and_keeps_every_example():
 def test_a_stream_source_resumes_mid_buffer_to_the_same_batches():
     """Without DeepSpeed: a source's capture, parsed back, continues with the very batches the
     uninterrupted source yields next, shuffle buffer and pass boundary included."""
-    from workers.stream import PreparedStream
+    from syncpoint.workers.stream import PreparedStream
 
     def source(saved=None):
         stream = RankStream(_Ids(11), seed=4, rank=0, micro_batch_size=2, collate=None, shuffle_buffer=4)
@@ -528,7 +528,7 @@ def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_worker
             "task.config.d_model=16", "task.config.docs_per_shard=12", "train.micro_batch_size=2",
             "train.grad_accum=2", "train.max_steps=14", "train.stream_shuffle_buffer=5",
             f"train.dataloader_workers={loader_workers}", "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/stream_lm.yaml", "--preempt-at", "9,20",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/stream_lm.yaml", "--preempt-at", "9,20",
            "--how", "crash,sigterm", *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -558,7 +558,7 @@ def test_node_drill_on_the_streaming_example_reports_equality(tmp_path, loader_w
             "task.config.d_model=16", "task.config.docs_per_shard=12", "train.micro_batch_size=2",
             "train.grad_accum=2", "train.max_steps=20", "train.stream_shuffle_buffer=5",
             f"train.dataloader_workers={loader_workers}", "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/stream_lm.yaml", "--preempt-at", "9",
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/stream_lm.yaml", "--preempt-at", "9",
            "--how", "node", *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -21,11 +21,11 @@ import urllib.request
 
 import pytest
 
-from orchestrator.submit import auth_headers, read_token
-from policies.errors import SpecError
+from syncpoint.orchestrator.submit import auth_headers, read_token
+from syncpoint.policies.errors import SpecError
+from syncpoint.workers.launch import free_port
 from tests.helpers import ROOT, stop_processes
 from tests.own_processes import marked_env, marked_processes
-from workers.launch import free_port
 
 BIN = os.path.dirname(sys.executable)
 TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
@@ -145,7 +145,7 @@ def _jobs(address: str, token: str) -> int:
 
 
 def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "orchestrator", "submit", "examples/tiny_lm.yaml", "--address", address]
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", address]
     for s in sets:
         args += ["--set", s]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -167,7 +167,7 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
     """The Job SDK client built the way `syncpoint submit` builds it (RAY_AUTH_TOKEN, no RAY_AUTH_MODE)."""
     from ray.job_submission import JobSubmissionClient
 
-    from orchestrator.submit import _connect
+    from syncpoint.orchestrator.submit import _connect
     address, token = token_head
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     client = _connect(JobSubmissionClient, address, auth_headers(address))

@@ -24,8 +24,12 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from policies.candidates import Verdict, classify
-from policies.errors import StateRefused
+from syncpoint.policies.candidates import Verdict, classify
+from syncpoint.policies.errors import StateRefused
+from syncpoint.workers import rng, task_rngs
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     ROOT,
     committed_steps,
@@ -39,10 +43,6 @@ from tests.helpers import (
 )
 from tests.meta import candidate_for
 from tests.test_exact_resume import assert_same_run
-from workers import rng, task_rngs
-from workers.events import EventLog
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 # ------------------------------------------------------------------ finding the task's generators
 
@@ -204,7 +204,7 @@ def test_the_hash_seed_is_stable_and_in_range():
 
 
 def test_the_hash_seed_check_tells_a_pinned_interpreter_from_another():
-    code = ("from workers.rng import hash_seed_problem; "
+    code = ("from syncpoint.workers.rng import hash_seed_problem; "
             "print(hash_seed_problem(7) is None, 'PYTHONHASHSEED=8' in (hash_seed_problem(8) or ''))")
     env = {**os.environ, "PYTHONHASHSEED": "7", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -212,7 +212,7 @@ def test_the_hash_seed_check_tells_a_pinned_interpreter_from_another():
 
 
 def test_ray_train_workers_start_with_the_jobs_hash_seed(tmp_path):
-    from orchestrator.ray_runner import worker_runtime_env
+    from syncpoint.orchestrator.ray_runner import worker_runtime_env
 
     spec = linear_spec(tmp_path, "train.seed=3")
     assert worker_runtime_env(spec) == {"env_vars": {"PYTHONHASHSEED": "1680402201"}}
@@ -222,7 +222,7 @@ def test_ray_train_workers_start_with_the_jobs_hash_seed(tmp_path):
 
 
 def test_a_state_whose_task_generators_differ_is_incompatible():
-    from policies.candidates import Expectation
+    from syncpoint.policies.candidates import Expectation
 
     exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.g", "torch.Generator(cpu)"),))
     assert classify(candidate_for(8, exp), exp).verdict == Verdict.RESUMABLE
@@ -288,7 +288,7 @@ def _eval_losses(spec) -> list[float]:
 def _in_own_process(storage, hash_seed: str, *overrides: str) -> int:
     """``run_spawned`` from a fresh interpreter started with ``hash_seed``: another launch, another
     machine. Returns the rank's exit code."""
-    code = ("import sys; from tests.helpers import linear_spec; from workers.launch import run_spawned; "
+    code = ("import sys; from tests.helpers import linear_spec; from syncpoint.workers.launch import run_spawned; "
             "spec = linear_spec(sys.argv[1], *sys.argv[2:]); sys.exit(run_spawned(spec, world_size=1)[0])")
     args = [str(storage), "task.path=tests.rng_tasks:hash_ordered", "task.config.num_samples=12", "train.grad_accum=2",
             "train.epochs=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}", *overrides]
@@ -313,7 +313,7 @@ def test_a_set_of_strings_keeps_its_order_across_launches(tmp_path):
 def _recommit_file(store: RunStorage, name: str, rel: str, data: bytes) -> None:
     """Replace one file of a committed state and re-commit the manifest to match (a buggy writer,
     or anyone with storage access): only a check of the file's content can tell."""
-    from workers.checksum import checksum_bytes
+    from syncpoint.workers.checksum import checksum_bytes
 
     store.write_bytes(data, "states", name, rel)
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.spec_file import parse_spec, resolve_storage
-from policies.state_format import SAMPLER_VERSION
+from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+from syncpoint.policies.state_format import SAMPLER_VERSION
 from tests.helpers import digest, run, run_until_crash, step_history, trainer_json, with_overrides
 from tests.test_exact_resume import module_params
 from tests.virtual_tasks import SAMPLES
@@ -78,7 +78,7 @@ def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path, h
     sets = [f"storage={tmp_path}", "scaling.num_workers=1", "task.path=tests.virtual_tasks:build",
             "task.config={dropout: 0.1}", f"train.micro_batch_size={MICRO_BATCH}", "train.grad_accum=4",
             "train.max_steps=30", "train.eval_every=0", "checkpoint.save_every={value: 6, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "orchestrator", "drill", "examples/tiny_lm.yaml", "--preempt-at", "98", "--how", how,
+    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "98", "--how", how,
            *[a for s in sets for a in ("--set", s)]]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)

@@ -15,15 +15,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from policies.errors import SpecError
-from policies.state_format import required_files
+from syncpoint.policies.errors import SpecError
+from syncpoint.policies.state_format import required_files
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.export import consolidate_zero3
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
 from tests.test_exact_resume import assert_same_run, module_params
 from tests.test_trust_load import one_paragraph, payload, plant
-from workers.events import EventLog
-from workers.export import consolidate_zero3
-from workers.launch import run_spawned
-from workers.storage import RunStorage
 
 SAVE = "{value: 3, unit: micro_steps}"
 MODEL0 = "engine/zero_pp_rank_0_mp_rank_00_model_states.pt"
@@ -153,8 +153,8 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     and still consolidates real partitions; the universal-checkpoint loaders are sealed."""
     import deepspeed.runtime.engine as ds_engine
 
-    from policies.errors import StateRefused
-    from workers.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
+    from syncpoint.policies.errors import StateRefused
+    from syncpoint.workers.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
 
     route_zero3_module_load()
     load = ds_engine.get_fp32_state_dict_from_zero_checkpoint
@@ -212,9 +212,9 @@ def test_the_digest_of_a_two_rank_zero3_state_ignores_the_uninitialised_padding(
 
     import torch
 
+    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.safe_load import load_state_file
     from tests.helpers import linear_spec
-    from workers.checksum import checksum_bytes
-    from workers.safe_load import load_state_file
 
     spec = linear_spec(tmp_path, "deepspeed.zero_stage=3", "task.config.num_samples=16", "train.grad_accum=2",
                        workers=2)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.task import Task
+from syncpoint.workers.task import Task
 
 SAMPLES = 10**9
 DIM = 4

@@ -11,14 +11,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from policies.candidates import Expectation
-from policies.elastic import Layout
-from policies.spec import JobSpec
-from workers.events import EventLog
-from workers.faults import Faults
-from workers.lease import RunLease
-from workers.position import RunLength
-from workers.storage import RunStorage
+from syncpoint.policies.candidates import Expectation
+from syncpoint.policies.elastic import Layout
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.faults import Faults
+from syncpoint.workers.lease import RunLease
+from syncpoint.workers.position import RunLength
+from syncpoint.workers.storage import RunStorage
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ without reading the corpus each attempt. The index (per shard: path, size, a sto
 xxh3_128 of its bytes, its rows) is built once per node and cached in the cache directory under a
 checksum; each attempt re-lists the shards (one listing per directory) and re-reads only those
 whose size or stamp (ETag, mtime) changed. Its content part is the corpus's identity
-(``policies.corpus_identity``): recorded in every state, compared at selection, so a changed
+(``syncpoint.policies.corpus_identity``): recorded in every state, compared at selection, so a changed
 corpus is refused by the shard's name before anything is loaded.
 
-Why a cache: with the shard-window order (``workers.data.ShardWindowOrder``) a rank reads one
+Why a cache: with the shard-window order (``syncpoint.workers.data.ShardWindowOrder``) a rank reads one
 window of shards at a time; remote shards are fetched into a node-local cache of bounded size
-(``workers.shard_cache``) ahead of use, by background threads that follow the loader's position,
+(``syncpoint.workers.shard_cache``) ahead of use, by background threads that follow the loader's position,
 and evicted least recently used. A resume at position ``p`` fetches the shards from ``p`` on, and
 every fetched shard is verified against the index (size and checksum) before it is read: a shard
 changed while the run reads it is an error naming it. Shards on a local filesystem are read in
@@ -49,19 +49,19 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from policies.corpus_identity import (
+from syncpoint.policies.corpus_identity import (
     CORPUS_DIR,
     MAX_SHARDS,
     CorpusIdentity,
     ShardRecord,
     index_file,
 )
-from policies.errors import CorpusChanged, CorpusError, JobConfigError
-from policies.spec import CorpusSpec, JobSpec
-from policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
-from workers.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
-from workers.storage import RunStorage, backend_for
-from workers.storage_fsspec import checksum_file
+from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError
+from syncpoint.policies.spec import CorpusSpec, JobSpec
+from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
+from syncpoint.workers.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
+from syncpoint.workers.storage import RunStorage, backend_for
+from syncpoint.workers.storage_fsspec import checksum_file
 
 FORMATS = ("tokens-npy", "tokens-bin", "jsonl", "parquet")
 INDEX_CACHE_VERSION = 1
@@ -481,7 +481,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
     def seeded_items(self, indices: Sequence[int],
                      seeding: Callable[[int], contextlib.AbstractContextManager[Any]] | None) -> list[Any]:
         """Samples ``indices``, the rows of each shard read at once (the read draws no randomness),
-        then ``transform`` on each under ``seeding(index)``: the hook ``workers.data.SeededSamples``
+        then ``transform`` on each under ``seeding(index)``: the hook ``syncpoint.workers.data.SeededSamples``
         seeds every stream through, so a sample's values are those one fetch of it would give."""
         idx = np.asarray(indices, dtype=np.int64)
         n = len(self)
@@ -544,7 +544,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
         positions, it keeps the shards from there on fetched: the window in use and the next
         ``prefetch_shards`` of a shard-window order, the next two micro-batches' shards otherwise.
         Nothing for shards read in place."""
-        from workers.data import ShardWindowOrder
+        from syncpoint.workers.data import ShardWindowOrder
 
         proc = self._process()
         if proc.cache is None:
@@ -743,7 +743,7 @@ def plan_for(spec: JobSpec, dataset: Any) -> DataPlan:
     if not isinstance(dataset, ShardedCorpus):
         if c.shuffle == "shard-window":
             raise JobConfigError(f"corpus.shuffle shard-window needs the task's dataset to be a "
-                                 f"workers.corpus.ShardedCorpus; it is a {type(dataset).__name__}. Set corpus.shuffle: "
+                                 f"syncpoint.ShardedCorpus; it is a {type(dataset).__name__}. Set corpus.shuffle: "
                                  "auto or global, or return a ShardedCorpus")
         return DataPlan()
     window = None if c.shuffle == "global" else c.window_shards

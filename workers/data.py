@@ -3,14 +3,14 @@
 Why: resuming at micro-step 10^5 must not load, decode or transform 10^5 batches. The epoch's
 order is a pure function of (seed, epoch); each rank's slice of each global micro-batch is
 arithmetic on it, so starting at any position costs the same. The order is computed per position
-(``workers.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
+(``syncpoint.workers.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
 states written before it keep the materialised ``torch.randperm`` of the epoch
-(``policies.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side randomness (random
-augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
+(``syncpoint.policies.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side
+randomness (random augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
 (seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
 Generators the task keeps on its dataset or collate (``np.random.default_rng``, ``random.Random``,
-``torch.Generator``; found by ``workers.task_rngs``) are reseeded the same way, each from its own
+``torch.Generator``; found by ``syncpoint.workers.task_rngs``) are reseeded the same way, each from its own
 path, in whichever process runs the fetch, and put back afterwards.
 """
 
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from policies.errors import DataLayoutError
-from policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-from workers.index_permutation import FeistelPermutation
-from workers.rng import derive_seed
-from workers.task import MapDataset
-from workers.task_rngs import DataGenerators, get_state, reseed, set_state
+from syncpoint.policies.errors import DataLayoutError
+from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.workers.index_permutation import FeistelPermutation
+from syncpoint.workers.rng import derive_seed
+from syncpoint.workers.task import MapDataset
+from syncpoint.workers.task_rngs import DataGenerators, get_state, reseed, set_state
 
 # Salts: the part of each derived seed that names the stream it seeds, so two streams of the same
 # (seed, epoch) never coincide. A sample's own seed, (seed, epoch, index), needs none. The values
@@ -305,7 +305,7 @@ def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int,
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
     shift the model's dropout stream between a resumed and an uninterrupted run). A sharded corpus
-    (``workers.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
+    (``syncpoint.workers.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
     """
     shard_rows = getattr(dataset, "shard_rows", None) if sampler == SHARD_WINDOW_SAMPLER else None
     batches = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,

@@ -3,8 +3,8 @@
 Why: the loop asks only for each epoch's remaining micro-batches, for the sample ids of one when
 ``train.record_samples`` is on, and, at a save, for this rank's data position beyond the counters
 ``trainer.json`` holds. A map-style dataset answers with a DataLoader per epoch over this rank's
-slice of the epoch order (``workers.data``; its position is index arithmetic, nothing to save); a
-stream with the rank's stream and its saved state (``workers.stream``).
+slice of the epoch order (``syncpoint.workers.data``; its position is index arithmetic, nothing to save); a
+stream with the rank's stream and its saved state (``syncpoint.workers.stream``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workers.attempt import Attempt
-from workers.data import epoch_loader
-from workers.position import TrainingPosition
-from workers.stream import PreparedStream, StreamSource
-from workers.stream_state import SavedStream
-from workers.task import Task
+from syncpoint.workers.attempt import Attempt
+from syncpoint.workers.data import epoch_loader
+from syncpoint.workers.position import TrainingPosition
+from syncpoint.workers.stream import PreparedStream, StreamSource
+from syncpoint.workers.stream_state import SavedStream
+from syncpoint.workers.task import Task
 
 
 class MapSource:

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from policies.errors import JobConfigError
-from policies.spec import JobSpec
+from syncpoint.policies.errors import JobConfigError
+from syncpoint.policies.spec import JobSpec
 
 
 def backend(spec: JobSpec) -> str:

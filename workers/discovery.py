@@ -2,7 +2,7 @@
 
 For each ``states/<name>/`` it lists files (sizes from the listing) and reads ``manifest.json`` and
 ``trainer.json``; it never opens engine shards, RNG files or data. The classification itself is a
-plain function in ``policies.candidates``.
+plain function in ``syncpoint.policies.candidates``.
 
 Storage may be hostile: both files are read with a bound (``MANIFEST_MAX_BYTES``,
 ``TRAINER_MAX_BYTES``), locally never through a link and only if regular, and whatever is refused
@@ -19,11 +19,17 @@ from typing import overload
 
 from pydantic import ValidationError
 
-from policies.candidates import Candidate, Expectation, classify, newest_first
-from policies.corpus_identity import CORPUS_DIR, CORPUS_INDEX_MAX_BYTES, CorpusIdentity, index_file, parse_document
-from policies.errors import RunDirectoryRefused, UnsafeEntry
-from policies.redact import redact_url
-from policies.state_format import (
+from syncpoint.policies.candidates import Candidate, Expectation, classify, newest_first
+from syncpoint.policies.corpus_identity import (
+    CORPUS_DIR,
+    CORPUS_INDEX_MAX_BYTES,
+    CorpusIdentity,
+    index_file,
+    parse_document,
+)
+from syncpoint.policies.errors import RunDirectoryRefused, UnsafeEntry
+from syncpoint.policies.redact import redact_url
+from syncpoint.policies.state_format import (
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
     STATES_DIR,
@@ -32,9 +38,9 @@ from policies.state_format import (
     Manifest,
     is_state_name,
 )
-from workers.checksum import matches_entry
-from workers.signing import trust_problem
-from workers.storage import RunStorage
+from syncpoint.workers.checksum import matches_entry
+from syncpoint.workers.signing import trust_problem
+from syncpoint.workers.storage import RunStorage
 
 
 def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
@@ -48,7 +54,7 @@ def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
 def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None,
                    job_identity: str | None = None) -> Candidate:
     """One state's metadata; with a signing key, its manifest's signature is checked too, and that it
-    was signed for this run directory, this name and (when given) this job (``workers.signing``)."""
+    was signed for this run directory, this name and (when given) this job (``syncpoint.workers.signing``)."""
     if storage.is_link(STATES_DIR, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
     try:

@@ -11,7 +11,7 @@ when elastic). ZeRO-0 needs none of this: its optimizer state is whole in DeepSp
 
 ZeRO-3 takes the same route (gathered, not converted): DeepSpeed 0.19's stage-3 load refuses
 another data-parallel degree too, and its only converter is the offline universal checkpoint,
-whose loader unpickles with ``weights_only=False`` (refused, ``workers.checkpoint_engine``).
+whose loader unpickles with ``weights_only=False`` (refused, ``syncpoint.workers.checkpoint_engine``).
 ``safe_get_full_*`` / ``safe_set_full_*`` work on stage-3 partitions (DeepSpeed's
 ``get_full_hp_param`` / ``set_full_hp_param``), so one file format serves stages 1-3 and a
 resume needs no conversion step. The weights themselves come from DeepSpeed's module-only
@@ -23,7 +23,7 @@ the flat fp32 partitions.
 The base optimizer's param-group values travel in the file's metadata too (``groups``, rank 0's,
 those JSON holds exactly): an optimizer that keeps running state in its groups (Prodigy's ``d``
 and ``k``) continues from it after a resize, as after a same-size load, where DeepSpeed's own
-files carry the groups; ``workers.param_groups`` then decides which of them the live run overrides.
+files carry the groups; ``syncpoint.workers.param_groups`` then decides which of them the live run overrides.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
-from policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
-from workers.param_groups import portable_values
-from workers.rng import safetensors_metadata
+from syncpoint.policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
+from syncpoint.workers.param_groups import portable_values
+from syncpoint.workers.rng import safetensors_metadata
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -166,7 +166,7 @@ def check_full_optimizer_state(engine: DeepSpeedEngine, path: str) -> None:
     the state is loaded: ``load_full_optimizer_state`` runs after DeepSpeed already loaded the
     weights, so a missing tensor or a wrong shape found there would leave a half-loaded engine.
     Reads only the safetensors header (names, shapes, metadata)."""
-    from policies.errors import StateRefused
+    from syncpoint.policies.errors import StateRefused
 
     problem = _full_state_problem(engine, path)
     if problem:

@@ -1,5 +1,5 @@
 """Build the DeepSpeed engine from the spec: DeepSpeed itself is the engine, on the CPU (gloo) or
-on this rank's GPU (NCCL), as ``scaling.use_gpu`` says (``workers.device`` picks the device)."""
+on this rank's GPU (NCCL), as ``scaling.use_gpu`` says (``syncpoint.workers.device`` picks the device)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from policies.errors import JobConfigError
-from policies.spec import JobSpec
-from workers.device import prepare_op_builds
-from workers.param_groups import (
+from syncpoint.policies.errors import JobConfigError
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers.device import prepare_op_builds
+from syncpoint.workers.param_groups import (
     ATTRIBUTE,
     GroupSettings,
     Restored,
@@ -21,7 +21,7 @@ from workers.param_groups import (
     settings_of,
     spec_key,
 )
-from workers.position import TrainingPosition
+from syncpoint.workers.position import TrainingPosition
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -73,7 +73,7 @@ def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optim
 
 def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
     """The spec's built-in optimizer over the param groups ``train.optimizer.no_decay`` makes
-    (``workers.param_groups.builtin_groups``: decaying parameters, then the rest with no decay)."""
+    (``syncpoint.workers.param_groups.builtin_groups``: decaying parameters, then the rest with no decay)."""
     o, lr = spec.train.optimizer, spec.train.lr
     groups = builtin_groups(model, o.weight_decay, o.no_decay)
     if spec.deepspeed.offload_optimizer != "none" and o.type in ("adamw", "adam"):
@@ -102,7 +102,7 @@ def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None =
 
     The param groups' layout is read before DeepSpeed flattens them, and every group's
     hyper-parameters are snapshotted right after, before any state is loaded
-    (``workers.param_groups.GroupSettings``, kept on the engine as ``syncpoint_groups``)."""
+    (``syncpoint.workers.param_groups.GroupSettings``, kept on the engine as ``syncpoint_groups``)."""
     import deepspeed
 
     prepare_op_builds()  # before the optimizer: DeepSpeedCPUAdam JIT-builds its op
@@ -168,7 +168,7 @@ def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec,
     """Config wins for what the user sets; the state supplies running state. After a load, every
     param group's hyper-parameters come back from the live task/spec (the snapshot taken when the
     engine was built), group by group, except the keys the state records as running state
-    (``running``: the optimizer itself changed them; ``workers.param_groups``).
+    (``running``: the optimizer itself changed them; ``syncpoint.workers.param_groups``).
 
     DeepSpeed's (and torch's) optimizer load restores the saved param groups, so without this an
     edited weight decay, beta or a group's base rate would silently keep the state's value.

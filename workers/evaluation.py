@@ -1,10 +1,10 @@
 """Evaluation at sync boundaries (``train.eval_every``), without disturbing training.
 
-The decisions (when, which samples per rank, how values combine) are ``policies.evaluation``; this
+The decisions (when, which samples per rank, how values combine) are ``syncpoint.policies.evaluation``; this
 module runs them on the DeepSpeed engine. Why each part is here:
 
 * **Training is not disturbed.** An evaluation captures every RNG (Python, NumPy, torch CPU and
-  CUDA, the task's own train-side generators; ``workers.rng``) and every submodule's train/eval
+  CUDA, the task's own train-side generators; ``syncpoint.workers.rng``) and every submodule's train/eval
   flag, and puts them back afterwards, so
   a run with evaluation is bitwise the training trajectory of one without. It reads samples
   without a DataLoader, so no loader generator or worker process draws from anything training
@@ -32,23 +32,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from policies import evaluation as rules
-from policies.errors import TaskError
-from policies.journal import Evaluated
-from policies.spec import JobSpec
-from workers import rng
-from workers.data import SeededCollate, SeededSamples
-from workers.device import to_device
-from workers.events import EventLog
-from workers.rng import derive_seed
-from workers.task import MapDataset, Task
+from syncpoint.policies import evaluation as rules
+from syncpoint.policies.errors import TaskError
+from syncpoint.policies.journal import Evaluated
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers import rng
+from syncpoint.workers.data import SeededCollate, SeededSamples
+from syncpoint.workers.device import to_device
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.rng import derive_seed
+from syncpoint.workers.task import MapDataset, Task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from workers.position import TrainingPosition
+    from syncpoint.workers.position import TrainingPosition
 
-# The part of the evaluation's seed that names its stream (see the salts in ``workers.data``). Its
+# The part of the evaluation's seed that names its stream (see the salts in ``syncpoint.workers.data``). Its
 # value is part of the resume contract (a resumed run must evaluate the same samples): never change it.
 EVALUATION_SALT = 0xE7A1
 

@@ -4,7 +4,7 @@ Why carried on the exception: Ray Train hands the failing rank's exception objec
 (the failure policy) and the driver (the last line), pickled with its attributes but without its
 traceback object; only the rank itself can walk its frames, and only the loop knows its micro-step.
 So the rank attaches ``{"rank", "micro_step", "where"}`` as ``syncpoint_site`` before the exception
-leaves it (``policies.failures.failure_reason`` formats it; the failure policy compares micro-steps).
+leaves it (``syncpoint.policies.failures.failure_reason`` formats it; the failure policy compares micro-steps).
 
 "The user's code" is any file outside syncpoint's own packages, Python's standard library and the
 installed packages; when every frame is in those (a user's package installed into site-packages),
@@ -59,8 +59,11 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[st
     def real(paths: Iterable[str | None]) -> tuple[str, ...]:
         return tuple(sorted({os.path.realpath(p) for p in paths if p}))
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # syncpoint's three packages live side by side
-    ours = real(os.path.join(root, name) for name in ("orchestrator", "policies", "workers"))
+    # syncpoint's three layers live side by side: in the package (site-packages/syncpoint/) or, in a
+    # checkout, at the repository's top level next to syncpoint/ (its public API)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = root if os.path.basename(root) == "syncpoint" else os.path.join(root, "syncpoint")
+    ours = real([package, *(os.path.join(root, name) for name in ("orchestrator", "policies", "workers"))])
     paths = sysconfig.get_paths()
     stdlib = real([paths.get("stdlib"), paths.get("platstdlib")])
     installed = real([paths.get("purelib"), paths.get("platlib"), *site.getsitepackages(),

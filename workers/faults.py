@@ -17,9 +17,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from policies.journal import FaultFired
-from policies.spec import CrashFault
-from workers.storage import RunStorage
+from syncpoint.policies.journal import FaultFired
+from syncpoint.policies.spec import CrashFault
+from syncpoint.workers.storage import RunStorage
 
 
 class InjectedCrash(BaseException):
@@ -40,7 +40,7 @@ class Faults:
         self.exit_after_preemption_save = False
 
     def _fire(self, f: CrashFault, where: str, micro_step: int | None = None) -> None:
-        from workers.events import EventLog
+        from syncpoint.workers.events import EventLog
 
         self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()},
                                 "faults", f.fault_id + ".fired")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from policies.errors import TrainingDiverged
+from syncpoint.policies.errors import TrainingDiverged
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine

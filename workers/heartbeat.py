@@ -6,7 +6,7 @@ A beat is one fire-and-forget Ray actor call carrying (rank, attempt, micro-step
 sent at every sync boundary and at most every ``BEAT_EVERY_S`` in between; the board (a tiny
 actor the driver creates, ``num_cpus=0``, on the driver's node so it outlives any worker node)
 keeps each rank's last beat. When the controller learns of a failure it reads the board and writes
-an ``interrupted`` event before the next attempt starts (``orchestrator.failure_policy``).
+an ``interrupted`` event before the next attempt starts (``syncpoint.orchestrator.failure_policy``).
 Outside Ray (a bare torch process group) there is no board: no beats, and the timeline falls
 back to the flushed progress.
 

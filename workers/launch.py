@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from policies.spec import JobSpec
-from workers import rng
-from workers.device import backend, collective_timeout, prepare_process
-from workers.lease import release_lease
-from workers.storage import RunStorage
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers import rng
+from syncpoint.workers.device import backend, collective_timeout, prepare_process
+from syncpoint.workers.lease import release_lease
+from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
-    from workers.loop import WorkerResult
+    from syncpoint.workers.loop import WorkerResult
 
 
 def free_port() -> int:
@@ -49,7 +49,7 @@ def ensure_single_process_group(backend_name: str = "gloo") -> None:
 
 def run_in_process(spec: JobSpec, **ctx_kwargs: Any) -> WorkerResult:
     """Run the loop in this process; an injected crash with ``mode: raise`` propagates to the caller."""
-    from workers.loop import WorkerContext, run_worker
+    from syncpoint.workers.loop import WorkerContext, run_worker
 
     prepare_process(spec)
     ensure_single_process_group(backend(spec))
@@ -81,7 +81,7 @@ def _local_rank_zero() -> Iterator[None]:
 
 
 # What a forkserver imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
-PRELOAD = ["torch", "deepspeed", "workers.loop", "workers.launch"]
+PRELOAD = ["torch", "deepspeed", "syncpoint.workers.loop", "syncpoint.workers.launch"]
 
 
 def _start_method(spec: JobSpec) -> str:
@@ -174,7 +174,7 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
         prepare_process(spec)  # NCCL binds a communicator to the current GPU
         dist.init_process_group(backend(spec), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=collective_timeout(spec))
-        from workers.loop import WorkerContext, run_worker
+        from syncpoint.workers.loop import WorkerContext, run_worker
 
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()

@@ -6,12 +6,12 @@ the run directory's lease, negotiates where to resume, trains and finishes; ``_t
 *How resume stays exact* (docs/concepts/exact-resume.md), rule by rule:
 
 * optimizer steps fire at sync boundaries computed from the 1-indexed position within the epoch
-  (``policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
+  (``syncpoint.policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
   micro-batches it really accumulated;
 * save requests (interval trigger, preemption notice, final) stay pending until a boundary and
   are serviced there: never dropped, never written mid-cycle;
 * on start every rank agrees on one state chosen by the resume policy from metadata alone
-  (``workers.resume_negotiation``); the data position is restored (by index arithmetic for a
+  (``syncpoint.workers.resume_negotiation``); the data position is restored (by index arithmetic for a
   map-style dataset, from each rank's saved stream state for a stream) and every RNG after it,
   right before the first fetch.
 """
@@ -30,16 +30,21 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.distributed as dist
 
-from policies.boundaries import cycle_length, is_boundary
-from policies.candidates import Expectation, identity_record
-from policies.elastic import layout
-from policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
-from policies.import_path import load_class
-from policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
-from policies.save_interval import DEFAULT_PREEMPTIONS_PER_HOUR, AutoDecision, PreemptionHistory, preemption_history
-from policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
-from policies.spec import JobSpec
-from policies.state_format import (
+from syncpoint.policies.boundaries import cycle_length, is_boundary
+from syncpoint.policies.candidates import Expectation, identity_record
+from syncpoint.policies.elastic import layout
+from syncpoint.policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
+from syncpoint.policies.import_path import load_class
+from syncpoint.policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
+from syncpoint.policies.save_interval import (
+    DEFAULT_PREEMPTIONS_PER_HOUR,
+    AutoDecision,
+    PreemptionHistory,
+    preemption_history,
+)
+from syncpoint.policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
+from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.state_format import (
     SHARD_WINDOW_SAMPLER,
     TRAINER_SCHEMA_VERSION,
     CorpusRecord,
@@ -48,39 +53,39 @@ from policies.state_format import (
     StreamRecord,
     TrainState,
 )
-from workers import corpus, rng, task_rngs
-from workers.attempt import Attempt
-from workers.boundary_vote import BoundaryVote
-from workers.checkpoint_engine import install as install_streaming
-from workers.data_source import DataSource, data_source
-from workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
-from workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
-from workers.evaluation import Evaluation, check_task
-from workers.events import EventLog, skipped_line
-from workers.export import export_final
-from workers.failure_site import annotate
-from workers.faults import Faults
-from workers.finite import NonfiniteSteps
-from workers.heartbeat import Heartbeat
-from workers.lease import RunLease
-from workers.metric_sinks import ReportFn, RunMetrics
-from workers.param_groups import settings_of
-from workers.position import TrainingPosition
-from workers.preemption import PreemptionNotices, RayNotice
-from workers.progress import ProgressLine, ProgressLog
-from workers.resume_negotiation import ResumeStart, negotiate_resume
-from workers.saving import SaveCoordinator
-from workers.schedule import Schedule
-from workers.signing import load_key
-from workers.state_writer import SaveResult
-from workers.storage import RunStorage
-from workers.stream import PreparedStream, check_map_spec, prepare
-from workers.task import Task, check_loss, is_stream, load_task
+from syncpoint.workers import corpus, rng, task_rngs
+from syncpoint.workers.attempt import Attempt
+from syncpoint.workers.boundary_vote import BoundaryVote
+from syncpoint.workers.checkpoint_engine import install as install_streaming
+from syncpoint.workers.data_source import DataSource, data_source
+from syncpoint.workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
+from syncpoint.workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
+from syncpoint.workers.evaluation import Evaluation, check_task
+from syncpoint.workers.events import EventLog, skipped_line
+from syncpoint.workers.export import export_final
+from syncpoint.workers.failure_site import annotate
+from syncpoint.workers.faults import Faults
+from syncpoint.workers.finite import NonfiniteSteps
+from syncpoint.workers.heartbeat import Heartbeat
+from syncpoint.workers.lease import RunLease
+from syncpoint.workers.metric_sinks import ReportFn, RunMetrics
+from syncpoint.workers.param_groups import settings_of
+from syncpoint.workers.position import TrainingPosition
+from syncpoint.workers.preemption import PreemptionNotices, RayNotice
+from syncpoint.workers.progress import ProgressLine, ProgressLog
+from syncpoint.workers.resume_negotiation import ResumeStart, negotiate_resume
+from syncpoint.workers.saving import SaveCoordinator
+from syncpoint.workers.schedule import Schedule
+from syncpoint.workers.signing import load_key
+from syncpoint.workers.state_writer import SaveResult
+from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.stream import PreparedStream, check_map_spec, prepare
+from syncpoint.workers.task import Task, check_loss, is_stream, load_task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from workers.checkpoint_engine import StreamingCheckpointEngine
+    from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine
 
 
 @dataclass
@@ -95,10 +100,10 @@ class WorkerContext:
     # One id per `syncpoint run` invocation: a Ray restart inside the same submission shares it, so
     # `resume.policy: fresh` starts over only once and restarts continue their own progress.
     submission_id: str = ""
-    # Ray Train's `report` (workers.metric_sinks.RayReport), or None outside Ray. A barrier: every
+    # Ray Train's `report` (syncpoint.workers.metric_sinks.RayReport), or None outside Ray. A barrier: every
     # rank calls it at the same boundaries (logged steps as often as Ray collects them, evaluations).
     report_metrics: ReportFn | None = None
-    # The driver's heartbeat board (a Ray actor handle, ``workers.heartbeat``), or None outside Ray:
+    # The driver's heartbeat board (a Ray actor handle, ``syncpoint.workers.heartbeat``), or None outside Ray:
     # each rank beats its micro-step there, so a failure's real interruption point is measured.
     heartbeat_board: Any | None = None
     # When the launcher started this worker (before its imports); None: when run_worker starts.
@@ -484,7 +489,7 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
                         window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
-        per_rank_buffers=True,  # every rank writes its module buffers (workers.buffers)
+        per_rank_buffers=True,  # every rank writes its module buffers (syncpoint.workers.buffers)
         metrics={"loss": loss, **(evaluated or {})}, save_reasons=reasons, attempt=attempt.number,
         submission=attempt.submission_id,  # a restart of this submission continues from its own states
         created_at=time.time()).record()

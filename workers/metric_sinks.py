@@ -33,9 +33,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from workers.attempt import Attempt
-    from workers.state_writer import SaveResult
-    from workers.storage import RunStorage
+    from syncpoint.workers.attempt import Attempt
+    from syncpoint.workers.state_writer import SaveResult
+    from syncpoint.workers.storage import RunStorage
 
 TENSORBOARD_DIR = "tensorboard"  # <run>/tensorboard: `tensorboard --logdir <run>/tensorboard`
 UPLOAD_EVERY_S = 30.0  # how stale an object store's copy of the event file may get between commits

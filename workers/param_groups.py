@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from policies.errors import JobConfigError
+from syncpoint.policies.errors import JobConfigError
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -280,7 +280,8 @@ def portable_values(group: dict[str, Any]) -> dict[str, Any]:
 def settings_of(engine: DeepSpeedEngine) -> GroupSettings:
     settings = getattr(engine, ATTRIBUTE, None)
     if settings is None:
-        raise RuntimeError("the engine was not built by workers.engine.build_engine (no param-group snapshot)")
+        raise RuntimeError("the engine was not built by syncpoint.workers.engine.build_engine "
+                           "(no param-group snapshot)")
     return settings
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from policies.journal import Progress, ProgressRecord
-from workers.events import EVENT_MAX_BYTES, EventLog
+from syncpoint.policies.journal import Progress, ProgressRecord
+from syncpoint.workers.events import EVENT_MAX_BYTES, EventLog
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)
 FLUSH_AT_BYTES = EVENT_MAX_BYTES // 4  # a batch's estimated JSON size that flushes it whatever the time

@@ -18,22 +18,28 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from policies.candidates import Candidate, Verdict, init_from_problem
-from policies.errors import JobConfigError, NoResumableState, ResumeRefused, RunDirectoryRefused, StateMismatch
-from policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
-from policies.redact import redact_url
-from policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from policies.state_format import SAMPLER_VERSION, STATES_DIR, STREAM_SAMPLER, TrainState, buffers_file
-from workers import buffers, rng
-from workers.attempt import Attempt
-from workers.discovery import discover, discover_lazy, read_candidate
-from workers.engine import apply_hyperparameters, set_counters
-from workers.position import RunLength, TrainingPosition
-from workers.schedule import horizon_changed, resume_position
-from workers.signing import legacy_unbound, load_key
-from workers.state_reader import StateRefused, fetch_state, load_into_engine
-from workers.storage import RunStorage
-from workers.stream_state import SavedStream
+from syncpoint.policies.candidates import Candidate, Verdict, init_from_problem
+from syncpoint.policies.errors import (
+    JobConfigError,
+    NoResumableState,
+    ResumeRefused,
+    RunDirectoryRefused,
+    StateMismatch,
+)
+from syncpoint.policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
+from syncpoint.policies.redact import redact_url
+from syncpoint.policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
+from syncpoint.policies.state_format import SAMPLER_VERSION, STATES_DIR, STREAM_SAMPLER, TrainState, buffers_file
+from syncpoint.workers import buffers, rng
+from syncpoint.workers.attempt import Attempt
+from syncpoint.workers.discovery import discover, discover_lazy, read_candidate
+from syncpoint.workers.engine import apply_hyperparameters, set_counters
+from syncpoint.workers.position import RunLength, TrainingPosition
+from syncpoint.workers.schedule import horizon_changed, resume_position
+from syncpoint.workers.signing import legacy_unbound, load_key
+from syncpoint.workers.state_reader import StateRefused, fetch_state, load_into_engine
+from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.stream_state import SavedStream
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -204,7 +210,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
     and when none is left the run fails (it never trains on a half-loaded engine). This rank's
-    module buffers (``workers.buffers``) are checked against the live module with the fetch and
+    module buffers (``syncpoint.workers.buffers``) are checked against the live module with the fetch and
     applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
     fetched, error, saved_buffers = None, None, None
     same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
@@ -253,7 +259,7 @@ def _buffers_source(attempt: Attempt, candidate: Candidate) -> int | None:
 
 def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> int | None:
     """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO optimizer shard
-    (``workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
+    (``syncpoint.workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
     no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
     same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
     if (not same_world or attempt.spec.resume.reset_optimizer or engine.zero_optimization_stage() not in (1, 2)

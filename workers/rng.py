@@ -2,11 +2,11 @@
 
 Python ``random``, NumPy's global generator, torch CPU and (when present) every CUDA device, and
 the generators the task owns on its train side (reachable from its loss, model, metrics or
-optimizer; ``workers.task_rngs``), which the loop registers with ``use_task_generators``. The loop
+optimizer; ``syncpoint.workers.task_rngs``), which the loop registers with ``use_task_generators``. The loop
 restores them after the data skip and after everything that consumes randomness at start-up
 (model build, engine init), immediately before the first fetch, so dropout and any model-side
 randomness continue exactly. Data-side generators (the dataset's, the collate's) are not saved:
-``workers.data`` makes them a function of (seed, epoch, sample index).
+``syncpoint.workers.data`` makes them a function of (seed, epoch, sample index).
 
 A state's RNG file is parsed whole and tried when the state is fetched (``verify``: applied, then
 put back), so a bad file is a refusal of that state, which falls back like any other, and the
@@ -37,9 +37,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from policies.bounded_json import BoundedJsonError, loads_bounded
-from policies.errors import StateRefused
-from workers import task_rngs
+from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.errors import StateRefused
+from syncpoint.workers import task_rngs
 
 MAX_HEADER = 8 << 20  # a header larger than this is no RNG file (a rank's is a few KiB)
 MAX_ARRAY_BYTES = 1 << 20  # one NumPy state array (MT19937's key is 2.5 KiB)
@@ -380,5 +380,5 @@ def hash_seed_problem(expected: int) -> str | None:
     return (f"this worker's Python does not run with PYTHONHASHSEED={expected} (the job's, derived from train.seed; "
             f"it has {os.environ.get('PYTHONHASHSEED', 'none')!s}): code whose order depends on a set or dict of "
             "strings sees another order after every restart. syncpoint sets it for the workers it starts (Ray Train "
-            "workers, workers.launch); a launcher of your own must start each worker process with "
+            "workers, syncpoint.workers.launch); a launcher of your own must start each worker process with "
             f"PYTHONHASHSEED={expected} in its environment")

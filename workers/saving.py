@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from policies.errors import LeaseLostError
-from policies.journal import StateCommitted
-from policies.retention import plan_retention
-from policies.save_triggers import PendingSave
-from policies.state_format import MANIFEST_FILE, STATES_DIR
-from workers.attempt import Attempt
-from workers.boundary_vote import BoundaryVote
-from workers.discovery import discover
-from workers.finite import agreed_finite, refused_save
-from workers.progress import ProgressLog
-from workers.state_writer import (
+from syncpoint.policies.errors import LeaseLostError
+from syncpoint.policies.journal import StateCommitted
+from syncpoint.policies.retention import plan_retention
+from syncpoint.policies.save_triggers import PendingSave
+from syncpoint.policies.state_format import MANIFEST_FILE, STATES_DIR
+from syncpoint.workers.attempt import Attempt
+from syncpoint.workers.boundary_vote import BoundaryVote
+from syncpoint.workers.discovery import discover
+from syncpoint.workers.finite import agreed_finite, refused_save
+from syncpoint.workers.progress import ProgressLog
+from syncpoint.workers.state_writer import (
     AsyncUpload,
     SaveResult,
     commit_snapshot,
@@ -37,7 +37,7 @@ from workers.state_writer import (
     state_name,
     take_snapshot,
 )
-from workers.stream_state import StreamStateError
+from syncpoint.workers.stream_state import StreamStateError
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -61,7 +61,7 @@ class SaveCoordinator:
         self.last_save_time = time.monotonic()
         self.micro_step = 0
         self.deferred = False  # a save request waits for a finite state (said once per wait)
-        # Called after each commit on every rank (workers.metric_sinks.RunMetrics.committed: TensorBoard).
+        # Called after each commit on every rank (syncpoint.workers.metric_sinks.RunMetrics.committed: TensorBoard).
         self.on_commit: Callable[[SaveResult, list[str]], None] | None = None
         # A stream dataset's: this rank's stream position as its stream file's bytes, at the boundary.
         self.stream_state: Callable[[], bytes] | None = None

@@ -1,6 +1,6 @@
 """The LR schedule: the live spec decides values; a state contributes only its position.
 
-A schedule is a factor on each param group's own base learning rate (``workers.param_groups``):
+A schedule is a factor on each param group's own base learning rate (``syncpoint.workers.param_groups``):
 constant, linear, cosine, wsd (warmup-stable-decay), inverse_sqrt, polynomial, step, or a custom
 function named by import path.
 
@@ -16,11 +16,11 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from policies.errors import JobConfigError, ScheduleMismatch
-from policies.import_path import load_function
-from policies.spec import SchedulerSpec
-from policies.state_format import SchedulerRecord
-from policies.state_format import scheduler_phases as phases
+from syncpoint.policies.errors import JobConfigError, ScheduleMismatch
+from syncpoint.policies.import_path import load_function
+from syncpoint.policies.spec import SchedulerSpec
+from syncpoint.policies.state_format import SchedulerRecord
+from syncpoint.policies.state_format import scheduler_phases as phases
 
 
 def factor_at(position: int, s: SchedulerSpec, total: int) -> float:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from policies.errors import CorpusChanged, CorpusError
+from syncpoint.policies.errors import CorpusChanged, CorpusError
 
 FETCH_LOG = "fetches.log"
 FETCH_LOG_MAX_BYTES = 1 << 20  # then it starts over (fetches.log.1 keeps the previous one)

@@ -2,17 +2,17 @@
 
 Protocol (all ranks, at a sync boundary only):
 1. DeepSpeed saves its checkpoint (``engine.save_checkpoint``); every shard goes through the
-   streaming checkpoint engine (``workers.checkpoint_engine``), checksummed as it is serialized:
+   streaming checkpoint engine (``syncpoint.workers.checkpoint_engine``), checksummed as it is serialized:
    a synchronous save streams each rank's shards straight into storage through fsspec (no shared
    filesystem needed); an asynchronous one only copies their tensors into reusable host buffers
-   (``workers.snapshot_arena``) and a background thread then serializes them into storage the
-   same way. Each rank also writes its RNG file and its module buffers file (``workers.buffers``:
+   (``syncpoint.workers.snapshot_arena``) and a background thread then serializes them into storage the
+   same way. Each rank also writes its RNG file and its module buffers file (``syncpoint.workers.buffers``:
    DeepSpeed's ZeRO 0-2 module file holds rank 0's buffers only), and, for a stream dataset, its
-   stream position (``workers.stream_state``), durably.
+   stream position (``syncpoint.workers.stream_state``), durably.
 2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
    durable.
 3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
-   checksum, ``workers.checksum``) atomically: temp name + rename locally, a single PUT on object
+   checksum, ``syncpoint.workers.checksum``) atomically: temp name + rename locally, a single PUT on object
    stores. Anything without a manifest is torn and selection rejects it.
 """
 
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from policies.errors import LeaseLostError
-from policies.retention import is_state_name
-from policies.state_format import (
+from syncpoint.policies.errors import LeaseLostError
+from syncpoint.policies.retention import is_state_name
+from syncpoint.policies.state_format import (
     ENGINE_TAG,
     LOCAL_DIRS,
     MANIFEST_FILE,
@@ -45,13 +45,13 @@ from policies.state_format import (
     state_name,
     stream_file,
 )
-from workers import buffers, rng
-from workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
-from workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
-from workers.faults import Faults
-from workers.lease import RunLease
-from workers.signing import BINDING, binding_of, sign
-from workers.storage import RunStorage
+from syncpoint.workers import buffers, rng
+from syncpoint.workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
+from syncpoint.workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
+from syncpoint.workers.faults import Faults
+from syncpoint.workers.lease import RunLease
+from syncpoint.workers.signing import BINDING, binding_of, sign
+from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -72,7 +72,7 @@ class Snapshot:
     name: str
     staging: str
     rng_bytes: bytes
-    trainer: dict[str, Any]  # the trainer.json object (``policies.state_format.TrainState.record``)
+    trainer: dict[str, Any]  # the trainer.json object (``syncpoint.policies.state_format.TrainState.record``)
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
@@ -82,9 +82,11 @@ class Snapshot:
     # engine whose arena holds them (released once they are written)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
     arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
-    signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (workers.signing)
-    buffers_bytes: bytes | None = field(default=None, repr=False)  # this rank's module buffers (workers.buffers)
-    stream_bytes: bytes | None = field(default=None, repr=False)  # this rank's stream position (workers.stream_state)
+    signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (syncpoint.workers.signing)
+    # this rank's module buffers (syncpoint.workers.buffers)
+    buffers_bytes: bytes | None = field(default=None, repr=False)
+    # this rank's stream position (syncpoint.workers.stream_state)
+    stream_bytes: bytes | None = field(default=None, repr=False)
 
 
 def staging_root() -> str | None:
@@ -128,7 +130,7 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
             with ce.capturing(staging) as captured:
                 engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
         if full_optimizer_state:
-            from workers.elastic_state import save_full_optimizer_state
+            from syncpoint.workers.elastic_state import save_full_optimizer_state
 
             save_full_optimizer_state(engine, staging, dist.get_rank())
     except BaseException:

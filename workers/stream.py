@@ -28,9 +28,9 @@ order; ``datasets``' own ``.shuffle(buffer_size)`` is refused: its state does no
 
 The rank's position (``StreamSource.capture``) is its pass number and torchdata's
 ``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
-stream's own ``state_dict()``, the counts, the buffer); ``workers.stream_state`` writes it without
+stream's own ``state_dict()``, the counts, the buffer); ``syncpoint.workers.stream_state`` writes it without
 pickle. A stream's state is per rank and per DataLoader worker: selection refuses it on another
-world size or another ``train.dataloader_workers`` (``policies.candidates``).
+world size or another ``train.dataloader_workers`` (``syncpoint.policies.candidates``).
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from typing import Any
 
 import torch
 
-from policies.elastic import Layout, stream_layout
-from policies.errors import JobConfigError, TaskError
-from policies.spec import JobSpec
-from workers.data import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
-from workers.rng import derive_seed
-from workers.stream_state import SavedStream, encode
-from workers.task import hf_iterable
-from workers.task_rngs import DataGenerators
+from syncpoint.policies.elastic import Layout, stream_layout
+from syncpoint.policies.errors import JobConfigError, TaskError
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers.data import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
+from syncpoint.workers.rng import derive_seed
+from syncpoint.workers.stream_state import SavedStream, encode
+from syncpoint.workers.task import hf_iterable
+from syncpoint.workers.task_rngs import DataGenerators
 
 # Salts of the seeds a stream derives (with seed, rank, pass, worker and a count). Part of the resume
 # contract: a state resumes to the same examples only while these stay as they are.
@@ -67,7 +67,7 @@ class PreparedStream:
     """This rank's stream, ready for the loop, and what a state records of it."""
 
     stream: RankStream
-    record: dict[str, Any]  # ``policies.state_format.StreamRecord``'s fields
+    record: dict[str, Any]  # ``syncpoint.policies.state_format.StreamRecord``'s fields
     layout: Layout
 
 

@@ -7,7 +7,7 @@ Users never write the training loop. ``task.path: "pkg.mod:build"`` names a func
 Randomness a resume reproduces: the global streams (Python ``random``, NumPy's global functions,
 torch CPU and CUDA), and generators the task keeps on its own objects (``random.Random``,
 ``np.random.Generator`` / ``RandomState`` / a bit generator, ``torch.Generator``) where
-``workers.task_rngs`` finds them: those reachable from ``dataset``, ``collate`` and
+``syncpoint.workers.task_rngs`` finds them: those reachable from ``dataset``, ``collate`` and
 ``eval_dataset`` are reseeded per sample / batch from (seed, epoch, index), those reachable from
 ``loss``, ``model``, ``metrics`` and ``optimizer`` are saved with the rank's RNG. Seed them (from
 the global RNG, which syncpoint seeded, or from ``config``): a generator drawing OS entropy, or one
@@ -15,7 +15,7 @@ created anew inside ``__getitem__`` or ``loss`` without a seed, differs on every
 
 ``dataset`` is map-style (``__len__`` and ``__getitem__``: positions are index arithmetic) or a
 stream whose position is its own state: a Hugging Face ``datasets.IterableDataset``, or an iterable
-with ``state_dict()`` / ``load_state_dict()`` (``workers.stream`` says how each is split per rank and
+with ``state_dict()`` / ``load_state_dict()`` (``syncpoint.workers.stream`` says how each is split per rank and
 resumed). A plain iterable is refused: nothing could say where a resume continues it.
 """
 
@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from policies.errors import TaskError
-from policies.import_path import load_function
+from syncpoint.policies.errors import TaskError
+from syncpoint.policies.import_path import load_function
 
 
 @runtime_checkable
@@ -88,7 +88,7 @@ class Task:
 
     Attributes:
         model: the module to train; syncpoint wraps it in a DeepSpeed engine.
-        dataset: map-style (``__len__``, ``__getitem__``), a ``workers.corpus.ShardedCorpus``, or a
+        dataset: map-style (``__len__``, ``__getitem__``), a ``syncpoint.ShardedCorpus``, or a
             stream with its own state (a Hugging Face ``datasets.IterableDataset``, or an iterable with
             ``state_dict()`` / ``load_state_dict()``).
         loss: ``loss(model, batch) -> scalar tensor``; ``model`` is the DeepSpeed engine.
@@ -104,7 +104,7 @@ class Task:
     dataset: MapDataset | Any  # map-style, or a stream (``is_stream``)
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
-    # Evaluation (``train.eval_every``, ``workers.evaluation``): a map-style eval set, and what to
+    # Evaluation (``train.eval_every``, ``syncpoint.workers.evaluation``): a map-style eval set, and what to
     # measure on a batch: ``metrics(model, batch) -> {name: tensor}``, a 0-d tensor being the batch's
     # mean and a 1-d tensor one value per item. Default: the task's loss, recorded as ``eval_loss``.
     eval_dataset: MapDataset | None = None
@@ -127,7 +127,7 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
             raise
         raise TaskError(f"task.path: {path!r} cannot be called as {path.split(':')[1]}(config: dict): {e}") from None
     if not isinstance(task, Task):
-        raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected workers.task.Task")
+        raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected syncpoint.Task")
     if task.optimizer is not None and not callable(task.optimizer):
         raise TaskError(f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
                         "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer")

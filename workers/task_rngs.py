@@ -2,12 +2,12 @@
 
 Why: NumPy recommends ``np.random.default_rng`` over the global functions, augmentation libraries
 keep their own ``random.Random`` / NumPy generators, and a loss may draw from its own
-``torch.Generator``. None of these is one of the global streams ``workers.rng`` captures, so
+``torch.Generator``. None of these is one of the global streams ``syncpoint.workers.rng`` captures, so
 without this module they would restart from their freshly built state on every resume (and a
 dataset's copy in each DataLoader worker would repeat the same draws). The walk finds them where
 a task keeps them and gives each a stable name (its path from the Task field, e.g.
 ``dataset.aug.<locals>.rng``), which seeds it (data side) or names its state in the RNG file
-(train side, ``workers.rng``).
+(train side, ``syncpoint.workers.rng``).
 
 What the walk follows, from each Task field: instance attributes (``__dict__``, ``__slots__``),
 lists, tuples and dicts of at most ``MAX_CONTAINER`` items (longer ones are data), closures'
@@ -53,7 +53,7 @@ def is_generator(obj: Any) -> bool:
 
 
 def _global_streams() -> set[int]:
-    """The process-wide generators ``workers.rng`` already captures (a task may hold them too)."""
+    """The process-wide generators ``syncpoint.workers.rng`` already captures (a task may hold them too)."""
     ids = {id(random._inst), id(np.random.mtrand._rand), id(torch.default_generator)}
     ids.update(id(g) for g in getattr(torch.cuda, "default_generators", ()))
     return ids

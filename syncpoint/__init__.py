@@ -1,0 +1,81 @@
+"""syncpoint: DeepSpeed training on Ray whose preemptions are a non-event (boundary-exact resume).
+
+The public surface is what ``__all__`` lists; everything else (``syncpoint.orchestrator``, the
+driver; ``syncpoint.workers``, what runs on each rank; ``syncpoint.policies``, the pure decisions)
+is internal and may change between releases.
+
+* ``Task``: what your ``build(config)`` function (the spec's ``task.path``) returns.
+* ``ShardedCorpus``: a map-style dataset over many shard files, for a ``Task``'s ``dataset``.
+* ``JobSpec``: the job spec (a pydantic model); ``load_spec(path, overrides)`` reads one from a
+  YAML file with ``--set``-style overrides, exactly as the CLI does.
+* ``run(spec)``: run a job as ``syncpoint run`` does and return a ``RunResult``; bad input raises
+  ``SpecError``, a failed run ``RunFailed``.
+
+Why the names resolve lazily: ``import syncpoint`` stays cheap (no torch, Ray or pydantic) for a
+script that only reads ``__version__`` or passes a spec file to ``run``; each name imports its
+module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    __version__: str
+    from syncpoint._api import RunFailed, RunResult, run
+    from syncpoint.orchestrator.spec_file import load_spec
+    from syncpoint.policies.errors import SpecError
+    from syncpoint.policies.spec import JobSpec
+    from syncpoint.workers.corpus import ShardedCorpus
+    from syncpoint.workers.task import Task
+
+__all__ = ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task", "__version__", "load_spec",
+           "run"]
+
+# name -> the module that defines it
+_LAZY = {
+    "JobSpec": "syncpoint.policies.spec",
+    "RunFailed": "syncpoint._api",
+    "RunResult": "syncpoint._api",
+    "ShardedCorpus": "syncpoint.workers.corpus",
+    "SpecError": "syncpoint.policies.errors",
+    "Task": "syncpoint.workers.task",
+    "load_spec": "syncpoint.orchestrator.spec_file",
+    "run": "syncpoint._api",
+}
+
+
+def _version() -> str:
+    """The installed distribution's version; in a checkout nobody installed, its pyproject's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("syncpoint")
+    except PackageNotFoundError:
+        pass
+    import re
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        found = re.search(r'(?m)^version\s*=\s*"([^"]+)"', pyproject.read_text())
+    except OSError:
+        found = None
+    return found.group(1) if found else "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if name == "__version__":  # importlib.metadata alone costs more than the rest of `import syncpoint`
+        value: Any = _version()
+    elif module is None:
+        raise AttributeError(f"module 'syncpoint' has no attribute {name!r}")
+    else:
+        value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
