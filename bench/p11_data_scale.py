@@ -31,9 +31,9 @@ parts, so further measurements, such as streams, slot in as parts of their own):
   tiny records, for syncpoint (its map-style corpus and its stream path) and for ``datasets``
   (``load_state_dict``, ``skip``, HF Trainer's ``skip_first_batches``), torchdata's
   ``StatefulDataLoader`` and MosaicML's ``StreamingDataset`` (installed by ``make venv`` without its
-  own pins, which conflict with this project's: see the Makefile), each one's first resumed batch checked against its own
-  uninterrupted run. The corpus (1.07e8 records as Parquet, .npy and MDS: ~1.7 GB) is written once
-  under the temp directory (about 5 minutes here) and kept for the next run.
+  own pins, which conflict with this project's: see the Makefile), each one's first resumed batch
+  checked against its own uninterrupted run. The corpus (1.07e8 records as Parquet, .npy and MDS:
+  ~1.7 GB) is written once under the temp directory (about 5 minutes here) and kept for the next run.
 
 Goals (issue 28): sampler at 10^10 samples <= 10 ms and <= 1 MiB per rank; the corpus reads S3 at
 >= 0.8x the raw parallel read; resume to the first batch at 10^8 <= 0.01x the best peer's, with the
