@@ -32,7 +32,9 @@ example: $(STAMP)
 # Lint, types and the docs first (seconds with a warm cache): the layer contract is a test, style and
 # types are these, and the site builds with no broken link, anchor or API reference (into site/, ignored).
 lint: $(STAMP)
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/codespell
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 

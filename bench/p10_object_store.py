@@ -78,15 +78,29 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     import fsspec
 
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-           "FSSPEC_S3_ENDPOINT_URL": endpoint, "FSSPEC_S3_KEY": KEY, "FSSPEC_S3_SECRET": SECRET}
+    env = {
+        "AWS_ACCESS_KEY_ID": KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/nonexistent",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+        "FSSPEC_S3_KEY": KEY,
+        "FSSPEC_S3_SECRET": SECRET,
+    }
     os.environ.update(env)
-    fsspec.config.conf["s3"] = {**fsspec.config.conf.get("s3", {}), "client_kwargs": {"endpoint_url": endpoint},
-                                "key": KEY, "secret": SECRET}
+    fsspec.config.conf["s3"] = {
+        **fsspec.config.conf.get("s3", {}),
+        "client_kwargs": {"endpoint_url": endpoint},
+        "key": KEY,
+        "secret": SECRET,
+    }
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -98,8 +112,9 @@ def start_moto() -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
     import boto3
 
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY,
-                 aws_secret_access_key=SECRET).create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY, aws_secret_access_key=SECRET
+    ).create_bucket(Bucket=BUCKET)
     return proc, endpoint
 
 
@@ -136,8 +151,11 @@ SECTIONS = [
     ("syncpoint.workers.state_reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
     ("syncpoint.workers.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
     ("syncpoint.workers.state_reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
-    ("syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine", "save",
-     "save: torch.save of a shard into storage"),
+    (
+        "syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine",
+        "save",
+        "save: torch.save of a shard into storage",
+    ),
     ("syncpoint.workers.checksum.ChecksummingWriter", "write", "  checksum + hand to the writer"),
     ("syncpoint.workers.storage_s3.ParallelPartWriter", "write", "    copy into parts (+ wait for a free slot)"),
     ("syncpoint.workers.storage_s3.ParallelPartWriter", "_collect_oldest", "      wait for a part in flight"),
@@ -209,8 +227,12 @@ def _run(spec) -> list[dict[str, list[float]]]:
     out = tempfile.mkdtemp(prefix="p10-profile-")
     port, submission = launch.free_port(), uuid.uuid4().hex
     ctx = launch._context(launch._start_method(spec))
-    procs = [ctx.Process(target=_profiled_child, args=(out, spec.model_dump_json(), r, 2, port, True, submission,
-                                                        dict(os.environ))) for r in range(2)]
+    procs = [
+        ctx.Process(
+            target=_profiled_child, args=(out, spec.model_dump_json(), r, 2, port, True, submission, dict(os.environ))
+        )
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -235,8 +257,10 @@ def print_profile(title: str, profiles: list[dict[str, list[float]]], save: bool
     chosen = SECTIONS[SAVE_SECTIONS:] if save else SECTIONS[:SAVE_SECTIONS]
     names = [name for _, _, name in chosen if any(p.get(name, [0])[0] for p in profiles)]
     print(f"\n{title}")
-    print(f"{'section (nested ones are part of the line above)':60s} " + " ".join(f"{'rank ' + str(r):>16s}"
-                                                                                for r in range(len(profiles))))
+    print(
+        f"{'section (nested ones are part of the line above)':60s} "
+        + " ".join(f"{'rank ' + str(r):>16s}" for r in range(len(profiles)))
+    )
     for name in names:
         cells = [p.get(name, [0, 0.0]) for p in profiles]
         print(f"{name:60s} " + " ".join(f"{int(c):4d}x {s:8.3f} s" for c, s in cells))
@@ -261,11 +285,19 @@ def save_and_restore(storage: str, width: int, depth: int) -> dict[str, Any]:
     assert decision["chosen"] == committed[-1]["state"], decision
     loaded = [e for e in events if e["kind"] == "attempt_started"][-1]
     to_first_step = _step_times(events)[3] - decision["time"]
-    return {"spec": first, "state": committed[-1]["state"], "bytes": committed[-1]["bytes"],
-            "save_s": committed[-1]["seconds"], "blocked_s": committed[-1]["blocked_seconds"],
-            "step_s": first_step_s, "load_s": loaded["time"] - decision["time"],
-            "to_first_step_s": to_first_step, "restore_s": max(1e-9, to_first_step - first_step_s),
-            "save_profile": save_profile, "restore_profile": restore_profile}
+    return {
+        "spec": first,
+        "state": committed[-1]["state"],
+        "bytes": committed[-1]["bytes"],
+        "save_s": committed[-1]["seconds"],
+        "blocked_s": committed[-1]["blocked_seconds"],
+        "step_s": first_step_s,
+        "load_s": loaded["time"] - decision["time"],
+        "to_first_step_s": to_first_step,
+        "restore_s": max(1e-9, to_first_step - first_step_s),
+        "save_profile": save_profile,
+        "restore_profile": restore_profile,
+    }
 
 
 def raw_s3(state_url: str, workdir: str) -> tuple[float, float, int]:
@@ -277,7 +309,7 @@ def raw_s3(state_url: str, workdir: str) -> tuple[float, float, int]:
     found = fs.find(root, detail=True)
     rpaths = sorted(found)
     size = sum(int(found[p]["size"]) for p in rpaths)
-    lpaths = [os.path.join(workdir, p[len(root):].lstrip("/")) for p in rpaths]
+    lpaths = [os.path.join(workdir, p[len(root) :].lstrip("/")) for p in rpaths]
     for lp in lpaths:
         os.makedirs(os.path.dirname(lp), exist_ok=True)
     kw = {"chunksize": fs.default_block_size, "max_concurrency": fs.max_concurrency}
@@ -314,16 +346,22 @@ def main(argv: list[str] | None = None) -> int:
     from bench.p2_save_cost import param_count
 
     n = param_count({"width": width, "depth": depth})
-    print(f"P10 object store: ZeRO-2, 2 ranks, fp32 MLP width {width} depth {depth} ({n / 1e6:.1f}M parameters, "
-          f"~{16 * n / 1e9:.2f} GB state)", flush=True)
+    print(
+        f"P10 object store: ZeRO-2, 2 ranks, fp32 MLP width {width} depth {depth} ({n / 1e6:.1f}M parameters, "
+        f"~{16 * n / 1e9:.2f} GB state)",
+        flush=True,
+    )
     server, endpoint = start_moto()
     work = tempfile.mkdtemp(prefix="p10-")
     try:
         import fsspec
 
         fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}/x")
-        print(f"moto server {endpoint} (own process); s3fs part size {fs.default_block_size >> 20} MiB, "
-              f"max_concurrency {fs.max_concurrency}", flush=True)
+        print(
+            f"moto server {endpoint} (own process); s3fs part size {fs.default_block_size >> 20} MiB, "
+            f"max_concurrency {fs.max_concurrency}",
+            flush=True,
+        )
         s3 = save_and_restore(f"s3://{BUCKET}/runs", width, depth)
         down, up, size = raw_s3(f"{s3['spec'].run_url}/states/{s3['state']}", os.path.join(work, "raw"))
         local = save_and_restore(os.path.join(work, "local"), width, depth)
@@ -355,21 +393,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'what':62s} {'bytes':>14s} {'seconds':>9s} {'MB/s':>8s}")
     for name, b, s in rows:
         print(f"{name:62s} {b:14,d} {s:9.2f} {mbps(b, s):8.0f}")
-    print(f"a fresh start's first step (subtracted): S3 run {s3['step_s']:.2f} s, local run {local['step_s']:.2f} s; "
-          f"S3 save blocked the loop {s3['blocked_s']:.2f} s")
+    print(
+        f"a fresh start's first step (subtracted): S3 run {s3['step_s']:.2f} s, local run {local['step_s']:.2f} s; "
+        f"S3 save blocked the loop {s3['blocked_s']:.2f} s"
+    )
     save_ratio = mbps(s3["bytes"], s3["save_s"]) / mbps(size, up)
     restore_ratio = mbps(s3["bytes"], s3["load_s"]) / mbps(size, down)
     local_ratio = mbps(local["bytes"], local["load_s"]) / mbps(read_bytes, read_s)
-    print("restore goals compare 'selection -> state loaded' (the restore's reads and loads; the engine was built "
-          "before selection) with the raw transfer; whole span (the issue's selection -> first resumed step, less "
-          f"a fresh first step): S3 {mbps(s3['bytes'], s3['restore_s']) / mbps(size, down):.2f}x the raw download, "
-          f"local {mbps(local['bytes'], local['restore_s']) / mbps(read_bytes, read_s):.2f}x the raw read")
+    print(
+        "restore goals compare 'selection -> state loaded' (the restore's reads and loads; the engine was built "
+        "before selection) with the raw transfer; whole span (the issue's selection -> first resumed step, less "
+        f"a fresh first step): S3 {mbps(s3['bytes'], s3['restore_s']) / mbps(size, down):.2f}x the raw download, "
+        f"local {mbps(local['bytes'], local['restore_s']) / mbps(read_bytes, read_s):.2f}x the raw read"
+    )
     print_profile("S3 save, where the time goes (the save run; seconds summed over calls)", s3["save_profile"], True)
     print_profile("S3 restore, where the time goes", s3["restore_profile"], False)
     print_profile("local restore, where the time goes", local["restore_profile"], False)
     print()
-    for name, ratio in (("s3_save_vs_raw_upload", save_ratio), ("s3_restore_vs_raw_download", restore_ratio),
-                        ("local_restore_vs_raw_read", local_ratio)):
+    for name, ratio in (
+        ("s3_save_vs_raw_upload", save_ratio),
+        ("s3_restore_vs_raw_download", restore_ratio),
+        ("local_restore_vs_raw_read", local_ratio),
+    ):
         print(f"goal {name}: {ratio:.2f}x vs >= {GOAL:.2f}x: {'met' if ratio >= GOAL else 'not met'}")
     return 0
 

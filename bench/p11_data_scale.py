@@ -116,10 +116,21 @@ def _sampler(kind: str, n: int) -> Callable[[], Any]:
         shard_rows[-1] += n - int(shard_rows.sum())
 
         def build() -> Any:
-            s = RankMicroBatches(n, mbs, world, rank, seed, epoch, start, sampler=SHARD_WINDOW_SAMPLER,
-                                 shard_rows=shard_rows, window_shards=8)
+            s = RankMicroBatches(
+                n,
+                mbs,
+                world,
+                rank,
+                seed,
+                epoch,
+                start,
+                sampler=SHARD_WINDOW_SAMPLER,
+                shard_rows=shard_rows,
+                window_shards=8,
+            )
             s.indices(start)
             return s
+
         return build
     sampler = LEGACY_SAMPLER if kind == "global-permutation/v1" else SAMPLER_VERSION
 
@@ -127,6 +138,7 @@ def _sampler(kind: str, n: int) -> Callable[[], Any]:
         s = RankMicroBatches(n, mbs, world, rank, seed, epoch, start, sampler=sampler)
         s.indices(start)
         return s
+
     return build_plain
 
 
@@ -164,9 +176,10 @@ def measure_sampler(kind: str, n: int, repeats: int = 5) -> tuple[float, int, in
 
 
 def part_sampler(quick: bool) -> Part:
-    part = Part("(a) one rank's sampler for an epoch: construction + first micro-batch (8 x 8 ranks, resumed "
-                "mid-epoch)",
-                ("sampler", "samples", "time (ms)", "RSS growth (MiB)", "held (KiB): traced peak / permutation"))
+    part = Part(
+        "(a) one rank's sampler for an epoch: construction + first micro-batch (8 x 8 ranks, resumed mid-epoch)",
+        ("sampler", "samples", "time (ms)", "RSS growth (MiB)", "held (KiB): traced peak / permutation"),
+    )
     legacy_max = 10**7 if quick else 10**8
     at_10e10: dict[str, tuple[float, int, int | None]] = {}
     for exp in range(6, 11):
@@ -178,14 +191,23 @@ def part_sampler(quick: bool) -> Part:
             seconds, grown, peak = measure_sampler(kind, n)
             if exp == 10:
                 at_10e10[kind] = (seconds, grown, peak)
-            part.rows.append((kind, f"10^{exp}", f"{seconds * 1e3:.3f}", f"{grown / 2**20:.1f}",
-                              "-" if peak is None else f"{peak / 1024:,.1f}"))
+            part.rows.append(
+                (
+                    kind,
+                    f"10^{exp}",
+                    f"{seconds * 1e3:.3f}",
+                    f"{grown / 2**20:.1f}",
+                    "-" if peak is None else f"{peak / 1024:,.1f}",
+                )
+            )
     seconds, _, peak = at_10e10["feistel/v1"]
     part.goals.append(goal("sampler_10e10_time", seconds * 1e3, "<=", GOAL_MS, " ms", "{:.3f}"))
     part.goals.append(goal("sampler_10e10_memory", (peak or 0) / 1024, "<=", GOAL_BYTES / 1024, " KiB", "{:.1f}"))
     sw_seconds, _, sw_peak = at_10e10["shard-window/v1"]
-    part.goals.append(f"(shard-window/v1 at 10^10 samples in 10^4 shards: {sw_seconds * 1e3:.3f} ms, "
-                      f"{(sw_peak or 0) / 1024:.1f} KiB traced: O(shards), not O(samples))")
+    part.goals.append(
+        f"(shard-window/v1 at 10^10 samples in 10^4 shards: {sw_seconds * 1e3:.3f} ms, "
+        f"{(sw_peak or 0) / 1024:.1f} KiB traced: O(shards), not O(samples))"
+    )
     return part
 
 
@@ -214,12 +236,13 @@ def raw_read(paths: list[str], concurrency: int) -> float:
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     t0 = time.perf_counter()
     for i in range(0, len(paths), concurrency):
-        fs.cat(paths[i:i + concurrency], batch_size=concurrency)
+        fs.cat(paths[i : i + concurrency], batch_size=concurrency)
     return time.perf_counter() - t0
 
 
-def corpus_epoch(url: str, cache: str, concurrency: int, window: int, seeded: bool,
-                 cold: bool = True) -> tuple[float, int]:
+def corpus_epoch(
+    url: str, cache: str, concurrency: int, window: int, seeded: bool, cold: bool = True
+) -> tuple[float, int]:
     """One epoch through the corpus from an empty shard cache (``cold``; else every shard cached
     already) with its index built; (seconds, samples)."""
     from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
@@ -230,8 +253,9 @@ def corpus_epoch(url: str, cache: str, concurrency: int, window: int, seeded: bo
         shutil.rmtree(os.path.join(cache, "shards-cache"), ignore_errors=True)
     c = ShardedCorpus(f"{url}/*.npy", seq_len=2049, cache=CacheSettings(cache, 1 << 40, concurrency=concurrency))
     n = len(c)  # the index, from the node's cache: no shard read
-    batches = RankMicroBatches(n, 32, 1, 0, 0, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=c.shard_rows,
-                               window_shards=window)
+    batches = RankMicroBatches(
+        n, 32, 1, 0, 0, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=c.shard_rows, window_shards=window
+    )
     seeded_samples = SeededSamples(c, 0, 0)
     t0 = time.perf_counter()
     batches.on_position = c.follow(batches.order)
@@ -250,8 +274,10 @@ def part_s3(quick: bool) -> Part:
 
     shards, shard_mib = (16, 4) if quick else (48, 16)
     concurrency, window = 4, 4
-    part = Part(f"(b) a token corpus on moto's S3 server: {shards} shards of {shard_mib} MiB, {concurrency} in flight",
-                ("read", "bytes (MB)", "seconds", "MB/s", "vs raw"))
+    part = Part(
+        f"(b) a token corpus on moto's S3 server: {shards} shards of {shard_mib} MiB, {concurrency} in flight",
+        ("read", "bytes (MB)", "seconds", "MB/s", "vs raw"),
+    )
     server, _ = start_moto()  # its bucket is P10's
     from bench.p10_object_store import BUCKET
 
@@ -276,18 +302,36 @@ def part_s3(quick: bool) -> Part:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
-    part.rows += [("raw s3fs cat (parallel GETs)", f"{size / 1e6:.0f}", f"{raw_s:.2f}", f"{size / raw_s / 1e6:.0f}",
-                   "1.00x"),
-                  (f"ShardedCorpus epoch ({samples} samples, shard-window)", f"{size / 1e6:.0f}", f"{corpus_s:.2f}",
-                   f"{size / corpus_s / 1e6:.0f}", f"{raw_s / corpus_s:.2f}x"),
-                  ("  the same through SeededSamples (per-sample RNG seeding)", f"{size / 1e6:.0f}", f"{seeded_s:.2f}",
-                   f"{size / seeded_s / 1e6:.0f}", f"{raw_s / seeded_s:.2f}x"),
-                  ("  the same, every shard cached (no I/O: the reads' CPU alone)", f"{size / 1e6:.0f}",
-                   f"{cached_s:.2f}", f"{size / cached_s / 1e6:.0f}", f"{raw_s / cached_s:.2f}x")]
+    part.rows += [
+        ("raw s3fs cat (parallel GETs)", f"{size / 1e6:.0f}", f"{raw_s:.2f}", f"{size / raw_s / 1e6:.0f}", "1.00x"),
+        (
+            f"ShardedCorpus epoch ({samples} samples, shard-window)",
+            f"{size / 1e6:.0f}",
+            f"{corpus_s:.2f}",
+            f"{size / corpus_s / 1e6:.0f}",
+            f"{raw_s / corpus_s:.2f}x",
+        ),
+        (
+            "  the same through SeededSamples (per-sample RNG seeding)",
+            f"{size / 1e6:.0f}",
+            f"{seeded_s:.2f}",
+            f"{size / seeded_s / 1e6:.0f}",
+            f"{raw_s / seeded_s:.2f}x",
+        ),
+        (
+            "  the same, every shard cached (no I/O: the reads' CPU alone)",
+            f"{size / 1e6:.0f}",
+            f"{cached_s:.2f}",
+            f"{size / cached_s / 1e6:.0f}",
+            f"{raw_s / cached_s:.2f}x",
+        ),
+    ]
     pairs = sorted(r / c for r, c in zip(raws, corpora, strict=True))
     part.goals.append(goal("s3_corpus_vs_raw", raw_s / corpus_s, ">=", GOAL_RATIO, "x"))
-    part.goals.append(f"(best vs best of {ROUNDS} interleaved rounds; the rounds' own ratios: "
-                      f"{', '.join(f'{r:.2f}x' for r in pairs)}, median {pairs[len(pairs) // 2]:.2f}x)")
+    part.goals.append(
+        f"(best vs best of {ROUNDS} interleaved rounds; the rounds' own ratios: "
+        f"{', '.join(f'{r:.2f}x' for r in pairs)}, median {pairs[len(pairs) // 2]:.2f}x)"
+    )
     return part
 
 

@@ -142,8 +142,11 @@ def write_corpus(rows: int, root: str | None = None, row_group_rows: int | None 
     t0 = time.perf_counter()
     for k in range(SHARDS):
         x = np.arange(k * rows, (k + 1) * rows, dtype=np.int32)
-        pq.write_table(pa.table({"x": x}), os.path.join(corpus.root, "parquet", f"shard-{k:02d}.parquet"),
-                       row_group_size=row_group_rows)
+        pq.write_table(
+            pa.table({"x": x}),
+            os.path.join(corpus.root, "parquet", f"shard-{k:02d}.parquet"),
+            row_group_size=row_group_rows,
+        )
         np.save(os.path.join(corpus.root, "npy", f"shard-{k:02d}.npy"), x)
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(2, mp_context=ctx) as pool:  # MDSWriter is per-sample Python: both cores
@@ -204,8 +207,9 @@ class Reached:
     seconds: float
 
 
-def timed_resume(system: str, position: int, open_fn: Any, resume_fn: Any, budget_s: float = 2.0,
-                 max_tries: int = 5) -> Resumed:
+def timed_resume(
+    system: str, position: int, open_fn: Any, resume_fn: Any, budget_s: float = 2.0, max_tries: int = 5
+) -> Resumed:
     """``open_fn()`` -> dataset object; ``resume_fn(obj)`` -> first batch's records. Repeated (a new
     object each time) while the tries take under ``budget_s``, up to ``max_tries``: the best one
     counts (the least disturbed by the machine's other load)."""
@@ -274,17 +278,35 @@ def _syncpoint_loader(corpus_obj: Any, order: str, start: int) -> Any:
     from syncpoint.workers.data import epoch_loader
 
     sampler, window = _sampler(order)
-    return epoch_loader(corpus_obj, micro_batch_size=BATCH, world_size=1, rank=0, seed=0, epoch=0, start=start,
-                        collate=None, num_workers=0, sampler=sampler, window_shards=window)
+    return epoch_loader(
+        corpus_obj,
+        micro_batch_size=BATCH,
+        world_size=1,
+        rank=0,
+        seed=0,
+        epoch=0,
+        start=start,
+        collate=None,
+        num_workers=0,
+        sampler=sampler,
+        window_shards=window,
+    )
 
 
 def syncpoint_resume(corpus: Corpus, order: str, positions: list[int]) -> list[Resumed]:
     _quiet()
-    timed_resume("warm-up", 0, lambda: _open_corpus(corpus),
-                 lambda c: _values(next(iter(_syncpoint_loader(c, order, 0)))))
-    return [timed_resume(f"syncpoint {order}", p, lambda: _open_corpus(corpus),
-                         lambda c, p=p: _values(next(iter(_syncpoint_loader(c, order, p // BATCH)))))
-            for p in positions]
+    timed_resume(
+        "warm-up", 0, lambda: _open_corpus(corpus), lambda c: _values(next(iter(_syncpoint_loader(c, order, 0))))
+    )
+    return [
+        timed_resume(
+            f"syncpoint {order}",
+            p,
+            lambda: _open_corpus(corpus),
+            lambda c, p=p: _values(next(iter(_syncpoint_loader(c, order, p // BATCH)))),
+        )
+        for p in positions
+    ]
 
 
 def syncpoint_uninterrupted(corpus: Corpus, order: str, position: int) -> Reached:
@@ -305,8 +327,9 @@ def syncpoint_expected(corpus: Corpus, order: str, position: int) -> list[int]:
 
     sampler, window = _sampler(order)
     shard_rows = np.full(SHARDS, corpus.shard_rows, dtype=np.int64) if window else None
-    batches = RankMicroBatches(corpus.n, BATCH, 1, 0, 0, 0, 0, sampler=sampler, shard_rows=shard_rows,
-                               window_shards=window)
+    batches = RankMicroBatches(
+        corpus.n, BATCH, 1, 0, 0, 0, 0, sampler=sampler, shard_rows=shard_rows, window_shards=window
+    )
     return [corpus.records(i, 1)[0] for i in batches.indices(position // BATCH)]
 
 
@@ -344,15 +367,19 @@ def _hf_loaded(ds: Any, state: Any) -> list[int]:
 def hf_resume(corpus: Corpus, jobs: list[tuple[int, Any]]) -> list[Resumed]:
     _quiet()
     timed_resume("warm-up", 0, lambda: _hf_stream(corpus), lambda ds: _take(iter(ds)))
-    return [timed_resume("datasets load_state_dict", p, lambda: _hf_stream(corpus),
-                         lambda ds, s=s: _hf_loaded(ds, s)) for p, s in jobs]
+    return [
+        timed_resume("datasets load_state_dict", p, lambda: _hf_stream(corpus), lambda ds, s=s: _hf_loaded(ds, s))
+        for p, s in jobs
+    ]
 
 
 def hf_skip(corpus: Corpus, positions: list[int]) -> list[Resumed]:
     _quiet()
     timed_resume("warm-up", 0, lambda: _hf_stream(corpus), lambda ds: _take(iter(ds.skip(BATCH))))
-    return [timed_resume("datasets skip", p, lambda: _hf_stream(corpus), lambda ds, p=p: _take(iter(ds.skip(p))))
-            for p in positions]
+    return [
+        timed_resume("datasets skip", p, lambda: _hf_stream(corpus), lambda ds, p=p: _take(iter(ds.skip(p))))
+        for p in positions
+    ]
 
 
 def _hf_trainer_first(ds: Any, position: int) -> list[int]:
@@ -368,8 +395,16 @@ def hf_trainer(corpus: Corpus, positions: list[int]) -> list[Resumed]:
     (every skipped batch fetched and collated)."""
     _quiet()
     timed_resume("warm-up", 0, lambda: _hf_stream(corpus), lambda ds: _hf_trainer_first(ds, BATCH))
-    return [timed_resume("HF Trainer skip_first_batches", p, lambda: _hf_stream(corpus),
-                         lambda ds, p=p: _hf_trainer_first(ds, p), max_tries=1) for p in positions]
+    return [
+        timed_resume(
+            "HF Trainer skip_first_batches",
+            p,
+            lambda: _hf_stream(corpus),
+            lambda ds, p=p: _hf_trainer_first(ds, p),
+            max_tries=1,
+        )
+        for p in positions
+    ]
 
 
 def hf_state_at(corpus: Corpus, template: dict[str, Any], position: int) -> dict[str, Any]:
@@ -438,8 +473,9 @@ def sdl_resume(corpus: Corpus, over: str, jobs: list[tuple[int, Any]]) -> list[R
         return _sdl(_hf_stream(corpus) if over == "stream" else _open_corpus(corpus))
 
     timed_resume("warm-up", 0, open_fn, lambda loader: _values(next(iter(loader))))
-    name = "torchdata StatefulDataLoader " + ("(datasets stream)" if over == "stream" else
-                                              "(map-style corpus, fast-forward)")
+    name = "torchdata StatefulDataLoader " + (
+        "(datasets stream)" if over == "stream" else "(map-style corpus, fast-forward)"
+    )
     return [timed_resume(name, p, open_fn, lambda loader, s=s: _sdl_loaded(loader, s)) for p, s in jobs]
 
 
@@ -465,10 +501,21 @@ def _stream_source(hf_stream: Any, saved: Any) -> Any:
 
     from syncpoint.workers.stream import PreparedStream, RankStream, StreamSource
 
-    stream = RankStream(split_dataset_by_node(hf_stream, rank=0, world_size=1), seed=0, rank=0,
-                        micro_batch_size=BATCH, collate=None, shuffle_buffer=0)
-    return StreamSource(PreparedStream(stream, {}, None), seed=0, rank=0, num_workers=0,  # type: ignore[arg-type]
-                        saved=saved)
+    stream = RankStream(
+        split_dataset_by_node(hf_stream, rank=0, world_size=1),
+        seed=0,
+        rank=0,
+        micro_batch_size=BATCH,
+        collate=None,
+        shuffle_buffer=0,
+    )
+    return StreamSource(
+        PreparedStream(stream, {}, None),
+        seed=0,
+        rank=0,
+        num_workers=0,  # type: ignore[arg-type]
+        saved=saved,
+    )
 
 
 def stream_uninterrupted(corpus: Corpus, positions: list[int]) -> list[Reached]:
@@ -499,6 +546,7 @@ def _stream_loaded(hf_stream: Any, data: bytes) -> list[int]:
 
 def stream_resume(corpus: Corpus, jobs: list[tuple[int, bytes]]) -> list[Resumed]:
     _quiet()
+
     def first(hf_stream: Any) -> list[int]:
         source = _stream_source(hf_stream, None)
         batch = _values(source.next_batch())
@@ -506,8 +554,12 @@ def stream_resume(corpus: Corpus, jobs: list[tuple[int, bytes]]) -> list[Resumed
         return batch
 
     timed_resume("warm-up", 0, lambda: _hf_stream(corpus), first)
-    return [timed_resume("syncpoint stream (datasets inside)", p, lambda: _hf_stream(corpus),
-                         lambda ds, d=d: _stream_loaded(ds, d)) for p, d in jobs]
+    return [
+        timed_resume(
+            "syncpoint stream (datasets inside)", p, lambda: _hf_stream(corpus), lambda ds, d=d: _stream_loaded(ds, d)
+        )
+        for p, d in jobs
+    ]
 
 
 def stream_state_at(corpus: Corpus, template: bytes, position: int) -> bytes:
@@ -571,8 +623,15 @@ def mosaic_resume(corpus: Corpus, jobs: list[tuple[int, Any]]) -> list[Resumed]:
 
     clean_stale_shared_memory()
     timed_resume("warm-up", 0, lambda: _mosaic(corpus), lambda ds: _take(iter(ds)))
-    return [timed_resume("MosaicML StreamingDataset load_state_dict", p, lambda: _mosaic(corpus),
-                         lambda ds, s=s: _mosaic_loaded(ds, s)) for p, s in jobs]
+    return [
+        timed_resume(
+            "MosaicML StreamingDataset load_state_dict",
+            p,
+            lambda: _mosaic(corpus),
+            lambda ds, s=s: _mosaic_loaded(ds, s),
+        )
+        for p, s in jobs
+    ]
 
 
 # ------------------------------------------------------------------ the part
@@ -584,8 +643,11 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         out = pool.submit(fn, *args).result()
-    print(f"  [resume] {fn.__name__}{tuple(a for a in args[1:] if isinstance(a, str))}: "
-          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"  [resume] {fn.__name__}{tuple(a for a in args[1:] if isinstance(a, str))}: {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
@@ -600,8 +662,7 @@ class Plan:
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan([10**4, 10**5, 10**6], [10**4, 10**5, 10**6], [10**4, 10**5], [10**4, 10**5, 10**6],
-                    [10**4, 10**5])
+        return Plan([10**4, 10**5, 10**6], [10**4, 10**5, 10**6], [10**4, 10**5], [10**4, 10**5, 10**6], [10**4, 10**5])
     return Plan([10**5, 10**6, 10**7, 10**8], [10**5, 10**6], [10**5], [10**5, 10**6, 10**7], [10**5, 10**6])
 
 
@@ -629,15 +690,22 @@ def filled_states(reached: list[Reached], positions: list[int], fill: Any) -> tu
     own = {r.position: r.state for r in reached}
     same = [fill(template, r.position) == r.state for r in reached]
     filled = [p for p in positions if p not in own]
-    line = (f"filled-in state at {', '.join(_exp(p) for p in filled)}; equal to the state it wrote at "
-            f"{', '.join(_exp(r.position) for r in reached)}: {'yes' if all(same) else 'NO'}") if filled else \
-        "every state written by its uninterrupted run"
+    line = (
+        (
+            f"filled-in state at {', '.join(_exp(p) for p in filled)}; equal to the state it wrote at "
+            f"{', '.join(_exp(r.position) for r in reached)}: {'yes' if all(same) else 'NO'}"
+        )
+        if filled
+        else "every state written by its uninterrupted run"
+    )
     return [(p, own[p] if p in own else fill(template, p)) for p in positions], line
 
 
 def _rows(results: list[Resumed], expected: dict[int, list[int]], reference: dict[int, str], peer: bool) -> list[Row]:
-    return [Row(r.system, r.position, r.open_s, r.resume_s, r.batch == expected[r.position], reference[r.position],
-                peer) for r in results]
+    return [
+        Row(r.system, r.position, r.open_s, r.resume_s, r.batch == expected[r.position], reference[r.position], peer)
+        for r in results
+    ]
 
 
 def part_resume(quick: bool) -> Any:
@@ -647,8 +715,10 @@ def part_resume(quick: bool) -> Any:
     corpus = write_corpus(QUICK_ROWS if quick else FULL_ROWS)
     pl = plan(quick)
     target = pl.positions[-1]
-    notes: list[str] = [f"corpus: {corpus.n:,} records in {SHARDS} shards at {corpus.root} "
-                        f"(written in {time.perf_counter() - t0:.0f} s this run; kept for the next)"]
+    notes: list[str] = [
+        f"corpus: {corpus.n:,} records in {SHARDS} shards at {corpus.root} "
+        f"(written in {time.perf_counter() - t0:.0f} s this run; kept for the next)"
+    ]
     records = {p: corpus.records(p) for p in pl.positions}
     rows: list[Row] = []
 
@@ -659,17 +729,23 @@ def part_resume(quick: bool) -> Any:
         ref = {p: "its uninterrupted run" if p == run.position else "its uninterrupted sampler" for p in pl.positions}
         expected[run.position] = run.batch
         rows += _rows(in_fresh_process(syncpoint_resume, corpus, order, pl.positions), expected, ref, False)
-        notes.append(f"syncpoint {order}: the uninterrupted loader's batch at {_exp(run.position)} "
-                     f"{'equals' if run.batch == syncpoint_expected(corpus, order, run.position) else 'DIFFERS from'}"
-                     f" its sampler's micro-batch there ({run.seconds:.1f} s to get there)")
+        notes.append(
+            f"syncpoint {order}: the uninterrupted loader's batch at {_exp(run.position)} "
+            f"{'equals' if run.batch == syncpoint_expected(corpus, order, run.position) else 'DIFFERS from'}"
+            f" its sampler's micro-batch there ({run.seconds:.1f} s to get there)"
+        )
 
     def in_order(reached: list[Reached], name: str) -> dict[int, str]:
         ok = all(r.batch == records.get(r.position, corpus.records(r.position)) for r in reached)
-        notes.append(f"{name}: its uninterrupted run's batch at {', '.join(_exp(r.position) for r in reached)} "
-                     f"{'is' if ok else 'is NOT'} records P..P+{BATCH - 1} (file order); "
-                     + ", ".join(f"{r.seconds:.1f} s to {_exp(r.position)}" for r in reached))
-        return {p: "its uninterrupted run" if p in {r.position for r in reached} else "records P.. (file order)"
-                for p in pl.positions}
+        notes.append(
+            f"{name}: its uninterrupted run's batch at {', '.join(_exp(r.position) for r in reached)} "
+            f"{'is' if ok else 'is NOT'} records P..P+{BATCH - 1} (file order); "
+            + ", ".join(f"{r.seconds:.1f} s to {_exp(r.position)}" for r in reached)
+        )
+        return {
+            p: "its uninterrupted run" if p in {r.position for r in reached} else "records P.. (file order)"
+            for p in pl.positions
+        }
 
     # datasets: load_state_dict, skip, HF Trainer's replay
     reached = in_fresh_process(hf_uninterrupted, corpus, pl.real)
@@ -684,10 +760,22 @@ def part_resume(quick: bool) -> Any:
     slope, intercept = np.polyfit([r.position for r in replayed], [r.resume_s for r in replayed], 1)
     for p in pl.positions:
         if p not in pl.replay:
-            rows.append(Row(replayed[0].system, p, None, float(intercept + slope * p), None,
-                            f"extrapolated from {', '.join(_exp(q) for q in pl.replay)}", True, True))
-    notes.append(f"HF Trainer skip_first_batches: {slope * 1e6:.2f} us per replayed example (a line through "
-                 f"{', '.join(f'{_exp(r.position)}: {r.resume_s:.2f} s' for r in replayed)})")
+            rows.append(
+                Row(
+                    replayed[0].system,
+                    p,
+                    None,
+                    float(intercept + slope * p),
+                    None,
+                    f"extrapolated from {', '.join(_exp(q) for q in pl.replay)}",
+                    True,
+                    True,
+                )
+            )
+    notes.append(
+        f"HF Trainer skip_first_batches: {slope * 1e6:.2f} us per replayed example (a line through "
+        f"{', '.join(f'{_exp(r.position)}: {r.resume_s:.2f} s' for r in replayed)})"
+    )
 
     # torchdata StatefulDataLoader over the stream and over the map-style corpus
     for over, real in (("stream", pl.real), ("map", pl.real_map)):
@@ -716,29 +804,51 @@ def part_resume(quick: bool) -> Any:
 
 
 def _report(part_cls: Any, rows: list[Row], notes: list[str], target: int, seconds: float) -> Any:
-    part = part_cls(f"(c) resume at position P to the first batch (batch {BATCH}, world size 1; best of up to 5 "
-                    "tries in a fresh process per system)",
-                    ("system", "P", "open (s)", "to first batch (s)", "equal to uninterrupted", "compared with"))
+    part = part_cls(
+        f"(c) resume at position P to the first batch (batch {BATCH}, world size 1; best of up to 5 "
+        "tries in a fresh process per system)",
+        ("system", "P", "open (s)", "to first batch (s)", "equal to uninterrupted", "compared with"),
+    )
     for r in rows:
         seconds_cell = f"~{r.resume_s:.2f} (extrapolated)" if r.extrapolated else f"{r.resume_s:.4f}"
         equal = "not run" if r.equal is None else ("yes" if r.equal else "NO")
-        part.rows.append((r.system, _exp(r.position), "-" if r.open_s is None else f"{r.open_s:.3f}", seconds_cell,
-                          equal, r.reference))
+        part.rows.append(
+            (
+                r.system,
+                _exp(r.position),
+                "-" if r.open_s is None else f"{r.open_s:.3f}",
+                seconds_cell,
+                equal,
+                r.reference,
+            )
+        )
     ours = next(r for r in rows if r.system == "syncpoint shard-window" and r.position == target)
     peers = [r for r in rows if r.peer and r.position == target and r.equal is not False]
     best = min(peers, key=lambda r: r.resume_s)
     exp = round(np.log10(target))
     ok = ours.resume_s <= GOAL_FACTOR * best.resume_s
-    part.goals.append(f"goal resume_to_first_batch_1e{exp}: {ours.resume_s:.4f} s vs <= {GOAL_FACTOR}x best peer "
-                      f"({best.resume_s:.4f} s, {best.system}{', extrapolated' if best.extrapolated else ''}): "
-                      f"{'met' if ok else 'not met'}")
+    part.goals.append(
+        f"goal resume_to_first_batch_1e{exp}: {ours.resume_s:.4f} s vs <= {GOAL_FACTOR}x best peer "
+        f"({best.resume_s:.4f} s, {best.system}{', extrapolated' if best.extrapolated else ''}): "
+        f"{'met' if ok else 'not met'}"
+    )
     ours_equal = all(r.equal for r in rows if not r.peer)
-    part.goals.append(f"goal resumed_batches_equal: {'yes' if ours_equal else 'no'} vs yes: "
-                      f"{'met' if ours_equal else 'not met'}")
-    part.goals.append("(peers' first resumed batch at 10^{}: {})".format(
-        exp, ", ".join(f"{r.system} {'yes' if r.equal else 'NO'}" for r in rows
-                       if r.peer and r.position == target and r.equal is not None)))
-    part.goals.append(f"(syncpoint at 10^{exp} vs the best peer: {best.resume_s / ours.resume_s:,.0f}x faster; "
-                      f"part (c) took {seconds:.0f} s)")
+    part.goals.append(
+        f"goal resumed_batches_equal: {'yes' if ours_equal else 'no'} vs yes: {'met' if ours_equal else 'not met'}"
+    )
+    part.goals.append(
+        "(peers' first resumed batch at 10^{}: {})".format(
+            exp,
+            ", ".join(
+                f"{r.system} {'yes' if r.equal else 'NO'}"
+                for r in rows
+                if r.peer and r.position == target and r.equal is not None
+            ),
+        )
+    )
+    part.goals.append(
+        f"(syncpoint at 10^{exp} vs the best peer: {best.resume_s / ours.resume_s:,.0f}x faster; "
+        f"part (c) took {seconds:.0f} s)"
+    )
     part.notes += notes
     return part

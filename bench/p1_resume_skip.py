@@ -81,8 +81,17 @@ class DecodeLike(Dataset):
 
 
 def make_loader(ds: Dataset, start: int):
-    return epoch_loader(ds, micro_batch_size=MBS, world_size=WORLD, rank=RANK, seed=SEED, epoch=EPOCH,
-                        start=start, collate=None, num_workers=0)
+    return epoch_loader(
+        ds,
+        micro_batch_size=MBS,
+        world_size=WORLD,
+        rank=RANK,
+        seed=SEED,
+        epoch=EPOCH,
+        start=start,
+        collate=None,
+        num_workers=0,
+    )
 
 
 class RankStream(IterableDataset):
@@ -160,9 +169,13 @@ def main() -> None:
     started = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--positions", type=int, nargs="+", default=[100, 1_000, 10_000, 100_000])
-    ap.add_argument("--real-up-to", type=int, default=None,
-                    help="measure fetch-and-discard for real up to this position, extrapolate beyond "
-                         "(default: every position is measured)")
+    ap.add_argument(
+        "--real-up-to",
+        type=int,
+        default=None,
+        help="measure fetch-and-discard for real up to this position, extrapolate beyond "
+        "(default: every position is measured)",
+    )
     ap.add_argument("--window", type=int, default=2_000, help="batches in the rate window used to extrapolate")
     ap.add_argument("--rounds", type=int, default=1, help="transform passes per sample (sets the per-sample cost)")
     ap.add_argument("--side", type=int, default=32, help="image side of each sample")
@@ -194,47 +207,64 @@ def main() -> None:
             extrapolated = False
             largest_real = (pos, t_fd)
             fd_ok = "OK" if same_batch(b_ours, b_fd) else "MISMATCH"
-            checks.append(f"  position {pos:>7}: ours == accelerate fetch-and-discard batch: {fd_ok}; "
-                          f"== accelerate index-skip batch: {idx_ok}")
+            checks.append(
+                f"  position {pos:>7}: ours == accelerate fetch-and-discard batch: {fd_ok}; "
+                f"== accelerate index-skip batch: {idx_ok}"
+            )
         else:
             t_fd = setup + (pos + 1) * rate
             extrapolated = True
-            checks.append(f"  position {pos:>7}: ours == accelerate index-skip batch: {idx_ok} "
-                          "(fetch-and-discard extrapolated, not reached)")
+            checks.append(
+                f"  position {pos:>7}: ours == accelerate index-skip batch: {idx_ok} "
+                "(fetch-and-discard extrapolated, not reached)"
+            )
         rows.append((pos, t_ours, t_fd, extrapolated, t_idx))
         fastest_ours.append(min(r[0] for r in runs))
 
-    print(f"P1 resume skip: micro_batch_size {MBS}, world_size {WORLD} (rank {RANK}), seed {SEED}, "
-          f"{num_samples} samples ({num_samples // (MBS * WORLD)} micro-batches per epoch), "
-          f"accelerate {accelerate.__version__}")
-    print(f"per-sample cost: {raw_us:.0f} us user work, {seeded_us:.0f} us through SeededSamples "
-          f"(rounds={args.rounds}, side={args.side}); fetch-and-discard rate {rate * 1e3:.3f} ms/batch "
-          f"over a {args.window}-batch window, setup {setup * 1e3:.1f} ms")
+    print(
+        f"P1 resume skip: micro_batch_size {MBS}, world_size {WORLD} (rank {RANK}), seed {SEED}, "
+        f"{num_samples} samples ({num_samples // (MBS * WORLD)} micro-batches per epoch), "
+        f"accelerate {accelerate.__version__}"
+    )
+    print(
+        f"per-sample cost: {raw_us:.0f} us user work, {seeded_us:.0f} us through SeededSamples "
+        f"(rounds={args.rounds}, side={args.side}); fetch-and-discard rate {rate * 1e3:.3f} ms/batch "
+        f"over a {args.window}-batch window, setup {setup * 1e3:.1f} ms"
+    )
     print()
-    hdr = (f"{'position':>9} | {'ours (s)':>9} | {'accelerate fetch-and-discard (s)':>33} | {'ratio':>9} | "
-           f"{'accelerate index-skip (s)':>25} | {'ratio':>7}")
+    hdr = (
+        f"{'position':>9} | {'ours (s)':>9} | {'accelerate fetch-and-discard (s)':>33} | {'ratio':>9} | "
+        f"{'accelerate index-skip (s)':>25} | {'ratio':>7}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for pos, t_ours, t_fd, ext, t_idx in rows:
         fd = fmt_s(t_fd) + ("*" if ext else " ")
         ratio = f"{t_fd / t_ours:,.0f}x" + ("*" if ext else " ")
-        print(f"{pos:>9,} | {fmt_s(t_ours):>9} | {fd:>33} | {ratio:>9} | {fmt_s(t_idx):>25} | "
-              f"{t_idx / t_ours:>6.1f}x")
+        print(f"{pos:>9,} | {fmt_s(t_ours):>9} | {fd:>33} | {ratio:>9} | {fmt_s(t_idx):>25} | {t_idx / t_ours:>6.1f}x")
     print()
-    print("ratio = baseline time / ours time (both measured in this run; ours = median of "
-          f"{args.repeats}, index-skip = median of {min(args.repeats, 3)}, fetch-and-discard = 1 run).")
-    print("fetch-and-discard = accelerate.skip_first_batches on an iterable loader (SkipDataLoader: fetches and "
-          "drops every skipped batch); index-skip = accelerate.skip_first_batches on the map-style loader "
-          "(SkipBatchSampler: drops index lists, fetches no skipped sample; still O(position)).")
+    print(
+        "ratio = baseline time / ours time (both measured in this run; ours = median of "
+        f"{args.repeats}, index-skip = median of {min(args.repeats, 3)}, fetch-and-discard = 1 run)."
+    )
+    print(
+        "fetch-and-discard = accelerate.skip_first_batches on an iterable loader (SkipDataLoader: fetches and "
+        "drops every skipped batch); index-skip = accelerate.skip_first_batches on the map-style loader "
+        "(SkipBatchSampler: drops index lists, fetches no skipped sample; still O(position))."
+    )
     if any(r[3] for r in rows):
-        print(f"* extrapolated, not measured: setup + (position + 1) x per-batch rate from a {args.window}-batch "
-              f"window (fetch-and-discard measured for real up to position {args.real_up_to:,}; "
-              "run without --quick to measure all).")
+        print(
+            f"* extrapolated, not measured: setup + (position + 1) x per-batch rate from a {args.window}-batch "
+            f"window (fetch-and-discard measured for real up to position {args.real_up_to:,}; "
+            "run without --quick to measure all)."
+        )
         if largest_real:
             p, t = largest_real
             pred = setup + (p + 1) * rate
-            print(f"  extrapolation check at position {p:,}: predicted {fmt_s(pred)} s, measured {fmt_s(t)} s "
-                  f"({pred / t:.2f}x)")
+            print(
+                f"  extrapolation check at position {p:,}: predicted {fmt_s(pred)} s, measured {fmt_s(t)} s "
+                f"({pred / t:.2f}x)"
+            )
     print()
     print("first-batch equality check (sample tensors and labels):")
     for line in checks:
@@ -245,16 +275,22 @@ def main() -> None:
     pos, t_ours, t_fd, ext, _ = top
     speedup = t_fd / t_ours
     how = "extrapolated" if ext else "measured"
-    print(f"goal skip at {pos:,} vs accelerate fetch-and-discard ({how}): {speedup:,.0f}x vs target >= 1000x: "
-          f"{'met' if speedup >= 1000 else 'not met'}")
+    print(
+        f"goal skip at {pos:,} vs accelerate fetch-and-discard ({how}): {speedup:,.0f}x vs target >= 1000x: "
+        f"{'met' if speedup >= 1000 else 'not met'}"
+    )
     # Flatness is a property of the work done, so it compares each position's fastest repeat (the
     # noise floor): on a shared machine a load spike can land on all repeats of one position.
     flat = max(fastest_ours) / min(fastest_ours)
-    print(f"goal ours flat in position (fastest repeat, slowest / fastest position): {flat:.2f}x vs target <= 2x: "
-          f"{'met' if flat <= 2 else 'not met'}")
+    print(
+        f"goal ours flat in position (fastest repeat, slowest / fastest position): {flat:.2f}x vs target <= 2x: "
+        f"{'met' if flat <= 2 else 'not met'}"
+    )
     all_ok = all("MISMATCH" not in c for c in checks)
-    print(f"goal first resumed batch equals accelerate's: {'yes' if all_ok else 'no'} vs target yes: "
-          f"{'met' if all_ok else 'not met'}")
+    print(
+        f"goal first resumed batch equals accelerate's: {'yes' if all_ok else 'no'} vs target yes: "
+        f"{'met' if all_ok else 'not met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -207,9 +207,14 @@ def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> Non
     from syncpoint.workers.launch import run_in_process
     from syncpoint.workers.storage import RunStorage
 
-    overrides = [f"storage={root}", f"name=p2-{r.label}", f"train.max_steps={r.steps}",
-                 f"deepspeed.zero_stage={zero_stage}", f"checkpoint.async={'true' if r.mode == 'async' else 'false'}",
-                 f"checkpoint.checksum={r.checksum}"]
+    overrides = [
+        f"storage={root}",
+        f"name=p2-{r.label}",
+        f"train.max_steps={r.steps}",
+        f"deepspeed.zero_stage={zero_stage}",
+        f"checkpoint.async={'true' if r.mode == 'async' else 'false'}",
+        f"checkpoint.checksum={r.checksum}",
+    ]
     overrides += [f"task.config.{k}={v}" for k, v in model_cfg.items()]
     if r.every:
         overrides.append(f"checkpoint.save_every={{value: {r.every}, unit: optimizer_steps}}")
@@ -227,20 +232,23 @@ def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> Non
                 r.times[rec["optimizer_step"]] = rec["time"]
         elif e["kind"] == "state_committed":
             r.commits.append(e)
-    missing = [k for k in ("blocked_seconds", "seconds", "bytes", "committed_at_micro_step")
-               if r.commits and k not in r.commits[0]]
+    missing = [
+        k
+        for k in ("blocked_seconds", "seconds", "bytes", "committed_at_micro_step")
+        if r.commits and k not in r.commits[0]
+    ]
     if missing:
         print(f"  NOTE: state_committed events lack {missing}", file=sys.stderr)
     RunStorage(spec.run_url).delete_tree()  # keep /tmp small: ~0.4 GB per state
     gc.collect()
-    print(f"  [p2] {r.label:<10} {r.steps} steps, {len(r.commits)} commits, {r.wall:.1f} s", file=sys.stderr,
-          flush=True)
+    print(
+        f"  [p2] {r.label:<10} {r.steps} steps, {len(r.commits)} commits, {r.wall:.1f} s", file=sys.stderr, flush=True
+    )
 
 
 def clean_step(r: Run, w: tuple[int, int]) -> float:
     spans = [(c["optimizer_step"], c["committed_at_micro_step"]) for c in r.commits]
-    dts = [r.times[s] - r.times[s - 1] for s in range(w[0] + 1, w[1] + 1)
-           if not any(a < s <= b + 1 for a, b in spans)]
+    dts = [r.times[s] - r.times[s - 1] for s in range(w[0] + 1, w[1] + 1) if not any(a < s <= b + 1 for a, b in spans)]
     return statistics.median(dts) if dts else float("nan")
 
 
@@ -297,8 +305,10 @@ def raw_write(path: str, nbytes: int, block: int, direct: bool) -> float:
     return secs
 
 
-RAW_KINDS = {"page cache, 8 MiB blocks (dd bs=8M conv=fsync)": (8 << 20, False),
-             "O_DIRECT, 16 MiB blocks (dd bs=16M oflag=direct conv=fsync)": (16 << 20, True)}
+RAW_KINDS = {
+    "page cache, 8 MiB blocks (dd bs=8M conv=fsync)": (8 << 20, False),
+    "O_DIRECT, 16 MiB blocks (dd bs=16M oflag=direct conv=fsync)": (16 << 20, True),
+}
 
 
 def raw_writes(root: str, nbytes: int, repeats: int, into: dict[str, list[float]]) -> None:
@@ -391,8 +401,12 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=5, help="hidden width x width layers")
     ap.add_argument("--zero-stage", type=int, default=2, choices=[0, 1, 2])
     ap.add_argument("--dir", default="/tmp", help="parent of the temp storage dir (local disk, not /dev/shm)")
-    ap.add_argument("--dd-repeats", type=int, default=2,
-                    help="raw writes of each kind before each run after the first, and at the end")
+    ap.add_argument(
+        "--dd-repeats",
+        type=int,
+        default=2,
+        help="raw writes of each kind before each run after the first, and at the end",
+    )
     ap.add_argument("--quick", action="store_true", help="~10M-parameter model, N = 16 and 4")
     args = ap.parse_args()
     if args.quick:
@@ -409,8 +423,11 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="syncpoint-p2-", dir=args.dir)
     staging = staging_root() or tempfile.gettempdir()
     t_start = time.perf_counter()
-    print(f"[p2] storage {root} ({fs_of(root)}); staging {staging} ({fs_of(os.path.realpath(staging))}"
-          f"{', SYNCPOINT_STAGING_DIR' if os.environ.get('SYNCPOINT_STAGING_DIR') else ''})", file=sys.stderr)
+    print(
+        f"[p2] storage {root} ({fs_of(root)}); staging {staging} ({fs_of(os.path.realpath(staging))}"
+        f"{', SYNCPOINT_STAGING_DIR' if os.environ.get('SYNCPOINT_STAGING_DIR') else ''})",
+        file=sys.stderr,
+    )
     longest = max(real_w[1], aggr_w[1])
     runs = [
         Run("none", "none", 0, longest, real_w),
@@ -440,26 +457,39 @@ def main() -> None:
     load_after = os.getloadavg()
     base = runs[0]
 
-    print(f"P2 save cost: {n_params / 1e6:.1f}M-parameter MLP (1024 -> {args.width} x{args.depth} -> 1000), ZeRO stage "
-          f"{args.zero_stage}, fp32, AdamW, 1 rank in-process (gloo), 1 intra-op thread, micro_batch_size 8, "
-          f"grad_accum 1; state {mb(state_bytes):.0f} MB")
-    print(f"storage: {root} on {fs_of(root)} (local disk); staging: {staging} on "
-          f"{fs_of(os.path.realpath(staging))}"
-          + (" (from SYNCPOINT_STAGING_DIR)" if os.environ.get("SYNCPOINT_STAGING_DIR") else
-             " (default: /dev/shm = host memory when it has > 2 GiB free; set SYNCPOINT_STAGING_DIR to change)"))
+    print(
+        f"P2 save cost: {n_params / 1e6:.1f}M-parameter MLP (1024 -> {args.width} x{args.depth} -> 1000), ZeRO stage "
+        f"{args.zero_stage}, fp32, AdamW, 1 rank in-process (gloo), 1 intra-op thread, micro_batch_size 8, "
+        f"grad_accum 1; state {mb(state_bytes):.0f} MB"
+    )
+    print(
+        f"storage: {root} on {fs_of(root)} (local disk); staging: {staging} on "
+        f"{fs_of(os.path.realpath(staging))}"
+        + (
+            " (from SYNCPOINT_STAGING_DIR)"
+            if os.environ.get("SYNCPOINT_STAGING_DIR")
+            else " (default: /dev/shm = host memory when it has > 2 GiB free; set SYNCPOINT_STAGING_DIR to change)"
+        )
+    )
     print("runs: " + ", ".join(f"{r.label} {r.steps} steps {r.wall:.0f} s" for r in runs) + f"; total {total:.0f} s")
-    print(f"machine: {os.cpu_count()} cores, 1-min load average {load_before[0]:.2f} before / "
-          f"{load_after[0]:.2f} after "
-          "(other work shares these cores: expect drift between runs)")
+    print(
+        f"machine: {os.cpu_count()} cores, 1-min load average {load_before[0]:.2f} before / "
+        f"{load_after[0]:.2f} after "
+        "(other work shares these cores: expect drift between runs)"
+    )
     print()
 
     # ---- (a) blocked seconds per save
-    print("(a) loop-blocked seconds per save (periodic saves only; from state_committed events; shards/upload "
-          "split timed by wrapping take_snapshot/upload_snapshot)")
+    print(
+        "(a) loop-blocked seconds per save (periodic saves only; from state_committed events; shards/upload "
+        "split timed by wrapping take_snapshot/upload_snapshot)"
+    )
     copy_s = med(copies)
-    hdr = (f"{'run':<12} | {'saves':>5} | {'MB':>6} | {'blocked s (median)':>18} | {'min..max':>13} | "
-           f"{'boundary->commit s':>18} | {'shards s':>10} | {'upload s':>8} | {'commit lag (steps)':>18} | "
-           f"{'blocked vs sync':>15} | {'vs raw copy':>11}")
+    hdr = (
+        f"{'run':<12} | {'saves':>5} | {'MB':>6} | {'blocked s (median)':>18} | {'min..max':>13} | "
+        f"{'boundary->commit s':>18} | {'shards s':>10} | {'upload s':>8} | {'commit lag (steps)':>18} | "
+        f"{'blocked vs sync':>15} | {'vs raw copy':>11}"
+    )
     print(hdr)
     print("-" * len(hdr))
     sync_blocked: dict[int, float] = {}
@@ -474,53 +504,80 @@ def main() -> None:
         if r.mode == "sync" and r.checksum == "xxh3_128":
             sync_blocked[r.every] = med(bl)
         ratio = f"{med(bl) / sync_blocked[r.every]:.2f}x" if r.every in sync_blocked else "-"
-        print(f"{r.label:<12} | {len(cs):>5} | {mb(med([c['bytes'] for c in cs])):>6.0f} | {med(bl):>18.3f} | "
-              f"{f'{min(bl):.3f}..{max(bl):.3f}':>13} | {med([c['seconds'] for c in cs]):>18.3f} | "
-              f"{med([p.get('snapshot', float('nan')) for p in ph]):>10.3f} | "
-              f"{med([p.get('upload', float('nan')) for p in ph]):>8.3f} | {med(lag):>18.0f} | {ratio:>15} | "
-              f"{med(bl) / copy_s:>10.2f}x")
-    print(f"{'raw copy':<12} | {len(copies):>5} | {mb(state_bytes):>6.0f} | {copy_s:>18.3f} | "
-          f"{f'{min(copies):.3f}..{max(copies):.3f}':>13} | (torch copy of the state's bytes into a preallocated, "
-          "touched host buffer, 1 thread; measured between the runs)")
+        print(
+            f"{r.label:<12} | {len(cs):>5} | {mb(med([c['bytes'] for c in cs])):>6.0f} | {med(bl):>18.3f} | "
+            f"{f'{min(bl):.3f}..{max(bl):.3f}':>13} | {med([c['seconds'] for c in cs]):>18.3f} | "
+            f"{med([p.get('snapshot', float('nan')) for p in ph]):>10.3f} | "
+            f"{med([p.get('upload', float('nan')) for p in ph]):>8.3f} | {med(lag):>18.0f} | {ratio:>15} | "
+            f"{med(bl) / copy_s:>10.2f}x"
+        )
+    print(
+        f"{'raw copy':<12} | {len(copies):>5} | {mb(state_bytes):>6.0f} | {copy_s:>18.3f} | "
+        f"{f'{min(copies):.3f}..{max(copies):.3f}':>13} | (torch copy of the state's bytes into a preallocated, "
+        "touched host buffer, 1 thread; measured between the runs)"
+    )
     finals = [c for r in runs for c in r.commits if "final" in c["reasons"]]
-    print(f"final saves (always synchronous, also with checkpoint.async: the run waits for its last state): "
-          f"median blocked {med([c['blocked_seconds'] for c in finals]):.3f} s over {len(finals)} runs")
-    print("blocked = the loop's wait: sync = shards streamed into storage + RNG file + commit; async = the shards' "
-          "tensors copied into reusable host buffers (shards s) + the commit collective at a later boundary; "
-          "serialization, checksum and write run in the background (upload s). commit lag = optimizer steps trained "
-          "between the snapshot and its commit. sync-N-sha = sync-N with checkpoint.checksum: sha256.")
-    arena = [(r.label, PHASES.get((r.url, c["state"]), {})) for r in runs if r.mode == "async"
-             for c in r.commits if "final" not in c["reasons"]]
+    print(
+        f"final saves (always synchronous, also with checkpoint.async: the run waits for its last state): "
+        f"median blocked {med([c['blocked_seconds'] for c in finals]):.3f} s over {len(finals)} runs"
+    )
+    print(
+        "blocked = the loop's wait: sync = shards streamed into storage + RNG file + commit; async = the shards' "
+        "tensors copied into reusable host buffers (shards s) + the commit collective at a later boundary; "
+        "serialization, checksum and write run in the background (upload s). commit lag = optimizer steps trained "
+        "between the snapshot and its commit. sync-N-sha = sync-N with checkpoint.checksum: sha256."
+    )
+    arena = [
+        (r.label, PHASES.get((r.url, c["state"]), {}))
+        for r in runs
+        if r.mode == "async"
+        for c in r.commits
+        if "final" not in c["reasons"]
+    ]
     arena = [(run, a) for run, a in arena if "arena_capacity" in a]
     if arena:
         caps = [a["arena_capacity"] for _, a in arena]
         # each run (its own engine) keeps one arena: the same chunks at the same address every save
-        same = all(len({(a["arena_ptr"], a["arena_chunks"], a["arena_capacity"]) for run, a in arena if run == label})
-                   == 1 for label in {run for run, _ in arena})
-        print(f"snapshot buffers (peak host memory of an async save): {mb(max(caps)):.0f} MB reserved, of which "
-              f"{mb(med([a['arena_used'] for _, a in arena])):.0f} MB filled per save (only filled pages are ever "
-              f"touched, i.e. resident, on CPU); capacity over the {len(caps)} "
-              f"async saves {mb(min(caps)):.0f}..{mb(max(caps)):.0f} MB ("
-              + ("the same buffers every save, not growing" if same and min(caps) == max(caps) else
-                 "NOT the same buffers every save") + " within each run); freed with the run's engine")
+        same = all(
+            len({(a["arena_ptr"], a["arena_chunks"], a["arena_capacity"]) for run, a in arena if run == label}) == 1
+            for label in {run for run, _ in arena}
+        )
+        print(
+            f"snapshot buffers (peak host memory of an async save): {mb(max(caps)):.0f} MB reserved, of which "
+            f"{mb(med([a['arena_used'] for _, a in arena])):.0f} MB filled per save (only filled pages are ever "
+            f"touched, i.e. resident, on CPU); capacity over the {len(caps)} "
+            f"async saves {mb(min(caps)):.0f}..{mb(max(caps)):.0f} MB ("
+            + (
+                "the same buffers every save, not growing"
+                if same and min(caps) == max(caps)
+                else "NOT the same buffers every save"
+            )
+            + " within each run); freed with the run's engine"
+        )
         first, later = [], []
         for r in runs:
             if r.mode == "async":
                 bl = [c["blocked_seconds"] for c in r.commits if "final" not in c["reasons"]]
                 first += bl[:1]
                 later += bl[1:]
-        print(f"async blocked s: a run's first save (allocates the buffers: fresh pages) median {med(first):.3f} "
-              f"({med(first) / copy_s:.2f}x raw copy) over {len(first)}; later saves (reused buffers) median "
-              f"{med(later):.3f} ({med(later) / copy_s:.2f}x) over {len(later)}")
+        print(
+            f"async blocked s: a run's first save (allocates the buffers: fresh pages) median {med(first):.3f} "
+            f"({med(first) / copy_s:.2f}x raw copy) over {len(first)}; later saves (reused buffers) median "
+            f"{med(later):.3f} ({med(later) / copy_s:.2f}x) over {len(later)}"
+        )
     print()
 
     # ---- (b) throughput
-    print("(b) steady-state throughput (optimizer steps/s from progress record times, over whole save intervals after "
-          "the warm-up; no-save run measured over the same windows)")
-    hdr = (f"{'run':<12} | {'N':>3} | {'interval s':>10} | {'window (steps)':>14} | {'saves in it':>11} | "
-           f"{'window s':>8} | {'steps/s':>7} | {'vs none':>7} | {'overhead measured':>17} | "
-           f"{'overhead from blocked':>21} | "
-           f"{'clean step s':>12} | {'overhead vs own clean steps':>27}")
+    print(
+        "(b) steady-state throughput (optimizer steps/s from progress record times, over whole save intervals after "
+        "the warm-up; no-save run measured over the same windows)"
+    )
+    hdr = (
+        f"{'run':<12} | {'N':>3} | {'interval s':>10} | {'window (steps)':>14} | {'saves in it':>11} | "
+        f"{'window s':>8} | {'steps/s':>7} | {'vs none':>7} | {'overhead measured':>17} | "
+        f"{'overhead from blocked':>21} | "
+        f"{'clean step s':>12} | {'overhead vs own clean steps':>27}"
+    )
     print(hdr)
     print("-" * len(hdr))
     shown_base: set[tuple[int, int]] = set()
@@ -530,28 +587,36 @@ def main() -> None:
         bw = window_seconds(base, w)
         if w not in shown_base:
             shown_base.add(w)
-            print(f"{'none':<12} | {'-':>3} | {'-':>10} | {f'({w[0]}, {w[1]}]':>14} | {0:>11} | {bw:>8.2f} | "
-                  f"{(w[1] - w[0]) / bw:>7.3f} | {'1.000':>7} | {'(baseline)':>17} | {'(baseline)':>21} | "
-                  f"{clean_step(base, w):>12.3f} | {own_overhead(base, w):>26.1f}%")
+            print(
+                f"{'none':<12} | {'-':>3} | {'-':>10} | {f'({w[0]}, {w[1]}]':>14} | {0:>11} | {bw:>8.2f} | "
+                f"{(w[1] - w[0]) / bw:>7.3f} | {'1.000':>7} | {'(baseline)':>17} | {'(baseline)':>21} | "
+                f"{clean_step(base, w):>12.3f} | {own_overhead(base, w):>26.1f}%"
+            )
         rw = window_seconds(r, w)
         step_s = bw / (w[1] - w[0])
         meas = (rw / bw - 1) * 100
         derived = blocked_in(r, w) / bw * 100
         overheads[r.label] = (meas, derived, own_overhead(r, w))
-        print(f"{r.label:<12} | {r.every:>3} | {r.every * step_s:>10.1f} | {f'({w[0]}, {w[1]}]':>14} | "
-              f"{len(saves_in(r, w)):>11} | {rw:>8.2f} | {(w[1] - w[0]) / rw:>7.3f} | {bw / rw:>7.3f} | "
-              f"{meas:>16.1f}% | {derived:>20.1f}% | {clean_step(r, w):>12.3f} | {own_overhead(r, w):>26.1f}%")
-    print("clean step s = median step time in the window over steps that neither follow a snapshot nor overlap a "
-          "background upload: drift of the machine between runs shows here, not in the save. 'overhead vs own clean "
-          "steps' = window time / (steps x the run's own clean step) - 1: the save's whole cost (blocked time, slower "
-          "steps during an upload or after a save) with drift between runs removed; on the no-save rows it is the "
-          "estimator's own bias (mean vs median step).")
+        print(
+            f"{r.label:<12} | {r.every:>3} | {r.every * step_s:>10.1f} | {f'({w[0]}, {w[1]}]':>14} | "
+            f"{len(saves_in(r, w)):>11} | {rw:>8.2f} | {(w[1] - w[0]) / rw:>7.3f} | {bw / rw:>7.3f} | "
+            f"{meas:>16.1f}% | {derived:>20.1f}% | {clean_step(r, w):>12.3f} | {own_overhead(r, w):>26.1f}%"
+        )
+    print(
+        "clean step s = median step time in the window over steps that neither follow a snapshot nor overlap a "
+        "background upload: drift of the machine between runs shows here, not in the save. 'overhead vs own clean "
+        "steps' = window time / (steps x the run's own clean step) - 1: the save's whole cost (blocked time, slower "
+        "steps during an upload or after a save) with drift between runs removed; on the no-save rows it is the "
+        "estimator's own bias (mean vs median step)."
+    )
     dts = [base.times[s] - base.times[s - 1] for s in range(real_w[0] + 1, real_w[1] + 1)]
     noise = statistics.pstdev(dts) / statistics.mean(dts) / (len(dts) ** 0.5) * 100
-    print(f"noise: the no-save run's step time is {statistics.mean(dts):.3f} s +- {statistics.pstdev(dts):.3f} s "
-          f"(sd); on a {len(dts)}-step window that alone is +-{2 * noise:.1f}% (2 se), and other work on this "
-          "machine adds drift, so small measured overheads (async) are within noise; 'from blocked' is the "
-          "loop's own wait.")
+    print(
+        f"noise: the no-save run's step time is {statistics.mean(dts):.3f} s +- {statistics.pstdev(dts):.3f} s "
+        f"(sd); on a {len(dts)}-step window that alone is +-{2 * noise:.1f}% (2 se), and other work on this "
+        "machine adds drift, so small measured overheads (async) are within noise; 'from blocked' is the "
+        "loop's own wait."
+    )
     for r in runs:
         if r.mode != "async":
             continue
@@ -567,20 +632,26 @@ def main() -> None:
             elif not any(s == a + 1 for a, _ in spans) and s > 3:
                 outside.append(dt)
         if during and outside:
-            print(f"{r.label}: median step {med(during):.3f} s while a background upload runs vs {med(outside):.3f} s "
-                  f"otherwise ({med(during) / med(outside):.2f}x; snapshot steps excluded): the upload's cost that "
-                  "'blocked' does not show")
+            print(
+                f"{r.label}: median step {med(during):.3f} s while a background upload runs vs {med(outside):.3f} s "
+                f"otherwise ({med(during) / med(outside):.2f}x; snapshot steps excluded): the upload's cost that "
+                "'blocked' does not show"
+            )
     if f"async-{N}" in overheads:
-        print(f"Goal (issue P2): <= 3.5% at a realistic interval (N={N}, one save every "
-              f"~{N * window_seconds(base, real_w) / (real_w[1] - real_w[0]):.0f} s here):")
+        print(
+            f"Goal (issue P2): <= 3.5% at a realistic interval (N={N}, one save every "
+            f"~{N * window_seconds(base, real_w) / (real_w[1] - real_w[0]):.0f} s here):"
+        )
         for key in (f"sync-{N}", f"async-{N}"):
             m, d, o = overheads[key]
             print(f"  {key}: measured {m:.1f}%, vs own clean steps {o:.1f}%, from blocked {d:.1f}%")
     print()
 
     # ---- (c) bandwidth
-    print("(c) write bandwidth of a save vs a raw sequential write of the same bytes to the same disk "
-          "(dd-style: through the page cache and with O_DIRECT; the faster is the baseline)")
+    print(
+        "(c) write bandwidth of a save vs a raw sequential write of the same bytes to the same disk "
+        "(dd-style: through the page cache and with O_DIRECT; the faster is the baseline)"
+    )
     best = min(raw, key=lambda k: med(raw[k]))  # the physical limit: the faster way to write the bytes
     dd_bw = state_bytes / med(raw[best])
     hdr = f"{'what':<72} | {'MB':>6} | {'seconds':>7} | {'MB/s':>7} | {'vs raw write':>12}"
@@ -588,8 +659,10 @@ def main() -> None:
     print("-" * len(hdr))
     for kind, xs in raw.items():
         what = f"raw write, {kind}" + (" = baseline" if kind == best else "")
-        print(f"{what:<72} | {mb(state_bytes):>6.0f} | {med(xs):>7.3f} | {mb(state_bytes / med(xs)):>7.0f} | "
-              f"{state_bytes / med(xs) / dd_bw:>11.2f}x   (median of {len(xs)}; {min(xs):.3f}..{max(xs):.3f} s)")
+        print(
+            f"{what:<72} | {mb(state_bytes):>6.0f} | {med(xs):>7.3f} | {mb(state_bytes / med(xs)):>7.0f} | "
+            f"{state_bytes / med(xs) / dd_bw:>11.2f}x   (median of {len(xs)}; {min(xs):.3f}..{max(xs):.3f} s)"
+        )
 
     def row(what: str, pairs: list[tuple[float, float]]) -> None:
         pairs = [(b, s) for b, s in pairs if s == s and s > 0]
@@ -609,24 +682,36 @@ def main() -> None:
     sync_cs = periodic(lambda r: r.mode == "sync" and r.checksum == "xxh3_128")
     sha_cs = periodic(lambda r: r.mode == "sync" and r.checksum == "sha256")
     async_cs = periodic(lambda r: r.mode == "async")
-    row("sync save, whole (boundary -> commit; xxh3-128 checksums, default)",
-        [(c["bytes"], c["seconds"]) for _, c in sync_cs])
-    row("  of which shards streamed into storage (serialize, checksum, fsync)",
-        [(c["bytes"], phase(r, c, "snapshot")) for r, c in sync_cs])
+    row(
+        "sync save, whole (boundary -> commit; xxh3-128 checksums, default)",
+        [(c["bytes"], c["seconds"]) for _, c in sync_cs],
+    )
+    row(
+        "  of which shards streamed into storage (serialize, checksum, fsync)",
+        [(c["bytes"], phase(r, c, "snapshot")) for r, c in sync_cs],
+    )
     row("sync save, whole, checkpoint.checksum: sha256", [(c["bytes"], c["seconds"]) for _, c in sha_cs])
-    row("async save, snapshot: copy into reusable host buffers (blocks training)",
-        [(c["bytes"], phase(r, c, "snapshot")) for r, c in async_cs])
-    row("async save, background serialize + checksum + write (training alongside)",
-        [(c["bytes"], phase(r, c, "upload")) for r, c in async_cs])
+    row(
+        "async save, snapshot: copy into reusable host buffers (blocks training)",
+        [(c["bytes"], phase(r, c, "snapshot")) for r, c in async_cs],
+    )
+    row(
+        "async save, background serialize + checksum + write (training alongside)",
+        [(c["bytes"], phase(r, c, "upload")) for r, c in async_cs],
+    )
     row("raw in-memory copy of the same bytes (1 thread)", [(state_bytes, x) for x in copies])
     print("reference, outside training, a staged file of the same size in the staging dir:")
-    row("  RunStorage.upload_file, checksum known (elastic runs' full optimizer file)",
-        [(state_bytes, x) for x in refs["upload_known"]])
+    row(
+        "  RunStorage.upload_file, checksum known (elastic runs' full optimizer file)",
+        [(state_bytes, x) for x in refs["upload_known"]],
+    )
     row("  read staging + xxh3-128 only (no write)", [(state_bytes, x) for x in refs["xxh3_128"]])
     row("  read staging + sha256 only (no write)", [(state_bytes, x) for x in refs["sha256"]])
-    print(f"medians over {len(sync_cs)} sync (+{len(sha_cs)} sha256) and {len(async_cs)} async periodic saves; "
-          "a state is "
-          "a few files (DeepSpeed's model and optimizer shards, the RNG file, trainer.json).")
+    print(
+        f"medians over {len(sync_cs)} sync (+{len(sha_cs)} sha256) and {len(async_cs)} async periodic saves; "
+        "a state is "
+        "a few files (DeepSpeed's model and optimizer shards, the RNG file, trainer.json)."
+    )
     print("Goal (issue P2): save write bandwidth >= 70% of the raw sequential write (ratio >= 0.70x).")
     print()
 

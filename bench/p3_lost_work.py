@@ -57,9 +57,15 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 def drill_spec(storage: str, name: str, save_every: int, epochs: int):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
-    overrides = [f"storage={storage}", f"name={name}", f"train.epochs={epochs}", "train.log_every=1000",
-                 f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}", "checkpoint.keep_last=0",
-                 "checkpoint.export_final=false"]
+    overrides = [
+        f"storage={storage}",
+        f"name={name}",
+        f"train.epochs={epochs}",
+        "train.log_every=1000",
+        f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+    ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
 
 
@@ -67,8 +73,9 @@ def micro_batches_per_epoch(spec) -> int:
     return int(spec.task.config.get("num_samples", 1024)) // (spec.train.micro_batch_size * spec.scaling.max_workers)
 
 
-def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, Any]], points: list[int],
-            hows: list[str]) -> tuple[list[dict[str, Any]], float]:
+def analyse(
+    spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, Any]], points: list[int], hows: list[str]
+) -> tuple[list[dict[str, Any]], float]:
     from syncpoint.orchestrator.timeline import restarts
     from syncpoint.policies.boundaries import is_boundary, position_after
     from syncpoint.policies.journal import Journal
@@ -79,6 +86,7 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
         while g > 0 and not is_boundary((g - 1) % mbpe + 1, accum, mbpe):
             g -= 1
         return g
+
     starts = [e for e in run_events if e["kind"] == "attempt_started"]
     rows = []
     # the last attempt has no restart after it: the shorter list ends the pairing
@@ -87,22 +95,43 @@ def analyse(spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, A
         recs = [rec for e in run_events if e["kind"] == "progress" and e.get("attempt") == a for rec in e["records"]]
         recorded = len({rec["optimizer_step"] for rec in recs if rec["global_micro_step"] > r.resumed_micro_step})
         reached, resumed = r.previous_max_micro_step, r.resumed_micro_step
-        lost_opt = max(0, position_after(reached, accum, mbpe).optimizer_step
-                       - position_after(resumed, accum, mbpe).optimizer_step)
+        lost_opt = max(
+            0, position_after(reached, accum, mbpe).optimizer_step - position_after(resumed, accum, mbpe).optimizer_step
+        )
         partial = reached - max(last_boundary(reached), resumed)
         notices = [e for e in run_events if e["kind"] == "preemption_notice" and e.get("attempt") == a]
         notice_commit = None
         if notices:
-            commit = next((e for e in run_events if e["kind"] == "state_committed" and e.get("attempt") == a
-                           and "preemption" in e.get("reasons", []) and e["time"] >= notices[0]["time"]), None)
+            commit = next(
+                (
+                    e
+                    for e in run_events
+                    if e["kind"] == "state_committed"
+                    and e.get("attempt") == a
+                    and "preemption" in e.get("reasons", [])
+                    and e["time"] >= notices[0]["time"]
+                ),
+                None,
+            )
             if commit:
                 notice_commit = (notices[0]["global_micro_step"], commit["state"], commit["time"] - notices[0]["time"])
-        rows.append({
-            "n": i + 1, "how": hows[i] if i < len(hows) else "?", "at": points[i] if i < len(points) else None,
-            "cause": r.cause, "resumed_from": r.resumed_from or "scratch", "resumed_micro_step": r.resumed_micro_step,
-            "reached": reached, "lost_micro": r.lost_micro_steps, "lost_opt": lost_opt, "recorded": recorded,
-            "partial": max(0, partial), "lost_s": r.lost_seconds, "notice": notice_commit,
-        })
+        rows.append(
+            {
+                "n": i + 1,
+                "how": hows[i] if i < len(hows) else "?",
+                "at": points[i] if i < len(points) else None,
+                "cause": r.cause,
+                "resumed_from": r.resumed_from or "scratch",
+                "resumed_micro_step": r.resumed_micro_step,
+                "reached": reached,
+                "lost_micro": r.lost_micro_steps,
+                "lost_opt": lost_opt,
+                "recorded": recorded,
+                "partial": max(0, partial),
+                "lost_s": r.lost_seconds,
+                "notice": notice_commit,
+            }
+        )
     # one save interval in seconds: median time between periodic commits of the reference run
     commits = [e for e in ref_events if e["kind"] == "state_committed" and "interval" in e.get("reasons", [])]
     gaps = [b["time"] - a["time"] for a, b in pairwise(commits)]
@@ -129,8 +158,10 @@ def main() -> None:
     from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p3-", dir="/tmp")
-    drills = [("with notice", "p3-notice", args.notice_at, ["sigterm"]),
-              ("without notice", "p3-crash", args.crash_at, ["crash"])]
+    drills = [
+        ("with notice", "p3-notice", args.notice_at, ["sigterm"]),
+        ("without notice", "p3-crash", args.crash_at, ["crash"]),
+    ]
     results = []
     t_all = time.perf_counter()
     try:
@@ -143,8 +174,9 @@ def main() -> None:
             secs = time.perf_counter() - t0
             run_events = EventLog(RunStorage(f"{spec.run_url}-drill")).read_all()
             ref_events = EventLog(RunStorage(f"{spec.run_url}-drill-ref")).read_all()
-            rows, interval_s = analyse(spec, run_events, ref_events, points,
-                                       hows * len(points) if len(hows) == 1 else hows)
+            rows, interval_s = analyse(
+                spec, run_events, ref_events, points, hows * len(points) if len(hows) == 1 else hows
+            )
             results.append((label, spec, points, report, rows, interval_s, secs))
             print(f"  [p3] drill {label}: {secs:.0f} s", file=sys.stderr, flush=True)
     finally:
@@ -155,19 +187,25 @@ def main() -> None:
     accum = spec.train.grad_accum
     mbpe = micro_batches_per_epoch(spec)
     interval_micro = args.save_every * accum
-    print(f"P3 lost work per preemption: examples/tiny_lm.yaml, {spec.scaling.max_workers} workers, ZeRO-"
-          f"{spec.deepspeed.zero_stage}, grad_accum {accum}, {mbpe} micro-batches/epoch, {args.epochs} epochs; "
-          f"save_every {args.save_every} optimizer steps (= {interval_micro} micro-steps); embedded local Ray; "
-          f"total {total:.0f} s")
+    print(
+        f"P3 lost work per preemption: examples/tiny_lm.yaml, {spec.scaling.max_workers} workers, ZeRO-"
+        f"{spec.deepspeed.zero_stage}, grad_accum {accum}, {mbpe} micro-batches/epoch, {args.epochs} epochs; "
+        f"save_every {args.save_every} optimizer steps (= {interval_micro} micro-steps); embedded local Ray; "
+        f"total {total:.0f} s"
+    )
     print()
-    hdr = (f"{'#':>2} | {'kind':<8} | {'at micro-step':>13} | {'classified':<11} | {'resumed from':<13} | "
-           f"{'reached':>7} | {'lost micro-steps':>16} | {'lost opt steps (+partial)':>25} | {'in event log':>12} | "
-           f"{'lost s':>6} | {'lost / interval (steps)':>23} | {'lost / interval (s)':>19} | "
-           f"{'notice -> committed state':>25}")
+    hdr = (
+        f"{'#':>2} | {'kind':<8} | {'at micro-step':>13} | {'classified':<11} | {'resumed from':<13} | "
+        f"{'reached':>7} | {'lost micro-steps':>16} | {'lost opt steps (+partial)':>25} | {'in event log':>12} | "
+        f"{'lost s':>6} | {'lost / interval (steps)':>23} | {'lost / interval (s)':>19} | "
+        f"{'notice -> committed state':>25}"
+    )
     summary = []
     for label, _spec, points, report, rows, interval_s, secs in results:
-        print(f"{label} (drill {secs:.0f} s; one save interval = {interval_micro} micro-steps = {args.save_every} "
-              f"optimizer steps = {interval_s:.2f} s in the reference run)")
+        print(
+            f"{label} (drill {secs:.0f} s; one save interval = {interval_micro} micro-steps = {args.save_every} "
+            f"optimizer steps = {interval_s:.2f} s in the reference run)"
+        )
         print(hdr)
         print("-" * len(hdr))
         for r in rows:
@@ -176,10 +214,12 @@ def main() -> None:
                 at, state, dt = r["notice"]
                 notice = f"{at} -> {int(state)} in {dt:.2f} s"
             opt = f"{r['lost_opt']}" + (f" (+{r['partial']} micro)" if r["partial"] else "")
-            print(f"{r['n']:>2} | {r['how']:<8} | {str(r['at']):>13} | {r['cause']:<11} | {r['resumed_from']:<13} | "
-                  f"{r['reached']:>7} | {r['lost_micro']:>16} | {opt:>25} | {r['recorded']:>12} | "
-                  f"{r['lost_s']:>6.2f} | "
-                  f"{r['lost_micro'] / interval_micro:>22.2f}x | {r['lost_s'] / interval_s:>18.2f}x | {notice:>25}")
+            print(
+                f"{r['n']:>2} | {r['how']:<8} | {str(r['at']):>13} | {r['cause']:<11} | {r['resumed_from']:<13} | "
+                f"{r['reached']:>7} | {r['lost_micro']:>16} | {opt:>25} | {r['recorded']:>12} | "
+                f"{r['lost_s']:>6.2f} | "
+                f"{r['lost_micro'] / interval_micro:>22.2f}x | {r['lost_s'] / interval_s:>18.2f}x | {notice:>25}"
+            )
         if len(rows) != len(points):
             print(f"   expected {len(points)} restart(s), the event log shows {len(rows)}")
         print("drill report:")
@@ -189,9 +229,11 @@ def main() -> None:
         summary.append((label, rows))
 
     print("summary per kind")
-    hdr = (f"{'kind':<15} | {'preemptions':>11} | {'lost micro-steps (mean / max)':>29} | "
-           f"{'lost opt steps (max)':>20} | {'lost s (mean / max)':>19} | {'max lost / save interval':>24} | "
-           f"{'goal':<30} | {'met':<3}")
+    hdr = (
+        f"{'kind':<15} | {'preemptions':>11} | {'lost micro-steps (mean / max)':>29} | "
+        f"{'lost opt steps (max)':>20} | {'lost s (mean / max)':>19} | {'max lost / save interval':>24} | "
+        f"{'goal':<30} | {'met':<3}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for label, rows in summary:
@@ -205,18 +247,22 @@ def main() -> None:
             goal, met = "0 optimizer steps lost", max(lo) == 0
         else:
             goal, met = f"<= 1 save interval ({interval_micro} micro)", max(lm) <= interval_micro
-        print(f"{label:<15} | {len(rows):>11} | {f'{statistics.mean(lm):.1f} / {max(lm)}':>29} | {max(lo):>20} | "
-              f"{f'{statistics.mean(ls):.2f} / {max(ls):.2f}':>19} | {max(lm) / interval_micro:>23.2f}x | {goal:<30} | "
-              f"{'yes' if met else 'NO'}")
+        print(
+            f"{label:<15} | {len(rows):>11} | {f'{statistics.mean(lm):.1f} / {max(lm)}':>29} | {max(lo):>20} | "
+            f"{f'{statistics.mean(ls):.2f} / {max(ls):.2f}':>19} | {max(lm) / interval_micro:>23.2f}x | {goal:<30} | "
+            f"{'yes' if met else 'NO'}"
+        )
     print()
-    print("lost micro-steps = micro-steps the failed attempt computed beyond the state the next attempt resumed from "
-          "(syncpoint.orchestrator.timeline.restarts; 'reached' is the furthest micro-step in its progress records or "
-          "its fault_fired event); lost opt steps = optimizer steps between that state and 'reached' (boundary "
-          "arithmetic, syncpoint.policies.boundaries), '+partial' = micro-steps of an unfinished accumulation cycle; "
-          "'in event log' = those "
-          "steps whose progress records reached the event log (records are flushed at commits and every 2 s, so a "
-          "hard crash loses the unflushed tail: the lost-work figures rely on the fault_fired event here); lost s = "
-          "from that state's commit (or the attempt's start) to the failed attempt's last recorded progress or fault.")
+    print(
+        "lost micro-steps = micro-steps the failed attempt computed beyond the state the next attempt resumed from "
+        "(syncpoint.orchestrator.timeline.restarts; 'reached' is the furthest micro-step in its progress records or "
+        "its fault_fired event); lost opt steps = optimizer steps between that state and 'reached' (boundary "
+        "arithmetic, syncpoint.policies.boundaries), '+partial' = micro-steps of an unfinished accumulation cycle; "
+        "'in event log' = those "
+        "steps whose progress records reached the event log (records are flushed at commits and every 2 s, so a "
+        "hard crash loses the unflushed tail: the lost-work figures rely on the fault_fired event here); lost s = "
+        "from that state's commit (or the attempt's start) to the failed attempt's last recorded progress or fault."
+    )
     print("Goal (issue P3): with notice 0 optimizer steps lost; without notice <= one save interval.")
 
 

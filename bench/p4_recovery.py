@@ -56,10 +56,17 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 def job_spec(storage: str, name: str, crash_at: int, save_every: int, epochs: int):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
-    overrides = [f"storage={storage}", f"name={name}", f"train.epochs={epochs}", "train.log_every=1000",
-                 f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}", "checkpoint.keep_last=0",
-                 "checkpoint.export_final=false", "failure.max_failures=1",
-                 f"faults=[{{rank: 1, at_micro_step: {crash_at}}}]"]
+    overrides = [
+        f"storage={storage}",
+        f"name={name}",
+        f"train.epochs={epochs}",
+        "train.log_every=1000",
+        f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+        "failure.max_failures=1",
+        f"faults=[{{rank: 1, at_micro_step: {crash_at}}}]",
+    ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
 
 
@@ -78,9 +85,19 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
     d1, d2 = first(events, "resume_decision", attempt=1), first(events, "resume_decision", attempt=2)
     s1, s2 = first_step(events, 1), first_step(events, 2)
     fault, fail = first(events, "fault_fired"), first(events, "failure")
-    missing = [n for n, e in (("submitted", sub), ("attempt_started 1", a1), ("attempt_started 2", a2),
-                              ("first step of attempt 1", s1), ("first step of attempt 2", s2),
-                              ("fault_fired", fault), ("failure", fail)) if e is None]
+    missing = [
+        n
+        for n, e in (
+            ("submitted", sub),
+            ("attempt_started 1", a1),
+            ("attempt_started 2", a2),
+            ("first step of attempt 1", s1),
+            ("first step of attempt 2", s2),
+            ("fault_fired", fault),
+            ("failure", fail),
+        )
+        if e is None
+    ]
     if missing:
         return {"missing": missing}
     return {
@@ -94,8 +111,10 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
         "rec_to_decision": (d2["time"] - fail["time"]) if d2 else float("nan"),
         "detection": fail["time"] - fault["time"],
         "crash_to_step": s2["time"] - fault["time"],
-        "resumed_from": a2.get("resumed_from"), "first_steps": (s1["optimizer_step"], s2["optimizer_step"]),
-        "classified": fail.get("classified"), "decision": fail.get("decision"),
+        "resumed_from": a2.get("resumed_from"),
+        "first_steps": (s1["optimizer_step"], s2["optimizer_step"]),
+        "classified": fail.get("classified"),
+        "decision": fail.get("decision"),
     }
 
 
@@ -133,9 +152,11 @@ def main() -> None:
         shutil.rmtree(storage, ignore_errors=True)
     total = time.perf_counter() - t_all
 
-    print(f"P4 recovery: examples/tiny_lm.yaml, 2 workers, ZeRO-2, grad_accum 4, {args.epochs} epoch(s); state every "
-          f"{args.save_every} optimizer steps; rank 1 crashes (os._exit) after micro-step {args.crash_at}; "
-          f"failure.max_failures 1; embedded local Ray, a fresh one per repetition; total {total:.0f} s")
+    print(
+        f"P4 recovery: examples/tiny_lm.yaml, 2 workers, ZeRO-2, grad_accum 4, {args.epochs} epoch(s); state every "
+        f"{args.save_every} optimizer steps; rank 1 crashes (os._exit) after micro-step {args.crash_at}; "
+        f"failure.max_failures 1; embedded local Ray, a fresh one per repetition; total {total:.0f} s"
+    )
     print()
     ok = [m for m in reps if "missing" not in m]
     for i, m in enumerate(reps):
@@ -143,25 +164,39 @@ def main() -> None:
             print(f"repetition {i + 1}: events missing: {', '.join(m['missing'])} (rc {m['rc']})")
     if not ok:
         return
-    hdr = (f"{'repetition':<10} | {'cold start s':>12} | {'recovery s':>10} | {'recovery / cold':>15} || "
-           f"{'cold: ->resume_decision':>23} | {'cold: ->attempt_started':>23} | {'cold: ->1st step':>16} || "
-           f"{'rec: ->resume_decision':>22} | {'rec: ->attempt_started':>22} | {'rec: ->1st step':>15} || "
-           f"{'detection s':>11} | {'crash -> 1st step s':>19}")
+    hdr = (
+        f"{'repetition':<10} | {'cold start s':>12} | {'recovery s':>10} | {'recovery / cold':>15} || "
+        f"{'cold: ->resume_decision':>23} | {'cold: ->attempt_started':>23} | {'cold: ->1st step':>16} || "
+        f"{'rec: ->resume_decision':>22} | {'rec: ->attempt_started':>22} | {'rec: ->1st step':>15} || "
+        f"{'detection s':>11} | {'crash -> 1st step s':>19}"
+    )
     print(hdr)
     print("-" * len(hdr))
 
     def line(label: str, v: dict[str, float]) -> None:
-        print(f"{label:<10} | {v['cold']:>12.2f} | {v['recovery']:>10.2f} | {v['recovery'] / v['cold']:>14.2f}x || "
-              f"{v['cold_to_decision']:>23.2f} | {v['cold_to_attempt']:>23.2f} | {v['cold_attempt_to_step']:>16.2f} || "
-              f"{v['rec_to_decision']:>22.2f} | "
-              f"{v['rec_to_attempt']:>22.2f} | {v['rec_attempt_to_step']:>15.2f} || {v['detection']:>11.2f} | "
-              f"{v['crash_to_step']:>19.2f}")
+        print(
+            f"{label:<10} | {v['cold']:>12.2f} | {v['recovery']:>10.2f} | {v['recovery'] / v['cold']:>14.2f}x || "
+            f"{v['cold_to_decision']:>23.2f} | {v['cold_to_attempt']:>23.2f} | {v['cold_attempt_to_step']:>16.2f} || "
+            f"{v['rec_to_decision']:>22.2f} | "
+            f"{v['rec_to_attempt']:>22.2f} | {v['rec_attempt_to_step']:>15.2f} || {v['detection']:>11.2f} | "
+            f"{v['crash_to_step']:>19.2f}"
+        )
 
     for i, m in enumerate(reps):
         if "missing" not in m:
             line(f"{i + 1}", m)
-    keys = ["cold", "recovery", "cold_to_decision", "cold_to_attempt", "cold_attempt_to_step", "rec_to_decision",
-            "rec_to_attempt", "rec_attempt_to_step", "detection", "crash_to_step"]
+    keys = [
+        "cold",
+        "recovery",
+        "cold_to_decision",
+        "cold_to_attempt",
+        "cold_attempt_to_step",
+        "rec_to_decision",
+        "rec_to_attempt",
+        "rec_attempt_to_step",
+        "detection",
+        "crash_to_step",
+    ]
     if len(ok) > 1:
         med = {k: statistics.median(m[k] for m in ok) for k in keys}
         line("median", med)
@@ -170,18 +205,24 @@ def main() -> None:
     print()
     for i, m in enumerate(reps):
         if "missing" not in m:
-            print(f"repetition {i + 1}: exit code {m['rc']}, {m['wall']:.0f} s; failure classified "
-                  f"{m['classified']} -> {m['decision']}; attempt 2 resumed from {m['resumed_from']}; first optimizer "
-                  f"steps recorded: {m['first_steps'][0]} (attempt 1), {m['first_steps'][1]} (attempt 2)")
-    print("cold start = driver's submitted event -> first optimizer step of attempt 1 (includes starting the embedded "
-          "Ray); recovery = controller's failure event -> first optimizer step of attempt 2. '->resume_decision' and "
-          "'->attempt_started' split both: (Ray start,) worker group start + DeepSpeed init up to the decision, "
-          "then fetch/verify/load of the state (none on the cold start); '->1st step' is the loader set-up and "
-          "the first accumulation cycle. "
-          "detection = fault_fired (the crash) -> failure event (Ray noticing the dead worker, the controller "
-          "classifying it).")
-    print(f"Goal (issue P4): recovery <= 1.1x cold start; {'median' if len(ok) > 1 else 'measured'} "
-          f"{med['recovery'] / med['cold']:.2f}x.")
+            print(
+                f"repetition {i + 1}: exit code {m['rc']}, {m['wall']:.0f} s; failure classified "
+                f"{m['classified']} -> {m['decision']}; attempt 2 resumed from {m['resumed_from']}; first optimizer "
+                f"steps recorded: {m['first_steps'][0]} (attempt 1), {m['first_steps'][1]} (attempt 2)"
+            )
+    print(
+        "cold start = driver's submitted event -> first optimizer step of attempt 1 (includes starting the embedded "
+        "Ray); recovery = controller's failure event -> first optimizer step of attempt 2. '->resume_decision' and "
+        "'->attempt_started' split both: (Ray start,) worker group start + DeepSpeed init up to the decision, "
+        "then fetch/verify/load of the state (none on the cold start); '->1st step' is the loader set-up and "
+        "the first accumulation cycle. "
+        "detection = fault_fired (the crash) -> failure event (Ray noticing the dead worker, the controller "
+        "classifying it)."
+    )
+    print(
+        f"Goal (issue P4): recovery <= 1.1x cold start; {'median' if len(ok) > 1 else 'measured'} "
+        f"{med['recovery'] / med['cold']:.2f}x."
+    )
 
 
 if __name__ == "__main__":

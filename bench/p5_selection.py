@@ -60,8 +60,16 @@ from syncpoint.policies.resume import Decision, NewestResumable
 from syncpoint.workers.discovery import discover, discover_lazy
 from syncpoint.workers.storage import RunStorage
 
-EXP = Expectation(job_identity="bench-p5", world_size=2, micro_batch_size=4, grad_accum=4,
-                  micro_batches_per_epoch=1000, zero_stage=2, model_fingerprint="bench-fingerprint", seed=1234)
+EXP = Expectation(
+    job_identity="bench-p5",
+    world_size=2,
+    micro_batch_size=4,
+    grad_accum=4,
+    micro_batches_per_epoch=1000,
+    zero_stage=2,
+    model_fingerprint="bench-fingerprint",
+    seed=1234,
+)
 SAVE_EVERY = 100
 PLANT_VERSION = 1
 
@@ -146,18 +154,33 @@ def plant(run_dir: str, n: int, torn_newest: int) -> float:
         if i >= n - torn_newest:
             continue  # torn: preempted before trainer.json / manifest.json
         trainer = {
-            "schema_version": 1, "job_identity": EXP.job_identity, "world_size": EXP.world_size,
-            "micro_batch_size": EXP.micro_batch_size, "grad_accum": EXP.grad_accum,
-            "micro_batches_per_epoch": EXP.micro_batches_per_epoch, "zero_stage": EXP.zero_stage,
-            "model_fingerprint": EXP.model_fingerprint, "seed": EXP.seed, "epoch": p.epoch,
-            "position_in_epoch": p.position_in_epoch, "global_micro_step": step,
-            "optimizer_step": p.optimizer_step, "metrics": {"loss": 1.0 / (i + 1)},
+            "schema_version": 1,
+            "job_identity": EXP.job_identity,
+            "world_size": EXP.world_size,
+            "micro_batch_size": EXP.micro_batch_size,
+            "grad_accum": EXP.grad_accum,
+            "micro_batches_per_epoch": EXP.micro_batches_per_epoch,
+            "zero_stage": EXP.zero_stage,
+            "model_fingerprint": EXP.model_fingerprint,
+            "seed": EXP.seed,
+            "epoch": p.epoch,
+            "position_in_epoch": p.position_in_epoch,
+            "global_micro_step": step,
+            "optimizer_step": p.optimizer_step,
+            "metrics": {"loss": 1.0 / (i + 1)},
         }
         tb = _json_bytes(trainer)
         _write(os.path.join(d, "trainer.json"), tb)
-        manifest = {"format": "syncpoint-state/1", "state": name, "created_at": 1.7e9 + i, "world_size": EXP.world_size,
-                    "files": {"engine/x.pt": {"size": len(engine), "sha256": engine_sha},
-                              "trainer.json": {"size": len(tb), "sha256": hashlib.sha256(tb).hexdigest()}}}
+        manifest = {
+            "format": "syncpoint-state/1",
+            "state": name,
+            "created_at": 1.7e9 + i,
+            "world_size": EXP.world_size,
+            "files": {
+                "engine/x.pt": {"size": len(engine), "sha256": engine_sha},
+                "trainer.json": {"size": len(tb), "sha256": hashlib.sha256(tb).hexdigest()},
+            },
+        }
         _write(os.path.join(d, "manifest.json"), _json_bytes(manifest))
     return time.perf_counter() - t0
 
@@ -192,8 +215,9 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 1_000, 10_000])
     ap.add_argument("--torn-newest", type=int, default=1, help="newest states left torn (no manifest)")
     ap.add_argument("--repeats", type=int, default=5, help="repeats per cell (median); full discover at >=10^4 uses 3")
-    ap.add_argument("--root", default=None,
-                    help="where to plant (default: a temp dir, or /tmp/syncpoint-bench-p5 with --keep)")
+    ap.add_argument(
+        "--root", default=None, help="where to plant (default: a temp dir, or /tmp/syncpoint-bench-p5 with --keep)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep planted states and reuse them on the next run")
     ap.add_argument("--quick", action="store_true", help="sizes 10 and 10^3 only, 3 repeats")
     args = ap.parse_args()
@@ -213,28 +237,36 @@ def main() -> None:
             t_lazy, c_lazy, d_lazy, n_lazy = measure(lazy_newest_first, run_dir, args.repeats)
             rows.append((n, t_full, c_full, t_lazy, c_lazy))
             same = d_full.state == d_lazy.state
-            checks.append(f"  {n:>6} states: full -> {d_full.state} ({n_full} candidates read), lazy -> {d_lazy.state} "
-                          f"({n_lazy} candidates read): {'SAME' if same else 'DIFFERENT'}")
+            checks.append(
+                f"  {n:>6} states: full -> {d_full.state} ({n_full} candidates read), lazy -> {d_lazy.state} "
+                f"({n_lazy} candidates read): {'SAME' if same else 'DIFFERENT'}"
+            )
     finally:
         if not args.keep and args.root is None:
             shutil.rmtree(root, ignore_errors=True)
 
     print(f"P5 selection: newest {args.torn_newest} state(s) torn, the rest resumable; local storage, warm page cache")
     print()
-    hdr = (f"{'states':>7} | {'full discover (s)':>17} | {'files read':>10} | {'manifests':>9} | {'listings':>8} || "
-           f"{'lazy newest-first (s)':>21} | {'files read':>10} | {'manifests':>9} | {'listings':>8} || {'ratio':>8}")
+    hdr = (
+        f"{'states':>7} | {'full discover (s)':>17} | {'files read':>10} | {'manifests':>9} | {'listings':>8} || "
+        f"{'lazy newest-first (s)':>21} | {'files read':>10} | {'manifests':>9} | {'listings':>8} || {'ratio':>8}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for n, t_full, c_full, t_lazy, c_lazy in rows:
-        print(f"{n:>7,} | {t_full:>17.4f} | {c_full['files read']:>10,} | {c_full['manifests']:>9,} | "
-              f"{c_full['listings']:>8,} || "
-              f"{t_lazy:>21.4f} | {c_lazy['files read']:>10,} | {c_lazy['manifests']:>9,} | "
-              f"{c_lazy['listings']:>8,} || "
-              f"{t_full / t_lazy:>7,.0f}x")
+        print(
+            f"{n:>7,} | {t_full:>17.4f} | {c_full['files read']:>10,} | {c_full['manifests']:>9,} | "
+            f"{c_full['listings']:>8,} || "
+            f"{t_lazy:>21.4f} | {c_lazy['files read']:>10,} | {c_lazy['manifests']:>9,} | "
+            f"{c_lazy['listings']:>8,} || "
+            f"{t_full / t_lazy:>7,.0f}x"
+        )
     print()
     print("ratio = full discover time / lazy newest-first time (medians, same run, same planted directory).")
-    print("files read = files opened for reading (manifest.json + trainer.json); listings = top-level ls/find calls "
-          "(discover lists every state recursively to check sizes).")
+    print(
+        "files read = files opened for reading (manifest.json + trainer.json); listings = top-level ls/find calls "
+        "(discover lists every state recursively to check sizes)."
+    )
     print("Goal (issue P5): <= 1 s to choose at 10^4 states, manifests read O(1).")
     print()
     print("same decision check:")

@@ -29,8 +29,13 @@ def run(root: str, elastic: bool, steps: int) -> list[dict]:
     from syncpoint.workers.launch import run_in_process
     from syncpoint.workers.storage import RunStorage
 
-    overrides = [f"storage={root}", f"name=p6-{'elastic' if elastic else 'plain'}", f"train.max_steps={steps}",
-                 "checkpoint.save_every={value: 10, unit: optimizer_steps}", "checkpoint.keep_last=1"]
+    overrides = [
+        f"storage={root}",
+        f"name=p6-{'elastic' if elastic else 'plain'}",
+        f"train.max_steps={steps}",
+        "checkpoint.save_every={value: 10, unit: optimizer_steps}",
+        "checkpoint.keep_last=1",
+    ]
     if elastic:
         overrides.append("scaling.num_workers={min: 1, max: 1}")
     spec = resolve_storage(parse_spec(SPEC, "bench/p6", overrides))
@@ -50,8 +55,11 @@ def main() -> None:
     for elastic in (False, True):
         commits = run(root, elastic, args.steps)
         periodic = [c for c in commits if "final" not in c["reasons"]] or commits
-        rows[elastic] = (statistics.median(c["blocked_seconds"] for c in periodic),
-                         statistics.median(c["bytes"] for c in periodic), len(periodic))
+        rows[elastic] = (
+            statistics.median(c["blocked_seconds"] for c in periodic),
+            statistics.median(c["bytes"] for c in periodic),
+            len(periodic),
+        )
     (b0, n0, k0), (b1, n1, k1) = rows[False], rows[True]
     print("P6 elastic optimizer state: 25.1M-parameter MLP, ZeRO-2, fp32, AdamW, 1 rank, sync saves to local disk")
     print(f"{'save':<36} | {'saves':>5} | {'MB':>7} | {'blocked s (median)':>18} | {'vs plain':>8}")

@@ -40,8 +40,13 @@ import tempfile
 import traceback
 from typing import Any
 
-CONFIGS = [("ZeRO-0", 0, "none", "none"), ("ZeRO-1", 1, "none", "none"), ("ZeRO-2", 2, "none", "none"),
-           ("ZeRO-3", 3, "none", "none"), ("ZeRO-3 + offload", 3, "cpu", "cpu")]
+CONFIGS = [
+    ("ZeRO-0", 0, "none", "none"),
+    ("ZeRO-1", 1, "none", "none"),
+    ("ZeRO-2", 2, "none", "none"),
+    ("ZeRO-3", 3, "none", "none"),
+    ("ZeRO-3 + offload", 3, "cpu", "cpu"),
+]
 WORLD = 2
 CATEGORIES = ("params", "grads", "optim")
 
@@ -122,13 +127,15 @@ def measure(engine) -> dict[str, int]:
     return ledger.bytes
 
 
-def _rank(rank: int, port: int, stage: int, off_opt: str, off_par: str, width: int, depth: int, steps: int,
-          out: str) -> None:
+def _rank(
+    rank: int, port: int, stage: int, off_opt: str, off_par: str, width: int, depth: int, steps: int, out: str
+) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -168,15 +175,18 @@ def run_config(stage: int, off_opt: str, off_par: str, width: int, depth: int, s
     ctx, port = mp.get_context("spawn"), free_port()
     with tempfile.TemporaryDirectory(prefix="syncpoint-p7-") as d:
         out = os.path.join(d, "rank")
-        procs = [ctx.Process(target=_rank, args=(r, port, stage, off_opt, off_par, width, depth, steps, out))
-                 for r in range(WORLD)]
+        procs = [
+            ctx.Process(target=_rank, args=(r, port, stage, off_opt, off_par, width, depth, steps, out))
+            for r in range(WORLD)
+        ]
         for p in procs:
             p.start()
         for p in procs:
             p.join(900)
         if any(p.exitcode != 0 for p in procs):
-            raise SystemExit(f"ZeRO-{stage} (offload {off_opt}/{off_par}) failed: "
-                             f"exit codes {[p.exitcode for p in procs]}")
+            raise SystemExit(
+                f"ZeRO-{stage} (offload {off_opt}/{off_par}) failed: exit codes {[p.exitcode for p in procs]}"
+            )
         ranks = []
         for r in range(WORLD):
             with open(f"{out}.{r}.json") as f:
@@ -201,15 +211,27 @@ def main() -> None:
     for label, stage, off_opt, off_par in CONFIGS:
         ranks = run_config(stage, off_opt, off_par, width, depth, steps)
         worst = max(ranks, key=lambda r: sum(r["bytes"].values()))
-        rows.append((label, off_opt, off_par, worst, max(r["rss"] for r in ranks),
-                     max(r["rss"] - r["rss_before"] for r in ranks)))
+        rows.append(
+            (
+                label,
+                off_opt,
+                off_par,
+                worst,
+                max(r["rss"] for r in ranks),
+                max(r["rss"] - r["rss_before"] for r in ranks),
+            )
+        )
     mb = 1e6
     numel = rows[0][3]["numel"]
-    print(f"P7 ZeRO memory: MLP {depth}x{width} ({numel / 1e6:.2f}M parameters), AdamW, fp32, "
-          f"{WORLD} ranks (gloo, CPU); "
-          "per rank, the larger rank")
-    head = (f"{'config':<17} | {'params MB':>9} | {'grads MB':>8} | {'optim MB':>8} | {'model state MB':>14} | "
-            f"{'vs ZeRO-0':>9} | {'device MB':>9} | {'peak RSS MB':>11} | {'RSS growth MB':>13}")
+    print(
+        f"P7 ZeRO memory: MLP {depth}x{width} ({numel / 1e6:.2f}M parameters), AdamW, fp32, "
+        f"{WORLD} ranks (gloo, CPU); "
+        "per rank, the larger rank"
+    )
+    head = (
+        f"{'config':<17} | {'params MB':>9} | {'grads MB':>8} | {'optim MB':>8} | {'model state MB':>14} | "
+        f"{'vs ZeRO-0':>9} | {'device MB':>9} | {'peak RSS MB':>11} | {'RSS growth MB':>13}"
+    )
     print(head)
     print("-" * len(head))
     base = sum(rows[0][3]["bytes"].values())
@@ -218,19 +240,27 @@ def main() -> None:
         b = r["bytes"]
         total = sum(b.values())
         totals[label] = (total, device_bytes(b, off_opt, off_par))
-        print(f"{label:<17} | {b['params'] / mb:>9.2f} | {b['grads'] / mb:>8.2f} | {b['optim'] / mb:>8.2f} | "
-              f"{total / mb:>14.2f} | {total / base:>8.2f}x | {totals[label][1] / mb:>9.2f} | {rss / mb:>11.0f} | "
-              f"{growth / mb:>13.0f}")
-    print("model state = parameters + gradients + optimizer state (fp32 master partitions, Adam moments), measured "
-          "after the boundary's backward and after step (transient peaks inside backward are not seen); device = "
-          "what a GPU would hold (this CPU machine's offload moves nothing physically); "
-          "RSS includes torch and DeepSpeed")
+        print(
+            f"{label:<17} | {b['params'] / mb:>9.2f} | {b['grads'] / mb:>8.2f} | {b['optim'] / mb:>8.2f} | "
+            f"{total / mb:>14.2f} | {total / base:>8.2f}x | {totals[label][1] / mb:>9.2f} | {rss / mb:>11.0f} | "
+            f"{growth / mb:>13.0f}"
+        )
+    print(
+        "model state = parameters + gradients + optimizer state (fp32 master partitions, Adam moments), measured "
+        "after the boundary's backward and after step (transient peaks inside backward are not seen); device = "
+        "what a GPU would hold (this CPU machine's offload moves nothing physically); "
+        "RSS includes torch and DeepSpeed"
+    )
     z3_ratio = totals["ZeRO-3"][0] / base
     off_ratio = totals["ZeRO-3 + offload"][1] / max(totals["ZeRO-3"][1], 1)
-    print(f"goal zero3 model state per rank vs ZeRO-0: {z3_ratio:.2f}x vs target <= 0.65x: "
-          f"{'met' if z3_ratio <= 0.65 else 'not met'}")
-    print(f"goal zero3+offload device-resident vs ZeRO-3: {off_ratio:.2f}x vs target <= 0.25x: "
-          f"{'met' if off_ratio <= 0.25 else 'not met'}")
+    print(
+        f"goal zero3 model state per rank vs ZeRO-0: {z3_ratio:.2f}x vs target <= 0.65x: "
+        f"{'met' if z3_ratio <= 0.65 else 'not met'}"
+    )
+    print(
+        f"goal zero3+offload device-resident vs ZeRO-3: {off_ratio:.2f}x vs target <= 0.25x: "
+        f"{'met' if off_ratio <= 0.25 else 'not met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -145,8 +145,9 @@ def load_trace(path: str) -> list[Interruption]:
     return out
 
 
-def steady_goodput(interval_s: float, costs: Costs, rate_per_hour: float, lead_s: float | None,
-                   preemptions: int, seed: int = 0) -> float:
+def steady_goodput(
+    interval_s: float, costs: Costs, rate_per_hour: float, lead_s: float | None, preemptions: int, seed: int = 0
+) -> float:
     """Goodput of a long job (about ``preemptions`` preemptions), start-up excluded."""
     mtbf = 3600.0 / rate_per_hour
     work = preemptions * mtbf
@@ -168,11 +169,19 @@ def auto_interval(costs: Costs, rate_per_hour: float) -> float:
 def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_failures: int):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
-    overrides = [f"storage={storage}", f"name={name}", f"scaling.num_workers={workers}", f"train.epochs={epochs}",
-                 "train.log_every=1000", "train.eval_every=0",
-                 f"checkpoint.save_every={{value: {SAVE_EVERY_STEPS}, unit: optimizer_steps}}",
-                 "checkpoint.keep_last=2", "checkpoint.export_final=false", f"failure.max_failures={max_failures}",
-                 f"faults={faults}"]
+    overrides = [
+        f"storage={storage}",
+        f"name={name}",
+        f"scaling.num_workers={workers}",
+        f"train.epochs={epochs}",
+        "train.log_every=1000",
+        "train.eval_every=0",
+        f"checkpoint.save_every={{value: {SAVE_EVERY_STEPS}, unit: optimizer_steps}}",
+        "checkpoint.keep_last=2",
+        "checkpoint.export_final=false",
+        f"failure.max_failures={max_failures}",
+        f"faults={faults}",
+    ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
 
 
@@ -189,8 +198,10 @@ def _run(spec) -> list[dict[str, Any]]:
 
 
 def _steps(events: list[dict[str, Any]], attempt: int | None) -> list[dict[str, Any]]:
-    return sorted((r for e in events if e["kind"] == "progress" and e.get("attempt") == attempt
-                   for r in e["records"]), key=lambda r: r["time"])
+    return sorted(
+        (r for e in events if e["kind"] == "progress" and e.get("attempt") == attempt for r in e["records"]),
+        key=lambda r: r["time"],
+    )
 
 
 def _first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any]:
@@ -202,9 +213,12 @@ def _first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, A
 
 def step_time(events: list[dict[str, Any]]) -> float:
     """Median seconds per optimizer step (consecutive steps of an attempt; a save's step is an outlier)."""
-    gaps = [b["time"] - a["time"] for n in {e.get("attempt") for e in events if e["kind"] == "progress"}
-            for a, b in zip(_steps(events, n), _steps(events, n)[1:], strict=False)
-            if b["optimizer_step"] == a["optimizer_step"] + 1]
+    gaps = [
+        b["time"] - a["time"]
+        for n in {e.get("attempt") for e in events if e["kind"] == "progress"}
+        for a, b in zip(_steps(events, n), _steps(events, n)[1:], strict=False)
+        if b["optimizer_step"] == a["optimizer_step"] + 1
+    ]
     return statistics.median(gaps)
 
 
@@ -218,8 +232,11 @@ def restarts(events: list[dict[str, Any]], s: float) -> list[dict[str, Any]]:
         notice = next((e for e in events if e["kind"] == "preemption_notice" and e.get("attempt") == prev), None)
         fault = next((e for e in events if e["kind"] == "fault_fired" and e.get("attempt") == prev), None)
         if notice is not None:
-            commit = next(e for e in events if e["kind"] == "state_committed" and e.get("attempt") == prev
-                          and "preemption" in e["reasons"])
+            commit = next(
+                e
+                for e in events
+                if e["kind"] == "state_committed" and e.get("attempt") == prev and "preemption" in e["reasons"]
+            )
             at, kind, lead = commit["time"], "notice", commit["time"] - notice["time"]
         elif fault is not None:
             at, kind, lead = fault["time"], "crash", None
@@ -230,11 +247,21 @@ def restarts(events: list[dict[str, Any]], s: float) -> list[dict[str, Any]]:
         decided = _first(events, "resume_decision", attempt=a)["time"]
         failed = next((e["time"] for e in events if e["kind"] == "failure" and e["time"] >= at), None)
         back = min(started, decided)  # the new worker group's first word
-        phases = {"detection": (failed - at) if failed is not None else float("nan"),
-                  "new worker group": (back - failed) if failed is not None else back - at,
-                  "engine, restore, first batch": first["time"] - s - back}
-        out.append({"at": at, "kind": kind, "lead": lead, "restart_s": first["time"] - at - s,
-                    "restore_s": started - decided, "phases": phases})
+        phases = {
+            "detection": (failed - at) if failed is not None else float("nan"),
+            "new worker group": (back - failed) if failed is not None else back - at,
+            "engine, restore, first batch": first["time"] - s - back,
+        }
+        out.append(
+            {
+                "at": at,
+                "kind": kind,
+                "lead": lead,
+                "restart_s": first["time"] - at - s,
+                "restore_s": started - decided,
+                "phases": phases,
+            }
+        )
     return out
 
 
@@ -269,8 +296,14 @@ def measure(quick: bool) -> Measured:
     storage = tempfile.mkdtemp(prefix="syncpoint-p8-", dir="/tmp")
     try:
         epochs = 2 if quick else 3
-        main = _spec(storage, "p8-goodput", 2, epochs,
-                     "[{rank: 0, at_micro_step: 40, mode: sigterm}, {rank: 1, at_micro_step: 100}]", 2)
+        main = _spec(
+            storage,
+            "p8-goodput",
+            2,
+            epochs,
+            "[{rank: 0, at_micro_step: 40, mode: sigterm}, {rank: 1, at_micro_step: 100}]",
+            2,
+        )
         events = _run(main)
         s = step_time(events)
         t0 = _first(events, "submitted")["time"]
@@ -278,10 +311,13 @@ def measure(quick: bool) -> Measured:
         rs = restarts(events, s)
         blocked = [e["blocked_seconds"] for e in events if e["kind"] == "state_committed"]
         notice_lead = [r["lead"] for r in rs if r["kind"] == "notice"]
-        costs = Costs(save_blocked_s=statistics.median(blocked),
-                      restart_s=statistics.median(r["restart_s"] for r in rs),
-                      notice_to_commit_s=notice_lead[0] if notice_lead else float("nan"),
-                      startup_s=first["time"] - t0 - s, step_s=s)
+        costs = Costs(
+            save_blocked_s=statistics.median(blocked),
+            restart_s=statistics.median(r["restart_s"] for r in rs),
+            notice_to_commit_s=notice_lead[0] if notice_lead else float("nan"),
+            startup_s=first["time"] - t0 - s,
+            step_s=s,
+        )
         trace = [(r["at"] - t0, r["lead"]) for r in rs]
         steps = [e for e in events if e["kind"] == "finished"][-1]["optimizer_step"]
         by_world = {2: statistics.median(r["restart_s"] for r in rs if r["kind"] == "crash")}
@@ -290,8 +326,16 @@ def measure(quick: bool) -> Measured:
             r = restarts(ev, step_time(ev))
             if r:
                 by_world[w] = r[0]["restart_s"]
-        return Measured(costs, s, steps, trace, measured_goodput(events, s), dict(sorted(by_world.items())),
-                        statistics.median(r["restore_s"] for r in rs), restart_profile(rs))
+        return Measured(
+            costs,
+            s,
+            steps,
+            trace,
+            measured_goodput(events, s),
+            dict(sorted(by_world.items())),
+            statistics.median(r["restore_s"] for r in rs),
+            restart_profile(rs),
+        )
     finally:
         shutil.rmtree(storage, ignore_errors=True)
 
@@ -333,8 +377,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer restart runs and Monte Carlo preemptions")
     ap.add_argument("--no-measure", action="store_true", help="skip the Ray runs (needs --costs; no validation)")
-    ap.add_argument("--costs", help="C,R,N[,step] seconds: override the measured save blocked, restart, "
-                                    "notice-to-commit (and step) times")
+    ap.add_argument(
+        "--costs",
+        help="C,R,N[,step] seconds: override the measured save blocked, restart, notice-to-commit (and step) times",
+    )
     ap.add_argument("--trace", help="also simulate this trace file of interruptions (seconds [lead])")
     ap.add_argument("--lead", type=float, default=30.0, help="notice lead time in seconds for the 'notice' columns")
     ap.add_argument("--node-rate-per-day", type=float, default=1.0, help="planning: preemptions per node per day")
@@ -350,11 +396,15 @@ def main() -> None:
     if not args.no_measure:
         m = measure(args.quick)
         c = m.costs
-        print(f"P8 goodput: measured on examples/tiny_lm.yaml (2 workers, ZeRO-2, accumulation 4, no evaluation, a "
-              f"state every {SAVE_EVERY_STEPS} optimizer steps), embedded local Ray")
-        print(f"  step {m.step_s:.3f} s | save blocked C {c.save_blocked_s:.3f} s | restart R {c.restart_s:.2f} s "
-              f"(of which restore {m.restore_s:.2f} s) | notice-to-commit N {c.notice_to_commit_s:.3f} s | "
-              f"start-up {c.startup_s:.2f} s | {m.steps} optimizer steps")
+        print(
+            f"P8 goodput: measured on examples/tiny_lm.yaml (2 workers, ZeRO-2, accumulation 4, no evaluation, a "
+            f"state every {SAVE_EVERY_STEPS} optimizer steps), embedded local Ray"
+        )
+        print(
+            f"  step {m.step_s:.3f} s | save blocked C {c.save_blocked_s:.3f} s | restart R {c.restart_s:.2f} s "
+            f"(of which restore {m.restore_s:.2f} s) | notice-to-commit N {c.notice_to_commit_s:.3f} s | "
+            f"start-up {c.startup_s:.2f} s | {m.steps} optimizer steps"
+        )
         by_world = ", ".join(f"{w} worker(s) {r:.2f} s" for w, r in m.restart_by_world.items())
         print(f"  restart R by world size: {by_world}")
         print("  restart R profile: " + " + ".join(f"{k} {v:.2f} s" for k, v in m.restart_phases.items()))
@@ -374,8 +424,10 @@ def main() -> None:
         print()
         print("(a) validation: the measured run's interruptions replayed through the simulator with its measured costs")
         print(f"{'':<22} | {'wall s':>8} | {'productive s':>12} | {'goodput':>8}")
-        print(f"{'measured (event log)':<22} | {m.goodput['total_s']:>8.2f} | {m.goodput['productive_s']:>12.2f} | "
-              f"{meas:>7.1%}")
+        print(
+            f"{'measured (event log)':<22} | {m.goodput['total_s']:>8.2f} | {m.goodput['productive_s']:>12.2f} | "
+            f"{meas:>7.1%}"
+        )
         print(f"{'simulated':<22} | {sim.wall_s:>8.2f} | {sim.work_s:>12.2f} | {sim.goodput:>7.1%}")
         kinds = ", ".join(f"{'notice' if ld is not None else 'crash'} at {t:.1f} s" for t, ld in m.trace)
         print(f"  interruptions: {kinds}; measured goodput from syncpoint.policies.goodput")
@@ -383,12 +435,17 @@ def main() -> None:
 
     # ---- goodput vs interval
     print()
-    print(f"(b) goodput vs the save interval (C {base.save_blocked_s:.3f} s, R {base.restart_s:.2f} s, "
-          f"N {base.notice_to_commit_s:.3f} s; notices {args.lead:g} s ahead; Poisson, ~{preemptions} preemptions "
-          f"per cell)")
+    print(
+        f"(b) goodput vs the save interval (C {base.save_blocked_s:.3f} s, R {base.restart_s:.2f} s, "
+        f"N {base.notice_to_commit_s:.3f} s; notices {args.lead:g} s ahead; Poisson, ~{preemptions} preemptions "
+        f"per cell)"
+    )
     fixed = [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
-    hdr = f"{'rate':<9} | {'notice':<6} | " + " | ".join(f"{_dur(x):>6}" for x in fixed) + \
-        f" || {'best fixed':>16} | {'auto':>16} | auto/best"
+    hdr = (
+        f"{'rate':<9} | {'notice':<6} | "
+        + " | ".join(f"{_dur(x):>6}" for x in fixed)
+        + f" || {'best fixed':>16} | {'auto':>16} | auto/best"
+    )
     print(hdr)
     print("-" * len(hdr))
     results: dict[tuple[str, bool], tuple[float, float, float]] = {}
@@ -402,26 +459,34 @@ def main() -> None:
             best_x = max(g, key=lambda x: g[x])
             ga = steady_goodput(tau, base, rate, lead, preemptions)
             results[(label, notice)] = (ga, g[best_x], tau)
-            print(f"{label:<9} | {'yes' if notice else 'no':<6} | " + " | ".join(f"{g[x]:>6.1%}" for x in fixed)
-                  + f" || {g[best_x]:>6.2%} @ {_dur(best_x):>6} | {ga:>6.2%} @ {_dur(tau):>6} | {ga / g[best_x]:.4f}")
+            print(
+                f"{label:<9} | {'yes' if notice else 'no':<6} | "
+                + " | ".join(f"{g[x]:>6.1%}" for x in fixed)
+                + f" || {g[best_x]:>6.2%} @ {_dur(best_x):>6} | {ga:>6.2%} @ {_dur(tau):>6} | {ga / g[best_x]:.4f}"
+            )
     ga, gb, tau = results[("1/hour", False)]
-    lines.append(goal("auto vs best fixed interval at 1/hour without notice", f"{ga / gb:.4f}x", ">= 0.99x",
-                      ga >= 0.99 * gb))
+    lines.append(
+        goal("auto vs best fixed interval at 1/hour without notice", f"{ga / gb:.4f}x", ">= 0.99x", ga >= 0.99 * gb)
+    )
     lines.append(goal("auto goodput at 1/hour without notice", f"{ga:.2%}", ">= 95%", ga >= 0.95))
     gn = results[("1/hour", True)][0]
     lines.append(goal("auto goodput at 1/hour with notices", f"{gn:.2%}", ">= 99%", gn >= 0.99))
     why = ""
     if gn < 0.99:  # the profile that says why: a notice saves the lost work, never the restart
         where = " + ".join(f"{k} {v:.1f} s" for k, v in m.restart_phases.items()) if m else "given"
-        why = (f"with notices below 99%: every preemption still costs R = {base.restart_s:.1f} s "
-               f"({base.restart_s / 36:.2f} points at 1/hour); R = {where}")
+        why = (
+            f"with notices below 99%: every preemption still costs R = {base.restart_s:.1f} s "
+            f"({base.restart_s / 36:.2f} points at 1/hour); R = {where}"
+        )
 
     if args.trace:
         tr = load_trace(args.trace)
         horizon = max((t for t, _ in tr), default=0.0)
         sim = simulate(horizon, auto_interval(base, max(1e-9, len(tr) / max(horizon, 1) * 3600)), base, tr)
-        print(f"\ntrace {args.trace}: {len(tr)} interruptions over {horizon:.0f} s -> goodput {sim.goodput:.2%} "
-              f"at save_every auto")
+        print(
+            f"\ntrace {args.trace}: {len(tr)} interruptions over {horizon:.0f} s -> goodput {sim.goodput:.2%} "
+            f"at save_every auto"
+        )
 
     # ---- planning at scale
     if m is not None:
@@ -434,26 +499,34 @@ def main() -> None:
     print()
     fit = f"R(w) = {a:.2f} + {b:.3f} x {'w' if form == 'linear' else 'ln(w)'} s ({form} fit"
     fit += f" of {', '.join(f'{w}: {r:.2f} s' for w, r in m.restart_by_world.items())})" if m else ", given)"
-    print(f"(c) planning: {args.node_rate_per_day:g} preemption(s) per node per day, no notice, save_every auto; "
-          f"restart {fit}, less this machine's restore ({restore_here:.2f} s), plus a {args.state_gb:g} GB/node "
-          f"restore: from storage at {args.storage_gbps:g} GB/s ({storage_restore:.1f} s) or from a peer's RAM at "
-          f"{args.net_gbps:g} GB/s ({peer_restore:.1f} s)")
-    hdr = (f"{'nodes':>5} | {'cluster MTBF':>12} | {'R storage s':>11} | {'goodput (storage)':>17} | "
-           f"{'R peer s':>8} | {'goodput (peer copy)':>19} | {'recovered':>9}")
+    print(
+        f"(c) planning: {args.node_rate_per_day:g} preemption(s) per node per day, no notice, save_every auto; "
+        f"restart {fit}, less this machine's restore ({restore_here:.2f} s), plus a {args.state_gb:g} GB/node "
+        f"restore: from storage at {args.storage_gbps:g} GB/s ({storage_restore:.1f} s) or from a peer's RAM at "
+        f"{args.net_gbps:g} GB/s ({peer_restore:.1f} s)"
+    )
+    hdr = (
+        f"{'nodes':>5} | {'cluster MTBF':>12} | {'R storage s':>11} | {'goodput (storage)':>17} | "
+        f"{'R peer s':>8} | {'goodput (peer copy)':>19} | {'recovered':>9}"
+    )
     print(hdr)
     print("-" * len(hdr))
     below: int | None = None
     for n in NODES:
         rate = args.node_rate_per_day * n / 24
         r0 = max(0.0, restart_at(form, a, b, n) - restore_here)
-        gs = steady_goodput(auto_interval(base, rate), replace(base, restart_s=r0 + storage_restore), rate, None,
-                            preemptions // 2)
-        gp = steady_goodput(auto_interval(base, rate), replace(base, restart_s=r0 + peer_restore), rate, None,
-                            preemptions // 2)
+        gs = steady_goodput(
+            auto_interval(base, rate), replace(base, restart_s=r0 + storage_restore), rate, None, preemptions // 2
+        )
+        gp = steady_goodput(
+            auto_interval(base, rate), replace(base, restart_s=r0 + peer_restore), rate, None, preemptions // 2
+        )
         if below is None and gs < 0.9:
             below = n
-        print(f"{n:>5} | {_dur(3600 / rate):>12} | {r0 + storage_restore:>11.1f} | {gs:>17.1%} | "
-              f"{r0 + peer_restore:>8.1f} | {gp:>19.1%} | {100 * (gp - gs):>+8.1f}p")
+        print(
+            f"{n:>5} | {_dur(3600 / rate):>12} | {r0 + storage_restore:>11.1f} | {gs:>17.1%} | "
+            f"{r0 + peer_restore:>8.1f} | {gp:>19.1%} | {100 * (gp - gs):>+8.1f}p"
+        )
     print(f"checkpoint-restart goodput falls below 90% at {below if below else 'no size up to 1024'} nodes")
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
     if why:

@@ -131,14 +131,27 @@ class Recorder:
 
     def record(self, idx: torch.Tensor, loss: torch.Tensor, step: int | None = None) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps({"a": self.attempt, "step": step, "idx": [int(i) for i in idx],
-                                "loss": float(loss.detach().float())}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "a": self.attempt,
+                        "step": step,
+                        "idx": [int(i) for i in idx],
+                        "loss": float(loss.detach().float()),
+                    }
+                )
+                + "\n"
+            )
         self.count += 1
 
 
 def _recorder() -> Recorder:
-    return Recorder(os.environ["P9_RECORD"], int(os.environ["P9_ATTEMPT"]), int(os.environ["P9_START"]),
-                    tuple(int(k) for k in os.environ.get("P9_KILLS", "").split(",") if k))
+    return Recorder(
+        os.environ["P9_RECORD"],
+        int(os.environ["P9_ATTEMPT"]),
+        int(os.environ["P9_START"]),
+        tuple(int(k) for k in os.environ.get("P9_KILLS", "").split(",") if k),
+    )
 
 
 # --- syncpoint ------------------------------------------------------------------------------------
@@ -157,8 +170,11 @@ def syncpoint_task(config: dict) -> Any:
         rec.record(batch["idx"], out)
         return out
 
-    return Task(model=gpt2({**MODEL, **config.get("model", {})}), dataset=Indexed(bool(config["augment"]),
-                int(config["num_samples"])), loss=loss)
+    return Task(
+        model=gpt2({**MODEL, **config.get("model", {})}),
+        dataset=Indexed(bool(config["augment"]), int(config["num_samples"])),
+        loss=loss,
+    )
 
 
 SYNCPOINT_SPEC = """
@@ -187,9 +203,22 @@ def _syncpoint_attempt(storage: str, augment: bool, workers: int, epochs: int) -
     from syncpoint.workers.launch import run_in_process
 
     torch.set_num_threads(1)
-    text = SYNCPOINT_SPEC.format(augment=str(augment).lower(), n=NUM_SAMPLES, mbs=MBS, accum=ACCUM, epochs=epochs,
-                                 seed=SEED, lr=LR, wd=WEIGHT_DECAY, b1=BETAS[0], b2=BETAS[1], warmup=WARMUP,
-                                 minr=MIN_LR_RATIO, clip=CLIP, workers=workers)
+    text = SYNCPOINT_SPEC.format(
+        augment=str(augment).lower(),
+        n=NUM_SAMPLES,
+        mbs=MBS,
+        accum=ACCUM,
+        epochs=epochs,
+        seed=SEED,
+        lr=LR,
+        wd=WEIGHT_DECAY,
+        b1=BETAS[0],
+        b2=BETAS[1],
+        warmup=WARMUP,
+        minr=MIN_LR_RATIO,
+        clip=CLIP,
+        workers=workers,
+    )
     spec = resolve_storage(parse_spec(text, "p9", [f"storage={storage}", "scaling.num_workers=1"]))
     # Every attempt of a chain is the same submission restarted (what Ray Train's restart is): it takes
     # back the run directory's lease its killed predecessor still holds, as a restart does.
@@ -205,8 +234,18 @@ def _newest_committed(storage: str) -> int:
 
 # Set by whatever ran in the caller's process before (an in-process syncpoint run sets LOCAL_RANK): an attempt
 # that inherits them makes accelerate think it is one rank of a multi-process job and wait for MASTER_ADDR.
-_DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+_DISTRIBUTED_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "MV2_COMM_WORLD_SIZE",
+)
 
 
 def _attempt_env(**extra: str) -> dict[str, str]:
@@ -226,8 +265,9 @@ def _attempt_finished(cmd: list[str], env: dict[str, str], label: str, codes: li
     return r.returncode == 0
 
 
-def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int = EPOCHS,
-                  timeout: float = 600) -> dict[str, Any]:
+def run_syncpoint(
+    workdir: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int = EPOCHS, timeout: float = 600
+) -> dict[str, Any]:
     """A chain of syncpoint processes on one storage until the run finishes; what it trained and its final model."""
     storage = os.path.join(workdir, "runs")
     record = os.path.join(workdir, "records.jsonl")
@@ -235,11 +275,29 @@ def run_syncpoint(workdir: str, augment: bool, workers: int, kills: tuple[int, .
     for attempt in range(1, len(kills) + 3):
         start = _newest_committed(storage)
         starts.append(start)
-        env = _attempt_env(P9_RECORD=record, P9_ATTEMPT=str(attempt), P9_START=str(start),
-                           P9_KILLS=",".join(map(str, kills)), CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu",
-                           P9_SUBMISSION=submission)
-        cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "sp-attempt", "--storage", storage,
-               "--augment", str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
+        env = _attempt_env(
+            P9_RECORD=record,
+            P9_ATTEMPT=str(attempt),
+            P9_START=str(start),
+            P9_KILLS=",".join(map(str, kills)),
+            CUDA_VISIBLE_DEVICES="",
+            DS_ACCELERATOR="cpu",
+            P9_SUBMISSION=submission,
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.p9_hf_trainer",
+            "sp-attempt",
+            "--storage",
+            storage,
+            "--augment",
+            str(int(augment)),
+            "--workers",
+            str(workers),
+            "--epochs",
+            str(epochs),
+        ]
         if _attempt_finished(cmd, env, f"syncpoint attempt {attempt}", codes, timeout):
             break
     from safetensors.torch import load_file
@@ -268,27 +326,46 @@ def _hf_attempt(out: str, augment: bool, workers: int, epochs: int, resume: bool
             step = self.state.global_step
             rec.before(layout.micro_index(step, seen[step]))
             seen[step] += 1
-            loss = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+            loss = super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
             rec.record(idx, loss[0] if return_outputs else loss, step)
             return loss
 
     set_seed(SEED)
     model = gpt2(MODEL)
     args = TrainingArguments(
-        output_dir=out, per_device_train_batch_size=MBS, gradient_accumulation_steps=ACCUM, num_train_epochs=epochs,
-        learning_rate=LR, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
-        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": MIN_LR_RATIO},
-        warmup_steps=WARMUP, max_grad_norm=CLIP, optim="adamw_torch", seed=SEED, dataloader_num_workers=workers,
-        save_strategy="steps", save_steps=1, logging_steps=1000, report_to="none", disable_tqdm=True,
-        use_cpu=True, remove_unused_columns=False)
+        output_dir=out,
+        per_device_train_batch_size=MBS,
+        gradient_accumulation_steps=ACCUM,
+        num_train_epochs=epochs,
+        learning_rate=LR,
+        weight_decay=WEIGHT_DECAY,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": MIN_LR_RATIO},
+        warmup_steps=WARMUP,
+        max_grad_norm=CLIP,
+        optim="adamw_torch",
+        seed=SEED,
+        dataloader_num_workers=workers,
+        save_strategy="steps",
+        save_steps=1,
+        logging_steps=1000,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+    )
     trainer = Recording(model=model, args=args, train_dataset=Indexed(augment))
     trainer.train(resume_from_checkpoint=True if resume else None)
     torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, os.path.join(out, "final.pt"))
 
 
-def run_hf(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int = EPOCHS,
-           timeout: float = 600) -> dict[str, Any]:
+def run_hf(
+    workdir: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int = EPOCHS, timeout: float = 600
+) -> dict[str, Any]:
     """A chain of HF Trainer processes, each killed with SIGKILL at the next kill point, the later ones
     with ``resume_from_checkpoint=True``, until training finishes."""
     out = os.path.join(workdir, "hf")
@@ -299,10 +376,28 @@ def run_hf(workdir: str, augment: bool, workers: int, kills: tuple[int, ...], ep
         ckpts = [int(p.name.split("-")[1]) for p in Path(out).glob("checkpoint-*")] if os.path.isdir(out) else []
         # where HF resumes: the newest checkpoint's step, as a micro-batch index of the run
         starts.append(layout.micro_index(max(ckpts), 0) if ckpts else 0)
-        env = _attempt_env(P9_RECORD=record, P9_ATTEMPT=str(attempt), P9_START=str(starts[-1]),
-                           P9_KILLS=",".join(map(str, kills)), CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false")
-        cmd = [sys.executable, "-m", "bench.p9_hf_trainer", "hf-attempt", "--out", out, "--augment",
-               str(int(augment)), "--workers", str(workers), "--epochs", str(epochs)]
+        env = _attempt_env(
+            P9_RECORD=record,
+            P9_ATTEMPT=str(attempt),
+            P9_START=str(starts[-1]),
+            P9_KILLS=",".join(map(str, kills)),
+            CUDA_VISIBLE_DEVICES="",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.p9_hf_trainer",
+            "hf-attempt",
+            "--out",
+            out,
+            "--augment",
+            str(int(augment)),
+            "--workers",
+            str(workers),
+            "--epochs",
+            str(epochs),
+        ]
         if ckpts:
             cmd.append("--resume")
         if _attempt_finished(cmd, env, f"HF attempt {attempt}", codes, timeout):
@@ -354,16 +449,24 @@ def compare(ref: dict[str, Any], run: dict[str, Any], layout: Layout = Layout())
     pa, pb = ref["params"], run["params"]
     bitwise = pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
     max_diff = max((float((pa[k].float() - pb[k].float()).abs().max()) for k in pa if k in pb), default=float("nan"))
-    return {"micro_batches": len(b), "reference_micro_batches": len(a), "first_resume": first_resume,
-            "losses_identical": not loss_diff, "first_loss_diff": loss_diff[0] if loss_diff else None,
-            "max_loss_diff": max((abs(a[g][1] - b[g][1]) for g in keys if g in a and g in b), default=0.0),
-            "bitwise": bitwise, "max_param_diff": max_diff, "skipped": skipped, "repeated": repeated,
-            "ids_differ": len(ids_diff), "kills": sum(1 for c in run["codes"] if c == -signal.SIGKILL),
-            "attempts": len(run["codes"])}
+    return {
+        "micro_batches": len(b),
+        "reference_micro_batches": len(a),
+        "first_resume": first_resume,
+        "losses_identical": not loss_diff,
+        "first_loss_diff": loss_diff[0] if loss_diff else None,
+        "max_loss_diff": max((abs(a[g][1] - b[g][1]) for g in keys if g in a and g in b), default=0.0),
+        "bitwise": bitwise,
+        "max_param_diff": max_diff,
+        "skipped": skipped,
+        "repeated": repeated,
+        "ids_differ": len(ids_diff),
+        "kills": sum(1 for c in run["codes"] if c == -signal.SIGKILL),
+        "attempts": len(run["codes"]),
+    }
 
 
-def cell(framework: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int,
-         base: str) -> dict[str, Any]:
+def cell(framework: str, augment: bool, workers: int, kills: tuple[int, ...], epochs: int, base: str) -> dict[str, Any]:
     """One framework on one variant: the uninterrupted reference and the interrupted chain, compared."""
     runner = run_hf if framework == "hf" else run_syncpoint
     tag = f"{framework}-aug{int(augment)}-w{workers}"
@@ -400,36 +503,49 @@ def main() -> None:
     variants = [(aug, w) for aug in ((True,) if args.quick else (False, True)) for w in (0, 1)]
     jobs = [(fw, aug, w) for aug, w in variants for fw in ("hf", "syncpoint")]
     with tempfile.TemporaryDirectory(prefix="p9-") as base, ThreadPoolExecutor(args.jobs) as pool:
+
         def one(job: tuple[str, bool, int]) -> tuple[str, bool, int, dict[str, Any]]:
             c = cell(*job, KILLS, args.epochs, base)
-            print(f"  done: {job[0]} augment={job[1]} workers={job[2]} ({time.perf_counter() - started:.0f} s)",
-                  flush=True)
+            print(
+                f"  done: {job[0]} augment={job[1]} workers={job[2]} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
             return (*job, c)
 
         rows = list(pool.map(one, jobs))
     layout = Layout()
     print()
-    print(f"P9 exact resume vs HF Trainer: GPT-2 (2 blocks, 32 wide, dropout 0.1), {NUM_SAMPLES} samples, micro-batch "
-          f"{MBS}, accumulation {ACCUM} ({layout.per_epoch} micro-batches an epoch: a short last cycle of "
-          f"{layout.per_epoch % ACCUM or ACCUM}), {args.epochs} epochs, 1 process; transformers "
-          f"{transformers.__version__}, torch {torch.__version__}")
-    print(f"interrupted: SIGKILL before micro-batches {', '.join(map(str, KILLS))} of the run; a state after "
-          "every optimizer step; each side against its own uninterrupted run")
+    print(
+        f"P9 exact resume vs HF Trainer: GPT-2 (2 blocks, 32 wide, dropout 0.1), {NUM_SAMPLES} samples, micro-batch "
+        f"{MBS}, accumulation {ACCUM} ({layout.per_epoch} micro-batches an epoch: a short last cycle of "
+        f"{layout.per_epoch % ACCUM or ACCUM}), {args.epochs} epochs, 1 process; transformers "
+        f"{transformers.__version__}, torch {torch.__version__}"
+    )
+    print(
+        f"interrupted: SIGKILL before micro-batches {', '.join(map(str, KILLS))} of the run; a state after "
+        "every optimizer step; each side against its own uninterrupted run"
+    )
     print()
-    hdr = (f"{'framework':<10} | {'augment':>7} | {'workers':>7} | {'kills':>5} | {'losses after resume':>22} | "
-           f"{'final parameters':>22} | {'skipped':>7} | {'repeated':>8} | {'ids differ':>10}")
+    hdr = (
+        f"{'framework':<10} | {'augment':>7} | {'workers':>7} | {'kills':>5} | {'losses after resume':>22} | "
+        f"{'final parameters':>22} | {'skipped':>7} | {'repeated':>8} | {'ids differ':>10}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for fw, aug, w, c in rows:
         losses = "identical" if c["losses_identical"] else f"differ from mb {c['first_loss_diff']}"
         params = "bitwise equal" if c["bitwise"] else f"max diff {c['max_param_diff']:.2e}"
-        print(f"{fw:<10} | {'yes' if aug else 'no':>7} | {w:>7} | {c['kills']:>5} | {losses:>22} | {params:>22} | "
-              f"{c['skipped']:>7} | {c['repeated']:>8} | {c['ids_differ']:>10}")
+        print(
+            f"{fw:<10} | {'yes' if aug else 'no':>7} | {w:>7} | {c['kills']:>5} | {losses:>22} | {params:>22} | "
+            f"{c['skipped']:>7} | {c['repeated']:>8} | {c['ids_differ']:>10}"
+        )
     print()
-    print("losses: every micro-batch's loss (float32) equal to the uninterrupted run's; 'differ from mb N': the "
-          "first differing micro-batch of the run (the first resume is at mb 8). skipped/repeated: samples of an "
-          "epoch missing / trained more often than in the uninterrupted epoch; ids differ: micro-batches whose "
-          "sample ids differ from the uninterrupted run's at the same position.")
+    print(
+        "losses: every micro-batch's loss (float32) equal to the uninterrupted run's; 'differ from mb N': the "
+        "first differing micro-batch of the run (the first resume is at mb 8). skipped/repeated: samples of an "
+        "epoch missing / trained more often than in the uninterrupted epoch; ids differ: micro-batches whose "
+        "sample ids differ from the uninterrupted run's at the same position."
+    )
     print(f"wall time of this run: {time.perf_counter() - started:.0f} s")
     print()
 
@@ -439,20 +555,28 @@ def main() -> None:
     sp = [c for fw, _, _, c in rows if fw == "syncpoint"]
     sp_aug_workers = [c for fw, aug, w, c in rows if fw == "syncpoint" and aug and w > 0]
     ok = all(exact(c) for c in sp_aug_workers)
-    print(f"goal syncpoint bitwise under augmentation + workers: {'yes' if ok else 'no'} vs target yes: "
-          f"{'met' if ok else 'not met'}")
+    print(
+        f"goal syncpoint bitwise under augmentation + workers: {'yes' if ok else 'no'} vs target yes: "
+        f"{'met' if ok else 'not met'}"
+    )
     ok = all(exact(c) for c in sp)
-    print(f"goal syncpoint bitwise in every cell ({len(sp)}): {'yes' if ok else 'no'} vs target yes: "
-          f"{'met' if ok else 'not met'}")
+    print(
+        f"goal syncpoint bitwise in every cell ({len(sp)}): {'yes' if ok else 'no'} vs target yes: "
+        f"{'met' if ok else 'not met'}"
+    )
     hf_plain = [c for fw, aug, _, c in rows if fw == "hf" and not aug]
     hf_aug = [c for fw, aug, _, c in rows if fw == "hf" and aug]
     if hf_plain:
         ok = all(exact(c) for c in hf_plain)
-        print(f"goal HF bitwise without augmentation (the expected peer result): {'yes' if ok else 'no'} vs target "
-              f"yes: {'met' if ok else 'not met'}")
+        print(
+            f"goal HF bitwise without augmentation (the expected peer result): {'yes' if ok else 'no'} vs target "
+            f"yes: {'met' if ok else 'not met'}"
+        )
     diverges = any(not exact(c) for c in hf_aug)
-    print(f"goal HF diverges with augmentation (the expected peer result): {'yes' if diverges else 'no'} vs target "
-          f"yes: {'met' if diverges else 'not met'}")
+    print(
+        f"goal HF diverges with augmentation (the expected peer result): {'yes' if diverges else 'no'} vs target "
+        f"yes: {'met' if diverges else 'not met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,11 @@ def _constraints(metadata: list[Any], kind: str) -> list[str]:
         elif isinstance(m, at.Lt):
             out.append(f"< {_number(m.lt)}")  # type: ignore[arg-type]
         elif isinstance(m, at.MinLen):
-            out.append("not empty" if m.min_length == 1 else
-                       f"at least {m.min_length} {'characters' if kind == 'str' else 'items'}")
+            out.append(
+                "not empty"
+                if m.min_length == 1
+                else f"at least {m.min_length} {'characters' if kind == 'str' else 'items'}"
+            )
         elif isinstance(m, at.MaxLen):
             out.append(f"at most {_number(m.max_length)} {'characters' if kind == 'str' else 'items'}")
         elif getattr(m, "pattern", None):
@@ -92,8 +95,9 @@ def _type(t: Any, path: str, models: dict[str, type[BaseModel]]) -> str:
     if origin is typing.Annotated:
         base = _type(args[0], path, models)
         kind = _kind(args[0])
-        cons = _constraints([a for a in args[1:] if isinstance(a, (FieldInfo, at.BaseMetadata)) or
-                             getattr(a, "pattern", None)], kind)
+        cons = _constraints(
+            [a for a in args[1:] if isinstance(a, (FieldInfo, at.BaseMetadata)) or getattr(a, "pattern", None)], kind
+        )
         return base + (f" ({', '.join(cons)})" if cons else "")
     if origin in (typing.Union, types.UnionType):
         parts = [_type(a, path, models) for a in args if a is not type(None)]

@@ -45,8 +45,9 @@ class CorpusWindows(torch.utils.data.Dataset):
     (evaluation) window ``i`` is always the same tokens.
     """
 
-    def __init__(self, corpus: torch.Tensor, first: int, num_samples: int, seq_len: int, augment: bool,
-                 noise: float) -> None:
+    def __init__(
+        self, corpus: torch.Tensor, first: int, num_samples: int, seq_len: int, augment: bool, noise: float
+    ) -> None:
         self.corpus, self.first, self.num_samples, self.seq_len = corpus, first, num_samples, seq_len
         self.augment, self.noise = augment, noise
 
@@ -56,7 +57,7 @@ class CorpusWindows(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         offset = int(torch.randint(0, self.seq_len, ()).item()) if self.augment else 0
         start = (self.first + i) * self.seq_len + offset
-        x = self.corpus[start:start + self.seq_len].clone()
+        x = self.corpus[start : start + self.seq_len].clone()
         if self.augment and self.noise > 0:
             flip = torch.rand(x.shape) < self.noise
             x[flip] = torch.randint(1, VOCAB, (int(flip.sum()),))
@@ -85,10 +86,20 @@ def gpt2(config: dict) -> GPT2LMHeadModel:
     if n_positions < seq_len:
         raise ValueError(f"task.config.n_positions: {n_positions} < seq_len {seq_len}; use n_positions >= seq_len")
     dropout = float(config.get("dropout", 0.1))
-    cfg = GPT2Config(vocab_size=vocab, n_positions=n_positions, n_embd=int(config.get("n_embd", 64)),
-                     n_layer=int(config.get("n_layer", 2)), n_head=int(config.get("n_head", 4)),
-                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
-                     bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    cfg = GPT2Config(
+        vocab_size=vocab,
+        n_positions=n_positions,
+        n_embd=int(config.get("n_embd", 64)),
+        n_layer=int(config.get("n_layer", 2)),
+        n_head=int(config.get("n_head", 4)),
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_implementation="eager",
+    )
     model = GPT2LMHeadModel(cfg)
     model.loss_type = "ForCausalLM"  # what HF falls back to for this class name, without its warning
     if bool(config.get("checkpointing", True)):
@@ -103,6 +114,10 @@ def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
 
 def build(config: dict) -> Task:
     seq_len = int(config.get("seq_len", 32))
-    train, evaluation = splits(int(config.get("num_samples", 512)), int(config.get("eval_samples", 64)), seq_len,
-                               float(config.get("noise", 0.05)))
+    train, evaluation = splits(
+        int(config.get("num_samples", 512)),
+        int(config.get("eval_samples", 64)),
+        seq_len,
+        float(config.get("noise", 0.05)),
+    )
     return Task(model=gpt2(config), dataset=train, loss=lm_loss, eval_dataset=evaluation)

@@ -54,7 +54,7 @@ def write_corpus(url: str, shards: int, rows: int, seq_len: int, seed: int = 7, 
     paths, at = [], 0
     for i, n in enumerate(counts):
         buf = io.BytesIO()
-        np.save(buf, tokens[at * width:(at + n) * width])
+        np.save(buf, tokens[at * width : (at + n) * width])
         at += n
         path = f"{root.rstrip('/')}/shard-{i:05d}.npy"
         fs.pipe_file(path, buf.getvalue())

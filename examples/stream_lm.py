@@ -72,7 +72,7 @@ def tokenize(example: dict[str, Any], *, seq_len: int, crop: bool) -> dict[str, 
     """Characters to token ids, ``seq_len + 1`` of them (a random window when ``crop``)."""
     ids = [0 if ch == " " else (ord(ch) - 96) % VOCAB for ch in example["text"]]
     start = int(torch.randint(0, len(ids) - seq_len, ()).item()) if crop else 0
-    return {"tokens": ids[start:start + seq_len + 1]}
+    return {"tokens": ids[start : start + seq_len + 1]}
 
 
 def noisy_collate(examples: list[dict[str, torch.Tensor]], *, noise: float) -> torch.Tensor:
@@ -92,20 +92,30 @@ def build(config: dict) -> Task:
     from datasets import load_dataset
 
     seq_len = int(config.get("seq_len", 32))
-    model = TinyLM(d_model=int(config.get("d_model", 32)), n_layers=int(config.get("n_layers", 1)), seq_len=seq_len,
-                   dropout=float(config.get("dropout", 0.1)))
+    model = TinyLM(
+        d_model=int(config.get("d_model", 32)),
+        n_layers=int(config.get("n_layers", 1)),
+        seq_len=seq_len,
+        dropout=float(config.get("dropout", 0.1)),
+    )
     fmt, streaming = str(config.get("format", "jsonl")), bool(config.get("streaming", True))
     corpus_dir = str(config.get("corpus_dir", "runs/stream_lm_corpus"))
-    files = corpus_files(corpus_dir, fmt, int(config.get("shards", 4)), int(config.get("docs_per_shard", 64)),
-                         doc_chars=seq_len + int(config.get("doc_slack", 16)))
+    files = corpus_files(
+        corpus_dir,
+        fmt,
+        int(config.get("shards", 4)),
+        int(config.get("docs_per_shard", 64)),
+        doc_chars=seq_len + int(config.get("doc_slack", 16)),
+    )
     if streaming:
         ds = load_dataset(FORMATS[fmt][0], data_files=files, split="train", streaming=True)
         if config.get("shard_shuffle"):  # datasets' shard-order shuffle, reseeded every pass (buffer_size=1: no buffer)
             ds = ds.shuffle(seed=int(config.get("shard_shuffle_seed", 0)), buffer_size=1)
         ds = ds.map(partial(tokenize, seq_len=seq_len, crop=True), remove_columns=["text"])
     else:
-        ds = load_dataset(FORMATS[fmt][0], data_files=files, split="train",
-                          cache_dir=os.path.join(corpus_dir, ".hf-cache"))
+        ds = load_dataset(
+            FORMATS[fmt][0], data_files=files, split="train", cache_dir=os.path.join(corpus_dir, ".hf-cache")
+        )
         ds = ds.map(partial(tokenize, seq_len=seq_len, crop=False), remove_columns=["text"], keep_in_memory=True)
     ds = ds.with_format("torch")
     noise = float(config.get("noise", 0.05))

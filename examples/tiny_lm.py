@@ -18,8 +18,28 @@ import torch.nn.functional as F
 from syncpoint.workers.task import Task
 
 VOCAB = 48
-WORDS = ["ray", "train", "spot", "node", "save", "state", "resume", "step", "epoch", "batch", "zero", "shard",
-         "loss", "drain", "notice", "boundary", "exact", "bitwise", "manifest", "commit"]
+WORDS = [
+    "ray",
+    "train",
+    "spot",
+    "node",
+    "save",
+    "state",
+    "resume",
+    "step",
+    "epoch",
+    "batch",
+    "zero",
+    "shard",
+    "loss",
+    "drain",
+    "notice",
+    "boundary",
+    "exact",
+    "bitwise",
+    "manifest",
+    "commit",
+]
 
 
 def synthetic_corpus(num_chars: int, seed: int = 7) -> torch.Tensor:
@@ -42,7 +62,7 @@ class SyntheticText(torch.utils.data.Dataset):
         """``skip``: start ``skip`` windows into the corpus (the eval split starts past every training
         window; the corpus's prefix does not depend on its length, so the training windows stay as they are)."""
         self.seq_len, self.noise, self.num_samples = seq_len, noise, num_samples
-        self.corpus = synthetic_corpus((skip + num_samples + 4) * seq_len)[skip * seq_len:]
+        self.corpus = synthetic_corpus((skip + num_samples + 4) * seq_len)[skip * seq_len :]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -50,7 +70,7 @@ class SyntheticText(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         offset = int(torch.randint(0, self.seq_len, ()).item())  # random augmentation (data-side RNG)
         start = i * self.seq_len + offset
-        x = self.corpus[start:start + self.seq_len + 1].clone()
+        x = self.corpus[start : start + self.seq_len + 1].clone()
         flip = torch.rand(x.shape) < self.noise
         x[flip] = torch.randint(1, VOCAB, (int(flip.sum()),))
         return x
@@ -61,8 +81,9 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, d_model)
         self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
-        layer = nn.TransformerEncoderLayer(d_model, nhead=2, dim_feedforward=2 * d_model, dropout=dropout,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, nhead=2, dim_feedforward=2 * d_model, dropout=dropout, batch_first=True
+        )
         self.blocks = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(d_model, VOCAB)
@@ -81,8 +102,12 @@ def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
 
 def build(config: dict) -> Task:
     seq_len = int(config.get("seq_len", 32))
-    model = TinyLM(d_model=int(config.get("d_model", 32)), n_layers=int(config.get("n_layers", 1)), seq_len=seq_len,
-                   dropout=float(config.get("dropout", 0.1)))
+    model = TinyLM(
+        d_model=int(config.get("d_model", 32)),
+        n_layers=int(config.get("n_layers", 1)),
+        seq_len=seq_len,
+        dropout=float(config.get("dropout", 0.1)),
+    )
     num_samples, noise = int(config.get("num_samples", 512)), float(config.get("noise", 0.05))
     data = SyntheticText(num_samples, seq_len, noise)
     # Training windows end before window num_samples + 2 (crop offset < seq_len): the eval split starts past them.

@@ -41,9 +41,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 # validate prints every field, also those a Task.optimizer makes unused: said once, not guessed (only
 # building the task would tell, and validate builds nothing)
-OPTIMIZER_NOTE = ("train.lr and train.optimizer build the optimizer only for a task without Task.optimizer; a "
-                  "Task.optimizer's param groups carry their own lr and settings instead, and train.scheduler scales "
-                  "each group's lr (the workers say which one is in effect)")
+OPTIMIZER_NOTE = (
+    "train.lr and train.optimizer build the optimizer only for a task without Task.optimizer; a "
+    "Task.optimizer's param groups carry their own lr and settings instead, and train.scheduler scales "
+    "each group's lr (the workers say which one is in effect)"
+)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -113,10 +115,19 @@ def _check_storage(spec: JobSpec) -> None:
         storage.remove(".syncpoint-probe")
     except Exception as e:  # noqa: BLE001 - every backend raises its own types; each is a spec error
         # redacted with the URL's own secrets too: a backend's error may quote a password bare
-        raise SpecError("storage", [redact_text(
-            f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. Use a local path, file://, memory:// "
-            "or an fsspec URL whose backend is installed (s3:// needs s3fs) with credentials available, and write "
-            "access", spec.storage)]) from None
+        raise SpecError(
+            "storage",
+            [
+                redact_text(
+                    f"storage {spec.storage!r} is not usable: {type(e).__name__}: {e}. Use a local path, file://, "
+                    "memory:// "
+                    "or an fsspec URL whose backend is installed (s3:// needs s3fs) with credentials available, and "
+                    "write "
+                    "access",
+                    spec.storage,
+                )
+            ],
+        ) from None
 
 
 def _storage(arg: str, what: str) -> RunStorage:
@@ -125,8 +136,9 @@ def _storage(arg: str, what: str) -> RunStorage:
     try:
         return RunStorage(_as_url(arg))
     except (ValueError, ImportError) as e:
-        raise SpecError(what, [redact_text(f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed",
-                                           arg)]) from None
+        raise SpecError(
+            what, [redact_text(f"{arg}: {e}; pass a local path or an fsspec URL whose backend is installed", arg)]
+        ) from None
 
 
 def _directory(arg: str, what: str, kind: str, example: str) -> RunStorage:
@@ -142,9 +154,17 @@ def _directory(arg: str, what: str, kind: str, example: str) -> RunStorage:
     try:
         storage.list_names()
     except Exception as e:  # noqa: BLE001 - every backend raises its own types when it cannot be reached
-        raise UsageError(what, [redact_text(f"{arg}: the storage cannot be read ({type(e).__name__}: "
-                                            f"{_first_line(e)}); check the URL, the endpoint and the credentials, "
-                                            f"and pass {kind}, {example}", arg)]) from None
+        raise UsageError(
+            what,
+            [
+                redact_text(
+                    f"{arg}: the storage cannot be read ({type(e).__name__}: "
+                    f"{_first_line(e)}); check the URL, the endpoint and the credentials, "
+                    f"and pass {kind}, {example}",
+                    arg,
+                )
+            ],
+        ) from None
     return storage
 
 
@@ -157,8 +177,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from syncpoint.orchestrator.submit import submit
 
     spec = _load(args)
-    return submit(spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait,
-                  token_file=args.token_file)
+    return submit(
+        spec, args.job, args.set, args.address, args.working_dir, follow=not args.no_wait, token_file=args.token_file
+    )
 
 
 def cmd_states(args: argparse.Namespace) -> int:
@@ -175,8 +196,9 @@ def cmd_states(args: argparse.Namespace) -> int:
     except RunDirectoryRefused as e:  # states/ is a link: never followed
         raise UsageError("RUN_DIR", [str(e)]) from None
     if empty:
-        raise UsageError("RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory "
-                                    "(<storage>/<name>)"])
+        raise UsageError(
+            "RUN_DIR", [f"{args.run_dir}: no states or events here; pass a run directory (<storage>/<name>)"]
+        )
     try:
         key = load_key(args.signing_key_env, "--signing-key-env")
     except ValueError as e:
@@ -192,14 +214,35 @@ def cmd_states(args: argparse.Namespace) -> int:
     except NoResumableState as e:
         choice = {"state": None, "error": str(e).splitlines()[0]}
     if args.json:
-        print(json.dumps({"run": redact_url(storage.url), "candidates": [
-            {"state": c.name, "micro_step": c.micro_step, "verdict": c.verdict.value if c.verdict else None,
-             "reason": c.reason} for c in cands], "choice": choice}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "run": redact_url(storage.url),
+                    "candidates": [
+                        {
+                            "state": c.name,
+                            "micro_step": c.micro_step,
+                            "verdict": c.verdict.value if c.verdict else None,
+                            "reason": c.reason,
+                        }
+                        for c in cands
+                    ],
+                    "choice": choice,
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"run: {redact_url(storage.url)}")
         print(candidates_table(cands) if cands else "(no states)")
-        print(f"policy {args.policy}: " + (f"resume from {choice['state']} ({choice['reason']})" if choice.get("state")
-                                           else choice.get("error") or choice.get("reason", "")))
+        print(
+            f"policy {args.policy}: "
+            + (
+                f"resume from {choice['state']} ({choice['reason']})"
+                if choice.get("state")
+                else choice.get("error") or choice.get("reason", "")
+            )
+        )
     return 0
 
 
@@ -212,11 +255,14 @@ def policy_args_of(text: str | None) -> dict[str, Any]:
     try:
         value = loads_bounded(text, max_bytes=MAX_POLICY_ARGS_BYTES, max_depth=MAX_POLICY_ARGS_DEPTH)
     except BoundedJsonError as e:
-        raise UsageError("--policy-args", [f"{text[:80]!r} is {e if str(e).startswith('not JSON') else f'JSON {e}'}; "
-                                          "e.g. '{\"state\": 120}'"]) from None
+        raise UsageError(
+            "--policy-args",
+            [f"{text[:80]!r} is {e if str(e).startswith('not JSON') else f'JSON {e}'}; e.g. '{{\"state\": 120}}'"],
+        ) from None
     if not isinstance(value, dict):
-        raise UsageError("--policy-args", [f"{text[:80]!r} must be a JSON object of keyword arguments, "
-                                          "e.g. '{\"state\": 120}'"])
+        raise UsageError(
+            "--policy-args", [f"{text[:80]!r} must be a JSON object of keyword arguments, e.g. '{{\"state\": 120}}'"]
+        )
     return value
 
 
@@ -230,13 +276,20 @@ def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
         try:
             load_class(name, "choose")
         except ValueError as e:
-            raise UsageError("--policy", [f"{e}; give a built-in policy ({', '.join(BUILTIN)}) or pkg.mod:Class, "
-                                         "a class with a choose(candidates, spec) method"]) from None
+            raise UsageError(
+                "--policy",
+                [
+                    f"{e}; give a built-in policy ({', '.join(BUILTIN)}) or pkg.mod:Class, "
+                    "a class with a choose(candidates, spec) method"
+                ],
+            ) from None
     try:
         return make_policy(name, policy_args)
     except (ValueError, TypeError) as e:
-        raise UsageError("--policy", [f"{name}: {e}; check --policy-args (pinned needs "
-                                     "'{\"state\": N}', best-metric takes metric and mode)"]) from None
+        raise UsageError(
+            "--policy",
+            [f"{name}: {e}; check --policy-args (pinned needs '{{\"state\": N}}', best-metric takes metric and mode)"],
+        ) from None
 
 
 def _run_expectation(cands: list[Candidate]) -> Expectation | None:
@@ -265,18 +318,31 @@ def cmd_digest(args: argparse.Namespace) -> int:
     try:
         d = state_digest(_as_url(args.state_dir))
     except StateRefused as e:  # whatever the state's content is: digest refuses what loading refuses
-        raise UsageError("STATE_DIR", [f"{args.state_dir}: refused to read this state: {e}; "
-                                      "`syncpoint states <run>` shows its verdict"]) from None
+        raise UsageError(
+            "STATE_DIR",
+            [f"{args.state_dir}: refused to read this state: {e}; `syncpoint states <run>` shows its verdict"],
+        ) from None
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
-        raise UsageError("STATE_DIR",
-                         [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]) from None
+        raise UsageError(
+            "STATE_DIR", [f"{args.state_dir}: not a committed state ({e}); pass <run>/states/<name>"]
+        ) from None
     except OSError as e:  # the storage failing, not the state
-        raise UsageError("STATE_DIR", [f"{args.state_dir}: the storage failed while reading it "
-                                      f"({type(e).__name__}: {_first_line(e)}); try again"]) from None
+        raise UsageError(
+            "STATE_DIR",
+            [
+                f"{args.state_dir}: the storage failed while reading it "
+                f"({type(e).__name__}: {_first_line(e)}); try again"
+            ],
+        ) from None
     except MemoryError:  # within the load bounds: this machine, not the state
-        raise UsageError("STATE_DIR", [f"{args.state_dir}: this machine ran out of memory digesting it (digest holds "
-                                      "one state file and its tensors in memory at a time); run it where the "
-                                      "training ran"]) from None
+        raise UsageError(
+            "STATE_DIR",
+            [
+                f"{args.state_dir}: this machine ran out of memory digesting it (digest holds "
+                "one state file and its tensors in memory at a time); run it where the "
+                "training ran"
+            ],
+        ) from None
     print(json.dumps(d, indent=2) if args.json else d["digest"])
     return 0
 
@@ -318,8 +384,13 @@ def _check_plot_path(path: str) -> None:
         problem = f"has the extension {ext[:20]!r}" if ext else "has no extension"
     else:
         return
-    raise UsageError("--plot", [f"{path}: {problem}; name a new file in an existing directory, ending in "
-                                f"{', '.join('.' + f for f in PLOT_FORMATS)} (e.g. --plot run.png)"])
+    raise UsageError(
+        "--plot",
+        [
+            f"{path}: {problem}; name a new file in an existing directory, ending in "
+            f"{', '.join('.' + f for f in PLOT_FORMATS)} (e.g. --plot run.png)"
+        ],
+    )
 
 
 def _plot(journal: Any, path: str, title: str) -> None:
@@ -328,8 +399,13 @@ def _plot(journal: Any, path: str, title: str) -> None:
     try:
         plot_run(journal, path, title=title)
     except (OSError, ValueError) as e:
-        raise UsageError("--plot", [f"{path}: the plot cannot be written ({type(e).__name__}: {_first_line(e)}); "
-                                    "name a new file in a directory you can write"]) from None
+        raise UsageError(
+            "--plot",
+            [
+                f"{path}: the plot cannot be written ({type(e).__name__}: {_first_line(e)}); "
+                "name a new file in a directory you can write"
+            ],
+        ) from None
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -337,8 +413,13 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
     spec = _load(args)
     if (args.preempt_at is None) == (args.storm is None):
-        raise UsageError("--preempt-at", ["give --preempt-at P[,Q...] (interrupt at these micro-steps) or --storm N "
-                                          "(N interruptions at random points and of random kinds), one of the two"])
+        raise UsageError(
+            "--preempt-at",
+            [
+                "give --preempt-at P[,Q...] (interrupt at these micro-steps) or --storm N "
+                "(N interruptions at random points and of random kinds), one of the two"
+            ],
+        )
     if args.storm is not None:
         return _storm(args, spec)
     check_imports(spec, args.job)
@@ -369,8 +450,13 @@ def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
         raise UsageError("--storm", [f"{args.storm}: give between 1 and {MAX_STORM} interruptions"])
     for flag, given in (("--how", args.how), ("--no-replacement", args.no_replacement), ("--address", args.address)):
         if given:
-            raise UsageError(flag, [f"{flag} does not apply to --storm: a storm draws its kinds itself and runs on "
-                                    "its own local multi-node cluster (one node per worker); drop it"])
+            raise UsageError(
+                flag,
+                [
+                    f"{flag} does not apply to --storm: a storm draws its kinds itself and runs on "
+                    "its own local multi-node cluster (one node per worker); drop it"
+                ],
+            )
     if args.seed is not None and not 0 <= args.seed <= 2**63 - 1:
         raise UsageError("--seed", [f"{args.seed}: give a seed between 0 and 2**63-1"])
     check_imports(spec, args.job)
@@ -394,8 +480,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     def with_spec(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("job", help="job spec YAML file")
-        sp.add_argument("--set", action="append", default=[], metavar="a.b=value",
-                        help="override a spec field (value parsed as YAML); repeatable")
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="a.b=value",
+            help="override a spec field (value parsed as YAML); repeatable",
+        )
 
     r = sub.add_parser("run", help="run a job (embedded local Ray unless --address/RAY_ADDRESS)")
     with_spec(r)
@@ -406,25 +497,38 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--address", required=True, help="Ray dashboard address, e.g. http://HOST:8265")
     sb.add_argument("--working-dir", default=".", help="directory shipped with the job (default: .)")
     sb.add_argument("--no-wait", action="store_true", help="return after submitting")
-    sb.add_argument("--token-file", default=None,
-                    help="file holding the cluster's Ray auth token (default: RAY_AUTH_TOKEN, then the file named "
-                         "by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token); sent only in the Authorization header")
+    sb.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the cluster's Ray auth token (default: RAY_AUTH_TOKEN, then the file named "
+        "by RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token); sent only in the Authorization header",
+    )
     sb.set_defaults(fn=cmd_submit)
     v = sub.add_parser("validate", help="print the normalized spec or its errors (exit 2)")
     with_spec(v)
     v.set_defaults(fn=cmd_validate)
     sub.add_parser("schema", help="print the job spec JSON schema").set_defaults(fn=cmd_schema)
-    s = sub.add_parser("states", help="list a run's states, their verdicts, and what a policy would choose (reads "
-                                      "metadata only, runs no training)")
+    s = sub.add_parser(
+        "states",
+        help="list a run's states, their verdicts, and what a policy would choose (reads "
+        "metadata only, runs no training)",
+    )
     s.add_argument("run_dir")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--policy", default="newest-resumable",
-                   help="newest-resumable, pinned, fresh, best-metric, or pkg.mod:Class: a class with a choose() "
-                        "method (its module is imported and the class built with --policy-args; anything else an "
-                        "import path names, such as os:system, is refused, never called)")
+    s.add_argument(
+        "--policy",
+        default="newest-resumable",
+        help="newest-resumable, pinned, fresh, best-metric, or pkg.mod:Class: a class with a choose() "
+        "method (its module is imported and the class built with --policy-args; anything else an "
+        "import path names, such as os:system, is refused, never called)",
+    )
     s.add_argument("--policy-args", default=None, help="JSON object of policy keyword arguments")
-    s.add_argument("--signing-key-env", default=None, metavar="NAME",
-                   help="verify signatures with the key in this environment variable (signed runs)")
+    s.add_argument(
+        "--signing-key-env",
+        default=None,
+        metavar="NAME",
+        help="verify signatures with the key in this environment variable (signed runs)",
+    )
     s.set_defaults(fn=cmd_states)
     d = sub.add_parser("digest", help="canonical sha256 of a state (params, optimizer, position, RNG)")
     d.add_argument("state_dir")
@@ -433,20 +537,31 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="print a run's event timeline")
     e.add_argument("run_dir")
     e.add_argument("--json", action="store_true")
-    e.add_argument("--plot", metavar="FILE.png",
-                   help="draw loss and every param group's LR vs the optimizer step with saves/preemptions marked")
+    e.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw loss and every param group's LR vs the optimizer step with saves/preemptions marked",
+    )
     e.set_defaults(fn=cmd_events)
     dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
     with_spec(dr)
     dr.add_argument("--preempt-at", default=None, metavar="P[,Q...]", help="global micro-steps to interrupt at")
-    dr.add_argument("--storm", type=int, default=None, metavar="N",
-                    help="N interruptions of random kinds at random micro-steps (a seeded plan, printed first), on a "
-                         "local multi-node cluster")
+    dr.add_argument(
+        "--storm",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N interruptions of random kinds at random micro-steps (a seeded plan, printed first), on a "
+        "local multi-node cluster",
+    )
     dr.add_argument("--seed", type=int, default=None, help="with --storm: the plan's seed (default: a random one)")
     dr.add_argument("--how", default=None, help="crash|sigterm|node (default crash), or one per point: crash,sigterm")
     dr.add_argument("--address", default=None, help="Ray cluster address (crash/sigterm; default embedded)")
-    dr.add_argument("--no-replacement", action="store_true",
-                    help="with --how node: the lost node is not replaced (an elastic job continues on fewer workers)")
+    dr.add_argument(
+        "--no-replacement",
+        action="store_true",
+        help="with --how node: the lost node is not replaced (an elastic job continues on fewer workers)",
+    )
     dr.set_defaults(fn=cmd_drill)
     return p
 
@@ -464,8 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"syncpoint: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("syncpoint: interrupted (SIGINT): stopped here; whatever was committed stays, and running the same "
-              "command again resumes from it", file=sys.stderr, flush=True)
+        print(
+            "syncpoint: interrupted (SIGINT): stopped here; whatever was committed stays, and running the same "
+            "command again resumes from it",
+            file=sys.stderr,
+            flush=True,
+        )
         return 130
     except BrokenPipeError:
         return _reader_went_away()

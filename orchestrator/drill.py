@@ -41,8 +41,9 @@ def _variant(spec: JobSpec, suffix: str, faults: list[CrashFault], extra_failure
     return spec.model_copy(update={"name": f"{spec.name}-{suffix}", "faults": faults, "failure": failure})
 
 
-def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | None = None,
-              replacement: bool = True) -> DrillReport:
+def run_drill(
+    spec: JobSpec, points: list[int], hows: list[str], address: str | None = None, replacement: bool = True
+) -> DrillReport:
     """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points). With
     ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers."""
     from syncpoint.orchestrator.ray_runner import run_on_ray
@@ -51,8 +52,11 @@ def run_drill(spec: JobSpec, points: list[int], hows: list[str], address: str | 
     if len(hows) == 1:
         hows = hows * len(points)
     world = spec.scaling.max_workers
-    faults = [CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
-              for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how in ("crash", "sigterm")]
+    faults = [
+        CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
+        for i, (p, how) in enumerate(zip(points, hows, strict=False))
+        if how in ("crash", "sigterm")
+    ]
     if spec.scaling.elastic:  # a world-size change is compared by samples per step, so record them
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"record_samples": True})})
     ref = _variant(spec, "drill-ref", [], 0)
@@ -77,8 +81,13 @@ def local_cluster(spec: JobSpec) -> Iterator[tuple[Cluster, list[ClusterNode], i
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
     try:
         cpus = max(1, int(spec.scaling.cpus_per_worker))
         nodes = [cluster.add_node(num_cpus=cpus) for _ in range(spec.scaling.max_workers)]
@@ -117,8 +126,9 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
         return rc_ref, result.get("rc", 1)
 
 
-def _params_close(ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tuple[str, str],
-                  steps: dict[int, Step]) -> tuple[bool, float, float]:
+def _params_close(
+    ref: JobSpec, run: JobSpec, run_journal: Journal, finals: tuple[str, str], steps: dict[int, Step]
+) -> tuple[bool, float, float]:
     """Adam moves a weight by ~lr per step whatever its gradient's size, and where a gradient is at
     rounding-noise level its sign is noise: 2 x the summed learning rate since the change bounds it."""
     from syncpoint.workers.digest import load_deepspeed_file
@@ -161,8 +171,11 @@ def compare_evaluations(ref: Journal, run: Journal) -> tuple[bool, str | None]:
 
     differ = {k for k in a.keys() | b.keys() if k not in a or k not in b or not same(a[k].metrics, b[k].metrics)}
     # every evaluation of a step counts, also one a crash made the resumed attempt repeat
-    differ |= {e.optimizer_step for e in run.of_kind(Evaluated)
-               if e.optimizer_step in a and not same(a[e.optimizer_step].metrics, e.metrics)}
+    differ |= {
+        e.optimizer_step
+        for e in run.of_kind(Evaluated)
+        if e.optimizer_step in a and not same(a[e.optimizer_step].metrics, e.metrics)
+    }
     mismatched = sorted(differ)
     ok = not mismatched
     verdict = ("within 1e-3 relative" if resized else "match") if ok else "MISMATCH"
@@ -177,8 +190,7 @@ def compare_evaluations(ref: Journal, run: Journal) -> tuple[bool, str | None]:
 def world_size_change(journal: Journal) -> int:
     """The optimizer step the first world-size change resumed from (0: none, or from scratch)."""
     starts = journal.attempts
-    return next((s.optimizer_step for p, s in zip(starts, starts[1:], strict=False)
-                 if s.world_size != p.world_size), 0)
+    return next((s.optimizer_step for p, s in zip(starts, starts[1:], strict=False) if s.world_size != p.world_size), 0)
 
 
 def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, worlds: list[int]) -> tuple[bool, list[str]]:
@@ -196,19 +208,25 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
     same_keys = bool(a) and a.keys() == b.keys()
     before = [k for k in a if k <= changed_at]
     before_ok = same_keys and all(a[k].loss == b[k].loss and a[k].lr == b[k].lr for k in before)
-    lines.append(f"per-step losses and learning rates before the world-size change (steps 1-{changed_at}): "
-                 f"{'match' if before_ok else 'MISMATCH'}")
+    lines.append(
+        f"per-step losses and learning rates before the world-size change (steps 1-{changed_at}): "
+        f"{'match' if before_ok else 'MISMATCH'}"
+    )
     same_samples = same_keys and all(a[k].samples == b[k].samples and a[k].lr == b[k].lr for k in a)
-    lines.append(f"world sizes {worlds}: samples and learning rate of every optimizer step: "
-                 f"{'match' if same_samples else 'MISMATCH'}")
+    lines.append(
+        f"world sizes {worlds}: samples and learning rate of every optimizer step: "
+        f"{'match' if same_samples else 'MISMATCH'}"
+    )
     after = [k for k in a if k > changed_at and k in b]
     rel = max((abs(a[k].loss - b[k].loss) / max(abs(a[k].loss), 1e-12) for k in after), default=0.0)
     if rel <= 1e-3:
         lines.append(f"per-step losses after the change: within 1e-3 relative ({len(after)} steps)")
     else:
-        lines.append(f"per-step losses after the change: differ (largest relative difference {rel:.1e}; expected "
-                     "when the model draws randomness, e.g. dropout: each rank's RNG is re-seeded for the new world "
-                     "size, so the masks differ; not part of the verdict, which follows the elastic rules)")
+        lines.append(
+            f"per-step losses after the change: differ (largest relative difference {rel:.1e}; expected "
+            "when the model draws randomness, e.g. dropout: each rank's RNG is re-seeded for the new world "
+            "size, so the masks differ; not part of the verdict, which follows the elastic rules)"
+        )
     return before_ok and same_samples, lines
 
 
@@ -217,8 +235,13 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     from syncpoint.workers.storage import RunStorage
 
     # a node is removed once the flushed progress passes its point: it goes down later, where training really was
-    lines = ["drill: " + ", ".join(f"{h} at micro-step {p}" if h != "node" else f"node lost after micro-step {p}"
-                                   for p, h in zip(points, hows, strict=False))]
+    lines = [
+        "drill: "
+        + ", ".join(
+            f"{h} at micro-step {p}" if h != "node" else f"node lost after micro-step {p}"
+            for p, h in zip(points, hows, strict=False)
+        )
+    ]
     ref_journal = EventLog(RunStorage(ref.run_url)).journal()
     run_journal = EventLog(RunStorage(run.run_url)).journal()
     rs = restarts(run_journal)
@@ -231,8 +254,10 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
         r = rs[i]
         if how in ("node", "?"):  # where it really stopped: measured by the heartbeat, else at least the point
             at = r.previous_max_micro_step if r.measured else (f">={at}" if how == "node" else at)
-        lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
-                     f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}")
+        lines.append(
+            f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
+            f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}"
+        )
     ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
     if len(rs) != len(points):
         lines.append(f"expected {len(points)} restart(s), saw {len(rs)}")
@@ -262,8 +287,10 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
     else:
         mismatched = [k for k in a if k not in b or a[k].loss != b[k].loss or a[k].lr != b[k].lr]
         losses_ok = bool(a) and not mismatched and a.keys() == b.keys()
-        lines.append(f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} ({len(a)} "
-                     "optimizer steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")")
+        lines.append(
+            f"per-step losses and learning rates: {'match' if losses_ok else 'MISMATCH'} ({len(a)} "
+            "optimizer steps" + (f"; first mismatch at step {min(mismatched)}" if mismatched else "") + ")"
+        )
     evaluations_ok, evaluation_line = compare_evaluations(ref_journal, run_journal)
     if evaluation_line:
         lines.append(evaluation_line)
@@ -271,17 +298,23 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
         # after the change an evaluation measures weights the elastic rules bound but do not pin
         ea, eb = ref_journal.evaluations(), run_journal.evaluations()
         evaluations_ok = all(k in eb and ea[k].metrics == eb[k].metrics for k in ea if k <= changed_at)
-        lines.append(f"  evaluations before the world-size change: {'match' if evaluations_ok else 'MISMATCH'}; "
-                     "after it they follow the re-seeded dropout: reported, not part of the verdict")
+        lines.append(
+            f"  evaluations before the world-size change: {'match' if evaluations_ok else 'MISMATCH'}; "
+            "after it they follow the re-seeded dropout: reported, not part of the verdict"
+        )
     finals = [j.last_finish.state if j.last_finish else None for j in (ref_journal, run_journal)]
     ref_final, run_final = finals
     digest_ok = False
     if resized:
-        close, worst, bound = (_params_close(ref, run, run_journal, (ref_final, run_final), b)
-                               if ref_final and run_final
-                               else (False, float("nan"), 0.0))
-        lines.append(f"final parameters: {'within' if close else 'OUTSIDE'} the elastic bound "
-                     f"(max |diff| {worst:.2e} <= 2 x sum of learning rates since the change = {bound:.2e})")
+        close, worst, bound = (
+            _params_close(ref, run, run_journal, (ref_final, run_final), b)
+            if ref_final and run_final
+            else (False, float("nan"), 0.0)
+        )
+        lines.append(
+            f"final parameters: {'within' if close else 'OUTSIDE'} the elastic bound "
+            f"(max |diff| {worst:.2e} <= 2 x sum of learning rates since the change = {bound:.2e})"
+        )
         digest_ok = close
     elif all(finals) and finals[0] == finals[1]:
         da = state_digest(f"{ref.run_url}/states/{finals[0]}")["digest"]
@@ -294,7 +327,10 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
     if g is not None:
         lines.append("interrupted run's " + format_goodput(g))
     ok = losses_ok and digest_ok and evaluations_ok
-    verdict = ("the interrupted run matched bit for bit until the world-size change, then consumed the same samples at "
-               "the same learning rates and stayed within the elastic bound (docs/concepts/elastic.md)"
-               if resized else "the interrupted run is bitwise the uninterrupted one")
+    verdict = (
+        "the interrupted run matched bit for bit until the world-size change, then consumed the same samples at "
+        "the same learning rates and stayed within the elastic bound (docs/concepts/elastic.md)"
+        if resized
+        else "the interrupted run is bitwise the uninterrupted one"
+    )
     return ok, lines, verdict

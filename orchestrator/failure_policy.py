@@ -46,8 +46,14 @@ from syncpoint.policies.journal import Journal
 class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
-    def __init__(self, failure_config: FailureConfig, run_url: str, heartbeat: Any | None = None,
-                 placement_timeout_s: float = float("inf"), submission: str = "") -> None:
+    def __init__(
+        self,
+        failure_config: FailureConfig,
+        run_url: str,
+        heartbeat: Any | None = None,
+        placement_timeout_s: float = float("inf"),
+        submission: str = "",
+    ) -> None:
         super().__init__(failure_config)
         self.run_url, self.heartbeat, self.placement_timeout_s = run_url, heartbeat, placement_timeout_s
         self.submission = submission
@@ -67,15 +73,19 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
 
-    def _log_decision(self, decision: FailureDecision, training_failed_error: TrainingFailedError, error_count: int,
-                      retry_limit: int) -> None:
+    def _log_decision(
+        self, decision: FailureDecision, training_failed_error: TrainingFailedError, error_count: int, retry_limit: int
+    ) -> None:
         """One line per decision. Ray's own logs the whole worker-group error with its traceback
         (every rank's snippet), twice over, at every retry; the failing rank's traceback is already
         in its own log, and the run's last line names it."""
         limit = "unlimited" if retry_limit in (-1, float("inf")) else f"{retry_limit:g}"
         reason = failure_report(training_failed_error)[0][:300]
-        print(f"[syncpoint] attempt failed ({reason}): {decision.value.lower()} ({error_count} of {limit} allowed)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[syncpoint] attempt failed ({reason}): {decision.value.lower()} ({error_count} of {limit} allowed)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def decide_placement(self, now: float, training_failed_error: TrainingFailedError) -> FailureDecision:
         """A worker-group start timed out waiting for room: retry (Ray's controller budget) until the
@@ -85,30 +95,41 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         waited = placement_waited_s(self._placement_since, now, start_timeout_s())
         if placement_exhausted(waited, self.placement_timeout_s):
             decision = FailureDecision.RAISE
-            reason = (f"no room for the workers after {waited:.0f} s "
-                      f"(failure.placement_timeout_s {self.placement_timeout_s:g})")
+            reason = (
+                f"no room for the workers after {waited:.0f} s "
+                f"(failure.placement_timeout_s {self.placement_timeout_s:g})"
+            )
         else:
             decision = super().make_decision(training_failed_error)
             reason = f"waiting for room for the workers: {waited:.0f} s of {self.placement_timeout_s:g}"
-        facts = FailureFacts(ray_says_preempted=False, dead_attempt_nodes=(), notice_logged=False,
-                             messages=(failure_report(training_failed_error)[0],))
-        _record(self.run_url, FailureVerdict(PLACEMENT, reason), facts, decision, training_failed_error,
-                self.submission)
+        facts = FailureFacts(
+            ray_says_preempted=False,
+            dead_attempt_nodes=(),
+            notice_logged=False,
+            messages=(failure_report(training_failed_error)[0],),
+        )
+        _record(
+            self.run_url, FailureVerdict(PLACEMENT, reason), facts, decision, training_failed_error, self.submission
+        )
         return decision
 
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
         """The decision from gathered facts (apart from gathering, which asks the running cluster)."""
         verdict = classify_failure(facts)
         ray_counts_as_preemption = facts.ray_says_preempted
-        if (verdict.kind == PREEMPTION and not ray_counts_as_preemption
-                and isinstance(training_failed_error, WorkerGroupError)):
+        if (
+            verdict.kind == PREEMPTION
+            and not ray_counts_as_preemption
+            and isinstance(training_failed_error, WorkerGroupError)
+        ):
             self._preemption_failures += 1
             limit = self.failure_config.max_preemption_failures
             within = limit == -1 or self._preemption_failures <= limit
             decision = FailureDecision.RETRY if within else FailureDecision.RAISE
             # inf for "no limit", as Ray's own policy logs it (its annotation says int)
-            self._log_decision(decision, training_failed_error, self._preemption_failures,
-                               float("inf") if limit == -1 else limit)  # type: ignore[arg-type]
+            self._log_decision(
+                decision, training_failed_error, self._preemption_failures, float("inf") if limit == -1 else limit
+            )  # type: ignore[arg-type]
         elif verdict.kind == REFUSAL:
             decision = FailureDecision.RAISE
         elif verdict.kind == APPLICATION and facts.repeats:  # a bug that repeats: retries would only repeat it
@@ -140,8 +161,9 @@ def read_journal(run_url: str) -> Journal | None:
         return None
 
 
-def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float, journal: Journal | None,
-                        submission: str = "") -> str | None:
+def record_interruption(
+    run_url: str, heartbeat: Any | None, detected_at: float, journal: Journal | None, submission: str = ""
+) -> str | None:
     """Write the failed attempt's measured interruption point (``interrupted``): each rank's last
     heartbeat. Nothing without a board (older drivers), for a worker group that died before it
     logged its start, or for an attempt that already has one. When the reading cannot be taken (no
@@ -169,9 +191,15 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
             note = f"attempt {attempt}: no rank's heartbeat reached the board"
         else:
             newest = max(beats, key=lambda b: (b.global_micro_step, b.time))
-            EventLog(RunStorage(run_url), source="controller").emit(Interrupted(
-                attempt=attempt, ranks=beats, global_micro_step=newest.global_micro_step,
-                reached_at=max(b.time for b in beats), detected_at=detected_at))
+            EventLog(RunStorage(run_url), source="controller").emit(
+                Interrupted(
+                    attempt=attempt,
+                    ranks=beats,
+                    global_micro_step=newest.global_micro_step,
+                    reached_at=max(b.time for b in beats),
+                    detected_at=detected_at,
+                )
+            )
             return None
     except Exception as e:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
         note = f"attempt {attempt or '?'}: the heartbeat reading failed ({type(e).__name__}: {str(e)[:200]})"
@@ -180,8 +208,9 @@ def record_interruption(run_url: str, heartbeat: Any | None, detected_at: float,
     return line
 
 
-def gather_facts(error: TrainingFailedError, journal: Journal | None, submission: str = "",
-                 known_dead: frozenset[str] = frozenset()) -> FailureFacts:
+def gather_facts(
+    error: TrainingFailedError, journal: Journal | None, submission: str = "", known_dead: frozenset[str] = frozenset()
+) -> FailureFacts:
     """What the classification needs, from Ray's error, the run's journal and Ray's node table.
 
     The failing attempt's nodes and notice come from its ``attempt_started`` and notice events
@@ -224,8 +253,13 @@ def gather_facts(error: TrainingFailedError, journal: Journal | None, submission
     return FailureFacts(
         ray_says_preempted=_default._is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(lost)),
-        notice_logged=notice, messages=messages, refusal=_refusal(failures),
-        signature=signature, micro_step=micro_step, repeats=repeats)
+        notice_logged=notice,
+        messages=messages,
+        refusal=_refusal(failures),
+        signature=signature,
+        micro_step=micro_step,
+        repeats=repeats,
+    )
 
 
 def _repetition(error: BaseException, journal: Journal | None, submission: str) -> tuple[str, int | None, bool]:
@@ -243,7 +277,8 @@ def _repetition(error: BaseException, journal: Journal | None, submission: str) 
         return signature, micro_step, False
     previous = journal.last_failure(submission, APPLICATION)
     repeats = previous is not None and repeats_previous(
-        signature, micro_step, (previous.signature, previous.micro_step), journal.committed_since(previous.time))
+        signature, micro_step, (previous.signature, previous.micro_step), journal.committed_since(previous.time)
+    )
     return signature, micro_step, repeats
 
 
@@ -251,25 +286,38 @@ def node_death_wait_s() -> float:
     return float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
 
 
-def await_node_death(attempt_nodes: list[str], bound_s: float, dead_nodes: Callable[[], set[str]],
-                     poll_s: float = 0.5) -> tuple[set[str], str | None]:
+def await_node_death(
+    attempt_nodes: list[str], bound_s: float, dead_nodes: Callable[[], set[str]], poll_s: float = 0.5
+) -> tuple[set[str], str | None]:
     """Poll Ray's node table until a node of the attempt is dead or ``bound_s`` has passed; returns the
     dead nodes and, when the bound was hit, the note saying so (kept with the failure's messages: the
     failure is then counted as a crash, and the log says why)."""
-    return _await_death(lambda dead: bool(set(attempt_nodes) & dead), bound_s, dead_nodes, poll_s,
-                        "a worker vanished but no node of the attempt was declared dead")
+    return _await_death(
+        lambda dead: bool(set(attempt_nodes) & dead),
+        bound_s,
+        dead_nodes,
+        poll_s,
+        "a worker vanished but no node of the attempt was declared dead",
+    )
 
 
-def await_new_node_death(known_dead: frozenset[str], bound_s: float, dead_nodes: Callable[[], set[str]],
-                         poll_s: float = 0.5) -> tuple[set[str], str | None]:
+def await_new_node_death(
+    known_dead: frozenset[str], bound_s: float, dead_nodes: Callable[[], set[str]], poll_s: float = 0.5
+) -> tuple[set[str], str | None]:
     """``await_node_death`` for a worker group that died setting up, before it logged its nodes:
     poll until any node not already in ``known_dead`` is dead, or ``bound_s`` has passed."""
-    return _await_death(lambda dead: bool(dead - known_dead), bound_s, dead_nodes, poll_s,
-                        "a worker vanished while its group was setting up and no node was declared dead")
+    return _await_death(
+        lambda dead: bool(dead - known_dead),
+        bound_s,
+        dead_nodes,
+        poll_s,
+        "a worker vanished while its group was setting up and no node was declared dead",
+    )
 
 
-def _await_death(found: Callable[[set[str]], bool], bound_s: float, dead_nodes: Callable[[], set[str]],
-                 poll_s: float, what: str) -> tuple[set[str], str | None]:
+def _await_death(
+    found: Callable[[set[str]], bool], bound_s: float, dead_nodes: Callable[[], set[str]], poll_s: float, what: str
+) -> tuple[set[str], str | None]:
     deadline = time.monotonic() + bound_s
     dead = dead_nodes()
     while not found(dead):
@@ -316,31 +364,48 @@ def _is_system_death(error: BaseException) -> bool:
     return isinstance(inner, RayActorError) or isinstance(error, RayActorError)
 
 
-def _record(run_url: str, verdict: FailureVerdict, facts: FailureFacts, decision: FailureDecision,
-            error: TrainingFailedError, submission: str = "") -> None:
+def _record(
+    run_url: str,
+    verdict: FailureVerdict,
+    facts: FailureFacts,
+    decision: FailureDecision,
+    error: TrainingFailedError,
+    submission: str = "",
+) -> None:
     from syncpoint.policies.journal import Failure
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:
-        EventLog(RunStorage(run_url), source="controller").emit(Failure(
-            classified=verdict.kind, reason=verdict.reason, decision=decision.value,
-            ranks=sorted(getattr(error, "worker_failures", {}) or {}), messages=list(facts.messages)[:4],
-            dead_nodes=list(facts.dead_attempt_nodes), submission=submission, signature=facts.signature,
-            micro_step=facts.micro_step, repeated=facts.repeats and verdict.kind == APPLICATION))
+        EventLog(RunStorage(run_url), source="controller").emit(
+            Failure(
+                classified=verdict.kind,
+                reason=verdict.reason,
+                decision=decision.value,
+                ranks=sorted(getattr(error, "worker_failures", {}) or {}),
+                messages=list(facts.messages)[:4],
+                dead_nodes=list(facts.dead_attempt_nodes),
+                submission=submission,
+                signature=facts.signature,
+                micro_step=facts.micro_step,
+                repeated=facts.repeats and verdict.kind == APPLICATION,
+            )
+        )
     except Exception:  # noqa: BLE001 - the log is for people; a failed write must not change Ray's decision
         pass
 
 
 @contextlib.contextmanager
-def installed(run_url: str, heartbeat: Any | None = None, placement_timeout_s: float = float("inf"),
-              submission: str = "") -> Iterator[None]:
+def installed(
+    run_url: str, heartbeat: Any | None = None, placement_timeout_s: float = float("inf"), submission: str = ""
+) -> Iterator[None]:
     """Make ``DataParallelTrainer`` build ``SyncpointFailurePolicy`` while a trainer runs ``fit()``."""
     original = _dpt.create_failure_policy
     # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
     # at run time it is V2's (the one the policy takes)
     _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
-        failure_config, run_url, heartbeat, placement_timeout_s, submission)  # type: ignore[arg-type]
+        failure_config, run_url, heartbeat, placement_timeout_s, submission
+    )  # type: ignore[arg-type]
     try:
         yield
     finally:

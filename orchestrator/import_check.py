@@ -32,8 +32,12 @@ TIMEOUT_ENV = "SYNCPOINT_IMPORT_CHECK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
 MARK = "\x1eSYNCPOINT-IMPORT-CHECK "
 # What each field's object must be: a Python function, or a class with this method.
-KINDS = {"task.path": "function", "train.scheduler.path": "function", "resume.policy": "choose",
-         "checkpoint.save_trigger": "wants_save"}
+KINDS = {
+    "task.path": "function",
+    "train.scheduler.path": "function",
+    "resume.policy": "choose",
+    "checkpoint.save_trigger": "wants_save",
+}
 
 # The child: argv[1] the base directory, argv[2] JSON [[field, path, kind], ...]. Self-contained
 # (it must not import syncpoint before the user's module: a user's package may shadow nothing of ours).
@@ -121,9 +125,16 @@ def resolve_problems(paths: list[tuple[str, str]], base: str, bound_s: float | N
 
 
 def _start(paths: list[tuple[str, str, str]], base: str) -> _Child:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, base, json.dumps(paths), MARK], cwd=base,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, base, json.dumps(paths), MARK],
+        cwd=base,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     lines: queue.Queue[str | None] = queue.Queue()
     tail: list[str] = []
 
@@ -131,7 +142,7 @@ def _start(paths: list[tuple[str, str, str]], base: str) -> _Child:
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith(MARK):
-                lines.put(line[len(MARK):])
+                lines.put(line[len(MARK) :])
             else:  # the module's own output: only its last lines are kept, to explain a crash
                 tail.append(line.strip()[:200])
                 del tail[:-5]
@@ -182,21 +193,29 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
     if r.get("ok"):
         return None
     if "missing_module" in r:
-        return (f"{field}: {path!r} cannot be imported: no module named {r['missing_module']!r}. The workers import "
-                f"it from {base} (the working directory; `syncpoint submit` ships it with the job) and the installed "
-                "packages; check the spelling, run from the directory that holds the package, or install it"
-                + moved_hint(path))
+        return (
+            f"{field}: {path!r} cannot be imported: no module named {r['missing_module']!r}. The workers import "
+            f"it from {base} (the working directory; `syncpoint submit` ships it with the job) and the installed "
+            "packages; check the spelling, run from the directory that holds the package, or install it"
+            + moved_hint(path)
+        )
     if "dependency" in r and moved_hint(r["dependency"]):
-        return (f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}"
-                f"{moved_hint(r['dependency'])}: import syncpoint's objects from syncpoint (`from syncpoint import "
-                "Task`) or its modules by their new names")
+        return (
+            f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}"
+            f"{moved_hint(r['dependency'])}: import syncpoint's objects from syncpoint (`from syncpoint import "
+            "Task`) or its modules by their new names"
+        )
     if "dependency" in r:
-        return (f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}: "
-                f"{r['dependency']!r} is not installed in this Python ({sys.executable}); install it (e.g. `pip "
-                f"install {r['dependency'].split('.')[0]}`; the package may have another name) where the workers run")
+        return (
+            f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}: "
+            f"{r['dependency']!r} is not installed in this Python ({sys.executable}); install it (e.g. `pip "
+            f"install {r['dependency'].split('.')[0]}`; the package may have another name) where the workers run"
+        )
     if "error" in r:
-        return (f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}; fix the module "
-                "(every worker imports it the same way)")
+        return (
+            f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}; fix the module "
+            "(every worker imports it the same way)"
+        )
     if "no_attribute" in r:
         close = r.get("close") or []
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -206,12 +225,18 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
         wanted = "a function written in Python" if kind == "function" else f"a class with a {kind}() method"
         return f"{field}: {path!r} is {r['wrong_kind']}, not {wanted}; it is not called"
     if r.get("timeout"):
-        return (f"{field}: importing {module!r} (for {path!r}) did not finish within {bound:g} s ({TIMEOUT_ENV}): the "
-                "module does something at import that does not end (a download, a lock, a prompt); move that into "
-                "the function, or raise the bound")
+        return (
+            f"{field}: importing {module!r} (for {path!r}) did not finish within {bound:g} s ({TIMEOUT_ENV}): the "
+            "module does something at import that does not end (a download, a lock, a prompt); move that into "
+            "the function, or raise the bound"
+        )
     if "exited" in r:
         tail = " | ".join(r.get("tail") or []) or "no output"
-        return (f"{field}: importing {module!r} (for {path!r}) ended the process that imported it (exit status "
-                f"{r['exited']}; last output: {tail}); a module must not exit or crash when imported")
-    return (f"{field}: {path!r} could not be checked: the checking Python did not start "
-            f"({r.get('no_start') or 'no output'}); run `{sys.executable} -c 'import {module}'` to see why")
+        return (
+            f"{field}: importing {module!r} (for {path!r}) ended the process that imported it (exit status "
+            f"{r['exited']}; last output: {tail}); a module must not exit or crash when imported"
+        )
+    return (
+        f"{field}: {path!r} could not be checked: the checking Python did not start "
+        f"({r.get('no_start') or 'no output'}); run `{sys.executable} -c 'import {module}'` to see why"
+    )

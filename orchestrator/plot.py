@@ -60,13 +60,21 @@ def draw(journal: Journal, title: str = "") -> Figure:
     ax.plot(xs, [s.loss for s in steps], color="tab:blue", label="loss")
     with_loss = [e for e in evaluations if "loss" in e.metrics]
     if with_loss:
-        ax.plot([e.optimizer_step for e in with_loss], [e.metrics["loss"] for e in with_loss], color="tab:purple",
-                marker="o", linestyle="-", linewidth=1, label="eval loss")
+        ax.plot(
+            [e.optimizer_step for e in with_loss],
+            [e.metrics["loss"] for e in with_loss],
+            color="tab:purple",
+            marker="o",
+            linestyle="-",
+            linewidth=1,
+            label="eval loss",
+        )
     if others:
         for name in others:
             at = [e for e in evaluations if name in e.metrics]
-            ax_eval.plot([e.optimizer_step for e in at], [e.metrics[name] for e in at], marker="o",
-                         label=f"eval {name}")
+            ax_eval.plot(
+                [e.optimizer_step for e in at], [e.metrics[name] for e in at], marker="o", label=f"eval {name}"
+            )
         ax_eval.set_xlabel(X_LABEL)
         ax_eval.set_ylabel("evaluation")
         ax_eval.legend(loc="upper right", fontsize=8)
@@ -75,20 +83,45 @@ def draw(journal: Journal, title: str = "") -> Figure:
     ax2 = ax.twinx()
     rates = group_rates(steps)
     for group, values in enumerate(rates):
-        ax2.plot(xs, values, color="tab:gray", linestyle=("--", ":", "-.")[group % 3], alpha=1.0 if group == 0 else 0.7,
-                 label="learning rate" if len(rates) == 1 else f"lr group {group}")
+        ax2.plot(
+            xs,
+            values,
+            color="tab:gray",
+            linestyle=("--", ":", "-.")[group % 3],
+            alpha=1.0 if group == 0 else 0.7,
+            label="learning rate" if len(rates) == 1 else f"lr group {group}",
+        )
     ax2.set_ylabel("learning rate", color="tab:gray")
     for i, commit in enumerate(journal.commits):
-        ax.axvline(commit.optimizer_step, color="tab:green", alpha=0.35, linewidth=1,
-                   label="state committed" if i == 0 else None)
+        ax.axvline(
+            commit.optimizer_step,
+            color="tab:green",
+            alpha=0.35,
+            linewidth=1,
+            label="state committed" if i == 0 else None,
+        )
     for i, notice in enumerate(journal.of_kind(PreemptionNotice)):
-        ax.axvline(notice.optimizer_step, color="tab:orange", linestyle=":", linewidth=2,
-                   label="preemption notice" if i == 0 else None)
+        ax.axvline(
+            notice.optimizer_step,
+            color="tab:orange",
+            linestyle=":",
+            linewidth=2,
+            label="preemption notice" if i == 0 else None,
+        )
     for i, r in enumerate(restarts(journal)):
-        ax.axvline(at_step(r.previous_max_micro_step), color="tab:red", linewidth=2,
-                   label="failure / restart" if i == 0 else None)
-        ax.axvspan(at_step(r.resumed_micro_step), at_step(r.previous_max_micro_step), color="tab:red", alpha=0.12,
-                   label="recomputed" if i == 0 else None)
+        ax.axvline(
+            at_step(r.previous_max_micro_step),
+            color="tab:red",
+            linewidth=2,
+            label="failure / restart" if i == 0 else None,
+        )
+        ax.axvspan(
+            at_step(r.resumed_micro_step),
+            at_step(r.previous_max_micro_step),
+            color="tab:red",
+            alpha=0.12,
+            label="recomputed" if i == 0 else None,
+        )
     handles, labels = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(handles + h2, labels + l2, loc="upper right", fontsize=8)
@@ -96,8 +129,16 @@ def draw(journal: Journal, title: str = "") -> Figure:
     if g is not None and g.total_s > 0:  # the run's goodput and where the rest of its wall time went
         shown = [f"goodput {100 * g.ratio:.1f}% ({g.productive_s:.1f} s of {g.total_s:.1f} s)"]
         shown += [f"{name} {seconds:.1f} s" for name, seconds in g.losses.items() if seconds > 0]
-        ax.text(0.01, 0.02, "\n".join(shown), transform=ax.transAxes, fontsize=8, va="bottom", ha="left",
-                bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "tab:gray"})
+        ax.text(
+            0.01,
+            0.02,
+            "\n".join(shown),
+            transform=ax.transAxes,
+            fontsize=8,
+            va="bottom",
+            ha="left",
+            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8, "edgecolor": "tab:gray"},
+        )
     ax.set_title(title or "syncpoint run")
     fig.tight_layout()
     return fig
@@ -107,8 +148,10 @@ def group_rates(steps: list[Step]) -> list[list[float]]:
     """Each param group's learning rate at every step (``lrs``, recorded when there are several groups;
     ``lr`` is the first group's): one list per group."""
     groups = max((len(s.lrs or ()) for s in steps), default=0) or 1
-    return [[(s.lrs[g] if s.lrs and g < len(s.lrs) else s.lr if g == 0 else float("nan")) for s in steps]
-            for g in range(groups)]
+    return [
+        [(s.lrs[g] if s.lrs and g < len(s.lrs) else s.lr if g == 0 else float("nan")) for s in steps]
+        for g in range(groups)
+    ]
 
 
 def step_of(steps: list[Step]) -> Callable[[float], float]:
@@ -124,4 +167,5 @@ def step_of(steps: list[Step]) -> Callable[[float], float]:
             return float(np.interp(m, micro, step))
         slope = (step[-1] - step[-2]) / max(micro[-1] - micro[-2], 1.0)
         return float(step[-1] + (m - micro[-1]) * slope)
+
     return at

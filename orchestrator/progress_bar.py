@@ -89,8 +89,12 @@ class RunView:
             first = self._last or (records[0].global_micro_step, records[0].time)
             last = records[-1]
             if last.time > first[1] and last.global_micro_step > first[0]:
-                self.samples_per_s = ((last.global_micro_step - first[0]) * self.micro_batch_size * self.world_size
-                                      / (last.time - first[1]))
+                self.samples_per_s = (
+                    (last.global_micro_step - first[0])
+                    * self.micro_batch_size
+                    * self.world_size
+                    / (last.time - first[1])
+                )
             self.step, self.loss, self._last = last.optimizer_step, last.loss, (last.global_micro_step, last.time)
             self.lr, self.epoch = last.lr, last.epoch
         elif isinstance(event, Finished):
@@ -101,11 +105,21 @@ def make_progress(console: Console, get_time: Callable[[], float] | None = None)
     """The bar: attempt, epoch, bar, step/total, loss, learning rate, samples/s, ETA (rich's estimate
     from the steps of the last 30 s), newest committed state."""
     return Progress(
-        TextColumn("[bold]{task.description}"), TextColumn("{task.fields[epoch]}"), BarColumn(), TextColumn("step"),
-        MofNCompleteColumn(), TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[lr]}"),
-        TextColumn("{task.fields[speed]}"), TextColumn("ETA"),
-        TimeRemainingColumn(), TextColumn("{task.fields[state]}"), console=console, transient=False,
-        get_time=get_time)
+        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.fields[epoch]}"),
+        BarColumn(),
+        TextColumn("step"),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[loss]}"),
+        TextColumn("{task.fields[lr]}"),
+        TextColumn("{task.fields[speed]}"),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[state]}"),
+        console=console,
+        transient=False,
+        get_time=get_time,
+    )
 
 
 def show(progress: Progress, task: TaskID, view: RunView, *, new_attempt: bool = False) -> None:
@@ -115,7 +129,8 @@ def show(progress: Progress, task: TaskID, view: RunView, *, new_attempt: bool =
         "description": ("finished" if view.finished else f"attempt {view.attempt}" if view.attempt else "starting"),
         "loss": f"loss {view.loss:.4f}" if view.loss is not None else "loss -",
         "lr": f"lr {view.lr:.3g}" if view.lr is not None else "lr -",
-        "epoch": (f"epoch {view.epoch + 1}" + (f"/{view.epochs}" if view.epochs else "")) if view.epoch is not None
+        "epoch": (f"epoch {view.epoch + 1}" + (f"/{view.epochs}" if view.epochs else ""))
+        if view.epoch is not None
         else "",
         "speed": f"{view.samples_per_s:,.0f} samples/s" if view.samples_per_s is not None else "- samples/s",
         "state": f"state {view.newest_state}" if view.newest_state else "no state yet",
@@ -148,8 +163,15 @@ class EventFollower:
 
 
 @contextlib.contextmanager
-def live_progress(storage: RunStorage, *, since: float, micro_batch_size: int, console: Console | None = None,
-                  poll_s: float = POLL_S, epochs: int | None = None) -> Iterator[RunView]:
+def live_progress(
+    storage: RunStorage,
+    *,
+    since: float,
+    micro_batch_size: int,
+    console: Console | None = None,
+    poll_s: float = POLL_S,
+    epochs: int | None = None,
+) -> Iterator[RunView]:
     """The bar while the block runs (``trainer.fit()``): a thread folds new events into the view
     every ``poll_s``; prints of the driver (Ray's log stream included) appear above the bar, and so
     does each evaluation, as the line a worker prints without the bar."""
@@ -164,8 +186,11 @@ def live_progress(storage: RunStorage, *, since: float, micro_batch_size: int, c
             current = event.time >= since
             view.fold(event, current=current)
             if current and isinstance(event, Evaluated):
-                progress.console.print(eval_line(event.attempt, event.optimizer_step, event.metrics, event.seconds),
-                                       markup=False, highlight=False)
+                progress.console.print(
+                    eval_line(event.attempt, event.optimizer_step, event.metrics, event.seconds),
+                    markup=False,
+                    highlight=False,
+                )
         show(progress, task, view, new_attempt=view.attempt != shown_attempt)
 
     def poll() -> None:

@@ -23,8 +23,9 @@ class DropMessages(logging.Filter):
 def drop(logger_name: str, *patterns: str) -> None:
     """Add the filter to the logger, once per set of patterns (every call site may run again)."""
     logger = logging.getLogger(logger_name)
-    if not any(isinstance(f, DropMessages) and [p.pattern for p in f.patterns] == list(patterns)
-               for f in logger.filters):
+    if not any(
+        isinstance(f, DropMessages) and [p.pattern for p in f.patterns] == list(patterns) for f in logger.filters
+    ):
         logger.addFilter(DropMessages(*patterns))
 
 

@@ -50,17 +50,29 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         info = ray.train.get_preemption_info()  # a collective: every rank calls it at every boundary
         if info is None:
             return None
-        return {"source": "ray-drain", "deadline_ms": info.deadline_ms, "nodes": info.preempted_node_ids,
-                "ranks": info.preempted_ranks}
+        return {
+            "source": "ray-drain",
+            "deadline_ms": info.deadline_ms,
+            "nodes": info.preempted_node_ids,
+            "ranks": info.preempted_ranks,
+        }
 
     def report(metrics: dict[str, float]) -> None:
         ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
 
     try:
-        run_worker(spec, WorkerContext(preemption_notice=notice, node_id=ray.get_runtime_context().get_node_id(),
-                                       submission_id=config["submission_id"], report_metrics=report,
-                                       print_progress=config.get("print_progress", True),
-                                       heartbeat_board=config.get("heartbeat"), launched_at=launched_at))
+        run_worker(
+            spec,
+            WorkerContext(
+                preemption_notice=notice,
+                node_id=ray.get_runtime_context().get_node_id(),
+                submission_id=config["submission_id"],
+                report_metrics=report,
+                print_progress=config.get("print_progress", True),
+                heartbeat_board=config.get("heartbeat"),
+                launched_at=launched_at,
+            ),
+        )
     except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
         from syncpoint.workers.failure_site import annotate
 
@@ -81,8 +93,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # killed with that worker group, whose handles the controller holds all along, so a restart of the
 # watcher finds them (ray-project/ray#53727 is about arguments that go out of scope). Not ours to
 # change: we drop that one line, for that one class, from the log stream the driver prints.
-WATCHER_ARGS_LINE = re.compile(r"Actor with class name: 'PreemptionWatcher' and ID: '\w+' has constructor arguments "
-                               r"in the object store and max_restarts > 0")
+WATCHER_ARGS_LINE = re.compile(
+    r"Actor with class name: 'PreemptionWatcher' and ID: '\w+' has constructor arguments "
+    r"in the object store and max_restarts > 0"
+)
 
 
 def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], None]:
@@ -90,6 +104,7 @@ def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], N
         lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
         if lines:
             handler({**data, "lines": lines})
+
     handle._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: quiet_driver wraps a handler once
     return handle
 
@@ -101,15 +116,22 @@ def quiet_driver() -> None:
     except ImportError:  # another Ray: the line shows, nothing else changes
         return
     with dispatcher._lock:
-        dispatcher.handlers = [(name, h if getattr(h, "_syncpoint_filtered", False) or name != "ray_print_logs"
-                                else _filtered_log_handler(h)) for name, h in dispatcher.handlers]
+        dispatcher.handlers = [
+            (
+                name,
+                h if getattr(h, "_syncpoint_filtered", False) or name != "ray_print_logs" else _filtered_log_handler(h),
+            )
+            for name, h in dispatcher.handlers
+        ]
 
 
 def quiet_driver_start() -> None:
     """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
     authentication by default (it does; nothing to act on) is dropped at its logger."""
-    drop("ray._private.authentication.authentication_token_setup",
-                r"^Token authentication is enabled for this Ray cluster\.")
+    drop(
+        "ray._private.authentication.authentication_token_setup",
+        r"^Token authentication is enabled for this Ray cluster\.",
+    )
 
 
 def quiet_worker(spec: JobSpec) -> None:
@@ -134,8 +156,9 @@ def quiet_worker(spec: JobSpec) -> None:
     # DeepSpeed's ZeRO calls torch's all_gather_into_tensor and (ZeRO-3) reduce_scatter_tensor, both
     # deprecated in torch 2.13: not ours to change.
     for deprecated in ("all_gather_into_tensor", "reduce_scatter_tensor"):
-        warnings.filterwarnings("ignore", message=rf"`torch\.distributed\.{deprecated}` is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=rf"`torch\.distributed\.{deprecated}` is deprecated", category=FutureWarning
+        )
     # DeepSpeed prints (print, not its logger) "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
     # successfully" whenever a process loads its CPU shared-memory op: that one line is dropped.
     try:
@@ -155,8 +178,11 @@ def quiet_worker(spec: JobSpec) -> None:
             with contextlib.redirect_stdout(out):
                 return original()
         finally:
-            rest = [ln for ln in out.getvalue().splitlines(keepends=True)
-                    if not re.fullmatch(r"DeepSpeed \S+ built successfully\s*", ln)]
+            rest = [
+                ln
+                for ln in out.getvalue().splitlines(keepends=True)
+                if not re.fullmatch(r"DeepSpeed \S+ built successfully\s*", ln)
+            ]
             if rest:
                 sys.stdout.write("".join(rest))
 
@@ -167,7 +193,7 @@ def quiet_worker(spec: JobSpec) -> None:
 def _ray_storage_path(spec: JobSpec) -> str:
     """Where Ray Train keeps its own bookkeeping (not our states)."""
     if spec.storage.startswith("file://"):
-        return os.path.join(spec.storage[len("file://"):], spec.name, ".ray")
+        return os.path.join(spec.storage[len("file://") :], spec.name, ".ray")
     return os.path.join(os.path.expanduser("~"), "ray_results", "syncpoint")
 
 
@@ -272,7 +298,8 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     from syncpoint.workers.storage import RunStorage
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
-        "submitted", name=spec.name, address=redact_url(address or "embedded"))
+        "submitted", name=spec.name, address=redact_url(address or "embedded")
+    )
     await_predecessor(spec)
     # A connection this call makes, it closes before the last line: a connected driver keeps
     # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
@@ -285,18 +312,28 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
         s = spec.scaling
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"spec": spec.model_dump(mode="json"), "submission_id": submission,
-                               "print_progress": not progress_bar, "heartbeat": board},
-            scaling_config=ScalingConfig(num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
-                                         use_gpu=s.use_gpu,
-                                         resources_per_worker={"CPU": s.cpus_per_worker}),
+            train_loop_config={
+                "spec": spec.model_dump(mode="json"),
+                "submission_id": submission,
+                "print_progress": not progress_bar,
+                "heartbeat": board,
+            },
+            scaling_config=ScalingConfig(
+                num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
+                use_gpu=s.use_gpu,
+                resources_per_worker={"CPU": s.cpus_per_worker},
+            ),
             # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
             # DeepSpeed's own groups too (syncpoint.workers.device.apply_collective_timeout)
             torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s),
             run_config=RunConfig(
-                name=spec.name, storage_path=_ray_storage_path(spec), worker_runtime_env=worker_runtime_env(spec),
-                failure_config=FailureConfig(max_failures=spec.failure.max_failures,
-                                             max_preemption_failures=spec.failure.max_preemptions)),
+                name=spec.name,
+                storage_path=_ray_storage_path(spec),
+                worker_runtime_env=worker_runtime_env(spec),
+                failure_config=FailureConfig(
+                    max_failures=spec.failure.max_failures, max_preemption_failures=spec.failure.max_preemptions
+                ),
+            ),
         )
         from syncpoint.orchestrator.failure_policy import installed
 
@@ -319,8 +356,9 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
             ray.shutdown()
     if failure is not None:
         reason, details = (redact_text(text, spec.storage) for text in failure)
-        return JobOutcome(line=f"syncpoint: job {spec.name!r} failed: {reason}", failed=True, reason=reason,
-                          details=details)
+        return JobOutcome(
+            line=f"syncpoint: job {spec.name!r} failed: {reason}", failed=True, reason=reason, details=details
+        )
     line, summary = finish(spec)
     return JobOutcome(line=line, failed=False, summary=summary)
 
@@ -336,8 +374,12 @@ def await_predecessor(spec: JobSpec) -> str:
     from syncpoint.workers.lease import await_expiry
     from syncpoint.workers.storage import RunStorage
 
-    return await_expiry(RunStorage(spec.run_url), job_identity(spec), own_ttl_s=spec.resume.lease_ttl_s,
-                        say=lambda m: print(redact_text(f"syncpoint: {m}", spec.storage), flush=True))
+    return await_expiry(
+        RunStorage(spec.run_url),
+        job_identity(spec),
+        own_ttl_s=spec.resume.lease_ttl_s,
+        say=lambda m: print(redact_text(f"syncpoint: {m}", spec.storage), flush=True),
+    )
 
 
 def heartbeat_board() -> Any:
@@ -348,8 +390,11 @@ def heartbeat_board() -> Any:
 
     from syncpoint.workers.heartbeat import BeatBoard
 
-    return ray.remote(BeatBoard).options(
-        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(board_node(), soft=True)).remote()
+    return (
+        ray.remote(BeatBoard)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(board_node(), soft=True))
+        .remote()
+    )
 
 
 def board_node() -> str:
@@ -376,8 +421,9 @@ def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.Abstrac
     from syncpoint.orchestrator.progress_bar import live_progress
     from syncpoint.workers.storage import RunStorage
 
-    return live_progress(RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size,
-                         epochs=spec.train.epochs)
+    return live_progress(
+        RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size, epochs=spec.train.epochs
+    )
 
 
 def finish_line(spec: JobSpec) -> str:
@@ -401,8 +447,11 @@ def finish(spec: JobSpec) -> tuple[str, RunSummary | None]:
     try:
         plot = _draw_plot(storage, journal, spec.name)
     except Exception as e:  # noqa: BLE001 - the plot is a courtesy: the run finished, and the line says how to draw it
-        print(f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
-              f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it", file=sys.stderr)
+        print(
+            f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
+            f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it",
+            file=sys.stderr,
+        )
     model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
     return format_summary(spec.name, summary, model, plot), summary
 
@@ -446,8 +495,9 @@ def failing_cause(error: BaseException) -> BaseException:
     then the lowest rank's."""
     failures = getattr(error, "worker_failures", None) or {}
     causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
-    return (next((c for c in causes if is_ours(c)), None)
-            or next((c for c in causes if not looks_like_lost_peer(str(c))), causes[0]))
+    return next((c for c in causes if is_ours(c)), None) or next(
+        (c for c in causes if not looks_like_lost_peer(str(c))), causes[0]
+    )
 
 
 def _not_retried(spec: JobSpec, submission: str) -> str:
@@ -474,8 +524,12 @@ def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | 
     if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):
         return None
     s = spec.scaling
-    return placement_gave_up(s.max_workers if not s.elastic else s.min_workers, s.cpus_per_worker, s.use_gpu,
-                             spec.failure.placement_timeout_s), str(own_exception(error))
+    return placement_gave_up(
+        s.max_workers if not s.elastic else s.min_workers,
+        s.cpus_per_worker,
+        s.use_gpu,
+        spec.failure.placement_timeout_s,
+    ), str(own_exception(error))
 
 
 def own_exception(error: BaseException) -> BaseException:

@@ -18,8 +18,10 @@ from pydantic import BaseModel, ValidationError
 from syncpoint.policies.errors import SpecError, UsageError
 from syncpoint.policies.spec import MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, JobSpec
 
-_TOO_DEEP = (f"nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded); a job spec needs a handful: flatten "
-             "task.config, or let the task read deep structures from its own files")
+_TOO_DEEP = (
+    f"nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded); a job spec needs a handful: flatten "
+    "task.config, or let the task read deep structures from its own files"
+)
 
 
 class _YamlBound(yaml.YAMLError):
@@ -51,8 +53,11 @@ class _BoundedComposer(yaml.composer.Composer):
     def _count(self, n: int, mark: yaml.Mark) -> None:
         self._nodes += n
         if self._nodes > MAX_YAML_NODES:
-            raise _YamlBound(f"more than {MAX_YAML_NODES} YAML nodes once aliases are expanded (an alias bomb?); "
-                             "a job spec is small: let the task read large data from its own files", mark)
+            raise _YamlBound(
+                f"more than {MAX_YAML_NODES} YAML nodes once aliases are expanded (an alias bomb?); "
+                "a job spec is small: let the task read large data from its own files",
+                mark,
+            )
 
     def _reach(self, level: int, mark: yaml.Mark) -> None:
         if level > MAX_YAML_DEPTH:
@@ -63,8 +68,11 @@ class _BoundedComposer(yaml.composer.Composer):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open:
-                raise _YamlBound(f"alias *{event.anchor} refers to a node that contains it (a recursive structure); "
-                                 "a job spec must be a tree: copy the values instead", event.start_mark)
+                raise _YamlBound(
+                    f"alias *{event.anchor} refers to a node that contains it (a recursive structure); "
+                    "a job spec must be a tree: copy the values instead",
+                    event.start_mark,
+                )
             node = super().compose_node(parent, index)  # an undefined alias raises ComposerError here
             size, height = self._sizes.get(event.anchor, (1, 1))
             self._reach(self._depth + height, event.start_mark)
@@ -86,8 +94,14 @@ class _BoundedComposer(yaml.composer.Composer):
         return node
 
 
-class _PyLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _BoundedComposer,
-                yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+class _PyLoader(
+    yaml.reader.Reader,
+    yaml.scanner.Scanner,
+    yaml.parser.Parser,
+    _BoundedComposer,
+    yaml.constructor.SafeConstructor,
+    yaml.resolver.Resolver,
+):
     """yaml.SafeLoader with the bounded composer (pure Python events)."""
 
     def __init__(self, stream: str, base_depth: int = 0) -> None:
@@ -102,8 +116,10 @@ class _PyLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _B
 def _construct_int(loader: Any, node: yaml.ScalarNode) -> int:
     """Python refuses int() of more than 4300 digits with a bare ValueError; refuse far earlier, with the line."""
     if len(node.value) > 64:
-        raise _YamlBound(f"an integer of {len(node.value)} characters; integers in a job spec have at most 19 "
-                         "digits", node.start_mark)
+        raise _YamlBound(
+            f"an integer of {len(node.value)} characters; integers in a job spec have at most 19 digits",
+            node.start_mark,
+        )
     return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
 
 
@@ -141,8 +157,9 @@ def _bounded_yaml(text: str, base_depth: int = 0) -> tuple[yaml.Node | None, Any
         loader.dispose()
 
 
-def _line_index(node: yaml.Node, path: tuple = (), duplicates: list[str] | None = None,
-                out: dict[tuple, int] | None = None) -> dict[tuple, int]:
+def _line_index(
+    node: yaml.Node, path: tuple = (), duplicates: list[str] | None = None, out: dict[tuple, int] | None = None
+) -> dict[tuple, int]:
     """Map every YAML path to its 1-based line so errors can point at it (and note duplicate keys).
 
     One shared ``out`` dict (not a merge per level): linear in the (bounded) expanded size.
@@ -155,9 +172,11 @@ def _line_index(node: yaml.Node, path: tuple = (), duplicates: list[str] | None 
             key = k.value if isinstance(k, yaml.ScalarNode) else f"<{k.tag}>"
             if key in seen and duplicates is not None:
                 dotted = ".".join(str(p) for p in (*path, key))
-                duplicates.append(f"{dotted}: duplicate key (lines {seen[key]} and {k.start_mark.line + 1}); "
-                                  "YAML would "
-                                  "silently keep the last one. Merge them into one")
+                duplicates.append(
+                    f"{dotted}: duplicate key (lines {seen[key]} and {k.start_mark.line + 1}); "
+                    "YAML would "
+                    "silently keep the last one. Merge them into one"
+                )
             seen[key] = k.start_mark.line + 1
             out[path + (key,)] = k.start_mark.line + 1
             _line_index(v, path + (key,), duplicates, out)
@@ -235,30 +254,46 @@ def _yaml_problem(e: Exception) -> str:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``--set a.b=value`` (value parsed as YAML, within the same bounds as a job file)."""
     if sum(len(o) for o in overrides) > MAX_SPEC_BYTES:
-        raise UsageError("--set", [f"the overrides are longer than {MAX_SPEC_BYTES} characters together; put large "
-                                  "values in the job file or in files the task reads"])
+        raise UsageError(
+            "--set",
+            [
+                f"the overrides are longer than {MAX_SPEC_BYTES} characters together; put large "
+                "values in the job file or in files the task reads"
+            ],
+        )
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError("--set", [f"{_short_repr(item)}: write overrides as a.b=value"])
         parts = key.split(".")
         if len(parts) >= MAX_YAML_DEPTH:
-            raise UsageError("--set", [f"{_short_repr(key)}: nested deeper than {MAX_YAML_DEPTH} levels; a job spec "
-                                      "needs a handful"])
+            raise UsageError(
+                "--set", [f"{_short_repr(key)}: nested deeper than {MAX_YAML_DEPTH} levels; a job spec needs a handful"]
+            )
         node = raw
         for p in parts[:-1]:
             nxt = node.get(p)
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
-                raise UsageError("--set", [f"{key}: {p} is not a mapping, cannot set a key inside it (set the whole "
-                                          f"value instead, e.g. --set '{p}=[...]')"])
+                raise UsageError(
+                    "--set",
+                    [
+                        f"{key}: {p} is not a mapping, cannot set a key inside it (set the whole "
+                        f"value instead, e.g. --set '{p}=[...]')"
+                    ],
+                )
             node = nxt
         try:
             node[parts[-1]] = _bounded_yaml(value, base_depth=len(parts))[1]
         except (yaml.YAMLError, ValueError) as e:
-            raise UsageError("--set", [f"{_short_repr(key)}={_short_repr(value, 60)}: {_yaml_problem(e)}; quote "
-                                      "strings and close brackets, e.g. --set 'faults=[]'"]) from None
+            raise UsageError(
+                "--set",
+                [
+                    f"{_short_repr(key)}={_short_repr(value, 60)}: {_yaml_problem(e)}; quote "
+                    "strings and close brackets, e.g. --set 'faults=[]'"
+                ],
+            ) from None
     return raw
 
 
@@ -276,8 +311,13 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
         raise SpecError(source, [f"cannot read the job file: {e.strerror or e}; check the path"]) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SpecError(source, ["cannot read the job file: not a regular file (a directory, a FIFO or a device); "
-                                     "check the path: it must name the job spec YAML file"])
+            raise SpecError(
+                source,
+                [
+                    "cannot read the job file: not a regular file (a directory, a FIFO or a device); "
+                    "check the path: it must name the job spec YAML file"
+                ],
+            )
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
@@ -285,8 +325,13 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
     finally:
         os.close(fd)
     if len(data) > MAX_SPEC_BYTES:
-        raise SpecError(source, [f"the job file is larger than {MAX_SPEC_BYTES} bytes (a job spec is a few hundred): "
-                                 "check the path, and let the task read large data from its own files"])
+        raise SpecError(
+            source,
+            [
+                f"the job file is larger than {MAX_SPEC_BYTES} bytes (a job spec is a few hundred): "
+                "check the path, and let the task read large data from its own files"
+            ],
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -301,8 +346,13 @@ def load_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) 
 def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
     """Parse (within the size, depth and alias bounds), override and validate a job spec."""
     if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(source, [f"the job spec is larger than {MAX_SPEC_BYTES} characters (a job spec is a few "
-                                 "hundred); let the task read large data from its own files"])
+        raise SpecError(
+            source,
+            [
+                f"the job spec is larger than {MAX_SPEC_BYTES} characters (a job spec is a few "
+                "hundred); let the task read large data from its own files"
+            ],
+        )
     try:
         node, raw = _bounded_yaml(text)
     except (yaml.YAMLError, ValueError) as e:
@@ -325,15 +375,22 @@ def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
     s = spec.storage
     scheme, sep, rest = s.partition("://")
     if sep and not rest.strip("/"):
-        raise SpecError("storage", [f"storage {s!r} names no location; write an absolute path (/data/runs), "
-                                    "file:///data/runs, or an object-store URL such as s3://bucket/prefix"])
+        raise SpecError(
+            "storage",
+            [
+                f"storage {s!r} names no location; write an absolute path (/data/runs), "
+                "file:///data/runs, or an object-store URL such as s3://bucket/prefix"
+            ],
+        )
     if "://" not in s and not os.path.isabs(os.path.expanduser(s)) and "runtime_resources" in os.getcwd():
-        raise SpecError("storage", [
-            f"storage {s!r} is relative, and this driver runs in a Ray job's temporary working directory "
-            f"({os.getcwd()}): states would vanish with the job. Set storage to an absolute path every node "
-            "shares or an object-store URL (s3://...), e.g. --set storage=s3://bucket/syncpoint"])
+        raise SpecError(
+            "storage",
+            [
+                f"storage {s!r} is relative, and this driver runs in a Ray job's temporary working directory "
+                f"({os.getcwd()}): states would vanish with the job. Set storage to an absolute path every node "
+                "shares or an object-store URL (s3://...), e.g. --set storage=s3://bucket/syncpoint"
+            ],
+        )
     if "://" not in s:
         s = "file://" + os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(s)))
     return spec.model_copy(update={"storage": s.rstrip("/")})
-
-

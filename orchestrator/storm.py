@@ -129,9 +129,13 @@ class Interruption:
         return 2 if self.kind == CRASH_THEN_NODE else 1
 
     def describe(self) -> str:
-        replaced = ("no replacement" if self.replacement_delay_s is None else
-                    "a replacement joins first" if self.replacement_delay_s == 0 else
-                    f"replaced after {self.replacement_delay_s:.1f} s")
+        replaced = (
+            "no replacement"
+            if self.replacement_delay_s is None
+            else "a replacement joins first"
+            if self.replacement_delay_s == 0
+            else f"replaced after {self.replacement_delay_s:.1f} s"
+        )
         if self.kind == CRASH:
             return f"rank {self.rank} killed (os._exit)"
         if self.kind == SIGTERM:
@@ -144,8 +148,10 @@ class Interruption:
             return f"the node of rank {self.rank} is lost; {replaced} (elastic: fewer workers from here)"
         if self.kind == TWO_NODES:
             return f"the nodes of ranks {self.rank} and {self.other_rank} are lost at once; {replaced}"
-        return (f"rank {self.rank} killed, then its node is lost as soon as the next attempt has started "
-                f"(at the latest at {self.point + 1}); {replaced}")
+        return (
+            f"rank {self.rank} killed, then its node is lost as soon as the next attempt has started "
+            f"(at the latest at {self.point + 1}); {replaced}"
+        )
 
 
 @dataclass
@@ -163,9 +169,11 @@ class StormPlan:
         return sum(i.kind in kinds for i in self.interruptions)
 
     def table(self) -> str:
-        lines = [f"storm plan: {len(self.interruptions)} interruptions, seed {self.seed} (replay with --seed "
-                 f"{self.seed}); the reference ran {self.trajectory.total} micro-steps on {self.world} worker(s)",
-                 "   #  kind        at micro-step  what"]
+        lines = [
+            f"storm plan: {len(self.interruptions)} interruptions, seed {self.seed} (replay with --seed "
+            f"{self.seed}); the reference ran {self.trajectory.total} micro-steps on {self.world} worker(s)",
+            "   #  kind        at micro-step  what",
+        ]
         lines += [f"{i.index:>4}  {i.kind:<10}  {i.point:>13}  {i.describe()}" for i in self.interruptions]
         return "\n".join(lines)
 
@@ -202,15 +210,18 @@ def plan_storm(spec: JobSpec, n: int, seed: int, trajectory: Trajectory) -> Stor
 
 
 def _too_short(spec: JobSpec, n: int, t: Trajectory, cycle: int) -> str:
-    return (f"--storm {n}: the job is too short for {n} interruptions: its reference run has {t.total} micro-steps, "
-            f"and each interruption needs its point plus the rest of its accumulation cycle (up to {cycle} "
-            f"micro-steps here; a SIGTERM notice and a crash in a save also the way to their boundary or save) before "
-            f"the next can strike, so that each costs a restart of its own; ask for fewer interruptions (--storm), "
-            f"or lengthen the job for the drill (e.g. --set train.epochs=N or more task samples)")
+    return (
+        f"--storm {n}: the job is too short for {n} interruptions: its reference run has {t.total} micro-steps, "
+        f"and each interruption needs its point plus the rest of its accumulation cycle (up to {cycle} "
+        f"micro-steps here; a SIGTERM notice and a crash in a save also the way to their boundary or save) before "
+        f"the next can strike, so that each costs a restart of its own; ask for fewer interruptions (--storm), "
+        f"or lengthen the job for the drill (e.g. --set train.epochs=N or more task samples)"
+    )
 
 
-def _place(spec: JobSpec, kinds: list[str], rng: random.Random, t: Trajectory, world: int,
-           cycle: int) -> list[Interruption] | None:
+def _place(
+    spec: JobSpec, kinds: list[str], rng: random.Random, t: Trajectory, world: int, cycle: int
+) -> list[Interruption] | None:
     """Points for ``kinds`` in order, spread over the run; None when this draw does not fit."""
     extra = 3 * cycle if spec.checkpoint.async_save else 0  # an async save commits some boundaries later
     cursor, out = 1, []
@@ -236,8 +247,13 @@ def _place(spec: JobSpec, kinds: list[str], rng: random.Random, t: Trajectory, w
         elif kind == TWO_NODES:
             entry.other_rank = rng.choice([r for r in range(world) if r != rank])
         if kind in NODE_KINDS:
-            entry.replacement_delay_s = (None if kind == NODE_GONE else 0.0 if spec.scaling.elastic
-                                         else round(rng.uniform(*REPLACEMENT_DELAY_S), 1))
+            entry.replacement_delay_s = (
+                None
+                if kind == NODE_GONE
+                else 0.0
+                if spec.scaling.elastic
+                else round(rng.uniform(*REPLACEMENT_DELAY_S), 1)
+            )
         if entry.end >= t.total:
             return None
         out.append(entry)
@@ -253,8 +269,11 @@ def storm_variant(spec: JobSpec, plan: StormPlan) -> JobSpec:
     run = _variant(spec, "drill", plan.faults, crashes)
     preemptions = plan.count(SIGTERM, *NODE_KINDS)
     if run.failure.max_preemptions != -1:
-        run = run.model_copy(update={"failure": run.failure.model_copy(
-            update={"max_preemptions": run.failure.max_preemptions + preemptions})})
+        run = run.model_copy(
+            update={
+                "failure": run.failure.model_copy(update={"max_preemptions": run.failure.max_preemptions + preemptions})
+            }
+        )
     return run
 
 
@@ -312,8 +331,9 @@ class Controller:
 
     POLL_S = 0.25
 
-    def __init__(self, cluster: Cluster, nodes: list[ClusterNode], cpus: int, run: JobSpec, plan: StormPlan,
-                 budget_s: float) -> None:
+    def __init__(
+        self, cluster: Cluster, nodes: list[ClusterNode], cpus: int, run: JobSpec, plan: StormPlan, budget_s: float
+    ) -> None:
         from syncpoint.workers.events import EventLog
         from syncpoint.workers.storage import RunStorage
 
@@ -350,9 +370,11 @@ class Controller:
         # The run's own restarts are bounded by Ray Train's budgets; the wait for it by ours.
         thread.join(timeout=max(1.0, self.deadline - time.monotonic()))
         if thread.is_alive():
-            self.problems.append(f"the interrupted run did not finish within the storm's bound ({self.budget_s:.0f} "
-                                 "s: 120 s + 3 x the reference's wall time + 240 s per interruption); the cluster is "
-                                 "shut down to end it")
+            self.problems.append(
+                f"the interrupted run did not finish within the storm's bound ({self.budget_s:.0f} "
+                "s: 120 s + 3 x the reference's wall time + 240 s per interruption); the cluster is "
+                "shut down to end it"
+            )
             return 1, self.problems
         return self.result.get("rc", 1), self.problems
 
@@ -360,8 +382,9 @@ class Controller:
         """Between polls: due replacements join; False (with a message) once the storm's bound is hit."""
         self._add_due()
         if time.monotonic() > self.deadline:
-            self.problems.append(f"the storm's bound ({self.budget_s:g} s) was hit while waiting for the "
-                                 "interrupted run; stopping")
+            self.problems.append(
+                f"the storm's bound ({self.budget_s:g} s) was hit while waiting for the interrupted run; stopping"
+            )
             return False
         return True
 
@@ -387,23 +410,33 @@ class Controller:
     def _strike(self, entry: Interruption, thread: threading.Thread) -> bool:
         if entry.kind == CRASH_THEN_NODE:
             crash = entry.faults[0].fault_id
-            fired = self._wait(f"interruption {entry.index}'s crash at micro-step {entry.point}", thread,
-                               lambda j: _fired(j, crash))
+            fired = self._wait(
+                f"interruption {entry.index}'s crash at micro-step {entry.point}", thread, lambda j: _fired(j, crash)
+            )
             if fired is None:
                 return False
             crashed_in = fired.attempt
-            started = self._wait(f"the attempt after interruption {entry.index}'s crash", thread,
-                                 lambda j: next((a for a in j.attempts if a.attempt > crashed_in), None))
+            started = self._wait(
+                f"the attempt after interruption {entry.index}'s crash",
+                thread,
+                lambda j: next((a for a in j.attempts if a.attempt > crashed_in), None),
+            )
             if started is None:
                 return False
             # the hold stops this attempt one step after the crash point; the next attempt must not hold
-            self.storage.write_json({"fault": entry.hold.fault_id, "where": "done by the storm drill",
-                                     "time": time.time()}, "faults", entry.hold.fault_id + ".fired")
+            self.storage.write_json(
+                {"fault": entry.hold.fault_id, "where": "done by the storm drill", "time": time.time()},
+                "faults",
+                entry.hold.fault_id + ".fired",
+            )
             attempt: AttemptStarted | None = started
         else:
             hold = entry.hold.fault_id
-            fired = self._wait(f"interruption {entry.index} ({entry.kind}) at micro-step {entry.point}", thread,
-                               lambda j: _fired(j, hold))
+            fired = self._wait(
+                f"interruption {entry.index} ({entry.kind}) at micro-step {entry.point}",
+                thread,
+                lambda j: _fired(j, hold),
+            )
             if fired is None:
                 return False
             attempt = next((a for a in self.log.journal().attempts if a.attempt == fired.attempt), None)
@@ -413,8 +446,10 @@ class Controller:
         ranks = [entry.rank] + ([entry.other_rank] if entry.other_rank is not None else [])
         victims = [n for r in ranks for n in self.nodes if r < len(attempt.nodes) and n.node_id == attempt.nodes[r]]
         if len(victims) != len(ranks):
-            self.problems.append(f"interruption {entry.index}: the node of rank(s) {ranks} in attempt "
-                                 f"{attempt.attempt} is not one the drill started")
+            self.problems.append(
+                f"interruption {entry.index}: the node of rank(s) {ranks} in attempt "
+                f"{attempt.attempt} is not one the drill started"
+            )
             return False
         if entry.replacement_delay_s == 0:  # elastic: capacity first, so the restart keeps its world size
             for _ in victims:
@@ -435,8 +470,9 @@ def _fired(journal: Journal, fault_id: str) -> FaultFired | None:
 # ------------------------------------------------------------------ the report
 
 
-def storm_report(ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_run: int, problems: list[str],
-                 removals: list[Removal]) -> DrillReport:
+def storm_report(
+    ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_run: int, problems: list[str], removals: list[Removal]
+) -> DrillReport:
     from syncpoint.orchestrator.drill import DrillReport, judge
     from syncpoint.orchestrator.timeline import restarts
     from syncpoint.workers.events import EventLog
@@ -452,9 +488,12 @@ def storm_report(ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_ru
     ref_wall, run_wall = _wall(ref_journal), _wall(journal)
     lost = sum(r.lost_seconds for r in restarts(journal))
     # the run's own goodput (syncpoint.policies.goodput, itemised) is one of judge()'s lines below
-    lines.append(f"wall time: reference {ref_wall:.1f} s, interrupted run {run_wall:.1f} s "
-                 f"({ref_wall / run_wall:.0%}); {lost:.1f} s of computed work lost" if run_wall > 0 else
-                 "wall time: unknown (the interrupted run did not finish)")
+    lines.append(
+        f"wall time: reference {ref_wall:.1f} s, interrupted run {run_wall:.1f} s "
+        f"({ref_wall / run_wall:.0%}); {lost:.1f} s of computed work lost"
+        if run_wall > 0
+        else "wall time: unknown (the interrupted run did not finish)"
+    )
     judged, verdict_lines, verdict = judge(ref, run, ref_journal, journal)
     lines += verdict_lines
     ok = ok and judged
@@ -469,8 +508,10 @@ def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tup
 
     starts = journal.attempts
     by_prev = {prev.attempt: r for prev, r in zip(starts, restarts(journal), strict=False)}
-    lines = ["interruption  kind        requested  struck at       attempt  classified   resumed from  "
-             "lost micro-steps  lost seconds"]
+    lines = [
+        "interruption  kind        requested  struck at       attempt  classified   resumed from  "
+        "lost micro-steps  lost seconds"
+    ]
     ok, explained = True, set()
     for entry in plan.interruptions:
         struck: list[tuple[int, str]] = []  # (attempt, where)
@@ -482,8 +523,9 @@ def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tup
                 struck.append((fired.attempt, ("save at " if f.phase else "step ") + (at.group(1) if at else "?")))
         for rm in (r for r in removals if r.interruption == entry.index):
             hold = _fired(journal, entry.hold.fault_id)
-            where = (f"step {hold.global_micro_step}" if hold is not None and hold.attempt == rm.attempt
-                     else "attempt start")
+            where = (
+                f"step {hold.global_micro_step}" if hold is not None and hold.attempt == rm.attempt else "attempt start"
+            )
             struck.append((rm.attempt, where))
         if len(struck) < entry.restarts_expected:
             ok = False
@@ -494,12 +536,16 @@ def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tup
             explained.add(attempt)
             if r is None:
                 ok = False
-                lines.append(f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
-                             "no restart followed")
+                lines.append(
+                    f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
+                    "no restart followed"
+                )
                 continue
-            lines.append(f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
-                         f"{r.cause:<11}  {r.resumed_from or 'scratch':<12}  {r.lost_micro_steps:>16}  "
-                         f"{r.lost_seconds:>12.2f}")
+            lines.append(
+                f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
+                f"{r.cause:<11}  {r.resumed_from or 'scratch':<12}  {r.lost_micro_steps:>16}  "
+                f"{r.lost_seconds:>12.2f}"
+            )
     unexplained = sorted(set(by_prev) - explained)
     for attempt in unexplained:
         r = by_prev[attempt]
@@ -507,4 +553,3 @@ def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tup
     total = sum(i.restarts_expected for i in plan.interruptions)
     lines.append(f"restarts: {len(by_prev)} (planned {total})")
     return lines, ok and not unexplained and len(by_prev) == total
-

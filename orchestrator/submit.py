@@ -64,11 +64,18 @@ def _token_in(path: str, what: str) -> str:
         with open(path, encoding="utf-8") as f:
             token = f.read(64 << 10).strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(what, [f"cannot read the Ray auth token file {path}: {type(e).__name__}"],
-                        "no Ray auth token") from None
+        raise SpecError(
+            what, [f"cannot read the Ray auth token file {path}: {type(e).__name__}"], "no Ray auth token"
+        ) from None
     if not token or any(c.isspace() for c in token):
-        raise SpecError(what, [f"the Ray auth token file {path} is empty or is not a single token "
-                               "(it must hold the cluster's token on one line)"], "no Ray auth token")
+        raise SpecError(
+            what,
+            [
+                f"the Ray auth token file {path} is empty or is not a single token "
+                "(it must hold the cluster's token on one line)"
+            ],
+            "no Ray auth token",
+        )
     return token
 
 
@@ -78,29 +85,40 @@ def auth_headers(address: str, token_file: str | None = None) -> dict[str, str]:
     if token is None:
         return {}
     if address.startswith("http://") and not _is_local(address):
-        print("syncpoint: sending the Ray auth token over plain http to a remote address; reach the dashboard "
-              "through a tunnel (kubectl port-forward, ssh -L) or https", file=sys.stderr)
+        print(
+            "syncpoint: sending the Ray auth token over plain http to a remote address; reach the dashboard "
+            "through a tunnel (kubectl port-forward, ssh -L) or https",
+            file=sys.stderr,
+        )
     return {"Authorization": f"Bearer {token}"}
 
 
 def _is_local(address: str) -> bool:
     from urllib.parse import urlsplit
+
     host = urlsplit(address).hostname or ""
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def _connect(client_cls: Callable[..., JobSubmissionClient], address: str,
-             headers: dict[str, str]) -> JobSubmissionClient:
+def _connect(
+    client_cls: Callable[..., JobSubmissionClient], address: str, headers: dict[str, str]
+) -> JobSubmissionClient:
     """The Job API client; a refused or missing token is one paragraph (exit 2), never a traceback."""
     from ray.exceptions import AuthenticationError
+
     try:
         return client_cls(address, headers=headers or None)
     except AuthenticationError as e:
         sent = "the configured token was rejected" if headers else "no token was sent"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SpecError(address, [f"the Ray cluster requires token authentication and {sent} ({first}); "
-                                  f"give the cluster's token via {TOKEN_SOURCES}"],
-                        "Ray Job API refused the request") from None
+        raise SpecError(
+            address,
+            [
+                f"the Ray cluster requires token authentication and {sent} ({first}); "
+                f"give the cluster's token via {TOKEN_SOURCES}"
+            ],
+            "Ray Job API refused the request",
+        ) from None
 
 
 def refuse_url_credentials(spec: JobSpec) -> None:
@@ -113,17 +131,30 @@ def refuse_url_credentials(spec: JobSpec) -> None:
     """
     fields = url_secret_paths(spec.model_dump(mode="json"))
     if fields:
-        raise SpecError("submit", [
-            f"{', '.join(fields[:5])}: the URL carries credentials (user:password@ or a token parameter). A submitted "
-            "job's entrypoint, runtime_env and job file are readable through the Ray Job API, so syncpoint does not "
-            "send them. Remove them from the URL and give them to the cluster's pods as environment variables the "
-            "storage backend reads (s3fs: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or FSSPEC_S3_KEY and "
-            "FSSPEC_S3_SECRET; gcsfs: GOOGLE_APPLICATION_CREDENTIALS), e.g. from a Kubernetes Secret"],
-            "credentials in the job spec")
+        raise SpecError(
+            "submit",
+            [
+                f"{', '.join(fields[:5])}: the URL carries credentials (user:password@ or a token parameter). A "
+                "submitted "
+                "job's entrypoint, runtime_env and job file are readable through the Ray Job API, so syncpoint does "
+                "not "
+                "send them. Remove them from the URL and give them to the cluster's pods as environment variables the "
+                "storage backend reads (s3fs: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or FSSPEC_S3_KEY and "
+                "FSSPEC_S3_SECRET; gcsfs: GOOGLE_APPLICATION_CREDENTIALS), e.g. from a Kubernetes Secret"
+            ],
+            "credentials in the job spec",
+        )
 
 
-def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, working_dir: str = ".",
-           follow: bool = True, token_file: str | None = None) -> int:
+def submit(
+    spec: JobSpec,
+    job_file: str,
+    overrides: list[str],
+    address: str,
+    working_dir: str = ".",
+    follow: bool = True,
+    token_file: str | None = None,
+) -> int:
     refuse_url_credentials(spec)
     # the token is read before anything else and only ever travels in the Authorization header
     headers = auth_headers(address, token_file)
@@ -132,12 +163,20 @@ def submit(spec: JobSpec, job_file: str, overrides: list[str], address: str, wor
     wd = os.path.abspath(working_dir)
     rel = os.path.relpath(os.path.abspath(job_file), wd)
     if rel.startswith(".."):
-        raise SpecError(job_file, [f"the job file must live inside the working directory {wd} (it is shipped "
-                                   "with it); move it there or pass --working-dir"])
+        raise SpecError(
+            job_file,
+            [
+                f"the job file must live inside the working directory {wd} (it is shipped "
+                "with it); move it there or pass --working-dir"
+            ],
+        )
     if spec.storage.startswith("file://"):
-        print(f"syncpoint: storage {redact_url(spec.storage)} is a local path: "
-              "every Ray node (and a re-submitted job) must "
-              "see the same path; use s3:// or gs:// for a real cluster", file=sys.stderr)
+        print(
+            f"syncpoint: storage {redact_url(spec.storage)} is a local path: "
+            "every Ray node (and a re-submitted job) must "
+            "see the same path; use s3:// or gs:// for a real cluster",
+            file=sys.stderr,
+        )
     # storage is resolved here, on the submitting side: the job's driver runs in a temporary copy of
     # the working directory, where a relative path would vanish with the job
     overrides = [*overrides, f"storage={spec.storage}"]
@@ -183,15 +222,25 @@ def submit_job(client: Any, address: str, *, wait_s: float | None = None, poll_s
             if NO_AGENT not in str(e):
                 raise
             if time.monotonic() >= deadline:
-                raise SpecError(redact_url(address), [
-                    f"the cluster's job agent did not come up within {bound:g} s ({AGENT_WAIT_ENV}): its Job API "
-                    f"still answers {NO_AGENT!r}, so nothing was submitted. A head started a moment ago needs a few "
-                    "seconds more; on a loaded head, raise the bound. `ray status` shows whether the head runs, and "
-                    "the head's dashboard_agent.log why its agent does not"],
-                    "the cluster cannot take jobs yet") from None
+                raise SpecError(
+                    redact_url(address),
+                    [
+                        f"the cluster's job agent did not come up within {bound:g} s ({AGENT_WAIT_ENV}): its Job API "
+                        f"still answers {NO_AGENT!r}, so nothing was submitted. A head started a moment ago needs a "
+                        "few "
+                        "seconds more; on a loaded head, raise the bound. `ray status` shows whether the head runs, "
+                        "and "
+                        "the head's dashboard_agent.log why its agent does not"
+                    ],
+                    "the cluster cannot take jobs yet",
+                ) from None
             if not said:
-                print(f"syncpoint: {redact_url(address)}: the cluster's job agent is not up yet (a head that has just "
-                      f"started); waiting for it, at most {bound:g} s ({AGENT_WAIT_ENV})", file=sys.stderr, flush=True)
+                print(
+                    f"syncpoint: {redact_url(address)}: the cluster's job agent is not up yet (a head that has just "
+                    f"started); waiting for it, at most {bound:g} s ({AGENT_WAIT_ENV})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 said = True
             time.sleep(poll_s)
 
@@ -205,8 +254,19 @@ def submit_job(client: Any, address: str, *, wait_s: float | None = None, poll_s
 # the spec's import paths (task.path, ...) can be found there, next to the shipped working dir.
 
 PROBE_MARK = "SYNCPOINT-PROBE "
-PROBE_MODULES = ("ray", "torch", "deepspeed", "fsspec", "pydantic", "yaml", "numpy", "safetensors", "xxhash", "rich",
-                 "tensorboard")
+PROBE_MODULES = (
+    "ray",
+    "torch",
+    "deepspeed",
+    "fsspec",
+    "pydantic",
+    "yaml",
+    "numpy",
+    "safetensors",
+    "xxhash",
+    "rich",
+    "tensorboard",
+)
 PROBE = """\
 import importlib.metadata as m, importlib.util as u, json, os, sys
 r = {"python": sys.executable, "version": sys.version.split()[0], "error": None, "imports": []}
@@ -238,9 +298,14 @@ def preflight_timeout_s() -> float:
     return float(os.environ.get("SYNCPOINT_PREFLIGHT_TIMEOUT_S", "180"))
 
 
-def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, Any],
-              paths: Sequence[tuple[str, str]] = (), source: str = "submit",
-              timeout_s: float | None = None) -> dict[str, Any]:
+def preflight(
+    client: JobSubmissionClient,
+    address: str,
+    runtime_env: dict[str, Any],
+    paths: Sequence[tuple[str, str]] = (),
+    source: str = "submit",
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
     """Run the probe job and wait for it (bounded); refuse (SpecError, exit 2) unless the cluster's
     ``python`` imports syncpoint at this machine's version and finds the modules of ``paths``.
     Returns the probe's report."""
@@ -254,12 +319,19 @@ def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, 
         ours = None
     timeout_s = preflight_timeout_s() if timeout_s is None else timeout_s
     where = redact_url(address)
-    install = (f"install syncpoint{' ' + ours if ours else ''} into that Python on the head (`PYTHON -m pip install "
-               "/path/to/syncpoint`, or use the image built from k8s/Dockerfile), or restart the head from syncpoint's "
-               "environment so that its `python` comes first on PATH (`source .venv/bin/activate && ray start --head "
-               "...`; `ray start` alone from another shell picks up that shell's `python`)")
-    probe_id = submit_job(client, address, entrypoint="python -c " + shlex.quote(probe_script(list(paths))),
-                          runtime_env=runtime_env, metadata={"syncpoint": "preflight"})
+    install = (
+        f"install syncpoint{' ' + ours if ours else ''} into that Python on the head (`PYTHON -m pip install "
+        "/path/to/syncpoint`, or use the image built from k8s/Dockerfile), or restart the head from syncpoint's "
+        "environment so that its `python` comes first on PATH (`source .venv/bin/activate && ray start --head "
+        "...`; `ray start` alone from another shell picks up that shell's `python`)"
+    )
+    probe_id = submit_job(
+        client,
+        address,
+        entrypoint="python -c " + shlex.quote(probe_script(list(paths))),
+        runtime_env=runtime_env,
+        metadata={"syncpoint": "preflight"},
+    )
     deadline = time.monotonic() + timeout_s
     while (status := str(client.get_job_status(probe_id)).rsplit(".", 1)[-1]) not in TERMINAL:
         if time.monotonic() > deadline:
@@ -267,22 +339,33 @@ def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, 
             # AuthenticationError for a rejected token, and requests' errors (OSError) for an unreachable cluster
             with contextlib.suppress(RuntimeError, AuthenticationError, OSError):
                 client.stop_job(probe_id)
-            raise SpecError(where, [
-                f"the preflight job {probe_id} (which checks that the cluster's Python can import syncpoint) did not "
-                f"finish within {timeout_s:g} s (status {status}), so nothing was submitted. Look at "
-                f"`ray job logs {probe_id} --address {where}`: the cluster may have no room to start a job, or its "
-                "runtime env (the working-dir upload) may be stuck; set SYNCPOINT_PREFLIGHT_TIMEOUT_S to wait longer"],
-                "the cluster cannot run syncpoint")
+            raise SpecError(
+                where,
+                [
+                    f"the preflight job {probe_id} (which checks that the cluster's Python can import syncpoint) did "
+                    "not "
+                    f"finish within {timeout_s:g} s (status {status}), so nothing was submitted. Look at "
+                    f"`ray job logs {probe_id} --address {where}`: the cluster may have no room to start a job, or its "
+                    "runtime env (the working-dir upload) may be stuck; set SYNCPOINT_PREFLIGHT_TIMEOUT_S to wait "
+                    "longer"
+                ],
+                "the cluster cannot run syncpoint",
+            )
         time.sleep(0.5)
     logs = client.get_job_logs(probe_id) or ""  # the probe stays in the job list (metadata syncpoint=preflight)
     line = next((ln for ln in reversed(logs.splitlines()) if ln.startswith(PROBE_MARK)), None)
     if line is None:
         tail = " | ".join(ln.strip() for ln in logs.strip().splitlines()[-3:]) or "no output"
-        raise SpecError(where, [
-            f"the cluster could not run `python` for the preflight job {probe_id} ({status}: {tail}), so nothing was "
-            f"submitted. Job entrypoints run with the `python` on the PATH the head was started with: {install}"],
-            "the cluster cannot run syncpoint")
-    report = json.loads(line[len(PROBE_MARK):])
+        raise SpecError(
+            where,
+            [
+                f"the cluster could not run `python` for the preflight job {probe_id} ({status}: {tail}), so nothing "
+                "was "
+                f"submitted. Job entrypoints run with the `python` on the PATH the head was started with: {install}"
+            ],
+            "the cluster cannot run syncpoint",
+        )
+    report = json.loads(line[len(PROBE_MARK) :])
     py = f"{report['python']} (Python {report['version']})"
     problems = []
     if report["syncpoint"] is None:
@@ -294,14 +377,23 @@ def preflight(client: JobSubmissionClient, address: str, runtime_env: dict[str, 
     elif report["error"]:
         problems.append(f"importing syncpoint fails there: {report['error']}")
     if problems:
-        raise SpecError(where, [
-            f"the Python that runs this cluster's jobs, {py} on the head, cannot run syncpoint: {'; '.join(problems)}. "
-            "Nothing was submitted. The job's `python` is the first on the PATH that `ray start --head` was run with: "
-            f"{install}"], "the cluster cannot run syncpoint")
+        raise SpecError(
+            where,
+            [
+                f"the Python that runs this cluster's jobs, {py} on the head, cannot run syncpoint: "
+                f"{'; '.join(problems)}. "
+                "Nothing was submitted. The job's `python` is the first on the PATH that `ray start --head` was run "
+                "with: "
+                f"{install}"
+            ],
+            "the cluster cannot run syncpoint",
+        )
     if report["imports"]:
         raise SpecError(source, [f"on the cluster, {p}" for p in report["imports"]])
-    print(f"syncpoint: preflight ok: the cluster runs jobs with {report['python']} (syncpoint {report['syncpoint']})",
-          flush=True)
+    print(
+        f"syncpoint: preflight ok: the cluster runs jobs with {report['python']} (syncpoint {report['syncpoint']})",
+        flush=True,
+    )
     return report
 
 

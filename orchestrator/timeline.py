@@ -59,11 +59,16 @@ def _restart(journal: Journal, prev: AttemptStarted, cur: AttemptStarted) -> Res
     since = max(commit.time - commit.seconds, prev.time) if commit else prev.time
     failure = journal.failure_between(prev.time, cur.time)
     return Restart(
-        attempt=cur.attempt, resumed_from=cur.resumed_from, resumed_micro_step=cur.global_micro_step,
-        previous_max_micro_step=max_step, lost_micro_steps=max(0, max_step - cur.global_micro_step),
+        attempt=cur.attempt,
+        resumed_from=cur.resumed_from,
+        resumed_micro_step=cur.global_micro_step,
+        previous_max_micro_step=max_step,
+        lost_micro_steps=max(0, max_step - cur.global_micro_step),
         lost_seconds=max(0.0, last_time - since) if max_step > cur.global_micro_step else 0.0,
-        cause=failure.classified if failure else "restart", reason=failure.reason if failure else "",
-        measured=measured)
+        cause=failure.classified if failure else "restart",
+        reason=failure.reason if failure else "",
+        measured=measured,
+    )
 
 
 def format_timeline(journal: Journal) -> str:
@@ -76,8 +81,10 @@ def format_timeline(journal: Journal) -> str:
         lines.append("")
         lines.append("restart  cause        resumed from   lost micro-steps  lost seconds  interruption point")
         for r in rs:
-            lines.append(f"{r.attempt:>7}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  {r.lost_micro_steps:>16}  "
-                         f"{r.lost_seconds:>12.2f}  {'measured' if r.measured else 'from progress'}")
+            lines.append(
+                f"{r.attempt:>7}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  {r.lost_micro_steps:>16}  "
+                f"{r.lost_seconds:>12.2f}  {'measured' if r.measured else 'from progress'}"
+            )
     g = goodput(journal)
     if g is not None:
         lines.append("")
@@ -87,16 +94,23 @@ def format_timeline(journal: Journal) -> str:
 
 def format_goodput(g: Goodput) -> str:
     """The goodput block: the ratio, then every loss with its share of the wall time, then each restart."""
+
     def share(x: float) -> str:
         return f"{100 * x / g.total_s:5.1f}%" if g.total_s > 0 else "    -"
 
     state = "" if g.finished else " (run not finished: so far)"
     lines = [f"goodput {100 * g.ratio:.1f}%: productive {g.productive_s:.2f} s of {g.total_s:.2f} s wall time{state}"]
-    lines += [f"  {name:<14} {seconds:9.2f} s  {share(seconds)}" for name, seconds in g.losses.items()
-              if seconds > 0 or name != "uncommitted"]
-    lines += [f"  after attempt {c.attempt}: {c.lost_micro_steps} micro-step{'s' if c.lost_micro_steps != 1 else ''} "
-              f"recomputed ({c.recomputed_s:.2f} s, {'measured' if c.measured else 'from flushed progress'}), "
-              f"restart gap {c.restart_gap_s:.2f} s, start-up {c.startup_s:.2f} s" for c in g.restarts]
+    lines += [
+        f"  {name:<14} {seconds:9.2f} s  {share(seconds)}"
+        for name, seconds in g.losses.items()
+        if seconds > 0 or name != "uncommitted"
+    ]
+    lines += [
+        f"  after attempt {c.attempt}: {c.lost_micro_steps} micro-step{'s' if c.lost_micro_steps != 1 else ''} "
+        f"recomputed ({c.recomputed_s:.2f} s, {'measured' if c.measured else 'from flushed progress'}), "
+        f"restart gap {c.restart_gap_s:.2f} s, start-up {c.startup_s:.2f} s"
+        for c in g.restarts
+    ]
     return "\n".join(lines)
 
 
@@ -106,28 +120,37 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
         case Submitted():
             what = f"{e.name} to {e.address}"
         case AttemptStarted():
-            what = (f"attempt {e.attempt} on {e.world_size} worker(s), "
-                    f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})")
+            what = (
+                f"attempt {e.attempt} on {e.world_size} worker(s), "
+                f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})"
+            )
         case ResumeDecision():
             rejected = [f"{c.state} {c.verdict}" for c in e.candidates if c.verdict != "resumable"]
-            what = f"chose {e.chosen or 'fresh start'}: {e.reason}" + (f"; rejected: {', '.join(rejected)}"
-                                                                       if rejected else "")
+            what = f"chose {e.chosen or 'fresh start'}: {e.reason}" + (
+                f"; rejected: {', '.join(rejected)}" if rejected else ""
+            )
         case StateCommitted():
-            what = (f"{e.state} (optimizer step {e.optimizer_step}, {e.bytes / 1e6:.2f} MB, {e.seconds:.3f}s, "
-                    f"loop blocked {e.blocked_seconds:.3f}s) [{', '.join(e.reasons)}]")
+            what = (
+                f"{e.state} (optimizer step {e.optimizer_step}, {e.bytes / 1e6:.2f} MB, {e.seconds:.3f}s, "
+                f"loop blocked {e.blocked_seconds:.3f}s) [{', '.join(e.reasons)}]"
+            )
         case PreemptionNotice():
             what = f"{e.source} at micro-step {e.global_micro_step}" + (
-                f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else "")
+                f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else ""
+            )
         case Failure():
             what = f"{e.classified} -> {e.decision}: {e.reason}" + (
-                " (the previous attempt's failure again, no state in between: not retried)" if e.repeated else "")
+                " (the previous attempt's failure again, no state in between: not retried)" if e.repeated else ""
+            )
         case Evaluated():
             shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
             what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"
         case Interrupted():
             ranks = ", ".join(f"rank {r.rank} {r.global_micro_step} at +{r.time - t0:.2f}s" for r in e.ranks)
-            what = (f"attempt {e.attempt} stopped at micro-step {e.global_micro_step} ({ranks}); "
-                    f"detected {e.detected_at - e.reached_at:.2f}s after the last heartbeat")
+            what = (
+                f"attempt {e.attempt} stopped at micro-step {e.global_micro_step} ({ranks}); "
+                f"detected {e.detected_at - e.reached_at:.2f}s after the last heartbeat"
+            )
         case FaultFired():
             what = f"rank {e.rank} {e.mode} at {e.where}"
         case Finished():
@@ -165,10 +188,15 @@ def summarize(journal: Journal) -> RunSummary | None:
     starts = upto.attempts
     # restarts() pairs consecutive attempts; a pair whose first attempt precedes `begin` is a new run
     rs = [r for prev, r in zip(starts, restarts(upto), strict=False) if begin is None or prev.time > begin]
-    return RunSummary(state=last.state, optimizer_step=last.optimizer_step, micro_step=last.global_micro_step,
-                      wall_seconds=max(0.0, last.time - first.time), restarts=len(rs),
-                      lost_micro_steps=sum(r.lost_micro_steps for r in rs),
-                      lost_seconds=sum(r.lost_seconds for r in rs))
+    return RunSummary(
+        state=last.state,
+        optimizer_step=last.optimizer_step,
+        micro_step=last.global_micro_step,
+        wall_seconds=max(0.0, last.time - first.time),
+        restarts=len(rs),
+        lost_micro_steps=sum(r.lost_micro_steps for r in rs),
+        lost_seconds=sum(r.lost_seconds for r in rs),
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -180,10 +208,21 @@ def _duration(seconds: float) -> str:
 
 def format_summary(name: str, s: RunSummary, model: str | None, plot: str | None) -> str:
     """One line: final state, optimizer steps, wall time, restarts and lost work, where the model and plot are."""
-    restarts_text = ("no restarts" if s.restarts == 0 else
-                     f"{s.restarts} restart{'s' if s.restarts != 1 else ''} (lost {s.lost_micro_steps} micro-step"
-                     f"{'s' if s.lost_micro_steps != 1 else ''}, {_duration(s.lost_seconds)})")
-    where = "; ".join(x for x in (f"model {model}" if model else "no final model (checkpoint.export_final: false)",
-                                  f"plot {plot}" if plot else None) if x)
-    return (f"syncpoint: job {name!r} finished: state {s.state or '(none)'}, {s.optimizer_step} optimizer steps "
-            f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}, {restarts_text}; {where}")
+    restarts_text = (
+        "no restarts"
+        if s.restarts == 0
+        else f"{s.restarts} restart{'s' if s.restarts != 1 else ''} (lost {s.lost_micro_steps} micro-step"
+        f"{'s' if s.lost_micro_steps != 1 else ''}, {_duration(s.lost_seconds)})"
+    )
+    where = "; ".join(
+        x
+        for x in (
+            f"model {model}" if model else "no final model (checkpoint.export_final: false)",
+            f"plot {plot}" if plot else None,
+        )
+        if x
+    )
+    return (
+        f"syncpoint: job {name!r} finished: state {s.state or '(none)'}, {s.optimizer_step} optimizer steps "
+        f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}, {restarts_text}; {where}"
+    )

@@ -48,8 +48,18 @@ from syncpoint.policies.state_format import (
 
 # TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.loop (syncpoint.policies.state_format
 # defines it)
-__all__ = ["TRAINER_SCHEMA_VERSION", "Candidate", "Expectation", "Verdict", "candidates_table", "classify",
-           "finite_metric", "identity_record", "job_identity", "newest_first"]
+__all__ = [
+    "TRAINER_SCHEMA_VERSION",
+    "Candidate",
+    "Expectation",
+    "Verdict",
+    "candidates_table",
+    "classify",
+    "finite_metric",
+    "identity_record",
+    "job_identity",
+    "newest_first",
+]
 
 
 class Verdict(StrEnum):
@@ -152,14 +162,23 @@ class Expectation:
     reset_optimizer: bool = False
 
     @classmethod
-    def from_spec(cls, spec: JobSpec, layout: Layout, *, model_fingerprint: str, num_samples: int | None,
-                  param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
-                  optimizer_type: str | None = None,
-                  model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
-                  parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None,
-                  task_generators: dict[str, str] | None = None, corpus: CorpusIdentity | None = None,
-                  sampler: str = SAMPLER_VERSION, window_shards: int | None = None,
-                  stream: dict[str, Any] | None = None) -> Expectation:
+    def from_spec(
+        cls,
+        spec: JobSpec,
+        layout: Layout,
+        *,
+        model_fingerprint: str,
+        num_samples: int | None,
+        param_groups: tuple[tuple[int, int, str | None], ...] | None = None,
+        optimizer_type: str | None = None,
+        model_buffers: tuple[tuple[str, tuple[int, ...], str], ...] | None = None,
+        parameter_dtypes: tuple[str, tuple[tuple[str, str], ...]] | None = None,
+        task_generators: dict[str, str] | None = None,
+        corpus: CorpusIdentity | None = None,
+        sampler: str = SAMPLER_VERSION,
+        window_shards: int | None = None,
+        stream: dict[str, Any] | None = None,
+    ) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
         task's model (fingerprint, buffers, dtypes), its dataset (its size and corpus, or for a
         stream ``stream``, what names it), the order a new run uses (``sampler``,
@@ -167,41 +186,71 @@ class Expectation:
         name when the task builds the optimizer, else the spec's type)."""
         t = spec.train
         return cls(
-            job_identity=job_identity(spec), world_size=layout.world_size, micro_batch_size=t.micro_batch_size,
-            grad_accum=layout.grad_accum, micro_batches_per_epoch=layout.micro_batches_per_epoch,
-            zero_stage=spec.deepspeed.zero_stage, model_fingerprint=model_fingerprint, seed=t.seed,
-            elastic=spec.scaling.elastic, global_batch=layout.global_batch, samples_per_epoch=layout.samples_per_epoch,
-            num_samples=num_samples, precision=spec.deepspeed.precision,
-            optimizer_type=optimizer_type or t.optimizer.type, param_groups=param_groups,
-            model_buffers=model_buffers, parameter_dtypes=parameter_dtypes,
-            scheduler_type=t.scheduler.type, scheduler_phases=tuple(scheduler_phases(t.scheduler)),
-            reset_schedule=spec.resume.reset_schedule, reset_optimizer=spec.resume.reset_optimizer,
+            job_identity=job_identity(spec),
+            world_size=layout.world_size,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum=layout.grad_accum,
+            micro_batches_per_epoch=layout.micro_batches_per_epoch,
+            zero_stage=spec.deepspeed.zero_stage,
+            model_fingerprint=model_fingerprint,
+            seed=t.seed,
+            elastic=spec.scaling.elastic,
+            global_batch=layout.global_batch,
+            samples_per_epoch=layout.samples_per_epoch,
+            num_samples=num_samples,
+            precision=spec.deepspeed.precision,
+            optimizer_type=optimizer_type or t.optimizer.type,
+            param_groups=param_groups,
+            model_buffers=model_buffers,
+            parameter_dtypes=parameter_dtypes,
+            scheduler_type=t.scheduler.type,
+            scheduler_phases=tuple(scheduler_phases(t.scheduler)),
+            reset_schedule=spec.resume.reset_schedule,
+            reset_optimizer=spec.resume.reset_optimizer,
             task_generators=None if task_generators is None else tuple(sorted(task_generators.items())),
-            sampler=sampler if stream is None else STREAM_SAMPLER, window_shards=window_shards,
-            corpus=corpus.summary() if corpus else None, corpus_index=corpus, stream=stream)
+            sampler=sampler if stream is None else STREAM_SAMPLER,
+            window_shards=window_shards,
+            corpus=corpus.summary() if corpus else None,
+            corpus_index=corpus,
+            stream=stream,
+        )
 
     @classmethod
     def from_state(cls, state: TrainState) -> Expectation:
         """The expectation a state itself implies: the run that wrote it, as it was then."""
         scheduler, groups = state.scheduler, state.optimizer.param_groups
         return cls(
-            job_identity=state.job_identity, world_size=state.world_size, micro_batch_size=state.micro_batch_size,
-            grad_accum=state.grad_accum, micro_batches_per_epoch=state.micro_batches_per_epoch,
-            zero_stage=state.zero_stage, model_fingerprint=state.model_fingerprint, seed=state.seed,
-            elastic=bool(state.elastic), global_batch=state.data.global_batch,
-            samples_per_epoch=state.data.samples_per_epoch, num_samples=state.data.num_samples,
-            precision=state.precision, optimizer_type=state.optimizer.type,
+            job_identity=state.job_identity,
+            world_size=state.world_size,
+            micro_batch_size=state.micro_batch_size,
+            grad_accum=state.grad_accum,
+            micro_batches_per_epoch=state.micro_batches_per_epoch,
+            zero_stage=state.zero_stage,
+            model_fingerprint=state.model_fingerprint,
+            seed=state.seed,
+            elastic=bool(state.elastic),
+            global_batch=state.data.global_batch,
+            samples_per_epoch=state.data.samples_per_epoch,
+            num_samples=state.data.num_samples,
+            precision=state.precision,
+            optimizer_type=state.optimizer.type,
             param_groups=tuple((g.params, g.numel, g.names) for g in groups) if groups is not None else None,
-            model_buffers=None if state.model_buffers is None else tuple(
-                (b.name, tuple(b.shape), b.dtype) for b in state.model_buffers),
-            parameter_dtypes=None if state.parameter_dtypes is None else (
-                state.parameter_dtypes.common, tuple(state.parameter_dtypes.others.items())),
+            model_buffers=None
+            if state.model_buffers is None
+            else tuple((b.name, tuple(b.shape), b.dtype) for b in state.model_buffers),
+            parameter_dtypes=None
+            if state.parameter_dtypes is None
+            else (state.parameter_dtypes.common, tuple(state.parameter_dtypes.others.items())),
             scheduler_type=scheduler.type if scheduler else None,
-            scheduler_phases=tuple(scheduler.phases) if scheduler else None, sampler=state.data.sampler,
+            scheduler_phases=tuple(scheduler.phases) if scheduler else None,
+            sampler=state.data.sampler,
             stream=None if state.data.stream is None else state.data.stream.model_dump(),
             task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())),
-            window_shards=state.data.window_shards, corpus=None if state.data.corpus is None else CorpusSummary(
-                state.data.corpus.digest, state.data.corpus.shards, state.data.corpus.rows))
+            window_shards=state.data.window_shards,
+            corpus=None
+            if state.data.corpus is None
+            else CorpusSummary(state.data.corpus.digest, state.data.corpus.shards, state.data.corpus.rows),
+        )
 
 
 def identity_record(exp: Expectation) -> dict[str, Any]:
@@ -215,14 +264,20 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
         "zero_stage": exp.zero_stage,
         "precision": exp.precision,
         "model_fingerprint": exp.model_fingerprint,
-        "model_buffers": None if exp.model_buffers is None else
-        [{"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in exp.model_buffers],
-        "parameter_dtypes": None if exp.parameter_dtypes is None else
-        {"common": exp.parameter_dtypes[0], "others": dict(exp.parameter_dtypes[1])},
+        "model_buffers": None
+        if exp.model_buffers is None
+        else [{"name": n, "shape": list(shape), "dtype": dtype} for n, shape, dtype in exp.model_buffers],
+        "parameter_dtypes": None
+        if exp.parameter_dtypes is None
+        else {"common": exp.parameter_dtypes[0], "others": dict(exp.parameter_dtypes[1])},
         "seed": exp.seed,
         "elastic": exp.elastic,
-        "optimizer": {"type": exp.optimizer_type, "param_groups": None if exp.param_groups is None else
-                      [{"params": n, "numel": numel, "names": names} for n, numel, names in exp.param_groups]},
+        "optimizer": {
+            "type": exp.optimizer_type,
+            "param_groups": None
+            if exp.param_groups is None
+            else [{"params": n, "numel": numel, "names": names} for n, numel, names in exp.param_groups],
+        },
         "task_generators": None if exp.task_generators is None else dict(exp.task_generators),
     }
 
@@ -285,17 +340,24 @@ def _position_problem(c: Candidate, manifest: Manifest, s: TrainState) -> str | 
     d, per_micro = s.data, s.micro_batch_size * s.world_size
     in_epoch, epoch_samples, batch, seen = d.samples_in_epoch, d.samples_per_epoch, d.global_batch, d.global_samples
     if in_epoch != position * per_micro:
-        return (f"position inconsistent: {position} micro-batches of {per_micro} samples != {in_epoch} samples "
-                "into the epoch")
+        return (
+            f"position inconsistent: {position} micro-batches of {per_micro} samples != {in_epoch} samples "
+            "into the epoch"
+        )
     if epoch_samples != per_epoch * per_micro:
-        return (f"position inconsistent: {per_epoch} micro-batches of {per_micro} samples != {epoch_samples} "
-                "samples per epoch")
+        return (
+            f"position inconsistent: {per_epoch} micro-batches of {per_micro} samples != {epoch_samples} "
+            "samples per epoch"
+        )
     if batch != accum * per_micro:
         return f"position inconsistent: accumulation {accum} x {per_micro} samples != global batch {batch}"
     if seen != epoch * epoch_samples + in_epoch:
         return f"position inconsistent: epoch {epoch} x {epoch_samples} + {in_epoch} samples != {seen} samples seen"
-    steps = epoch * -(-epoch_samples // batch) + in_epoch // batch + (
-        1 if in_epoch == epoch_samples and epoch_samples % batch else 0)
+    steps = (
+        epoch * -(-epoch_samples // batch)
+        + in_epoch // batch
+        + (1 if in_epoch == epoch_samples and epoch_samples % batch else 0)
+    )
     if step != steps:
         return f"position inconsistent: {seen} samples at global batch {batch} are {steps} optimizer steps, not {step}"
     if _fixed_world_size(s) and epoch * per_epoch + position != micro_step:
@@ -316,8 +378,13 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
             return data
     checks: list[tuple[str, Any, Any, str, str]] = [
         ("job_identity", s.job_identity, exp.job_identity, "written by another job (name / task.path)", restore),
-        ("model_fingerprint", s.model_fingerprint, exp.model_fingerprint,
-         "model parameters (names/shapes) differ (task)", "Use resume.init_from to take compatible weights instead."),
+        (
+            "model_fingerprint",
+            s.model_fingerprint,
+            exp.model_fingerprint,
+            "model parameters (names/shapes) differ (task)",
+            "Use resume.init_from to take compatible weights instead.",
+        ),
         ("seed", s.seed, exp.seed, "sampler seed differs (train.seed): other samples per step", restore),
     ]
     if d.stream is not None or exp.stream is not None:  # which job, model and seed first, then which stream
@@ -328,65 +395,146 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
         if stream:
             return stream
     if exp.num_samples is not None and d.num_samples is not None:
-        checks.append(("data.num_samples", d.num_samples, exp.num_samples,
-                       "dataset size differs (the task's dataset): each epoch's permutation changes", restore))
+        checks.append(
+            (
+                "data.num_samples",
+                d.num_samples,
+                exp.num_samples,
+                "dataset size differs (the task's dataset): each epoch's permutation changes",
+                restore,
+            )
+        )
     resized = s.world_size != exp.world_size
     if exp.elastic and resized:
         if not s.elastic_optimizer:
-            return (f"saved on {s.world_size} worker(s) without world-size-independent optimizer state "
-                    f"(ZeRO {s.zero_stage} non-elastic); cannot load on {exp.world_size} (scaling.num_workers)")
+            return (
+                f"saved on {s.world_size} worker(s) without world-size-independent optimizer state "
+                f"(ZeRO {s.zero_stage} non-elastic); cannot load on {exp.world_size} (scaling.num_workers)"
+            )
         checks += [
-            ("data.global_batch", d.global_batch, exp.global_batch,
-             "global batch (samples per optimizer step) differs (train.micro_batch_size x max workers x "
-             "train.grad_accum)", restore),
-            ("data.samples_per_epoch", d.samples_per_epoch, exp.samples_per_epoch,
-             "samples per epoch differ (dataset size or the elastic range)", restore),
-            ("micro_batch_size", s.micro_batch_size, exp.micro_batch_size,
-             "micro-batch size differs (train.micro_batch_size)", restore),
+            (
+                "data.global_batch",
+                d.global_batch,
+                exp.global_batch,
+                "global batch (samples per optimizer step) differs (train.micro_batch_size x max workers x "
+                "train.grad_accum)",
+                restore,
+            ),
+            (
+                "data.samples_per_epoch",
+                d.samples_per_epoch,
+                exp.samples_per_epoch,
+                "samples per epoch differ (dataset size or the elastic range)",
+                restore,
+            ),
+            (
+                "micro_batch_size",
+                s.micro_batch_size,
+                exp.micro_batch_size,
+                "micro-batch size differs (train.micro_batch_size)",
+                restore,
+            ),
         ]
         per_micro = exp.micro_batch_size * exp.world_size
         if per_micro and d.samples_in_epoch % per_micro:
-            return (f"{d.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
-                    f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}")
+            return (
+                f"{d.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
+                f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}"
+            )
     else:
-        checks += [] if d.stream is not None or exp.stream is not None else [  # a stream's: _stream_incompatibility
-            ("world_size", s.world_size, exp.world_size, "world size differs (scaling.num_workers)",
-             "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
-             "states)."),
-        ]
+        checks += (
+            []
+            if d.stream is not None or exp.stream is not None
+            else [  # a stream's: _stream_incompatibility
+                (
+                    "world_size",
+                    s.world_size,
+                    exp.world_size,
+                    "world size differs (scaling.num_workers)",
+                    "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
+                    "states).",
+                ),
+            ]
+        )
         checks += [
-            ("micro_batch_size", s.micro_batch_size, exp.micro_batch_size,
-             "micro-batch size differs (train.micro_batch_size)", restore),
-            ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)",
-             restore),
-            ("micro_batches_per_epoch", s.micro_batches_per_epoch, exp.micro_batches_per_epoch,
-             "epoch length in micro-batches differs (" + ("train.stream_epoch_steps x train.grad_accum"
-                                                          if exp.stream is not None else
-                                                          "dataset size, train.micro_batch_size") + ")", restore),
+            (
+                "micro_batch_size",
+                s.micro_batch_size,
+                exp.micro_batch_size,
+                "micro-batch size differs (train.micro_batch_size)",
+                restore,
+            ),
+            ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)", restore),
+            (
+                "micro_batches_per_epoch",
+                s.micro_batches_per_epoch,
+                exp.micro_batches_per_epoch,
+                "epoch length in micro-batches differs ("
+                + (
+                    "train.stream_epoch_steps x train.grad_accum"
+                    if exp.stream is not None
+                    else "dataset size, train.micro_batch_size"
+                )
+                + ")",
+                restore,
+            ),
         ]
         if exp.samples_per_epoch:
-            checks.append(("data.samples_per_epoch", d.samples_per_epoch, exp.samples_per_epoch,
-                           "samples per epoch differ (dataset size)", restore))
-    checks.append(("zero_stage", s.zero_stage, exp.zero_stage, "ZeRO stage differs (deepspeed.zero_stage)",
-                   "DeepSpeed shards the optimizer state by stage; restore deepspeed.zero_stage."))
+            checks.append(
+                (
+                    "data.samples_per_epoch",
+                    d.samples_per_epoch,
+                    exp.samples_per_epoch,
+                    "samples per epoch differ (dataset size)",
+                    restore,
+                )
+            )
+    checks.append(
+        (
+            "zero_stage",
+            s.zero_stage,
+            exp.zero_stage,
+            "ZeRO stage differs (deepspeed.zero_stage)",
+            "DeepSpeed shards the optimizer state by stage; restore deepspeed.zero_stage.",
+        )
+    )
     if exp.precision is not None and s.precision is not None:
-        checks.append(("precision", s.precision, exp.precision, "precision differs (deepspeed.precision)",
-                       "Master weights and loss-scale state are stored per precision; restore deepspeed.precision, "
-                       "or take the weights into a new run with resume.init_from."))
+        checks.append(
+            (
+                "precision",
+                s.precision,
+                exp.precision,
+                "precision differs (deepspeed.precision)",
+                "Master weights and loss-scale state are stored per precision; restore deepspeed.precision, "
+                "or take the weights into a new run with resume.init_from.",
+            )
+        )
     if not exp.reset_optimizer and exp.optimizer_type is not None and s.optimizer.type is not None:
-        checks.append(("optimizer.type", s.optimizer.type, exp.optimizer_type,
-                       "optimizer type differs (train.optimizer.type, or the class Task.optimizer returns): its "
-                       "moments cannot be loaded",
-                       "Set resume.reset_optimizer: true to keep weights and position and start the optimizer "
-                       "state fresh, or restore train.optimizer.type (Task.optimizer)."))
+        checks.append(
+            (
+                "optimizer.type",
+                s.optimizer.type,
+                exp.optimizer_type,
+                "optimizer type differs (train.optimizer.type, or the class Task.optimizer returns): its "
+                "moments cannot be loaded",
+                "Set resume.reset_optimizer: true to keep weights and position and start the optimizer "
+                "state fresh, or restore train.optimizer.type (Task.optimizer).",
+            )
+        )
     for key, have, want, what, fix in checks:
         if have != want:
             return _differs(key, have, want, what, fix)
     if d.sampler not in KNOWN_SAMPLERS:
-        return (f"its sampler ({d.sampler!r}) is not one this syncpoint knows ({', '.join(KNOWN_SAMPLERS)}): it "
-                "cannot compute the state's sample order. Resume it with the syncpoint version that wrote it.")
-    return (_tensor_incompatibility(s, exp) or _group_incompatibility(s, exp)
-            or _schedule_incompatibility(s, exp) or _generator_incompatibility(s, exp))
+        return (
+            f"its sampler ({d.sampler!r}) is not one this syncpoint knows ({', '.join(KNOWN_SAMPLERS)}): it "
+            "cannot compute the state's sample order. Resume it with the syncpoint version that wrote it."
+        )
+    return (
+        _tensor_incompatibility(s, exp)
+        or _group_incompatibility(s, exp)
+        or _schedule_incompatibility(s, exp)
+        or _generator_incompatibility(s, exp)
+    )
 
 
 def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
@@ -398,34 +546,53 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
         return None
     fix = "Restore the previous dataset, or start a new run (another name, or resume.policy: fresh)."
     if have is None or want is None:
-        kinds = ("map-style", f"a stream ({(want or {}).get('source')})") if have is None else (
-            f"a stream ({have.source})", "map-style")
-        return (f"data kind differs (the task's dataset): the state was written with a {kinds[0]} dataset, this run's "
-                f"is {kinds[1]}; one's position cannot continue the other. {fix}")
+        kinds = (
+            ("map-style", f"a stream ({(want or {}).get('source')})")
+            if have is None
+            else (f"a stream ({have.source})", "map-style")
+        )
+        return (
+            f"data kind differs (the task's dataset): the state was written with a {kinds[0]} dataset, this run's "
+            f"is {kinds[1]}; one's position cannot continue the other. {fix}"
+        )
     if s.world_size != exp.world_size:
-        return (f"world size differs (scaling.num_workers): the state has world_size={s.world_size}, this run has "
-                f"{exp.world_size}. A stream's position is each rank's own (its shard position, its DataLoader "
-                "workers' states and shuffle buffers), so it cannot continue on another number of workers; no stream "
-                "re-splits exactly (a datasets stream whose n_shards divides both world sizes is split by shard, but "
-                f"each rank's position inside its shards is its own). Resume on {s.world_size} worker(s), or start a "
-                "new run (another name, or resume.policy: fresh).")
+        return (
+            f"world size differs (scaling.num_workers): the state has world_size={s.world_size}, this run has "
+            f"{exp.world_size}. A stream's position is each rank's own (its shard position, its DataLoader "
+            "workers' states and shuffle buffers), so it cannot continue on another number of workers; no stream "
+            "re-splits exactly (a datasets stream whose n_shards divides both world sizes is split by shard, but "
+            f"each rank's position inside its shards is its own). Resume on {s.world_size} worker(s), or start a "
+            "new run (another name, or resume.policy: fresh)."
+        )
     if have.source != want["source"]:
-        return (f"the stream differs (the task's dataset): a {have.source} stream in the state, {want['source']} in "
-                f"this run. {fix}")
+        return (
+            f"the stream differs (the task's dataset): a {have.source} stream in the state, {want['source']} in "
+            f"this run. {fix}"
+        )
     if have.dataloader_workers != want["dataloader_workers"]:
-        return _differs("data.stream.dataloader_workers", have.dataloader_workers, want["dataloader_workers"],
-                        "DataLoader workers differ (train.dataloader_workers): each worker reads its own shards of "
-                        "a stream and keeps its own position in them",
-                        f"Restore train.dataloader_workers: {have.dataloader_workers}, or start a new run.")
+        return _differs(
+            "data.stream.dataloader_workers",
+            have.dataloader_workers,
+            want["dataloader_workers"],
+            "DataLoader workers differ (train.dataloader_workers): each worker reads its own shards of "
+            "a stream and keeps its own position in them",
+            f"Restore train.dataloader_workers: {have.dataloader_workers}, or start a new run.",
+        )
     if have.shuffle_buffer != want["shuffle_buffer"]:
-        return _differs("data.stream.shuffle_buffer", have.shuffle_buffer, want["shuffle_buffer"],
-                        "the stream's shuffle buffer differs (train.stream_shuffle_buffer): the state holds each "
-                        "worker's buffer and its draws", f"Restore train.stream_shuffle_buffer: {have.shuffle_buffer},"
-                        " or start a new run.")
+        return _differs(
+            "data.stream.shuffle_buffer",
+            have.shuffle_buffer,
+            want["shuffle_buffer"],
+            "the stream's shuffle buffer differs (train.stream_shuffle_buffer): the state holds each "
+            "worker's buffer and its draws",
+            f"Restore train.stream_shuffle_buffer: {have.shuffle_buffer}, or start a new run.",
+        )
     difference = _identity_difference(have.identity, want["identity"])
     if difference:
-        return (f"the stream differs (the task's dataset): {difference}; a stream's saved position is meaningful only "
-                f"in the stream that wrote it. {fix}")
+        return (
+            f"the stream differs (the task's dataset): {difference}; a stream's saved position is meaningful only "
+            f"in the stream that wrote it. {fix}"
+        )
     return None
 
 
@@ -456,8 +623,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-_NEW_CORPUS = ("Restore the corpus the state was trained on (task.config), or start a new run (another name, or "
-               "resume.policy: fresh; resume.init_from takes the weights).")
+_NEW_CORPUS = (
+    "Restore the corpus the state was trained on (task.config), or start a new run (another name, or "
+    "resume.policy: fresh; resume.init_from takes the weights)."
+)
 
 
 def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None) -> str | None:
@@ -467,8 +636,11 @@ def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None
     if have is None and want is None:
         return None
     if have is None or want is None:
-        which = ("this run's task reads a sharded corpus, the state was trained on another dataset" if have is None
-                 else f"the state was trained on a sharded corpus ({have.shards} shards), this run's dataset is none")
+        which = (
+            "this run's task reads a sharded corpus, the state was trained on another dataset"
+            if have is None
+            else f"the state was trained on a sharded corpus ({have.shards} shards), this run's dataset is none"
+        )
         return f"the dataset differs (task): {which}. {_NEW_CORPUS}"
     if have.digest == want.digest:
         return None
@@ -476,10 +648,14 @@ def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None
         what = first_difference(c.corpus_index, exp.corpus_index)
     else:
         why = c.corpus_index_error if c is not None and c.corpus_index_error else "not read"
-        what = (f"{have.shards} shards / {have.rows} rows then, {want.shards} / {want.rows} now (the state's index "
-                f"{CORPUS_DIR}/{index_file(have.digest)}: {why}, so the shard cannot be named)")
-    return f"the sharded corpus differs from the state's (corpus {have.digest[:12]} then, {want.digest[:12]} now): " \
-           f"{what}. {_NEW_CORPUS}"
+        what = (
+            f"{have.shards} shards / {have.rows} rows then, {want.shards} / {want.rows} now (the state's index "
+            f"{CORPUS_DIR}/{index_file(have.digest)}: {why}, so the shard cannot be named)"
+        )
+    return (
+        f"the sharded corpus differs from the state's (corpus {have.digest[:12]} then, {want.digest[:12]} now): "
+        f"{what}. {_NEW_CORPUS}"
+    )
 
 
 def _order_incompatibility(s: TrainState, exp: Expectation) -> str | None:
@@ -487,14 +663,20 @@ def _order_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     choice means other samples per step. Between the other samplers a state keeps its own."""
     have, want = s.data.sampler == SHARD_WINDOW_SAMPLER, exp.sampler == SHARD_WINDOW_SAMPLER
     if have != want:
-        return (f"the epoch order differs (corpus.shuffle): the state uses {s.data.sampler}, this run asks for "
-                f"{exp.sampler}; other samples per step. Restore corpus.shuffle "
-                f"({'shard-window' if have else 'global'}), or start a new run (another name, or "
-                "resume.policy: fresh).")
+        return (
+            f"the epoch order differs (corpus.shuffle): the state uses {s.data.sampler}, this run asks for "
+            f"{exp.sampler}; other samples per step. Restore corpus.shuffle "
+            f"({'shard-window' if have else 'global'}), or start a new run (another name, or "
+            "resume.policy: fresh)."
+        )
     if have and s.data.window_shards != exp.window_shards:
-        return _differs("data.window_shards", s.data.window_shards, exp.window_shards,
-                        "shuffle window differs (corpus.window_shards): other samples per step",
-                        "Restore the previous value, or start a new run (another name, or resume.policy: fresh).")
+        return _differs(
+            "data.window_shards",
+            s.data.window_shards,
+            exp.window_shards,
+            "shuffle window differs (corpus.window_shards): other samples per step",
+            "Restore the previous value, or start a new run (another name, or resume.policy: fresh).",
+        )
     return None
 
 
@@ -543,15 +725,19 @@ def _tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     the metadata, naming the tensor, before any tensor is read."""
     buffers = _buffer_difference(s, exp, dtypes=True)
     if buffers:
-        return (f"model buffers differ (task): {buffers}. The state's buffers do not load into this model exactly: "
-                "restore the previous model (task / task.config), or start a new run (another name, or "
-                "resume.policy: fresh)" + ("; resume.init_from takes the weights cast to the new dtype."
-                                           if "dtype" in buffers else "."))
+        return (
+            f"model buffers differ (task): {buffers}. The state's buffers do not load into this model exactly: "
+            "restore the previous model (task / task.config), or start a new run (another name, or "
+            "resume.policy: fresh)"
+            + ("; resume.init_from takes the weights cast to the new dtype." if "dtype" in buffers else ".")
+        )
     dtypes = _dtype_difference(s, exp)
     if dtypes:
-        return (f"model parameter dtypes differ (task): {dtypes}. The state's weights would load cast, not "
-                "exactly: restore the previous dtype (task / task.config), or take the weights into a new run "
-                "with resume.init_from (cast to the new dtype).")
+        return (
+            f"model parameter dtypes differ (task): {dtypes}. The state's weights would load cast, not "
+            "exactly: restore the previous dtype (task / task.config), or take the weights into a new run "
+            "with resume.init_from (cast to the new dtype)."
+        )
     return None
 
 
@@ -564,24 +750,36 @@ def _generator_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     have, want = s.task_generators, dict(exp.task_generators)
     if have == want:
         return None
-    fix = ("Restore the task's generators as they were (the same attribute or closure, the same kind), or start a "
-           "new run (another name, or resume.policy: fresh; resume.init_from takes the weights).")
+    fix = (
+        "Restore the task's generators as they were (the same attribute or closure, the same kind), or start a "
+        "new run (another name, or resume.policy: fresh; resume.init_from takes the weights)."
+    )
     for path in sorted(set(have) | set(want)):
         if path not in want:
-            return (f"the task's own random generators differ: the state saved {path} ({have[path]}), this run's "
-                    f"task has no generator there (it has {sorted(want) or 'none'}). {fix}")
+            return (
+                f"the task's own random generators differ: the state saved {path} ({have[path]}), this run's "
+                f"task has no generator there (it has {sorted(want) or 'none'}). {fix}"
+            )
         if path not in have:
-            return (f"the task's own random generators differ: this run's task has {path} ({want[path]}), the state "
-                    f"saved no state for it (it saved {sorted(have) or 'none'}). {fix}")
+            return (
+                f"the task's own random generators differ: this run's task has {path} ({want[path]}), the state "
+                f"saved no state for it (it saved {sorted(have) or 'none'}). {fix}"
+            )
         if have[path] != want[path]:
-            return (f"the task's own random generators differ: {path} is a {want[path]} in this run's task, the "
-                    f"state saved a {have[path]}. {fix}")
+            return (
+                f"the task's own random generators differ: {path} is a {want[path]} in this run's task, the "
+                f"state saved a {have[path]}. {fix}"
+            )
     return None
 
 
 def _groups_text(groups: tuple[tuple[int, int, str | None], ...]) -> str:
-    return "[" + ", ".join(f"{n} params / {numel} elements" for n, numel, _ in groups[:8]) + (
-        f", ... ({len(groups) - 8} more)" if len(groups) > 8 else "") + "]"
+    return (
+        "["
+        + ", ".join(f"{n} params / {numel} elements" for n, numel, _ in groups[:8])
+        + (f", ... ({len(groups) - 8} more)" if len(groups) > 8 else "")
+        + "]"
+    )
 
 
 def _group_incompatibility(s: TrainState, exp: Expectation) -> str | None:
@@ -590,25 +788,30 @@ def _group_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     A state written before the layout was recorded had one group."""
     if exp.reset_optimizer or exp.param_groups is None:
         return None
-    fix = ("Set resume.reset_optimizer: true to keep weights and position and start the optimizer state fresh, "
-           "or restore the previous groups (train.optimizer.no_decay, or the task's Task.optimizer).")
+    fix = (
+        "Set resume.reset_optimizer: true to keep weights and position and start the optimizer state fresh, "
+        "or restore the previous groups (train.optimizer.no_decay, or the task's Task.optimizer)."
+    )
     recorded = s.optimizer.param_groups
     if recorded is None:
         if len(exp.param_groups) == 1:
             return None
-        return (f"parameter groups differ: the state records none (it was written before syncpoint recorded them, "
-                f"with one group of every parameter), this run has {len(exp.param_groups)} "
-                f"{_groups_text(exp.param_groups)} (train.optimizer.no_decay / Task.optimizer). Set "
-                "train.optimizer.no_decay: [] for one group as before, or resume.reset_optimizer: true to keep "
-                "weights and position and start the optimizer state fresh.")
+        return (
+            f"parameter groups differ: the state records none (it was written before syncpoint recorded them, "
+            f"with one group of every parameter), this run has {len(exp.param_groups)} "
+            f"{_groups_text(exp.param_groups)} (train.optimizer.no_decay / Task.optimizer). Set "
+            "train.optimizer.no_decay: [] for one group as before, or resume.reset_optimizer: true to keep "
+            "weights and position and start the optimizer state fresh."
+        )
     have = tuple((g.params, g.numel, g.names) for g in recorded)
     if have == exp.param_groups:
         return None
     same_sizes = [g[:2] for g in have] == [g[:2] for g in exp.param_groups]
-    return (f"parameter groups differ (train.optimizer.no_decay / Task.optimizer): the state has {len(have)} "
-            f"{_groups_text(have)}, this run has {len(exp.param_groups)} {_groups_text(exp.param_groups)}"
-            f"{' (same sizes, other parameters)' if same_sizes else ''}; the optimizer moments are stored per group. "
-            + fix)
+    return (
+        f"parameter groups differ (train.optimizer.no_decay / Task.optimizer): the state has {len(have)} "
+        f"{_groups_text(have)}, this run has {len(exp.param_groups)} {_groups_text(exp.param_groups)}"
+        f"{' (same sizes, other parameters)' if same_sizes else ''}; the optimizer moments are stored per group. " + fix
+    )
 
 
 def _schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:
@@ -618,10 +821,12 @@ def _schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:
         return None
     have = (sched.type, tuple(sched.phases))
     if have != (exp.scheduler_type, exp.scheduler_phases):
-        return (f"train.scheduler changed from {have[0]} {list(have[1])} to {exp.scheduler_type} "
-                f"{list(exp.scheduler_phases or [])}: a schedule of another type or phase order cannot be continued. "
-                "Set resume.reset_schedule: true to restart the schedule from step 0 on these weights, or restore "
-                "the previous train.scheduler.")
+        return (
+            f"train.scheduler changed from {have[0]} {list(have[1])} to {exp.scheduler_type} "
+            f"{list(exp.scheduler_phases or [])}: a schedule of another type or phase order cannot be continued. "
+            "Set resume.reset_schedule: true to restart the schedule from step 0 on these weights, or restore "
+            "the previous train.scheduler."
+        )
     return None
 
 
@@ -635,42 +840,64 @@ def init_from_problem(trainer: Any, exp: Expectation, init_optimizer: bool) -> s
     if err:
         return f"its trainer.json is unreadable: {err}"
     if s.model_fingerprint != exp.model_fingerprint:
-        return ("its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
-                "name and shape; point resume.init_from at a state of the same model")
+        return (
+            "its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
+            "name and shape; point resume.init_from at a state of the same model"
+        )
     buffers = _buffer_difference(s, exp, dtypes=False)
     if buffers:
-        return (f"its model buffers differ from this run's (task): {buffers}; init_from takes buffers by name and "
-                "shape too: point resume.init_from at a state of the same model")
+        return (
+            f"its model buffers differ from this run's (task): {buffers}; init_from takes buffers by name and "
+            "shape too: point resume.init_from at a state of the same model"
+        )
     if not init_optimizer:
         return None
     opt_out = " Set resume.init_optimizer: false to take the weights only, with a fresh optimizer state."
     checks: list[tuple[str, Any, Any, str]] = [
         ("zero_stage", s.zero_stage, exp.zero_stage, "ZeRO stage (deepspeed.zero_stage)"),
-        ("optimizer.type", s.optimizer.type, exp.optimizer_type, "optimizer type (train.optimizer.type / "
-         "Task.optimizer)"),
+        (
+            "optimizer.type",
+            s.optimizer.type,
+            exp.optimizer_type,
+            "optimizer type (train.optimizer.type / Task.optimizer)",
+        ),
     ]
     if not (s.elastic_optimizer and exp.elastic):
-        checks.append(("world_size", s.world_size, exp.world_size, "world size (scaling.num_workers): "
-                       "optimizer shards are per rank"))
+        checks.append(
+            (
+                "world_size",
+                s.world_size,
+                exp.world_size,
+                "world size (scaling.num_workers): optimizer shards are per rank",
+            )
+        )
     if s.precision is not None and exp.precision is not None:
         checks.append(("precision", s.precision, exp.precision, "precision (deepspeed.precision)"))
     for key, have, want, what in checks:
         if have is not None and want is not None and have != want:
-            return f"with resume.init_optimizer its {what} must match: the state has {key}={have!r}, this run " \
-                   f"has {want!r}.{opt_out}"
+            return (
+                f"with resume.init_optimizer its {what} must match: the state has {key}={have!r}, this run "
+                f"has {want!r}.{opt_out}"
+            )
     groups = _group_incompatibility(s, replace(exp, reset_optimizer=False))
     if groups:
-        return "with resume.init_optimizer the " + groups.split("; the optimizer moments", 1)[0] + \
-            "; the optimizer moments are stored per group." + opt_out
+        return (
+            "with resume.init_optimizer the "
+            + groups.split("; the optimizer moments", 1)[0]
+            + "; the optimizer moments are stored per group."
+            + opt_out
+        )
     return None
 
 
 def _completeness_problem(manifest: Manifest, s: TrainState) -> str | None:
     missing = [f for f in s.required_files() if f not in manifest.files]
     if missing:
-        return (f"incomplete: the manifest lacks {', '.join(missing[:3])}"
-                f"{f' (+{len(missing) - 3} more)' if len(missing) > 3 else ''}, which a ZeRO {s.zero_stage} "
-                f"{s.precision or ''} state of {s.world_size} worker(s) needs").replace("  ", " ")
+        return (
+            f"incomplete: the manifest lacks {', '.join(missing[:3])}"
+            f"{f' (+{len(missing) - 3} more)' if len(missing) > 3 else ''}, which a ZeRO {s.zero_stage} "
+            f"{s.precision or ''} state of {s.world_size} worker(s) needs"
+        ).replace("  ", " ")
     return None
 
 
@@ -709,15 +936,18 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
     if not is_boundary(state.position_in_epoch, state.grad_accum, state.micro_batches_per_epoch):
         return Verdict.MID_CYCLE, (
             f"mid-cycle: position {state.position_in_epoch} of {state.micro_batches_per_epoch} with accumulation "
-            f"{state.grad_accum} is not a sync boundary; its pending micro-batch gradients were never persisted")
+            f"{state.grad_accum} is not a sync boundary; its pending micro-batch gradients were never persisted"
+        )
     problem = _position_problem(c, manifest, state) or _completeness_problem(manifest, state)
     if problem:
         return Verdict.CORRUPT, problem
     why = _incompatibility(state, exp, c) if exp is not None else None
     if why:
         return Verdict.INCOMPATIBLE, why
-    return Verdict.RESUMABLE, (f"boundary at micro-step {state.global_micro_step} "
-                               f"(optimizer step {state.optimizer_step}; sampler {state.data.sampler})")
+    return Verdict.RESUMABLE, (
+        f"boundary at micro-step {state.global_micro_step} "
+        f"(optimizer step {state.optimizer_step}; sampler {state.data.sampler})"
+    )
 
 
 def finite_metric(t: dict[str, Any] | None, name: str) -> tuple[float | None, str]:

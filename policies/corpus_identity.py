@@ -68,9 +68,12 @@ class CorpusIdentity:
 
     def document(self) -> dict[str, Any]:
         """The run directory's ``corpus/<digest>.json``."""
-        return {"format": INDEX_FORMAT, "digest": self.digest, "params": dict(self.params),
-                "shards": [{"name": s.name, "size": s.size, "xxh3_128": s.checksum, "rows": s.rows}
-                           for s in self.shards]}
+        return {
+            "format": INDEX_FORMAT,
+            "digest": self.digest,
+            "params": dict(self.params),
+            "shards": [{"name": s.name, "size": s.size, "xxh3_128": s.checksum, "rows": s.rows} for s in self.shards],
+        }
 
 
 def index_file(digest: str) -> str:

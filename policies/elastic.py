@@ -35,29 +35,44 @@ class Layout:
         if samples_in_epoch % per_micro:
             raise ElasticLayoutError(
                 f"{samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
-                f"{self.world_size} worker(s)")
+                f"{self.world_size} worker(s)"
+            )
         return samples_in_epoch // per_micro
 
 
-def layout(num_samples: int, micro_batch_size: int, grad_accum: int, world_size: int,
-           min_workers: int | None = None, max_workers: int | None = None) -> Layout:
+def layout(
+    num_samples: int,
+    micro_batch_size: int,
+    grad_accum: int,
+    world_size: int,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+) -> Layout:
     lo, hi = min_workers or world_size, max_workers or world_size
     allowed = allowed_world_sizes(micro_batch_size, grad_accum, lo, hi)
     if world_size not in allowed:
         raise ElasticLayoutError(
             f"cannot keep the global batch ({micro_batch_size} x {hi} workers x {grad_accum} = "
             f"{micro_batch_size * hi * grad_accum} samples) on {world_size} worker(s): the accumulation would not "
-            f"be a whole number. World sizes that work: {allowed}")
+            f"be a whole number. World sizes that work: {allowed}"
+        )
     unit = micro_batch_size * math.lcm(*allowed)
     usable = num_samples // unit * unit
     if usable == 0:
         raise DataLayoutError(
             f"the dataset has {num_samples} samples, fewer than one global micro-batch "
             f"(train.micro_batch_size {micro_batch_size} x {unit // micro_batch_size} workers = {unit}); "
-            "use more samples, a smaller micro_batch_size or fewer workers")
+            "use more samples, a smaller micro_batch_size or fewer workers"
+        )
     g = micro_batch_size * hi * grad_accum
-    return Layout(world_size, micro_batch_size, g // (micro_batch_size * world_size), g, usable,
-                  usable // (micro_batch_size * world_size))
+    return Layout(
+        world_size,
+        micro_batch_size,
+        g // (micro_batch_size * world_size),
+        g,
+        usable,
+        usable // (micro_batch_size * world_size),
+    )
 
 
 # A stream without a declared epoch (train.stream_epoch_steps) runs in one epoch no run reaches the

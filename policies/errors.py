@@ -114,11 +114,16 @@ class NoResumableState(RuntimeError):
     def __init__(self, candidates: Sequence[Candidate], headline: str = "") -> None:
         self.candidates = candidates
         newest = next(iter(candidates), None)
-        why = (f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "
-               f"{newest.reason.rstrip('.')}." if newest is not None else "")
+        why = (
+            f" The newest, {newest.name}, is {newest.verdict.value if newest.verdict else 'unclassified'}: "
+            f"{newest.reason.rstrip('.')}."
+            if newest is not None
+            else ""
+        )
         head = headline or (
             f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
-            f"of them.{why} {_what_to_do(candidates)}")
+            f"of them.{why} {_what_to_do(candidates)}"
+        )
         from syncpoint.policies.candidates import candidates_table  # the table is the candidates module's format
 
         super().__init__(head + "\n" + candidates_table(candidates))
@@ -130,8 +135,10 @@ def _what_to_do(candidates: Sequence[Candidate]) -> str:
     verdicts = {c.verdict.value if c.verdict else "?" for c in candidates}
     fresh = "or set resume.policy: fresh with resume.on_existing: archive to start a new run."
     if verdicts and verdicts <= {"incompatible", "untrusted"}:
-        return ("They are intact but do not fit this run: restore what each reason below names (the signing key, "
-                f"for untrusted ones), {fresh}")
+        return (
+            "They are intact but do not fit this run: restore what each reason below names (the signing key, "
+            f"for untrusted ones), {fresh}"
+        )
     return f"Fix or remove the damaged (corrupt, torn, mid-cycle) states below, {fresh}"
 
 

@@ -45,7 +45,7 @@ def shard_batches(num_samples: int, micro_batch_size: int, world_size: int, rank
     """This rank's eval batches: indices ``rank, rank + W, ...`` in chunks of ``micro_batch_size``
     (the last one may be short)."""
     mine = list(range(rank, num_samples, world_size))
-    return [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    return [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
 
 
 def forwards_per_rank(num_samples: int, micro_batch_size: int, world_size: int) -> int:
@@ -70,8 +70,9 @@ def name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return f"a metric name must be a non-empty string, got {name!r}"
     if len(name) > MAX_METRIC_NAME_CHARS or not all(ch.isalnum() or ch in "_-./" for ch in name):
-        return (f"metric name {name[:80]!r} must be at most {MAX_METRIC_NAME_CHARS} characters of letters, "
-                "digits and _-./")
+        return (
+            f"metric name {name[:80]!r} must be at most {MAX_METRIC_NAME_CHARS} characters of letters, digits and _-./"
+        )
     return None
 
 
@@ -86,8 +87,13 @@ def carried(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     latest evaluation at or before it, also across a resume."""
     out: dict[str, float] = {}
     for k, v in (metrics or {}).items():
-        if (isinstance(k, str) and k.startswith(EVAL_PREFIX) and isinstance(v, int | float)
-                and not isinstance(v, bool) and math.isfinite(v)):
+        if (
+            isinstance(k, str)
+            and k.startswith(EVAL_PREFIX)
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+        ):
             out[k] = float(v)
     return out
 

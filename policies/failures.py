@@ -56,12 +56,16 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
 # "Timed out waiting 30000ms for recv operation to complete", NCCL's watchdog "Watchdog caught collective
 # operation timeout", torch's store "Socket Timeout"/"wait timeout after"; and what it says when a peer's
 # process did close: gloo "Connection closed by peer", "Connection reset by peer".
-LOST_PEER = re.compile(r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
-                        r"|wait timeout after|Connection (closed|reset) by peer", re.IGNORECASE)
+LOST_PEER = re.compile(
+    r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
+    r"|wait timeout after|Connection (closed|reset) by peer",
+    re.IGNORECASE,
+)
 
 
-def should_await_node_death(vanished: bool, attempt_nodes: set[str], own_node: str, dead: set[str],
-                            notice_logged: bool) -> bool:
+def should_await_node_death(
+    vanished: bool, attempt_nodes: set[str], own_node: str, dead: set[str], notice_logged: bool
+) -> bool:
     """Whether the controller should wait (bounded) for Ray to declare one of the attempt's nodes dead
     before classifying: a worker vanished (no Python exception, or a collective lost its peer), the
     attempt ran on a node other than the controller's, none of its nodes is dead yet, and nothing
@@ -103,8 +107,14 @@ def site_text(site: object) -> str:
     if not isinstance(site, dict):
         return ""
     where, rank, micro_step = site.get("where"), site.get("rank"), site.get("micro_step")
-    inside = ", ".join(p for p in (f"rank {rank}" if isinstance(rank, int) else "",
-                                   f"micro-step {micro_step}" if isinstance(micro_step, int) else "") if p)
+    inside = ", ".join(
+        p
+        for p in (
+            f"rank {rank}" if isinstance(rank, int) else "",
+            f"micro-step {micro_step}" if isinstance(micro_step, int) else "",
+        )
+        if p
+    )
     if not where and micro_step is None:
         return ""
     return (f" at {str(where)[:300]}" if where else "") + (f" ({inside})" if inside else "")
@@ -120,8 +130,9 @@ def failure_signature(error: BaseException) -> str:
     return f"{type(error).__module__}.{type(error).__qualname__}: {text}"[:500]
 
 
-def repeats_previous(signature: str, micro_step: int | None, previous: tuple[str | None, int | None] | None,
-                     committed_since: bool) -> bool:
+def repeats_previous(
+    signature: str, micro_step: int | None, previous: tuple[str | None, int | None] | None, committed_since: bool
+) -> bool:
     """Whether a failed attempt repeats the previous failed attempt of its submission: the same
     exception at the same global micro-step, with no state committed in between. Resumed exactly
     from the same state, it computes the same micro-steps bit for bit, so it fails there again: a
@@ -131,8 +142,10 @@ def repeats_previous(signature: str, micro_step: int | None, previous: tuple[str
 
 
 def not_retried_line(micro_step: int) -> str:
-    return (f"it failed twice the same way at micro-step {micro_step} with no new state in between: not retried "
-            "(a bug, not a preemption)")
+    return (
+        f"it failed twice the same way at micro-step {micro_step} with no new state in between: not retried "
+        "(a bug, not a preemption)"
+    )
 
 
 def placement_waited_s(first_timeout_at: float, now: float, start_timeout_s: float) -> float:
@@ -151,7 +164,9 @@ def placement_exhausted(waited_s: float, timeout_s: float) -> bool:
 def placement_gave_up(workers: int, cpus_per_worker: float, gpus: bool, timeout_s: float) -> str:
     """The last line of a run that found no room for its workers within its bound."""
     each = f"{cpus_per_worker:g} CPU" + (" and 1 GPU" if gpus else "")
-    return (f"gave up after waiting failure.placement_timeout_s ({timeout_s:g} s) for room for {workers} "
-            f"workers of {each} each: the cluster never had it (a lost node not replaced, or a cluster "
-            "smaller than scaling.num_workers needs). Add nodes, lower scaling.num_workers (or make it "
-            "elastic with {min, max}), or raise failure.placement_timeout_s.")
+    return (
+        f"gave up after waiting failure.placement_timeout_s ({timeout_s:g} s) for room for {workers} "
+        f"workers of {each} each: the cluster never had it (a lost node not replaced, or a cluster "
+        "smaller than scaling.num_workers needs). Add nodes, lower scaling.num_workers (or make it "
+        "elastic with {min, max}), or raise failure.placement_timeout_s."
+    )

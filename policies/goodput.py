@@ -68,9 +68,13 @@ class Goodput:
     @property
     def losses(self) -> dict[str, float]:
         """Every non-productive part by name, in the order people read them."""
-        return {"start-up": self.startup_s, "saves blocked": self.save_blocked_s,
-                "recomputed": self.recomputed_s, "restart gaps": self.restart_gap_s,
-                "uncommitted": self.uncommitted_s}
+        return {
+            "start-up": self.startup_s,
+            "saves blocked": self.save_blocked_s,
+            "recomputed": self.recomputed_s,
+            "restart gaps": self.restart_gap_s,
+            "uncommitted": self.uncommitted_s,
+        }
 
 
 def current_run(journal: Journal) -> Journal:
@@ -117,15 +121,31 @@ def goodput(journal: Journal) -> Goodput | None:
         tail = (end - cut) - after_blocked
         if nxt is not None:
             parts["recomputed"] += tail
-            costs.append(RestartCost(attempt=a.attempt, lost_micro_steps=lost_steps, recomputed_s=tail,
-                                     restart_gap_s=0.0, startup_s=0.0, measured=measured))
+            costs.append(
+                RestartCost(
+                    attempt=a.attempt,
+                    lost_micro_steps=lost_steps,
+                    recomputed_s=tail,
+                    restart_gap_s=0.0,
+                    startup_s=0.0,
+                    measured=measured,
+                )
+            )
         else:
             parts["uncommitted"] += tail
             parts["gap"] += t_end - end  # a run that failed for good: from the failure to the log's end
         prev_end = end
-    return Goodput(total_s=t_end - t_start, productive_s=parts["productive"], startup_s=parts["startup"],
-                   save_blocked_s=parts["blocked"], recomputed_s=parts["recomputed"], restart_gap_s=parts["gap"],
-                   uncommitted_s=parts["uncommitted"], restarts=tuple(costs), finished=finish is not None)
+    return Goodput(
+        total_s=t_end - t_start,
+        productive_s=parts["productive"],
+        startup_s=parts["startup"],
+        save_blocked_s=parts["blocked"],
+        recomputed_s=parts["recomputed"],
+        restart_gap_s=parts["gap"],
+        uncommitted_s=parts["uncommitted"],
+        restarts=tuple(costs),
+        finished=finish is not None,
+    )
 
 
 def _launched(run: Journal, a: AttemptStarted, prev_end: float) -> float:
@@ -136,8 +156,9 @@ def _launched(run: Journal, a: AttemptStarted, prev_end: float) -> float:
     return min(max(t, prev_end), a.time)
 
 
-def _training(run: Journal, a: AttemptStarted, nxt: AttemptStarted | None, finish: Finished | None,
-              t_end: float) -> tuple[float, float, int, bool]:
+def _training(
+    run: Journal, a: AttemptStarted, nxt: AttemptStarted | None, finish: Finished | None, t_end: float
+) -> tuple[float, float, int, bool]:
     """(end, cut, lost micro-steps, measured) of an attempt's training: ``end`` when it was last seen
     computing, ``cut`` the snapshot of the state the run went on from (``a.time`` <= cut <= end)."""
     if nxt is None and finish is not None:  # the run finished in this attempt: all of it is kept

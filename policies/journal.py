@@ -61,13 +61,23 @@ class _Record(BaseModel):
         if not (info.context or {}).get(_EMITTING) or not isinstance(data, Mapping):
             return data
         unknown = sorted(set(data) - set(cls.model_fields))
-        missing = sorted(name for name, f in cls.model_fields.items()
-                         if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(_OLDER_LOGS_LACK)
-                         and name not in data)
+        missing = sorted(
+            name
+            for name, f in cls.model_fields.items()
+            if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get(_OLDER_LOGS_LACK) and name not in data
+        )
         if unknown or missing:
-            raise ValueError(f"{cls.__name__}: " + "; ".join(
-                part for part in (f"unknown field(s) {', '.join(unknown)}" if unknown else "",
-                                  f"missing field(s) {', '.join(missing)}" if missing else "") if part))
+            raise ValueError(
+                f"{cls.__name__}: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"unknown field(s) {', '.join(unknown)}" if unknown else "",
+                        f"missing field(s) {', '.join(missing)}" if missing else "",
+                    )
+                    if part
+                )
+            )
         return data
 
 
@@ -256,9 +266,21 @@ class Finished(_Event):
     optimizer_step: int
 
 
-Event = Annotated[Submitted | AttemptStarted | ResumeDecision | Progress | StateCommitted | PreemptionNotice
-                  | FaultFired | Failure | Finished | Evaluated | Interrupted | InitFromResolved,
-                  Field(discriminator="kind")]
+Event = Annotated[
+    Submitted
+    | AttemptStarted
+    | ResumeDecision
+    | Progress
+    | StateCommitted
+    | PreemptionNotice
+    | FaultFired
+    | Failure
+    | Finished
+    | Evaluated
+    | Interrupted
+    | InitFromResolved,
+    Field(discriminator="kind"),
+]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -300,14 +322,19 @@ def read_event(record: Mapping[str, Any]) -> Event | UnknownEvent:
     try:
         return _EVENT.validate_python(record)
     except ValidationError as e:
-        return UnknownEvent(kind=_shown(record.get("kind")), time=time_of(record) or 0.0,
-                            source=_shown(record.get("source", "")), problem=_shown(_problem(e)), record=dict(record))
+        return UnknownEvent(
+            kind=_shown(record.get("kind")),
+            time=time_of(record) or 0.0,
+            source=_shown(record.get("source", "")),
+            problem=_shown(_problem(e)),
+            record=dict(record),
+        )
 
 
 def _shown(value: Any) -> str:
     """A damaged record's field as the timeline quotes it: printable, one bounded line."""
     text = value if isinstance(value, str) else type(value).__name__ if isinstance(value, dict | list) else str(value)
-    text = "".join(c if c.isprintable() else "?" for c in text[:_SHOWN_CHARS + 1])
+    text = "".join(c if c.isprintable() else "?" for c in text[: _SHOWN_CHARS + 1])
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
 
 
@@ -421,8 +448,11 @@ class Journal:
 
     def steps(self) -> dict[int, Step]:
         """Per optimizer step, its record; a later attempt's record of a recomputed step wins."""
-        return {r.optimizer_step: Step.model_validate({**r.model_dump(), "attempt": e.attempt})
-                for e in self.of_kind(Progress) for r in e.records}
+        return {
+            r.optimizer_step: Step.model_validate({**r.model_dump(), "attempt": e.attempt})
+            for e in self.of_kind(Progress)
+            for r in e.records
+        }
 
     def evaluations(self) -> dict[int, Evaluated]:
         """Per optimizer step, its evaluation; a later attempt's evaluation of the same step wins (a
@@ -454,8 +484,11 @@ class Journal:
         attempt's start (the failure that ended this attempt lies before it)."""
         records = self.progress_of(attempt.attempt)
         fired = [f for f in self.faults_in(attempt.attempt) if f.global_micro_step is not None]
-        step = max([r.global_micro_step for r in records] + [f.global_micro_step or 0 for f in fired]
-                   + [attempt.global_micro_step])
+        step = max(
+            [r.global_micro_step for r in records]
+            + [f.global_micro_step or 0 for f in fired]
+            + [attempt.global_micro_step]
+        )
         last = max([r.time for r in records] + [f.time for f in self.faults_in(attempt.attempt)] + [attempt.time])
         beat = self.interrupted(attempt.attempt)
         if beat is not None:
@@ -474,8 +507,9 @@ class Journal:
     def last_failure(self, submission: str, classified: str) -> Failure | None:
         """The newest failure of ``submission`` classified so (the previous failed attempt's, when a
         failure is being decided)."""
-        return next((f for f in reversed(self.failures) if f.submission == submission and f.classified == classified),
-                    None)
+        return next(
+            (f for f in reversed(self.failures) if f.submission == submission and f.classified == classified), None
+        )
 
     def committed_since(self, time: float) -> bool:
         return any(c.time > time for c in self.commits)

@@ -156,5 +156,6 @@ def enforce_safe(decision: Decision, candidates: Sequence[Candidate]) -> Decisio
     if c.verdict is not Verdict.RESUMABLE:
         verdict = c.verdict.value if c.verdict else "unclassified"
         raise NoResumableState(
-            candidates, f"the resume policy chose {c.name}, which is {verdict} ({c.reason}); refused.")
+            candidates, f"the resume policy chose {c.name}, which is {verdict} ({c.reason}); refused."
+        )
     return decision

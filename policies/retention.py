@@ -46,8 +46,9 @@ def _not_ours(c: Candidate, kinds: Mapping[str, str] | None) -> str | None:
     return None
 
 
-def plan_retention(candidates: list[Candidate], keep_last: int, prune_unsafe: bool = False,
-                   kinds: Mapping[str, str] | None = None) -> RetentionPlan:
+def plan_retention(
+    candidates: list[Candidate], keep_last: int, prune_unsafe: bool = False, kinds: Mapping[str, str] | None = None
+) -> RetentionPlan:
     plan = RetentionPlan()
     ordered: list[Candidate] = []
     for c in newest_first(candidates):
@@ -66,7 +67,7 @@ def plan_retention(candidates: list[Candidate], keep_last: int, prune_unsafe: bo
         plan.keep += [c.name for c in ordered]
         return plan
     newest_key = resumable[0].sort_key
-    kept_resumable = resumable if keep_last <= 0 else resumable[:max(1, keep_last)]
+    kept_resumable = resumable if keep_last <= 0 else resumable[: max(1, keep_last)]
     keep_names = {c.name for c in kept_resumable}
     for c in ordered:
         if c.verdict is Verdict.RESUMABLE:

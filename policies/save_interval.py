@@ -38,8 +38,9 @@ COST_WINDOW = 5  # the median of the last few saves' blocked time: one slow save
 def young_daly(save_cost_s: float, mtbf_s: float) -> float:
     """``sqrt(2 * C * MTBF)``, the interval that minimises expected lost time (both > 0, finite)."""
     if not (math.isfinite(save_cost_s) and math.isfinite(mtbf_s)) or save_cost_s <= 0 or mtbf_s <= 0:
-        raise ValueError(f"young_daly needs a finite positive save cost and MTBF, got C={save_cost_s!r}, "
-                         f"MTBF={mtbf_s!r}")
+        raise ValueError(
+            f"young_daly needs a finite positive save cost and MTBF, got C={save_cost_s!r}, MTBF={mtbf_s!r}"
+        )
     return math.sqrt(2.0 * save_cost_s * mtbf_s)
 
 
@@ -93,16 +94,20 @@ class AutoDecision:
     prior_per_hour: float
 
     def describe(self) -> str:
-        inputs = (f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} preemption(s) in {self.exposure_s:.0f} s "
-                  f"run time and the prior {self.prior_per_hour:g}/hour")
+        inputs = (
+            f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} preemption(s) in {self.exposure_s:.0f} s "
+            f"run time and the prior {self.prior_per_hour:g}/hour"
+        )
         if self.interval_s is None:
             return f"save_every auto: no save measured yet, the next boundary saves to measure one ({inputs})"
-        return (f"save_every auto: a state every {self.interval_s:.1f} s = sqrt(2 x C {self.save_cost_s:.3f} s "
-                f"x {inputs})")
+        return (
+            f"save_every auto: a state every {self.interval_s:.1f} s = sqrt(2 x C {self.save_cost_s:.3f} s x {inputs})"
+        )
 
 
-def decide(blocked_seconds: Iterable[float], preemptions: int, exposure_s: float,
-           prior_per_hour: float) -> AutoDecision:
+def decide(
+    blocked_seconds: Iterable[float], preemptions: int, exposure_s: float, prior_per_hour: float
+) -> AutoDecision:
     """The interval for what has been measured so far, clamped to [MIN_INTERVAL_S, MAX_INTERVAL_S]."""
     cost = save_cost(blocked_seconds)
     mtbf = mtbf_estimate(preemptions, exposure_s, prior_per_hour)

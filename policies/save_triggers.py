@@ -88,8 +88,12 @@ class AutoInterval:
 
     wall_clock = True
 
-    def __init__(self, prior_per_hour: float, history: PreemptionHistory | None = None,
-                 on_decision: Callable[[AutoDecision], None] | None = None) -> None:
+    def __init__(
+        self,
+        prior_per_hour: float,
+        history: PreemptionHistory | None = None,
+        on_decision: Callable[[AutoDecision], None] | None = None,
+    ) -> None:
         self.prior_per_hour = prior_per_hour
         self.history = history or PreemptionHistory(0, 0.0, ())
         self.blocked: list[float] = list(self.history.blocked_seconds)
@@ -108,12 +112,19 @@ class AutoInterval:
         return self._decide(attempt_elapsed_s)
 
     def _decide(self, attempt_elapsed_s: float) -> AutoDecision:
-        new = decide(self.blocked, self.history.preemptions, self.history.exposure_s + attempt_elapsed_s,
-                     self.prior_per_hour)
+        new = decide(
+            self.blocked, self.history.preemptions, self.history.exposure_s + attempt_elapsed_s, self.prior_per_hour
+        )
         old = self.decision
-        changed = (old is None or (old.interval_s is None) != (new.interval_s is None)
-                   or (new.interval_s is not None and old.interval_s is not None
-                       and abs(new.interval_s - old.interval_s) > 0.1 * old.interval_s))
+        changed = (
+            old is None
+            or (old.interval_s is None) != (new.interval_s is None)
+            or (
+                new.interval_s is not None
+                and old.interval_s is not None
+                and abs(new.interval_s - old.interval_s) > 0.1 * old.interval_s
+            )
+        )
         self.decision = new
         if changed and self.on_decision is not None:
             self.on_decision(new)

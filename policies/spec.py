@@ -83,8 +83,9 @@ class _Strict(BaseModel):
 
 class ElasticWorkers(_Strict):
     min: StrictInt = Field(..., ge=1, le=MAX_WORKERS, description="The fewest workers the run continues on.")
-    max: StrictInt = Field(..., ge=1, le=MAX_WORKERS, description=(
-        "The most workers; train.grad_accum is stated for this many."))
+    max: StrictInt = Field(
+        ..., ge=1, le=MAX_WORKERS, description=("The most workers; train.grad_accum is stated for this many.")
+    )
 
     @model_validator(mode="after")
     def _order(self) -> ElasticWorkers:
@@ -99,25 +100,47 @@ def _workers_kind(v: Any) -> str:
 
 
 # a tagged union: an elastic range's error is about its min/max only, not also "not an integer"
-_Workers = Annotated[Annotated[StrictInt, Tag("tagged-fixed")] | Annotated[ElasticWorkers, Tag("tagged-elastic")],
-                     Discriminator(_workers_kind)]
+_Workers = Annotated[
+    Annotated[StrictInt, Tag("tagged-fixed")] | Annotated[ElasticWorkers, Tag("tagged-elastic")],
+    Discriminator(_workers_kind),
+]
 
 
 class ScalingSpec(_Strict):
     """Named after Ray Train's ``ScalingConfig``."""
 
-    num_workers: _Workers = Field(1, description=(
-        "Ray Train workers (one torch rank each, at most 4096), or {min, max} for elastic training: the run "
-        "continues on whatever number in the range Ray can place (train.grad_accum is then stated for max workers)."))
-    cpus_per_worker: float = Field(1.0, gt=0, le=MAX_CPUS_PER_WORKER, description=(
-        "CPUs reserved per worker; also the intra-op thread count, so results do not depend on the host's cores."))
-    use_gpu: bool = Field(False, description=(
-        "One GPU per worker (the one at LOCAL_RANK), NCCL instead of gloo; batches are moved to it for you."))
-    collective_timeout_s: StrictInt = Field(600, ge=1, le=MAX_COLLECTIVE_TIMEOUT_S, description=(
-        "Seconds any one collective (gloo or NCCL, DeepSpeed's own groups included) may wait for its peers "
-        "before it fails (torch and Ray Train default to 1800 s): the backstop for a peer that went silent where "
-        "Ray's node health check cannot see it. "
-        "Every legitimate wait must fit (the slowest rank's save, load or op build at a barrier)."))
+    num_workers: _Workers = Field(
+        1,
+        description=(
+            "Ray Train workers (one torch rank each, at most 4096), or {min, max} for elastic training: the run "
+            "continues on whatever number in the range Ray can place (train.grad_accum is then stated for max workers)."
+        ),
+    )
+    cpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_CPUS_PER_WORKER,
+        description=(
+            "CPUs reserved per worker; also the intra-op thread count, so results do not depend on the host's cores."
+        ),
+    )
+    use_gpu: bool = Field(
+        False,
+        description=(
+            "One GPU per worker (the one at LOCAL_RANK), NCCL instead of gloo; batches are moved to it for you."
+        ),
+    )
+    collective_timeout_s: StrictInt = Field(
+        600,
+        ge=1,
+        le=MAX_COLLECTIVE_TIMEOUT_S,
+        description=(
+            "Seconds any one collective (gloo or NCCL, DeepSpeed's own groups included) may wait for its peers "
+            "before it fails (torch and Ray Train default to 1800 s): the backstop for a peer that went silent where "
+            "Ray's node health check cannot see it. "
+            "Every legitimate wait must fit (the slowest rank's save, load or op build at a barrier)."
+        ),
+    )
 
     @field_validator("num_workers")
     @classmethod
@@ -142,8 +165,9 @@ class ScalingSpec(_Strict):
 
 
 class TaskSpec(_Strict):
-    path: str = Field(..., max_length=MAX_IMPORT_PATH_CHARS,
-                      description="Import path 'package.module:function' returning a Task.")
+    path: str = Field(
+        ..., max_length=MAX_IMPORT_PATH_CHARS, description="Import path 'package.module:function' returning a Task."
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="Passed to the task function as-is.")
 
     @field_validator("path")
@@ -155,24 +179,37 @@ class TaskSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    type: Literal["adamw", "adam", "sgd"] = Field("adamw", description=(
-        "The optimizer; changing it between attempts is refused unless resume.reset_optimizer."))
+    type: Literal["adamw", "adam", "sgd"] = Field(
+        "adamw", description=("The optimizer; changing it between attempts is refused unless resume.reset_optimizer.")
+    )
     weight_decay: float = Field(0.0, ge=0, description="Weight decay of every parameter not matched by no_decay.")
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = Field(
-        (0.9, 0.999), description="Adam/AdamW betas.")
+        (0.9, 0.999), description="Adam/AdamW betas."
+    )
     eps: float = Field(1e-8, gt=0, le=1, description="Adam/AdamW epsilon.")
     momentum: float = Field(0.0, ge=0, le=1, description="SGD momentum.")
     no_decay: list[Annotated[str, Field(min_length=1, max_length=MAX_PATTERN_CHARS)]] | None = Field(
-        None, max_length=MAX_NO_DECAY_PATTERNS, description=(
+        None,
+        max_length=MAX_NO_DECAY_PATTERNS,
+        description=(
             "Parameter name patterns (fnmatch, e.g. '*.bias') kept out of weight decay, in a second param group "
             "with weight_decay 0. Default (null): biases and the parameters of normalization modules (LayerNorm, "
             "RMSNorm, GroupNorm, BatchNorm, any module class named *Norm*); [] keeps one group. The split does not "
-            "depend on weight_decay, so editing weight_decay never changes the group layout."))
+            "depend on weight_decay, so editing weight_decay never changes the group layout."
+        ),
+    )
 
 
 # the fields only one schedule type reads: set for another type they are an error, not silently ignored
-_TYPE_FIELDS = {"decay": "wsd", "decay_fraction": "wsd", "decay_shape": "wsd", "power": "polynomial",
-                "step_size": "step", "gamma": "step", "path": "custom"}
+_TYPE_FIELDS = {
+    "decay": "wsd",
+    "decay_fraction": "wsd",
+    "decay_shape": "wsd",
+    "power": "polynomial",
+    "step_size": "step",
+    "gamma": "step",
+    "path": "custom",
+}
 
 
 class SchedulerSpec(_Strict):
@@ -182,33 +219,50 @@ class SchedulerSpec(_Strict):
     """
 
     type: Literal["constant", "linear", "cosine", "wsd", "inverse_sqrt", "polynomial", "step", "custom"] = Field(
-        "constant", description=(
+        "constant",
+        description=(
             "constant; linear, cosine (decay to min_lr_ratio over the horizon); wsd (warmup-stable-decay: 1 until "
             "the last decay units, or decay_fraction of the horizon, then a decay_shape decay); inverse_sqrt "
             "(sqrt(warmup / (position + 1)) after the warmup); polynomial ((1 - progress)^power); step (times gamma "
             "every step_size units after the warmup); custom (path). Changing the type or the phase order (a warmup "
-            "added or removed, wsd's decay_shape) between attempts is refused unless resume.reset_schedule."))
+            "added or removed, wsd's decay_shape) between attempts is refused unless resume.reset_schedule."
+        ),
+    )
     warmup: StrictInt = Field(0, ge=0, le=MAX_STEPS, description="Warmup length in `unit`s (linear ramp from 0).")
-    unit: Literal["optimizer_steps", "epochs"] = Field("optimizer_steps", description=(
-        "What warmup, total, decay and step_size count. A change between attempts recomputes the position "
-        "(with a warning)."))
-    total: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
-                                    description="Horizon in `unit`s; default: the run's length.")
+    unit: Literal["optimizer_steps", "epochs"] = Field(
+        "optimizer_steps",
+        description=(
+            "What warmup, total, decay and step_size count. A change between attempts recomputes the position "
+            "(with a warning)."
+        ),
+    )
+    total: StrictInt | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Horizon in `unit`s; default: the run's length."
+    )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The factor decaying schedules end at (their floor).")
-    decay: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
-                                    description="wsd: the decay phase's length in `unit`s (or decay_fraction).")
-    decay_fraction: float | None = Field(None, gt=0, le=1,
-                                         description="wsd: the decay phase as a fraction of the horizon (or decay).")
+    decay: StrictInt | None = Field(
+        None, ge=1, le=MAX_STEPS, description="wsd: the decay phase's length in `unit`s (or decay_fraction)."
+    )
+    decay_fraction: float | None = Field(
+        None, gt=0, le=1, description="wsd: the decay phase as a fraction of the horizon (or decay)."
+    )
     decay_shape: Literal["linear", "cosine"] | None = Field(None, description="wsd: the decay's shape (linear).")
-    power: float | None = Field(None, gt=0, le=MAX_POWER,
-                                description="polynomial: the exponent of (1 - progress) (default 1: linear).")
-    step_size: StrictInt | None = Field(None, ge=1, le=MAX_STEPS,
-                                        description="step: multiply the rate by gamma every step_size `unit`s.")
+    power: float | None = Field(
+        None, gt=0, le=MAX_POWER, description="polynomial: the exponent of (1 - progress) (default 1: linear)."
+    )
+    step_size: StrictInt | None = Field(
+        None, ge=1, le=MAX_STEPS, description="step: multiply the rate by gamma every step_size `unit`s."
+    )
     gamma: float | None = Field(None, gt=0, le=1, description="step: the factor per step_size (default 0.1).")
-    path: str | None = Field(None, max_length=MAX_IMPORT_PATH_CHARS, description=(
-        "custom: 'pkg.mod:fn', fn(position: int, total: int) -> float, a finite factor >= 0 on each group's base "
-        "rate, checked at every step. It decides the whole schedule, so warmup and min_lr_ratio are refused with "
-        "it; a path that does not resolve fails before anything is loaded."))
+    path: str | None = Field(
+        None,
+        max_length=MAX_IMPORT_PATH_CHARS,
+        description=(
+            "custom: 'pkg.mod:fn', fn(position: int, total: int) -> float, a finite factor >= 0 on each group's base "
+            "rate, checked at every step. It decides the whole schedule, so warmup and min_lr_ratio are refused with "
+            "it; a path that does not resolve fails before anything is loaded."
+        ),
+    )
 
     @field_validator("path")
     @classmethod
@@ -222,20 +276,28 @@ class SchedulerSpec(_Strict):
         stray = [k for k, owner in _TYPE_FIELDS.items() if getattr(self, k) is not None and owner != self.type]
         if stray:
             k = stray[0]
-            raise ValueError(f"train.scheduler.{k} applies to type {_TYPE_FIELDS[k]} only (type is {self.type}); "
-                             f"remove it or set type: {_TYPE_FIELDS[k]}")
+            raise ValueError(
+                f"train.scheduler.{k} applies to type {_TYPE_FIELDS[k]} only (type is {self.type}); "
+                f"remove it or set type: {_TYPE_FIELDS[k]}"
+            )
         if self.type == "wsd" and (self.decay is None) == (self.decay_fraction is None):
-            raise ValueError("train.scheduler type wsd needs exactly one of decay (the decay phase in units) or "
-                             "decay_fraction (of the horizon), e.g. decay_fraction: 0.2")
+            raise ValueError(
+                "train.scheduler type wsd needs exactly one of decay (the decay phase in units) or "
+                "decay_fraction (of the horizon), e.g. decay_fraction: 0.2"
+            )
         if self.type == "step" and self.step_size is None:
             raise ValueError("train.scheduler type step needs step_size (units between two multiplications by gamma)")
         if self.type == "custom":
             if self.path is None:
-                raise ValueError("train.scheduler type custom needs path: 'package.module:function', "
-                                 "fn(position: int, total: int) -> float")
+                raise ValueError(
+                    "train.scheduler type custom needs path: 'package.module:function', "
+                    "fn(position: int, total: int) -> float"
+                )
             if self.warmup or self.min_lr_ratio:
-                raise ValueError("train.scheduler type custom: the function decides the whole schedule; "
-                                 "remove warmup and min_lr_ratio (put them in the function)")
+                raise ValueError(
+                    "train.scheduler type custom: the function decides the whole schedule; "
+                    "remove warmup and min_lr_ratio (put them in the function)"
+                )
         return self
 
 
@@ -258,8 +320,9 @@ class EvalEvery(_Strict):
         if isinstance(v, str):
             parts = v.split()
             if len(parts) != 2:
-                raise ValueError("write it as '<number> <unit>', e.g. '100 optimizer_steps' or '1 epochs', "
-                                 "or {value, unit}")
+                raise ValueError(
+                    "write it as '<number> <unit>', e.g. '100 optimizer_steps' or '1 epochs', or {value, unit}"
+                )
             return {"value": parts[0], "unit": parts[1]}
         return v
 
@@ -272,49 +335,113 @@ class EvalEvery(_Strict):
 
 class TrainSpec(_Strict):
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
-    grad_accum: StrictInt = Field(1, ge=1, le=MAX_GRAD_ACCUM,
-                                  description="Micro-batches per optimizer step (the epoch end flushes a short cycle).")
-    epochs: StrictInt | None = Field(None, ge=1, le=MAX_EPOCHS, description=(
-        "Epochs to train; set epochs, max_steps or both (whichever ends first)."))
-    max_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description=(
-        "Stop after this many optimizer steps (with epochs: whichever ends first)."))
-    seed: StrictInt = Field(0, ge=0, le=MAX_SEED, description=(
-        "Seeds model initialisation, the sampler's permutation and every per-sample random draw."))
-    lr: float = Field(1e-3, gt=0, le=MAX_LR, description=(
-        "Base learning rate (above 100 it is a typo such as 1e3 for 1e-3); unused when the task returns "
-        "Task.optimizer, whose groups carry their own."))
-    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description=(
-        "adamw, adam or sgd, or {type, weight_decay, betas, eps, momentum, no_decay}; unused when the task "
-        "returns Task.optimizer."))
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec, description=(
-        "The learning-rate schedule: a factor on each param group's base rate, after a linear warmup of "
-        "`warmup` units (not custom), decaying schedules ending at min_lr_ratio over the horizon `total`."))
+    grad_accum: StrictInt = Field(
+        1,
+        ge=1,
+        le=MAX_GRAD_ACCUM,
+        description="Micro-batches per optimizer step (the epoch end flushes a short cycle).",
+    )
+    epochs: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_EPOCHS,
+        description=("Epochs to train; set epochs, max_steps or both (whichever ends first)."),
+    )
+    max_steps: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description=("Stop after this many optimizer steps (with epochs: whichever ends first)."),
+    )
+    seed: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description=("Seeds model initialisation, the sampler's permutation and every per-sample random draw."),
+    )
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        le=MAX_LR,
+        description=(
+            "Base learning rate (above 100 it is a typo such as 1e3 for 1e-3); unused when the task returns "
+            "Task.optimizer, whose groups carry their own."
+        ),
+    )
+    optimizer: OptimizerSpec = Field(
+        default_factory=OptimizerSpec,
+        description=(
+            "adamw, adam or sgd, or {type, weight_decay, betas, eps, momentum, no_decay}; unused when the task "
+            "returns Task.optimizer."
+        ),
+    )
+    scheduler: SchedulerSpec = Field(
+        default_factory=SchedulerSpec,
+        description=(
+            "The learning-rate schedule: a factor on each param group's base rate, after a linear warmup of "
+            "`warmup` units (not custom), decaying schedules ending at min_lr_ratio over the horizon `total`."
+        ),
+    )
     gradient_clipping: float = Field(0.0, ge=0, description="DeepSpeed's gradient clipping (0: off).")
-    dataloader_workers: StrictInt = Field(0, ge=0, le=MAX_DATALOADER_WORKERS,
-                                          description="torch DataLoader worker processes.")
-    stream_shuffle_buffer: StrictInt = Field(0, ge=0, le=MAX_STREAM_SHUFFLE_BUFFER, description=(
-        "Stream datasets: shuffle each rank's stream through a buffer of this many examples, reseeded every pass "
-        "and saved with every state, so a resume continues exactly (0: no shuffle). Datasets' own "
-        ".shuffle(buffer_size) is refused: its resume refills the buffer with other examples."))
-    stream_epoch_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS, description=(
-        "Stream datasets: optimizer steps that count as one epoch (a stream has no length), so train.epochs, "
-        "epoch-unit schedules and evaluations can count epochs; default: none, train.max_steps ends the run."))
-    record_samples: bool = Field(False,
-                                 description="Log the sample ids of every optimizer step (audits, elastic tests).")
-    log_every: StrictInt = Field(10, ge=1, le=MAX_STEPS, description=(
-        "Every N optimizer steps (and at the last): the progress line, the Ray Train report and the TensorBoard "
-        "points."))
-    eval_every: EvalEvery = Field(default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"), description=(
-        "Evaluate the task's eval_dataset every N optimizer_steps or epochs (at sync boundaries, and at the run's "
-        "end); 0 is off."))
-    max_nonfinite_steps: StrictInt = Field(10, ge=1, le=MAX_STEPS, description=(
-        "Fail the run after this many consecutive optimizer steps whose loss is not finite or whose update "
-        "DeepSpeed skipped for overflowing gradients, naming the first (a diverged run, retried, diverges again). "
-        "10: fp16's dynamic loss scale skips a few steps in a row while it finds its scale, a diverged run skips "
-        "every step."))
-    deterministic: bool = Field(True, description=(
-        "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
-        "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."))
+    dataloader_workers: StrictInt = Field(
+        0, ge=0, le=MAX_DATALOADER_WORKERS, description="torch DataLoader worker processes."
+    )
+    stream_shuffle_buffer: StrictInt = Field(
+        0,
+        ge=0,
+        le=MAX_STREAM_SHUFFLE_BUFFER,
+        description=(
+            "Stream datasets: shuffle each rank's stream through a buffer of this many examples, reseeded every pass "
+            "and saved with every state, so a resume continues exactly (0: no shuffle). Datasets' own "
+            ".shuffle(buffer_size) is refused: its resume refills the buffer with other examples."
+        ),
+    )
+    stream_epoch_steps: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description=(
+            "Stream datasets: optimizer steps that count as one epoch (a stream has no length), so train.epochs, "
+            "epoch-unit schedules and evaluations can count epochs; default: none, train.max_steps ends the run."
+        ),
+    )
+    record_samples: bool = Field(
+        False, description="Log the sample ids of every optimizer step (audits, elastic tests)."
+    )
+    log_every: StrictInt = Field(
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description=(
+            "Every N optimizer steps (and at the last): the progress line, the Ray Train report and the TensorBoard "
+            "points."
+        ),
+    )
+    eval_every: EvalEvery = Field(
+        default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"),
+        description=(
+            "Evaluate the task's eval_dataset every N optimizer_steps or epochs (at sync boundaries, and at the run's "
+            "end); 0 is off."
+        ),
+    )
+    max_nonfinite_steps: StrictInt = Field(
+        10,
+        ge=1,
+        le=MAX_STEPS,
+        description=(
+            "Fail the run after this many consecutive optimizer steps whose loss is not finite or whose update "
+            "DeepSpeed skipped for overflowing gradients, naming the first (a diverged run, retried, diverges again). "
+            "10: fp16's dynamic loss scale skips a few steps in a row while it finds its scale, a diverged run skips "
+            "every step."
+        ),
+    )
+    deterministic: bool = Field(
+        True,
+        description=(
+            "GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG) so a resumed "
+            "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."
+        ),
+    )
 
     @field_validator("optimizer", mode="before")
     @classmethod
@@ -358,40 +485,61 @@ def _secret_keys(obj: Any, path: str = "deepspeed.config", depth: int = 0) -> li
 
 
 class DeepSpeedSpec(_Strict):
-    zero_stage: Literal[0, 1, 2, 3] = Field(2, description=(
-        "ZeRO stage: 1 partitions the optimizer state, 2 also the gradients, 3 also the parameters."))
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        2, description=("ZeRO stage: 1 partitions the optimizer state, 2 also the gradients, 3 also the parameters.")
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fp16 needs scaling.use_gpu.")
     offload_optimizer: Literal["none", "cpu"] = Field(
-        "none", description=(
-            "ZeRO-Offload: optimizer state and step on the CPU (ZeRO 1-3; Adam/AdamW use DeepSpeed's CPU Adam)."))
+        "none",
+        description=(
+            "ZeRO-Offload: optimizer state and step on the CPU (ZeRO 1-3; Adam/AdamW use DeepSpeed's CPU Adam)."
+        ),
+    )
     offload_params: Literal["none", "cpu"] = Field(
-        "none", description="ZeRO-Infinity parameter offload to the CPU (ZeRO 3 only).")
-    config: dict[str, Any] = Field(default_factory=dict, description=(
-        "Passthrough DeepSpeed config keys: not the ones syncpoint sets (batch sizes, zero_optimization, "
-        "optimizer, scheduler, bf16, fp16), and no secrets (DeepSpeed stores its config in every checkpoint file, "
-        "so a key that names a credential is refused)."))
+        "none", description="ZeRO-Infinity parameter offload to the CPU (ZeRO 3 only)."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Passthrough DeepSpeed config keys: not the ones syncpoint sets (batch sizes, zero_optimization, "
+            "optimizer, scheduler, bf16, fp16), and no secrets (DeepSpeed stores its config in every checkpoint file, "
+            "so a key that names a credential is refused)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _offload_needs_stage(self) -> DeepSpeedSpec:
         """DeepSpeed offloads only what ZeRO partitions: the optimizer from stage 1, parameters at 3."""
         if self.offload_optimizer != "none" and self.zero_stage == 0:
-            raise ValueError("deepspeed.offload_optimizer needs deepspeed.zero_stage 1, 2 or 3 (ZeRO 0 does not "
-                             "partition the optimizer, so DeepSpeed has nothing to offload)")
+            raise ValueError(
+                "deepspeed.offload_optimizer needs deepspeed.zero_stage 1, 2 or 3 (ZeRO 0 does not "
+                "partition the optimizer, so DeepSpeed has nothing to offload)"
+            )
         if self.offload_params != "none" and self.zero_stage != 3:
-            raise ValueError("deepspeed.offload_params needs deepspeed.zero_stage: 3 "
-                             "(only ZeRO-3 partitions parameters)")
+            raise ValueError(
+                "deepspeed.offload_params needs deepspeed.zero_stage: 3 (only ZeRO-3 partitions parameters)"
+            )
         return self
 
     @field_validator("config")
     @classmethod
     def _no_conflicts(cls, v: dict[str, Any]) -> dict[str, Any]:
-        owned = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-                 "zero_optimization", "optimizer", "scheduler", "bf16", "fp16"}
+        owned = {
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "train_batch_size",
+            "zero_optimization",
+            "optimizer",
+            "scheduler",
+            "bf16",
+            "fp16",
+        }
         clash = sorted(owned & set(v))
         if clash:
             raise ValueError(
                 f"keys {clash} are set by syncpoint from train.* and deepspeed.zero_stage/precision; "
-                "set them there instead")
+                "set them there instead"
+            )
         secrets = _secret_keys(v)
         if secrets:
             raise ValueError(
@@ -399,7 +547,8 @@ class DeepSpeedSpec(_Strict):
                 "(a key, token or password). "
                 "DeepSpeed stores its whole config inside every checkpoint file (mp_rank_*.pt), so it would land in "
                 "storage: remove it and give it to the workers as an environment variable instead (the monitors read "
-                "WANDB_API_KEY, COMET_API_KEY, ...; set it from a secret store or a Kubernetes Secret)")
+                "WANDB_API_KEY, COMET_API_KEY, ...; set it from a secret store or a Kubernetes Secret)"
+            )
         return v
 
 
@@ -409,8 +558,9 @@ class SaveEvery(_Strict):
     ``syncpoint.policies.save_interval``)."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
-    unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"] = Field(..., description=(
-        "What value counts; auto takes no value."))
+    unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"] = Field(
+        ..., description=("What value counts; auto takes no value.")
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -427,9 +577,11 @@ class SaveEvery(_Strict):
     @model_validator(mode="after")
     def _integral(self) -> SaveEvery:
         if self.unit == "auto" and self.value != 0:
-            raise ValueError("save_every auto takes no value (the interval is computed from the measured save cost "
-                             "and preemption rate): write `save_every: auto`, or give a fixed interval such as "
-                             f"'{self.value:g} seconds'")
+            raise ValueError(
+                "save_every auto takes no value (the interval is computed from the measured save cost "
+                "and preemption rate): write `save_every: auto`, or give a fixed interval such as "
+                f"'{self.value:g} seconds'"
+            )
         if self.unit not in ("seconds", "auto") and self.value != int(self.value):
             raise ValueError(f"{self.unit} must be a whole number")
         return self
@@ -438,12 +590,17 @@ class SaveEvery(_Strict):
 class CheckpointSpec(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
-    save_every: SaveEvery = Field(default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"), description=(
-        "{value, unit}, '200 micro_steps', or auto (an interval from the measured save cost and the preemption "
-        "rate); off by default. A request that falls mid-cycle is carried to the next sync boundary, never "
-        "dropped, and the run always commits a state at its end."))
-    save_trigger: str | None = Field(None, max_length=MAX_IMPORT_PATH_CHARS,
-                                     description="Custom trigger 'pkg.mod:Class' (replaces save_every).")
+    save_every: SaveEvery = Field(
+        default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"),
+        description=(
+            "{value, unit}, '200 micro_steps', or auto (an interval from the measured save cost and the preemption "
+            "rate); off by default. A request that falls mid-cycle is carried to the next sync boundary, never "
+            "dropped, and the run always commits a state at its end."
+        ),
+    )
+    save_trigger: str | None = Field(
+        None, max_length=MAX_IMPORT_PATH_CHARS, description="Custom trigger 'pkg.mod:Class' (replaces save_every)."
+    )
 
     @field_validator("save_trigger")
     @classmethod
@@ -451,44 +608,81 @@ class CheckpointSpec(_Strict):
         if v is not None and not is_import_path(v):
             raise ValueError("must look like 'package.module:Class' (a class with wants_save(tick) -> bool)")
         return v
-    expected_preemptions_per_hour: float | None = Field(None, gt=0, le=MAX_PREEMPTIONS_PER_HOUR, description=(
-        "With save_every: auto, the preemption rate assumed until this run has seen its own (default 1 per hour); "
-        "the estimate then moves to the observed rate."))
+
+    expected_preemptions_per_hour: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_PREEMPTIONS_PER_HOUR,
+        description=(
+            "With save_every: auto, the preemption rate assumed until this run has seen its own (default 1 per hour); "
+            "the estimate then moves to the observed rate."
+        ),
+    )
     keep_last: StrictInt = Field(3, ge=0, le=MAX_COUNT, description="Resumable states to keep; 0 keeps all.")
-    prune_unsafe: bool = Field(False, description=(
-        "Also delete mid-cycle, corrupt and incompatible states older than the newest resumable one."))
+    prune_unsafe: bool = Field(
+        False,
+        description=("Also delete mid-cycle, corrupt and incompatible states older than the newest resumable one."),
+    )
     export_final: bool = Field(True, description="Write the final model to <run>/final/model.safetensors.")
-    async_save: bool = Field(False, alias="async", description=(
-        "Only a copy of the tensors into reusable host buffers blocks training; serialization, checksum and "
-        "upload run in the background, and the manifest commits once every rank's upload finished (at most one "
-        "save in flight; the run's last save is synchronous)."))
-    checksum: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description=(
-        "Checksum of every file in a state's manifest, verified before anything is loaded: xxh3_128 "
-        "(fast, guards against torn and corrupt files) or sha256 (cryptographic, ~7x slower; needed for "
-        "signing)."))
-    signing_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", description=(
-        "Name of an environment variable holding a key (>= 32 bytes): rank 0 signs every manifest with "
-        "HMAC-SHA256, and selection refuses unsigned or wrongly signed states as untrusted. Needs "
-        "checksum: sha256."))
+    async_save: bool = Field(
+        False,
+        alias="async",
+        description=(
+            "Only a copy of the tensors into reusable host buffers blocks training; serialization, checksum and "
+            "upload run in the background, and the manifest commits once every rank's upload finished (at most one "
+            "save in flight; the run's last save is synchronous)."
+        ),
+    )
+    checksum: Literal["xxh3_128", "sha256"] = Field(
+        "xxh3_128",
+        description=(
+            "Checksum of every file in a state's manifest, verified before anything is loaded: xxh3_128 "
+            "(fast, guards against torn and corrupt files) or sha256 (cryptographic, ~7x slower; needed for "
+            "signing)."
+        ),
+    )
+    signing_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description=(
+            "Name of an environment variable holding a key (>= 32 bytes): rank 0 signs every manifest with "
+            "HMAC-SHA256, and selection refuses unsigned or wrongly signed states as untrusted. Needs "
+            "checksum: sha256."
+        ),
+    )
 
     @model_validator(mode="after")
     def _rate_needs_auto(self) -> CheckpointSpec:
         if self.expected_preemptions_per_hour is not None and (self.save_every.unit != "auto" or self.save_trigger):
-            raise ValueError("checkpoint.expected_preemptions_per_hour is only read by checkpoint.save_every: auto "
-                             "(it sets the preemption rate the interval assumes before any was observed); set "
-                             "save_every: auto, or remove expected_preemptions_per_hour")
+            raise ValueError(
+                "checkpoint.expected_preemptions_per_hour is only read by checkpoint.save_every: auto "
+                "(it sets the preemption rate the interval assumes before any was observed); set "
+                "save_every: auto, or remove expected_preemptions_per_hour"
+            )
         return self
 
     @model_validator(mode="after")
     def _signed_needs_sha256(self) -> CheckpointSpec:
         if self.signing_key_env and self.checksum != "sha256":
-            raise ValueError("checkpoint.signing_key_env needs checkpoint.checksum: sha256 (a signature over xxh3_128 "
-                             "checksums would not authenticate the files: xxh3 is not collision-resistant)")
+            raise ValueError(
+                "checkpoint.signing_key_env needs checkpoint.checksum: sha256 (a signature over xxh3_128 "
+                "checksums would not authenticate the files: xxh3 is not collision-resistant)"
+            )
         return self
 
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def _byte_count(v: Any) -> Any:
@@ -505,25 +699,51 @@ class CorpusSpec(_Strict):
     """How syncpoint reads a sharded corpus (``syncpoint.workers.corpus.ShardedCorpus``, returned by the task as
     its dataset): the epoch order, and the node-local cache the shards are fetched into."""
 
-    shuffle: Literal["auto", "global", "shard-window"] = Field("auto", description=(
-        "auto: shard-window when the task's dataset is a ShardedCorpus, else global | global: one keyed "
-        "permutation of every sample per epoch (random access over the whole corpus) | shard-window: the "
-        "shard order permuted per epoch, then the rows within each window of window_shards shards (reads "
-        "window_shards shards at a time)."))
-    window_shards: StrictInt = Field(8, ge=1, le=MAX_WINDOW_SHARDS, description=(
-        "shard-window: consecutive shards (of the epoch's shard order) whose rows are shuffled together; "
-        "a micro-batch draws from one window. More mixes better and needs a larger cache."))
-    prefetch_shards: StrictInt | None = Field(None, ge=0, le=MAX_WINDOW_SHARDS, description=(
-        "Shards fetched ahead of the window in use (default: window_shards, one window ahead)."))
-    fetch_concurrency: StrictInt = Field(4, ge=1, le=MAX_FETCH_CONCURRENCY,
-                                         description="Shards downloaded at the same time per process.")
-    cache_dir: str | None = Field(None, max_length=MAX_PATH_CHARS, description=(
-        "Local directory of the shard cache and the corpus index (shared by the ranks of a node); default "
-        "$SYNCPOINT_CORPUS_CACHE, else <tmp>/syncpoint-corpus-<uid>. Shards on a local filesystem are read "
-        "in place."))
-    cache_bytes: StrictInt = Field(16 << 30, ge=1, le=MAX_CACHE_BYTES, description=(
-        "Bound of the shard cache per node (bytes, or '16 GiB'): it must hold window_shards + prefetch_shards "
-        "of the largest shard; least recently used shards are evicted beyond it."))
+    shuffle: Literal["auto", "global", "shard-window"] = Field(
+        "auto",
+        description=(
+            "auto: shard-window when the task's dataset is a ShardedCorpus, else global | global: one keyed "
+            "permutation of every sample per epoch (random access over the whole corpus) | shard-window: the "
+            "shard order permuted per epoch, then the rows within each window of window_shards shards (reads "
+            "window_shards shards at a time)."
+        ),
+    )
+    window_shards: StrictInt = Field(
+        8,
+        ge=1,
+        le=MAX_WINDOW_SHARDS,
+        description=(
+            "shard-window: consecutive shards (of the epoch's shard order) whose rows are shuffled together; "
+            "a micro-batch draws from one window. More mixes better and needs a larger cache."
+        ),
+    )
+    prefetch_shards: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_WINDOW_SHARDS,
+        description=("Shards fetched ahead of the window in use (default: window_shards, one window ahead)."),
+    )
+    fetch_concurrency: StrictInt = Field(
+        4, ge=1, le=MAX_FETCH_CONCURRENCY, description="Shards downloaded at the same time per process."
+    )
+    cache_dir: str | None = Field(
+        None,
+        max_length=MAX_PATH_CHARS,
+        description=(
+            "Local directory of the shard cache and the corpus index (shared by the ranks of a node); default "
+            "$SYNCPOINT_CORPUS_CACHE, else <tmp>/syncpoint-corpus-<uid>. Shards on a local filesystem are read "
+            "in place."
+        ),
+    )
+    cache_bytes: StrictInt = Field(
+        16 << 30,
+        ge=1,
+        le=MAX_CACHE_BYTES,
+        description=(
+            "Bound of the shard cache per node (bytes, or '16 GiB'): it must hold window_shards + prefetch_shards "
+            "of the largest shard; least recently used shards are evicted beyond it."
+        ),
+    )
 
     @field_validator("cache_bytes", mode="before")
     @classmethod
@@ -534,8 +754,9 @@ class CorpusSpec(_Strict):
     @classmethod
     def _local_dir(cls, v: str | None) -> str | None:
         if v is not None and "://" in v and not v.startswith("file://"):
-            raise ValueError("must be a local directory (the cache holds shards next to the ranks that read them), "
-                             "not a URL")
+            raise ValueError(
+                "must be a local directory (the cache holds shards next to the ranks that read them), not a URL"
+            )
         return v.removeprefix("file://") if v else v
 
     @property
@@ -544,11 +765,15 @@ class CorpusSpec(_Strict):
 
 
 class ResumeSpec(_Strict):
-    policy: str = Field("newest-resumable", max_length=MAX_IMPORT_PATH_CHARS,
-                        description=(
-                            "newest-resumable, pinned, fresh, best-metric, or your own 'pkg.mod:Class'. A Ray "
-                            "restart inside one submission continues from that submission's newest state "
-                            "whatever the policy."))
+    policy: str = Field(
+        "newest-resumable",
+        max_length=MAX_IMPORT_PATH_CHARS,
+        description=(
+            "newest-resumable, pinned, fresh, best-metric, or your own 'pkg.mod:Class'. A Ray "
+            "restart inside one submission continues from that submission's newest state "
+            "whatever the policy."
+        ),
+    )
 
     @field_validator("policy")
     @classmethod
@@ -556,41 +781,90 @@ class ResumeSpec(_Strict):
         if v not in BUILTIN_POLICIES and not is_import_path(v):
             raise ValueError(f"must be one of {', '.join(BUILTIN_POLICIES)}, or 'package.module:Class' for your own")
         return v
-    policy_args: dict[str, Any] = Field(default_factory=dict, description=(
-        "Keyword arguments for the policy, e.g. pinned: {state: 120}, best-metric: {metric: loss, mode: min}."))
-    init_from: str | None = Field(None, max_length=MAX_PATH_CHARS, description=(
-        "A state URL, or a run directory (its newest committed state), to take weights from: fine-tuning. Never "
-        "its position, RNG or data position; once this run has its own resumable state, that wins."))
+
+    policy_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Keyword arguments for the policy, e.g. pinned: {state: 120}, best-metric: {metric: loss, mode: min}."
+        ),
+    )
+    init_from: str | None = Field(
+        None,
+        max_length=MAX_PATH_CHARS,
+        description=(
+            "A state URL, or a run directory (its newest committed state), to take weights from: fine-tuning. Never "
+            "its position, RNG or data position; once this run has its own resumable state, that wins."
+        ),
+    )
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")
-    init_from_signing_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", description=(
-        "With init_from: the environment variable holding the source run's signing key; its state must be "
-        "signed with it. Default: this run's checkpoint.signing_key_env, when set."))
-    reset_schedule: bool = Field(False, description=(
-        "Opt-out: restart the LR schedule at 0 when the scheduler type or phases changed (otherwise refused)."))
-    reset_optimizer: bool = Field(False, description=(
-        "Opt-out: keep the state's weights and position but start the optimizer state (moments) fresh, e.g. "
-        "after changing train.optimizer.type. Without it such a change is refused at selection."))
-    on_existing: Literal["refuse", "archive", "overwrite"] = Field("refuse", description=(
-        "With policy: fresh on a run directory that has states: refuse, archive (move them to archive/) or "
-        "overwrite."))
-    lease_ttl_s: float = Field(60.0, gt=0, le=MAX_LEASE_TTL_S, description=(
-        "The run directory's lease expires this long after its owner's last heartbeat; then a successor of the "
-        "same job may take over. A re-submission waits (at most that long, plus a margin) for a dead holder's "
-        "lease to expire instead of being refused."))
+    init_from_signing_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description=(
+            "With init_from: the environment variable holding the source run's signing key; its state must be "
+            "signed with it. Default: this run's checkpoint.signing_key_env, when set."
+        ),
+    )
+    reset_schedule: bool = Field(
+        False,
+        description=(
+            "Opt-out: restart the LR schedule at 0 when the scheduler type or phases changed (otherwise refused)."
+        ),
+    )
+    reset_optimizer: bool = Field(
+        False,
+        description=(
+            "Opt-out: keep the state's weights and position but start the optimizer state (moments) fresh, e.g. "
+            "after changing train.optimizer.type. Without it such a change is refused at selection."
+        ),
+    )
+    on_existing: Literal["refuse", "archive", "overwrite"] = Field(
+        "refuse",
+        description=(
+            "With policy: fresh on a run directory that has states: refuse, archive (move them to archive/) or "
+            "overwrite."
+        ),
+    )
+    lease_ttl_s: float = Field(
+        60.0,
+        gt=0,
+        le=MAX_LEASE_TTL_S,
+        description=(
+            "The run directory's lease expires this long after its owner's last heartbeat; then a successor of the "
+            "same job may take over. A re-submission waits (at most that long, plus a margin) for a dead holder's "
+            "lease to expire instead of being refused."
+        ),
+    )
 
 
 class FailureSpec(_Strict):
     """Named after Ray Train's ``FailureConfig``."""
 
-    max_failures: StrictInt = Field(0, ge=-1, le=MAX_COUNT, description=(
-        "Application-error restarts (Ray's FailureConfig.max_failures; -1: unlimited)."))
-    max_preemptions: StrictInt = Field(-1, ge=-1, le=MAX_COUNT, description=(
-        "Preemption restarts (Ray's max_preemption_failures; -1: unlimited). Preemptions never count against "
-        "max_failures."))
-    placement_timeout_s: float = Field(900.0, gt=0, le=MAX_LEASE_TTL_S, description=(
-        "How long the run waits in a row for room to place its workers (at start or after a lost node) "
-        "before it fails with a message; Ray Train alone would wait forever. Checked each time Ray "
-        "Train's worker-group start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default)."))
+    max_failures: StrictInt = Field(
+        0,
+        ge=-1,
+        le=MAX_COUNT,
+        description=("Application-error restarts (Ray's FailureConfig.max_failures; -1: unlimited)."),
+    )
+    max_preemptions: StrictInt = Field(
+        -1,
+        ge=-1,
+        le=MAX_COUNT,
+        description=(
+            "Preemption restarts (Ray's max_preemption_failures; -1: unlimited). Preemptions never count against "
+            "max_failures."
+        ),
+    )
+    placement_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        le=MAX_LEASE_TTL_S,
+        description=(
+            "How long the run waits in a row for room to place its workers (at start or after a lost node) "
+            "before it fails with a message; Ray Train alone would wait forever. Checked each time Ray "
+            "Train's worker-group start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default)."
+        ),
+    )
 
 
 class CrashFault(_Strict):
@@ -601,35 +875,61 @@ class CrashFault(_Strict):
     inside a save at a point of the run without knowing how many saves earlier attempts made."""
 
     rank: StrictInt = Field(0, ge=0, le=MAX_WORKERS, description="The rank to crash.")
-    at_micro_step: StrictInt | None = Field(None, ge=1, le=MAX_MICRO_STEPS, description=(
-        "The micro-step to fire after; with phase: the first save at or after this micro-step."))
-    phase: Literal["before_shards", "after_some_shards", "before_manifest", "during_manifest",
-                   "before_retention", "during_retention"] | None = Field(None, description=(
-        "Crash inside a save at this phase; before_manifest, during_manifest and during_retention run on rank 0 "
-        "only."))
-    at_save: StrictInt = Field(1, ge=1, le=MAX_COUNT, description=(
-        "With phase (and no at_micro_step): which save (1 = first) of the attempt."))
+    at_micro_step: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=MAX_MICRO_STEPS,
+        description=("The micro-step to fire after; with phase: the first save at or after this micro-step."),
+    )
+    phase: (
+        Literal[
+            "before_shards",
+            "after_some_shards",
+            "before_manifest",
+            "during_manifest",
+            "before_retention",
+            "during_retention",
+        ]
+        | None
+    ) = Field(
+        None,
+        description=(
+            "Crash inside a save at this phase; before_manifest, during_manifest and during_retention run on rank 0 "
+            "only."
+        ),
+    )
+    at_save: StrictInt = Field(
+        1, ge=1, le=MAX_COUNT, description=("With phase (and no at_micro_step): which save (1 = first) of the attempt.")
+    )
     mode: Literal["exit", "raise", "sigterm", "hold"] = Field(
-        "exit", description="exit: os._exit (hard crash); raise: exception (in-process tests); sigterm: a preemption "
-                            "notice, then the process dies after the next boundary's save (at_micro_step only); "
-                            "hold: the rank stops after the micro-step and waits, bounded, for its node to be taken "
-                            "away (the storm drill's node loss at an exact point; at_micro_step only).")
+        "exit",
+        description="exit: os._exit (hard crash); raise: exception (in-process tests); sigterm: a preemption "
+        "notice, then the process dies after the next boundary's save (at_micro_step only); "
+        "hold: the rank stops after the micro-step and waits, bounded, for its node to be taken "
+        "away (the storm drill's node loss at an exact point; at_micro_step only).",
+    )
 
     @model_validator(mode="after")
     def _one_trigger(self) -> CrashFault:
         if self.at_micro_step is None and self.phase is None:
-            raise ValueError("a fault needs at_micro_step, phase, or both (phase with at_micro_step: the first save "
-                             "at or after that micro-step)")
+            raise ValueError(
+                "a fault needs at_micro_step, phase, or both (phase with at_micro_step: the first save "
+                "at or after that micro-step)"
+            )
         # at_save's default (1) is what a dumped spec carries to the workers: only another value conflicts
         if self.phase is not None and self.at_micro_step is not None and self.at_save != 1:
-            raise ValueError("give phase with at_save (the attempt's Nth save) or with at_micro_step (the first save "
-                             "at or after it), not both")
+            raise ValueError(
+                "give phase with at_save (the attempt's Nth save) or with at_micro_step (the first save "
+                "at or after it), not both"
+            )
         if self.mode in ("sigterm", "hold") and (self.phase is not None or self.at_micro_step is None):
             raise ValueError(f"mode {self.mode} needs at_micro_step and no phase (it fires between micro-steps)")
         if self.phase in ("before_manifest", "during_manifest", "during_retention") and self.rank != 0:
-            raise ValueError(f"phase {self.phase} happens on rank 0 only (it writes the manifest and runs "
-                             "retention): use rank: 0, or a phase every rank passes (before_shards, "
-                             "after_some_shards, before_retention)")
+            raise ValueError(
+                f"phase {self.phase} happens on rank 0 only (it writes the manifest and runs "
+                "retention): use rank: 0, or a phase every rank passes (before_shards, "
+                "after_some_shards, before_retention)"
+            )
         return self
 
     @property
@@ -647,30 +947,54 @@ class JobSpec(_Strict):
     """A job: what to train (``task``), where its states live (``storage``/``name``), and how (every other
     section). Read one from YAML with ``syncpoint.load_spec``; ``syncpoint schema`` prints its JSON Schema."""
 
-    name: str = Field(..., min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                      description=(
-                          "The run's name; its directory is <storage>/<name>. Keep name and storage the same "
-                          "across retries: they are how every restart finds its states."))
-    storage: str = Field("./runs", max_length=MAX_PATH_CHARS, description=(
-        "fsspec URL or path (/abs, file://, memory://, s3://, ...), made absolute on the driver. Credentials in "
-        "the URL are redacted from all output and refused by submit: give them to the storage backend as "
-        "environment variables."))
-    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description=(
-        "Workers and what each gets (named after Ray Train's ScalingConfig)."))
+    name: str = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description=(
+            "The run's name; its directory is <storage>/<name>. Keep name and storage the same "
+            "across retries: they are how every restart finds its states."
+        ),
+    )
+    storage: str = Field(
+        "./runs",
+        max_length=MAX_PATH_CHARS,
+        description=(
+            "fsspec URL or path (/abs, file://, memory://, s3://, ...), made absolute on the driver. Credentials in "
+            "the URL are redacted from all output and refused by submit: give them to the storage backend as "
+            "environment variables."
+        ),
+    )
+    scaling: ScalingSpec = Field(
+        default_factory=ScalingSpec, description=("Workers and what each gets (named after Ray Train's ScalingConfig).")
+    )
     task: TaskSpec = Field(..., description="Your code: the function that builds the Task, and its config.")
     train: TrainSpec = Field(..., description="Batches, length, optimizer, schedule, evaluation, logging.")
-    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec, description=(
-        "ZeRO stage, precision, offload and passthrough DeepSpeed settings."))
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=(
-        "When states are saved, how they are checked, signed and kept."))
-    resume: ResumeSpec = Field(default_factory=ResumeSpec, description=(
-        "Where a run starts: the resume policy, fine-tuning, opt-outs and the run directory's lease."))
-    failure: FailureSpec = Field(default_factory=FailureSpec, description=(
-        "Restart budgets and the placement bound (named after Ray Train's FailureConfig)."))
-    corpus: CorpusSpec = Field(default_factory=CorpusSpec, description=(
-        "How a sharded corpus (syncpoint.ShardedCorpus) is ordered and cached."))
-    faults: list[CrashFault] = Field(default_factory=list, max_length=MAX_FAULTS, description=(
-        "Fault injection: crashes that fire once per run, to rehearse preemption."))
+    deepspeed: DeepSpeedSpec = Field(
+        default_factory=DeepSpeedSpec,
+        description=("ZeRO stage, precision, offload and passthrough DeepSpeed settings."),
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description=("When states are saved, how they are checked, signed and kept.")
+    )
+    resume: ResumeSpec = Field(
+        default_factory=ResumeSpec,
+        description=("Where a run starts: the resume policy, fine-tuning, opt-outs and the run directory's lease."),
+    )
+    failure: FailureSpec = Field(
+        default_factory=FailureSpec,
+        description=("Restart budgets and the placement bound (named after Ray Train's FailureConfig)."),
+    )
+    corpus: CorpusSpec = Field(
+        default_factory=CorpusSpec,
+        description=("How a sharded corpus (syncpoint.ShardedCorpus) is ordered and cached."),
+    )
+    faults: list[CrashFault] = Field(
+        default_factory=list,
+        max_length=MAX_FAULTS,
+        description=("Fault injection: crashes that fire once per run, to rehearse preemption."),
+    )
 
     @model_validator(mode="after")
     def _combinations(self) -> JobSpec:
@@ -678,8 +1002,9 @@ class JobSpec(_Strict):
             raise ValueError("deepspeed.precision fp16 needs scaling.use_gpu: true (use fp32 or bf16 on CPU)")
         for f in self.faults:
             if f.rank >= self.scaling.max_workers:
-                raise ValueError(f"faults: rank {f.rank} does not exist with "
-                                 f"scaling.num_workers={self.scaling.max_workers}")
+                raise ValueError(
+                    f"faults: rank {f.rank} does not exist with scaling.num_workers={self.scaling.max_workers}"
+                )
         if self.scaling.elastic:
             from syncpoint.policies.elastic import allowed_world_sizes
 
@@ -690,7 +1015,8 @@ class JobSpec(_Strict):
                 raise ValueError(
                     f"scaling.num_workers {{min: {lo}, max: {hi}}}: on {_ranges(bad)} worker(s) no whole accumulation "
                     f"keeps the global batch ({self.train.micro_batch_size} x {hi} x {self.train.grad_accum}); world "
-                    f"sizes that work: {_ranges(ok)}. Narrow the range or change train.grad_accum")
+                    f"sizes that work: {_ranges(ok)}. Narrow the range or change train.grad_accum"
+                )
         if self.train.scheduler.unit == "epochs" and self.train.epochs is None and self.train.scheduler.total is None:
             raise ValueError("train.scheduler.unit epochs needs train.epochs or train.scheduler.total")
         return self

@@ -119,8 +119,15 @@ def zero_optim_file(rank: int, *, bf16: bool) -> str:
     return f"{ENGINE_TAG}/{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
-def required_files(*, world_size: int, zero_stage: int, precision: str | None,
-                   full_optimizer_state: bool, per_rank_buffers: bool = False, stream: bool = False) -> list[str]:
+def required_files(
+    *,
+    world_size: int,
+    zero_stage: int,
+    precision: str | None,
+    full_optimizer_state: bool,
+    per_rank_buffers: bool = False,
+    stream: bool = False,
+) -> list[str]:
     """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
 
     ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
@@ -226,8 +233,9 @@ class OptimizerRecord(_Record):
     @model_validator(mode="after")
     def _one_running_record_per_group(self) -> OptimizerRecord:
         if self.running is not None and self.param_groups is not None and len(self.running) != len(self.param_groups):
-            raise ValueError(f"optimizer.running has {len(self.running)} group(s), optimizer.param_groups "
-                             f"{len(self.param_groups)}")
+            raise ValueError(
+                f"optimizer.running has {len(self.running)} group(s), optimizer.param_groups {len(self.param_groups)}"
+            )
         return self
 
 
@@ -284,8 +292,10 @@ class DataRecord(_Record):
     @model_validator(mode="after")
     def _stream_has_its_sampler(self) -> DataRecord:
         if (self.stream is not None) != (self.sampler == STREAM_SAMPLER):
-            raise ValueError(f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
-                             f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither")
+            raise ValueError(
+                f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
+                f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither"
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -358,15 +368,25 @@ class TrainState(_Record):
         data = raw.get("data")
         if not isinstance(data, dict) or "samples_in_epoch" in data or "samples_per_epoch" in data:
             return raw
-        keys = ("position_in_epoch", "global_micro_step", "grad_accum", "micro_batches_per_epoch",
-                "micro_batch_size", "world_size")
+        keys = (
+            "position_in_epoch",
+            "global_micro_step",
+            "grad_accum",
+            "micro_batches_per_epoch",
+            "micro_batch_size",
+            "world_size",
+        )
         counters = [v for v in (raw.get(k) for k in keys) if isinstance(v, int) and not isinstance(v, bool)]
         if len(counters) != len(keys):
             return raw  # the field errors name what is wrong
         position, global_micro_step, grad_accum, micro_batches_per_epoch, micro_batch_size, world_size = counters
         per_micro = micro_batch_size * world_size
-        derived = {"global_samples": global_micro_step * per_micro, "samples_in_epoch": position * per_micro,
-                   "samples_per_epoch": micro_batches_per_epoch * per_micro, "global_batch": grad_accum * per_micro}
+        derived = {
+            "global_samples": global_micro_step * per_micro,
+            "samples_in_epoch": position * per_micro,
+            "samples_per_epoch": micro_batches_per_epoch * per_micro,
+            "global_batch": grad_accum * per_micro,
+        }
         return {**raw, "data": {**derived, **data}}
 
     @property
@@ -376,9 +396,14 @@ class TrainState(_Record):
         return bool(self.elastic) or (self.elastic_optimizer and self.zero_stage in (1, 2))
 
     def required_files(self) -> list[str]:
-        return required_files(world_size=self.world_size, zero_stage=self.zero_stage, precision=self.precision,
-                              full_optimizer_state=self.full_optimizer_state, per_rank_buffers=self.per_rank_buffers,
-                              stream=self.data.stream is not None)
+        return required_files(
+            world_size=self.world_size,
+            zero_stage=self.zero_stage,
+            precision=self.precision,
+            full_optimizer_state=self.full_optimizer_state,
+            per_rank_buffers=self.per_rank_buffers,
+            stream=self.data.stream is not None,
+        )
 
     def record(self) -> dict[str, Any]:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""
@@ -390,8 +415,10 @@ def schema_problem(raw: dict[str, Any]) -> str | None:
     schema may lack or retype fields this one requires), or None."""
     version = raw.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > TRAINER_SCHEMA_VERSION:
-        return (f"{TRAINER_FILE} schema_version {version!r} is newer than this syncpoint reads "
-                f"(<= {TRAINER_SCHEMA_VERSION}); upgrade syncpoint to resume it")
+        return (
+            f"{TRAINER_FILE} schema_version {version!r} is newer than this syncpoint reads "
+            f"(<= {TRAINER_SCHEMA_VERSION}); upgrade syncpoint to resume it"
+        )
     return None
 
 
@@ -410,8 +437,10 @@ def entry_problem(rel: Any, info: Any) -> str | None:
         return f"manifest entry {rel} has no valid size ({size!r})"
     algos = [a for a in CHECKSUM_ALGORITHMS if a in info]
     if len(algos) != 1:
-        return (f"manifest entry {rel} names {'no' if not algos else 'more than one'} known checksum algorithm "
-                f"(one of {', '.join(CHECKSUM_ALGORITHMS)}; it has {sorted(k for k in info if k != 'size')})")
+        return (
+            f"manifest entry {rel} names {'no' if not algos else 'more than one'} known checksum algorithm "
+            f"(one of {', '.join(CHECKSUM_ALGORITHMS)}; it has {sorted(k for k in info if k != 'size')})"
+        )
     digest = info[algos[0]]
     if not isinstance(digest, str) or not digest or any(ch not in "0123456789abcdef" for ch in digest):
         return f"manifest entry {rel}: {algos[0]} is not a hex digest"
@@ -454,8 +483,10 @@ class Manifest(_Record):
         if not isinstance(files, dict) or not files:
             raise ValueError("manifest lists no files")
         if len(files) > MANIFEST_MAX_FILES:  # checked first: validating a million entries costs seconds
-            raise ValueError(f"manifest lists {len(files)} files, more than the {MANIFEST_MAX_FILES} a state holds "
-                             "(2-4 per rank): not a manifest syncpoint wrote")
+            raise ValueError(
+                f"manifest lists {len(files)} files, more than the {MANIFEST_MAX_FILES} a state holds "
+                "(2-4 per rank): not a manifest syncpoint wrote"
+            )
         for rel, info in files.items():
             problem = entry_problem(rel, info)
             if problem:

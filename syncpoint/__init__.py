@@ -30,8 +30,7 @@ if TYPE_CHECKING:
     from syncpoint.workers.corpus import ShardedCorpus
     from syncpoint.workers.task import Task
 
-__all__ = ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task", "__version__", "load_spec",
-           "run"]
+__all__ = ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task", "__version__", "load_spec", "run"]
 
 # name -> the module that defines it
 _LAZY = {

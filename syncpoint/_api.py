@@ -48,8 +48,13 @@ class RunFailed(RuntimeError):
         self.reason, self.details, self.line, self.run_dir = reason, details, line, run_dir
 
 
-def run(spec: JobSpec | str | os.PathLike[str], overrides: Sequence[str] = (), *, address: str | None = None,
-        progress_bar: bool = False) -> RunResult:
+def run(
+    spec: JobSpec | str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    address: str | None = None,
+    progress_bar: bool = False,
+) -> RunResult:
     """Run a job to completion and return its result, as ``syncpoint run JOB [--set ...]`` does.
 
     Args:
@@ -76,8 +81,13 @@ def run(spec: JobSpec | str | os.PathLike[str], overrides: Sequence[str] = (), *
     quiet_cli()
     if isinstance(spec, JobSpec):
         if overrides:
-            raise UsageError("overrides", ["overrides apply to a job file; change a JobSpec with "
-                                           "spec.model_copy(update=...) or pass the file's path"])
+            raise UsageError(
+                "overrides",
+                [
+                    "overrides apply to a job file; change a JobSpec with "
+                    "spec.model_copy(update=...) or pass the file's path"
+                ],
+            )
         source = f"JobSpec {spec.name!r}"
     else:
         source = os.fspath(spec)
@@ -87,7 +97,14 @@ def run(spec: JobSpec | str | os.PathLike[str], overrides: Sequence[str] = (), *
     if outcome.failed:
         raise RunFailed(outcome.reason, outcome.details, outcome.line, spec.run_url)
     s = outcome.summary
-    return RunResult(name=spec.name, state=s.state if s else None, optimizer_steps=s.optimizer_step if s else 0,
-                     micro_steps=s.micro_step if s else 0, restarts=s.restarts if s else 0,
-                     lost_micro_steps=s.lost_micro_steps if s else 0, wall_seconds=s.wall_seconds if s else 0.0,
-                     run_dir=spec.run_url, line=outcome.line)
+    return RunResult(
+        name=spec.name,
+        state=s.state if s else None,
+        optimizer_steps=s.optimizer_step if s else 0,
+        micro_steps=s.micro_step if s else 0,
+        restarts=s.restarts if s else 0,
+        lost_micro_steps=s.lost_micro_steps if s else 0,
+        wall_seconds=s.wall_seconds if s else 0.0,
+        run_dir=spec.run_url,
+        line=outcome.line,
+    )

@@ -23,10 +23,17 @@ EXAMPLE = (ROOT / "examples" / "tiny_lm.yaml").read_text()
 
 def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
     """The example job shrunk for tests (small model, short sequences)."""
-    base = [f"storage={storage}", f"scaling.num_workers={workers}", "task.config.seq_len=8",
-            "task.config.d_model=16", "train.micro_batch_size=2", "train.log_every=1000",
-            "checkpoint.keep_last=0", "checkpoint.export_final=false",
-            "task.config.eval_samples=8"]  # the example evaluates (train.eval_every): a small eval set keeps it cheap
+    base = [
+        f"storage={storage}",
+        f"scaling.num_workers={workers}",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "train.micro_batch_size=2",
+        "train.log_every=1000",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+        "task.config.eval_samples=8",
+    ]  # the example evaluates (train.eval_every): a small eval set keeps it cheap
     return resolve_storage(parse_spec(EXAMPLE, "examples/tiny_lm.yaml", [*base, *overrides]))
 
 
@@ -38,8 +45,9 @@ train: {micro_batch_size: 1, grad_accum: 4, epochs: 1, seed: 3, lr: 0.01, log_ev
 deepspeed: {zero_stage: 0}
 checkpoint: {keep_last: 0, export_final: false}
 """
-    return resolve_storage(parse_spec(text, "linear",
-                                      [f"storage={storage}", f"scaling.num_workers={workers}", *overrides]))
+    return resolve_storage(
+        parse_spec(text, "linear", [f"storage={storage}", f"scaling.num_workers={workers}", *overrides])
+    )
 
 
 def with_overrides(spec: JobSpec, *overrides: str) -> JobSpec:
@@ -134,10 +142,19 @@ GPT2_EXAMPLE = (ROOT / "examples" / "hf_gpt2.yaml").read_text()
 def gpt2_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
     """The Hugging Face GPT-2 example shrunk for tests (one block, short sequences, few samples);
     still ZeRO-3, dropout, activation checkpointing, AdamW with decay and a warmup + cosine schedule."""
-    base = [f"storage={storage}", f"scaling.num_workers={workers}", "task.config.num_samples=40",
-            "task.config.seq_len=16", "task.config.n_layer=2", "task.config.n_embd=32", "task.config.n_head=2",
-            "train.micro_batch_size=2", "train.log_every=1000", "checkpoint.keep_last=0",
-            "checkpoint.export_final=false"]
+    base = [
+        f"storage={storage}",
+        f"scaling.num_workers={workers}",
+        "task.config.num_samples=40",
+        "task.config.seq_len=16",
+        "task.config.n_layer=2",
+        "task.config.n_embd=32",
+        "task.config.n_head=2",
+        "train.micro_batch_size=2",
+        "train.log_every=1000",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+    ]
     return resolve_storage(parse_spec(GPT2_EXAMPLE, "examples/hf_gpt2.yaml", [*base, *overrides]))
 
 
@@ -148,9 +165,20 @@ def stream_spec(storage: os.PathLike | str, corpus: os.PathLike | str, *override
     """The datasets streaming example shrunk for tests: 4 JSONL shards of 12 documents in ``corpus``,
     a tiny model, 14 optimizer steps of accumulation 2 (one pass is 24 micro-batches on one rank,
     12 on two), a state every 3 optimizer steps and a shuffle buffer of 5."""
-    base = [f"storage={storage}", f"scaling.num_workers={workers}", f"task.config.corpus_dir={corpus}",
-            "task.config.seq_len=8", "task.config.d_model=16", "task.config.docs_per_shard=12",
-            "train.micro_batch_size=2", "train.grad_accum=2", "train.max_steps=14", "train.stream_shuffle_buffer=5",
-            "train.log_every=1000", "checkpoint.keep_last=0", "checkpoint.export_final=false",
-            "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
+    base = [
+        f"storage={storage}",
+        f"scaling.num_workers={workers}",
+        f"task.config.corpus_dir={corpus}",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "task.config.docs_per_shard=12",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.max_steps=14",
+        "train.stream_shuffle_buffer=5",
+        "train.log_every=1000",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+        "checkpoint.save_every={value: 3, unit: optimizer_steps}",
+    ]
     return resolve_storage(parse_spec(STREAM_EXAMPLE, "examples/stream_lm.yaml", [*base, *overrides]))

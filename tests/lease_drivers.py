@@ -112,8 +112,19 @@ class StealLeaseAt:
 
         store = RunStorage(self.url)
         held = read_lease(store)
-        write_lease(store, {**held.record, "submission": "thief", "host": "elsewhere", "pid": 1, "ttl_s": 600.0,
-                            "generation": held.generation + 1, "holder": "thief-token", "heartbeat": time.time()})
+        write_lease(
+            store,
+            {
+                **held.record,
+                "submission": "thief",
+                "host": "elsewhere",
+                "pid": 1,
+                "ttl_s": 600.0,
+                "generation": held.generation + 1,
+                "holder": "thief-token",
+                "heartbeat": time.time(),
+            },
+        )
 
 
 def write_lease(store, record: dict) -> None:
@@ -122,8 +133,10 @@ def write_lease(store, record: dict) -> None:
     data = json.dumps(record).encode()
     while True:
         current = store.read_versioned("lease.json", limit=LEASE_MAX_BYTES)
-        if store.write_if(data, "lease.json", expect=current.version if current else None,
-                          limit=LEASE_MAX_BYTES) is not None:
+        if (
+            store.write_if(data, "lease.json", expect=current.version if current else None, limit=LEASE_MAX_BYTES)
+            is not None
+        ):
             return
 
 

@@ -29,19 +29,35 @@ def trainer_for(step: int, exp: Expectation, **overrides: Any) -> dict[str, Any]
     samples_per_epoch = exp.samples_per_epoch or exp.micro_batches_per_epoch * per_micro
     scheduler = None
     if exp.scheduler_type is not None:
-        scheduler = SchedulerRecord(type=exp.scheduler_type, phases=list(exp.scheduler_phases or ()),
-                                    unit="optimizer_steps", position=p.optimizer_step)
+        scheduler = SchedulerRecord(
+            type=exp.scheduler_type,
+            phases=list(exp.scheduler_phases or ()),
+            unit="optimizer_steps",
+            position=p.optimizer_step,
+        )
     state = TrainState(
-        schema_version=TRAINER_SCHEMA_VERSION, job_name="j", **identity_record(exp), epoch=p.epoch,
-        position_in_epoch=p.position_in_epoch, global_micro_step=step, optimizer_step=p.optimizer_step,
+        schema_version=TRAINER_SCHEMA_VERSION,
+        job_name="j",
+        **identity_record(exp),
+        epoch=p.epoch,
+        position_in_epoch=p.position_in_epoch,
+        global_micro_step=step,
+        optimizer_step=p.optimizer_step,
         scheduler=scheduler,
-        data=DataRecord(sampler=exp.sampler,
-                        num_samples=exp.num_samples if exp.num_samples is not None else samples_per_epoch,
-                        global_samples=p.epoch * samples_per_epoch + p.position_in_epoch * per_micro,
-                        samples_in_epoch=p.position_in_epoch * per_micro, samples_per_epoch=samples_per_epoch,
-                        global_batch=exp.global_batch or exp.grad_accum * per_micro),
-        elastic_optimizer=exp.zero_stage == 0 or exp.elastic, metrics={"loss": 1.0}, save_reasons=["interval"],
-        attempt=1, submission="")
+        data=DataRecord(
+            sampler=exp.sampler,
+            num_samples=exp.num_samples if exp.num_samples is not None else samples_per_epoch,
+            global_samples=p.epoch * samples_per_epoch + p.position_in_epoch * per_micro,
+            samples_in_epoch=p.position_in_epoch * per_micro,
+            samples_per_epoch=samples_per_epoch,
+            global_batch=exp.global_batch or exp.grad_accum * per_micro,
+        ),
+        elastic_optimizer=exp.zero_stage == 0 or exp.elastic,
+        metrics={"loss": 1.0},
+        save_reasons=["interval"],
+        attempt=1,
+        submission="",
+    )
     t = state.record()
     if scheduler is None:
         del t["scheduler"]
@@ -54,8 +70,9 @@ def trainer_for(step: int, exp: Expectation, **overrides: Any) -> dict[str, Any]
     return t
 
 
-def candidate_for(step: int, exp: Expectation, *, manifest: bool = True, files: dict | None = None,
-                  **overrides: Any) -> Candidate:
+def candidate_for(
+    step: int, exp: Expectation, *, manifest: bool = True, files: dict | None = None, **overrides: Any
+) -> Candidate:
     t = trainer_for(step, exp, **overrides)
     try:  # the layout of the state as edited (a wrong world_size brings its RNG files), else as written
         state = TrainState.model_validate(t)

@@ -49,8 +49,9 @@ def require_netns() -> None:
         pytest.skip(f"`ip netns add` is refused here: {made.stderr.strip()[:200]}")
     try:  # the link kinds the test makes, tried inside the probe namespace (nothing outside it changes)
         for kind in (["sp-br", "type", "bridge"], ["sp-v0", "type", "veth", "peer", "name", "sp-v1"]):
-            tried = subprocess.run(["ip", "netns", "exec", probe, "ip", "link", "add", *kind], capture_output=True,
-                                   text=True)
+            tried = subprocess.run(
+                ["ip", "netns", "exec", probe, "ip", "link", "add", *kind], capture_output=True, text=True
+            )
             if tried.returncode != 0:
                 pytest.skip(f"`ip link add ... {kind[2]}` is refused here: {tried.stderr.strip()[:200]}")
     finally:

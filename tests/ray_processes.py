@@ -55,8 +55,9 @@ class Head:
 
 
 @contextlib.contextmanager
-def local_head(env: dict, num_cpus: int = 2, system_config: str | None = None,
-               node_ip: str | None = None) -> Iterator[Head]:
+def local_head(
+    env: dict, num_cpus: int = 2, system_config: str | None = None, node_ip: str | None = None
+) -> Iterator[Head]:
     """A real Ray head on its own ports and temp dir, started with ``env`` (its PATH decides which
     ``python`` runs job entrypoints); stopped by its own process ids and their children.
     ``node_ip``: the head advertises and serves its dashboard on that address (a test's own network,
@@ -84,14 +85,31 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
         host = node_ip or "127.0.0.1"
         head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp, mark)
         try:
-            r = subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
-                                f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
-                                f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
-                                f"--ray-client-server-port={ports[6]}", f"--num-cpus={num_cpus}", f"--temp-dir={temp}",
-                                "--disable-usage-stats", "--include-dashboard=true", OBJECT_STORE,
-                                *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
-                                *([f"--system-config={system_config}"] if system_config else [])],
-                               env=head_env, capture_output=True, text=True, timeout=180)
+            r = subprocess.run(
+                [
+                    f"{BIN}/ray",
+                    "start",
+                    "--head",
+                    f"--port={ports[0]}",
+                    f"--dashboard-port={ports[1]}",
+                    f"--dashboard-agent-listen-port={ports[2]}",
+                    f"--dashboard-agent-grpc-port={ports[3]}",
+                    f"--metrics-export-port={ports[4]}",
+                    f"--runtime-env-agent-port={ports[5]}",
+                    f"--ray-client-server-port={ports[6]}",
+                    f"--num-cpus={num_cpus}",
+                    f"--temp-dir={temp}",
+                    "--disable-usage-stats",
+                    "--include-dashboard=true",
+                    OBJECT_STORE,
+                    *([f"--node-ip-address={node_ip}", f"--dashboard-host={node_ip}"] if node_ip else []),
+                    *([f"--system-config={system_config}"] if system_config else []),
+                ],
+                env=head_env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
             failure = None if r.returncode == 0 else f"exit status {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
             failure = "no answer within 180 s"
@@ -106,8 +124,12 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
 def wait_for_job_agent(address: str) -> None:
     """The head answers before its job agent is up; wait (bounded) until a job can be listed."""
     deadline = time.monotonic() + 90
-    while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address], env=ray_env(),
-                         capture_output=True).returncode != 0:
+    while (
+        subprocess.run(
+            [f"{BIN}/ray", "job", "list", "--address", address], env=ray_env(), capture_output=True
+        ).returncode
+        != 0
+    ):
         assert time.monotonic() < deadline, "the head's job agent never came up within 90 s"
         time.sleep(1)
 
@@ -140,8 +162,9 @@ def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]
             stop_processes(list(roots), mark=n.mark)
 
 
-def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None,
-                    node_ip: str | None = None) -> WorkerNode:
+def add_worker_node(
+    head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None, node_ip: str | None = None
+) -> WorkerNode:
     """Start one `ray start --address=HEAD --num-cpus=1 --block` node (its own agent ports: several
     nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id.
     ``prefix``/``node_ip``: run it inside a network namespace (``ip netns exec NS``, which execs, so
@@ -149,12 +172,26 @@ def add_worker_node(head: Head, env: dict, timeout: float = 240, prefix: list[st
     ports = [free_port() for _ in range(4)]
     node_env, mark = marked_env(env)
     proc = subprocess.Popen(
-        [*(prefix or []), f"{BIN}/ray", "start", f"--address={head.gcs_address}", "--num-cpus=1", "--block",
-         f"--dashboard-agent-listen-port={ports[0]}", f"--dashboard-agent-grpc-port={ports[1]}",
-         f"--metrics-export-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", "--disable-usage-stats",
-         OBJECT_STORE,
-         *([f"--node-ip-address={node_ip}"] if node_ip else [])],
-        env=node_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            *(prefix or []),
+            f"{BIN}/ray",
+            "start",
+            f"--address={head.gcs_address}",
+            "--num-cpus=1",
+            "--block",
+            f"--dashboard-agent-listen-port={ports[0]}",
+            f"--dashboard-agent-grpc-port={ports[1]}",
+            f"--metrics-export-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+            "--disable-usage-stats",
+            OBJECT_STORE,
+            *([f"--node-ip-address={node_ip}"] if node_ip else []),
+        ],
+        env=node_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for child in WorkerNode(proc, "", mark).children():
@@ -176,8 +213,9 @@ def wait_until_registered(head: Head, node_id: str, env: dict, deadline: float) 
     """A raylet runs some seconds (tens on a loaded machine) before the GCS lists its node as
     active, and Ray Train sees no capacity until then: wait, bounded, for `ray status` to list it."""
     while time.monotonic() < deadline:
-        r = subprocess.run([f"{BIN}/ray", "status", "--address", head.gcs_address], env=env, capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(
+            [f"{BIN}/ray", "status", "--address", head.gcs_address], env=env, capture_output=True, text=True, timeout=60
+        )
         alive = r.stdout.split("Pending:", 1)[0]  # the Active: and Idle: sections (not recent failures)
         if f"node_{node_id}" in alive:
             return
@@ -193,11 +231,13 @@ def events(spec, kind: str) -> list[dict]:
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
 
 
-def wait_for_driver(pred, proc: subprocess.Popen, what: str, timeout: float = 600,
-                    output: Callable[[], str] | None = None) -> None:
+def wait_for_driver(
+    pred, proc: subprocess.Popen, what: str, timeout: float = 600, output: Callable[[], str] | None = None
+) -> None:
     """Poll ``pred`` until it holds, failing with the driver's output if the driver exits first or
     ``timeout`` passes (the driver is then killed). ``output``: where that output is (default: the
     driver's stdout pipe)."""
+
     def tail() -> str:
         return (output() if output else proc.stdout.read() if proc.stdout else "")[-4000:]
 
@@ -209,4 +249,3 @@ def wait_for_driver(pred, proc: subprocess.Popen, what: str, timeout: float = 60
             proc.kill()
             raise AssertionError(f"no {what} within {timeout:.0f} s:\n{tail()}")
         time.sleep(0.1)
-

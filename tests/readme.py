@@ -27,8 +27,8 @@ def section_text(section: str, page: str = README) -> str:
     if m is None:
         raise LookupError(f"{page} has no heading {section!r}")
     level = len(section.split(" ", 1)[0])
-    nxt = re.search(rf"^#{{1,{level}}} ", text[m.end():], re.MULTILINE)
-    return text[m.start():m.end() + (nxt.start() if nxt else len(text))]
+    nxt = re.search(rf"^#{{1,{level}}} ", text[m.end() :], re.MULTILINE)
+    return text[m.start() : m.end() + (nxt.start() if nxt else len(text))]
 
 
 def bash_blocks(section: str, page: str | None = None) -> list[str]:

@@ -32,8 +32,9 @@ def mse(model, batch):
 
 def linear(config: dict) -> Task:
     dim = int(config.get("dim", 4))
-    model = torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.Dropout(float(config.get("dropout", 0.1))),
-                                torch.nn.Linear(8, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(dim, 8), torch.nn.Dropout(float(config.get("dropout", 0.1))), torch.nn.Linear(8, 1)
+    )
     return Task(model=model, dataset=Vectors(int(config.get("num_samples", 64)), dim), loss=mse)
 
 
@@ -124,7 +125,7 @@ def per_sample_metrics(model, batch):
     """A batch mean (0-d) and per-sample values (1-d) of the same errors: both must average exactly."""
     x, y = batch
     err = (model(x) - y).squeeze(1)
-    return {"mse": (err ** 2).mean(), "abs_err": err.abs()}
+    return {"mse": (err**2).mean(), "abs_err": err.abs()}
 
 
 def linear_eval(config: dict) -> Task:
@@ -132,8 +133,11 @@ def linear_eval(config: dict) -> Task:
     ``metrics: per_sample``, two metrics; ``eval_noise``: an augmented eval set (random per fetch)."""
     task = linear(config)
     n = int(config.get("eval_samples", 7))
-    task.eval_dataset = (Vectors(n, int(config.get("dim", 4))) if config.get("eval_noise")
-                         else CleanVectors(n, int(config.get("dim", 4))))
+    task.eval_dataset = (
+        Vectors(n, int(config.get("dim", 4)))
+        if config.get("eval_noise")
+        else CleanVectors(n, int(config.get("dim", 4)))
+    )
     kind = config.get("metrics", "default")
     if kind == "per_sample":
         task.metrics = per_sample_metrics
@@ -172,8 +176,9 @@ class BufferNet(torch.nn.Module):
         super().__init__()
         # every parameter's size even: ZeRO-3 pads odd ones per rank with uninitialized memory, which
         # the digest of the optimizer shards would see
-        self.body = torch.nn.Sequential(torch.nn.Linear(dim, 8), torch.nn.BatchNorm1d(8), RunningCenter(8),
-                                        torch.nn.Linear(8, 1, bias=False))
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(dim, 8), torch.nn.BatchNorm1d(8), RunningCenter(8), torch.nn.Linear(8, 1, bias=False)
+        )
         self.dump = dump
 
     def forward(self, x):
@@ -183,16 +188,19 @@ class BufferNet(torch.nn.Module):
             from safetensors.torch import save_file
 
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            save_file({n: b.detach().cpu().clone() for n, b in self.named_buffers()},
-                      os.path.join(self.dump, f"rank_{rank}.safetensors"))
+            save_file(
+                {n: b.detach().cpu().clone() for n, b in self.named_buffers()},
+                os.path.join(self.dump, f"rank_{rank}.safetensors"),
+            )
             self.dump = None
         return self.body(x)
 
 
 def buffer_net(config: dict) -> Task:
     dim = int(config.get("dim", 4))
-    return Task(model=BufferNet(dim, config.get("dump")), dataset=Vectors(int(config.get("num_samples", 32)), dim),
-                loss=mse)
+    return Task(
+        model=BufferNet(dim, config.get("dump")), dataset=Vectors(int(config.get("num_samples", 32)), dim), loss=mse
+    )
 
 
 class GrowingSteps(torch.optim.Optimizer):
@@ -201,10 +209,10 @@ class GrowingSteps(torch.optim.Optimizer):
     counts the steps, and ``norm`` (the last gradient norm) appears at the first step, absent at
     build. The update uses all three, so a resume that resets any of them changes the weights."""
 
-    def __init__(self, params, lr: float = 0.01, weight_decay: float = 0.0, d0: float = 1.0,
-                 growth: float = 1.05) -> None:
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "d": d0, "d0": d0, "k": 0,
-                                  "growth": growth})
+    def __init__(
+        self, params, lr: float = 0.01, weight_decay: float = 0.0, d0: float = 1.0, growth: float = 1.05
+    ) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "d": d0, "d0": d0, "k": 0, "growth": growth})
 
     @torch.no_grad()
     def step(self, closure=None):

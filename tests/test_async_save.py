@@ -35,8 +35,15 @@ fsspec.register_implementation("slowmem", SlowObjectStore, clobber=True)
 
 
 def _spec(storage, *extra):
-    return lm_spec(storage, "task.config.num_samples=40", "train.grad_accum=4", "train.epochs=1",
-                   "checkpoint.save_every={value: 3, unit: micro_steps}", "checkpoint.async=true", *extra)
+    return lm_spec(
+        storage,
+        "task.config.num_samples=40",
+        "train.grad_accum=4",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 3, unit: micro_steps}",
+        "checkpoint.async=true",
+        *extra,
+    )
 
 
 def test_one_save_in_flight_requests_wait_and_training_continues():

@@ -38,15 +38,23 @@ def test_p9_kept_and_compare_find_redone_skipped_and_repeated_work():
     params = {"w": torch.ones(3)}
     ref = {"records": _records(1, ids, losses), "starts": [0], "codes": [0], "params": params}
     # killed before mb 5 (resumed at 4), then finished: mb 4 was computed twice, kept once
-    exact = {"records": _records(1, ids[:5], losses[:5]) + _records(2, ids[4:], losses[4:]), "starts": [0, 4],
-             "codes": [-signal.SIGKILL, 0], "params": {"w": torch.ones(3)}}
+    exact = {
+        "records": _records(1, ids[:5], losses[:5]) + _records(2, ids[4:], losses[4:]),
+        "starts": [0, 4],
+        "codes": [-signal.SIGKILL, 0],
+        "params": {"w": torch.ones(3)},
+    }
     c = p9.compare(ref, exact, layout)
     assert c["losses_identical"] and c["bitwise"] and c["kills"] == 1 and c["first_resume"] == 4
     assert (c["skipped"], c["repeated"], c["ids_differ"], c["micro_batches"]) == (0, 0, 0, 12)
     # a resume that trains mb 3's samples again at mb 4 and never sees mb 4's, with other losses after it
     bad_ids = ids[:4] + [ids[3]] + ids[5:]
-    bad = {"records": _records(1, ids[:5], losses[:5]) + _records(2, bad_ids[4:], [x + 1 for x in losses[4:]]),
-           "starts": [0, 4], "codes": [-signal.SIGKILL, 0], "params": {"w": torch.ones(3) * 1.5}}
+    bad = {
+        "records": _records(1, ids[:5], losses[:5]) + _records(2, bad_ids[4:], [x + 1 for x in losses[4:]]),
+        "starts": [0, 4],
+        "codes": [-signal.SIGKILL, 0],
+        "params": {"w": torch.ones(3) * 1.5},
+    }
     c = p9.compare(ref, bad, layout)
     assert not c["losses_identical"] and c["first_loss_diff"] == 4 and not c["bitwise"]
     assert c["max_param_diff"] == 0.5
@@ -132,5 +140,6 @@ def test_p11_resume_each_system_resumes_to_its_uninterrupted_batch_and_filled_st
 
     states, run = p11.mosaic_states(corpus, positions, positions[1])
     assert run.batch == records[positions[1]]
-    assert [r.batch for r in p11.mosaic_resume(corpus, [(s.position, s.state) for s in states])] == \
-        [records[p] for p in positions]
+    assert [r.batch for r in p11.mosaic_resume(corpus, [(s.position, s.state) for s in states])] == [
+        records[p] for p in positions
+    ]

@@ -34,10 +34,18 @@ EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type=
 
 
 def _spec(tmp, zero, *extra, workers=2):
-    return linear_spec(tmp, "task.path=tests.tasks:buffer_net", "task.config={num_samples: 32}",
-                       "train.micro_batch_size=2", "train.grad_accum=2", "train.epochs=2",
-                       "checkpoint.save_every={value: 3, unit: micro_steps}", f"deepspeed.zero_stage={zero}",
-                       *extra, workers=workers)
+    return linear_spec(
+        tmp,
+        "task.path=tests.tasks:buffer_net",
+        "task.config={num_samples: 32}",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 3, unit: micro_steps}",
+        f"deepspeed.zero_stage={zero}",
+        *extra,
+        workers=workers,
+    )
 
 
 def rank_buffers(spec, name: str, rank: int) -> dict[str, torch.Tensor]:
@@ -54,9 +62,9 @@ def rewrite(store: RunStorage, name: str, rel: str, data: bytes) -> None:
 
 
 def test_a_state_with_per_rank_buffers_needs_every_ranks_file():
-    assert required_files(world_size=2, zero_stage=0, precision=None, full_optimizer_state=False,
-                          per_rank_buffers=True)[-2:] == ["buffers/rank_00000.safetensors",
-                                                          "buffers/rank_00001.safetensors"]
+    assert required_files(
+        world_size=2, zero_stage=0, precision=None, full_optimizer_state=False, per_rank_buffers=True
+    )[-2:] == ["buffers/rank_00000.safetensors", "buffers/rank_00001.safetensors"]
     older = candidate_for(8, EXP)  # written before the field: no buffers files, resumes as it did
     assert not TrainState.model_validate(older.trainer).per_rank_buffers
     assert classify(older, EXP).verdict is Verdict.RESUMABLE, older.reason
@@ -127,8 +135,7 @@ def _edited_digest(spec, name: str, tmp) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,saving", [(0, "sync"), (1, "sync"), (2, "sync"), (2, "async"),
-                                         (3, "sync")])
+@pytest.mark.parametrize("zero,saving", [(0, "sync"), (1, "sync"), (2, "sync"), (2, "async"), (3, "sync")])
 def test_every_ranks_buffers_resume_exactly(tmp_path, zero, saving):
     """Crashed mid-run and resumed: every rank's buffers, and so the parameters, are the uninterrupted
     run's, bit for bit (``async``: the resumed state's snapshot was uploaded in the background)."""
@@ -138,8 +145,12 @@ def test_every_ranks_buffers_resume_exactly(tmp_path, zero, saving):
     mine = [rank_buffers(ref, final, r) for r in (0, 1)]
     assert not torch.equal(mine[0]["body.2.center"], mine[1]["body.2.center"])  # the premise: per-rank buffers
     assert not torch.equal(mine[0]["body.1.running_mean"], mine[1]["body.1.running_mean"])
-    spec = _spec(tmp_path / "run", zero, f"checkpoint.async={saving == 'async'}".lower(),
-                 "faults=[{at_micro_step: 9, mode: exit}]")
+    spec = _spec(
+        tmp_path / "run",
+        zero,
+        f"checkpoint.async={saving == 'async'}".lower(),
+        "faults=[{at_micro_step: 9, mode: exit}]",
+    )
     assert run_spawned(spec)[0] == 17
     assert max(state_names(spec)) < final
     assert run_spawned(spec) == [0, 0]
@@ -158,7 +169,8 @@ def test_every_ranks_buffers_resume_exactly(tmp_path, zero, saving):
     edited = _edited_digest(spec, final, tmp_path / "edited")
     assert edited["digest"] != digest["digest"] and edited["buffers"] != digest["buffers"]
     assert {k: v for k, v in edited.items() if k not in ("digest", "buffers")} == {
-        k: v for k, v in digest.items() if k not in ("digest", "buffers")}
+        k: v for k, v in digest.items() if k not in ("digest", "buffers")
+    }
 
 
 @pytest.mark.slow
@@ -166,8 +178,13 @@ def test_a_rank_added_by_an_elastic_resume_takes_the_buffers_of_saved_rank_0(tmp
     """1 -> 2 workers: rank r applies saved rank r mod 1's buffers (syncpoint.workers.buffers.source_rank)."""
     dump = tmp_path / "dump"
     dump.mkdir()
-    spec = _spec(tmp_path / "run", 0, "scaling.num_workers={min: 1, max: 2}", "faults=[{at_micro_step: 11}]",
-                 f"task.config={{num_samples: 32, dump: {dump}}}")
+    spec = _spec(
+        tmp_path / "run",
+        0,
+        "scaling.num_workers={min: 1, max: 2}",
+        "faults=[{at_micro_step: 11}]",
+        f"task.config={{num_samples: 32, dump: {dump}}}",
+    )
     assert run_spawned(spec, world_size=1) == [17]
     saved = rank_buffers(spec, state_names(spec)[-1], 0)
     assert saved["body.2.center"].abs().sum() > 0  # trained: not what a fresh model starts from

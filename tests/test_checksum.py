@@ -30,8 +30,10 @@ class _Sink:
         pass
 
 
-@pytest.mark.parametrize("algo,ref", [("xxh3_128", lambda b: xxhash.xxh3_128(b).hexdigest()),
-                                      ("sha256", lambda b: hashlib.sha256(b).hexdigest())])
+@pytest.mark.parametrize(
+    "algo,ref",
+    [("xxh3_128", lambda b: xxhash.xxh3_128(b).hexdigest()), ("sha256", lambda b: hashlib.sha256(b).hexdigest())],
+)
 def test_writer_checksums_what_it_passes_on(algo, ref):
     sink = _Sink()
     w = ChecksummingWriter(sink, algo)
@@ -107,10 +109,13 @@ def test_manifests_written_with_sha256_only_still_load(tmp_path):
     newest = state_names(spec)[-1]
     manifest = json.loads(store.read_bytes("states", newest, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest.pop("checksum")
-    manifest["files"] = {rel: {"size": i["size"],
-                               "sha256": hashlib.sha256(store.read_bytes("states", newest, rel,
-                                                                         limit=1 << 30)).hexdigest()}
-                         for rel, i in manifest["files"].items()}
+    manifest["files"] = {
+        rel: {
+            "size": i["size"],
+            "sha256": hashlib.sha256(store.read_bytes("states", newest, rel, limit=1 << 30)).hexdigest(),
+        }
+        for rel, i in manifest["files"].items()
+    }
     store.commit_bytes(json.dumps(manifest).encode(), "states", newest, "manifest.json")
     assert run(spec).resumed_from == newest
 
@@ -136,6 +141,9 @@ def test_another_deepspeed_checkpoint_engine_is_refused_naming_the_field():
         pass
 
     engine = types.SimpleNamespace(checkpoint_engine=FastWriter(), _config=None)
-    with pytest.raises(JobConfigError, match=r"deepspeed\.config: selects DeepSpeed's FastWriter.*remove the "
-                                             r"checkpoint-engine keys from deepspeed\.config"):
+    with pytest.raises(
+        JobConfigError,
+        match=r"deepspeed\.config: selects DeepSpeed's FastWriter.*remove the "
+        r"checkpoint-engine keys from deepspeed\.config",
+    ):
         install(engine)

@@ -10,12 +10,16 @@ from tests.helpers import digest, linear_spec, run
 
 
 def test_states_table_json_and_policies(tmp_path, capsys):
-    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=10",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    )
     run(spec)
     store = RunStorage(spec.run_url)
     store.remove("states", f"{20:012d}", "manifest.json")  # newest becomes torn
-    run_dir = spec.run_url[len("file://"):]
+    run_dir = spec.run_url[len("file://") :]
     capsys.readouterr()
     assert main(["states", run_dir, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -45,9 +49,13 @@ def test_digest_command_matches_library_and_ignores_timestamps(tmp_path, capsys)
 def test_events_timeline_and_plot(tmp_path, capsys):
     from tests.helpers import run_until_crash, with_overrides
 
-    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                       "faults=[{at_micro_step: 13, mode: raise}]")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=10",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 13, mode: raise}]",
+    )
     assert run_until_crash(spec)
     run(with_overrides(spec, "faults=[]"))
     capsys.readouterr()

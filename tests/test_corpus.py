@@ -76,8 +76,12 @@ def test_rows_of_every_format_and_samples_by_position(tmp_path):
 
     two_d = tmp_path / "two_d.npy"
     np.save(two_d, np.arange(12, dtype=np.int16).reshape(4, 3))
-    assert [t.tolist() for t in ShardedCorpus(str(two_d), seq_len=3, cache=_settings(tmp_path))] == \
-        [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert [t.tolist() for t in ShardedCorpus(str(two_d), seq_len=3, cache=_settings(tmp_path))] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 7, 8],
+        [9, 10, 11],
+    ]
 
     np.arange(10, dtype=np.uint16).tofile(tmp_path / "t.bin")
     b = ShardedCorpus(str(tmp_path / "t.bin"), "tokens-bin", seq_len=3, cache=_settings(tmp_path))
@@ -90,8 +94,9 @@ def test_rows_of_every_format_and_samples_by_position(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"x": list(range(25)), "t": [str(i) for i in range(25)]}), tmp_path / "p.parquet",
-                   row_group_size=7)
+    pq.write_table(
+        pa.table({"x": list(range(25)), "t": [str(i) for i in range(25)]}), tmp_path / "p.parquet", row_group_size=7
+    )
     p = ShardedCorpus(str(tmp_path / "p.parquet"), "parquet", columns=["x"], cache=_settings(tmp_path))
     assert len(p) == 25 and p[0] == {"x": 0} and p[8] == {"x": 8} and p[24] == {"x": 24}
 
@@ -147,8 +152,9 @@ def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_c
     corpus_mod.publish_index(RunStorage(run_url), first, first.identity())  # rank 0, holding the lease
     reads: list[str] = []
     monkeypatch.setattr(corpus_mod, "_read_shard", lambda *a: reads.append(a[3]))
-    joined = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4,
-                           cache=dataclasses.replace(_settings(tmp_path / "node2"), run_url=run_url))
+    joined = ShardedCorpus(
+        f"{memory_corpus}/*.npy", seq_len=4, cache=dataclasses.replace(_settings(tmp_path / "node2"), run_url=run_url)
+    )
     assert joined.identity() == first.identity() and reads == []  # no shard read to index it
     monkeypatch.undo()
 
@@ -157,10 +163,12 @@ def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_c
     raw = json.loads(store.read_bytes("corpus", name, limit=1 << 20))
     body = {k: raw[k] for k in ("version", "params", "shards")}
     body["shards"][3]["rows"] = 9  # edited on purpose, its checksum made to fit
-    store.write_bytes(corpus_mod.listing_bytes(body["params"], [corpus_mod.Shard(**e) for e in body["shards"]]),
-                      "corpus", name)
-    hostile = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4,
-                            cache=dataclasses.replace(_settings(tmp_path / "node3"), run_url=run_url))
+    store.write_bytes(
+        corpus_mod.listing_bytes(body["params"], [corpus_mod.Shard(**e) for e in body["shards"]]), "corpus", name
+    )
+    hostile = ShardedCorpus(
+        f"{memory_corpus}/*.npy", seq_len=4, cache=dataclasses.replace(_settings(tmp_path / "node3"), run_url=run_url)
+    )
     assert len(hostile) == 119
     with pytest.raises(CorpusChanged, match=r"shard s003\.npy holds 10 rows, its index entry says 9"):
         hostile[35]
@@ -186,17 +194,22 @@ def test_the_first_difference_between_two_corpora_names_the_shard(tmp_path):
         return ShardedCorpus(shards, seq_len=seq_len, cache=_settings(tmp_path)).identity()
 
     base = identity([3, 4, 5])
-    assert first_difference(base, identity([3, 6, 5])) == \
-        "shard s001.npy changed: 4 rows in the state's corpus, 6 now"
+    assert first_difference(base, identity([3, 6, 5])) == "shard s001.npy changed: 4 rows in the state's corpus, 6 now"
     assert "shard s002.npy changed contents (same size" in first_difference(base, identity([3, 4, 5], edit=2))
-    assert first_difference(base, identity([3, 4, 5, 1])) == \
-        "shard s003.npy is new (the state's corpus has no such shard)"
-    assert first_difference(base, identity([3, 4])) == \
-        "shard s002.npy is gone (the state's corpus has it, this run's does not)"
-    assert first_difference(base, identity([3, 4, 5], order=[1, 0, 2])) == \
-        "the shard order differs at position 0: s000.npy in the state's corpus, s001.npy now"
-    assert first_difference(base, identity([3, 4, 5], seq_len=2)) == \
-        "seq_len is 4 in the state's corpus, 2 in this run's"
+    assert (
+        first_difference(base, identity([3, 4, 5, 1])) == "shard s003.npy is new (the state's corpus has no such shard)"
+    )
+    assert (
+        first_difference(base, identity([3, 4]))
+        == "shard s002.npy is gone (the state's corpus has it, this run's does not)"
+    )
+    assert (
+        first_difference(base, identity([3, 4, 5], order=[1, 0, 2]))
+        == "the shard order differs at position 0: s000.npy in the state's corpus, s001.npy now"
+    )
+    assert (
+        first_difference(base, identity([3, 4, 5], seq_len=2)) == "seq_len is 4 in the state's corpus, 2 in this run's"
+    )
     assert identity([3, 4, 5]).digest == base.digest  # the same bytes elsewhere: the same corpus
 
 
@@ -217,8 +230,12 @@ def test_a_batch_read_gives_each_sample_the_values_one_fetch_of_it_gives(memory_
     from examples.sharded_lm import add_noise
     from syncpoint.workers.data import SeededSamples
 
-    c = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path),
-                      transform=functools.partial(add_noise, noise=0.5))  # random per sample
+    c = ShardedCorpus(
+        f"{memory_corpus}/*.npy",
+        seq_len=4,
+        cache=_settings(tmp_path),
+        transform=functools.partial(add_noise, noise=0.5),
+    )  # random per sample
     seeded = SeededSamples(c, 3, 1)
     idx = [17, 3, 99, 4, 58, 3]
     batch = seeded.__getitems__(idx)  # each shard's rows read at once, each sample's noise under its own seed
@@ -252,8 +269,12 @@ def test_every_sample_once_per_epoch_on_every_world_size_in_one_global_order():
     sequences = []
     for world in (1, 2, 4):
         per_epoch = n // (mbs * world) * mbs * world
-        ranks = [RankMicroBatches(n, mbs, world, r, 5, 1, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=rows,
-                                  window_shards=window) for r in range(world)]
+        ranks = [
+            RankMicroBatches(
+                n, mbs, world, r, 5, 1, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=rows, window_shards=window
+            )
+            for r in range(world)
+        ]
         seen = [i for m in range(len(ranks[0])) for r in ranks for i in r.indices(m)]
         assert len(seen) == len(set(seen)) == per_epoch
         assert seen == order(np.arange(per_epoch)).tolist()
@@ -266,8 +287,12 @@ def test_a_micro_batch_reads_only_the_shards_of_its_window():
     rows, window, mbs, world = [20, 35, 0, 17, 41, 26, 30, 12, 23], 3, 4, 2
     starts = np.concatenate([[0], np.cumsum(rows)])
     order = ShardWindowOrder(rows, window, 3, 0)
-    ranks = [RankMicroBatches(sum(rows), mbs, world, r, 3, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=rows,
-                              window_shards=window) for r in range(world)]
+    ranks = [
+        RankMicroBatches(
+            sum(rows), mbs, world, r, 3, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=rows, window_shards=window
+        )
+        for r in range(world)
+    ]
     straddling = 0
     for m in range(len(ranks[0])):
         first, last = m * mbs * world, (m + 1) * mbs * world - 1
@@ -352,8 +377,9 @@ def test_a_local_shard_changed_in_place_is_refused_naming_it(tmp_path):
 
 
 def _read_epoch(c: ShardedCorpus, start: int, window: int) -> RankMicroBatches:
-    batches = RankMicroBatches(len(c), 5, 2, 0, 1, 0, start, sampler=SHARD_WINDOW_SAMPLER,
-                               shard_rows=c.shard_rows, window_shards=window)
+    batches = RankMicroBatches(
+        len(c), 5, 2, 0, 1, 0, start, sampler=SHARD_WINDOW_SAMPLER, shard_rows=c.shard_rows, window_shards=window
+    )
     batches.on_position = c.follow(batches.order)
     for idx in batches:
         for i in idx:
@@ -373,7 +399,7 @@ def test_resume_at_a_position_fetches_only_the_shards_from_there_on(memory_corpu
     start = 7  # micro-batch 7: position 70, in window 3 (shards 6 and 7 of the order)
     _read_epoch(resumed, start, window)
     first_window = order.window_of(start * 10)
-    expected = [resumed.shards[s].name for s in order.shards[first_window * window:]]
+    expected = [resumed.shards[s].name for s in order.shards[first_window * window :]]
     assert sorted(fetched_names(str(tmp_path / "b" / "cache" / "shards-cache"))) == sorted(expected)
     assert len(expected) < len(c.shards)
 
@@ -438,14 +464,20 @@ def test_the_corpus_spec_reads_byte_units_and_refuses_bad_values(tmp_path):
 
 def _corpus_expectation(ident: CorpusIdentity, window: int = 2) -> Expectation:
     exp = Expectation("j", 1, 2, 2, 10, 0, "f", 1, num_samples=ident.rows)
-    return dataclasses.replace(exp, corpus=ident.summary(), corpus_index=ident, sampler=SHARD_WINDOW_SAMPLER,
-                               window_shards=window)
+    return dataclasses.replace(
+        exp, corpus=ident.summary(), corpus_index=ident, sampler=SHARD_WINDOW_SAMPLER, window_shards=window
+    )
 
 
 def _state_of(exp: Expectation, step: int = 4, **overrides):
     c = exp.corpus
-    return candidate_for(step, exp, data_corpus={"digest": c.digest, "shards": c.shards, "rows": c.rows},
-                         data_window_shards=exp.window_shards, **overrides)
+    return candidate_for(
+        step,
+        exp,
+        data_corpus={"digest": c.digest, "shards": c.shards, "rows": c.rows},
+        data_window_shards=exp.window_shards,
+        **overrides,
+    )
 
 
 def test_a_state_of_another_corpus_is_incompatible_naming_the_shard(tmp_path):
@@ -484,11 +516,29 @@ def test_another_shuffle_or_window_is_incompatible_and_other_datasets_unaffected
 def test_a_run_on_another_dataset_writes_the_data_record_it_wrote_before():
     from syncpoint.policies.state_format import DataRecord
 
-    plain = DataRecord(sampler=SAMPLER_VERSION, num_samples=8, global_samples=4, samples_in_epoch=4,
-                       samples_per_epoch=8, global_batch=4).model_dump()
-    assert set(plain) == {"sampler", "num_samples", "global_samples", "samples_in_epoch", "samples_per_epoch",
-                          "global_batch"}
+    plain = DataRecord(
+        sampler=SAMPLER_VERSION,
+        num_samples=8,
+        global_samples=4,
+        samples_in_epoch=4,
+        samples_per_epoch=8,
+        global_batch=4,
+    ).model_dump()
+    assert set(plain) == {
+        "sampler",
+        "num_samples",
+        "global_samples",
+        "samples_in_epoch",
+        "samples_per_epoch",
+        "global_batch",
+    }
     assert DataRecord.model_validate(plain).corpus is None  # and states without the fields read back
-    sharded = DataRecord.model_validate({**plain, "sampler": SHARD_WINDOW_SAMPLER, "window_shards": 2,
-                                         "corpus": {"digest": "ab", "shards": 3, "rows": 8}})
+    sharded = DataRecord.model_validate(
+        {
+            **plain,
+            "sampler": SHARD_WINDOW_SAMPLER,
+            "window_shards": 2,
+            "corpus": {"digest": "ab", "shards": 3, "rows": 8},
+        }
+    )
     assert sharded.model_dump()["corpus"] == {"digest": "ab", "shards": 3, "rows": 8}

@@ -46,10 +46,20 @@ WINDOW = 2
 
 
 def _spec(storage, shards: str, cache, *extra, workers: int = 1):
-    return lm_spec(storage, "task.path=examples.sharded_lm:build", f"task.config.shards={shards}",
-                   "train.eval_every=0", "train.grad_accum=2", "train.epochs=2", "train.record_samples=true",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", f"corpus.window_shards={WINDOW}",
-                   f"corpus.cache_dir={cache}", *extra, workers=workers)
+    return lm_spec(
+        storage,
+        "task.path=examples.sharded_lm:build",
+        f"task.config.shards={shards}",
+        "train.eval_every=0",
+        "train.grad_accum=2",
+        "train.epochs=2",
+        "train.record_samples=true",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        f"corpus.window_shards={WINDOW}",
+        f"corpus.cache_dir={cache}",
+        *extra,
+        workers=workers,
+    )
 
 
 def _same_run(ref, ref_final: str, spec, final: str) -> None:
@@ -70,8 +80,9 @@ def test_a_corpus_on_s3_resumes_bitwise_and_fetches_only_the_shards_from_its_pos
     assert t["data"]["sampler"] == SHARD_WINDOW_SAMPLER and t["data"]["window_shards"] == WINDOW
     assert t["data"]["corpus"]["shards"] == 8
 
-    spec = _spec(f"s3://{BUCKET}/runs-resume", shards, tmp_path / "cache-1",
-                 "faults=[{at_micro_step: 47, mode: raise}]")
+    spec = _spec(
+        f"s3://{BUCKET}/runs-resume", shards, tmp_path / "cache-1", "faults=[{at_micro_step: 47, mode: raise}]"
+    )
     assert run_until_crash(spec)
     reads: list[str] = []
     original = corpus_mod._read_shard
@@ -87,7 +98,7 @@ def test_a_corpus_on_s3_resumes_bitwise_and_fetches_only_the_shards_from_its_pos
     order = ShardWindowOrder(corpus.shard_rows, WINDOW, ref.train.seed, state["epoch"])
     first = order.window_of(state["data"]["samples_in_epoch"])
     fetched = fetched_names(str(tmp_path / "cache-2" / "shards-cache"))
-    from_here = [corpus.shards[s].name for s in order.shards[first * WINDOW:]]
+    from_here = [corpus.shards[s].name for s in order.shards[first * WINDOW :]]
     assert len(fetched) == len(set(fetched)) and set(fetched) == set(from_here)
     assert first > 0 and len(fetched) < 8  # the shards before the position were never fetched
 
@@ -97,8 +108,9 @@ def test_a_corpus_changed_between_attempts_is_refused_at_selection_naming_the_sh
 
     url = f"s3://{BUCKET}/corpus-changed"
     paths = write_corpus(url, 6, 6, 8)
-    spec = _spec(f"s3://{BUCKET}/runs-changed", f"{url}/*.npy", tmp_path / "cache",
-                 "faults=[{at_micro_step: 9, mode: raise}]")
+    spec = _spec(
+        f"s3://{BUCKET}/runs-changed", f"{url}/*.npy", tmp_path / "cache", "faults=[{at_micro_step: 9, mode: raise}]"
+    )
     assert run_until_crash(spec)
     fs, _ = fsspec.core.url_to_fs(url)
     tokens = np.load(io.BytesIO(fs.cat_file(paths[3])))
@@ -121,8 +133,9 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
     extra = ("scaling.num_workers={min: 1, max: 2}", "task.config.dropout=0")
     ref = _spec(tmp_path / "ref", f"{url}/*.npy", tmp_path / "cache", *extra, workers=2)
     assert run_spawned(ref) == [0, 0]
-    spec = _spec(tmp_path / "run", f"{url}/*.npy", tmp_path / "cache", *extra, "faults=[{rank: 1, at_micro_step: 17}]",
-                 workers=2)
+    spec = _spec(
+        tmp_path / "run", f"{url}/*.npy", tmp_path / "cache", *extra, "faults=[{rank: 1, at_micro_step: 17}]", workers=2
+    )
     assert run_spawned(spec)[1] == 17  # a node is gone and no replacement comes
     assert run_spawned(spec, world_size=1) == [0]  # continue on the one worker left
     last = trainer_json(spec, state_names(spec)[-1])
@@ -136,12 +149,33 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
 def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path, how):
     url = f"s3://{BUCKET}/corpus-drill-{how}"
     write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30", "--how", how,
-           "--set", f"storage={tmp_path}", "--set", "task.path=examples.sharded_lm:build",
-           "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",
-           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-           "--set", f"corpus.window_shards={WINDOW}",
-           "--set", f"corpus.cache_dir={tmp_path / 'cache'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--preempt-at",
+        "30",
+        "--how",
+        how,
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.path=examples.sharded_lm:build",
+        "--set",
+        f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+        "--set",
+        f"corpus.window_shards={WINDOW}",
+        "--set",
+        f"corpus.cache_dir={tmp_path / 'cache'}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -160,13 +194,36 @@ def test_elastic_drill_on_a_corpus_on_s3_keeps_the_samples_of_every_step(s3, tmp
     the change and within the elastic bound after it (dropout re-seeded for the new world size)."""
     url = f"s3://{BUCKET}/corpus-drill-elastic"
     write_corpus(url, 8, 100, 8)
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
-           "--how", "node", "--no-replacement", "--set", f"storage={tmp_path}",
-           "--set", "task.path=examples.sharded_lm:build",
-           "--set", f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}", "--set", "train.eval_every=0",
-           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-           "--set", "scaling.num_workers={min: 1, max: 2}", "--set", f"corpus.window_shards={WINDOW}",
-           "--set", f"corpus.cache_dir={tmp_path / 'cache'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--preempt-at",
+        "30",
+        "--how",
+        "node",
+        "--no-replacement",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.path=examples.sharded_lm:build",
+        "--set",
+        f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}",
+        "--set",
+        "train.eval_every=0",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+        "--set",
+        "scaling.num_workers={min: 1, max: 2}",
+        "--set",
+        f"corpus.window_shards={WINDOW}",
+        "--set",
+        f"corpus.cache_dir={tmp_path / 'cache'}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

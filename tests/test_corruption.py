@@ -57,9 +57,13 @@ CASES = {
 
 @pytest.mark.parametrize("corrupt", list(CASES), ids=[f.__name__ for f in CASES])
 def test_corruption_is_detected_and_the_run_falls_back(tmp_path, corrupt):
-    spec = lm_spec(tmp_path / "run", "task.config.num_samples=20", "train.epochs=2",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                   "faults=[{at_micro_step: 10, mode: raise}]")
+    spec = lm_spec(
+        tmp_path / "run",
+        "task.config.num_samples=20",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 10, mode: raise}]",
+    )
     assert run_until_crash(spec) and committed_steps(spec) == [4, 8, 10]
     store = RunStorage(spec.run_url)
     corrupt(store)

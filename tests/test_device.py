@@ -48,10 +48,18 @@ def test_deepspeed_ops_are_built_with_this_environments_ninja(tmp_path):
     decoy.write_text("#!/bin/sh\necho 1.0.0-decoy\n")
     decoy.chmod(0o755)
     path = os.pathsep.join([str(tmp_path), *(p for p in os.environ["PATH"].split(os.pathsep) if p != here)])
-    code = ("import os, shutil; from syncpoint.workers.device import use_environment_ninja as u; u(); u(); "
-            "print(shutil.which('ninja')); print(os.environ['PATH'])")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PATH": path}, capture_output=True,
-                         text=True, timeout=120, check=True).stdout.splitlines()
+    code = (
+        "import os, shutil; from syncpoint.workers.device import use_environment_ninja as u; u(); u(); "
+        "print(shutil.which('ninja')); print(os.environ['PATH'])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
     assert out[0] == os.path.join(here, "ninja")
     assert out[1].split(os.pathsep)[:2] == [here, str(tmp_path)]  # prepended once, the rest kept in order
 

@@ -31,7 +31,7 @@ def test_write_in_random_pieces_gives_the_exact_bytes(tmp_path, size):
             with DirectFileWriter(path) as f:
                 while pos < size:
                     n = rng.choice([1, 7, ALIGN, 100_000, BLOCK + 3])
-                    f.write(memoryview(data)[pos:pos + n])
+                    f.write(memoryview(data)[pos : pos + n])
                     pos += n
             with open(path, "rb") as r:
                 assert r.read() == data

@@ -28,7 +28,8 @@ def test_the_spec_reference_is_the_one_the_models_generate():
     gen = _generator()
     page = gen.PAGE.read_text()
     assert gen.page_with(gen.render(), page) == page, (
-        "docs/reference/spec.md and policies/spec.py disagree: run python docs/gen_spec_reference.py")
+        "docs/reference/spec.md and policies/spec.py disagree: run python docs/gen_spec_reference.py"
+    )
 
 
 def test_the_spec_reference_names_every_field_with_a_description():
@@ -36,8 +37,14 @@ def test_the_spec_reference_names_every_field_with_a_description():
 
     text = _generator().render()
     rows = re.findall(r"^\| `([^`]+)` \| .* \| (.*) \|$", text, re.MULTILINE)
-    assert {name for name, _ in rows} >= {"name", "train.lr", "checkpoint.async", "scaling.num_workers.min",
-                                          "faults[].phase", "train.scheduler.type"}
+    assert {name for name, _ in rows} >= {
+        "name",
+        "train.lr",
+        "checkpoint.async",
+        "scaling.num_workers.min",
+        "faults[].phase",
+        "train.scheduler.type",
+    }
     assert [name for name, desc in rows if not desc.strip()] == [], "a field without a description"
     assert len([n for n, _ in rows if "." not in n]) == len(JobSpec.model_fields)
 
@@ -66,13 +73,20 @@ def test_every_benchmark_result_says_how_it_was_taken_and_is_on_the_site():
             assert what in head, f"{path.name} does not say its {what.lower()}"
         assert f"results/{path.name}" in nav, f"{path.name} is not in mkdocs.yml's nav"
         assert f"(results/{path.name})" in (ROOT / "docs" / "benchmarks.md").read_text(), (
-            f"docs/benchmarks.md does not link {path.name}")
+            f"docs/benchmarks.md does not link {path.name}"
+        )
 
 
 def test_the_site_builds_strictly(tmp_path: Path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "syncpoint.workers.task.Task" in api and "syncpoint.policies.spec.JobSpec" in api

@@ -11,8 +11,17 @@ from syncpoint.policies.journal import AttemptStarted, Journal, Step
 
 
 def _steps(losses: list[float], *, samples_shift: int = 0, lr_at: dict[int, float] | None = None) -> dict[int, Step]:
-    return {k: Step(optimizer_step=k, global_micro_step=4 * k, epoch=1, loss=loss, lr=(lr_at or {}).get(k, 0.1),
-                    samples=[2 * k + samples_shift, 2 * k + 1]) for k, loss in enumerate(losses, start=1)}
+    return {
+        k: Step(
+            optimizer_step=k,
+            global_micro_step=4 * k,
+            epoch=1,
+            loss=loss,
+            lr=(lr_at or {}).get(k, 0.1),
+            samples=[2 * k + samples_shift, 2 * k + 1],
+        )
+        for k, loss in enumerate(losses, start=1)
+    }
 
 
 REF = [3.0, 2.8, 2.6, 2.5, 2.4]
@@ -52,8 +61,15 @@ def test_a_missing_step_fails():
 
 def test_the_change_is_where_an_attempt_resumed_on_another_world_size():
     def start(attempt: int, world: int, step: int) -> AttemptStarted:
-        return AttemptStarted(attempt=attempt, world_size=world, nodes=[], submission="s", resumed_from=None,
-                              global_micro_step=4 * step, optimizer_step=step)
+        return AttemptStarted(
+            attempt=attempt,
+            world_size=world,
+            nodes=[],
+            submission="s",
+            resumed_from=None,
+            global_micro_step=4 * step,
+            optimizer_step=step,
+        )
 
     assert world_size_change(Journal([start(1, 2, 0), start(2, 2, 3), start(3, 1, 6)])) == 6
     assert world_size_change(Journal([start(1, 2, 0), start(2, 2, 3)])) == 0

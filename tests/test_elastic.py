@@ -22,9 +22,18 @@ from tests.test_exact_resume import module_params
 
 
 def _spec(tmp, *extra):
-    return lm_spec(tmp, "scaling.num_workers={min: 1, max: 2}", "task.config.num_samples=40",
-                   "task.config.dropout=0", "train.grad_accum=4", "train.epochs=2", "train.record_samples=true",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra, workers=2)
+    return lm_spec(
+        tmp,
+        "scaling.num_workers={min: 1, max: 2}",
+        "task.config.num_samples=40",
+        "task.config.dropout=0",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "train.record_samples=true",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+        workers=2,
+    )
 
 
 def test_layout_keeps_the_global_batch():
@@ -111,9 +120,26 @@ def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
 
     from tests.helpers import ROOT
 
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "30",
-           "--how", "node", "--no-replacement", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=640",
-           "--set", "train.epochs=2", "--set", "scaling.num_workers={min: 1, max: 2}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--preempt-at",
+        "30",
+        "--how",
+        "node",
+        "--no-replacement",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.config.num_samples=640",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "scaling.num_workers={min: 1, max: 2}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     # the shipped example, dropout on: the verdict follows the elastic rules, the losses are explained

@@ -46,8 +46,11 @@ from tests.helpers import (
 
 
 def test_due_at_the_unit_and_always_at_the_end_never_when_off():
-    steps = [s for s in range(1, 13) if rules.due(4, "optimizer_steps", optimizer_step=s, epoch=0, epoch_end=False,
-                                                  last=s == 13)]
+    steps = [
+        s
+        for s in range(1, 13)
+        if rules.due(4, "optimizer_steps", optimizer_step=s, epoch=0, epoch_end=False, last=s == 13)
+    ]
     assert steps == [4, 8, 12]
     assert rules.due(4, "optimizer_steps", optimizer_step=13, epoch=0, epoch_end=False, last=True)
     assert not rules.due(0, "optimizer_steps", optimizer_step=4, epoch=0, epoch_end=True, last=True)
@@ -70,8 +73,9 @@ def test_every_sample_counted_once_and_every_rank_runs_the_same_forwards(n, mbs,
 
 
 def test_carried_keeps_only_finite_eval_numbers():
-    got = rules.carried({"loss": 1.0, "eval_loss": 2.5, "eval_acc": 1, "eval_bad": float("nan"), "eval_s": "x",
-                         "eval_b": True})
+    got = rules.carried(
+        {"loss": 1.0, "eval_loss": 2.5, "eval_acc": 1, "eval_bad": float("nan"), "eval_s": "x", "eval_b": True}
+    )
     assert got == {"eval_loss": 2.5, "eval_acc": 1.0}
     assert rules.carried(None) == {}
 
@@ -131,9 +135,17 @@ def test_rng_capture_round_trip_used_by_evaluate():
 
 
 def _lm(tmp, *extra, zero=2):
-    return lm_spec(tmp, "task.config.num_samples=20", "task.config.eval_samples=7", "train.grad_accum=3",
-                   "train.epochs=2", f"deepspeed.zero_stage={zero}",
-                   "checkpoint.save_every={value: 3, unit: optimizer_steps}", "train.eval_every=0", *extra)
+    return lm_spec(
+        tmp,
+        "task.config.num_samples=20",
+        "task.config.eval_samples=7",
+        "train.grad_accum=3",
+        "train.epochs=2",
+        f"deepspeed.zero_stage={zero}",
+        "checkpoint.save_every={value: 3, unit: optimizer_steps}",
+        "train.eval_every=0",
+        *extra,
+    )
 
 
 def evaluations(spec) -> dict[int, dict[str, float]]:
@@ -145,8 +157,10 @@ def all_evaluations(spec) -> list[Evaluated]:
 
 
 def eval_metrics_of_states(spec) -> dict[str, dict[str, float]]:
-    return {n: {k: v for k, v in trainer_json(spec, n)["metrics"].items() if k.startswith("eval_")}
-            for n in state_names(spec)}
+    return {
+        n: {k: v for k, v in trainer_json(spec, n)["metrics"].items() if k.startswith("eval_")}
+        for n in state_names(spec)
+    }
 
 
 @pytest.mark.parametrize("zero", [0, 2])
@@ -190,8 +204,10 @@ RESUME_CASES = {
     "crash-right-after-a-save": ("[{at_micro_step: 9, mode: raise}]",),
     # saves at every step; right after the save at step 2: the resumed attempt's state at step 3
     # carries the evaluation of step 2 from the state it resumed
-    "carried-across-the-resume": ("[{at_micro_step: 6, mode: raise}]",
-                                  "checkpoint.save_every={value: 1, unit: optimizer_steps}"),
+    "carried-across-the-resume": (
+        "[{at_micro_step: 6, mode: raise}]",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    ),
 }
 
 
@@ -218,8 +234,14 @@ def test_resumed_run_reports_the_same_evaluations(tmp_path, faults, extra):
 
 def test_drill_comparison_reports_a_mismatch():
     def ev(step, loss, attempt=1):
-        return Evaluated(attempt=attempt, optimizer_step=step, global_micro_step=step * 4, metrics={"loss": loss},
-                         seconds=0.1, time=float(step + 10 * attempt))
+        return Evaluated(
+            attempt=attempt,
+            optimizer_step=step,
+            global_micro_step=step * 4,
+            metrics={"loss": loss},
+            seconds=0.1,
+            time=float(step + 10 * attempt),
+        )
 
     ref = Journal([ev(2, 1.0), ev(4, 0.5)])
     assert compare_evaluations(ref, Journal([ev(2, 1.0), ev(4, 0.5)]))[0]
@@ -233,14 +255,20 @@ def test_drill_comparison_reports_a_mismatch():
 
 
 def test_events_and_plot_show_evaluations(tmp_path, capsys):
-    spec = linear_spec(tmp_path, "task.path=tests.tasks:linear_eval", "task.config.metrics=per_sample",
-                       "train.eval_every=1 optimizer_steps", "task.config.num_samples=8")
+    spec = linear_spec(
+        tmp_path,
+        "task.path=tests.tasks:linear_eval",
+        "task.config.metrics=per_sample",
+        "train.eval_every=1 optimizer_steps",
+        "task.config.num_samples=8",
+    )
     run(spec)
     journal = EventLog(RunStorage(spec.run_url)).journal()
     assert sorted(journal.evaluations()) == [1, 2]
-    assert re.search(r"evaluated\s+optimizer step 2 \(micro-step 8\): abs_err [\d.]+, mse [\d.]+",
-                     format_timeline(journal))
-    run_dir = spec.run_url[len("file://"):]
+    assert re.search(
+        r"evaluated\s+optimizer step 2 \(micro-step 8\): abs_err [\d.]+, mse [\d.]+", format_timeline(journal)
+    )
+    run_dir = spec.run_url[len("file://") :]
     rc, out, _ = cli(capsys, "events", run_dir)
     assert rc == 0 and "evaluated" in out and "abs_err" in out
     rc, _, _ = cli(capsys, "events", run_dir, "--plot", str(tmp_path / "plot.png"))
@@ -253,9 +281,15 @@ def test_events_and_plot_show_evaluations(tmp_path, capsys):
 def test_reduction_is_exact_over_the_whole_eval_set(tmp_path):
     """7 eval samples in batches of 2 (2, 2, 2, 1): the weighted sums give the mean over samples,
     where an average of batch means would not."""
-    spec = linear_spec(tmp_path, "task.path=tests.tasks:linear_eval", "task.config.metrics=per_sample",
-                       "train.eval_every=1 epochs", "train.micro_batch_size=2", "train.grad_accum=2",
-                       "task.config.num_samples=8")
+    spec = linear_spec(
+        tmp_path,
+        "task.path=tests.tasks:linear_eval",
+        "task.config.metrics=per_sample",
+        "train.eval_every=1 epochs",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "task.config.num_samples=8",
+    )
     final = run(spec).final_state
     got = evaluations(spec)[trainer_json(spec, final)["optimizer_step"]]
     from tests.tasks import CleanVectors
@@ -267,9 +301,9 @@ def test_reduction_is_exact_over_the_whole_eval_set(tmp_path):
     data = CleanVectors(7)
     with torch.no_grad():
         errs = torch.stack([(model(data[i][0][None]) - data[i][1]).squeeze() for i in range(7)]).double()
-    assert got["mse"] == pytest.approx(float((errs ** 2).mean()), rel=1e-6, abs=0)
+    assert got["mse"] == pytest.approx(float((errs**2).mean()), rel=1e-6, abs=0)
     assert got["abs_err"] == pytest.approx(float(errs.abs().mean()), rel=1e-6, abs=0)
-    batch_means = [float((errs[i:i + 2] ** 2).mean()) for i in range(0, 7, 2)]
+    batch_means = [float((errs[i : i + 2] ** 2).mean()) for i in range(0, 7, 2)]
     assert abs(sum(batch_means) / len(batch_means) - got["mse"]) > 1e-4 * got["mse"]  # the test can tell
     metrics = trainer_json(spec, final)["metrics"]
     assert metrics["eval_mse"] == got["mse"] and metrics["eval_abs_err"] == got["abs_err"]
@@ -279,14 +313,25 @@ def test_reduction_is_exact_over_the_whole_eval_set(tmp_path):
 
 
 def test_best_metric_picks_by_eval_loss(tmp_path, capsys):
-    spec = _lm(tmp_path, "train.eval_every=1 optimizer_steps", "train.lr=0.05",
-               "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    spec = _lm(
+        tmp_path,
+        "train.eval_every=1 optimizer_steps",
+        "train.lr=0.05",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    )
     run(spec)
     by_state = {n: trainer_json(spec, n)["metrics"]["eval_loss"] for n in state_names(spec)}
     assert len(set(by_state.values())) == len(by_state)  # every state evaluated, each different
     best = min(by_state, key=by_state.get)
-    rc, out, _ = cli(capsys, "states", spec.run_url[len("file://"):], "--policy", "best-metric", "--policy-args",
-                     json.dumps({"metric": "eval_loss", "mode": "min"}))
+    rc, out, _ = cli(
+        capsys,
+        "states",
+        spec.run_url[len("file://") :],
+        "--policy",
+        "best-metric",
+        "--policy-args",
+        json.dumps({"metric": "eval_loss", "mode": "min"}),
+    )
     assert rc == 0
     assert re.search(rf"(chose|choice|->).*{best}|{best}.*best eval_loss", out, re.S), out
     assert f"best eval_loss (min) = {by_state[best]:.6g}" in out, out
@@ -295,16 +340,28 @@ def test_best_metric_picks_by_eval_loss(tmp_path, capsys):
 # ----------------------------------------------------------------------------- bad Task.metrics
 
 
-@pytest.mark.parametrize("kind,message", [
-    ("float", r"Task\.metrics returned 'loss' as float on eval samples \[0, 1\]; every value must be a tensor"),
-    ("nan", r"Task\.metrics returned a non-finite 'loss' on eval samples \[0, 1\] \(nan or inf\)"),
-    ("matrix", r"Task\.metrics returned 'out' with shape \(2, 1\) .*must be 0-d .* or 1-d"),
-    ("list", r"Task\.metrics returned list on eval samples \[0, 1\]; it must return a non-empty dict\[str, Tensor\]"),
-])
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("float", r"Task\.metrics returned 'loss' as float on eval samples \[0, 1\]; every value must be a tensor"),
+        ("nan", r"Task\.metrics returned a non-finite 'loss' on eval samples \[0, 1\] \(nan or inf\)"),
+        ("matrix", r"Task\.metrics returned 'out' with shape \(2, 1\) .*must be 0-d .* or 1-d"),
+        (
+            "list",
+            r"Task\.metrics returned list on eval samples \[0, 1\]; it must return a non-empty dict\[str, Tensor\]",
+        ),
+    ],
+)
 def test_bad_task_metrics_fail_naming_task_metrics(tmp_path, kind, message):
-    spec = linear_spec(tmp_path, "task.path=tests.tasks:linear_eval", f"task.config.metrics={kind}",
-                       "train.eval_every=1 epochs", "train.micro_batch_size=2", "train.grad_accum=2",
-                       "task.config.num_samples=8")
+    spec = linear_spec(
+        tmp_path,
+        "task.path=tests.tasks:linear_eval",
+        f"task.config.metrics={kind}",
+        "train.eval_every=1 epochs",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "task.config.num_samples=8",
+    )
     with pytest.raises(TaskError, match=message):
         run(spec)
 
@@ -318,8 +375,14 @@ def test_zero3_two_ranks_uneven_eval_shards(tmp_path):
     """5 eval samples on 2 ranks in batches of 2: rank 0 has 2 batches, rank 1 one; rank 1 runs a
     weight-0 forward so ZeRO-3's parameter all-gathers pair up. On vs off: the same run; a hard crash
     between an evaluation and the next save: the same evaluations."""
-    common = ("task.config.num_samples=36", "task.config.eval_samples=5", "train.grad_accum=2", "train.epochs=1",
-              "deepspeed.zero_stage=3", "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+    common = (
+        "task.config.num_samples=36",
+        "task.config.eval_samples=5",
+        "train.grad_accum=2",
+        "train.epochs=1",
+        "deepspeed.zero_stage=3",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    )
     off = lm_spec(tmp_path / "off", *common, "train.eval_every=0", workers=2)
     on = lm_spec(tmp_path / "on", *common, "train.eval_every=1 optimizer_steps", workers=2)
     assert run_spawned(off) == [0, 0] and run_spawned(on) == [0, 0]
@@ -330,8 +393,13 @@ def test_zero3_two_ranks_uneven_eval_shards(tmp_path):
     # 9 micro-batches of 2 x 2 samples, accumulation 2: steps end at micro-steps 2, 4, 6, 8, 9
     assert sorted(evaluations(on)) == [1, 2, 3, 4, 5]
     # rank 1 dies hard after micro-step 6: step 3 was evaluated there, the last save was step 2 (micro-step 4)
-    crashed = lm_spec(tmp_path / "crash", *common, "train.eval_every=1 optimizer_steps",
-                      "faults=[{rank: 1, at_micro_step: 6}]", workers=2)
+    crashed = lm_spec(
+        tmp_path / "crash",
+        *common,
+        "train.eval_every=1 optimizer_steps",
+        "faults=[{rank: 1, at_micro_step: 6}]",
+        workers=2,
+    )
     assert run_spawned(crashed)[1] == 17
     assert run_spawned(crashed) == [0, 0]
     assert evaluations(crashed) == evaluations(on)

@@ -26,9 +26,16 @@ REFERENCES: dict = {}
 
 
 def _spec(tmp, mbpe, accum, save_every, zero, *extra, workers=1):
-    return lm_spec(tmp, f"task.config.num_samples={mbpe * 2 * workers}", f"train.grad_accum={accum}",
-                   "train.epochs=2", f"checkpoint.save_every={save_every}", f"deepspeed.zero_stage={zero}",
-                   *extra, workers=workers)
+    return lm_spec(
+        tmp,
+        f"task.config.num_samples={mbpe * 2 * workers}",
+        f"train.grad_accum={accum}",
+        "train.epochs=2",
+        f"checkpoint.save_every={save_every}",
+        f"deepspeed.zero_stage={zero}",
+        *extra,
+        workers=workers,
+    )
 
 
 def module_params(spec, name):
@@ -67,8 +74,10 @@ def assert_same_run(ref_spec, ref_final, spec, final):
 CASES = [(mbpe, acc, se, k, zero) for (mbpe, acc, se), ks in GRID.items() for k in ks for zero in (0, 2)]
 CASES += [(10, 4, "{value: 3, unit: micro_steps}", 9, 1), (7, 3, "{value: 2, unit: optimizer_steps}", 5, 1)]
 # ZeRO-3 (about a minute per case here: slow)
-CASES += [pytest.param(10, 4, "{value: 3, unit: micro_steps}", 13, 3, marks=pytest.mark.slow),
-          pytest.param(7, 3, "{value: 2, unit: optimizer_steps}", 11, 3, marks=pytest.mark.slow)]
+CASES += [
+    pytest.param(10, 4, "{value: 3, unit: micro_steps}", 13, 3, marks=pytest.mark.slow),
+    pytest.param(7, 3, "{value: 2, unit: optimizer_steps}", 11, 3, marks=pytest.mark.slow),
+]
 ASYNC_CASES = [(10, 4, "{value: 1, unit: optimizer_steps}", k, z) for k, z in ((7, 2), (9, 0), (13, 1), (19, 2))]
 ASYNC_CASES += [pytest.param(10, 4, "{value: 1, unit: optimizer_steps}", 9, 3, marks=pytest.mark.slow)]
 
@@ -90,8 +99,15 @@ def test_single_rank_resume_equals_uninterrupted(tmp_path, tmp_path_factory, mbp
 def test_async_saves_resume_equals_uninterrupted(tmp_path, tmp_path_factory, mbpe, accum, save_every, crash_at, zero):
     """checkpoint.async: the same states, committed later; resume stays exact (the reference is sync)."""
     ref_spec, ref_final = _reference(tmp_path_factory, mbpe, accum, save_every, zero)
-    spec = _spec(tmp_path, mbpe, accum, save_every, zero, "checkpoint.async=true",
-                 f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
+    spec = _spec(
+        tmp_path,
+        mbpe,
+        accum,
+        save_every,
+        zero,
+        "checkpoint.async=true",
+        f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]",
+    )
     assert run_until_crash(spec)
     result = run(spec)
     assert_same_run(ref_spec, ref_final, spec, result.final_state)
@@ -104,8 +120,15 @@ def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_fac
     extra = ("train.dataloader_workers=2",)
     ref = _spec(tmp_path_factory.mktemp("refw"), 10, 4, "{value: 3, unit: micro_steps}", 2, *extra)
     assert run_spawned(ref, world_size=1) == [0]
-    spec = _spec(tmp_path, 10, 4, "{value: 3, unit: micro_steps}", 2, *extra,
-                 "faults=[{at_micro_step: 6, mode: exit}, {at_micro_step: 15, mode: exit}]")
+    spec = _spec(
+        tmp_path,
+        10,
+        4,
+        "{value: 3, unit: micro_steps}",
+        2,
+        *extra,
+        "faults=[{at_micro_step: 6, mode: exit}, {at_micro_step: 15, mode: exit}]",
+    )
     assert run_spawned(spec, world_size=1) == [17]  # a hard crash at 6
     assert run_spawned(spec, world_size=1) == [17]  # and at 15
     assert run_spawned(spec, world_size=1) == [0]
@@ -113,15 +136,29 @@ def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_fac
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", [pytest.param(0, marks=pytest.mark.long), pytest.param(1, marks=pytest.mark.long), 2,
-                                  pytest.param(3, marks=pytest.mark.long)])  # ZeRO-3 two-rank: tests/test_zero3.py
+@pytest.mark.parametrize(
+    "zero",
+    [
+        pytest.param(0, marks=pytest.mark.long),
+        pytest.param(1, marks=pytest.mark.long),
+        2,
+        pytest.param(3, marks=pytest.mark.long),
+    ],
+)  # ZeRO-3 two-rank: tests/test_zero3.py
 def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     ref = _spec(tmp_path / "ref", 10, 4, "{value: 3, unit: micro_steps}", zero, workers=2)
     assert run_spawned(ref) == [0, 0]
     ref_final = max(state_names(ref))
     # rank 1 dies hard (os._exit) mid-cycle at micro-step 13
-    spec = _spec(tmp_path / "run", 10, 4, "{value: 3, unit: micro_steps}", zero,
-                 "faults=[{rank: 1, at_micro_step: 13}]", workers=2)
+    spec = _spec(
+        tmp_path / "run",
+        10,
+        4,
+        "{value: 3, unit: micro_steps}",
+        zero,
+        "faults=[{rank: 1, at_micro_step: 13}]",
+        workers=2,
+    )
     codes = run_spawned(spec)
     assert codes[1] == 17
     assert max(state_names(spec)) < ref_final
@@ -136,8 +173,9 @@ def test_bf16_resume_equals_uninterrupted(tmp_path, tmp_path_factory, zero, cras
     save = "{value: 3, unit: micro_steps}"
     ref = _spec(tmp_path_factory.mktemp("bf16"), 10, 4, save, zero, "deepspeed.precision=bf16")
     ref_final = run(ref).final_state
-    spec = _spec(tmp_path, 10, 4, save, zero, "deepspeed.precision=bf16",
-                 f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]")
+    spec = _spec(
+        tmp_path, 10, 4, save, zero, "deepspeed.precision=bf16", f"faults=[{{at_micro_step: {crash_at}, mode: raise}}]"
+    )
     assert run_until_crash(spec)
     result = run(spec)
     assert all(t.dtype == torch.bfloat16 for t in module_params(spec, result.final_state).values())

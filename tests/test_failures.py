@@ -40,8 +40,10 @@ def test_classification():
 def test_a_collective_that_lost_its_peer_is_told_from_a_bug():
     """The survivors of a silent node fail with these (gloo's, captured from torch 2.13 with a peer that
     stopped answering; NCCL's watchdog): the controller then waits for Ray's verdict on the node."""
-    gloo = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
-            "Timed out waiting 3000ms for recv operation to complete")
+    gloo = (
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+        "Timed out waiting 3000ms for recv operation to complete"
+    )
     nccl = "DistBackendError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, ...)"
     closed = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4"
     assert looks_like_lost_peer(gloo) and looks_like_lost_peer(nccl) and looks_like_lost_peer(closed)
@@ -55,16 +57,21 @@ def _worker_failures(**by_rank: BaseException) -> BaseException:
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
     from ray.train.v2.api.exceptions import WorkerGroupError
 
-    failures = {int(rank[4:]): UserExceptionWithTraceback(e, f"Traceback (most recent call last):\n  File \"x.py\", "
-                                                             f"line 3\n{type(e).__name__}: {e}\n")
-                for rank, e in by_rank.items()}
+    failures = {
+        int(rank[4:]): UserExceptionWithTraceback(
+            e, f'Traceback (most recent call last):\n  File "x.py", line 3\n{type(e).__name__}: {e}\n'
+        )
+        for rank, e in by_rank.items()
+    }
     return WorkerGroupError("snippet", failures)
 
 
 def test_failure_report_names_the_failing_codes_own_exception():
     """One rule for the run's last line and for the failure policy's message of each rank."""
     assert failure_report(_worker_failures(rank0=ValueError("bad batch at call 5"))) == (
-        "ValueError: bad batch at call 5", "")
+        "ValueError: bad batch at call 5",
+        "",
+    )
     # a syncpoint refusal on rank 1 surfaces as a broken collective on rank 0: the refusal says why
     refusal = ResumeRefused("no resumable state\n000000000010  incompatible")
     reason, details = failure_report(_worker_failures(rank0=RuntimeError("gloo: connection closed"), rank1=refusal))
@@ -101,24 +108,53 @@ def test_ray_internals_used_by_the_failure_policy_still_exist():
 
 
 def _step(t: float, attempt: int, optimizer_step: int, global_micro_step: int, loss: float) -> Progress:
-    return Progress(time=t, attempt=attempt, records=[ProgressRecord(
-        optimizer_step=optimizer_step, global_micro_step=global_micro_step, epoch=0, loss=loss, lr=1.0, time=t)])
+    return Progress(
+        time=t,
+        attempt=attempt,
+        records=[
+            ProgressRecord(
+                optimizer_step=optimizer_step, global_micro_step=global_micro_step, epoch=0, loss=loss, lr=1.0, time=t
+            )
+        ],
+    )
 
 
 def test_timeline_lost_work():
-    journal = Journal([
-        AttemptStarted(time=0, attempt=1, world_size=2, resumed_from=None, global_micro_step=0, optimizer_step=0),
-        _step(1, 1, 1, 4, 2.0),
-        StateCommitted(time=1.1, attempt=1, state="000000000004", global_micro_step=4, optimizer_step=1, bytes=10,
-                       seconds=0.1, blocked_seconds=0.1, committed_at_micro_step=4, reasons=["interval"]),
-        _step(3, 1, 2, 8, 1.5),
-        FaultFired(time=3.5, attempt=1, global_micro_step=10, rank=1, mode="exit", fault="f", where="micro-step 10"),
-        Failure(time=4, classified="preemption", decision="RETRY", reason="node(s) lost: x", ranks=[1], messages=[],
-                dead_nodes=["x"]),
-        AttemptStarted(time=5, attempt=2, world_size=2, resumed_from="000000000004", global_micro_step=4,
-                       optimizer_step=1),
-        _step(6, 2, 2, 8, 1.5),
-    ])
+    journal = Journal(
+        [
+            AttemptStarted(time=0, attempt=1, world_size=2, resumed_from=None, global_micro_step=0, optimizer_step=0),
+            _step(1, 1, 1, 4, 2.0),
+            StateCommitted(
+                time=1.1,
+                attempt=1,
+                state="000000000004",
+                global_micro_step=4,
+                optimizer_step=1,
+                bytes=10,
+                seconds=0.1,
+                blocked_seconds=0.1,
+                committed_at_micro_step=4,
+                reasons=["interval"],
+            ),
+            _step(3, 1, 2, 8, 1.5),
+            FaultFired(
+                time=3.5, attempt=1, global_micro_step=10, rank=1, mode="exit", fault="f", where="micro-step 10"
+            ),
+            Failure(
+                time=4,
+                classified="preemption",
+                decision="RETRY",
+                reason="node(s) lost: x",
+                ranks=[1],
+                messages=[],
+                dead_nodes=["x"],
+            ),
+            AttemptStarted(
+                time=5, attempt=2, world_size=2, resumed_from="000000000004", global_micro_step=4, optimizer_step=1
+            ),
+            _step(6, 2, 2, 8, 1.5),
+        ]
+    )
     (r,) = restarts(journal)
     assert (r.resumed_micro_step, r.previous_max_micro_step, r.lost_micro_steps) == (4, 10, 6)
     # from the state's snapshot (commit 1.1 minus its 0.1 s save) to the failure (4.0): the crash lost its
@@ -128,11 +164,17 @@ def test_timeline_lost_work():
     assert "lost micro-steps" in text and "000000000004" in text
     # attempt 2 is interrupted too before the next commit and attempt 3 resumes the same state: what
     # attempt 2 lost began at its own start (5.0), not at the commit (1.0) before the first restart
-    journal = Journal([*journal.events,
-                       Failure(time=7, classified="application", decision="RETRY", reason="x", ranks=[0],
-                               messages=[], dead_nodes=[]),
-                       AttemptStarted(time=9, attempt=3, world_size=2, resumed_from="000000000004",
-                                      global_micro_step=4, optimizer_step=1)])
+    journal = Journal(
+        [
+            *journal.events,
+            Failure(
+                time=7, classified="application", decision="RETRY", reason="x", ranks=[0], messages=[], dead_nodes=[]
+            ),
+            AttemptStarted(
+                time=9, attempt=3, world_size=2, resumed_from="000000000004", global_micro_step=4, optimizer_step=1
+            ),
+        ]
+    )
     _, second = restarts(journal)
     assert second.lost_micro_steps == 4 and 0 < second.lost_seconds <= 7.0 - 5.0
 
@@ -151,8 +193,10 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
     v = classify_failure(facts(refusal="train.eval_every needs Task.eval_dataset"))
     assert (v.kind, v.reason) == (REFUSAL, "train.eval_every needs Task.eval_dataset")
     assert classify_failure(facts(refusal="x", dead_attempt_nodes=("n1",))).kind == PREEMPTION
-    error = _worker_failures(rank0=RuntimeError("gloo: connection closed"),
-                             rank1=TaskError("train.eval_every is 2 optimizer_steps but no eval set"))
+    error = _worker_failures(
+        rank0=RuntimeError("gloo: connection closed"),
+        rank1=TaskError("train.eval_every is 2 optimizer_steps but no eval set"),
+    )
     assert _refusal(error.worker_failures) == "train.eval_every is 2 optimizer_steps but no eval set"
     assert _refusal(_worker_failures(rank0=ValueError("user bug")).worker_failures) is None
     policy = SyncpointFailurePolicy(FailureConfig(max_failures=3), "memory://refusal-test")
@@ -196,7 +240,10 @@ def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
     url = "memory://placement-test"
     policy = SyncpointFailurePolicy(FailureConfig(), url, placement_timeout_s=150)
     assert [policy.decide_placement(t, no_room) for t in (1000.0, 1060.0, 1090.0)] == [
-        FailureDecision.RETRY, FailureDecision.RETRY, FailureDecision.RAISE]  # waited 60, 120, 150 s
+        FailureDecision.RETRY,
+        FailureDecision.RETRY,
+        FailureDecision.RAISE,
+    ]  # waited 60, 120, 150 s
     failures = [e for e in EventLog(RunStorage(url)).read_all() if e["kind"] == "failure"]
     assert [(f["classified"], f["decision"]) for f in failures] == [(PLACEMENT, "RETRY")] * 2 + [(PLACEMENT, "RAISE")]
     assert "150" in failures[-1]["reason"]
@@ -230,9 +277,14 @@ def test_a_held_rank_gives_up_after_its_bound_with_a_message():
 
     from tests.helpers import ROOT
 
-    r = subprocess.run([sys.executable, "-c", "from syncpoint.workers.faults import _hold; _hold(1, 'micro-step 7')"],
-                       cwd=ROOT, env={**os.environ, "SYNCPOINT_FAULT_HOLD_S": "0.3"}, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "from syncpoint.workers.faults import _hold; _hold(1, 'micro-step 7')"],
+        cwd=ROOT,
+        env={**os.environ, "SYNCPOINT_FAULT_HOLD_S": "0.3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 18
     assert "rank 1: held at micro-step 7 for 0.3 s (SYNCPOINT_FAULT_HOLD_S)" in r.stderr
 
@@ -245,18 +297,38 @@ def test_a_group_that_dies_setting_up_is_not_judged_by_the_attempt_before_it():
     from syncpoint.policies.journal import PreemptionNotice
 
     def start(t: float, attempt: int, submission: str = "s1") -> AttemptStarted:
-        return AttemptStarted(time=t, attempt=attempt, world_size=2, nodes=["n1", "n2"], submission=submission,
-                              resumed_from=None, global_micro_step=0, optimizer_step=0)
+        return AttemptStarted(
+            time=t,
+            attempt=attempt,
+            world_size=2,
+            nodes=["n1", "n2"],
+            submission=submission,
+            resumed_from=None,
+            global_micro_step=0,
+            optimizer_step=0,
+        )
 
     def failure(t: float) -> Failure:
-        return Failure(time=t, classified="preemption", decision="RETRY", reason="node(s) lost: n2", ranks=[1],
-                       messages=[], dead_nodes=["n2"])
+        return Failure(
+            time=t,
+            classified="preemption",
+            decision="RETRY",
+            reason="node(s) lost: n2",
+            ranks=[1],
+            messages=[],
+            dead_nodes=["n2"],
+        )
 
     one = start(1, 1)
     assert Journal([one]).failing_attempt("s1") == one  # attempt 1 failed: its own nodes count
     assert Journal([one]).failing_attempt() == one
-    decided = Journal([one, PreemptionNotice(time=2, attempt=1, source="ray-drain", global_micro_step=3,
-                                                   optimizer_step=0), failure(3)])
+    decided = Journal(
+        [
+            one,
+            PreemptionNotice(time=2, attempt=1, source="ray-drain", global_micro_step=3, optimizer_step=0),
+            failure(3),
+        ]
+    )
     assert decided.failing_attempt("s1") is None  # the next group died before logging its start
     two = start(4, 2)
     assert Journal([*decided.events, two]).failing_attempt("s1") == two
@@ -295,8 +367,17 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
 
     url = f"memory://beats-{uuid.uuid4().hex}/run"
     log = EventLog(RunStorage(url), source="worker")
-    log.emit(AttemptStarted(attempt=1, world_size=2, nodes=["n1", "n2"], submission="s1", resumed_from=None,
-                            global_micro_step=0, optimizer_step=0))
+    log.emit(
+        AttemptStarted(
+            attempt=1,
+            world_size=2,
+            nodes=["n1", "n2"],
+            submission="s1",
+            resumed_from=None,
+            global_micro_step=0,
+            optimizer_step=0,
+        )
+    )
     line = record_interruption(url, UnreachableBoard(), 123.0, read_journal(url), "s1")
     assert line is not None
     assert "attempt 1: the heartbeat reading failed (RuntimeError: the board's node is gone)" in line

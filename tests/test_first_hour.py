@@ -46,12 +46,15 @@ def _write_job(tmp_path, text: str = EXAMPLE) -> str:
     return str(job)
 
 
-@pytest.mark.parametrize("field,value,missing", [
-    ("task.path", "no.such.module:task", "no"),
-    ("task.path", "examples.no_such_module:build", "examples.no_such_module"),
-    ("resume.policy", "no_such_policies.mod:Policy", "no_such_policies"),
-    ("checkpoint.save_trigger", "no_such_triggers:Every", "no_such_triggers"),
-])
+@pytest.mark.parametrize(
+    "field,value,missing",
+    [
+        ("task.path", "no.such.module:task", "no"),
+        ("task.path", "examples.no_such_module:build", "examples.no_such_module"),
+        ("resume.policy", "no_such_policies.mod:Policy", "no_such_policies"),
+        ("checkpoint.save_trigger", "no_such_triggers:Every", "no_such_triggers"),
+    ],
+)
 def test_validate_refuses_an_import_path_whose_module_cannot_be_found(field, value, missing, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     rc = main(["validate", "examples/tiny_lm.yaml", "--set", f"{field}={value}"])
@@ -64,8 +67,19 @@ def test_validate_refuses_an_import_path_whose_module_cannot_be_found(field, val
 
 def test_validate_accepts_the_example_and_builtin_policies(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert main(["validate", "examples/tiny_lm.yaml", "--set", "resume.policy=pinned",
-                 "--set", "resume.policy_args={state: 4}"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "examples/tiny_lm.yaml",
+                "--set",
+                "resume.policy=pinned",
+                "--set",
+                "resume.policy_args={state: 4}",
+            ]
+        )
+        == 0
+    )
     assert '"path": "examples.tiny_lm:build"' in capsys.readouterr().out
 
 
@@ -76,8 +90,21 @@ def test_run_refuses_before_ray_starts_or_storage_is_touched(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert rc == 2 and "task.path: 'no.such.module:task' cannot be imported" in err
     assert not runs.exists()  # the storage probe and the driver's first event come after the check
-    assert main(["drill", "examples/tiny_lm.yaml", "--preempt-at", "3", "--set", "task.path=no.such.module:task",
-                 "--set", f"storage={runs}"]) == 2
+    assert (
+        main(
+            [
+                "drill",
+                "examples/tiny_lm.yaml",
+                "--preempt-at",
+                "3",
+                "--set",
+                "task.path=no.such.module:task",
+                "--set",
+                f"storage={runs}",
+            ]
+        )
+        == 2
+    )
     assert not runs.exists()
 
 
@@ -99,8 +126,10 @@ def test_the_check_finds_modules_next_to_the_job_and_imports_them_in_a_child(tmp
     capsys.readouterr()
     assert main(["validate", job, "--set", f"task.path={broken}.task:build"]) == 2
     err = capsys.readouterr().err
-    assert f"task.path: '{broken}.task:build' cannot be imported: importing '{broken}.task' raised RuntimeError: " \
-           f"boom in __init__ (at {broken}/__init__.py:1)" in err
+    assert (
+        f"task.path: '{broken}.task:build' cannot be imported: importing '{broken}.task' raised RuntimeError: "
+        f"boom in __init__ (at {broken}/__init__.py:1)" in err
+    )
     assert str(tmp_path) not in sys.path and broken not in sys.modules
 
 
@@ -108,8 +137,14 @@ def test_the_check_finds_modules_next_to_the_job_and_imports_them_in_a_child(tmp
 
 
 def _attempt(t: float, attempt: int, step: int, resumed_from: str | None) -> AttemptStarted:
-    return AttemptStarted(time=t, attempt=attempt, world_size=1, resumed_from=resumed_from, global_micro_step=step,
-                          optimizer_step=step // 4)
+    return AttemptStarted(
+        time=t,
+        attempt=attempt,
+        world_size=1,
+        resumed_from=resumed_from,
+        global_micro_step=step,
+        optimizer_step=step // 4,
+    )
 
 
 def _finished(t: float, attempt: int) -> Finished:
@@ -119,18 +154,36 @@ def _finished(t: float, attempt: int) -> Finished:
 def _events_with_a_restart() -> list:
     """Attempt 1 commits state 8 (snapshot at t=113, a 1 s save), crashes at micro-step 13 and fails
     at t=122; attempt 2 resumes from 8 and finishes at micro-step 24 (optimizer step 6)."""
+
     def rec(step: int, gms: int, t: float) -> ProgressRecord:
         return ProgressRecord(optimizer_step=step, global_micro_step=gms, epoch=0, loss=1.0, lr=0.1, time=t)
 
     return [
         Submitted(time=100.0, source="driver", name="tiny-lm", address="embedded"),
         _attempt(110.0, 1, 0, None),
-        StateCommitted(time=114.0, attempt=1, state="000000000008", global_micro_step=8, optimizer_step=2,
-                       bytes=1000, seconds=1.0, blocked_seconds=1.0, committed_at_micro_step=8, reasons=["interval"]),
+        StateCommitted(
+            time=114.0,
+            attempt=1,
+            state="000000000008",
+            global_micro_step=8,
+            optimizer_step=2,
+            bytes=1000,
+            seconds=1.0,
+            blocked_seconds=1.0,
+            committed_at_micro_step=8,
+            reasons=["interval"],
+        ),
         Progress(time=120.0, attempt=1, records=[rec(2, 8, 113.0), rec(3, 12, 120.0)]),
         FaultFired(time=121.0, attempt=1, global_micro_step=13, rank=1, mode="exit", fault="f", where="micro-step 13"),
-        Failure(time=122.0, classified="application", decision="retry", reason="crash", ranks=[1], messages=["crash"],
-                dead_nodes=[]),
+        Failure(
+            time=122.0,
+            classified="application",
+            decision="retry",
+            reason="crash",
+            ranks=[1],
+            messages=["crash"],
+            dead_nodes=[],
+        ),
         _attempt(130.0, 2, 8, "000000000008"),
         _finished(160.5, 2),
     ]
@@ -142,17 +195,22 @@ def test_summary_counts_restarts_and_lost_work_from_the_event_log():
     assert s.wall_seconds == pytest.approx(60.5)  # first event of the run to its finish
     assert s.lost_seconds == pytest.approx(122.0 - 113.0)  # the failure's time minus the state's snapshot time
     line = format_summary("tiny-lm", s, "runs/tiny-lm/final/model.safetensors", "runs/tiny-lm/plot.png")
-    assert line == ("syncpoint: job 'tiny-lm' finished: state 000000000024, 6 optimizer steps (24 micro-steps) in "
-                    "1m00s, 1 restart (lost 5 micro-steps, 9.0 s); model runs/tiny-lm/final/model.safetensors; "
-                    "plot runs/tiny-lm/plot.png")
+    assert line == (
+        "syncpoint: job 'tiny-lm' finished: state 000000000024, 6 optimizer steps (24 micro-steps) in "
+        "1m00s, 1 restart (lost 5 micro-steps, 9.0 s); model runs/tiny-lm/final/model.safetensors; "
+        "plot runs/tiny-lm/plot.png"
+    )
     assert summarize(Journal(_events_with_a_restart()[:-1])) is None  # not finished: no summary
 
 
 def test_a_finished_run_run_again_is_summarized_from_its_new_submission():
     """`make example` twice: the second run resumes the final state and finishes at once; its summary
     is that submission's, not a restart of the first."""
-    again = [Submitted(time=900.0, source="driver", name="tiny-lm", address="embedded"),
-             _attempt(910.0, 3, 24, "000000000024"), _finished(912.0, 3)]
+    again = [
+        Submitted(time=900.0, source="driver", name="tiny-lm", address="embedded"),
+        _attempt(910.0, 3, 24, "000000000024"),
+        _finished(912.0, 3),
+    ]
     s = summarize(Journal(_events_with_a_restart() + again))
     assert (s.state, s.optimizer_step, s.restarts, s.lost_micro_steps) == ("000000000024", 6, 0, 0)
     assert s.wall_seconds == pytest.approx(12.0)
@@ -161,12 +219,19 @@ def test_a_finished_run_run_again_is_summarized_from_its_new_submission():
 # ---------------------------------------------------------------- a whole run's output (embedded Ray)
 
 # Ray's own lines a successful run still shows: its start-up and the worker group it started.
-RAY_LINES = [r"Started a local Ray instance", r"Generated new authentication token and saved to",
-             r"Requesting resources: ", r"Attempting to start training worker group of size \d+",
-             r"Started training worker group of size \d+", r"- \(ip=\S+, pid=\d+\) world_rank=\d+",
-             r"Setting up process group for: "]
-SUMMARY = re.compile(r"^syncpoint: job 'tiny-lm' finished: state (\d{12}), (\d+) optimizer steps \((\d+) micro-steps\) "
-                     r"in [\dms.h ]+, no restarts; model (\S+); plot (\S+)$")
+RAY_LINES = [
+    r"Started a local Ray instance",
+    r"Generated new authentication token and saved to",
+    r"Requesting resources: ",
+    r"Attempting to start training worker group of size \d+",
+    r"Started training worker group of size \d+",
+    r"- \(ip=\S+, pid=\d+\) world_rank=\d+",
+    r"Setting up process group for: ",
+]
+SUMMARY = re.compile(
+    r"^syncpoint: job 'tiny-lm' finished: state (\d{12}), (\d+) optimizer steps \((\d+) micro-steps\) "
+    r"in [\dms.h ]+, no restarts; model (\S+); plot (\S+)$"
+)
 
 
 def _without_load_warnings(lines: list[str]) -> list[str]:
@@ -208,8 +273,11 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     make = ["make", "example"] if venv_is_up_to_date(repo) else ["make", "-o", ".venv/.installed", "example"]
     # a new user's shell: no Ray address, and no make of ours around it (under `make test` MAKELEVEL and
     # MAKEFLAGS would make the inner make print "Entering directory" lines a user never sees)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    }
     env["PYTHONPATH"] = str(repo)
     # What Ray Train's controller received from ray.train.report (issue 17.3), recorded by a callback
     reports = tmp_path / "ray-reports.jsonl"
@@ -219,11 +287,21 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     assert r.returncode == 0, out[-4000:]
     lines = _without_load_warnings([_plain(ln) for ln in out.splitlines() if ln.strip()])
     assert lines[0] == ".venv/bin/syncpoint run examples/tiny_lm.yaml"  # make's echo, as the README shows it
-    for noise in ["PreemptionWatcher", "Setting accelerator to CPU", "FutureWarning", "all_gather_into_tensor",
-                  "built successfully", "Token authentication is enabled", "PlacementGroupCleaner"]:
+    for noise in [
+        "PreemptionWatcher",
+        "Setting accelerator to CPU",
+        "FutureWarning",
+        "all_gather_into_tensor",
+        "built successfully",
+        "Token authentication is enabled",
+        "PlacementGroupCleaner",
+    ]:
         assert not [ln for ln in lines if noise in ln], f"{noise!r} in the output:\n{out}"
-    strangers = [ln for ln in lines[1:] if not ln.startswith(("[syncpoint] ", "syncpoint: "))
-                 and not any(re.search(p, ln) for p in RAY_LINES)]
+    strangers = [
+        ln
+        for ln in lines[1:]
+        if not ln.startswith(("[syncpoint] ", "syncpoint: ")) and not any(re.search(p, ln) for p in RAY_LINES)
+    ]
     assert not strangers, "\n".join(strangers)  # anything else is a problem worth showing: here there is none
     assert len(lines) <= 24, out
     m = SUMMARY.match(lines[-1] if lines[-1].startswith("syncpoint: job") else r.stdout.strip().splitlines()[-1])
@@ -231,8 +309,11 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     state, opt_steps, micro_steps, model, plot = m.groups()
     finished = EventLog(RunStorage(f"file://{repo}/runs/tiny-lm")).journal().last_finish
     assert finished is not None
-    assert (state, int(opt_steps), int(micro_steps)) == (finished.state, finished.optimizer_step,
-                                                         finished.global_micro_step)
+    assert (state, int(opt_steps), int(micro_steps)) == (
+        finished.state,
+        finished.optimizer_step,
+        finished.global_micro_step,
+    )
     assert (model, plot) == ("runs/tiny-lm/final/model.safetensors", "runs/tiny-lm/plot.png")
     assert os.path.isfile(repo / model)
     with open(repo / plot, "rb") as f:
@@ -260,8 +341,7 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     assert os.listdir(repo / "runs" / "tiny-lm" / "tensorboard") == ["events.out.tfevents.attempt-000001.syncpoint"]
     # the README's next commands, as written, from the same directory
     (block,) = [b for b in bash_blocks("## Quick start") if "syncpoint states runs/tiny-lm" in b]
-    after = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True,
-                           timeout=600)
+    after = subprocess.run(["bash", "-e", "-c", block], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert after.returncode == 0, (after.stdout + after.stderr)[-3000:]
     assert not after.stderr.strip(), after.stderr  # nothing but the commands' own output
     assert "Setting accelerator to CPU" not in after.stdout  # DeepSpeed logs it to stdout, when not quieted
@@ -289,9 +369,24 @@ def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     runs = tmp_path / "runs"
     with local_head(head_env, num_cpus=1) as head:
         address = head.address
-        r = subprocess.run([sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address",
-                            address, "--set", f"storage={runs}"], cwd=ROOT, env=client_env, capture_output=True,
-                           text=True, timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "syncpoint",
+                "submit",
+                "examples/tiny_lm.yaml",
+                "--address",
+                address,
+                "--set",
+                f"storage={runs}",
+            ],
+            cwd=ROOT,
+            env=client_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         from ray.job_submission import JobSubmissionClient
 
         from syncpoint.orchestrator.submit import auth_headers
@@ -319,15 +414,28 @@ def test_a_run_starts_its_own_ray_while_another_runs_on_the_machine(tmp_path):
 
     from tests.ray_processes import ray_env as _env
 
-    sets = ["task.config.num_samples=40", "task.config.seq_len=8", "task.config.d_model=16",
-            "train.micro_batch_size=2", "train.epochs=1", "checkpoint.export_final=false", f"storage={tmp_path}"]
+    sets = [
+        "task.config.num_samples=40",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "train.micro_batch_size=2",
+        "train.epochs=1",
+        "checkpoint.export_final=false",
+        f"storage={tmp_path}",
+    ]
     cmd = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in sets:
         cmd += ["--set", s]
     other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env={k: v for k, v in _env().items() if k != "RAY_ADDRESS"},
-                           capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env={k: v for k, v in _env().items() if k != "RAY_ADDRESS"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         other.shutdown()
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

@@ -25,25 +25,49 @@ from syncpoint.workers.heartbeat import BeatBoard, Heartbeat
 
 
 def _attempt(t: float, n: int, step: int = 0, launched: float | None = None) -> AttemptStarted:
-    return AttemptStarted(time=t, attempt=n, world_size=2, nodes=["a", "b"], submission="s",
-                          resumed_from=f"{step:012d}" if step else None, global_micro_step=step,
-                          optimizer_step=step // 4, launched_at=launched)
+    return AttemptStarted(
+        time=t,
+        attempt=n,
+        world_size=2,
+        nodes=["a", "b"],
+        submission="s",
+        resumed_from=f"{step:012d}" if step else None,
+        global_micro_step=step,
+        optimizer_step=step // 4,
+        launched_at=launched,
+    )
 
 
 def _progress(t: float, n: int, *micro_steps: int) -> Progress:
-    return Progress(time=t, attempt=n, records=[ProgressRecord(optimizer_step=g // 4, global_micro_step=g, epoch=0,
-                                                               loss=1.0, lr=0.1, time=t) for g in micro_steps])
+    return Progress(
+        time=t,
+        attempt=n,
+        records=[
+            ProgressRecord(optimizer_step=g // 4, global_micro_step=g, epoch=0, loss=1.0, lr=0.1, time=t)
+            for g in micro_steps
+        ],
+    )
 
 
 def _commit(t: float, n: int, step: int, seconds: float = 0.5, blocked: float = 0.5) -> StateCommitted:
-    return StateCommitted(time=t, attempt=n, state=f"{step:012d}", global_micro_step=step, optimizer_step=step // 4,
-                          bytes=1, seconds=seconds, blocked_seconds=blocked, committed_at_micro_step=step,
-                          reasons=["interval"])
+    return StateCommitted(
+        time=t,
+        attempt=n,
+        state=f"{step:012d}",
+        global_micro_step=step,
+        optimizer_step=step // 4,
+        bytes=1,
+        seconds=seconds,
+        blocked_seconds=blocked,
+        committed_at_micro_step=step,
+        reasons=["interval"],
+    )
 
 
 def _failure(t: float) -> Failure:
-    return Failure(time=t, classified="preemption", reason="node lost", decision="retry", ranks=[1], messages=[],
-                   dead_nodes=["b"])
+    return Failure(
+        time=t, classified="preemption", reason="node lost", decision="retry", ranks=[1], messages=[], dead_nodes=["b"]
+    )
 
 
 def _sums(g) -> float:
@@ -66,17 +90,34 @@ def _node_lost(with_heartbeat: bool) -> Journal:
         Finished(time=20.2, attempt=2, state=f"{64:012d}", global_micro_step=64, optimizer_step=16),
     ]
     if with_heartbeat:
-        events.append(Interrupted(time=9.05, attempt=1, global_micro_step=40, reached_at=7.6, detected_at=9.0,
-                                  ranks=[RankReached(rank=0, global_micro_step=40, time=7.6),
-                                         RankReached(rank=1, global_micro_step=38, time=7.5)]))
+        events.append(
+            Interrupted(
+                time=9.05,
+                attempt=1,
+                global_micro_step=40,
+                reached_at=7.6,
+                detected_at=9.0,
+                ranks=[
+                    RankReached(rank=0, global_micro_step=40, time=7.6),
+                    RankReached(rank=1, global_micro_step=38, time=7.5),
+                ],
+            )
+        )
     return Journal(events)
 
 
 def test_a_run_without_failures_has_no_restart_loss_and_its_parts_add_up():
-    j = Journal([Submitted(time=0.0, name="job", address="embedded"), _attempt(5.0, 1, launched=1.0),
-                 _progress(8.0, 1, 4, 8), _commit(8.0, 1, 8, seconds=0.5, blocked=0.2),
-                 _progress(10.0, 1, 12, 16), _commit(10.0, 1, 16, seconds=0.3, blocked=0.3),
-                 Finished(time=10.5, attempt=1, state=f"{16:012d}", global_micro_step=16, optimizer_step=4)])
+    j = Journal(
+        [
+            Submitted(time=0.0, name="job", address="embedded"),
+            _attempt(5.0, 1, launched=1.0),
+            _progress(8.0, 1, 4, 8),
+            _commit(8.0, 1, 8, seconds=0.5, blocked=0.2),
+            _progress(10.0, 1, 12, 16),
+            _commit(10.0, 1, 16, seconds=0.3, blocked=0.3),
+            Finished(time=10.5, attempt=1, state=f"{16:012d}", global_micro_step=16, optimizer_step=4),
+        ]
+    )
     g = goodput(j)
     assert g.finished and g.restarts == ()
     assert g.total_s == pytest.approx(10.5) and _sums(g) == pytest.approx(g.total_s)
@@ -118,17 +159,25 @@ def test_without_a_heartbeat_the_old_inference_stays_and_the_parts_still_add_up(
 
 
 def test_a_log_without_launch_times_counts_the_whole_wait_as_a_restart_gap():
-    j = Journal([_attempt(1.0, 1), _progress(3.0, 1, 4), _commit(3.0, 1, 4, seconds=0.0, blocked=0.0),
-                 _failure(3.5), _attempt(6.0, 2, step=4),
-                 Finished(time=8.0, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)])
+    j = Journal(
+        [
+            _attempt(1.0, 1),
+            _progress(3.0, 1, 4),
+            _commit(3.0, 1, 4, seconds=0.0, blocked=0.0),
+            _failure(3.5),
+            _attempt(6.0, 2, step=4),
+            Finished(time=8.0, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1),
+        ]
+    )
     g = goodput(j)
     assert g.startup_s == 0.0 and g.restart_gap_s == pytest.approx(6.0 - 3.5)
     assert g.productive_s == pytest.approx(2.0 + 2.0) and _sums(g) == pytest.approx(g.total_s)
 
 
 def test_a_run_still_going_counts_its_tail_as_uncommitted():
-    j = Journal([_attempt(1.0, 1), _progress(5.0, 1, 4), _commit(5.0, 1, 4, seconds=1.0, blocked=0.2),
-                 _progress(6.0, 1, 8)])
+    j = Journal(
+        [_attempt(1.0, 1), _progress(5.0, 1, 4), _commit(5.0, 1, 4, seconds=1.0, blocked=0.2), _progress(6.0, 1, 8)]
+    )
     g = goodput(j)
     assert not g.finished and g.total_s == pytest.approx(5.0)
     assert g.productive_s == pytest.approx(3.0) and g.uncommitted_s == pytest.approx(6.0 - 4.0 - 0.2)
@@ -137,11 +186,18 @@ def test_a_run_still_going_counts_its_tail_as_uncommitted():
 
 
 def test_a_finished_run_submitted_again_is_a_new_run():
-    first = [Submitted(time=0.0, name="job", address="embedded"), _attempt(1.0, 1), _progress(2.0, 1, 4),
-             _commit(2.0, 1, 4, seconds=0.0, blocked=0.0),
-             Finished(time=3.0, attempt=1, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)]
-    again = [Submitted(time=100.0, name="job", address="embedded"), _attempt(104.0, 2, step=4),
-             Finished(time=104.5, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1)]
+    first = [
+        Submitted(time=0.0, name="job", address="embedded"),
+        _attempt(1.0, 1),
+        _progress(2.0, 1, 4),
+        _commit(2.0, 1, 4, seconds=0.0, blocked=0.0),
+        Finished(time=3.0, attempt=1, state=f"{4:012d}", global_micro_step=4, optimizer_step=1),
+    ]
+    again = [
+        Submitted(time=100.0, name="job", address="embedded"),
+        _attempt(104.0, 2, step=4),
+        Finished(time=104.5, attempt=2, state=f"{4:012d}", global_micro_step=4, optimizer_step=1),
+    ]
     g = goodput(Journal(first + again))
     assert g.total_s == pytest.approx(4.5) and g.startup_s == pytest.approx(4.0)
     assert goodput(Journal([])) is None

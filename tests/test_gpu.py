@@ -24,9 +24,10 @@ from tests.test_exact_resume import assert_same_run
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-    pytest.mark.skipif(os.environ.get("DS_ACCELERATOR") != "cuda",
-                       reason="DeepSpeed's accelerator is chosen at import: "
-                              "run with DS_ACCELERATOR=cuda (make test-gpu)"),
+    pytest.mark.skipif(
+        os.environ.get("DS_ACCELERATOR") != "cuda",
+        reason="DeepSpeed's accelerator is chosen at import: run with DS_ACCELERATOR=cuda (make test-gpu)",
+    ),
 ]
 
 SAVE = "{value: 3, unit: micro_steps}"
@@ -36,9 +37,17 @@ REFERENCES: dict = {}
 
 
 def _spec(tmp, zero: int, precision: str, *extra: str, mbpe: int = 10, accum: int = 4):
-    return lm_spec(tmp, "scaling.use_gpu=true", f"task.config.num_samples={mbpe * 2}", f"train.grad_accum={accum}",
-                   "train.epochs=2", f"checkpoint.save_every={SAVE}", f"deepspeed.zero_stage={zero}",
-                   f"deepspeed.precision={precision}", *extra)
+    return lm_spec(
+        tmp,
+        "scaling.use_gpu=true",
+        f"task.config.num_samples={mbpe * 2}",
+        f"train.grad_accum={accum}",
+        "train.epochs=2",
+        f"checkpoint.save_every={SAVE}",
+        f"deepspeed.zero_stage={zero}",
+        f"deepspeed.precision={precision}",
+        *extra,
+    )
 
 
 def _reference(factory, zero: int, precision: str, *extra: str):
@@ -50,8 +59,13 @@ def _reference(factory, zero: int, precision: str, *extra: str):
 
 
 CASES = [(2, "bf16", k, ()) for k in (7, 8, 9, 13, 19)]
-CASES += [(2, "bf16", 9, WIDE), (2, "bf16", 13, ("checkpoint.async=true",)), (0, "bf16", 9, ()),
-          (2, "fp16", 9, ()), (2, "fp32", 9, ())]
+CASES += [
+    (2, "bf16", 9, WIDE),
+    (2, "bf16", 13, ("checkpoint.async=true",)),
+    (0, "bf16", 9, ()),
+    (2, "fp16", 9, ()),
+    (2, "fp32", 9, ()),
+]
 
 
 @pytest.mark.parametrize("zero,precision,crash_at,extra", CASES)
@@ -70,8 +84,9 @@ def test_gpu_state_holds_cuda_rng_and_precision(tmp_path):
     assert trainer_json(spec, final)["precision"] == "bf16"
     rng = st_load(RunStorage(spec.run_url).read_bytes("states", final, "rng", "rank_00000.safetensors", limit=1 << 30))
     assert "cuda_0" in rng and rng["cuda_0"].numel() > 0
-    files = json.loads(RunStorage(spec.run_url).read_bytes("states", final, "manifest.json",
-                                                           limit=MANIFEST_MAX_BYTES))["files"]
+    files = json.loads(RunStorage(spec.run_url).read_bytes("states", final, "manifest.json", limit=MANIFEST_MAX_BYTES))[
+        "files"
+    ]
     assert any("zero_pp_rank_0" in f for f in files), "ZeRO-2 bf16 optimizer shard missing from the manifest"
 
 
@@ -91,8 +106,13 @@ def test_gpu_hf_gpt2_bf16_resume_equals_uninterrupted(tmp_path, zero):
     """The Hugging Face GPT-2 example (dropout, activation checkpointing: the recompute restores the
     CUDA RNG state too) in bf16 on the GPU, a crash mid-cycle in the second epoch, then resume."""
     pytest.importorskip("transformers")
-    extra = ("scaling.use_gpu=true", "deepspeed.precision=bf16", f"deepspeed.zero_stage={zero}",
-             "task.config.num_samples=24", "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+    extra = (
+        "scaling.use_gpu=true",
+        "deepspeed.precision=bf16",
+        f"deepspeed.zero_stage={zero}",
+        "task.config.num_samples=24",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    )
     ref = gpt2_spec(tmp_path / "ref", *extra)
     ref_final = run(ref).final_state
     spec = gpt2_spec(tmp_path / "run", *extra, "faults=[{at_micro_step: 19, mode: raise}]")

@@ -44,11 +44,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
 
 TTL = 30.0  # resume.lease_ttl_s: long enough that the re-submission usually arrives before it expires
 # 1600 samples, 2 workers, micro-batch 2: 400 micro-steps; accumulation 4; a state every 5 optimizer steps
-LENGTH = ["task.config.num_samples=1600", "train.epochs=1",
-          "checkpoint.save_every={value: 5, unit: optimizer_steps}"]
+LENGTH = ["task.config.num_samples=1600", "train.epochs=1", "checkpoint.save_every={value: 5, unit: optimizer_steps}"]
 SCHEDULE = list(range(20, 401, 20))  # the micro-steps of the states one uninterrupted run commits
-RUN = [*LENGTH, f"resume.lease_ttl_s={TTL:g}", "failure.max_failures=0",
-       "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]  # ~20 s of wall time, little CPU
+RUN = [
+    *LENGTH,
+    f"resume.lease_ttl_s={TTL:g}",
+    "failure.max_failures=0",
+    "task.path=tests.tasks:paced_lm",
+    "task.config.pace_s=0.05",
+]  # ~20 s of wall time, little CPU
 
 
 def _lease_file(spec) -> Path:
@@ -66,9 +70,14 @@ def _read_lease(spec) -> tuple[dict, float] | None:
 
 def _driver(job: Path, head: Head, log: Path) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads while the test watches the lease
-        return subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-                                cwd=ROOT, env=marked_env(ray_env(), head.mark)[0], stdout=out,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+            cwd=ROOT,
+            env=marked_env(ray_env(), head.mark)[0],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
 
 def _trained_past_a_commit(spec) -> bool:
@@ -88,8 +97,7 @@ def _running(p: psutil.Process) -> bool:
 def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
     """Every process of the cluster (GCS, raylet, agents, the controller, the training workers) and the
     driver: frozen first, so none acts while the others die, then killed. Nothing says goodbye."""
-    alive = stop_processes({*head.processes, psutil.Process(driver.pid)}, freeze_first=True, timeout=60,
-                           mark=head.mark)
+    alive = stop_processes({*head.processes, psutil.Process(driver.pid)}, freeze_first=True, timeout=60, mark=head.mark)
     driver.wait(timeout=60)
     alive = [p for p in alive if _running(p)]  # a killed orphan nobody has reaped yet is a zombie: dead
     assert not alive, f"still running after SIGKILL: {alive}"
@@ -123,8 +131,9 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     with local_head(ray_env(), num_cpus=2) as head:
         log1 = tmp_path / "driver1.log"
         first = _driver(job, head, log1)
-        wait_for_driver(lambda: _trained_past_a_commit(spec), first, "two commits and progress past them",
-                        output=log1.read_text)
+        wait_for_driver(
+            lambda: _trained_past_a_commit(spec), first, "two commits and progress past them", output=log1.read_text
+        )
         _lose_the_head(head, first)
     held = _read_lease(spec)
     assert held is not None, "the first submission never took the lease"
@@ -133,7 +142,7 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     gen = old["generation"]
     store = RunStorage(spec.run_url)
     before = committed_steps(spec)
-    assert len(before) >= 2 and before == SCHEDULE[:len(before)], before
+    assert len(before) >= 2 and before == SCHEDULE[: len(before)], before
     manifests = {s: store.read_bytes("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES) for s in before}
     assert {json.loads(m)["lease_generation"] for m in manifests.values()} == {gen}
 
@@ -174,9 +183,8 @@ def _first_cluster_then_resubmit(tmp_path: Path, spec, job: Path, replacement: H
     for s in before:
         now = store.read_bytes("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
         assert now == manifests[s], f"state {s} changed"
-    for s in SCHEDULE[len(before):]:
+    for s in SCHEDULE[len(before) :]:
         manifest = store.read_json("states", f"{s:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
         assert manifest["lease_generation"] == gen + 1
     commits = [e["state"] for e in _events(spec, "state_committed")]
     assert len(commits) == len(set(commits)), f"a state committed twice: {commits}"
-

@@ -72,8 +72,7 @@ def test_the_evaluation_split_is_disjoint_and_fixed():
 def test_activation_checkpointing_does_not_change_the_run(tmp_path):
     """The recompute replays the forward's dropout masks and leaves the RNG stream as it found it."""
     on = gpt2_spec(tmp_path / "on", "train.epochs=1", "task.config.num_samples=16")
-    off = gpt2_spec(tmp_path / "off", "train.epochs=1", "task.config.num_samples=16",
-                    "task.config.checkpointing=false")
+    off = gpt2_spec(tmp_path / "off", "train.epochs=1", "task.config.num_samples=16", "task.config.checkpointing=false")
     run(on)
     run(off)
     a, b = step_history(on), step_history(off)
@@ -103,8 +102,21 @@ def test_drill_on_the_example(tmp_path):
     is also the example's multi-rank exact-resume test. The generous timeout is for a loaded machine
     (measured: 15 min with a load average of 15 on 2 cores, almost all of it Ray starting workers)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "DS_ACCELERATOR")}
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/hf_gpt2.yaml", "--preempt-at", "21,42",
-           "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "checkpoint.export_final=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/hf_gpt2.yaml",
+        "--preempt-at",
+        "21,42",
+        "--how",
+        "crash,sigterm",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "checkpoint.export_final=false",
+    ]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1400)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
@@ -112,7 +124,9 @@ def test_drill_on_the_example(tmp_path):
     # resumes from 16 and loses 5; the notice at 42 is serviced at the next boundary (44), losing nothing.
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip()[:1].isdigit()]
     assert [(row[1], row[2], row[3], row[4], row[5]) for row in rows] == [
-        ("crash", "21", "application", f"{16:012d}", "5"), ("sigterm", "42", "preemption", f"{44:012d}", "0")], out
+        ("crash", "21", "application", f"{16:012d}", "5"),
+        ("sigterm", "42", "preemption", f"{44:012d}", "0"),
+    ], out
     assert "per-step losses and learning rates: match (32 optimizer steps)" in r.stdout
     assert "final digest: match" in r.stdout
     assert r.stdout.strip().splitlines()[-1] == "RESULT: the interrupted run is bitwise the uninterrupted one"

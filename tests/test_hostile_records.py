@@ -43,7 +43,7 @@ RNG = "rng/rank_00000.safetensors"
 
 
 def _local(url: str) -> str:
-    return url[len("file://"):]
+    return url[len("file://") :]
 
 
 def assert_one_paragraph(err: str) -> None:
@@ -103,8 +103,17 @@ def test_progress_batches_stay_within_what_the_reader_accepts():
     store = RunStorage(f"memory://progress-{os.getpid()}-{id(object())}")
     log = ProgressLog(EventLog(store), attempt=1)
     for step in range(1, 2001):
-        log.add({"optimizer_step": step, "global_micro_step": step, "epoch": 0, "loss": 0.1, "lr": 0.01,
-                 "time": 1e9 + step, "samples": list(range(10**9, 10**9 + 100))})
+        log.add(
+            {
+                "optimizer_step": step,
+                "global_micro_step": step,
+                "epoch": 0,
+                "loss": 0.1,
+                "lr": 0.01,
+                "time": 1e9 + step,
+                "samples": list(range(10**9, 10**9 + 100)),
+            }
+        )
     log.flush()
     sizes = [len(store.read_bytes("events", n, limit=1 << 30)) for n in store.list_files("events")]
     assert len(sizes) > 1 and max(sizes) <= EVENT_MAX_BYTES, sizes
@@ -119,13 +128,32 @@ def test_numbers_no_arithmetic_takes_are_skipped_or_kept_as_unknown_never_raised
     from syncpoint.orchestrator.timeline import format_timeline
     from syncpoint.policies.goodput import goodput
 
-    good = [{"kind": "submitted", "time": 1.0, "source": "driver", "name": "j", "address": "embedded"},
-            {"kind": "finished", "time": 5.0, "source": "worker", "attempt": 1, "state": None,
-             "global_micro_step": 4, "optimizer_step": 1}]
-    bad = [{"kind": "progress", "time": 10**400}, {"kind": "progress", "time": math.nan},
-           {"kind": "progress", "time": "NaN"}, {"kind": "progress", "time": [1]},
-           {"kind": "progress", "time": 2.0, "attempt": 1, "records": [
-               {"optimizer_step": 1, "global_micro_step": 4, "epoch": 0, "loss": 1.0, "lr": 0.1, "time": 10**400}]}]
+    good = [
+        {"kind": "submitted", "time": 1.0, "source": "driver", "name": "j", "address": "embedded"},
+        {
+            "kind": "finished",
+            "time": 5.0,
+            "source": "worker",
+            "attempt": 1,
+            "state": None,
+            "global_micro_step": 4,
+            "optimizer_step": 1,
+        },
+    ]
+    bad = [
+        {"kind": "progress", "time": 10**400},
+        {"kind": "progress", "time": math.nan},
+        {"kind": "progress", "time": "NaN"},
+        {"kind": "progress", "time": [1]},
+        {
+            "kind": "progress",
+            "time": 2.0,
+            "attempt": 1,
+            "records": [
+                {"optimizer_step": 1, "global_micro_step": 4, "epoch": 0, "loss": 1.0, "lr": 0.1, "time": 10**400}
+            ],
+        },
+    ]
     journal = Journal.parse(bad + good)
     assert len(journal.skipped) == 4 and all("time is not a usable number" in s for s in journal.skipped)
     (unknown,) = journal.unknown
@@ -185,19 +213,39 @@ def _deep_json(depth: int) -> bytes:
 STATE_CASES = {
     "stride-0-view": (MODEL, lambda s: _with_param(s, torch.zeros(1).expand(3 * 10**9)), "expanded or overlapping"),
     "meta-tensor": (MODEL, lambda s: _with_param(s, torch.empty(10**12, device="meta")), "_rebuild_meta_tensor"),
-    "bytearray": (MODEL, lambda s: _torch_file(b"\x80\x02cbuiltins\nbytearray\n" + _long1(10**13) + b"\x85R."),
-                  "calls builtins.bytearray"),
-    "tensor-constructor": (MODEL, lambda s: _torch_file(b"\x80\x02ctorch\nFloatTensor\n" + _long1(10**5) * 2
-                                                        + b"\x86R."), "calls torch.FloatTensor"),
-    "hex-doubling": (MODEL, lambda s: _torch_file(b"\x80\x02c_codecs\nencode\nq\x00" + b"h\x00" * 34
-                                                  + b"h\x00X\x01\x00\x00\x00aX\x06\x00\x00\x00latin1\x86R"
-                                                  + b"X\x03\x00\x00\x00hex\x86R" * 34 + b"."), "calls _codecs.encode"),
-    "deep-nesting": (MODEL, lambda s: _torch_file(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."),
-                     "nests deeper than 100"),
+    "bytearray": (
+        MODEL,
+        lambda s: _torch_file(b"\x80\x02cbuiltins\nbytearray\n" + _long1(10**13) + b"\x85R."),
+        "calls builtins.bytearray",
+    ),
+    "tensor-constructor": (
+        MODEL,
+        lambda s: _torch_file(b"\x80\x02ctorch\nFloatTensor\n" + _long1(10**5) * 2 + b"\x86R."),
+        "calls torch.FloatTensor",
+    ),
+    "hex-doubling": (
+        MODEL,
+        lambda s: _torch_file(
+            b"\x80\x02c_codecs\nencode\nq\x00"
+            + b"h\x00" * 34
+            + b"h\x00X\x01\x00\x00\x00aX\x06\x00\x00\x00latin1\x86R"
+            + b"X\x03\x00\x00\x00hex\x86R" * 34
+            + b"."
+        ),
+        "calls _codecs.encode",
+    ),
+    "deep-nesting": (
+        MODEL,
+        lambda s: _torch_file(b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"."),
+        "nests deeper than 100",
+    ),
     "cycle": (MODEL, lambda s: _torch_file(b"\x80\x02]q\x00h\x00a."), "contains itself"),
     "shared-2-to-the-100": (MODEL, lambda s: _torch_file(_shared_dag(100)), "expands to more than"),
-    "safetensors-header-length": (RNG, lambda s: struct.pack("<Q", 2**63)
-                                  + s.read_bytes("states", NEWEST, RNG, limit=1 << 30)[8:], "safetensors"),
+    "safetensors-header-length": (
+        RNG,
+        lambda s: struct.pack("<Q", 2**63) + s.read_bytes("states", NEWEST, RNG, limit=1 << 30)[8:],
+        "safetensors",
+    ),
     "trainer-json-deep": ("trainer.json", lambda s: _deep_json(100_000), "trainer.json is JSON nested deeper"),
 }
 
@@ -213,9 +261,12 @@ def _plant(store: RunStorage, rel: str, data: bytes) -> None:
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory):
     """A linear run (ZeRO 0) with states at micro-steps 4 and 8, crashed after 8."""
-    spec = linear_spec(tmp_path_factory.mktemp("crashed"), "task.config.num_samples=16",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                       "faults=[{at_micro_step: 10, mode: raise}]")
+    spec = linear_spec(
+        tmp_path_factory.mktemp("crashed"),
+        "task.config.num_samples=16",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 10, mode: raise}]",
+    )
     assert run_until_crash(spec) and committed_steps(spec) == [4, 8]
     return spec
 
@@ -225,7 +276,7 @@ def _hostile_copies(crashed, root: Path, cases: list[str]) -> dict[str, str]:
     urls = {}
     for case in cases:
         target = root / case
-        shutil.copytree(Path(crashed.storage[len("file://"):]), target)
+        shutil.copytree(Path(crashed.storage[len("file://") :]), target)
         url = f"file://{target}/{crashed.name}"
         rel, build, _ = STATE_CASES.get(case, (None, None, None))
         store = RunStorage(url)
@@ -275,11 +326,18 @@ print("RESULTS " + json.dumps(results))
 
 
 def _drive(jobs: dict[str, dict]) -> dict[str, dict]:
-    proc = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(jobs), capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULTS ")), None)
     assert line is not None, (proc.returncode, proc.stderr[-3000:])
-    return json.loads(line[len("RESULTS "):])
+    return json.loads(line[len("RESULTS ") :])
 
 
 @pytest.fixture(scope="module")
@@ -357,8 +415,14 @@ def test_a_bad_safetensors_header_is_a_refusal():
     good = capture()
     assert "rng" in safetensors_metadata(good)
     deep = _deep_json(100_000)
-    for data in (b"", b"\x01", struct.pack("<Q", 2**63) + good[8:], struct.pack("<Q", len(deep)) + deep,
-                 struct.pack("<Q", 5) + b"[1,2]", good[:8] + b"[" + good[9:]):
+    for data in (
+        b"",
+        b"\x01",
+        struct.pack("<Q", 2**63) + good[8:],
+        struct.pack("<Q", len(deep)) + deep,
+        struct.pack("<Q", 5) + b"[1,2]",
+        good[:8] + b"[" + good[9:],
+    ):
         with pytest.raises(StateRefused, match="safetensors header.*refused"):
             safetensors_metadata(data)
 
@@ -366,9 +430,14 @@ def test_a_bad_safetensors_header_is_a_refusal():
 # ----------------------------------------------------------------------------- 15: import paths and the CLI
 
 
-@pytest.mark.parametrize("path,args", [("os:system", {"command": "touch {marker}"}),
-                                       ("subprocess:run", {"args": ["touch", "{marker}"]}),
-                                       ("builtins:exec", {})])
+@pytest.mark.parametrize(
+    "path,args",
+    [
+        ("os:system", {"command": "touch {marker}"}),
+        ("subprocess:run", {"args": ["touch", "{marker}"]}),
+        ("builtins:exec", {}),
+    ],
+)
 def test_states_never_calls_an_import_path_that_is_not_a_policy_class(crashed, tmp_path, capsys, path, args):
     marker = tmp_path / "pwned"
     policy_args = json.dumps(args).replace("{marker}", str(marker))
@@ -417,9 +486,16 @@ def test_a_run_directory_that_is_not_one_is_one_paragraph(tmp_path, capsys, monk
         import fsspec.config
 
         # an endpoint nothing listens on (fsspec read its FSSPEC_S3_* variables at import: set its config)
-        monkeypatch.setitem(fsspec.config.conf, "s3", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:"
-                                                                                          f"{_closed_port()}"},
-                                                       "key": "key", "secret": "secret", "skip_instance_cache": True})
+        monkeypatch.setitem(
+            fsspec.config.conf,
+            "s3",
+            {
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_closed_port()}"},
+                "key": "key",
+                "secret": "secret",
+                "skip_instance_cache": True,
+            },
+        )
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
         arg, why = "s3://no-bucket/run" + ("/states/000000000008" if command == "digest" else ""), "cannot be read"
     rc, out, err = cli(capsys, command, arg)
@@ -433,8 +509,10 @@ def test_deep_policy_args_are_one_paragraph(crashed, capsys):
     assert_one_paragraph(err)
 
 
-@pytest.mark.parametrize("where,why", [("missing/run.png", "not an existing directory"), (".", "is a directory"),
-                                       ("run.exe", "has the extension 'exe'")])
+@pytest.mark.parametrize(
+    "where,why",
+    [("missing/run.png", "not an existing directory"), (".", "is a directory"), ("run.exe", "has the extension 'exe'")],
+)
 def test_an_odd_plot_path_is_one_paragraph(crashed, tmp_path, capsys, where, why):
     rc, _, err = cli(capsys, "events", _local(crashed.run_url), "--plot", str(tmp_path / where))
     assert rc == 2 and "--plot" in err and why in err, err
@@ -444,21 +522,32 @@ def test_an_odd_plot_path_is_one_paragraph(crashed, tmp_path, capsys, where, why
 def test_events_into_a_closed_pipe_ends_quietly(crashed):
     """``syncpoint events --json | head -1``: the reader goes away; the command ends like a Unix tool
     killed by SIGPIPE (141), with nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "events", "--json", _local(crashed.run_url)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncpoint", "events", "--json", _local(crashed.run_url)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     proc.stdout.close()  # before the command writes anything
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err == b"", err.decode()[-2000:]
 
 
-@pytest.mark.parametrize("argv", [["validate"], ["run"], ["drill", "--preempt-at", "3"],
-                                  ["submit", "--address", "http://127.0.0.1:9"]])
+@pytest.mark.parametrize(
+    "argv", [["validate"], ["run"], ["drill", "--preempt-at", "3"], ["submit", "--address", "http://127.0.0.1:9"]]
+)
 def test_a_fifo_as_the_job_file_is_refused_not_waited_on(tmp_path, argv):
     fifo = tmp_path / "job.yaml"
     os.mkfifo(fifo)
     command, *rest = argv
-    proc = subprocess.run([sys.executable, "-m", "syncpoint", command, str(fifo), *rest], capture_output=True,
-                          text=True, timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "syncpoint", command, str(fifo), *rest],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 2 and "not a regular file" in proc.stderr and str(fifo) in proc.stderr, proc.stderr
     assert_one_paragraph(proc.stderr)

@@ -91,8 +91,10 @@ def bounded(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([r], [], [], left)[0]:
-                pytest.fail(f"{getattr(fn, '__name__', fn)} did not return within {timeout:.0f}s (blocked or reading "
-                            "without end)")
+                pytest.fail(
+                    f"{getattr(fn, '__name__', fn)} did not return within {timeout:.0f}s (blocked or reading "
+                    "without end)"
+                )
             chunk = os.read(r, 1 << 16)
             if not chunk:
                 break
@@ -103,8 +105,10 @@ def bounded(fn: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
             os.kill(pid, signal.SIGKILL)  # ours, and done or stuck: never waited for
         _, status = os.waitpid(pid, 0)
     if not chunks:
-        pytest.fail(f"{getattr(fn, '__name__', fn)} died without an answer (status {status:#x}: out of memory or "
-                    "past its file size)")
+        pytest.fail(
+            f"{getattr(fn, '__name__', fn)} died without an answer (status {status:#x}: out of memory or "
+            "past its file size)"
+        )
     return pickle.loads(b"".join(chunks))
 
 
@@ -176,14 +180,14 @@ def template(tmp_path_factory):
     """One finished run (states 2, 4, 6, 8), copied by each test that plants something in it."""
     spec = linear_spec(tmp_path_factory.mktemp("template"), *LAYOUT)
     run(spec)
-    return Path(spec.run_url[len("file://"):])
+    return Path(spec.run_url[len("file://") :])
 
 
 @pytest.fixture
 def copy_of(template, tmp_path):
     """A fresh copy of the template run: (its spec, its run directory)."""
     spec = linear_spec(tmp_path / "copy", *LAYOUT)
-    run_dir = Path(spec.run_url[len("file://"):])
+    run_dir = Path(spec.run_url[len("file://") :])
     shutil.copytree(template, run_dir, symlinks=True)
     return spec, run_dir
 
@@ -193,16 +197,28 @@ def copy_of(template, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("target", ["final/model.safetensors", "final/info.json", "final", "plot.png",
-                                    "lease.json.lock", ".syncpoint-probe", f"states/{OLDER}", f"states/{NEWEST}"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "final/model.safetensors",
+        "final/info.json",
+        "final",
+        "plot.png",
+        "lease.json.lock",
+        ".syncpoint-probe",
+        f"states/{OLDER}",
+        f"states/{NEWEST}",
+    ],
+)
 def test_a_planted_link_is_replaced_and_its_target_never_written(tmp_path, capsys, target):
     from syncpoint.orchestrator.cli import _check_storage
     from syncpoint.orchestrator.ray_runner import finish_line
 
-    spec = linear_spec(tmp_path / "store", *LAYOUT, "checkpoint.export_final=true",
-                       "faults=[{at_micro_step: 5, mode: raise}]")
+    spec = linear_spec(
+        tmp_path / "store", *LAYOUT, "checkpoint.export_final=true", "faults=[{at_micro_step: 5, mode: raise}]"
+    )
     assert run_until_crash(spec)  # states 2 and 4 committed; the planted link waits for what comes next
-    run_dir = Path(spec.run_url[len("file://"):])
+    run_dir = Path(spec.run_url[len("file://") :])
     outside = tmp_path / "outside"
     (outside / "victim_dir").mkdir(parents=True)
     (outside / "victim_dir" / "keep").write_bytes(b"the attacker's directory")
@@ -213,8 +229,12 @@ def test_a_planted_link_is_replaced_and_its_target_never_written(tmp_path, capsy
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_file():
         link.unlink()  # lease.json.lock: left by the first attempt
-    points_to = {"final": outside / "victim_dir", f"states/{OLDER}": outside / "victim_dir",
-                 f"states/{NEWEST}": outside / "victim_dir", "lease.json.lock": outside / "created-through-the-lock"}
+    points_to = {
+        "final": outside / "victim_dir",
+        f"states/{OLDER}": outside / "victim_dir",
+        f"states/{NEWEST}": outside / "victim_dir",
+        "lease.json.lock": outside / "created-through-the-lock",
+    }
     os.symlink(points_to.get(target, victim), link)
     before = snapshot(outside)
 
@@ -243,8 +263,11 @@ def test_states_as_a_link_refuses_the_run_and_touches_nothing_behind_it(copy_of,
     before = snapshot(outside)
     spec = linear_spec(tmp_path / "copy", *LAYOUT, "train.epochs=2", "checkpoint.keep_last=1")  # more to train
 
-    with pytest.raises(ResumeRefused, match=r"states cannot be used: states is a symbolic link.*Replace it with a "
-                                            r"real directory"):
+    with pytest.raises(
+        ResumeRefused,
+        match=r"states cannot be used: states is a symbolic link.*Replace it with a "
+        r"real directory",
+    ):
         run(spec)
     rc, _, err = cli(capsys, "states", str(run_dir))
     assert rc == 2 and "states is a symbolic link" in err and "Replace it with a real directory" in err
@@ -383,8 +406,11 @@ def test_a_manifest_of_too_many_entries_is_refused_quickly(copy_of, entries):
     assert status == "ok" and rc == 0, err
     assert time.monotonic() - started < 20  # 28 s before any bound
     verdict, reason = verdicts(listed)[NEWEST]
-    why = f"more than the {MANIFEST_MAX_BYTES} it can hold" if entries == 1_000_000 else \
-        f"more than the {MANIFEST_MAX_FILES} a state holds"
+    why = (
+        f"more than the {MANIFEST_MAX_BYTES} it can hold"
+        if entries == 1_000_000
+        else f"more than the {MANIFEST_MAX_FILES} a state holds"
+    )
     assert verdict == "corrupt" and why in reason, reason
     assert listed["choice"]["state"] == OLDER
 
@@ -392,8 +418,11 @@ def test_a_manifest_of_too_many_entries_is_refused_quickly(copy_of, entries):
 # ---------------------------------------------------------------- the property: any plants, anywhere
 
 
-PLANT = st.tuples(st.sampled_from(range(len(STATES))), st.sampled_from(["manifest.json", "trainer.json", SHARD, RNG]),
-                  st.sampled_from(KINDS))
+PLANT = st.tuples(
+    st.sampled_from(range(len(STATES))),
+    st.sampled_from(["manifest.json", "trainer.json", SHARD, RNG]),
+    st.sampled_from(KINDS),
+)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -443,8 +472,10 @@ def test_object_store_reads_stop_at_their_bound(request, tmp_path, where):
     with pytest.raises(OversizedEntry):
         store.read_versioned("big.bin", limit=10)
     assert store.read_bytes("big.bin", limit=len(data)) == data
-    assert store.download_file(str(tmp_path / "copy.bin"), "big.bin", limit=len(data)) == \
-        (len(data), checksum_bytes(data, "xxh3_128"))
+    assert store.download_file(str(tmp_path / "copy.bin"), "big.bin", limit=len(data)) == (
+        len(data),
+        checksum_bytes(data, "xxh3_128"),
+    )
     assert store.read_bytes("empty.bin", limit=0) == b""
     got = store.read_versioned("empty.bin", limit=0)
     assert got is not None and got.data == b""

@@ -21,8 +21,11 @@ def test_every_small_permutation_is_a_bijection(size, key):
 
 
 @settings(max_examples=50, deadline=None)
-@given(size=st.integers(10**6, 10**11), seed=st.integers(0, 2**31),
-       starts=st.lists(st.integers(0, 10**11), min_size=1, max_size=5))
+@given(
+    size=st.integers(10**6, 10**11),
+    seed=st.integers(0, 2**31),
+    starts=st.lists(st.integers(0, 10**11), min_size=1, max_size=5),
+)
 def test_large_permutations_invert_exactly_on_samples(size, seed, starts):
     """Injective where sampled: the inverse of each image is its position (a map with an inverse on
     its image is injective there), and every image lies in range."""
@@ -67,10 +70,16 @@ def test_out_of_range_positions_are_refused():
 
 
 @settings(max_examples=100, deadline=None)
-@given(num_samples=st.integers(1, 400), micro_batch_size=st.integers(1, 4), world=st.integers(1, 4),
-       seed=st.integers(0, 2**31), epoch=st.integers(0, 5))
+@given(
+    num_samples=st.integers(1, 400),
+    micro_batch_size=st.integers(1, 4),
+    world=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 5),
+)
 def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_world_size(
-        num_samples, micro_batch_size, world, seed, epoch):
+    num_samples, micro_batch_size, world, seed, epoch
+):
     """The ranks' micro-batches of an epoch cover its first ``samples_per_epoch`` positions of one global
     order exactly once; a global micro-batch is the same samples in the same order on any world size
     whose micro-batches tile it (what the elastic rules allow: the global batch stays fixed)."""
@@ -88,7 +97,7 @@ def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_wo
     order = FeistelPermutation(num_samples, seed, epoch, 0x5EED)(np.arange(len(seen))).tolist()
     assert seen == order  # global order, micro-batch major, rank minor: independent of the world size
     one = RankMicroBatches(num_samples, micro_batch_size * world, 1, 0, seed, epoch, 0)
-    assert [i for mb in range(one.micro_batches_per_epoch) for i in one.indices(mb)][:len(seen)] == seen
+    assert [i for mb in range(one.micro_batches_per_epoch) for i in one.indices(mb)][: len(seen)] == seen
 
 
 def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
@@ -99,7 +108,7 @@ def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
 
     legacy = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=3, start=0, sampler=LEGACY_SAMPLER)
     perm = epoch_permutation(64, 1, 3)
-    assert [legacy.indices(mb) for mb in range(8)] == [perm[mb * 8 + 4: mb * 8 + 8].tolist() for mb in range(8)]
+    assert [legacy.indices(mb) for mb in range(8)] == [perm[mb * 8 + 4 : mb * 8 + 8].tolist() for mb in range(8)]
 
 
 def test_a_sampler_at_any_position_of_a_ten_billion_sample_epoch_costs_no_memory():

@@ -32,8 +32,15 @@ def head():
         yield h.address
 
 
-SETS = ["task.config.num_samples=80", "task.config.seq_len=8", "task.config.d_model=16", "train.micro_batch_size=2",
-        "train.epochs=2", "checkpoint.save_every={value: 4, unit: micro_steps}", "checkpoint.export_final=false"]
+SETS = [
+    "task.config.num_samples=80",
+    "task.config.seq_len=8",
+    "task.config.d_model=16",
+    "train.micro_batch_size=2",
+    "train.epochs=2",
+    "checkpoint.save_every={value: 4, unit: micro_steps}",
+    "checkpoint.export_final=false",
+]
 
 
 def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, head):
@@ -45,8 +52,21 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
     assert run_spawned(first) != [0, 0]  # the injected crash
     spec = lm_spec(tmp_path, *SETS, workers=2)
     assert state_names(spec)[-1] == f"{20:012d}"
-    cmd = [f"{BIN}/ray", "job", "submit", "--address", head, "--working-dir", str(ROOT), "--",
-           "python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
+    cmd = [
+        f"{BIN}/ray",
+        "job",
+        "submit",
+        "--address",
+        head,
+        "--working-dir",
+        str(ROOT),
+        "--",
+        "python",
+        "-m",
+        "syncpoint",
+        "run",
+        "examples/tiny_lm.yaml",
+    ]
     for s in [*SETS, f"storage={tmp_path}", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]"]:
         cmd += ["--set", s]
     again = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
@@ -60,21 +80,43 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
 def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, head):
     """The preflight job looks the task's module up where the job will: the shipped working dir and
     the cluster's packages. A module that is not there is refused (exit 2) and nothing is submitted."""
-    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", head,
-            "--set", f"storage={tmp_path}", "--set", "task.path=examples.no_such_task:build"]
+    args = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "submit",
+        "examples/tiny_lm.yaml",
+        "--address",
+        head,
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.path=examples.no_such_task:build",
+    ]
     env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "on the cluster, task.path: 'examples.no_such_task:build' cannot be imported: no module named " \
-           "'examples.no_such_task'" in r.stderr
+    assert (
+        "on the cluster, task.path: 'examples.no_such_task:build' cannot be imported: no module named "
+        "'examples.no_such_task'" in r.stderr
+    )
     assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()
 
 
 def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
     """The preflight job is waited for at most ``SYNCPOINT_PREFLIGHT_TIMEOUT_S``: past it, submit stops
     the probe, refuses in one paragraph naming the variable (exit 2) and submits nothing."""
-    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", head,
-            "--set", f"storage={tmp_path}"]
+    args = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "submit",
+        "examples/tiny_lm.yaml",
+        "--address",
+        head,
+        "--set",
+        f"storage={tmp_path}",
+    ]
     env = {**{k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}, "SYNCPOINT_PREFLIGHT_TIMEOUT_S": "0.2"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]

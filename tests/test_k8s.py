@@ -60,8 +60,15 @@ SPOT_LABELS: dict[str, str | None] = {
     "kubernetes.azure.com/scalesetpriority": "spot",
 }
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
-CREDENTIAL_VARS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                   "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_KEY", "RAY_AUTH_TOKEN", "SYNCPOINT_SIGNING_KEY"}
+CREDENTIAL_VARS = {
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_STORAGE_KEY",
+    "RAY_AUTH_TOKEN",
+    "SYNCPOINT_SIGNING_KEY",
+}
 ENTRYPOINT_SPEC = "/etc/syncpoint/job.yaml"
 
 
@@ -156,8 +163,11 @@ def strict(schema: Any) -> Any:
     """
     if not isinstance(schema, dict):
         return schema
-    if "properties" in schema and "additionalProperties" not in schema \
-            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         schema["additionalProperties"] = False
     for sub in schema.get("properties", {}).values():
         strict(sub)
@@ -196,21 +206,27 @@ def test_crd_schemas_are_carried_in_the_repository() -> None:
     files = sorted(p.name for p in CRD_DIR.iterdir())
     assert files == ["ray.io_rayclusters.v1.json", "ray.io_rayjobs.v1.json"], files
     if shutil.which("git") and (ROOT / ".git").exists():
-        ignored = subprocess.run(["git", "check-ignore", "--no-index", *map(str, CRD_DIR.iterdir())], cwd=ROOT,
-                                 capture_output=True, text=True)
+        ignored = subprocess.run(
+            ["git", "check-ignore", "--no-index", *map(str, CRD_DIR.iterdir())],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert ignored.returncode == 1 and not ignored.stdout, f"git ignores {ignored.stdout}"
     # a RayJob's rayClusterSpec is a RayCluster's spec: one schema, so authOptions/networkPolicy mean the same
-    assert crd_schema("rayjobs")["properties"]["spec"]["properties"]["rayClusterSpec"] == \
-        crd_schema("rayclusters")["properties"]["spec"]
+    assert (
+        crd_schema("rayjobs")["properties"]["spec"]["properties"]["rayClusterSpec"]
+        == crd_schema("rayclusters")["properties"]["spec"]
+    )
 
 
 def schema_errors(validator: Any, doc: Doc) -> list[str]:
-    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-                  for e in validator.iter_errors(doc))
+    return sorted(f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc))
 
 
-def test_every_rayjob_matches_the_crd_schema(overlay: tuple[str, list[Doc]], validator: Any,
-                                             cluster_validator: Any) -> None:
+def test_every_rayjob_matches_the_crd_schema(
+    overlay: tuple[str, list[Doc]], validator: Any, cluster_validator: Any
+) -> None:
     name, docs = overlay
     job = one(docs, "RayJob")
     assert job["apiVersion"] == "ray.io/v1"
@@ -221,16 +237,19 @@ def test_every_rayjob_matches_the_crd_schema(overlay: tuple[str, list[Doc]], val
 BROKEN: dict[str, Callable[[Doc], None]] = {
     "unknown top-level spec field": lambda j: j["spec"].update(backofLimit=3),
     "unknown container field": lambda j: _head(j)["containers"][0].update(imagePullPolicyy="Always"),
-    "rayStartParams value not a string": lambda j: j["spec"]["rayClusterSpec"]["headGroupSpec"]
-    ["rayStartParams"].update({"num-cpus": 0}),
+    "rayStartParams value not a string": lambda j: j["spec"]["rayClusterSpec"]["headGroupSpec"][
+        "rayStartParams"
+    ].update({"num-cpus": 0}),
     "worker group without groupName": lambda j: _workers(j)[0].pop("groupName"),
     "bad resource quantity": lambda j: _head(j)["containers"][0]["resources"]["limits"].update(cpu="two"),
     "unknown auth mode": lambda j: j["spec"]["rayClusterSpec"]["authOptions"].update(mode="tokens"),
     "unknown network policy mode": lambda j: j["spec"]["rayClusterSpec"]["networkPolicy"].update(mode="DenyNone"),
-    "misspelt securityContext field": lambda j: _head(j)["containers"][0]["securityContext"]
-    .update(readOnlyRootFileSystem=True),
-    "bad ephemeral-storage quantity": lambda j: _workers(j)[0]["template"]["spec"]["containers"][0]["resources"]
-    ["limits"].update({"ephemeral-storage": "lots"}),
+    "misspelt securityContext field": lambda j: _head(j)["containers"][0]["securityContext"].update(
+        readOnlyRootFileSystem=True
+    ),
+    "bad ephemeral-storage quantity": lambda j: _workers(j)[0]["template"]["spec"]["containers"][0]["resources"][
+        "limits"
+    ].update({"ephemeral-storage": "lots"}),
 }
 
 
@@ -271,13 +290,17 @@ def test_operator_rules(overlay: tuple[str, list[Doc]]) -> None:
         assert spec.get("shutdownAfterJobFinishes"), "suspend needs shutdownAfterJobFinishes"
     assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] > 0
     assert spec["backoffLimit"] >= 1, "whole-cluster retries are how a lost head is survived"
-    assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0", \
+    assert spec["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0", (
         f"{name}: no training worker may be scheduled on the head"
+    )
     pinned = re.search(r'"ray\[[^]]*\]==(\d+\.\d+)', (ROOT / "pyproject.toml").read_text())
     assert pinned and spec["rayClusterSpec"]["rayVersion"].startswith(pinned.group(1) + ".")
-    images = {c["image"] for pod in [_head(one(docs, "RayJob")), spec["submitterPodTemplate"]["spec"]]
-              + [g["template"]["spec"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]]
-              for c in pod["containers"]}
+    images = {
+        c["image"]
+        for pod in [_head(one(docs, "RayJob")), spec["submitterPodTemplate"]["spec"]]
+        + [g["template"]["spec"] for g in spec["rayClusterSpec"]["workerGroupSpecs"]]
+        for c in pod["containers"]
+    }
     assert len(images) == 1, f"{name}: head, workers and submitter must run one image: {images}"
 
 
@@ -294,19 +317,23 @@ def test_entrypoint_reads_the_mounted_job_spec(overlay: tuple[str, list[Doc]]) -
 
 def _rules_out(e: Doc, key: str, value: str | None) -> bool:
     """Whether one node-affinity expression keeps the pod off nodes labelled key=value."""
-    return e["key"] == key and (e["operator"] == "DoesNotExist"
-                                or (e["operator"] == "NotIn" and value in e.get("values", [])))
+    return e["key"] == key and (
+        e["operator"] == "DoesNotExist" or (e["operator"] == "NotIn" and value in e.get("values", []))
+    )
 
 
 def _excludes_spot(pod: Doc) -> list[str]:
     """Spot labels the pod's required node affinity does *not* rule out."""
-    terms = pod.get("affinity", {}).get("nodeAffinity", {}) \
-        .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+    terms = (
+        pod.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    )
     missing = []
     for key, value in SPOT_LABELS.items():
         # nodeSelectorTerms are ORed: every term must rule the label out
-        if not terms or not all(any(_rules_out(e, key, value) for e in t.get("matchExpressions", []))
-                                for t in terms):
+        if not terms or not all(any(_rules_out(e, key, value) for e in t.get("matchExpressions", [])) for t in terms):
             missing.append(key)
     return missing
 
@@ -327,9 +354,12 @@ def test_spot_overlays_put_workers_on_spot() -> None:
         for group in _workers(one(render(K8S / "overlays" / name), "RayJob")):
             pod = group["template"]["spec"]
             assert pod["nodeSelector"][key] == value, name
-            assert any(t["key"] == key and t.get("effect", "NoSchedule") == "NoSchedule"
-                       and (t["operator"] == "Exists" or (t["operator"] == "Equal" and t["value"] == value))
-                       for t in pod["tolerations"]), f"{name}: no toleration matching {key}={value}"
+            assert any(
+                t["key"] == key
+                and t.get("effect", "NoSchedule") == "NoSchedule"
+                and (t["operator"] == "Exists" or (t["operator"] == "Equal" and t["value"] == value))
+                for t in pod["tolerations"]
+            ), f"{name}: no toleration matching {key}={value}"
 
 
 def test_worker_grace_period_outlasts_ray_drain(overlay: tuple[str, list[Doc]]) -> None:
@@ -369,8 +399,9 @@ def test_no_inline_credentials() -> None:
             assert _credential_values(doc) == [], f"{path}: credential given inline as env value"
             if doc.get("kind") == "Secret":
                 assert path.name.endswith(".example.yaml"), f"{path}: real Secrets stay out of the repo"
-                assert not any(doc.get("stringData", {}).values()) and not doc.get("data"), \
+                assert not any(doc.get("stringData", {}).values()) and not doc.get("data"), (
                     f"{path}: example Secret {doc['metadata']['name']} must hold no values"
+                )
     examples = _example_secrets()
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(examples[STORAGE_SECRET]["stringData"])
     assert set(examples[TOKEN_SECRET]["stringData"]) == {TOKEN_KEY}, "KubeRay reads the token from key auth_token"
@@ -416,9 +447,16 @@ def test_gpu_overlay_requests_gpus_and_changes_nothing_else_in_the_spec() -> Non
 def test_gpu_component_stacks_on_a_spot_overlay(tmp_path: Path, validator: Any) -> None:
     """The "GPU workers on spot" recipe of docs/deploy/kubernetes.md: a spot overlay plus the gpu component."""
     rel = Path(os.path.relpath(K8S, tmp_path))
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(rel / "overlays" / "gke-spot")], "components": [str(rel / "components" / "gpu")]}))
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [str(rel / "overlays" / "gke-spot")],
+                "components": [str(rel / "components" / "gpu")],
+            }
+        )
+    )
     docs = render(tmp_path)
     job = one(docs, "RayJob")
     pod = _workers(job)[0]["template"]["spec"]
@@ -454,15 +492,20 @@ DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 def _pods(job: Doc) -> list[tuple[str, Doc]]:
     """(role, pod spec) for the head, each worker group and the submitter."""
-    return ([("head", _head(job))] + [(f"workers[{g['groupName']}]", g["template"]["spec"]) for g in _workers(job)]
-            + [("submitter", job["spec"]["submitterPodTemplate"]["spec"])])
+    return (
+        [("head", _head(job))]
+        + [(f"workers[{g['groupName']}]", g["template"]["spec"]) for g in _workers(job)]
+        + [("submitter", job["spec"]["submitterPodTemplate"]["spec"])]
+    )
 
 
 def _pod_labels(job: Doc) -> list[tuple[str, dict[str, str]]]:
     spec = job["spec"]
-    return ([("head", spec["rayClusterSpec"]["headGroupSpec"]["template"].get("metadata", {}).get("labels", {}))]
-            + [(g["groupName"], g["template"].get("metadata", {}).get("labels", {})) for g in _workers(job)]
-            + [("submitter", spec["submitterPodTemplate"].get("metadata", {}).get("labels", {}))])
+    return (
+        [("head", spec["rayClusterSpec"]["headGroupSpec"]["template"].get("metadata", {}).get("labels", {}))]
+        + [(g["groupName"], g["template"].get("metadata", {}).get("labels", {})) for g in _workers(job)]
+        + [("submitter", spec["submitterPodTemplate"].get("metadata", {}).get("labels", {}))]
+    )
 
 
 def _env(container: Doc) -> dict[str, Doc]:
@@ -494,8 +537,9 @@ def token_auth_problems(docs: list[Doc]) -> list[str]:
         out.append("authOptions: enableK8sTokenAuth and secretName together are refused by the operator")
     secret = auth.get("secretName")
     if secret != TOKEN_SECRET:
-        out.append(f"authOptions.secretName is {secret!r}, not the pre-created Secret {TOKEN_SECRET} "
-                   "every retry shares")
+        out.append(
+            f"authOptions.secretName is {secret!r}, not the pre-created Secret {TOKEN_SECRET} every retry shares"
+        )
     version = tuple(int(x) for x in re.findall(r"\d+", rcs["rayVersion"])[:3])
     if version < TOKEN_AUTH_SINCE:
         out.append(f"rayVersion {rcs['rayVersion']} predates Ray token authentication")
@@ -526,23 +570,33 @@ def network_problems(docs: list[Doc]) -> list[str]:
     mode = np_.get("mode", "DenyAll")
     if mode not in ("DenyAll", "DenyAllIngress"):
         out.append(f"networkPolicy.mode {mode} leaves ingress open")
-    sections = [("head", np_.get("head") or {}), ("worker", np_.get("worker") or {})] + \
-        [(f"workerGroups[{g['groupName']}]", g) for g in np_.get("workerGroups", [])]
+    sections = [("head", np_.get("head") or {}), ("worker", np_.get("worker") or {})] + [
+        (f"workerGroups[{g['groupName']}]", g) for g in np_.get("workerGroups", [])
+    ]
     for where, sec in sections:
         if mode == "DenyAllIngress" and sec.get("egressRules"):
             out.append(f"networkPolicy.{where}.egressRules under DenyAllIngress: the operator refuses the cluster")
         for rule in sec.get("ingressRules", []):
             peers = rule.get("from") or []
-            if not peers or any(p.get("ipBlock", {}).get("cidr") in ("0.0.0.0/0", "::/0")
-                                or (p.get("namespaceSelector") == {} and not p.get("podSelector")) for p in peers):
+            if not peers or any(
+                p.get("ipBlock", {}).get("cidr") in ("0.0.0.0/0", "::/0")
+                or (p.get("namespaceSelector") == {} and not p.get("podSelector"))
+                for p in peers
+            ):
                 out.append(f"networkPolicy.{where}.ingressRules admits every source: {rule}")
     for g in _workers(job):
         if not DNS1123_LABEL.fullmatch(g["groupName"]):
             out.append(f"worker group {g['groupName']!r}: not a DNS-1123 label, refused with networkPolicy")
     # KubeRay creates its policies after the pods may have started: a deny-ingress policy applied with the
     # flavour must already select every syncpoint pod
-    denies = [d for d in docs if d["kind"] == "NetworkPolicy" and "Ingress" in d["spec"].get("policyTypes", [])
-              and not d["spec"].get("ingress") and not d["spec"]["podSelector"].get("matchExpressions")]
+    denies = [
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy"
+        and "Ingress" in d["spec"].get("policyTypes", [])
+        and not d["spec"].get("ingress")
+        and not d["spec"]["podSelector"].get("matchExpressions")
+    ]
     for role, labels in _pod_labels(job):
         if not any(d["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items() for d in denies):
             out.append(f"{role}: no deny-ingress NetworkPolicy selects this pod before KubeRay's policies exist")
@@ -611,12 +665,20 @@ def scratch_problems(docs: list[Doc]) -> list[str]:
                 if ("configMap" in kind or "secret" in kind) and not m.get("readOnly"):
                     out.append(f"{who}: {m['mountPath']} ({m['name']}) is mounted writable")
             needed = ["/tmp"] + (["/tmp/ray"] if role != "submitter" else [])
-            out += [f"{who}: {p} is not a writable emptyDir" for p in needed if
-                    (m := _mount_of(p, writable)) is None or m["mountPath"] != p]
-            required = [*(RAY_SCRATCH_ENV if role != "submitter" else ()),
-                        *(["SYNCPOINT_STAGING_DIR"] if role.startswith("workers") else [])]
-            out += [f"{who}: {var} is not set (its default lies on the read-only root)" for var in required
-                    if var not in env]
+            out += [
+                f"{who}: {p} is not a writable emptyDir"
+                for p in needed
+                if (m := _mount_of(p, writable)) is None or m["mountPath"] != p
+            ]
+            required = [
+                *(RAY_SCRATCH_ENV if role != "submitter" else ()),
+                *(["SYNCPOINT_STAGING_DIR"] if role.startswith("workers") else []),
+            ]
+            out += [
+                f"{who}: {var} is not set (its default lies on the read-only root)"
+                for var in required
+                if var not in env
+            ]
             for var in SCRATCH_ENV:
                 if var not in env:
                     continue
@@ -624,8 +686,9 @@ def scratch_problems(docs: list[Doc]) -> list[str]:
                 m = _mount_of(path, writable)
                 if not path.startswith("/") or m is None:
                     out.append(f"{who}: {var}={path!r} is not inside a writable volume")
-                elif var == "SYNCPOINT_STAGING_DIR" and \
-                        (volumes[m["name"]]["emptyDir"] or {}).get("medium") == "Memory":
+                elif (
+                    var == "SYNCPOINT_STAGING_DIR" and (volumes[m["name"]]["emptyDir"] or {}).get("medium") == "Memory"
+                ):
                     out.append(f"{who}: staging in a memory-backed volume counts against the memory limit")
     return out
 
@@ -641,6 +704,7 @@ def _model_params(path: str, config: str) -> int:
     import torch
 
     from syncpoint.workers.task import load_task
+
     with torch.device("meta"):  # shapes only, no memory, whatever the model's size
         task = load_task(path, json.loads(config))
     return sum(p.numel() for p in task.model.parameters())
@@ -650,8 +714,11 @@ def ephemeral_storage_problems(docs: list[Doc]) -> list[str]:
     out, state = [], _state_bytes(docs)
     for role, pod in _pods(one(docs, "RayJob")):
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
-        disk = sum(_bytes((v["emptyDir"] or {}).get("sizeLimit", 0)) for v in volumes.values()
-                   if "emptyDir" in v and (v["emptyDir"] or {}).get("medium") != "Memory")
+        disk = sum(
+            _bytes((v["emptyDir"] or {}).get("sizeLimit", 0))
+            for v in volumes.values()
+            if "emptyDir" in v and (v["emptyDir"] or {}).get("medium") != "Memory"
+        )
         for c in pod["containers"]:
             who, res = f"{role}/{c['name']}", c.get("resources", {})
             req, lim = res.get("requests", {}).get("ephemeral-storage"), res.get("limits", {}).get("ephemeral-storage")
@@ -666,22 +733,30 @@ def ephemeral_storage_problems(docs: list[Doc]) -> list[str]:
                 # every rank fetches a whole state into /tmp before loading, and rank 0 exports the final one
                 mounts = {m["mountPath"]: volumes.get(m["name"], {}) for m in c.get("volumeMounts", [])}
                 tmp = _bytes((mounts.get("/tmp", {}).get("emptyDir") or {}).get("sizeLimit", 0))
-                staging = _mount_of(_env(c).get("SYNCPOINT_STAGING_DIR", {}).get("value", "/"),
-                                    c.get("volumeMounts", []))
-                staged = _bytes((volumes.get(staging["name"], {}).get("emptyDir") or {}).get("sizeLimit", 0)) \
-                    if staging else 0
+                staging = _mount_of(
+                    _env(c).get("SYNCPOINT_STAGING_DIR", {}).get("value", "/"), c.get("volumeMounts", [])
+                )
+                staged = (
+                    _bytes((volumes.get(staging["name"], {}).get("emptyDir") or {}).get("sizeLimit", 0))
+                    if staging
+                    else 0
+                )
                 if tmp < 2 * state + GiB:
-                    out.append(f"{who}: /tmp ({tmp} B) cannot hold a fetched state and the export "
-                               f"(2 x {state} B + 1 GiB)")
+                    out.append(
+                        f"{who}: /tmp ({tmp} B) cannot hold a fetched state and the export (2 x {state} B + 1 GiB)"
+                    )
                 if staged < state:
                     out.append(f"{who}: staging ({staged} B) smaller than one state ({state} B)")
     return out
 
 
 def image_problems(docs: list[Doc]) -> list[str]:
-    return [f"{role}/{c['name']}: image {c['image']!r} is not referenced by digest (name@sha256:...)"
-            for role, pod in _pods(one(docs, "RayJob")) for c in pod["containers"] + pod.get("initContainers", [])
-            if not IMAGE_BY_DIGEST.match(c["image"])]
+    return [
+        f"{role}/{c['name']}: image {c['image']!r} is not referenced by digest (name@sha256:...)"
+        for role, pod in _pods(one(docs, "RayJob"))
+        for c in pod["containers"] + pod.get("initContainers", [])
+        if not IMAGE_BY_DIGEST.match(c["image"])
+    ]
 
 
 def signing_problems(docs: list[Doc]) -> list[str]:
@@ -693,8 +768,9 @@ def signing_problems(docs: list[Doc]) -> list[str]:
             e = _env(c).get(SIGNING_ENV, {})
             ref = e.get("valueFrom", {}).get("secretKeyRef", {})
             if "value" in e or (ref.get("name"), ref.get("key")) != (SIGNING_SECRET, SIGNING_KEY):
-                out.append(f"{role}/{c['name']}: {SIGNING_ENV} must come from Secret {SIGNING_SECRET} "
-                           f"key {SIGNING_KEY}")
+                out.append(
+                    f"{role}/{c['name']}: {SIGNING_ENV} must come from Secret {SIGNING_SECRET} key {SIGNING_KEY}"
+                )
             elif ref.get("optional") is not True:
                 out.append(f"{role}/{c['name']}: {SIGNING_ENV} must be optional (signing is opt-in)")
     raw = yaml.safe_load(one(docs, "ConfigMap")["data"]["job.yaml"])
@@ -705,8 +781,15 @@ def signing_problems(docs: list[Doc]) -> list[str]:
 
 
 HARDENING: list[Callable[[list[Doc]], list[str]]] = [
-    token_auth_problems, network_problems, identity_problems, security_context_problems, scratch_problems,
-    ephemeral_storage_problems, image_problems, signing_problems]
+    token_auth_problems,
+    network_problems,
+    identity_problems,
+    security_context_problems,
+    scratch_problems,
+    ephemeral_storage_problems,
+    image_problems,
+    signing_problems,
+]
 
 
 def hardening_problems(docs: list[Doc]) -> list[str]:
@@ -760,18 +843,22 @@ BROKEN_HARDENING: dict[str, Callable[[list[Doc]], None]] = {
     "ray too old for token auth": lambda d: _rcs(d).update(rayVersion="2.51.0"),
     "submitter sends no token": lambda d: _c(_s(d)).pop("env"),
     "submitter token from another Secret": lambda d: _set_env(
-        _c(_s(d)), "RAY_AUTH_TOKEN", {"valueFrom": {"secretKeyRef": {"name": "other", "key": TOKEN_KEY}}}),
+        _c(_s(d)), "RAY_AUTH_TOKEN", {"valueFrom": {"secretKeyRef": {"name": "other", "key": TOKEN_KEY}}}
+    ),
     "token inline": lambda d: _set_env(_c(_s(d)), "RAY_AUTH_TOKEN", {"value": "0123456789abcdef"}),
     "worker turns auth off": lambda d: _set_env(_c(_w(d)), "RAY_AUTH_MODE", {"value": "disabled"}),
     "no network policy": lambda d: _rcs(d).pop("networkPolicy"),
     "ingress left open": lambda d: _rcs(d)["networkPolicy"].update(mode="DenyAllEgress"),
     "egress rules under DenyAllIngress": lambda d: _rcs(d)["networkPolicy"].update(
-        head={"egressRules": [{"ports": [{"port": 443}]}]}),
+        head={"egressRules": [{"ports": [{"port": 443}]}]}
+    ),
     "dashboard open to every source": lambda d: _rcs(d)["networkPolicy"].update(
-        head={"ingressRules": [{"ports": [{"port": 8265, "protocol": "TCP"}]}]}),
+        head={"ingressRules": [{"ports": [{"port": 8265, "protocol": "TCP"}]}]}
+    ),
     "no deny-ingress before KubeRay's policies": lambda d: _drop(d, "NetworkPolicy"),
-    "submitter not selected by the deny-ingress": lambda d: one(d, "RayJob")["spec"]["submitterPodTemplate"]
-    .pop("metadata"),
+    "submitter not selected by the deny-ingress": lambda d: one(d, "RayJob")["spec"]["submitterPodTemplate"].pop(
+        "metadata"
+    ),
     "default ServiceAccount": lambda d: _h(d).pop("serviceAccountName"),
     "ServiceAccount not rendered": lambda d: _drop(d, "ServiceAccount"),
     "API token mounted in workers": lambda d: _w(d).update(automountServiceAccountToken=True),
@@ -783,41 +870,52 @@ BROKEN_HARDENING: dict[str, Callable[[list[Doc]], None]] = {
     "capability added": lambda d: _c(_w(d))["securityContext"]["capabilities"].update(add=["NET_ADMIN"]),
     "capabilities kept": lambda d: _c(_s(d))["securityContext"].update(capabilities={"drop": ["NET_RAW"]}),
     "writable root filesystem": lambda d: _c(_h(d))["securityContext"].update(readOnlyRootFilesystem=False),
-    "no seccomp profile": lambda d: [_c(_w(d))["securityContext"].pop("seccompProfile"),
-                                     _w(d)["securityContext"].pop("seccompProfile")],
+    "no seccomp profile": lambda d: [
+        _c(_w(d))["securityContext"].pop("seccompProfile"),
+        _w(d)["securityContext"].pop("seccompProfile"),
+    ],
     "unconfined seccomp": lambda d: _c(_h(d))["securityContext"].update(seccompProfile={"type": "Unconfined"}),
     "hostPath volume": lambda d: _w(d)["volumes"].append({"name": "host", "hostPath": {"path": "/var"}}),
     "host network": lambda d: _w(d).update(hostNetwork=True),
-    "no writable /tmp": lambda d: _c(_w(d)).update(volumeMounts=[m for m in _c(_w(d))["volumeMounts"]
-                                                                 if m["mountPath"] != "/tmp"]),
-    "no writable /tmp/ray": lambda d: _c(_h(d)).update(volumeMounts=[m for m in _c(_h(d))["volumeMounts"]
-                                                                     if m["mountPath"] != "/tmp/ray"]),
+    "no writable /tmp": lambda d: _c(_w(d)).update(
+        volumeMounts=[m for m in _c(_w(d))["volumeMounts"] if m["mountPath"] != "/tmp"]
+    ),
+    "no writable /tmp/ray": lambda d: _c(_h(d)).update(
+        volumeMounts=[m for m in _c(_h(d))["volumeMounts"] if m["mountPath"] != "/tmp/ray"]
+    ),
     "job spec mounted writable": lambda d: _c(_h(d))["volumeMounts"][0].pop("readOnly"),
     "staging unset": lambda d: _set_env(_c(_w(d)), "SYNCPOINT_STAGING_DIR", None),
-    "staging on the read-only root": lambda d: _set_env(_c(_w(d)), "SYNCPOINT_STAGING_DIR",
-                                                        {"value": "/home/ray/staging"}),
-    "staging in memory": lambda d: next(v for v in _w(d)["volumes"] if v["name"] == "staging")["emptyDir"]
-    .update(medium="Memory"),
+    "staging on the read-only root": lambda d: _set_env(
+        _c(_w(d)), "SYNCPOINT_STAGING_DIR", {"value": "/home/ray/staging"}
+    ),
+    "staging in memory": lambda d: next(v for v in _w(d)["volumes"] if v["name"] == "staging")["emptyDir"].update(
+        medium="Memory"
+    ),
     "torch extensions on the read-only root": lambda d: _set_env(_c(_w(d)), "TORCH_EXTENSIONS_DIR", None),
     "cache dir relative": lambda d: _set_env(_c(_h(d)), "XDG_CACHE_HOME", {"value": "tmp/.cache"}),
-    "emptyDir without sizeLimit": lambda d: next(v for v in _h(d)["volumes"] if v["name"] == "tmp")
-    .update(emptyDir={}),
+    "emptyDir without sizeLimit": lambda d: next(v for v in _h(d)["volumes"] if v["name"] == "tmp").update(emptyDir={}),
     "no ephemeral-storage limit": lambda d: _c(_w(d))["resources"]["limits"].pop("ephemeral-storage"),
-    "ephemeral-storage request above limit": lambda d: _c(_s(d))["resources"]["requests"]
-    .update({"ephemeral-storage": "2Gi"}),
-    "ephemeral-storage limit below the emptyDirs": lambda d: _c(_w(d))["resources"]["limits"]
-    .update({"ephemeral-storage": "6Gi"}),
+    "ephemeral-storage request above limit": lambda d: _c(_s(d))["resources"]["requests"].update(
+        {"ephemeral-storage": "2Gi"}
+    ),
+    "ephemeral-storage limit below the emptyDirs": lambda d: _c(_w(d))["resources"]["limits"].update(
+        {"ephemeral-storage": "6Gi"}
+    ),
     "/tmp too small for a fetched state": lambda d: _spec_edit(
-        d, lambda s: s["task"]["config"].update(d_model=2048, n_layers=4)),
+        d, lambda s: s["task"]["config"].update(d_model=2048, n_layers=4)
+    ),
     "image by tag": lambda d: _c(_w(d)).update(image="ghcr.io/acme/syncpoint:0.1.0"),
     "image by tag and digest's prefix": lambda d: _c(_s(d)).update(image="ghcr.io/acme/syncpoint@sha256:abc"),
     "signing key inline": lambda d: _set_env(_c(_w(d)), SIGNING_ENV, {"value": "k"}),
     "signing key from another Secret": lambda d: _set_env(
-        _c(_h(d)), SIGNING_ENV, {"valueFrom": {"secretKeyRef": {"name": "x", "key": SIGNING_KEY, "optional": True}}}),
-    "signing key Secret required": lambda d: _set_env(_c(_w(d)), SIGNING_ENV, {"valueFrom": {"secretKeyRef": {
-        "name": SIGNING_SECRET, "key": SIGNING_KEY}}}),
+        _c(_h(d)), SIGNING_ENV, {"valueFrom": {"secretKeyRef": {"name": "x", "key": SIGNING_KEY, "optional": True}}}
+    ),
+    "signing key Secret required": lambda d: _set_env(
+        _c(_w(d)), SIGNING_ENV, {"valueFrom": {"secretKeyRef": {"name": SIGNING_SECRET, "key": SIGNING_KEY}}}
+    ),
     "spec signs with a variable no pod gets": lambda d: _spec_edit(
-        d, lambda s: s.setdefault("checkpoint", {}).update(signing_key_env="OTHER_KEY")),
+        d, lambda s: s.setdefault("checkpoint", {}).update(signing_key_env="OTHER_KEY")
+    ),
 }
 
 
@@ -901,5 +999,8 @@ def test_rendered_objects_are_the_expected_set(overlay: tuple[str, list[Doc]]) -
     """A flavour deploys the job, its spec, its identity and its deny-ingress policy - and no Secret."""
     name, docs = overlay
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
-        ("ConfigMap", "syncpoint-job"), ("NetworkPolicy", "syncpoint-deny-ingress"),
-        ("RayJob", "syncpoint-tiny-lm"), ("ServiceAccount", "syncpoint")], name
+        ("ConfigMap", "syncpoint-job"),
+        ("NetworkPolicy", "syncpoint-deny-ingress"),
+        ("RayJob", "syncpoint-tiny-lm"),
+        ("ServiceAccount", "syncpoint"),
+    ], name

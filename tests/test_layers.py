@@ -23,9 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("policies", "workers", "orchestrator")
 OLD_NAMES = LAYERS  # the layers' top-level names before they moved under syncpoint.
 # What each layer may import of the project (itself included); "syncpoint" is the public API on top.
-ALLOWED = {"policies": {"policies"}, "workers": {"policies", "workers"},
-           "orchestrator": {"policies", "workers", "orchestrator"},
-           "syncpoint": {"policies", "workers", "orchestrator", "syncpoint"}}
+ALLOWED = {
+    "policies": {"policies"},
+    "workers": {"policies", "workers"},
+    "orchestrator": {"policies", "workers", "orchestrator"},
+    "syncpoint": {"policies", "workers", "orchestrator", "syncpoint"},
+}
 # Every directory holding Python the project runs or tests, beside the layers.
 OTHER_CODE = ("syncpoint", "tests", "bench", "examples")
 
@@ -73,8 +76,11 @@ def _old_names() -> list[str]:
     found = []
     for directory in (*LAYERS, *OTHER_CODE):
         for path in _files(directory):
-            found += [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in _imports(path)
-                      if name.split(".")[0] in OLD_NAMES]
+            found += [
+                f"{path.relative_to(ROOT)}:{line} imports {name}"
+                for line, name in _imports(path)
+                if name.split(".")[0] in OLD_NAMES
+            ]
     return sorted(set(found))
 
 
@@ -96,10 +102,12 @@ def test_the_checker_sees_a_planted_back_edge(tmp_path, monkeypatch):
     (tmp_path / "workers" / "storage" / "bad.py").write_text("from syncpoint import run\n")
     (tmp_path / "policies" / "bad.py").write_text("import syncpoint.workers.storage\nfrom syncpoint import workers\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    assert _back_edges() == ["policies/bad.py:1 imports syncpoint.workers.storage",
-                             "policies/bad.py:2 imports syncpoint.workers",
-                             "workers/bad.py:2 imports syncpoint.orchestrator.cli",
-                             "workers/storage/bad.py:1 imports syncpoint.run"]
+    assert _back_edges() == [
+        "policies/bad.py:1 imports syncpoint.workers.storage",
+        "policies/bad.py:2 imports syncpoint.workers",
+        "workers/bad.py:2 imports syncpoint.orchestrator.cli",
+        "workers/storage/bad.py:1 imports syncpoint.run",
+    ]
 
 
 def test_the_checker_sees_an_old_name(tmp_path, monkeypatch):
@@ -112,8 +120,11 @@ def test_the_checker_sees_an_old_name(tmp_path, monkeypatch):
 
 def _modules(layer: str) -> list[str]:
     base = ROOT / layer
-    return [".".join(("syncpoint", layer, *p.relative_to(base).with_suffix("").parts)).removesuffix(".__init__")
-            for p in _files(layer) if p.stem != "__main__"]
+    return [
+        ".".join(("syncpoint", layer, *p.relative_to(base).with_suffix("").parts)).removesuffix(".__init__")
+        for p in _files(layer)
+        if p.stem != "__main__"
+    ]
 
 
 @pytest.mark.parametrize("layer", LAYERS)

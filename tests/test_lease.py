@@ -37,8 +37,15 @@ def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
         from syncpoint.policies.candidates import job_identity
 
         url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
-    lease = {"job_identity": identity, "job_name": name, "submission": "other", "host": "h",
-             "pid": 1, "ttl_s": 60.0, "heartbeat": time.time()}
+    lease = {
+        "job_identity": identity,
+        "job_name": name,
+        "submission": "other",
+        "host": "h",
+        "pid": 1,
+        "ttl_s": 60.0,
+        "heartbeat": time.time(),
+    }
     lease.update(kw)
     store = RunStorage(url)
     lease_drivers.write_lease(store, lease)  # through the compare-and-swap, as a real successor would
@@ -53,8 +60,10 @@ def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:
 
 def _manifests(spec) -> dict[int, dict]:
     s = RunStorage(spec.run_url)
-    return {step: s.read_json("states", f"{step:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
-            for step in committed_steps(spec)}
+    return {
+        step: s.read_json("states", f"{step:012d}", "manifest.json", limit=MANIFEST_MAX_BYTES)
+        for step in committed_steps(spec)
+    }
 
 
 # ---------------------------------------------------------------- runs on one directory
@@ -222,7 +231,7 @@ MALFORMED = {
     "ttl-string": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": "60", "heartbeat": 1}',
     "heartbeat-nan": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 60, "heartbeat": NaN}',
     "ttl-nan": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": NaN, "heartbeat": 1}',
-    "not-json": b"{\"submission\": ",
+    "not-json": b'{"submission": ',
     "array": b"[1, 2]",
     "generation-negative": b'{"job_identity": "job-identity", "submission": "x", "ttl_s": 1, "generation": -4}',
 }
@@ -344,10 +353,31 @@ def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
 
     spec = _spec(tmp_path)
     _plant_lease(spec, ttl_s=600.0)
-    args = [sys.executable, "-m", "syncpoint", "run", "examples/tiny_lm.yaml", "--set", f"storage={tmp_path}",
-            "--set", "task.config.seq_len=8", "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2",
-            "--set", "task.config.num_samples=20", "--set", "train.grad_accum=4", "--set", "train.epochs=1",
-            "--set", "task.config.eval_samples=8", "--set", "scaling.num_workers=1"]
+    args = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "run",
+        "examples/tiny_lm.yaml",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.config.seq_len=8",
+        "--set",
+        "task.config.d_model=16",
+        "--set",
+        "train.micro_batch_size=2",
+        "--set",
+        "task.config.num_samples=20",
+        "--set",
+        "train.grad_accum=4",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "task.config.eval_samples=8",
+        "--set",
+        "scaling.num_workers=1",
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out = ""
@@ -412,8 +442,14 @@ def test_lease_lost_between_saves_stops_every_rank_at_the_next_boundary(tmp_path
 
 @pytest.mark.slow
 def test_lease_lost_mid_run_stops_both_ranks_without_a_hang(tmp_path, monkeypatch):
-    spec = lm_spec(tmp_path, "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=1",
-                   "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt", workers=2)
+    spec = lm_spec(
+        tmp_path,
+        "task.config.num_samples=20",
+        "train.grad_accum=4",
+        "train.epochs=1",
+        "checkpoint.save_trigger=tests.lease_drivers:StealLeaseAt",
+        workers=2,
+    )
     # two ranks: 5 micro-batches per epoch, accumulation 4: boundaries 4 and 5
     _steal_env(monkeypatch, spec, at=5)
     codes = run_spawned(spec, timeout=300)
@@ -425,8 +461,15 @@ def test_lease_lost_mid_run_stops_both_ranks_without_a_hang(tmp_path, monkeypatc
 def test_two_real_runs_on_one_directory(tmp_path):
     # the first run holds at its first micro-batch (no CPU) until the second submission has tried
     go = tmp_path / "second-submission-tried"
-    spec = lm_spec(tmp_path, "task.path=tests.tasks:paced_lm", f"task.config.hold_until={go}",
-                   "task.config.num_samples=200", "train.epochs=1", "resume.lease_ttl_s=5", workers=2)
+    spec = lm_spec(
+        tmp_path,
+        "task.path=tests.tasks:paced_lm",
+        f"task.config.hold_until={go}",
+        "task.config.num_samples=200",
+        "train.epochs=1",
+        "resume.lease_ttl_s=5",
+        workers=2,
+    )
     ctx = mp.get_context("spawn")
     first = ctx.Process(target=run_spawned, args=(spec,))
     first.start()

@@ -28,10 +28,13 @@ def test_conditional_writes_are_checked_by_the_server(s3):
     assert store.conditional_writes == "s3"
     first = store.write_if(b"first", "lease.json", expect=None, limit=LEASE_MAX_BYTES)
     assert first is not None
-    assert store.write_if(b"second", "lease.json", expect=None,
-                          limit=LEASE_MAX_BYTES) is None  # If-None-Match: * refused
-    assert store.write_if(b"third", "lease.json", expect='"0123456789abcdef0123456789abcdef"',
-                          limit=LEASE_MAX_BYTES) is None
+    assert (
+        store.write_if(b"second", "lease.json", expect=None, limit=LEASE_MAX_BYTES) is None
+    )  # If-None-Match: * refused
+    assert (
+        store.write_if(b"third", "lease.json", expect='"0123456789abcdef0123456789abcdef"', limit=LEASE_MAX_BYTES)
+        is None
+    )
     assert s3.get_object(Bucket=BUCKET, Key="cas/lease.json")["Body"].read() == b"first"
     second = store.write_if(b"second", "lease.json", expect=first, limit=LEASE_MAX_BYTES)  # If-Match: the etag we read
     got = store.read_versioned("lease.json", limit=LEASE_MAX_BYTES)

@@ -24,8 +24,9 @@ from syncpoint.workers.preemption import PreemptionNotices
 
 
 def test_a_vote_goes_through_a_tensor_and_back_slot_by_slot():
-    vote = BoundaryVote(1.25, preemption_notices=1, wall_clock_saves=0, uploading=1, lease_lost=0, reports_due=1,
-                        skipped_updates=1)
+    vote = BoundaryVote(
+        1.25, preemption_notices=1, wall_clock_saves=0, uploading=1, lease_lost=0, reports_due=1, skipped_updates=1
+    )
     tensor = vote.to_tensor()
     assert tensor.dtype == torch.float64 and tensor.tolist() == [1.25, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
     assert BoundaryVote.from_tensor(tensor) == vote
@@ -91,8 +92,13 @@ def test_position_and_run_length():
     for _ in range(10):
         at.consume_micro_batch(1)
     at.optimizer_stepped("optimizer_steps")
-    assert (at.position_in_epoch, at.global_micro_step, at.global_samples, at.optimizer_step,
-            at.schedule_position) == (10, 10, 10, 1, 1)
+    assert (at.position_in_epoch, at.global_micro_step, at.global_samples, at.optimizer_step, at.schedule_position) == (
+        10,
+        10,
+        10,
+        1,
+        1,
+    )
     assert not length.is_last_boundary(at, epoch_end=True)
     at.next_epoch()
     assert (at.epoch, at.position_in_epoch) == (1, 0) and length.is_last_boundary(at, epoch_end=True)
@@ -102,7 +108,11 @@ def test_position_and_run_length():
 
 def test_the_seeds_are_the_ones_old_states_were_written_with():
     """Named salts, same numbers: renumbering one would silently change every resumed run's data."""
-    assert (data.EPOCH_PERMUTATION_SALT, data.COLLATE_SALT, data.DATALOADER_GENERATOR_SALT,
-            rng.RESIZED_WORLD_SALT) == (0x5EED, 0xC011A7E, 0xDA7A, 0xE1A5)
+    assert (data.EPOCH_PERMUTATION_SALT, data.COLLATE_SALT, data.DATALOADER_GENERATOR_SALT, rng.RESIZED_WORLD_SALT) == (
+        0x5EED,
+        0xC011A7E,
+        0xDA7A,
+        0xE1A5,
+    )
     assert rng.derive_seed(7, 3, 0x5EED) == 1819681313992698199
     assert rng.derive_seed(1, 10, 2, 0xE1A5) == 2488416431689574933

@@ -25,8 +25,12 @@ def test_save_every_3_micro_steps_first_state_at_4(tmp_path):
 
 
 def test_save_every_2000_on_1001_per_epoch_lands_on_2001_and_4003(tmp_path):
-    spec = linear_spec(tmp_path, "task.config.num_samples=1001", "train.epochs=5",
-                       "checkpoint.save_every={value: 2000, unit: micro_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=1001",
+        "train.epochs=5",
+        "checkpoint.save_every={value: 2000, unit: micro_steps}",
+    )
     run(spec)
     assert committed_steps(spec) == [2001, 4003, 5005]  # 5005: the final state at the run's last micro-step
     t = trainer_json(spec, f"{2001:012d}")
@@ -34,8 +38,12 @@ def test_save_every_2000_on_1001_per_epoch_lands_on_2001_and_4003(tmp_path):
 
 
 def test_optimizer_step_interval_and_epoch_end_flush(tmp_path):
-    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=10",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    )
     run(spec)
     assert committed_steps(spec) == [4, 8, 10, 14, 18, 20]
 
@@ -43,8 +51,14 @@ def test_optimizer_step_interval_and_epoch_end_flush(tmp_path):
 def test_short_cycle_averages_over_the_micro_batches_it_accumulated(tmp_path):
     """SGD, no dropout: the update at the short cycle (positions 9-10 of 10) must be
     lr * grad of the mean loss over exactly those 2 micro-batches."""
-    spec = linear_spec(tmp_path, "task.config.num_samples=10", "task.config.dropout=0", "train.optimizer=sgd",
-                       "train.lr=0.5", "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=10",
+        "task.config.dropout=0",
+        "train.optimizer=sgd",
+        "train.lr=0.5",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    )
     run(spec)
     store = RunStorage(spec.run_url)
 
@@ -62,7 +76,7 @@ def test_short_cycle_averages_over_the_micro_batches_it_accumulated(tmp_path):
         x, y = data[sampler.indices(mb)[0]]
         losses.append(mse(model, (x.unsqueeze(0), y.unsqueeze(0))))
     (sum(losses) / 2).backward()
-    for (name, p) in model.named_parameters():
+    for name, p in model.named_parameters():
         expected = before[name] - 0.5 * p.grad
         assert torch.allclose(after[name], expected, atol=1e-6), name
 
@@ -75,8 +89,17 @@ def test_skip_is_index_arithmetic_and_loads_no_sample():
         def __getitem__(self, i):
             raise AssertionError("a sample was loaded while skipping")
 
-    loader = epoch_loader(Exploding(), micro_batch_size=4, world_size=2, rank=1, seed=0, epoch=3,
-                          start=10**6 - 1, collate=None, num_workers=0)
+    loader = epoch_loader(
+        Exploding(),
+        micro_batch_size=4,
+        world_size=2,
+        rank=1,
+        seed=0,
+        epoch=3,
+        start=10**6 - 1,
+        collate=None,
+        num_workers=0,
+    )
     iter(loader)  # creating the resumed iterator touches no sample
     sampler = RankMicroBatches(10**7, 4, 2, 1, seed=0, epoch=3, start=10**6 - 1)
     first = next(iter(sampler))

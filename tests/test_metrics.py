@@ -38,8 +38,14 @@ from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, st
 
 # 10 micro-batches per epoch, accumulation 4: optimizer steps at micro-steps 4, 8, 10, 14, 18, 20;
 # a state every 2 optimizer steps (micro-steps 8, 14, 20); every step logged.
-SETS = ("task.config.num_samples=20", "train.grad_accum=4", "train.epochs=2", "deepspeed.zero_stage=0",
-        "checkpoint.save_every={value: 2, unit: optimizer_steps}", "train.log_every=1")
+SETS = (
+    "task.config.num_samples=20",
+    "train.grad_accum=4",
+    "train.epochs=2",
+    "deepspeed.zero_stage=0",
+    "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    "train.log_every=1",
+)
 # A crash after micro-step 13: step 3 (micro-step 10) was logged after the last commit (step 2, micro-step 8),
 # so the resumed attempt recomputes it: the old point must not show.
 CRASH = "faults=[{at_micro_step: 13, mode: raise}]"
@@ -109,8 +115,10 @@ def test_a_resumed_run_continues_the_curves(tmp_path, tmp_path_factory, where):
     result = run(spec)
     assert result.resumed_from == f"{8:012d}" and digest(spec, result.final_state) == digest(ref, ref_final)
     logdir = _local_copy(spec, tmp_path)
-    assert sorted(os.listdir(logdir)) == ["events.out.tfevents.attempt-000001.syncpoint",
-                                          "events.out.tfevents.attempt-000002.syncpoint"]
+    assert sorted(os.listdir(logdir)) == [
+        "events.out.tfevents.attempt-000001.syncpoint",
+        "events.out.tfevents.attempt-000002.syncpoint",
+    ]
     assert _raw_steps(logdir, "loss") == Counter({1: 1, 2: 1, 3: 2, 4: 1, 5: 1, 6: 1})  # step 3 twice on disk
     acc, expected = _accumulator(logdir), _accumulator(_local_copy(ref, tmp_path))
     for tag in ("loss", "lr"):
@@ -197,18 +205,46 @@ def test_the_bar_only_on_a_terminal():
 
 def _events(t0: float = 1000.0) -> list:
     def rec(step: int, t: float) -> ProgressRecord:
-        return ProgressRecord(optimizer_step=step, global_micro_step=4 * step, epoch=0, loss=3.0 - step / 10, lr=0.1,
-                              time=t)
+        return ProgressRecord(
+            optimizer_step=step, global_micro_step=4 * step, epoch=0, loss=3.0 - step / 10, lr=0.1, time=t
+        )
 
     return [
-        StateCommitted(time=t0 - 500, attempt=1, state="000000000016", global_micro_step=16, optimizer_step=4, bytes=1,
-                       seconds=1.0, blocked_seconds=1.0, committed_at_micro_step=16, reasons=["interval"]),
+        StateCommitted(
+            time=t0 - 500,
+            attempt=1,
+            state="000000000016",
+            global_micro_step=16,
+            optimizer_step=4,
+            bytes=1,
+            seconds=1.0,
+            blocked_seconds=1.0,
+            committed_at_micro_step=16,
+            reasons=["interval"],
+        ),
         Progress(time=t0 - 400, attempt=1, records=[rec(9, t0 - 401)]),  # an earlier submission's
-        AttemptStarted(time=t0 + 1, attempt=2, world_size=2, resumed_from="000000000016", global_micro_step=16,
-                       optimizer_step=4, total_steps=48),
+        AttemptStarted(
+            time=t0 + 1,
+            attempt=2,
+            world_size=2,
+            resumed_from="000000000016",
+            global_micro_step=16,
+            optimizer_step=4,
+            total_steps=48,
+        ),
         Progress(time=t0 + 5, attempt=2, records=[rec(5, t0 + 2.0), rec(6, t0 + 3.0), rec(7, t0 + 4.0)]),
-        StateCommitted(time=t0 + 6, attempt=2, state="000000000032", global_micro_step=32, optimizer_step=8, bytes=1,
-                       seconds=1.0, blocked_seconds=0.5, committed_at_micro_step=32, reasons=["interval"]),
+        StateCommitted(
+            time=t0 + 6,
+            attempt=2,
+            state="000000000032",
+            global_micro_step=32,
+            optimizer_step=8,
+            bytes=1,
+            seconds=1.0,
+            blocked_seconds=0.5,
+            committed_at_micro_step=32,
+            reasons=["interval"],
+        ),
         Progress(time=t0 + 7, attempt=2, records=[rec(8, t0 + 5.0)]),
     ]
 
@@ -258,10 +294,26 @@ def test_the_live_bar_follows_a_run_log(tmp_path):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=160, color_system=None)
     with live_progress(storage, since=since, micro_batch_size=8, console=console, poll_s=0.02) as view:
-        log.emit(AttemptStarted(attempt=1, world_size=1, nodes=[""], submission="s", resumed_from=None,
-                                global_micro_step=0, optimizer_step=0, total_steps=10))
-        log.emit(Progress(attempt=1, records=[ProgressRecord(optimizer_step=3, global_micro_step=12, epoch=0, loss=1.5,
-                                                             lr=0.1, time=time.time())]))
+        log.emit(
+            AttemptStarted(
+                attempt=1,
+                world_size=1,
+                nodes=[""],
+                submission="s",
+                resumed_from=None,
+                global_micro_step=0,
+                optimizer_step=0,
+                total_steps=10,
+            )
+        )
+        log.emit(
+            Progress(
+                attempt=1,
+                records=[
+                    ProgressRecord(optimizer_step=3, global_micro_step=12, epoch=0, loss=1.5, lr=0.1, time=time.time())
+                ],
+            )
+        )
         deadline = time.monotonic() + 10
         while view.step != 3 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -284,12 +336,33 @@ def test_the_live_bar_shows_each_evaluation_above_it_and_the_lr_and_epoch_in_it(
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=200, color_system=None)
     with live_progress(storage, since=since, micro_batch_size=8, console=console, poll_s=0.02, epochs=2) as view:
-        log.emit(AttemptStarted(attempt=1, world_size=1, nodes=[""], submission="s", resumed_from=None,
-                                global_micro_step=0, optimizer_step=0, total_steps=10))
-        log.emit(Progress(attempt=1, records=[ProgressRecord(optimizer_step=3, global_micro_step=12, epoch=1, loss=1.5,
-                                                             lr=0.00125, time=time.time())]))
-        log.emit(Evaluated(attempt=1, optimizer_step=3, global_micro_step=12, metrics={"loss": 1.25, "acc": 0.5},
-                           seconds=0.1))
+        log.emit(
+            AttemptStarted(
+                attempt=1,
+                world_size=1,
+                nodes=[""],
+                submission="s",
+                resumed_from=None,
+                global_micro_step=0,
+                optimizer_step=0,
+                total_steps=10,
+            )
+        )
+        log.emit(
+            Progress(
+                attempt=1,
+                records=[
+                    ProgressRecord(
+                        optimizer_step=3, global_micro_step=12, epoch=1, loss=1.5, lr=0.00125, time=time.time()
+                    )
+                ],
+            )
+        )
+        log.emit(
+            Evaluated(
+                attempt=1, optimizer_step=3, global_micro_step=12, metrics={"loss": 1.25, "acc": 0.5}, seconds=0.1
+            )
+        )
         deadline = time.monotonic() + 10
         while "eval loss" not in out.getvalue() and time.monotonic() < deadline:
             time.sleep(0.02)

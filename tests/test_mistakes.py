@@ -32,7 +32,7 @@ def user_dir(tmp_path, monkeypatch):
     (tmp_path / "job.yaml").write_text(EXAMPLE)
     modules = {
         f"task_{tag}": "def build(config):\n    return None\n\ndef schedule(position, total):\n    return 1.0\n\n"
-                       "class Trigger:\n    def wants_save(self, tick):\n        return False\n",
+        "class Trigger:\n    def wants_save(self, tick):\n        return False\n",
         f"broken_{tag}": "x = 1\nraise ValueError('my module is broken')\n",
         f"needsdep_{tag}": "import json\nimport not_installed_pkg_" + tag + "\n\ndef build(config): ...\n",
         f"hangs_{tag}": "import time\ntime.sleep(600)\n\ndef build(config): ...\n",
@@ -47,12 +47,21 @@ def user_dir(tmp_path, monkeypatch):
 
 def test_validate_names_a_missing_attribute_with_its_close_match(user_dir, capsys):
     _, tag = user_dir
-    rc, out, err = cli(capsys, "validate", "job.yaml", "--set", f"task.path=task_{tag}:buidl",
-                       "--set", f"train.scheduler={{type: custom, path: task_{tag}:schedul}}")
+    rc, out, err = cli(
+        capsys,
+        "validate",
+        "job.yaml",
+        "--set",
+        f"task.path=task_{tag}:buidl",
+        "--set",
+        f"train.scheduler={{type: custom, path: task_{tag}:schedul}}",
+    )
     assert rc == 2 and not out
     assert f"task.path: 'task_{tag}:buidl': module 'task_{tag}' has no attribute 'buidl'; did you mean 'build'?" in err
-    assert (f"train.scheduler.path: 'task_{tag}:schedul': module 'task_{tag}' has no attribute 'schedul'; did you "
-            "mean 'schedule'?") in err
+    assert (
+        f"train.scheduler.path: 'task_{tag}:schedul': module 'task_{tag}' has no attribute 'schedul'; did you "
+        "mean 'schedule'?"
+    ) in err
     assert f"task_{tag}" not in sys.modules  # the CLI's process never imports the user's module
 
 
@@ -60,16 +69,20 @@ def test_validate_names_the_error_of_a_module_whose_own_import_fails(user_dir, c
     _, tag = user_dir
     rc, _, err = cli(capsys, "validate", "job.yaml", "--set", f"task.path=broken_{tag}:build")
     assert rc == 2
-    assert (f"task.path: 'broken_{tag}:build' cannot be imported: importing 'broken_{tag}' raised ValueError: my "
-            f"module is broken (at broken_{tag}.py:2)") in err
+    assert (
+        f"task.path: 'broken_{tag}:build' cannot be imported: importing 'broken_{tag}' raised ValueError: my "
+        f"module is broken (at broken_{tag}.py:2)"
+    ) in err
 
 
 def test_a_missing_dependency_says_install_it_not_ship_the_code(user_dir, capsys):
     _, tag = user_dir
     rc, _, err = cli(capsys, "validate", "job.yaml", "--set", f"task.path=needsdep_{tag}:build")
     assert rc == 2
-    assert f"importing 'needsdep_{tag}' raised ModuleNotFoundError: No module named 'not_installed_pkg_{tag}' " \
-           f"(at needsdep_{tag}.py:2)" in err
+    assert (
+        f"importing 'needsdep_{tag}' raised ModuleNotFoundError: No module named 'not_installed_pkg_{tag}' "
+        f"(at needsdep_{tag}.py:2)" in err
+    )
     assert f"install it (e.g. `pip install not_installed_pkg_{tag}`" in err
     assert "working dir" not in err.split("task.path:", 1)[1]
 
@@ -78,19 +91,37 @@ def test_an_import_that_hangs_is_bounded_and_the_other_paths_still_checked(user_
     _, tag = user_dir
     monkeypatch.setenv("SYNCPOINT_IMPORT_CHECK_TIMEOUT_S", "2")
     began = time.monotonic()
-    rc, _, err = cli(capsys, "validate", "job.yaml", "--set", f"task.path=hangs_{tag}:build",
-                     "--set", f"checkpoint.save_trigger=task_{tag}:build")
+    rc, _, err = cli(
+        capsys,
+        "validate",
+        "job.yaml",
+        "--set",
+        f"task.path=hangs_{tag}:build",
+        "--set",
+        f"checkpoint.save_trigger=task_{tag}:build",
+    )
     assert rc == 2 and time.monotonic() - began < 30
-    assert (f"task.path: importing 'hangs_{tag}' (for 'hangs_{tag}:build') did not finish within 2 s "
-            "(SYNCPOINT_IMPORT_CHECK_TIMEOUT_S)") in err
+    assert (
+        f"task.path: importing 'hangs_{tag}' (for 'hangs_{tag}:build') did not finish within 2 s "
+        "(SYNCPOINT_IMPORT_CHECK_TIMEOUT_S)"
+    ) in err
     # the next path, checked in a fresh child after the hang: a function where a trigger class belongs
     assert f"checkpoint.save_trigger: 'task_{tag}:build' is a function, not a class with a wants_save() method" in err
 
 
 def test_validate_accepts_what_resolves_and_marks_what_a_task_optimizer_replaces(user_dir, capsys):
     _, tag = user_dir
-    rc, out, err = cli(capsys, "validate", "job.yaml", "--set", f"task.path=task_{tag}:build",
-                       "--set", f"checkpoint.save_trigger=task_{tag}:Trigger", "--set", "checkpoint.async=true")
+    rc, out, err = cli(
+        capsys,
+        "validate",
+        "job.yaml",
+        "--set",
+        f"task.path=task_{tag}:build",
+        "--set",
+        f"checkpoint.save_trigger=task_{tag}:Trigger",
+        "--set",
+        "checkpoint.async=true",
+    )
     assert rc == 0, err
     assert '"async": true' in out and "async_save" not in out  # the spec field as the docs spell it
     assert "train.lr and train.optimizer build the optimizer only for a task without Task.optimizer" in err
@@ -100,8 +131,16 @@ def test_run_refuses_a_misspelt_attribute_before_ray_starts(user_dir, capsys):
     tmp_path, tag = user_dir
     runs = tmp_path / "runs"
     for command in (["run"], ["drill", "--preempt-at", "3"]):
-        rc, _, err = cli(capsys, *command[:1], "job.yaml", *command[1:], "--set", f"task.path=task_{tag}:buidl",
-                         "--set", f"storage={runs}")
+        rc, _, err = cli(
+            capsys,
+            *command[:1],
+            "job.yaml",
+            *command[1:],
+            "--set",
+            f"task.path=task_{tag}:buidl",
+            "--set",
+            f"storage={runs}",
+        )
         assert rc == 2 and "has no attribute 'buidl'" in err
     assert not runs.exists()
 
@@ -114,8 +153,9 @@ def _worker_failures(**by_rank: BaseException) -> BaseException:
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
     from ray.train.v2.api.exceptions import WorkerGroupError
 
-    return WorkerGroupError("snippet", {int(rank[4:]): UserExceptionWithTraceback(e, "Traceback ...")
-                                        for rank, e in by_rank.items()})
+    return WorkerGroupError(
+        "snippet", {int(rank[4:]): UserExceptionWithTraceback(e, "Traceback ...") for rank, e in by_rank.items()}
+    )
 
 
 def _sited(error: BaseException, rank: int, micro_step: int | None, where: str | None = "mytask.py:14 in loss"):
@@ -142,24 +182,48 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
 
     def journal(*extra, submission: str = "sub") -> Journal:
         cause = _sited(ValueError("bad label encoding in batch (call 3)"), 0, 3)
-        first = Failure(time=10.0, classified="application", reason="x", decision="RETRY", ranks=[0], messages=[],
-                        dead_nodes=[], submission=submission, signature=failure_signature(cause), micro_step=3)
+        first = Failure(
+            time=10.0,
+            classified="application",
+            reason="x",
+            decision="RETRY",
+            ranks=[0],
+            messages=[],
+            dead_nodes=[],
+            submission=submission,
+            signature=failure_signature(cause),
+            micro_step=3,
+        )
         return Journal([first, *extra])
 
     assert _repetition(bug(), journal(), "sub")[1:] == (3, True)
     assert _repetition(bug(micro_step=4), journal(), "sub")[2] is False
     assert _repetition(bug(text="another message"), journal(), "sub")[2] is False
     assert _repetition(bug(), journal(submission="earlier"), "sub")[2] is False
-    committed = StateCommitted(time=11.0, state="000000000002", global_micro_step=2, optimizer_step=1, bytes=1,
-                               seconds=0.1, blocked_seconds=0.1, reasons=["interval"])
+    committed = StateCommitted(
+        time=11.0,
+        state="000000000002",
+        global_micro_step=2,
+        optimizer_step=1,
+        bytes=1,
+        seconds=0.1,
+        blocked_seconds=0.1,
+        reasons=["interval"],
+    )
     assert _repetition(bug(), journal(committed), "sub")[2] is False
     assert _repetition(_worker_failures(rank0=_sited(ValueError("x"), 0, None)), journal(), "sub")[2] is False
 
     url = f"memory://repeat-{uuid.uuid4().hex[:8]}"
     policy = SyncpointFailurePolicy(FailureConfig(max_failures=5), url, submission="sub")
     signature, micro_step, repeats = _repetition(bug(), journal(), "sub")
-    base = dict(ray_says_preempted=False, dead_attempt_nodes=(), notice_logged=False, messages=("ValueError: x",),
-                signature=signature, micro_step=micro_step)
+    base = dict(
+        ray_says_preempted=False,
+        dead_attempt_nodes=(),
+        notice_logged=False,
+        messages=("ValueError: x",),
+        signature=signature,
+        micro_step=micro_step,
+    )
     assert policy.decide(FailureFacts(**base, repeats=False), bug()) == FailureDecision.RETRY
     assert policy.decide(FailureFacts(**base, repeats=True), bug()) == FailureDecision.RAISE
     recorded = EventLog(RunStorage(url)).journal().failures
@@ -174,10 +238,14 @@ def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first
 
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
     error = _worker_failures(rank0=gloo, rank1=_sited(ValueError("bad label encoding in batch (call 3)"), 1, 3))
-    assert failure_report(error) == ("ValueError: bad label encoding in batch (call 3) at mytask.py:14 in loss "
-                                     "(rank 1, micro-step 3)", "")
-    assert failure_report(_worker_failures(rank0=_sited(KeyError("y"), 0, None, "mytask.py:3 in build")))[0] == \
-        "KeyError: 'y' at mytask.py:3 in build (rank 0)"
+    assert failure_report(error) == (
+        "ValueError: bad label encoding in batch (call 3) at mytask.py:14 in loss (rank 1, micro-step 3)",
+        "",
+    )
+    assert (
+        failure_report(_worker_failures(rank0=_sited(KeyError("y"), 0, None, "mytask.py:3 in build")))[0]
+        == "KeyError: 'y' at mytask.py:3 in build (rank 0)"
+    )
     # syncpoint's own refusal at set-up: nothing to add
     from syncpoint.policies.errors import TaskError
 
@@ -203,9 +271,12 @@ def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
     assert site["where"].startswith("tests/tasks.py:") and site["where"].endswith(" in loss"), site
 
 
-@pytest.mark.parametrize("task,says", [
-    ("unreduced_loss", r"returned a tensor of shape \(1, 1\)\. Reduce it to the batch's mean"),
-])
+@pytest.mark.parametrize(
+    "task,says",
+    [
+        ("unreduced_loss", r"returned a tensor of shape \(1, 1\)\. Reduce it to the batch's mean"),
+    ],
+)
 def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, task, says):
     """A refusal (TaskError: not retried) at micro-step 1, naming the shape it got."""
     from syncpoint.policies.errors import TaskError
@@ -225,8 +296,12 @@ def test_check_loss_names_what_came_back():
 
     w = torch.ones(2, requires_grad=True)
     check_loss((w * 2).sum(), "t:build")
-    for value, says in [(0.5, "returned float"), ((w * 2), r"shape \(2,\)"),
-                        (torch.tensor(3), "returned a int64 tensor"), (torch.tensor(1.0), "no gradient reaches")]:
+    for value, says in [
+        (0.5, "returned float"),
+        ((w * 2), r"shape \(2,\)"),
+        (torch.tensor(3), "returned a int64 tensor"),
+        (torch.tensor(1.0), "no gradient reaches"),
+    ]:
         with pytest.raises(TaskError, match=says):
             check_loss(value, "t:build")
 
@@ -245,8 +320,14 @@ def test_a_loss_that_turns_nan_fails_naming_its_first_step_and_commits_nothing_n
     from syncpoint.workers.launch import run_in_process
     from tests.helpers import committed_steps
 
-    spec = _linear(tmp_path, "diverging_loss", "task.config.nan_from=9", f"deepspeed.zero_stage={zero}",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", "train.max_nonfinite_steps=3")
+    spec = _linear(
+        tmp_path,
+        "diverging_loss",
+        "task.config.nan_from=9",
+        f"deepspeed.zero_stage={zero}",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "train.max_nonfinite_steps=3",
+    )
     with pytest.raises(TrainingDiverged) as caught:
         run_in_process(spec, print_progress=False)
     message = str(caught.value)
@@ -291,21 +372,49 @@ def _journal_with_groups_and_a_restart():
     )
 
     def rec(step: int) -> ProgressRecord:
-        return ProgressRecord(optimizer_step=step, global_micro_step=4 * step, epoch=0, loss=2.0 / step,
-                              lr=0.1 * step, lrs=[0.1 * step, 0.01 * step], time=100.0 + step)
+        return ProgressRecord(
+            optimizer_step=step,
+            global_micro_step=4 * step,
+            epoch=0,
+            loss=2.0 / step,
+            lr=0.1 * step,
+            lrs=[0.1 * step, 0.01 * step],
+            time=100.0 + step,
+        )
 
-    return Journal([
-        Submitted(time=99.0, source="driver", name="groups", address="embedded"),
-        AttemptStarted(time=100.0, attempt=1, world_size=1, resumed_from=None, global_micro_step=0, optimizer_step=0),
-        Progress(time=103.5, attempt=1, records=[rec(1), rec(2), rec(3)]),
-        StateCommitted(time=103.0, attempt=1, state="000000000008", global_micro_step=8, optimizer_step=2, bytes=1,
-                       seconds=0.1, blocked_seconds=0.1, reasons=["interval"]),
-        Failure(time=104.0, classified="application", decision="RETRY", reason="x", ranks=[0], messages=[],
-                dead_nodes=[]),
-        AttemptStarted(time=105.0, attempt=2, world_size=1, resumed_from="000000000008", global_micro_step=8,
-                       optimizer_step=2),
-        Progress(time=108.0, attempt=2, records=[rec(3), rec(4)]),
-    ])
+    return Journal(
+        [
+            Submitted(time=99.0, source="driver", name="groups", address="embedded"),
+            AttemptStarted(
+                time=100.0, attempt=1, world_size=1, resumed_from=None, global_micro_step=0, optimizer_step=0
+            ),
+            Progress(time=103.5, attempt=1, records=[rec(1), rec(2), rec(3)]),
+            StateCommitted(
+                time=103.0,
+                attempt=1,
+                state="000000000008",
+                global_micro_step=8,
+                optimizer_step=2,
+                bytes=1,
+                seconds=0.1,
+                blocked_seconds=0.1,
+                reasons=["interval"],
+            ),
+            Failure(
+                time=104.0,
+                classified="application",
+                decision="RETRY",
+                reason="x",
+                ranks=[0],
+                messages=[],
+                dead_nodes=[],
+            ),
+            AttemptStarted(
+                time=105.0, attempt=2, world_size=1, resumed_from="000000000008", global_micro_step=8, optimizer_step=2
+            ),
+            Progress(time=108.0, attempt=2, records=[rec(3), rec(4)]),
+        ]
+    )
 
 
 def test_the_plot_is_against_the_optimizer_step_with_every_groups_rate():
@@ -322,8 +431,10 @@ def test_the_plot_is_against_the_optimizer_step_with_every_groups_rate():
         assert ax.get_xlabel() == "optimizer step"
         assert list(ax.lines[0].get_xdata()) == [1, 2, 3, 4]
         lrs = {line.get_label(): list(line.get_ydata()) for line in ax2.lines}
-        assert lrs == {"lr group 0": pytest.approx([0.1, 0.2, 0.3, 0.4]),
-                       "lr group 1": pytest.approx([0.01, 0.02, 0.03, 0.04])}
+        assert lrs == {
+            "lr group 0": pytest.approx([0.1, 0.2, 0.3, 0.4]),
+            "lr group 1": pytest.approx([0.01, 0.02, 0.03, 0.04]),
+        }
         committed = [line for line in ax.lines if line.get_label() == "state committed"]
         assert list(committed[0].get_xdata()) == [2, 2]
     finally:
@@ -345,22 +456,27 @@ def test_a_resume_that_changes_the_schedule_horizon_says_so(tmp_path, capsys):
     step on follows the new horizon; one line says so. The same horizon says nothing."""
     from syncpoint.workers.launch import run_in_process
 
-    sets = ["train.scheduler={type: cosine}", "checkpoint.save_every={value: 4, unit: optimizer_steps}",
-            "task.config.num_samples=64"]
+    sets = [
+        "train.scheduler={type: cosine}",
+        "checkpoint.save_every={value: 4, unit: optimizer_steps}",
+        "task.config.num_samples=64",
+    ]
     run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=4"), print_progress=False)
     capsys.readouterr()
     run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=4"), print_progress=False)
     assert "horizon changed" not in capsys.readouterr().out
     run_in_process(_linear(tmp_path, "linear", *sets, "train.max_steps=8"), print_progress=False)
     out = capsys.readouterr().out
-    assert ("[syncpoint] the LR schedule's horizon changed from 4 to 8 optimizer_steps since the resumed state "
-            "(train.max_steps, train.epochs or train.scheduler.total): from position 4 on the learning rate follows "
-            "the new horizon (factor 0 -> 0.5 here)") in out, out
+    assert (
+        "[syncpoint] the LR schedule's horizon changed from 4 to 8 optimizer_steps since the resumed state "
+        "(train.max_steps, train.epochs or train.scheduler.total): from position 4 on the learning rate follows "
+        "the new horizon (factor 0 -> 0.5 here)"
+    ) in out, out
 
 
 # ---------------------------------------------------------------- the mistakes through the CLI, on a real Ray
 
-USER_TASK = '''
+USER_TASK = """
 import torch
 from syncpoint.workers.task import Task
 
@@ -406,7 +522,7 @@ def unreduced(config):
         x, y = batch
         return torch.nn.functional.mse_loss(model(x), y, reduction="none")
     return _task(loss)
-'''
+"""
 
 USER_JOB = """
 name: {name}
@@ -434,21 +550,36 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_p
     (tmp_path / "mytask.py").write_text(USER_TASK)
     env = {**ray_env(), "PYTHONPATH": str(ROOT)}
     cases = {
-        "buggy": (2, "ValueError: my bug: bad label encoding in batch (call 3) at mytask.py:26 in loss (rank 0, "
-                     "micro-step 3); it failed twice the same way at micro-step 3 with no new state in between: not "
-                     "retried (a bug, not a preemption)"),
-        "diverging": (1, "the run diverged: 10 optimizer steps in a row had a non-finite loss or an update DeepSpeed "
-                         "skipped for overflowing gradients, from optimizer step 3 (micro-step 6: loss nan) on"),
-        "unreduced": (1, "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model; "
-                         "mytask:unreduced returned a tensor of shape (2, 1)."),
+        "buggy": (
+            2,
+            "ValueError: my bug: bad label encoding in batch (call 3) at mytask.py:26 in loss (rank 0, "
+            "micro-step 3); it failed twice the same way at micro-step 3 with no new state in between: not "
+            "retried (a bug, not a preemption)",
+        ),
+        "diverging": (
+            1,
+            "the run diverged: 10 optimizer steps in a row had a non-finite loss or an update DeepSpeed "
+            "skipped for overflowing gradients, from optimizer step 3 (micro-step 6: loss nan) on",
+        ),
+        "unreduced": (
+            1,
+            "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model; "
+            "mytask:unreduced returned a tensor of shape (2, 1).",
+        ),
     }
     with local_head(env, num_cpus=1) as head:
         for task, (attempts, last_line) in cases.items():
             job = tmp_path / f"{task}.yaml"
             job.write_text(USER_JOB.format(name=task, storage=tmp_path / "runs", task=task))
             began = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(
+                [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             took = time.monotonic() - began
             out = r.stdout + r.stderr
             last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
@@ -475,8 +606,9 @@ class _AgentStartingClient:
     def submit_job(self, **job):
         self.calls += 1
         if self.calls <= self.refusals:
-            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please try "
-                               "again later..")
+            raise RuntimeError(
+                "Request failed with status code 500: No available agent to submit job, please try again later.."
+            )
         return "raysubmit_ok"
 
 
@@ -490,8 +622,9 @@ def test_submit_waits_for_a_new_heads_job_agent_bounded_and_says_so(capsys):
     assert client.calls == 4 and err.count("job agent is not up yet") == 1, err  # said once
     began = time.monotonic()
     with pytest.raises(SpecError) as refused:
-        submit_job(_AgentStartingClient(refusals=10**6), "http://127.0.0.1:8265", wait_s=0.3, poll_s=0.05,
-                   entrypoint="x")
+        submit_job(
+            _AgentStartingClient(refusals=10**6), "http://127.0.0.1:8265", wait_s=0.3, poll_s=0.05, entrypoint="x"
+        )
     assert time.monotonic() - began < 5
     assert "the cluster's job agent did not come up within 0.3 s (SYNCPOINT_JOB_AGENT_WAIT_S)" in str(refused.value)
     assert "nothing was submitted" in str(refused.value)
@@ -520,8 +653,10 @@ def test_zero3s_deprecated_collectives_are_quieted_in_a_worker_and_other_warning
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         quiet_worker(linear_spec("memory://quiet"))
-        for call in (lambda: dist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(1)),
-                     lambda: dist.all_gather_into_tensor(torch.zeros(1), torch.zeros(1))):
+        for call in (
+            lambda: dist.reduce_scatter_tensor(torch.zeros(1), torch.zeros(1)),
+            lambda: dist.all_gather_into_tensor(torch.zeros(1), torch.zeros(1)),
+        ):
             try:
                 call()
             except RuntimeError:  # gloo may not implement it: the deprecation warning comes first anyway
@@ -550,17 +685,44 @@ def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     """`syncpoint drill --preempt-at P` crashes rank 1 on purpose: the survivor's broken collective,
     Ray's failure-policy dump and the controller's shutdown warning said nothing the table does not;
     what remains is syncpoint's lines, Ray's start-up lines and the raylet's one line about the death."""
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "6",
-           "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=40", "--set", "task.config.seq_len=8",
-           "--set", "task.config.d_model=16", "--set", "train.micro_batch_size=2", "--set", "train.epochs=1",
-           "--set", "checkpoint.export_final=false", "--set", "task.config.eval_samples=8",
-           "--set", "checkpoint.save_every={value: 1, unit: optimizer_steps}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--preempt-at",
+        "6",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.config.num_samples=40",
+        "--set",
+        "task.config.seq_len=8",
+        "--set",
+        "task.config.d_model=16",
+        "--set",
+        "train.micro_batch_size=2",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "checkpoint.export_final=false",
+        "--set",
+        "task.config.eval_samples=8",
+        "--set",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DS_ACCELERATOR")}
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "RESULT: the interrupted run is bitwise the uninterrupted one" in r.stdout
-    for noise in ("Traceback", "Graceful shutdown of backend failed", "[FailurePolicy]", "Error Snippet",
-                  "Setting accelerator to CPU"):
+    for noise in (
+        "Traceback",
+        "Graceful shutdown of backend failed",
+        "[FailurePolicy]",
+        "Error Snippet",
+        "Setting accelerator to CPU",
+    ):
         assert noise not in out, (noise, out[-6000:])
     assert len(out.splitlines()) < 60, out

@@ -34,9 +34,15 @@ STATS = "task.path=tests.tasks:linear_stats"
 
 def _crashed(tmp_path):
     """10 micro-batches per epoch, accumulation 4: states at micro-steps 4, 8, 10; crash at 12."""
-    spec = linear_spec(tmp_path, STATS, "task.config.num_samples=10", "train.grad_accum=4", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                       "faults=[{at_micro_step: 12, mode: raise}]")
+    spec = linear_spec(
+        tmp_path,
+        STATS,
+        "task.config.num_samples=10",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 12, mode: raise}]",
+    )
     assert run_until_crash(spec)
     return spec
 
@@ -74,7 +80,8 @@ def _as_written_before_buffers(spec, name: str) -> None:
 def test_a_changed_buffer_shape_is_refused_at_selection_naming_it(tmp_path, monkeypatch):
     spec = _crashed(tmp_path)
     assert trainer_json(spec, "000000000010")["model_buffers"] == [
-        {"name": "3.running_mean", "shape": [16], "dtype": "float32"}]  # the non-persistent scratch buffer: not saved
+        {"name": "3.running_mean", "shape": [16], "dtype": "float32"}
+    ]  # the non-persistent scratch buffer: not saved
     fetched = _fetches(monkeypatch)
     with pytest.raises(ResumeRefused) as refused:
         run(with_overrides(spec, "task.config.stats=32", "faults=[]"))
@@ -110,30 +117,56 @@ def test_a_load_that_does_not_fit_is_incompatible_not_corrupt(tmp_path, monkeypa
 
 def test_model_buffers_are_the_state_dicts_buffers():
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3), RunningMean(4)).double()
-    assert model_buffers(model) == (("1.running_mean", (3,), "float64"), ("1.running_var", (3,), "float64"),
-                                    ("1.num_batches_tracked", (), "int64"), ("2.running_mean", (4,), "float64"))
+    assert model_buffers(model) == (
+        ("1.running_mean", (3,), "float64"),
+        ("1.running_var", (3,), "float64"),
+        ("1.num_batches_tracked", (), "int64"),
+        ("2.running_mean", (4,), "float64"),
+    )
     model[0].bias.data = model[0].bias.data.float()
     assert parameter_dtypes(model) == ("float64", (("0.bias", "float32"),))
 
 
-EXP = Expectation("j", 1, 1, 4, 10, 0, "f", 3, model_buffers=(("bn.running_mean", (16,), "float32"),
-                                                             ("bn.num_batches_tracked", (), "int64")),
-                  parameter_dtypes=("float32", ()))
+EXP = Expectation(
+    "j",
+    1,
+    1,
+    4,
+    10,
+    0,
+    "f",
+    3,
+    model_buffers=(("bn.running_mean", (16,), "float32"), ("bn.num_batches_tracked", (), "int64")),
+    parameter_dtypes=("float32", ()),
+)
 
 
-@pytest.mark.parametrize("live,reason", [
-    (dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1])),
-     "buffer bn.running_mean: shape (16,) in the state, (32,) in this run"),
-    (dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (16,), "float64"), EXP.model_buffers[1])),
-     "buffer bn.running_mean: dtype float32 in the state, float64 in this run"),
-    (dataclasses.replace(EXP, model_buffers=EXP.model_buffers[:1]),
-     "buffer bn.num_batches_tracked: shape () int64 in the state, not in this run"),
-    (dataclasses.replace(EXP, model_buffers=(*EXP.model_buffers, ("pos", (8, 2), "float32"))),
-     "buffer pos: not in the state, shape (8, 2) float32 in this run"),
-    (dataclasses.replace(EXP, parameter_dtypes=("float32", (("head.weight", "float64"),))),
-     "parameter head.weight: dtype float32 in the state, float64 in this run"),
-    (dataclasses.replace(EXP, parameter_dtypes=("float64", ())), "parameters: dtype float32 in the state, float64"),
-])
+@pytest.mark.parametrize(
+    "live,reason",
+    [
+        (
+            dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1])),
+            "buffer bn.running_mean: shape (16,) in the state, (32,) in this run",
+        ),
+        (
+            dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (16,), "float64"), EXP.model_buffers[1])),
+            "buffer bn.running_mean: dtype float32 in the state, float64 in this run",
+        ),
+        (
+            dataclasses.replace(EXP, model_buffers=EXP.model_buffers[:1]),
+            "buffer bn.num_batches_tracked: shape () int64 in the state, not in this run",
+        ),
+        (
+            dataclasses.replace(EXP, model_buffers=(*EXP.model_buffers, ("pos", (8, 2), "float32"))),
+            "buffer pos: not in the state, shape (8, 2) float32 in this run",
+        ),
+        (
+            dataclasses.replace(EXP, parameter_dtypes=("float32", (("head.weight", "float64"),))),
+            "parameter head.weight: dtype float32 in the state, float64 in this run",
+        ),
+        (dataclasses.replace(EXP, parameter_dtypes=("float64", ())), "parameters: dtype float32 in the state, float64"),
+    ],
+)
 def test_buffers_and_dtypes_are_identity_named_at_selection(live, reason):
     c = classify(candidate_for(8, EXP), live)
     assert c.verdict is Verdict.INCOMPATIBLE and reason in c.reason, c.reason
@@ -142,17 +175,21 @@ def test_buffers_and_dtypes_are_identity_named_at_selection(live, reason):
     # a state written before the fields, or a live run that does not know them: not compared
     legacy = candidate_for(8, dataclasses.replace(EXP, model_buffers=None, parameter_dtypes=None))
     assert classify(legacy, live).verdict is Verdict.RESUMABLE
-    assert classify(candidate_for(8, EXP), dataclasses.replace(live, model_buffers=None,
-                                                               parameter_dtypes=None)).verdict is Verdict.RESUMABLE
+    assert (
+        classify(candidate_for(8, EXP), dataclasses.replace(live, model_buffers=None, parameter_dtypes=None)).verdict
+        is Verdict.RESUMABLE
+    )
 
 
 def test_init_from_refuses_another_buffer_shape_not_another_dtype():
     trainer = candidate_for(8, EXP).trainer
-    other_shape = dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"),
-                                                          EXP.model_buffers[1]))
+    other_shape = dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1]))
     assert "buffer bn.running_mean: shape (16,)" in (init_from_problem(trainer, other_shape, False) or "")
-    other_dtype = dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (16,), "bfloat16"),
-                                                          EXP.model_buffers[1]), parameter_dtypes=("bfloat16", ()))
+    other_dtype = dataclasses.replace(
+        EXP,
+        model_buffers=(("bn.running_mean", (16,), "bfloat16"), EXP.model_buffers[1]),
+        parameter_dtypes=("bfloat16", ()),
+    )
     assert init_from_problem(trainer, other_dtype, False) is None  # weights are taken cast
     back = Expectation.from_state(TrainState.model_validate(trainer))
     assert (back.model_buffers, back.parameter_dtypes) == (EXP.model_buffers, EXP.parameter_dtypes)

@@ -25,8 +25,17 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def test_the_public_names_exist_and_are_documented():
     import syncpoint
 
-    assert sorted(syncpoint.__all__) == ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task",
-                                         "__version__", "load_spec", "run"]
+    assert sorted(syncpoint.__all__) == [
+        "JobSpec",
+        "RunFailed",
+        "RunResult",
+        "ShardedCorpus",
+        "SpecError",
+        "Task",
+        "__version__",
+        "load_spec",
+        "run",
+    ]
     for name in syncpoint.__all__:
         value = getattr(syncpoint, name)
         assert name == "__version__" or value.__doc__, f"syncpoint.{name} has no docstring"
@@ -43,8 +52,12 @@ def test_the_names_are_the_layers_own_objects():
     from syncpoint.policies.spec import JobSpec
     from syncpoint.workers.task import Task
 
-    assert (syncpoint.Task, syncpoint.JobSpec, syncpoint.load_spec, syncpoint.SpecError) == (Task, JobSpec, load_spec,
-                                                                                           SpecError)
+    assert (syncpoint.Task, syncpoint.JobSpec, syncpoint.load_spec, syncpoint.SpecError) == (
+        Task,
+        JobSpec,
+        load_spec,
+        SpecError,
+    )
 
 
 def test_version_is_the_projects():
@@ -55,9 +68,11 @@ def test_version_is_the_projects():
 
 def test_import_syncpoint_is_cheap():
     """``import syncpoint`` imports neither torch, Ray, DeepSpeed nor pydantic: each name loads on first use."""
-    code = ("import sys, time; t = time.perf_counter(); import syncpoint; dt = time.perf_counter() - t; "
-            "import json; print(json.dumps({'s': dt, 'heavy': [m for m in ('torch', 'ray', 'deepspeed', 'pydantic', "
-            "'yaml', 'numpy') if m in sys.modules]}))")
+    code = (
+        "import sys, time; t = time.perf_counter(); import syncpoint; dt = time.perf_counter() - t; "
+        "import json; print(json.dumps({'s': dt, 'heavy': [m for m in ('torch', 'ray', 'deepspeed', 'pydantic', "
+        "'yaml', 'numpy') if m in sys.modules]}))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
@@ -66,15 +81,18 @@ def test_import_syncpoint_is_cheap():
 
 
 def test_python_dash_m_syncpoint_is_the_cli():
-    r = subprocess.run([sys.executable, "-m", "syncpoint", "--help"], capture_output=True, text=True, timeout=120,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "syncpoint", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert "validate" in r.stdout and "run" in r.stdout
 
 
 def _sub_packages(layer: str) -> list[str]:
-    return sorted(".".join(("syncpoint", layer, *p.parent.relative_to(ROOT / layer).parts))
-                  for p in (ROOT / layer).rglob("__init__.py"))
+    return sorted(
+        ".".join(("syncpoint", layer, *p.parent.relative_to(ROOT / layer).parts))
+        for p in (ROOT / layer).rglob("__init__.py")
+    )
 
 
 def test_every_sub_package_is_installed():
@@ -122,8 +140,9 @@ def test_an_old_module_name_is_refused_with_its_new_one(tmp_path, monkeypatch):
     from syncpoint.policies.import_path import load_class, moved_hint
 
     (tmp_path / "oldtask.py").write_text("from workers.task import Task\n\ndef build(config):\n    return None\n")
-    problems = import_problems([("resume.policy", "policies.resume:NewestResumable"), ("task.path", "oldtask:build")],
-                               str(tmp_path))
+    problems = import_problems(
+        [("resume.policy", "policies.resume:NewestResumable"), ("task.path", "oldtask:build")], str(tmp_path)
+    )
     assert len(problems) == 2, problems
     assert "did you mean 'syncpoint.policies.resume:NewestResumable'?" in problems[0]
     assert "No module named 'workers'" in problems[1] and "from syncpoint import Task" in problems[1]
@@ -145,17 +164,41 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
 
     spec = linear_spec(tmp_path)
     monkeypatch.setattr(cli, "prepare_run", lambda spec, source: spec)
-    summary = RunSummary(state="000000000016", optimizer_step=4, micro_step=16, wall_seconds=2.5, restarts=1,
-                         lost_micro_steps=3, lost_seconds=0.5)
-    outcomes = [ray_runner.JobOutcome(line="syncpoint: job 'linear' finished: ...", failed=False, summary=summary),
-                ray_runner.JobOutcome(line="syncpoint: job 'linear' failed: ValueError: bad batch", failed=True,
-                                      reason="ValueError: bad batch", details="a table")]
+    summary = RunSummary(
+        state="000000000016",
+        optimizer_step=4,
+        micro_step=16,
+        wall_seconds=2.5,
+        restarts=1,
+        lost_micro_steps=3,
+        lost_seconds=0.5,
+    )
+    outcomes = [
+        ray_runner.JobOutcome(line="syncpoint: job 'linear' finished: ...", failed=False, summary=summary),
+        ray_runner.JobOutcome(
+            line="syncpoint: job 'linear' failed: ValueError: bad batch",
+            failed=True,
+            reason="ValueError: bad batch",
+            details="a table",
+        ),
+    ]
     monkeypatch.setattr(ray_runner, "run_job", lambda spec, address, progress_bar: outcomes.pop(0))
     result = syncpoint.run(spec)
-    assert result == syncpoint.RunResult(name="linear", state="000000000016", optimizer_steps=4, micro_steps=16,
-                                         restarts=1, lost_micro_steps=3, wall_seconds=2.5, run_dir=spec.run_url,
-                                         line="syncpoint: job 'linear' finished: ...")
+    assert result == syncpoint.RunResult(
+        name="linear",
+        state="000000000016",
+        optimizer_steps=4,
+        micro_steps=16,
+        restarts=1,
+        lost_micro_steps=3,
+        wall_seconds=2.5,
+        run_dir=spec.run_url,
+        line="syncpoint: job 'linear' finished: ...",
+    )
     with pytest.raises(syncpoint.RunFailed, match="^ValueError: bad batch$") as e:
         syncpoint.run(spec)
-    assert (e.value.details, e.value.line, e.value.run_dir) == ("a table", "syncpoint: job 'linear' failed: "
-                                                                "ValueError: bad batch", spec.run_url)
+    assert (e.value.details, e.value.line, e.value.run_dir) == (
+        "a table",
+        "syncpoint: job 'linear' failed: ValueError: bad batch",
+        spec.run_url,
+    )

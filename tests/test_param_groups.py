@@ -37,8 +37,16 @@ TWO_GROUPS = "task.path=tests.group_tasks:lm_two_groups"
 
 def _spec(tmp, zero, *extra, workers=1):
     """10 micro-batches per epoch, accumulation 2, two epochs: 10 optimizer steps."""
-    return lm_spec(tmp, f"task.config.num_samples={20 * workers}", "train.grad_accum=2", "train.epochs=2",
-                   f"checkpoint.save_every={SAVE}", f"deepspeed.zero_stage={zero}", *extra, workers=workers)
+    return lm_spec(
+        tmp,
+        f"task.config.num_samples={20 * workers}",
+        "train.grad_accum=2",
+        "train.epochs=2",
+        f"checkpoint.save_every={SAVE}",
+        f"deepspeed.zero_stage={zero}",
+        *extra,
+        workers=workers,
+    )
 
 
 def _crash_and_resume(tmp_path, zero, *extra, crash_at=9):
@@ -60,8 +68,9 @@ def _saved_groups(spec, name):
 
 
 def _zero_groups(spec, name):
-    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                               limit=1 << 30)
+    data = RunStorage(spec.run_url).read_bytes(
+        "states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", limit=1 << 30
+    )
     return load_deepspeed_file(data)["optimizer_state_dict"]["base_optimizer_state"]["param_groups"]
 
 
@@ -77,8 +86,12 @@ def test_default_no_decay_is_biases_and_norm_parameters():
     excluded = default_no_decay(model)
     names = dict(model.named_parameters())
     assert all(n.endswith("bias") or ".norm" in n for n in excluded)
-    assert {"blocks.layers.0.norm1.weight", "blocks.layers.0.norm2.weight", "head.bias",
-            "blocks.layers.0.self_attn.in_proj_bias"} <= excluded
+    assert {
+        "blocks.layers.0.norm1.weight",
+        "blocks.layers.0.norm2.weight",
+        "head.bias",
+        "blocks.layers.0.self_attn.in_proj_bias",
+    } <= excluded
     assert not {"embed.weight", "pos", "head.weight", "blocks.layers.0.linear1.weight"} & excluded
     assert len(excluded) == sum(1 for n in names if n.endswith("bias") or ".norm" in n)
 
@@ -107,8 +120,7 @@ def test_builtin_optimizer_with_default_no_decay_resumes_exactly(tmp_path, zero)
     model = TinyLM(d_model=16, seq_len=8)
     no_decay = default_no_decay(model)
     assert recorded["param_groups"][1]["params"] == len(no_decay)
-    assert recorded["param_groups"][1]["numel"] == sum(p.numel() for n, p in model.named_parameters()
-                                                       if n in no_decay)
+    assert recorded["param_groups"][1]["numel"] == sum(p.numel() for n, p in model.named_parameters() if n in no_decay)
 
 
 def test_no_decay_empty_list_is_one_group(tmp_path):
@@ -136,8 +148,9 @@ def test_task_optimizer_with_two_groups_resumes_exactly(tmp_path, zero):
 
 def test_task_optimizer_edited_group_hyperparameters_win_after_resume(tmp_path, capsys):
     """Config wins, per group: the live task's group lr and weight decay, not the state's."""
-    spec = _spec(tmp_path, 2, TWO_GROUPS, "train.scheduler={type: constant}",
-                 "faults=[{at_micro_step: 9, mode: raise}]")
+    spec = _spec(
+        tmp_path, 2, TWO_GROUPS, "train.scheduler={type: constant}", "faults=[{at_micro_step: 9, mode: raise}]"
+    )
     assert run_until_crash(spec)
     changed = with_overrides(spec, "task.config.rest_wd=0.05", "task.config.embed_lr=0.004", "faults=[]")
     capsys.readouterr()
@@ -193,16 +206,16 @@ def test_another_group_layout_is_refused_at_selection_with_the_opt_out(tmp_path)
 
 
 def test_task_optimizer_instead_of_the_spec_is_another_optimizer_type(tmp_path):
-    spec = _spec(tmp_path, 0, TWO_GROUPS, "task.config.own_optimizer=false",
-                 "faults=[{at_micro_step: 9, mode: raise}]")
+    spec = _spec(tmp_path, 0, TWO_GROUPS, "task.config.own_optimizer=false", "faults=[{at_micro_step: 9, mode: raise}]")
     assert run_until_crash(spec)
     assert trainer_json(spec, "000000000006")["optimizer"]["type"] == "adamw"
     with pytest.raises(ResumeRefused, match=r"train\.optimizer\.type.*Task\.optimizer.*resume\.reset_optimizer"):
         run(with_overrides(spec, "task.config.own_optimizer=true", "faults=[]"))
 
 
-EXP = Expectation("j", 1, 2, 2, 10, 2, "f", 1, optimizer_type="adamw", scheduler_type="cosine",
-                  scheduler_phases=("cosine",))
+EXP = Expectation(
+    "j", 1, 2, 2, 10, 2, "f", 1, optimizer_type="adamw", scheduler_type="cosine", scheduler_phases=("cosine",)
+)
 
 
 def test_legacy_state_without_a_layout_resumes_only_into_one_group():
@@ -214,8 +227,7 @@ def test_legacy_state_without_a_layout_resumes_only_into_one_group():
     c = classify(candidate_for(4, EXP), two)
     assert c.verdict is Verdict.INCOMPATIBLE
     assert "train.optimizer.no_decay: []" in c.reason and "resume.reset_optimizer" in c.reason
-    assert classify(candidate_for(4, EXP), dataclasses.replace(two, reset_optimizer=True)).verdict is \
-        Verdict.RESUMABLE
+    assert classify(candidate_for(4, EXP), dataclasses.replace(two, reset_optimizer=True)).verdict is Verdict.RESUMABLE
     # recorded layouts: equal resumes, other members with the same sizes are named as such
     assert classify(candidate_for(4, two), two).verdict is Verdict.RESUMABLE
     other = classify(candidate_for(4, two), dataclasses.replace(two, param_groups=((5, 90, "cc"), (2, 10, "bb"))))
@@ -244,13 +256,13 @@ SCHEDULES = {
 @pytest.mark.parametrize("zero", [0, 2])
 @pytest.mark.parametrize("kind", list(SCHEDULES))
 def test_each_schedule_resumes_exactly_and_scales_each_group(tmp_path, kind, zero):
-    spec, _ = _crash_and_resume(tmp_path, zero, f"train.scheduler={SCHEDULES[kind]}", "train.lr=0.002",
-                                crash_at=11)
+    spec, _ = _crash_and_resume(tmp_path, zero, f"train.scheduler={SCHEDULES[kind]}", "train.lr=0.002", crash_at=11)
     from tests.group_tasks import half_then_quarter
 
     s, hist = spec.train.scheduler, step_history(spec)
-    expected = {step: (half_then_quarter(step - 1, 10) if kind == "custom" else factor_at(step - 1, s, 10))
-                for step in hist}
+    expected = {
+        step: (half_then_quarter(step - 1, 10) if kind == "custom" else factor_at(step - 1, s, 10)) for step in hist
+    }
     for step, rec in hist.items():
         assert rec.lrs == [0.002 * expected[step]] * 2, (step, rec.lrs)
     assert len(set(expected.values())) >= 3  # the schedule really moves
@@ -302,8 +314,9 @@ def test_offload_with_groups_resumes_exactly(tmp_path):
     """DeepSpeed's CPU Adam over the default split (equal betas), and a Task.optimizer's own CPU Adam
     with other betas per group (the kernel's beta powers replayed group by group after a load)."""
     _crash_and_resume(tmp_path / "a", 2, "deepspeed.offload_optimizer=cpu")
-    _crash_and_resume(tmp_path / "b", 2, "deepspeed.offload_optimizer=cpu", TWO_GROUPS,
-                      "task.config.optimizer=cpu_adam")
+    _crash_and_resume(
+        tmp_path / "b", 2, "deepspeed.offload_optimizer=cpu", TWO_GROUPS, "task.config.optimizer=cpu_adam"
+    )
 
 
 @pytest.mark.slow

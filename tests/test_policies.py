@@ -13,8 +13,16 @@ from syncpoint.policies.retention import plan_retention
 from syncpoint.policies.save_triggers import EveryMicroSteps, EveryOptimizerSteps, EverySeconds, PendingSave, Tick
 from tests.meta import candidate_for, commit_candidate, trainer_for
 
-EXP = Expectation(job_identity="j", world_size=2, micro_batch_size=4, grad_accum=4, micro_batches_per_epoch=10,
-                  zero_stage=2, model_fingerprint="f", seed=1)
+EXP = Expectation(
+    job_identity="j",
+    world_size=2,
+    micro_batch_size=4,
+    grad_accum=4,
+    micro_batches_per_epoch=10,
+    zero_stage=2,
+    model_fingerprint="f",
+    seed=1,
+)
 
 
 def trainer(step: int, **kw) -> dict:
@@ -38,8 +46,9 @@ def test_classification_reasons():
     assert c.verdict is Verdict.CORRUPT and "inconsistent" in c.reason
     c = cand(8, schema_version=99)
     assert c.verdict is Verdict.INCOMPATIBLE and "newer" in c.reason
-    wrong_size = Candidate(name="x", trainer=trainer(8), manifest={"files": {"trainer.json": {"size": 11}}},
-                           listing={"trainer.json": 10})
+    wrong_size = Candidate(
+        name="x", trainer=trainer(8), manifest={"files": {"trainer.json": {"size": 11}}}, listing={"trainer.json": 10}
+    )
     assert classify(wrong_size, EXP).verdict is Verdict.CORRUPT
     bad = classify(Candidate(name="y", manifest_error="not JSON", listing={"manifest.json": 3}), EXP)
     assert bad.verdict is Verdict.CORRUPT

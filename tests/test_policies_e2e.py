@@ -35,8 +35,12 @@ def _reference(tmp):
 
 
 def test_a_keep_last_1_interrupted_after_12_still_resumes(tmp_path):
-    spec = _spec(tmp_path / "a", "checkpoint.save_every={value: 4, unit: micro_steps}", "checkpoint.keep_last=1",
-                 "faults=[{at_micro_step: 12, mode: raise}]")
+    spec = _spec(
+        tmp_path / "a",
+        "checkpoint.save_every={value: 4, unit: micro_steps}",
+        "checkpoint.keep_last=1",
+        "faults=[{at_micro_step: 12, mode: raise}]",
+    )
     assert run_until_crash(spec)
     assert committed_steps(spec) == [8]  # 4 was pruned after 8 committed; 12's request was still pending
     result = run(spec)
@@ -60,8 +64,11 @@ def _plant_mid_cycle(store: RunStorage, src: str, step: int) -> None:
 
 def test_b_legacy_mid_cycle_state_never_displaces_resumable_ones(tmp_path):
     # an older writer left 4 (boundary), 8 (boundary) and 12 (mid-cycle)
-    spec = _spec(tmp_path / "b", "checkpoint.save_every={value: 4, unit: micro_steps}",
-                 "faults=[{at_micro_step: 9, mode: raise}]")
+    spec = _spec(
+        tmp_path / "b",
+        "checkpoint.save_every={value: 4, unit: micro_steps}",
+        "faults=[{at_micro_step: 9, mode: raise}]",
+    )
     assert run_until_crash(spec)
     store = RunStorage(spec.run_url)
     _plant_mid_cycle(store, f"{8:012d}", 12)
@@ -89,12 +96,14 @@ def test_c_keep_last_0_keeps_everything(tmp_path):
 
 
 def test_custom_policy_and_trigger_by_import_path(tmp_path):
-    spec = _spec(tmp_path, "checkpoint.save_trigger=tests.tasks:EveryFifthMicroStep",
-                 "faults=[{at_micro_step: 16, mode: raise}]")
+    spec = _spec(
+        tmp_path, "checkpoint.save_trigger=tests.tasks:EveryFifthMicroStep", "faults=[{at_micro_step: 16, mode: raise}]"
+    )
     assert run_until_crash(spec)
     assert committed_steps(spec) == [8, 10, 18][:2]  # 5 -> 8, 10 -> 10, 15 -> 18 (crashed at 16)
-    pinned_old = with_overrides(spec, "faults=[]", "resume.policy=tests.tasks:LastStateOnly",
-                                f"resume.policy_args={{name: '{8:012d}'}}")
+    pinned_old = with_overrides(
+        spec, "faults=[]", "resume.policy=tests.tasks:LastStateOnly", f"resume.policy_args={{name: '{8:012d}'}}"
+    )
     assert run(pinned_old).resumed_from == f"{8:012d}"
     store = RunStorage(spec.run_url)
     _plant_mid_cycle(store, f"{8:012d}", 13)
@@ -106,9 +115,13 @@ def test_custom_policy_and_trigger_by_import_path(tmp_path):
 def test_init_from_is_ignored_once_the_run_has_its_own_state(tmp_path, capsys):
     parent = _spec(tmp_path / "parent")
     run(parent)
-    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
-                           "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                           "faults=[{at_micro_step: 9, mode: raise}]")
+    child = with_overrides(
+        _spec(tmp_path / "child"),
+        "name=child",
+        f"resume.init_from={parent.run_url}",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 9, mode: raise}]",
+    )
     assert run_until_crash(child)
     assert "init_from" in capsys.readouterr().out
     result = run(child)
@@ -129,9 +142,13 @@ def test_init_from_a_run_directory_is_resolved_once_per_run(tmp_path, capsys):
     parent = _spec(tmp_path / "parent", "train.epochs=1", "checkpoint.save_every={value: 1, unit: optimizer_steps}")
     run(parent)
     first_source = f"{10:012d}"  # the parent's newest state when the fine-tune starts
-    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
-                           "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                           "faults=[{at_micro_step: 2, mode: raise}]")  # before the child's first commit
+    child = with_overrides(
+        _spec(tmp_path / "child"),
+        "name=child",
+        f"resume.init_from={parent.run_url}",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 2, mode: raise}]",
+    )  # before the child's first commit
     assert run_until_crash(child) and not committed_steps(child)
     assert [e["source_state"] for e in _init_from_events(child)] == [first_source]
     run(with_overrides(parent, "train.epochs=2"))  # the source run trains on: a newer state
@@ -140,16 +157,21 @@ def test_init_from_a_run_directory_is_resolved_once_per_run(tmp_path, capsys):
     resumed = run(with_overrides(child, "faults=[]"))
     assert f"the source state this run took at attempt 1 ({first_source}), unchanged" in capsys.readouterr().out
     assert len(_init_from_events(child)) == 1
-    pinned = with_overrides(_spec(tmp_path / "pinned"), "name=child",
-                            f"resume.init_from={parent.run_url}/states/{first_source}")
+    pinned = with_overrides(
+        _spec(tmp_path / "pinned"), "name=child", f"resume.init_from={parent.run_url}/states/{first_source}"
+    )
     assert digest(child, resumed.final_state) == digest(pinned, run(pinned).final_state)
 
 
 def test_init_from_refuses_a_recorded_source_state_that_changed_or_went_away(tmp_path):
     parent = _spec(tmp_path / "parent", "train.epochs=1")
     run(parent)
-    child = with_overrides(_spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}",
-                           "faults=[{at_micro_step: 2, mode: raise}]")
+    child = with_overrides(
+        _spec(tmp_path / "child"),
+        "name=child",
+        f"resume.init_from={parent.run_url}",
+        "faults=[{at_micro_step: 2, mode: raise}]",
+    )
     assert run_until_crash(child)
     source = _init_from_events(child)[0]["source_state"]
     store = RunStorage(parent.run_url)
@@ -166,8 +188,9 @@ def test_init_from_refuses_a_recorded_source_state_that_changed_or_went_away(tmp
 
 
 def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
-    spec = _spec(tmp_path, "faults=[{at_micro_step: 12, mode: raise}]",
-                 "checkpoint.save_every={value: 1, unit: optimizer_steps}")
+    spec = _spec(
+        tmp_path, "faults=[{at_micro_step: 12, mode: raise}]", "checkpoint.save_every={value: 1, unit: optimizer_steps}"
+    )
     assert run_until_crash(spec)
     fresh = with_overrides(spec, "faults=[]", "resume.policy=fresh")
     with pytest.raises(ResumeRefused, match="on_existing"):
@@ -187,8 +210,9 @@ def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
 
     spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}")
     run(spec)  # an earlier run left states
-    fresh = with_overrides(spec, "resume.policy=fresh", "resume.on_existing=archive",
-                           "faults=[{at_micro_step: 12, mode: raise}]")
+    fresh = with_overrides(
+        spec, "resume.policy=fresh", "resume.on_existing=archive", "faults=[{at_micro_step: 12, mode: raise}]"
+    )
     with pytest.raises(InjectedCrash):
         run_in_process(fresh, print_progress=False, submission_id="sub-1")  # archives, starts over, crashes
     result = run_in_process(fresh, print_progress=False, submission_id="sub-1")  # Ray's restart of it
@@ -196,19 +220,28 @@ def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
     assert len(RunStorage(spec.run_url).list_dirs("archive")) == 1
 
 
-@pytest.mark.parametrize("change,named", [
-    ("train.optimizer.no_decay=[]", "parameter groups differ"),
-    ("deepspeed.zero_stage=2", "zero_stage"),
-    ("train.optimizer.type=sgd", "optimizer.type"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ("train.optimizer.no_decay=[]", "parameter groups differ"),
+        ("deepspeed.zero_stage=2", "zero_stage"),
+        ("train.optimizer.type=sgd", "optimizer.type"),
+    ],
+)
 def test_init_from_with_optimizer_refuses_what_cannot_load_before_reading_a_tensor(tmp_path, change, named):
     """init_optimizer takes the moments, which DeepSpeed stores per group, rank, stage and optimizer: a
     source that differs in any is refused from its trainer.json, naming the opt-out, and the run writes
     nothing; without init_optimizer the same source gives its weights."""
     parent = _spec(tmp_path / "parent", "deepspeed.zero_stage=1")
     run(parent)
-    child = with_overrides(_spec(tmp_path / "child"), "name=child", "deepspeed.zero_stage=1", change,
-                           f"resume.init_from={parent.run_url}", "resume.init_optimizer=true")
+    child = with_overrides(
+        _spec(tmp_path / "child"),
+        "name=child",
+        "deepspeed.zero_stage=1",
+        change,
+        f"resume.init_from={parent.run_url}",
+        "resume.init_optimizer=true",
+    )
     with pytest.raises(ResumeRefused, match=rf"{named}.*resume\.init_optimizer: false") as refused:
         run(child)
     assert "cannot be taken" in str(refused.value)

@@ -31,7 +31,7 @@ def _spec(tmp, *extra):
 
 
 def _start(spec, address: str | None = None, env_extra: dict | None = None) -> subprocess.Popen:
-    job = spec.storage[len("file://"):] + "/job.yaml"
+    job = spec.storage[len("file://") :] + "/job.yaml"
     os.makedirs(os.path.dirname(job), exist_ok=True)
     with open(job, "w") as f:
         yaml.safe_dump(spec.model_dump(mode="json"), f)
@@ -72,8 +72,13 @@ def local_cluster():
     from ray.cluster_utils import Cluster
 
     # fast GCS health checks so a killed node is declared dead within seconds
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4}})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
     for _ in range(2):
         c.add_node(num_cpus=1)
     c.wait_for_nodes()
@@ -97,10 +102,27 @@ def _node_of_rank(spec, cluster_nodes, rank):
 # the drill first: it starts its own Ray, before this module's shared cluster exists
 @pytest.mark.long
 def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--preempt-at", "13,30",
-           "--how", "crash,sigterm", "--set", f"storage={tmp_path}", "--set", "task.config.num_samples=320",
-           "--set", "train.epochs=2", "--set", "checkpoint.save_every={value: 4, unit: micro_steps}",
-           "--set", "train.eval_every=3 optimizer_steps"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--preempt-at",
+        "13,30",
+        "--how",
+        "crash,sigterm",
+        "--set",
+        f"storage={tmp_path}",
+        "--set",
+        "task.config.num_samples=320",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "checkpoint.save_every={value: 4, unit: micro_steps}",
+        "--set",
+        "train.eval_every=3 optimizer_steps",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -145,8 +167,10 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     # head (ray_runner.board_node); should it recur, the xfail quotes the controller's reason.
     if beat is None:
         why = [ln for ln in out.splitlines() if "no interruption point measured" in ln]
-        pytest.xfail("no heartbeat reading was recorded for the failed attempt: "
-                     + (why[0] if why else "the controller printed no reason (it did not try)"))
+        pytest.xfail(
+            "no heartbeat reading was recorded for the failed attempt: "
+            + (why[0] if why else "the controller printed no reason (it did not try)")
+        )
     assert restart.measured, _events(spec, "interrupted")
     assert beat.global_micro_step == max(r.global_micro_step for r in beat.ranks)
     assert beat.detected_at >= beat.reached_at and {r.rank for r in beat.ranks} == {0, 1}
@@ -169,8 +193,14 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     c, nodes = cluster
     # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
     length = ["task.config.num_samples=1600", "train.epochs=1"]
-    spec = _spec(tmp_path / "run", "failure.max_failures=0", "checkpoint.save_every={value: 0, unit: micro_steps}",
-                 *length, "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05")
+    spec = _spec(
+        tmp_path / "run",
+        "failure.max_failures=0",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",
+        *length,
+        "task.path=tests.tasks:paced_lm",
+        "task.config.pace_s=0.05",
+    )
     proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
     time.sleep(1.0)
@@ -179,8 +209,11 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     from ray.core.generated import autoscaler_pb2
 
     accepted, _ = GcsClient(address=c.gcs_address).drain_node(
-        victim.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"), "spot reclaim",
-        int(time.time() * 1000) + 6000)
+        victim.node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot reclaim",
+        int(time.time() * 1000) + 6000,
+    )
     assert accepted
     c.add_node(num_cpus=1)  # replacement capacity
     _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
@@ -205,9 +238,17 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
 
 
 def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path, cluster):
-    spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 5}",
-                   "train.micro_batch_size=1", "train.epochs=1", "failure.max_failures=1", "train.eval_every=0",
-                   "checkpoint.save_every={value: 8, unit: micro_steps}", workers=2)
+    spec = lm_spec(
+        tmp_path,
+        "task.path=tests.tasks:failing_loss",
+        "task.config={num_samples: 64, fail_at: 5}",
+        "train.micro_batch_size=1",
+        "train.epochs=1",
+        "failure.max_failures=1",
+        "train.eval_every=0",
+        "checkpoint.save_every={value: 8, unit: micro_steps}",
+        workers=2,
+    )
     proc = _start(spec, cluster[0].address)  # the module's cluster: no Ray of its own to start
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1
@@ -221,9 +262,15 @@ def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp
 def test_a_refusal_on_the_workers_fails_the_run_at_once(tmp_path, cluster):
     """A task without an eval set under train.eval_every is refused on the workers: the run stops on the
     first failure (classified refusal, not retried although max_failures allows 3), its last line says why."""
-    spec = lm_spec(tmp_path, "task.path=tests.tasks:failing_loss", "task.config={num_samples: 64, fail_at: 1000}",
-                   "train.epochs=1", "failure.max_failures=3", "train.eval_every={value: 2, unit: optimizer_steps}",
-                   workers=2)
+    spec = lm_spec(
+        tmp_path,
+        "task.path=tests.tasks:failing_loss",
+        "task.config={num_samples: 64, fail_at: 1000}",
+        "train.epochs=1",
+        "failure.max_failures=3",
+        "train.eval_every={value: 2, unit: optimizer_steps}",
+        workers=2,
+    )
     proc = _start(spec, cluster[0].address)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1

@@ -27,8 +27,12 @@ from tests.helpers import committed_steps, digest, linear_spec, run, run_until_c
 FAST_EXAMPLES = 200 if os.environ.get("SYNCPOINT_SLOW") == "1" else 15
 SLOW_EXAMPLES = 200
 
-COMMON = dict(deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+COMMON = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,14 @@ class Scenario:
 
     @property
     def layout(self) -> tuple:
-        return (self.micro_batches_per_epoch, self.grad_accum, self.epochs, self.save_value, self.save_unit,
-                self.zero_stage)
+        return (
+            self.micro_batches_per_epoch,
+            self.grad_accum,
+            self.epochs,
+            self.save_value,
+            self.save_unit,
+            self.zero_stage,
+        )
 
 
 @st.composite
@@ -79,12 +89,17 @@ def _workdir():
 
 def _spec(storage: str, s: Scenario, *extra: str):
     return linear_spec(
-        storage, f"task.config.num_samples={s.micro_batches_per_epoch}", "train.micro_batch_size=1",
-        f"train.grad_accum={s.grad_accum}", f"train.epochs={s.epochs}",
+        storage,
+        f"task.config.num_samples={s.micro_batches_per_epoch}",
+        "train.micro_batch_size=1",
+        f"train.grad_accum={s.grad_accum}",
+        f"train.epochs={s.epochs}",
         # a non-constant schedule, so equal learning rates mean the schedule position resumed exactly
         "train.scheduler={type: cosine, warmup: 2, min_lr_ratio: 0.1}",
         f"checkpoint.save_every={{value: {s.save_value}, unit: {s.save_unit}}}",
-        f"deepspeed.zero_stage={s.zero_stage}", *extra)
+        f"deepspeed.zero_stage={s.zero_stage}",
+        *extra,
+    )
 
 
 def _steps(spec) -> dict[int, tuple]:

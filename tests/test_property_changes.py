@@ -36,10 +36,20 @@ from tests.helpers import committed_steps, digest, linear_spec, run, step_histor
 
 FAST_EXAMPLES = 150 if os.environ.get("SYNCPOINT_SLOW") == "1" else 10
 SLOW_EXAMPLES = 150
-COMMON = dict(deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-PHASES = ["before_shards", "after_some_shards", "before_manifest", "during_manifest", "before_retention",
-          "during_retention"]
+COMMON = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+PHASES = [
+    "before_shards",
+    "after_some_shards",
+    "before_manifest",
+    "during_manifest",
+    "before_retention",
+    "during_retention",
+]
 
 # (label, overrides applied to the new spec, the field a refusal must name, or None: it resumes)
 CHANGES: list[tuple[str, tuple[str, ...], str | None]] = [
@@ -95,10 +105,18 @@ def scenarios(draw) -> Scenario:
 
 
 def _base(storage: str, s: Scenario, *extra: str):
-    return linear_spec(storage, f"task.config.num_samples={s.mbpe}", "train.micro_batch_size=1",
-                       f"train.grad_accum={s.accum}", f"train.epochs={s.epochs}", f"deepspeed.zero_stage={s.zero}",
-                       "train.scheduler={type: cosine, warmup: 2, min_lr_ratio: 0.1}", "train.record_samples=true",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return linear_spec(
+        storage,
+        f"task.config.num_samples={s.mbpe}",
+        "train.micro_batch_size=1",
+        f"train.grad_accum={s.accum}",
+        f"train.epochs={s.epochs}",
+        f"deepspeed.zero_stage={s.zero}",
+        "train.scheduler={type: cosine, warmup: 2, min_lr_ratio: 0.1}",
+        "train.record_samples=true",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 def _changed(spec, s: Scenario, *extra: str):

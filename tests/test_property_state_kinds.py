@@ -53,10 +53,22 @@ def scenarios(draw):
 def _spec(storage: str, kinds, mbpe, accum, epochs, zero, workers, *extra):
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 
-    return resolve_storage(parse_spec(TEXT, "kinds", [
-        f"storage={storage}", f"task.config.kinds={','.join(kinds)}", f"task.config.num_samples={mbpe}",
-        f"train.grad_accum={accum}", f"train.epochs={epochs}", f"deepspeed.zero_stage={zero}",
-        f"train.dataloader_workers={workers}", *extra]))
+    return resolve_storage(
+        parse_spec(
+            TEXT,
+            "kinds",
+            [
+                f"storage={storage}",
+                f"task.config.kinds={','.join(kinds)}",
+                f"task.config.num_samples={mbpe}",
+                f"train.grad_accum={accum}",
+                f"train.epochs={epochs}",
+                f"deepspeed.zero_stage={zero}",
+                f"train.dataloader_workers={workers}",
+                *extra,
+            ],
+        )
+    )
 
 
 def _steps(spec) -> dict[int, tuple]:
@@ -64,13 +76,20 @@ def _steps(spec) -> dict[int, tuple]:
 
 
 @pytest.mark.slow
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(scenarios())
 def test_every_kind_of_state_resumes_exactly_from_any_interruption(scenario):
     kinds, mbpe, accum, epochs, zero, workers, crashes = scenario
-    note(f"kinds {kinds}, {mbpe} micro-batches/epoch, accumulation {accum}, {epochs} epoch(s), ZeRO {zero}, "
-         f"{workers} loader workers, crashes at {crashes}")
+    note(
+        f"kinds {kinds}, {mbpe} micro-batches/epoch, accumulation {accum}, {epochs} epoch(s), ZeRO {zero}, "
+        f"{workers} loader workers, crashes at {crashes}"
+    )
     for k in kinds:
         event(k)
     root = tempfile.mkdtemp(prefix="syncpoint-kinds-")
@@ -78,8 +97,9 @@ def test_every_kind_of_state_resumes_exactly_from_any_interruption(scenario):
         ref = _spec(os.path.join(root, "ref"), kinds, mbpe, accum, epochs, zero, workers)
         ref_final = run(ref).final_state
         faults = ", ".join(f"{{at_micro_step: {k}, mode: raise}}" for k in crashes)
-        spec = with_overrides(_spec(os.path.join(root, "run"), kinds, mbpe, accum, epochs, zero, workers),
-                              f"faults=[{faults}]")
+        spec = with_overrides(
+            _spec(os.path.join(root, "run"), kinds, mbpe, accum, epochs, zero, workers), f"faults=[{faults}]"
+        )
         for k in crashes:
             assert run_until_crash(spec), f"no crash at micro-step {k}"
         result = run(spec)

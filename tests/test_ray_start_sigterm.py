@@ -54,12 +54,24 @@ def ray_start_cluster():
 
 
 # the run: paced (numerics unchanged), no application-error retries, saves only when a notice asks
-RUN = [*LENGTH, "failure.max_failures=0", "checkpoint.save_every={value: 0, unit: micro_steps}",
-       "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]
+RUN = [
+    *LENGTH,
+    "failure.max_failures=0",
+    "checkpoint.save_every={value: 0, unit: micro_steps}",
+    "task.path=tests.tasks:paced_lm",
+    "task.config.pace_s=0.05",
+]
 # what tests.helpers.lm_spec sets on the example, for the job `ray job submit` runs from examples/tiny_lm.yaml
-LM_SPEC = ["scaling.num_workers=2", "task.config.seq_len=8", "task.config.d_model=16", "train.micro_batch_size=2",
-           "train.log_every=1000", "checkpoint.keep_last=0", "checkpoint.export_final=false",
-           "task.config.eval_samples=8"]
+LM_SPEC = [
+    "scaling.num_workers=2",
+    "task.config.seq_len=8",
+    "task.config.d_model=16",
+    "train.micro_batch_size=2",
+    "train.log_every=1000",
+    "checkpoint.keep_last=0",
+    "checkpoint.export_final=false",
+    "task.config.eval_samples=8",
+]
 
 
 def _spec(tmp):
@@ -101,8 +113,14 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_s
     spec = _spec(tmp_path / "run")
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _reclaim_rank_1_node(spec, head, nodes, proc)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
@@ -114,8 +132,21 @@ def test_the_same_through_ray_job_submit(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
     spec = _spec(tmp_path / "run")
     assert spec == lm_spec(tmp_path / "run", *LM_SPEC, *RUN, workers=2)  # the submitted job is this spec
-    cmd = [f"{BIN}/ray", "job", "submit", "--address", head.address, "--working-dir", str(ROOT), "--",
-           "python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
+    cmd = [
+        f"{BIN}/ray",
+        "job",
+        "submit",
+        "--address",
+        head.address,
+        "--working-dir",
+        str(ROOT),
+        "--",
+        "python",
+        "-m",
+        "syncpoint",
+        "run",
+        "examples/tiny_lm.yaml",
+    ]
     for s in [*LM_SPEC, *RUN, f"storage={tmp_path / 'run'}"]:
         cmd += ["--set", s]
     env = _env()

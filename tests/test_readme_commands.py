@@ -30,8 +30,13 @@ from tests.readme import bash_blocks, commands, copy_of_repository, venv_is_up_t
 def test_the_deploy_block_holds_the_commands_the_test_runs():
     """Guards the extraction below: the block the test runs is the one a reader copies."""
     lines = commands(bash_blocks("# Deploy with `ray job submit`", "docs/deploy/ray.md")[0])
-    assert lines[:5] == ["make venv", "source .venv/bin/activate", "ray get-auth-token --generate > /dev/null",
-                            "export RAY_AUTH_MODE=token", "ray start --head --disable-usage-stats"]
+    assert lines[:5] == [
+        "make venv",
+        "source .venv/bin/activate",
+        "ray get-auth-token --generate > /dev/null",
+        "export RAY_AUTH_MODE=token",
+        "ray start --head --disable-usage-stats",
+    ]
     assert "syncpoint submit examples/tiny_lm.yaml --address http://127.0.0.1:8265" in lines
     assert lines[-1] == "ray stop"
 
@@ -45,10 +50,12 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     block = bash_blocks("# Deploy with `ray job submit`", "docs/deploy/ray.md")[0]
     ports = [free_port() for _ in range(7)]
     temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
-    own_ports = (f" --port={ports[0]} --dashboard-port={ports[1]} --dashboard-agent-listen-port={ports[2]} "
-                 f"--dashboard-agent-grpc-port={ports[3]} --metrics-export-port={ports[4]} "
-                 f"--runtime-env-agent-port={ports[5]} --ray-client-server-port={ports[6]} --temp-dir={temp} "
-                 f"--num-cpus=2 {OBJECT_STORE}")
+    own_ports = (
+        f" --port={ports[0]} --dashboard-port={ports[1]} --dashboard-agent-listen-port={ports[2]} "
+        f"--dashboard-agent-grpc-port={ports[3]} --metrics-export-port={ports[4]} "
+        f"--runtime-env-agent-port={ports[5]} --ray-client-server-port={ports[6]} --temp-dir={temp} "
+        f"--num-cpus=2 {OBJECT_STORE}"
+    )
     head = "ray start --head --disable-usage-stats"
     script = block.replace(head, head + own_ports)
     script = script.replace("http://127.0.0.1:8265", f"http://127.0.0.1:{ports[1]}")
@@ -59,8 +66,9 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("DS_ACCELERATOR",)}
     env, mark = marked_env({**base, "HOME": str(home), "PYTHONPATH": str(repo)})
     try:
-        r = subprocess.run(["bash", "-e", "-c", script], cwd=repo, env=env, capture_output=True, text=True,
-                           timeout=1800)
+        r = subprocess.run(
+            ["bash", "-e", "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=1800
+        )
     finally:
         stop_processes(marked_processes(mark), mark=mark)
     out = r.stdout + r.stderr

@@ -37,8 +37,14 @@ from tests.meta import candidate_for, commit_candidate
 
 def _spec(tmp, *extra):
     # 10 micro-batches per epoch, accumulation 4: boundaries at 4, 8, 10, 14, 18, 20
-    return linear_spec(tmp, "task.config.num_samples=10", "train.grad_accum=4", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return linear_spec(
+        tmp,
+        "task.config.num_samples=10",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 def _events(spec, kind: str) -> list[dict]:
@@ -65,8 +71,14 @@ def _recommit(store: RunStorage, name: str, edit=None, drop: str | None = None, 
 
 
 def test_max_steps_run_resubmitted_trains_nothing(tmp_path):
-    spec = linear_spec(tmp_path, "task.config.num_samples=10", "train.grad_accum=4", "train.epochs=null",
-                       "train.max_steps=5", "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.config.num_samples=10",
+        "train.grad_accum=4",
+        "train.epochs=null",
+        "train.max_steps=5",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    )
     first = run(spec)
     assert first.optimizer_step == 5
     before = (committed_steps(spec), digest(spec, first.final_state), len(_events(spec, "progress")))
@@ -92,8 +104,12 @@ def test_an_in_process_run_leaves_local_rank_as_it_found_it(tmp_path, monkeypatc
 
 def test_crash_right_after_the_final_commit_restarts_finished(tmp_path):
     ref = run(_spec(tmp_path / "ref", "train.max_steps=5", "train.epochs=null"))
-    spec = _spec(tmp_path / "run", "train.max_steps=5", "train.epochs=null",
-                 f"faults=[{{at_micro_step: {ref.global_micro_step}, mode: raise}}]")
+    spec = _spec(
+        tmp_path / "run",
+        "train.max_steps=5",
+        "train.epochs=null",
+        f"faults=[{{at_micro_step: {ref.global_micro_step}, mode: raise}}]",
+    )
     assert run_until_crash(spec)  # the final state is committed, then the process dies
     result = run(spec)
     assert result.history == [] and result.optimizer_step == 5
@@ -124,12 +140,15 @@ def _prepare_old_run(tmp_path):
 def test_restart_inside_a_submission_continues_its_own_states(tmp_path, policy):
     reference = run(_spec(tmp_path / "ref", "train.epochs=3"))
     base = _prepare_old_run(tmp_path / "run")
-    extra = {"pinned": ["resume.policy=pinned", "resume.policy_args={state: 4}"],
-             "best-metric": ["resume.policy=best-metric", "resume.policy_args={metric: loss, mode: max}"],
-             "fresh": ["resume.policy=fresh", "resume.on_existing=overwrite"]}.get(policy, [])
+    extra = {
+        "pinned": ["resume.policy=pinned", "resume.policy_args={state: 4}"],
+        "best-metric": ["resume.policy=best-metric", "resume.policy_args={metric: loss, mode: max}"],
+        "fresh": ["resume.policy=fresh", "resume.on_existing=overwrite"],
+    }.get(policy, [])
     # the new submission: one more epoch, retention keeps 2, a crash at micro-step 29 (after 28 committed)
-    spec = with_overrides(base, "train.epochs=3", "checkpoint.keep_last=2", *extra,
-                          "faults=[{at_micro_step: 29, mode: raise}]")
+    spec = with_overrides(
+        base, "train.epochs=3", "checkpoint.keep_last=2", *extra, "faults=[{at_micro_step: 29, mode: raise}]"
+    )
     with pytest.raises(BaseException) as crash:
         run_in_process(spec, print_progress=False, submission_id="submission-B")
     assert type(crash.value).__name__ == "InjectedCrash"
@@ -156,16 +175,19 @@ def _crashed(tmp_path, *extra):
     return spec
 
 
-@pytest.mark.parametrize("change,field", [
-    ("task.config.num_samples=11", "data.num_samples"),  # same micro-batches per epoch, another permutation
-    ("train.seed=4", "train.seed"),
-    ("train.optimizer.type=sgd", "train.optimizer.type"),
-    ("deepspeed.precision=bf16", "deepspeed.precision"),
-    ("train.grad_accum=2", "train.grad_accum"),
-    ("train.micro_batch_size=2", "train.micro_batch_size"),
-    ("deepspeed.zero_stage=2", "deepspeed.zero_stage"),
-    ("train.scheduler.type=cosine", "resume.reset_schedule"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ("task.config.num_samples=11", "data.num_samples"),  # same micro-batches per epoch, another permutation
+        ("train.seed=4", "train.seed"),
+        ("train.optimizer.type=sgd", "train.optimizer.type"),
+        ("deepspeed.precision=bf16", "deepspeed.precision"),
+        ("train.grad_accum=2", "train.grad_accum"),
+        ("train.micro_batch_size=2", "train.micro_batch_size"),
+        ("deepspeed.zero_stage=2", "deepspeed.zero_stage"),
+        ("train.scheduler.type=cosine", "resume.reset_schedule"),
+    ],
+)
 def test_changes_that_cannot_continue_are_refused_at_selection(tmp_path, change, field):
     spec = _crashed(tmp_path)
     changed = with_overrides(spec, change, "faults=[]")
@@ -179,27 +201,35 @@ def test_changes_that_cannot_continue_are_refused_at_selection(tmp_path, change,
 
 def test_reset_optimizer_keeps_weights_and_position_with_a_new_optimizer(tmp_path, capsys):
     spec = _crashed(tmp_path)
-    changed = with_overrides(spec, "train.optimizer={type: sgd, momentum: 0.9}", "resume.reset_optimizer=true",
-                             "faults=[]")
+    changed = with_overrides(
+        spec, "train.optimizer={type: sgd, momentum: 0.9}", "resume.reset_optimizer=true", "faults=[]"
+    )
     result = run(changed)
     assert result.resumed_from == "000000000010" and result.optimizer_step == 6
     assert "optimizer state (moments) starts fresh" in capsys.readouterr().err
-    saved = load_deepspeed_file(RunStorage(spec.run_url).read_bytes("states", result.final_state,
-                                                                    "engine/mp_rank_00_model_states.pt", limit=1 << 30))
+    saved = load_deepspeed_file(
+        RunStorage(spec.run_url).read_bytes(
+            "states", result.final_state, "engine/mp_rank_00_model_states.pt", limit=1 << 30
+        )
+    )
     group = saved["optimizer"]["param_groups"][0]
     assert group["momentum"] == 0.9 and "betas" not in group
 
 
 def test_config_wins_for_every_optimizer_hyperparameter(tmp_path, capsys):
     spec = _crashed(tmp_path, "train.optimizer={type: adamw, weight_decay: 0.01}")
-    changed = with_overrides(spec, "train.optimizer={type: adamw, weight_decay: 0.2, betas: [0.8, 0.9], eps: 1e-6}",
-                             "faults=[]")
+    changed = with_overrides(
+        spec, "train.optimizer={type: adamw, weight_decay: 0.2, betas: [0.8, 0.9], eps: 1e-6}", "faults=[]"
+    )
     result = run(changed)
     err = capsys.readouterr().err
     assert "weight_decay (param group 0): the state had 0.01, the spec says 0.2" in err
     assert "betas" in err and "eps" in err
-    saved = load_deepspeed_file(RunStorage(spec.run_url).read_bytes("states", result.final_state,
-                                                                    "engine/mp_rank_00_model_states.pt", limit=1 << 30))
+    saved = load_deepspeed_file(
+        RunStorage(spec.run_url).read_bytes(
+            "states", result.final_state, "engine/mp_rank_00_model_states.pt", limit=1 << 30
+        )
+    )
     # the default no_decay split: weights decay, biases (the second group) do not, whatever weight_decay says
     got = [(g["weight_decay"], tuple(g["betas"]), g["eps"]) for g in saved["optimizer"]["param_groups"]]
     assert got == [(0.2, (0.8, 0.9), 1e-6), (0.0, (0.8, 0.9), 1e-6)]
@@ -220,8 +250,11 @@ def test_an_edited_micro_step_is_refused_and_both_listings_agree(tmp_path):
     t = trainer_json(spec, "000000000010")
     t["global_micro_step"] = 11  # claims a mid-cycle micro-step; directory name unchanged
     _recommit(store, "000000000010", trainer=t)
-    assert _newest_verdict(spec) == ("000000000010", "corrupt", "directory 000000000010 does not hold micro-step 11 "
-                                                                "(trainer.json global_micro_step)")
+    assert _newest_verdict(spec) == (
+        "000000000010",
+        "corrupt",
+        "directory 000000000010 does not hold micro-step 11 (trainer.json global_micro_step)",
+    )
     # renamed to match, the other position fields contradict it
     spec2 = _crashed(tmp_path / "b")
     store2 = RunStorage(spec2.run_url)
@@ -303,8 +336,10 @@ def test_random_collate_resumes_exactly(tmp_path, workers):
 
 def test_best_metric_skips_non_finite_and_non_numeric_metrics():
     exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3)
-    cands = [classify(candidate_for(s, exp, metrics={"loss": v}), exp)
-             for s, v in ((4, 0.5), (8, float("nan")), (10, "low"), (14, float("-inf")))]
+    cands = [
+        classify(candidate_for(s, exp, metrics={"loss": v}), exp)
+        for s, v in ((4, 0.5), (8, float("nan")), (10, "low"), (14, float("-inf")))
+    ]
     assert all(c.verdict is Verdict.RESUMABLE for c in cands)
     d = BestMetric("loss", "min").choose(cands[::-1], {})
     assert d.state == "000000000004" and "not finite" in d.reason and "not a number" in d.reason
@@ -315,8 +350,21 @@ def test_best_metric_skips_non_finite_and_non_numeric_metrics():
 def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_loop(tmp_path, capsys):
     from syncpoint.orchestrator.cli import main
 
-    exp2 = Expectation("j", 2, 2, 4, 10, 0, "f", 3, elastic=True, global_batch=16, samples_per_epoch=40,
-                       precision="fp32", optimizer_type="adamw")
+    exp2 = Expectation(
+        "j",
+        2,
+        2,
+        4,
+        10,
+        0,
+        "f",
+        3,
+        elastic=True,
+        global_batch=16,
+        samples_per_epoch=40,
+        precision="fp32",
+        optimizer_type="adamw",
+    )
     exp1 = dataclasses.replace(exp2, world_size=1, grad_accum=8, micro_batches_per_epoch=20)
     store = RunStorage(f"file://{tmp_path}/run")
     commit_candidate(store, candidate_for(8, exp2, metrics={"loss": "n/a"}))  # 8 micro-steps on 2 = 16 on 1
@@ -328,11 +376,26 @@ def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_
 
 
 def test_expectation_round_trips_through_the_trainer_record():
-    exp = Expectation("j", 2, 2, 4, 10, 1, "f", 3, elastic=True, global_batch=16, samples_per_epoch=40,
-                      num_samples=41, precision="bf16", optimizer_type="sgd", scheduler_type="cosine",
-                      scheduler_phases=("linear_warmup", "cosine"),
-                      model_buffers=(("bn.running_mean", (16,), "float32"),),
-                      parameter_dtypes=("bfloat16", (("head.weight", "float32"),)))
+    exp = Expectation(
+        "j",
+        2,
+        2,
+        4,
+        10,
+        1,
+        "f",
+        3,
+        elastic=True,
+        global_batch=16,
+        samples_per_epoch=40,
+        num_samples=41,
+        precision="bf16",
+        optimizer_type="sgd",
+        scheduler_type="cosine",
+        scheduler_phases=("linear_warmup", "cosine"),
+        model_buffers=(("bn.running_mean", (16,), "float32"),),
+        parameter_dtypes=("bfloat16", (("head.weight", "float32"),)),
+    )
     t, identity = candidate_for(8, exp).trainer, identity_record(exp)
     assert {k: v for k, v in identity.items() if k != "optimizer"}.items() <= t.items()
     assert identity["optimizer"].items() <= t["optimizer"].items()  # the record adds the groups' running keys
@@ -357,11 +420,16 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     task = load_task(spec.task.path, spec.task.config)
     t = spec.train
     groups = tuple(g.record() for g in layout_of(make_optimizer(spec, task.model), task.model))
-    live = Expectation.from_spec(spec, layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
-                                 model_fingerprint=model_fingerprint(task.model), num_samples=len(task.dataset),
-                                 param_groups=groups, model_buffers=model_buffers(task.model),
-                                 parameter_dtypes=parameter_dtypes(task.model),
-                                 task_generators={p: kind(g) for p, g in of_task(task)[0].items()})
+    live = Expectation.from_spec(
+        spec,
+        layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
+        model_fingerprint=model_fingerprint(task.model),
+        num_samples=len(task.dataset),
+        param_groups=groups,
+        model_buffers=model_buffers(task.model),
+        parameter_dtypes=parameter_dtypes(task.model),
+        task_generators={p: kind(g) for p, g in of_task(task)[0].items()},
+    )
     assert live == exp and len(groups) == 2  # the default no_decay split: weights, biases
 
 
@@ -393,12 +461,20 @@ def test_the_failure_line_carries_the_reason_for_each_refusal_kind(tmp_path):
     spec = _crashed(tmp_path)
     kinds = {
         "incompatible": (with_overrides(spec, "train.seed=9", "faults=[]"), "train.seed"),
-        "pinned missing": (with_overrides(spec, "resume.policy=pinned", "resume.policy_args={state: 99}",
-                                          "faults=[]"), "pinned state 99 does not exist"),
-        "policy args": (with_overrides(spec, "resume.policy=pinned", "resume.policy_args={nope: 1}", "faults=[]"),
-                        "resume.policy / resume.policy_args"),
-        "user error": (linear_spec(tmp_path / "u", "task.path=tests.tasks:failing_loss",
-                                   "task.config={num_samples: 8, fail_at: 3}"), "ValueError: bad batch at call 3"),
+        "pinned missing": (
+            with_overrides(spec, "resume.policy=pinned", "resume.policy_args={state: 99}", "faults=[]"),
+            "pinned state 99 does not exist",
+        ),
+        "policy args": (
+            with_overrides(spec, "resume.policy=pinned", "resume.policy_args={nope: 1}", "faults=[]"),
+            "resume.policy / resume.policy_args",
+        ),
+        "user error": (
+            linear_spec(
+                tmp_path / "u", "task.path=tests.tasks:failing_loss", "task.config={num_samples: 8, fail_at: 3}"
+            ),
+            "ValueError: bad batch at call 3",
+        ),
     }
     for kind, (s, expected) in kinds.items():
         reason, details = failure_report(_ray_failure(_failure_of(s)))
@@ -437,8 +513,13 @@ def test_non_state_names_are_not_candidates(tmp_path):
 
 def test_retention_keeps_the_submissions_own_newest_state_behind_newer_old_ones(tmp_path):
     base = _prepare_old_run(tmp_path)  # states 4 .. 20 from an earlier submission
-    spec = with_overrides(base, "resume.policy=pinned", "resume.policy_args={state: 4}", "checkpoint.keep_last=2",
-                          "faults=[{at_micro_step: 9, mode: raise}]")
+    spec = with_overrides(
+        base,
+        "resume.policy=pinned",
+        "resume.policy_args={state: 4}",
+        "checkpoint.keep_last=2",
+        "faults=[{at_micro_step: 9, mode: raise}]",
+    )
     with pytest.raises(BaseException) as crash:
         run_in_process(spec, print_progress=False, submission_id="submission-C")
     assert type(crash.value).__name__ == "InjectedCrash"

@@ -25,24 +25,34 @@ def _cand(name: str, verdict: Verdict, symlink: bool = False) -> Candidate:
 
 def test_state_names_are_exactly_what_the_writer_writes():
     assert all(is_state_name(state_name(n)) for n in (0, 4, 10**6, 10**12 - 1))
-    for name in ("notes", "README.txt", "00000000004", "0000000000040", "00000000000a",
-                 "٠٠٠٠٠٠٠٠٠٠٠٤", "00000000000²", " 00000000004", "000000000004/"):
+    for name in (
+        "notes",
+        "README.txt",
+        "00000000004",
+        "0000000000040",
+        "00000000000a",
+        "٠٠٠٠٠٠٠٠٠٠٠٤",
+        "00000000000²",
+        " 00000000004",
+        "000000000004/",
+    ):
         assert not is_state_name(name), name
 
 
 def test_plan_never_deletes_foreign_names_links_or_files():
     cands = [
-        _cand("000000000010", Verdict.RESUMABLE), _cand("000000000008", Verdict.RESUMABLE),
+        _cand("000000000010", Verdict.RESUMABLE),
+        _cand("000000000008", Verdict.RESUMABLE),
         _cand("000000000006", Verdict.RESUMABLE),
-        _cand("notes", Verdict.TORN), _cand("README.txt", Verdict.TORN),
+        _cand("notes", Verdict.TORN),
+        _cand("README.txt", Verdict.TORN),
         _cand("٠٠٠٠٠٠٠٠٠٠٠٤", Verdict.TORN),  # digits, but not ASCII ones
         _cand("000000000002", Verdict.CORRUPT, symlink=True),
         _cand("000000000003", Verdict.TORN),  # a regular file named like a state
         _cand("000000000005", Verdict.RESUMABLE),  # a link discovery did not flag (kinds says so)
         _cand("000000000001", Verdict.TORN),  # crash debris of ours: goes
     ]
-    kinds = {c.name: "dir" for c in cands} | {"000000000002": "link", "000000000003": "file",
-                                                "000000000005": "link"}
+    kinds = {c.name: "dir" for c in cands} | {"000000000002": "link", "000000000003": "file", "000000000005": "link"}
     for prune in (False, True):
         plan = plan_retention(cands, keep_last=2, prune_unsafe=prune, kinds=kinds)
         assert plan.delete == ["000000000006", "000000000001"]
@@ -52,7 +62,8 @@ def test_plan_never_deletes_foreign_names_links_or_files():
         assert "000000000003: not a directory (file)" in reported
     # an entry the listing did not see (created since) is left alone too
     assert plan_retention(cands, keep_last=1, kinds={"000000000010": "dir", "000000000008": "dir"}).delete == [
-        "000000000008"]
+        "000000000008"
+    ]
 
 
 def _outside_state(tmp_path) -> str:
@@ -75,9 +86,15 @@ def _plant(states, tmp_path) -> str:
 
 
 def test_retention_in_a_real_run_leaves_foreign_entries_and_link_targets_alone(tmp_path):
-    spec = lm_spec(tmp_path / "runs", "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=1",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", "checkpoint.keep_last=2",
-                   "checkpoint.prune_unsafe=true")
+    spec = lm_spec(
+        tmp_path / "runs",
+        "task.config.num_samples=20",
+        "train.grad_accum=4",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "checkpoint.keep_last=2",
+        "checkpoint.prune_unsafe=true",
+    )
     assert run(spec).final_state == "000000000010"  # states 4, 8, 10: 4 already retired
     states = tmp_path / "runs" / spec.name / "states"
     target = _plant(states, tmp_path)  # someone's notes, a file and a link appear next to the states
@@ -88,8 +105,14 @@ def test_retention_in_a_real_run_leaves_foreign_entries_and_link_targets_alone(t
     assert (states / "000000000003").read_text() == "a file, not a state"
     assert os.path.islink(states / "000000000002")
     assert sorted(os.listdir(target)) == ["manifest.json", "trainer.json"]  # the target is untouched
-    assert sorted(os.listdir(states)) == ["000000000002", "000000000003", "000000000018", "000000000020",
-                                         "README.txt", "notes"]
+    assert sorted(os.listdir(states)) == [
+        "000000000002",
+        "000000000003",
+        "000000000018",
+        "000000000020",
+        "README.txt",
+        "notes",
+    ]
 
 
 def test_delete_state_refuses_links_and_foreign_names(tmp_path, capsys):
@@ -109,8 +132,12 @@ def test_delete_state_refuses_links_and_foreign_names(tmp_path, capsys):
 def test_storage_never_deletes_through_a_link_and_lists_kinds(tmp_path):
     store = RunStorage(str(tmp_path / "run"))
     target = _plant(tmp_path / "run" / "states", tmp_path)
-    assert store.entry_kinds("states") == {"notes": "dir", "README.txt": "file", "000000000003": "file",
-                                           "000000000002": "link"}
+    assert store.entry_kinds("states") == {
+        "notes": "dir",
+        "README.txt": "file",
+        "000000000003": "file",
+        "000000000002": "link",
+    }
     with pytest.raises(OSError):
         store.remove("states", "000000000002", "manifest.json")  # the parent is a link: refused
     with pytest.raises(OSError):

@@ -28,17 +28,24 @@ RUNNING = "task.path=tests.tasks:linear_running_groups"
 
 def _spec(tmp, zero, *extra):
     """24 samples, accumulation 2: 12 optimizer steps; a state every 2 steps."""
-    return linear_spec(tmp, "task.config.num_samples=24", "train.grad_accum=2",
-                       "checkpoint.save_every={value: 2, unit: optimizer_steps}", f"deepspeed.zero_stage={zero}",
-                       "train.scheduler={type: constant}", *extra)
+    return linear_spec(
+        tmp,
+        "task.config.num_samples=24",
+        "train.grad_accum=2",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+        f"deepspeed.zero_stage={zero}",
+        "train.scheduler={type: constant}",
+        *extra,
+    )
 
 
 def _groups(spec, name, zero):
     """The base optimizer's param groups as DeepSpeed saved them (rank 0's file)."""
     if zero != 3:
         return _groups_0_to_2(spec, name, zero)
-    data = RunStorage(spec.run_url).read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                               limit=1 << 30)
+    data = RunStorage(spec.run_url).read_bytes(
+        "states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", limit=1 << 30
+    )
     return load_deepspeed_file(data)["optimizer_state_dict"]["optimizer_state_dict"]["param_groups"]
 
 
@@ -98,12 +105,20 @@ def test_a_changed_weight_decay_wins_and_running_values_are_kept(tmp_path, capsy
     assert "param group 0 d: running state" in out and "changed from 1.0 to 2.0" in out
     final = _values(_groups(spec, result.final_state, 2))[0]
     assert final["weight_decay"] == 0.05 and final["d0"] == 2.0
-    assert final["k"] == 12 and final["d"] == pytest.approx(saved["d"] * 1.05 ** 6, rel=1e-12)
+    assert final["k"] == 12 and final["d"] == pytest.approx(saved["d"] * 1.05**6, rel=1e-12)
 
 
 def _group(p, **values):
-    return {"params": [p], "lr": 0.1, "initial_lr": 0.1, "weight_decay": 0.0, "d": 1.0, "k": 0,
-            "betas": (0.9, 0.99), "t": torch.tensor(1.0)} | values
+    return {
+        "params": [p],
+        "lr": 0.1,
+        "initial_lr": 0.1,
+        "weight_decay": 0.0,
+        "d": 1.0,
+        "k": 0,
+        "betas": (0.9, 0.99),
+        "t": torch.tensor(1.0),
+    } | values
 
 
 def test_running_keys_are_what_the_optimizer_changed():
@@ -122,8 +137,11 @@ def test_running_keys_are_what_the_optimizer_changed():
     restored = fresh.restore(loaded, lambda key: True, running)
     assert (loaded[0]["d"], loaded[0]["k"], loaded[0]["norm"], float(loaded[0]["t"])) == (9.0, 7, 4.0, 5.0)
     assert (loaded[0]["lr"], loaded[0]["weight_decay"], loaded[0]["betas"]) == (0.1, 0.0, (0.9, 0.99))
-    assert restored.changes == ["Task.optimizer param group 0 weight_decay: the state had 0.3, the task says 0.0; "
-                                "the task wins"] and restored.kept == []
+    assert (
+        restored.changes
+        == ["Task.optimizer param group 0 weight_decay: the state had 0.3, the task says 0.0; the task wins"]
+        and restored.kept == []
+    )
     assert fresh.running_record(loaded) == running  # the record carries on to the next save
     # the initial value of a running key changed: the state's value is kept, one info line says so
     moved = GroupSettings.snapshot([_group(p, d=2.0)], (), "Opt")
@@ -141,8 +159,12 @@ def test_running_keys_are_what_the_optimizer_changed():
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [0, 2])
 def test_engine_counters_a_loss_reads_resume_exactly(tmp_path, zero):
-    extra = ("task.path=tests.tasks:linear_counters", "task.config.num_samples=20", "train.grad_accum=3",
-             "train.epochs=2")  # 20 micro-batches per epoch, accumulation 3: a short cycle at each epoch end
+    extra = (
+        "task.path=tests.tasks:linear_counters",
+        "task.config.num_samples=20",
+        "train.grad_accum=3",
+        "train.epochs=2",
+    )  # 20 micro-batches per epoch, accumulation 3: a short cycle at each epoch end
     ref = _spec(tmp_path / "ref", zero, *extra)
     ref_final = run(ref).final_state
     spec = _spec(tmp_path / "run", zero, *extra, "faults=[{at_micro_step: 27, mode: raise}]")
@@ -159,16 +181,24 @@ def test_running_state_survives_a_resize(tmp_path):
     (``k`` counts every step of the run, not those since the resize)."""
     from syncpoint.workers.launch import run_spawned
 
-    spec = linear_spec(tmp_path, RUNNING, "scaling.num_workers={min: 1, max: 2}", "task.config.num_samples=32",
-                       "train.grad_accum=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                       "deepspeed.zero_stage=2", "faults=[{rank: 1, at_micro_step: 7}]", workers=2)
+    spec = linear_spec(
+        tmp_path,
+        RUNNING,
+        "scaling.num_workers={min: 1, max: 2}",
+        "task.config.num_samples=32",
+        "train.grad_accum=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "deepspeed.zero_stage=2",
+        "faults=[{rank: 1, at_micro_step: 7}]",
+        workers=2,
+    )
     assert run_spawned(spec)[1] == 17
     assert run_spawned(spec, world_size=1) == [0]
     name = state_names(spec)[-1]
     final = trainer_json(spec, name)  # 8 optimizer steps: 3 on two workers, 5 on one
     assert (final["world_size"], final["optimizer_step"]) == (1, 8)
     groups = _values(_groups(spec, name, 2))
-    assert groups[0]["k"] == 8 and groups[0]["d"] == pytest.approx(1.05 ** 8, rel=1e-12)
+    assert groups[0]["k"] == 8 and groups[0]["d"] == pytest.approx(1.05**8, rel=1e-12)
 
 
 @pytest.mark.slow
@@ -177,7 +207,13 @@ def test_init_from_starts_the_counters_at_zero(tmp_path):
     position is fresh, so the counters a loss reads are too."""
     source = _spec(tmp_path / "source", 0, "task.path=tests.tasks:linear_counters", "train.max_steps=3")
     final = run(source).final_state
-    spec = _spec(tmp_path / "run", 0, "task.path=tests.tasks:linear_counters", "task.config.starts_at_zero=true",
-                 f"resume.init_from={source.run_url}/states/{final}", "resume.init_optimizer=true",
-                 "train.max_steps=2")
+    spec = _spec(
+        tmp_path / "run",
+        0,
+        "task.path=tests.tasks:linear_counters",
+        "task.config.starts_at_zero=true",
+        f"resume.init_from={source.run_url}/states/{final}",
+        "resume.init_optimizer=true",
+        "train.max_steps=2",
+    )
     assert run(spec).optimizer_step == 2

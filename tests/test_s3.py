@@ -47,12 +47,21 @@ KEY, SECRET = "testing", "testing"
 
 # 10 micro-batches per epoch, accumulation 4: boundaries at 4, 8, 10, 14, 18, 20; save requests every
 # 3 micro-steps are serviced at the next boundary (states 4, 8, 10, 14, 18, 20).
-RESUME_LAYOUT = ("task.config.num_samples=10", "train.grad_accum=4", "train.epochs=2",
-                 "checkpoint.save_every={value: 3, unit: micro_steps}", "deepspeed.zero_stage=2",
-                 "train.scheduler={type: cosine, warmup: 2}")
+RESUME_LAYOUT = (
+    "task.config.num_samples=10",
+    "train.grad_accum=4",
+    "train.epochs=2",
+    "checkpoint.save_every={value: 3, unit: micro_steps}",
+    "deepspeed.zero_stage=2",
+    "train.scheduler={type: cosine, warmup: 2}",
+)
 # 8 micro-batches, accumulation 2, a state every optimizer step: 2, 4, 6, 8.
-SMALL_LAYOUT = ("task.config.num_samples=8", "train.grad_accum=2",
-                "checkpoint.save_every={value: 1, unit: optimizer_steps}", "deepspeed.zero_stage=1")
+SMALL_LAYOUT = (
+    "task.config.num_samples=8",
+    "train.grad_accum=2",
+    "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+    "deepspeed.zero_stage=1",
+)
 
 
 def _free_port() -> int:
@@ -75,17 +84,26 @@ def s3():
     endpoint = f"http://127.0.0.1:{port}"
     mp = pytest.MonkeyPatch()
     try:
-        for k, v in {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-                     "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-                     "FSSPEC_S3_ENDPOINT_URL": endpoint, "FSSPEC_S3_KEY": KEY, "FSSPEC_S3_SECRET": SECRET}.items():
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "FSSPEC_S3_ENDPOINT_URL": endpoint,
+            "FSSPEC_S3_KEY": KEY,
+            "FSSPEC_S3_SECRET": SECRET,
+        }.items():
             mp.setenv(k, v)
         for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             mp.delenv(k, raising=False)
-        mp.setitem(fsspec.config.conf, "s3",
-                   {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET})
+        mp.setitem(
+            fsspec.config.conf, "s3", {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET}
+        )
         s3fs.S3FileSystem.clear_instance_cache()
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                              aws_access_key_id=KEY, aws_secret_access_key=SECRET)
+        client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY, aws_secret_access_key=SECRET
+        )
         client.create_bucket(Bucket=BUCKET)
         fs, path = fsspec.core.url_to_fs(f"s3://{BUCKET}/probe")  # exactly how RunStorage resolves a URL
         assert isinstance(fs, s3fs.S3FileSystem) and path == f"{BUCKET}/probe"
@@ -139,8 +157,9 @@ def test_crash_before_manifest_on_s3_is_torn_and_skipped(s3, tmp_path):
     ref = linear_spec(tmp_path, *SMALL_LAYOUT)
     ref_final = run(ref).final_state
 
-    spec = linear_spec(f"s3://{BUCKET}/torn", *SMALL_LAYOUT,
-                       "faults=[{phase: before_manifest, at_save: 2, mode: raise}]")
+    spec = linear_spec(
+        f"s3://{BUCKET}/torn", *SMALL_LAYOUT, "faults=[{phase: before_manifest, at_save: 2, mode: raise}]"
+    )
     assert run_until_crash(spec)
     torn = f"{4:012d}"
     store = RunStorage(spec.run_url)
@@ -192,8 +211,12 @@ def test_manifest_is_one_put_without_temp_object_or_rename(s3, s3_calls):
     for step in states:
         assert f"single-put/linear/states/{step:012d}/manifest.json" in all_keys
 
-    writes = [(op, key) for op, key in s3_calls if op in ("put_object", "create_multipart_upload", "copy_object",
-                                                          "upload_part_copy", "complete_multipart_upload")]
+    writes = [
+        (op, key)
+        for op, key in s3_calls
+        if op
+        in ("put_object", "create_multipart_upload", "copy_object", "upload_part_copy", "complete_multipart_upload")
+    ]
     assert writes, "the spy saw no S3 writes"
     assert not [w for w in s3_calls if w[0] in ("copy_object", "upload_part_copy")], "a copy (rename) was issued"
     assert not [w for w in writes if w[1].endswith(".tmp")], "a temp object was written"
@@ -237,8 +260,6 @@ def test_cli_states_digest_and_events_on_s3(s3, tmp_path, capsys):
     assert "not a committed state" in capsys.readouterr().err
 
 
-
-
 @pytest.fixture
 def listed_run(s3, request):
     """A finished run on S3 (its own prefix per test) that this process has already listed (states/, events/)."""
@@ -252,17 +273,20 @@ def listed_run(s3, request):
 def test_discovery_sees_a_state_committed_by_another_writer_after_listing(s3, listed_run):
     spec, _ = listed_run
     # Another writer, through its own client (as another process would), commits state 10.
-    prefix = spec.run_url[len(f"s3://{BUCKET}/"):]
+    prefix = spec.run_url[len(f"s3://{BUCKET}/") :]
     src, new = f"{prefix}/states/000000000008/", f"{prefix}/states/000000000010/"
     for key in keys(s3, src):
-        s3.copy_object(Bucket=BUCKET, Key=new + key[len(src):], CopySource={"Bucket": BUCKET, "Key": key})
+        s3.copy_object(Bucket=BUCKET, Key=new + key[len(src) :], CopySource={"Bucket": BUCKET, "Key": key})
     fresh = RunStorage(spec.run_url)  # what the next reader in this process does
     assert f"{10:012d}" in [c.name for c in discover(fresh)], "discovery missed a freshly committed state"
 
 
 def test_event_log_sees_an_event_written_by_another_writer_after_listing(s3, listed_run):
     spec, n_events = listed_run
-    prefix = spec.run_url[len(f"s3://{BUCKET}/"):]
-    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/events/99999999999999999999-finished-abcdef.json",
-                  Body=json.dumps({"kind": "finished", "time": 9e9, "source": "other"}).encode())
+    prefix = spec.run_url[len(f"s3://{BUCKET}/") :]
+    s3.put_object(
+        Bucket=BUCKET,
+        Key=f"{prefix}/events/99999999999999999999-finished-abcdef.json",
+        Body=json.dumps({"kind": "finished", "time": 9e9, "source": "other"}).encode(),
+    )
     assert len(EventLog(RunStorage(spec.run_url)).read_all()) == n_events + 1, "the event log missed a new event"

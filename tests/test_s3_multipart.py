@@ -58,7 +58,7 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
 
     with store.open_durable("streamed.bin") as w:  # odd write sizes, as torch.save's
         for start, size in ((0, 100), (100, 3 * PART), (3 * PART + 100, 7), (3 * PART + 107, len(data))):
-            w.write(data[start:start + size])
+            w.write(data[start : start + size])
     assert w.entry() == {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
     assert _parts(client, "parts/streamed.bin") == 5
     assert store.read_bytes("streamed.bin", limit=1 << 30) == data
@@ -86,10 +86,14 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
 
 # An MLP of ~2.4M parameters (bench.p2_save_cost's task): model file ~9 MB (2 parts), the ZeRO-2
 # optimizer shard ~28 MB (6 parts). 16 samples, accumulation 2: boundaries every 2 micro-steps.
-MLP_LAYOUT = ("task.path=bench.p2_save_cost:build",
-              "task.config={d_in: 256, width: 1024, depth: 1, num_samples: 16}",
-              "train.grad_accum=2", "train.epochs=1", "deepspeed.zero_stage=2",
-              "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+MLP_LAYOUT = (
+    "task.path=bench.p2_save_cost:build",
+    "task.config={d_in: 256, width: 1024, depth: 1, num_samples: 16}",
+    "train.grad_accum=2",
+    "train.epochs=1",
+    "deepspeed.zero_stage=2",
+    "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+)
 
 
 def test_multipart_state_is_bitwise_and_a_changed_part_is_refused(small_parts, tmp_path):
@@ -117,8 +121,11 @@ def test_multipart_state_is_bitwise_and_a_changed_part_is_refused(small_parts, t
     body = bytearray(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
     body[3 * PART + 17] ^= 0x01  # one bit inside the fourth part; the size is unchanged
     client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
-    cand = Candidate(name=f"{8:012d}", manifest=manifest,
-                     trainer=store.read_json("states", f"{8:012d}", "trainer.json", limit=TRAINER_MAX_BYTES))
+    cand = Candidate(
+        name=f"{8:012d}",
+        manifest=manifest,
+        trainer=store.read_json("states", f"{8:012d}", "trainer.json", limit=TRAINER_MAX_BYTES),
+    )
     with pytest.raises(ChecksumMismatch, match="does not match the manifest"):
         fetch_state(store, cand, 0)
 

@@ -14,8 +14,15 @@ from tests.helpers import cli, digest, linear_spec, run, run_until_crash, step_h
 
 
 def _spec(tmp, *extra):
-    return linear_spec(tmp, "task.config.num_samples=10", "train.grad_accum=4", "train.epochs=2",
-                       "train.record_samples=true", "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return linear_spec(
+        tmp,
+        "task.config.num_samples=10",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "train.record_samples=true",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 def _samples(spec) -> dict[int, list[int]]:
@@ -53,7 +60,9 @@ def test_an_unknown_sampler_is_refused_at_selection_and_states_shows_each_sample
     rc, out, _ = cli(capsys, "states", spec.run_url.removeprefix("file://"), "--json")
     assert rc == 0
     rows = {c["state"]: c for c in json.loads(out)["candidates"]}
-    assert rows[newest]["verdict"] == "incompatible" and "sampler ('quantum/v9') is not one this syncpoint knows" in \
-        rows[newest]["reason"]
+    assert (
+        rows[newest]["verdict"] == "incompatible"
+        and "sampler ('quantum/v9') is not one this syncpoint knows" in rows[newest]["reason"]
+    )
     assert rows[f"{8:012d}"]["verdict"] == "resumable" and f"sampler {SAMPLER_VERSION}" in rows[f"{8:012d}"]["reason"]
     assert run(with_overrides(spec, "faults=[]")).resumed_from == f"{8:012d}"

@@ -75,21 +75,57 @@ def test_decide_waits_for_a_measurement_then_clamps():
 
 def _journal() -> Journal:
     """Two attempts: the first ran 100 s and was preempted, a 30 s restart gap, the second ran 50 s."""
-    return Journal([
-        AttemptStarted(time=1000.0, attempt=1, world_size=2, resumed_from=None, global_micro_step=0,
-                       optimizer_step=0),
-        StateCommitted(time=1040.0, attempt=1, state="000000000008", global_micro_step=8, optimizer_step=2,
-                       bytes=1, seconds=0.5, blocked_seconds=0.3, reasons=["interval"]),
-        Progress(time=1100.0, attempt=1, records=[]),
-        Failure(time=1110.0, classified="preemption", reason="node lost", decision="retry", ranks=[1],
-                messages=[], dead_nodes=["n1"]),
-        Failure(time=1111.0, classified="application", reason="bug", decision="retry", ranks=[0],
-                messages=[], dead_nodes=[]),
-        AttemptStarted(time=1130.0, attempt=2, world_size=2, resumed_from="000000000008", global_micro_step=8,
-                       optimizer_step=2),
-        StateCommitted(time=1180.0, attempt=2, state="000000000016", global_micro_step=16, optimizer_step=4,
-                       bytes=1, seconds=0.5, blocked_seconds=0.5, reasons=["interval"]),
-    ])
+    return Journal(
+        [
+            AttemptStarted(
+                time=1000.0, attempt=1, world_size=2, resumed_from=None, global_micro_step=0, optimizer_step=0
+            ),
+            StateCommitted(
+                time=1040.0,
+                attempt=1,
+                state="000000000008",
+                global_micro_step=8,
+                optimizer_step=2,
+                bytes=1,
+                seconds=0.5,
+                blocked_seconds=0.3,
+                reasons=["interval"],
+            ),
+            Progress(time=1100.0, attempt=1, records=[]),
+            Failure(
+                time=1110.0,
+                classified="preemption",
+                reason="node lost",
+                decision="retry",
+                ranks=[1],
+                messages=[],
+                dead_nodes=["n1"],
+            ),
+            Failure(
+                time=1111.0,
+                classified="application",
+                reason="bug",
+                decision="retry",
+                ranks=[0],
+                messages=[],
+                dead_nodes=[],
+            ),
+            AttemptStarted(
+                time=1130.0, attempt=2, world_size=2, resumed_from="000000000008", global_micro_step=8, optimizer_step=2
+            ),
+            StateCommitted(
+                time=1180.0,
+                attempt=2,
+                state="000000000016",
+                global_micro_step=16,
+                optimizer_step=4,
+                bytes=1,
+                seconds=0.5,
+                blocked_seconds=0.5,
+                reasons=["interval"],
+            ),
+        ]
+    )
 
 
 def test_history_from_the_event_log():
@@ -152,18 +188,38 @@ def test_spec_accepts_auto_and_its_prior():
     assert again == c
 
 
-@pytest.mark.parametrize("data,where,says", [
-    ({"save_every": "auto", "expected_preemptions_per_hour": 0}, "expected_preemptions_per_hour", "greater than 0"),
-    ({"save_every": "auto", "expected_preemptions_per_hour": -2}, "expected_preemptions_per_hour", "greater than 0"),
-    ({"save_every": "auto", "expected_preemptions_per_hour": float("inf")}, "expected_preemptions_per_hour",
-     "finite"),
-    ({"save_every": "auto", "expected_preemptions_per_hour": float("nan")}, "expected_preemptions_per_hour",
-     "finite"),
-    ({"save_every": "auto", "expected_preemptions_per_hour": 1e5}, "expected_preemptions_per_hour",
-     "less than or equal to 3600"),
-    ({"save_every": "10 seconds", "expected_preemptions_per_hour": 2}, "", "only read by checkpoint.save_every: auto"),
-    ({"save_every": {"value": 5, "unit": "auto"}}, "save_every", "takes no value"),
-])
+@pytest.mark.parametrize(
+    "data,where,says",
+    [
+        ({"save_every": "auto", "expected_preemptions_per_hour": 0}, "expected_preemptions_per_hour", "greater than 0"),
+        (
+            {"save_every": "auto", "expected_preemptions_per_hour": -2},
+            "expected_preemptions_per_hour",
+            "greater than 0",
+        ),
+        (
+            {"save_every": "auto", "expected_preemptions_per_hour": float("inf")},
+            "expected_preemptions_per_hour",
+            "finite",
+        ),
+        (
+            {"save_every": "auto", "expected_preemptions_per_hour": float("nan")},
+            "expected_preemptions_per_hour",
+            "finite",
+        ),
+        (
+            {"save_every": "auto", "expected_preemptions_per_hour": 1e5},
+            "expected_preemptions_per_hour",
+            "less than or equal to 3600",
+        ),
+        (
+            {"save_every": "10 seconds", "expected_preemptions_per_hour": 2},
+            "",
+            "only read by checkpoint.save_every: auto",
+        ),
+        ({"save_every": {"value": 5, "unit": "auto"}}, "save_every", "takes no value"),
+    ],
+)
 def test_spec_refuses_bad_auto_settings(data, where, says):
     with pytest.raises(ValidationError) as e:
         CheckpointSpec.model_validate(data)
@@ -182,8 +238,10 @@ def test_cli_refuses_a_bad_rate_in_one_paragraph(tmp_path, capsys):
 
 
 def _job_text(extra: str) -> str:
-    return ("name: j\ntask: {path: tests.tasks:linear}\ntrain: {micro_batch_size: 1, epochs: 1}\n"
-            f"checkpoint:\n  save_every: auto\n  {extra}\n")
+    return (
+        "name: j\ntask: {path: tests.tasks:linear}\ntrain: {micro_batch_size: 1, epochs: 1}\n"
+        f"checkpoint:\n  save_every: auto\n  {extra}\n"
+    )
 
 
 # ---------------------------------------------------------------- a real loop
@@ -192,8 +250,14 @@ def _job_text(extra: str) -> str:
 def test_auto_saves_and_resumes_exactly(tmp_path, tmp_path_factory, capfd):
     """save_every auto in the real loop: the probe commits a state at the first boundary, the
     interval is decided from its measured cost and logged, and a crash resumes bitwise."""
-    common = ("task.config.num_samples=20", "train.grad_accum=4", "train.epochs=2", "deepspeed.zero_stage=2",
-              "checkpoint.save_every=auto", "checkpoint.expected_preemptions_per_hour=3600")
+    common = (
+        "task.config.num_samples=20",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "deepspeed.zero_stage=2",
+        "checkpoint.save_every=auto",
+        "checkpoint.expected_preemptions_per_hour=3600",
+    )
     ref = lm_spec(tmp_path_factory.mktemp("ref"), *common)
     ref_final = run(ref).final_state
     spec = lm_spec(tmp_path, *common, "faults=[{at_micro_step: 13, mode: raise}]")
@@ -235,15 +299,18 @@ def test_the_restart_profile_splits_r_into_phases_that_add_up():
     from bench.p8_goodput import restart_profile, restarts
 
     def progress(attempt, *steps):
-        return {"kind": "progress", "attempt": attempt,
-                "records": [{"time": t, "optimizer_step": n} for n, t in steps]}
+        return {"kind": "progress", "attempt": attempt, "records": [{"time": t, "optimizer_step": n} for n, t in steps]}
 
-    events = [{"kind": "attempt_started", "attempt": 1, "time": 1.0},
-              {"kind": "resume_decision", "attempt": 1, "time": 0.9}, progress(1, (1, 5.0), (2, 5.5)),
-              {"kind": "fault_fired", "attempt": 1, "time": 10.0},
-              {"kind": "failure", "time": 13.0},
-              {"kind": "resume_decision", "attempt": 2, "time": 30.0},
-              {"kind": "attempt_started", "attempt": 2, "time": 31.0}, progress(2, (3, 35.0))]
+    events = [
+        {"kind": "attempt_started", "attempt": 1, "time": 1.0},
+        {"kind": "resume_decision", "attempt": 1, "time": 0.9},
+        progress(1, (1, 5.0), (2, 5.5)),
+        {"kind": "fault_fired", "attempt": 1, "time": 10.0},
+        {"kind": "failure", "time": 13.0},
+        {"kind": "resume_decision", "attempt": 2, "time": 30.0},
+        {"kind": "attempt_started", "attempt": 2, "time": 31.0},
+        progress(2, (3, 35.0)),
+    ]
     (r,) = restarts(events, 0.5)
     assert r["kind"] == "crash" and r["restart_s"] == 24.5
     assert r["phases"] == {"detection": 3.0, "new worker group": 17.0, "engine, restore, first batch": 4.5}

@@ -15,15 +15,29 @@ from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash
 
-PHASES = ["before_shards", "after_some_shards", "before_manifest", "during_manifest", "before_retention",
-          "during_retention"]
+PHASES = [
+    "before_shards",
+    "after_some_shards",
+    "before_manifest",
+    "during_manifest",
+    "before_retention",
+    "during_retention",
+]
 REFS: dict = {}
 
 
 def _spec(tmp, zero, *extra, workers=1):
-    return lm_spec(tmp, f"task.config.num_samples={20 * workers}", "train.grad_accum=4", "train.epochs=2",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", "checkpoint.keep_last=1",
-                   f"deepspeed.zero_stage={zero}", *extra, workers=workers)
+    return lm_spec(
+        tmp,
+        f"task.config.num_samples={20 * workers}",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "checkpoint.keep_last=1",
+        f"deepspeed.zero_stage={zero}",
+        *extra,
+        workers=workers,
+    )
 
 
 def resumable_states(spec) -> list[str]:
@@ -55,8 +69,9 @@ def test_single_rank_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase", [p if p == "after_some_shards" else pytest.param(p, marks=pytest.mark.long)
-                                   for p in PHASES])  # ZeRO-3's own phase (per-rank model files); all in long
+@pytest.mark.parametrize(
+    "phase", [p if p == "after_some_shards" else pytest.param(p, marks=pytest.mark.long) for p in PHASES]
+)  # ZeRO-3's own phase (per-rank model files); all in long
 def test_single_rank_zero3_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase):
     """ZeRO-3: per-rank model files next to the optimizer shards, same guarantee in every phase."""
     test_single_rank_crash_in_each_save_phase(tmp_path, tmp_path_factory, phase, 3)
@@ -67,14 +82,26 @@ def test_single_rank_zero3_crash_in_each_save_phase(tmp_path, tmp_path_factory, 
 # phases crash rank 0. By default a spread of it (both ranks, every stage, four phases) runs.
 RANK0_ONLY = {"before_manifest", "during_manifest", "during_retention"}
 FULL = [(r, p, z) for p in PHASES for z in (0, 1, 2, 3) for r in ((0,) if p in RANK0_ONLY else (0, 1))]
-SPREAD = [(1, "after_some_shards", 2), (0, "before_manifest", 1), (0, "during_retention", 0), (1, "before_shards", 0),
-          (1, "after_some_shards", 3), (0, "during_manifest", 3)]
+SPREAD = [
+    (1, "after_some_shards", 2),
+    (0, "before_manifest", 1),
+    (0, "during_retention", 0),
+    (1, "before_shards", 0),
+    (1, "after_some_shards", 3),
+    (0, "during_manifest", 3),
+]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rank,phase,zero", FULL if os.environ.get("SYNCPOINT_FULL_MATRIX") else [
-    c if c in ((1, "after_some_shards", 2), (0, "during_manifest", 3)) else pytest.param(*c, marks=pytest.mark.long)
-    for c in SPREAD])
+@pytest.mark.parametrize(
+    "rank,phase,zero",
+    FULL
+    if os.environ.get("SYNCPOINT_FULL_MATRIX")
+    else [
+        c if c in ((1, "after_some_shards", 2), (0, "during_manifest", 3)) else pytest.param(*c, marks=pytest.mark.long)
+        for c in SPREAD
+    ],
+)
 def test_two_ranks_hard_crash_in_save_phase(tmp_path, rank, phase, zero):
     ref = _spec(tmp_path / "ref", zero, workers=2)
     assert run_spawned(ref) == [0, 0]

@@ -16,8 +16,14 @@ from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash
 
 def _spec(tmp, *extra):
     # 10 micro-batches per epoch, accumulation 4, a state at every optimizer step
-    return lm_spec(tmp, "task.config.num_samples=20", "train.grad_accum=4", "train.epochs=2",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return lm_spec(
+        tmp,
+        "task.config.num_samples=20",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 def _decision(spec):
@@ -54,8 +60,11 @@ def test_mid_cycle_torn_and_bad_checksum_are_rejected_and_older_state_wins(tmp_p
     assert verdicts["000000000012"][0] == "mid-cycle"
     events = EventLog(store).read_all()
     decisions = [e for e in events if e["kind"] == "resume_decision"]
-    assert any("xxh3_128 does not match" in (c["reason"] or "")
-               for c in decisions[-1]["candidates"] if c["state"] == "000000000010")
+    assert any(
+        "xxh3_128 does not match" in (c["reason"] or "")
+        for c in decisions[-1]["candidates"]
+        if c["state"] == "000000000010"
+    )
     ref = _spec(tmp_path / "ref")
     run(ref)
     assert digest(spec, result.final_state) == digest(ref, result.final_state)
@@ -123,8 +132,9 @@ def test_init_from_imports_weights_but_never_position(tmp_path):
     run(parent)
     from tests.helpers import with_overrides
 
-    child = with_overrides(_spec(tmp_path / "child"), "name=child",
-                           f"resume.init_from={parent.run_url}/states/000000000020")
+    child = with_overrides(
+        _spec(tmp_path / "child"), "name=child", f"resume.init_from={parent.run_url}/states/000000000020"
+    )
     result = run(child)
     assert result.resumed_from is None
     hist = step_history(child)

@@ -27,8 +27,14 @@ def _key(monkeypatch):
 
 
 def _spec(tmp, *extra):
-    return linear_spec(tmp, "task.config.num_samples=10", "train.grad_accum=4", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return linear_spec(
+        tmp,
+        "task.config.num_samples=10",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 def _crashed(tmp, *extra):
@@ -79,8 +85,10 @@ def test_a_state_re_committed_without_the_key_is_untrusted_and_the_run_falls_bac
     result = run(with_overrides(spec, "faults=[]"))
     assert result.resumed_from == "000000000004"
     v = _verdicts(spec)
-    assert v["000000000010"] == ("untrusted", "signature does not match this run's key (written or changed by "
-                                               "someone without it)")
+    assert v["000000000010"] == (
+        "untrusted",
+        "signature does not match this run's key (written or changed by someone without it)",
+    )
     assert v["000000000008"][0] == "untrusted"
 
 
@@ -160,29 +168,40 @@ def test_a_signed_state_renamed_to_look_newer_is_untrusted(tmp_path):
     result = run(with_overrides(spec, "faults=[]"))
     assert result.resumed_from == "000000000010"
     # the manifest's own state name gives it away first; the binding (bound to the name too) would next
-    assert _verdicts(spec)["000000000030"] == ("corrupt", "manifest names state '000000000008' but lies in "
-                                                          "directory 000000000030")
+    assert _verdicts(spec)["000000000030"] == (
+        "corrupt",
+        "manifest names state '000000000008' but lies in directory 000000000030",
+    )
 
 
 def test_the_binding_is_inside_the_signature_and_names_what_differs():
     key = KEY.encode()
-    m = {"format": "syncpoint-state/1", "files": {"trainer.json": {"size": 2, "sha256": "ab"}},
-         "binding": {"run": "file:///data/runs/job", "state": "000000000008", "job_identity": "j1"}}
+    m = {
+        "format": "syncpoint-state/1",
+        "files": {"trainer.json": {"size": 2, "sha256": "ab"}},
+        "binding": {"run": "file:///data/runs/job", "state": "000000000008", "job_identity": "j1"},
+    }
     signed = sign(m, key)
     assert trust_problem(signed, key, run_url="/data/runs/job", state="000000000008", job_identity="j1") is None
     assert trust_problem(signed, key, run_url="file:///data/runs/job/", state="000000000008") is None
     assert "another run directory" in trust_problem(signed, key, run_url="/data/other/job", state="000000000008")
     assert "renamed" in trust_problem(signed, key, run_url="/data/runs/job", state="000000000009")
-    assert "job identity" in trust_problem(signed, key, run_url="/data/runs/job", state="000000000008",
-                                           job_identity="j2")
+    assert "job identity" in trust_problem(
+        signed, key, run_url="/data/runs/job", state="000000000008", job_identity="j2"
+    )
     rebound = json.loads(json.dumps(signed))
     rebound["binding"]["run"] = "file:///data/other/job"  # re-pointing the binding breaks the signature
     assert "does not match" in trust_problem(rebound, key, run_url="/data/other/job", state="000000000008")
 
 
-@pytest.mark.parametrize("value, says", [(12345, "signature value 12345 is not a hmac-sha256"),
-                                         ("zz", "signature value 'zz' is not a hmac-sha256"),
-                                         (None, "signature value None")])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        (12345, "signature value 12345 is not a hmac-sha256"),
+        ("zz", "signature value 'zz' is not a hmac-sha256"),
+        (None, "signature value None"),
+    ],
+)
 def test_a_malformed_signature_value_is_named_as_such(value, says):
     signed = sign({"files": {"a": {"size": 1, "sha256": "ab"}}}, KEY.encode())
     signed["signature"]["value"] = value

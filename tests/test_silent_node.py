@@ -49,8 +49,13 @@ DETECTION_BOUND_S = 20 + 30 + 90
 
 # ~400 micro-steps paced at 50 ms (numerics unchanged): long enough to cut the link mid-run
 LENGTH = ["task.config.num_samples=1600", "train.epochs=1", "checkpoint.save_every={value: 40, unit: micro_steps}"]
-RUN = [*LENGTH, "failure.max_failures=0", f"scaling.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
-       "task.path=tests.tasks:paced_lm", "task.config.pace_s=0.05"]
+RUN = [
+    *LENGTH,
+    "failure.max_failures=0",
+    f"scaling.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+    "task.path=tests.tasks:paced_lm",
+    "task.config.pace_s=0.05",
+]
 
 
 def _env() -> dict:
@@ -61,26 +66,30 @@ def _env() -> dict:
     return env
 
 
-
-
-
-
 @pytest.mark.timeout(1800)  # three Ray worker nodes and two worker groups on 2 shared cores
 def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_path):
     spec = lm_spec(tmp_path / "run", *RUN, workers=2)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    with private_network() as net, \
-            local_head(_env(), num_cpus=0, system_config=json.dumps(HEALTH), node_ip=net.head_ip) as head, \
-            worker_nodes(head, 0, _env()) as nodes:
+    with (
+        private_network() as net,
+        local_head(_env(), num_cpus=0, system_config=json.dumps(HEALTH), node_ip=net.head_ip) as head,
+        worker_nodes(head, 0, _env()) as nodes,
+    ):
         netns_of = {}
         for _ in range(3):  # two for the ranks, one spare (the autoscaler's replacement, already up)
             ns = net.add_node()
             node = add_worker_node(head, _env(), prefix=ns.prefix, node_ip=ns.ip)
             nodes.append(node)
             netns_of[node.node_id] = ns
-        proc = subprocess.Popen([sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-                                cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+            cwd=ROOT,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             _wait_for(lambda: bool(_events(spec, "state_committed")), proc, "a committed state")
             first = _events(spec, "attempt_started")[0]

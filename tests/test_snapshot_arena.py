@@ -32,11 +32,21 @@ def _state() -> dict:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(64, 32, generator=g)
     return {
-        "module": {"w": w, "tied": w.detach(), "b": torch.randn(32, generator=g).bfloat16(),
-                   "mask": torch.rand(7, generator=g) > 0.5, "t": torch.randn(8, 6, generator=g).t()},
-        "optimizer": {"state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.randn(64, 32, generator=g)}},
-                      "param_groups": [{"lr": 0.1, "params": [0]}]},
-        "empty": torch.empty(0, 3), "global_steps": 12, "names": ["w", "b"], "ds_config": Config(),
+        "module": {
+            "w": w,
+            "tied": w.detach(),
+            "b": torch.randn(32, generator=g).bfloat16(),
+            "mask": torch.rand(7, generator=g) > 0.5,
+            "t": torch.randn(8, 6, generator=g).t(),
+        },
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.randn(64, 32, generator=g)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "empty": torch.empty(0, 3),
+        "global_steps": 12,
+        "names": ["w", "b"],
+        "ds_config": Config(),
     }
 
 
@@ -200,26 +210,39 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
         seen[snap.name] = {
             "module": {k: v.detach().clone() for k, v in engine.module.state_dict().items()},
             "fp32": [t.detach().clone() for t in opt.single_partition_of_fp32_groups],
-            "moments": [t.detach().clone() for t in moments]}
+            "moments": [t.detach().clone() for t in moments],
+        }
         with torch.no_grad():
             for t in [*engine.module.parameters(), *opt.single_partition_of_fp32_groups, *moments]:
                 t.add_(1.0)
         return snap
 
     monkeypatch.setattr(saving, "take_snapshot", take_and_mutate)
-    spec = lm_spec(tmp_path / "run", "task.config.num_samples=24", "train.grad_accum=2", "train.epochs=1",
-                   "checkpoint.save_every={value: 2, unit: micro_steps}", "checkpoint.async=true")
+    spec = lm_spec(
+        tmp_path / "run",
+        "task.config.num_samples=24",
+        "train.grad_accum=2",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 2, unit: micro_steps}",
+        "checkpoint.async=true",
+    )
     run(spec)
     assert seen
     store = RunStorage(spec.run_url)
     for name, ref in seen.items():
         assert store.exists("states", name, "manifest.json")
-        model = load_state_file(store.read_bytes("states", name, "engine/mp_rank_00_model_states.pt",
-                                                 limit=1 << 30), name)
+        model = load_state_file(
+            store.read_bytes("states", name, "engine/mp_rank_00_model_states.pt", limit=1 << 30), name
+        )
         _assert_bitwise(ref["module"], {k: model["module"][k] for k in ref["module"]})
-        optim = load_state_file(store.read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                                 limit=1 << 30), name)["optimizer_state_dict"]
+        optim = load_state_file(
+            store.read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", limit=1 << 30), name
+        )["optimizer_state_dict"]
         _assert_bitwise(ref["fp32"], optim["single_partition_of_fp32_groups"])
-        saved = [t for s in optim["base_optimizer_state"]["state"].values() for t in s.values()
-                 if torch.is_tensor(t) and t.dim()]
+        saved = [
+            t
+            for s in optim["base_optimizer_state"]["state"].values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.dim()
+        ]
         _assert_bitwise(ref["moments"], saved)

@@ -27,24 +27,34 @@ def test_example_and_minimal_specs_load():
     assert resolve_storage(parse_spec(MINIMAL, overrides=["storage=memory://x"])).storage == "memory://x"
 
 
-@pytest.mark.parametrize("patch,expected", [
-    ("train: {micro_batch_size: 2, epochs: 1, grad_accum: 0}",
-     r"train.grad_accum \(line 4\).*greater than or equal to 1"),
-    ("train: {micro_batch_size: 2}", "set train.epochs or train.max_steps"),
-    ("train: {micro_batch_size: 2, epochz: 1}", "train.epochz.*unknown key; allowed keys here are: .*epochs"),
-    ("train: {micro_batch_size: two, epochs: 1}", "train.micro_batch_size.*integer.*'two'"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {zero_stage: 4}", "deepspeed.zero_stage.*0, 1, 2 or 3"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {precision: fp16}", "fp16 needs scaling.use_gpu"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {config: {train_batch_size: 8}}", "set by syncpoint"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ncheckpoint: {save_every: '5 weeks'}", "checkpoint.save_every.unit"),
-    ("train: {micro_batch_size: 2, epochs: 1}\ncheckpoint: {save_every: {value: 1.5, unit: micro_steps}}",
-     "whole number"),
-    ("train: {micro_batch_size: 2, epochs: 1}\nfaults: [{rank: 3, at_micro_step: 2}]", "rank 3 does not exist"),
-    ("train: {micro_batch_size: 2, epochs: 1}\nfaults: [{rank: 0}]", "needs at_micro_step, phase, or both"),
-    ("train: {micro_batch_size: 2, epochs: 1}\nbogus: 1", "bogus.*unknown key"),
-    ("train: {micro_batch_size: 2, epochs: 1}\nscaling: {num_workers: 2}\nfaults: [{rank: 1, phase: before_manifest}]",
-     "happens on rank 0 only"),
-])
+@pytest.mark.parametrize(
+    "patch,expected",
+    [
+        (
+            "train: {micro_batch_size: 2, epochs: 1, grad_accum: 0}",
+            r"train.grad_accum \(line 4\).*greater than or equal to 1",
+        ),
+        ("train: {micro_batch_size: 2}", "set train.epochs or train.max_steps"),
+        ("train: {micro_batch_size: 2, epochz: 1}", "train.epochz.*unknown key; allowed keys here are: .*epochs"),
+        ("train: {micro_batch_size: two, epochs: 1}", "train.micro_batch_size.*integer.*'two'"),
+        ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {zero_stage: 4}", "deepspeed.zero_stage.*0, 1, 2 or 3"),
+        ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {precision: fp16}", "fp16 needs scaling.use_gpu"),
+        ("train: {micro_batch_size: 2, epochs: 1}\ndeepspeed: {config: {train_batch_size: 8}}", "set by syncpoint"),
+        ("train: {micro_batch_size: 2, epochs: 1}\ncheckpoint: {save_every: '5 weeks'}", "checkpoint.save_every.unit"),
+        (
+            "train: {micro_batch_size: 2, epochs: 1}\ncheckpoint: {save_every: {value: 1.5, unit: micro_steps}}",
+            "whole number",
+        ),
+        ("train: {micro_batch_size: 2, epochs: 1}\nfaults: [{rank: 3, at_micro_step: 2}]", "rank 3 does not exist"),
+        ("train: {micro_batch_size: 2, epochs: 1}\nfaults: [{rank: 0}]", "needs at_micro_step, phase, or both"),
+        ("train: {micro_batch_size: 2, epochs: 1}\nbogus: 1", "bogus.*unknown key"),
+        (
+            "train: {micro_batch_size: 2, epochs: 1}\nscaling: {num_workers: 2}\nfaults: "
+            "[{rank: 1, phase: before_manifest}]",
+            "happens on rank 0 only",
+        ),
+    ],
+)
 def test_bad_specs_name_the_field(patch, expected):
     text = MINIMAL.replace("train: {micro_batch_size: 2, epochs: 1}", patch)
     with pytest.raises(SpecError) as e:

@@ -31,16 +31,21 @@ def _corrupt_reason(c: Candidate) -> str:
     return c.reason
 
 
-@pytest.mark.parametrize("override,field", [
-    ({"world_size": "two"}, "trainer.json field world_size"),
-    ({"epoch": 1.0}, "trainer.json field epoch"),
-    ({"elastic": "no"}, "trainer.json field elastic"),
-    ({"data_global_batch": None}, "trainer.json field data.global_batch"),
-    ({"metrics": [1.0]}, "trainer.json field metrics"),
-    ({"scheduler": {"type": "constant", "phases": ["constant"], "unit": "optimizer_steps", "position": -1}},
-     "trainer.json field scheduler.position"),
-    ({"optimizer": {"type": 3}}, "trainer.json field optimizer.type"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ({"world_size": "two"}, "trainer.json field world_size"),
+        ({"epoch": 1.0}, "trainer.json field epoch"),
+        ({"elastic": "no"}, "trainer.json field elastic"),
+        ({"data_global_batch": None}, "trainer.json field data.global_batch"),
+        ({"metrics": [1.0]}, "trainer.json field metrics"),
+        (
+            {"scheduler": {"type": "constant", "phases": ["constant"], "unit": "optimizer_steps", "position": -1}},
+            "trainer.json field scheduler.position",
+        ),
+        ({"optimizer": {"type": 3}}, "trainer.json field optimizer.type"),
+    ],
+)
 def test_a_trainer_field_of_the_wrong_type_is_corrupt_naming_it(override, field):
     assert field in _corrupt_reason(candidate_for(8, EXP, **override))
 
@@ -59,14 +64,17 @@ def test_a_missing_data_field_of_a_current_state_is_named():
     assert "trainer.json field data.global_batch: missing" in _corrupt_reason(c)
 
 
-@pytest.mark.parametrize("edit,field", [
-    (lambda m: m.update(world_size="2"), "manifest.json field world_size"),
-    (lambda m: m.update(created_at="yesterday"), "manifest.json field created_at"),
-    (lambda m: m.pop("files"), "manifest.json field files: missing"),
-    (lambda m: m.update(files={}), "manifest lists no files"),
-    (lambda m: m["files"][rng_file(0)].update(size=-1), f"manifest entry {rng_file(0)} has no valid size"),
-    (lambda m: m["files"][rng_file(0)].update(xxh3_128="XYZ"), "xxh3_128 is not a hex digest"),
-])
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda m: m.update(world_size="2"), "manifest.json field world_size"),
+        (lambda m: m.update(created_at="yesterday"), "manifest.json field created_at"),
+        (lambda m: m.pop("files"), "manifest.json field files: missing"),
+        (lambda m: m.update(files={}), "manifest lists no files"),
+        (lambda m: m["files"][rng_file(0)].update(size=-1), f"manifest entry {rng_file(0)} has no valid size"),
+        (lambda m: m["files"][rng_file(0)].update(xxh3_128="XYZ"), "xxh3_128 is not a hex digest"),
+    ],
+)
 def test_a_manifest_field_of_the_wrong_type_is_corrupt_naming_it(edit, field):
     c = candidate_for(8, EXP)
     edit(c.manifest)
@@ -100,8 +108,11 @@ def _first_format_trainer(step: int) -> dict:
     t = trainer_for(step, EXP)
     for key in ("elastic", "elastic_optimizer", "optimizer", "submission"):
         del t[key]
-    t["data"] = {"sampler": t["data"]["sampler"], "num_samples": t["data"]["num_samples"],
-                 "global_samples": t["data"]["global_samples"]}
+    t["data"] = {
+        "sampler": t["data"]["sampler"],
+        "num_samples": t["data"]["num_samples"],
+        "global_samples": t["data"]["global_samples"],
+    }
     return t
 
 
@@ -112,7 +123,10 @@ def test_states_of_the_first_format_still_resume():
     state = TrainState.model_validate(c.trainer)
     per_micro = EXP.micro_batch_size * EXP.world_size
     assert (state.data.samples_in_epoch, state.data.samples_per_epoch, state.data.global_batch) == (
-        8 * per_micro, 10 * per_micro, 4 * per_micro)
+        8 * per_micro,
+        10 * per_micro,
+        4 * per_micro,
+    )
     assert state.elastic is None and not state.elastic_optimizer and state.optimizer.type is None
     assert Expectation.from_state(state).samples_per_epoch == 10 * per_micro
     edited = dict(_first_format_trainer(8), epoch=1)  # its counters still have to agree
@@ -136,18 +150,37 @@ def test_what_the_writer_emits_reads_back_unchanged():
     assert state.record() == t
     assert json_bytes(state.record()) == json.dumps(t, indent=1, sort_keys=True).encode()
     files = {n: {"size": 10, "xxh3_128": "ab" * 16} for n in state.required_files()}
-    written = {"format": MANIFEST_FORMAT, "state": state_name(8), "created_at": 1.7e9, "world_size": 2,
-               "checksum": "xxh3_128", "files": files, "lease_generation": 3}
-    assert Manifest(state=state_name(8), created_at=1.7e9, world_size=2, checksum="xxh3_128", files=files,
-                    lease_generation=3).record() == written
+    written = {
+        "format": MANIFEST_FORMAT,
+        "state": state_name(8),
+        "created_at": 1.7e9,
+        "world_size": 2,
+        "checksum": "xxh3_128",
+        "files": files,
+        "lease_generation": 3,
+    }
+    assert (
+        Manifest(
+            state=state_name(8), created_at=1.7e9, world_size=2, checksum="xxh3_128", files=files, lease_generation=3
+        ).record()
+        == written
+    )
     assert Manifest.model_validate(written).record() == written
 
 
 def test_required_files_by_layout():
     assert required_files(world_size=2, zero_stage=3, precision="bf16", full_optimizer_state=True) == [
-        "trainer.json", "engine/zero_pp_rank_0_mp_rank_00_model_states.pt",
-        "engine/zero_pp_rank_1_mp_rank_00_model_states.pt", "engine/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "engine/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "optim/full.safetensors",
-        "rng/rank_00000.safetensors", "rng/rank_00001.safetensors"]
+        "trainer.json",
+        "engine/zero_pp_rank_0_mp_rank_00_model_states.pt",
+        "engine/zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "engine/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "engine/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "optim/full.safetensors",
+        "rng/rank_00000.safetensors",
+        "rng/rank_00001.safetensors",
+    ]
     assert required_files(world_size=1, zero_stage=0, precision=None, full_optimizer_state=True) == [
-        "trainer.json", "engine/mp_rank_00_model_states.pt", "rng/rank_00000.safetensors"]
+        "trainer.json",
+        "engine/mp_rank_00_model_states.pt",
+        "rng/rank_00000.safetensors",
+    ]

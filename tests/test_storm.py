@@ -100,8 +100,13 @@ def test_kinds_follow_the_spec(tmp_path):
     assert TWO_NODES not in storm_kinds(one)  # two nodes at once needs two workers
     seconds = _fixed(tmp_path, 2, "checkpoint.save_every={value: 30, unit: seconds}")
     assert SAVE_CRASH not in storm_kinds(seconds)  # where its save falls is not known in advance
-    elastic = lm_spec(tmp_path, "scaling.num_workers={min: 1, max: 2}", "train.grad_accum=4",
-                      "checkpoint.save_every={value: 8, unit: micro_steps}", workers=2)
+    elastic = lm_spec(
+        tmp_path,
+        "scaling.num_workers={min: 1, max: 2}",
+        "train.grad_accum=4",
+        "checkpoint.save_every={value: 8, unit: micro_steps}",
+        workers=2,
+    )
     t = _trajectory()
     plans = [plan_storm(elastic, 6, seed, t) for seed in range(40)]
     for plan in plans:
@@ -109,8 +114,12 @@ def test_kinds_follow_the_spec(tmp_path):
     gone = [p for p in plans if p.interruptions[-1].kind == NODE_GONE]
     assert gone and all(p.interruptions[-1].replacement_delay_s is None for p in gone)
     # an elastic job's replacement joins before the loss: the restart keeps its world size
-    assert all(e.replacement_delay_s == 0 for p in plans for e in p.interruptions if e.kind in NODE_KINDS
-               and e.kind != NODE_GONE)
+    assert all(
+        e.replacement_delay_s == 0
+        for p in plans
+        for e in p.interruptions
+        if e.kind in NODE_KINDS and e.kind != NODE_GONE
+    )
 
 
 def test_a_job_too_short_for_the_storm_is_refused_naming_storm(tmp_path):
@@ -207,21 +216,40 @@ def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
         assert controller._wait("interruption 3's crash at micro-step 40", run, lambda journal: None) is None
     finally:
         release.set()
-    assert controller.problems == ["the storm's bound (0.2 s) was hit while waiting for the interrupted run; "
-                                   "stopping (waiting for interruption 3's crash at micro-step 40)"]
+    assert controller.problems == [
+        "the storm's bound (0.2 s) was hit while waiting for the interrupted run; "
+        "stopping (waiting for interruption 3's crash at micro-step 40)"
+    ]
 
 
 # the example job shrunk to a tiny model (its steps take milliseconds: a storm's time is its restarts),
 # a state every 2 optimizer steps, no evaluations, no final export
-SHRUNK = ("task.config.seq_len=8", "task.config.d_model=16", "task.config.eval_samples=8", "train.eval_every=0",
-          "checkpoint.save_every={value: 2, unit: optimizer_steps}", "checkpoint.export_final=false",
-          "train.log_every=1000")
+SHRUNK = (
+    "task.config.seq_len=8",
+    "task.config.d_model=16",
+    "task.config.eval_samples=8",
+    "train.eval_every=0",
+    "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    "checkpoint.export_final=false",
+    "train.log_every=1000",
+)
 
 
 def _storm(tmp_path, n: int, seed: int, *sets: str, timeout_s: int) -> subprocess.CompletedProcess:
     """`syncpoint drill examples/tiny_lm.yaml --storm N --seed S`, shrunk, as a user runs it."""
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/tiny_lm.yaml", "--storm", str(n), "--seed",
-           str(seed), "--set", f"storage={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/tiny_lm.yaml",
+        "--storm",
+        str(n),
+        "--seed",
+        str(seed),
+        "--set",
+        f"storage={tmp_path}",
+    ]
     for s in (*SHRUNK, *sets):
         cmd += ["--set", s]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -256,15 +284,23 @@ def test_an_elastic_storm_ends_on_fewer_workers_judged_by_the_elastic_rules(tmp_
     (seed 9) ends with a node lost for good: the earlier node losses get their replacement before the
     loss (an elastic job keeps its world size), the last continues on one worker, and the verdict is
     the documented elastic one, stated as such, not a bitwise MISMATCH."""
-    proc = _storm(tmp_path, 4, 9, "scaling.num_workers={min: 1, max: 2}", "task.config.num_samples=1280",
-                  "train.epochs=1", timeout_s=1800)
+    proc = _storm(
+        tmp_path,
+        4,
+        9,
+        "scaling.num_workers={min: 1, max: 2}",
+        "task.config.num_samples=1280",
+        "train.epochs=1",
+        timeout_s=1800,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:] + proc.stderr[-4000:]
-    plan = out[out.index("storm plan: 4 interruptions, seed 9"):]
+    plan = out[out.index("storm plan: 4 interruptions, seed 9") :]
     assert "a replacement joins first" in plan  # an elastic job's replaced node loss keeps its world size
     assert "no replacement (elastic: fewer workers from here)" in plan
     assert "world sizes [1, 2]: samples and learning rate of every optimizer step: match" in out
     assert "final parameters: within the elastic bound" in out
-    assert ("RESULT: 4 interruptions survived; the interrupted run matched bit for bit until the world-size "
-            "change") in out
+    assert (
+        "RESULT: 4 interruptions survived; the interrupted run matched bit for bit until the world-size change"
+    ) in out
     print(out)

@@ -93,7 +93,8 @@ def test_hf_streaming_corpus_resumes_bitwise(tmp_path, world, loader_workers):
     assert record["data"]["sampler"] == STREAM_SAMPLER
     assert record["data"]["stream"]["dataloader_workers"] == loader_workers
     assert [f["name"] for f in record["data"]["stream"]["identity"]["files"]] == [
-        f"shard_{i:03d}.jsonl" for i in range(4)]
+        f"shard_{i:03d}.jsonl" for i in range(4)
+    ]
 
 
 @pytest.mark.slow
@@ -135,8 +136,12 @@ def test_hf_map_style_dataset_resumes_exactly(tmp_path):
     """The same corpus loaded without streaming is a map-style datasets.Dataset: syncpoint orders and
     skips it by index, like any map-style dataset, and it resumes bit for bit."""
     corpus = tmp_path / "corpus"
-    overrides = ("task.config.streaming=false", "train.stream_shuffle_buffer=0", "train.max_steps=null",
-                 "train.epochs=2")
+    overrides = (
+        "task.config.streaming=false",
+        "train.stream_shuffle_buffer=0",
+        "train.max_steps=null",
+        "train.epochs=2",
+    )
     ref = stream_spec(tmp_path / "ref", corpus, *overrides)
     run(ref)
     spec = stream_spec(tmp_path / "run", corpus, *overrides)
@@ -156,12 +161,20 @@ def test_stateful_custom_stream_resumes_exactly(tmp_path, loader_workers):
     """A custom IterableDataset with state_dict/load_state_dict and split(rank, world_size), its
     examples augmented from the global RNG and its own NumPy generator, counted in declared epochs
     (train.stream_epoch_steps): crashed and resumed, it is the uninterrupted run."""
+
     def spec_at(path):
-        return linear_spec(path, "task.path=tests.stream_tasks:counting_stream", "task.config.num_samples=14",
-                           "train.micro_batch_size=2", "train.grad_accum=2", "train.epochs=3",
-                           "train.stream_epoch_steps=4", "train.scheduler={type: linear, unit: epochs}",
-                           f"train.dataloader_workers={loader_workers}",
-                           "checkpoint.save_every={value: 3, unit: optimizer_steps}")
+        return linear_spec(
+            path,
+            "task.path=tests.stream_tasks:counting_stream",
+            "task.config.num_samples=14",
+            "train.micro_batch_size=2",
+            "train.grad_accum=2",
+            "train.epochs=3",
+            "train.stream_epoch_steps=4",
+            "train.scheduler={type: linear, unit: epochs}",
+            f"train.dataloader_workers={loader_workers}",
+            "checkpoint.save_every={value: 3, unit: optimizer_steps}",
+        )
 
     ref = spec_at(tmp_path / "ref")
     run(ref)
@@ -173,8 +186,7 @@ def test_stateful_custom_stream_resumes_exactly(tmp_path, loader_workers):
     a, b = _losses(ref), _losses(spec)
     assert [a[k] for k in sorted(a)] == [b[k] for k in sorted(b)] and len(a) == 12
     assert digest(ref, final) == digest(spec, final)
-    assert trainer_json(spec, final)["data"]["stream"]["identity"] == {
-        "class": "tests.stream_tasks.CountingStream"}
+    assert trainer_json(spec, final)["data"]["stream"]["identity"] == {"class": "tests.stream_tasks.CountingStream"}
 
 
 @pytest.mark.slow
@@ -228,15 +240,22 @@ def test_datasets_buffer_shuffle_is_refused_naming_the_exact_alternative(tmp_pat
     with pytest.raises(TaskError) as e:
         prepare(spec, task.dataset, task.collate, 0, 1)
     text = str(e.value)
-    assert re.search(r"shuffled with a buffer \(\.shuffle\(buffer_size=8\)\).*not exact.*datasets#7444.*"
-                     r"set train\.stream_shuffle_buffer: N instead", text), text
+    assert re.search(
+        r"shuffled with a buffer \(\.shuffle\(buffer_size=8\)\).*not exact.*datasets#7444.*"
+        r"set train\.stream_shuffle_buffer: N instead",
+        text,
+    ), text
 
 
 def test_datasets_shard_shuffle_with_loader_workers_is_refused(tmp_path):
-    spec, task = _task("examples.stream_lm:build", tmp_path / "corpus", "task.config.shard_shuffle=true",
-                       "train.dataloader_workers=2")
-    with pytest.raises(TaskError, match=r"train\.dataloader_workers: 2 its saved state fails to load.*"
-                                         r"train\.stream_shuffle_buffer"):
+    spec, task = _task(
+        "examples.stream_lm:build", tmp_path / "corpus", "task.config.shard_shuffle=true", "train.dataloader_workers=2"
+    )
+    with pytest.raises(
+        TaskError,
+        match=r"train\.dataloader_workers: 2 its saved state fails to load.*"
+        r"train\.stream_shuffle_buffer",
+    ):
         prepare(spec, task.dataset, task.collate, 0, 1)
 
 
@@ -246,14 +265,17 @@ def test_a_stream_already_split_by_the_task_is_refused(tmp_path):
         prepare(spec, task.dataset, task.collate, 0, 1)
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (("train.max_steps=null", "train.epochs=2"), r"train\.epochs: .*Set train\.max_steps"),
-    (("train.epochs=2",), r"train\.epochs: .*which has no length"),
-    (("train.scheduler={type: linear, unit: epochs, total: 2}",), r"train\.scheduler\.unit: .*which has no epochs"),
-    (("train.eval_every=1 epochs",), r"train\.eval_every: .*which has no epochs"),
-    (("scaling.num_workers={min: 1, max: 2}",), r"scaling\.num_workers: .*set a fixed scaling\.num_workers"),
-    (("train.record_samples=true",), r"train\.record_samples: .*no index"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (("train.max_steps=null", "train.epochs=2"), r"train\.epochs: .*Set train\.max_steps"),
+        (("train.epochs=2",), r"train\.epochs: .*which has no length"),
+        (("train.scheduler={type: linear, unit: epochs, total: 2}",), r"train\.scheduler\.unit: .*which has no epochs"),
+        (("train.eval_every=1 epochs",), r"train\.eval_every: .*which has no epochs"),
+        (("scaling.num_workers={min: 1, max: 2}",), r"scaling\.num_workers: .*set a fixed scaling\.num_workers"),
+        (("train.record_samples=true",), r"train\.record_samples: .*no index"),
+    ],
+)
 def test_a_stream_job_that_cannot_resume_exactly_is_refused_naming_the_field(tmp_path, overrides, field):
     spec = stream_spec(tmp_path / "run", tmp_path / "corpus", *overrides)
     with pytest.raises(JobConfigError, match=field):
@@ -282,13 +304,19 @@ def test_a_custom_stream_without_split_is_refused_on_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_a_stream_state_that_is_not_json_or_tensors_is_refused_at_the_first_save(tmp_path):
-    spec = linear_spec(tmp_path, "task.path=tests.stream_tasks:counting_stream", "task.config.bad_state=true",
-                       "train.max_steps=4", "train.epochs=null",
-                       "checkpoint.save_every={value: 2, unit: optimizer_steps}")
+    spec = linear_spec(
+        tmp_path,
+        "task.path=tests.stream_tasks:counting_stream",
+        "task.config.bad_state=true",
+        "train.max_steps=4",
+        "train.epochs=null",
+        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
+    )
     with pytest.raises(StreamStateError) as e:
         run(spec)
-    assert re.search(r"rank 0: the stream's state holds a builtins\.set at state\[.*\]\['seen'\].*never pickled",
-                     str(e.value)), str(e.value)
+    assert re.search(
+        r"rank 0: the stream's state holds a builtins\.set at state\[.*\]\['seen'\].*never pickled", str(e.value)
+    ), str(e.value)
     assert committed_steps(spec) == []
 
 
@@ -321,9 +349,11 @@ def test_a_world_size_change_of_a_stream_is_incompatible_at_selection(stream_run
 
     c = classify(c, replace(exp, world_size=2, grad_accum=1))
     assert c.verdict is Verdict.INCOMPATIBLE
-    assert re.search(r"world size differs \(scaling\.num_workers\): the state has world_size=1, this run has 2\. A "
-                     r"stream's position is each rank's own.*no stream re-splits exactly.*Resume on 1 worker",
-                     c.reason), c.reason
+    assert re.search(
+        r"world size differs \(scaling\.num_workers\): the state has world_size=1, this run has 2\. A "
+        r"stream's position is each rank's own.*no stream re-splits exactly.*Resume on 1 worker",
+        c.reason,
+    ), c.reason
 
 
 @pytest.mark.slow
@@ -357,9 +387,11 @@ def test_a_changed_corpus_is_refused_at_selection_naming_the_file(tmp_path):
     assert run(stream_spec(tmp_path / "run", moved, "train.max_steps=6")).resumed_from == "000000000006"
     with pytest.raises(ResumeRefused) as e:
         run(stream_spec(tmp_path / "run", corpus, "train.max_steps=9", "task.config.docs_per_shard=13"))
-    assert re.search(r"incompatible\s+the stream differs \(the task's dataset\): data file 0: 'shard_000\.jsonl' "
-                     r"\(\d+ bytes\) in the state, 'shard_000\.jsonl' \(\d+ bytes\) in this run", str(e.value)), \
-        str(e.value)
+    assert re.search(
+        r"incompatible\s+the stream differs \(the task's dataset\): data file 0: 'shard_000\.jsonl' "
+        r"\(\d+ bytes\) in the state, 'shard_000\.jsonl' \(\d+ bytes\) in this run",
+        str(e.value),
+    ), str(e.value)
 
 
 # ----------------------------------------------------------------------------- a bad stream file
@@ -393,8 +425,13 @@ def test_a_corrupt_stream_state_falls_back_to_the_previous_state(tmp_path):
 
 
 def test_the_stream_codec_round_trips_what_json_lacks():
-    state = {"a": (1, 2.5, "x"), "b": {3: [True, None]}, "t": torch.arange(6).reshape(2, 3), "raw": b"\x00\xff",
-             "nested": [{"u": torch.tensor([1.5])}]}
+    state = {
+        "a": (1, 2.5, "x"),
+        "b": {3: [True, None]},
+        "t": torch.arange(6).reshape(2, 3),
+        "raw": b"\x00\xff",
+        "nested": [{"u": torch.tensor([1.5])}],
+    }
     back = parse(encode(SavedStream(3, state)), "stream/rank_00000.safetensors")
     assert back.pass_number == 3
     assert back.loader["a"] == (1, 2.5, "x") and back.loader["b"] == {3: [True, None]}
@@ -402,12 +439,15 @@ def test_the_stream_codec_round_trips_what_json_lacks():
     assert torch.equal(back.loader["t"], state["t"]) and torch.equal(back.loader["nested"][0]["u"], torch.tensor([1.5]))
 
 
-@pytest.mark.parametrize("value,where", [
-    ({1, 2}, r"builtins\.set at state\['k'\]"),
-    (float("nan"), r"nan at state\['k'\]"),
-    (object(), r"builtins\.object at state\['k'\]"),
-    ({"__syncpoint_tensor__": 1}, r"key '__syncpoint_tensor__' at state\['k'\], which syncpoint reserves"),
-])
+@pytest.mark.parametrize(
+    "value,where",
+    [
+        ({1, 2}, r"builtins\.set at state\['k'\]"),
+        (float("nan"), r"nan at state\['k'\]"),
+        (object(), r"builtins\.object at state\['k'\]"),
+        ({"__syncpoint_tensor__": 1}, r"key '__syncpoint_tensor__' at state\['k'\], which syncpoint reserves"),
+    ],
+)
 def test_the_stream_codec_refuses_anything_else_naming_its_path(value, where):
     with pytest.raises(StreamStateError, match=where):
         encode(SavedStream(0, {"k": value}))
@@ -419,15 +459,18 @@ def _stream_file(meta: object, **tensors: torch.Tensor) -> bytes:
     return st_save(tensors, metadata={"stream": json.dumps(meta)})
 
 
-@pytest.mark.parametrize("data,why", [
-    (b"junk", "a safetensors header of"),
-    (b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ", "no 'stream' metadata"),
-    (_stream_file({"version": 9, "pass": 0, "loader": {}}), "stream state version 9"),
-    (_stream_file({"version": 1, "pass": -1, "loader": {}}), "pass -1 is no count"),
-    (_stream_file({"version": 1, "pass": 0, "loader": {"t": {"__syncpoint_tensor__": "7"}}}), "names no tensor"),
-    (_stream_file({"version": 1, "pass": 0, "loader": {}}, **{"0": torch.zeros(1)}), "referenced nowhere"),
-    (_stream_file([1] * 3), "not a stream state"),
-])
+@pytest.mark.parametrize(
+    "data,why",
+    [
+        (b"junk", "a safetensors header of"),
+        (b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ", "no 'stream' metadata"),
+        (_stream_file({"version": 9, "pass": 0, "loader": {}}), "stream state version 9"),
+        (_stream_file({"version": 1, "pass": -1, "loader": {}}), "pass -1 is no count"),
+        (_stream_file({"version": 1, "pass": 0, "loader": {"t": {"__syncpoint_tensor__": "7"}}}), "names no tensor"),
+        (_stream_file({"version": 1, "pass": 0, "loader": {}}, **{"0": torch.zeros(1)}), "referenced nowhere"),
+        (_stream_file([1] * 3), "not a stream state"),
+    ],
+)
 def test_a_bad_stream_file_is_refused(data, why):
     with pytest.raises(StateRefused, match=re.escape(why)):
         parse(data, "stream/rank_00000.safetensors")
@@ -502,8 +545,14 @@ def test_the_example_streams_parquet_shards_too(tmp_path):
 
 
 def test_spec_fields_parse():
-    spec = resolve_storage(parse_spec("name: x\ntask: {path: a.b:c}\ntrain: {micro_batch_size: 1, max_steps: 2, "
-                                      "stream_shuffle_buffer: 8, stream_epoch_steps: 3}\n", "x", ["storage=/tmp/x"]))
+    spec = resolve_storage(
+        parse_spec(
+            "name: x\ntask: {path: a.b:c}\ntrain: {micro_batch_size: 1, max_steps: 2, "
+            "stream_shuffle_buffer: 8, stream_epoch_steps: 3}\n",
+            "x",
+            ["storage=/tmp/x"],
+        )
+    )
     assert spec.train.stream_shuffle_buffer == 8 and spec.train.stream_epoch_steps == 3
 
 
@@ -524,18 +573,38 @@ def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_worker
 
     from tests.helpers import ROOT
 
-    sets = [f"storage={tmp_path}", f"task.config.corpus_dir={tmp_path / 'corpus'}", "task.config.seq_len=8",
-            "task.config.d_model=16", "task.config.docs_per_shard=12", "train.micro_batch_size=2",
-            "train.grad_accum=2", "train.max_steps=14", "train.stream_shuffle_buffer=5",
-            f"train.dataloader_workers={loader_workers}", "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/stream_lm.yaml", "--preempt-at", "9,20",
-           "--how", "crash,sigterm", *[a for s in sets for a in ("--set", s)]]
+    sets = [
+        f"storage={tmp_path}",
+        f"task.config.corpus_dir={tmp_path / 'corpus'}",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "task.config.docs_per_shard=12",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.max_steps=14",
+        "train.stream_shuffle_buffer=5",
+        f"train.dataloader_workers={loader_workers}",
+        "checkpoint.save_every={value: 3, unit: optimizer_steps}",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/stream_lm.yaml",
+        "--preempt-at",
+        "9,20",
+        "--how",
+        "crash,sigterm",
+        *[a for s in sets for a in ("--set", s)],
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "per-step losses and learning rates: match" in proc.stdout and "final digest: match" in proc.stdout
-    rows = [ln.split() for ln in proc.stdout.splitlines()
-            if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)]
+    rows = [
+        ln.split() for ln in proc.stdout.splitlines() if ln.strip()[:1].isdigit() and ("crash" in ln or "sigterm" in ln)
+    ]
     assert [r[1] for r in rows] == ["crash", "sigterm"], proc.stdout
     assert rows[1][3] == "preemption" and rows[1][4] == f"{22:012d}"  # the notice saved at the next boundary
 
@@ -554,12 +623,31 @@ def test_node_drill_on_the_streaming_example_reports_equality(tmp_path, loader_w
 
     from tests.helpers import ROOT
 
-    sets = [f"storage={tmp_path}", f"task.config.corpus_dir={tmp_path / 'corpus'}", "task.config.seq_len=8",
-            "task.config.d_model=16", "task.config.docs_per_shard=12", "train.micro_batch_size=2",
-            "train.grad_accum=2", "train.max_steps=20", "train.stream_shuffle_buffer=5",
-            f"train.dataloader_workers={loader_workers}", "checkpoint.save_every={value: 3, unit: optimizer_steps}"]
-    cmd = [sys.executable, "-m", "syncpoint", "drill", "examples/stream_lm.yaml", "--preempt-at", "9",
-           "--how", "node", *[a for s in sets for a in ("--set", s)]]
+    sets = [
+        f"storage={tmp_path}",
+        f"task.config.corpus_dir={tmp_path / 'corpus'}",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "task.config.docs_per_shard=12",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.max_steps=20",
+        "train.stream_shuffle_buffer=5",
+        f"train.dataloader_workers={loader_workers}",
+        "checkpoint.save_every={value: 3, unit: optimizer_steps}",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "syncpoint",
+        "drill",
+        "examples/stream_lm.yaml",
+        "--preempt-at",
+        "9",
+        "--how",
+        "node",
+        *[a for s in sets for a in ("--set", s)],
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -69,8 +69,7 @@ def test_token_sources_in_order(no_token: str, tmp_path, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", "two tokens\n"])
-def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: str, tmp_path,
-                                                                      content: str) -> None:
+def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: str, tmp_path, content: str) -> None:
     path = _file(tmp_path / "token", content)
     with pytest.raises(SpecError) as e:
         read_token(path)
@@ -79,8 +78,7 @@ def test_an_unusable_token_file_is_one_paragraph_without_its_content(no_token: s
         read_token(str(tmp_path / "missing"))
 
 
-def test_plain_http_to_a_remote_address_warns_without_the_token(no_token: str, monkeypatch,
-                                                                capsys) -> None:
+def test_plain_http_to_a_remote_address_warns_without_the_token(no_token: str, monkeypatch, capsys) -> None:
     monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cr3t-token-value")
     assert auth_headers("http://127.0.0.1:8265") == {"Authorization": "Bearer s3cr3t-token-value"}
     assert capsys.readouterr().err == ""  # a tunnel (kubectl port-forward) is local
@@ -110,17 +108,39 @@ def token_head():
     temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
     ports = [free_port() for _ in range(7)]
     head_env, mark = marked_env(_env(token, RAY_AUTH_MODE="token"))
-    subprocess.run([f"{BIN}/ray", "start", "--head", f"--port={ports[0]}", f"--dashboard-port={ports[1]}",
-                    f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
-                    f"--metrics-export-port={ports[4]}", f"--runtime-env-agent-port={ports[5]}",
-                    f"--ray-client-server-port={ports[6]}", "--num-cpus=1", f"--temp-dir={temp}",
-                    "--disable-usage-stats", "--include-dashboard=true"],
-                   check=True, env=head_env, capture_output=True, timeout=180)
+    subprocess.run(
+        [
+            f"{BIN}/ray",
+            "start",
+            "--head",
+            f"--port={ports[0]}",
+            f"--dashboard-port={ports[1]}",
+            f"--dashboard-agent-listen-port={ports[2]}",
+            f"--dashboard-agent-grpc-port={ports[3]}",
+            f"--metrics-export-port={ports[4]}",
+            f"--runtime-env-agent-port={ports[5]}",
+            f"--ray-client-server-port={ports[6]}",
+            "--num-cpus=1",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+            "--include-dashboard=true",
+        ],
+        check=True,
+        env=head_env,
+        capture_output=True,
+        timeout=180,
+    )
     address = f"http://127.0.0.1:{ports[1]}"
     try:
         deadline = time.monotonic() + 90  # the head answers before its job agent is up
-        while subprocess.run([f"{BIN}/ray", "job", "list", "--address", address],
-                             env=_env(token, RAY_AUTH_MODE="token"), capture_output=True).returncode != 0:
+        while (
+            subprocess.run(
+                [f"{BIN}/ray", "job", "list", "--address", address],
+                env=_env(token, RAY_AUTH_MODE="token"),
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
             assert time.monotonic() < deadline, "the head's job agent never came up"
             time.sleep(1)
         yield address, token
@@ -141,6 +161,7 @@ def _status(address: str, authorization: str | None) -> int:
 
 def _jobs(address: str, token: str) -> int:
     from ray.job_submission import JobSubmissionClient
+
     return len(JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"}).list_jobs())
 
 
@@ -168,6 +189,7 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
     from ray.job_submission import JobSubmissionClient
 
     from syncpoint.orchestrator.submit import _connect
+
     address, token = token_head
     monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     client = _connect(JobSubmissionClient, address, auth_headers(address))
@@ -186,8 +208,16 @@ def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
     env = _env(None, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token_file))  # no RAY_AUTH_MODE: syncpoint needs none
-    r = _submit(address, env, "name=token-auth", f"storage={tmp_path / 'runs'}", "scaling.num_workers=1",
-                "task.path=tests.tasks:failing_loss", "task.config.fail_at=1", "failure.max_failures=0")
+    r = _submit(
+        address,
+        env,
+        "name=token-auth",
+        f"storage={tmp_path / 'runs'}",
+        "scaling.num_workers=1",
+        "task.path=tests.tasks:failing_loss",
+        "task.config.fail_at=1",
+        "failure.max_failures=0",
+    )
     # one worker: the head has one CPU
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
@@ -205,8 +235,10 @@ def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_hea
     home.mkdir()
     before = _jobs(address, token)
     wrong = secrets.token_hex(32)
-    for env, says in [(_env(None, HOME=str(home)), "no token was sent"),
-                      (_env(wrong, HOME=str(home)), "the configured token was rejected")]:
+    for env, says in [
+        (_env(None, HOME=str(home)), "no token was sent"),
+        (_env(wrong, HOME=str(home)), "the configured token was rejected"),
+    ]:
         r = _submit(address, env, f"storage={tmp_path / 'runs'}")
         assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
         assert "requires token authentication" in r.stderr and says in r.stderr, r.stderr

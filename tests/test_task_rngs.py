@@ -76,8 +76,9 @@ def test_the_walk_finds_generators_where_tasks_keep_them():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     model[0]._noise = torch.Generator().manual_seed(9)  # a module's private attribute
     data = _Data()
-    found = task_rngs.find({"model": model, "loss": functools.partial(loss, 1), "dataset": data,
-                            "collate": data.__getitem__})
+    found = task_rngs.find(
+        {"model": model, "loss": functools.partial(loss, 1), "dataset": data, "collate": data.__getitem__}
+    )
     assert {p: task_rngs.kind(x) for p, x in found.generators.items()} == {
         "model.0._noise": "torch.Generator(cpu)",
         "loss.func.<locals>.g": "torch.Generator(cpu)",
@@ -107,8 +108,12 @@ def test_what_cannot_be_reproduced_is_named():
 
 @pytest.fixture
 def owned():
-    gens = {"loss.<locals>.g": torch.Generator().manual_seed(1), "loss.<locals>.n": np.random.default_rng(2),
-            "model.r": random.Random(3), "model.rs": np.random.RandomState(4)}
+    gens = {
+        "loss.<locals>.g": torch.Generator().manual_seed(1),
+        "loss.<locals>.n": np.random.default_rng(2),
+        "model.r": random.Random(3),
+        "model.rs": np.random.RandomState(4),
+    }
     rng.use_task_generators(gens)
     yield gens
     rng.use_task_generators({})
@@ -135,10 +140,20 @@ def _old_format_capture() -> bytes:
     """An RNG file as syncpoint wrote it before task generators were saved (its exact code)."""
     version, py_state, gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
-    tensors = {"python": torch.tensor(py_state, dtype=torch.int64),
-               "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)), "torch_cpu": torch.get_rng_state()}
-    meta = {"python_version": version, "python_gauss": gauss, "numpy_name": np_name, "numpy_pos": int(np_pos),
-            "numpy_has_gauss": int(np_has_gauss), "numpy_cached_gaussian": float(np_cached), "cuda_devices": 0}
+    tensors = {
+        "python": torch.tensor(py_state, dtype=torch.int64),
+        "numpy_keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    meta = {
+        "python_version": version,
+        "python_gauss": gauss,
+        "numpy_name": np_name,
+        "numpy_pos": int(np_pos),
+        "numpy_has_gauss": int(np_has_gauss),
+        "numpy_cached_gaussian": float(np_cached),
+        "cuda_devices": 0,
+    }
     return st_save(tensors, metadata={"rng": json.dumps(meta)})
 
 
@@ -171,16 +186,39 @@ def _torch_state_torch_refuses(data: bytes) -> bytes:
 BAD_FILES = {
     "not safetensors": (lambda d: b"\x10" + d[1:40], "header of"),
     "a torch state torch refuses": (_torch_state_torch_refuses, "cannot be restored"),
-    "metadata without numpy_pos": (lambda d: _with_meta(d, lambda m: {k: v for k, v in m.items()
-                                                                      if k != "numpy_pos"}), "numpy_pos"),
-    "a task generator missing": (lambda d: _with_meta(d, lambda m: {**m, rng.TASK_META: m[rng.TASK_META][1:]}),
-                                 "holds no state for"),
-    "a task generator without its tensor": (lambda d: _with_meta(d, lambda m: {**m, rng.TASK_META: [
-        {**e, "kind": "random.Random"} if e["path"] == "model.rs" else e for e in m[rng.TASK_META]]}),
-        "the task's generator model.rs: no tensor"),
-    "a task generator of another kind": (lambda d: _with_meta(d, lambda m: {**m, rng.TASK_META: [
-        {**e, "kind": "numpy.random.Generator(MT19937)"} if e["path"] == "model.rs" else e
-        for e in m[rng.TASK_META]]}), r"model.rs is a numpy.random.RandomState\(MT19937\), the file holds a numpy"),
+    "metadata without numpy_pos": (
+        lambda d: _with_meta(d, lambda m: {k: v for k, v in m.items() if k != "numpy_pos"}),
+        "numpy_pos",
+    ),
+    "a task generator missing": (
+        lambda d: _with_meta(d, lambda m: {**m, rng.TASK_META: m[rng.TASK_META][1:]}),
+        "holds no state for",
+    ),
+    "a task generator without its tensor": (
+        lambda d: _with_meta(
+            d,
+            lambda m: {
+                **m,
+                rng.TASK_META: [
+                    {**e, "kind": "random.Random"} if e["path"] == "model.rs" else e for e in m[rng.TASK_META]
+                ],
+            },
+        ),
+        "the task's generator model.rs: no tensor",
+    ),
+    "a task generator of another kind": (
+        lambda d: _with_meta(
+            d,
+            lambda m: {
+                **m,
+                rng.TASK_META: [
+                    {**e, "kind": "numpy.random.Generator(MT19937)"} if e["path"] == "model.rs" else e
+                    for e in m[rng.TASK_META]
+                ],
+            },
+        ),
+        r"model.rs is a numpy.random.RandomState\(MT19937\), the file holds a numpy",
+    ),
 }
 
 
@@ -204,8 +242,10 @@ def test_the_hash_seed_is_stable_and_in_range():
 
 
 def test_the_hash_seed_check_tells_a_pinned_interpreter_from_another():
-    code = ("from syncpoint.workers.rng import hash_seed_problem; "
-            "print(hash_seed_problem(7) is None, 'PYTHONHASHSEED=8' in (hash_seed_problem(8) or ''))")
+    code = (
+        "from syncpoint.workers.rng import hash_seed_problem; "
+        "print(hash_seed_problem(7) is None, 'PYTHONHASHSEED=8' in (hash_seed_problem(8) or ''))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "7", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.stdout.split() == ["True", "True"], out.stderr[-2000:]
@@ -238,9 +278,15 @@ def test_a_state_whose_task_generators_differ_is_incompatible():
 
 def _own(tmp, *extra):
     # 12 micro-batches per epoch, accumulation 2, 2 epochs; a state every optimizer step
-    return linear_spec(tmp, "task.path=tests.rng_tasks:own_generators", "task.config.num_samples=12",
-                       "train.grad_accum=2", "train.epochs=2",
-                       "checkpoint.save_every={value: 1, unit: optimizer_steps}", *extra)
+    return linear_spec(
+        tmp,
+        "task.path=tests.rng_tasks:own_generators",
+        "task.config.num_samples=12",
+        "train.grad_accum=2",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *extra,
+    )
 
 
 @pytest.mark.slow
@@ -252,8 +298,11 @@ def test_task_owned_generators_resume_exactly(tmp_path):
     result = run(with_overrides(spec, "faults=[]"))
     assert result.resumed_from == f"{14:012d}"
     assert_same_run(ref, ref_final, spec, result.final_state)
-    assert set(json.loads(RunStorage(spec.run_url).read_bytes("states", ref_final, "trainer.json", limit=1 << 30))[
-        "task_generators"]) == {"loss.<locals>.noise", "loss.<locals>.scale"}
+    assert set(
+        json.loads(RunStorage(spec.run_url).read_bytes("states", ref_final, "trainer.json", limit=1 << 30))[
+            "task_generators"
+        ]
+    ) == {"loss.<locals>.noise", "loss.<locals>.scale"}
 
 
 @pytest.mark.slow
@@ -272,8 +321,9 @@ def test_an_evaluation_leaves_the_tasks_generators_to_training(tmp_path):
     evaluation saves them, seeds them from train.seed and puts them back, so training with
     evaluations is training without."""
     plain = _own(tmp_path / "plain")
-    evaluated = _own(tmp_path / "eval", "task.config.eval_samples=5",
-                     "train.eval_every={value: 2, unit: optimizer_steps}")
+    evaluated = _own(
+        tmp_path / "eval", "task.config.eval_samples=5", "train.eval_every={value: 2, unit: optimizer_steps}"
+    )
     run(plain), run(evaluated)
     a, b = step_history(plain), step_history(evaluated)
     assert [a[s].loss for s in sorted(a)] == [b[s].loss for s in sorted(b)]
@@ -288,10 +338,19 @@ def _eval_losses(spec) -> list[float]:
 def _in_own_process(storage, hash_seed: str, *overrides: str) -> int:
     """``run_spawned`` from a fresh interpreter started with ``hash_seed``: another launch, another
     machine. Returns the rank's exit code."""
-    code = ("import sys; from tests.helpers import linear_spec; from syncpoint.workers.launch import run_spawned; "
-            "spec = linear_spec(sys.argv[1], *sys.argv[2:]); sys.exit(run_spawned(spec, world_size=1)[0])")
-    args = [str(storage), "task.path=tests.rng_tasks:hash_ordered", "task.config.num_samples=12", "train.grad_accum=2",
-            "train.epochs=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}", *overrides]
+    code = (
+        "import sys; from tests.helpers import linear_spec; from syncpoint.workers.launch import run_spawned; "
+        "spec = linear_spec(sys.argv[1], *sys.argv[2:]); sys.exit(run_spawned(spec, world_size=1)[0])"
+    )
+    args = [
+        str(storage),
+        "task.path=tests.rng_tasks:hash_ordered",
+        "task.config.num_samples=12",
+        "train.grad_accum=2",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        *overrides,
+    ]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT, timeout=600).returncode
 

@@ -68,9 +68,13 @@ def plant(store: RunStorage, state: str, rel: str, data: bytes) -> None:
 @pytest.fixture
 def crashed(tmp_path):
     """A ZeRO-2 run with states at micro-steps 4, 8, 10, crashed after 10."""
-    spec = lm_spec(tmp_path / "run", "task.config.num_samples=20", "train.epochs=2",
-                   "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-                   "faults=[{at_micro_step: 10, mode: raise}]")
+    spec = lm_spec(
+        tmp_path / "run",
+        "task.config.num_samples=20",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 10, mode: raise}]",
+    )
     assert run_until_crash(spec) and committed_steps(spec) == [4, 8, 10]
     return spec
 
@@ -119,8 +123,12 @@ def test_resume_refuses_a_planted_payload_and_falls_back(tmp_path, crashed, rel,
 def test_init_from_refuses_a_planted_payload(tmp_path, crashed):
     marker = tmp_path / "marker"
     plant(RunStorage(crashed.run_url), NEWEST, MODEL, payload(marker, "zip"))
-    fine_tune = lm_spec(tmp_path / "tune", "task.config.num_samples=20", "train.max_steps=1",
-                        f"resume.init_from={crashed.run_url}/states/{NEWEST}")
+    fine_tune = lm_spec(
+        tmp_path / "tune",
+        "task.config.num_samples=20",
+        "train.max_steps=1",
+        f"resume.init_from={crashed.run_url}/states/{NEWEST}",
+    )
     with pytest.raises(Exception, match=rf"{MODEL} needs class.*refused \(corrupt\)") as e:
         run(fine_tune)
     one_paragraph(str(e.value))
@@ -139,15 +147,43 @@ def test_digest_refuses_a_planted_payload_in_one_paragraph(tmp_path, crashed, ca
 
 # ---- §2: manifests name only paths inside their state
 
-@pytest.mark.parametrize("rel", ["engine/a.pt", "optim/full.safetensors", "rng/rank_00000.safetensors",
-                                 "trainer.json", "engine/..hidden", "engine/a..b"])
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "engine/a.pt",
+        "optim/full.safetensors",
+        "rng/rank_00000.safetensors",
+        "trainer.json",
+        "engine/..hidden",
+        "engine/a..b",
+    ],
+)
 def test_path_problem_accepts_normalized_relative_paths(rel):
     assert path_problem(rel) is None
 
 
-@pytest.mark.parametrize("rel", ["engine/../../x", "../x", "..", "engine/..", "/etc/passwd", "engine//a.pt",
-                                 "engine/a.pt/", "engine/./a.pt", ".", "", "engine\\..\\x", "engine/a\x00.pt",
-                                 "engine/a\n.pt", "engine/" + "a" * 600, None, 3])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "engine/../../x",
+        "../x",
+        "..",
+        "engine/..",
+        "/etc/passwd",
+        "engine//a.pt",
+        "engine/a.pt/",
+        "engine/./a.pt",
+        ".",
+        "",
+        "engine\\..\\x",
+        "engine/a\x00.pt",
+        "engine/a\n.pt",
+        "engine/" + "a" * 600,
+        None,
+        3,
+    ],
+)
 def test_path_problem_refuses_anything_else(rel):
     assert path_problem(rel)
 
@@ -163,8 +199,10 @@ def _escaping_state(store: RunStorage, state: str, rel: str, data: bytes) -> Non
         with open(local, "wb") as f:
             f.write(data)
     trainer = store.write_json({"schema_version": 1}, "states", state, "trainer.json")
-    files = {rel: entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")),
-             "trainer.json": entry(len(trainer), "xxh3_128", checksum_bytes(trainer, "xxh3_128"))}
+    files = {
+        rel: entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")),
+        "trainer.json": entry(len(trainer), "xxh3_128", checksum_bytes(trainer, "xxh3_128")),
+    }
     store.commit_bytes(json.dumps({"files": files}).encode(), "states", state, "manifest.json")
 
 
@@ -195,14 +233,16 @@ def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_pa
     store.write_bytes(b"changed after commit", "states", "000000000004", SHARD)
     local = tmp_path / "fetch"
     local.mkdir()
-    info = ManifestEntry(**entry(len(b"what was committed!!"), "xxh3_128",
-                                 checksum_bytes(b"what was committed!!", "xxh3_128")))
+    info = ManifestEntry(
+        **entry(len(b"what was committed!!"), "xxh3_128", checksum_bytes(b"what was committed!!", "xxh3_128"))
+    )
     with pytest.raises(ChecksumMismatch, match="xxh3_128 does not match"):
         _download_verified(store, "000000000004", SHARD, info, str(local))
     assert not (local / SHARD).exists()
     assert [p for p in local.rglob("*") if p.is_file()] == []  # nor the temporary download
-    good = ManifestEntry(**entry(len(b"changed after commit"), "xxh3_128",
-                                 checksum_bytes(b"changed after commit", "xxh3_128")))
+    good = ManifestEntry(
+        **entry(len(b"changed after commit"), "xxh3_128", checksum_bytes(b"changed after commit", "xxh3_128"))
+    )
     _download_verified(store, "000000000004", SHARD, good, str(local))
     assert (local / SHARD).read_bytes() == b"changed after commit"
 
@@ -229,6 +269,7 @@ def test_digest_reads_nothing_outside_the_state(tmp_path, crashed, capsys):
 
 # ---- the load path has no way around the allowlist
 
+
 def test_install_refuses_deepspeeds_universal_checkpoint_load_path():
     """``checkpoint.load_universal`` makes DeepSpeed torch.load(weights_only=False) past any engine."""
     import types
@@ -238,8 +279,9 @@ def test_install_refuses_deepspeeds_universal_checkpoint_load_path():
     from syncpoint.policies.errors import JobConfigError
     from syncpoint.workers.checkpoint_engine import install
 
-    engine = types.SimpleNamespace(checkpoint_engine=TorchCheckpointEngine(None), _config=None,
-                                   load_universal_checkpoint=lambda: True)
+    engine = types.SimpleNamespace(
+        checkpoint_engine=TorchCheckpointEngine(None), _config=None, load_universal_checkpoint=lambda: True
+    )
     with pytest.raises(JobConfigError, match=r"checkpoint\.load_universal.*weights_only=False"):
         install(engine)
 
@@ -254,8 +296,11 @@ def test_an_elastic_full_state_that_does_not_fit_is_refused_before_loading(tmp_p
     from syncpoint.workers.elastic_state import check_full_optimizer_state
 
     engine = types.SimpleNamespace(module=torch.nn.Linear(2, 3))  # what the check reads of an engine
-    tensors = {f"{n}::{k}": torch.zeros_like(p) for n, p in engine.module.named_parameters()
-               for k in ("fp32", "exp_avg", "exp_avg_sq")}
+    tensors = {
+        f"{n}::{k}": torch.zeros_like(p)
+        for n, p in engine.module.named_parameters()
+        for k in ("fp32", "exp_avg", "exp_avg_sq")
+    }
     meta = {"keys": json.dumps(["exp_avg", "exp_avg_sq"]), "step": "3.0"}
     good, short, junk = tmp_path / "good", tmp_path / "short", tmp_path / "junk"
     save_file(tensors, str(good), metadata=meta)

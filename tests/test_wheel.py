@@ -27,9 +27,22 @@ from tests.own_processes import marked_env, owned
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPENDENCIES = ("ray", "torch", "deepspeed", "fsspec", "pydantic", "yaml", "numpy", "safetensors", "xxhash",
-                "matplotlib", "rich", "tensorboard", "psutil")
-TASK = '''
+DEPENDENCIES = (
+    "ray",
+    "torch",
+    "deepspeed",
+    "fsspec",
+    "pydantic",
+    "yaml",
+    "numpy",
+    "safetensors",
+    "xxhash",
+    "matplotlib",
+    "rich",
+    "tensorboard",
+    "psutil",
+)
+TASK = """
 import torch
 
 from syncpoint import Task
@@ -55,7 +68,7 @@ def loss(model, batch):
 
 def build(config):
     return Task(model=torch.nn.Linear(3, 1), dataset=Points(int(config["samples"])), loss=loss)
-'''
+"""
 # 8 samples, 1 per micro-batch, 2 micro-batches per optimizer step, 1 worker: 4 optimizer steps
 JOB = """
 name: {name}
@@ -77,8 +90,23 @@ def _build_wheel(out: Path) -> Path:
         shutil.copy(ROOT / name, src / name)
     for name in ("syncpoint", "orchestrator", "workers", "policies"):
         shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                        str(out / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     wheels = list((out / "dist").glob("syncpoint-*.whl"))
     assert len(wheels) == 1, wheels
@@ -88,15 +116,25 @@ def _build_wheel(out: Path) -> Path:
 def _fresh_venv(path: Path, wheel: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=300)
     python = path / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     deps = sorted({str(Path(importlib.util.find_spec(name).origin).parents[1]) for name in DEPENDENCIES})
     (site / "syncpoint-test-deps.pth").write_text("".join(d + "\n" for d in deps))
     ninja = Path(sys.executable).parent / "ninja"  # DeepSpeed's op builds: this environment's ninja, not the system's
     if ninja.exists():
         (path / "bin" / "ninja").symlink_to(ninja)
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                        "--no-index", str(wheel)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return path
 
@@ -149,20 +187,26 @@ def test_the_wheel_installs_syncpoint_alone_and_runs_a_job(tmp_path):
     assert seen["version"] == wheel.name.split("-")[1]
 
     try:
-        api = subprocess.run([python, "-c", API_RUN], cwd=job_dir, env=env, capture_output=True, text=True,
-                             timeout=900)
+        api = subprocess.run([python, "-c", API_RUN], cwd=job_dir, env=env, capture_output=True, text=True, timeout=900)
         out = api.stdout + api.stderr
         assert api.returncode == 0, out[-4000:]
-        result = json.loads(next(x for x in api.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+        result = json.loads(next(x for x in api.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
         assert result["name"] == "wheel-api" and result["optimizer_steps"] == STEPS, result
         assert result["micro_steps"] == 2 * STEPS and result["restarts"] == 0, result
         assert result["run_dir"] == f"file://{job_dir / 'runs' / 'wheel-api'}", result
         assert result["line"].startswith("syncpoint: job 'wheel-api' finished"), result
-        assert not any(x.startswith("syncpoint: job 'wheel-api' finished") for x in api.stdout.splitlines()), \
+        assert not any(x.startswith("syncpoint: job 'wheel-api' finished") for x in api.stdout.splitlines()), (
             "run() printed its last line"
+        )
 
-        cli = subprocess.run([str(venv / "bin" / "syncpoint"), "run", "job.yaml"], cwd=job_dir, env=env,
-                             capture_output=True, text=True, timeout=900)
+        cli = subprocess.run(
+            [str(venv / "bin" / "syncpoint"), "run", "job.yaml"],
+            cwd=job_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         out = cli.stdout + cli.stderr
         assert cli.returncode == 0, out[-4000:]
         last = cli.stdout.strip().splitlines()[-1]

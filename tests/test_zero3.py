@@ -31,8 +31,16 @@ OPTIM0 = "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt"
 
 
 def _spec(tmp, zero=3, *extra, workers=1):
-    return lm_spec(tmp, f"task.config.num_samples={20 * workers}", "train.grad_accum=4", "train.epochs=2",
-                   f"checkpoint.save_every={SAVE}", f"deepspeed.zero_stage={zero}", *extra, workers=workers)
+    return lm_spec(
+        tmp,
+        f"task.config.num_samples={20 * workers}",
+        "train.grad_accum=4",
+        "train.epochs=2",
+        f"checkpoint.save_every={SAVE}",
+        f"deepspeed.zero_stage={zero}",
+        *extra,
+        workers=workers,
+    )
 
 
 def _crash_and_resume(ref, tmp, crash_at: int, *extra: str):
@@ -45,19 +53,26 @@ def _crash_and_resume(ref, tmp, crash_at: int, *extra: str):
 def test_required_files_at_stage_3_name_every_ranks_model_and_optimizer_file():
     assert required_files(world_size=2, zero_stage=3, precision="fp32", full_optimizer_state=False) == [
         "trainer.json",
-        "engine/zero_pp_rank_0_mp_rank_00_model_states.pt", "engine/zero_pp_rank_1_mp_rank_00_model_states.pt",
-        "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", "engine/zero_pp_rank_1_mp_rank_00_optim_states.pt",
-        "rng/rank_00000.safetensors", "rng/rank_00001.safetensors"]
+        "engine/zero_pp_rank_0_mp_rank_00_model_states.pt",
+        "engine/zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "engine/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "rng/rank_00000.safetensors",
+        "rng/rank_00001.safetensors",
+    ]
     bf16 = required_files(world_size=1, zero_stage=3, precision="bf16", full_optimizer_state=True)
     assert "engine/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt" in bf16 and "optim/full.safetensors" in bf16
     assert "engine/mp_rank_00_model_states.pt" not in bf16
 
 
-@pytest.mark.parametrize("override,message", [
-    ("deepspeed.offload_params=cpu", "offload_params needs deepspeed.zero_stage: 3"),
-    ("deepspeed.offload_optimizer=cpu", "offload_optimizer needs deepspeed.zero_stage 1, 2 or 3"),
-    ("deepspeed.offload_optimizer=nvme", "offload_optimizer"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("deepspeed.offload_params=cpu", "offload_params needs deepspeed.zero_stage: 3"),
+        ("deepspeed.offload_optimizer=cpu", "offload_optimizer needs deepspeed.zero_stage 1, 2 or 3"),
+        ("deepspeed.offload_optimizer=nvme", "offload_optimizer"),
+    ],
+)
 def test_offload_combinations_are_refused_at_validation(tmp_path, override, message):
     stage = "deepspeed.zero_stage=2" if "params" in override else "deepspeed.zero_stage=0"
     with pytest.raises(SpecError, match=message):
@@ -105,9 +120,12 @@ def test_consolidate_zero3_puts_padded_partitions_together():
     files = {}
     for r in range(2):
         files[f"engine/zero_pp_rank_{r}_mp_rank_00_model_states.pt"] = {
-            "module": {"a": torch.empty(0), "b": torch.empty(0), "buf": torch.ones(2)}, "param_shapes": shapes}
+            "module": {"a": torch.empty(0), "b": torch.empty(0), "buf": torch.ones(2)},
+            "param_shapes": shapes,
+        }
         files[f"engine/zero_pp_rank_{r}_mp_rank_00_optim_states.pt"] = {
-            "optimizer_state_dict": {"fp32_flat_groups": [flats[r]]}}
+            "optimizer_state_dict": {"fp32_flat_groups": [flats[r]]}
+        }
     out = consolidate_zero3(list(files), files.__getitem__)
     assert list(out) == ["a", "b", "buf"]
     assert torch.equal(out["a"], a) and torch.equal(out["b"], b) and torch.equal(out["buf"], torch.ones(2))
@@ -117,9 +135,15 @@ LONG = pytest.mark.long
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero,offload_params", [pytest.param(1, "none", marks=LONG),
-                                                 pytest.param(2, "none", marks=LONG),
-                                                 pytest.param(3, "none", marks=LONG), (3, "cpu")])
+@pytest.mark.parametrize(
+    "zero,offload_params",
+    [
+        pytest.param(1, "none", marks=LONG),
+        pytest.param(2, "none", marks=LONG),
+        pytest.param(3, "none", marks=LONG),
+        (3, "cpu"),
+    ],
+)
 def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
     """Optimizer offload (DeepSpeed's CPU Adam; its op is JIT-built once) at every stage that has
     it, and parameter offload at stage 3: the resumed run is bitwise the uninterrupted one."""
@@ -131,8 +155,11 @@ def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), pytest.param(("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu"),
-                                                    marks=pytest.mark.long)], ids=["zero3", "zero3-offload"])
+@pytest.mark.parametrize(
+    "extra",
+    [(), pytest.param(("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu"), marks=pytest.mark.long)],
+    ids=["zero3", "zero3-offload"],
+)
 def test_two_ranks_zero3_hard_crash_resume_equals_uninterrupted(tmp_path, extra):
     """Two spawned ranks, each holding half of every parameter; rank 1 dies hard mid-cycle."""
     ref = _spec(tmp_path / "ref", 3, *extra, workers=2)
@@ -162,8 +189,10 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     engine_dir.mkdir(parents=True)
     shapes = [{"w": torch.Size([3])}]
     torch.save({"module": {"w": torch.empty(0)}, "param_shapes": shapes}, engine_dir / MODEL0.split("/")[1])
-    torch.save({"optimizer_state_dict": {"fp32_flat_groups": [torch.tensor([1.0, 2.0, 3.0])]}},
-               engine_dir / OPTIM0.split("/")[1])
+    torch.save(
+        {"optimizer_state_dict": {"fp32_flat_groups": [torch.tensor([1.0, 2.0, 3.0])]}},
+        engine_dir / OPTIM0.split("/")[1],
+    )
     assert torch.equal(load(str(tmp_path / "state"))["w"], torch.tensor([1.0, 2.0, 3.0]))
     marker = tmp_path / "marker"
     (engine_dir / OPTIM0.split("/")[1]).write_bytes(payload(marker, "zip"))
@@ -216,8 +245,9 @@ def test_the_digest_of_a_two_rank_zero3_state_ignores_the_uninitialised_padding(
     from syncpoint.workers.safe_load import load_state_file
     from tests.helpers import linear_spec
 
-    spec = linear_spec(tmp_path, "deepspeed.zero_stage=3", "task.config.num_samples=16", "train.grad_accum=2",
-                       workers=2)
+    spec = linear_spec(
+        tmp_path, "deepspeed.zero_stage=3", "task.config.num_samples=16", "train.grad_accum=2", workers=2
+    )
     assert run_spawned(spec) == [0, 0]
     name = max(state_names(spec))
     store, shard = RunStorage(spec.run_url), "engine/zero_pp_rank_1_mp_rank_00_optim_states.pt"

@@ -66,7 +66,10 @@ def mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tor
 
 def build(config: dict) -> Task:
     torch.manual_seed(int(config.get("init_seed", 0)))
-    model = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.Tanh(),
-                                torch.nn.Dropout(float(config.get("dropout", 0.1))), torch.nn.Linear(8, 1))
-    return Task(model=model, dataset=VirtualCorpus(int(config.get("num_samples", SAMPLES))), loss=mse,
-                collate=collate)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(DIM, 8),
+        torch.nn.Tanh(),
+        torch.nn.Dropout(float(config.get("dropout", 0.1))),
+        torch.nn.Linear(8, 1),
+    )
+    return Task(model=model, dataset=VirtualCorpus(int(config.get("num_samples", SAMPLES))), loss=mse, collate=collate)

@@ -61,8 +61,9 @@ def _mismatch(saved: dict[str, torch.Tensor], live: dict[str, torch.Tensor]) -> 
     for name in sorted(live):
         have, want = saved[name], live[name]
         if have.shape != want.shape or have.dtype != want.dtype:
-            return (f"buffer {name} is {have.dtype} {tuple(have.shape)}, this model's is "
-                    f"{want.dtype} {tuple(want.shape)}")
+            return (
+                f"buffer {name} is {have.dtype} {tuple(have.shape)}, this model's is {want.dtype} {tuple(want.shape)}"
+            )
     return None
 
 

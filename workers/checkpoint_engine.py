@@ -149,8 +149,9 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         root, files = self.served
         rel = os.path.relpath(path, root).replace(os.sep, "/")
         if rel not in files:
-            raise StateRefused(f"{rel}: DeepSpeed asked for a file this rank did not verify against the manifest: "
-                               "refused")
+            raise StateRefused(
+                f"{rel}: DeepSpeed asked for a file this rank did not verify against the manifest: refused"
+            )
         key = (rel, _placement(map_location))
         if self.repeat is not None and self.repeat[0] == key:  # DeepSpeed reads the model file twice in a row
             loaded, self.repeat = self.repeat[1], None
@@ -160,8 +161,9 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         return loaded
 
 
-def write_captured(captured: dict[str, Any], sink: Sink,
-                   zipfile_serialization: bool = True) -> dict[str, dict[str, Any]]:
+def write_captured(
+    captured: dict[str, Any], sink: Sink, zipfile_serialization: bool = True
+) -> dict[str, dict[str, Any]]:
     """Serialize an async save's copied shards (:meth:`StreamingCheckpointEngine.capturing`)
     into ``sink``, checksumming on the way, exactly as a sync save writes them; returns their
     manifest entries. Runs in the background thread: the copies are no longer training's tensors."""
@@ -215,9 +217,11 @@ def install(engine: Any) -> StreamingCheckpointEngine:
     if isinstance(ce, StreamingCheckpointEngine):
         return ce
     if type(ce) is not TorchCheckpointEngine:
-        raise JobConfigError(f"deepspeed.config: selects DeepSpeed's {type(ce).__name__}, but syncpoint streams "
-                             "shards through the default torch checkpoint engine (it checksums them and commits "
-                             "the manifest itself); remove the checkpoint-engine keys from deepspeed.config")
+        raise JobConfigError(
+            f"deepspeed.config: selects DeepSpeed's {type(ce).__name__}, but syncpoint streams "
+            "shards through the default torch checkpoint engine (it checksums them and commits "
+            "the manifest itself); remove the checkpoint-engine keys from deepspeed.config"
+        )
     _refuse_universal_load(engine)
     seal_unsafe_loaders(engine.optimizer)
     route_zero3_module_load()
@@ -228,14 +232,19 @@ def install(engine: Any) -> StreamingCheckpointEngine:
 
 def _refuse_universal_load(engine: Any) -> None:
     if engine.load_universal_checkpoint():
-        raise JobConfigError("deepspeed.config: checkpoint.load_universal makes DeepSpeed unpickle universal-"
-                             "checkpoint files itself with weights_only=False (code from storage would run), and "
-                             "syncpoint's states are not universal checkpoints; remove checkpoint.load_universal")
+        raise JobConfigError(
+            "deepspeed.config: checkpoint.load_universal makes DeepSpeed unpickle universal-"
+            "checkpoint files itself with weights_only=False (code from storage would run), and "
+            "syncpoint's states are not universal checkpoints; remove checkpoint.load_universal"
+        )
 
 
 # DeepSpeed optimizer methods that unpickle files with torch.load(weights_only=False) themselves
-UNSAFE_LOADERS = ("load_hp_checkpoint_state_from_checkpoint_dir_stage3", "load_hp_checkpoint_state",
-                  "load_hp_checkpoint_state_from_checkpoint_dir")
+UNSAFE_LOADERS = (
+    "load_hp_checkpoint_state_from_checkpoint_dir_stage3",
+    "load_hp_checkpoint_state",
+    "load_hp_checkpoint_state_from_checkpoint_dir",
+)
 
 
 def seal_unsafe_loaders(optimizer: Any) -> list[str]:
@@ -253,15 +262,17 @@ def seal_unsafe_loaders(optimizer: Any) -> list[str]:
 
 def _refusing(name: str) -> Callable[..., Any]:
     def refuse(*_: Any, **__: Any) -> Any:
-        raise JobConfigError(f"DeepSpeed's {name} unpickles checkpoint files with weights_only=False (code from "
-                             "storage would run); syncpoint loads state files only through its weights-only loader")
+        raise JobConfigError(
+            f"DeepSpeed's {name} unpickles checkpoint files with weights_only=False (code from "
+            "storage would run); syncpoint loads state files only through its weights-only loader"
+        )
 
     return refuse
 
 
-def safe_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: str | None = None,
-                                              exclude_frozen_parameters: bool = False,
-                                              lazy_mode: bool = False) -> dict[str, torch.Tensor]:
+def safe_fp32_state_dict_from_zero_checkpoint(
+    checkpoint_dir: str, tag: str | None = None, exclude_frozen_parameters: bool = False, lazy_mode: bool = False
+) -> dict[str, torch.Tensor]:
     """DeepSpeed's ZeRO-3 module-only load, weights-only: the whole model (fp32) put together from
     the partitions under ``<checkpoint_dir>/<tag>`` (syncpoint's tag is ``engine``; no ``latest``
     file is read), every file through :func:`load_state_file`. Same signature as DeepSpeed's."""

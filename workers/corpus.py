@@ -82,13 +82,15 @@ class CacheSettings:
 
 
 def default_cache_dir() -> str:
-    return os.environ.get("SYNCPOINT_CORPUS_CACHE") or os.path.join(tempfile.gettempdir(),
-                                                                    f"syncpoint-corpus-{os.getuid()}")
+    return os.environ.get("SYNCPOINT_CORPUS_CACHE") or os.path.join(
+        tempfile.gettempdir(), f"syncpoint-corpus-{os.getuid()}"
+    )
 
 
 def settings_of(spec: CorpusSpec, run_url: str | None = None) -> CacheSettings:
-    return CacheSettings(spec.cache_dir or default_cache_dir(), spec.cache_bytes, spec.prefetch_shards,
-                         spec.fetch_concurrency, run_url)
+    return CacheSettings(
+        spec.cache_dir or default_cache_dir(), spec.cache_bytes, spec.prefetch_shards, spec.fetch_concurrency, run_url
+    )
 
 
 _job_settings: CacheSettings | None = None
@@ -175,8 +177,9 @@ def _listed(fs: Any, patterns: Sequence[str]) -> list[tuple[str, dict[str, Any]]
         dup = next(p for p in paths if paths.count(p) > 1)
         raise CorpusError(f"corpus shard {dup!r} is listed twice; each shard may appear once")
     if len(out) > MAX_SHARDS:
-        raise CorpusError(f"the corpus has {len(out)} shards, more than the {MAX_SHARDS} syncpoint indexes; "
-                          "merge shards")
+        raise CorpusError(
+            f"the corpus has {len(out)} shards, more than the {MAX_SHARDS} syncpoint indexes; merge shards"
+        )
     return out
 
 
@@ -202,11 +205,13 @@ def _npy(path: str, params: dict[str, Any], name: str) -> np.ndarray:
         raise CorpusError(f"corpus shard {name} holds {arr.dtype}, not integer tokens (format tokens-npy)")
     if arr.ndim == 1:
         rows = len(arr) // seq_len
-        return arr[:rows * seq_len].reshape(rows, seq_len)
+        return arr[: rows * seq_len].reshape(rows, seq_len)
     if arr.ndim == 2 and arr.shape[1] == seq_len:
         return arr
-    raise CorpusError(f"corpus shard {name} has shape {arr.shape}: tokens-npy takes 1-D token streams or 2-D "
-                      f"[rows, seq_len={seq_len}] arrays")
+    raise CorpusError(
+        f"corpus shard {name} has shape {arr.shape}: tokens-npy takes 1-D token streams or 2-D "
+        f"[rows, seq_len={seq_len}] arrays"
+    )
 
 
 def _bin(path: str, params: dict[str, Any], name: str) -> np.ndarray:
@@ -228,7 +233,7 @@ def _jsonl_lines(buf: Any) -> tuple[np.ndarray, np.ndarray]:
     keep = ends > starts
     first = data[np.minimum(starts, len(data) - 1)]
     for i in np.flatnonzero(keep & np.isin(first, np.frombuffer(b" \t\r", np.uint8))):
-        if not bytes(data[starts[i]:ends[i]]).strip():  # only lines starting with whitespace can be blank
+        if not bytes(data[starts[i] : ends[i]]).strip():  # only lines starting with whitespace can be blank
             keep[i] = False
     return starts[keep], ends[keep]
 
@@ -291,7 +296,7 @@ class _JsonlRows:
         return len(self.starts)
 
     def get(self, row: int) -> Any:
-        return json.loads(self.mm[int(self.starts[row]):int(self.ends[row])])
+        return json.loads(self.mm[int(self.starts[row]) : int(self.ends[row])])
 
     def get_many(self, rows: np.ndarray) -> list[Any]:
         return [self.get(int(r)) for r in rows]
@@ -367,9 +372,17 @@ class ShardedCorpus(torch.utils.data.Dataset):
     ``cache``: the cache settings outside a syncpoint job (inside one the spec's ``corpus`` section).
     """
 
-    def __init__(self, shards: str | Sequence[str], format: str = "tokens-npy", *, seq_len: int | None = None,
-                 dtype: str | None = None, columns: Sequence[str] | None = None,
-                 transform: Callable[[Any], Any] | None = None, cache: CacheSettings | None = None) -> None:
+    def __init__(
+        self,
+        shards: str | Sequence[str],
+        format: str = "tokens-npy",
+        *,
+        seq_len: int | None = None,
+        dtype: str | None = None,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        cache: CacheSettings | None = None,
+    ) -> None:
         self.patterns = [shards] if isinstance(shards, str) else [str(s) for s in shards]
         if not self.patterns:
             raise CorpusError("ShardedCorpus needs at least one shard URL or glob")
@@ -379,8 +392,10 @@ class ShardedCorpus(torch.utils.data.Dataset):
         if tokens and (not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1):
             raise CorpusError(f"ShardedCorpus format {format} needs seq_len (tokens per sample, >= 1), not {seq_len!r}")
         if not tokens and (seq_len is not None or dtype is not None):
-            raise CorpusError(f"ShardedCorpus format {format} takes no seq_len or dtype (rows are its "
-                              f"{'lines' if format == 'jsonl' else 'rows'})")
+            raise CorpusError(
+                f"ShardedCorpus format {format} takes no seq_len or dtype (rows are its "
+                f"{'lines' if format == 'jsonl' else 'rows'})"
+            )
         if columns is not None and format != "parquet":
             raise CorpusError("ShardedCorpus columns applies to format parquet only")
         if format == "tokens-bin":
@@ -390,8 +405,12 @@ class ShardedCorpus(torch.utils.data.Dataset):
         elif dtype is not None:
             raise CorpusError("ShardedCorpus dtype applies to format tokens-bin (a .npy names its own)")
         self.format = format
-        self.params: dict[str, Any] = {"format": format, "seq_len": seq_len, "dtype": dtype,
-                                       "columns": list(columns) if columns is not None else None}
+        self.params: dict[str, Any] = {
+            "format": format,
+            "seq_len": seq_len,
+            "dtype": dtype,
+            "columns": list(columns) if columns is not None else None,
+        }
         self.transform = transform
         self._settings = cache
         self._shards: list[Shard] | None = None
@@ -452,8 +471,11 @@ class ShardedCorpus(torch.utils.data.Dataset):
             cache = None
             if not isinstance(fs, LocalFileSystem):
                 backend = backend_for(fs, "")
-                cache = ShardCache(os.path.join(self.settings.directory, "shards-cache"), self.settings.bytes,
-                                   lambda src, dst, limit: backend.download_file(dst, src, "xxh3_128", limit))
+                cache = ShardCache(
+                    os.path.join(self.settings.directory, "shards-cache"),
+                    self.settings.bytes,
+                    lambda src, dst, limit: backend.download_file(dst, src, "xxh3_128", limit),
+                )
             proc = self._proc = _Process(_pid, fs, cache)
         return proc
 
@@ -478,8 +500,9 @@ class ShardedCorpus(torch.utils.data.Dataset):
         """A batch (what a DataLoader asks for): the rows of each shard read at once."""
         return self.seeded_items(indices, None)
 
-    def seeded_items(self, indices: Sequence[int],
-                     seeding: Callable[[int], contextlib.AbstractContextManager[Any]] | None) -> list[Any]:
+    def seeded_items(
+        self, indices: Sequence[int], seeding: Callable[[int], contextlib.AbstractContextManager[Any]] | None
+    ) -> list[Any]:
         """Samples ``indices``, the rows of each shard read at once (the read draws no randomness),
         then ``transform`` on each under ``seeding(index)``: the hook ``syncpoint.workers.data.SeededSamples``
         seeds every stream through, so a sample's values are those one fetch of it would give."""
@@ -528,14 +551,17 @@ class ShardedCorpus(torch.utils.data.Dataset):
                 proc.verified.add(s)
             reader = open_rows(self.format, shard.path, self.params, shard.name)
         else:
-            reader = proc.cache.open(shard.remote(), lambda path: open_rows(self.format, path, self.params, shard.name),
-                                     keep=proc.keep)
+            reader = proc.cache.open(
+                shard.remote(), lambda path: open_rows(self.format, path, self.params, shard.name), keep=proc.keep
+            )
         rows = len(reader)
         if rows != shard.rows:
             reader.close()
-            raise CorpusChanged(f"shard {shard.name} holds {rows} rows, its index entry says {shard.rows}: the "
-                                "index is not this corpus's (the cache directory's or the run directory's copy was "
-                                "edited); remove the corpus index files to rebuild them")
+            raise CorpusChanged(
+                f"shard {shard.name} holds {rows} rows, its index entry says {shard.rows}: the "
+                "index is not this corpus's (the cache directory's or the run directory's copy was "
+                "edited); remove the corpus index files to rebuild them"
+            )
         return reader
 
     # ---- prefetch
@@ -551,9 +577,12 @@ class ShardedCorpus(torch.utils.data.Dataset):
             return None
         cache, shards = proc.cache, self.shards
         if proc.prefetcher is None:
-            proc.prefetcher = Prefetcher(lambda s, keep: cache.fetch(shards[s].remote(), keep),
-                                         lambda s: shards[s].remote().key, lambda s: cache.has(shards[s].remote()),
-                                         self.settings.concurrency)
+            proc.prefetcher = Prefetcher(
+                lambda s, keep: cache.fetch(shards[s].remote(), keep),
+                lambda s: shards[s].remote().key,
+                lambda s: cache.has(shards[s].remote()),
+                self.settings.concurrency,
+            )
         prefetcher, at = proc.prefetcher, {"window": -1}
 
         def on_position(first: int, count: int) -> None:
@@ -585,7 +614,8 @@ class ShardedCorpus(torch.utils.data.Dataset):
             raise JobConfigError(
                 f"corpus.cache_bytes ({self.settings.bytes} bytes) cannot hold {held} shards of up to "
                 f"{max(s.size for s in shards)} bytes (corpus.window_shards {window} + prefetch {prefetch}): set "
-                f"corpus.cache_bytes to at least {need}, or lower corpus.window_shards / corpus.prefetch_shards")
+                f"corpus.cache_bytes to at least {need}, or lower corpus.window_shards / corpus.prefetch_shards"
+            )
 
 
 def _verify_in_place(fs: Any, shard: Shard) -> None:
@@ -597,7 +627,8 @@ def _verify_in_place(fs: Any, shard: Shard) -> None:
         raise CorpusChanged(
             f"shard {shard.name} changed since the corpus index was built: {size} bytes with xxh3_128 {checksum} now, "
             f"{shard.size} bytes with {shard.checksum} then. A corpus must not change while a run reads it; restore "
-            "the shard, or start a new run on the new corpus (another name, or resume.policy: fresh)")
+            "the shard, or start a new run on the new corpus (another name, or resume.policy: fresh)"
+        )
 
 
 # ------------------------------------------------------------------ building and caching the index
@@ -631,8 +662,11 @@ def _parse_listing(data: bytes, params: dict[str, Any]) -> dict[str, Shard]:
     try:
         raw = json.loads(data)
         body = {k: raw[k] for k in ("version", "params", "shards")}
-        if raw.get("checksum") != _cache_checksum(body) or body["version"] != INDEX_CACHE_VERSION \
-                or body["params"] != params:
+        if (
+            raw.get("checksum") != _cache_checksum(body)
+            or body["version"] != INDEX_CACHE_VERSION
+            or body["params"] != params
+        ):
             return {}
         shards = [Shard(**s) for s in body["shards"]]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for s in shards for v in (s.size, s.rows)):
@@ -655,8 +689,9 @@ def _run_listing(run_url: str | None, key: str, params: dict[str, Any]) -> dict[
     if not run_url:
         return {}
     try:
-        return _parse_listing(RunStorage(run_url).read_bytes(CORPUS_DIR, listing_file(key),
-                                                             limit=INDEX_CACHE_MAX_BYTES), params)
+        return _parse_listing(
+            RunStorage(run_url).read_bytes(CORPUS_DIR, listing_file(key), limit=INDEX_CACHE_MAX_BYTES), params
+        )
     except OSError:
         return {}
 
@@ -678,18 +713,27 @@ def build_index(fs: Any, patterns: Sequence[str], params: dict[str, Any], settin
     with flocked(path + ".lock"):
         listed = _listed(fs, patterns)
         names = _names([p for p, _ in listed])
-        current = [(p, name, int(info.get("size") or 0), _stamp(fs, p, info))
-                   for (p, info), name in zip(listed, names, strict=True)]
+        current = [
+            (p, name, int(info.get("size") or 0), _stamp(fs, p, info))
+            for (p, info), name in zip(listed, names, strict=True)
+        ]
         node = _node_listing(path, params)
-        known = node if all(_matches(node.get(p), n, size, st) for p, n, size, st in current) else \
-            {**_run_listing(settings.run_url, key, params), **node}
-        shards: list[Shard | None] = [known.get(p) if _matches(known.get(p), n, size, st) else None
-                                      for p, n, size, st in current]
+        known = (
+            node
+            if all(_matches(node.get(p), n, size, st) for p, n, size, st in current)
+            else {**_run_listing(settings.run_url, key, params), **node}
+        )
+        shards: list[Shard | None] = [
+            known.get(p) if _matches(known.get(p), n, size, st) else None for p, n, size, st in current
+        ]
         todo = [(i, *current[i]) for i, s in enumerate(shards) if s is None]
         if todo:
             with ThreadPoolExecutor(max(1, min(settings.concurrency, len(todo)))) as pool:
-                for i, shard in zip([t[0] for t in todo], pool.map(lambda t: _read_shard(fs, params, settings, *t[1:]),
-                                                                   todo), strict=True):
+                for i, shard in zip(
+                    [t[0] for t in todo],
+                    pool.map(lambda t: _read_shard(fs, params, settings, *t[1:]), todo),
+                    strict=True,
+                ):
                     shards[i] = shard
         complete = [s for s in shards if s is not None]
         if [node.get(s.path) for s in complete] != complete:
@@ -701,8 +745,9 @@ def _matches(old: Shard | None, name: str, size: int, stamp: str) -> bool:
     return old is not None and (old.name, old.size, old.stamp) == (name, size, stamp)
 
 
-def _read_shard(fs: Any, params: dict[str, Any], settings: CacheSettings, path: str, name: str, size: int,
-                stamp: str) -> Shard:
+def _read_shard(
+    fs: Any, params: dict[str, Any], settings: CacheSettings, path: str, name: str, size: int, stamp: str
+) -> Shard:
     """One shard's checksum and rows: read in place locally, else downloaded (bounded by its listed
     size) into a temporary file that is deleted afterwards."""
     fmt = params["format"]
@@ -742,9 +787,11 @@ def plan_for(spec: JobSpec, dataset: Any) -> DataPlan:
     c = spec.corpus
     if not isinstance(dataset, ShardedCorpus):
         if c.shuffle == "shard-window":
-            raise JobConfigError(f"corpus.shuffle shard-window needs the task's dataset to be a "
-                                 f"syncpoint.ShardedCorpus; it is a {type(dataset).__name__}. Set corpus.shuffle: "
-                                 "auto or global, or return a ShardedCorpus")
+            raise JobConfigError(
+                f"corpus.shuffle shard-window needs the task's dataset to be a "
+                f"syncpoint.ShardedCorpus; it is a {type(dataset).__name__}. Set corpus.shuffle: "
+                "auto or global, or return a ShardedCorpus"
+            )
         return DataPlan()
     window = None if c.shuffle == "global" else c.window_shards
     dataset.check_cache(window, c.prefetch)
@@ -767,4 +814,3 @@ def publish_index(storage: RunStorage, dataset: Any, identity: CorpusIdentity | 
         same = False
     if not same:
         storage.commit_bytes(data, CORPUS_DIR, name)
-

@@ -86,12 +86,12 @@ class ShardWindowOrder:
 
     def window_shards(self, window: int) -> np.ndarray:
         """The shards (index numbers) of one window, in the epoch's shard order."""
-        return self.shards[window * self.window:(window + 1) * self.window]
+        return self.shards[window * self.window : (window + 1) * self.window]
 
     def shards_from(self, position: int, count: int) -> list[int]:
         """The first ``count`` shards the epoch reads from ``position`` on (its window first)."""
         first = self.window_of(position) * self.window
-        return [int(s) for s in self.shards[first:first + count]]
+        return [int(s) for s in self.shards[first : first + count]]
 
     def _window_rows(self, window: int) -> FeistelPermutation:
         perm = self._rows.get(window)
@@ -118,8 +118,15 @@ class ShardWindowOrder:
         return self.shard_start[shard] + (placed - self.ordered_start[ordered])
 
 
-def epoch_order(sampler: str, num_samples: int, seed: int, epoch: int, *, shard_rows: Sequence[int] | None = None,
-                window_shards: int | None = None) -> Callable[[np.ndarray], np.ndarray]:
+def epoch_order(
+    sampler: str,
+    num_samples: int,
+    seed: int,
+    epoch: int,
+    *,
+    shard_rows: Sequence[int] | None = None,
+    window_shards: int | None = None,
+) -> Callable[[np.ndarray], np.ndarray]:
     """positions -> sample indices for one epoch, by the state's sampler version (shard-window/v1
     also needs the corpus's shard row counts and its window)."""
     if sampler == SAMPLER_VERSION:
@@ -134,8 +141,9 @@ def epoch_order(sampler: str, num_samples: int, seed: int, epoch: int, *, shard_
         if order.size != num_samples:
             raise ValueError(f"the corpus's shards hold {order.size} rows, the dataset {num_samples}")
         return order
-    raise ValueError(f"unknown sampler {sampler!r} (known: {SAMPLER_VERSION}, {LEGACY_SAMPLER}, "
-                     f"{SHARD_WINDOW_SAMPLER})")
+    raise ValueError(
+        f"unknown sampler {sampler!r} (known: {SAMPLER_VERSION}, {LEGACY_SAMPLER}, {SHARD_WINDOW_SAMPLER})"
+    )
 
 
 def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size: int) -> int:
@@ -145,7 +153,8 @@ def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size:
         raise DataLayoutError(
             f"the dataset has {num_samples} samples, fewer than one global micro-batch "
             f"(train.micro_batch_size {micro_batch_size} x {world_size} workers = {global_batch}); "
-            "use more samples, a smaller micro_batch_size or fewer workers")
+            "use more samples, a smaller micro_batch_size or fewer workers"
+        )
     return n
 
 
@@ -157,16 +166,27 @@ class RankMicroBatches(Sampler[list[int]]):
     legacy one a whole permutation.
     """
 
-    def __init__(self, num_samples: int, micro_batch_size: int, world_size: int, rank: int,
-                 seed: int, epoch: int, start: int, samples_per_epoch: int | None = None,
-                 sampler: str = SAMPLER_VERSION, *, shard_rows: Sequence[int] | None = None,
-                 window_shards: int | None = None) -> None:
+    def __init__(
+        self,
+        num_samples: int,
+        micro_batch_size: int,
+        world_size: int,
+        rank: int,
+        seed: int,
+        epoch: int,
+        start: int,
+        samples_per_epoch: int | None = None,
+        sampler: str = SAMPLER_VERSION,
+        *,
+        shard_rows: Sequence[int] | None = None,
+        window_shards: int | None = None,
+    ) -> None:
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
-        self.micro_batches_per_epoch = micro_batches_per_epoch(samples_per_epoch or num_samples, micro_batch_size,
-                                                               world_size)
+        self.micro_batches_per_epoch = micro_batches_per_epoch(
+            samples_per_epoch or num_samples, micro_batch_size, world_size
+        )
         self.start = start
-        self.order = epoch_order(sampler, num_samples, seed, epoch, shard_rows=shard_rows,
-                                 window_shards=window_shards)
+        self.order = epoch_order(sampler, num_samples, seed, epoch, shard_rows=shard_rows, window_shards=window_shards)
         # told each global micro-batch's positions (first, count) before this rank's part is yielded
         # (a sharded corpus's prefetcher)
         self.on_position: Callable[[int, int], None] | None = None
@@ -297,10 +317,21 @@ def _reseeded(generators: DataGenerators, *seed_parts: int) -> Iterator[None]:
             set_state(g, state)
 
 
-def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int, rank: int, seed: int,
-                 epoch: int, start: int, collate: Any, num_workers: int,
-                 samples_per_epoch: int | None = None, sampler: str = SAMPLER_VERSION,
-                 window_shards: int | None = None) -> DataLoader:
+def epoch_loader(
+    dataset: MapDataset,
+    *,
+    micro_batch_size: int,
+    world_size: int,
+    rank: int,
+    seed: int,
+    epoch: int,
+    start: int,
+    collate: Any,
+    num_workers: int,
+    samples_per_epoch: int | None = None,
+    sampler: str = SAMPLER_VERSION,
+    window_shards: int | None = None,
+) -> DataLoader:
     """A DataLoader over this rank's remaining micro-batches of ``epoch``.
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
@@ -308,13 +339,26 @@ def epoch_loader(dataset: MapDataset, *, micro_batch_size: int, world_size: int,
     (``syncpoint.workers.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
     """
     shard_rows = getattr(dataset, "shard_rows", None) if sampler == SHARD_WINDOW_SAMPLER else None
-    batches = RankMicroBatches(len(dataset), micro_batch_size, world_size, rank, seed, epoch, start,
-                               samples_per_epoch, sampler, shard_rows=shard_rows, window_shards=window_shards)
+    batches = RankMicroBatches(
+        len(dataset),
+        micro_batch_size,
+        world_size,
+        rank,
+        seed,
+        epoch,
+        start,
+        samples_per_epoch,
+        sampler,
+        shard_rows=shard_rows,
+        window_shards=window_shards,
+    )
     follow = getattr(dataset, "follow", None)
     if callable(follow):
         batches.on_position = follow(batches.order)
     return DataLoader(
-        SeededSamples(dataset, seed, epoch), batch_sampler=batches, collate_fn=SeededCollate(collate),
+        SeededSamples(dataset, seed, epoch),
+        batch_sampler=batches,
+        collate_fn=SeededCollate(collate),
         num_workers=num_workers,
         generator=torch.Generator().manual_seed(derive_seed(seed, epoch, DATALOADER_GENERATOR_SALT)),
     )

@@ -31,12 +31,20 @@ class MapSource:
 
     def epoch(self, at: TrainingPosition) -> Iterable[Any]:
         train = self.attempt.spec.train
-        self.loader = epoch_loader(self.task.dataset, micro_batch_size=train.micro_batch_size,
-                                   world_size=self.attempt.world_size, rank=self.attempt.rank, seed=train.seed,
-                                   epoch=at.epoch, start=at.position_in_epoch, collate=self.task.collate,
-                                   num_workers=train.dataloader_workers,
-                                   samples_per_epoch=self.attempt.layout.samples_per_epoch, sampler=self.sampler,
-                                   window_shards=self.attempt.expectation.window_shards)
+        self.loader = epoch_loader(
+            self.task.dataset,
+            micro_batch_size=train.micro_batch_size,
+            world_size=self.attempt.world_size,
+            rank=self.attempt.rank,
+            seed=train.seed,
+            epoch=at.epoch,
+            start=at.position_in_epoch,
+            collate=self.task.collate,
+            num_workers=train.dataloader_workers,
+            samples_per_epoch=self.attempt.layout.samples_per_epoch,
+            sampler=self.sampler,
+            window_shards=self.attempt.expectation.window_shards,
+        )
         return self.loader
 
     def sample_ids(self, micro_batch: int) -> list[int]:
@@ -52,8 +60,9 @@ class StreamBatches:
     def __init__(self, attempt: Attempt, prepared: PreparedStream, saved: SavedStream | None) -> None:
         train = attempt.spec.train
         self.per_epoch = attempt.layout.micro_batches_per_epoch
-        self.source = StreamSource(prepared, seed=train.seed, rank=attempt.rank,
-                                   num_workers=train.dataloader_workers, saved=saved)
+        self.source = StreamSource(
+            prepared, seed=train.seed, rank=attempt.rank, num_workers=train.dataloader_workers, saved=saved
+        )
         self.capture: Callable[[], bytes] | None = self.source.capture
 
     def epoch(self, at: TrainingPosition) -> Iterable[Any]:
@@ -69,8 +78,9 @@ class StreamBatches:
 DataSource = MapSource | StreamBatches
 
 
-def data_source(attempt: Attempt, task: Task, prepared: PreparedStream | None, *, sampler: str,
-                saved: SavedStream | None) -> DataSource:
+def data_source(
+    attempt: Attempt, task: Task, prepared: PreparedStream | None, *, sampler: str, saved: SavedStream | None
+) -> DataSource:
     """The loop's source of micro-batches (``saved``: this rank's stream position, when resuming one)."""
     if prepared is None:
         return MapSource(attempt, task, sampler)

@@ -85,9 +85,12 @@ def clear_stale_build_locks(root: str | None = None, now: float | None = None) -
         with contextlib.suppress(OSError):
             os.remove(lock)
             stale.append(lock)
-            print(f"[syncpoint] removed a stale build lock {lock} ({age:.0f}s old, no build running there): a "
-                  "process killed while building a DeepSpeed op left it, and every DeepSpeed start on this "
-                  "machine would have waited on it", file=sys.stderr)
+            print(
+                f"[syncpoint] removed a stale build lock {lock} ({age:.0f}s old, no build running there): a "
+                "process killed while building a DeepSpeed op left it, and every DeepSpeed start on this "
+                "machine would have waited on it",
+                file=sys.stderr,
+            )
     return stale
 
 
@@ -139,7 +142,8 @@ def prepare_process(spec: JobSpec) -> torch.device:
         raise JobConfigError(
             "scaling.use_gpu: true, but torch sees no CUDA device on this worker (torch "
             f"{torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}). "
-            "Run on GPU nodes with a CUDA build of torch, or set scaling.use_gpu: false")
+            "Run on GPU nodes with a CUDA build of torch, or set scaling.use_gpu: false"
+        )
     index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(index)
     if spec.train.deterministic:
@@ -172,4 +176,5 @@ def check_engine_device(spec: JobSpec, device: torch.device) -> None:
         raise JobConfigError(
             f"scaling.use_gpu is {str(spec.scaling.use_gpu).lower()}, but DeepSpeed placed the model on {device} "
             f"(DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR', '<unset>')}). Set scaling.use_gpu to match the "
-            "workers, or DS_ACCELERATOR=cpu|cuda in the workers' environment before DeepSpeed is imported")
+            "workers, or DS_ACCELERATOR=cpu|cuda in the workers' environment before DeepSpeed is imported"
+        )

@@ -56,8 +56,19 @@ from syncpoint.workers.stream_state import parse as parse_stream
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
 # save reasons are left out so a drill's two differently named runs compare equal.
-POSITION_KEYS = ("epoch", "position_in_epoch", "global_micro_step", "optimizer_step", "grad_accum",
-                 "micro_batches_per_epoch", "micro_batch_size", "world_size", "seed", "scheduler", "data")
+POSITION_KEYS = (
+    "epoch",
+    "position_in_epoch",
+    "global_micro_step",
+    "optimizer_step",
+    "grad_accum",
+    "micro_batches_per_epoch",
+    "micro_batch_size",
+    "world_size",
+    "seed",
+    "scheduler",
+    "data",
+)
 SKIPPED_KEYS = {"ds_config", "ds_version"}
 MAX_JSON_BYTES = 32 << 20  # manifest.json and trainer.json: kilobytes for any state syncpoint writes
 MAX_JSON_DEPTH = 32
@@ -153,6 +164,7 @@ def _zero3_masks(files: Any, read: Any, world: int) -> list[list[torch.Tensor]]:
 def _without_padding(osd: Any, masks: list[torch.Tensor]) -> Any:
     """A ZeRO-3 rank's optimizer state with the padding of each group's flat tensors (the fp32
     partition and every moment of that length) set to zero before hashing."""
+
     def clean(t: Any, g: int) -> Any:
         if isinstance(t, torch.Tensor) and g < len(masks) and t.dim() == 1 and t.numel() == masks[g].numel():
             return t.detach().masked_fill(~masks[g], 0)
@@ -163,8 +175,10 @@ def _without_padding(osd: Any, masks: list[torch.Tensor]) -> Any:
         out["fp32_flat_groups"] = [clean(t, g) for g, t in enumerate(osd["fp32_flat_groups"])]
     inner = osd.get("optimizer_state_dict")
     if isinstance(inner, dict) and isinstance(inner.get("state"), dict):
-        state = {g: ({k: clean(v, g) for k, v in st.items()} if isinstance(g, int) and isinstance(st, dict) else st)
-                 for g, st in inner["state"].items()}
+        state = {
+            g: ({k: clean(v, g) for k, v in st.items()} if isinstance(g, int) and isinstance(st, dict) else st)
+            for g, st in inner["state"].items()
+        }
         out["optimizer_state_dict"] = {**inner, "state": state}
     return out
 
@@ -173,8 +187,9 @@ def _json(data: bytes, what: str) -> Any:
     try:
         return loads_bounded(data, max_bytes=MAX_JSON_BYTES, max_depth=MAX_JSON_DEPTH)
     except BoundedJsonError as e:
-        raise StateRefused(f"{what} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: refused (corrupt)") \
-            from None
+        raise StateRefused(
+            f"{what} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: refused (corrupt)"
+        ) from None
 
 
 def _state_digest(state_url: str) -> dict[str, str]:

@@ -85,7 +85,7 @@ class DirectFileWriter:
         n, pos = len(view), 0
         while pos < n:
             take = min(BLOCK - self.fill, n - pos)
-            self.buffers[self.current][self.fill:self.fill + take] = view[pos:pos + take]
+            self.buffers[self.current][self.fill : self.fill + take] = view[pos : pos + take]
             self.fill += take
             pos += take
             if self.fill == BLOCK:
@@ -97,7 +97,7 @@ class DirectFileWriter:
         ``on_chunk(memoryview)`` sees every chunk (a checksum)."""
         total = 0
         while True:
-            buf = memoryview(self.buffers[self.current])[self.fill:]
+            buf = memoryview(self.buffers[self.current])[self.fill :]
             n = src.readinto(buf)
             if not n:
                 return total
@@ -119,7 +119,7 @@ class DirectFileWriter:
 
     # ---- internals
     def _submit(self) -> None:
-        view = memoryview(self.buffers[self.current])[:self.fill]
+        view = memoryview(self.buffers[self.current])[: self.fill]
         self.pending.append(self.pool.submit(_write_all, self.fd, view))
         self.current, self.fill = (self.current + 1) % len(self.buffers), 0
         if len(self.pending) == len(self.buffers):  # the next buffer to fill is still being written
@@ -135,7 +135,7 @@ class DirectFileWriter:
         self.closed = True
         try:
             self._wait()
-            view = memoryview(self.buffers[self.current])[:self.fill]
+            view = memoryview(self.buffers[self.current])[: self.fill]
             aligned = (len(view) // ALIGN) * ALIGN if self.direct else len(view)
             _write_all(self.fd, view[:aligned])
             if aligned < len(view):  # the unaligned tail goes through the page cache
@@ -155,6 +155,7 @@ class DirectFileWriter:
     def __enter__(self) -> DirectFileWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close(durable=exc_type is None)

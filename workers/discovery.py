@@ -51,8 +51,9 @@ def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
     return (obj, None) if isinstance(obj, dict) else (None, "not a JSON object")
 
 
-def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = None,
-                   job_identity: str | None = None) -> Candidate:
+def read_candidate(
+    storage: RunStorage, name: str, signing_key: bytes | None = None, job_identity: str | None = None
+) -> Candidate:
     """One state's metadata; with a signing key, its manifest's signature is checked too, and that it
     was signed for this run directory, this name and (when given) this job (``syncpoint.workers.signing``)."""
     if storage.is_link(STATES_DIR, name):
@@ -67,7 +68,8 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
     if MANIFEST_FILE in c.listing:
         try:
             c.manifest, c.manifest_error = _parse_object(
-                storage.read_bytes(STATES_DIR, name, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES))
+                storage.read_bytes(STATES_DIR, name, MANIFEST_FILE, limit=MANIFEST_MAX_BYTES)
+            )
         except UnsafeEntry as e:  # too large, or swapped for a link since the listing
             c.manifest_error = str(e)
     c.trainer_error = _unsafe(c, TRAINER_FILE)
@@ -80,8 +82,9 @@ def read_candidate(storage: RunStorage, name: str, signing_key: bytes | None = N
     if c.trainer is not None and c.manifest is not None:
         c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
     if signing_key is not None and c.manifest is not None:
-        c.trust_error = trust_problem(c.manifest, signing_key, run_url=storage.url, state=name,
-                                      job_identity=job_identity)
+        c.trust_error = trust_problem(
+            c.manifest, signing_key, run_url=storage.url, state=name, job_identity=job_identity
+        )
     return c
 
 
@@ -106,16 +109,23 @@ def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | Non
 CorpusIndexes = dict[str, tuple[CorpusIdentity | None, str | None]]
 
 
-def attach_corpus_index(storage: RunStorage, c: Candidate, expectation: Expectation | None,
-                        read: CorpusIndexes) -> None:
+def attach_corpus_index(
+    storage: RunStorage, c: Candidate, expectation: Expectation | None, read: CorpusIndexes
+) -> None:
     """A state trained on another corpus than the live run's: its index (``corpus/<digest>.json``,
     read once per digest, bounded, and checked to hash to its name) goes with the candidate, so the
     reason names the shard they differ in."""
     data = (c.trainer or {}).get("data")
     corpus = data.get("corpus") if isinstance(data, dict) else None
     digest = corpus.get("digest") if isinstance(corpus, dict) else None
-    if expectation is None or expectation.corpus is None or not isinstance(digest, str) \
-            or digest == expectation.corpus.digest or not digest.isalnum() or len(digest) > 64:
+    if (
+        expectation is None
+        or expectation.corpus is None
+        or not isinstance(digest, str)
+        or digest == expectation.corpus.digest
+        or not digest.isalnum()
+        or len(digest) > 64
+    ):
         return
     if digest not in read:
         read[digest] = _read_corpus_index(storage, digest)
@@ -133,8 +143,9 @@ def _read_corpus_index(storage: RunStorage, digest: str) -> tuple[CorpusIdentity
     return parse_document(obj, digest) if obj is not None else (None, problem)
 
 
-def discover(storage: RunStorage, expectation: Expectation | None = None,
-             signing_key: bytes | None = None) -> list[Candidate]:
+def discover(
+    storage: RunStorage, expectation: Expectation | None = None, signing_key: bytes | None = None
+) -> list[Candidate]:
     """Every candidate, newest first, all read now; classified when an expectation is given."""
     identity = expectation.job_identity if expectation is not None else None
     cands = [read_candidate(storage, name, signing_key, identity) for name in state_names(storage)]
@@ -161,7 +172,8 @@ def states_entries(storage: RunStorage) -> list[str]:
         raise RunDirectoryRefused(
             f"{redact_url(storage.url_of(STATES_DIR))} cannot be used: {e}. A link there would take selection, saves "
             f"and retention outside the run directory. Replace it with a real directory (move what it points to into "
-            f"{STATES_DIR}/ in its place, or remove it to start without states), then re-submit.") from None
+            f"{STATES_DIR}/ in its place, or remove it to start without states), then re-submit."
+        ) from None
 
 
 def state_order(name: str) -> tuple[int, int, str]:
@@ -212,6 +224,7 @@ class LazyCandidates(Sequence[Candidate]):
         return [self._loaded[i] for i in sorted(self._loaded)]
 
 
-def discover_lazy(storage: RunStorage, expectation: Expectation | None = None,
-                  signing_key: bytes | None = None) -> LazyCandidates:
+def discover_lazy(
+    storage: RunStorage, expectation: Expectation | None = None, signing_key: bytes | None = None
+) -> LazyCandidates:
     return LazyCandidates(storage, expectation, signing_key)

@@ -81,8 +81,11 @@ def save_full_optimizer_state(engine: DeepSpeedEngine, staging: str, rank: int) 
         path = local_path(staging, FULL_OPTIMIZER_FILE)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         groups = [portable_values(g) for g in _base_optimizer(engine).param_groups]
-        save_file(tensors, path, metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys),
-                                           "groups": json.dumps(groups)})
+        save_file(
+            tensors,
+            path,
+            metadata={"step": json.dumps(_step(engine)), "keys": json.dumps(keys), "groups": json.dumps(groups)},
+        )
 
 
 def _relink_optimizer_state(engine: DeepSpeedEngine) -> None:
@@ -190,7 +193,8 @@ def _full_state_problem(engine: DeepSpeedEngine, path: str) -> str | None:
     if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)) or not isinstance(step, (int, float)):
         return "its metadata names no list of state keys and no numeric step"
     if not (isinstance(groups, list) and all(isinstance(g, dict) for g in groups)) or (
-            groups and len(groups) != len(_base_optimizer(engine).param_groups)):
+        groups and len(groups) != len(_base_optimizer(engine).param_groups)
+    ):
         return "its metadata's param groups are not one object per param group of this optimizer"
     for name, p in engine.module.named_parameters():
         if not p.requires_grad:

@@ -92,12 +92,22 @@ def _cpu_adam(spec: JobSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimi
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     o = spec.train.optimizer
-    return DeepSpeedCPUAdam(groups, lr=spec.train.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
-                            adamw_mode=o.type == "adamw")
+    return DeepSpeedCPUAdam(
+        groups,
+        lr=spec.train.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        adamw_mode=o.type == "adamw",
+    )
 
 
-def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None = None,
-                 task_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None) -> DeepSpeedEngine:
+def build_engine(
+    spec: JobSpec,
+    model: torch.nn.Module,
+    grad_accum: int | None = None,
+    task_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+) -> DeepSpeedEngine:
     """DeepSpeed over the task's optimizer (``Task.optimizer``) or the spec's built-in one.
 
     The param groups' layout is read before DeepSpeed flattens them, and every group's
@@ -110,16 +120,22 @@ def build_engine(spec: JobSpec, model: torch.nn.Module, grad_accum: int | None =
     if task_optimizer is not None:
         optimizer = task_optimizer(model)
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise JobConfigError(f"Task.optimizer returned {type(optimizer).__name__}; it must return a "
-                                 "torch.optim.Optimizer built over the model's parameters (any param groups)")
+            raise JobConfigError(
+                f"Task.optimizer returned {type(optimizer).__name__}; it must return a "
+                "torch.optim.Optimizer built over the model's parameters (any param groups)"
+            )
     else:
         optimizer = make_optimizer(spec, model)
     layout = layout_of(optimizer, model)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, dist_init_required=False,
-        config=deepspeed_config(spec, grad_accum, task_optimizer=task_optimizer is not None))
-    settings = GroupSettings.snapshot(engine.optimizer.param_groups, layout,
-                                      type(optimizer).__name__ if task_optimizer is not None else None)
+        model=model,
+        optimizer=optimizer,
+        dist_init_required=False,
+        config=deepspeed_config(spec, grad_accum, task_optimizer=task_optimizer is not None),
+    )
+    settings = GroupSettings.snapshot(
+        engine.optimizer.param_groups, layout, type(optimizer).__name__ if task_optimizer is not None else None
+    )
     setattr(engine, ATTRIBUTE, settings)
     return engine
 
@@ -163,8 +179,9 @@ def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str]
     return common, tuple((name, d) for name, d in dtypes if d != common)
 
 
-def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec,
-                          running: list[dict[str, Any]] | None = None) -> Restored:
+def apply_hyperparameters(
+    engine: DeepSpeedEngine, spec: JobSpec, running: list[dict[str, Any]] | None = None
+) -> Restored:
     """Config wins for what the user sets; the state supplies running state. After a load, every
     param group's hyper-parameters come back from the live task/spec (the snapshot taken when the
     engine was built), group by group, except the keys the state records as running state
@@ -228,8 +245,9 @@ def resync_cpu_adam(engine: DeepSpeedEngine) -> int:
     for t in range(1, max(steps) + 1):
         for group in groups:
             beta1, beta2 = group["betas"]
-            base.ds_opt_adam.adam_update(base.opt_id, t, 0.0, beta1, beta2, group["eps"], 0.0,
-                                         group["bias_correction"], *scratch)
+            base.ds_opt_adam.adam_update(
+                base.opt_id, t, 0.0, beta1, beta2, group["eps"], 0.0, group["bias_correction"], *scratch
+            )
     return max(steps)
 
 

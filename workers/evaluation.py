@@ -57,8 +57,18 @@ class Evaluation:
     """One attempt's evaluations: whether a boundary is due, running it, and the latest results
     (``eval_<name>``) that every state written after it records in ``trainer.json`` ``metrics``."""
 
-    def __init__(self, spec: JobSpec, task: Task, *, rank: int, world_size: int, attempt: int,
-                 events: EventLog | None, carried: dict[str, Any] | None, print_progress: bool) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        task: Task,
+        *,
+        rank: int,
+        world_size: int,
+        attempt: int,
+        events: EventLog | None,
+        carried: dict[str, Any] | None,
+        print_progress: bool,
+    ) -> None:
         self.every = spec.train.eval_every
         self.spec, self.task, self.rank, self.world_size = spec, task, rank, world_size
         self.attempt, self.events, self.print_progress = attempt, events, print_progress
@@ -66,24 +76,42 @@ class Evaluation:
         self.latest: dict[str, float] = rules.carried(carried)
         check_task(spec, task)
 
-
-
     def due(self, at: TrainingPosition, *, epoch_end: bool, last: bool) -> bool:
-        return rules.due(int(self.every.value), self.every.unit, optimizer_step=at.optimizer_step, epoch=at.epoch,
-                         epoch_end=epoch_end, last=last)
+        return rules.due(
+            int(self.every.value),
+            self.every.unit,
+            optimizer_step=at.optimizer_step,
+            epoch=at.epoch,
+            epoch_end=epoch_end,
+            last=last,
+        )
 
     def run(self, engine: DeepSpeedEngine, at: TrainingPosition) -> dict[str, float]:
         """Evaluate now (every rank), record the results (rank 0) and return them."""
         assert self.task.eval_dataset is not None
         began = time.monotonic()
-        results = evaluate(engine, self.task.eval_dataset, metrics_of(self.task), self.task.collate,
-                           micro_batch_size=self.spec.train.micro_batch_size, world_size=self.world_size,
-                           rank=self.rank, seed=derive_seed(self.spec.train.seed, EVALUATION_SALT))
+        results = evaluate(
+            engine,
+            self.task.eval_dataset,
+            metrics_of(self.task),
+            self.task.collate,
+            micro_batch_size=self.spec.train.micro_batch_size,
+            world_size=self.world_size,
+            rank=self.rank,
+            seed=derive_seed(self.spec.train.seed, EVALUATION_SALT),
+        )
         seconds = time.monotonic() - began
         self.latest = {rules.metric_key(k): v for k, v in results.items()}
         if self.events is not None:
-            self.events.emit(Evaluated(attempt=self.attempt, optimizer_step=at.optimizer_step,
-                                       global_micro_step=at.global_micro_step, metrics=results, seconds=seconds))
+            self.events.emit(
+                Evaluated(
+                    attempt=self.attempt,
+                    optimizer_step=at.optimizer_step,
+                    global_micro_step=at.global_micro_step,
+                    metrics=results,
+                    seconds=seconds,
+                )
+            )
         if self.rank == 0 and self.print_progress:
             print(rules.eval_line(self.attempt, at.optimizer_step, results, seconds), flush=True)
         return results
@@ -95,11 +123,15 @@ def check_task(spec: JobSpec, task: Task) -> None:
     if every.value <= 0:
         return
     if task.eval_dataset is None:
-        raise TaskError(f"train.eval_every is {int(every.value)} {every.unit} but the task ({spec.task.path}) returns "
-                        "no Task.eval_dataset: return one from the task function, or set train.eval_every to 0")
+        raise TaskError(
+            f"train.eval_every is {int(every.value)} {every.unit} but the task ({spec.task.path}) returns "
+            "no Task.eval_dataset: return one from the task function, or set train.eval_every to 0"
+        )
     if len(task.eval_dataset) < 1:
-        raise TaskError(f"Task.eval_dataset of {spec.task.path} is empty: train.eval_every needs at least one sample "
-                        "(or set train.eval_every to 0)")
+        raise TaskError(
+            f"Task.eval_dataset of {spec.task.path} is empty: train.eval_every needs at least one sample "
+            "(or set train.eval_every to 0)"
+        )
 
 
 Metrics = Callable[[Any, Any], Any]
@@ -113,9 +145,17 @@ def metrics_of(task: Task) -> Metrics:
     return lambda model, batch: {"loss": loss(model, batch)}
 
 
-def evaluate(engine: DeepSpeedEngine | torch.nn.Module, dataset: MapDataset, metrics: Metrics,
-             collate: Callable[[list[Any]], Any] | None, *, micro_batch_size: int, world_size: int, rank: int,
-             seed: int) -> dict[str, float]:
+def evaluate(
+    engine: DeepSpeedEngine | torch.nn.Module,
+    dataset: MapDataset,
+    metrics: Metrics,
+    collate: Callable[[list[Any]], Any] | None,
+    *,
+    micro_batch_size: int,
+    world_size: int,
+    rank: int,
+    seed: int,
+) -> dict[str, float]:
     """Every metric's exact average over the whole eval set (a collective: every rank calls it).
 
     Every RNG and every submodule's train/eval flag are as they were when it returns, whatever happens."""
@@ -170,8 +210,9 @@ class _Sums:
     def _problem(self, values: Any, indices: list[int]) -> str | None:
         where = f"on eval samples {indices[:8]}{'...' if len(indices) > 8 else ''}"
         if not isinstance(values, dict) or not values:
-            return (f"Task.metrics returned {type(values).__name__} {where}; it must return a non-empty "
-                    "dict[str, Tensor]")
+            return (
+                f"Task.metrics returned {type(values).__name__} {where}; it must return a non-empty dict[str, Tensor]"
+            )
         names = list(values)
         if self.names is None:
             for name in names:
@@ -184,11 +225,15 @@ class _Sums:
             return f"Task.metrics returned metrics {sorted(names)} {where}, but {sorted(self.names)} before"
         for name, v in values.items():
             if not isinstance(v, torch.Tensor):
-                return (f"Task.metrics returned {name!r} as {type(v).__name__} {where}; every value must be a tensor "
-                        "(0-d: the batch's mean; 1-d: one value per sample or item)")
+                return (
+                    f"Task.metrics returned {name!r} as {type(v).__name__} {where}; every value must be a tensor "
+                    "(0-d: the batch's mean; 1-d: one value per sample or item)"
+                )
             if v.dim() > 1:
-                return (f"Task.metrics returned {name!r} with shape {tuple(v.shape)} {where}; it must be 0-d (the "
-                        "batch's mean) or 1-d (one value per sample or item)")
+                return (
+                    f"Task.metrics returned {name!r} with shape {tuple(v.shape)} {where}; it must be 0-d (the "
+                    "batch's mean) or 1-d (one value per sample or item)"
+                )
             if v.is_complex() or not bool(torch.isfinite(v.detach()).all()):
                 return f"Task.metrics returned a non-finite {name!r} {where} (nan or inf): fix the metric or the model"
         return None
@@ -203,11 +248,14 @@ def _reduce(sums: _Sums, device: torch.device, world_size: int) -> dict[str, flo
             raise TaskError(f"{problem} (rank {r})")
     names = sums.names or []
     if any(sorted(other or []) != sorted(names) for other, _ in seen):
-        raise TaskError(f"Task.metrics returned other metric names on other ranks: {[other for other, _ in seen]}; "
-                        "every rank must return the same names")
+        raise TaskError(
+            f"Task.metrics returned other metric names on other ranks: {[other for other, _ in seen]}; "
+            "every rank must return the same names"
+        )
     names = sorted(names)  # one order on every rank, whatever order each dict had
-    vector = torch.tensor([x for n in names for x in (sums.sums[n], sums.counts[n])], dtype=torch.float64,
-                          device=device)
+    vector = torch.tensor(
+        [x for n in names for x in (sums.sums[n], sums.counts[n])], dtype=torch.float64, device=device
+    )
     dist.all_reduce(vector)
     totals = vector.cpu().tolist()
     counts = totals[1::2]

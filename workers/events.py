@@ -131,5 +131,5 @@ def skipped_line(skipped: list[str], shown: int = 5) -> str:
 
 def _printable(text: str, limit: int = 120) -> str:
     """A file name from storage as a message quotes it: no control characters, bounded."""
-    text = "".join(c if c.isprintable() else "?" for c in text[:limit + 1])
+    text = "".join(c if c.isprintable() else "?" for c in text[: limit + 1])
     return text if len(text) <= limit else text[:limit] + "..."

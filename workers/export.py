@@ -81,14 +81,16 @@ def consolidate_zero3(names: list[str], load: Callable[[str], Any]) -> dict[str,
     ``p = ceil(numel / world)``, the last partition zero-padded. Frozen parameters are stored the
     same way in each model file's ``frozen_param_fragments``.
     """
-    flats = [torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"]))
-             for sd in _by_rank(names, ZERO_OPTIM, load)]
+    flats = [
+        torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"])) for sd in _by_rank(names, ZERO_OPTIM, load)
+    ]
     # the optimizer shards say how many ranks wrote the state; a resize may have added model files
     # for more ranks to a fetched copy (syncpoint.workers.elastic_state.prepare_resize), which are not read
     models = _by_rank(names, ZERO3_MODEL, load, limit=len(flats))
     if not models or len(models) != len(flats):
-        raise ValueError(f"a ZeRO-3 state needs one model and one optimizer file per rank; found {len(models)} "
-                         f"and {len(flats)}")
+        raise ValueError(
+            f"a ZeRO-3 state needs one model and one optimizer file per rank; found {len(models)} and {len(flats)}"
+        )
     world, first = len(models), models[0]
     full: dict[str, torch.Tensor] = {}
     offset = 0
@@ -112,8 +114,9 @@ def _numel(shape: Any) -> int:
     return n
 
 
-def _by_rank(names: list[str], pattern: re.Pattern[str], load: Callable[[str], Any],
-             limit: int | None = None) -> list[Any]:
+def _by_rank(
+    names: list[str], pattern: re.Pattern[str], load: Callable[[str], Any], limit: int | None = None
+) -> list[Any]:
     found = sorted((int(m.group(1)), rel) for rel in names if (m := pattern.match(rel)))
     if limit is not None:
         found = [(r, rel) for r, rel in found if r < limit]

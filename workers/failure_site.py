@@ -56,6 +56,7 @@ def _under(path: str, dirs: tuple[str, ...]) -> bool:
 @cache
 def _dirs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(syncpoint's packages, the standard library, the installed packages, torch/DeepSpeed/Ray)."""
+
     def real(paths: Iterable[str | None]) -> tuple[str, ...]:
         return tuple(sorted({os.path.realpath(p) for p in paths if p}))
 
@@ -66,10 +67,12 @@ def _dirs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[st
     ours = real([package, *(os.path.join(root, name) for name in ("orchestrator", "policies", "workers"))])
     paths = sysconfig.get_paths()
     stdlib = real([paths.get("stdlib"), paths.get("platstdlib")])
-    installed = real([paths.get("purelib"), paths.get("platlib"), *site.getsitepackages(),
-                      site.getusersitepackages()])
-    frameworks = real(os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "")
-                      for name in _FRAMEWORKS if name in sys.modules)
+    installed = real([paths.get("purelib"), paths.get("platlib"), *site.getsitepackages(), site.getusersitepackages()])
+    frameworks = real(
+        os.path.dirname(getattr(sys.modules.get(name), "__file__", None) or "")
+        for name in _FRAMEWORKS
+        if name in sys.modules
+    )
     return ours, stdlib, installed, frameworks
 
 

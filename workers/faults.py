@@ -27,8 +27,9 @@ class InjectedCrash(BaseException):
 
 
 class Faults:
-    def __init__(self, faults: list[CrashFault], storage: RunStorage, rank: int,
-                 send_sigterm: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, faults: list[CrashFault], storage: RunStorage, rank: int, send_sigterm: Callable[[], None] | None = None
+    ) -> None:
         self.storage, self.rank = storage, rank
         self.mine = [f for f in faults if f.rank == rank and not storage.exists("faults", f.fault_id + ".fired")]
         self.saves_seen = 0
@@ -42,11 +43,19 @@ class Faults:
     def _fire(self, f: CrashFault, where: str, micro_step: int | None = None) -> None:
         from syncpoint.workers.events import EventLog
 
-        self.storage.write_json({"fault": f.fault_id, "where": where, "time": time.time()},
-                                "faults", f.fault_id + ".fired")
-        EventLog(self.storage, source=f"rank{self.rank}").emit(FaultFired(
-            fault=f.fault_id, mode=f.mode, where=where, rank=self.rank, global_micro_step=micro_step,
-            attempt=self.attempt))
+        self.storage.write_json(
+            {"fault": f.fault_id, "where": where, "time": time.time()}, "faults", f.fault_id + ".fired"
+        )
+        EventLog(self.storage, source=f"rank{self.rank}").emit(
+            FaultFired(
+                fault=f.fault_id,
+                mode=f.mode,
+                where=where,
+                rank=self.rank,
+                global_micro_step=micro_step,
+                attempt=self.attempt,
+            )
+        )
         self.mine.remove(f)
         print(f"[syncpoint] injected crash on rank {self.rank} at {where}", file=sys.stderr, flush=True)
         if f.mode == "raise":
@@ -69,8 +78,9 @@ class Faults:
 
     def after_preemption_save(self) -> None:
         if self.exit_after_preemption_save:
-            print(f"[syncpoint] rank {self.rank}: node reclaimed after the preemption save", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[syncpoint] rank {self.rank}: node reclaimed after the preemption save", file=sys.stderr, flush=True
+            )
             os._exit(143)
 
     def at_boundary(self, micro_step: int) -> None:
@@ -109,6 +119,10 @@ def _hold(rank: int, where: str) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         time.sleep(0.1)
-    print(f"[syncpoint] rank {rank}: held at {where} for {limit:g} s (SYNCPOINT_FAULT_HOLD_S) and its node was not "
-          "taken away; exiting as a crash", file=sys.stderr, flush=True)
+    print(
+        f"[syncpoint] rank {rank}: held at {where} for {limit:g} s (SYNCPOINT_FAULT_HOLD_S) and its node was not "
+        "taken away; exiting as a crash",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(18)

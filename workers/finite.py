@@ -40,18 +40,21 @@ class NonfiniteSteps:
             return None
         self.streak += 1
         if self.first is None:
-            what = (f"loss {loss}" if not math.isfinite(loss)
-                    else f"update skipped (gradients overflowed; loss {loss:.4g})")
+            what = (
+                f"loss {loss}" if not math.isfinite(loss) else f"update skipped (gradients overflowed; loss {loss:.4g})"
+            )
             self.first = (optimizer_step, micro_step, what)
         if self.streak < self.limit:
             return None
         step, micro, what = self.first
-        return (f"the run diverged: {self.streak} optimizer steps in a row had a non-finite loss or an update "
-                f"DeepSpeed skipped for overflowing gradients, from optimizer step {step} (micro-step {micro}: "
-                f"{what}) on "
-                f"(train.max_nonfinite_steps {self.limit}). Resumed, it would diverge there again: lower train.lr or "
-                "set train.gradient_clipping, and check the data and Task.loss for inf/NaN; no non-finite state was "
-                "committed, so the newest committed state is from before it")
+        return (
+            f"the run diverged: {self.streak} optimizer steps in a row had a non-finite loss or an update "
+            f"DeepSpeed skipped for overflowing gradients, from optimizer step {step} (micro-step {micro}: "
+            f"{what}) on "
+            f"(train.max_nonfinite_steps {self.limit}). Resumed, it would diverge there again: lower train.lr or "
+            "set train.gradient_clipping, and check the data and Task.loss for inf/NaN; no non-finite state was "
+            "committed, so the newest committed state is from before it"
+        )
 
 
 def tensors_finite(engine: DeepSpeedEngine) -> bool:
@@ -84,8 +87,9 @@ def _state_tensors(engine: DeepSpeedEngine) -> list[torch.Tensor]:
 def agreed_finite(engine: DeepSpeedEngine, loss: float) -> bool:
     """Whether the state about to be saved is finite on every rank (one all-reduce, every rank calls
     it before a save): the agreed step loss, and each rank's ``tensors_finite``."""
-    vote = torch.tensor([0.0 if math.isfinite(loss) and tensors_finite(engine) else 1.0], dtype=torch.float64,
-                        device=engine.device)
+    vote = torch.tensor(
+        [0.0 if math.isfinite(loss) and tensors_finite(engine) else 1.0], dtype=torch.float64, device=engine.device
+    )
     if dist.is_initialized():
         dist.all_reduce(vote)
     return float(vote.item()) == 0.0
@@ -95,4 +99,5 @@ def refused_save(micro_step: int) -> TrainingDiverged:
     return TrainingDiverged(
         f"the state at micro-step {micro_step}, the run's last, is not finite (its loss, parameters or optimizer "
         "moments hold inf/NaN): it was not committed, and the run fails instead of finishing with it. Lower "
-        "train.lr or set train.gradient_clipping, and check the data and Task.loss for inf/NaN")
+        "train.lr or set train.gradient_clipping, and check the data and Task.loss for inf/NaN"
+    )

@@ -33,8 +33,9 @@ class BeatBoard:
 
     def read(self, attempt: int) -> list[dict[str, Any]]:
         """The attempt's last beat of each rank that beat: ``{"rank", "global_micro_step", "time"}``."""
-        return [{"rank": r, "global_micro_step": g, "time": t}
-                for r, (g, t) in sorted(self.beats.get(attempt, {}).items())]
+        return [
+            {"rank": r, "global_micro_step": g, "time": t} for r, (g, t) in sorted(self.beats.get(attempt, {}).items())
+        ]
 
 
 class Heartbeat:

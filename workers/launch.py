@@ -156,13 +156,15 @@ def _reread_fsspec_config() -> None:
     fsspec.config.set_conf_env(fsspec.config.conf)
 
 
-def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str,
-           environ: dict[str, str]) -> None:
+def _child(
+    spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str, environ: dict[str, str]
+) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     os.environ.clear()
     os.environ.update(environ)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     _reread_fsspec_config()
     # A process started by a fork server or by spawn makes that its default start method, so the
     # rank's DataLoader workers would be forked by a fork server of the rank's own: they then watch
@@ -172,8 +174,13 @@ def _child(spec_json: str, rank: int, world: int, port: int, quiet: bool, submis
     try:
         spec = JobSpec.model_validate_json(spec_json)
         prepare_process(spec)  # NCCL binds a communicator to the current GPU
-        dist.init_process_group(backend(spec), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=collective_timeout(spec))
+        dist.init_process_group(
+            backend(spec),
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=collective_timeout(spec),
+        )
         from syncpoint.workers.loop import WorkerContext, run_worker
 
         run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
@@ -197,8 +204,10 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     ctx = _context(_start_method(spec), hash_seed)
     submission = uuid.uuid4().hex
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    procs = [ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ))
+        for r in range(world)
+    ]
     with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
         for p in procs:
             p.start()

@@ -152,11 +152,16 @@ def _warn(message: str) -> None:
 class RunLease:
     """Rank 0's hold on the run directory: acquire, heartbeat, confirm before writes, release."""
 
-    def __init__(self, storage: RunStorage, *, job_identity: str, job_name: str, submission: str,
-                 ttl_s: float) -> None:
+    def __init__(self, storage: RunStorage, *, job_identity: str, job_name: str, submission: str, ttl_s: float) -> None:
         self.storage, self.ttl = storage, float(ttl_s)
-        self.identity: dict[str, Any] = {"job_identity": job_identity, "job_name": job_name, "submission": submission,
-                                         "host": socket.gethostname(), "pid": os.getpid(), "ttl_s": self.ttl}
+        self.identity: dict[str, Any] = {
+            "job_identity": job_identity,
+            "job_name": job_name,
+            "submission": submission,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "ttl_s": self.ttl,
+        }
         self.token = uuid.uuid4().hex  # this holder, distinct from an earlier attempt of the same submission
         self.generation = 0
         self.lost: LeaseLostError | None = None
@@ -177,13 +182,17 @@ class RunLease:
         except LeaseRefused:
             raise
         except UnsafeEntry as e:  # a link, a FIFO, a huge file: planted, never read
-            raise LeaseRefused(f"{self.storage.url}: the run directory's lease cannot be read: {e}. A lease is a small "
-                               f"regular file syncpoint writes: remove {LEASE} (once no other submission of this job "
-                               "is running), then retry") from None
+            raise LeaseRefused(
+                f"{self.storage.url}: the run directory's lease cannot be read: {e}. A lease is a small "
+                f"regular file syncpoint writes: remove {LEASE} (once no other submission of this job "
+                "is running), then retry"
+            ) from None
         except Exception as e:  # noqa: BLE001 - any storage failure becomes a refusal that names it
-            raise LeaseRefused(f"{self.storage.url}: could not take the run directory's lease "
-                               f"({type(e).__name__}: {e}); check that the storage is reachable and "
-                               "writable, then retry") from None
+            raise LeaseRefused(
+                f"{self.storage.url}: could not take the run directory's lease "
+                f"({type(e).__name__}: {e}); check that the storage is reachable and "
+                "writable, then retry"
+            ) from None
         self._thread = threading.Thread(target=self._beat, name="syncpoint-lease", daemon=True)
         self._thread.start()
         return how
@@ -193,16 +202,19 @@ class RunLease:
         for _ in range(8):
             held = read_lease(self.storage)
             how, generation = self._judge(held, lost_race)
-            version = self.storage.write_if(_encode(self._record(generation)), LEASE,
-                                            expect=held.version if held else None, limit=LEASE_MAX_BYTES)
+            version = self.storage.write_if(
+                _encode(self._record(generation)), LEASE, expect=held.version if held else None, limit=LEASE_MAX_BYTES
+            )
             if version is not None:
                 self.generation, self._version, self._renewed = generation, version, time.monotonic()
                 self.predecessor = held if how == "takeover" else None
                 return how
             lost_race = True  # someone changed it between our read and our write: judge it again
-        raise LeaseRefused(f"{self.storage.url}: the lease kept changing while this submission tried to take "
-                           "it: another submission is starting on the same run directory. Retry once it is "
-                           "running (this one will then be refused) or gone.")
+        raise LeaseRefused(
+            f"{self.storage.url}: the lease kept changing while this submission tried to take "
+            "it: another submission is starting on the same run directory. Retry once it is "
+            "running (this one will then be refused) or gone."
+        )
 
     def _judge(self, held: HeldLease | None, lost_race: bool) -> tuple[str, int]:
         """How this submission may take the lease as it stands, and the next generation; raises
@@ -222,7 +234,8 @@ class RunLease:
             raise LeaseRefused(
                 f"{self.storage.url} belongs to another job ({rec.get('job_name')!r}, identity "
                 f"{rec['job_identity']}; lease written {_age_text(held.age_s)} from {rec.get('host')}). "
-                "Use another name or storage for this job.")
+                "Use another name or storage for this job."
+            )
         ttl = float(rec["ttl_s"])
         if not self._expired(held, ttl):
             race = "took the lease at the same moment; " if lost_race else ""
@@ -230,20 +243,24 @@ class RunLease:
                 f"{self.storage.url} is in use by another running submission of this job ({rec['submission']} "
                 f"{race}host {rec.get('host')}, pid {rec.get('pid')}, generation {held.generation}, lease "
                 f"written {_age_text(held.age_s)} by the storage's clock). Wait for it to finish, stop it, or, "
-                f"if it is dead, retry after its lease expires ({ttl:.0f}s without a heartbeat).")
+                f"if it is dead, retry after its lease expires ({ttl:.0f}s without a heartbeat)."
+            )
         return "takeover", nxt
 
     def _judge_malformed(self, held: HeldLease) -> None:
         """A malformed lease belongs to an unknown owner: held until it is older than our TTL."""
         expired = self._expired(held, self.ttl)
-        _warn(f"{self.storage.url}/{LEASE} is malformed ({held.problem}); treated as held until it is "
-              f"{self.ttl:.0f}s old by the storage's clock (it was written {_age_text(held.age_s)})"
-              + ("; taking it over" if expired else ""))
+        _warn(
+            f"{self.storage.url}/{LEASE} is malformed ({held.problem}); treated as held until it is "
+            f"{self.ttl:.0f}s old by the storage's clock (it was written {_age_text(held.age_s)})"
+            + ("; taking it over" if expired else "")
+        )
         if not expired:
             raise LeaseRefused(
                 f"{self.storage.url}/{LEASE} is malformed ({held.problem}) and was written "
                 f"{_age_text(held.age_s)}: it counts as held by an unknown submission until it is "
-                f"{self.ttl:.0f}s old. If no other submission is running, retry then (or delete it).")
+                f"{self.ttl:.0f}s old. If no other submission is running, retry then (or delete it)."
+            )
 
     def _expired(self, held: HeldLease, ttl: float) -> bool:
         if held.age_s is not None:
@@ -268,17 +285,32 @@ class RunLease:
         if held is None:
             return None
         rec = held.record or {}
-        who = (f"submission {rec['submission']} (host {rec.get('host')}, pid {rec.get('pid')})" if held.problem is None
-               else f"a malformed lease ({held.problem})")
+        who = (
+            f"submission {rec['submission']} (host {rec.get('host')}, pid {rec.get('pid')})"
+            if held.problem is None
+            else f"a malformed lease ({held.problem})"
+        )
         ttl = float(rec["ttl_s"]) if held.problem is None else self.ttl
-        age = (f"unrenewed for {held.age_s:.1f}s by the storage's clock" if held.age_s is not None
-               else "unchanged for a whole TTL while watched")
-        return (f"took over the run directory's lease from {who}, generation {held.generation}: {age}, past its "
-                f"{ttl:g}s TTL; this submission writes as generation {self.generation}")
+        age = (
+            f"unrenewed for {held.age_s:.1f}s by the storage's clock"
+            if held.age_s is not None
+            else "unchanged for a whole TTL while watched"
+        )
+        return (
+            f"took over the run directory's lease from {who}, generation {held.generation}: {age}, past its "
+            f"{ttl:g}s TTL; this submission writes as generation {self.generation}"
+        )
 
     def _record(self, generation: int, released: bool = False) -> dict[str, Any]:
-        return {"format": LEASE_FORMAT, **self.identity, "generation": generation, "holder": self.token,
-                "beat": self._beats, "heartbeat": time.time(), "released": released}
+        return {
+            "format": LEASE_FORMAT,
+            **self.identity,
+            "generation": generation,
+            "holder": self.token,
+            "beat": self._beats,
+            "heartbeat": time.time(),
+            "released": released,
+        }
 
     # ---- holding
     def renew(self, *, from_heartbeat: bool = False) -> None:
@@ -294,8 +326,9 @@ class RunLease:
             held = None
             for _ in range(2):
                 self._beats += 1
-                version = self.storage.write_if(_encode(self._record(self.generation)), LEASE, expect=self._version,
-                                                limit=LEASE_MAX_BYTES)
+                version = self.storage.write_if(
+                    _encode(self._record(self.generation)), LEASE, expect=self._version, limit=LEASE_MAX_BYTES
+                )
                 if version is not None:
                     self._version, self._renewed = version, time.monotonic()
                     return
@@ -306,8 +339,13 @@ class RunLease:
             raise self._lose(held)
 
     def _is_mine(self, held: HeldLease | None) -> TypeGuard[HeldLease]:
-        return bool(held and held.record and not held.released and held.record.get("holder") == self.token
-                    and held.generation == self.generation)
+        return bool(
+            held
+            and held.record
+            and not held.released
+            and held.record.get("holder") == self.token
+            and held.generation == self.generation
+        )
 
     def confirm(self) -> str | None:
         """Right before a manifest or a retention pass: ``None`` while this run holds the lease
@@ -325,7 +363,8 @@ class RunLease:
         lost = self._set_lost(
             f"{self.storage.url}: could not confirm that this run still holds the run directory's lease "
             f"({type(error).__name__}: {error}); it stopped before writing rather than risk two writers. Check "
-            "that the storage is reachable, then re-submit: the run resumes from its newest committed state.")
+            "that the storage is reachable, then re-submit: the run resumes from its newest committed state."
+        )
         return str(lost)
 
     def _beat(self) -> None:
@@ -339,7 +378,8 @@ class RunLease:
                     self._set_lost(
                         f"{self.storage.url}: could not renew the run directory's lease for {self.ttl:.0f}s "
                         f"({type(e).__name__}: {e}); another submission may have taken it over, so this run "
-                        "stops. Check the storage, then re-submit.")
+                        "stops. Check the storage, then re-submit."
+                    )
                     return
 
     def _lose(self, held: HeldLease | None) -> LeaseLostError:
@@ -348,7 +388,8 @@ class RunLease:
             f"{self.generation}) lost the run directory's lease to {_who(held, self.identity['submission'])}; it "
             "stopped before writing anything more, so that two runs never commit into one directory. Only one "
             "submission of a job may run at a time: let the other one finish (or stop it), then re-submit; the "
-            "run resumes from its newest committed state.")
+            "run resumes from its newest committed state."
+        )
 
     def _set_lost(self, message: str) -> LeaseLostError:
         if self.lost is None:
@@ -372,8 +413,12 @@ class RunLease:
                 raise self.lost
             if self._version is None:
                 return
-            version = self.storage.write_if(_encode(self._record(self.generation, released=True)), LEASE,
-                                            expect=self._version, limit=LEASE_MAX_BYTES)
+            version = self.storage.write_if(
+                _encode(self._record(self.generation, released=True)),
+                LEASE,
+                expect=self._version,
+                limit=LEASE_MAX_BYTES,
+            )
             if version is None:
                 raise self._lose(read_lease(self.storage))
             self._version = None
@@ -408,15 +453,23 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is not None:
                 return
     except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
-        _warn(f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
-              "it expires after its TTL")
+        _warn(
+            f"{storage.url}: could not release the lease of submission {submission} ({type(e).__name__}: {e}); "
+            "it expires after its TTL"
+        )
 
 
 # ---------------------------------------------------------------- a re-submission waits for a dead holder
 
 
-def await_expiry(storage: RunStorage, job_identity: str, *, own_ttl_s: float,
-                 say: Callable[[str], None] | None = None, poll_s: float | None = None) -> str:
+def await_expiry(
+    storage: RunStorage,
+    job_identity: str,
+    *,
+    own_ttl_s: float,
+    say: Callable[[str], None] | None = None,
+    poll_s: float | None = None,
+) -> str:
     """On the driver, before any worker starts: if another submission of this job holds a live-looking
     lease, watch it until it expires or its holder shows it is alive, and say so while waiting.
 
@@ -445,13 +498,21 @@ def await_expiry(storage: RunStorage, job_identity: str, *, own_ttl_s: float,
         bound = min(remaining, own_ttl_s) + max(2.0, own_ttl_s / 10)
         poll = poll_s if poll_s is not None else min(1.0, max(0.05, min(ttl, own_ttl_s) / 20))
         started = said = time.monotonic()
-        longer = (f" (its TTL, {ttl:.0f}s, is longer than this job's resume.lease_ttl_s, {own_ttl_s:g}s: the "
-                  "workers judge it after that)") if remaining > own_ttl_s else ""
-        say(f"the run directory's lease is held by submission {rec['submission']} of this job (host {rec.get('host')}, "
+        longer = (
+            (
+                f" (its TTL, {ttl:.0f}s, is longer than this job's resume.lease_ttl_s, {own_ttl_s:g}s: the "
+                "workers judge it after that)"
+            )
+            if remaining > own_ttl_s
+            else ""
+        )
+        say(
+            f"the run directory's lease is held by submission {rec['submission']} of this job (host {rec.get('host')}, "
             f"pid {rec.get('pid')}, generation {held.generation}), last renewed {_age_text(held.age_s)} by the "
             f"storage's clock. If its driver is gone (a lost head, a killed driver), the lease expires in "
             f"{remaining:.0f}s: waiting for that, at most {bound:.0f}s{longer}. A live holder renews it every "
-            f"{ttl / 3:.0f}s; if it does, this submission is refused. Ctrl-C stops waiting.")
+            f"{ttl / 3:.0f}s; if it does, this submission is refused. Ctrl-C stops waiting."
+        )
         while True:
             time.sleep(poll)
             now = read_lease(storage)
@@ -461,18 +522,24 @@ def await_expiry(storage: RunStorage, job_identity: str, *, own_ttl_s: float,
             if now.version != held.version:
                 return "alive"  # renewed by its holder, or taken by another submission: rank 0 judges
             if (now.age_s is not None and now.age_s >= ttl) or (now.age_s is None and waited >= ttl):
-                say(f"the lease of submission {rec['submission']} expired after {waited:.0f}s of waiting: "
-                    "taking over (a new generation)")
+                say(
+                    f"the lease of submission {rec['submission']} expired after {waited:.0f}s of waiting: "
+                    "taking over (a new generation)"
+                )
                 return "expired"
             if waited >= bound:
                 return "undecided"
             if time.monotonic() - said >= 10:
                 said = time.monotonic()
-                say(f"still waiting for the lease of submission {rec['submission']} to expire "
-                    f"({waited:.0f}s of at most {bound:.0f}s)")
+                say(
+                    f"still waiting for the lease of submission {rec['submission']} to expire "
+                    f"({waited:.0f}s of at most {bound:.0f}s)"
+                )
     except Exception as e:  # noqa: BLE001 - the wait is a courtesy; rank 0's acquisition judges and names errors
-        _warn(f"{storage.url}: could not watch the run directory's lease ({type(e).__name__}: {e}); "
-              "the training workers will judge it")
+        _warn(
+            f"{storage.url}: could not watch the run directory's lease ({type(e).__name__}: {e}); "
+            "the training workers will judge it"
+        )
         return "undecided"
 
 

@@ -145,31 +145,63 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     stream = _prepare_stream(spec, task, rank, world)
     data_plan = corpus.plan_for(spec, task.dataset)  # corpus.shuffle and the cache bound: refused here too
-    data_layout = stream.layout if stream is not None else layout(
-        len(task.dataset), spec.train.micro_batch_size, spec.train.grad_accum, world, spec.scaling.min_workers,
-        spec.scaling.max_workers)
+    data_layout = (
+        stream.layout
+        if stream is not None
+        else layout(
+            len(task.dataset),
+            spec.train.micro_batch_size,
+            spec.train.grad_accum,
+            world,
+            spec.scaling.min_workers,
+            spec.scaling.max_workers,
+        )
+    )
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
     engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     streaming = install_streaming(engine)  # saves stream through it; a refused config fails now
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
     if rank == 0 and groups.task_class is not None:  # validate prints train.lr/optimizer: say which one is in effect
-        print(f"[syncpoint] optimizer: Task.optimizer's {groups.task_class} ({len(groups.base)} param group"
-              f"{'s' if len(groups.base) != 1 else ''}); train.lr and train.optimizer are not used", flush=True)
-    expectation = Expectation.from_spec(spec, data_layout, model_fingerprint=model_fingerprint(task.model),
-                                        num_samples=None if stream else len(task.dataset),
-                                        stream=stream.record if stream else None, param_groups=groups.layout_record,
-                                        optimizer_type=groups.task_class, model_buffers=model_buffers(task.model),
-                                        parameter_dtypes=parameter_dtypes(task.model),
-                                        task_generators=rng.task_generator_kinds(), corpus=data_plan.identity,
-                                        sampler=data_plan.sampler, window_shards=data_plan.window_shards)
+        print(
+            f"[syncpoint] optimizer: Task.optimizer's {groups.task_class} ({len(groups.base)} param group"
+            f"{'s' if len(groups.base) != 1 else ''}); train.lr and train.optimizer are not used",
+            flush=True,
+        )
+    expectation = Expectation.from_spec(
+        spec,
+        data_layout,
+        model_fingerprint=model_fingerprint(task.model),
+        num_samples=None if stream else len(task.dataset),
+        stream=stream.record if stream else None,
+        param_groups=groups.layout_record,
+        optimizer_type=groups.task_class,
+        model_buffers=model_buffers(task.model),
+        parameter_dtypes=parameter_dtypes(task.model),
+        task_generators=rng.task_generator_kinds(),
+        corpus=data_plan.identity,
+        sampler=data_plan.sampler,
+        window_shards=data_plan.window_shards,
+    )
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
-    attempt = Attempt(spec, storage, events, faults, rank, world, number, ctx.submission_id, expectation, data_layout,
-                      lease, signing_key,
-                      restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)))
+    attempt = Attempt(
+        spec,
+        storage,
+        events,
+        faults,
+        rank,
+        world,
+        number,
+        ctx.submission_id,
+        expectation,
+        data_layout,
+        lease,
+        signing_key,
+        restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
+    )
     for line in unreproducible:
         attempt.warn(line)
     _check_hash_seed(attempt)
@@ -178,9 +210,13 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         start = negotiate_resume(attempt, engine)
         if rank == 0:
             corpus.publish_index(storage, task.dataset, data_plan.identity)  # selections name a changed shard
-        with RunMetrics.open(attempt, ctx.report_metrics, state=start.state,
-                             optimizer_step=start.position.optimizer_step,
-                             global_micro_step=start.position.global_micro_step) as metrics:
+        with RunMetrics.open(
+            attempt,
+            ctx.report_metrics,
+            state=start.state,
+            optimizer_step=start.position.optimizer_step,
+            global_micro_step=start.position.global_micro_step,
+        ) as metrics:
             source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
             try:
                 return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at, source)
@@ -220,9 +256,18 @@ def _prepare_stream(spec: JobSpec, task: Task, rank: int, world: int) -> Prepare
     return prepare(spec, task.dataset, task.collate, rank, world)
 
 
-def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, task: Task, engine: DeepSpeedEngine,
-           start: ResumeStart, schedule: Schedule, metrics: RunMetrics, launched_at: float,
-           source: DataSource) -> WorkerResult:
+def _train(
+    attempt: Attempt,
+    ctx: WorkerContext,
+    notices: PreemptionNotices,
+    task: Task,
+    engine: DeepSpeedEngine,
+    start: ResumeStart,
+    schedule: Schedule,
+    metrics: RunMetrics,
+    launched_at: float,
+    source: DataSource,
+) -> WorkerResult:
     """From the agreed start to the end of the run (at once if the state already finished it)."""
     spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
     accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
@@ -234,15 +279,24 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
     trigger = _make_trigger(attempt)
     wall_clock = getattr(trigger, "wall_clock", False)  # clocks differ between ranks: decided by the boundary vote
     pending, progress = PendingSave(), ProgressLog(attempt.events, attempt.number)
-    console = ProgressLine(attempt.number, train.epochs, run_length.total_steps, samples_per_micro_step,
-                           at.global_micro_step)
+    console = ProgressLine(
+        attempt.number, train.epochs, run_length.total_steps, samples_per_micro_step, at.global_micro_step
+    )
     saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
     saves.on_commit = metrics.committed
     saves.stream_state = source.capture  # a stream's per-rank position goes into every state
     if isinstance(trigger, AutoInterval):  # save_every auto decides again with each measured save
         saves.on_commit = _measuring(metrics.committed, trigger, time.monotonic())
-    evaluation = Evaluation(spec, task, rank=attempt.rank, world_size=world, attempt=attempt.number,
-                            events=attempt.events, carried=start.metrics, print_progress=ctx.print_progress)
+    evaluation = Evaluation(
+        spec,
+        task,
+        rank=attempt.rank,
+        world_size=world,
+        attempt=attempt.number,
+        events=attempt.events,
+        carried=start.metrics,
+        print_progress=ctx.print_progress,
+    )
     finished = start.finished
     nonfinite = NonfiniteSteps(train.max_nonfinite_steps)
 
@@ -279,11 +333,15 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
             if boundary:
                 notice = notices.poll()
                 clock_says_save = wall_clock and trigger.wants_save(at.tick(True, saves.seconds_since_last_save()))
-                agreed = BoundaryVote(cycle_loss_sum, preemption_notices=int(notice is not None),
-                                      wall_clock_saves=int(clock_says_save), uploading=int(saves.uploading()),
-                                      lease_lost=int(saves.lease_lost()),
-                                      reports_due=int(metrics.report_due()),
-                                      skipped_updates=int(not engine.was_step_applied())).agree(engine.device)
+                agreed = BoundaryVote(
+                    cycle_loss_sum,
+                    preemption_notices=int(notice is not None),
+                    wall_clock_saves=int(clock_says_save),
+                    uploading=int(saves.uploading()),
+                    lease_lost=int(saves.lease_lost()),
+                    reports_due=int(metrics.report_due()),
+                    skipped_updates=int(not engine.was_step_applied()),
+                ).agree(engine.device)
                 step_loss = agreed.loss_sum / (cycle * world)
                 # A preemption notice: this boundary and every later one inside the grace window commits,
                 # so whatever is computed before the node goes away survives.
@@ -291,15 +349,24 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                 if notices.in_grace_window:
                     pending.request("preemption")
                 if first_notice and attempt.events:
-                    attempt.events.emit(PreemptionNotice(
-                        attempt=attempt.number, global_micro_step=at.global_micro_step,
-                        optimizer_step=at.optimizer_step, **(notice or {"source": "another rank"})))
+                    attempt.events.emit(
+                        PreemptionNotice(
+                            attempt=attempt.number,
+                            global_micro_step=at.global_micro_step,
+                            optimizer_step=at.optimizer_step,
+                            **(notice or {"source": "another rank"}),
+                        )
+                    )
                 if agreed.wall_clock_saves:
                     pending.request("interval")
                 record = _step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None, world)
                 progress.add(record)
-                diverged = nonfinite.observe(loss=step_loss, skipped=bool(agreed.skipped_updates),
-                                             optimizer_step=at.optimizer_step, micro_step=at.global_micro_step)
+                diverged = nonfinite.observe(
+                    loss=step_loss,
+                    skipped=bool(agreed.skipped_updates),
+                    optimizer_step=at.optimizer_step,
+                    micro_step=at.global_micro_step,
+                )
                 if diverged:  # every rank, at the same boundary (agreed values)
                     progress.flush()
                     raise TrainingDiverged(diverged)
@@ -311,19 +378,36 @@ def _train(attempt: Attempt, ctx: WorkerContext, notices: PreemptionNotices, tas
                     pending.request("final")  # the run always commits a state at its last micro-step
                 logged = at.optimizer_step % train.log_every == 0 or last  # the same steps on every rank
                 if attempt.rank == 0 and ctx.print_progress and logged:
-                    console.print(epoch=at.epoch, optimizer_step=at.optimizer_step,
-                                  global_micro_step=at.global_micro_step, loss=step_loss, lr=lrs[0])
+                    console.print(
+                        epoch=at.epoch,
+                        optimizer_step=at.optimizer_step,
+                        global_micro_step=at.global_micro_step,
+                        loss=step_loss,
+                        lr=lrs[0],
+                    )
                 # Evaluation runs before the save at the same boundary, so the state records it.
                 evaluated = evaluation.due(at, epoch_end=epoch_end, last=last)
                 if evaluated:
                     evaluation.run(engine, at)
                 # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
-                metrics.at_boundary(record, logged=logged, evaluated=evaluation.latest if evaluated else None,
-                                    report=bool(agreed.reports_due) or last)
-                trainer_record = partial(_trainer_record, attempt, at, engine, loss=step_loss,
-                                         evaluated=evaluation.latest, sampler=start.sampler)
-                saves.at_boundary(pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step,
-                                  loss=step_loss)
+                metrics.at_boundary(
+                    record,
+                    logged=logged,
+                    evaluated=evaluation.latest if evaluated else None,
+                    report=bool(agreed.reports_due) or last,
+                )
+                trainer_record = partial(
+                    _trainer_record,
+                    attempt,
+                    at,
+                    engine,
+                    loss=step_loss,
+                    evaluated=evaluation.latest,
+                    sampler=start.sampler,
+                )
+                saves.at_boundary(
+                    pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step, loss=step_loss
+                )
                 cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
             attempt.faults.at_micro_step(at.global_micro_step)
             if finished:
@@ -340,19 +424,34 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart, launch
     nodes: list[str | None] = [None] * attempt.world_size
     dist.all_gather_object(nodes, node_id)
     if attempt.events:
-        attempt.events.emit(AttemptStarted(
-            attempt=attempt.number, world_size=attempt.world_size, nodes=nodes, submission=attempt.submission_id,
-            resumed_from=start.state, global_micro_step=start.position.global_micro_step,
-            optimizer_step=start.position.optimizer_step, total_steps=attempt.run_length.total_steps,
-            launched_at=launched_at))
+        attempt.events.emit(
+            AttemptStarted(
+                attempt=attempt.number,
+                world_size=attempt.world_size,
+                nodes=nodes,
+                submission=attempt.submission_id,
+                resumed_from=start.state,
+                global_micro_step=start.position.global_micro_step,
+                optimizer_step=start.position.optimizer_step,
+                total_steps=attempt.run_length.total_steps,
+                launched_at=launched_at,
+            )
+        )
 
 
-def _step_record(at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None,
-                 world: int) -> dict[str, Any]:
+def _step_record(
+    at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None, world: int
+) -> dict[str, Any]:
     """One optimizer step for the progress log (and ``WorkerResult.history``): ``lr`` is the first
     param group's rate, ``lrs`` every group's (only when there are several)."""
-    record: dict[str, Any] = {"optimizer_step": at.optimizer_step, "global_micro_step": at.global_micro_step,
-                              "epoch": at.epoch, "loss": loss, "lr": lrs[0], "time": time.time()}
+    record: dict[str, Any] = {
+        "optimizer_step": at.optimizer_step,
+        "global_micro_step": at.global_micro_step,
+        "epoch": at.epoch,
+        "loss": loss,
+        "lr": lrs[0],
+        "time": time.time(),
+    }
     if len(lrs) > 1:
         record["lrs"] = lrs
     if cycle_sample_ids is not None:
@@ -360,21 +459,36 @@ def _step_record(at: TrainingPosition, loss: float, lrs: list[float], cycle_samp
     return record
 
 
-def _finish(attempt: Attempt, engine: DeepSpeedEngine, saves: SaveCoordinator, progress: ProgressLog,
-            start: ResumeStart) -> WorkerResult:
+def _finish(
+    attempt: Attempt, engine: DeepSpeedEngine, saves: SaveCoordinator, progress: ProgressLog, start: ResumeStart
+) -> WorkerResult:
     at, last_saved = start.position, saves.last_saved
     if attempt.rank == 0 and attempt.spec.checkpoint.export_final:
-        export_final(engine, attempt.storage, {"state": last_saved, "optimizer_step": at.optimizer_step,
-                                               "task": attempt.spec.task.path})
+        export_final(
+            engine,
+            attempt.storage,
+            {"state": last_saved, "optimizer_step": at.optimizer_step, "task": attempt.spec.task.path},
+        )
     if attempt.events:
         progress.flush()
-        attempt.events.emit(Finished(attempt=attempt.number, state=last_saved, global_micro_step=at.global_micro_step,
-                                     optimizer_step=at.optimizer_step))
+        attempt.events.emit(
+            Finished(
+                attempt=attempt.number,
+                state=last_saved,
+                global_micro_step=at.global_micro_step,
+                optimizer_step=at.optimizer_step,
+            )
+        )
     dist.barrier()
     if attempt.lease:
         attempt.lease.release()
-    return WorkerResult(final_state=last_saved or "", global_micro_step=at.global_micro_step,
-                        optimizer_step=at.optimizer_step, resumed_from=start.state, history=progress.history)
+    return WorkerResult(
+        final_state=last_saved or "",
+        global_micro_step=at.global_micro_step,
+        optimizer_step=at.optimizer_step,
+        resumed_from=start.state,
+        history=progress.history,
+    )
 
 
 def _make_trigger(attempt: Attempt) -> SaveTrigger:
@@ -387,8 +501,10 @@ def _make_trigger(attempt: Attempt) -> SaveTrigger:
         trigger: SaveTrigger = load_class(spec.checkpoint.save_trigger, "wants_save")()
         return trigger
     except (ValueError, TypeError) as e:
-        raise JobConfigError(f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
-                             "constructible without arguments, importable on every worker") from None
+        raise JobConfigError(
+            f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
+            "constructible without arguments, importable on every worker"
+        ) from None
 
 
 def _auto_trigger(attempt: Attempt) -> AutoInterval:
@@ -406,11 +522,13 @@ def _log_decision(decision: AutoDecision) -> None:
     print(f"[syncpoint] {decision.describe()}", file=sys.stderr, flush=True)
 
 
-def _measuring(committed: Callable[[SaveResult, list[str]], None], trigger: AutoInterval,
-               started: float) -> Callable[[SaveResult, list[str]], None]:
+def _measuring(
+    committed: Callable[[SaveResult, list[str]], None], trigger: AutoInterval, started: float
+) -> Callable[[SaveResult, list[str]], None]:
     def on_commit(result: SaveResult, reasons: list[str]) -> None:
         committed(result, reasons)
         trigger.observe_save(result.blocked_seconds, time.monotonic() - started)
+
     return on_commit
 
 
@@ -418,8 +536,13 @@ def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: i
     """Rank 0 takes the run directory's lease; every rank learns the outcome (one broadcast)."""
     lease, box = None, [cast(str | None, None)]
     if rank == 0:
-        lease = RunLease(storage, job_identity=exp.job_identity, job_name=spec.name,
-                         submission=submission or uuid.uuid4().hex, ttl_s=spec.resume.lease_ttl_s)
+        lease = RunLease(
+            storage,
+            job_identity=exp.job_identity,
+            job_name=spec.name,
+            submission=submission or uuid.uuid4().hex,
+            ttl_s=spec.resume.lease_ttl_s,
+        )
         try:
             lease.acquire()
         except LeaseRefused as e:
@@ -466,8 +589,16 @@ def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
     return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
 
 
-def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEngine, reasons: list[str], *,
-                    loss: float, sampler: str, evaluated: dict[str, float] | None = None) -> dict[str, Any]:
+def _trainer_record(
+    attempt: Attempt,
+    at: TrainingPosition,
+    engine: DeepSpeedEngine,
+    reasons: list[str],
+    *,
+    loss: float,
+    sampler: str,
+    evaluated: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """``trainer.json``: the position, the identity selection compares, which param-group keys are
     the optimizer's running state, the sampler the run orders its epochs with, and why this state
     was saved; ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for
@@ -477,19 +608,32 @@ def _trainer_record(attempt: Attempt, at: TrainingPosition, engine: DeepSpeedEng
     running = settings_of(engine).running_record(engine.optimizer.param_groups)  # a collective
     identity["optimizer"] = {**identity["optimizer"], "running": running}
     return TrainState(
-        schema_version=TRAINER_SCHEMA_VERSION, job_name=spec.name, **identity,
-        epoch=at.epoch, position_in_epoch=at.position_in_epoch, global_micro_step=at.global_micro_step,
-        optimizer_step=at.optimizer_step, scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
+        schema_version=TRAINER_SCHEMA_VERSION,
+        job_name=spec.name,
+        **identity,
+        epoch=at.epoch,
+        position_in_epoch=at.position_in_epoch,
+        global_micro_step=at.global_micro_step,
+        optimizer_step=at.optimizer_step,
+        scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
         schedule_horizon=attempt.run_length.schedule_horizon,
-        data=DataRecord(sampler=sampler, num_samples=exp.num_samples, global_samples=at.global_samples,
-                        samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-                        samples_per_epoch=exp.samples_per_epoch, global_batch=exp.global_batch,
-                        stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream),
-                        corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
-                        window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None),
+        data=DataRecord(
+            sampler=sampler,
+            num_samples=exp.num_samples,
+            global_samples=at.global_samples,
+            samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
+            samples_per_epoch=exp.samples_per_epoch,
+            global_batch=exp.global_batch,
+            stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream),
+            corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
+            window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None,
+        ),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
         elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
         per_rank_buffers=True,  # every rank writes its module buffers (syncpoint.workers.buffers)
-        metrics={"loss": loss, **(evaluated or {})}, save_reasons=reasons, attempt=attempt.number,
+        metrics={"loss": loss, **(evaluated or {})},
+        save_reasons=reasons,
+        attempt=attempt.number,
         submission=attempt.submission_id,  # a restart of this submission continues from its own states
-        created_at=time.time()).record()
+        created_at=time.time(),
+    ).record()

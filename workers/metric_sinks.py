@@ -120,8 +120,9 @@ class TensorBoardSink:
     directory): from then on nothing is uploaded, as nothing else is written.
     """
 
-    def __init__(self, storage: RunStorage, attempt: int, purge_step: int,
-                 may_write: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self, storage: RunStorage, attempt: int, purge_step: int, may_write: Callable[[], bool] = lambda: True
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.storage, self.name = storage, f"events.out.tfevents.attempt-{attempt:06d}.syncpoint"
@@ -193,14 +194,30 @@ class RunMetrics:
         self.last_report = -float("inf")  # the first logged step reports
 
     @classmethod
-    def open(cls, attempt: Attempt, report: ReportFn | None, *, state: str | None, optimizer_step: int,
-             global_micro_step: int) -> RunMetrics:
+    def open(
+        cls,
+        attempt: Attempt,
+        report: ReportFn | None,
+        *,
+        state: str | None,
+        optimizer_step: int,
+        global_micro_step: int,
+    ) -> RunMetrics:
         """The sinks of this rank: Ray Train's report where the launcher gave one (every rank), and
         TensorBoard on rank 0, continuing the curves from ``optimizer_step`` (the resumed one)."""
         lease = attempt.lease
-        records = FanOut([TensorBoardSink(attempt.storage, attempt.number, optimizer_step + 1,
-                                          may_write=lambda: lease is None or lease.lost is None)]
-                         if attempt.rank == 0 else [])
+        records = FanOut(
+            [
+                TensorBoardSink(
+                    attempt.storage,
+                    attempt.number,
+                    optimizer_step + 1,
+                    may_write=lambda: lease is None or lease.lost is None,
+                )
+            ]
+            if attempt.rank == 0
+            else []
+        )
         sinks = FanOut([*([RayReport(report)] if report is not None else []), *records.sinks])
         metrics = cls(sinks, records, attempt.spec.train.micro_batch_size * attempt.world_size, global_micro_step)
         if attempt.number > 1:
@@ -212,24 +229,32 @@ class RunMetrics:
     def __enter__(self) -> RunMetrics:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if kind is None:
             self.close()
             return
         try:  # a failed attempt: keep what it recorded, but its own error is the one that matters
             self.close()
         except Exception as e:  # noqa: BLE001 - any storage error here would mask the attempt's error
-            print(f"[syncpoint] WARNING: TensorBoard events of the failed attempt not uploaded: "
-                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(
+                f"[syncpoint] WARNING: TensorBoard events of the failed attempt not uploaded: {type(e).__name__}: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def report_due(self) -> bool:
         """This rank's vote: has ``REPORT_EVERY_S`` passed since its last report to Ray? The ranks
         agree through the boundary vote (clocks differ; Ray's report is a barrier)."""
         return time.monotonic() - self.last_report >= REPORT_EVERY_S
 
-    def at_boundary(self, record: Mapping[str, Any], *, logged: bool, evaluated: Mapping[str, float] | None = None,
-                    report: bool = True) -> None:
+    def at_boundary(
+        self,
+        record: Mapping[str, Any],
+        *,
+        logged: bool,
+        evaluated: Mapping[str, float] | None = None,
+        report: bool = True,
+    ) -> None:
         """A sync boundary (every rank, same arguments): ``record`` is the step's progress record
         (``optimizer_step``, ``global_micro_step``, ``loss``, ``lr``/``lrs``); a ``logged`` step
         contributes its scalars, an evaluation its ``eval_*`` values, in one report. ``report``
@@ -239,8 +264,9 @@ class RunMetrics:
         now = time.monotonic()
         if logged:
             micro_step = int(record["global_micro_step"])
-            samples_per_s = ((micro_step - self.last_micro_step) * self.samples_per_micro_step
-                             / max(now - self.last_time, 1e-9))
+            samples_per_s = (
+                (micro_step - self.last_micro_step) * self.samples_per_micro_step / max(now - self.last_time, 1e-9)
+            )
             self.last_time, self.last_micro_step = now, micro_step
             values.update(step_values(record, samples_per_s))
         values.update(evaluated or {})
@@ -260,8 +286,9 @@ class RunMetrics:
 
     def committed(self, result: SaveResult, reasons: list[str]) -> None:
         """A state committed: its cost, at the state's step, and an upload of the record so far."""
-        self.records.scalars(result.optimizer_step, {"save/blocked_seconds": result.blocked_seconds,
-                                                     "save/seconds": result.seconds})
+        self.records.scalars(
+            result.optimizer_step, {"save/blocked_seconds": result.blocked_seconds, "save/seconds": result.seconds}
+        )
         self.flush()
 
     def flush(self) -> None:

@@ -45,9 +45,15 @@ NEVER = "syncpoint never reads or writes through links and reads only regular fi
 
 def what(mode: int) -> str:
     """What an ``lstat`` mode is, in words for a message."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -84,7 +90,7 @@ class Tree:
         prefix = self.root if self.root.endswith("/") else self.root + "/"
         if not path.startswith(prefix):
             raise ValueError(f"{path} does not lie below {self.root}")
-        rel = path[len(prefix):]
+        rel = path[len(prefix) :]
         parts = rel.split("/")
         if any(p in ("", ".", "..") for p in parts):
             raise UnsafeEntry(f"{rel}: an empty, '.' or '..' component would leave or repeat a directory: refused")
@@ -117,7 +123,7 @@ def open_dirs(top: int, parts: Sequence[str], *, create: bool = False, shown: Se
     fd = os.dup(top)
     try:
         for i, name in enumerate(parts):
-            nxt = _open_dir(fd, name, "/".join([*shown, *parts[:i + 1]]), create)
+            nxt = _open_dir(fd, name, "/".join([*shown, *parts[: i + 1]]), create)
             os.close(fd)
             fd = nxt
         return fd
@@ -225,7 +231,7 @@ def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -238,8 +244,10 @@ def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir
             os.unlink(tmp, dir_fd=dir_fd)
         raise
     if kind not in (None, "a regular file"):
-        warn(f"{shown} was {kind}; replaced by a regular file (syncpoint never writes through a link: its "
-             "target was not touched)")
+        warn(
+            f"{shown} was {kind}; replaced by a regular file (syncpoint never writes through a link: its "
+            "target was not touched)"
+        )
     if sync_dir:
         os.fsync(dir_fd)
 
@@ -266,8 +274,9 @@ def open_lock(dir_fd: int, name: str, shown: str) -> int:
     or socket is replaced by a regular file (a lock file holds nothing)."""
     for _ in range(TRIES):
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644,
-                         dir_fd=dir_fd)
+            fd = os.open(
+                name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+            )
         except OSError as e:
             if e.errno == errno.EISDIR:
                 raise UnsafeEntry(f"{shown} is a directory where a lock file belongs: remove it") from None
@@ -291,8 +300,15 @@ def scan(dir_fd: int) -> dict[str, str]:
     out: dict[str, str] = {}
     with os.scandir(dir_fd) as it:
         for e in it:
-            out[e.name] = ("link" if e.is_symlink() else "dir" if e.is_dir(follow_symlinks=False)
-                           else "file" if e.is_file(follow_symlinks=False) else "other")
+            out[e.name] = (
+                "link"
+                if e.is_symlink()
+                else "dir"
+                if e.is_dir(follow_symlinks=False)
+                else "file"
+                if e.is_file(follow_symlinks=False)
+                else "other"
+            )
     return out
 
 

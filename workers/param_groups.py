@@ -42,8 +42,12 @@ from syncpoint.policies.errors import JobConfigError
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-_NORM_TYPES: tuple[type, ...] = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase,
-                                 *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()))
+_NORM_TYPES: tuple[type, ...] = (
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    torch.nn.modules.batchnorm._NormBase,
+    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
+)
 # keys that follow the schedule, not the config: never logged as a config change
 _SCHEDULED = ("lr", "initial_lr")
 # the built-in optimizer's keys the spec decides (each change is logged under train.optimizer.<key>)
@@ -66,8 +70,9 @@ def default_no_decay(model: torch.nn.Module) -> set[str]:
     return excluded
 
 
-def decay_split(model: torch.nn.Module, patterns: list[str] | None) -> tuple[list[tuple[str, torch.nn.Parameter]],
-                                                                             list[tuple[str, torch.nn.Parameter]]]:
+def decay_split(
+    model: torch.nn.Module, patterns: list[str] | None
+) -> tuple[list[tuple[str, torch.nn.Parameter]], list[tuple[str, torch.nn.Parameter]]]:
     """(decaying, not decaying) trainable parameters in ``named_parameters`` order.
 
     ``patterns`` None: ``default_no_decay``; otherwise a name matched by any fnmatch pattern."""
@@ -86,8 +91,10 @@ def builtin_groups(model: torch.nn.Module, weight_decay: float, patterns: list[s
     Why the split does not look at ``weight_decay``: editing it between attempts must stay a
     hyper-parameter change (config wins), not a change of the group layout (refused)."""
     decay, no_decay = decay_split(model, patterns)
-    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
     return [g for g in groups if g["params"]] or [{"params": [], "weight_decay": weight_decay}]
 
 
@@ -113,17 +120,26 @@ def layout_of(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple
     for i, group in enumerate(optimizer.param_groups):
         params = list(group["params"])
         if not params:
-            raise JobConfigError(f"the optimizer's param group {i} holds no parameters; DeepSpeed cannot flatten an "
-                                 "empty group: leave it out (Task.optimizer) or check train.optimizer.no_decay")
+            raise JobConfigError(
+                f"the optimizer's param group {i} holds no parameters; DeepSpeed cannot flatten an "
+                "empty group: leave it out (Task.optimizer) or check train.optimizer.no_decay"
+            )
         h = hashlib.sha256()
         for p in params:
             if id(p) in seen:
-                raise JobConfigError(f"a parameter ({names.get(id(p), '?')}) is in more than one param group of "
-                                     "the optimizer; each parameter belongs to exactly one group (Task.optimizer)")
+                raise JobConfigError(
+                    f"a parameter ({names.get(id(p), '?')}) is in more than one param group of "
+                    "the optimizer; each parameter belongs to exactly one group (Task.optimizer)"
+                )
             seen.add(id(p))
             h.update(f"{names.get(id(p), '?')};".encode())
-        out.append(GroupLayout(params=len(params), numel=sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
-                               names=h.hexdigest()[:16]))
+        out.append(
+            GroupLayout(
+                params=len(params),
+                numel=sum(int(getattr(p, "ds_numel", p.numel())) for p in params),
+                names=h.hexdigest()[:16],
+            )
+        )
     return tuple(out)
 
 
@@ -152,11 +168,17 @@ class GroupSettings:
     running: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def snapshot(cls, param_groups: Iterable[dict[str, Any]], layout: tuple[GroupLayout, ...],
-                 task_class: str | None) -> GroupSettings:
+    def snapshot(
+        cls, param_groups: Iterable[dict[str, Any]], layout: tuple[GroupLayout, ...], task_class: str | None
+    ) -> GroupSettings:
         base = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in param_groups]
-        return cls(base=base, layout=layout, task_class=task_class,
-                   _lrs=[g.get("initial_lr", g["lr"]) for g in base], running=[{} for _ in base])
+        return cls(
+            base=base,
+            layout=layout,
+            task_class=task_class,
+            _lrs=[g.get("initial_lr", g["lr"]) for g in base],
+            running=[{} for _ in base],
+        )
 
     @property
     def layout_record(self) -> tuple[tuple[int, int, str | None], ...]:
@@ -191,14 +213,20 @@ class GroupSettings:
                         mine.setdefault(key, built)
         return [dict(sorted(g.items())) for g in self.running]
 
-    def restore(self, param_groups: list[dict[str, Any]], spec_keys: Callable[[str], bool],
-                running: list[dict[str, Any]] | None = None) -> Restored:
+    def restore(
+        self,
+        param_groups: list[dict[str, Any]],
+        spec_keys: Callable[[str], bool],
+        running: list[dict[str, Any]] | None = None,
+    ) -> Restored:
         """After a load, per group: the running keys (``running``, the state's record) keep the
         state's value; every other snapshot key comes back from the live run (config wins), with
         one line per setting the user changed."""
         if len(param_groups) != len(self.base):
-            raise JobConfigError(f"the loaded optimizer has {len(param_groups)} param group(s), this run builds "
-                                 f"{len(self.base)}: the state's group layout does not fit (resume.reset_optimizer)")
+            raise JobConfigError(
+                f"the loaded optimizer has {len(param_groups)} param group(s), this run builds "
+                f"{len(self.base)}: the state's group layout does not fit (resume.reset_optimizer)"
+            )
         for mine, recorded in zip(self.running, running or [], strict=False):
             for key, built in recorded.items():
                 mine.setdefault(key, built)
@@ -229,9 +257,11 @@ class GroupSettings:
         return f"{self._where(i, key, many)}: the state had {have!r}, the task says {want!r}; the task wins"
 
     def _kept_line(self, i: int, key: str, have: Any, before: Any, want: Any, many: bool) -> str:
-        return (f"{self._where(i, key, many)}: running state (the optimizer changes it as it trains): the state's "
-                f"value {_norm(have)!r} is kept; its initial value changed from {before!r} to {_norm(want)!r}, "
-                "which only a fresh optimizer state starts from (resume.reset_optimizer: true)")
+        return (
+            f"{self._where(i, key, many)}: running state (the optimizer changes it as it trains): the state's "
+            f"value {_norm(have)!r} is kept; its initial value changed from {before!r} to {_norm(want)!r}, "
+            "which only a fresh optimizer state starts from (resume.reset_optimizer: true)"
+        )
 
 
 def _norm(v: Any) -> Any:
@@ -243,8 +273,13 @@ def _same(a: Any, b: Any) -> bool:
     """Whether two group values are equal: tensors by value (shape and dtype included), NaN equal
     to NaN, a list equal to the tuple it was saved from; never raises."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and bool(torch.equal(a.cpu(), b.cpu())))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a.cpu(), b.cpu()))
+        )
     a, b = _norm(a), _norm(b)
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -280,8 +315,9 @@ def portable_values(group: dict[str, Any]) -> dict[str, Any]:
 def settings_of(engine: DeepSpeedEngine) -> GroupSettings:
     settings = getattr(engine, ATTRIBUTE, None)
     if settings is None:
-        raise RuntimeError("the engine was not built by syncpoint.workers.engine.build_engine "
-                           "(no param-group snapshot)")
+        raise RuntimeError(
+            "the engine was not built by syncpoint.workers.engine.build_engine (no param-group snapshot)"
+        )
     return settings
 
 

@@ -71,7 +71,8 @@ class RunLength:
 
     def is_last_boundary(self, at: TrainingPosition, epoch_end: bool) -> bool:
         return at.optimizer_step >= self.total_steps or (
-            epoch_end and self.epochs is not None and at.epoch + 1 >= self.epochs)
+            epoch_end and self.epochs is not None and at.epoch + 1 >= self.epochs
+        )
 
     def has_epoch(self, epoch: int) -> bool:
         return self.epochs is None or epoch < self.epochs

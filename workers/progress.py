@@ -39,26 +39,32 @@ class ProgressLog:
 
     def flush(self) -> None:
         if self.events and self.unflushed:
-            self.events.emit(Progress(attempt=self.attempt,
-                                      records=[ProgressRecord.model_validate(r) for r in self.unflushed]))
+            self.events.emit(
+                Progress(attempt=self.attempt, records=[ProgressRecord.model_validate(r) for r in self.unflushed])
+            )
         self.unflushed, self.unflushed_bytes, self.last_flush = [], 0, time.monotonic()
 
 
 class ProgressLine:
     """The console line every ``train.log_every`` optimizer steps, with the throughput since the last one."""
 
-    def __init__(self, attempt: int, epochs: int | None, total_steps: int, samples_per_micro_step: int,
-                 global_micro_step: int) -> None:
+    def __init__(
+        self, attempt: int, epochs: int | None, total_steps: int, samples_per_micro_step: int, global_micro_step: int
+    ) -> None:
         self.attempt, self.epochs, self.total_steps = attempt, epochs, total_steps
         self.samples_per_micro_step = samples_per_micro_step
         self.last_time, self.last_micro_step = time.monotonic(), global_micro_step
 
     def print(self, *, epoch: int, optimizer_step: int, global_micro_step: int, loss: float, lr: float) -> None:
         now = time.monotonic()
-        samples_per_s = ((global_micro_step - self.last_micro_step) * self.samples_per_micro_step
-                         / max(now - self.last_time, 1e-9))
+        samples_per_s = (
+            (global_micro_step - self.last_micro_step) * self.samples_per_micro_step / max(now - self.last_time, 1e-9)
+        )
         self.last_time, self.last_micro_step = now, global_micro_step
         of_epochs = f"/{self.epochs}" if self.epochs else ""
-        print(f"[syncpoint] attempt {self.attempt} epoch {epoch + 1}{of_epochs} step {optimizer_step}/"
-              f"{self.total_steps} micro-step {global_micro_step} loss {loss:.4f} lr {lr:.3g} "
-              f"{samples_per_s:,.0f} samples/s", flush=True)
+        print(
+            f"[syncpoint] attempt {self.attempt} epoch {epoch + 1}{of_epochs} step {optimizer_step}/"
+            f"{self.total_steps} micro-step {global_micro_step} loss {loss:.4f} lr {lr:.3g} "
+            f"{samples_per_s:,.0f} samples/s",
+            flush=True,
+        )

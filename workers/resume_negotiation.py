@@ -78,16 +78,23 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
     name, trainer, loaded = _choose_and_load(attempt, engine)
     new_run = NEW_RUN_SAMPLER if attempt.expectation.sampler == SAMPLER_VERSION else attempt.expectation.sampler
-    start = ResumeStart(name, TrainingPosition(), finished=False, rng_state=loaded.rng_state,
-                        sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
-                        stream_state=loaded.stream_state)
+    start = ResumeStart(
+        name,
+        TrainingPosition(),
+        finished=False,
+        rng_state=loaded.rng_state,
+        sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
+        stream_state=loaded.stream_state,
+    )
     if trainer:
         _position_from(attempt, trainer, start)
         start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
     set_counters(engine, start.position, resumed=name is not None)  # a loss may read DeepSpeed's counters
     if start.rng_state is not None and start.rng_state.task is None and rng.task_generator_kinds():
-        attempt.warn(f"state {name} was written before syncpoint saved task-owned generators: "
-                     f"{', '.join(rng.task_generator_kinds())} continue from their freshly built state")
+        attempt.warn(
+            f"state {name} was written before syncpoint saved task-owned generators: "
+            f"{', '.join(rng.task_generator_kinds())} continue from their freshly built state"
+        )
     start.finished = _already_finished(attempt, name, start.position, attempt.run_length)
     return start
 
@@ -104,18 +111,29 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
     if saved_world != attempt.world_size:
         # Per-rank RNG streams cannot be carried to another world size: derive them instead.
         start.rederive_rng, start.rng_state = True, None
-        attempt.warn(f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
-                     f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
-                     "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run"
-                     + ("; module buffers (BatchNorm statistics) of rank r are those of saved rank r mod "
-                        f"{saved_world}" if state.per_rank_buffers else ""))
+        attempt.warn(
+            f"resuming a state saved on {saved_world} worker(s) on {attempt.world_size}: accumulation "
+            f"{layout.grad_accum}, same samples per optimizer step; per-rank RNG re-derived from (seed, "
+            "optimizer step, rank), so model-side randomness (dropout) differs from the uninterrupted run"
+            + (
+                f"; module buffers (BatchNorm statistics) of rank r are those of saved rank r mod {saved_world}"
+                if state.per_rank_buffers
+                else ""
+            )
+        )
     if at.position_in_epoch == layout.micro_batches_per_epoch:
         at.next_epoch()
-    at.schedule_position = resume_position(trainer.get("scheduler"), spec.train.scheduler,  # the record as stored
-                                           optimizer_step=at.optimizer_step, epoch_done=at.epoch,
-                                           reset=spec.resume.reset_schedule, warn=attempt.warn)
-    line = horizon_changed(state.schedule_horizon, attempt.run_length.schedule_horizon, spec.train.scheduler,
-                           at.schedule_position)
+    at.schedule_position = resume_position(
+        trainer.get("scheduler"),
+        spec.train.scheduler,  # the record as stored
+        optimizer_step=at.optimizer_step,
+        epoch_done=at.epoch,
+        reset=spec.resume.reset_schedule,
+        warn=attempt.warn,
+    )
+    line = horizon_changed(
+        state.schedule_horizon, attempt.run_length.schedule_horizon, spec.train.scheduler, at.schedule_position
+    )
     if line and attempt.rank == 0 and not spec.resume.reset_schedule:
         print(f"[syncpoint] {line}", flush=True)
 
@@ -153,17 +171,28 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
                 chosen = next((c for c in candidates if c.name == decision.state), None)
                 if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
                     _clear_for_fresh(attempt)
-                msg = {"state": decision.state, "reason": decision.reason,
-                       "manifest": chosen.manifest if chosen else None, "trainer": chosen.trainer if chosen else None}
+                msg = {
+                    "state": decision.state,
+                    "reason": decision.reason,
+                    "manifest": chosen.manifest if chosen else None,
+                    "trainer": chosen.trainer if chosen else None,
+                }
             except (NoResumableState, RunDirectoryRefused) as e:
                 msg = {"error": str(e)}
             if events:
                 looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
-                events.emit(ResumeDecision(
-                    attempt=attempt.number, chosen=msg.get("state"), reason=msg.get("reason") or msg.get("error"),
-                    total_candidates=len(candidates),
-                    candidates=[CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None,
-                                              reason=c.reason) for c in looked_at]))
+                events.emit(
+                    ResumeDecision(
+                        attempt=attempt.number,
+                        chosen=msg.get("state"),
+                        reason=msg.get("reason") or msg.get("error"),
+                        total_candidates=len(candidates),
+                        candidates=[
+                            CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None, reason=c.reason)
+                            for c in looked_at
+                        ],
+                    )
+                )
         box = [msg]
         dist.broadcast_object_list(box, src=0)
         msg = box[0]
@@ -178,8 +207,10 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
         if refusal is None:
             attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
             if attempt.signing_key is not None and candidate.manifest and legacy_unbound(candidate.manifest):
-                attempt.warn(f"state {candidate.name} was signed before syncpoint bound signatures to their run "
-                             "directory: it is trusted by the key alone; the states this run writes are bound")
+                attempt.warn(
+                    f"state {candidate.name} was signed before syncpoint bound signatures to their run "
+                    "directory: it is trusted by the key alone; the states this run writes are bound"
+                )
             if spec.resume.init_from:
                 attempt.say("resume.init_from ignored: this run's own resumable state wins")
             return candidate.name, candidate.trainer, loaded
@@ -197,8 +228,10 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
     try:
         start = NewestResumable() if (restart_of and name == "fresh") else make_policy(name, policy_args)
     except (ValueError, TypeError) as e:
-        raise JobConfigError(f"resume.policy / resume.policy_args: {name}: {e}. Give the keyword arguments the "
-                             "policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})") from None
+        raise JobConfigError(
+            f"resume.policy / resume.policy_args: {name}: {e}. Give the keyword arguments the "
+            "policy's constructor takes (pinned: {state: N}; best-metric: {metric, mode})"
+        ) from None
     return ContinueSubmission(restart_of, start) if restart_of else start
 
 
@@ -220,9 +253,15 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     try:
         own = _own_shard(attempt, candidate, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
-        fetched = fetch_state(attempt.storage, candidate, attempt.rank, own_shard=own,
-                              in_place=same_world and not attempt.spec.resume.reset_optimizer, buffers_of=buffers_of,
-                              stream_of=stream_of)
+        fetched = fetch_state(
+            attempt.storage,
+            candidate,
+            attempt.rank,
+            own_shard=own,
+            in_place=same_world and not attempt.spec.resume.reset_optimizer,
+            buffers_of=buffers_of,
+            stream_of=stream_of,
+        )
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
@@ -231,8 +270,12 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     if refusal is None:
         assert fetched is not None
         try:
-            load_into_engine(engine, fetched, module_only=attempt.spec.resume.reset_optimizer,
-                             other_world_size=candidate.trainer["world_size"] != attempt.world_size)  # type: ignore[index]
+            load_into_engine(
+                engine,
+                fetched,
+                module_only=attempt.spec.resume.reset_optimizer,
+                other_world_size=candidate.trainer["world_size"] != attempt.world_size,
+            )  # type: ignore[index]
             if saved_buffers is not None:
                 buffers.apply(engine.module, saved_buffers)
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
@@ -262,8 +305,13 @@ def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) 
     (``syncpoint.workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
     no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
     same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
-    if (not same_world or attempt.spec.resume.reset_optimizer or engine.zero_optimization_stage() not in (1, 2)
-            or engine.mpu is not None or engine.zero_elastic_checkpoint()):
+    if (
+        not same_world
+        or attempt.spec.resume.reset_optimizer
+        or engine.zero_optimization_stage() not in (1, 2)
+        or engine.mpu is not None
+        or engine.zero_elastic_checkpoint()
+    ):
         return None
     return int(dist.get_rank(group=engine.optimizer.dp_process_group))
 
@@ -291,9 +339,11 @@ def _load_refusal(e: BaseException) -> str:
 def _refused_verdict(refusal: str) -> tuple[Verdict, str]:
     """The verdict and reason of a candidate whose fetch or load every rank refused."""
     if refusal.startswith(_DOES_NOT_FIT):
-        return Verdict.INCOMPATIBLE, (f"{refusal}. The state is intact, this run's model differs from the one that "
-                                      "wrote it: restore the previous model (task / task.config), or start a new run "
-                                      "(another name, or resume.policy: fresh)")
+        return Verdict.INCOMPATIBLE, (
+            f"{refusal}. The state is intact, this run's model differs from the one that "
+            "wrote it: restore the previous model (task / task.config), or start a new run "
+            "(another name, or resume.policy: fresh)"
+        )
     return Verdict.CORRUPT, f"verification failed: {refusal}"
 
 
@@ -312,8 +362,10 @@ def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine, candi
         running = TrainState.model_validate(candidate.trainer).optimizer.running  # classified: it parses
     restored = apply_hyperparameters(engine, attempt.spec, running)
     if attempt.spec.resume.reset_optimizer:
-        attempt.warn("resume.reset_optimizer: weights and position come from the state; the optimizer state "
-                     "(moments) starts fresh")
+        attempt.warn(
+            "resume.reset_optimizer: weights and position come from the state; the optimizer state "
+            "(moments) starts fresh"
+        )
     for line in restored.changes:
         attempt.warn(line)
     for line in restored.kept:
@@ -327,8 +379,10 @@ def _already_finished(attempt: Attempt, state: str | None, at: TrainingPosition,
     max_steps, step = attempt.spec.train.max_steps, at.optimizer_step
     if done and state is not None:
         if max_steps is not None and step > max_steps:
-            attempt.warn(f"state {state} is at optimizer step {step}, past train.max_steps {max_steps}: the run "
-                         f"finishes at once and its final model is that state's weights (step {step})")
+            attempt.warn(
+                f"state {state} is at optimizer step {step}, past train.max_steps {max_steps}: the run "
+                f"finishes at once and its final model is that state's weights (step {step})"
+            )
         attempt.say(f"state {state} already reached the end of the run (optimizer step {step}); nothing left to train")
     return done
 
@@ -337,9 +391,14 @@ def _clear_for_fresh(attempt: Attempt) -> None:
     """``resume.policy: fresh`` over existing states: refuse, archive them, or delete them."""
     storage, mode = attempt.storage, attempt.spec.resume.on_existing
     if mode == "refuse":
-        raise NoResumableState([], (
-            f"resume.policy fresh, but {redact_url(storage.url)}/states already holds states; set resume.on_existing: "
-            "archive (move them to archive/) or overwrite (delete them), or use another run name."))
+        raise NoResumableState(
+            [],
+            (
+                f"resume.policy fresh, but {redact_url(storage.url)}/states already holds states; set "
+                "resume.on_existing: "
+                "archive (move them to archive/) or overwrite (delete them), or use another run name."
+            ),
+        )
     if mode == "archive":
         storage.rename_tree((STATES_DIR,), ("archive", f"{STATES_DIR}-{int(time.time())}"))
     else:
@@ -360,8 +419,9 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
         return
     base, sep, _ = url.rstrip("/").rpartition("/states/")
     source = RunStorage(base if sep else url)
-    key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or \
-        load_key(spec.checkpoint.signing_key_env)
+    key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or load_key(
+        spec.checkpoint.signing_key_env
+    )
     box: list[dict[str, Any]] = [{}]
     if attempt.rank == 0:
         try:
@@ -378,8 +438,9 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
     finally:
         fetched.cleanup()
-    attempt.say(f"init_from {redact_url(source.url)}/states/{name}: weights imported; schedule, RNG and data start "
-                "fresh")
+    attempt.say(
+        f"init_from {redact_url(source.url)}/states/{name}: weights imported; schedule, RNG and data start fresh"
+    )
 
 
 def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) -> dict[str, Any]:
@@ -406,23 +467,28 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
             raise ResumeRefused(
                 f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, is gone "
                 "(no manifest.json). Restore it, or start the fine-tune again as a new run (another name) to "
-                "take another source state")
+                "take another source state"
+            )
         raise ResumeRefused(f"resume.init_from: {shown} is not a committed state (no manifest.json)")
     if candidate.trust_error:
-        raise ResumeRefused(f"resume.init_from: {where} is untrusted: {candidate.trust_error}. "
-                            "Give the source run's key with resume.init_from_signing_key_env")
+        raise ResumeRefused(
+            f"resume.init_from: {where} is untrusted: {candidate.trust_error}. "
+            "Give the source run's key with resume.init_from_signing_key_env"
+        )
     digest = manifest_sha256(candidate.manifest)
     if recorded is not None and digest != recorded.manifest_sha256:
         raise ResumeRefused(
             f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, changed since "
             f"(its manifest's sha256 was {recorded.manifest_sha256[:16]}..., now {digest[:16]}...). The run's "
-            "first attempts started from the old bytes; restore them, or start the fine-tune again as a new run")
+            "first attempts started from the old bytes; restore them, or start the fine-tune again as a new run"
+        )
     problem = init_from_problem(candidate.trainer, attempt.expectation, spec.resume.init_optimizer)
     if problem:
         raise ResumeRefused(f"resume.init_from: {where} cannot be taken: {problem}")
     if recorded is None and attempt.events is not None:
-        attempt.events.emit(InitFromResolved(attempt=attempt.number, init_from=shown, source_state=name,
-                                             manifest_sha256=digest))
+        attempt.events.emit(
+            InitFromResolved(attempt=attempt.number, init_from=shown, source_state=name, manifest_sha256=digest)
+        )
     elif recorded is not None:
         attempt.say(f"init_from: the source state this run took at attempt {recorded.attempt} ({name}), unchanged")
     return {"state": name, "manifest": candidate.manifest, "trainer": candidate.trainer}

@@ -74,8 +74,13 @@ class SavedRng:
 
 def snapshot() -> SavedRng:
     cuda = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
-    return SavedRng(python=random.getstate(), numpy=np.random.get_state(), torch_cpu=torch.get_rng_state(),  # type: ignore[arg-type]
-                    cuda=cuda, task={p: (task_rngs.kind(g), task_rngs.get_state(g)) for p, g in _TASK.items()})
+    return SavedRng(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch_cpu=torch.get_rng_state(),  # type: ignore[arg-type]
+        cuda=cuda,
+        task={p: (task_rngs.kind(g), task_rngs.get_state(g)) for p, g in _TASK.items()},
+    )
 
 
 def capture() -> bytes:
@@ -92,9 +97,15 @@ def serialize(saved: SavedRng) -> bytes:
     }
     for i, s in enumerate(saved.cuda):
         tensors[f"cuda_{i}"] = s
-    meta: dict[str, Any] = {"python_version": version, "python_gauss": gauss, "numpy_name": np_name,
-                            "numpy_pos": int(np_pos), "numpy_has_gauss": int(np_has_gauss),
-                            "numpy_cached_gaussian": float(np_cached), "cuda_devices": len(saved.cuda)}
+    meta: dict[str, Any] = {
+        "python_version": version,
+        "python_gauss": gauss,
+        "numpy_name": np_name,
+        "numpy_pos": int(np_pos),
+        "numpy_has_gauss": int(np_has_gauss),
+        "numpy_cached_gaussian": float(np_cached),
+        "cuda_devices": len(saved.cuda),
+    }
     entries = []
     for i, (path, (kind, state)) in enumerate((saved.task or {}).items()):
         entry: dict[str, Any] = {"path": path, "kind": kind}
@@ -135,8 +146,10 @@ def verify(data: bytes, name: str) -> SavedRng:
         if path not in saved.task:
             raise StateRefused(f"{name} holds no state for the task's generator {path}: refused (corrupt)")
         if saved.task[path][0] != task_rngs.kind(g):
-            raise StateRefused(f"{name}: the task's generator {path} is a {task_rngs.kind(g)}, the file holds a "
-                               f"{saved.task[path][0]}: refused")
+            raise StateRefused(
+                f"{name}: the task's generator {path} is a {task_rngs.kind(g)}, the file holds a "
+                f"{saved.task[path][0]}: refused"
+            )
     before = snapshot()
     try:
         restore(saved)
@@ -178,10 +191,12 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
     must not become a crash or an allocation."""
     header_len = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
     if not 0 <= header_len <= min(len(data) - 8, MAX_HEADER):
-        raise StateRefused(f"a safetensors header of {header_len} bytes in a file of {len(data)} (at most "
-                           f"{MAX_HEADER}): refused (corrupt)")
+        raise StateRefused(
+            f"a safetensors header of {header_len} bytes in a file of {len(data)} (at most "
+            f"{MAX_HEADER}): refused (corrupt)"
+        )
     try:
-        header = loads_bounded(data[8:8 + header_len], max_bytes=MAX_HEADER, max_depth=8)
+        header = loads_bounded(data[8 : 8 + header_len], max_bytes=MAX_HEADER, max_depth=8)
     except BoundedJsonError as e:
         raise StateRefused(f"a safetensors header that is {e}: refused (corrupt)") from None
     meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
@@ -199,20 +214,29 @@ def _parse(data: bytes) -> SavedRng:
     except BoundedJsonError as e:
         raise StateRefused(f"rng metadata that is {e}: refused (corrupt)") from None
     _need(isinstance(g, dict), "rng metadata is not an object")
-    python = (_int(g.get("python_version"), "python_version", 1, 1 << 16),
-              _mt_words(tensors, "python", MT_WORDS + 1), _gauss(g.get("python_gauss"), "python_gauss"))
+    python = (
+        _int(g.get("python_version"), "python_version", 1, 1 << 16),
+        _mt_words(tensors, "python", MT_WORDS + 1),
+        _gauss(g.get("python_gauss"), "python_gauss"),
+    )
     _need(python[1][-1] <= MT_WORDS, "python: position out of range")
     _need(g.get("numpy_name") == "MT19937", f"numpy_name {g.get('numpy_name')!r} is not MT19937")
     cached = g.get("numpy_cached_gaussian")
     _need(isinstance(cached, (int, float)) and not isinstance(cached, bool), "numpy_cached_gaussian is no number")
-    numpy = ("MT19937", np.asarray(_mt_words(tensors, "numpy_keys", MT_WORDS), dtype=np.uint32),
-             _int(g.get("numpy_pos"), "numpy_pos", 0, MT_WORDS),
-             _int(g.get("numpy_has_gauss"), "numpy_has_gauss", 0, 1), float(cached))
+    numpy = (
+        "MT19937",
+        np.asarray(_mt_words(tensors, "numpy_keys", MT_WORDS), dtype=np.uint32),
+        _int(g.get("numpy_pos"), "numpy_pos", 0, MT_WORDS),
+        _int(g.get("numpy_has_gauss"), "numpy_has_gauss", 0, 1),
+        float(cached),
+    )
     cuda_devices = _int(g.get("cuda_devices", 0), "cuda_devices", 0, 1 << 12)
     cuda = [_bytes_tensor(tensors, f"cuda_{i}") for i in range(cuda_devices)]
     torch_cpu = _bytes_tensor(tensors, "torch_cpu")
-    _need(torch_cpu.numel() == torch.get_rng_state().numel(),
-          f"torch_cpu holds {torch_cpu.numel()} bytes, a torch CPU state {torch.get_rng_state().numel()}")
+    _need(
+        torch_cpu.numel() == torch.get_rng_state().numel(),
+        f"torch_cpu holds {torch_cpu.numel()} bytes, a torch CPU state {torch.get_rng_state().numel()}",
+    )
     task = _parse_task(g[TASK_META], tensors) if TASK_META in g else None
     return SavedRng(python=python, numpy=numpy, torch_cpu=torch_cpu, cuda=cuda, task=task)
 
@@ -221,8 +245,10 @@ def _parse_task(entries: Any, tensors: dict[str, torch.Tensor]) -> dict[str, tup
     _need(isinstance(entries, list), f"{TASK_META} is not a list")
     out: dict[str, tuple[str, Any]] = {}
     for i, e in enumerate(entries):
-        _need(isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("kind"), str),
-              f"{TASK_META}[{i}] names no path and kind")
+        _need(
+            isinstance(e, dict) and isinstance(e.get("path"), str) and isinstance(e.get("kind"), str),
+            f"{TASK_META}[{i}] names no path and kind",
+        )
         path = e["path"]
         _need(path not in out, f"{TASK_META}: {path} twice")
         try:
@@ -248,8 +274,9 @@ def _task_state(e: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def _int(v: Any, what: str, lo: int, hi: int) -> int:
-    _need(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
-          f"{what} {v!r} is no integer in [{lo}, {hi}]")
+    _need(
+        isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi, f"{what} {v!r} is no integer in [{lo}, {hi}]"
+    )
     return v
 
 
@@ -308,13 +335,19 @@ def _from_json(v: Any) -> Any:
         return int(v["$int"])
     if "$array" in v:
         dtype, shape, hexed = v.get("dtype"), v.get("shape"), v.get("$array")
-        _need(dtype in _ARRAY_DTYPES and isinstance(shape, list) and isinstance(hexed, str)
-              and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape),
-              "a NumPy state array without dtype and shape")
+        _need(
+            dtype in _ARRAY_DTYPES
+            and isinstance(shape, list)
+            and isinstance(hexed, str)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape),
+            "a NumPy state array without dtype and shape",
+        )
         assert isinstance(hexed, str) and isinstance(shape, list) and isinstance(dtype, str)
         raw = bytes.fromhex(hexed)
-        _need(len(raw) <= MAX_ARRAY_BYTES and len(raw) == int(np.prod(shape)) * np.dtype(dtype).itemsize,
-              "a NumPy state array of the wrong size")
+        _need(
+            len(raw) <= MAX_ARRAY_BYTES and len(raw) == int(np.prod(shape)) * np.dtype(dtype).itemsize,
+            "a NumPy state array of the wrong size",
+        )
         return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     return {k: _from_json(x) for k, x in v.items()}
 
@@ -370,15 +403,23 @@ def hash_seed_problem(expected: int) -> str | None:
     (a fork server started without it forks ranks whose environment names it)."""
     env = {**os.environ, "PYTHONHASHSEED": str(expected)}
     try:
-        out = subprocess.run([sys.executable, "-S", "-c", f"print(hash({HASH_PROBE!r}))"], env=env, check=True,
-                             capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [sys.executable, "-S", "-c", f"print(hash({HASH_PROBE!r}))"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
         probe = int(out.strip())
     except (OSError, ValueError, subprocess.SubprocessError):
         return None
     if probe == hash(HASH_PROBE):
         return None
-    return (f"this worker's Python does not run with PYTHONHASHSEED={expected} (the job's, derived from train.seed; "
-            f"it has {os.environ.get('PYTHONHASHSEED', 'none')!s}): code whose order depends on a set or dict of "
-            "strings sees another order after every restart. syncpoint sets it for the workers it starts (Ray Train "
-            "workers, syncpoint.workers.launch); a launcher of your own must start each worker process with "
-            f"PYTHONHASHSEED={expected} in its environment")
+    return (
+        f"this worker's Python does not run with PYTHONHASHSEED={expected} (the job's, derived from train.seed; "
+        f"it has {os.environ.get('PYTHONHASHSEED', 'none')!s}): code whose order depends on a set or dict of "
+        "strings sees another order after every restart. syncpoint sets it for the workers it starts (Ray Train "
+        "workers, syncpoint.workers.launch); a launcher of your own must start each worker process with "
+        f"PYTHONHASHSEED={expected} in its environment"
+    )

@@ -65,8 +65,12 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
         classes = allowed_classes()
         prescan(source, name, classes)
         with torch.serialization.safe_globals(classes):
-            loaded = torch.load(_file(source), map_location=map_location, weights_only=True,
-                                mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source))
+            loaded = torch.load(
+                _file(source),
+                map_location=map_location,
+                weights_only=True,
+                mmap=mmap and isinstance(source, str) and zipfile.is_zipfile(source),
+            )
         check_loaded(loaded, name, _size(source))
         return loaded
     except (OSError, MemoryError, StateRefused):
@@ -88,8 +92,10 @@ def refusal(name: str, source: str | bytes, error: BaseException) -> str:
         noun = "class" if len(wanted) == 1 else "classes"
         more = f" and {len(wanted) - _NAMED_GLOBALS} more" if len(wanted) > _NAMED_GLOBALS else ""
         named = ", ".join(_printable(w, 100) for w in wanted[:_NAMED_GLOBALS]) + more
-        return (f"{name} needs {noun} {named}, which a state never contains: refused (corrupt); state files "
-                "are loaded weights-only with DeepSpeed's own classes, so a state cannot run code")
+        return (
+            f"{name} needs {noun} {named}, which a state never contains: refused (corrupt); state files "
+            "are loaded weights-only with DeepSpeed's own classes, so a state cannot run code"
+        )
     return f"{name} is not a torch file syncpoint can load ({_reason(error)}): refused (corrupt)"
 
 

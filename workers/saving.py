@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 
 
 class SaveCoordinator:
-    def __init__(self, engine: DeepSpeedEngine, attempt: Attempt, progress: ProgressLog, *,
-                 last_saved: str | None) -> None:
+    def __init__(
+        self, engine: DeepSpeedEngine, attempt: Attempt, progress: ProgressLog, *, last_saved: str | None
+    ) -> None:
         spec = attempt.spec
         self.engine, self.attempt, self.progress = engine, attempt, progress
         self.storage, self.faults, self.events = attempt.storage, attempt.faults, attempt.events
@@ -77,24 +78,38 @@ class SaveCoordinator:
         """Rank 0's vote at the boundary: its heartbeat found the run directory's lease lost."""
         return self.lease is not None and self.lease.lost is not None
 
-    def at_boundary(self, pending: PendingSave, trainer_record: Callable[[list[str]], dict[str, Any]],
-                    agreed: BoundaryVote, *, last: bool, micro_step: int, loss: float = 0.0) -> None:
+    def at_boundary(
+        self,
+        pending: PendingSave,
+        trainer_record: Callable[[list[str]], dict[str, Any]],
+        agreed: BoundaryVote,
+        *,
+        last: bool,
+        micro_step: int,
+        loss: float = 0.0,
+    ) -> None:
         self.micro_step = micro_step
         self.faults.at_boundary(micro_step)
         if agreed.lease_lost:  # every rank stops here, before any further write
-            raise LeaseLostError(str(self.lease.lost) if self.lease is not None and self.lease.lost else
-                                 "rank 0 lost the run directory's lease to another submission (its error names it)")
+            raise LeaseLostError(
+                str(self.lease.lost)
+                if self.lease is not None and self.lease.lost
+                else "rank 0 lost the run directory's lease to another submission (its error names it)"
+            )
         if self.upload.in_flight and (agreed.uploading == 0 or last):
-            self._record(commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease),
-                         self.reasons_in_flight)
+            self._record(
+                commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease), self.reasons_in_flight
+            )
         if not pending.pending or self.upload.in_flight:
             return  # nothing asked, or one save is in flight: the request waits for a later boundary
         if not agreed_finite(self.engine, loss):  # every rank: a non-finite state is never committed
             if last:
                 raise refused_save(micro_step)
             if not self.deferred:
-                self.attempt.warn(f"the state at micro-step {micro_step} is not finite (loss {loss}): not saved; the "
-                                  "save waits for a boundary whose state is finite")
+                self.attempt.warn(
+                    f"the state at micro-step {micro_step} is not finite (loss {loss}): not saved; the "
+                    "save waits for a boundary whose state is finite"
+                )
             self.deferred = True
             return  # the request stays pending (never dropped): the next finite boundary services it
         self.deferred = False
@@ -104,13 +119,33 @@ class SaveCoordinator:
         stream = self._stream_bytes()
         self._before_writing(state_name(trainer["global_micro_step"]))
         if self.use_async and not last:
-            self.upload.start(take_snapshot(self.engine, trainer, self.faults, self.full_optimizer_state,
-                                            algo=self.checksum, signing_key=self.signing_key, stream_bytes=stream))
+            self.upload.start(
+                take_snapshot(
+                    self.engine,
+                    trainer,
+                    self.faults,
+                    self.full_optimizer_state,
+                    algo=self.checksum,
+                    signing_key=self.signing_key,
+                    stream_bytes=stream,
+                )
+            )
             self.reasons_in_flight = reasons
         else:
-            self._record(save_state(self.engine, self.storage, trainer, self.faults, self.full_optimizer_state,
-                                    self.checksum, lease=self.lease, signing_key=self.signing_key,
-                                    stream_bytes=stream), reasons)
+            self._record(
+                save_state(
+                    self.engine,
+                    self.storage,
+                    trainer,
+                    self.faults,
+                    self.full_optimizer_state,
+                    self.checksum,
+                    lease=self.lease,
+                    signing_key=self.signing_key,
+                    stream_bytes=stream,
+                ),
+                reasons,
+            )
 
     def _stream_bytes(self) -> bytes | None:
         """This rank's stream position (a stream dataset's), before anything of the state is written.
@@ -149,10 +184,19 @@ class SaveCoordinator:
         self.last_saved = result.name
         if self.events:
             self.progress.flush()
-            self.events.emit(StateCommitted(
-                attempt=self.attempt.number, state=result.name, global_micro_step=int(result.name),
-                optimizer_step=result.optimizer_step, bytes=result.bytes, seconds=result.seconds,
-                blocked_seconds=result.blocked_seconds, committed_at_micro_step=self.micro_step, reasons=reasons))
+            self.events.emit(
+                StateCommitted(
+                    attempt=self.attempt.number,
+                    state=result.name,
+                    global_micro_step=int(result.name),
+                    optimizer_step=result.optimizer_step,
+                    bytes=result.bytes,
+                    seconds=result.seconds,
+                    blocked_seconds=result.blocked_seconds,
+                    committed_at_micro_step=self.micro_step,
+                    reasons=reasons,
+                )
+            )
         if self.on_commit is not None:
             self.on_commit(result, reasons)
         self.faults.at_phase("before_retention")
@@ -172,8 +216,12 @@ def retain(attempt: Attempt, keep: str | None) -> None:
     if attempt.lease is not None and attempt.lease.confirm() is not None:
         return  # lost: delete nothing; every rank stops at the next boundary (the boundary vote)
     storage = attempt.storage
-    plan = plan_retention(discover(storage, attempt.expectation, attempt.signing_key), checkpoint.keep_last,
-                          checkpoint.prune_unsafe, kinds=storage.entry_kinds(STATES_DIR))
+    plan = plan_retention(
+        discover(storage, attempt.expectation, attempt.signing_key),
+        checkpoint.keep_last,
+        checkpoint.prune_unsafe,
+        kinds=storage.entry_kinds(STATES_DIR),
+    )
     for i, name in enumerate(n for n in plan.delete if n != keep):
         delete_state(storage, name)
         if i == 0:

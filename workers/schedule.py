@@ -43,8 +43,11 @@ def factor_at(position: int, s: SchedulerSpec, total: int) -> float:
         shape = _decay(min(1.0, (position - start) / max(1, total - start)), s.decay_shape or "linear")
     else:
         progress = min(1.0, max(0.0, after / max(1, total - s.warmup)))
-        shape = (1.0 - progress) ** (s.power if s.power is not None else 1.0) if s.type == "polynomial" \
+        shape = (
+            (1.0 - progress) ** (s.power if s.power is not None else 1.0)
+            if s.type == "polynomial"
             else _decay(progress, s.type)
+        )
     return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * shape
 
 
@@ -71,17 +74,21 @@ class Schedule:
             try:
                 self.custom = load_function(s.path)
             except ValueError as e:
-                raise JobConfigError(f"train.scheduler.path: {e}. It must name a function fn(position: int, "
-                                     "total: int) -> float importable on every worker") from None
+                raise JobConfigError(
+                    f"train.scheduler.path: {e}. It must name a function fn(position: int, "
+                    "total: int) -> float importable on every worker"
+                ) from None
 
     def factor(self, position: int, total: int) -> float:
         if self.custom is None:
             return factor_at(position, self.spec, total)
         value = self.custom(position, total)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-            raise JobConfigError(f"train.scheduler.path: {self.spec.path} returned {value!r} at position {position} "
-                                 f"(total {total}); it must return a finite factor >= 0 on each param group's base "
-                                 "learning rate")
+            raise JobConfigError(
+                f"train.scheduler.path: {self.spec.path} returned {value!r} at position {position} "
+                f"(total {total}); it must return a finite factor >= 0 on each param group's base "
+                "learning rate"
+            )
         return float(value)
 
 
@@ -90,8 +97,15 @@ def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:
     return SchedulerRecord.of(s, position).model_dump()
 
 
-def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimizer_step: int, epoch_done: int,
-                    reset: bool, warn: Callable[[str], None]) -> int:
+def resume_position(
+    saved: dict[str, Any] | None,
+    live: SchedulerSpec,
+    *,
+    optimizer_step: int,
+    epoch_done: int,
+    reset: bool,
+    warn: Callable[[str], None],
+) -> int:
     """Where the live schedule continues from, given what a state recorded.
 
     - no record: warn, start at 0;  - reset opt-out: 0;
@@ -107,11 +121,14 @@ def resume_position(saved: dict[str, Any] | None, live: SchedulerSpec, *, optimi
         raise ScheduleMismatch(
             f"train.scheduler changed from {saved.get('type')} {saved.get('phases')} to {live.type} {phases(live)}; "
             "a schedule of another type or phase order cannot be continued. Set resume.reset_schedule: true "
-            "to restart the schedule from step 0 on these weights, or restore the previous scheduler.")
+            "to restart the schedule from step 0 on these weights, or restore the previous scheduler."
+        )
     if saved.get("unit") != live.unit:
         new = optimizer_step if live.unit == "optimizer_steps" else epoch_done
-        warn(f"!!! train.scheduler.unit changed from {saved.get('unit')} to {live.unit}: the schedule position is "
-             f"recomputed as {new} {live.unit} from the state's counters")
+        warn(
+            f"!!! train.scheduler.unit changed from {saved.get('unit')} to {live.unit}: the schedule position is "
+            f"recomputed as {new} {live.unit} from the state's counters"
+        )
         return new
     return int(saved["position"])
 
@@ -124,9 +141,13 @@ def horizon_changed(saved: int | None, live: int, s: SchedulerSpec, position: in
     if saved is None or saved == live or s.type == "constant":
         return None
     if s.type == "custom":
-        return (f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state: "
-                f"train.scheduler.path is called with total={live} from position {position} on")
+        return (
+            f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state: "
+            f"train.scheduler.path is called with total={live} from position {position} on"
+        )
     before, after = factor_at(position, s, saved), factor_at(position, s, live)
-    return (f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state "
-            f"(train.max_steps, train.epochs or train.scheduler.total): from position {position} on the learning rate "
-            f"follows the new horizon (factor {before:.4g} -> {after:.4g} here)")
+    return (
+        f"the LR schedule's horizon changed from {saved} to {live} {s.unit} since the resumed state "
+        f"(train.max_steps, train.epochs or train.scheduler.total): from position {position} on the learning rate "
+        f"follows the new horizon (factor {before:.4g} -> {after:.4g} here)"
+    )

@@ -152,7 +152,8 @@ class ShardCache:
             raise CorpusChanged(
                 f"shard {shard.name} changed since the corpus index was built: {size} bytes with xxh3_128 {checksum} "
                 f"now, {shard.size} bytes with {shard.checksum} then. A corpus must not change while a run reads it; "
-                "restore the shard, or start a new run on the new corpus (another name, or resume.policy: fresh)")
+                "restore the shard, or start a new run on the new corpus (another name, or resume.policy: fresh)"
+            )
         os.replace(part, data)
         self.downloads += 1
         self._log(shard.name)
@@ -195,7 +196,8 @@ class ShardCache:
             raise CorpusError(
                 f"corpus.cache_bytes ({self.bound} bytes) cannot hold shard {shard.name} ({shard.size} bytes) beside "
                 f"the {used} bytes of shards in use in {self.directory}: raise corpus.cache_bytes, or lower "
-                "corpus.window_shards / corpus.prefetch_shards")
+                "corpus.window_shards / corpus.prefetch_shards"
+            )
 
     def _log(self, name: str) -> None:
         log = os.path.join(self.directory, FETCH_LOG)
@@ -220,8 +222,14 @@ class Prefetcher:
     fetched ahead of use. A failed fetch is left to the reader, whose own fetch raises it. Idle
     threads end after ``idle_s`` and start again with the next plan."""
 
-    def __init__(self, fetch: Callable[[Any, Collection[str]], Any], key: Callable[[Any], str],
-                 cached: Callable[[Any], bool], concurrency: int, idle_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[Any, Collection[str]], Any],
+        key: Callable[[Any], str],
+        cached: Callable[[Any], bool],
+        concurrency: int,
+        idle_s: float = 30.0,
+    ) -> None:
         self._fetch, self._key, self._cached = fetch, key, cached
         self.concurrency, self.idle_s = concurrency, idle_s
         self._cond = threading.Condition()

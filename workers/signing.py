@@ -64,15 +64,23 @@ def sign(manifest: dict[str, Any], key: bytes) -> dict[str, Any]:
     return {**manifest, SIGNATURE: {"algorithm": ALGORITHM, "value": mac}}
 
 
-def trust_problem(manifest: dict[str, Any], key: bytes, *, run_url: str | None = None, state: str | None = None,
-                  job_identity: str | None = None) -> str | None:
+def trust_problem(
+    manifest: dict[str, Any],
+    key: bytes,
+    *,
+    run_url: str | None = None,
+    state: str | None = None,
+    job_identity: str | None = None,
+) -> str | None:
     """``None`` when the manifest is signed with ``key`` and bound to this run directory, state name
     and (when given) job identity; else why the state is untrusted. ``run_url``/``state`` None: the
     binding is not checked (a caller that only asks whether the key signed it)."""
     sig = manifest.get(SIGNATURE)
     if not isinstance(sig, dict):
-        return ("unsigned: checkpoint.signing_key_env is set, and this state carries no signature (written "
-                "without the key, or by someone else)")
+        return (
+            "unsigned: checkpoint.signing_key_env is set, and this state carries no signature (written "
+            "without the key, or by someone else)"
+        )
     if sig.get("algorithm") != ALGORITHM:
         return f"signature algorithm {_short(sig.get('algorithm'))} is not {ALGORITHM}"
     value = sig.get("value")
@@ -96,8 +104,10 @@ def _binding_problem(bound: Any, run_url: str, state: str, job_identity: str | N
         return f"signature binding is {_short(bound)}, not an object: refused"
     here = run_location(run_url)
     if bound.get("run") != here:
-        return (f"signed for another run directory ({_short(bound.get('run'))}), not this one ({here}): a signed state "
-                "is trusted only where it was written; take weights from another run with resume.init_from")
+        return (
+            f"signed for another run directory ({_short(bound.get('run'))}), not this one ({here}): a signed state "
+            "is trusted only where it was written; take weights from another run with resume.init_from"
+        )
     if bound.get("state") != state:
         return f"signed as state {_short(bound.get('state'))}, found as {state}: renamed after it was signed"
     if job_identity is not None and bound.get("job_identity") != job_identity:
@@ -121,11 +131,15 @@ def load_key(env_name: str | None, field: str = "checkpoint.signing_key_env") ->
         return None
     value = os.environ.get(env_name, "")
     if not value:
-        raise JobConfigError(f"{field}: the environment variable {env_name} is not set on this worker; set it "
-                             "on every node (the k8s flavours take it from the Secret syncpoint-signing-key), or "
-                             f"remove {field} to run without signed states")
+        raise JobConfigError(
+            f"{field}: the environment variable {env_name} is not set on this worker; set it "
+            "on every node (the k8s flavours take it from the Secret syncpoint-signing-key), or "
+            f"remove {field} to run without signed states"
+        )
     key = value.encode()
     if len(key) < MIN_KEY_BYTES:
-        raise JobConfigError(f"{field}: the key in {env_name} has {len(key)} bytes; use at least {MIN_KEY_BYTES} "
-                             "random bytes (e.g. `openssl rand -hex 32`)")
+        raise JobConfigError(
+            f"{field}: the key in {env_name} has {len(key)} bytes; use at least {MIN_KEY_BYTES} "
+            "random bytes (e.g. `openssl rand -hex 32`)"
+        )
     return key

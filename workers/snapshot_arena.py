@@ -132,7 +132,7 @@ class SnapshotArena:
         self._cursor = (i, off + size)
         self.used += size
         chunk = self.chunks[i]
-        return chunk.owner[off:off + nbytes], torch.from_numpy(chunk.array[off:off + nbytes])
+        return chunk.owner[off : off + nbytes], torch.from_numpy(chunk.array[off : off + nbytes])
 
 
 def _new_chunk(nbytes: int, pin: bool) -> _Chunk:
@@ -146,8 +146,12 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
     (a tensor subclass, a sparse tensor, a tensor inside another object) is left to deepcopy,
     which clones it: correct, only not in the arena."""
     if isinstance(obj, torch.Tensor):
-        if type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided \
-                and obj.device.type in ("cpu", "cuda") and not obj.is_quantized:
+        if (
+            type(obj) in (torch.Tensor, torch.nn.Parameter)
+            and obj.layout == torch.strided
+            and obj.device.type in ("cpu", "cuda")
+            and not obj.is_quantized
+        ):
             yield obj
     elif isinstance(obj, dict):
         for v in obj.values():

@@ -44,14 +44,28 @@ TENSOR_BYTES_SLACK = 1 << 20
 MAX_PICKLE_BYTES = 64 << 20  # the pickle of a state file holds metadata only: ~100 bytes per tensor
 _LEGACY_PICKLES = 5  # a non-zip torch file: magic number, protocol, system info, the object, storage keys
 
-_REBUILDS = {"torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-             "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state"}
+_REBUILDS = {
+    "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_tensor_v2",
+    "torch._utils._rebuild_tensor_v3",
+    "torch._utils._rebuild_parameter",
+    "torch._utils._rebuild_parameter_with_state",
+}
 _FROM_TYPE = "torch._tensor._rebuild_from_type_v2"  # (func, new_type, args, state): calls func(*args)
 _NEW_TYPES = {"torch.Tensor", "torch.nn.parameter.Parameter"}
 # What a state file calls while it is unpickled: containers, tensor views over its own storages,
 # and values that allocate nothing beyond their arguments (plus the DeepSpeed classes, added by the caller).
-_CALLS = _REBUILDS | {_FROM_TYPE, "collections.OrderedDict", "collections.Counter", "builtins.set", "builtins.complex",
-                      "torch.Size", "torch.device", "torch.serialization._get_layout", "torch.nn.parameter.Parameter"}
+_CALLS = _REBUILDS | {
+    _FROM_TYPE,
+    "collections.OrderedDict",
+    "collections.Counter",
+    "builtins.set",
+    "builtins.complex",
+    "torch.Size",
+    "torch.device",
+    "torch.serialization._get_layout",
+    "torch.nn.parameter.Parameter",
+}
 _PUSHES_VALUE = {"BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET"}
 
 
@@ -86,13 +100,20 @@ def _check_archive(f: Any, size: int, name: str) -> None:
     try:
         infos = zipfile.ZipFile(f).infolist()
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise StateRefused(f"{name} is not a torch file syncpoint can load (not a readable zip archive: "
-                           f"{str(e)[:100]}): refused (corrupt)") from None
+        raise StateRefused(
+            f"{name} is not a torch file syncpoint can load (not a readable zip archive: "
+            f"{str(e)[:100]}): refused (corrupt)"
+        ) from None
     for info in infos:
-        if (info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size
-                or info.header_offset + info.file_size > size):
-            raise StateRefused(f"{name}: its archive record {info.filename[:100]!r} is compressed or larger than "
-                               "the file (torch writes every record stored, within the file): refused (corrupt)")
+        if (
+            info.compress_type != zipfile.ZIP_STORED
+            or info.compress_size != info.file_size
+            or info.header_offset + info.file_size > size
+        ):
+            raise StateRefused(
+                f"{name}: its archive record {info.filename[:100]!r} is compressed or larger than "
+                "the file (torch writes every record stored, within the file): refused (corrupt)"
+            )
     if sum(i.file_size for i in infos) > size:
         raise StateRefused(f"{name}: its archive records add up to more than the file: refused (corrupt)")
 
@@ -104,11 +125,15 @@ def _zip_pickle(source: str | bytes, name: str) -> bytes:
         reader = torch._C.PyTorchFileReader(source if isinstance(source, str) else io.BytesIO(source))
         pickle = reader.get_record("data.pkl")
     except Exception as e:  # noqa: BLE001 - a damaged archive fails in torch's C++ in any way
-        raise StateRefused(f"{name} is not a torch file syncpoint can load ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:100]}): refused (corrupt)") from None
+        raise StateRefused(
+            f"{name} is not a torch file syncpoint can load ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:100]}): refused (corrupt)"
+        ) from None
     if len(pickle) > MAX_PICKLE_BYTES:
-        raise StateRefused(f"{name}: its pickle is {len(pickle)} bytes, more than the {MAX_PICKLE_BYTES} a state "
-                           "file's metadata needs: refused (corrupt)")
+        raise StateRefused(
+            f"{name}: its pickle is {len(pickle)} bytes, more than the {MAX_PICKLE_BYTES} a state "
+            "file's metadata needs: refused (corrupt)"
+        )
     return bytes(pickle)
 
 
@@ -162,13 +187,16 @@ def _scan(stream: io.BytesIO, name: str, calls: _Calls) -> None:
     except (StateRefused, _TorchRefuses):
         raise
     except Exception as e:  # noqa: BLE001 - a malformed pickle (stack underflow, a missing memo entry, a bad opcode)
-        raise StateRefused(f"{name} is not a torch file syncpoint can load (its pickle is malformed: "
-                           f"{type(e).__name__} {str(e)[:80]}): refused (corrupt)") from None
+        raise StateRefused(
+            f"{name} is not a torch file syncpoint can load (its pickle is malformed: "
+            f"{type(e).__name__} {str(e)[:80]}): refused (corrupt)"
+        ) from None
     raise StateRefused(f"{name} is not a torch file syncpoint can load (its pickle has no end): refused (corrupt)")
 
 
-def _step(op: str, arg: Any, stack: list[Any], marks: list[list[Any]], memo: dict[int, Any], name: str,
-          calls: _Calls) -> list[Any]:
+def _step(
+    op: str, arg: Any, stack: list[Any], marks: list[list[Any]], memo: dict[int, Any], name: str, calls: _Calls
+) -> list[Any]:
     """One opcode on the modelled stack; returns the stack (MARK and the ops that pop to it swap it)."""
     if op == "GLOBAL":
         module, _, attr = str(arg).partition(" ")
@@ -218,8 +246,9 @@ def _step(op: str, arg: Any, stack: list[Any], marks: list[list[Any]], memo: dic
     elif op in ("BINGET", "LONG_BINGET"):
         stack.append(memo[arg])
     elif op != "PROTO":
-        raise StateRefused(f"{name} uses the pickle opcode {op}, which torch's weights-only loader does not read: "
-                           "refused (corrupt)")
+        raise StateRefused(
+            f"{name} uses the pickle opcode {op}, which torch's weights-only loader does not read: refused (corrupt)"
+        )
     return stack
 
 
@@ -234,14 +263,18 @@ def _check_call(func: Any, args: Any, name: str, calls: _Calls) -> None:
     only of a tensor rebuild as a plain tensor or parameter."""
     if calls.refuses(func):
         what = f"{func[:100]}" if isinstance(func, _Global) else "a value that is not a named class or function"
-        raise StateRefused(f"{name} calls {what} while it is unpickled, which a state file never does (its pickle "
-                           "calls only containers and tensor views over its own storages): refused (corrupt)")
+        raise StateRefused(
+            f"{name} calls {what} while it is unpickled, which a state file never does (its pickle "
+            "calls only containers and tensor views over its own storages): refused (corrupt)"
+        )
     if func == _FROM_TYPE:
         inner = args[0] if isinstance(args, tuple) and args else None
         new_type = args[1] if isinstance(args, tuple) and len(args) > 1 else None
         if not isinstance(inner, _Global) or inner not in _REBUILDS or new_type not in _NEW_TYPES:
-            raise StateRefused(f"{name} rebuilds a tensor through {str(inner)[:100]} as {str(new_type)[:100]}, which "
-                               "a state file never does: refused (corrupt)")
+            raise StateRefused(
+                f"{name} rebuilds a tensor through {str(inner)[:100]} as {str(new_type)[:100]}, which "
+                "a state file never does: refused (corrupt)"
+            )
 
 
 def _note_storage(pid: Any, name: str, calls: _Calls) -> None:
@@ -260,8 +293,10 @@ def _note_storage(pid: Any, name: str, calls: _Calls) -> None:
     calls.storages[key] = max(before, max(pid[4], 0) * element)
     calls.declared += calls.storages[key] - before
     if calls.declared > calls.size:
-        raise StateRefused(f"{name} declares {calls.declared} bytes of tensor storage in a file of {calls.size} "
-                           "bytes: refused (corrupt)")
+        raise StateRefused(
+            f"{name} declares {calls.declared} bytes of tensor storage in a file of {calls.size} "
+            "bytes: refused (corrupt)"
+        )
 
 
 # ---------------------------------------------------------------- after torch.load
@@ -310,18 +345,20 @@ def _known(node: Any, done: dict[int, tuple[int, int, int]], name: str) -> tuple
     return done.get(id(node))
 
 
-def _add(totals: list[int], child: tuple[int, int, int], depth: int, name: str, budget: int,
-         file_bytes: int) -> None:
+def _add(totals: list[int], child: tuple[int, int, int], depth: int, name: str, budget: int, file_bytes: int) -> None:
     """Count a member's expansion into its container's (``depth``: the container's own level)."""
     totals[0] += child[0]
     totals[1] = max(totals[1], child[1] + 1)
     totals[2] += child[2]
     if depth + child[1] > MAX_DEPTH:
-        raise StateRefused(f"{name} nests deeper than {MAX_DEPTH} levels (a state file nests fewer than 10): "
-                           "refused (corrupt)")
+        raise StateRefused(
+            f"{name} nests deeper than {MAX_DEPTH} levels (a state file nests fewer than 10): refused (corrupt)"
+        )
     if totals[0] > MAX_NODES or totals[2] > budget:
-        raise StateRefused(f"{name} expands to more than {MAX_NODES} objects or {budget} bytes of tensors for a "
-                           f"file of {file_bytes} bytes (parts shared many times over): refused (corrupt)")
+        raise StateRefused(
+            f"{name} expands to more than {MAX_NODES} objects or {budget} bytes of tensors for a "
+            f"file of {file_bytes} bytes (parts shared many times over): refused (corrupt)"
+        )
 
 
 _END = object()
@@ -329,8 +366,11 @@ _CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def _is_leaf(node: Any) -> bool:
-    return isinstance(node, (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size)) \
-        or not isinstance(node, _CONTAINERS) and not isinstance(getattr(node, "__dict__", None), dict)
+    return (
+        isinstance(node, (str, bytes, int, float, complex, type(None), torch.dtype, torch.device, torch.Size))
+        or not isinstance(node, _CONTAINERS)
+        and not isinstance(getattr(node, "__dict__", None), dict)
+    )
 
 
 def _members(node: Any) -> Iterator[Any]:
@@ -344,15 +384,29 @@ def _members(node: Any) -> Iterator[Any]:
 
 def _tensor_bytes(t: torch.Tensor, name: str) -> int:
     """The bytes a tensor's elements take once materialised, refused unless its storage holds them."""
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_meta \
-            or t.is_quantized or t.is_nested:
-        kind = "meta" if t.is_meta else str(t.layout).removeprefix("torch.") if t.layout != torch.strided \
+    if (
+        type(t) not in (torch.Tensor, torch.nn.Parameter)
+        or t.layout != torch.strided
+        or t.is_meta
+        or t.is_quantized
+        or t.is_nested
+    ):
+        kind = (
+            "meta"
+            if t.is_meta
+            else str(t.layout).removeprefix("torch.")
+            if t.layout != torch.strided
             else type(t).__name__
-        raise StateRefused(f"{name} holds a {kind} tensor of {tuple(t.shape)[:8]}, which a state file never does "
-                           "(only plain tensors with their data): refused (corrupt)")
+        )
+        raise StateRefused(
+            f"{name} holds a {kind} tensor of {tuple(t.shape)[:8]}, which a state file never does "
+            "(only plain tensors with their data): refused (corrupt)"
+        )
     need = t.numel() * t.element_size()
     have = t.untyped_storage().nbytes()
     if need > have:
-        raise StateRefused(f"{name} holds a tensor of {t.numel()} elements over {have} bytes of storage (an expanded "
-                           "or overlapping view, which a state file never holds): refused (corrupt)")
+        raise StateRefused(
+            f"{name} holds a tensor of {t.numel()} elements over {have} bytes of storage (an expanded "
+            "or overlapping view, which a state file never holds): refused (corrupt)"
+        )
     return need

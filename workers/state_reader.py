@@ -118,9 +118,17 @@ class FetchedState:
             f.close()
 
 
-def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bool = True,
-                own_shard: int | None = None, in_place: bool = False, buffers_of: int | None = None,
-                stream_of: int | None = None) -> FetchedState:
+def fetch_state(
+    storage: RunStorage,
+    cand: Candidate,
+    rank: int,
+    *,
+    want_rng: bool = True,
+    own_shard: int | None = None,
+    in_place: bool = False,
+    buffers_of: int | None = None,
+    stream_of: int | None = None,
+) -> FetchedState:
     """Download and verify this rank's view of a state.
 
     Raises ``StateRefused`` (``ChecksumMismatch`` for changed bytes) when the state itself is
@@ -145,9 +153,15 @@ def fetch_state(storage: RunStorage, cand: Candidate, rank: int, *, want_rng: bo
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(root, state_dir, files, fetched, rng_file(rank) if want_rng else None,
-                                    buffers_file(buffers_of) if buffers_of is not None else None,
-                                    stream_file(stream_of) if stream_of is not None else None)
+            return _verify_in_place(
+                root,
+                state_dir,
+                files,
+                fetched,
+                rng_file(rank) if want_rng else None,
+                buffers_file(buffers_of) if buffers_of is not None else None,
+                stream_file(stream_of) if stream_of is not None else None,
+            )
         finally:
             os.close(root)
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
@@ -188,8 +202,15 @@ def _open_state(storage: RunStorage, name: str) -> int:
     return root
 
 
-def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry], fetched: list[str],
-                     rng_rel: str | None, buffers_rel: str | None, stream_rel: str | None) -> FetchedState:
+def _verify_in_place(
+    root: int,
+    state_dir: str,
+    files: dict[str, ManifestEntry],
+    fetched: list[str],
+    rng_rel: str | None,
+    buffers_rel: str | None,
+    stream_rel: str | None,
+) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
     check through the same descriptors (``syncpoint.workers.verified_files``)."""
     verified: dict[str, VerifiedFile] = {}
@@ -202,8 +223,9 @@ def _verify_in_place(root: int, state_dir: str, files: dict[str, ManifestEntry],
         saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
         for listed in (TRAINER_FILE, buffers_rel, stream_rel):
             if listed is not None and listed not in files:
-                raise StateRefused(f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: "
-                                   "refused (corrupt)")
+                raise StateRefused(
+                    f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: refused (corrupt)"
+                )
         buffers_bytes = read_verified(root, buffers_rel, files[buffers_rel]) if buffers_rel is not None else None
         stream = None
         if stream_rel is not None:
@@ -238,8 +260,10 @@ def parse_manifest(raw: object, name: str) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as e:
-        raise StateRefused(f"{name}: {problem_of(e, MANIFEST_FILE)}; a state names only normalized relative paths "
-                           "inside itself, each with a size and one known checksum: refused (corrupt)") from None
+        raise StateRefused(
+            f"{name}: {problem_of(e, MANIFEST_FILE)}; a state names only normalized relative paths "
+            "inside itself, each with a size and one known checksum: refused (corrupt)"
+        ) from None
 
 
 def destination(local: str, rel: str) -> str:
@@ -266,8 +290,9 @@ def _download_verified(storage: RunStorage, name: str, rel: str, entry: Manifest
     except FileNotFoundError:
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
     except OversizedEntry:
-        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
-                               "commit)") from None
+        raise ChecksumMismatch(
+            f"{rel} is larger than the {entry.size} bytes the manifest says (changed after commit)"
+        ) from None
     except UnsafeEntry as e:
         raise StateRefused(f"{e}: refused (corrupt)") from None
     if size != entry.size:
@@ -298,8 +323,9 @@ def read_listed(storage: RunStorage, state: tuple[str, ...], rel: str, entry: Ma
     try:
         data = storage.read_bytes(*state, rel, limit=entry.size)
     except OversizedEntry:
-        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
-                               "commit)") from None
+        raise ChecksumMismatch(
+            f"{rel} is larger than the {entry.size} bytes the manifest says (changed after commit)"
+        ) from None
     except UnsafeEntry as e:
         raise StateRefused(f"{e}: refused (corrupt)") from None
     if not matches_entry(entry, data):
@@ -318,13 +344,20 @@ def read_manifest(storage: RunStorage, state: tuple[str, ...]) -> Manifest:
     try:
         obj = loads_bounded(raw, max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH)
     except BoundedJsonError as e:
-        raise StateRefused(f"{name}: {MANIFEST_FILE} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: "
-                           "refused (corrupt)") from None
+        raise StateRefused(
+            f"{name}: {MANIFEST_FILE} is {e if str(e).startswith('not JSON') else f'JSON {e}'}: refused (corrupt)"
+        ) from None
     return parse_manifest(obj, name)
 
 
-def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_only: bool = False,
-                     optimizer: bool = True, other_world_size: bool = False) -> None:
+def load_into_engine(
+    engine: DeepSpeedEngine,
+    fetched: FetchedState,
+    *,
+    module_only: bool = False,
+    optimizer: bool = True,
+    other_world_size: bool = False,
+) -> None:
     """Load a verified state. From another world size, ZeRO-1/2 optimizer state comes from the
     gathered full state (``syncpoint.workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file.
 
@@ -338,11 +371,18 @@ def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_o
     cross = other_world_size and engine.zero_optimization_stage() in (1, 2, 3) and optimizer and not module_only
     if fetched.verified is not None:
         if cross or module_only:  # these read files by name (elastic_state, the ZeRO-3 consolidation)
-            raise ValueError("a state read in place loads only through the checkpoint engine: fetch a copy "
-                             "(in_place=False) for a module-only or other-world-size load")
+            raise ValueError(
+                "a state read in place loads only through the checkpoint engine: fetch a copy "
+                "(in_place=False) for a module-only or other-world-size load"
+            )
         with streaming.serving(fetched.local_dir, {rel: f.path for rel, f in fetched.verified.items()}):
-            engine.load_checkpoint(fetched.local_dir, tag=ENGINE_TAG, load_module_strict=True,
-                                   load_optimizer_states=optimizer, load_lr_scheduler_states=False)
+            engine.load_checkpoint(
+                fetched.local_dir,
+                tag=ENGINE_TAG,
+                load_module_strict=True,
+                load_optimizer_states=optimizer,
+                load_lr_scheduler_states=False,
+            )
         fetched.unchanged()
         return
     if cross:
@@ -350,9 +390,14 @@ def load_into_engine(engine: DeepSpeedEngine, fetched: FetchedState, *, module_o
 
         check_full_optimizer_state(engine, full)
         prepare_resize(engine, fetched.local_dir, dist.get_rank())
-    engine.load_checkpoint(fetched.local_dir, tag=ENGINE_TAG, load_module_strict=True,
-                           load_optimizer_states=optimizer and not module_only and not cross,
-                           load_lr_scheduler_states=False, load_module_only=module_only or cross)
+    engine.load_checkpoint(
+        fetched.local_dir,
+        tag=ENGINE_TAG,
+        load_module_strict=True,
+        load_optimizer_states=optimizer and not module_only and not cross,
+        load_lr_scheduler_states=False,
+        load_module_only=module_only or cross,
+    )
     if cross:
         from syncpoint.workers.elastic_state import load_full_optimizer_state
 

@@ -56,6 +56,7 @@ from syncpoint.workers.storage import RunStorage
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+
 @dataclass
 class SaveResult:
     name: str
@@ -104,10 +105,17 @@ def staging_root() -> str | None:
     return None
 
 
-def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faults,
-                  full_optimizer_state: bool = False, *,
-                  algo: str = DEFAULT, direct: RunStorage | None = None, signing_key: bytes | None = None,
-                  stream_bytes: bytes | None = None) -> Snapshot:
+def take_snapshot(
+    engine: DeepSpeedEngine,
+    trainer: dict[str, Any],
+    faults: Faults,
+    full_optimizer_state: bool = False,
+    *,
+    algo: str = DEFAULT,
+    direct: RunStorage | None = None,
+    signing_key: bytes | None = None,
+    stream_bytes: bytes | None = None,
+) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
     asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
@@ -140,8 +148,17 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
         raise
     # the record says whether the state carries per-rank buffers (``required_files`` then needs them)
     mine = buffers.capture(engine.module) if trainer.get("per_rank_buffers") else None
-    snap = Snapshot(name, staging, rng.capture(), trainer, t0, algo=algo, signing_key=signing_key,
-                    buffers_bytes=mine, stream_bytes=stream_bytes)
+    snap = Snapshot(
+        name,
+        staging,
+        rng.capture(),
+        trainer,
+        t0,
+        algo=algo,
+        signing_key=signing_key,
+        buffers_bytes=mine,
+        stream_bytes=stream_bytes,
+    )
     snap.files.update(written)
     if direct is None:
         snap.captured, snap.arena_of = dict(captured), ce
@@ -152,6 +169,7 @@ def take_snapshot(engine: DeepSpeedEngine, trainer: dict[str, Any], faults: Faul
 def _durable_sink(storage: RunStorage, name: str, algo: str) -> Sink:
     def durable_sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
         return storage.open_durable(STATES_DIR, name, rel, algo=algo)
+
     return durable_sink
 
 
@@ -165,8 +183,11 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
         if snap.arena_of is not None:
             ce = snap.arena_of
             try:
-                mine.update(write_captured(snap.captured, _durable_sink(storage, snap.name, snap.algo),
-                                           ce.zipfile_serialization))
+                mine.update(
+                    write_captured(
+                        snap.captured, _durable_sink(storage, snap.name, snap.algo), ce.zipfile_serialization
+                    )
+                )
             finally:
                 snap.captured, snap.arena_of = {}, None
                 ce.arena.release()
@@ -174,8 +195,15 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
                 rel = f"{sub}/{fname}"
-                size, digest = storage.upload_file(os.path.join(src, fname), STATES_DIR, snap.name, sub, fname,
-                                                   algo=snap.algo, known=snap.staged.get(rel))
+                size, digest = storage.upload_file(
+                    os.path.join(src, fname),
+                    STATES_DIR,
+                    snap.name,
+                    sub,
+                    fname,
+                    algo=snap.algo,
+                    known=snap.staged.get(rel),
+                )
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
@@ -214,10 +242,16 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
         verdict = lease.confirm() if lease is not None else None
     if rank == 0 and verdict is None:
         # the entries are raw records, as read back from a manifest: its validator checks each one
-        manifest = Manifest.model_validate({
-            "state": snap.name, "created_at": time.time(), "world_size": world, "checksum": snap.algo,
-            "files": dict(sorted(files.items())),
-            "lease_generation": lease.generation if lease is not None else None}).record()
+        manifest = Manifest.model_validate(
+            {
+                "state": snap.name,
+                "created_at": time.time(),
+                "world_size": world,
+                "checksum": snap.algo,
+                "files": dict(sorted(files.items())),
+                "lease_generation": lease.generation if lease is not None else None,
+            }
+        ).record()
         if snap.signing_key is not None:
             manifest[BINDING] = binding_of(storage.url, snap.name, snap.trainer["job_identity"])
             manifest = sign(manifest, snap.signing_key)
@@ -229,18 +263,38 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     if box[0]:
         raise LeaseLostError(box[0])
     end = time.perf_counter()
-    return SaveResult(name=snap.name, optimizer_step=snap.trainer["optimizer_step"],
-                      bytes=sum(f["size"] for f in files.values()), seconds=end - snap.started,
-                      blocked_seconds=snap.blocked + (end - t0))
+    return SaveResult(
+        name=snap.name,
+        optimizer_step=snap.trainer["optimizer_step"],
+        bytes=sum(f["size"] for f in files.values()),
+        seconds=end - snap.started,
+        blocked_seconds=snap.blocked + (end - t0),
+    )
 
 
-def save_state(engine: DeepSpeedEngine, storage: RunStorage, trainer: dict[str, Any], faults: Faults,
-               full_optimizer_state: bool = False, algo: str = DEFAULT, lease: RunLease | None = None,
-               signing_key: bytes | None = None, stream_bytes: bytes | None = None) -> SaveResult:
+def save_state(
+    engine: DeepSpeedEngine,
+    storage: RunStorage,
+    trainer: dict[str, Any],
+    faults: Faults,
+    full_optimizer_state: bool = False,
+    algo: str = DEFAULT,
+    lease: RunLease | None = None,
+    signing_key: bytes | None = None,
+    stream_bytes: bytes | None = None,
+) -> SaveResult:
     """A synchronous save: shards streamed into storage, the rest uploaded, committed before
     training continues."""
-    snap = take_snapshot(engine, trainer, faults, full_optimizer_state, algo=algo, direct=storage,
-                         signing_key=signing_key, stream_bytes=stream_bytes)
+    snap = take_snapshot(
+        engine,
+        trainer,
+        faults,
+        full_optimizer_state,
+        algo=algo,
+        direct=storage,
+        signing_key=signing_key,
+        stream_bytes=stream_bytes,
+    )
     t0 = time.perf_counter()
     upload_snapshot(storage, snap, dist.get_rank(), faults)
     snap.blocked += time.perf_counter() - t0
@@ -265,8 +319,9 @@ class AsyncUpload:
     def start(self, snap: Snapshot) -> None:
         assert self.snap is None, "a save is already in flight"
         self.snap, self.error = snap, None
-        self.thread = threading.Thread(target=self._run, args=(snap,), name=f"syncpoint-upload-{snap.name}",
-                                       daemon=False)
+        self.thread = threading.Thread(
+            target=self._run, args=(snap,), name=f"syncpoint-upload-{snap.name}", daemon=False
+        )
         self.thread.start()
 
     def _run(self, snap: Snapshot) -> None:
@@ -298,8 +353,12 @@ def delete_state(storage: RunStorage, name: str) -> bool:
     left alone (returns False).
     """
     if not is_state_name(name) or storage.is_link(STATES_DIR, name):
-        print(f"[syncpoint] WARNING: retention left states/{name} alone: not a state directory syncpoint wrote "
-              "(a symbolic link or a foreign name)", file=sys.stderr, flush=True)
+        print(
+            f"[syncpoint] WARNING: retention left states/{name} alone: not a state directory syncpoint wrote "
+            "(a symbolic link or a foreign name)",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     storage.remove(STATES_DIR, name, MANIFEST_FILE)
     storage.delete_tree(STATES_DIR, name)

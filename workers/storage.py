@@ -122,8 +122,9 @@ class RunStorage:
         file is left (locally) or discarded (object stores): without a manifest it is torn anyway."""
         return self.backend.open_durable(self.path(*parts), algo)
 
-    def upload_file(self, local_path: str, *parts: str, algo: str = DEFAULT,
-                    known: dict[str, Any] | None = None) -> tuple[int, str]:
+    def upload_file(
+        self, local_path: str, *parts: str, algo: str = DEFAULT, known: dict[str, Any] | None = None
+    ) -> tuple[int, str]:
         """Copy a local file into storage durably; returns (size, checksum).
 
         ``known``: the file's manifest entry when it was checksummed as it was written (a staged

@@ -77,7 +77,7 @@ class FsspecBackend:
         files: dict[str, int] = {}
         unsafe: dict[str, str] = {}
         for name, info in found.items():
-            rel = name[len(path):].lstrip("/")
+            rel = name[len(path) :].lstrip("/")
             if info.get("islink") or info.get("type") != "file":
                 unsafe[rel] = "a symbolic link" if info.get("islink") else f"a {info.get('type')} entry, not a file"
             else:
@@ -87,8 +87,11 @@ class FsspecBackend:
     def entry_kinds(self, path: str) -> dict[str, str]:
         """Each entry as ``dir``, ``file`` or ``other`` (object stores have no links)."""
         kinds = {"directory": "dir", "file": "file"}
-        return {_name(e["name"]): kinds.get(e.get("type"), "other")
-                for e in self._entries(path, detail=True) if str(e["name"]).rstrip("/") != path.rstrip("/")}
+        return {
+            _name(e["name"]): kinds.get(e.get("type"), "other")
+            for e in self._entries(path, detail=True)
+            if str(e["name"]).rstrip("/") != path.rstrip("/")
+        }
 
     def is_link(self, path: str) -> bool:
         return False

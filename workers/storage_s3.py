@@ -102,7 +102,7 @@ class S3Backend(FsspecBackend):
         def into(offset: int, data: bytes, total: int) -> None:
             if not buf:
                 buf.extend(bytes(total))  # once: the size is checked against the bound first
-            buf[offset:offset + len(data)] = data
+            buf[offset : offset + len(data)] = data
 
         self._ranged(path, limit, into)
         return bytes(buf)
@@ -113,6 +113,7 @@ class S3Backend(FsspecBackend):
         back from the page cache: the reader trusts exactly the file it will load)."""
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
         with open(local_path, "wb") as f:
+
             def into(offset: int, data: bytes, total: int) -> None:
                 f.seek(offset)
                 f.write(data)
@@ -136,12 +137,13 @@ class S3Backend(FsspecBackend):
             into(0, data, total)
             ranges = [(start, min(start + part, total)) for start in range(len(data), total, part)]
             for i in range(0, len(ranges), self.concurrency):
-                batch = ranges[i:i + self.concurrency]
+                batch = ranges[i : i + self.concurrency]
                 got = await asyncio.gather(*(self._get_range(bucket, key, a, b) for a, b in batch))
                 for (a, b), (chunk, now, _) in zip(batch, got, strict=True):
                     if now != total or len(chunk) != b - a:
-                        raise UnsafeEntry(f"{path} changed while it was being read ({total} bytes, then {now}): "
-                                          "not read")
+                        raise UnsafeEntry(
+                            f"{path} changed while it was being read ({total} bytes, then {now}): not read"
+                        )
                     into(a, chunk, total)
             return total
 
@@ -213,8 +215,10 @@ def _error_code(e: BaseException) -> tuple[str, int]:
     while seen is not None:
         response = getattr(seen, "response", None)
         if isinstance(response, dict):
-            return (str(response.get("Error", {}).get("Code", "")),
-                    int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0))
+            return (
+                str(response.get("Error", {}).get("Code", "")),
+                int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0),
+            )
         seen = seen.__cause__ or seen.__context__
     return "", 0
 
@@ -291,12 +295,15 @@ class ParallelPartWriter:
             self.upload_id = str(self._call("create_multipart_upload").result()["UploadId"])
         number = len(self.parts) + len(self.in_flight) + 1
         if number > S3_MAX_PARTS:
-            raise OSError(f"{self.path}: more than {S3_MAX_PARTS} parts of {self.part_size} bytes; raise s3fs's "
-                          "default_block_size (fsspec config for s3) for files this large")
+            raise OSError(
+                f"{self.path}: more than {S3_MAX_PARTS} parts of {self.part_size} bytes; raise s3fs's "
+                "default_block_size (fsspec config for s3) for files this large"
+            )
         while len(self.in_flight) >= self.concurrency:
             self._collect_oldest()
-        self.in_flight.append((number, self._call("upload_part", UploadId=self.upload_id, PartNumber=number,
-                                                  Body=part)))
+        self.in_flight.append(
+            (number, self._call("upload_part", UploadId=self.upload_id, PartNumber=number, Body=part))
+        )
 
     def _collect_oldest(self) -> None:
         number, future = self.in_flight.popleft()
@@ -314,8 +321,9 @@ class ParallelPartWriter:
                 self._send(self.buffer)
             while self.in_flight:
                 self._collect_oldest()
-            self._call("complete_multipart_upload", UploadId=self.upload_id,
-                       MultipartUpload={"Parts": self.parts}).result()
+            self._call(
+                "complete_multipart_upload", UploadId=self.upload_id, MultipartUpload={"Parts": self.parts}
+            ).result()
         self.buffer = bytearray()
         self.closed = True
         self.fs.invalidate_cache(self.path)

@@ -71,17 +71,20 @@ class PreparedStream:
     layout: Layout
 
 
-def prepare(spec: JobSpec, dataset: Any, collate: Callable[[list[Any]], Any] | None, rank: int,
-            world_size: int) -> PreparedStream:
+def prepare(
+    spec: JobSpec, dataset: Any, collate: Callable[[list[Any]], Any] | None, rank: int, world_size: int
+) -> PreparedStream:
     """Check the job fits a stream, split it for this rank, and wrap it (``JobConfigError`` /
     ``TaskError``, one paragraph, when it cannot be resumed exactly)."""
     check_spec(spec)
     try:
         import torchdata.stateful_dataloader  # noqa: F401 - needed before the first fetch: checked at start
     except ImportError:
-        raise TaskError(f"task.path: {spec.task.path!r} returned a stream dataset, which syncpoint reads through "
-                        "torchdata's StatefulDataLoader: install it on every worker (pip install "
-                        "'syncpoint[datasets]', or torchdata==0.11.*)") from None
+        raise TaskError(
+            f"task.path: {spec.task.path!r} returned a stream dataset, which syncpoint reads through "
+            "torchdata's StatefulDataLoader: install it on every worker (pip install "
+            "'syncpoint[datasets]', or torchdata==0.11.*)"
+        ) from None
     train = spec.train
     if hf_iterable(dataset):
         _check_hf(spec, dataset)
@@ -92,12 +95,23 @@ def prepare(spec: JobSpec, dataset: Any, collate: Callable[[list[Any]], Any] | N
     else:
         source, own = "custom", _custom_split(spec, dataset, rank, world_size)
         identity = custom_identity(dataset, spec.task.path)
-    record = {"source": source, "identity": identity, "dataloader_workers": train.dataloader_workers,
-              "shuffle_buffer": train.stream_shuffle_buffer}
-    stream = RankStream(own, seed=train.seed, rank=rank, micro_batch_size=train.micro_batch_size, collate=collate,
-                        shuffle_buffer=train.stream_shuffle_buffer)
-    return PreparedStream(stream, record, stream_layout(train.micro_batch_size, train.grad_accum, world_size,
-                                                        train.stream_epoch_steps))
+    record = {
+        "source": source,
+        "identity": identity,
+        "dataloader_workers": train.dataloader_workers,
+        "shuffle_buffer": train.stream_shuffle_buffer,
+    }
+    stream = RankStream(
+        own,
+        seed=train.seed,
+        rank=rank,
+        micro_batch_size=train.micro_batch_size,
+        collate=collate,
+        shuffle_buffer=train.stream_shuffle_buffer,
+    )
+    return PreparedStream(
+        stream, record, stream_layout(train.micro_batch_size, train.grad_accum, world_size, train.stream_epoch_steps)
+    )
 
 
 def check_spec(spec: JobSpec) -> None:
@@ -109,18 +123,27 @@ def check_spec(spec: JobSpec) -> None:
             raise JobConfigError(
                 f"train.epochs: {where}, which has no length, so epochs cannot be counted. Set train.max_steps (the "
                 "run's length in optimizer steps) and remove train.epochs, or declare an epoch with "
-                "train.stream_epoch_steps (optimizer steps per epoch) for train.epochs to count")
-        epoch_units = [name for name, unit in (("train.scheduler.unit", train.scheduler.unit),
-                                               ("train.eval_every", train.eval_every.unit
-                                                if train.eval_every.value else None)) if unit == "epochs"]
+                "train.stream_epoch_steps (optimizer steps per epoch) for train.epochs to count"
+            )
+        epoch_units = [
+            name
+            for name, unit in (
+                ("train.scheduler.unit", train.scheduler.unit),
+                ("train.eval_every", train.eval_every.unit if train.eval_every.value else None),
+            )
+            if unit == "epochs"
+        ]
         if epoch_units:
-            raise JobConfigError(f"{epoch_units[0]}: {where}, which has no epochs; count in optimizer_steps, or "
-                                 "declare an epoch with train.stream_epoch_steps")
+            raise JobConfigError(
+                f"{epoch_units[0]}: {where}, which has no epochs; count in optimizer_steps, or "
+                "declare an epoch with train.stream_epoch_steps"
+            )
     if spec.scaling.elastic:
         raise JobConfigError(
             f"scaling.num_workers: {where}; its position is each rank's own (its shard position, DataLoader "
             "workers and shuffle buffer), so a state cannot continue on another number of workers: set a fixed "
-            "scaling.num_workers")
+            "scaling.num_workers"
+        )
     if train.record_samples:
         raise JobConfigError(f"train.record_samples: {where}, whose examples have no index to record; remove it")
 
@@ -128,12 +151,15 @@ def check_spec(spec: JobSpec) -> None:
 def check_map_spec(spec: JobSpec) -> None:
     """The stream fields set for a map-style dataset would silently do nothing: refused."""
     train = spec.train
-    for name, value in (("stream_shuffle_buffer", train.stream_shuffle_buffer),
-                        ("stream_epoch_steps", train.stream_epoch_steps)):
+    for name, value in (
+        ("stream_shuffle_buffer", train.stream_shuffle_buffer),
+        ("stream_epoch_steps", train.stream_epoch_steps),
+    ):
         if value:
             raise JobConfigError(
                 f"train.{name}: applies to stream datasets, and task {spec.task.path} returns a map-style dataset "
-                "(its epochs are its length, its order syncpoint's per-epoch permutation): remove it")
+                "(its epochs are its length, its order syncpoint's per-epoch permutation): remove it"
+            )
 
 
 def _hf_pipeline(dataset: Any) -> list[Any]:
@@ -153,8 +179,10 @@ def _hf_pipeline(dataset: Any) -> list[Any]:
 
 def _check_hf(spec: JobSpec, dataset: Any) -> None:
     if getattr(dataset, "_distributed", None) is not None:
-        raise TaskError(f"task.path: {spec.task.path!r} returned a datasets.IterableDataset already split with "
-                        "split_dataset_by_node: return the whole stream; syncpoint splits it per rank")
+        raise TaskError(
+            f"task.path: {spec.task.path!r} returned a datasets.IterableDataset already split with "
+            "split_dataset_by_node: return the whole stream; syncpoint splits it per rank"
+        )
     for step in _hf_pipeline(dataset):
         if type(step).__name__ != HF_BUFFER_SHUFFLE:
             continue
@@ -166,14 +194,16 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
                 "refills it with other examples and is not exact (huggingface/datasets#7444). Remove the "
                 ".shuffle(...) and set train.stream_shuffle_buffer: N instead (syncpoint's buffer shuffle, reseeded "
                 "every pass and saved with every state); .shuffle(seed=S, buffer_size=1) keeps only datasets' "
-                "shard-order shuffle, which resumes exactly with train.dataloader_workers: 0")
+                "shard-order shuffle, which resumes exactly with train.dataloader_workers: 0"
+            )
         if spec.train.dataloader_workers:
             raise TaskError(
                 f"task.path: {spec.task.path!r} returned a datasets.IterableDataset with .shuffle(...): with "
                 f"train.dataloader_workers: {spec.train.dataloader_workers} its saved state fails to load "
                 "(datasets 5.2 writes each worker's shuffled state in a form its load_state_dict cannot read back). "
                 "Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
-                "shuffle), or set train.dataloader_workers: 0")
+                "shuffle), or set train.dataloader_workers: 0"
+            )
 
 
 def hf_identity(dataset: Any) -> dict[str, Any]:
@@ -188,10 +218,14 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
             continue
         listed = next((kwargs[k] for k in ("original_files", "base_files", "files") if k in kwargs), None)
         files += [_file_entry(p) for p in _strings(listed)]
-    return {"builder": getattr(info, "builder_name", None), "config": getattr(info, "config_name", None),
-            "split": None if getattr(dataset, "split", None) is None else str(dataset.split),
-            "n_shards": int(dataset.num_shards), "files": files,
-            "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)]}
+    return {
+        "builder": getattr(info, "builder_name", None),
+        "config": getattr(info, "config_name", None),
+        "split": None if getattr(dataset, "split", None) is None else str(dataset.split),
+        "n_shards": int(dataset.num_shards),
+        "files": files,
+        "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)],
+    }
 
 
 def _strings(obj: Any) -> list[str]:
@@ -218,8 +252,10 @@ def custom_identity(dataset: Any, task_path: str) -> dict[str, Any]:
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
-            raise TaskError(f"task.path: {task_path!r}: the dataset's stream_identity() returned "
-                            f"{type(value).__name__}, not a JSON value (str, number, list, dict)") from None
+            raise TaskError(
+                f"task.path: {task_path!r}: the dataset's stream_identity() returned "
+                f"{type(value).__name__}, not a JSON value (str, number, list, dict)"
+            ) from None
         identity["stream_identity"] = value
     return identity
 
@@ -234,12 +270,15 @@ def _custom_split(spec: JobSpec, dataset: Any, rank: int, world_size: int) -> An
             f"task.path: {spec.task.path!r} returned a stateful stream ({type(dataset).__qualname__}) without "
             f"split(rank, world_size): on {world_size} workers each rank needs its own part of the stream. Give it a "
             "split(rank: int, world_size: int) method returning this rank's stream (itself with "
-            "state_dict()/load_state_dict()), or use a datasets.IterableDataset (split with split_dataset_by_node)")
+            "state_dict()/load_state_dict()), or use a datasets.IterableDataset (split with split_dataset_by_node)"
+        )
     own = split(rank, world_size)
     if not (callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None))):
-        raise TaskError(f"task.path: {spec.task.path!r}: the dataset's split({rank}, {world_size}) returned "
-                        f"{type(own).__qualname__}, which has no state_dict()/load_state_dict(); it must return this "
-                        "rank's stream, stateful like the whole one")
+        raise TaskError(
+            f"task.path: {spec.task.path!r}: the dataset's split({rank}, {world_size}) returned "
+            f"{type(own).__qualname__}, which has no state_dict()/load_state_dict(); it must return this "
+            "rank's stream, stateful like the whole one"
+        )
     return own
 
 
@@ -252,8 +291,16 @@ class RankStream(torch.utils.data.IterableDataset):
     drains). ``load_state_dict`` takes effect at the next ``__iter__``.
     """
 
-    def __init__(self, inner: Any, *, seed: int, rank: int, micro_batch_size: int,
-                 collate: Callable[[list[Any]], Any] | None, shuffle_buffer: int) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        seed: int,
+        rank: int,
+        micro_batch_size: int,
+        collate: Callable[[list[Any]], Any] | None,
+        shuffle_buffer: int,
+    ) -> None:
         self.inner, self.seed, self.rank = inner, seed, rank
         self.micro_batch_size, self.shuffle_buffer = micro_batch_size, shuffle_buffer
         self.collate = SeededCollate(collate)
@@ -273,8 +320,14 @@ class RankStream(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         p = self._position
-        return {"inner": self.inner.state_dict(), "examples": p["examples"], "taken": p["taken"],
-                "batches": p["batches"], "exhausted": p["exhausted"], "buffer": list(p["buffer"])}
+        return {
+            "inner": self.inner.state_dict(),
+            "examples": p["examples"],
+            "taken": p["taken"],
+            "batches": p["batches"],
+            "exhausted": p["exhausted"],
+            "buffer": list(p["buffer"]),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = state
@@ -358,8 +411,9 @@ class StreamSource:
     fetch. A pass that yields nothing is an error: the stream would never produce the micro-batch
     every rank must draw."""
 
-    def __init__(self, prepared: PreparedStream, *, seed: int, rank: int, num_workers: int,
-                 saved: SavedStream | None) -> None:
+    def __init__(
+        self, prepared: PreparedStream, *, seed: int, rank: int, num_workers: int, saved: SavedStream | None
+    ) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         self.stream, self.rank = prepared.stream, rank
@@ -369,9 +423,14 @@ class StreamSource:
         generator = torch.Generator().manual_seed(derive_seed(seed, rank, STREAM_LOADER_SALT))
         with warnings.catch_warnings():  # torchdata 0.11 calls torch's deprecated set_vital: not the user's concern
             warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
-            self.loader = StatefulDataLoader(self.stream, batch_size=None, collate_fn=_as_is,
-                                             num_workers=num_workers, persistent_workers=num_workers > 0,
-                                             generator=generator)
+            self.loader = StatefulDataLoader(
+                self.stream,
+                batch_size=None,
+                collate_fn=_as_is,
+                num_workers=num_workers,
+                persistent_workers=num_workers > 0,
+                generator=generator,
+            )
         if saved is not None:
             self.loader.load_state_dict(saved.loader)
         self.iterator: Iterator[Any] | None = None
@@ -389,7 +448,8 @@ class StreamSource:
                         f"rank {self.rank}'s stream yields no micro-batch of train.micro_batch_size examples in a "
                         f"whole pass (pass {self.pass_number}): give it more examples (with DataLoader workers, "
                         "each worker's shards fill micro-batches on their own), a smaller micro_batch_size, "
-                        "or fewer workers") from None
+                        "or fewer workers"
+                    ) from None
                 self.pass_number += 1
                 self.stream.set_epoch(self.pass_number)
                 self.iterator, self.yielded_in_pass = None, False

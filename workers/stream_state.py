@@ -88,13 +88,18 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int) -
             if clash is not None:
                 raise StreamStateError(f"the stream's state has a key {clash!r} at {path}, which syncpoint reserves")
             return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1) for k, v in obj.items()}
-        return {ITEMS: [[_encode(k, f"{path}<key {k!r}>", tensors, depth + 1),
-                         _encode(v, f"{path}[{k!r}]", tensors, depth + 1)] for k, v in obj.items()]}
+        return {
+            ITEMS: [
+                [_encode(k, f"{path}<key {k!r}>", tensors, depth + 1), _encode(v, f"{path}[{k!r}]", tensors, depth + 1)]
+                for k, v in obj.items()
+            ]
+        }
     raise StreamStateError(
         f"the stream's state holds a {type(obj).__module__}.{type(obj).__qualname__} at {path}: syncpoint saves a "
         "stream's state as JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch "
         "tensors, never pickled objects. Make the dataset's state_dict() (and what it buffers) hold only those "
-        "(with_format('torch') for examples of arrays)")
+        "(with_format('torch') for examples of arrays)"
+    )
 
 
 def parse(data: bytes, rel: str) -> SavedStream:
@@ -112,11 +117,13 @@ def parse(data: bytes, rel: str) -> SavedStream:
     except BoundedJsonError as e:
         raise StateRefused(f"{rel}: its {META_KEY!r} metadata is {e}: refused (corrupt)") from None
     if not isinstance(meta, dict) or sorted(meta) != ["loader", "pass", "version"]:
-        raise StateRefused(f"{rel}: not a stream state (keys {sorted(meta) if isinstance(meta, dict) else meta!r}): "
-                           "refused (corrupt)")
+        raise StateRefused(
+            f"{rel}: not a stream state (keys {sorted(meta) if isinstance(meta, dict) else meta!r}): refused (corrupt)"
+        )
     if meta["version"] != FORMAT_VERSION:
-        raise StateRefused(f"{rel}: stream state version {meta['version']!r}, this syncpoint reads "
-                           f"{FORMAT_VERSION}: refused")
+        raise StateRefused(
+            f"{rel}: stream state version {meta['version']!r}, this syncpoint reads {FORMAT_VERSION}: refused"
+        )
     number = meta["pass"]
     if not isinstance(number, int) or isinstance(number, bool) or number < 0:
         raise StateRefused(f"{rel}: pass {number!r} is no count: refused (corrupt)")
@@ -125,8 +132,9 @@ def parse(data: bytes, rel: str) -> SavedStream:
     if not isinstance(loader, dict):
         raise StateRefused(f"{rel}: the loader's state is no object: refused (corrupt)")
     if used != set(tensors):
-        raise StateRefused(f"{rel}: tensors {sorted(set(tensors) - used)[:5]} are referenced nowhere: refused "
-                           "(corrupt)")
+        raise StateRefused(
+            f"{rel}: tensors {sorted(set(tensors) - used)[:5]} are referenced nowhere: refused (corrupt)"
+        )
     return SavedStream(number, loader)
 
 
@@ -135,10 +143,11 @@ def _metadata(data: bytes, rel: str) -> dict[str, str]:
     length must fit the file and MAX_JSON_BYTES: the bytes come from storage)."""
     header_len = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
     if not 0 <= header_len <= min(len(data) - 8, MAX_JSON_BYTES):
-        raise StateRefused(f"{rel}: a safetensors header of {header_len} bytes in a file of {len(data)}: refused "
-                           "(corrupt)")
+        raise StateRefused(
+            f"{rel}: a safetensors header of {header_len} bytes in a file of {len(data)}: refused (corrupt)"
+        )
     try:
-        header = loads_bounded(data[8:8 + header_len], max_bytes=MAX_JSON_BYTES, max_depth=8)
+        header = loads_bounded(data[8 : 8 + header_len], max_bytes=MAX_JSON_BYTES, max_depth=8)
     except BoundedJsonError as e:
         raise StateRefused(f"{rel}: a safetensors header that is {e}: refused (corrupt)") from None
     meta = header.get("__metadata__", {}) if isinstance(header, dict) else None

@@ -61,8 +61,11 @@ def is_stream(dataset: Any) -> bool:
 def is_map_style(dataset: Any) -> bool:
     """``__len__`` and ``__getitem__``, and no torch ``IterableDataset`` (whose ``__getitem__`` is
     torch's base class raising NotImplementedError)."""
-    return (not isinstance(dataset, torch.utils.data.IterableDataset) and hasattr(dataset, "__len__")
-            and hasattr(dataset, "__getitem__"))
+    return (
+        not isinstance(dataset, torch.utils.data.IterableDataset)
+        and hasattr(dataset, "__len__")
+        and hasattr(dataset, "__getitem__")
+    )
 
 
 def dataset_problem(path: str, dataset: Any) -> str | None:
@@ -71,15 +74,19 @@ def dataset_problem(path: str, dataset: Any) -> str | None:
         return None
     kind = type(dataset).__qualname__
     if not hasattr(dataset, "__iter__"):
-        return (f"task.path: {path!r} returned a dataset ({kind}) that is neither map-style (__len__ and "
-                "__getitem__) nor iterable; return a map-style dataset, or a stream (see below)")
-    return (f"task.path: {path!r} returned a plain iterable dataset ({kind}): it has no state_dict()/"
-            "load_state_dict(), so no state could say where a resume continues it, and it cannot be resumed "
-            "exactly. Return instead a map-style dataset (__len__ and __getitem__: syncpoint orders each epoch and "
-            "skips by index arithmetic), a Hugging Face datasets.IterableDataset (load_dataset(..., "
-            "streaming=True): syncpoint splits it per rank with split_dataset_by_node and saves its state_dict), "
-            "or an IterableDataset with state_dict()/load_state_dict() (torchdata's Stateful) and split(rank, "
-            "world_size) returning each rank's stream; streams need train.max_steps")
+        return (
+            f"task.path: {path!r} returned a dataset ({kind}) that is neither map-style (__len__ and "
+            "__getitem__) nor iterable; return a map-style dataset, or a stream (see below)"
+        )
+    return (
+        f"task.path: {path!r} returned a plain iterable dataset ({kind}): it has no state_dict()/"
+        "load_state_dict(), so no state could say where a resume continues it, and it cannot be resumed "
+        "exactly. Return instead a map-style dataset (__len__ and __getitem__: syncpoint orders each epoch and "
+        "skips by index arithmetic), a Hugging Face datasets.IterableDataset (load_dataset(..., "
+        "streaming=True): syncpoint splits it per rank with split_dataset_by_node and saves its state_dict), "
+        "or an IterableDataset with state_dict()/load_state_dict() (torchdata's Stateful) and split(rank, "
+        "world_size) returning each rank's stream; streams need train.max_steps"
+    )
 
 
 @dataclass
@@ -118,8 +125,10 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
     try:
         fn = load_function(path)
     except ValueError as e:
-        raise TaskError(f"task.path: {e}. Point it at a function 'package.module:function' returning a Task, "
-                        "importable on every worker (ship the code with --working-dir).") from None
+        raise TaskError(
+            f"task.path: {e}. Point it at a function 'package.module:function' returning a Task, "
+            "importable on every worker (ship the code with --working-dir)."
+        ) from None
     try:
         task = fn(dict(config))
     except TypeError as e:
@@ -129,18 +138,25 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
     if not isinstance(task, Task):
         raise TaskError(f"task.path: {path!r} returned {type(task).__name__}, expected syncpoint.Task")
     if task.optimizer is not None and not callable(task.optimizer):
-        raise TaskError(f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
-                        "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer")
+        raise TaskError(
+            f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
+            "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer"
+        )
     problem = dataset_problem(path, task.dataset)
     if problem:
         raise TaskError(problem)
-    if task.eval_dataset is not None and (not hasattr(task.eval_dataset, "__len__")
-                                          or not hasattr(task.eval_dataset, "__getitem__")):
-        raise TaskError(f"task.path: {path!r} returned an eval_dataset without __len__/__getitem__ "
-                        "(Task.eval_dataset must be map-style, like Task.dataset)")
+    if task.eval_dataset is not None and (
+        not hasattr(task.eval_dataset, "__len__") or not hasattr(task.eval_dataset, "__getitem__")
+    ):
+        raise TaskError(
+            f"task.path: {path!r} returned an eval_dataset without __len__/__getitem__ "
+            "(Task.eval_dataset must be map-style, like Task.dataset)"
+        )
     if task.metrics is not None and not callable(task.metrics):
-        raise TaskError(f"task.path: {path!r} returned Task.metrics that is not callable; it must be a function "
-                        "metrics(model, batch) -> dict[str, Tensor]")
+        raise TaskError(
+            f"task.path: {path!r} returned Task.metrics that is not callable; it must be a function "
+            "metrics(model, batch) -> dict[str, Tensor]"
+        )
     return task
 
 
@@ -150,15 +166,23 @@ def check_loss(loss: Any, path: str) -> None:
     bug, the same on every retry: a refusal (``TaskError``), not retried, naming what came back."""
     what = "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model"
     if not isinstance(loss, torch.Tensor):
-        raise TaskError(f"{what}; {path} returned {type(loss).__name__[:80]}. Return a tensor, e.g. "
-                        "torch.nn.functional.cross_entropy(model(x), y)")
+        raise TaskError(
+            f"{what}; {path} returned {type(loss).__name__[:80]}. Return a tensor, e.g. "
+            "torch.nn.functional.cross_entropy(model(x), y)"
+        )
     if loss.dim() != 0:
-        raise TaskError(f"{what}; {path} returned a tensor of shape {tuple(loss.shape)}. Reduce it to the batch's "
-                        "mean (reduction='mean', or .mean())")
+        raise TaskError(
+            f"{what}; {path} returned a tensor of shape {tuple(loss.shape)}. Reduce it to the batch's "
+            "mean (reduction='mean', or .mean())"
+        )
     if not loss.is_floating_point():
-        raise TaskError(f"{what}; {path} returned a {str(loss.dtype).removeprefix('torch.')} tensor. Compute it in "
-                        "floating point (a loss over labels: cross_entropy of the model's logits)")
+        raise TaskError(
+            f"{what}; {path} returned a {str(loss.dtype).removeprefix('torch.')} tensor. Compute it in "
+            "floating point (a loss over labels: cross_entropy of the model's logits)"
+        )
     if not loss.requires_grad:
-        raise TaskError(f"{what}; {path} returned a tensor no gradient reaches (the batch does not reach the "
-                        "model's trainable parameters, or the loss was detached / computed under no_grad). Compute "
-                        "it from model(batch), the engine passed to loss()")
+        raise TaskError(
+            f"{what}; {path} returned a tensor no gradient reaches (the batch does not reach the "
+            "model's trainable parameters, or the loss was detached / computed under no_grad). Compute "
+            "it from model(batch), the engine passed to loss()"
+        )

@@ -37,19 +37,62 @@ MAX_CONTAINER = 1024
 
 # Packages whose functions' globals and whose classes' attributes are not searched (instances of
 # their classes still are: an augmentation library keeps its generators on its objects).
-LIBRARIES = frozenset({"torch", "numpy", "deepspeed", "ray", "transformers", "tokenizers", "datasets", "accelerate",
-                       "safetensors", "pydantic", "pandas", "pyarrow", "scipy", "sklearn", "PIL", "torchvision",
-                       "torchaudio", "triton", "huggingface_hub", "albumentations", "cv2"}) | frozenset(
-    sys.stdlib_module_names)
+LIBRARIES = frozenset(
+    {
+        "torch",
+        "numpy",
+        "deepspeed",
+        "ray",
+        "transformers",
+        "tokenizers",
+        "datasets",
+        "accelerate",
+        "safetensors",
+        "pydantic",
+        "pandas",
+        "pyarrow",
+        "scipy",
+        "sklearn",
+        "PIL",
+        "torchvision",
+        "torchaudio",
+        "triton",
+        "huggingface_hub",
+        "albumentations",
+        "cv2",
+    }
+) | frozenset(sys.stdlib_module_names)
 
-_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, memoryview, range, slice, type,
-           types.ModuleType, torch.Tensor, np.ndarray, np.generic, torch.dtype, torch.device, set, frozenset)
+_LEAVES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    memoryview,
+    range,
+    slice,
+    type,
+    types.ModuleType,
+    torch.Tensor,
+    np.ndarray,
+    np.generic,
+    torch.dtype,
+    torch.device,
+    set,
+    frozenset,
+)
 # nn.Module's own bookkeeping (parameters, buffers, hooks): never holds a task's generator
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"_modules"}
 
+
 def is_generator(obj: Any) -> bool:
-    return isinstance(obj, (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator,
-                            torch.Generator)) and not isinstance(obj, random.SystemRandom)
+    return isinstance(
+        obj, (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator, torch.Generator)
+    ) and not isinstance(obj, random.SystemRandom)
 
 
 def _global_streams() -> set[int]:
@@ -68,13 +111,17 @@ class Walk:
     stopped_at: str | None = None  # the first path not visited once MAX_OBJECTS were
 
     def warnings(self) -> list[str]:
-        lines = [f"{p} draws OS entropy (random.SystemRandom, secrets, os.urandom): its values cannot be reproduced "
-                 "after a resume; draw from a seeded generator instead (random.Random, np.random.default_rng)"
-                 for p in self.entropy]
+        lines = [
+            f"{p} draws OS entropy (random.SystemRandom, secrets, os.urandom): its values cannot be reproduced "
+            "after a resume; draw from a seeded generator instead (random.Random, np.random.default_rng)"
+            for p in self.entropy
+        ]
         if self.stopped_at is not None:
-            lines.append(f"the search for task-owned random generators stopped after {MAX_OBJECTS} objects, at "
-                         f"{self.stopped_at}: a generator beyond it is not reproduced after a resume; keep "
-                         "generators on the dataset / loss objects themselves, not deep inside large structures")
+            lines.append(
+                f"the search for task-owned random generators stopped after {MAX_OBJECTS} objects, at "
+                f"{self.stopped_at}: a generator beyond it is not reproduced after a resume; keep "
+                "generators on the dataset / loss objects themselves, not deep inside large structures"
+            )
         return lines
 
 

@@ -63,8 +63,9 @@ class VerifiedFile:
     def unchanged(self) -> None:
         """Refuse (``StateRefused``) when the file was written since it was verified."""
         if _signature(os.fstat(self.fd)) != self.signature:
-            raise StateRefused(f"{self.rel} changed while it was being loaded (written after its checksum was "
-                               "verified): refused")
+            raise StateRefused(
+                f"{self.rel} changed while it was being loaded (written after its checksum was verified): refused"
+            )
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -80,12 +81,14 @@ def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
     try:
         st = os.fstat(fd)
         if st.st_size != entry.size:
-            raise ChecksumMismatch(f"{rel} is {st.st_size} bytes, the manifest says {entry.size} "
-                                   "(changed after commit)")
+            raise ChecksumMismatch(
+                f"{rel} is {st.st_size} bytes, the manifest says {entry.size} (changed after commit)"
+            )
         size, digest = checksum_fd(fd, entry.algorithm, entry.size)
         if size != entry.size or digest != entry.digest:
-            raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest "
-                                   "(content changed after commit)")
+            raise ChecksumMismatch(
+                f"{rel}: {entry.algorithm} does not match the manifest (content changed after commit)"
+            )
         return VerifiedFile(rel, fd, _signature(st))
     except BaseException:
         os.close(fd)
@@ -98,8 +101,9 @@ def read_verified(root_fd: int, rel: str, entry: ManifestEntry) -> bytes:
     try:
         data = read_fd(fd, entry.size, rel)
     except OversizedEntry:
-        raise ChecksumMismatch(f"{rel} is larger than the {entry.size} bytes the manifest says (changed after "
-                               "commit)") from None
+        raise ChecksumMismatch(
+            f"{rel} is larger than the {entry.size} bytes the manifest says (changed after commit)"
+        ) from None
     finally:
         os.close(fd)
     h = new_hasher(entry.algorithm)

@@ -16,6 +16,12 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 def on_files(files: Files, config: Any) -> Files:
     for path in sorted(RESULTS.glob("*.md")):
-        files.append(File(f"results/{path.name}", src_dir=str(RESULTS.parent), dest_dir=config["site_dir"],
-                          use_directory_urls=config["use_directory_urls"]))
+        files.append(
+            File(
+                f"results/{path.name}",
+                src_dir=str(RESULTS.parent),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
     return files
