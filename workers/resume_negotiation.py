@@ -274,8 +274,8 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
                 engine,
                 fetched,
                 module_only=attempt.spec.resume.reset_optimizer,
-                other_world_size=candidate.trainer["world_size"] != attempt.world_size,
-            )  # type: ignore[index]
+                other_world_size=candidate.trainer["world_size"] != attempt.world_size,  # type: ignore[index]
+            )
             if saved_buffers is not None:
                 buffers.apply(engine.module, saved_buffers)
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
