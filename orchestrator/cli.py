@@ -1,4 +1,4 @@
-"""``syncpoint`` command line: run, submit, validate, schema, states, digest, events, drill.
+"""``syncpoint`` command line: run, submit, validate, k8s, schema, states, digest, events, drill.
 
 Bad input (a spec, an argument, a storage URL) exits 2 with a paragraph naming what is wrong and
 how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback. Output
@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
+from syncpoint.orchestrator.spec_file import load_spec, overridden_mapping, parse_spec, read_spec_file, resolve_storage
 from syncpoint.policies.errors import SpecError, UsageError
 from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec, job_schema, spec_to_json
@@ -46,6 +46,25 @@ OPTIMIZER_NOTE = (
     "Task.optimizer's param groups carry their own lr and settings instead, and train.scheduler scales "
     "each group's lr (the workers say which one is in effect)"
 )
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    """The KubeRay manifests for a job file: the file validated as ``validate`` does (read once: the
+    ConfigMap carries exactly what was validated), then ``syncpoint.orchestrator.k8s_render``."""
+    from syncpoint.orchestrator.k8s_render import emit, plan
+
+    text = read_spec_file(args.job)
+    spec = resolve_storage(parse_spec(text, args.job, args.set))
+    p = plan(
+        spec,
+        overlay=args.overlay,
+        image=args.image,
+        code_from=args.code_from,
+        image_has_code=args.image_has_code,
+        manifests=args.manifests,
+    )
+    check_imports(spec, args.job)
+    return emit(p, overridden_mapping(text, args.set), args.output)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -507,6 +526,43 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="print the normalized spec or its errors (exit 2)")
     with_spec(v)
     v.set_defaults(fn=cmd_validate)
+    k = sub.add_parser(
+        "k8s",
+        help="render the KubeRay manifests (a kustomize overlay of k8s/) for a job file: its name, spec, workers",
+    )
+    with_spec(k)
+    k.add_argument(
+        "--overlay",
+        choices=["eks-spot", "gke-spot", "karpenter-spot", "gpu"],
+        default=None,
+        help="flavour (default: base)",
+    )
+    k.add_argument("--image", default=None, metavar="NAME@sha256:DIGEST", help="the image every pod runs, by digest")
+    code = k.add_mutually_exclusive_group()
+    code.add_argument(
+        "--code-from",
+        default=None,
+        metavar="s3://BUCKET/code.zip",
+        help="a zip of your code that Ray fetches as the job's working directory (the RayJob's runtimeEnvYAML)",
+    )
+    code.add_argument(
+        "--image-has-code", action="store_true", help="the image installs your code (k8s/Dockerfile.user)"
+    )
+    k.add_argument(
+        "-o",
+        "--output",
+        default="-",
+        metavar="DIR",
+        help="write the overlay directory DIR (apply with kubectl apply -k DIR); - (default): print the manifests "
+        "that kubectl kustomize renders from it",
+    )
+    k.add_argument(
+        "--manifests",
+        default=None,
+        metavar="PATH/k8s",
+        help="the k8s/ directory to build on (default: this checkout's)",
+    )
+    k.set_defaults(fn=cmd_k8s)
     sub.add_parser("schema", help="print the job spec JSON schema").set_defaults(fn=cmd_schema)
     s = sub.add_parser(
         "states",

@@ -370,6 +370,15 @@ def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = 
         raise SpecError(source, _format_errors(e, lines)) from None
 
 
+def overridden_mapping(text: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The job file's top-level mapping with ``--set`` applied: what ``parse_spec`` validates, as data (for
+    writing the spec out again, e.g. into a ConfigMap). Call ``parse_spec`` first: this assumes valid input."""
+    raw = _bounded_yaml(text)[1]
+    if not isinstance(raw, dict):
+        raise SpecError("<spec>", ["the top level must be a mapping with at least name, task and train"])
+    return apply_overrides(raw, overrides or [])
+
+
 def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
     """Make ``storage`` an absolute URL on the driver: Ray workers run in another directory."""
     s = spec.storage
