@@ -93,8 +93,11 @@ def prepare_run(spec: JobSpec, source: str) -> JobSpec:
 def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
     ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
-    resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path."""
-    problems = import_problems(import_paths(spec), base_dir)
+    resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path,
+    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.trackers``)."""
+    from syncpoint.workers.trackers import tracker_problems
+
+    problems = import_problems(import_paths(spec), base_dir) + tracker_problems(spec)
     if problems:
         raise SpecError(source, problems)
 

@@ -93,6 +93,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 # killed with that worker group, whose handles the controller holds all along, so a restart of the
 # watcher finds them (ray-project/ray#53727 is about arguments that go out of scope). Not ours to
 # change: we drop that one line, for that one class, from the log stream the driver prints.
+# Where the trackers of train.report_to write, passed from the driver to every worker (a remote
+# cluster's workers do not inherit the driver's environment); API keys and tokens are not among them.
+TRACKER_ENV = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_NAME",
+    "MLFLOW_ALLOW_FILE_STORE",
+    "WANDB_MODE",
+    "WANDB_PROJECT",
+    "WANDB_ENTITY",
+    "WANDB_DIR",
+    "WANDB_BASE_URL",
+)
 WATCHER_ARGS_LINE = re.compile(
     r"Actor with class name: 'PreemptionWatcher' and ID: '\w+' has constructor arguments "
     r"in the object store and max_restarts > 0"
@@ -218,6 +230,8 @@ def connect(spec: JobSpec, address: str | None) -> bool:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("RAY_TRAIN_")}
+    # Where the trackers of train.report_to write (not their credentials: those belong on the cluster).
+    env_vars.update({k: os.environ[k] for k in TRACKER_ENV if k in os.environ})
     # The driver's working directory on the import path, so a task next to the job file imports
     # (remote nodes get code through `ray job submit --working-dir`).
     env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)

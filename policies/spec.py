@@ -333,6 +333,9 @@ class EvalEvery(_Strict):
         return self
 
 
+TrackerName = Literal["tensorboard", "mlflow", "wandb"]  # train.report_to (syncpoint.workers.trackers)
+
+
 class TrainSpec(_Strict):
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
     grad_accum: StrictInt = Field(
@@ -417,6 +420,16 @@ class TrainSpec(_Strict):
             "points."
         ),
     )
+    report_to: list[TrackerName] = Field(
+        default_factory=lambda: list[TrackerName](["tensorboard"]),
+        max_length=3,
+        description=(
+            "Where rank 0 records the metrics of each optimizer step: tensorboard (<run>/tensorboard), mlflow "
+            "(MLFLOW_TRACKING_URI, default <run>/mlruns; pip install 'syncpoint[mlflow]') and wandb "
+            "(WANDB_MODE=offline for offline files; pip install 'syncpoint[wandb]'). One tracker run per syncpoint "
+            "run across every attempt, each step logged once; [] records nothing but Ray Train's report."
+        ),
+    )
     eval_every: EvalEvery = Field(
         default_factory=lambda: EvalEvery(value=0, unit="optimizer_steps"),
         description=(
@@ -442,6 +455,13 @@ class TrainSpec(_Strict):
             "run is bitwise the uninterrupted one; false trades that for speed. CPU runs are deterministic anyway."
         ),
     )
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_once(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("name each tracker once")
+        return v
 
     @field_validator("optimizer", mode="before")
     @classmethod

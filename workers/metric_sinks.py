@@ -14,7 +14,9 @@ Two kinds of sink, because they differ in who may call them:
   ``checkpoint=None`` on the other ranks). So it lives on every rank, and is called only at
   points every rank reaches: logged steps (``train.log_every`` and the last step) and evaluations.
 * ``TensorBoardSink`` keeps the record: rank 0 only. It also gets what only the record wants (a
-  save's blocked seconds, a restart as text), through ``RunMetrics.records``.
+  save's blocked seconds, a restart as text), through ``RunMetrics.records``. So do the experiment
+  trackers of ``train.report_to`` (MLflow, W&B: ``syncpoint.workers.trackers``), which also hear of
+  each committed state and end their tracker run with the attempt.
 
 An evaluation's ``eval_*`` values join the boundary's values (``RunMetrics.at_boundary``): one
 report per boundary, never two at one step.
@@ -30,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from syncpoint.workers.attempt import Attempt
@@ -57,6 +59,16 @@ class MetricSink(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Tracker(MetricSink, Protocol):
+    """An experiment tracker (``syncpoint.workers.trackers``): a sink that also records the last
+    committed state and ends its tracker run with the attempt."""
+
+    def state_committed(self, name: str, step: int) -> None: ...
+
+    def end(self, ok: bool) -> None: ...
 
 
 class FanOut:
@@ -206,18 +218,17 @@ class RunMetrics:
         """The sinks of this rank: Ray Train's report where the launcher gave one (every rank), and
         TensorBoard on rank 0, continuing the curves from ``optimizer_step`` (the resumed one)."""
         lease = attempt.lease
-        records = FanOut(
-            [
-                TensorBoardSink(
-                    attempt.storage,
-                    attempt.number,
-                    optimizer_step + 1,
-                    may_write=lambda: lease is None or lease.lost is None,
-                )
-            ]
-            if attempt.rank == 0
-            else []
-        )
+
+        def may_write() -> bool:
+            return lease is None or lease.lost is None
+
+        records = FanOut()
+        if attempt.rank == 0:
+            from syncpoint.workers.trackers import open_trackers
+
+            if "tensorboard" in attempt.spec.train.report_to:
+                records.sinks.append(TensorBoardSink(attempt.storage, attempt.number, optimizer_step + 1, may_write))
+            records.sinks.extend(open_trackers(attempt, may_write))
         sinks = FanOut([*([RayReport(report)] if report is not None else []), *records.sinks])
         metrics = cls(sinks, records, attempt.spec.train.micro_batch_size * attempt.world_size, global_micro_step)
         if attempt.number > 1:
@@ -230,6 +241,9 @@ class RunMetrics:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        for sink in self.records.sinks:
+            if isinstance(sink, Tracker):  # the tracker run's status: finished, or failed until a resume
+                sink.end(ok=kind is None)
         if kind is None:
             self.close()
             return
@@ -289,6 +303,9 @@ class RunMetrics:
         self.records.scalars(
             result.optimizer_step, {"save/blocked_seconds": result.blocked_seconds, "save/seconds": result.seconds}
         )
+        for sink in self.records.sinks:
+            if isinstance(sink, Tracker):
+                sink.state_committed(result.name, result.optimizer_step)
         self.flush()
 
     def flush(self) -> None:
