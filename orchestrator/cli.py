@@ -296,17 +296,12 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
     """The run's own expectation, read back from its newest committed, readable state the way the
     loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
     None when no state is readable, so nothing can be incompatible with it."""
-    from pydantic import ValidationError
-
     from syncpoint.policies.candidates import Expectation
-    from syncpoint.policies.state_format import TrainState
 
     for c in cands:
-        if c.manifest is not None and c.trainer is not None:
-            try:
-                return Expectation.from_state(TrainState.model_validate(c.trainer))
-            except ValidationError:
-                continue  # classification names what is wrong with it
+        state = c.parse().state  # None: classification names what is wrong with it
+        if c.manifest is not None and state is not None:
+            return Expectation.from_state(state)
     return None
 
 
