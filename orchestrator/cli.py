@@ -425,13 +425,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
     if not points or min(points) < 1 or points != sorted(set(points)):
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
-    hows = [h.strip() for h in (args.how or "crash").split(",")]
-    bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
+    from syncpoint.orchestrator.interruptions import DRILL_KINDS, InterruptionKind
+
+    hows = [h.strip() for h in (args.how or InterruptionKind.CRASH).split(",")]
+    bad = [h for h in hows if h not in DRILL_KINDS]
     if bad or len(hows) not in (1, len(points)):
-        raise UsageError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
-    if args.no_replacement and "node" not in hows:
+        raise UsageError(
+            "--how", [f"{args.how!r}: one of {', '.join(DRILL_KINDS)} — one for all points or one per point"]
+        )
+    if args.no_replacement and InterruptionKind.NODE not in hows:
         raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
-    report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
+    report = run_drill(
+        spec, points, [InterruptionKind(h) for h in hows], args.address, replacement=not args.no_replacement
+    )
     print(report.table)
     return 0 if report.ok else 1
 

@@ -128,8 +128,11 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             decision = FailureDecision.RETRY if within else FailureDecision.RAISE
             # inf for "no limit", as Ray's own policy logs it (its annotation says int)
             self._log_decision(
-                decision, training_failed_error, self._preemption_failures, float("inf") if limit == -1 else limit
-            )  # type: ignore[arg-type]
+                decision,
+                training_failed_error,
+                self._preemption_failures,
+                float("inf") if limit == -1 else limit,  # type: ignore[arg-type]
+            )
         elif verdict.kind == REFUSAL:
             decision = FailureDecision.RAISE
         elif verdict.kind == APPLICATION and facts.repeats:  # a bug that repeats: retries would only repeat it
@@ -404,8 +407,12 @@ def installed(
     # Ray annotates the factory with `ray.train.FailureConfig`, which type checkers resolve to the V1 class;
     # at run time it is V2's (the one the policy takes)
     _dpt.create_failure_policy = lambda failure_config: SyncpointFailurePolicy(
-        failure_config, run_url, heartbeat, placement_timeout_s, submission
-    )  # type: ignore[arg-type]
+        failure_config,  # type: ignore[arg-type]
+        run_url,
+        heartbeat,
+        placement_timeout_s,
+        submission,
+    )
     try:
         yield
     finally:

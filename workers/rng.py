@@ -76,8 +76,8 @@ def snapshot() -> SavedRng:
     cuda = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
     return SavedRng(
         python=random.getstate(),
-        numpy=np.random.get_state(),
-        torch_cpu=torch.get_rng_state(),  # type: ignore[arg-type]
+        numpy=np.random.get_state(),  # type: ignore[arg-type]
+        torch_cpu=torch.get_rng_state(),
         cuda=cuda,
         task={p: (task_rngs.kind(g), task_rngs.get_state(g)) for p, g in _TASK.items()},
     )
