@@ -3,11 +3,12 @@
 =============  ======================================  ===================  ===========================  ======
 kind           what strikes                            classified           budget the drill raises      drill
 =============  ======================================  ===================  ===========================  ======
-crash          a rank ``os._exit``\\ s at the point     application          ``failure.max_failures``     yes
+crash          a rank exits (``os._exit``) at the     application          ``failure.max_failures``     yes
+               point
 sigterm        a rank gets a preemption notice, saves  preemption           ``failure.max_preemptions``  yes
                at the next boundary, then dies
-save-crash     a rank ``os._exit``\\ s in a phase of     application          ``failure.max_failures``     no
-               the first save at or after the point
+save-crash     a rank exits in a phase of the first    application          ``failure.max_failures``     no
+               save at or after the point
 node           the node of a rank is lost              preemption           ``failure.max_preemptions``  yes
 node-gone      as ``node``, never replaced (elastic:   preemption           ``failure.max_preemptions``  no
                fewer workers from here; last, once)

@@ -18,20 +18,18 @@ from enum import StrEnum
 class FailureKind(StrEnum):
     """What a failed attempt was (``classify_failure``); the journal's ``Failure.classified`` text.
 
-    =============  ==================================================  =====================================
-    kind           counts against                                      retried
-    =============  ==================================================  =====================================
-    preemption     ``failure.max_preemptions`` (Ray's                  yes, until that budget is spent
-                   ``max_preemption_failures``), never
-                   ``failure.max_failures``
-    application    ``failure.max_failures``                            yes, until that budget is spent; not
-                                                                       when it repeats the previous
-                                                                       attempt's failure
-    refusal        nothing                                             never: the same spec, task and states
-                                                                       refuse again
-    placement      Ray's controller budget (each worker-group start)   yes, until ``failure.placement_
-                                                                       timeout_s`` of waiting in a row
-    =============  ==================================================  =====================================
+    ===========  =====================================================  ==========================================
+    kind         counts against                                         retried
+    ===========  =====================================================  ==========================================
+    preemption   ``failure.max_preemptions`` (Ray's                     yes, until that budget is spent
+                 ``max_preemption_failures``), never ``max_failures``
+    application  ``failure.max_failures``                               yes, until that budget is spent; never
+                                                                        when it repeats the previous attempt's
+    refusal      nothing                                                never: the same spec, task and states
+                                                                        refuse again
+    placement    Ray's controller budget (each worker-group start)      yes, until ``failure.placement_timeout_s``
+                                                                        of waiting in a row
+    ===========  =====================================================  ==========================================
     """
 
     PREEMPTION = "preemption"  # a drain notice, a SIGTERM notice, a node lost
