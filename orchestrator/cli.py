@@ -318,17 +318,12 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
     """The run's own expectation, read back from its newest committed, readable state the way the
     loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
     None when no state is readable, so nothing can be incompatible with it."""
-    from pydantic import ValidationError
-
     from syncpoint.policies.candidates import Expectation
-    from syncpoint.policies.state_format import TrainState
 
     for c in cands:
-        if c.manifest is not None and c.trainer is not None:
-            try:
-                return Expectation.from_state(TrainState.model_validate(c.trainer))
-            except ValidationError:
-                continue  # classification names what is wrong with it
+        state = c.parse().state  # None: classification names what is wrong with it
+        if c.manifest is not None and state is not None:
+            return Expectation.from_state(state)
     return None
 
 
@@ -452,13 +447,19 @@ def cmd_drill(args: argparse.Namespace) -> int:
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
     if not points or min(points) < 1 or points != sorted(set(points)):
         raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
-    hows = [h.strip() for h in (args.how or "crash").split(",")]
-    bad = [h for h in hows if h not in ("crash", "sigterm", "node")]
+    from syncpoint.orchestrator.interruptions import DRILL_KINDS, InterruptionKind
+
+    hows = [h.strip() for h in (args.how or InterruptionKind.CRASH).split(",")]
+    bad = [h for h in hows if h not in DRILL_KINDS]
     if bad or len(hows) not in (1, len(points)):
-        raise UsageError("--how", [f"{args.how!r}: one of crash, sigterm, node — one for all points or one per point"])
-    if args.no_replacement and "node" not in hows:
+        raise UsageError(
+            "--how", [f"{args.how!r}: one of {', '.join(DRILL_KINDS)} — one for all points or one per point"]
+        )
+    if args.no_replacement and InterruptionKind.NODE not in hows:
         raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
-    report = run_drill(spec, points, hows, args.address, replacement=not args.no_replacement)
+    report = run_drill(
+        spec, points, [InterruptionKind(h) for h in hows], args.address, replacement=not args.no_replacement
+    )
     print(report.table)
     return 0 if report.ok else 1
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from syncpoint.orchestrator.interruptions import InterruptionKind
 from syncpoint.orchestrator.timeline import format_goodput, restarts
 from syncpoint.policies.goodput import goodput
 from syncpoint.policies.journal import Evaluated, Journal, Step
@@ -36,13 +37,20 @@ class DrillReport:
     ok: bool
 
 
+CRASH, SIGTERM, NODE = InterruptionKind.CRASH, InterruptionKind.SIGTERM, InterruptionKind.NODE
+
+
 def _variant(spec: JobSpec, suffix: str, faults: list[CrashFault], extra_failures: int) -> JobSpec:
     failure = spec.failure.model_copy(update={"max_failures": spec.failure.max_failures + extra_failures})
     return spec.model_copy(update={"name": f"{spec.name}-{suffix}", "faults": faults, "failure": failure})
 
 
 def run_drill(
-    spec: JobSpec, points: list[int], hows: list[str], address: str | None = None, replacement: bool = True
+    spec: JobSpec,
+    points: list[int],
+    hows: list[InterruptionKind],
+    address: str | None = None,
+    replacement: bool = True,
 ) -> DrillReport:
     """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points). With
     ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers."""
@@ -53,18 +61,18 @@ def run_drill(
         hows = hows * len(points)
     world = spec.scaling.max_workers
     faults = [
-        CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == "crash" else "sigterm")
+        CrashFault(rank=i % world, at_micro_step=p, mode="exit" if how == CRASH else "sigterm")
         for i, (p, how) in enumerate(zip(points, hows, strict=False))
-        if how in ("crash", "sigterm")
+        if how in (CRASH, SIGTERM)
     ]
     if spec.scaling.elastic:  # a world-size change is compared by samples per step, so record them
         spec = spec.model_copy(update={"train": spec.train.model_copy(update={"record_samples": True})})
     ref = _variant(spec, "drill-ref", [], 0)
-    run = _variant(spec, "drill", faults, hows.count("crash"))
+    run = _variant(spec, "drill", faults, hows.count(CRASH))
     for s in (ref, run):
         RunStorage(s.run_url).delete_tree()  # a drill owns its two run directories
 
-    node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how == "node"]
+    node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how == NODE]
     if node_points:
         rc_ref, rc_run = _node_drill(ref, run, node_points, replacement)
     else:
@@ -230,7 +238,9 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
     return before_ok and same_samples, lines
 
 
-def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[str]) -> DrillReport:
+def compare(
+    ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[InterruptionKind]
+) -> DrillReport:
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -238,7 +248,7 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
     lines = [
         "drill: "
         + ", ".join(
-            f"{h} at micro-step {p}" if h != "node" else f"node lost after micro-step {p}"
+            f"{h} at micro-step {p}" if h != NODE else f"node lost after micro-step {p}"
             for p, h in zip(points, hows, strict=False)
         )
     ]
@@ -252,8 +262,8 @@ def compare(ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[i
             lines.append(f"{i + 1:>10}  {how:<7}  {str(at):>13}  {'no restart seen (the run did not stop there)'}")
             continue
         r = rs[i]
-        if how in ("node", "?"):  # where it really stopped: measured by the heartbeat, else at least the point
-            at = r.previous_max_micro_step if r.measured else (f">={at}" if how == "node" else at)
+        if how in (NODE, "?"):  # where it really stopped: measured by the heartbeat, else at least the point
+            at = r.previous_max_micro_step if r.measured else (f">={at}" if how == NODE else at)
         lines.append(
             f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
             f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}"

@@ -1,5 +1,7 @@
 """``syncpoint drill JOB --storm N``: N interruptions of random kinds at random points, in one run.
 
+The kinds and how each is classified: ``syncpoint.orchestrator.interruptions``.
+
 Spot users meet preemptions in series and at the worst moments; a storm rehearses that. The plan
 is drawn from a seed and printed first, so a failing storm can be replayed exactly. It is laid out
 on the *reference run's own trajectory* (its boundaries and saves, read from its event log): the
@@ -41,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from syncpoint.orchestrator.interruptions import NODE_KINDS, InterruptionKind
 from syncpoint.policies.journal import AttemptStarted, FaultFired, Journal
 from syncpoint.policies.spec import CrashFault, JobSpec
 
@@ -50,9 +53,9 @@ if TYPE_CHECKING:
 
     from syncpoint.orchestrator.drill import DrillReport
 
-CRASH, SIGTERM, SAVE_CRASH = "crash", "sigterm", "save-crash"
-NODE, NODE_GONE, TWO_NODES, CRASH_THEN_NODE = "node", "node-gone", "two-nodes", "crash+node"
-NODE_KINDS = (NODE, NODE_GONE, TWO_NODES, CRASH_THEN_NODE)
+CRASH, SIGTERM, SAVE_CRASH = InterruptionKind.CRASH, InterruptionKind.SIGTERM, InterruptionKind.SAVE_CRASH
+NODE, NODE_GONE, TWO_NODES = InterruptionKind.NODE, InterruptionKind.NODE_GONE, InterruptionKind.TWO_NODES
+CRASH_THEN_NODE = InterruptionKind.CRASH_THEN_NODE
 # the save phases a storm crashes in: every one a save always passes (during_retention fires only
 # when retention deletes something, which depends on what earlier interruptions left behind)
 SAVE_PHASES = ("before_shards", "after_some_shards", "before_manifest", "during_manifest", "before_retention")
@@ -96,7 +99,7 @@ class Trajectory:
 @dataclass
 class Interruption:
     index: int  # 1-based, in plan order
-    kind: str
+    kind: InterruptionKind
     point: int  # the requested global micro-step
     rank: int
     end: int  # the micro-step by which the interruption has struck (the save, the notice's boundary)
@@ -165,7 +168,7 @@ class StormPlan:
     def faults(self) -> list[CrashFault]:
         return [f for i in self.interruptions for f in i.faults]
 
-    def count(self, *kinds: str) -> int:
+    def count(self, *kinds: InterruptionKind) -> int:
         return sum(i.kind in kinds for i in self.interruptions)
 
     def table(self) -> str:
@@ -178,7 +181,7 @@ class StormPlan:
         return "\n".join(lines)
 
 
-def storm_kinds(spec: JobSpec) -> list[str]:
+def storm_kinds(spec: JobSpec) -> list[InterruptionKind]:
     """The kinds a storm may draw for this spec (``node-gone`` is placed separately: last, elastic)."""
     kinds = [CRASH, SIGTERM, NODE, CRASH_THEN_NODE]
     if not spec.checkpoint.save_trigger and spec.checkpoint.save_every.unit != "seconds":
@@ -220,7 +223,7 @@ def _too_short(spec: JobSpec, n: int, t: Trajectory, cycle: int) -> str:
 
 
 def _place(
-    spec: JobSpec, kinds: list[str], rng: random.Random, t: Trajectory, world: int, cycle: int
+    spec: JobSpec, kinds: list[InterruptionKind], rng: random.Random, t: Trajectory, world: int, cycle: int
 ) -> list[Interruption] | None:
     """Points for ``kinds`` in order, spread over the run; None when this draw does not fit."""
     extra = 3 * cycle if spec.checkpoint.async_save else 0  # an async save commits some boundaries later

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -48,6 +48,8 @@ from syncpoint.policies.state_format import (
 
 # TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.loop (syncpoint.policies.state_format
 # defines it)
+RecordT = TypeVar("RecordT", TrainState, Manifest)
+
 __all__ = [
     "TRAINER_SCHEMA_VERSION",
     "Candidate",
@@ -76,7 +78,9 @@ class Candidate:
     """One directory under ``states/`` as discovery saw it (metadata only).
 
     ``trainer`` and ``manifest`` are the JSON objects as read: a signature covers the manifest's
-    exact object, and classification parses both into ``TrainState`` / ``Manifest``.
+    exact object (and ``syncpoint.workers.resume_negotiation`` digests it), and a custom policy may
+    read either. ``parse`` turns both into the typed records once (discovery calls it), and every
+    later step (classification, the policies, the load, the CLI) reads ``state`` and ``record``.
     """
 
     name: str
@@ -95,13 +99,32 @@ class Candidate:
     corpus_index_error: str | None = None
     verdict: Verdict | None = None
     reason: str = ""
+    # the typed records (``parse``): each None with the problem that refused its object (or its absence)
+    state: TrainState | None = None
+    state_problem: str | None = None  # the first bad field of trainer.json (corrupt)
+    schema_newer: str | None = None  # trainer.json's schema is newer than this syncpoint reads (incompatible)
+    record: Manifest | None = None
+    record_problem: str | None = None  # the first bad field of manifest.json (corrupt)
+    parsed: bool = False
+
+    def parse(self) -> Candidate:
+        """Parse ``trainer`` and ``manifest`` into ``state`` and ``record`` (once: a second call
+        keeps the first result). A record that does not validate leaves its problem, which
+        classification reports in its own order."""
+        if self.parsed:
+            return self
+        self.parsed = True
+        self.record, self.record_problem = _parsed(Manifest, self.manifest)
+        self.schema_newer = schema_problem(self.trainer) if self.trainer is not None else None
+        self.state, self.state_problem = _parsed(TrainState, self.trainer)
+        return self
 
     @property
     def micro_step(self) -> int | None:
         if self.name.isdigit():
             return int(self.name)
-        step = (self.trainer or {}).get("global_micro_step")
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+        state = self.parse().state
+        return state.global_micro_step if state is not None else None
 
     @property
     def sort_key(self) -> tuple[int, str]:
@@ -282,7 +305,7 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
     }
 
 
-def _parsed(model: type[TrainState] | type[Manifest], raw: Any) -> tuple[Any, str | None]:
+def _parsed(model: type[RecordT], raw: Any) -> tuple[RecordT | None, str | None]:
     """(the model, None) or (None, the first bad field named): a validation error is corruption."""
     try:
         return model.model_validate(raw), None
@@ -290,8 +313,12 @@ def _parsed(model: type[TrainState] | type[Manifest], raw: Any) -> tuple[Any, st
         return None, problem_of(e, model.FILE)
 
 
-def _manifest_problem(c: Candidate, manifest: Manifest) -> str | None:
-    """What the listing and the directory contradict in a well-formed manifest."""
+def _manifest_problem(c: Candidate) -> str | None:
+    """Why the manifest is unusable: the first bad field, or what the listing and the directory
+    contradict in a well-formed one."""
+    manifest = c.record
+    if manifest is None:
+        return c.record_problem
     if manifest.state is not None and manifest.state != c.name:
         return f"manifest names state {manifest.state!r} but lies in directory {c.name}"
     for rel, entry in manifest.files.items():
@@ -830,15 +857,15 @@ def _schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     return None
 
 
-def init_from_problem(trainer: Any, exp: Expectation, init_optimizer: bool) -> str | None:
+def init_from_problem(c: Candidate, exp: Expectation, init_optimizer: bool) -> str | None:
     """Why ``resume.init_from`` cannot take this state, from its trainer record alone (before any
     tensor is read), or None. Weights are matched by name and shape; with ``init_optimizer`` the
     optimizer moments come too, and DeepSpeed stores them flattened per group, per rank and per
     ZeRO stage and precision: any of those differing would fail mid-load or, worse, load moments
     onto the wrong parameters. Each reason names the field and the opt-out."""
-    s, err = _parsed(TrainState, trainer)
-    if err:
-        return f"its trainer.json is unreadable: {err}"
+    s = c.parse().state
+    if s is None:
+        return f"its trainer.json is unreadable: {c.state_problem}"
     if s.model_fingerprint != exp.model_fingerprint:
         return (
             "its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
@@ -919,20 +946,19 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
         return Verdict.TORN, f"no {MANIFEST_FILE}: the save never committed"
     if c.manifest_error:
         return Verdict.CORRUPT, f"{MANIFEST_FILE} unreadable: {c.manifest_error}"
-    manifest, problem = _parsed(Manifest, c.manifest)
-    problem = problem or _manifest_problem(c, manifest)
-    if problem:
-        return Verdict.CORRUPT, problem
+    problem = _manifest_problem(c.parse())
+    if problem or c.record is None:
+        return Verdict.CORRUPT, str(problem)
+    manifest = c.record
     if c.trust_error:
         return Verdict.UNTRUSTED, c.trust_error
     if c.trainer_error or c.trainer is None:
         return Verdict.CORRUPT, f"{TRAINER_FILE} unusable: {c.trainer_error or 'missing'}"
-    newer = schema_problem(c.trainer)
-    if newer:
-        return Verdict.INCOMPATIBLE, newer
-    state, problem = _parsed(TrainState, c.trainer)
-    if problem:
-        return Verdict.CORRUPT, problem
+    if c.schema_newer:
+        return Verdict.INCOMPATIBLE, c.schema_newer
+    state = c.state
+    if state is None:
+        return Verdict.CORRUPT, str(c.state_problem)
     if not is_boundary(state.position_in_epoch, state.grad_accum, state.micro_batches_per_epoch):
         return Verdict.MID_CYCLE, (
             f"mid-cycle: position {state.position_in_epoch} of {state.micro_batches_per_epoch} with accumulation "
@@ -950,11 +976,11 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
     )
 
 
-def finite_metric(t: dict[str, Any] | None, name: str) -> tuple[float | None, str]:
-    """A recorded metric as a finite float, or (None, why it cannot be compared). Reads the object
-    as read: metric values are whatever the task reported."""
-    metrics = (t or {}).get("metrics")
-    if not isinstance(metrics, dict) or name not in metrics:
+def finite_metric(state: TrainState | None, name: str) -> tuple[float | None, str]:
+    """A recorded metric as a finite float, or (None, why it cannot be compared). Metric values are
+    whatever the task reported (``TrainState.metrics`` keeps them as read)."""
+    metrics = state.metrics if state is not None else {}
+    if name not in metrics:
         return None, f"records no metric {name!r}"
     v = metrics[name]
     if isinstance(v, bool) or not isinstance(v, (int, float)):

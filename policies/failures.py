@@ -12,11 +12,36 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
-PREEMPTION = "preemption"
-APPLICATION = "application"
-REFUSAL = "refusal"  # syncpoint refused the job's configuration or state: the same on every retry
-PLACEMENT = "placement"  # the workers found no room on the cluster (a worker-group start timed out)
+
+class FailureKind(StrEnum):
+    """What a failed attempt was (``classify_failure``); the journal's ``Failure.classified`` text.
+
+    ===========  =====================================================  ==========================================
+    kind         counts against                                         retried
+    ===========  =====================================================  ==========================================
+    preemption   ``failure.max_preemptions`` (Ray's                     yes, until that budget is spent
+                 ``max_preemption_failures``), never ``max_failures``
+    application  ``failure.max_failures``                               yes, until that budget is spent; never
+                                                                        when it repeats the previous attempt's
+    refusal      nothing                                                never: the same spec, task and states
+                                                                        refuse again
+    placement    Ray's controller budget (each worker-group start)      yes, until ``failure.placement_timeout_s``
+                                                                        of waiting in a row
+    ===========  =====================================================  ==========================================
+    """
+
+    PREEMPTION = "preemption"  # a drain notice, a SIGTERM notice, a node lost
+    APPLICATION = "application"  # the user's code or a library failed
+    REFUSAL = "refusal"  # syncpoint refused the job's configuration or state: the same on every retry
+    PLACEMENT = "placement"  # the workers found no room on the cluster (a worker-group start timed out)
+
+
+PREEMPTION = FailureKind.PREEMPTION
+APPLICATION = FailureKind.APPLICATION
+REFUSAL = FailureKind.REFUSAL
+PLACEMENT = FailureKind.PLACEMENT
 
 
 @dataclass(frozen=True)
@@ -33,7 +58,7 @@ class FailureFacts:
 
 @dataclass(frozen=True)
 class FailureVerdict:
-    kind: str
+    kind: FailureKind
     reason: str
 
 

@@ -92,7 +92,7 @@ class BestMetric:
         for c in candidates:
             if c.verdict is not Verdict.RESUMABLE:
                 continue
-            value, why = finite_metric(c.trainer, self.metric)
+            value, why = finite_metric(c.parse().state, self.metric)
             if value is None:
                 skipped.append(f"{c.name} ({why})")
             else:
@@ -124,10 +124,15 @@ class ContinueSubmission:
 
     def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         for c in candidates:
-            if c.verdict is Verdict.RESUMABLE and (c.trainer or {}).get("submission") == self.submission:
+            if c.verdict is Verdict.RESUMABLE and _submission_of(c) == self.submission:
                 return Decision(c.name, f"restart of this submission: the newest state it committed ({c.reason})")
         decision = self.start.choose(candidates, spec)
         return Decision(decision.state, f"restart of this submission, nothing committed yet: {decision.reason}")
+
+
+def _submission_of(c: Candidate) -> str | None:
+    state = c.parse().state
+    return state.submission if state is not None else None
 
 
 BUILTIN: dict[str, type] = {

@@ -182,16 +182,16 @@ def test_buffers_and_dtypes_are_identity_named_at_selection(live, reason):
 
 
 def test_init_from_refuses_another_buffer_shape_not_another_dtype():
-    trainer = candidate_for(8, EXP).trainer
+    c = candidate_for(8, EXP)
     other_shape = dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1]))
-    assert "buffer bn.running_mean: shape (16,)" in (init_from_problem(trainer, other_shape, False) or "")
+    assert "buffer bn.running_mean: shape (16,)" in (init_from_problem(c, other_shape, False) or "")
     other_dtype = dataclasses.replace(
         EXP,
         model_buffers=(("bn.running_mean", (16,), "bfloat16"), EXP.model_buffers[1]),
         parameter_dtypes=("bfloat16", ()),
     )
-    assert init_from_problem(trainer, other_dtype, False) is None  # weights are taken cast
-    back = Expectation.from_state(TrainState.model_validate(trainer))
+    assert init_from_problem(c, other_dtype, False) is None  # weights are taken cast
+    back = Expectation.from_state(TrainState.model_validate(c.trainer))
     assert (back.model_buffers, back.parameter_dtypes) == (EXP.model_buffers, EXP.parameter_dtypes)
 
 

@@ -32,7 +32,7 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from tests.meta import candidate_for, commit_candidate
+from tests.meta import candidate_for, commit_candidate, trainer_for
 
 
 def _spec(tmp, *extra):
@@ -496,10 +496,14 @@ def test_refusal_headline_names_the_newest_candidates_reason():
 def test_finite_metric_rules():
     from syncpoint.policies.candidates import finite_metric
 
-    assert finite_metric({"metrics": {"m": 1}}, "m") == (1.0, "")
-    assert finite_metric({"metrics": {"m": True}}, "m")[0] is None
-    assert finite_metric({"metrics": {"m": math.inf}}, "m")[0] is None
-    assert finite_metric({}, "m")[0] is None
+    def state(**metrics):
+        return TrainState.model_validate(trainer_for(8, Expectation("j", 1, 1, 4, 10, 0, "f", 3), metrics=metrics))
+
+    assert finite_metric(state(m=1), "m") == (1.0, "")
+    assert finite_metric(state(m=True), "m")[0] is None
+    assert finite_metric(state(m=math.inf), "m")[0] is None
+    assert finite_metric(state(), "m")[0] is None
+    assert finite_metric(None, "m")[0] is None
 
 
 def test_non_state_names_are_not_candidates(tmp_path):

@@ -129,8 +129,8 @@ def test_states_of_the_first_format_still_resume():
     )
     assert state.elastic is None and not state.elastic_optimizer and state.optimizer.type is None
     assert Expectation.from_state(state).samples_per_epoch == 10 * per_micro
-    edited = dict(_first_format_trainer(8), epoch=1)  # its counters still have to agree
-    c.trainer = edited
+    c = candidate_for(8, EXP)
+    c.trainer = dict(_first_format_trainer(8), epoch=1)  # its counters still have to agree
     assert classify(c, EXP).verdict is Verdict.CORRUPT and "inconsistent" in c.reason
 
 

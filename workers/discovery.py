@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import overload
-
-from pydantic import ValidationError
+from typing import Any, overload
 
 from syncpoint.policies.candidates import Candidate, Expectation, classify, newest_first
 from syncpoint.policies.corpus_identity import (
@@ -43,7 +41,7 @@ from syncpoint.workers.signing import trust_problem
 from syncpoint.workers.storage import RunStorage
 
 
-def _parse_object(data: bytes) -> tuple[dict | None, str | None]:
+def _parse_object(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -79,9 +77,10 @@ def read_candidate(
             c.trainer, c.trainer_error = _parse_object(trainer_bytes)
         except UnsafeEntry as e:
             c.trainer_error = str(e)
-    if c.trainer is not None and c.manifest is not None:
-        c.trainer_error = _trainer_checksum_problem(c.manifest, trainer_bytes)
-    if signing_key is not None and c.manifest is not None:
+    c.parse()  # the one parse of both records: everything after reads c.state and c.record
+    if c.trainer is not None and c.record is not None:
+        c.trainer_error = _trainer_checksum_problem(c.record, trainer_bytes)
+    if signing_key is not None and c.manifest is not None:  # over the object exactly as read
         c.trust_error = trust_problem(
             c.manifest, signing_key, run_url=storage.url, state=name, job_identity=job_identity
         )
@@ -94,13 +93,10 @@ def _unsafe(c: Candidate, rel: str) -> str | None:
     return None if kind is None else f"{STATES_DIR}/{c.name}/{rel} is {kind}, not a regular file: never read"
 
 
-def _trainer_checksum_problem(manifest: dict, trainer_bytes: bytes) -> str | None:
+def _trainer_checksum_problem(manifest: Manifest, trainer_bytes: bytes) -> str | None:
     """trainer.json is read anyway, so selection verifies it against the manifest: an edited
     position is refused before any tensor is read (a malformed manifest is classification's to name)."""
-    try:
-        entry = Manifest.model_validate(manifest).files.get(TRAINER_FILE)
-    except ValidationError:
-        return None
+    entry = manifest.files.get(TRAINER_FILE)
     if entry is None or matches_entry(entry, trainer_bytes):
         return None
     return "does not match its checksum in the manifest (changed after commit)"
@@ -115,13 +111,13 @@ def attach_corpus_index(
     """A state trained on another corpus than the live run's: its index (``corpus/<digest>.json``,
     read once per digest, bounded, and checked to hash to its name) goes with the candidate, so the
     reason names the shard they differ in."""
-    data = (c.trainer or {}).get("data")
-    corpus = data.get("corpus") if isinstance(data, dict) else None
-    digest = corpus.get("digest") if isinstance(corpus, dict) else None
+    state = c.parse().state
+    corpus = state.data.corpus if state is not None else None
+    digest = corpus.digest if corpus is not None else None
     if (
         expectation is None
         or expectation.corpus is None
-        or not isinstance(digest, str)
+        or digest is None
         or digest == expectation.corpus.digest
         or not digest.isalnum()
         or len(digest) > 64

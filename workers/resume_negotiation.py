@@ -29,7 +29,14 @@ from syncpoint.policies.errors import (
 from syncpoint.policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
 from syncpoint.policies.redact import redact_url
 from syncpoint.policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from syncpoint.policies.state_format import SAMPLER_VERSION, STATES_DIR, STREAM_SAMPLER, TrainState, buffers_file
+from syncpoint.policies.state_format import (
+    SAMPLER_VERSION,
+    STATES_DIR,
+    STREAM_SAMPLER,
+    Manifest,
+    TrainState,
+    buffers_file,
+)
 from syncpoint.workers import buffers, rng
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.discovery import discover, discover_lazy, read_candidate
@@ -86,9 +93,9 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
         sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
         stream_state=loaded.stream_state,
     )
-    if trainer:
+    if trainer is not None:
         _position_from(attempt, trainer, start)
-        start.metrics = trainer.get("metrics") if isinstance(trainer.get("metrics"), dict) else None
+        start.metrics = trainer.metrics
     set_counters(engine, start.position, resumed=name is not None)  # a loss may read DeepSpeed's counters
     if start.rng_state is not None and start.rng_state.task is None and rng.task_generator_kinds():
         attempt.warn(
@@ -99,10 +106,10 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     return start
 
 
-def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart) -> None:
-    """The loaded state's position at this attempt's layout (index arithmetic, no sample touched)."""
+def _position_from(attempt: Attempt, state: TrainState, start: ResumeStart) -> None:
+    """The loaded state's position at this attempt's layout (index arithmetic, no sample touched);
+    ``state`` was classified: its legacy counters are filled in."""
     spec, layout, at = attempt.spec, attempt.layout, start.position
-    state = TrainState.model_validate(trainer)  # classified already: the legacy counters are filled in
     saved_world = state.world_size
     start.sampler = state.data.sampler  # classified already: one this syncpoint knows
     at.epoch, at.position_in_epoch = state.epoch, layout.position_for(state.data.samples_in_epoch)
@@ -124,8 +131,8 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
     if at.position_in_epoch == layout.micro_batches_per_epoch:
         at.next_epoch()
     at.schedule_position = resume_position(
-        trainer.get("scheduler"),
-        spec.train.scheduler,  # the record as stored
+        state.scheduler,
+        spec.train.scheduler,
         optimizer_step=at.optimizer_step,
         epoch_done=at.epoch,
         reset=spec.resume.reset_schedule,
@@ -138,6 +145,58 @@ def _position_from(attempt: Attempt, trainer: dict[str, Any], start: ResumeStart
         print(f"[syncpoint] {line}", flush=True)
 
 
+@dataclass(frozen=True)
+class ResumeChoice:
+    """What rank 0 decided, the same object on every rank (``dist.broadcast_object_list``).
+
+    Pickled, and only between this job's own ranks (the process group's own trust): the typed
+    records arrive as rank 0 validated them, so no rank parses a manifest of up to
+    ``MANIFEST_MAX_FILES`` entries again, and no text format of them is needed beside the files'.
+    Rank 0 checked the signature over the manifest exactly as read; ``legacy_signature`` is what
+    the other ranks need of it.
+    """
+
+    state: str | None = None  # the state to load; None: start without one (or ``error``)
+    reason: str = ""
+    record: Manifest | None = None  # its manifest.json
+    record_problem: str | None = None  # init_from: why its manifest.json does not parse (every rank's fetch refuses)
+    train_state: TrainState | None = None  # its trainer.json
+    legacy_signature: bool = False  # signed before signatures carried a binding (``legacy_unbound``)
+    error: str | None = None  # rank 0 refused: every rank raises ``ResumeRefused`` with it
+
+    @classmethod
+    def of(cls, name: str | None, c: Candidate | None, reason: str) -> ResumeChoice:
+        """The choice of state ``name`` (None: none), with the records of its candidate ``c``."""
+        if c is None:
+            return cls(state=name, reason=reason)
+        c.parse()
+        return cls(
+            state=name,
+            reason=reason,
+            record=c.record,
+            record_problem=c.record_problem,
+            train_state=c.state,
+            legacy_signature=c.manifest is not None and legacy_unbound(c.manifest),
+        )
+
+    def candidate(self) -> Candidate:
+        """The chosen state as fetching reads it (its records already parsed)."""
+        assert self.state is not None
+        return Candidate(
+            name=self.state,
+            record=self.record,
+            record_problem=self.record_problem,
+            state=self.train_state,
+            parsed=True,
+        )
+
+    def broadcast(self) -> ResumeChoice:
+        """Rank 0's choice on every rank (the others pass whatever they hold)."""
+        box: list[ResumeChoice] = [self]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
 @dataclass
 class Loaded:
     """What this rank keeps of the state it loaded, beyond the engine: its RNG and its stream position."""
@@ -146,7 +205,7 @@ class Loaded:
     stream_state: SavedStream | None = None
 
 
-def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | None, dict[str, Any] | None, Loaded]:
+def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | None, TrainState | None, Loaded]:
     """Rank 0 decides from metadata; every rank fetches, verifies and loads; all agree or try the next.
 
     Any refusal after selection marks that candidate and asks the policy again, so a bad newest
@@ -162,7 +221,7 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
     discovered = rank != 0
     spec_dict = spec.model_dump(mode="json")
     while True:
-        msg: dict[str, Any] = {}
+        msg = ResumeChoice()
         if rank == 0:
             try:
                 if not discovered:  # here, so a refused run directory reaches every rank below
@@ -171,21 +230,16 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
                 chosen = next((c for c in candidates if c.name == decision.state), None)
                 if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
                     _clear_for_fresh(attempt)
-                msg = {
-                    "state": decision.state,
-                    "reason": decision.reason,
-                    "manifest": chosen.manifest if chosen else None,
-                    "trainer": chosen.trainer if chosen else None,
-                }
+                msg = ResumeChoice.of(decision.state, chosen, decision.reason)
             except (NoResumableState, RunDirectoryRefused) as e:
-                msg = {"error": str(e)}
+                msg = ResumeChoice(error=str(e))
             if events:
                 looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
                 events.emit(
                     ResumeDecision(
                         attempt=attempt.number,
-                        chosen=msg.get("state"),
-                        reason=msg.get("reason") or msg.get("error"),
+                        chosen=msg.state,
+                        reason=msg.reason or msg.error,
                         total_candidates=len(candidates),
                         candidates=[
                             CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None, reason=c.reason)
@@ -193,27 +247,25 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
                         ],
                     )
                 )
-        box = [msg]
-        dist.broadcast_object_list(box, src=0)
-        msg = box[0]
-        if "error" in msg:
-            raise ResumeRefused(msg["error"])
-        if msg["state"] is None:
-            attempt.say(msg["reason"])
+        msg = msg.broadcast()
+        if msg.error is not None:
+            raise ResumeRefused(msg.error)
+        if msg.state is None:
+            attempt.say(msg.reason)
             _maybe_init_from(attempt, engine)
             return None, None, Loaded()
-        candidate = Candidate(name=msg["state"], manifest=msg["manifest"], trainer=msg["trainer"])
+        candidate = msg.candidate()
         loaded, refusal = _fetch_and_load(attempt, candidate, engine)
         if refusal is None:
-            attempt.say(f"resuming from state {candidate.name}: {msg['reason']}")
-            if attempt.signing_key is not None and candidate.manifest and legacy_unbound(candidate.manifest):
+            attempt.say(f"resuming from state {candidate.name}: {msg.reason}")
+            if attempt.signing_key is not None and msg.legacy_signature:
                 attempt.warn(
                     f"state {candidate.name} was signed before syncpoint bound signatures to their run "
                     "directory: it is trusted by the key alone; the states this run writes are bound"
                 )
             if spec.resume.init_from:
                 attempt.say("resume.init_from ignored: this run's own resumable state wins")
-            return candidate.name, candidate.trainer, loaded
+            return candidate.name, candidate.state, loaded
         if rank == 0:
             for c in candidates:
                 if c.name == candidate.name:
@@ -246,12 +298,13 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     module buffers (``syncpoint.workers.buffers``) are checked against the live module with the fetch and
     applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
     fetched, error, saved_buffers = None, None, None
-    same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
-    buffers_of = _buffers_source(attempt, candidate)
+    state = _classified(candidate)
+    same_world = state.world_size == attempt.world_size
+    buffers_of = _buffers_source(attempt, state)
     # a stream's state: selection admitted it at this world size only, so this rank reads its own
-    stream_of = attempt.rank if TrainState.model_validate(candidate.trainer).data.stream is not None else None
+    stream_of = attempt.rank if state.data.stream is not None else None
     try:
-        own = _own_shard(attempt, candidate, engine)
+        own = _own_shard(attempt, state, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
         fetched = fetch_state(
             attempt.storage,
@@ -274,7 +327,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
                 engine,
                 fetched,
                 module_only=attempt.spec.resume.reset_optimizer,
-                other_world_size=candidate.trainer["world_size"] != attempt.world_size,  # type: ignore[index]
+                other_world_size=not same_world,
             )
             if saved_buffers is not None:
                 buffers.apply(engine.module, saved_buffers)
@@ -285,28 +338,32 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         fetched.cleanup()
     if refusal is not None:
         return Loaded(), refusal
-    _apply_live_hyperparameters(attempt, engine, candidate)
+    _apply_live_hyperparameters(attempt, engine, state)
     assert fetched is not None
     return Loaded(fetched.rng_state, fetched.stream_state), None
 
 
-def _buffers_source(attempt: Attempt, candidate: Candidate) -> int | None:
+def _classified(candidate: Candidate) -> TrainState:
+    """The chosen state's trainer record: selection admitted only states whose record parses."""
+    state = candidate.parse().state
+    assert state is not None, "a chosen state was classified resumable"
+    return state
+
+
+def _buffers_source(attempt: Attempt, state: TrainState) -> int | None:
     """The saved rank whose module buffers this rank applies, or None for a state without per-rank
     buffers (every rank then keeps those of DeepSpeed's module file)."""
-    trainer = candidate.trainer or {}
-    saved_world = trainer.get("world_size")
-    if trainer.get("per_rank_buffers") is not True or not isinstance(saved_world, int) or saved_world < 1:
+    if not state.per_rank_buffers:
         return None
-    return buffers.source_rank(attempt.rank, saved_world)
+    return buffers.source_rank(attempt.rank, state.world_size)
 
 
-def _own_shard(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> int | None:
+def _own_shard(attempt: Attempt, state: TrainState, engine: DeepSpeedEngine) -> int | None:
     """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO optimizer shard
     (``syncpoint.workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
     no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
-    same_world = candidate.trainer is not None and candidate.trainer.get("world_size") == attempt.world_size
     if (
-        not same_world
+        state.world_size != attempt.world_size
         or attempt.spec.resume.reset_optimizer
         or engine.zero_optimization_stage() not in (1, 2)
         or engine.mpu is not None
@@ -353,13 +410,13 @@ def _first_refusal(error: str | None) -> str | None:
     return next((e for e in errors if e), None)
 
 
-def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine, candidate: Candidate) -> None:
+def _apply_live_hyperparameters(attempt: Attempt, engine: DeepSpeedEngine, state: TrainState) -> None:
     """Config wins for what the user sets: the state supplied moments, positions and the param
     groups' running state (the keys it records as changed by the optimizer itself), the live spec
     every other hyper-parameter (the loaded param groups carried the old ones); each change is said once."""
     running = None
     if not attempt.spec.resume.reset_optimizer:
-        running = TrainState.model_validate(candidate.trainer).optimizer.running  # classified: it parses
+        running = state.optimizer.running
     restored = apply_hyperparameters(engine, attempt.spec, running)
     if attempt.spec.resume.reset_optimizer:
         attempt.warn(
@@ -422,17 +479,17 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
     key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or load_key(
         spec.checkpoint.signing_key_env
     )
-    box: list[dict[str, Any]] = [{}]
+    choice = ResumeChoice()
     if attempt.rank == 0:
         try:
-            box[0] = _resolve_init_from(attempt, source, key)
+            choice = _resolve_init_from(attempt, source, key)
         except ResumeRefused as e:
-            box[0] = {"error": str(e)}
-    dist.broadcast_object_list(box, src=0)
-    if "error" in box[0]:
-        raise ResumeRefused(box[0]["error"])
-    name = box[0]["state"]
-    candidate = Candidate(name=name, manifest=box[0]["manifest"], trainer=box[0]["trainer"])
+            choice = ResumeChoice(error=str(e))
+    choice = choice.broadcast()
+    if choice.error is not None:
+        raise ResumeRefused(choice.error)
+    candidate = choice.candidate()
+    name = candidate.name
     fetched = fetch_state(source, candidate, attempt.rank, want_rng=False)
     try:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
@@ -443,7 +500,7 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
     )
 
 
-def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) -> dict[str, Any]:
+def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) -> ResumeChoice:
     """Rank 0: the source state's name and metadata, checked from metadata alone; the run's first
     resolution is recorded, a later attempt reuses it (``ResumeRefused`` when it cannot)."""
     spec = attempt.spec
@@ -482,7 +539,7 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
             f"(its manifest's sha256 was {recorded.manifest_sha256[:16]}..., now {digest[:16]}...). The run's "
             "first attempts started from the old bytes; restore them, or start the fine-tune again as a new run"
         )
-    problem = init_from_problem(candidate.trainer, attempt.expectation, spec.resume.init_optimizer)
+    problem = init_from_problem(candidate, attempt.expectation, spec.resume.init_optimizer)
     if problem:
         raise ResumeRefused(f"resume.init_from: {where} cannot be taken: {problem}")
     if recorded is None and attempt.events is not None:
@@ -491,7 +548,7 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
         )
     elif recorded is not None:
         attempt.say(f"init_from: the source state this run took at attempt {recorded.attempt} ({name}), unchanged")
-    return {"state": name, "manifest": candidate.manifest, "trainer": candidate.trainer}
+    return ResumeChoice.of(name, candidate, "")
 
 
 def manifest_sha256(manifest: dict[str, Any]) -> str:

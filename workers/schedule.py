@@ -98,7 +98,7 @@ def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:
 
 
 def resume_position(
-    saved: dict[str, Any] | None,
+    saved: SchedulerRecord | None,
     live: SchedulerSpec,
     *,
     optimizer_step: int,
@@ -114,23 +114,23 @@ def resume_position(
     """
     if reset:
         return 0
-    if not saved or saved.get("position") is None:  # a record may say null: selection does not compare it
+    if saved is None or saved.position is None:  # a record may say null: selection does not compare it
         warn("the resumed state records no LR-schedule position; the schedule starts from the beginning")
         return 0
-    if saved.get("type") != live.type or saved.get("phases") != phases(live):
+    if saved.type != live.type or saved.phases != phases(live):
         raise ScheduleMismatch(
-            f"train.scheduler changed from {saved.get('type')} {saved.get('phases')} to {live.type} {phases(live)}; "
+            f"train.scheduler changed from {saved.type} {saved.phases} to {live.type} {phases(live)}; "
             "a schedule of another type or phase order cannot be continued. Set resume.reset_schedule: true "
             "to restart the schedule from step 0 on these weights, or restore the previous scheduler."
         )
-    if saved.get("unit") != live.unit:
+    if saved.unit != live.unit:
         new = optimizer_step if live.unit == "optimizer_steps" else epoch_done
         warn(
-            f"!!! train.scheduler.unit changed from {saved.get('unit')} to {live.unit}: the schedule position is "
+            f"!!! train.scheduler.unit changed from {saved.unit} to {live.unit}: the schedule position is "
             f"recomputed as {new} {live.unit} from the state's counters"
         )
         return new
-    return int(saved["position"])
+    return saved.position
 
 
 def horizon_changed(saved: int | None, live: int, s: SchedulerSpec, position: int) -> str | None:

@@ -252,7 +252,10 @@ def manifest_files(cand: Candidate) -> dict[str, ManifestEntry]:
     problem = path_problem(cand.name)
     if problem or "/" in cand.name:
         raise StateRefused(f"state name {cand.name!r} {problem or 'has a /'}: refused")
-    return parse_manifest(cand.manifest, cand.name).files
+    record = cand.parse().record
+    if record is None:
+        raise _malformed(cand.name, str(cand.record_problem))
+    return record.files
 
 
 def parse_manifest(raw: object, name: str) -> Manifest:
@@ -260,10 +263,14 @@ def parse_manifest(raw: object, name: str) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as e:
-        raise StateRefused(
-            f"{name}: {problem_of(e, MANIFEST_FILE)}; a state names only normalized relative paths "
-            "inside itself, each with a size and one known checksum: refused (corrupt)"
-        ) from None
+        raise _malformed(name, problem_of(e, MANIFEST_FILE)) from None
+
+
+def _malformed(name: str, problem: str) -> StateRefused:
+    return StateRefused(
+        f"{name}: {problem}; a state names only normalized relative paths "
+        "inside itself, each with a size and one known checksum: refused (corrupt)"
+    )
 
 
 def destination(local: str, rel: str) -> str:
