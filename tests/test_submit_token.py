@@ -217,6 +217,7 @@ def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path)
         "task.path=tests.tasks:failing_loss",
         "task.config.fail_at=1",
         "failure.max_failures=0",
+        "train.eval_every=0",  # the test task has no evaluation set
     )
     # one worker: the head has one CPU
     out = r.stdout + r.stderr
