@@ -1,6 +1,148 @@
+"""The suite's tiers, the markers each tier's directory sets, and the fixtures several modules share.
+
+Each directory under ``tests/`` is a tier; a test's directory, not a decorator, says what it needs:
+
+========================  ===================  ============================================================
+directory                 markers it sets      what its tests do
+========================  ===================  ============================================================
+``tests/unit/``           none                 pure functions and records: no engine, no subprocess
+``tests/integration/``    none                 DeepSpeed on a torch process group, spawned ranks, storage
+                                               (moto's S3 server included), the CLI in-process; no Ray
+``tests/k8s/``            none                 the manifests under ``k8s/`` and ``syncpoint k8s``, offline
+``tests/ray/``            ``ray``, ``slow``    start a Ray cluster (local, ``Cluster`` or ``ray start``)
+``tests/drills/``         ``long``, ``slow``   whole-job drills and the long property runs, without Ray
+``tests/drills/ray/``     ``long``, ``slow``,  the same on a Ray cluster (the storm tests add ``storm``
+                          ``ray``              themselves)
+========================  ===================  ============================================================
+
+Per-test marks remain only where a test differs from its directory: ``slow`` on the slower
+integration tests, ``gpu`` on ``tests/integration/test_gpu.py``, ``storm`` on the storm drills, and
+``long`` on the parametrized cases of an integration test whose other cases are short (the function
+stays in one place; its long cases run with the drills: ``-m long``). ``docs/testing.md`` has the table
+with the time each tier takes.
+"""
+
+from __future__ import annotations
+
 import os
+import shutil
+import tempfile
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
 warnings.filterwarnings("ignore")
+
+TESTS = Path(__file__).resolve().parent
+# a directory under tests/ -> the markers every test in it (and below it) carries
+DIRECTORY_MARKS: dict[str, tuple[str, ...]] = {
+    "ray": ("ray", "slow"),
+    "drills": ("long", "slow"),
+    "drills/ray": ("ray",),
+}
+
+
+def directory_marks(path: Path) -> list[str]:
+    """The markers a test module at ``path`` gets from its directories, outermost first."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parent.parts
+    except ValueError:
+        return []
+    marks: list[str] = []
+    for depth in range(1, len(parts) + 1):
+        marks += DIRECTORY_MARKS.get("/".join(parts[:depth]), ())
+    return marks
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on them
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for name in directory_marks(item.path):
+            if name not in {m.name for m in item.iter_markers()}:
+                item.add_marker(name)
+
+
+# ---------------------------------------------------------------- moto's S3 server
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """moto's S3 server on 127.0.0.1:<free port>, a bucket, and fsspec/s3fs pointed at it (one per
+    module that asks); yields a boto3 client on it."""
+    from tests.s3_server import moto_s3
+
+    with moto_s3() as client:
+        yield client
+
+
+# ---------------------------------------------------------------- Ray clusters
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[Any]:
+    """One multi-node cluster for a module's node tests (starting one costs ~20 s of CPU here).
+    Each test leaves it as it found it: a head and two live one-CPU worker nodes (it replaces the
+    node it takes away, as the autoscaler would) and no running job (the driver has exited)."""
+    from ray.cluster_utils import Cluster
+
+    # fast GCS health checks so a killed node is declared dead within seconds
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+        },
+    )
+    for _ in range(2):
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def cluster(local_cluster: Any) -> Iterator[tuple[Any, list[Any]]]:
+    workers = list(local_cluster.worker_nodes)
+    assert len(workers) == 2, "a previous test left the shared cluster without two worker nodes"
+    yield local_cluster, workers
+    local_cluster.wait_for_nodes()
+
+
+@pytest.fixture(scope="module")
+def ray_start_cluster() -> Iterator[tuple[Any, list[Any]]]:
+    """A `ray start --head` with no CPUs and two `ray start --block` worker nodes that drain on SIGTERM."""
+    from tests.ray_processes import drain_env, local_head, worker_nodes
+
+    # fast GCS health checks: the drained node's death is noticed within seconds of its deadline
+    config = '{"health_check_period_ms": 500, "health_check_failure_threshold": 4}'
+    with local_head(drain_env(), num_cpus=0, system_config=config) as head, worker_nodes(head, 2, drain_env()) as nodes:
+        yield head, nodes
+
+
+@pytest.fixture
+def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """No Ray token anywhere: a clean environment and an empty home directory."""
+    from tests.ray_processes import TOKEN_ENV
+
+    for var in TOKEN_ENV:
+        monkeypatch.delenv(var, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return str(home)
+
+
+# ---------------------------------------------------------------- the property runs
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[str]:
+    """A directory for a module's hypothesis examples (they cannot take the function-scoped tmp_path)."""
+    d = tempfile.mkdtemp(prefix="syncpoint-changes-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

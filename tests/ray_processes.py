@@ -29,6 +29,9 @@ BIN = os.path.dirname(sys.executable)
 # one (shared memory), and a test runs up to five nodes on this 24 GB machine beside the other half of
 # the suite; the tests pass kilobytes through it.
 OBJECT_STORE = f"--object-store-memory={256 * 1024 * 1024}"
+# Ray's token authentication (Ray >= 2.52): what a test clears for "no token anywhere".
+TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
 
 
 def ray_env() -> dict:
@@ -37,6 +40,13 @@ def ray_env() -> dict:
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # the head runs `python` entrypoints from this venv
     if os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         env["RAY_AUTH_MODE"] = "token"  # Ray 2.60: token auth is on when ~/.ray/auth_token exists
+    return env
+
+
+def drain_env() -> dict:
+    """ray_env() with a SIGTERM drain of DRAIN_S and a fast preemption poll, as a reclaimed pod's node has."""
+    env = ray_env()
+    env.update(RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=str(DRAIN_S), RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.2")
     return env
 
 

@@ -1074,7 +1074,7 @@ def hostile_results(committed, tmp_path_factory):
         text=True,
         timeout=120,
         preexec_fn=_limit_memory,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)
@@ -1343,7 +1343,8 @@ class _NoLength(torch.utils.data.IterableDataset):
 
 
 def no_length_task(config: dict):
-    """A task whose dataset is a plain iterable (no __len__, no state): tests.test_bad_input:no_length_task."""
+    """A task whose dataset is a plain iterable (no __len__, no state):
+    tests.integration.test_bad_input:no_length_task."""
     from tests.tasks import linear
 
     task = linear(config)
@@ -1355,7 +1356,7 @@ NOT_A_FUNCTION = "a string, not a function"
 
 
 def no_eval_length_task(config: dict):
-    """A task whose eval set is not map-style: tests.test_bad_input:no_eval_length_task."""
+    """A task whose eval set is not map-style: tests.integration.test_bad_input:no_eval_length_task."""
     from tests.tasks import linear
 
     task = linear(config)
@@ -1379,9 +1380,9 @@ RUNTIME_CASES = [
         id="task-attribute-missing",
     ),
     pytest.param(
-        ("task.path=tests.test_bad_input:NOT_A_FUNCTION",),
+        ("task.path=tests.integration.test_bad_input:NOT_A_FUNCTION",),
         TaskError,
-        r"task\.path: 'tests\.test_bad_input:NOT_A_FUNCTION' is a value of type \w+, not a function "
+        r"task\.path: 'tests\.integration\.test_bad_input:NOT_A_FUNCTION' is a value of type \w+, not a function "
         r"written in Python; it is not called.*a function 'package\.module:function' returning a Task",
         id="task-not-callable",
     ),
@@ -1399,7 +1400,7 @@ RUNTIME_CASES = [
         id="task-returns-no-task",
     ),
     pytest.param(
-        ("task.path=tests.test_bad_input:no_length_task",),
+        ("task.path=tests.integration.test_bad_input:no_length_task",),
         TaskError,
         r"task\.path: .* returned a plain iterable dataset \(_NoLength\): it has no state_dict\(\)/"
         r"load_state_dict\(\).*cannot be resumed exactly\. Return instead a map-style dataset \(__len__ and "
@@ -1421,7 +1422,7 @@ RUNTIME_CASES = [
         id="eval-set-empty",
     ),
     pytest.param(
-        ("task.path=tests.test_bad_input:no_eval_length_task",),
+        ("task.path=tests.integration.test_bad_input:no_eval_length_task",),
         TaskError,
         r"eval_dataset without __len__/__getitem__ \(Task\.eval_dataset must be map-style",
         id="eval-set-not-map-style",

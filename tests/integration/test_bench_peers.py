@@ -68,23 +68,6 @@ def test_p9_hf_micro_index_follows_the_short_epoch_end_cycle():
     assert layout.micro_index(5, 1) == 21 and layout.epoch_of(21) == 0 and layout.epoch_of(22) == 1
 
 
-@pytest.mark.slow
-@pytest.mark.long
-@pytest.mark.timeout(1800)
-def test_p9_harness_runs_both_sides_on_a_tiny_size(tmp_path):
-    """One epoch, one kill inside the short epoch-end cycle, no augmentation, no DataLoader worker:
-    both chains run, each resumes from the step before the kill, and both are exact (HF too: nothing
-    in ``__getitem__`` draws randomness)."""
-    for framework in ("hf", "syncpoint"):
-        runner = p9.run_hf if framework == "hf" else p9.run_syncpoint
-        ref = runner(str(tmp_path / f"{framework}-ref"), False, 0, (), epochs=1)
-        run = runner(str(tmp_path / f"{framework}-int"), False, 0, (21,), epochs=1)
-        assert run["codes"] == [-signal.SIGKILL, 0] and run["starts"] == [0, 20], framework
-        c = p9.compare(ref, run)
-        assert c["micro_batches"] == 22 and c["losses_identical"] and c["bitwise"], (framework, c)
-        assert c["skipped"] == c["repeated"] == c["ids_differ"] == 0, (framework, c)
-
-
 def test_p9_attempts_do_not_inherit_a_distributed_launch(monkeypatch):
     """An in-process syncpoint run earlier in the same process leaves ``LOCAL_RANK`` set; an HF attempt that
     inherits it is taken by accelerate for one rank of a multi-process job and fails waiting for

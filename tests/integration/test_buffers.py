@@ -26,9 +26,9 @@ from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json
+from tests.integration.test_exact_resume import module_params
 from tests.meta import candidate_for
 from tests.tasks import BufferNet
-from tests.test_exact_resume import module_params
 
 EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 

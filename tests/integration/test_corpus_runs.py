@@ -11,9 +11,6 @@
 from __future__ import annotations
 
 import io
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,9 +23,7 @@ from syncpoint.workers.corpus import ShardedCorpus
 from syncpoint.workers.data import ShardWindowOrder
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.shard_cache import fetched_names
-from tests import test_s3
 from tests.helpers import (
-    ROOT,
     digest,
     lm_spec,
     run,
@@ -38,10 +33,9 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
+from tests.s3_server import BUCKET
 
 pytestmark = pytest.mark.slow
-s3 = test_s3.s3  # moto's S3 server on loopback, shared with the S3 tests
-BUCKET = test_s3.BUCKET
 WINDOW = 2
 
 
@@ -126,7 +120,7 @@ def test_a_corpus_changed_between_attempts_is_refused_at_selection_naming_the_sh
 
 
 def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp_path):
-    from tests.test_elastic import _assert_same_samples_and_close
+    from tests.integration.test_elastic import _assert_same_samples_and_close
 
     url = f"s3://{BUCKET}/corpus-elastic"
     write_corpus(url, 8, 6, 8, vary=False)  # 48 rows: 6 optimizer steps of 8 samples per epoch
@@ -141,94 +135,3 @@ def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp
     last = trainer_json(spec, state_names(spec)[-1])
     assert (last["world_size"], last["grad_accum"], last["data"]["sampler"]) == (1, 4, SHARD_WINDOW_SAMPLER)
     _assert_same_samples_and_close(ref, spec)
-
-
-@pytest.mark.ray
-@pytest.mark.long
-@pytest.mark.parametrize("how", ["crash", "sigterm", "node"])
-def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path, how):
-    url = f"s3://{BUCKET}/corpus-drill-{how}"
-    write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
-    cmd = [
-        sys.executable,
-        "-m",
-        "syncpoint",
-        "drill",
-        "examples/tiny_lm.yaml",
-        "--preempt-at",
-        "30",
-        "--how",
-        how,
-        "--set",
-        f"storage={tmp_path}",
-        "--set",
-        "task.path=examples.sharded_lm:build",
-        "--set",
-        f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}",
-        "--set",
-        "train.eval_every=0",
-        "--set",
-        "train.epochs=2",
-        "--set",
-        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-        "--set",
-        f"corpus.window_shards={WINDOW}",
-        "--set",
-        f"corpus.cache_dir={tmp_path / 'cache'}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "per-step losses and learning rates: match" in out and "final digest: match" in out, out[-3000:]
-    assert out.strip().splitlines()[-1] == "RESULT: the interrupted run is bitwise the uninterrupted one", out[-3000:]
-
-
-@pytest.mark.ray
-@pytest.mark.long
-def test_elastic_drill_on_a_corpus_on_s3_keeps_the_samples_of_every_step(s3, tmp_path):
-    """``syncpoint drill --how node --no-replacement`` on the corpus with ``scaling.num_workers: {min: 1,
-    max: 2}``: a node is lost and none replaces it, the run continues on one worker (accumulation
-    doubled) and every optimizer step trains the samples the uninterrupted two-worker run trained
-    (the drill records them: ``train.record_samples``), at the same learning rate, bit for bit up to
-    the change and within the elastic bound after it (dropout re-seeded for the new world size)."""
-    url = f"s3://{BUCKET}/corpus-drill-elastic"
-    write_corpus(url, 8, 100, 8)
-    cmd = [
-        sys.executable,
-        "-m",
-        "syncpoint",
-        "drill",
-        "examples/tiny_lm.yaml",
-        "--preempt-at",
-        "30",
-        "--how",
-        "node",
-        "--no-replacement",
-        "--set",
-        f"storage={tmp_path}",
-        "--set",
-        "task.path=examples.sharded_lm:build",
-        "--set",
-        f"task.config={{shards: '{url}/*.npy', seq_len: 8, d_model: 16}}",
-        "--set",
-        "train.eval_every=0",
-        "--set",
-        "train.epochs=2",
-        "--set",
-        "checkpoint.save_every={value: 2, unit: optimizer_steps}",
-        "--set",
-        "scaling.num_workers={min: 1, max: 2}",
-        "--set",
-        f"corpus.window_shards={WINDOW}",
-        "--set",
-        f"corpus.cache_dir={tmp_path / 'cache'}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "per-step losses and learning rates before the world-size change (steps 1-" in out, out[-3000:]
-    assert "]: samples and learning rate of every optimizer step: match" in out, out[-3000:]
-    assert "final parameters: within the elastic bound" in out, out[-3000:]
-    assert out.strip().splitlines()[-1].startswith("RESULT: the interrupted run matched bit for bit until"), out[-3000:]

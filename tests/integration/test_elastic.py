@@ -18,7 +18,7 @@ from syncpoint.policies.elastic import allowed_world_sizes, layout
 from syncpoint.policies.errors import ElasticLayoutError
 from syncpoint.workers.launch import run_spawned
 from tests.helpers import lm_spec, state_names, step_history, trainer_json
-from tests.test_exact_resume import module_params
+from tests.integration.test_exact_resume import module_params
 
 
 def _spec(tmp, *extra):
@@ -96,57 +96,3 @@ def test_two_workers_lose_one_and_finish_on_one(tmp_path, zero):
     last = trainer_json(spec, state_names(spec)[-1])
     assert (last["world_size"], last["grad_accum"]) == (1, 8)
     _assert_same_samples_and_close(ref, spec)
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_one_worker_grows_back_to_two(tmp_path):
-    ref = _spec(tmp_path / "ref")
-    assert run_spawned(ref) == [0, 0]
-    spec = _spec(tmp_path / "run", "faults=[{rank: 0, at_micro_step: 11}]")
-    assert run_spawned(spec, world_size=1) == [17]  # started small (capacity was short)
-    assert run_spawned(spec) == [0, 0]  # the node came back
-    assert trainer_json(spec, state_names(spec)[-1])["world_size"] == 2
-    _assert_same_samples_and_close(ref, spec)
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-@pytest.mark.long
-def test_drill_node_loss_without_replacement_continues_on_one_worker(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
-    cmd = [
-        sys.executable,
-        "-m",
-        "syncpoint",
-        "drill",
-        "examples/tiny_lm.yaml",
-        "--preempt-at",
-        "30",
-        "--how",
-        "node",
-        "--no-replacement",
-        "--set",
-        f"storage={tmp_path}",
-        "--set",
-        "task.config.num_samples=640",
-        "--set",
-        "train.epochs=2",
-        "--set",
-        "scaling.num_workers={min: 1, max: 2}",
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    # the shipped example, dropout on: the verdict follows the elastic rules, the losses are explained
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "per-step losses and learning rates before the world-size change (steps 1-" in out
-    assert "world sizes [1, 2]: samples and learning rate of every optimizer step: match" in out
-    assert "per-step losses after the change: differ" in out and "dropout" in out
-    assert "final parameters: within the elastic bound" in out
-    assert out.strip().splitlines()[-1].startswith("RESULT: the interrupted run matched bit for bit until")

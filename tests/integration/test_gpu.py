@@ -19,7 +19,7 @@ from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import gpt2_spec, lm_spec, run, run_until_crash, state_names, trainer_json
-from tests.test_exact_resume import assert_same_run
+from tests.integration.test_exact_resume import assert_same_run
 
 pytestmark = [
     pytest.mark.gpu,

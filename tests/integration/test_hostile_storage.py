@@ -45,10 +45,8 @@ from syncpoint.workers.discovery import read_candidate
 from syncpoint.workers.lease import RunLease, await_expiry, read_lease
 from syncpoint.workers.state_reader import fetch_state
 from syncpoint.workers.storage import RunStorage
-from tests import test_s3
 from tests.helpers import cli, linear_spec, run, run_until_crash
-
-s3 = test_s3.s3  # moto's S3 server on loopback, shared with the S3 tests
+from tests.s3_server import BUCKET
 
 # 8 micro-batches, accumulation 2, a state every optimizer step: 2, 4, 6, 8.
 LAYOUT = ("task.config.num_samples=8", "train.grad_accum=2", "checkpoint.save_every={value: 1, unit: optimizer_steps}")
@@ -459,7 +457,7 @@ def test_any_plants_leave_every_clean_state_resumable_and_nothing_outside_touche
 def test_object_store_reads_stop_at_their_bound(request, tmp_path, where):
     if where == "s3":
         request.getfixturevalue("s3")
-        store = RunStorage(f"s3://{test_s3.BUCKET}/hostile-{uuid.uuid4().hex[:8]}")
+        store = RunStorage(f"s3://{BUCKET}/hostile-{uuid.uuid4().hex[:8]}")
     else:
         store = RunStorage(f"memory://hostile-{uuid.uuid4().hex[:8]}")
     data = os.urandom(3 << 20)

@@ -19,13 +19,10 @@ from syncpoint.workers.discovery import read_candidate
 from syncpoint.workers.state_reader import ChecksumMismatch, StateRefused, fetch_state
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.verified_files import available
-from tests import test_trust_load
 from tests.helpers import digest, run, with_overrides
-from tests.test_trust_load import MODEL, NEWEST, SHARD, _escaping_state
+from tests.integration.test_trust_load import MODEL, NEWEST, SHARD, _escaping_state
 
 pytestmark = pytest.mark.skipif(not available(), reason="in-place reads need /proc/self/fd")
-
-crashed = test_trust_load.crashed  # a ZeRO-2 run with states at micro-steps 4, 8, 10, crashed after 10
 
 
 def _fetch(spec, **kwargs):

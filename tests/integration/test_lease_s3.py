@@ -12,11 +12,10 @@ import pytest
 from syncpoint.policies.errors import LeaseRefused
 from syncpoint.workers.lease import LEASE_MAX_BYTES, RunLease, read_lease
 from syncpoint.workers.storage import RunStorage
-from tests import lease_drivers, test_s3
-from tests.test_s3 import BUCKET
+from tests import lease_drivers
+from tests.s3_server import BUCKET
 
 JOB = lease_drivers.JOB
-s3 = test_s3.s3  # moto's S3 server on loopback, shared with the resume tests
 
 
 def _lease(url: str, submission: str, ttl: float = 30.0) -> RunLease:

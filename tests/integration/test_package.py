@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("orchestrator", "workers", "policies")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -28,8 +28,8 @@ from syncpoint.workers.param_groups import builtin_groups, decay_split, default_
 from syncpoint.workers.schedule import factor_at
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash, step_history, trainer_json, with_overrides
+from tests.integration.test_exact_resume import assert_same_run
 from tests.meta import candidate_for
-from tests.test_exact_resume import assert_same_run
 
 SAVE = "{value: 3, unit: micro_steps}"
 TWO_GROUPS = "task.path=tests.group_tasks:lm_two_groups"
@@ -306,24 +306,6 @@ def test_another_schedule_type_or_decay_shape_is_refused_naming_reset_schedule(t
 
 
 # ------------------------------------------------------------------ offload and two ranks (slow)
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_offload_with_groups_resumes_exactly(tmp_path):
-    """DeepSpeed's CPU Adam over the default split (equal betas), and a Task.optimizer's own CPU Adam
-    with other betas per group (the kernel's beta powers replayed group by group after a load)."""
-    _crash_and_resume(tmp_path / "a", 2, "deepspeed.offload_optimizer=cpu")
-    _crash_and_resume(
-        tmp_path / "b", 2, "deepspeed.offload_optimizer=cpu", TWO_GROUPS, "task.config.optimizer=cpu_adam"
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_offload_with_a_torch_task_optimizer_resumes_exactly(tmp_path):
-    """A Task.optimizer that is not DeepSpeed's CPU Adam steps the offloaded partitions as it is."""
-    _crash_and_resume(tmp_path, 2, "deepspeed.offload_optimizer=cpu", TWO_GROUPS)
 
 
 @pytest.mark.slow

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, step_history
 
 FAST_EXAMPLES = 200 if os.environ.get("SYNCPOINT_SLOW") == "1" else 15
-SLOW_EXAMPLES = 200
 
 COMMON = dict(
     deadline=None,
@@ -148,12 +147,4 @@ def check_resume_equals_uninterrupted(s: Scenario) -> None:
 @settings(max_examples=FAST_EXAMPLES, **COMMON)
 @given(scenarios())
 def test_resume_equals_uninterrupted(scenario):
-    check_resume_equals_uninterrupted(scenario)
-
-
-@pytest.mark.slow
-@pytest.mark.long
-@settings(max_examples=SLOW_EXAMPLES, **COMMON)
-@given(scenarios())
-def test_resume_equals_uninterrupted_200_examples(scenario):
     check_resume_equals_uninterrupted(scenario)

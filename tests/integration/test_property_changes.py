@@ -24,7 +24,6 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
@@ -35,7 +34,6 @@ from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, linear_spec, run, step_history, with_overrides
 
 FAST_EXAMPLES = 150 if os.environ.get("SYNCPOINT_SLOW") == "1" else 10
-SLOW_EXAMPLES = 150
 COMMON = dict(
     deadline=None,
     derandomize=True,
@@ -199,22 +197,7 @@ def check(s: Scenario, workdir: str) -> None:
     assert got[2] == want[2], "final digest differs"
 
 
-@pytest.fixture(scope="module")
-def workdir():
-    d = tempfile.mkdtemp(prefix="syncpoint-changes-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @settings(max_examples=FAST_EXAMPLES, **COMMON)
 @given(scenarios())
 def test_changed_spec_resumes_exactly_or_is_refused(workdir, scenario):
-    check(scenario, workdir)
-
-
-@pytest.mark.slow
-@pytest.mark.long
-@settings(max_examples=SLOW_EXAMPLES, **COMMON)
-@given(scenarios())
-def test_changed_spec_resumes_exactly_or_is_refused_150_examples(workdir, scenario):
     check(scenario, workdir)

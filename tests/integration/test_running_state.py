@@ -20,8 +20,8 @@ from syncpoint.workers.digest import load_deepspeed_file
 from syncpoint.workers.param_groups import GroupSettings
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json, with_overrides
-from tests.test_exact_resume import assert_same_run
-from tests.test_param_groups import _groups as _groups_0_to_2
+from tests.integration.test_exact_resume import assert_same_run
+from tests.integration.test_param_groups import _groups as _groups_0_to_2
 
 RUNNING = "task.path=tests.tasks:linear_running_groups"
 

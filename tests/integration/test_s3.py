@@ -17,10 +17,7 @@ later (fsspec reads them only when it is imported, so setting them alone does no
 from __future__ import annotations
 
 import json
-import logging
-import socket
 
-import fsspec
 import pytest
 
 from syncpoint.orchestrator.cli import main
@@ -37,13 +34,11 @@ from tests.helpers import (
     step_history,
     trainer_json,
 )
+from tests.s3_server import BUCKET
 
 boto3 = pytest.importorskip("boto3")
 s3fs = pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
-
-BUCKET = "syncpoint-test"
-KEY, SECRET = "testing", "testing"
 
 # 10 micro-batches per epoch, accumulation 4: boundaries at 4, 8, 10, 14, 18, 20; save requests every
 # 3 micro-steps are serviced at the next boundary (states 4, 8, 10, 14, 18, 20).
@@ -62,59 +57,6 @@ SMALL_LAYOUT = (
     "checkpoint.save_every={value: 1, unit: optimizer_steps}",
     "deepspeed.zero_stage=1",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """moto's S3 server on 127.0.0.1:<free port>, a bucket, and fsspec/s3fs pointed at it."""
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    werkzeug_log = logging.getLogger("werkzeug")
-    level = werkzeug_log.level
-    werkzeug_log.setLevel(logging.WARNING)  # one INFO line per request otherwise
-    endpoint = f"http://127.0.0.1:{port}"
-    mp = pytest.MonkeyPatch()
-    try:
-        for k, v in {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": "/nonexistent",
-            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-            "FSSPEC_S3_ENDPOINT_URL": endpoint,
-            "FSSPEC_S3_KEY": KEY,
-            "FSSPEC_S3_SECRET": SECRET,
-        }.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            mp.delenv(k, raising=False)
-        mp.setitem(
-            fsspec.config.conf, "s3", {"client_kwargs": {"endpoint_url": endpoint}, "key": KEY, "secret": SECRET}
-        )
-        s3fs.S3FileSystem.clear_instance_cache()
-        client = boto3.client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=KEY, aws_secret_access_key=SECRET
-        )
-        client.create_bucket(Bucket=BUCKET)
-        fs, path = fsspec.core.url_to_fs(f"s3://{BUCKET}/probe")  # exactly how RunStorage resolves a URL
-        assert isinstance(fs, s3fs.S3FileSystem) and path == f"{BUCKET}/probe"
-        fs.pipe_file(f"{BUCKET}/probe/x", b"x")
-        assert client.get_object(Bucket=BUCKET, Key="probe/x")["Body"].read() == b"x"  # really on the server
-        yield client
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        mp.undo()
-        server.stop()
-        werkzeug_log.setLevel(level)
 
 
 def keys(client, prefix: str) -> list[str]:

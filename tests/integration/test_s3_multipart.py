@@ -22,11 +22,9 @@ from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTE
 from syncpoint.workers.checksum import checksum_bytes
 from syncpoint.workers.state_reader import ChecksumMismatch, _other_shard, fetch_state
 from syncpoint.workers.storage import RunStorage
-from tests import test_s3
 from tests.helpers import committed_steps, digest, run, run_until_crash
-from tests.test_s3 import BUCKET
+from tests.s3_server import BUCKET
 
-s3 = test_s3.s3  # moto's S3 server on loopback, shared with the resume tests
 s3fs = pytest.importorskip("s3fs")
 
 PART = 5 << 20  # S3's smallest part

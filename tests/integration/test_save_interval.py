@@ -25,7 +25,7 @@ from syncpoint.policies.save_interval import (
 from syncpoint.policies.save_triggers import AutoInterval, PendingSave, Tick
 from syncpoint.policies.spec import CheckpointSpec
 from tests.helpers import lm_spec, run, run_until_crash, trainer_json
-from tests.test_exact_resume import assert_same_run
+from tests.integration.test_exact_resume import assert_same_run
 
 # ---------------------------------------------------------------- the policy
 

@@ -41,8 +41,8 @@ from tests.helpers import (
     step_history,
     with_overrides,
 )
+from tests.integration.test_exact_resume import assert_same_run
 from tests.meta import candidate_for
-from tests.test_exact_resume import assert_same_run
 
 # ------------------------------------------------------------------ finding the task's generators
 

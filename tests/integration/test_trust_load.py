@@ -29,7 +29,7 @@ from syncpoint.workers.discovery import read_candidate
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.state_reader import ChecksumMismatch, StateRefused, fetch_state
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import committed_steps, lm_spec, run, run_until_crash, with_overrides
+from tests.helpers import lm_spec, run, with_overrides
 
 NEWEST, OLDER = f"{10:012d}", f"{8:012d}"
 MODEL = "engine/mp_rank_00_model_states.pt"
@@ -63,20 +63,6 @@ def plant(store: RunStorage, state: str, rel: str, data: bytes) -> None:
     manifest = json.loads(store.read_bytes("states", state, "manifest.json", limit=MANIFEST_MAX_BYTES))
     manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
     store.commit_bytes(json.dumps(manifest).encode(), "states", state, "manifest.json")
-
-
-@pytest.fixture
-def crashed(tmp_path):
-    """A ZeRO-2 run with states at micro-steps 4, 8, 10, crashed after 10."""
-    spec = lm_spec(
-        tmp_path / "run",
-        "task.config.num_samples=20",
-        "train.epochs=2",
-        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-        "faults=[{at_micro_step: 10, mode: raise}]",
-    )
-    assert run_until_crash(spec) and committed_steps(spec) == [4, 8, 10]
-    return spec
 
 
 def one_paragraph(text: str) -> None:

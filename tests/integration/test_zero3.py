@@ -22,8 +22,8 @@ from syncpoint.workers.export import consolidate_zero3
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
-from tests.test_exact_resume import assert_same_run, module_params
-from tests.test_trust_load import one_paragraph, payload, plant
+from tests.integration.test_exact_resume import assert_same_run, module_params
+from tests.integration.test_trust_load import one_paragraph, payload, plant
 
 SAVE = "{value: 3, unit: micro_steps}"
 MODEL0 = "engine/zero_pp_rank_0_mp_rank_00_model_states.pt"
@@ -216,8 +216,8 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
 def test_elastic_zero3_across_world_sizes(tmp_path, direction):
     """Stage 3 as 1/2: the gathered optimizer state is scattered into the other world size's
     partitions; the same samples per step, losses within 1e-3, weights within 2 x sum(lr)."""
-    from tests.test_elastic import _assert_same_samples_and_close
-    from tests.test_elastic import _spec as elastic_spec
+    from tests.integration.test_elastic import _assert_same_samples_and_close
+    from tests.integration.test_elastic import _spec as elastic_spec
 
     ref = elastic_spec(tmp_path / "ref", "deepspeed.zero_stage=3")
     assert run_spawned(ref) == [0, 0]

@@ -37,7 +37,7 @@ import yaml
 
 from syncpoint.orchestrator.spec_file import parse_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUBERAY_VERSION = "v1.7.0"
 CRD_DIR = K8S / "crds" / KUBERAY_VERSION  # carried in the repository (Apache-2.0, see its README)

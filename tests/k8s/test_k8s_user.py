@@ -31,7 +31,7 @@ import yaml
 from syncpoint.orchestrator import k8s_render
 from syncpoint.orchestrator.cli import import_problems, main
 from syncpoint.orchestrator.spec_file import load_spec, parse_spec
-from tests.test_k8s import (
+from tests.k8s.test_k8s import (
     ENTRYPOINT_SPEC,
     K8S,
     OVERLAYS,

@@ -18,7 +18,6 @@ from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec, state_names
 from tests.ray_processes import local_head, ray_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
 BIN = os.path.dirname(sys.executable)
 
 

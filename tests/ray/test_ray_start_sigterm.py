@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import yaml
 
 from syncpoint.orchestrator.timeline import restarts
@@ -28,29 +27,12 @@ from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, digest, lm_spec, state_names
-from tests.ray_processes import BIN, add_worker_node, local_head, ray_env, worker_nodes
+from tests.ray_processes import DRAIN_S, add_worker_node, drain_env
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
-
-DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
 # ~400 micro-steps paced at 50 ms: the run lasts ~20 s of wall time and little CPU, so the notice lands mid-run
 LENGTH = ["task.config.num_samples=1600", "train.epochs=1"]
-
-
-def _env() -> dict:
-    env = ray_env()
-    env.update(RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=str(DRAIN_S), RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S="0.2")
-    return env
-
-
-@pytest.fixture(scope="module")
-def ray_start_cluster():
-    # fast GCS health checks: the drained node's death is noticed within seconds of its deadline
-    config = '{"health_check_period_ms": 500, "health_check_failure_threshold": 4}'
-    with local_head(_env(), num_cpus=0, system_config=config) as head, worker_nodes(head, 2, _env()) as nodes:
-        yield head, nodes
 
 
 # the run: paced (numerics unchanged), no application-error retries, saves only when a notice asks
@@ -85,7 +67,7 @@ def _reclaim_rank_1_node(spec, head, nodes, proc) -> None:
     time.sleep(1.0)
     rank_nodes = _events(spec, "attempt_started")[-1]["nodes"]
     victim = next(n for n in nodes if n.node_id == rank_nodes[1])
-    nodes.append(add_worker_node(head, _env()))
+    nodes.append(add_worker_node(head, drain_env()))
     victim.proc.send_signal(signal.SIGTERM)
     victim.proc.wait(timeout=DRAIN_S + 60)  # Ray's handler drains, then stops the node and exits
     nodes.remove(victim)
@@ -116,7 +98,7 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_s
     proc = subprocess.Popen(
         [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
         cwd=ROOT,
-        env=_env(),
+        env=drain_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -124,35 +106,4 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_s
     _reclaim_rank_1_node(spec, head, nodes, proc)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
-    _assert_exact_and_cheap(tmp_path, spec)
-
-
-@pytest.mark.long  # the Job API path itself is tests/test_job_submit.py's
-def test_the_same_through_ray_job_submit(tmp_path, ray_start_cluster):
-    head, nodes = ray_start_cluster
-    spec = _spec(tmp_path / "run")
-    assert spec == lm_spec(tmp_path / "run", *LM_SPEC, *RUN, workers=2)  # the submitted job is this spec
-    cmd = [
-        f"{BIN}/ray",
-        "job",
-        "submit",
-        "--address",
-        head.address,
-        "--working-dir",
-        str(ROOT),
-        "--",
-        "python",
-        "-m",
-        "syncpoint",
-        "run",
-        "examples/tiny_lm.yaml",
-    ]
-    for s in [*LM_SPEC, *RUN, f"storage={tmp_path / 'run'}"]:
-        cmd += ["--set", s]
-    env = _env()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _reclaim_rank_1_node(spec, head, nodes, proc)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-4000:]
-    assert "syncpoint: job 'tiny-lm' finished" in out
     _assert_exact_and_cheap(tmp_path, spec)

@@ -20,13 +20,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from tests.own_processes import marked_env, owned
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPENDENCIES = (
     "ray",
     "torch",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("policies", "workers", "orchestrator")
 OLD_NAMES = LAYERS  # the layers' top-level names before they moved under syncpoint.
 # What each layer may import of the project (itself included); "syncpoint" is the public API on top.

@@ -40,8 +40,6 @@ from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
 from tests.ray_processes import events as _events
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
-
 TTL = 30.0  # resume.lease_ttl_s: long enough that the re-submission usually arrives before it expires
 # 1600 samples, 2 workers, micro-batch 2: 400 micro-steps; accumulation 4; a state every 5 optimizer steps
 LENGTH = ["task.config.num_samples=1600", "train.epochs=1", "checkpoint.save_every={value: 5, unit: optimizer_steps}"]

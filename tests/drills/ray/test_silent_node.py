@@ -31,8 +31,6 @@ from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nod
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.long]
-
 # The GCS declares a silent node dead after `failure_threshold` health checks in a row fail, each after
 # `timeout_ms` of silence, `period_ms` apart: here at most 5 x (3 + 1) = 20 s (Ray's defaults: 5 x
 # (10 + 3) = 65 s). Not tighter: a healthy node on this loaded 2-core machine must not miss 5 in a row.

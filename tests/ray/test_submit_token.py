@@ -1,0 +1,169 @@
+"""``syncpoint submit`` against a real local head started with ``RAY_AUTH_MODE=token`` (where the
+token comes from: tests/integration/test_submit_token.py)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from syncpoint.orchestrator.submit import auth_headers
+from syncpoint.workers.launch import free_port
+from tests.helpers import ROOT, stop_processes
+from tests.own_processes import marked_env, marked_processes
+from tests.ray_processes import BIN, TOKEN_ENV
+
+
+def _env(token: str | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV}
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    if token is not None:
+        env["RAY_AUTH_TOKEN"] = token
+    env.update(extra)
+    return env
+
+
+def _status(address: str, authorization: str | None) -> int:
+    headers = {"Authorization": authorization} if authorization else {}
+    req = urllib.request.Request(f"{address}/api/jobs/", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _jobs(address: str, token: str) -> int:
+    from ray.job_submission import JobSubmissionClient
+
+    return len(JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"}).list_jobs())
+
+
+def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/tiny_lm.yaml", "--address", address]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def token_head():
+    """A local head started with RAY_AUTH_MODE=token and its own token; yields (address, token)."""
+    token = secrets.token_hex(32)
+    temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
+    ports = [free_port() for _ in range(7)]
+    head_env, mark = marked_env(_env(token, RAY_AUTH_MODE="token"))
+    subprocess.run(
+        [
+            f"{BIN}/ray",
+            "start",
+            "--head",
+            f"--port={ports[0]}",
+            f"--dashboard-port={ports[1]}",
+            f"--dashboard-agent-listen-port={ports[2]}",
+            f"--dashboard-agent-grpc-port={ports[3]}",
+            f"--metrics-export-port={ports[4]}",
+            f"--runtime-env-agent-port={ports[5]}",
+            f"--ray-client-server-port={ports[6]}",
+            "--num-cpus=1",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+            "--include-dashboard=true",
+        ],
+        check=True,
+        env=head_env,
+        capture_output=True,
+        timeout=180,
+    )
+    address = f"http://127.0.0.1:{ports[1]}"
+    try:
+        deadline = time.monotonic() + 90  # the head answers before its job agent is up
+        while (
+            subprocess.run(
+                [f"{BIN}/ray", "job", "list", "--address", address],
+                env=_env(token, RAY_AUTH_MODE="token"),
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
+            assert time.monotonic() < deadline, "the head's job agent never came up"
+            time.sleep(1)
+        yield address, token
+    finally:
+        # this head's processes, found by the mark they inherited; never `ray stop`, never a pid diff
+        stop_processes(marked_processes(mark), mark=mark)
+
+
+def test_the_head_refuses_requests_without_its_token(token_head) -> None:
+    """What makes the other tests meaningful: this cluster really enforces the token."""
+    address, token = token_head
+    assert _status(address, None) == 401
+    assert _status(address, "Bearer " + secrets.token_hex(32)) == 403
+    assert _status(address, f"Bearer {token}") == 200
+
+
+def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypatch) -> None:
+    """The Job SDK client built the way `syncpoint submit` builds it (RAY_AUTH_TOKEN, no RAY_AUTH_MODE)."""
+    from ray.job_submission import JobSubmissionClient
+
+    from syncpoint.orchestrator.submit import _connect
+
+    address, token = token_head
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    client = _connect(JobSubmissionClient, address, auth_headers(address))
+    assert isinstance(client.list_jobs(), list)
+
+
+def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:
+    """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
+    (a loss that raises at its first call, past submit's import preflight) comes back as exit 1 - the
+    token got it all the way there."""
+    address, token = token_head
+    home = tmp_path / "home"
+    home.mkdir()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    env = _env(None, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token_file))  # no RAY_AUTH_MODE: syncpoint needs none
+    r = _submit(
+        address,
+        env,
+        "name=token-auth",
+        f"storage={tmp_path / 'runs'}",
+        "scaling.num_workers=1",
+        "task.path=tests.tasks:failing_loss",
+        "task.config.fail_at=1",
+        "failure.max_failures=0",
+        "train.eval_every=0",  # the test task has no evaluation set
+    )
+    # one worker: the head has one CPU
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "syncpoint: submitted 'token-auth' as Ray job" in r.stdout, out[-3000:]
+    assert "bad batch at call 1" in r.stdout, out[-3000:]  # the job's own error, through the log websocket
+    assert r.stdout.rstrip().endswith("FAILED"), out[-3000:]
+    assert token not in out
+
+
+def test_a_missing_or_wrong_token_is_one_paragraph_and_submits_nothing(token_head, tmp_path) -> None:
+    address, token = token_head
+    home = tmp_path / "home"
+    home.mkdir()
+    before = _jobs(address, token)
+    wrong = secrets.token_hex(32)
+    for env, says in [
+        (_env(None, HOME=str(home)), "no token was sent"),
+        (_env(wrong, HOME=str(home)), "the configured token was rejected"),
+    ]:
+        r = _submit(address, env, f"storage={tmp_path / 'runs'}")
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "requires token authentication" in r.stderr and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 3, r.stderr
+        assert wrong not in r.stdout + r.stderr and token not in r.stdout + r.stderr
+    assert _jobs(address, token) == before
