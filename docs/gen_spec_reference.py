@@ -2,7 +2,7 @@
 
 The page's hand-written prose stays; only the part between the two markers is generated: one section
 per model (``scaling``, ``train.optimizer``, ``faults[]``, ...), one table row per field with its YAML
-name, type and bounds, default and description. ``tests/test_docs.py`` fails when the committed page
+name, type and bounds, default and description. ``tests/integration/test_docs.py`` fails when the committed page
 and the models disagree.
 
     python docs/gen_spec_reference.py           # rewrite the generated part of the page

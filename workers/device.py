@@ -62,7 +62,7 @@ def clear_stale_build_locks(root: str | None = None, now: float | None = None) -
     makes every other process wait, without a bound, until the file is gone. A rank killed while it
     builds (a preemption during the first DeepSpeed start of a fresh environment, which is exactly
     when builds happen) leaves the file behind, and every later DeepSpeed start on the machine waits
-    forever: seen in ``tests/test_silent_node.py``, both restarted ranks stuck. A lock is stale when
+    forever: seen in ``tests/drills/ray/test_silent_node.py``, both restarted ranks stuck. A lock is stale when
     it is older than ``STALE_BUILD_LOCK_S`` and no process works in its directory (ninja and the
     compiler run there for the whole build). Linux only (``/proc``); elsewhere nothing is removed.
     """
@@ -121,7 +121,7 @@ def apply_collective_timeout(spec: JobSpec) -> None:
     ``collective_timeout(spec)``: the launcher passes it for the world group, but DeepSpeed clones
     the world group (``deepspeed.utils.groups._clone_world_group``) and ZeRO makes groups of its own,
     all with torch's default, which ``new_group`` reads from these two module globals at call time.
-    ``tests/test_device.py`` checks both names, so a torch that moves them fails loudly."""
+    ``tests/integration/test_device.py`` checks both names, so a torch that moves them fails loudly."""
     import torch.distributed.distributed_c10d as c10d
 
     timeout = collective_timeout(spec)

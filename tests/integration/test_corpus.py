@@ -1,6 +1,6 @@
 """Sharded corpora (``syncpoint.workers.corpus``): the index, the shard-window order, the shard cache, and
 selection's refusal of another corpus. Fast: local files and memory://, no training; the runs on
-moto's S3 server are in tests/test_corpus_runs.py."""
+moto's S3 server are in tests/integration/test_corpus_runs.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""Training on a sharded corpus on moto's S3 server (the ``s3`` fixture of tests/test_s3.py):
+"""Training on a sharded corpus on moto's S3 server (the ``s3`` fixture of tests/conftest.py):
 
 * a crash and resume is bitwise the uninterrupted run (per-step losses, final digest), and the
   resumed attempt, on a node with an empty cache, fetches only the shards from its position on
   (and reads none to index the corpus: the run directory holds the index);
 * a corpus changed between attempts is refused at selection, naming the shard;
 * an elastic resize (2 workers, then 1) consumes the same samples per optimizer step;
-* (long) ``syncpoint drill`` through Ray on the corpus: crash and preemption notice, bitwise.
+* ``syncpoint drill`` through Ray on the corpus (crash and preemption notice, bitwise) is
+  tests/drills/ray/test_corpus_runs.py.
 """
 
 from __future__ import annotations

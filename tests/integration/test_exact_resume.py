@@ -116,7 +116,8 @@ def test_async_saves_resume_equals_uninterrupted(tmp_path, tmp_path_factory, mbp
 def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_factory):
     """Two interruptions, and DataLoader worker processes: still the same run. The runs are spawned
     ranks: forking loader workers from a test process grown over hundreds of in-process runs failed
-    with ENOMEM here (the kernel's overcommit heuristics), as tests/test_resume_holes.py's collate test did."""
+    with ENOMEM here (the kernel's overcommit heuristics), as
+    tests/integration/test_resume_holes.py's collate test did."""
     extra = ("train.dataloader_workers=2",)
     ref = _spec(tmp_path_factory.mktemp("refw"), 10, 4, "{value: 3, unit: micro_steps}", 2, *extra)
     assert run_spawned(ref, world_size=1) == [0]
@@ -144,7 +145,7 @@ def test_resume_after_crash_twice_with_dataloader_workers(tmp_path, tmp_path_fac
         2,
         pytest.param(3, marks=pytest.mark.long),
     ],
-)  # ZeRO-3 two-rank: tests/test_zero3.py
+)  # ZeRO-3 two-rank: tests/integration/test_zero3.py
 def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
     ref = _spec(tmp_path / "ref", 10, 4, "{value: 3, unit: micro_steps}", zero, workers=2)
     assert run_spawned(ref) == [0, 0]
@@ -168,7 +169,7 @@ def test_two_ranks_hard_crash_resume_equals_uninterrupted(tmp_path, zero):
 
 @pytest.mark.parametrize("zero,crash_at", [(0, 9), (2, 9), (2, 13), (3, 13)])
 def test_bf16_resume_equals_uninterrupted(tmp_path, tmp_path_factory, zero, crash_at):
-    """bf16 on CPU (the CUDA run is tests/test_gpu.py): bf16 weights, fp32 master weights and moments
+    """bf16 on CPU (the CUDA run is tests/integration/test_gpu.py): bf16 weights, fp32 master weights and moments
     (ZeRO-2 keeps them in bf16_zero_pp_rank_* files, which the digest must cover) all resume exactly."""
     save = "{value: 3, unit: micro_steps}"
     ref = _spec(tmp_path_factory.mktemp("bf16"), 10, 4, save, zero, "deepspeed.precision=bf16")

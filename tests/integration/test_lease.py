@@ -2,7 +2,7 @@
 
 Real parts throughout: real files (and memory://), real threads, real spawned processes, the real
 training loop; the S3 flavour (conditional writes against moto's server) is in
-``tests/test_lease_s3.py``.
+``tests/integration/test_lease_s3.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lease on S3: conditional writes (``If-None-Match: *`` to create, ``If-Match: <etag>`` to
 replace) and ages from the server's own clock (LastModified against the response's Date), against
-moto's real S3 server on loopback (the ``s3`` fixture of ``tests/test_s3.py``)."""
+moto's real S3 server on loopback (the ``s3`` fixture of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 

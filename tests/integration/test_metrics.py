@@ -3,7 +3,7 @@
 Real parts: in-process runs of the example job write real TensorBoard event files (to a local run
 directory and to memory://), read back with TensorBoard's own ``EventAccumulator``, whose purge
 rule decides what a resumed run's curves show; the bar is rich rendering to a string. Ray's own
-delivery of the report is checked in tests/test_first_hour.py's embedded-Ray run.
+delivery of the report is checked in tests/ray/test_first_hour.py's embedded-Ray run.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_run_refuses_a_misspelt_attribute_before_ray_starts(user_dir, capsys):
 
 
 def _worker_failures(**by_rank: BaseException) -> BaseException:
-    """A worker group's failure as Ray Train v2 hands it over (tests/test_failures.py)."""
+    """A worker group's failure as Ray Train v2 hands it over (tests/integration/test_failures.py)."""
     from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
     from ray.train.v2.api.exceptions import WorkerGroupError
 

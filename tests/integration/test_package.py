@@ -3,7 +3,7 @@
 The layers live at the repository's top level (``orchestrator/``, ``workers/``, ``policies/``) and
 install as ``syncpoint.<layer>`` (``[tool.setuptools] package-dir``); ``syncpoint/`` holds the public
 API and links to the three layers, so a checkout (``PYTHONPATH``, mypy) sees the installed names.
-Building, installing and running the wheel is ``tests/test_wheel.py``.
+Building, installing and running the wheel is ``tests/ray/test_wheel.py``.
 """
 
 from __future__ import annotations

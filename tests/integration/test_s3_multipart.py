@@ -1,5 +1,5 @@
 """Big files on S3 move as parallel multipart uploads and parallel ranged reads (moto's real S3
-server on loopback, the ``s3`` fixture of ``tests/test_s3.py``), with the part size forced down to
+server on loopback, the ``s3`` fixture of ``tests/conftest.py``), with the part size forced down to
 S3's minimum (5 MiB) through s3fs's own ``default_block_size`` so that a small state has many parts:
 
 * the backend's streaming writer, ``upload_file`` and ``download_file`` move the exact bytes in

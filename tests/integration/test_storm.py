@@ -1,8 +1,8 @@
-"""The storm drill: its seeded plan, the fault schema it relies on, and one real storm on Ray.
+"""The storm drill: its seeded plan and the fault schema it relies on (the real storms on Ray:
+tests/drills/ray/test_storm.py).
 
 The plan tests are plain data (a reference trajectory as the drill reads it from the event log);
-the fault tests drive ``syncpoint.workers.faults.Faults`` on real fsspec memory storage; the storm itself runs
-the example job, shrunk, on a local multi-node cluster (slow, Ray).
+the fault tests drive ``syncpoint.workers.faults.Faults`` on real fsspec memory storage.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from tests.helpers import EXAMPLE, cli, digest, lm_spec, run, run_until_crash, s
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
 
-# As tests/test_metrics.py: optimizer steps 1..6, a state every 2 steps, every step logged.
+# As tests/integration/test_metrics.py: optimizer steps 1..6, a state every 2 steps, every step logged.
 SETS = (
     "task.config.num_samples=20",
     "train.grad_accum=4",

@@ -6,7 +6,7 @@ of every parameter), so this file also covers what depends on the layout: the fi
 state must list, the digest and the export (both gather the partitions), the weights-only load
 of stage-3 shards (a planted payload is refused and the run falls back), and the sealed
 universal-checkpoint loaders. The stage-3 rows of the general grids live in
-tests/test_exact_resume.py and tests/test_save_phases.py.
+tests/integration/test_exact_resume.py and tests/integration/test_save_phases.py.
 """
 
 from __future__ import annotations

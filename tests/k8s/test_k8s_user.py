@@ -4,7 +4,7 @@ A job of the user's (``mytask.py`` and ``job.yaml`` in a directory of its own: `
 workers of 2 CPUs, an s3:// storage) is rendered through the CLI for the base and for every overlay,
 by the real ``kubectl kustomize`` (what ``kubectl apply -k`` runs). Every rendered RayJob is
 validated against the carried KubeRay CRD schemas and held to the same hardening rules as the
-repository's own flavours (``tests/test_k8s.py``'s helpers); the job's name, spec, workers and code
+repository's own flavours (``tests/k8s/test_k8s.py``'s helpers); the job's name, spec, workers and code
 must be the user's, not the example's. Both ways in for the code are checked offline: the image
 recipe's layout resolves ``task.path`` the way the image will, and a zip made as the docs say
 resolves it after Ray's own unpacking of a remote working_dir.

@@ -1,6 +1,6 @@
 """Goodput and measured lost work, over hand-built journals (``syncpoint.policies.goodput``, ``Journal.reached``,
 ``syncpoint.orchestrator.timeline``), and the heartbeat's sending rule. The real path (Ray actor, a node
-lost after the last progress flush) is in ``tests/test_preemption.py``."""
+lost after the last progress flush) is in ``tests/ray/test_preemption.py``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 compare-and-swap of stores without conditional writes, links refused locally, and the
 half-manifest rehearsal that fault injection writes through storage.
 
-The lease's conditional writes on each store are exercised end to end in tests/test_lease.py
-(local, memory://) and tests/test_lease_s3.py (s3:// against moto's server)."""
+The lease's conditional writes on each store are exercised end to end in tests/integration/test_lease.py
+(local, memory://) and tests/integration/test_lease_s3.py (s3:// against moto's server)."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
 
 
 # In make test-all: make test (CI) walks notice -> commit at the next boundary -> exact resume through the
-# real path of a drain, SIGTERM to `ray start` (tests/test_ray_start_sigterm.py); this one drains by Ray's API.
+# real path of a drain, SIGTERM to `ray start` (tests/ray/test_ray_start_sigterm.py); this one drains by Ray's API.
 def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
     c, nodes = cluster
     # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
