@@ -322,7 +322,7 @@ class StateWriter:
        straight into ``states/<name>/`` (durably), an asynchronous one only copies their tensors
        into the engine's host arena; elastic ZeRO adds the gathered optimizer state in local
        staging. A crash leaves some shard files and no manifest: torn, never selected; retention
-       removes it once a newer state is resumable.
+       deletes it once a newer state commits (unless ``keep_last: 0`` keeps everything).
     3. **Upload** (a background thread for an asynchronous save): the arena's shards serialized
        into storage, staged files copied, then this rank's RNG, buffers and stream files; fault
        ``after_some_shards`` after them. A crash leaves files without a manifest: torn.
