@@ -539,6 +539,29 @@ def _engine_checks(s: TrainState, exp: Expectation) -> list[_Check]:
             "DeepSpeed shards the optimizer state by stage; restore deepspeed.zero_stage.",
         )
     ]
+    if exp.precision is not None and s.precision is not None:
+        checks.append(
+            (
+                "precision",
+                s.precision,
+                exp.precision,
+                "precision differs (deepspeed.precision)",
+                "Master weights and loss-scale state are stored per precision; restore deepspeed.precision, "
+                "or take the weights into a new run with resume.init_from.",
+            )
+        )
+    if not exp.reset_optimizer and exp.optimizer_type is not None and s.optimizer.type is not None:
+        checks.append(
+            (
+                "optimizer.type",
+                s.optimizer.type,
+                exp.optimizer_type,
+                "optimizer type differs (train.optimizer.type, or the class Task.optimizer returns): its "
+                "moments cannot be loaded",
+                "Set resume.reset_optimizer: true to keep weights and position and start the optimizer "
+                "state fresh, or restore train.optimizer.type (Task.optimizer).",
+            )
+        )
     return checks
 
 
