@@ -156,7 +156,6 @@ _CURRENT = {"run": ""}
 
 def instrument() -> None:
     """Time the snapshot and upload phases by wrapping the project's functions (behaviour unchanged)."""
-    import syncpoint.workers.saving as saving
     import syncpoint.workers.state_writer as sw
 
     orig_take, orig_upload = sw.take_snapshot, sw.upload_snapshot
@@ -182,7 +181,6 @@ def instrument() -> None:
         return out
 
     sw.take_snapshot = take_snapshot
-    saving.take_snapshot = take_snapshot
     sw.upload_snapshot = upload_snapshot
 
 
@@ -393,7 +391,39 @@ def mb(n: float) -> float:
     return n / 1e6
 
 
+@dataclass
+class Measured:
+    """Every run and reference measurement of one benchmark, for the report's sections."""
+
+    args: argparse.Namespace
+    n_params: int
+    runs: list[Run]
+    real_w: tuple[int, int]
+    root: str
+    staging: str
+    state_bytes: int
+    raw: dict[str, list[float]]
+    copies: list[float]  # raw in-memory copies of the state's bytes (the snapshot's physical limit)
+    refs: dict[str, list[float]]
+    total: float
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+    @property
+    def copy_s(self) -> float:
+        return med(self.copies)
+
+
 def main() -> None:
+    m = measure(parse_args())
+    print_setup(m)
+    print_blocked(m)
+    overheads = print_throughput(m)
+    sync_cs, async_cs, dd_bw = print_bandwidth(m)
+    print_goals(m, overheads, sync_cs, async_cs, dd_bw)
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", type=int, default=40, help="realistic save interval in optimizer steps")
     ap.add_argument("--aggressive", type=int, default=6, help="aggressive save interval in optimizer steps")
@@ -411,6 +441,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.width, args.depth, args.every, args.aggressive = 1536, 3, 16, 4
+    return args
+
+
+def measure(args: argparse.Namespace) -> Measured:
     model_cfg = {"width": args.width, "depth": args.depth}
     n_params = param_count(model_cfg)
     N, A = args.every, args.aggressive
@@ -455,8 +489,14 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     total = time.perf_counter() - t_start
     load_after = os.getloadavg()
-    base = runs[0]
+    return Measured(
+        args, n_params, runs, real_w, root, staging, state_bytes, raw, copies, refs, total, load_before, load_after
+    )
 
+
+def print_setup(m: Measured) -> None:
+    args, n_params, runs, root, staging, state_bytes = m.args, m.n_params, m.runs, m.root, m.staging, m.state_bytes
+    total, load_before, load_after = m.total, m.load_before, m.load_after
     print(
         f"P2 save cost: {n_params / 1e6:.1f}M-parameter MLP (1024 -> {args.width} x{args.depth} -> 1000), ZeRO stage "
         f"{args.zero_stage}, fp32, AdamW, 1 rank in-process (gloo), 1 intra-op thread, micro_batch_size 8, "
@@ -479,6 +519,9 @@ def main() -> None:
     )
     print()
 
+
+def print_blocked(m: Measured) -> None:
+    runs, copies, state_bytes = m.runs, m.copies, m.state_bytes
     # ---- (a) blocked seconds per save
     print(
         "(a) loop-blocked seconds per save (periodic saves only; from state_committed events; shards/upload "
@@ -527,6 +570,12 @@ def main() -> None:
         "serialization, checksum and write run in the background (upload s). commit lag = optimizer steps trained "
         "between the snapshot and its commit. sync-N-sha = sync-N with checkpoint.checksum: sha256."
     )
+    print_arena(m)
+    print()
+
+
+def print_arena(m: Measured) -> None:
+    runs, copy_s = m.runs, m.copy_s
     arena = [
         (r.label, PHASES.get((r.url, c["state"]), {}))
         for r in runs
@@ -565,8 +614,12 @@ def main() -> None:
             f"({med(first) / copy_s:.2f}x raw copy) over {len(first)}; later saves (reused buffers) median "
             f"{med(later):.3f} ({med(later) / copy_s:.2f}x) over {len(later)}"
         )
-    print()
 
+
+def print_throughput(m: Measured) -> dict[str, tuple[float, float, float]]:
+    """(b): each run's steady-state throughput against the no-save run over the same windows."""
+    runs, real_w, N = m.runs, m.real_w, m.args.every
+    base = runs[0]
     # ---- (b) throughput
     print(
         "(b) steady-state throughput (optimizer steps/s from progress record times, over whole save intervals after "
@@ -617,6 +670,21 @@ def main() -> None:
         "machine adds drift, so small measured overheads (async) are within noise; 'from blocked' is the "
         "loop's own wait."
     )
+    print_upload_steps(runs)
+    if f"async-{N}" in overheads:
+        print(
+            f"Goal (issue P2): <= 3.5% at a realistic interval (N={N}, one save every "
+            f"~{N * window_seconds(base, real_w) / (real_w[1] - real_w[0]):.0f} s here):"
+        )
+        for key in (f"sync-{N}", f"async-{N}"):
+            meas, d, o = overheads[key]
+            print(f"  {key}: measured {meas:.1f}%, vs own clean steps {o:.1f}%, from blocked {d:.1f}%")
+    print()
+    return overheads
+
+
+def print_upload_steps(runs: list[Run]) -> None:
+    """Step times while a background upload runs, against the others (snapshot steps excluded)."""
     for r in runs:
         if r.mode != "async":
             continue
@@ -637,16 +705,11 @@ def main() -> None:
                 f"otherwise ({med(during) / med(outside):.2f}x; snapshot steps excluded): the upload's cost that "
                 "'blocked' does not show"
             )
-    if f"async-{N}" in overheads:
-        print(
-            f"Goal (issue P2): <= 3.5% at a realistic interval (N={N}, one save every "
-            f"~{N * window_seconds(base, real_w) / (real_w[1] - real_w[0]):.0f} s here):"
-        )
-        for key in (f"sync-{N}", f"async-{N}"):
-            m, d, o = overheads[key]
-            print(f"  {key}: measured {m:.1f}%, vs own clean steps {o:.1f}%, from blocked {d:.1f}%")
-    print()
 
+
+def print_bandwidth(m: Measured) -> tuple[list[tuple[Run, dict[str, Any]]], list[tuple[Run, dict[str, Any]]], float]:
+    """(c): a save's write bandwidth against a raw sequential write of the same bytes."""
+    runs, raw, copies, refs, state_bytes = m.runs, m.raw, m.copies, m.refs, m.state_bytes
     # ---- (c) bandwidth
     print(
         "(c) write bandwidth of a save vs a raw sequential write of the same bytes to the same disk "
@@ -714,8 +777,18 @@ def main() -> None:
     )
     print("Goal (issue P2): save write bandwidth >= 70% of the raw sequential write (ratio >= 0.70x).")
     print()
+    return sync_cs, async_cs, dd_bw
 
-    # ---- goals, one line each (issue 20: mechanically checkable)
+
+def print_goals(
+    m: Measured,
+    overheads: dict[str, tuple[float, float, float]],
+    sync_cs: list[tuple[Run, dict[str, Any]]],
+    async_cs: list[tuple[Run, dict[str, Any]]],
+    dd_bw: float,
+) -> None:
+    """One line per goal (issue 20: mechanically checkable)."""
+    copy_s, N = m.copy_s, m.args.every
     async_bl = med([c["blocked_seconds"] for _, c in async_cs])
     sync_bl = med([c["blocked_seconds"] for _, c in sync_cs])
     sync_bw = med([c["bytes"] / c["seconds"] for _, c in sync_cs]) / dd_bw

@@ -408,13 +408,7 @@ def main() -> None:
         by_world = ", ".join(f"{w} worker(s) {r:.2f} s" for w, r in m.restart_by_world.items())
         print(f"  restart R by world size: {by_world}")
         print("  restart R profile: " + " + ".join(f"{k} {v:.2f} s" for k, v in m.restart_phases.items()))
-    if args.costs:
-        vals = [float(x) for x in args.costs.split(",")]
-        base = Costs(vals[0], vals[1], vals[2], step_s=vals[3] if len(vals) > 3 else (m.step_s if m else 0.2))
-    elif m is not None:
-        base = replace(m.costs, startup_s=0.0)
-    else:
-        sys.exit("--no-measure needs --costs C,R,N")
+    base = base_costs(args, m)
 
     # ---- validation: the measured run, replayed
     if m is not None:
@@ -488,7 +482,26 @@ def main() -> None:
             f"at save_every auto"
         )
 
-    # ---- planning at scale
+    print_planning(args, base, m, preemptions)
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
+    if why:
+        print(why)
+    for line in lines:
+        print(line)
+
+
+def base_costs(args: argparse.Namespace, m: Measured | None) -> Costs:
+    """The costs the tables use: ``--costs`` where given, else the measured ones (without start-up)."""
+    if args.costs:
+        vals = [float(x) for x in args.costs.split(",")]
+        return Costs(vals[0], vals[1], vals[2], step_s=vals[3] if len(vals) > 3 else (m.step_s if m else 0.2))
+    if m is not None:
+        return replace(m.costs, startup_s=0.0)
+    sys.exit("--no-measure needs --costs C,R,N")
+
+
+def print_planning(args: argparse.Namespace, base: Costs, m: Measured | None, preemptions: int) -> None:
+    """(c): goodput by cluster size, restoring from storage or from a peer's RAM."""
     if m is not None:
         form, a, b = fit_restart(m.restart_by_world)
         restore_here = m.restore_s
@@ -528,11 +541,6 @@ def main() -> None:
             f"{r0 + peer_restore:>8.1f} | {gp:>19.1%} | {100 * (gp - gs):>+8.1f}p"
         )
     print(f"checkpoint-restart goodput falls below 90% at {below if below else 'no size up to 1024'} nodes")
-    print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
-    if why:
-        print(why)
-    for line in lines:
-        print(line)
 
 
 def _dur(s: float) -> str:

@@ -397,13 +397,41 @@ def _differs(field_name: str, have: Any, want: Any, what: str, fix: str) -> str:
 
 
 def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None) -> str | None:
-    d = s.data
     restore = "Restore the previous value, or start a new run (another name, or resume.policy: fresh)."
     if s.job_identity == exp.job_identity:  # another job's state: that is the reason (below)
         data = _corpus_incompatibility(s, exp, c) or _order_incompatibility(s, exp)
         if data:
             return data
-    checks: list[tuple[str, Any, Any, str, str]] = [
+    checks = _identity_checks(s, exp, restore)
+    if s.data.stream is not None or exp.stream is not None:  # which job, model and seed first, then which stream
+        stream = _first_difference(checks) or _stream_incompatibility(s, exp)
+        if stream:
+            return stream
+    checks += _dataset_size_checks(s, exp, restore)
+    if exp.elastic and s.world_size != exp.world_size:
+        refused = _resize_refusal(s, exp)
+        if refused:
+            return refused
+        checks += _elastic_checks(s, exp, restore)
+    else:
+        checks += _same_size_checks(s, exp, restore)
+    checks += _engine_checks(s, exp)
+    return _first_difference(checks) or _sampler_incompatibility(s) or _detail_incompatibility(s, exp)
+
+
+_Check = tuple[str, Any, Any, str, str]  # (field, the state's value, this run's, what differs, the fix)
+
+
+def _first_difference(checks: list[_Check]) -> str | None:
+    for key, have, want, what, fix in checks:
+        if have != want:
+            return _differs(key, have, want, what, fix)
+    return None
+
+
+def _identity_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+    """Which job, which model, which seed: compared first, for every kind of dataset."""
+    return [
         ("job_identity", s.job_identity, exp.job_identity, "written by another job (name / task.path)", restore),
         (
             "model_fingerprint",
@@ -414,109 +442,122 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
         ),
         ("seed", s.seed, exp.seed, "sampler seed differs (train.seed): other samples per step", restore),
     ]
-    if d.stream is not None or exp.stream is not None:  # which job, model and seed first, then which stream
-        for key, have, want, what, fix in checks:
-            if have != want:
-                return _differs(key, have, want, what, fix)
-        stream = _stream_incompatibility(s, exp)
-        if stream:
-            return stream
-    if exp.num_samples is not None and d.num_samples is not None:
+
+
+def _dataset_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+    if exp.num_samples is None or s.data.num_samples is None:
+        return []
+    return [
+        (
+            "data.num_samples",
+            s.data.num_samples,
+            exp.num_samples,
+            "dataset size differs (the task's dataset): each epoch's permutation changes",
+            restore,
+        )
+    ]
+
+
+def _resize_refusal(s: TrainState, exp: Expectation) -> str | None:
+    """Why an elastic run cannot continue this state on its new world size at all."""
+    if not s.elastic_optimizer:
+        return (
+            f"saved on {s.world_size} worker(s) without world-size-independent optimizer state "
+            f"(ZeRO {s.zero_stage} non-elastic); cannot load on {exp.world_size} (scaling.num_workers)"
+        )
+    per_micro = exp.micro_batch_size * exp.world_size
+    if per_micro and s.data.samples_in_epoch % per_micro:
+        return (
+            f"{s.data.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
+            f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}"
+        )
+    return None
+
+
+def _elastic_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+    """A resized elastic run keeps the global batch, the epoch and the micro-batch size."""
+    d = s.data
+    return [
+        (
+            "data.global_batch",
+            d.global_batch,
+            exp.global_batch,
+            "global batch (samples per optimizer step) differs (train.micro_batch_size x max workers x "
+            "train.grad_accum)",
+            restore,
+        ),
+        (
+            "data.samples_per_epoch",
+            d.samples_per_epoch,
+            exp.samples_per_epoch,
+            "samples per epoch differ (dataset size or the elastic range)",
+            restore,
+        ),
+        (
+            "micro_batch_size",
+            s.micro_batch_size,
+            exp.micro_batch_size,
+            "micro-batch size differs (train.micro_batch_size)",
+            restore,
+        ),
+    ]
+
+
+def _same_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+    """A run on the state's world size (or a non-elastic one) keeps the layout of every cycle."""
+    checks: list[_Check] = (
+        []
+        if s.data.stream is not None or exp.stream is not None
+        else [  # a stream's: _stream_incompatibility
+            (
+                "world_size",
+                s.world_size,
+                exp.world_size,
+                "world size differs (scaling.num_workers)",
+                "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
+                "states).",
+            ),
+        ]
+    )
+    checks += [
+        (
+            "micro_batch_size",
+            s.micro_batch_size,
+            exp.micro_batch_size,
+            "micro-batch size differs (train.micro_batch_size)",
+            restore,
+        ),
+        ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)", restore),
+        (
+            "micro_batches_per_epoch",
+            s.micro_batches_per_epoch,
+            exp.micro_batches_per_epoch,
+            "epoch length in micro-batches differs ("
+            + (
+                "train.stream_epoch_steps x train.grad_accum"
+                if exp.stream is not None
+                else "dataset size, train.micro_batch_size"
+            )
+            + ")",
+            restore,
+        ),
+    ]
+    if exp.samples_per_epoch:
         checks.append(
             (
-                "data.num_samples",
-                d.num_samples,
-                exp.num_samples,
-                "dataset size differs (the task's dataset): each epoch's permutation changes",
-                restore,
-            )
-        )
-    resized = s.world_size != exp.world_size
-    if exp.elastic and resized:
-        if not s.elastic_optimizer:
-            return (
-                f"saved on {s.world_size} worker(s) without world-size-independent optimizer state "
-                f"(ZeRO {s.zero_stage} non-elastic); cannot load on {exp.world_size} (scaling.num_workers)"
-            )
-        checks += [
-            (
-                "data.global_batch",
-                d.global_batch,
-                exp.global_batch,
-                "global batch (samples per optimizer step) differs (train.micro_batch_size x max workers x "
-                "train.grad_accum)",
-                restore,
-            ),
-            (
                 "data.samples_per_epoch",
-                d.samples_per_epoch,
+                s.data.samples_per_epoch,
                 exp.samples_per_epoch,
-                "samples per epoch differ (dataset size or the elastic range)",
+                "samples per epoch differ (dataset size)",
                 restore,
-            ),
-            (
-                "micro_batch_size",
-                s.micro_batch_size,
-                exp.micro_batch_size,
-                "micro-batch size differs (train.micro_batch_size)",
-                restore,
-            ),
-        ]
-        per_micro = exp.micro_batch_size * exp.world_size
-        if per_micro and d.samples_in_epoch % per_micro:
-            return (
-                f"{d.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
-                f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}"
             )
-    else:
-        checks += (
-            []
-            if d.stream is not None or exp.stream is not None
-            else [  # a stream's: _stream_incompatibility
-                (
-                    "world_size",
-                    s.world_size,
-                    exp.world_size,
-                    "world size differs (scaling.num_workers)",
-                    "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
-                    "states).",
-                ),
-            ]
         )
-        checks += [
-            (
-                "micro_batch_size",
-                s.micro_batch_size,
-                exp.micro_batch_size,
-                "micro-batch size differs (train.micro_batch_size)",
-                restore,
-            ),
-            ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)", restore),
-            (
-                "micro_batches_per_epoch",
-                s.micro_batches_per_epoch,
-                exp.micro_batches_per_epoch,
-                "epoch length in micro-batches differs ("
-                + (
-                    "train.stream_epoch_steps x train.grad_accum"
-                    if exp.stream is not None
-                    else "dataset size, train.micro_batch_size"
-                )
-                + ")",
-                restore,
-            ),
-        ]
-        if exp.samples_per_epoch:
-            checks.append(
-                (
-                    "data.samples_per_epoch",
-                    d.samples_per_epoch,
-                    exp.samples_per_epoch,
-                    "samples per epoch differ (dataset size)",
-                    restore,
-                )
-            )
-    checks.append(
+    return checks
+
+
+def _engine_checks(s: TrainState, exp: Expectation) -> list[_Check]:
+    """ZeRO stage, precision and optimizer type: what the engine's saved state is laid out by."""
+    checks: list[_Check] = [
         (
             "zero_stage",
             s.zero_stage,
@@ -524,7 +565,7 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
             "ZeRO stage differs (deepspeed.zero_stage)",
             "DeepSpeed shards the optimizer state by stage; restore deepspeed.zero_stage.",
         )
-    )
+    ]
     if exp.precision is not None and s.precision is not None:
         checks.append(
             (
@@ -548,14 +589,20 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
                 "state fresh, or restore train.optimizer.type (Task.optimizer).",
             )
         )
-    for key, have, want, what, fix in checks:
-        if have != want:
-            return _differs(key, have, want, what, fix)
-    if d.sampler not in KNOWN_SAMPLERS:
+    return checks
+
+
+def _sampler_incompatibility(s: TrainState) -> str | None:
+    if s.data.sampler not in KNOWN_SAMPLERS:
         return (
-            f"its sampler ({d.sampler!r}) is not one this syncpoint knows ({', '.join(KNOWN_SAMPLERS)}): it "
+            f"its sampler ({s.data.sampler!r}) is not one this syncpoint knows ({', '.join(KNOWN_SAMPLERS)}): it "
             "cannot compute the state's sample order. Resume it with the syncpoint version that wrote it."
         )
+    return None
+
+
+def _detail_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """Tensors, param groups, the LR schedule and the task's own generators."""
     return (
         _tensor_incompatibility(s, exp)
         or _group_incompatibility(s, exp)
@@ -938,6 +985,19 @@ def classify(c: Candidate, exp: Expectation | None) -> Candidate:
 
 
 def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
+    unreadable = _unreadable(c)
+    if unreadable:
+        return unreadable
+    problem = _manifest_problem(c.parse())
+    if problem or c.record is None:
+        return Verdict.CORRUPT, str(problem)
+    if c.trust_error:
+        return Verdict.UNTRUSTED, c.trust_error
+    return _judge_trainer(c, c.record, exp)
+
+
+def _unreadable(c: Candidate) -> tuple[Verdict, str] | None:
+    """Not a directory syncpoint wrote, never committed, or a manifest that cannot be read."""
     if c.symlink:
         return Verdict.CORRUPT, "a symbolic link, not a directory syncpoint wrote: never followed (left alone)"
     if not is_state_name(c.name):
@@ -946,12 +1006,11 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
         return Verdict.TORN, f"no {MANIFEST_FILE}: the save never committed"
     if c.manifest_error:
         return Verdict.CORRUPT, f"{MANIFEST_FILE} unreadable: {c.manifest_error}"
-    problem = _manifest_problem(c.parse())
-    if problem or c.record is None:
-        return Verdict.CORRUPT, str(problem)
-    manifest = c.record
-    if c.trust_error:
-        return Verdict.UNTRUSTED, c.trust_error
+    return None
+
+
+def _judge_trainer(c: Candidate, manifest: Manifest, exp: Expectation | None) -> tuple[Verdict, str]:
+    """A committed, trusted state judged by its trainer record: schema, boundary, position, compatibility."""
     if c.trainer_error or c.trainer is None:
         return Verdict.CORRUPT, f"{TRAINER_FILE} unusable: {c.trainer_error or 'missing'}"
     if c.schema_newer:

@@ -204,6 +204,16 @@ def _state_digest(state_url: str) -> dict[str, str]:
             raise ChecksumMismatch(f"{redact_url(state_url)}/{e}") from None
 
     parts: dict[str, CanonicalHash] = {k: CanonicalHash() for k in ("parameters", "optimizer", "position", "rng")}
+    _feed_engine_files(parts, files, read)
+    parts["position"].feed(_trainer_state(read).model_dump(include=set(POSITION_KEYS)))
+    _feed_rank_files(parts, files, read)
+    out = {k: v.hexdigest() for k, v in parts.items()}
+    total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
+    return {"digest": total, **out}
+
+
+def _feed_engine_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> None:
+    """DeepSpeed's files: the parameters (ZeRO-3's from the optimizer shards) and the optimizer state."""
     model_files = [MODEL_FILE] if MODEL_FILE in files else []
     # zero_pp_rank_*_optim_states (ZeRO 1-3) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's
     # BF16_Optimizer); ZeRO-3's per-rank zero_pp_rank_*_model_states are read for the parameters
@@ -221,11 +231,18 @@ def _state_digest(state_url: str) -> dict[str, str]:
     for rel in zero_files:
         osd = load_deepspeed_file(read(rel), rel)["optimizer_state_dict"]
         parts["optimizer"].feed(_without_padding(osd, masks[_rank_of(rel)]) if masks else osd)
+
+
+def _trainer_state(read: Any) -> TrainState:
     try:
-        trainer = TrainState.model_validate(_json(read(TRAINER_FILE), TRAINER_FILE))
+        return TrainState.model_validate(_json(read(TRAINER_FILE), TRAINER_FILE))
     except ValidationError as e:
         raise StateRefused(f"{problem_of(e, TRAINER_FILE)}: refused (corrupt)") from None
-    parts["position"].feed(trainer.model_dump(include=set(POSITION_KEYS)))
+
+
+def _feed_rank_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> None:
+    """Every rank's RNG file, and its buffers and stream files where the state has them (each under
+    its own key, added only then, so a state without them keeps its digest)."""
     for rel in sorted((p for p in files if p.startswith(f"{RNG_DIR}/")), key=_rank_of):
         data = read(rel)
         parts["rng"].feed(st_load(data))
@@ -242,6 +259,3 @@ def _state_digest(state_url: str) -> dict[str, str]:
     for rel in stream_files:
         saved = parse_stream(read(rel), rel)
         parts["stream"].feed([_rank_of(rel), saved.pass_number, saved.loader])
-    out = {k: v.hexdigest() for k, v in parts.items()}
-    total = hashlib.sha256("".join(f"{k}={out[k]};" for k in sorted(out)).encode()).hexdigest()
-    return {"digest": total, **out}

@@ -2,18 +2,18 @@
 
 It needs only a torch process group (one process, several spawned by a test, or Ray Train's
 workers), which keeps the big equivalence grids fast and Ray-free. ``run_worker`` sets up, takes
-the run directory's lease, negotiates where to resume, trains and finishes; ``_train`` is
+the run directory's lease, negotiates where to resume, trains and finishes; ``TrainingLoop`` is
 *How resume stays exact* (docs/concepts/exact-resume.md), rule by rule:
 
 * optimizer steps fire at sync boundaries computed from the 1-indexed position within the epoch
   (``syncpoint.policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
-  micro-batches it really accumulated;
+  micro-batches it really accumulated (``TrainingLoop.micro_step``);
 * save requests (interval trigger, preemption notice, final) stay pending until a boundary and
-  are serviced there: never dropped, never written mid-cycle;
+  are serviced there: never dropped, never written mid-cycle (``TrainingLoop.boundary``, ``save``);
 * on start every rank agrees on one state chosen by the resume policy from metadata alone
   (``syncpoint.workers.resume_negotiation``); the data position is restored (by index arithmetic for a
   map-style dataset, from each rank's saved stream state for a stream) and every RNG after it,
-  right before the first fetch.
+  right before the first fetch (``TrainingLoop.epoch``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from syncpoint.policies.boundaries import cycle_length, is_boundary
-from syncpoint.policies.candidates import Expectation, identity_record
+from syncpoint.policies.candidates import Expectation
 from syncpoint.policies.elastic import layout
 from syncpoint.policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
 from syncpoint.policies.import_path import load_class
@@ -42,17 +42,8 @@ from syncpoint.policies.save_interval import (
     PreemptionHistory,
     preemption_history,
 )
-from syncpoint.policies.save_triggers import AutoInterval, PendingSave, SaveTrigger, trigger_from_interval
+from syncpoint.policies.save_triggers import AutoInterval, SaveTrigger, trigger_from_interval
 from syncpoint.policies.spec import JobSpec
-from syncpoint.policies.state_format import (
-    SHARD_WINDOW_SAMPLER,
-    TRAINER_SCHEMA_VERSION,
-    CorpusRecord,
-    DataRecord,
-    SchedulerRecord,
-    StreamRecord,
-    TrainState,
-)
 from syncpoint.workers import corpus, rng, task_rngs
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
@@ -68,9 +59,9 @@ from syncpoint.workers.faults import Faults
 from syncpoint.workers.finite import NonfiniteSteps
 from syncpoint.workers.heartbeat import Heartbeat
 from syncpoint.workers.lease import RunLease
+from syncpoint.workers.loop_state import LoopState, step_record, trainer_record
 from syncpoint.workers.metric_sinks import ReportFn, RunMetrics
 from syncpoint.workers.param_groups import settings_of
-from syncpoint.workers.position import TrainingPosition
 from syncpoint.workers.preemption import PreemptionNotices, RayNotice
 from syncpoint.workers.progress import ProgressLine, ProgressLog
 from syncpoint.workers.resume_negotiation import ResumeStart, negotiate_resume
@@ -219,7 +210,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         ) as metrics:
             source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
             try:
-                return _train(attempt, ctx, notices, task, engine, start, schedule, metrics, launched_at, source)
+                _announce_attempt(attempt, ctx.node_id, start, launched_at)
+                parts = LoopParts(ctx, notices, task, engine, schedule, metrics, source)
+                return TrainingLoop(attempt, start, parts).run()
             finally:
                 source.close()
     except BaseException as e:
@@ -256,165 +249,267 @@ def _prepare_stream(spec: JobSpec, task: Task, rank: int, world: int) -> Prepare
     return prepare(spec, task.dataset, task.collate, rank, world)
 
 
-def _train(
-    attempt: Attempt,
-    ctx: WorkerContext,
-    notices: PreemptionNotices,
-    task: Task,
-    engine: DeepSpeedEngine,
-    start: ResumeStart,
-    schedule: Schedule,
-    metrics: RunMetrics,
-    launched_at: float,
-    source: DataSource,
-) -> WorkerResult:
-    """From the agreed start to the end of the run (at once if the state already finished it)."""
-    spec, train, world = attempt.spec, attempt.spec.train, attempt.world_size
-    accum, per_epoch = attempt.layout.grad_accum, attempt.layout.micro_batches_per_epoch
-    samples_per_micro_step = train.micro_batch_size * world
-    run_length, at = attempt.run_length, start.position
-    _announce_attempt(attempt, ctx.node_id, start, launched_at)
-    heartbeat = Heartbeat(ctx.heartbeat_board, attempt.rank, attempt.number)
-    notices.listen_for_sigterm()
-    trigger = _make_trigger(attempt)
-    wall_clock = getattr(trigger, "wall_clock", False)  # clocks differ between ranks: decided by the boundary vote
-    pending, progress = PendingSave(), ProgressLog(attempt.events, attempt.number)
-    console = ProgressLine(
-        attempt.number, train.epochs, run_length.total_steps, samples_per_micro_step, at.global_micro_step
-    )
-    saves = SaveCoordinator(engine, attempt, progress, last_saved=start.state)
-    saves.on_commit = metrics.committed
-    saves.stream_state = source.capture  # a stream's per-rank position goes into every state
-    if isinstance(trigger, AutoInterval):  # save_every auto decides again with each measured save
-        saves.on_commit = _measuring(metrics.committed, trigger, time.monotonic())
-    evaluation = Evaluation(
-        spec,
-        task,
-        rank=attempt.rank,
-        world_size=world,
-        attempt=attempt.number,
-        events=attempt.events,
-        carried=start.metrics,
-        print_progress=ctx.print_progress,
-    )
-    finished = start.finished
-    nonfinite = NonfiniteSteps(train.max_nonfinite_steps)
+@dataclass
+class LoopParts:
+    """What ``run_worker`` built for the loop, fixed for the attempt."""
 
-    while not finished and run_length.has_epoch(at.epoch):
-        # Data position is index arithmetic (a stream's: restored from its state when the source was built);
-        # the saved RNG goes back after it, before the first fetch.
-        loader = source.epoch(at)
-        start.restore_rng(train.seed, attempt.rank)
-        cycle_loss_sum, cycle_sample_ids = 0.0, []
+    ctx: WorkerContext
+    notices: PreemptionNotices
+    task: Task
+    engine: DeepSpeedEngine
+    schedule: Schedule
+    metrics: RunMetrics
+    source: DataSource
+
+
+class TrainingLoop:
+    """From the agreed start to the end of the run (at once if the state already finished it).
+
+    One method per phase: an epoch (data position, then the saved RNG, then the first fetch), a
+    micro-step, a sync boundary (the vote, the step's record, evaluation, the save) and the finish.
+    What changes between micro-steps is ``self.state`` (``LoopState``); the rest is fixed for the
+    attempt."""
+
+    def __init__(self, attempt: Attempt, start: ResumeStart, parts: LoopParts) -> None:
+        train = attempt.spec.train
+        self.attempt, self.start, self.parts, self.train = attempt, start, parts, train
+        self.engine, self.source, self.world = parts.engine, parts.source, attempt.world_size
+        self.samples_per_micro_step = train.micro_batch_size * self.world
+        self.heartbeat = Heartbeat(parts.ctx.heartbeat_board, attempt.rank, attempt.number)
+        parts.notices.listen_for_sigterm()
+        self.trigger = _make_trigger(attempt)
+        # clocks differ between ranks: a wall-clock trigger is decided by the boundary vote
+        self.wall_clock = getattr(self.trigger, "wall_clock", False)
+        self.progress = ProgressLog(attempt.events, attempt.number)
+        self.console = ProgressLine(
+            attempt.number,
+            train.epochs,
+            attempt.run_length.total_steps,
+            self.samples_per_micro_step,
+            start.position.global_micro_step,
+        )
+        self.saves = self._save_coordinator()
+        self.evaluation = Evaluation(
+            attempt.spec,
+            parts.task,
+            rank=attempt.rank,
+            world_size=self.world,
+            attempt=attempt.number,
+            events=attempt.events,
+            carried=start.metrics,
+            print_progress=parts.ctx.print_progress,
+        )
+        self.state = LoopState(
+            at=start.position, nonfinite=NonfiniteSteps(train.max_nonfinite_steps), finished=start.finished
+        )
+
+    def _save_coordinator(self) -> SaveCoordinator:
+        saves = SaveCoordinator(self.engine, self.attempt, self.progress, last_saved=self.start.state)
+        saves.on_commit = self.parts.metrics.committed
+        saves.stream_state = self.source.capture  # a stream's per-rank position goes into every state
+        if isinstance(self.trigger, AutoInterval):  # save_every auto decides again with each measured save
+            saves.on_commit = _measuring(self.parts.metrics.committed, self.trigger, time.monotonic())
+        return saves
+
+    def run(self) -> WorkerResult:
+        state = self.state
+        while not state.finished and self.attempt.run_length.has_epoch(state.at.epoch):
+            self.epoch()
+        return self.finish()
+
+    def epoch(self) -> None:
+        """One epoch from the current position. The data position is index arithmetic (a stream's:
+        restored from its state when the source was built); the saved RNG goes back after it,
+        before the first fetch."""
+        state = self.state
+        loader = self.source.epoch(state.at)
+        self.start.restore_rng(self.train.seed, self.attempt.rank)
+        state.new_cycle()
         for batch in loader:
-            at.consume_micro_batch(samples_per_micro_step)
-            if train.record_samples:
-                cycle_sample_ids.append(source.sample_ids(at.position_in_epoch - 1))
-            # Sync boundary: from the 1-indexed position in the epoch; each micro-batch's loss is
-            # divided by the length of the cycle it really belongs to (short at the epoch's end).
-            boundary = is_boundary(at.position_in_epoch, accum, per_epoch)
-            cycle = cycle_length(at.position_in_epoch, accum, per_epoch)
-            engine.set_gradient_accumulation_boundary(boundary)
-            loss = task.loss(engine, to_device(batch, engine.device))
-            check_loss(loss, spec.task.path)  # what backward needs, refused at once (a bug that would repeat)
-            engine.backward(loss / cycle, scale_wrt_gas=False)
-            cycle_loss_sum += float(loss.detach())
+            self.micro_step(batch)
+            if state.finished:
+                break
+        if not state.finished:
+            state.at.next_epoch()
+
+    def micro_step(self, batch: Any) -> None:
+        """Forward, backward and the engine's step; at a sync boundary the optimizer steps and the
+        boundary is serviced. Sync boundaries come from the 1-indexed position in the epoch."""
+        state, engine, at = self.state, self.engine, self.state.at
+        per_epoch = self.attempt.layout.micro_batches_per_epoch
+        at.consume_micro_batch(self.samples_per_micro_step)
+        if self.train.record_samples:
+            state.cycle_sample_ids.append(self.source.sample_ids(at.position_in_epoch - 1))
+        boundary = is_boundary(at.position_in_epoch, self.attempt.layout.grad_accum, per_epoch)
+        cycle = cycle_length(at.position_in_epoch, self.attempt.layout.grad_accum, per_epoch)
+        self._forward_backward(batch, boundary, cycle)
+        if boundary:
             # LR schedule: the live spec decides the factor, the state only the position; each param
             # group's rate is its own base rate times the factor.
-            if boundary:
-                lrs = set_lr(engine, schedule.factor(at.schedule_position, run_length.schedule_horizon))
-            engine.step()
-            if boundary:
-                at.optimizer_stepped(train.scheduler.unit)
-            heartbeat.at_micro_step(at.global_micro_step, boundary)  # computed: before any save or collective
-            # Save requests are never dropped: raised at any micro-step, serviced at a boundary.
-            if not wall_clock and trigger.wants_save(at.tick(boundary, saves.seconds_since_last_save())):
-                pending.request("interval")
-            if boundary:
-                notice = notices.poll()
-                clock_says_save = wall_clock and trigger.wants_save(at.tick(True, saves.seconds_since_last_save()))
-                agreed = BoundaryVote(
-                    cycle_loss_sum,
-                    preemption_notices=int(notice is not None),
-                    wall_clock_saves=int(clock_says_save),
-                    uploading=int(saves.uploading()),
-                    lease_lost=int(saves.lease_lost()),
-                    reports_due=int(metrics.report_due()),
-                    skipped_updates=int(not engine.was_step_applied()),
-                ).agree(engine.device)
-                step_loss = agreed.loss_sum / (cycle * world)
-                # A preemption notice: this boundary and every later one inside the grace window commits,
-                # so whatever is computed before the node goes away survives.
-                first_notice = notices.agreed(agreed.preemption_notices)
-                if notices.in_grace_window:
-                    pending.request("preemption")
-                if first_notice and attempt.events:
-                    attempt.events.emit(
-                        PreemptionNotice(
-                            attempt=attempt.number,
-                            global_micro_step=at.global_micro_step,
-                            optimizer_step=at.optimizer_step,
-                            **(notice or {"source": "another rank"}),
-                        )
-                    )
-                if agreed.wall_clock_saves:
-                    pending.request("interval")
-                record = _step_record(at, step_loss, lrs, cycle_sample_ids if train.record_samples else None, world)
-                progress.add(record)
-                diverged = nonfinite.observe(
-                    loss=step_loss,
-                    skipped=bool(agreed.skipped_updates),
+            factor = self.parts.schedule.factor(at.schedule_position, self.attempt.run_length.schedule_horizon)
+            state.lrs = set_lr(engine, factor)
+        engine.step()
+        if boundary:
+            at.optimizer_stepped(self.train.scheduler.unit)
+        self.heartbeat.at_micro_step(at.global_micro_step, boundary)  # computed: before any save or collective
+        # Save requests are never dropped: raised at any micro-step, serviced at a boundary.
+        if not self.wall_clock and self.trigger.wants_save(at.tick(boundary, self.saves.seconds_since_last_save())):
+            state.pending.request("interval")
+        if boundary:
+            self.boundary(cycle)
+        self.attempt.faults.at_micro_step(at.global_micro_step)
+
+    def _forward_backward(self, batch: Any, boundary: bool, cycle: int) -> None:
+        """Each micro-batch's loss is divided by the length of the cycle it really belongs to
+        (short at the epoch's end)."""
+        engine = self.engine
+        engine.set_gradient_accumulation_boundary(boundary)
+        loss = self.parts.task.loss(engine, to_device(batch, engine.device))
+        check_loss(loss, self.attempt.spec.task.path)  # what backward needs, refused at once (a bug that would repeat)
+        engine.backward(loss / cycle, scale_wrt_gas=False)
+        self.state.cycle_loss_sum += float(loss.detach())
+
+    def boundary(self, cycle: int) -> None:
+        """A sync boundary: every rank agrees on the facts (one vote), records the step, stops a
+        diverged run, evaluates, then services the pending save; the next cycle begins."""
+        state, at = self.state, self.state.at
+        agreed = self._vote()
+        step_loss = agreed.loss_sum / (cycle * self.world)
+        if agreed.wall_clock_saves:
+            state.pending.request("interval")
+        sample_ids = state.cycle_sample_ids if self.train.record_samples else None
+        record = step_record(at, step_loss, state.lrs, sample_ids, self.world)
+        self.progress.add(record)
+        self._stop_if_diverged(step_loss, agreed)
+        epoch_end = at.position_in_epoch == self.attempt.layout.micro_batches_per_epoch
+        if epoch_end:
+            at.epoch_completed(self.train.scheduler.unit)
+        last = self.attempt.run_length.is_last_boundary(at, epoch_end)
+        if last:
+            state.pending.request("final")  # the run always commits a state at its last micro-step
+        logged = at.optimizer_step % self.train.log_every == 0 or last  # the same steps on every rank
+        self._print_progress(step_loss, logged)
+        evaluated = self.evaluate(epoch_end=epoch_end, last=last)
+        # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
+        self.parts.metrics.at_boundary(
+            record,
+            logged=logged,
+            evaluated=self.evaluation.latest if evaluated else None,
+            report=bool(agreed.reports_due) or last,
+        )
+        self.save(agreed, step_loss, last=last)
+        state.new_cycle()
+        state.finished = last
+
+    def _vote(self) -> BoundaryVote:
+        """This rank's facts at the boundary, agreed by every rank. A preemption notice: this
+        boundary and every later one inside the grace window commits, so whatever is computed
+        before the node goes away survives."""
+        notices, at = self.parts.notices, self.state.at
+        notice = notices.poll()
+        clock_says_save = self.wall_clock and self.trigger.wants_save(
+            at.tick(True, self.saves.seconds_since_last_save())
+        )
+        agreed = BoundaryVote(
+            self.state.cycle_loss_sum,
+            preemption_notices=int(notice is not None),
+            wall_clock_saves=int(clock_says_save),
+            uploading=int(self.saves.uploading()),
+            lease_lost=int(self.saves.lease_lost()),
+            reports_due=int(self.parts.metrics.report_due()),
+            skipped_updates=int(not self.engine.was_step_applied()),
+        ).agree(self.engine.device)
+        first_notice = notices.agreed(agreed.preemption_notices)
+        if notices.in_grace_window:
+            self.state.pending.request("preemption")
+        if first_notice and self.attempt.events:
+            self.attempt.events.emit(
+                PreemptionNotice(
+                    attempt=self.attempt.number,
+                    global_micro_step=at.global_micro_step,
                     optimizer_step=at.optimizer_step,
-                    micro_step=at.global_micro_step,
+                    **(notice or {"source": "another rank"}),
                 )
-                if diverged:  # every rank, at the same boundary (agreed values)
-                    progress.flush()
-                    raise TrainingDiverged(diverged)
-                epoch_end = at.position_in_epoch == per_epoch
-                if epoch_end:
-                    at.epoch_completed(train.scheduler.unit)
-                last = run_length.is_last_boundary(at, epoch_end)
-                if last:
-                    pending.request("final")  # the run always commits a state at its last micro-step
-                logged = at.optimizer_step % train.log_every == 0 or last  # the same steps on every rank
-                if attempt.rank == 0 and ctx.print_progress and logged:
-                    console.print(
-                        epoch=at.epoch,
-                        optimizer_step=at.optimizer_step,
-                        global_micro_step=at.global_micro_step,
-                        loss=step_loss,
-                        lr=lrs[0],
-                    )
-                # Evaluation runs before the save at the same boundary, so the state records it.
-                evaluated = evaluation.due(at, epoch_end=epoch_end, last=last)
-                if evaluated:
-                    evaluation.run(engine, at)
-                # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
-                metrics.at_boundary(
-                    record,
-                    logged=logged,
-                    evaluated=evaluation.latest if evaluated else None,
-                    report=bool(agreed.reports_due) or last,
+            )
+        return agreed
+
+    def _stop_if_diverged(self, step_loss: float, agreed: BoundaryVote) -> None:
+        """Every rank, at the same boundary (agreed values)."""
+        at = self.state.at
+        diverged = self.state.nonfinite.observe(
+            loss=step_loss,
+            skipped=bool(agreed.skipped_updates),
+            optimizer_step=at.optimizer_step,
+            micro_step=at.global_micro_step,
+        )
+        if diverged:
+            self.progress.flush()
+            raise TrainingDiverged(diverged)
+
+    def _print_progress(self, step_loss: float, logged: bool) -> None:
+        at = self.state.at
+        if self.attempt.rank == 0 and self.parts.ctx.print_progress and logged:
+            self.console.print(
+                epoch=at.epoch,
+                optimizer_step=at.optimizer_step,
+                global_micro_step=at.global_micro_step,
+                loss=step_loss,
+                lr=self.state.lrs[0],
+            )
+
+    def evaluate(self, *, epoch_end: bool, last: bool) -> bool:
+        """Evaluation runs before the save at the same boundary, so the state records it."""
+        due = self.evaluation.due(self.state.at, epoch_end=epoch_end, last=last)
+        if due:
+            self.evaluation.run(self.engine, self.state.at)
+        return due
+
+    def save(self, agreed: BoundaryVote, step_loss: float, *, last: bool) -> None:
+        """Hand the boundary to the save coordinator: a pending request is serviced here, or stays
+        pending for the next boundary (never dropped, never written mid-cycle)."""
+        at = self.state.at
+        record = partial(
+            trainer_record,
+            self.attempt,
+            at,
+            self.engine,
+            loss=step_loss,
+            evaluated=self.evaluation.latest,
+            sampler=self.start.sampler,
+        )
+        self.saves.at_boundary(
+            self.state.pending, record, agreed, last=last, micro_step=at.global_micro_step, loss=step_loss
+        )
+
+    def finish(self) -> WorkerResult:
+        """Export (rank 0, when asked), the final events, a barrier, the lease released."""
+        attempt, at, last_saved = self.attempt, self.start.position, self.saves.last_saved
+        if attempt.rank == 0 and attempt.spec.checkpoint.export_final:
+            export_final(
+                self.engine,
+                attempt.storage,
+                {"state": last_saved, "optimizer_step": at.optimizer_step, "task": attempt.spec.task.path},
+            )
+        if attempt.events:
+            self.progress.flush()
+            attempt.events.emit(
+                Finished(
+                    attempt=attempt.number,
+                    state=last_saved,
+                    global_micro_step=at.global_micro_step,
+                    optimizer_step=at.optimizer_step,
                 )
-                trainer_record = partial(
-                    _trainer_record,
-                    attempt,
-                    at,
-                    engine,
-                    loss=step_loss,
-                    evaluated=evaluation.latest,
-                    sampler=start.sampler,
-                )
-                saves.at_boundary(
-                    pending, trainer_record, agreed, last=last, micro_step=at.global_micro_step, loss=step_loss
-                )
-                cycle_loss_sum, cycle_sample_ids, finished = 0.0, [], last
-            attempt.faults.at_micro_step(at.global_micro_step)
-            if finished:
-                break
-        if not finished:
-            at.next_epoch()
-    return _finish(attempt, engine, saves, progress, start)
+            )
+        dist.barrier()
+        if attempt.lease:
+            attempt.lease.release()
+        return WorkerResult(
+            final_state=last_saved or "",
+            global_micro_step=at.global_micro_step,
+            optimizer_step=at.optimizer_step,
+            resumed_from=self.start.state,
+            history=self.progress.history,
+        )
 
 
 # ------------------------------------------------------------------ helpers
@@ -437,58 +532,6 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart, launch
                 launched_at=launched_at,
             )
         )
-
-
-def _step_record(
-    at: TrainingPosition, loss: float, lrs: list[float], cycle_sample_ids: list[list[int]] | None, world: int
-) -> dict[str, Any]:
-    """One optimizer step for the progress log (and ``WorkerResult.history``): ``lr`` is the first
-    param group's rate, ``lrs`` every group's (only when there are several)."""
-    record: dict[str, Any] = {
-        "optimizer_step": at.optimizer_step,
-        "global_micro_step": at.global_micro_step,
-        "epoch": at.epoch,
-        "loss": loss,
-        "lr": lrs[0],
-        "time": time.time(),
-    }
-    if len(lrs) > 1:
-        record["lrs"] = lrs
-    if cycle_sample_ids is not None:
-        record["samples"] = _gather_samples(cycle_sample_ids, world)
-    return record
-
-
-def _finish(
-    attempt: Attempt, engine: DeepSpeedEngine, saves: SaveCoordinator, progress: ProgressLog, start: ResumeStart
-) -> WorkerResult:
-    at, last_saved = start.position, saves.last_saved
-    if attempt.rank == 0 and attempt.spec.checkpoint.export_final:
-        export_final(
-            engine,
-            attempt.storage,
-            {"state": last_saved, "optimizer_step": at.optimizer_step, "task": attempt.spec.task.path},
-        )
-    if attempt.events:
-        progress.flush()
-        attempt.events.emit(
-            Finished(
-                attempt=attempt.number,
-                state=last_saved,
-                global_micro_step=at.global_micro_step,
-                optimizer_step=at.optimizer_step,
-            )
-        )
-    dist.barrier()
-    if attempt.lease:
-        attempt.lease.release()
-    return WorkerResult(
-        final_state=last_saved or "",
-        global_micro_step=at.global_micro_step,
-        optimizer_step=at.optimizer_step,
-        resumed_from=start.state,
-        history=progress.history,
-    )
 
 
 def _make_trigger(attempt: Attempt) -> SaveTrigger:
@@ -580,60 +623,3 @@ def _attempt_number(journal: Journal | None) -> int:
     box = [journal.next_attempt() if journal is not None else 1]
     dist.broadcast_object_list(box, src=0)
     return int(box[0])
-
-
-def _gather_samples(cycle: list[list[int]], world: int) -> list[int]:
-    """Sample ids of one optimizer step, in global order (micro-batch major, rank minor)."""
-    parts: list[list[list[int]] | None] = [None] * world
-    dist.all_gather_object(parts, cycle)
-    return [i for m in range(len(cycle)) for r in range(world) for i in parts[r][m]]  # type: ignore[index]
-
-
-def _trainer_record(
-    attempt: Attempt,
-    at: TrainingPosition,
-    engine: DeepSpeedEngine,
-    reasons: list[str],
-    *,
-    loss: float,
-    sampler: str,
-    evaluated: dict[str, float] | None = None,
-) -> dict[str, Any]:
-    """``trainer.json``: the position, the identity selection compares, which param-group keys are
-    the optimizer's running state, the sampler the run orders its epochs with, and why this state
-    was saved; ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for
-    ``best-metric``. Every rank calls it."""
-    exp, spec = attempt.expectation, attempt.spec
-    identity = identity_record(exp)  # what selection compares (read back by Expectation.from_state)
-    running = settings_of(engine).running_record(engine.optimizer.param_groups)  # a collective
-    identity["optimizer"] = {**identity["optimizer"], "running": running}
-    return TrainState(
-        schema_version=TRAINER_SCHEMA_VERSION,
-        job_name=spec.name,
-        **identity,
-        epoch=at.epoch,
-        position_in_epoch=at.position_in_epoch,
-        global_micro_step=at.global_micro_step,
-        optimizer_step=at.optimizer_step,
-        scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
-        schedule_horizon=attempt.run_length.schedule_horizon,
-        data=DataRecord(
-            sampler=sampler,
-            num_samples=exp.num_samples,
-            global_samples=at.global_samples,
-            samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-            samples_per_epoch=exp.samples_per_epoch,
-            global_batch=exp.global_batch,
-            stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream),
-            corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
-            window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None,
-        ),
-        # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
-        elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
-        per_rank_buffers=True,  # every rank writes its module buffers (syncpoint.workers.buffers)
-        metrics={"loss": loss, **(evaluated or {})},
-        save_reasons=reasons,
-        attempt=attempt.number,
-        submission=attempt.submission_id,  # a restart of this submission continues from its own states
-        created_at=time.time(),
-    ).record()

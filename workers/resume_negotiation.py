@@ -214,7 +214,7 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
     model (``_load_refusal``). Returns the state's name, its trainer record and this rank's RNG
     state and stream position (None and empty: fresh start).
     """
-    spec, storage, rank, events = attempt.spec, attempt.storage, attempt.rank, attempt.events
+    spec, rank = attempt.spec, attempt.rank
     restart = rank == 0 and attempt.restart
     policy = _resume_policy(spec.resume.policy, spec.resume.policy_args, attempt.submission_id if restart else "")
     candidates: Sequence[Candidate] = []
@@ -223,30 +223,8 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
     while True:
         msg = ResumeChoice()
         if rank == 0:
-            try:
-                if not discovered:  # here, so a refused run directory reaches every rank below
-                    candidates, discovered = discover_lazy(storage, attempt.expectation, attempt.signing_key), True
-                decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
-                chosen = next((c for c in candidates if c.name == decision.state), None)
-                if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
-                    _clear_for_fresh(attempt)
-                msg = ResumeChoice.of(decision.state, chosen, decision.reason)
-            except (NoResumableState, RunDirectoryRefused) as e:
-                msg = ResumeChoice(error=str(e))
-            if events:
-                looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
-                events.emit(
-                    ResumeDecision(
-                        attempt=attempt.number,
-                        chosen=msg.state,
-                        reason=msg.reason or msg.error,
-                        total_candidates=len(candidates),
-                        candidates=[
-                            CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None, reason=c.reason)
-                            for c in looked_at
-                        ],
-                    )
-                )
+            msg, candidates, discovered = _decide(attempt, policy, candidates, discovered, spec_dict)
+            _emit_decision(attempt, msg, candidates)
         msg = msg.broadcast()
         if msg.error is not None:
             raise ResumeRefused(msg.error)
@@ -257,19 +235,63 @@ def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | N
         candidate = msg.candidate()
         loaded, refusal = _fetch_and_load(attempt, candidate, engine)
         if refusal is None:
-            attempt.say(f"resuming from state {candidate.name}: {msg.reason}")
-            if attempt.signing_key is not None and msg.legacy_signature:
-                attempt.warn(
-                    f"state {candidate.name} was signed before syncpoint bound signatures to their run "
-                    "directory: it is trusted by the key alone; the states this run writes are bound"
-                )
-            if spec.resume.init_from:
-                attempt.say("resume.init_from ignored: this run's own resumable state wins")
+            _say_resuming(attempt, candidate, msg)
             return candidate.name, candidate.state, loaded
         if rank == 0:
             for c in candidates:
                 if c.name == candidate.name:
                     c.verdict, c.reason = _refused_verdict(refusal)
+
+
+def _decide(
+    attempt: Attempt,
+    policy: ResumePolicy,
+    candidates: Sequence[Candidate],
+    discovered: bool,
+    spec_dict: dict[str, Any],
+) -> tuple[ResumeChoice, Sequence[Candidate], bool]:
+    """Rank 0: discover once (here, so a refused run directory reaches every rank), ask the policy,
+    and say what every rank fetches (or the error every rank raises)."""
+    spec, restart = attempt.spec, attempt.restart
+    try:
+        if not discovered:
+            candidates, discovered = discover_lazy(attempt.storage, attempt.expectation, attempt.signing_key), True
+        decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
+        chosen = next((c for c in candidates if c.name == decision.state), None)
+        if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
+            _clear_for_fresh(attempt)
+        msg = ResumeChoice.of(decision.state, chosen, decision.reason)
+    except (NoResumableState, RunDirectoryRefused) as e:
+        msg = ResumeChoice(error=str(e))
+    return msg, candidates, discovered
+
+
+def _emit_decision(attempt: Attempt, msg: ResumeChoice, candidates: Sequence[Candidate]) -> None:
+    if attempt.events:
+        looked_at = candidates.inspected() if hasattr(candidates, "inspected") else list(candidates)
+        attempt.events.emit(
+            ResumeDecision(
+                attempt=attempt.number,
+                chosen=msg.state,
+                reason=msg.reason or msg.error,
+                total_candidates=len(candidates),
+                candidates=[
+                    CandidateSeen(state=c.name, verdict=c.verdict.value if c.verdict else None, reason=c.reason)
+                    for c in looked_at
+                ],
+            )
+        )
+
+
+def _say_resuming(attempt: Attempt, candidate: Candidate, msg: ResumeChoice) -> None:
+    attempt.say(f"resuming from state {candidate.name}: {msg.reason}")
+    if attempt.signing_key is not None and msg.legacy_signature:
+        attempt.warn(
+            f"state {candidate.name} was signed before syncpoint bound signatures to their run "
+            "directory: it is trusted by the key alone; the states this run writes are bound"
+        )
+    if attempt.spec.resume.init_from:
+        attempt.say("resume.init_from ignored: this run's own resumable state wins")
 
 
 def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> ResumePolicy:

@@ -5,8 +5,9 @@ only when no save is in flight (it stays pending otherwise: never dropped, never
 overlapping). With ``checkpoint.async``, only the snapshot to local staging blocks training; the
 upload runs in a background thread, and the commit (a collective) happens on the main thread at
 the first boundary where every rank reports its upload done, or at the end of the run, which
-waits for its last save. After every commit rank 0 applies retention, here, where the commit is
-known, rather than being handed a callback to do it.
+waits for its last save. The writing itself, phase by phase, is the attempt's
+``syncpoint.workers.state_writer.StateWriter``. After every commit rank 0 applies retention, here,
+where the commit is known, rather than being handed a callback to do it.
 """
 
 from __future__ import annotations
@@ -22,21 +23,13 @@ from syncpoint.policies.errors import LeaseLostError
 from syncpoint.policies.journal import StateCommitted
 from syncpoint.policies.retention import plan_retention
 from syncpoint.policies.save_triggers import PendingSave
-from syncpoint.policies.state_format import MANIFEST_FILE, STATES_DIR
+from syncpoint.policies.state_format import STATES_DIR
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
 from syncpoint.workers.discovery import discover
 from syncpoint.workers.finite import agreed_finite, refused_save
 from syncpoint.workers.progress import ProgressLog
-from syncpoint.workers.state_writer import (
-    AsyncUpload,
-    SaveResult,
-    commit_snapshot,
-    delete_state,
-    save_state,
-    state_name,
-    take_snapshot,
-)
+from syncpoint.workers.state_writer import SaveResult, StateWriter, delete_state
 from syncpoint.workers.stream_state import StreamStateError
 
 if TYPE_CHECKING:
@@ -49,14 +42,20 @@ class SaveCoordinator:
     ) -> None:
         spec = attempt.spec
         self.engine, self.attempt, self.progress = engine, attempt, progress
-        self.storage, self.faults, self.events = attempt.storage, attempt.faults, attempt.events
+        self.faults, self.events = attempt.faults, attempt.events
         self.use_async = spec.checkpoint.async_save
-        # Elastic ZeRO 1-3 runs also write the gathered optimizer state, loadable at another world size.
-        self.full_optimizer_state = spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3)
-        self.checksum = spec.checkpoint.checksum
         self.lease = attempt.lease  # rank 0's: commits confirm it, and a lost lease stops every rank
-        self.signing_key = attempt.signing_key
-        self.upload = AsyncUpload(attempt.storage, attempt.rank, attempt.faults)
+        self.writer = StateWriter(
+            engine,
+            attempt.storage,
+            attempt.faults,
+            rank=attempt.rank,
+            lease=attempt.lease,
+            signing_key=attempt.signing_key,
+            checksum=spec.checkpoint.checksum,
+            # Elastic ZeRO 1-3 runs also write the gathered optimizer state, loadable at another world size.
+            full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3),
+        )
         self.reasons_in_flight: list[str] = []
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
@@ -72,7 +71,7 @@ class SaveCoordinator:
 
     def uploading(self) -> bool:
         """This rank's vote at the boundary: its asynchronous upload is still running."""
-        return self.upload.uploading()
+        return self.writer.uploading()
 
     def lease_lost(self) -> bool:
         """Rank 0's vote at the boundary: its heartbeat found the run directory's lease lost."""
@@ -96,11 +95,9 @@ class SaveCoordinator:
                 if self.lease is not None and self.lease.lost
                 else "rank 0 lost the run directory's lease to another submission (its error names it)"
             )
-        if self.upload.in_flight and (agreed.uploading == 0 or last):
-            self._record(
-                commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease), self.reasons_in_flight
-            )
-        if not pending.pending or self.upload.in_flight:
+        if self.writer.in_flight and (agreed.uploading == 0 or last):
+            self._record(self.writer.commit_in_flight(), self.reasons_in_flight)
+        if not pending.pending or self.writer.in_flight:
             return  # nothing asked, or one save is in flight: the request waits for a later boundary
         if not agreed_finite(self.engine, loss):  # every rank: a non-finite state is never committed
             if last:
@@ -117,35 +114,11 @@ class SaveCoordinator:
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
         stream = self._stream_bytes()
-        self._before_writing(state_name(trainer["global_micro_step"]))
         if self.use_async and not last:
-            self.upload.start(
-                take_snapshot(
-                    self.engine,
-                    trainer,
-                    self.faults,
-                    self.full_optimizer_state,
-                    algo=self.checksum,
-                    signing_key=self.signing_key,
-                    stream_bytes=stream,
-                )
-            )
+            self.writer.save_in_background(trainer, stream_bytes=stream)
             self.reasons_in_flight = reasons
         else:
-            self._record(
-                save_state(
-                    self.engine,
-                    self.storage,
-                    trainer,
-                    self.faults,
-                    self.full_optimizer_state,
-                    self.checksum,
-                    lease=self.lease,
-                    signing_key=self.signing_key,
-                    stream_bytes=stream,
-                ),
-                reasons,
-            )
+            self._record(self.writer.save(trainer, stream_bytes=stream), reasons)
 
     def _stream_bytes(self) -> bytes | None:
         """This rank's stream position (a stream dataset's), before anything of the state is written.
@@ -165,20 +138,6 @@ class SaveCoordinator:
         if first is not None:
             raise StreamStateError(f"rank {first[0]}: {first[1]}")
         return data
-
-    def _before_writing(self, name: str) -> None:
-        """Before a save writes anything (all ranks, one broadcast): rank 0 re-checks the lease, so a
-        run that lost it never streams shards into a directory the new owner may be writing
-        (commits re-check right before the manifest); and it un-commits a state of the same name
-        still committed from an earlier trajectory (a run resumed from an older pin recomputes it,
-        possibly under another spec), so no manifest ever describes files being rewritten."""
-        verdict = self.lease.confirm() if self.attempt.rank == 0 and self.lease is not None else None
-        if self.attempt.rank == 0 and verdict is None and self.storage.exists(STATES_DIR, name, MANIFEST_FILE):
-            self.storage.remove(STATES_DIR, name, MANIFEST_FILE)
-        box = [verdict]
-        dist.broadcast_object_list(box, src=0)
-        if box[0]:
-            raise LeaseLostError(box[0])
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
         self.last_saved = result.name

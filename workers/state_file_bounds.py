@@ -198,20 +198,48 @@ def _step(
     op: str, arg: Any, stack: list[Any], marks: list[list[Any]], memo: dict[int, Any], name: str, calls: _Calls
 ) -> list[Any]:
     """One opcode on the modelled stack; returns the stack (MARK and the ops that pop to it swap it)."""
+    if op == "MARK":
+        marks.append(stack)
+        return []
+    if op in _PUSH_OPS:
+        _push(op, arg, stack, calls)
+    elif op in _BUILD_OPS:
+        stack = _build(op, stack, marks)
+    elif op in _CALL_OPS:
+        _call(op, stack, name, calls)
+    elif op in _MEMO_OPS:
+        _memo(op, arg, stack, memo)
+    elif op != "PROTO":
+        raise StateRefused(
+            f"{name} uses the pickle opcode {op}, which torch's weights-only loader does not read: refused (corrupt)"
+        )
+    return stack
+
+
+_VALUE_OPS = {"BININT", "BININT1", "BININT2", "LONG1", "BINUNICODE", "SHORT_BINSTRING"}  # their value is modelled
+_PUSH_OPS = {"GLOBAL"} | _VALUE_OPS | _PUSHES_VALUE
+_BUILD_OPS = {"TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "APPENDS", "SETITEMS", "APPEND", "BUILD", "SETITEM"}
+_CALL_OPS = {"REDUCE", "NEWOBJ", "BINPERSID"}
+_MEMO_OPS = {"BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET"}
+
+
+def _push(op: str, arg: Any, stack: list[Any], calls: _Calls) -> None:
+    """A global (named as torch names it, refused as soon as torch would), a value, or a placeholder."""
     if op == "GLOBAL":
         module, _, attr = str(arg).partition(" ")
         module, attr = NAME_MAPPING.get((module, attr), (IMPORT_MAPPING.get(module, module), attr))
         if calls.torch_refuses(f"{module}.{attr}"):
             raise _TorchRefuses
         stack.append(_Global(f"{module}.{attr}"))
-    elif op in ("BININT", "BININT1", "BININT2", "LONG1", "BINUNICODE", "SHORT_BINSTRING"):
+    elif op in _VALUE_OPS:
         stack.append(arg)
-    elif op in _PUSHES_VALUE:
+    else:
         stack.append(None)
-    elif op == "MARK":
-        marks.append(stack)
-        return []
-    elif op == "TUPLE":
+
+
+def _build(op: str, stack: list[Any], marks: list[list[Any]]) -> list[Any]:
+    """Tuples are modelled; appends, items and BUILD only pop what they consume."""
+    if op == "TUPLE":
         items, stack = stack, marks.pop()
         stack.append(tuple(items))
     elif op in ("TUPLE1", "TUPLE2", "TUPLE3"):
@@ -227,10 +255,15 @@ def _step(
     elif op in ("APPEND", "BUILD"):
         stack.pop()
         _top(stack)
-    elif op == "SETITEM":
+    else:  # SETITEM
         del stack[-2:]
         _top(stack)
-    elif op == "REDUCE":
+    return stack
+
+
+def _call(op: str, stack: list[Any], name: str, calls: _Calls) -> None:
+    """The calls the unpickler would make, checked, and the storages the file declares, counted."""
+    if op == "REDUCE":
         args = stack.pop()
         _check_call(_top(stack), args, name, calls)
         stack[-1] = None
@@ -238,18 +271,16 @@ def _step(
         args, cls = stack.pop(), stack.pop()
         _check_call(cls, args, name, calls)
         stack.append(None)
-    elif op == "BINPERSID":
+    else:  # BINPERSID
         _note_storage(stack.pop(), name, calls)
         stack.append(None)
-    elif op in ("BINPUT", "LONG_BINPUT"):
+
+
+def _memo(op: str, arg: Any, stack: list[Any], memo: dict[int, Any]) -> None:
+    if op in ("BINPUT", "LONG_BINPUT"):
         memo[arg] = _top(stack)
-    elif op in ("BINGET", "LONG_BINGET"):
+    else:  # BINGET, LONG_BINGET
         stack.append(memo[arg])
-    elif op != "PROTO":
-        raise StateRefused(
-            f"{name} uses the pickle opcode {op}, which torch's weights-only loader does not read: refused (corrupt)"
-        )
-    return stack
 
 
 def _top(stack: list[Any]) -> Any:

@@ -1,19 +1,10 @@
 """The state writer: every rank's files first, then ``manifest.json`` last, by rank 0.
 
-Protocol (all ranks, at a sync boundary only):
-1. DeepSpeed saves its checkpoint (``engine.save_checkpoint``); every shard goes through the
-   streaming checkpoint engine (``syncpoint.workers.checkpoint_engine``), checksummed as it is serialized:
-   a synchronous save streams each rank's shards straight into storage through fsspec (no shared
-   filesystem needed); an asynchronous one only copies their tensors into reusable host buffers
-   (``syncpoint.workers.snapshot_arena``) and a background thread then serializes them into storage the
-   same way. Each rank also writes its RNG file and its module buffers file (``syncpoint.workers.buffers``:
-   DeepSpeed's ZeRO 0-2 module file holds rank 0's buffers only), and, for a stream dataset, its
-   stream position (``syncpoint.workers.stream_state``), durably.
-2. A gather of every rank's file list doubles as the barrier that proves every rank's files are
-   durable.
-3. Rank 0 writes ``trainer.json``, then commits ``manifest.json`` (every file with size and
-   checksum, ``syncpoint.workers.checksum``) atomically: temp name + rename locally, a single PUT on object
-   stores. Anything without a manifest is torn and selection rejects it.
+``StateWriter`` is bound once per attempt to the engine, the run's storage, rank 0's lease, the
+signing key, the checksum algorithm and the fault injector; each save passes only what changes
+(``trainer.json``'s record and this rank's stream position). Its phase order is in its docstring.
+Anything without a manifest is torn and selection rejects it: a crash at any phase before the
+manifest's commit leaves a state nobody resumes from.
 """
 
 from __future__ import annotations
@@ -272,35 +263,6 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     )
 
 
-def save_state(
-    engine: DeepSpeedEngine,
-    storage: RunStorage,
-    trainer: dict[str, Any],
-    faults: Faults,
-    full_optimizer_state: bool = False,
-    algo: str = DEFAULT,
-    lease: RunLease | None = None,
-    signing_key: bytes | None = None,
-    stream_bytes: bytes | None = None,
-) -> SaveResult:
-    """A synchronous save: shards streamed into storage, the rest uploaded, committed before
-    training continues."""
-    snap = take_snapshot(
-        engine,
-        trainer,
-        faults,
-        full_optimizer_state,
-        algo=algo,
-        direct=storage,
-        signing_key=signing_key,
-        stream_bytes=stream_bytes,
-    )
-    t0 = time.perf_counter()
-    upload_snapshot(storage, snap, dist.get_rank(), faults)
-    snap.blocked += time.perf_counter() - t0
-    return commit_snapshot(storage, snap, faults, lease)
-
-
 class AsyncUpload:
     """At most one save in flight per rank: the snapshot uploads in a background thread while
     training continues; the loop commits it (collectively, on the main thread) at the first
@@ -343,6 +305,112 @@ class AsyncUpload:
         if self.error is not None:
             raise self.error
         return snap
+
+
+class StateWriter:
+    """One attempt's state writer (every rank constructs it once; ``save`` at a sync boundary only).
+
+    Phases of a save, in order, and what a crash in each leaves behind:
+
+    1. **Claim** (rank 0, one broadcast): re-confirm the run directory's lease, so a run that lost
+       it never writes into a directory the new owner may be writing, and un-commit (remove the
+       manifest of) a state of the same name from an earlier trajectory, so no manifest ever
+       describes files being rewritten. A lost lease stops every rank here (``LeaseLostError``);
+       a crash leaves at most an un-committed old directory: torn.
+    2. **Stage** (fault ``before_shards`` first): DeepSpeed's ``save_checkpoint`` through the
+       streaming checkpoint engine, checksummed as serialized; a synchronous save streams the shards
+       straight into ``states/<name>/`` (durably), an asynchronous one only copies their tensors
+       into the engine's host arena; elastic ZeRO adds the gathered optimizer state in local
+       staging. A crash leaves some shard files and no manifest: torn, never selected; retention
+       deletes it once a newer state commits (unless ``keep_last: 0`` keeps everything).
+    3. **Upload** (a background thread for an asynchronous save): the arena's shards serialized
+       into storage, staged files copied, then this rank's RNG, buffers and stream files; fault
+       ``after_some_shards`` after them. A crash leaves files without a manifest: torn.
+    4. **Gather** of every rank's file list with sizes and checksums: the barrier that proves
+       every rank's files are durable.
+    5. **Trainer record** (rank 0): ``trainer.json`` written; fault ``before_manifest``; the lease
+       confirmed again. A crash leaves every file but the manifest: torn.
+    6. **Manifest, written last, which commits** (rank 0): every file with size and checksum and the
+       lease's fencing generation, signed when there is a key, committed atomically (temp name +
+       rename locally, a single PUT on object stores). Fault ``during_manifest`` leaves half its
+       bytes under the temp name, which selection never reads: still torn.
+    7. **Verdict** (one broadcast): committed, or the lease was lost, and then every rank raises
+       ``LeaseLostError`` (nobody is left waiting in a barrier).
+
+    After a commit the coordinator (``syncpoint.workers.saving``) applies retention (faults
+    ``before_retention``, ``during_retention``)."""
+
+    def __init__(
+        self,
+        engine: DeepSpeedEngine,
+        storage: RunStorage,
+        faults: Faults,
+        *,
+        rank: int,
+        lease: RunLease | None,
+        signing_key: bytes | None,
+        checksum: str = DEFAULT,
+        full_optimizer_state: bool = False,
+    ) -> None:
+        self.engine, self.storage, self.faults, self.rank = engine, storage, faults, rank
+        self.lease, self.signing_key, self.checksum = lease, signing_key, checksum
+        self.full_optimizer_state = full_optimizer_state  # elastic ZeRO: the gathered optimizer state too
+        self.upload = AsyncUpload(storage, rank, faults)
+
+    @property
+    def in_flight(self) -> bool:
+        """An asynchronous save is uploading or waits for its commit."""
+        return self.upload.in_flight
+
+    def uploading(self) -> bool:
+        return self.upload.uploading()
+
+    def save(self, trainer: dict[str, Any], *, stream_bytes: bytes | None = None) -> SaveResult:
+        """A synchronous save: every phase before training continues."""
+        self._claim(state_name(trainer["global_micro_step"]))
+        snap = take_snapshot(
+            self.engine,
+            trainer,
+            self.faults,
+            self.full_optimizer_state,
+            algo=self.checksum,
+            direct=self.storage,
+            signing_key=self.signing_key,
+            stream_bytes=stream_bytes,
+        )
+        t0 = time.perf_counter()
+        upload_snapshot(self.storage, snap, self.rank, self.faults)
+        snap.blocked += time.perf_counter() - t0
+        return commit_snapshot(self.storage, snap, self.faults, self.lease)
+
+    def save_in_background(self, trainer: dict[str, Any], *, stream_bytes: bytes | None = None) -> None:
+        """An asynchronous save: claim and stage now, upload in a background thread; the commit
+        waits for :meth:`commit_in_flight`."""
+        self._claim(state_name(trainer["global_micro_step"]))
+        self.upload.start(
+            take_snapshot(
+                self.engine,
+                trainer,
+                self.faults,
+                self.full_optimizer_state,
+                algo=self.checksum,
+                signing_key=self.signing_key,
+                stream_bytes=stream_bytes,
+            )
+        )
+
+    def commit_in_flight(self) -> SaveResult:
+        """Wait for the background upload, then gather, write the trainer record and commit."""
+        return commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease)
+
+    def _claim(self, name: str) -> None:
+        verdict = self.lease.confirm() if self.rank == 0 and self.lease is not None else None
+        if self.rank == 0 and verdict is None and self.storage.exists(STATES_DIR, name, MANIFEST_FILE):
+            self.storage.remove(STATES_DIR, name, MANIFEST_FILE)
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise LeaseLostError(box[0])
 
 
 def delete_state(storage: RunStorage, name: str) -> bool:

@@ -64,6 +64,17 @@ def encode(saved: SavedStream) -> bytes:
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int) -> Any:
     if depth > MAX_DEPTH:
         raise StreamStateError(f"the stream's state is nested deeper than {MAX_DEPTH} levels at {path}")
+    if isinstance(obj, list):
+        return [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {TUPLE: [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]}
+    if isinstance(obj, dict):
+        return _encode_dict(obj, path, tensors, depth)
+    return _encode_leaf(obj, path, tensors)
+
+
+def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A JSON scalar as itself, a tensor by reference into the file's tensors, bytes as base64."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -78,28 +89,27 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int) -
         return {TENSOR: key}
     if isinstance(obj, (bytes, bytearray)):
         return {BYTES: base64.b64encode(bytes(obj)).decode()}
-    if isinstance(obj, list):
-        return [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return {TUPLE: [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]}
-    if isinstance(obj, dict):
-        if all(isinstance(k, str) for k in obj):
-            clash = next((k for k in obj if k in MARKERS), None)
-            if clash is not None:
-                raise StreamStateError(f"the stream's state has a key {clash!r} at {path}, which syncpoint reserves")
-            return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1) for k, v in obj.items()}
-        return {
-            ITEMS: [
-                [_encode(k, f"{path}<key {k!r}>", tensors, depth + 1), _encode(v, f"{path}[{k!r}]", tensors, depth + 1)]
-                for k, v in obj.items()
-            ]
-        }
     raise StreamStateError(
         f"the stream's state holds a {type(obj).__module__}.{type(obj).__qualname__} at {path}: syncpoint saves a "
         "stream's state as JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch "
         "tensors, never pickled objects. Make the dataset's state_dict() (and what it buffers) hold only those "
         "(with_format('torch') for examples of arrays)"
     )
+
+
+def _encode_dict(obj: dict[Any, Any], path: str, tensors: dict[str, torch.Tensor], depth: int) -> Any:
+    """String keys as a JSON object (none of them a marker); any other keys as [key, value] pairs."""
+    if all(isinstance(k, str) for k in obj):
+        clash = next((k for k in obj if k in MARKERS), None)
+        if clash is not None:
+            raise StreamStateError(f"the stream's state has a key {clash!r} at {path}, which syncpoint reserves")
+        return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1) for k, v in obj.items()}
+    return {
+        ITEMS: [
+            [_encode(k, f"{path}<key {k!r}>", tensors, depth + 1), _encode(v, f"{path}[{k!r}]", tensors, depth + 1)]
+            for k, v in obj.items()
+        ]
+    }
 
 
 def parse(data: bytes, rel: str) -> SavedStream:
@@ -168,15 +178,29 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor], used: set[str], rel: str
         raise StateRefused(f"{rel}: a marked value {marked[0]} with other keys: refused (corrupt)")
     kind, value = marked[0], obj[marked[0]]
     if kind == TENSOR:
-        if not isinstance(value, str) or value not in tensors or value in used:
-            raise StateRefused(f"{rel}: tensor reference {value!r} names no tensor of the file: refused (corrupt)")
-        used.add(value)
-        return tensors[value]
+        return _decode_tensor(value, tensors, used, rel)
     if kind == BYTES:
-        try:
-            return base64.b64decode(value, validate=True)
-        except (TypeError, ValueError):
-            raise StateRefused(f"{rel}: a byte string that is not base64: refused (corrupt)") from None
+        return _decode_bytes(value, rel)
+    return _decode_pairs(kind, value, tensors, used, rel)
+
+
+def _decode_tensor(value: Any, tensors: dict[str, torch.Tensor], used: set[str], rel: str) -> torch.Tensor:
+    """A reference to one of the file's tensors, each referenced exactly once."""
+    if not isinstance(value, str) or value not in tensors or value in used:
+        raise StateRefused(f"{rel}: tensor reference {value!r} names no tensor of the file: refused (corrupt)")
+    used.add(value)
+    return tensors[value]
+
+
+def _decode_bytes(value: Any, rel: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (TypeError, ValueError):
+        raise StateRefused(f"{rel}: a byte string that is not base64: refused (corrupt)") from None
+
+
+def _decode_pairs(kind: str, value: Any, tensors: dict[str, torch.Tensor], used: set[str], rel: str) -> Any:
+    """A tuple's items, or a dict's [key, value] pairs (keys that are not strings)."""
     if not isinstance(value, list):
         raise StateRefused(f"{rel}: {kind} holds no list: refused (corrupt)")
     if kind == TUPLE:

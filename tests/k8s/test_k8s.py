@@ -564,9 +564,19 @@ def token_auth_problems(docs: list[Doc]) -> list[str]:
 
 def network_problems(docs: list[Doc]) -> list[str]:
     job = one(docs, "RayJob")
-    np_, out = job["spec"]["rayClusterSpec"].get("networkPolicy"), []
+    np_ = job["spec"]["rayClusterSpec"].get("networkPolicy")
     if not np_:
         return ["no spec.rayClusterSpec.networkPolicy: Ray's ports 6379/8265/10001 are open to every pod"]
+    out = _policy_section_problems(np_)
+    for g in _workers(job):
+        if not DNS1123_LABEL.fullmatch(g["groupName"]):
+            out.append(f"worker group {g['groupName']!r}: not a DNS-1123 label, refused with networkPolicy")
+    return out + _deny_ingress_problems(docs, job)
+
+
+def _policy_section_problems(np_: dict) -> list[str]:
+    """The RayJob's networkPolicy: a deny mode, and no ingress rule that admits every source."""
+    out = []
     mode = np_.get("mode", "DenyAll")
     if mode not in ("DenyAll", "DenyAllIngress"):
         out.append(f"networkPolicy.mode {mode} leaves ingress open")
@@ -577,18 +587,23 @@ def network_problems(docs: list[Doc]) -> list[str]:
         if mode == "DenyAllIngress" and sec.get("egressRules"):
             out.append(f"networkPolicy.{where}.egressRules under DenyAllIngress: the operator refuses the cluster")
         for rule in sec.get("ingressRules", []):
-            peers = rule.get("from") or []
-            if not peers or any(
-                p.get("ipBlock", {}).get("cidr") in ("0.0.0.0/0", "::/0")
-                or (p.get("namespaceSelector") == {} and not p.get("podSelector"))
-                for p in peers
-            ):
+            if _admits_everyone(rule.get("from") or []):
                 out.append(f"networkPolicy.{where}.ingressRules admits every source: {rule}")
-    for g in _workers(job):
-        if not DNS1123_LABEL.fullmatch(g["groupName"]):
-            out.append(f"worker group {g['groupName']!r}: not a DNS-1123 label, refused with networkPolicy")
-    # KubeRay creates its policies after the pods may have started: a deny-ingress policy applied with the
-    # flavour must already select every syncpoint pod
+    return out
+
+
+def _admits_everyone(peers: list[dict]) -> bool:
+    return not peers or any(
+        p.get("ipBlock", {}).get("cidr") in ("0.0.0.0/0", "::/0")
+        or (p.get("namespaceSelector") == {} and not p.get("podSelector"))
+        for p in peers
+    )
+
+
+def _deny_ingress_problems(docs: list[Doc], job: Doc) -> list[str]:
+    """KubeRay creates its policies after the pods may have started: a deny-ingress policy applied with the
+    flavour must already select every syncpoint pod, and no policy of the flavour admits every source."""
+    out = []
     denies = [
         d
         for d in docs
