@@ -49,8 +49,8 @@ RUN = [
     f"resume.lease_ttl_s={TTL:g}",
     "failure.max_failures=0",
     "task.path=tests.tasks:paced_lm",
-    "task.config.pace_s=0.05",
-]  # ~20 s of wall time, little CPU
+    "task.config.pace_s=0.12",
+]  # ~50 s of wall time, little CPU; 2.4 s between commits, so a progress flush (every 2 s) lands between two
 
 
 def _lease_file(spec) -> Path:
