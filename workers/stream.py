@@ -204,6 +204,14 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
                 "Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
                 "shuffle), or set train.dataloader_workers: 0"
             )
+    if spec.train.dataloader_workers:
+        raise JobConfigError(
+            f"train.dataloader_workers: {spec.train.dataloader_workers} with a datasets.IterableDataset: read by "
+            "DataLoader workers, a datasets stream's order from its second pass on is not reproducible (two "
+            "uninterrupted runs of the same job differ there with datasets 5.2), so neither the run nor a resume "
+            "would be exact. Set train.dataloader_workers: 0 (the stream is read in the training process; a custom "
+            "stateful stream may use workers)"
+        )
 
 
 def hf_identity(dataset: Any) -> dict[str, Any]:
