@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -e ".[test]"
 	# bench P11's peer (and its test): MosaicML Streaming without its own conflicting pins (pyproject.toml)
-	$(BIN)/python -m pip install -q --no-deps "mosaicml-streaming==0.13.*" "brotli>=1.1" "python-snappy>=0.7" \
+	$(BIN)/python -m pip install -q --no-deps "mosaicml-streaming==0.13.*" "brotli>=1.1" "python-snappy>=0.7" "cramjam>=2.8" \
 		"zstd>=1.5" "catalogue>=2.0"
 	touch $(STAMP)
 
