@@ -177,10 +177,15 @@ def add_worker_node(
 ) -> WorkerNode:
     """Start one `ray start --address=HEAD --num-cpus=1 --block` node (its own agent ports: several
     nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id.
+    Each node has its own temp dir, as separate machines have: nodes sharing the head's unpack one
+    job's ``working_dir`` into one ``runtime_resources`` folder, each node's agent managing (and
+    evicting) it as its own, and a `ray job submit` driver then failed to import a module that the
+    folder held again afterwards.
     ``prefix``/``node_ip``: run it inside a network namespace (``ip netns exec NS``, which execs, so
     the process is `ray start` itself) bound to the namespace's address (tests/netns.py)."""
     ports = [free_port() for _ in range(4)]
     node_env, mark = marked_env(env)
+    temp = tempfile.mkdtemp(prefix="sp-rayw-")  # a node's own /tmp, as on a real machine (below)
     proc = subprocess.Popen(
         [
             *(prefix or []),
@@ -193,6 +198,7 @@ def add_worker_node(
             f"--dashboard-agent-grpc-port={ports[1]}",
             f"--metrics-export-port={ports[2]}",
             f"--runtime-env-agent-port={ports[3]}",
+            f"--temp-dir={temp}",
             "--disable-usage-stats",
             OBJECT_STORE,
             *([f"--node-ip-address={node_ip}"] if node_ip else []),
