@@ -670,12 +670,20 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     return None
 
 
+# Identity parts newer than some states: a state without one was written before syncpoint recorded
+# it, and is compared on the rest (what it never recorded cannot be told apart).
+LATER_IDENTITY_KEYS = frozenset({"functions"})
+
+
 def _identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | None:
-    """The first part of two streams' identities that differs, in one phrase (a file by its place)."""
+    """The first part of two streams' identities that differs, in one phrase (a file by its place,
+    a ``.map``/``.filter`` function by its pipeline step)."""
     for key in sorted(set(have) | set(want)):
         a, b = have.get(key), want.get(key)
-        if a == b:
+        if a == b or (key in LATER_IDENTITY_KEYS and key not in have):
             continue
+        if key == "functions" and isinstance(a, list) and isinstance(b, list):
+            return _function_difference(a, b)
         if key == "files" and isinstance(a, list) and isinstance(b, list):
             for i in range(max(len(a), len(b))):
                 x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
@@ -683,6 +691,25 @@ def _identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | No
                     return f"data file {i}: {_file_text(x)} in the state, {_file_text(y)} in this run"
         return f"its {key} is {_short(a)} in the state, {_short(b)} in this run"
     return None
+
+
+def _function_difference(have: list[Any], want: list[Any]) -> str:
+    """Which ``.map``/``.filter`` step computes something else now (``syncpoint.workers.function_identity``)."""
+    for i in range(max(len(have), len(want))):
+        x, y = (have[i] if i < len(have) else None), (want[i] if i < len(want) else None)
+        if x != y:
+            kind = (y or x or {}).get("kind", "a step") if isinstance(y or x, dict) else "a step"
+            return (
+                f"its .map/.filter function {i} (pipeline step {kind}) computes something else: its code, its "
+                "arguments, or the module-level values it reads changed (digest "
+                f"{_digest_text(x)} in the state, {_digest_text(y)} in this run); to keep the weights with the new "
+                "function, start a new run with resume.init_from: <this run> (and resume.init_optimizer: true)"
+            )
+    return "its .map/.filter functions differ"
+
+
+def _digest_text(entry: Any) -> str:
+    return str(entry.get("digest")) if isinstance(entry, dict) else "none"
 
 
 def _file_text(entry: Any) -> str:

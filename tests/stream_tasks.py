@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from examples.tiny_lm import VOCAB
 from syncpoint.workers.task import Task
 from tests.tasks import mse
 
@@ -78,4 +79,20 @@ def hf_already_split(config: dict) -> Task:
 
     task = build(config)
     task.dataset = split_dataset_by_node(task.dataset, rank=0, world_size=1)
+    return task
+
+
+OFFSET = 0  # read by _offset_tokens: a module-level value the stream's .map depends on (tests change it)
+
+
+def _offset_tokens(example: dict) -> dict:
+    return {"tokens": (example["tokens"] + OFFSET) % VOCAB}
+
+
+def hf_offset_mapped(config: dict) -> Task:
+    """The datasets example with one more ``.map``, whose result depends on a module-level value."""
+    from examples.stream_lm import build
+
+    task = build(config)
+    task.dataset = task.dataset.map(_offset_tokens)
     return task

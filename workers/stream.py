@@ -48,6 +48,7 @@ from syncpoint.policies.elastic import Layout, stream_layout
 from syncpoint.policies.errors import JobConfigError, TaskError
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers.data import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
+from syncpoint.workers.function_identity import function_digest
 from syncpoint.workers.rng import derive_seed
 from syncpoint.workers.stream_state import SavedStream, encode
 from syncpoint.workers.task import hf_iterable
@@ -217,7 +218,9 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
 def hf_identity(dataset: Any) -> dict[str, Any]:
     """What names a ``datasets`` stream: its builder, config and split, its shards, its data files
     (name and size, in order: a changed, added or removed file is another stream; the directory they
-    lie in may move), and the steps of its pipeline (a changed pipeline has another state layout)."""
+    lie in may move), the steps of its pipeline (a changed pipeline has another state layout), and
+    what each ``.map``/``.filter`` step computes (a changed function makes other examples at the
+    same position: ``syncpoint.workers.function_identity``)."""
     info = getattr(dataset, "info", None)
     files: list[dict[str, Any]] = []
     for step in _hf_pipeline(dataset):
@@ -233,7 +236,23 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
         "n_shards": int(dataset.num_shards),
         "files": files,
         "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)],
+        "functions": _hf_functions(dataset),
     }
+
+
+HF_FUNCTION_SETTINGS = ("fn_kwargs", "batched", "batch_size", "drop_last_batch", "input_columns", "remove_columns")
+
+
+def _hf_functions(dataset: Any) -> list[dict[str, Any]]:
+    """Each ``.map``/``.filter`` step's function digest and settings, outermost step first."""
+    out = []
+    for i, step in enumerate(_hf_pipeline(dataset)):
+        fn = getattr(step, "function", None)
+        if fn is None:
+            continue
+        settings = {k: getattr(step, k, None) for k in HF_FUNCTION_SETTINGS}
+        out.append({"step": i, "kind": type(step).__name__, "digest": function_digest(fn, settings)})
+    return out
 
 
 def _strings(obj: Any) -> list[str]:

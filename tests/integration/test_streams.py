@@ -408,6 +408,41 @@ def test_a_changed_corpus_is_refused_at_selection_naming_the_file(tmp_path):
     ), str(e.value)
 
 
+@pytest.mark.slow
+def test_a_changed_map_function_is_refused_at_selection_naming_its_step(tmp_path, monkeypatch):
+    """A ``.map`` whose result changed (here: a module-level value it reads) makes other examples at the
+    same position: the state is another stream's. Unchanged, the same task resumes."""
+    from tests import stream_tasks
+
+    spec = stream_spec(tmp_path / "run", tmp_path / "corpus", "task.path=tests.stream_tasks:hf_offset_mapped")
+    run(with_overrides(spec, "train.max_steps=3"))
+    assert run(with_overrides(spec, "train.max_steps=6")).resumed_from == "000000000006"
+    monkeypatch.setattr(stream_tasks, "OFFSET", 1)
+    with pytest.raises(ResumeRefused) as e:
+        run(with_overrides(spec, "train.max_steps=9"))
+    assert re.search(
+        r"incompatible\s+the stream differs \(the task's dataset\): its \.map/\.filter function 0 \(pipeline "
+        r"step MappedExamplesIterable\) computes something else: .*digest [0-9a-f]{16} in the state, [0-9a-f]{16} "
+        r"in this run\); to keep the weights with the new function, start a new run with resume\.init_from",
+        str(e.value),
+    ), str(e.value)
+
+
+def test_a_state_written_before_functions_were_recorded_is_compared_on_the_rest():
+    """Stream identities of earlier states have no ``functions``: they resume (compared on files and
+    pipeline); a state that has them is compared on them too."""
+    from syncpoint.policies.candidates import _identity_difference
+
+    base = {"files": [{"name": "a.jsonl", "size": 3}], "pipeline": ["MappedExamplesIterable"]}
+    now = {**base, "functions": [{"step": 0, "kind": "MappedExamplesIterable", "digest": "0" * 16}]}
+    assert _identity_difference(base, now) is None
+    assert _identity_difference(now, now) is None
+    other = {**base, "functions": [{"step": 0, "kind": "MappedExamplesIterable", "digest": "1" * 16}]}
+    assert "function 0 (pipeline step MappedExamplesIterable) computes something else" in str(
+        _identity_difference(now, other)
+    )
+
+
 # ----------------------------------------------------------------------------- a bad stream file
 
 
