@@ -205,14 +205,6 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
                 "Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
                 "shuffle), or set train.dataloader_workers: 0"
             )
-    if spec.train.dataloader_workers:
-        raise JobConfigError(
-            f"train.dataloader_workers: {spec.train.dataloader_workers} with a datasets.IterableDataset: read by "
-            "DataLoader workers, a datasets stream's order from its second pass on is not reproducible (two "
-            "uninterrupted runs of the same job differ there with datasets 5.2), so neither the run nor a resume "
-            "would be exact. Set train.dataloader_workers: 0 (the stream is read in the training process; a custom "
-            "stateful stream may use workers)"
-        )
 
 
 def hf_identity(dataset: Any) -> dict[str, Any]:
@@ -316,6 +308,13 @@ class RankStream(torch.utils.data.IterableDataset):
     copy's position: the stream's own state, how many examples and micro-batches it drew in this
     pass, the shuffle buffer's content and draws, and whether the stream ran out (the buffer then
     drains). ``load_state_dict`` takes effect at the next ``__iter__``.
+
+    The pass reaches the stream's own ``set_epoch`` where it is safe: a ``datasets`` stream keeps
+    its epoch in one shared-memory tensor that every DataLoader worker sees, and updates it with a
+    read-modify-write (``_epoch += epoch - _epoch``), so two workers setting it at once can leave
+    pass 1 as epoch 2, and its shard order (reshuffled every epoch > 0) differs from run to run: it
+    is set once, in the loop's process, before the pass's workers start. Any other stream is set
+    in each worker, on that worker's own copy.
     """
 
     def __init__(
@@ -334,6 +333,7 @@ class RankStream(torch.utils.data.IterableDataset):
         self.generators = DataGenerators(inner, "dataset")
         # shared memory: DataLoader workers live across passes and read the pass the loop set
         self._pass = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._epoch_in_loop_process = hf_iterable(inner)  # its epoch is shared memory (the docstring)
         self._resume: dict[str, Any] | None = None
         self._position: dict[str, Any] = _fresh_position()
 
@@ -344,6 +344,8 @@ class RankStream(torch.utils.data.IterableDataset):
     def set_epoch(self, pass_number: int) -> None:
         """The next ``__iter__`` (in every DataLoader worker) reads pass ``pass_number``."""
         self._pass.fill_(pass_number)
+        if self._epoch_in_loop_process:
+            self.inner.set_epoch(pass_number)
 
     def state_dict(self) -> dict[str, Any]:
         p = self._position
@@ -362,7 +364,7 @@ class RankStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         key = (self.seed, self.rank, self.pass_number, info.id if info is not None else 0)
-        if callable(getattr(self.inner, "set_epoch", None)):
+        if not self._epoch_in_loop_process and callable(getattr(self.inner, "set_epoch", None)):
             self.inner.set_epoch(self.pass_number)  # in this process: a worker's copy is its own
         resume, self._resume = self._resume, None
         if resume is not None:

@@ -77,7 +77,7 @@ def _assert_same_run(ref, resumed) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,loader_workers", [(1, 0), (2, 0)])
+@pytest.mark.parametrize("world,loader_workers", [(1, 0), (1, 2), (2, 0), (2, 2)])
 def test_hf_streaming_corpus_resumes_bitwise(tmp_path, world, loader_workers):
     """A local JSONL corpus loaded with streaming=True, split per rank, shuffled through syncpoint's
     buffer, crossing a pass boundary (each rank's stream repeats): crashed after one state and
@@ -247,18 +247,38 @@ def test_datasets_buffer_shuffle_is_refused_naming_the_exact_alternative(tmp_pat
     ), text
 
 
-def test_a_datasets_stream_with_loader_workers_is_refused_at_start(tmp_path):
-    """Read by DataLoader workers, a datasets stream's second pass is not reproducible (two
-    uninterrupted runs differed there): refused at start, naming the field and the fix."""
-    corpus = tmp_path / "corpus"
-    spec = stream_spec(tmp_path / "run", corpus, "train.dataloader_workers=2", workers=1)
-    with pytest.raises(
-        JobConfigError,
-        match=r"train\.dataloader_workers: 2 with a datasets\.IterableDataset.*"
-        r"Set train\.dataloader_workers: 0",
-    ):
-        run(spec)
-    assert committed_steps(spec) == []
+@pytest.mark.slow
+def test_a_datasets_streams_epoch_is_set_in_the_loop_process_never_in_a_loader_worker(tmp_path, monkeypatch):
+    """datasets keeps a stream's epoch in one shared-memory tensor and sets it with a read-modify-write:
+    two DataLoader workers setting it at once left a pass at the wrong epoch (5 passes of 30 in one
+    probe), whose shard order (reshuffled every epoch) then differed between runs. RankStream sets it
+    in the loop's process only, before each pass's workers start, so every worker reads the pass."""
+    import os
+
+    from datasets import IterableDataset
+
+    calls = tmp_path / "set_epoch_calls"
+    original = IterableDataset.set_epoch
+
+    def recording(self, epoch):
+        with open(calls, "a") as f:  # forked workers inherit this patch: each call says where it ran
+            f.write(f"{os.getpid()} {epoch}\n")
+        return original(self, epoch)
+
+    monkeypatch.setattr(IterableDataset, "set_epoch", recording)
+    spec, task = _task("examples.stream_lm:build", tmp_path / "corpus", "train.dataloader_workers=2")
+    prepared = prepare(spec, task.dataset, task.collate, 0, 1)
+    source = StreamSource(prepared, seed=spec.train.seed, rank=0, num_workers=2, saved=None)
+    try:
+        for _ in range(3 * 24 + 1):  # three passes of 24 micro-batches, into the fourth
+            source.next_batch()
+    finally:
+        source.close()
+    assert source.pass_number == 3
+    seen = [line.split() for line in calls.read_text().splitlines()]
+    assert {pid for pid, _ in seen} == {str(os.getpid())}, seen  # never in a worker
+    assert [int(e) for _, e in seen] == [0, 1, 2, 3]  # once per pass, before it
+    assert int(prepared.stream.inner.epoch) == 3
 
 
 def test_datasets_shard_shuffle_with_loader_workers_is_refused(tmp_path):

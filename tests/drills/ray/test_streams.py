@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("loader_workers", [0])  # a datasets stream with workers is refused (workers.stream)
+@pytest.mark.parametrize("loader_workers", [0, 2])
 def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_workers):
     """``syncpoint drill`` on the streaming example (2 Ray Train workers): a crash after micro-step 9
     and a SIGTERM after 20 (a pass is 12 micro-batches per rank), and the interrupted run is the
@@ -53,7 +53,7 @@ def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_worker
     assert rows[1][3] == "preemption" and rows[1][4] == f"{22:012d}"  # the notice saved at the next boundary
 
 
-@pytest.mark.parametrize("loader_workers", [0])  # a datasets stream with workers is refused (workers.stream)
+@pytest.mark.parametrize("loader_workers", [0, 2])
 def test_node_drill_on_the_streaming_example_reports_equality(tmp_path, loader_workers):
     """``syncpoint drill --how node`` on the streaming example: the node of rank 0 (with its DataLoader
     workers) is taken away without notice once progress passes micro-step 9, a replacement joins, and
