@@ -11,11 +11,11 @@ What it measures
 
     * save: a run on ``s3://`` trains 2 optimizer steps and commits its final state with a
       synchronous save (each rank streams its shards into S3 as parallel multipart uploads through
-      ``syncpoint.workers.storage_s3.ParallelPartWriter``). Save seconds = the ``state_committed`` event's
+      ``syncpoint.workers.storage.s3_backend.ParallelPartWriter``). Save seconds = the ``state_committed`` event's
       ``seconds`` (boundary to commit), bytes = its ``bytes``.
     * restore: a second submission of the same job (``max_steps`` 3) selects that state, fetches it
       (S3: parallel ranged GETs, s3fs ``get_file``, into a private temp dir; local: verified and
-      loaded in place, no copy, ``syncpoint.workers.verified_files``; each rank reads the model file and its
+      loaded in place, no copy, ``syncpoint.workers.integrity.verified_files``; each rank reads the model file and its
       own ZeRO shard), verifies, loads, and trains step 3. **Compared with the raw transfer:
       selection -> state loaded** (the ``resume_decision`` event to ``attempt_started``: fetch,
       verify, load; the engine and DeepSpeed were built before selection, so no fixed start-up cost
@@ -142,24 +142,32 @@ def _events(spec) -> list[dict[str, Any]]:
 # Where the time goes, per rank: each wrapped function's calls and wall seconds (nested sections
 # overlap: "load into engine" contains "DeepSpeed reads files"). (module, attribute, section name)
 SECTIONS = [
-    ("syncpoint.workers.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
-    ("syncpoint.workers.state_reader", "_download_verified", "  copy to a temp dir + checksum"),
-    ("syncpoint.workers.state_reader", "open_verified", "  open in place + checksum (one read)"),
-    ("syncpoint.workers.state_reader", "check_state_file", "  weights-only check (mmap)"),
-    ("syncpoint.workers.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
-    ("syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine", "load", "  DeepSpeed reads files (torch.load)"),
-    ("syncpoint.workers.state_reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
-    ("syncpoint.workers.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
-    ("syncpoint.workers.state_reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
+    ("syncpoint.workers.state.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
+    ("syncpoint.workers.state.reader", "_download_verified", "  copy to a temp dir + checksum"),
+    ("syncpoint.workers.state.reader", "open_verified", "  open in place + checksum (one read)"),
+    ("syncpoint.workers.state.reader", "check_state_file", "  weights-only check (mmap)"),
+    ("syncpoint.workers.state.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
     (
-        "syncpoint.workers.checkpoint_engine.StreamingCheckpointEngine",
+        "syncpoint.workers.state.checkpoint_engine.StreamingCheckpointEngine",
+        "load",
+        "  DeepSpeed reads files (torch.load)",
+    ),
+    ("syncpoint.workers.state.reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
+    ("syncpoint.workers.state.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
+    ("syncpoint.workers.state.reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
+    (
+        "syncpoint.workers.state.checkpoint_engine.StreamingCheckpointEngine",
         "save",
         "save: torch.save of a shard into storage",
     ),
-    ("syncpoint.workers.checksum.ChecksummingWriter", "write", "  checksum + hand to the writer"),
-    ("syncpoint.workers.storage_s3.ParallelPartWriter", "write", "    copy into parts (+ wait for a free slot)"),
-    ("syncpoint.workers.storage_s3.ParallelPartWriter", "_collect_oldest", "      wait for a part in flight"),
-    ("syncpoint.workers.storage_s3.ParallelPartWriter", "close", "  close: last part + complete upload"),
+    ("syncpoint.workers.integrity.checksum.ChecksummingWriter", "write", "  checksum + hand to the writer"),
+    (
+        "syncpoint.workers.storage.s3_backend.ParallelPartWriter",
+        "write",
+        "    copy into parts (+ wait for a free slot)",
+    ),
+    ("syncpoint.workers.storage.s3_backend.ParallelPartWriter", "_collect_oldest", "      wait for a part in flight"),
+    ("syncpoint.workers.storage.s3_backend.ParallelPartWriter", "close", "  close: last part + complete upload"),
 ]
 
 
@@ -221,8 +229,8 @@ def _run(spec) -> list[dict[str, list[float]]]:
     import uuid
 
     from syncpoint.workers import launch
-    from syncpoint.workers.lease import release_lease
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.storage.lease import release_lease
 
     out = tempfile.mkdtemp(prefix="p10-profile-")
     port, submission = launch.free_port(), uuid.uuid4().hex

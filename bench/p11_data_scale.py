@@ -107,7 +107,7 @@ def _rss() -> int:
 
 def _sampler(kind: str, n: int) -> Callable[[], Any]:
     from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-    from syncpoint.workers.data import RankMicroBatches
+    from syncpoint.workers.data.sampler import RankMicroBatches
 
     mbs, world, rank, seed, epoch = 8, 8, 5, 0, 2
     start = n // (mbs * world) // 2
@@ -246,8 +246,8 @@ def corpus_epoch(
     """One epoch through the corpus from an empty shard cache (``cold``; else every shard cached
     already) with its index built; (seconds, samples)."""
     from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
-    from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
-    from syncpoint.workers.data import RankMicroBatches, SeededSamples
+    from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
+    from syncpoint.workers.data.sampler import RankMicroBatches, SeededSamples
 
     if cold:
         shutil.rmtree(os.path.join(cache, "shards-cache"), ignore_errors=True)
@@ -285,7 +285,7 @@ def part_s3(quick: bool) -> Part:
     try:
         url = f"s3://{BUCKET}/corpus"
         size = write_token_corpus(url, shards, shard_mib << 20)
-        from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
+        from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 
         cache = os.path.join(work, "cache")
         built = ShardedCorpus(f"{url}/*.npy", seq_len=2049, cache=CacheSettings(cache, 1 << 40))

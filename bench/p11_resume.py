@@ -267,7 +267,7 @@ def _sampler(order: str) -> tuple[str, int | None]:
 
 
 def _open_corpus(corpus: Corpus) -> Any:
-    from syncpoint.workers.corpus import CacheSettings, ShardedCorpus
+    from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 
     c = ShardedCorpus(corpus.npy_glob, seq_len=1, cache=CacheSettings(os.path.join(corpus.root, "cache"), 1 << 40))
     len(c)  # the index (cached on this node after the first open)
@@ -275,7 +275,7 @@ def _open_corpus(corpus: Corpus) -> Any:
 
 
 def _syncpoint_loader(corpus_obj: Any, order: str, start: int) -> Any:
-    from syncpoint.workers.data import epoch_loader
+    from syncpoint.workers.data.sampler import epoch_loader
 
     sampler, window = _sampler(order)
     return epoch_loader(
@@ -323,7 +323,7 @@ def syncpoint_uninterrupted(corpus: Corpus, order: str, position: int) -> Reache
 def syncpoint_expected(corpus: Corpus, order: str, position: int) -> list[int]:
     """The records of the uninterrupted sampler's micro-batch ``position / BATCH`` (what its
     uninterrupted loader yields at that step: ``RankMicroBatches`` yields ``indices(i)`` for each i)."""
-    from syncpoint.workers.data import RankMicroBatches
+    from syncpoint.workers.data.sampler import RankMicroBatches
 
     sampler, window = _sampler(order)
     shard_rows = np.full(SHARDS, corpus.shard_rows, dtype=np.int64) if window else None
@@ -499,7 +499,7 @@ def sdl_state_at(corpus: Corpus, over: str, template: dict[str, Any], position: 
 def _stream_source(hf_stream: Any, saved: Any) -> Any:
     from datasets.distributed import split_dataset_by_node
 
-    from syncpoint.workers.stream import PreparedStream, RankStream, StreamSource
+    from syncpoint.workers.data.stream import PreparedStream, RankStream, StreamSource
 
     stream = RankStream(
         split_dataset_by_node(hf_stream, rank=0, world_size=1),
@@ -536,7 +536,7 @@ def stream_uninterrupted(corpus: Corpus, positions: list[int]) -> list[Reached]:
 
 
 def _stream_loaded(hf_stream: Any, data: bytes) -> list[int]:
-    from syncpoint.workers.stream_state import parse
+    from syncpoint.workers.data.stream_state import parse
 
     source = _stream_source(hf_stream, parse(data, "stream/rank_00000.safetensors"))
     batch = _values(source.next_batch())
@@ -565,7 +565,7 @@ def stream_resume(corpus: Corpus, jobs: list[tuple[int, bytes]]) -> list[Resumed
 def stream_state_at(corpus: Corpus, template: bytes, position: int) -> bytes:
     """The stream file at ``position`` (``template``'s layout): the loader's counts, the rank
     stream's counts and the datasets stream's state inside."""
-    from syncpoint.workers.stream_state import SavedStream, encode, parse
+    from syncpoint.workers.data.stream_state import SavedStream, encode, parse
 
     saved = parse(template, "stream/rank_00000.safetensors")
     loader = sdl_state_at(corpus, "map", saved.loader, position)  # the counts alone

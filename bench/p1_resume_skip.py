@@ -4,7 +4,7 @@ What it measures
     For positions 10^2, 10^3, 10^4, 10^5 micro-batches into an epoch, the wall time from nothing
     (no loader yet) to holding this rank's first resumed micro-batch:
 
-    * ours: ``syncpoint.workers.data.epoch_loader(..., start=position)`` then ``next(iter(loader))``; the
+    * ours: ``syncpoint.workers.data.sampler.epoch_loader(..., start=position)`` then ``next(iter(loader))``; the
       skip is index arithmetic on the epoch permutation, no sample before ``position`` is touched.
     * fetch-and-discard (baseline): the real ``accelerate.skip_first_batches(loader, position)``
       on an *iterable* loader (a stream of the same samples in the same order, ``RankStream``).
@@ -55,7 +55,7 @@ import accelerate
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from syncpoint.workers.data import RankMicroBatches, SeededSamples, epoch_loader
+from syncpoint.workers.data.sampler import RankMicroBatches, SeededSamples, epoch_loader
 
 MBS, WORLD, RANK, SEED, EPOCH = 4, 2, 0, 1234, 0
 

@@ -21,11 +21,11 @@ What it measures
         copy of the state's bytes (``torch`` copying them into a preallocated, already-touched host
         buffer, one thread; three copies between every two runs and at the end): the physical
         limit of a consistent snapshot. The split shards / upload is timed by wrapping
-        ``syncpoint.workers.state_writer.take_snapshot`` / ``upload_snapshot`` in this process
+        ``syncpoint.workers.state.writer.take_snapshot`` / ``upload_snapshot`` in this process
         (instrumentation only, the project's code runs unchanged): "shards" is DeepSpeed handing its
         shards to the streaming checkpoint engine (a sync save serializes them straight into
         storage; an async one only copies their tensors into reusable host buffers,
-        ``syncpoint.workers.snapshot_arena``), "upload" the rest (async: serialize + checksum + write in the
+        ``syncpoint.workers.state.snapshot_arena``), "upload" the rest (async: serialize + checksum + write in the
         background). The wrapper also reads the arena's size after each async snapshot: the peak
         host memory of the snapshot buffers, and whether they are the same buffers every save.
     (b) Steady-state throughput (optimizer steps/s) from the per-step ``time`` of the progress
@@ -156,7 +156,7 @@ _CURRENT = {"run": ""}
 
 def instrument() -> None:
     """Time the snapshot and upload phases by wrapping the project's functions (behaviour unchanged)."""
-    import syncpoint.workers.state_writer as sw
+    import syncpoint.workers.state.writer as sw
 
     orig_take, orig_upload = sw.take_snapshot, sw.upload_snapshot
 
@@ -339,7 +339,7 @@ def upload_path_refs(staging: str, root: str, nbytes: int, repeats: int = 2) -> 
     ``RunStorage.upload_file`` with the checksum already known (copy + fsync: the checksum was
     taken while the shard was serialized), and a read of the staged file with each checksum (what
     a save would add if it had to read the bytes again)."""
-    from syncpoint.workers.checksum import entry, new_hasher
+    from syncpoint.workers.integrity.checksum import entry, new_hasher
     from syncpoint.workers.storage import CHUNK, RunStorage
 
     src = os.path.join(staging, f"syncpoint-p2-ref-{os.getpid()}.bin")
@@ -451,7 +451,7 @@ def measure(args: argparse.Namespace) -> Measured:
     real_w = (N, 2 * N)
     aggr_w = (2 * A, 7 * A)  # five aggressive intervals after two warm-up ones
 
-    from syncpoint.workers.state_writer import staging_root
+    from syncpoint.workers.state.writer import staging_root
 
     instrument()
     root = tempfile.mkdtemp(prefix="syncpoint-p2-", dir=args.dir)

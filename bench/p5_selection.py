@@ -4,11 +4,11 @@ What it measures
     For 10, 10^3 and 10^4 state directories on local storage (a temp dir), the wall time and the
     filesystem calls needed to pick the newest resumable state:
 
-    * full discover (baseline: read everything first): ``syncpoint.workers.discovery.discover(storage, exp)``
+    * full discover (baseline: read everything first): ``syncpoint.workers.state.discovery.discover(storage, exp)``
       (one listing of ``states/``, then for EVERY state a recursive listing plus reads of
       ``manifest.json`` and ``trainer.json``, classification), then
       ``syncpoint.policies.resume.NewestResumable().choose(...)``. O(n) listings and O(n) file reads.
-    * lazy newest-first (what ``syncpoint run`` does): ``syncpoint.workers.discovery.discover_lazy`` lists
+    * lazy newest-first (what ``syncpoint run`` does): ``syncpoint.workers.state.discovery.discover_lazy`` lists
       ``states/`` once without stat-ing entries, orders names newest first, and reads/classifies a
       candidate only when ``NewestResumable().choose`` walks to it; it stops at the first
       resumable one. O(1) manifests read when the newest states are healthy.
@@ -57,7 +57,7 @@ from fsspec.implementations.local import LocalFileSystem
 from syncpoint.policies.boundaries import position_after
 from syncpoint.policies.candidates import Expectation
 from syncpoint.policies.resume import Decision, NewestResumable
-from syncpoint.workers.discovery import discover, discover_lazy
+from syncpoint.workers.state.discovery import discover, discover_lazy
 from syncpoint.workers.storage import RunStorage
 
 EXP = Expectation(

@@ -3,7 +3,7 @@
 What it measures
     Elastic ZeRO-1/2 runs (``scaling.num_workers: {min, max}``) also gather the full fp32 master
     weights and Adam moments at every save and write them as ``optim/full.safetensors``, so the
-    state loads at another world size (``workers/elastic_state.py``). On the P2 model (25M
+    state loads at another world size (``workers/state/elastic_state.py``). On the P2 model (25M
     parameters, ZeRO-2, AdamW, a ~400 MB state) this script runs the same short job twice in one
     process — plain, and elastic ({min: 1, max: 1}: same world size, elastic bookkeeping on) —
     each saving every 10 optimizer steps, and compares the loop-blocked seconds and bytes per

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from examples.tiny_lm import VOCAB, TinyLM, lm_loss, synthetic_corpus
-from syncpoint.workers.corpus import ShardedCorpus
+from syncpoint import ShardedCorpus
 from syncpoint.workers.task import Task
 
 

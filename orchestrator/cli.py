@@ -208,9 +208,9 @@ def cmd_states(args: argparse.Namespace) -> int:
     from syncpoint.policies.candidates import candidates_table, classify
     from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
     from syncpoint.policies.resume import enforce_safe
-    from syncpoint.workers.discovery import discover, states_entries
     from syncpoint.workers.events import event_files
-    from syncpoint.workers.signing import load_key
+    from syncpoint.workers.integrity.signing import load_key
+    from syncpoint.workers.state.discovery import discover, states_entries
 
     storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
     try:
@@ -329,7 +329,7 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
 
 def cmd_digest(args: argparse.Namespace) -> int:
     from syncpoint.policies.errors import StateRefused
-    from syncpoint.workers.digest import state_digest
+    from syncpoint.workers.integrity.digest import state_digest
 
     _directory(args.state_dir, "STATE_DIR", "a committed state", "<run>/states/<name>")
     try:

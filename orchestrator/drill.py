@@ -139,7 +139,7 @@ def _params_close(
 ) -> tuple[bool, float, float]:
     """Adam moves a weight by ~lr per step whatever its gradient's size, and where a gradient is at
     rounding-noise level its sign is noise: 2 x the summed learning rate since the change bounds it."""
-    from syncpoint.workers.digest import load_deepspeed_file
+    from syncpoint.workers.integrity.digest import load_deepspeed_file
     from syncpoint.workers.storage import RunStorage
 
     changed_at = world_size_change(run_journal)
@@ -148,10 +148,10 @@ def _params_close(
     def params(spec: JobSpec, name: str) -> dict:
         store = RunStorage(spec.run_url)
         if not store.exists(STATES_DIR, name, MODEL_FILE):  # ZeRO-3: rebuilt from partitions
-            from syncpoint.workers.export import zero3_state_from_storage
+            from syncpoint.workers.state.export import zero3_state_from_storage
 
             return zero3_state_from_storage(store, name)
-        from syncpoint.workers.state_reader import read_listed, read_manifest
+        from syncpoint.workers.state.reader import read_listed, read_manifest
 
         entry = read_manifest(store, (STATES_DIR, name)).files[MODEL_FILE]
         return load_deepspeed_file(read_listed(store, (STATES_DIR, name), MODEL_FILE, entry))["module"]
@@ -284,7 +284,7 @@ def judge(ref: JobSpec, run: JobSpec, ref_journal: Journal, run_journal: Journal
     Same world size throughout: per-step losses and learning rates, evaluations and the final digest
     bit for bit. After a world-size change (elastic): the documented elastic rules (``judge_resized``
     and the parameter bound), stated as such."""
-    from syncpoint.workers.digest import state_digest
+    from syncpoint.workers.integrity.digest import state_digest
 
     lines: list[str] = []
     a, b = ref_journal.steps(), run_journal.steps()

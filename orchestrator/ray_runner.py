@@ -360,7 +360,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
             failure = _placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
-        from syncpoint.workers.lease import release_lease
+        from syncpoint.workers.storage.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
         if board is not None:
@@ -382,11 +382,11 @@ def await_predecessor(spec: JobSpec) -> str:
     driver, the Train controller and the lease holder at once) finds that submission's lease still
     young. Rather than start workers that would be refused (a whole KubeRay retry spent), wait here,
     bounded by the lease's remaining TTL and this job's own ``resume.lease_ttl_s``, until it expires
-    or its holder shows it is alive (``syncpoint.workers.lease.await_expiry``); rank 0's acquisition then
+    or its holder shows it is alive (``syncpoint.workers.storage.lease.await_expiry``); rank 0's acquisition then
     decides as always."""
     from syncpoint.policies.candidates import job_identity
-    from syncpoint.workers.lease import await_expiry
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.storage.lease import await_expiry
 
     return await_expiry(
         RunStorage(spec.run_url),

@@ -2,7 +2,7 @@
 
 Why plain data: selection must decide before any weights or data are touched, must be testable
 without storage, and must give every rejected candidate a reason a person can act on. Nothing
-here reads a file; discovery (``syncpoint.workers.discovery``) hands in what it read, and classification
+here reads a file; discovery (``syncpoint.workers.state.discovery``) hands in what it read, and classification
 parses it with the state format's models (``syncpoint.policies.state_format``): a field the model refuses
 makes the state corrupt, with that field named.
 
@@ -78,7 +78,7 @@ class Candidate:
     """One directory under ``states/`` as discovery saw it (metadata only).
 
     ``trainer`` and ``manifest`` are the JSON objects as read: a signature covers the manifest's
-    exact object (and ``syncpoint.workers.resume_negotiation`` digests it), and a custom policy may
+    exact object (and ``syncpoint.workers.state.resume_negotiation`` digests it), and a custom policy may
     read either. ``parse`` turns both into the typed records once (discovery calls it), and every
     later step (classification, the policies, the load, the CLI) reads ``state`` and ``record``.
     """
@@ -694,7 +694,7 @@ def _identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | No
 
 
 def _function_difference(have: list[Any], want: list[Any]) -> str:
-    """Which ``.map``/``.filter`` step computes something else now (``syncpoint.workers.function_identity``)."""
+    """Which ``.map``/``.filter`` step computes something else now (``syncpoint.workers.data.function_identity``)."""
     for i in range(max(len(have), len(want))):
         x, y = (have[i] if i < len(have) else None), (want[i] if i < len(want) else None)
         if x != y:

@@ -10,7 +10,7 @@ bytes into rows (format, sequence length, token dtype). ``trainer.json`` records
 and two counts (``syncpoint.policies.state_format.CorpusRecord``); the whole index lies once per digest in
 the run directory (``corpus/<digest>.json``), so the reason can name the shard.
 
-Pure data: nothing here does I/O (``syncpoint.workers.corpus`` builds the index, discovery reads the file).
+Pure data: nothing here does I/O (``syncpoint.workers.data.corpus`` builds the index, discovery reads the file).
 """
 
 from __future__ import annotations

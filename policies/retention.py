@@ -11,7 +11,7 @@ symbolic link) whose name is a state name (12 ASCII digits, ``syncpoint.policies
 Anything else under ``states/`` (a ``notes/`` folder, a ``README.txt``) is someone else's and is
 ignored; a symbolic link is reported as corrupt and left alone, because deleting through it would
 delete its target, outside the run. Deletion itself stays manifest-first
-(``syncpoint.workers.state_writer.delete_state``).
+(``syncpoint.workers.state.writer.delete_state``).
 """
 
 from __future__ import annotations

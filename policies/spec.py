@@ -716,7 +716,7 @@ def _byte_count(v: Any) -> Any:
 
 
 class CorpusSpec(_Strict):
-    """How syncpoint reads a sharded corpus (``syncpoint.workers.corpus.ShardedCorpus``, returned by the task as
+    """How syncpoint reads a sharded corpus (``syncpoint.ShardedCorpus``, returned by the task as
     its dataset): the epoch order, and the node-local cache the shards are fetched into."""
 
     shuffle: Literal["auto", "global", "shard-window"] = Field(

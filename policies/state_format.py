@@ -59,19 +59,19 @@ ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00
 
 TRAINER_SCHEMA_VERSION = 1
 MANIFEST_FORMAT = "syncpoint-state/1"
-# The epoch order's algorithm (``syncpoint.workers.data.epoch_order``). A state records the one it was written
+# The epoch order's algorithm (``syncpoint.workers.data.sampler.epoch_order``). A state records the one it was written
 # with, and a run continues with its state's: new runs use SAMPLER_VERSION, states written before it
 # keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
 SAMPLER_VERSION = "feistel/v1"
 LEGACY_SAMPLER = "global-permutation/v1"
-# A stream dataset has no epoch order: each rank's position is its stream's own state (``syncpoint.workers.stream``),
-# in the rank's stream file, and ``data.stream`` says which stream it is.
+# A stream dataset has no epoch order: each rank's position is its stream's own state
+# (``syncpoint.workers.data.stream``), in the rank's stream file, and ``data.stream`` says which stream it is.
 STREAM_SAMPLER = "stream/v1"
-# A sharded corpus's locality shuffle (``syncpoint.workers.data.ShardWindowOrder``): the shard order permuted,
+# A sharded corpus's locality shuffle (``syncpoint.workers.data.sampler.ShardWindowOrder``): the shard order permuted,
 # then the rows within each window of ``data.window_shards`` consecutive shards of that order.
 SHARD_WINDOW_SAMPLER = "shard-window/v1"
 KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER, STREAM_SAMPLER)
-# The checksum algorithms a manifest entry may name (``syncpoint.workers.checksum`` implements them).
+# The checksum algorithms a manifest entry may name (``syncpoint.workers.integrity.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
 # Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
 # manifest of a million entries). A manifest of MANIFEST_MAX_FILES entries with long DeepSpeed names
@@ -137,7 +137,7 @@ def required_files(
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
     (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
     and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.buffers``); states of
-    a stream dataset, its stream file (``syncpoint.workers.stream_state``).
+    a stream dataset, its stream file (``syncpoint.workers.data.stream_state``).
     """
     ranks = range(world_size)
     files = [TRAINER_FILE]
@@ -256,7 +256,7 @@ class ParameterDtypes(_Record):
 
 
 class StreamRecord(_Record):
-    """Which stream a stream dataset's state continues (``syncpoint.workers.stream.identity``): a state of
+    """Which stream a stream dataset's state continues (``syncpoint.workers.data.stream.identity``): a state of
     another stream, or read by another number of DataLoader workers or another shuffle buffer,
     cannot continue it exactly. Each rank's position lies in its own stream file."""
 
@@ -465,7 +465,7 @@ class ManifestEntry(_Record):
 
 class Manifest(_Record):
     """``manifest.json``: written last, it commits the state; a signed one also carries ``signature``
-    (``syncpoint.workers.signing``, which checks the object as read)."""
+    (``syncpoint.workers.integrity.signing``, which checks the object as read)."""
 
     FILE: ClassVar[str] = MANIFEST_FILE
 

@@ -4,7 +4,7 @@ Why: a manifest is data from storage, and whoever can write storage can write a 
 file names become local paths when a state is fetched (``join(tmp, rel)``) and object keys when it
 is read, so a name like ``engine/../../../x`` or ``/etc/cron.d/x`` would make syncpoint write or
 read outside the state. One pure function decides, so classification (``syncpoint.policies.candidates``)
-and fetching (``syncpoint.workers.state_reader``) and ``digest`` apply exactly the same rule. A leaf module:
+and fetching (``syncpoint.workers.state.reader``) and ``digest`` apply exactly the same rule. A leaf module:
 it imports nothing of the project.
 """
 

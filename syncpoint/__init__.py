@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from syncpoint.orchestrator.spec_file import load_spec
     from syncpoint.policies.errors import SpecError
     from syncpoint.policies.spec import JobSpec
-    from syncpoint.workers.corpus import ShardedCorpus
+    from syncpoint.workers.data.corpus import ShardedCorpus
     from syncpoint.workers.task import Task
 
 __all__ = ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task", "__version__", "load_spec", "run"]
@@ -37,7 +37,7 @@ _LAZY = {
     "JobSpec": "syncpoint.policies.spec",
     "RunFailed": "syncpoint._api",
     "RunResult": "syncpoint._api",
-    "ShardedCorpus": "syncpoint.workers.corpus",
+    "ShardedCorpus": "syncpoint.workers.data.corpus",
     "SpecError": "syncpoint.policies.errors",
     "Task": "syncpoint.workers.task",
     "load_spec": "syncpoint.orchestrator.spec_file",

@@ -11,9 +11,9 @@ from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.journal import Step
 from syncpoint.policies.spec import JobSpec
 from syncpoint.policies.state_format import TRAINER_MAX_BYTES
-from syncpoint.workers.digest import state_digest
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.faults import InjectedCrash
+from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.launch import run_in_process
 from syncpoint.workers.storage import RunStorage
 

@@ -8,7 +8,7 @@ import os
 import tempfile
 import time
 
-from syncpoint.workers.lease import LEASE_MAX_BYTES
+from syncpoint.workers.storage.lease import LEASE_MAX_BYTES
 
 JOB = "job-identity"
 
@@ -17,8 +17,8 @@ def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:
     """Wait for every racer, then try to take the lease once; report the outcome. ``skew_s``: this
     driver's clock runs that far ahead (another machine with a wrong clock)."""
     from syncpoint.policies.errors import LeaseRefused
-    from syncpoint.workers.lease import RunLease
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.storage.lease import RunLease
 
     if skew_s:
         real = time.time
@@ -46,9 +46,9 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     from syncpoint.policies.errors import LeaseLostError, LeaseRefused
     from syncpoint.workers.faults import Faults
     from syncpoint.workers.launch import free_port
-    from syncpoint.workers.lease import RunLease
-    from syncpoint.workers.state_writer import Snapshot, commit_snapshot, state_name
+    from syncpoint.workers.state.writer import Snapshot, commit_snapshot, state_name
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.storage.lease import RunLease
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     storage = RunStorage(url)
@@ -107,8 +107,8 @@ class StealLeaseAt:
         return tick.global_micro_step in self.save_at if self.save_at else tick.stepped
 
     def _steal(self) -> None:
-        from syncpoint.workers.lease import read_lease
         from syncpoint.workers.storage import RunStorage
+        from syncpoint.workers.storage.lease import read_lease
 
         store = RunStorage(self.url)
         held = read_lease(store)

@@ -86,7 +86,7 @@ def candidate_for(
 
 def commit_candidate(store, c: Candidate, *, algo: str = "xxh3_128") -> None:
     """Write a candidate's files for real (placeholder bytes for shards) and commit its manifest."""
-    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.integrity.checksum import checksum_bytes
 
     files: dict[str, Any] = {}
     for rel in (c.manifest or {}).get("files", {}):

@@ -16,9 +16,9 @@ from syncpoint.policies.elastic import Layout
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.faults import Faults
-from syncpoint.workers.lease import RunLease
 from syncpoint.workers.position import RunLength
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import RunLease
 
 
 @dataclass(frozen=True)

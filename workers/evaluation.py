@@ -37,7 +37,7 @@ from syncpoint.policies.errors import TaskError
 from syncpoint.policies.journal import Evaluated
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng
-from syncpoint.workers.data import SeededCollate, SeededSamples
+from syncpoint.workers.data.sampler import SeededCollate, SeededSamples
 from syncpoint.workers.device import to_device
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.rng import derive_seed
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from syncpoint.workers.position import TrainingPosition
 
-# The part of the evaluation's seed that names its stream (see the salts in ``syncpoint.workers.data``). Its
+# The part of the evaluation's seed that names its stream (see the salts in ``syncpoint.workers.data.sampler``). Its
 # value is part of the resume contract (a resumed run must evaluate the same samples): never change it.
 EVALUATION_SALT = 0xE7A1
 

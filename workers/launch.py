@@ -23,8 +23,8 @@ import torch.distributed as dist
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng
 from syncpoint.workers.device import backend, collective_timeout, prepare_process
-from syncpoint.workers.lease import release_lease
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import release_lease
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.loop import WorkerResult

@@ -11,7 +11,7 @@ the run directory's lease, negotiates where to resume, trains and finishes; ``Tr
 * save requests (interval trigger, preemption notice, final) stay pending until a boundary and
   are serviced there: never dropped, never written mid-cycle (``TrainingLoop.boundary``, ``save``);
 * on start every rank agrees on one state chosen by the resume policy from metadata alone
-  (``syncpoint.workers.resume_negotiation``); the data position is restored (by index arithmetic for a
+  (``syncpoint.workers.state.resume_negotiation``); the data position is restored (by index arithmetic for a
   map-style dataset, from each rank's saved stream state for a stream) and every RNG after it,
   right before the first fetch (``TrainingLoop.epoch``).
 """
@@ -44,39 +44,40 @@ from syncpoint.policies.save_interval import (
 )
 from syncpoint.policies.save_triggers import AutoInterval, SaveTrigger, trigger_from_interval
 from syncpoint.policies.spec import JobSpec
-from syncpoint.workers import corpus, rng, task_rngs
+from syncpoint.workers import rng, task_rngs
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
-from syncpoint.workers.checkpoint_engine import install as install_streaming
-from syncpoint.workers.data_source import DataSource, data_source
+from syncpoint.workers.data import corpus
+from syncpoint.workers.data.source import DataSource, data_source
+from syncpoint.workers.data.stream import PreparedStream, check_map_spec, prepare
 from syncpoint.workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
 from syncpoint.workers.engine import build_engine, model_buffers, model_fingerprint, parameter_dtypes, set_lr
 from syncpoint.workers.evaluation import Evaluation, check_task
 from syncpoint.workers.events import EventLog, skipped_line
-from syncpoint.workers.export import export_final
 from syncpoint.workers.failure_site import annotate
 from syncpoint.workers.faults import Faults
 from syncpoint.workers.finite import NonfiniteSteps
 from syncpoint.workers.heartbeat import Heartbeat
-from syncpoint.workers.lease import RunLease
+from syncpoint.workers.integrity.signing import load_key
 from syncpoint.workers.loop_state import LoopState, step_record, trainer_record
 from syncpoint.workers.metric_sinks import ReportFn, RunMetrics
 from syncpoint.workers.param_groups import settings_of
 from syncpoint.workers.preemption import PreemptionNotices, RayNotice
 from syncpoint.workers.progress import ProgressLine, ProgressLog
-from syncpoint.workers.resume_negotiation import ResumeStart, negotiate_resume
-from syncpoint.workers.saving import SaveCoordinator
 from syncpoint.workers.schedule import Schedule
-from syncpoint.workers.signing import load_key
-from syncpoint.workers.state_writer import SaveResult
+from syncpoint.workers.state.checkpoint_engine import install as install_streaming
+from syncpoint.workers.state.export import export_final
+from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_resume
+from syncpoint.workers.state.saving import SaveCoordinator
+from syncpoint.workers.state.writer import SaveResult
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.stream import PreparedStream, check_map_spec, prepare
+from syncpoint.workers.storage.lease import RunLease
 from syncpoint.workers.task import Task, check_loss, is_stream, load_task
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine
+    from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
 
 
 @dataclass

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from syncpoint.workers.attempt import Attempt
-    from syncpoint.workers.state_writer import SaveResult
+    from syncpoint.workers.state.writer import SaveResult
     from syncpoint.workers.storage import RunStorage
 
 TENSORBOARD_DIR = "tensorboard"  # <run>/tensorboard: `tensorboard --logdir <run>/tensorboard`

@@ -6,7 +6,7 @@ optimizer; ``syncpoint.workers.task_rngs``), which the loop registers with ``use
 restores them after the data skip and after everything that consumes randomness at start-up
 (model build, engine init), immediately before the first fetch, so dropout and any model-side
 randomness continue exactly. Data-side generators (the dataset's, the collate's) are not saved:
-``syncpoint.workers.data`` makes them a function of (seed, epoch, sample index).
+``syncpoint.workers.data.sampler`` makes them a function of (seed, epoch, sample index).
 
 A state's RNG file is parsed whole and tried when the state is fetched (``verify``: applied, then
 put back), so a bad file is a refusal of that state, which falls back like any other, and the

@@ -15,7 +15,7 @@ created anew inside ``__getitem__`` or ``loss`` without a seed, differs on every
 
 ``dataset`` is map-style (``__len__`` and ``__getitem__``: positions are index arithmetic) or a
 stream whose position is its own state: a Hugging Face ``datasets.IterableDataset``, or an iterable
-with ``state_dict()`` / ``load_state_dict()`` (``syncpoint.workers.stream`` says how each is split per rank and
+with ``state_dict()`` / ``load_state_dict()`` (``syncpoint.workers.data.stream`` says how each is split per rank and
 resumed). A plain iterable is refused: nothing could say where a resume continues it.
 """
 

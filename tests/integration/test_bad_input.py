@@ -27,7 +27,7 @@ import torch
 
 from syncpoint.orchestrator.spec_file import parse_spec
 from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError, TaskError
-from syncpoint.workers.data import DataLayoutError
+from syncpoint.workers.data.sampler import DataLayoutError
 from tests.helpers import cli, committed_steps, linear_spec, run
 
 # ----------------------------------------------------------------------------- the committed run

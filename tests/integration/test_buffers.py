@@ -20,9 +20,9 @@ from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.errors import StateMismatch, StateRefused
 from syncpoint.policies.state_format import TrainState, buffers_file, json_bytes, required_files
 from syncpoint.workers import buffers
-from syncpoint.workers.checksum import checksum_bytes
-from syncpoint.workers.digest import state_digest
 from syncpoint.workers.events import EventLog
+from syncpoint.workers.integrity.checksum import checksum_bytes
+from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json

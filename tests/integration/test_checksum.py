@@ -10,8 +10,15 @@ import pytest
 import xxhash
 
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
-from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine
-from syncpoint.workers.checksum import ChecksummingWriter, algorithm_of, checksum_bytes, entry, matches, new_hasher
+from syncpoint.workers.integrity.checksum import (
+    ChecksummingWriter,
+    algorithm_of,
+    checksum_bytes,
+    entry,
+    matches,
+    new_hasher,
+)
+from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, linear_spec, run, run_until_crash, state_names
 
@@ -66,7 +73,7 @@ def test_default_manifest_is_xxh3_and_shards_were_streamed(tmp_path):
 
 def test_engine_uses_the_streaming_checkpoint_engine(tmp_path, monkeypatch):
     """The shards reach storage through DeepSpeed's checkpoint-engine hook, not a staged copy."""
-    import syncpoint.workers.state_writer as sw
+    import syncpoint.workers.state.writer as sw
 
     seen = []
     orig = sw.take_snapshot
@@ -135,7 +142,7 @@ def test_another_deepspeed_checkpoint_engine_is_refused_naming_the_field():
     import types
 
     from syncpoint.policies.errors import JobConfigError
-    from syncpoint.workers.checkpoint_engine import install
+    from syncpoint.workers.state.checkpoint_engine import install
 
     class FastWriter:  # stands in for DeepSpeed's FastCheckpointEngine (needs the async_io op to build)
         pass

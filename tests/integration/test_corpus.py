@@ -1,4 +1,4 @@
-"""Sharded corpora (``syncpoint.workers.corpus``): the index, the shard-window order, the shard cache, and
+"""Sharded corpora (``syncpoint.workers.data.corpus``): the index, the shard-window order, the shard cache, and
 selection's refusal of another corpus. Fast: local files and memory://, no training; the runs on
 moto's S3 server are in tests/integration/test_corpus_runs.py."""
 
@@ -20,11 +20,11 @@ from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.corpus_identity import CorpusIdentity, first_difference, parse_document
 from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-from syncpoint.workers import corpus as corpus_mod
-from syncpoint.workers.corpus import CacheSettings, ShardedCorpus, plan_for
-from syncpoint.workers.data import RankMicroBatches, ShardWindowOrder
-from syncpoint.workers.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
-from syncpoint.workers.storage_fsspec import checksum_file
+from syncpoint.workers.data import corpus as corpus_mod
+from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus, plan_for
+from syncpoint.workers.data.sampler import RankMicroBatches, ShardWindowOrder
+from syncpoint.workers.data.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
+from syncpoint.workers.storage.fsspec_backend import checksum_file
 from tests.helpers import lm_spec
 from tests.meta import candidate_for
 
@@ -228,7 +228,7 @@ def test_a_batch_read_gives_each_sample_the_values_one_fetch_of_it_gives(memory_
     import functools
 
     from examples.sharded_lm import add_noise
-    from syncpoint.workers.data import SeededSamples
+    from syncpoint.workers.data.sampler import SeededSamples
 
     c = ShardedCorpus(
         f"{memory_corpus}/*.npy",

@@ -19,11 +19,11 @@ import pytest
 from examples.sharded_lm import write_corpus
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
-from syncpoint.workers import corpus as corpus_mod
-from syncpoint.workers.corpus import ShardedCorpus
-from syncpoint.workers.data import ShardWindowOrder
+from syncpoint.workers.data import corpus as corpus_mod
+from syncpoint.workers.data.corpus import ShardedCorpus
+from syncpoint.workers.data.sampler import ShardWindowOrder
+from syncpoint.workers.data.shard_cache import fetched_names
 from syncpoint.workers.launch import run_spawned
-from syncpoint.workers.shard_cache import fetched_names
 from tests.helpers import (
     digest,
     lm_spec,

@@ -36,7 +36,7 @@ def manifest_not_json(store):
 
 
 def newer_schema(store):
-    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.integrity.checksum import checksum_bytes
 
     t = json.loads(store.read_bytes("states", NEWEST, "trainer.json", limit=TRAINER_MAX_BYTES))
     t["schema_version"] = 99

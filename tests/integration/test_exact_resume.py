@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from syncpoint.workers.digest import load_deepspeed_file
-from syncpoint.workers.export import zero3_state_from_storage
+from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.state.export import zero3_state_from_storage
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash, state_names, step_history, trainer_json
 

@@ -31,8 +31,8 @@ import torch
 
 from syncpoint.policies.errors import JobConfigError, StateRefused, TaskError
 from syncpoint.policies.journal import Journal, UnknownEvent
-from syncpoint.workers.checksum import checksum_bytes, entry
 from syncpoint.workers.events import EventLog
+from syncpoint.workers.integrity.checksum import checksum_bytes, entry
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, committed_steps, linear_spec, run, run_until_crash
 
@@ -189,7 +189,7 @@ def _long1(n: int) -> bytes:
 
 def _with_param(store: RunStorage, tensor: torch.Tensor) -> bytes:
     """The state's own model file with its first parameter replaced."""
-    from syncpoint.workers.safe_load import load_state_file
+    from syncpoint.workers.integrity.safe_load import load_state_file
 
     sd = load_state_file(store.read_bytes("states", NEWEST, MODEL, limit=1 << 30), MODEL)
     sd["module"][next(iter(sd["module"]))] = tensor
@@ -387,7 +387,7 @@ def test_resume_falls_back_past_a_hostile_state_file(crashed, tmp_path):
 def test_the_loader_refuses_what_it_would_otherwise_build(tmp_path):
     """``load_state_file`` directly (what resume, init_from and digest call), on the cases that need
     no state around them: every one is ``StateRefused`` with one line, in this process, cheaply."""
-    from syncpoint.workers.safe_load import check_state_file, load_state_file
+    from syncpoint.workers.integrity.safe_load import check_state_file, load_state_file
 
     for case in ("meta-tensor", "cycle", "deep-nesting", "shared-2-to-the-100"):
         _, build, why = STATE_CASES[case]

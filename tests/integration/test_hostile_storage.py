@@ -40,11 +40,11 @@ from hypothesis import strategies as st
 from syncpoint.orchestrator.cli import main
 from syncpoint.policies.errors import LeaseRefused, OversizedEntry, ResumeRefused, UnsafeEntry
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, MANIFEST_MAX_FILES
-from syncpoint.workers.checksum import checksum_bytes
-from syncpoint.workers.discovery import read_candidate
-from syncpoint.workers.lease import RunLease, await_expiry, read_lease
-from syncpoint.workers.state_reader import fetch_state
+from syncpoint.workers.integrity.checksum import checksum_bytes
+from syncpoint.workers.state.discovery import read_candidate
+from syncpoint.workers.state.reader import fetch_state
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import RunLease, await_expiry, read_lease
 from tests.helpers import cli, linear_spec, run, run_until_crash
 from tests.s3_server import BUCKET
 

@@ -1,4 +1,4 @@
-"""A local state is restored where it lies (``syncpoint.workers.verified_files``) and keeps every rule the
+"""A local state is restored where it lies (``syncpoint.workers.integrity.verified_files``) and keeps every rule the
 private copy gave: a changed byte, a symbolic link (to identical bytes, even), a path outside the
 state and a file written after its checksum was verified are each refused; DeepSpeed is served only
 the verified files; cleanup never deletes the state; and a run resumed this way (no temporary copy
@@ -14,11 +14,11 @@ import tempfile
 import pytest
 import torch
 
-from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine
-from syncpoint.workers.discovery import read_candidate
-from syncpoint.workers.state_reader import ChecksumMismatch, StateRefused, fetch_state
+from syncpoint.workers.integrity.verified_files import available
+from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
+from syncpoint.workers.state.discovery import read_candidate
+from syncpoint.workers.state.reader import ChecksumMismatch, StateRefused, fetch_state
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.verified_files import available
 from tests.helpers import digest, run, with_overrides
 from tests.integration.test_trust_load import MODEL, NEWEST, SHARD, _escaping_state
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from syncpoint.policies.errors import LeaseRefused
-from syncpoint.workers.lease import LEASE_MAX_BYTES, RunLease, read_lease
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import LEASE_MAX_BYTES, RunLease, read_lease
 from tests import lease_drivers
 from tests.s3_server import BUCKET
 

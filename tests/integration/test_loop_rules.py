@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from syncpoint.policies.boundaries import boundary_micro_steps
-from syncpoint.workers.data import RankMicroBatches, SeededSamples, epoch_loader
-from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.data.sampler import RankMicroBatches, SeededSamples, epoch_loader
+from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, linear_spec, run, trainer_json
 from tests.tasks import Vectors, mse

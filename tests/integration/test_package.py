@@ -153,6 +153,27 @@ def test_an_old_module_name_is_refused_with_its_new_one(tmp_path, monkeypatch):
     assert moved_hint("mypkg.workers:build") == ""
 
 
+def test_a_task_importing_a_workers_module_by_its_old_name_is_told_the_new_one(tmp_path):
+    """``syncpoint.workers`` grew sub-packages (data, state, storage, integrity): a task module that
+    imports ``syncpoint.workers.corpus`` is refused at the check naming ``syncpoint.workers.data.corpus``,
+    and every name in the table is a module that imports."""
+    import importlib
+
+    from syncpoint.orchestrator.cli import import_problems
+    from syncpoint.policies.import_path import MOVED_WORKER_MODULES, moved_hint
+
+    (tmp_path / "oldcorpus.py").write_text(
+        "from syncpoint.workers.corpus import ShardedCorpus\n\ndef build(config):\n    return None\n"
+    )
+    problems = import_problems([("task.path", "oldcorpus:build")], str(tmp_path))
+    assert len(problems) == 1 and "did you mean 'syncpoint.workers.data.corpus'?" in problems[0], problems
+    for old, new in MOVED_WORKER_MODULES.items():
+        importlib.import_module(f"syncpoint.workers.{new}")
+        assert f"syncpoint.workers.{new}" in moved_hint(f"syncpoint.workers.{old}")
+        assert not (ROOT / "workers" / f"{old}.py").exists()
+    assert moved_hint("syncpoint.workers.loop") == ""
+
+
 def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
     """``run`` maps the driver's outcome (``run_job``, what ``syncpoint run`` prints) to a RunResult, or
     raises RunFailed with the reason its last line states; here without Ray (the driver stubbed)."""

@@ -22,7 +22,7 @@ from examples.tiny_lm import TinyLM
 from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.errors import JobConfigError, ResumeRefused, TaskError
 from syncpoint.policies.spec import SchedulerSpec
-from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.param_groups import builtin_groups, decay_split, default_no_decay
 from syncpoint.workers.schedule import factor_at

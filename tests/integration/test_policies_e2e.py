@@ -10,7 +10,7 @@ import pytest
 
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
-from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     committed_steps,

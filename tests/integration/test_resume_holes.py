@@ -16,10 +16,10 @@ from syncpoint.policies.candidates import Expectation, Verdict, classify, identi
 from syncpoint.policies.errors import NoResumableState, ResumeRefused
 from syncpoint.policies.resume import BestMetric
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TrainState
-from syncpoint.workers.digest import load_deepspeed_file
-from syncpoint.workers.discovery import discover
 from syncpoint.workers.events import EventLog
+from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.launch import run_in_process, run_spawned
+from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import (
     committed_steps,
@@ -54,7 +54,7 @@ def _events(spec, kind: str) -> list[dict]:
 def _recommit(store: RunStorage, name: str, edit=None, drop: str | None = None, trainer: dict | None = None) -> None:
     """Rewrite a state's metadata and re-commit its manifest with matching checksums (an attacker
     or a buggy writer with storage access)."""
-    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.integrity.checksum import checksum_bytes
 
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))
     if trainer is not None:

@@ -14,7 +14,7 @@ import pytest
 
 from syncpoint.policies.candidates import Candidate, Verdict
 from syncpoint.policies.retention import is_state_name, plan_retention
-from syncpoint.workers.state_writer import delete_state, state_name
+from syncpoint.workers.state.writer import delete_state, state_name
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, lm_spec, run, with_overrides
 

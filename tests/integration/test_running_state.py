@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from syncpoint.workers.digest import load_deepspeed_file
+from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.param_groups import GroupSettings
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json, with_overrides

@@ -19,8 +19,8 @@ import pytest
 
 from syncpoint.policies.candidates import Candidate
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
-from syncpoint.workers.checksum import checksum_bytes
-from syncpoint.workers.state_reader import ChecksumMismatch, _other_shard, fetch_state
+from syncpoint.workers.integrity.checksum import checksum_bytes
+from syncpoint.workers.state.reader import ChecksumMismatch, _other_shard, fetch_state
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, run, run_until_crash
 from tests.s3_server import BUCKET

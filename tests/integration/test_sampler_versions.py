@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
-from syncpoint.workers import resume_negotiation
-from syncpoint.workers.checksum import checksum_bytes
+from syncpoint.workers.integrity.checksum import checksum_bytes
+from syncpoint.workers.state import resume_negotiation
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, digest, linear_spec, run, run_until_crash, step_history, trainer_json, with_overrides
 

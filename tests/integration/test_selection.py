@@ -145,7 +145,7 @@ def test_init_from_imports_weights_but_never_position(tmp_path):
 
 def _rewrite_trainer(store: RunStorage, name: str, trainer: dict) -> None:
     """Rewrite trainer.json and re-commit the manifest, as a (buggy) older writer would have."""
-    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.integrity.checksum import checksum_bytes
 
     data = store.write_json(trainer, "states", name, "trainer.json")
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=MANIFEST_MAX_BYTES))

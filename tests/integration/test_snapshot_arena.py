@@ -1,5 +1,5 @@
-"""Async saves block only for a copy: the snapshot arena (``syncpoint.workers.snapshot_arena``) and the
-checkpoint engine's capture/serialize split (``syncpoint.workers.checkpoint_engine``).
+"""Async saves block only for a copy: the snapshot arena (``syncpoint.workers.state.snapshot_arena``) and the
+checkpoint engine's capture/serialize split (``syncpoint.workers.state.checkpoint_engine``).
 
 What is written must be the state at save time, bit for bit, whatever training does after
 ``save()`` returns; the host buffers are reused (same memory) save after save."""
@@ -13,10 +13,10 @@ import os
 import pytest
 import torch
 
-from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine, write_captured
-from syncpoint.workers.checksum import ChecksummingWriter, matches
-from syncpoint.workers.safe_load import load_state_file
-from syncpoint.workers.snapshot_arena import SnapshotArena
+from syncpoint.workers.integrity.checksum import ChecksummingWriter, matches
+from syncpoint.workers.integrity.safe_load import load_state_file
+from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine, write_captured
+from syncpoint.workers.state.snapshot_arena import SnapshotArena
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import lm_spec, run
 
@@ -197,7 +197,7 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
     """A real run (DeepSpeed ZeRO-2, checkpoint.async): right after each async snapshot returns, and
     before its background thread starts, every parameter, fp32 master partition and Adam moment
     is changed in place; the committed files still hold the values of the boundary, bitwise."""
-    import syncpoint.workers.state_writer as sw
+    import syncpoint.workers.state.writer as sw
 
     seen: dict[str, dict] = {}
     orig = sw.take_snapshot

@@ -1,5 +1,5 @@
-"""Stream datasets (``syncpoint.workers.stream``): a Hugging Face streaming corpus, a map-style ``datasets.Dataset``
-and a stateful custom stream resume bitwise; what cannot resume exactly is refused at start or at
+"""Stream datasets (``syncpoint.workers.data.stream``): a Hugging Face streaming corpus, a map-style
+``datasets.Dataset`` and a stateful custom stream resume bitwise; what cannot resume exactly is refused at start or at
 selection, naming why; a bad stream file is a refusal that falls back.
 
 The resume tests compare a crashed-and-resumed run with an uninterrupted one: every optimizer step's
@@ -19,11 +19,11 @@ from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.candidates import Candidate, Expectation, Verdict, classify
 from syncpoint.policies.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
 from syncpoint.policies.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
-from syncpoint.workers.checksum import checksum_bytes, entry
+from syncpoint.workers.data.stream import RankStream, StreamSource, check_spec, prepare
+from syncpoint.workers.data.stream_state import SavedStream, StreamStateError, encode, parse
+from syncpoint.workers.integrity.checksum import checksum_bytes, entry
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.stream import RankStream, StreamSource, check_spec, prepare
-from syncpoint.workers.stream_state import SavedStream, StreamStateError, encode, parse
 from tests.helpers import (
     committed_steps,
     digest,
@@ -115,16 +115,16 @@ def test_hf_stream_resume_is_exact_only_because_the_stream_state_is_restored(tmp
     corpus = tmp_path / "corpus"
     ref = stream_spec(tmp_path / "ref", corpus)
     run(ref)
-    import syncpoint.workers.data_source
+    import syncpoint.workers.data.source
 
-    real = syncpoint.workers.data_source.StreamBatches.__init__
+    real = syncpoint.workers.data.source.StreamBatches.__init__
 
     def forgetful(self, attempt, prepared, saved):
         real(self, attempt, prepared, None)
 
     spec = stream_spec(tmp_path / "run", corpus)
     assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
-    monkeypatch.setattr(syncpoint.workers.data_source.StreamBatches, "__init__", forgetful)
+    monkeypatch.setattr(syncpoint.workers.data.source.StreamBatches, "__init__", forgetful)
     run(spec)
     a, b = _losses(ref), _losses(spec)
     assert [a[k] for k in sorted(a)][:6] == [b[k] for k in sorted(b)][:6]
@@ -589,7 +589,7 @@ def test_the_shuffle_buffer_reorders_every_pass_and_keeps_every_example():
 def test_a_stream_source_resumes_mid_buffer_to_the_same_batches():
     """Without DeepSpeed: a source's capture, parsed back, continues with the very batches the
     uninterrupted source yields next, shuffle buffer and pass boundary included."""
-    from syncpoint.workers.stream import PreparedStream
+    from syncpoint.workers.data.stream import PreparedStream
 
     def source(saved=None):
         stream = RankStream(_Ids(11), seed=4, rank=0, micro_batch_size=2, collate=None, shuffle_buffer=4)

@@ -372,7 +372,7 @@ def test_a_set_of_strings_keeps_its_order_across_launches(tmp_path):
 def _recommit_file(store: RunStorage, name: str, rel: str, data: bytes) -> None:
     """Replace one file of a committed state and re-commit the manifest to match (a buggy writer,
     or anyone with storage access): only a check of the file's content can tell."""
-    from syncpoint.workers.checksum import checksum_bytes
+    from syncpoint.workers.integrity.checksum import checksum_bytes
 
     store.write_bytes(data, "states", name, rel)
     manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))

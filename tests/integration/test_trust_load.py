@@ -23,11 +23,11 @@ from syncpoint.orchestrator.cli import main
 from syncpoint.policies.candidates import Candidate
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
 from syncpoint.policies.state_paths import path_problem
-from syncpoint.workers.checkpoint_engine import StreamingCheckpointEngine
-from syncpoint.workers.checksum import checksum_bytes, entry
-from syncpoint.workers.discovery import read_candidate
 from syncpoint.workers.events import EventLog
-from syncpoint.workers.state_reader import ChecksumMismatch, StateRefused, fetch_state
+from syncpoint.workers.integrity.checksum import checksum_bytes, entry
+from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
+from syncpoint.workers.state.discovery import read_candidate
+from syncpoint.workers.state.reader import ChecksumMismatch, StateRefused, fetch_state
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import lm_spec, run, with_overrides
 
@@ -213,7 +213,7 @@ def test_fetch_refuses_a_manifest_path_outside_the_state_before_writing(tmp_path
 
 
 def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_path):
-    from syncpoint.workers.state_reader import _download_verified
+    from syncpoint.workers.state.reader import _download_verified
 
     store = RunStorage(str(tmp_path / "run"))
     store.write_bytes(b"changed after commit", "states", "000000000004", SHARD)
@@ -263,7 +263,7 @@ def test_install_refuses_deepspeeds_universal_checkpoint_load_path():
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
     from syncpoint.policies.errors import JobConfigError
-    from syncpoint.workers.checkpoint_engine import install
+    from syncpoint.workers.state.checkpoint_engine import install
 
     engine = types.SimpleNamespace(
         checkpoint_engine=TorchCheckpointEngine(None), _config=None, load_universal_checkpoint=lambda: True
@@ -279,7 +279,7 @@ def test_an_elastic_full_state_that_does_not_fit_is_refused_before_loading(tmp_p
 
     from safetensors.torch import save_file
 
-    from syncpoint.workers.elastic_state import check_full_optimizer_state
+    from syncpoint.workers.state.elastic_state import check_full_optimizer_state
 
     engine = types.SimpleNamespace(module=torch.nn.Linear(2, 3))  # what the check reads of an engine
     tensors = {

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from syncpoint.policies.errors import SpecError
 from syncpoint.policies.state_format import required_files
 from syncpoint.workers.events import EventLog
-from syncpoint.workers.export import consolidate_zero3
 from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.state.export import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
 from tests.integration.test_exact_resume import assert_same_run, module_params
@@ -181,7 +181,7 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     import deepspeed.runtime.engine as ds_engine
 
     from syncpoint.policies.errors import StateRefused
-    from syncpoint.workers.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
+    from syncpoint.workers.state.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
 
     route_zero3_module_load()
     load = ds_engine.get_fp32_state_dict_from_zero_checkpoint
@@ -241,8 +241,8 @@ def test_the_digest_of_a_two_rank_zero3_state_ignores_the_uninitialised_padding(
 
     import torch
 
-    from syncpoint.workers.checksum import checksum_bytes
-    from syncpoint.workers.safe_load import load_state_file
+    from syncpoint.workers.integrity.checksum import checksum_bytes
+    from syncpoint.workers.integrity.safe_load import load_state_file
     from tests.helpers import linear_spec
 
     spec = linear_spec(

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from syncpoint.workers.direct_io import ALIGN, BLOCK, DirectFileWriter
+from syncpoint.workers.storage.direct_io import ALIGN, BLOCK, DirectFileWriter
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 12345]
 

@@ -1,4 +1,4 @@
-"""``syncpoint.workers.function_identity``: a function's digest is the same in every process that
+"""``syncpoint.workers.data.function_identity``: a function's digest is the same in every process that
 loads the same code, and changes when what it computes does (its body, its arguments, the plain
 values and same-module helpers it reads); library code is named, not walked."""
 
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from syncpoint.workers.function_identity import function_digest
+from syncpoint.workers.data.function_identity import function_digest
 
 MODULE = """
 SCALE = {scale}
@@ -42,7 +42,7 @@ PROBE = """
 import functools, json, sys
 sys.path.insert(0, sys.argv[1])
 import task_mod as m
-from syncpoint.workers.function_identity import function_digest
+from syncpoint.workers.data.function_identity import function_digest
 print(json.dumps({
     "double": function_digest(m.double),
     "closure": function_digest(m.make_closure(3)),

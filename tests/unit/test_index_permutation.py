@@ -1,4 +1,4 @@
-"""The epoch order as a keyed bijection per position (``syncpoint.workers.index_permutation``): a bijection
+"""The epoch order as a keyed bijection per position (``syncpoint.workers.data.index_permutation``): a bijection
 exhaustively at small sizes and by inversion at large ones, keyed only by its integers, and cheap."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpoint.workers.index_permutation import FeistelPermutation
+from syncpoint.workers.data.index_permutation import FeistelPermutation
 
 
 @settings(max_examples=200, deadline=None)
@@ -84,7 +84,7 @@ def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_wo
     order exactly once; a global micro-batch is the same samples in the same order on any world size
     whose micro-batches tile it (what the elastic rules allow: the global batch stays fixed)."""
     from syncpoint.policies.errors import DataLayoutError
-    from syncpoint.workers.data import RankMicroBatches
+    from syncpoint.workers.data.sampler import RankMicroBatches
 
     try:
         ranks = [RankMicroBatches(num_samples, micro_batch_size, world, r, seed, epoch, 0) for r in range(world)]
@@ -104,7 +104,7 @@ def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
     """States written before the per-position sampler resume to the same samples: the legacy order is
     ``epoch_permutation`` sliced as before."""
     from syncpoint.policies.state_format import LEGACY_SAMPLER
-    from syncpoint.workers.data import RankMicroBatches, epoch_permutation
+    from syncpoint.workers.data.sampler import RankMicroBatches, epoch_permutation
 
     legacy = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=3, start=0, sampler=LEGACY_SAMPLER)
     perm = epoch_permutation(64, 1, 3)
@@ -114,7 +114,7 @@ def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
 def test_a_sampler_at_any_position_of_a_ten_billion_sample_epoch_costs_no_memory():
     import tracemalloc
 
-    from syncpoint.workers.data import RankMicroBatches
+    from syncpoint.workers.data.sampler import RankMicroBatches
 
     tracemalloc.start()
     try:

@@ -15,8 +15,9 @@ import torch
 
 from syncpoint.policies.elastic import layout
 from syncpoint.policies.spec import TrainSpec
-from syncpoint.workers import data, rng
+from syncpoint.workers import rng
 from syncpoint.workers.boundary_vote import BoundaryVote
+from syncpoint.workers.data import sampler
 from syncpoint.workers.faults import Faults
 from syncpoint.workers.launch import ensure_single_process_group
 from syncpoint.workers.position import RunLength, TrainingPosition
@@ -108,7 +109,12 @@ def test_position_and_run_length():
 
 def test_the_seeds_are_the_ones_old_states_were_written_with():
     """Named salts, same numbers: renumbering one would silently change every resumed run's data."""
-    assert (data.EPOCH_PERMUTATION_SALT, data.COLLATE_SALT, data.DATALOADER_GENERATOR_SALT, rng.RESIZED_WORLD_SALT) == (
+    assert (
+        sampler.EPOCH_PERMUTATION_SALT,
+        sampler.COLLATE_SALT,
+        sampler.DATALOADER_GENERATOR_SALT,
+        rng.RESIZED_WORLD_SALT,
+    ) == (
         0x5EED,
         0xC011A7E,
         0xDA7A,

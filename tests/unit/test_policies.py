@@ -115,7 +115,7 @@ def test_save_triggers_and_pending_latch():
 
 
 def test_lazy_selection_reads_only_what_it_walks(tmp_path):
-    from syncpoint.workers.discovery import discover_lazy
+    from syncpoint.workers.state.discovery import discover_lazy
     from syncpoint.workers.storage import RunStorage
 
     store = RunStorage(str(tmp_path))

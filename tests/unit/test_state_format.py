@@ -18,7 +18,7 @@ from syncpoint.policies.state_format import (
     rng_file,
     state_name,
 )
-from syncpoint.workers.discovery import discover
+from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
 from tests.meta import candidate_for, commit_candidate, trainer_for
 

@@ -16,8 +16,8 @@ from fsspec.implementations.memory import MemoryFileSystem
 from syncpoint.policies.spec import CrashFault
 from syncpoint.workers.faults import Faults, InjectedCrash
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.storage_fsspec import FsspecBackend
-from syncpoint.workers.storage_local import LocalBackend
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend
+from syncpoint.workers.storage.local_backend import LocalBackend
 
 
 def _memory_url() -> str:

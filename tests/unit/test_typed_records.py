@@ -14,9 +14,9 @@ from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
 from syncpoint.policies.journal import Failure
 from syncpoint.policies.state_format import Manifest, TrainState
-from syncpoint.workers.discovery import discover, read_candidate
-from syncpoint.workers.resume_negotiation import ResumeChoice
-from syncpoint.workers.state_reader import manifest_files
+from syncpoint.workers.state.discovery import discover, read_candidate
+from syncpoint.workers.state.reader import manifest_files
+from syncpoint.workers.state.resume_negotiation import ResumeChoice
 from syncpoint.workers.storage import RunStorage
 from tests.meta import candidate_for, commit_candidate
 

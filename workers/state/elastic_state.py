@@ -11,7 +11,7 @@ when elastic). ZeRO-0 needs none of this: its optimizer state is whole in DeepSp
 
 ZeRO-3 takes the same route (gathered, not converted): DeepSpeed 0.19's stage-3 load refuses
 another data-parallel degree too, and its only converter is the offline universal checkpoint,
-whose loader unpickles with ``weights_only=False`` (refused, ``syncpoint.workers.checkpoint_engine``).
+whose loader unpickles with ``weights_only=False`` (refused, ``syncpoint.workers.state.checkpoint_engine``).
 ``safe_get_full_*`` / ``safe_set_full_*`` work on stage-3 partitions (DeepSpeed's
 ``get_full_hp_param`` / ``set_full_hp_param``), so one file format serves stages 1-3 and a
 resume needs no conversion step. The weights themselves come from DeepSpeed's module-only

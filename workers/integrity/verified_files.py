@@ -8,7 +8,7 @@ the copy gave:
 
 * only the state's own files: each manifest name (already a normalized path inside the state,
   ``syncpoint.policies.state_paths``) is opened component by component relative to the state directory with
-  ``O_NOFOLLOW`` (``syncpoint.workers.nofollow``; the state directory itself is reached the same way from the
+  ``O_NOFOLLOW`` (``syncpoint.workers.storage.nofollow``; the state directory itself is reached the same way from the
   run directory), so a symbolic link anywhere below the state, or the state directory itself being
   one, is refused rather than followed out of it; a name that is not a regular file is refused, and
   a FIFO cannot block the open (``O_NONBLOCK``); no file is read past its manifest size plus one byte;
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from syncpoint.policies.errors import OversizedEntry, StateRefused, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
-from syncpoint.workers.checksum import new_hasher
-from syncpoint.workers.nofollow import open_dirs, open_regular, read_fd
-from syncpoint.workers.storage_protocol import CHUNK
+from syncpoint.workers.integrity.checksum import new_hasher
+from syncpoint.workers.storage.nofollow import open_dirs, open_regular, read_fd
+from syncpoint.workers.storage.protocol import CHUNK
 
 
 def available() -> bool:
@@ -133,7 +133,7 @@ def checksum_fd(fd: int, algo: str, size_limit: int | None = None) -> tuple[int,
 
 def _open_below(root_fd: int, rel: str) -> int:
     """Each directory of ``rel`` and then the file, relative to the one before, none through a link;
-    only a regular file (``syncpoint.workers.nofollow``)."""
+    only a regular file (``syncpoint.workers.storage.nofollow``)."""
     parts = rel.split("/")
     try:
         dir_fd = open_dirs(root_fd, parts[:-1])

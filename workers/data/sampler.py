@@ -3,7 +3,7 @@
 Why: resuming at micro-step 10^5 must not load, decode or transform 10^5 batches. The epoch's
 order is a pure function of (seed, epoch); each rank's slice of each global micro-batch is
 arithmetic on it, so starting at any position costs the same. The order is computed per position
-(``syncpoint.workers.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
+(``syncpoint.workers.data.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
 states written before it keep the materialised ``torch.randperm`` of the epoch
 (``syncpoint.policies.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side
 randomness (random augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from syncpoint.policies.errors import DataLayoutError
 from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-from syncpoint.workers.index_permutation import FeistelPermutation
+from syncpoint.workers.data.index_permutation import FeistelPermutation
 from syncpoint.workers.rng import derive_seed
 from syncpoint.workers.task import MapDataset
 from syncpoint.workers.task_rngs import DataGenerators, get_state, reseed, set_state
@@ -336,7 +336,7 @@ def epoch_loader(
 
     It gets its own generator so creating it never draws from the global torch RNG (which would
     shift the model's dropout stream between a resumed and an uninterrupted run). A sharded corpus
-    (``syncpoint.workers.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
+    (``syncpoint.workers.data.corpus``) is told each micro-batch's position, so it fetches the shards from there on.
     """
     shard_rows = getattr(dataset, "shard_rows", None) if sampler == SHARD_WINDOW_SAMPLER else None
     batches = RankMicroBatches(

@@ -2,13 +2,13 @@
 
 Why it differs from the fsspec backend: a local file is durable only after ``fsync``, and a
 manifest commits by temp name + fsync + atomic rename + fsync of the directory, so readers see the
-whole file or none. Big files bypass the page cache (``syncpoint.workers.direct_io``). The lease's
+whole file or none. Big files bypass the page cache (``syncpoint.workers.storage.direct_io``). The lease's
 compare-and-swap reads, compares and renames under an exclusive ``flock``, and dates the file by
 the filesystem's own clock (a freshly touched lock file), the file server's on NFS.
 
 And a local directory can hold symbolic links, FIFOs and links to devices, planted by anyone who can
 write it: the backend is anchored at the run directory (``RunStorage``'s root, followed as the user
-named it) and reaches everything below it through ``syncpoint.workers.nofollow``, component by component with
+named it) and reaches everything below it through ``syncpoint.workers.storage.nofollow``, component by component with
 ``O_NOFOLLOW``. Nothing is read or written through a link; only regular files are read, each up to
 its bound; a write replaces a planted link instead of following it (one WARNING line), and deletion
 never descends through one.
@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.workers.checksum import ChecksummingWriter, new_hasher
-from syncpoint.workers.direct_io import DirectFileWriter
-from syncpoint.workers.nofollow import (
+from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
+from syncpoint.workers.storage.direct_io import DirectFileWriter
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend
+from syncpoint.workers.storage.nofollow import (
     Tree,
     delete_tree,
     kind_at,
@@ -39,8 +40,7 @@ from syncpoint.workers.nofollow import (
     walk_files,
     write_replacing,
 )
-from syncpoint.workers.storage_fsspec import FsspecBackend
-from syncpoint.workers.storage_protocol import CHUNK, Listing, Versioned, content_version
+from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
 
 
 class LocalBackend(FsspecBackend):

@@ -38,9 +38,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.workers.checksum import ChecksummingWriter
-from syncpoint.workers.storage_fsspec import FsspecBackend, checksum_file
-from syncpoint.workers.storage_protocol import Versioned
+from syncpoint.workers.integrity.checksum import ChecksummingWriter
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file
+from syncpoint.workers.storage.protocol import Versioned
 
 S3_MAX_PARTS = 10_000  # an S3 multipart upload has at most this many parts
 # A streamed file's first parts are at most this big, so its upload starts while torch.save is still

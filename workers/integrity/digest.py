@@ -6,19 +6,19 @@ such component and digest as they always did), and a stream dataset's every rank
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
-one allowlist of the plain DeepSpeed classes they contain (``syncpoint.workers.safe_load``), after their
+one allowlist of the plain DeepSpeed classes they contain (``syncpoint.workers.integrity.safe_load``), after their
 checksum matched the manifest; nothing is unpickled blindly. The manifest and ``trainer.json`` are
 parsed with the state format's models before any file is read (every manifest name checked with
 ``syncpoint.policies.state_paths``), so a manifest cannot make ``digest`` read outside the state
 (``engine/../../other-run/...``).
 
 Why every failure is one refusal: ``digest`` reads what loading reads, from storage that may be
-hostile, and must meet the same bounds (``syncpoint.workers.safe_load``: no meta tensors, no expanded views,
+hostile, and must meet the same bounds (``syncpoint.workers.integrity.safe_load``: no meta tensors, no expanded views,
 no unbounded nesting or allocation; JSON within ``syncpoint.policies.bounded_json``'s bounds). Whatever the
 state's bytes make fail is ``StateRefused`` with one line; ``OSError`` is the storage failing,
 ``FileNotFoundError`` a state that is not there. Every read is bounded (the manifest by its cap, each
 file by its listed size) and, locally, never through a link nor of anything but a regular file
-(``syncpoint.workers.state_reader.read_listed``).
+(``syncpoint.workers.state.reader.read_listed``).
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ from syncpoint.policies.state_format import (
     TrainState,
     problem_of,
 )
-from syncpoint.workers.export import consolidate_zero3
+from syncpoint.workers.data.stream_state import parse as parse_stream
+from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.rng import safetensors_metadata
-from syncpoint.workers.safe_load import load_state_file
-from syncpoint.workers.state_reader import ChecksumMismatch, read_listed, read_manifest
+from syncpoint.workers.state.export import consolidate_zero3
+from syncpoint.workers.state.reader import ChecksumMismatch, read_listed, read_manifest
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.stream_state import parse as parse_stream
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
 # save reasons are left out so a drill's two differently named runs compare equal.

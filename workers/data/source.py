@@ -3,8 +3,8 @@
 Why: the loop asks only for each epoch's remaining micro-batches, for the sample ids of one when
 ``train.record_samples`` is on, and, at a save, for this rank's data position beyond the counters
 ``trainer.json`` holds. A map-style dataset answers with a DataLoader per epoch over this rank's
-slice of the epoch order (``syncpoint.workers.data``; its position is index arithmetic, nothing to save); a
-stream with the rank's stream and its saved state (``syncpoint.workers.stream``).
+slice of the epoch order (``syncpoint.workers.data.sampler``; its position is index arithmetic, nothing to save); a
+stream with the rank's stream and its saved state (``syncpoint.workers.data.stream``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from syncpoint.workers.attempt import Attempt
-from syncpoint.workers.data import epoch_loader
+from syncpoint.workers.data.sampler import epoch_loader
+from syncpoint.workers.data.stream import PreparedStream, StreamSource
+from syncpoint.workers.data.stream_state import SavedStream
 from syncpoint.workers.position import TrainingPosition
-from syncpoint.workers.stream import PreparedStream, StreamSource
-from syncpoint.workers.stream_state import SavedStream
 from syncpoint.workers.task import Task
 
 

@@ -8,7 +8,7 @@ straight into a sink chosen per save, checksumming as the bytes pass:
 
 * a synchronous save streams into storage itself (``RunStorage.open_durable``): one write;
 * an asynchronous save only copies the shard's tensors into reusable host buffers
-  (``syncpoint.workers.snapshot_arena``: the one part that blocks training) and keeps the copied structure;
+  (``syncpoint.workers.state.snapshot_arena``: the one part that blocks training) and keeps the copied structure;
   the background thread then serializes it into storage the same way (:func:`write_captured`).
 
 DeepSpeed still gets a local directory for everything else it writes (its recovery scripts),
@@ -44,7 +44,7 @@ methods on this engine's optimizer instance (not the class: scoped to syncpoint'
 refusal, so no configuration DeepSpeed might grow can reach them. The other ``torch.load`` calls
 in DeepSpeed (inference, ``zero_to_fp32``, NVMe swapping, which the spec does not allow) are not on
 any path syncpoint drives. So overriding ``load`` with the weights-only loader
-(``syncpoint.workers.safe_load``) covers every file DeepSpeed unpickles for us.
+(``syncpoint.workers.integrity.safe_load``) covers every file DeepSpeed unpickles for us.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from syncpoint.policies.errors import JobConfigError, StateRefused
 from syncpoint.policies.state_format import ENGINE_TAG
-from syncpoint.workers.checksum import ChecksummingWriter
-from syncpoint.workers.safe_load import load_state_file
-from syncpoint.workers.snapshot_arena import SnapshotArena
+from syncpoint.workers.integrity.checksum import ChecksummingWriter
+from syncpoint.workers.integrity.safe_load import load_state_file
+from syncpoint.workers.state.snapshot_arena import SnapshotArena
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
 Sink = Callable[[str], AbstractContextManager[ChecksummingWriter]]
@@ -91,7 +91,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
     @contextlib.contextmanager
     def serving(self, root: str, files: dict[str, str]) -> Iterator[None]:
         """Within the block, DeepSpeed's reads under ``root`` get only these verified files (rel path
-        -> the path that opens the verified descriptor, ``syncpoint.workers.verified_files``); any other file
+        -> the path that opens the verified descriptor, ``syncpoint.workers.integrity.verified_files``); any other file
         it asks for is refused (``StateRefused``): in place, the state directory may hold files
         nobody verified (another rank's shard), and a name there may be swapped after verification."""
         self.served, self.repeat = (root, files), None
@@ -276,7 +276,7 @@ def safe_fp32_state_dict_from_zero_checkpoint(
     """DeepSpeed's ZeRO-3 module-only load, weights-only: the whole model (fp32) put together from
     the partitions under ``<checkpoint_dir>/<tag>`` (syncpoint's tag is ``engine``; no ``latest``
     file is read), every file through :func:`load_state_file`. Same signature as DeepSpeed's."""
-    from syncpoint.workers.export import consolidate_zero3
+    from syncpoint.workers.state.export import consolidate_zero3
 
     directory = os.path.join(checkpoint_dir, tag or ENGINE_TAG)
     names = sorted(f"{ENGINE_TAG}/{n}" for n in os.listdir(directory))

@@ -11,7 +11,7 @@ whenever serialization stalled, 1.5-1.8 GB/s; with four, 1.9-2.2 GB/s inside a t
 The unaligned tail is written through the page cache, then the file is fsync'd. Where O_DIRECT is
 refused (tmpfs, some network filesystems, macOS), the same writer falls back to buffered writes.
 The file is a new one: whatever entry held the name is unlinked (never followed) and the file
-created exclusively (``syncpoint.workers.nofollow.create_new``), so a planted link is never written through.
+created exclusively (``syncpoint.workers.storage.nofollow.create_new``), so a planted link is never written through.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from syncpoint.workers.nofollow import create_new
+from syncpoint.workers.storage.nofollow import create_new
 
 BLOCK = 16 << 20  # per buffer; a multiple of every logical block size (16 MiB: 2.7 GB/s here, 8 MiB: 1.7)
 ALIGN = 4096

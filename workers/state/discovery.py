@@ -36,8 +36,8 @@ from syncpoint.policies.state_format import (
     Manifest,
     is_state_name,
 )
-from syncpoint.workers.checksum import matches_entry
-from syncpoint.workers.signing import trust_problem
+from syncpoint.workers.integrity.checksum import matches_entry
+from syncpoint.workers.integrity.signing import trust_problem
 from syncpoint.workers.storage import RunStorage
 
 
@@ -53,7 +53,7 @@ def read_candidate(
     storage: RunStorage, name: str, signing_key: bytes | None = None, job_identity: str | None = None
 ) -> Candidate:
     """One state's metadata; with a signing key, its manifest's signature is checked too, and that it
-    was signed for this run directory, this name and (when given) this job (``syncpoint.workers.signing``)."""
+    was signed for this run directory, this name and (when given) this job (``syncpoint.workers.integrity.signing``)."""
     if storage.is_link(STATES_DIR, name):
         return Candidate(name=name, symlink=True)  # never read through a link: it may point outside the run
     try:

@@ -37,12 +37,12 @@ from syncpoint.policies.state_format import (
     stream_file,
 )
 from syncpoint.workers import buffers, rng
-from syncpoint.workers.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
-from syncpoint.workers.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from syncpoint.workers.faults import Faults
-from syncpoint.workers.lease import RunLease
-from syncpoint.workers.signing import BINDING, binding_of, sign
+from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
+from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
+from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import RunLease
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -74,10 +74,12 @@ class Snapshot:
     # engine whose arena holds them (released once they are written)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
     arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
-    signing_key: bytes | None = field(default=None, repr=False)  # rank 0 signs the manifest (syncpoint.workers.signing)
+    signing_key: bytes | None = field(
+        default=None, repr=False
+    )  # rank 0 signs the manifest (syncpoint.workers.integrity.signing)
     # this rank's module buffers (syncpoint.workers.buffers)
     buffers_bytes: bytes | None = field(default=None, repr=False)
-    # this rank's stream position (syncpoint.workers.stream_state)
+    # this rank's stream position (syncpoint.workers.data.stream_state)
     stream_bytes: bytes | None = field(default=None, repr=False)
 
 
@@ -129,7 +131,7 @@ def take_snapshot(
             with ce.capturing(staging) as captured:
                 engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
         if full_optimizer_state:
-            from syncpoint.workers.elastic_state import save_full_optimizer_state
+            from syncpoint.workers.state.elastic_state import save_full_optimizer_state
 
             save_full_optimizer_state(engine, staging, dist.get_rank())
     except BaseException:
@@ -337,7 +339,7 @@ class StateWriter:
     7. **Verdict** (one broadcast): committed, or the lease was lost, and then every rank raises
        ``LeaseLostError`` (nobody is left waiting in a barrier).
 
-    After a commit the coordinator (``syncpoint.workers.saving``) applies retention (faults
+    After a commit the coordinator (``syncpoint.workers.state.saving``) applies retention (faults
     ``before_retention``, ``during_retention``)."""
 
     def __init__(

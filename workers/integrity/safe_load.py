@@ -17,7 +17,7 @@ fragment addresses of ZeRO/bf16 optimizer shards. None of them runs code when it
 Running no code is not enough: what torch's weights-only unpickler does allow can still allocate
 without bound or build what no reader survives (``bytearray(10**13)``, a meta tensor of 10¹²
 elements, a stride-0 view of 3·10⁸ elements in a 774-byte file, a cycle). Every load is bounded by
-``syncpoint.workers.state_file_bounds``: the pickle's opcodes are checked before ``torch.load`` and what it
+``syncpoint.workers.integrity.state_file_bounds``: the pickle's opcodes are checked before ``torch.load`` and what it
 built is checked after, so resume, ``digest`` and every other reader refuse the same files.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import torch
 
 from syncpoint.policies.errors import StateRefused
-from syncpoint.workers.state_file_bounds import check_loaded, prescan
+from syncpoint.workers.integrity.state_file_bounds import check_loaded, prescan
 
 # A refusal quotes the file's own content (global names, torch's error): bounded, one line.
 _REASON_CHARS = 200
@@ -56,7 +56,7 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
 
     ``name`` is how the refusal names the file (its path inside the state). Raises
     :class:`StateRefused` when the file needs a class outside the allowlist, is not a torch file
-    at all, or exceeds a bound of ``syncpoint.workers.state_file_bounds`` (checked before and after the
+    at all, or exceeds a bound of ``syncpoint.workers.integrity.state_file_bounds`` (checked before and after the
     unpickling); ``OSError`` (the disk, not the content) and ``MemoryError`` (within those bounds:
     the machine, not the file) pass through unchanged. ``mmap`` maps tensor storages instead of
     reading them (zip-format files): a cheap full check.

@@ -4,7 +4,7 @@ Why: an async save must capture a consistent state before training moves on, but
 thread need not serialize it. As in DCP's async save and CheckFreq's snapshot/persist split, the
 blocking part is one copy of every tensor into host memory (CPU: a memcpy; CUDA: a device-to-host
 copy into pinned memory, ``non_blocking`` with one synchronize at the end); ``torch.save``,
-checksum and upload then run in the background on the copy (``syncpoint.workers.state_writer``).
+checksum and upload then run in the background on the copy (``syncpoint.workers.state.writer``).
 
 The buffers are an arena of large chunks allocated once and reused save after save: the same
 sequence of tensor sizes lands at the same offsets of the same chunks, so a steady-state save

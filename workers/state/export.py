@@ -7,7 +7,7 @@ ZeRO-3 keeps no rank's module whole: each parameter is an empty placeholder and 
 ``ceil(numel / world)`` elements of it in its optimizer shard. The export gathers them from the
 final committed state, whose shards are the engine's partitions bit for bit (the run always
 commits a state at its last micro-step, before the export): rank 0 reads every rank's shard
-(checksum-verified, unpickled weights-only through ``syncpoint.workers.safe_load``) and puts each parameter
+(checksum-verified, unpickled weights-only through ``syncpoint.workers.integrity.safe_load``) and puts each parameter
 together. Why from storage rather than a live gather (``GatheredParameters``): the loop exports on
 rank 0 alone while the other ranks wait at a barrier, and a live gather is a collective every rank
 must enter; the committed partitions give the same bytes with no collective and also serve
@@ -59,8 +59,8 @@ def _is_zero3(engine: DeepSpeedEngine) -> bool:
 def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
     """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
     from syncpoint.policies.errors import StateRefused
-    from syncpoint.workers.safe_load import load_state_file
-    from syncpoint.workers.state_reader import read_listed, read_manifest
+    from syncpoint.workers.integrity.safe_load import load_state_file
+    from syncpoint.workers.state.reader import read_listed, read_manifest
 
     if not state:
         raise StateRefused("ZeRO-3 export needs the run's final committed state, and there is none")
@@ -85,7 +85,7 @@ def consolidate_zero3(names: list[str], load: Callable[[str], Any]) -> dict[str,
         torch.cat(list(sd["optimizer_state_dict"]["fp32_flat_groups"])) for sd in _by_rank(names, ZERO_OPTIM, load)
     ]
     # the optimizer shards say how many ranks wrote the state; a resize may have added model files
-    # for more ranks to a fetched copy (syncpoint.workers.elastic_state.prepare_resize), which are not read
+    # for more ranks to a fetched copy (syncpoint.workers.state.elastic_state.prepare_resize), which are not read
     models = _by_rank(names, ZERO3_MODEL, load, limit=len(flats))
     if not models or len(models) != len(flats):
         raise ValueError(

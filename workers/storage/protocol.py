@@ -3,16 +3,17 @@
 Why a protocol: commit semantics differ by backend (a local file is durable after ``fsync`` and a
 manifest commits by an atomic rename; on an object store a completed single PUT is durable and
 atomic, and there is no rename), and so does how a compare-and-swap is made atomic. Each backend
-states those differences once (``syncpoint.workers.storage_local``, ``syncpoint.workers.storage_fsspec``,
-``syncpoint.workers.storage_s3``); ``RunStorage`` only joins paths and encodes JSON, so discovery, saving,
-the lease and retention never see which backend is underneath. Paths are the backend's own (the
+states those differences once (``syncpoint.workers.storage.local_backend``,
+``syncpoint.workers.storage.fsspec_backend``, ``syncpoint.workers.storage.s3_backend``); ``RunStorage``
+only joins paths and encodes JSON, so discovery, saving, the lease and retention never see which
+backend is underneath. Paths are the backend's own (the
 run root joined with ``/``), never URLs.
 
 Storage may be hostile (docs/security.md, *Storage that others can write*), so every read takes a bound
 (``limit``: the most bytes the file may hold; a larger one raises ``syncpoint.policies.errors.OversizedEntry``)
 derived by the caller from what the file is (a manifest's size for a file it lists, a cap for a
 record), and a listing reports what is not a regular file instead of following it. Stores with
-links (local filesystems) never read or write through one (``syncpoint.workers.nofollow``).
+links (local filesystems) never read or write through one (``syncpoint.workers.storage.nofollow``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from syncpoint.workers.checksum import ChecksummingWriter
+from syncpoint.workers.integrity.checksum import ChecksummingWriter
 
 CHUNK = 8 << 20  # the copy size of uploads, downloads and checksums of whole files
 

@@ -6,13 +6,13 @@ anything reaches DeepSpeed, fetching therefore (1) accepts only manifest names t
 paths inside the state (``syncpoint.policies.state_paths``) and resolves each below the fetch directory,
 (2) downloads each file under a temporary name and renames it into place only after its size and
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
-DeepSpeed file once with the weights-only loader (``syncpoint.workers.safe_load``; storages memory-mapped,
+DeepSpeed file once with the weights-only loader (``syncpoint.workers.integrity.safe_load``; storages memory-mapped,
 so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
 (``syncpoint.workers.rng.verify``), so the restore after the data skip cannot fail on a state already
-accepted, and a stream's state file likewise (``syncpoint.workers.stream_state.parse``). A state that fails
+accepted, and a stream's state file likewise (``syncpoint.workers.data.stream_state.parse``). A state that fails
 any of these raises ``StateRefused`` on every rank alike (every rank fetches and checks the same
 files), before the engine is touched: a refused state never leaves a half-loaded engine behind.
-DeepSpeed's own reads then go through the same loader again (``syncpoint.workers.checkpoint_engine``), so
+DeepSpeed's own reads then go through the same loader again (``syncpoint.workers.state.checkpoint_engine``), so
 nothing is ever unpickled blindly.
 Every rank fetches the whole ``engine/`` directory (ZeRO-3's module-only consolidation, the
 elastic paths and DeepSpeed's ``zero.elastic_checkpoint`` read every data-parallel rank's shard),
@@ -20,20 +20,20 @@ except where the caller knows DeepSpeed reads only this rank's optimizer shard (
 ZeRO-1/2 load at the same world size; DeepSpeed 0.19.8 ``_get_all_zero_checkpoint_state_dicts``
 loads other ranks' shards only with ``elastic_checkpoint``): there the other ranks' shards are
 neither downloaded nor checked here, each rank checks its own, and the caller's collective agreement
-on refusals (``syncpoint.workers.resume_negotiation``) still makes every rank refuse alike, before any load.
+on refusals (``syncpoint.workers.state.resume_negotiation``) still makes every rank refuse alike, before any load.
 On an object store that halves what a 2-rank restore downloads.
 
 On local storage, where the caller's load goes only through DeepSpeed's checkpoint engine
 (``in_place``: the same world size, optimizer loaded), nothing is copied: each file is opened in
 the state directory without following links, checksummed in one read, and loaded through that
-same descriptor (``syncpoint.workers.verified_files``, which says how each rule above is kept); the checkpoint
+same descriptor (``syncpoint.workers.integrity.verified_files``, which says how each rule above is kept); the checkpoint
 engine then serves DeepSpeed only those verified files, and a file written meanwhile is refused
 after the load, before training uses it. The elastic and ZeRO-3 module-only paths read or add
 files by name in the directory, so they still get a private verified copy.
 
 Every read is bounded by the manifest: a file is read or copied up to its listed size plus one byte
 and refused when larger (a shard listed with size 0 and linked to ``/dev/zero`` costs one byte);
-locally nothing is read through a link or unless it is a regular file (``syncpoint.workers.nofollow``), and
+locally nothing is read through a link or unless it is a regular file (``syncpoint.workers.storage.nofollow``), and
 such a refusal (``UnsafeEntry``) refuses the state like a checksum does, so selection falls back.
 """
 
@@ -69,17 +69,18 @@ from syncpoint.policies.state_format import (
     stream_file,
 )
 from syncpoint.policies.state_paths import path_problem
-from syncpoint.workers import rng, stream_state
-from syncpoint.workers.checksum import matches_entry
-from syncpoint.workers.safe_load import check_state_file
-from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.verified_files import (
+from syncpoint.workers import rng
+from syncpoint.workers.data import stream_state
+from syncpoint.workers.integrity.checksum import matches_entry
+from syncpoint.workers.integrity.safe_load import check_state_file
+from syncpoint.workers.integrity.verified_files import (
     ChecksumMismatch,
     VerifiedFile,
     available,
     open_verified,
     read_verified,
 )
+from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -146,7 +147,7 @@ def fetch_state(
     the state carries none, or the caller applies none); read into memory, verified like the RNG file.
 
     ``stream_of``: the rank whose stream file this rank restores (a stream dataset's state; None:
-    none), read into memory, verified and parsed whole (``syncpoint.workers.stream_state``)."""
+    none), read into memory, verified and parsed whole (``syncpoint.workers.data.stream_state``)."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
@@ -212,7 +213,7 @@ def _verify_in_place(
     stream_rel: str | None,
 ) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
-    check through the same descriptors (``syncpoint.workers.verified_files``)."""
+    check through the same descriptors (``syncpoint.workers.integrity.verified_files``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
         for rel in fetched:
@@ -366,12 +367,12 @@ def load_into_engine(
     other_world_size: bool = False,
 ) -> None:
     """Load a verified state. From another world size, ZeRO-1/2 optimizer state comes from the
-    gathered full state (``syncpoint.workers.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file.
+    gathered full state (``syncpoint.workers.state.elastic_state``); ZeRO-0's is whole in DeepSpeed's own file.
 
     Raises ``StateRefused`` before the engine is touched when the gathered full state does not fit
     this model; DeepSpeed's reads go through syncpoint's weights-only checkpoint engine (installed
     here too, so no caller can load through DeepSpeed's own ``weights_only=False``)."""
-    from syncpoint.workers.checkpoint_engine import install
+    from syncpoint.workers.state.checkpoint_engine import install
 
     streaming = install(engine)
     full = local_path(fetched.local_dir, FULL_OPTIMIZER_FILE)
@@ -393,7 +394,7 @@ def load_into_engine(
         fetched.unchanged()
         return
     if cross:
-        from syncpoint.workers.elastic_state import check_full_optimizer_state, prepare_resize
+        from syncpoint.workers.state.elastic_state import check_full_optimizer_state, prepare_resize
 
         check_full_optimizer_state(engine, full)
         prepare_resize(engine, fetched.local_dir, dist.get_rank())
@@ -406,7 +407,7 @@ def load_into_engine(
         load_module_only=module_only or cross,
     )
     if cross:
-        from syncpoint.workers.elastic_state import load_full_optimizer_state
+        from syncpoint.workers.state.elastic_state import load_full_optimizer_state
 
         with open(full, "rb") as f:
             load_full_optimizer_state(engine, f.read())

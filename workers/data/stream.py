@@ -28,7 +28,7 @@ order; ``datasets``' own ``.shuffle(buffer_size)`` is refused: its state does no
 
 The rank's position (``StreamSource.capture``) is its pass number and torchdata's
 ``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
-stream's own ``state_dict()``, the counts, the buffer); ``syncpoint.workers.stream_state`` writes it without
+stream's own ``state_dict()``, the counts, the buffer); ``syncpoint.workers.data.stream_state`` writes it without
 pickle. A stream's state is per rank and per DataLoader worker: selection refuses it on another
 world size or another ``train.dataloader_workers`` (``syncpoint.policies.candidates``).
 """
@@ -47,10 +47,10 @@ import torch
 from syncpoint.policies.elastic import Layout, stream_layout
 from syncpoint.policies.errors import JobConfigError, TaskError
 from syncpoint.policies.spec import JobSpec
-from syncpoint.workers.data import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
-from syncpoint.workers.function_identity import function_digest
+from syncpoint.workers.data.function_identity import function_digest
+from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
+from syncpoint.workers.data.stream_state import SavedStream, encode
 from syncpoint.workers.rng import derive_seed
-from syncpoint.workers.stream_state import SavedStream, encode
 from syncpoint.workers.task import hf_iterable
 from syncpoint.workers.task_rngs import DataGenerators
 
@@ -212,7 +212,7 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
     (name and size, in order: a changed, added or removed file is another stream; the directory they
     lie in may move), the steps of its pipeline (a changed pipeline has another state layout), and
     what each ``.map``/``.filter`` step computes (a changed function makes other examples at the
-    same position: ``syncpoint.workers.function_identity``)."""
+    same position: ``syncpoint.workers.data.function_identity``)."""
     info = getattr(dataset, "info", None)
     files: list[dict[str, Any]] = []
     for step in _hf_pipeline(dataset):

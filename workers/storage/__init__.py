@@ -3,14 +3,14 @@
 Why a facade over backends: the run must work on any fsspec URL (local path, ``file://``,
 ``memory://``, ``s3://``) and without a shared filesystem, and commit semantics differ by backend.
 ``RunStorage`` joins path parts and encodes JSON; a backend behind the small protocol of
-``syncpoint.workers.storage_protocol`` does the rest (``syncpoint.workers.storage_local``: fsync, atomic rename, flock,
-O_DIRECT, links; ``syncpoint.workers.storage_s3``: server-checked conditional PUTs;
-``syncpoint.workers.storage_fsspec``: everything else). Discovery, saving, the lease and retention never see
+``syncpoint.workers.storage.protocol`` does the rest (``syncpoint.workers.storage.local_backend``:
+fsync, atomic rename, flock, O_DIRECT, links; ``syncpoint.workers.storage.s3_backend``: server-checked conditional PUTs;
+``syncpoint.workers.storage.fsspec_backend``: everything else). Discovery, saving, the lease and retention never see
 which backend is underneath.
 
 Storage may be hostile, so every read names its bound (``limit``, the most bytes the file may hold:
 its manifest size, or the cap of its kind of record) and nothing is read or written through a link
-(``syncpoint.workers.nofollow``, for the local backend, anchored at this run directory).
+(``syncpoint.workers.storage.nofollow``, for the local backend, anchored at this run directory).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from syncpoint.workers.checksum import DEFAULT, ChecksummingWriter
-from syncpoint.workers.storage_fsspec import FsspecBackend, MemoryBackend
-from syncpoint.workers.storage_local import LocalBackend
-from syncpoint.workers.storage_protocol import CHUNK, Listing, StorageBackend, Versioned
-from syncpoint.workers.storage_s3 import S3Backend, is_s3
+from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend, MemoryBackend
+from syncpoint.workers.storage.local_backend import LocalBackend
+from syncpoint.workers.storage.protocol import CHUNK, Listing, StorageBackend, Versioned
+from syncpoint.workers.storage.s3_backend import S3Backend, is_s3
 
 __all__ = ["CHUNK", "Listing", "RunStorage", "StorageBackend", "Versioned", "backend_for"]
 

@@ -13,9 +13,9 @@ whose size or stamp (ETag, mtime) changed. Its content part is the corpus's iden
 (``syncpoint.policies.corpus_identity``): recorded in every state, compared at selection, so a changed
 corpus is refused by the shard's name before anything is loaded.
 
-Why a cache: with the shard-window order (``syncpoint.workers.data.ShardWindowOrder``) a rank reads one
+Why a cache: with the shard-window order (``syncpoint.workers.data.sampler.ShardWindowOrder``) a rank reads one
 window of shards at a time; remote shards are fetched into a node-local cache of bounded size
-(``syncpoint.workers.shard_cache``) ahead of use, by background threads that follow the loader's position,
+(``syncpoint.workers.data.shard_cache``) ahead of use, by background threads that follow the loader's position,
 and evicted least recently used. A resume at position ``p`` fetches the shards from ``p`` on, and
 every fetched shard is verified against the index (size and checksum) before it is read: a shard
 changed while the run reads it is an error naming it. Shards on a local filesystem are read in
@@ -59,9 +59,9 @@ from syncpoint.policies.corpus_identity import (
 from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError
 from syncpoint.policies.spec import CorpusSpec, JobSpec
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
-from syncpoint.workers.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
+from syncpoint.workers.data.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
 from syncpoint.workers.storage import RunStorage, backend_for
-from syncpoint.workers.storage_fsspec import checksum_file
+from syncpoint.workers.storage.fsspec_backend import checksum_file
 
 FORMATS = ("tokens-npy", "tokens-bin", "jsonl", "parquet")
 INDEX_CACHE_VERSION = 1
@@ -504,7 +504,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
         self, indices: Sequence[int], seeding: Callable[[int], contextlib.AbstractContextManager[Any]] | None
     ) -> list[Any]:
         """Samples ``indices``, the rows of each shard read at once (the read draws no randomness),
-        then ``transform`` on each under ``seeding(index)``: the hook ``syncpoint.workers.data.SeededSamples``
+        then ``transform`` on each under ``seeding(index)``: the hook ``syncpoint.workers.data.sampler.SeededSamples``
         seeds every stream through, so a sample's values are those one fetch of it would give."""
         idx = np.asarray(indices, dtype=np.int64)
         n = len(self)
@@ -570,7 +570,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
         positions, it keeps the shards from there on fetched: the window in use and the next
         ``prefetch_shards`` of a shard-window order, the next two micro-batches' shards otherwise.
         Nothing for shards read in place."""
-        from syncpoint.workers.data import ShardWindowOrder
+        from syncpoint.workers.data.sampler import ShardWindowOrder
 
         proc = self._process()
         if proc.cache is None:

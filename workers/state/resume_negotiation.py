@@ -39,14 +39,14 @@ from syncpoint.policies.state_format import (
 )
 from syncpoint.workers import buffers, rng
 from syncpoint.workers.attempt import Attempt
-from syncpoint.workers.discovery import discover, discover_lazy, read_candidate
+from syncpoint.workers.data.stream_state import SavedStream
 from syncpoint.workers.engine import apply_hyperparameters, set_counters
+from syncpoint.workers.integrity.signing import legacy_unbound, load_key
 from syncpoint.workers.position import RunLength, TrainingPosition
 from syncpoint.workers.schedule import horizon_changed, resume_position
-from syncpoint.workers.signing import legacy_unbound, load_key
-from syncpoint.workers.state_reader import StateRefused, fetch_state, load_into_engine
+from syncpoint.workers.state.discovery import discover, discover_lazy, read_candidate
+from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.stream_state import SavedStream
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -382,7 +382,7 @@ def _buffers_source(attempt: Attempt, state: TrainState) -> int | None:
 
 def _own_shard(attempt: Attempt, state: TrainState, engine: DeepSpeedEngine) -> int | None:
     """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO optimizer shard
-    (``syncpoint.workers.state_reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
+    (``syncpoint.workers.state.reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
     no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
     if (
         state.world_size != attempt.world_size

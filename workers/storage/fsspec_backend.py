@@ -1,6 +1,6 @@
 """The fsspec backend: any fsspec filesystem (``memory://``, ``gs://``, ...; ``s3://`` adds
-server-side conditional writes in ``syncpoint.workers.storage_s3``, local paths add fsync and flock in
-``syncpoint.workers.storage_local``).
+server-side conditional writes in ``syncpoint.workers.storage.s3_backend``, local paths add fsync and flock in
+``syncpoint.workers.storage.local_backend``).
 
 Why these choices: on an object store a completed single PUT is durable and atomic, so a whole
 file is one ``pipe_file`` and a manifest commits with no temp name; an upload is checksummed by a
@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry
-from syncpoint.workers.checksum import ChecksummingWriter, new_hasher
-from syncpoint.workers.storage_protocol import CHUNK, Listing, Versioned, content_version
+from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
+from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
 
 
 class FsspecBackend:

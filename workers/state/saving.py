@@ -6,7 +6,7 @@ overlapping). With ``checkpoint.async``, only the snapshot to local staging bloc
 upload runs in a background thread, and the commit (a collective) happens on the main thread at
 the first boundary where every rank reports its upload done, or at the end of the run, which
 waits for its last save. The writing itself, phase by phase, is the attempt's
-``syncpoint.workers.state_writer.StateWriter``. After every commit rank 0 applies retention, here,
+``syncpoint.workers.state.writer.StateWriter``. After every commit rank 0 applies retention, here,
 where the commit is known, rather than being handed a callback to do it.
 """
 
@@ -26,11 +26,11 @@ from syncpoint.policies.save_triggers import PendingSave
 from syncpoint.policies.state_format import STATES_DIR
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
-from syncpoint.workers.discovery import discover
+from syncpoint.workers.data.stream_state import StreamStateError
 from syncpoint.workers.finite import agreed_finite, refused_save
 from syncpoint.workers.progress import ProgressLog
-from syncpoint.workers.state_writer import SaveResult, StateWriter, delete_state
-from syncpoint.workers.stream_state import StreamStateError
+from syncpoint.workers.state.discovery import discover
+from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine

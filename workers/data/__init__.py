@@ -1,0 +1,2 @@
+"""The data position: the map-style sampler, sharded corpora, streams and their saved state,
+and where the loop's micro-batches come from."""
