@@ -103,7 +103,9 @@ def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_pa
     failure = _events(spec, "failure")[0]  # later ones only if this loaded machine stalls a restart
     assert failure["classified"] == "preemption" and failure["decision"] == "RETRY", failure  # max_failures is 0
     assert failure["dead_nodes"] == [first["nodes"][1]], failure
-    interrupted = _events(spec, "interrupted")[0]
+    measured = _events(spec, "interrupted")
+    assert measured, f"no interruption point was measured; the driver's output ends:\n{out[-3000:]}"
+    interrupted = measured[0]
     detected_after = interrupted["detected_at"] - cut_at
     print(f"the silent node was detected {detected_after:.1f} s after its link was cut ({failure['reason']})")
     assert detected_after < DETECTION_BOUND_S, (detected_after, failure)
