@@ -310,3 +310,47 @@ def diverging_loss(config: dict) -> Task:
 
     task.loss = loss
     return task
+
+
+class LossScale:
+    """User state the trajectory depends on: the loss is scaled by an EMA of past losses, updated
+    every micro-step, differently on every rank (a rank-dependent step count), with plain data
+    beside the tensor (a curriculum-like dict). Not an engine object: only ``Task.stateful`` saves it."""
+
+    def __init__(self, rank: int) -> None:
+        self.scale = torch.ones(())
+        self.rank = rank
+        self.seen = {"micro_steps": 0, "history": [0.0, 0.0]}
+
+    def update(self, loss: torch.Tensor) -> None:
+        self.scale = 0.9 * self.scale + 0.1 * (1 + loss.detach()) + 0.01 * self.rank
+        self.seen["micro_steps"] += 1
+        self.seen["history"] = [self.seen["history"][1], float(loss.detach())]
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale.clone(), "seen": {**self.seen, "history": list(self.seen["history"])}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = state["scale"].clone()
+        self.seen = {**state["seen"], "history": list(state["seen"]["history"])}
+
+
+def linear_user_state(config: dict) -> Task:
+    """The linear task whose loss reads and updates user state every micro-step (``LossScale``), and an
+    EMA of the weights (``torch.optim.swa_utils.AveragedModel``) updated each micro-step too."""
+    import torch.distributed as dist
+
+    task = linear(config)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    scale = LossScale(rank)
+    ema = torch.optim.swa_utils.AveragedModel(task.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+
+    def scaled_mse(model, batch):
+        loss = mse(model, batch) * scale.scale
+        scale.update(loss)
+        ema.update_parameters(task.model)
+        return loss
+
+    names = config.get("names", ["ema", "scale"])
+    objects = {"scale": scale, "ema": ema}
+    return Task(model=task.model, dataset=task.dataset, loss=scaled_mse, stateful={n: objects[n] for n in names})

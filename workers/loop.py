@@ -65,6 +65,7 @@ from syncpoint.workers.param_groups import settings_of
 from syncpoint.workers.preemption import PreemptionNotices, RayNotice
 from syncpoint.workers.progress import ProgressLine, ProgressLog
 from syncpoint.workers.schedule import Schedule
+from syncpoint.workers.state import user_state
 from syncpoint.workers.state.checkpoint_engine import install as install_streaming
 from syncpoint.workers.state.export import export_final
 from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_resume
@@ -174,6 +175,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         corpus=data_plan.identity,
         sampler=data_plan.sampler,
         window_shards=data_plan.window_shards,
+        user_state=user_state.names(task.stateful),
     )
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
@@ -193,6 +195,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         lease,
         signing_key,
         restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
+        stateful=task.stateful,
     )
     for line in unreproducible:
         attempt.warn(line)
