@@ -30,6 +30,7 @@ import torch
 
 from syncpoint.policies.errors import TaskError
 from syncpoint.policies.import_path import load_function
+from syncpoint.workers import callbacks
 from syncpoint.workers.state import user_state
 
 
@@ -109,6 +110,9 @@ class Task:
         stateful: ``{name: object}``, objects with ``state_dict()`` / ``load_state_dict()`` the engine
             does not own (an EMA, a curriculum, a mixture's weights), saved per rank with every
             state and restored before the first fetch (``syncpoint.workers.state.user_state``).
+        callbacks: objects with any of the hooks ``on_start``, ``on_step``, ``on_log``,
+            ``on_evaluate``, ``on_state_committed``, ``on_end``, called on every rank with every RNG
+            shielded (``syncpoint.workers.callbacks``).
     """
 
     model: torch.nn.Module
@@ -125,6 +129,8 @@ class Task:
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
     # objects the task keeps state in, by name: saved with every state, per rank, restored exactly
     stateful: dict[str, Any] = field(default_factory=dict)
+    # your code at the run's points (syncpoint.workers.callbacks): it observes, training is unchanged
+    callbacks: list[Any] = field(default_factory=list)
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
@@ -149,6 +155,7 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
             "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer"
         )
     user_state.check(path, task.stateful)
+    callbacks.check(path, task.callbacks)
     problem = dataset_problem(path, task.dataset)
     if problem:
         raise TaskError(problem)
