@@ -27,6 +27,7 @@ state). An exception in a callback fails the attempt as a crash, naming the call
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,9 +84,12 @@ def check(path: str, callbacks: Any) -> None:
             f"objects with any of {', '.join(HOOKS)}"
         )
     for i, cb in enumerate(callbacks):
-        hooks = [h for h in HOOKS if callable(getattr(cb, h, None))]
+        # looked up statically: a property of the user's that raises must not fail the check itself
+        hooks = [h for h in HOOKS if callable(inspect.getattr_static(cb, h, None))]
         unknown = sorted(
-            a for a in dir(cb) if a.startswith("on_") and a not in HOOKS and callable(getattr(cb, a, None))
+            a
+            for a in dir(cb)
+            if a.startswith("on_") and a not in HOOKS and callable(inspect.getattr_static(cb, a, None))
         )
         if unknown:
             raise TaskError(
