@@ -180,9 +180,12 @@ class Expectation:
     stream: dict[str, Any] | None = None
     # the task's own train-side generators, (path, kind) each, whose states a state's RNG files hold
     task_generators: tuple[tuple[str, str], ...] | None = None
+    # the task's Task.stateful names, sorted; None: the task has none (or a state before user state)
+    user_state: tuple[str, ...] | None = None
     # opt-outs (resume.*): continue on these weights and this position although that part differs
     reset_schedule: bool = False
     reset_optimizer: bool = False
+    allow_user_state_change: bool = False
 
     @classmethod
     def from_spec(
@@ -201,6 +204,7 @@ class Expectation:
         sampler: str = SAMPLER_VERSION,
         window_shards: int | None = None,
         stream: dict[str, Any] | None = None,
+        user_state: tuple[str, ...] | None = None,
     ) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
         task's model (fingerprint, buffers, dtypes), its dataset (its size and corpus, or for a
@@ -236,6 +240,8 @@ class Expectation:
             corpus=corpus.summary() if corpus else None,
             corpus_index=corpus,
             stream=stream,
+            user_state=tuple(sorted(user_state)) if user_state else None,
+            allow_user_state_change=spec.resume.allow_user_state_change,
         )
 
     @classmethod
@@ -270,6 +276,7 @@ class Expectation:
             stream=None if state.data.stream is None else state.data.stream.model_dump(),
             task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())),
             window_shards=state.data.window_shards,
+            user_state=tuple(state.user_state) if state.user_state else None,
             corpus=None
             if state.data.corpus is None
             else CorpusSummary(state.data.corpus.digest, state.data.corpus.shards, state.data.corpus.rows),
@@ -302,6 +309,7 @@ def identity_record(exp: Expectation) -> dict[str, Any]:
             else [{"params": n, "numel": numel, "names": names} for n, numel, names in exp.param_groups],
         },
         "task_generators": None if exp.task_generators is None else dict(exp.task_generators),
+        "user_state": None if exp.user_state is None else list(exp.user_state),
     }
 
 
@@ -407,6 +415,10 @@ def _incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None
         stream = _first_difference(checks) or _stream_incompatibility(s, exp)
         if stream:
             return stream
+    if s.user_state and s.world_size != exp.world_size:  # which job first, then why it cannot re-split
+        resized = _first_difference(checks) or _user_state_resize_refusal(s, exp)
+        if resized:
+            return resized
     checks += _dataset_size_checks(s, exp, restore)
     if exp.elastic and s.world_size != exp.world_size:
         refused = _resize_refusal(s, exp)
@@ -608,6 +620,35 @@ def _detail_incompatibility(s: TrainState, exp: Expectation) -> str | None:
         or _group_incompatibility(s, exp)
         or _schedule_incompatibility(s, exp)
         or _generator_incompatibility(s, exp)
+        or _user_state_incompatibility(s, exp)
+    )
+
+
+def _user_state_resize_refusal(s: TrainState, exp: Expectation) -> str:
+    return (
+        f"world size differs (scaling.num_workers) and the state holds user state (Task.stateful "
+        f"{list(s.user_state or ())}): the state has world_size={s.world_size}, this run has {exp.world_size}, and "
+        f"each rank's objects are its own, so they cannot be re-split. Resume on {s.world_size} worker(s), or "
+        "start a new run (resume.init_from takes the weights)."
+    )
+
+
+def _user_state_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+    """Every rank's user file holds the task's ``Task.stateful`` objects by name: a task with other
+    names would continue some from their own fresh state and drop others, silently; and the objects
+    are each rank's own, so they continue only on the world size that saved them."""
+    have, want = tuple(s.user_state or ()), tuple(exp.user_state or ())
+    if have == want or exp.allow_user_state_change:
+        return None
+    gone, new = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+    parts = ([f"the state saved {gone} that this run's task lacks"] if gone else []) + (
+        [f"this run's task has {new} that the state did not save"] if new else []
+    )
+    return (
+        f"user state differs (Task.stateful): {'; '.join(parts)} (the state: {list(have) or 'none'}, this run: "
+        f"{list(want) or 'none'}). Restore the task's Task.stateful names, or set "
+        "resume.allow_user_state_change: true to resume anyway (the dropped ones are lost, the new ones start "
+        "from their own state)."
     )
 
 

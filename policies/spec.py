@@ -831,6 +831,14 @@ class ResumeSpec(_Strict):
             "Opt-out: restart the LR schedule at 0 when the scheduler type or phases changed (otherwise refused)."
         ),
     )
+    allow_user_state_change: bool = Field(
+        False,
+        description=(
+            "Opt-out: resume although the task's Task.stateful names differ from the state's: objects the "
+            "state saved and the task no longer has are dropped, objects the task added start from their own "
+            "state. Without it such a change is refused at selection."
+        ),
+    )
     reset_optimizer: bool = Field(
         False,
         description=(

@@ -8,6 +8,7 @@ A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 
     rng/rank_<r:05d>.safetensors  every rank's RNG state
     buffers/rank_<r:05d>.safetensors  every rank's module buffers (states that record per_rank_buffers)
     stream/rank_<r:05d>.safetensors   every rank's stream position (states of stream datasets: data.stream)
+    user/rank_<r:05d>.safetensors     every rank's Task.stateful objects (states that record user_state)
     manifest.json                 Manifest: every file with size and checksum; written last, it commits
 
 Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
@@ -52,6 +53,10 @@ FULL_OPTIMIZER_FILE = "optim/full.safetensors"
 RNG_DIR = "rng"
 BUFFERS_DIR = "buffers"
 STREAM_DIR = "stream"
+USER_DIR = "user"
+# Task.stateful names: short, plain, sorted and unique in a state (they name objects, not paths)
+MAX_USER_STATE_OBJECTS = 64
+USER_STATE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
 MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
 ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
@@ -111,6 +116,10 @@ def stream_file(rank: int) -> str:
     return f"{STREAM_DIR}/rank_{rank:05d}.safetensors"
 
 
+def user_file(rank: int) -> str:
+    return f"{USER_DIR}/rank_{rank:05d}.safetensors"
+
+
 def zero3_model_file(rank: int) -> str:
     return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
@@ -127,6 +136,7 @@ def required_files(
     full_optimizer_state: bool,
     per_rank_buffers: bool = False,
     stream: bool = False,
+    user_state: bool = False,
 ) -> list[str]:
     """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
 
@@ -137,7 +147,8 @@ def required_files(
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
     (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
     and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.buffers``); states of
-    a stream dataset, its stream file (``syncpoint.workers.data.stream_state``).
+    a stream dataset, its stream file (``syncpoint.workers.data.stream_state``); states with user state
+    (``Task.stateful``), its user file (``syncpoint.workers.state.user_state``).
     """
     ranks = range(world_size)
     files = [TRAINER_FILE]
@@ -148,6 +159,7 @@ def required_files(
             files.append(FULL_OPTIMIZER_FILE)
     files += [rng_file(r) for r in ranks]
     files += [buffers_file(r) for r in ranks] if per_rank_buffers else []
+    files += [user_file(r) for r in ranks] if user_state else []
     return files + ([stream_file(r) for r in ranks] if stream else [])
 
 
@@ -351,11 +363,23 @@ class TrainState(_Record):
     # the task's own train-side generators, path -> kind, whose states the RNG files hold (None:
     # not recorded, states before they were captured; not compared)
     task_generators: dict[str, str] | None = None
+    # the names of the task's Task.stateful objects, sorted, whose states every rank's user file holds
+    # (None: none, or a state before user state was saved)
+    user_state: list[Annotated[str, Field(pattern=USER_STATE_NAME)]] | None = Field(
+        None, max_length=MAX_USER_STATE_OBJECTS
+    )
     metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
     save_reasons: list[str] = []
     attempt: StrictInt | None = None
     submission: str | None = None  # a restart of this submission continues from its own states
     created_at: StrictFloat | None = None
+
+    @field_validator("user_state")
+    @classmethod
+    def _user_state_sorted_and_unique(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and names != sorted(set(names)):
+            raise ValueError("user_state must list unique names in sorted order")
+        return names
 
     @model_validator(mode="before")
     @classmethod
@@ -403,6 +427,7 @@ class TrainState(_Record):
             full_optimizer_state=self.full_optimizer_state,
             per_rank_buffers=self.per_rank_buffers,
             stream=self.data.stream is not None,
+            user_state=bool(self.user_state),
         )
 
     def record(self) -> dict[str, Any]:

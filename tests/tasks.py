@@ -310,3 +310,99 @@ def diverging_loss(config: dict) -> Task:
 
     task.loss = loss
     return task
+
+
+class LossScale:
+    """User state the trajectory depends on: the loss is scaled by an EMA of past losses, updated
+    every micro-step, differently on every rank (a rank-dependent step count), with plain data
+    beside the tensor (a curriculum-like dict). Not an engine object: only ``Task.stateful`` saves it."""
+
+    def __init__(self, rank: int) -> None:
+        self.scale = torch.ones(())
+        self.rank = rank
+        self.seen = {"micro_steps": 0, "history": [0.0, 0.0]}
+
+    def update(self, loss: torch.Tensor) -> None:
+        self.scale = 0.9 * self.scale + 0.1 * (1 + loss.detach()) + 0.01 * self.rank
+        self.seen["micro_steps"] += 1
+        self.seen["history"] = [self.seen["history"][1], float(loss.detach())]
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale.clone(), "seen": {**self.seen, "history": list(self.seen["history"])}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = state["scale"].clone()
+        self.seen = {**state["seen"], "history": list(state["seen"]["history"])}
+
+
+def linear_user_state(config: dict) -> Task:
+    """The linear task whose loss reads and updates user state every micro-step (``LossScale``), and an
+    EMA of the weights (``torch.optim.swa_utils.AveragedModel``) updated each micro-step too."""
+    import torch.distributed as dist
+
+    task = linear(config)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    scale = LossScale(rank)
+    ema = torch.optim.swa_utils.AveragedModel(task.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+
+    def scaled_mse(model, batch):
+        loss = mse(model, batch) * scale.scale
+        scale.update(loss)
+        ema.update_parameters(task.model)
+        return loss
+
+    names = config.get("names", ["ema", "scale"])
+    objects = {"scale": scale, "ema": ema}
+    return Task(model=task.model, dataset=task.dataset, loss=scaled_mse, stateful={n: objects[n] for n in names})
+
+
+class RecordingCallback:
+    """Writes one JSON line per hook call to ``<log_dir>/rank_<r>.jsonl``, and draws from every global
+    RNG in every hook (a callback that samples): syncpoint's shield must keep training unmoved."""
+
+    def __init__(self, log_dir: str, raise_in: str | None = None) -> None:
+        import torch.distributed as dist
+
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.path = f"{log_dir}/rank_{self.rank}.jsonl"
+        self.raise_in = raise_in
+
+    def _record(self, hook: str, **fields) -> None:
+        import json
+        import random
+
+        import numpy as np
+
+        torch.rand(3), np.random.rand(2), random.random()  # draws the shield must undo
+        if hook == self.raise_in:
+            raise ValueError(f"the callback's own bug in {hook}")
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"hook": hook, **fields}) + "\n")
+
+    def on_start(self, info) -> None:
+        self._record("on_start", attempt=info.attempt, resumed_from=info.resumed_from, step=info.optimizer_step)
+
+    def on_step(self, info, model) -> None:
+        norm = float(sum(p.norm() for p in model.parameters()))
+        self._record("on_step", step=info.optimizer_step, loss=info.loss, grad=torch.is_grad_enabled(), norm=norm)
+
+    def on_log(self, record) -> None:
+        self._record("on_log", step=record["optimizer_step"])
+
+    def on_evaluate(self, metrics) -> None:
+        self._record("on_evaluate", metrics=sorted(metrics))
+
+    def on_state_committed(self, state, reasons) -> None:
+        self._record("on_state_committed", state=state, reasons=reasons)
+
+    def on_end(self, info) -> None:
+        self._record("on_end", final_state=info.final_state, step=info.optimizer_step)
+
+
+def linear_callbacks(config: dict) -> Task:
+    """The linear task with dropout and augmentation (training draws randomness every micro-step),
+    an evaluation set, and ``RecordingCallback`` when ``config.log_dir`` is set."""
+    task = linear_eval(config)
+    if config.get("log_dir"):
+        task.callbacks = [RecordingCallback(str(config["log_dir"]), config.get("raise_in"))]
+    return task

@@ -9,7 +9,9 @@ function names only the attempt and what is really its own.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from syncpoint.policies.candidates import Expectation
 from syncpoint.policies.elastic import Layout
@@ -36,6 +38,7 @@ class Attempt:
     lease: RunLease | None  # rank 0's hold on the run directory; None on the other ranks
     signing_key: bytes | None = None
     restart: bool = False  # rank 0: an earlier attempt of this submission already started
+    stateful: Mapping[str, Any] = field(default_factory=dict)  # Task.stateful: saved and restored with every state
 
     @property
     def run_length(self) -> RunLength:

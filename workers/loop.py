@@ -47,6 +47,7 @@ from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng, task_rngs
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
+from syncpoint.workers.callbacks import Callbacks, EndInfo, StartInfo, StepInfo
 from syncpoint.workers.data import corpus
 from syncpoint.workers.data.source import DataSource, data_source
 from syncpoint.workers.data.stream import PreparedStream, check_map_spec, prepare
@@ -65,6 +66,7 @@ from syncpoint.workers.param_groups import settings_of
 from syncpoint.workers.preemption import PreemptionNotices, RayNotice
 from syncpoint.workers.progress import ProgressLine, ProgressLog
 from syncpoint.workers.schedule import Schedule
+from syncpoint.workers.state import user_state
 from syncpoint.workers.state.checkpoint_engine import install as install_streaming
 from syncpoint.workers.state.export import export_final
 from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_resume
@@ -174,6 +176,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         corpus=data_plan.identity,
         sampler=data_plan.sampler,
         window_shards=data_plan.window_shards,
+        user_state=user_state.names(task.stateful),
     )
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
@@ -193,6 +196,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         lease,
         signing_key,
         restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
+        stateful=task.stateful,
     )
     for line in unreproducible:
         attempt.warn(line)
@@ -303,17 +307,40 @@ class TrainingLoop:
         self.state = LoopState(
             at=start.position, nonfinite=NonfiniteSteps(train.max_nonfinite_steps), finished=start.finished
         )
+        self.callbacks = Callbacks(parts.task.callbacks)
 
     def _save_coordinator(self) -> SaveCoordinator:
         saves = SaveCoordinator(self.engine, self.attempt, self.progress, last_saved=self.start.state)
-        saves.on_commit = self.parts.metrics.committed
-        saves.stream_state = self.source.capture  # a stream's per-rank position goes into every state
+        committed: Callable[[SaveResult, list[str]], None] = self.parts.metrics.committed
         if isinstance(self.trigger, AutoInterval):  # save_every auto decides again with each measured save
-            saves.on_commit = _measuring(self.parts.metrics.committed, self.trigger, time.monotonic())
+            committed = _measuring(committed, self.trigger, time.monotonic())
+        saves.on_commit = self._tell_callbacks(committed)
+        saves.stream_state = self.source.capture  # a stream's per-rank position goes into every state
         return saves
 
+    def _tell_callbacks(
+        self, on_commit: Callable[[SaveResult, list[str]], None]
+    ) -> Callable[[SaveResult, list[str]], None]:
+        def committed(result: SaveResult, reasons: list[str]) -> None:
+            on_commit(result, reasons)
+            self.callbacks.call("on_state_committed", result.name, list(reasons))
+
+        return committed
+
     def run(self) -> WorkerResult:
-        state = self.state
+        state, at = self.state, self.state.at
+        self.callbacks.call(
+            "on_start",
+            StartInfo(
+                attempt=self.attempt.number,
+                resumed_from=self.start.state,
+                restart=self.attempt.restart,
+                optimizer_step=at.optimizer_step,
+                global_micro_step=at.global_micro_step,
+                rank=self.attempt.rank,
+                world_size=self.world,
+            ),
+        )
         while not state.finished and self.attempt.run_length.has_epoch(state.at.epoch):
             self.epoch()
         return self.finish()
@@ -391,6 +418,8 @@ class TrainingLoop:
         logged = at.optimizer_step % self.train.log_every == 0 or last  # the same steps on every rank
         self._print_progress(step_loss, logged)
         evaluated = self.evaluate(epoch_end=epoch_end, last=last)
+        if self.callbacks:
+            self._call_back(record, step_loss, logged=logged, evaluated=evaluated)
         # TensorBoard (rank 0) every logged step; Ray Train's report (every rank) as often as Ray collects
         self.parts.metrics.at_boundary(
             record,
@@ -401,6 +430,19 @@ class TrainingLoop:
         self.save(agreed, step_loss, last=last)
         state.new_cycle()
         state.finished = last
+
+    def _call_back(self, record: dict[str, Any], step_loss: float, *, logged: bool, evaluated: bool) -> None:
+        """The boundary's hooks, after its evaluation and before its save: every step, the logged
+        ones, the evaluation's metrics."""
+        at = self.state.at
+        info = StepInfo(
+            at.optimizer_step, at.global_micro_step, at.epoch, step_loss, tuple(self.state.lrs), self.attempt.rank
+        )
+        self.callbacks.call("on_step", info, self.engine.module)
+        if logged:
+            self.callbacks.call("on_log", dict(record))
+        if evaluated:
+            self.callbacks.call("on_evaluate", dict(self.evaluation.latest))
 
     def _vote(self) -> BoundaryVote:
         """This rank's facts at the boundary, agreed by every rank. A preemption notice: this
@@ -501,6 +543,7 @@ class TrainingLoop:
                     optimizer_step=at.optimizer_step,
                 )
             )
+        self.callbacks.call("on_end", EndInfo(last_saved or "", at.optimizer_step, at.global_micro_step, attempt.rank))
         dist.barrier()
         if attempt.lease:
             attempt.lease.release()

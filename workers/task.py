@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from syncpoint.policies.errors import TaskError
 from syncpoint.policies.import_path import load_function
+from syncpoint.workers import callbacks
+from syncpoint.workers.state import user_state
 
 
 @runtime_checkable
@@ -105,6 +107,12 @@ class Task:
             batch's mean, a 1-d tensor one value per item (default: the loss, as ``eval_loss``).
         optimizer: ``optimizer(model) -> torch.optim.Optimizer`` with any param groups; default: the
             spec's ``train.optimizer``.
+        stateful: ``{name: object}``, objects with ``state_dict()`` / ``load_state_dict()`` the engine
+            does not own (an EMA, a curriculum, a mixture's weights), saved per rank with every
+            state and restored before the first fetch (``syncpoint.workers.state.user_state``).
+        callbacks: objects with any of the hooks ``on_start``, ``on_step``, ``on_log``,
+            ``on_evaluate``, ``on_state_committed``, ``on_end``, called on every rank with every RNG
+            shielded (``syncpoint.workers.callbacks``).
     """
 
     model: torch.nn.Module
@@ -119,6 +127,10 @@ class Task:
     # optimizer(model) -> any torch optimizer, any param groups (each with its own lr, weight decay, ...);
     # None: the spec's train.optimizer (with train.optimizer.no_decay). The schedule scales each group's lr.
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
+    # objects the task keeps state in, by name: saved with every state, per rank, restored exactly
+    stateful: dict[str, Any] = field(default_factory=dict)
+    # your code at the run's points (syncpoint.workers.callbacks): it observes, training is unchanged
+    callbacks: list[Any] = field(default_factory=list)
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
@@ -142,6 +154,8 @@ def load_task(path: str, config: dict[str, Any]) -> Task:
             f"task.path: {path!r} returned a Task whose optimizer is not callable; it must be "
             "optimizer(model) -> torch.optim.Optimizer, or None for the spec's train.optimizer"
         )
+    user_state.check(path, task.stateful)
+    callbacks.check(path, task.callbacks)
     problem = dataset_problem(path, task.dataset)
     if problem:
         raise TaskError(problem)

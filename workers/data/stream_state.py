@@ -53,27 +53,52 @@ class SavedStream:
     loader: dict[str, Any]
 
 
+STREAM_FIX = (
+    "Make the dataset's state_dict() (and what it buffers) hold only those (with_format('torch') for examples of "
+    "arrays)"
+)
+
+
+@dataclass(frozen=True)
+class TreeLabel:
+    """Who a tree belongs to, for the one-paragraph errors: its name ("the stream's state"), the fix
+    to state, and the ``TaskError`` kind to raise."""
+
+    what: str
+    fix: str
+    error: type[TaskError]
+
+
+STREAM_LABEL = TreeLabel("the stream's state", STREAM_FIX, StreamStateError)
+
+
 def encode(saved: SavedStream) -> bytes:
     """The file's bytes; ``StreamStateError`` naming the first value that is neither JSON nor a tensor."""
+    return encode_tree({"pass": saved.pass_number, "loader": saved.loader}, META_KEY, STREAM_LABEL)
+
+
+def encode_tree(fields: dict[str, Any], meta_key: str, label: TreeLabel) -> bytes:
+    """A safetensors file whose ``meta_key`` metadata is ``{"version": 1, **fields}``, each field's
+    tree encoded (tensors by reference into the file's tensors); ``label.error`` naming the first value
+    that is neither JSON nor a tensor."""
     tensors: dict[str, torch.Tensor] = {}
-    tree = _encode(saved.loader, "state", tensors, 0)
-    meta = {"version": FORMAT_VERSION, "pass": saved.pass_number, "loader": tree}
-    return st_save(tensors, metadata={META_KEY: json.dumps(meta, allow_nan=False, sort_keys=True)})
+    meta = {"version": FORMAT_VERSION, **{k: _encode(v, "state", tensors, 0, label) for k, v in fields.items()}}
+    return st_save(tensors, metadata={meta_key: json.dumps(meta, allow_nan=False, sort_keys=True)})
 
 
-def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int) -> Any:
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor], depth: int, label: TreeLabel) -> Any:
     if depth > MAX_DEPTH:
-        raise StreamStateError(f"the stream's state is nested deeper than {MAX_DEPTH} levels at {path}")
+        raise label.error(f"{label.what} is nested deeper than {MAX_DEPTH} levels at {path}")
     if isinstance(obj, list):
-        return [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]
+        return [_encode(v, f"{path}[{i}]", tensors, depth + 1, label) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return {TUPLE: [_encode(v, f"{path}[{i}]", tensors, depth + 1) for i, v in enumerate(obj)]}
+        return {TUPLE: [_encode(v, f"{path}[{i}]", tensors, depth + 1, label) for i, v in enumerate(obj)]}
     if isinstance(obj, dict):
-        return _encode_dict(obj, path, tensors, depth)
-    return _encode_leaf(obj, path, tensors)
+        return _encode_dict(obj, path, tensors, depth, label)
+    return _encode_leaf(obj, path, tensors, label)
 
 
-def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor], label: TreeLabel) -> Any:
     """A JSON scalar as itself, a tensor by reference into the file's tensors, bytes as base64."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj
@@ -81,7 +106,7 @@ def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return int(obj)
     if isinstance(obj, float):
         if not math.isfinite(obj):
-            raise StreamStateError(f"the stream's state holds {obj!r} at {path}, which JSON cannot hold")
+            raise label.error(f"{label.what} holds {obj!r} at {path}, which JSON cannot hold")
         return float(obj)
     if isinstance(obj, torch.Tensor):
         key = str(len(tensors))
@@ -89,24 +114,26 @@ def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {TENSOR: key}
     if isinstance(obj, (bytes, bytearray)):
         return {BYTES: base64.b64encode(bytes(obj)).decode()}
-    raise StreamStateError(
-        f"the stream's state holds a {type(obj).__module__}.{type(obj).__qualname__} at {path}: syncpoint saves a "
-        "stream's state as JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch "
-        "tensors, never pickled objects. Make the dataset's state_dict() (and what it buffers) hold only those "
-        "(with_format('torch') for examples of arrays)"
+    raise label.error(
+        f"{label.what} holds a {type(obj).__module__}.{type(obj).__qualname__} at {path}: syncpoint saves it as "
+        "JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch tensors, never "
+        f"pickled objects. {label.fix}"
     )
 
 
-def _encode_dict(obj: dict[Any, Any], path: str, tensors: dict[str, torch.Tensor], depth: int) -> Any:
+def _encode_dict(obj: dict[Any, Any], path: str, tensors: dict[str, torch.Tensor], depth: int, label: TreeLabel) -> Any:
     """String keys as a JSON object (none of them a marker); any other keys as [key, value] pairs."""
     if all(isinstance(k, str) for k in obj):
         clash = next((k for k in obj if k in MARKERS), None)
         if clash is not None:
-            raise StreamStateError(f"the stream's state has a key {clash!r} at {path}, which syncpoint reserves")
-        return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1) for k, v in obj.items()}
+            raise label.error(f"{label.what} has a key {clash!r} at {path}, which syncpoint reserves")
+        return {k: _encode(v, f"{path}[{k!r}]", tensors, depth + 1, label) for k, v in obj.items()}
     return {
         ITEMS: [
-            [_encode(k, f"{path}<key {k!r}>", tensors, depth + 1), _encode(v, f"{path}[{k!r}]", tensors, depth + 1)]
+            [
+                _encode(k, f"{path}<key {k!r}>", tensors, depth + 1, label),
+                _encode(v, f"{path}[{k!r}]", tensors, depth + 1, label),
+            ]
             for k, v in obj.items()
         ]
     }
@@ -114,38 +141,43 @@ def _encode_dict(obj: dict[Any, Any], path: str, tensors: dict[str, torch.Tensor
 
 def parse(data: bytes, rel: str) -> SavedStream:
     """A stream file read back whole; ``StateRefused`` (corrupt) unless it is exactly one."""
+    fields = parse_tree(data, rel, META_KEY, ("loader", "pass"), "stream state")
+    number, loader = fields["pass"], fields["loader"]
+    if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+        raise StateRefused(f"{rel}: pass {number!r} is no count: refused (corrupt)")
+    if not isinstance(loader, dict):
+        raise StateRefused(f"{rel}: the loader's state is no object: refused (corrupt)")
+    return SavedStream(number, loader)
+
+
+def parse_tree(data: bytes, rel: str, meta_key: str, keys: tuple[str, ...], kind: str) -> dict[str, Any]:
+    """The fields of a file ``encode_tree`` wrote, read back whole and strictly: exactly ``keys``
+    (and the version), every tensor referenced exactly once; ``StateRefused`` (corrupt) otherwise."""
     with_meta = _metadata(data, rel)
     try:
         tensors = st_load(data)
     except (SafetensorError, ValueError) as e:
-        raise StateRefused(f"{rel}: not a stream state file ({e}): refused (corrupt)") from None
-    raw = with_meta.get(META_KEY)
+        raise StateRefused(f"{rel}: not a {kind} file ({e}): refused (corrupt)") from None
+    raw = with_meta.get(meta_key)
     if raw is None:
-        raise StateRefused(f"{rel}: no {META_KEY!r} metadata: refused (corrupt)")
+        raise StateRefused(f"{rel}: no {meta_key!r} metadata: refused (corrupt)")
     try:
         meta = loads_bounded(raw, max_bytes=MAX_JSON_BYTES, max_depth=MAX_DEPTH * 2 + 4)
     except BoundedJsonError as e:
-        raise StateRefused(f"{rel}: its {META_KEY!r} metadata is {e}: refused (corrupt)") from None
-    if not isinstance(meta, dict) or sorted(meta) != ["loader", "pass", "version"]:
+        raise StateRefused(f"{rel}: its {meta_key!r} metadata is {e}: refused (corrupt)") from None
+    if not isinstance(meta, dict) or sorted(meta) != sorted([*keys, "version"]):
         raise StateRefused(
-            f"{rel}: not a stream state (keys {sorted(meta) if isinstance(meta, dict) else meta!r}): refused (corrupt)"
+            f"{rel}: not a {kind} (keys {sorted(meta) if isinstance(meta, dict) else meta!r}): refused (corrupt)"
         )
     if meta["version"] != FORMAT_VERSION:
-        raise StateRefused(
-            f"{rel}: stream state version {meta['version']!r}, this syncpoint reads {FORMAT_VERSION}: refused"
-        )
-    number = meta["pass"]
-    if not isinstance(number, int) or isinstance(number, bool) or number < 0:
-        raise StateRefused(f"{rel}: pass {number!r} is no count: refused (corrupt)")
+        raise StateRefused(f"{rel}: {kind} version {meta['version']!r}, this syncpoint reads {FORMAT_VERSION}: refused")
     used: set[str] = set()
-    loader = _decode(meta["loader"], tensors, used, rel)
-    if not isinstance(loader, dict):
-        raise StateRefused(f"{rel}: the loader's state is no object: refused (corrupt)")
+    fields = {k: _decode(meta[k], tensors, used, rel) for k in keys}
     if used != set(tensors):
         raise StateRefused(
             f"{rel}: tensors {sorted(set(tensors) - used)[:5]} are referenced nowhere: refused (corrupt)"
         )
-    return SavedStream(number, loader)
+    return fields
 
 
 def _metadata(data: bytes, rel: str) -> dict[str, str]:

@@ -42,16 +42,19 @@ from syncpoint.policies.state_format import (
     RNG_DIR,
     STREAM_DIR,
     TRAINER_FILE,
+    USER_DIR,
     ZERO3_MODEL,
     ZERO_OPTIM,
     TrainState,
     problem_of,
 )
 from syncpoint.workers.data.stream_state import parse as parse_stream
+from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.rng import safetensors_metadata
 from syncpoint.workers.state.export import consolidate_zero3
 from syncpoint.workers.state.reader import ChecksumMismatch, read_listed, read_manifest
+from syncpoint.workers.state.user_state import META_KEY as USER_META_KEY
 from syncpoint.workers.storage import RunStorage
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
@@ -241,7 +244,7 @@ def _trainer_state(read: Any) -> TrainState:
 
 
 def _feed_rank_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> None:
-    """Every rank's RNG file, and its buffers and stream files where the state has them (each under
+    """Every rank's RNG file, and its buffers, stream and user files where the state has them (each under
     its own key, added only then, so a state without them keeps its digest)."""
     for rel in sorted((p for p in files if p.startswith(f"{RNG_DIR}/")), key=_rank_of):
         data = read(rel)
@@ -259,3 +262,9 @@ def _feed_rank_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> 
     for rel in stream_files:
         saved = parse_stream(read(rel), rel)
         parts["stream"].feed([_rank_of(rel), saved.pass_number, saved.loader])
+    user_files = sorted((p for p in files if p.startswith(f"{USER_DIR}/")), key=_rank_of)
+    if user_files:
+        parts["user_state"] = CanonicalHash()
+    for rel in user_files:
+        objects = parse_tree(read(rel), rel, USER_META_KEY, ("objects",), "user state")["objects"]
+        parts["user_state"].feed([_rank_of(rel), objects])

@@ -67,6 +67,7 @@ from syncpoint.policies.state_format import (
     problem_of,
     rng_file,
     stream_file,
+    user_file,
 )
 from syncpoint.policies.state_paths import path_problem
 from syncpoint.workers import rng
@@ -101,6 +102,7 @@ class FetchedState:
     verified: dict[str, VerifiedFile] | None = field(default=None)
     buffers_bytes: bytes | None = None  # the module buffers this rank applies (``syncpoint.workers.buffers``), verified
     stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
+    user_bytes: bytes | None = None  # this rank's Task.stateful objects (``workers.state.user_state``), verified
 
     @property
     def in_place(self) -> bool:
@@ -129,6 +131,7 @@ def fetch_state(
     in_place: bool = False,
     buffers_of: int | None = None,
     stream_of: int | None = None,
+    user_of: int | None = None,
 ) -> FetchedState:
     """Download and verify this rank's view of a state.
 
@@ -147,7 +150,10 @@ def fetch_state(
     the state carries none, or the caller applies none); read into memory, verified like the RNG file.
 
     ``stream_of``: the rank whose stream file this rank restores (a stream dataset's state; None:
-    none), read into memory, verified and parsed whole (``syncpoint.workers.data.stream_state``)."""
+    none), read into memory, verified and parsed whole (``syncpoint.workers.data.stream_state``).
+
+    ``user_of``: the rank whose user file (``Task.stateful``) this rank restores (None: the state has
+    none), read into memory and verified like the buffers file."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
@@ -162,6 +168,7 @@ def fetch_state(
                 rng_file(rank) if want_rng else None,
                 buffers_file(buffers_of) if buffers_of is not None else None,
                 stream_file(stream_of) if stream_of is not None else None,
+                user_file(user_of) if user_of is not None else None,
             )
         finally:
             os.close(root)
@@ -184,8 +191,9 @@ def fetch_state(
         if stream_of is not None:
             rel = stream_file(stream_of)
             stream = stream_state.parse(_read_verified(storage, cand.name, rel, files), rel)
+        user_bytes = _read_verified(storage, cand.name, user_file(user_of), files) if user_of is not None else None
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, saved, buffers_bytes=buffers_bytes, stream_state=stream)
+        return FetchedState(local, saved, buffers_bytes=buffers_bytes, stream_state=stream, user_bytes=user_bytes)
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -211,6 +219,7 @@ def _verify_in_place(
     rng_rel: str | None,
     buffers_rel: str | None,
     stream_rel: str | None,
+    user_rel: str | None = None,
 ) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
     check through the same descriptors (``syncpoint.workers.integrity.verified_files``)."""
@@ -222,7 +231,7 @@ def _verify_in_place(
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
         saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
-        for listed in (TRAINER_FILE, buffers_rel, stream_rel):
+        for listed in (TRAINER_FILE, buffers_rel, stream_rel, user_rel):
             if listed is not None and listed not in files:
                 raise StateRefused(
                     f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: refused (corrupt)"
@@ -231,8 +240,9 @@ def _verify_in_place(
         stream = None
         if stream_rel is not None:
             stream = stream_state.parse(read_verified(root, stream_rel, files[stream_rel]), stream_rel)
+        user_bytes = read_verified(root, user_rel, files[user_rel]) if user_rel is not None else None
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, saved, verified, buffers_bytes, stream)
+        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes)
     except BaseException:
         for f in verified.values():
             f.close()

@@ -36,6 +36,7 @@ from syncpoint.policies.state_format import (
     Manifest,
     TrainState,
     buffers_file,
+    user_file,
 )
 from syncpoint.workers import buffers, rng
 from syncpoint.workers.attempt import Attempt
@@ -44,6 +45,7 @@ from syncpoint.workers.engine import apply_hyperparameters, set_counters
 from syncpoint.workers.integrity.signing import legacy_unbound, load_key
 from syncpoint.workers.position import RunLength, TrainingPosition
 from syncpoint.workers.schedule import horizon_changed, resume_position
+from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover, discover_lazy, read_candidate
 from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
 from syncpoint.workers.storage import RunStorage
@@ -319,12 +321,13 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     and when none is left the run fails (it never trains on a half-loaded engine). This rank's
     module buffers (``syncpoint.workers.buffers``) are checked against the live module with the fetch and
     applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
-    fetched, error, saved_buffers = None, None, None
+    fetched, error, saved_buffers, saved_user = None, None, None, None
     state = _classified(candidate)
     same_world = state.world_size == attempt.world_size
     buffers_of = _buffers_source(attempt, state)
-    # a stream's state: selection admitted it at this world size only, so this rank reads its own
+    # a stream's and Task.stateful's state: selection admitted it at this world size only, so this rank reads its own
     stream_of = attempt.rank if state.data.stream is not None else None
+    user_of = attempt.rank if state.user_state else None
     try:
         own = _own_shard(attempt, state, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
@@ -336,9 +339,12 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             in_place=same_world and not attempt.spec.resume.reset_optimizer,
             buffers_of=buffers_of,
             stream_of=stream_of,
+            user_of=user_of,
         )
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
+        if fetched.user_bytes is not None and user_of is not None:
+            saved_user = user_state.parse(fetched.user_bytes, user_file(user_of), tuple(state.user_state or ()))
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
     refusal = _first_refusal(error)
@@ -353,6 +359,14 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             )
             if saved_buffers is not None:
                 buffers.apply(engine.module, saved_buffers)
+            if saved_user is not None or attempt.stateful:
+                fresh, dropped = user_state.restore(attempt.stateful, saved_user or {})
+                if fresh or dropped:
+                    attempt.warn(
+                        f"resume.allow_user_state_change: state {candidate.name} did not save Task.stateful "
+                        f"{fresh or 'none'} (they start from the task's own state) and saved {dropped or 'none'} "
+                        "that this task lacks (dropped)"
+                    )
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
             error = _load_refusal(e)
         refusal = _first_refusal(error)

@@ -19,17 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import LeaseLostError
+from syncpoint.policies.errors import LeaseLostError, TaskError
 from syncpoint.policies.journal import StateCommitted
 from syncpoint.policies.retention import plan_retention
 from syncpoint.policies.save_triggers import PendingSave
-from syncpoint.policies.state_format import STATES_DIR
+from syncpoint.policies.state_format import STATES_DIR, stream_file, user_file
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
 from syncpoint.workers.data.stream_state import StreamStateError
 from syncpoint.workers.finite import agreed_finite, refused_save
 from syncpoint.workers.progress import ProgressLog
+from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover
+from syncpoint.workers.state.user_state import UserStateError
 from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
 
 if TYPE_CHECKING:
@@ -113,31 +115,35 @@ class SaveCoordinator:
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
-        stream = self._stream_bytes()
+        files = self._rank_files()
         if self.use_async and not last:
-            self.writer.save_in_background(trainer, stream_bytes=stream)
+            self.writer.save_in_background(trainer, rank_files=files)
             self.reasons_in_flight = reasons
         else:
-            self._record(self.writer.save(trainer, stream_bytes=stream), reasons)
+            self._record(self.writer.save(trainer, rank_files=files), reasons)
 
-    def _stream_bytes(self) -> bytes | None:
-        """This rank's stream position (a stream dataset's), before anything of the state is written.
-        A position the stream file cannot hold (``StreamStateError``, naming the value) fails every
-        rank here, at the first save, the first rank's message said: one gather, so none is left
-        waiting in a collective."""
-        if self.stream_state is None:
-            return None
-        data, problem = None, None
+    def _rank_files(self) -> dict[str, bytes]:
+        """This rank's stream position (a stream dataset's) and ``Task.stateful`` objects, as their
+        files' bytes, before anything of the state is written. A value a file cannot hold
+        (``StreamStateError`` / ``UserStateError``, naming it) fails every rank here, at the first
+        save, with the first rank's message: one gather, so none is left waiting in a collective."""
+        files: dict[str, bytes] = {}
+        problem: TaskError | None = None
         try:
-            data = self.stream_state()
-        except StreamStateError as e:
-            problem = str(e)
-        problems: list[str | None] = [None] * self.attempt.world_size
-        dist.all_gather_object(problems, problem)
+            if self.stream_state is not None:
+                files[stream_file(self.attempt.rank)] = self.stream_state()
+            mine = user_state.capture(self.attempt.stateful)
+            if mine is not None:
+                files[user_file(self.attempt.rank)] = mine
+        except (StreamStateError, UserStateError) as e:
+            problem = e
+        problems: list[tuple[str, str] | None] = [None] * self.attempt.world_size
+        dist.all_gather_object(problems, None if problem is None else (type(problem).__name__, str(problem)))
         first = next(((r, p) for r, p in enumerate(problems) if p), None)
         if first is not None:
-            raise StreamStateError(f"rank {first[0]}: {first[1]}")
-        return data
+            kind = UserStateError if first[1][0] == UserStateError.__name__ else StreamStateError
+            raise kind(f"rank {first[0]}: {first[1][1]}")
+        return files
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
         self.last_saved = result.name

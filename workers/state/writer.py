@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,6 @@ from syncpoint.policies.state_format import (
     json_bytes,
     rng_file,
     state_name,
-    stream_file,
 )
 from syncpoint.workers import buffers, rng
 from syncpoint.workers.faults import Faults
@@ -79,8 +79,9 @@ class Snapshot:
     )  # rank 0 signs the manifest (syncpoint.workers.integrity.signing)
     # this rank's module buffers (syncpoint.workers.buffers)
     buffers_bytes: bytes | None = field(default=None, repr=False)
-    # this rank's stream position (syncpoint.workers.data.stream_state)
-    stream_bytes: bytes | None = field(default=None, repr=False)
+    # this rank's small files captured at the boundary, by path in the state: its stream position
+    # (syncpoint.workers.data.stream_state) and its Task.stateful objects (syncpoint.workers.state.user_state)
+    rank_files: dict[str, bytes] = field(default_factory=dict, repr=False)
 
 
 def staging_root() -> str | None:
@@ -107,14 +108,14 @@ def take_snapshot(
     algo: str = DEFAULT,
     direct: RunStorage | None = None,
     signing_key: bytes | None = None,
-    stream_bytes: bytes | None = None,
+    rank_files: Mapping[str, bytes] | None = None,
 ) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
     asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
     (serialized later by :func:`upload_snapshot`); elastic ZeRO-1/2 runs add the gathered
-    optimizer state (into local staging). ``stream_bytes``: this rank's stream position, captured at
-    the same boundary (a stream dataset's)."""
+    optimizer state (into local staging). ``rank_files``: this rank's small files captured at the
+    same boundary (its stream position, its ``Task.stateful`` objects), by path in the state."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
@@ -150,7 +151,7 @@ def take_snapshot(
         algo=algo,
         signing_key=signing_key,
         buffers_bytes=mine,
-        stream_bytes=stream_bytes,
+        rank_files=dict(rank_files or {}),
     )
     snap.files.update(written)
     if direct is None:
@@ -203,8 +204,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     small = {rng_file(rank): snap.rng_bytes}
     if snap.buffers_bytes is not None:
         small[buffers_file(rank)] = snap.buffers_bytes
-    if snap.stream_bytes is not None:
-        small[stream_file(rank)] = snap.stream_bytes
+    small.update(snap.rank_files)
     for rel, data in small.items():
         storage.write_bytes(data, STATES_DIR, snap.name, rel)
         mine[rel] = entry(len(data), snap.algo, checksum_bytes(data, snap.algo))
@@ -367,7 +367,7 @@ class StateWriter:
     def uploading(self) -> bool:
         return self.upload.uploading()
 
-    def save(self, trainer: dict[str, Any], *, stream_bytes: bytes | None = None) -> SaveResult:
+    def save(self, trainer: dict[str, Any], *, rank_files: Mapping[str, bytes] | None = None) -> SaveResult:
         """A synchronous save: every phase before training continues."""
         self._claim(state_name(trainer["global_micro_step"]))
         snap = take_snapshot(
@@ -378,14 +378,14 @@ class StateWriter:
             algo=self.checksum,
             direct=self.storage,
             signing_key=self.signing_key,
-            stream_bytes=stream_bytes,
+            rank_files=rank_files,
         )
         t0 = time.perf_counter()
         upload_snapshot(self.storage, snap, self.rank, self.faults)
         snap.blocked += time.perf_counter() - t0
         return commit_snapshot(self.storage, snap, self.faults, self.lease)
 
-    def save_in_background(self, trainer: dict[str, Any], *, stream_bytes: bytes | None = None) -> None:
+    def save_in_background(self, trainer: dict[str, Any], *, rank_files: Mapping[str, bytes] | None = None) -> None:
         """An asynchronous save: claim and stage now, upload in a background thread; the commit
         waits for :meth:`commit_in_flight`."""
         self._claim(state_name(trainer["global_micro_step"]))
@@ -397,7 +397,7 @@ class StateWriter:
                 self.full_optimizer_state,
                 algo=self.checksum,
                 signing_key=self.signing_key,
-                stream_bytes=stream_bytes,
+                rank_files=rank_files,
             )
         )
 
