@@ -10,9 +10,10 @@ from typing import Any
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.journal import Step
 from syncpoint.policies.spec import JobSpec
-from syncpoint.policies.state_format import TRAINER_MAX_BYTES
+from syncpoint.policies.state_format import TRAINER_MAX_BYTES, json_bytes
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.faults import InjectedCrash
+from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.launch import run_in_process
 from syncpoint.workers.storage import RunStorage
@@ -182,3 +183,13 @@ def stream_spec(storage: os.PathLike | str, corpus: os.PathLike | str, *override
         "checkpoint.save_every={value: 3, unit: optimizer_steps}",
     ]
     return resolve_storage(parse_spec(STREAM_EXAMPLE, "examples/stream_lm.yaml", [*base, *overrides]))
+
+
+def rewrite_state_file(store: RunStorage, name: str, rel: str, data: bytes) -> None:
+    """Replace one file of a committed state and re-commit its manifest entry (as a writer could):
+    only the file's content is wrong, its manifest entry matches it."""
+    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))
+    algo = manifest["checksum"]
+    store.write_bytes(data, "states", name, rel)
+    manifest["files"][rel] = {"size": len(data), algo: checksum_bytes(data, algo)}
+    store.commit_bytes(json_bytes(manifest), "states", name, "manifest.json")

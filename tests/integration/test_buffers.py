@@ -21,11 +21,10 @@ from syncpoint.policies.errors import StateMismatch, StateRefused
 from syncpoint.policies.state_format import TrainState, buffers_file, json_bytes, required_files
 from syncpoint.workers import buffers
 from syncpoint.workers.events import EventLog
-from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import linear_spec, run, run_until_crash, state_names, trainer_json
+from tests.helpers import linear_spec, rewrite_state_file, run, run_until_crash, state_names, trainer_json
 from tests.integration.test_exact_resume import module_params
 from tests.meta import candidate_for
 from tests.tasks import BufferNet
@@ -50,15 +49,6 @@ def _spec(tmp, zero, *extra, workers=2):
 
 def rank_buffers(spec, name: str, rank: int) -> dict[str, torch.Tensor]:
     return st_load(RunStorage(spec.run_url).read_bytes("states", name, buffers_file(rank), limit=1 << 30))
-
-
-def rewrite(store: RunStorage, name: str, rel: str, data: bytes) -> None:
-    """Replace one file of a committed state and re-commit its manifest entry (as a writer could)."""
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))
-    algo = manifest["checksum"]
-    store.write_bytes(data, "states", name, rel)
-    manifest["files"][rel] = {"size": len(data), algo: checksum_bytes(data, algo)}
-    store.commit_bytes(json_bytes(manifest), "states", name, "manifest.json")
 
 
 def test_a_state_with_per_rank_buffers_needs_every_ranks_file():
@@ -99,7 +89,7 @@ def test_a_buffers_file_that_does_not_fit_is_refused_and_the_resume_falls_back(t
     older, newest = state_names(spec)[-2:]
     store = RunStorage(spec.run_url)
     bad = dict(rank_buffers(spec, newest, 0), **{"body.2.center": torch.zeros(3)})
-    rewrite(store, newest, buffers_file(0), st_save(bad))
+    rewrite_state_file(store, newest, buffers_file(0), st_save(bad))
     assert run(spec).resumed_from == older
     decision = [e for e in EventLog(store).read_all() if e["kind"] == "resume_decision"][-1]
     reasons = {c["state"]: c["reason"] for c in decision["candidates"]}
@@ -121,7 +111,7 @@ def test_a_state_written_before_per_rank_buffers_still_resumes(tmp_path):
     store.commit_bytes(json_bytes(manifest), "states", newest, "manifest.json")
     older = trainer_json(spec, newest)
     del older["per_rank_buffers"]
-    rewrite(store, newest, "trainer.json", json_bytes(older))
+    rewrite_state_file(store, newest, "trainer.json", json_bytes(older))
     assert run(spec).resumed_from == newest
 
 
@@ -131,7 +121,7 @@ def _edited_digest(spec, name: str, tmp) -> dict[str, str]:
     shutil.copytree(RunStorage(spec.run_url).local_path("states", name), copy.local_path("states", name))
     edited = rank_buffers(spec, name, 1)
     edited["body.1.running_mean"] = edited["body.1.running_mean"] + 1
-    rewrite(copy, name, buffers_file(1), st_save(edited))
+    rewrite_state_file(copy, name, buffers_file(1), st_save(edited))
     return state_digest(f"{copy.url}/states/{name}")
 
 

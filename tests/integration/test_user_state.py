@@ -9,7 +9,6 @@ optimizer step's loss and the final state's digest (which covers every rank's us
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 
@@ -18,16 +17,24 @@ import torch
 
 from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.errors import ResumeRefused, TaskError
-from syncpoint.policies.state_format import TrainState, json_bytes, required_files, user_file
+from syncpoint.policies.state_format import TrainState, required_files, user_file
 from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.events import EventLog
-from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.state import user_state
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.task import load_task
-from tests.helpers import digest, linear_spec, run, run_until_crash, state_names, step_history, with_overrides
+from tests.helpers import (
+    digest,
+    linear_spec,
+    rewrite_state_file,
+    run,
+    run_until_crash,
+    state_names,
+    step_history,
+    with_overrides,
+)
 from tests.meta import candidate_for
 
 EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw", user_state=("ema", "scale"))
@@ -55,14 +62,6 @@ def _losses(spec) -> list[float]:
 def _user_objects(spec, name: str, rank: int) -> dict:
     data = RunStorage(spec.run_url).read_bytes("states", name, user_file(rank), limit=1 << 30)
     return parse_tree(data, user_file(rank), user_state.META_KEY, ("objects",), "user state")["objects"]
-
-
-def _rewrite(store: RunStorage, name: str, rel: str, data: bytes) -> None:
-    manifest = json.loads(store.read_bytes("states", name, "manifest.json", limit=1 << 30))
-    algo = manifest["checksum"]
-    store.write_bytes(data, "states", name, rel)
-    manifest["files"][rel] = {"size": len(data), algo: checksum_bytes(data, algo)}
-    store.commit_bytes(json_bytes(manifest), "states", name, "manifest.json")
 
 
 # ----------------------------------------------------------------------------- exact resume
@@ -202,7 +201,7 @@ def test_a_user_file_that_does_not_load_falls_back_to_the_previous_state(tmp_pat
     objects["ema"][first] = torch.zeros(7, 7)
     from syncpoint.workers.data.stream_state import encode_tree
 
-    _rewrite(
+    rewrite_state_file(
         RunStorage(spec.run_url),
         newest,
         user_file(0),
@@ -225,7 +224,7 @@ def test_the_digest_covers_every_ranks_user_state(tmp_path):
     objects["scale"]["seen"]["micro_steps"] += 1
     from syncpoint.workers.data.stream_state import encode_tree
 
-    _rewrite(copy, name, user_file(0), encode_tree({"objects": objects}, "user_state", user_state.LABEL))
+    rewrite_state_file(copy, name, user_file(0), encode_tree({"objects": objects}, "user_state", user_state.LABEL))
     assert state_digest(f"{copy.url}/states/{name}")["digest"] != digest(spec, name)
 
 
