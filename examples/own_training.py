@@ -44,11 +44,21 @@ class SpikeWatch:
 
 
 class SampleAndCompare:
-    """Rank 0 prints sampled text every ``every`` steps and, after each evaluation, the EMA's loss."""
+    """Rank 0 prints sampled text every ``every`` steps and, after each evaluation, the EMA's loss
+    (to stdout, or appended to the file ``samples_to`` when it is set)."""
 
-    def __init__(self, ema: torch.optim.swa_utils.AveragedModel, probe: torch.Tensor, every: int = 8) -> None:
-        self.ema, self.probe, self.every = ema, probe, every
+    def __init__(
+        self, ema: torch.optim.swa_utils.AveragedModel, probe: torch.Tensor, every: int, samples_to: str | None
+    ) -> None:
+        self.ema, self.probe, self.every, self.samples_to = ema, probe, every, samples_to
         self.rank = dist.get_rank() if dist.is_initialized() else 0  # the task is built inside the process group
+
+    def say(self, line: str) -> None:
+        if self.samples_to:
+            with open(self.samples_to, "a") as f:
+                f.write(line + "\n")
+        else:
+            print(line, flush=True)
 
     def on_step(self, info, model) -> None:
         if self.rank != 0 or info.optimizer_step % self.every:
@@ -58,13 +68,13 @@ class SampleAndCompare:
             logits = model(tokens[:, -model.pos.shape[0] :])[:, -1]
             tokens = torch.cat([tokens, torch.multinomial(F.softmax(logits, -1), 1)], dim=1)
         text = "".join(" " if t == 0 else chr(96 + int(t)) if int(t) < 27 else "?" for t in tokens[0])
-        print(f"[example] step {info.optimizer_step}: {text!r}", flush=True)
+        self.say(f"[example] step {info.optimizer_step}: {text!r}")
 
     def on_evaluate(self, metrics) -> None:
         if self.rank != 0:
             return
         ema_loss = float(lm_loss(self.ema.module, self.probe))
-        print(f"[example] eval_loss {metrics.get('eval_loss', float('nan')):.4f}, EMA {ema_loss:.4f}", flush=True)
+        self.say(f"[example] eval_loss {metrics.get('eval_loss', float('nan')):.4f}, EMA {ema_loss:.4f}")
 
 
 def build(config: dict) -> Task:
@@ -78,7 +88,8 @@ def build(config: dict) -> Task:
         return value * watch.weight(value)
 
     probe = torch.stack([task.eval_dataset[i] for i in range(4)]) if task.eval_dataset is not None else None
-    callbacks = [SampleAndCompare(ema, probe, int(config.get("sample_every", 8)))] if probe is not None else []
+    every, samples_to = int(config.get("sample_every", 8)), config.get("samples_to")
+    callbacks = [SampleAndCompare(ema, probe, every, samples_to)] if probe is not None else []
     return Task(
         model=task.model,
         dataset=task.dataset,

@@ -183,10 +183,11 @@ class TensorBoardSink:
 
 def step_values(record: Mapping[str, Any], samples_per_s: float) -> dict[str, float]:
     """The scalars of one logged optimizer step: loss, the learning rate (``lr``: the first parameter
-    group's, the same curve whatever the grouping; plus ``lr/group_<i>`` per group when there are
-    several) and throughput."""
+    group's, the same curve whatever the grouping; plus ``lr_group_<i>`` per group when there are
+    several) and throughput. No key is another's prefix before a ``/``: MLflow's file store keeps
+    each metric in a file named after its key, so ``lr`` beside ``lr/group_0`` could not be written."""
     values = {"loss": float(record["loss"]), "lr": float(record["lr"])}
-    values.update({f"lr/group_{i}": float(lr) for i, lr in enumerate(record.get("lrs") or [])})
+    values.update({f"lr_group_{i}": float(lr) for i, lr in enumerate(record.get("lrs") or [])})
     values["samples_per_s"] = samples_per_s
     return values
 

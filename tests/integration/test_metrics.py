@@ -151,7 +151,7 @@ def test_ray_report_at_every_logged_step(tmp_path):
     assert [r["optimizer_step"] for r in reports] == [4, 6]
     # the run's last boundary also evaluates (the example's eval_every): one report carries both
     # the example's AdamW splits off biases and norms (train.optimizer.no_decay): two groups
-    assert set(reports[0]) == {"optimizer_step", "loss", "lr", "lr/group_0", "lr/group_1", "samples_per_s"}
+    assert set(reports[0]) == {"optimizer_step", "loss", "lr", "lr_group_0", "lr_group_1", "samples_per_s"}
     assert set(reports[1]) == set(reports[0]) | {"eval_loss"}
     for r in reports:
         assert all(type(v) is float for k, v in r.items() if k != "optimizer_step")
@@ -180,7 +180,7 @@ def test_step_values_per_parameter_group():
     record = {"optimizer_step": 3, "global_micro_step": 12, "loss": 2.5, "lr": 0.1}
     assert step_values(record, 10.0) == {"loss": 2.5, "lr": 0.1, "samples_per_s": 10.0}
     grouped = step_values({**record, "lrs": [0.1, 0.01]}, 10.0)
-    assert grouped == {"loss": 2.5, "lr": 0.1, "lr/group_0": 0.1, "lr/group_1": 0.01, "samples_per_s": 10.0}
+    assert grouped == {"loss": 2.5, "lr": 0.1, "lr_group_0": 0.1, "lr_group_1": 0.01, "samples_per_s": 10.0}
 
 
 # ---------------------------------------------------------------- the terminal's progress bar

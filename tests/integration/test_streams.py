@@ -77,7 +77,7 @@ def _assert_same_run(ref, resumed) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,loader_workers", [(1, 0), (1, 2), (2, 0), (2, 2)])
+@pytest.mark.parametrize("world,loader_workers", [(1, 0), (1, 2), (2, 0), pytest.param(2, 2, marks=pytest.mark.long)])
 def test_hf_streaming_corpus_resumes_bitwise(tmp_path, world, loader_workers):
     """A local JSONL corpus loaded with streaming=True, split per rank, shuffled through syncpoint's
     buffer, crossing a pass boundary (each rank's stream repeats): crashed after one state and

@@ -106,6 +106,8 @@ def test_trackers_across_a_crash_and_a_resubmission(tmp_path, tmp_path_factory):
     loss = [(m.step, m.value) for m in client.get_metric_history(held, "loss")]
     assert loss == [(s, history[s].loss) for s in range(1, 7)]  # each step once, monotonic, the reference's values
     assert [m.step for m in client.get_metric_history(held, "lr")] == list(range(1, 7))
+    for group in ("lr_group_0", "lr_group_1"):  # the example's two param groups, each its own metric
+        assert [m.step for m in client.get_metric_history(held, group)] == list(range(1, 7)), group
     assert [m.step for m in client.get_metric_history(held, "save/seconds")] == [2, 4, 6]
     assert mrun.data.params["train.grad_accum"] == "4" and mrun.data.params["name"] == spec.name
     assert mrun.data.params["train.report_to"] == '["tensorboard", "mlflow", "wandb"]'

@@ -68,7 +68,9 @@ def _user_objects(spec, name: str, rank: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers,zero,saving", [(1, 0, "sync"), (2, 0, "sync"), (2, 2, "async")])
+@pytest.mark.parametrize(
+    "workers,zero,saving", [(1, 0, "sync"), pytest.param(2, 0, "sync", marks=pytest.mark.long), (2, 2, "async")]
+)
 def test_user_state_resumes_exactly_on_every_rank(tmp_path, workers, zero, saving):
     """Crashed at micro-step 9 (mid-cycle, after the state at 6), resumed: the same losses and the same
     final state, every rank's user state included; each rank's state is its own."""
