@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
-from tests.integration.test_property import COMMON, check_resume_equals_uninterrupted, scenarios
+from tests.integration.test_property import (
+    COMMON,
+    _workdir,  # noqa: F401 - the module's work dir fixture, here too
+    check_resume_equals_uninterrupted,
+    scenarios,
+)
 
 SLOW_EXAMPLES = 200
 
