@@ -8,9 +8,10 @@ rank's saved stream state. ``.map`` tokenizes each document and crops it at a ra
 per example: syncpoint seeds every example's draw by its position), ``.with_format("torch")`` makes
 the tokens tensors, and the collate flips a few tokens at random (seeded per micro-batch).
 
-``shard_shuffle: true`` adds ``datasets``' shard-order shuffle (``.shuffle(seed, buffer_size=1)``, before
-the ``.map``: ``datasets`` reads the shuffled shards in threads, where a random draw could not be
-seeded by position), which resumes exactly without DataLoader workers.
+``shard_shuffle: true`` adds ``datasets``' ``.shuffle(seed, buffer_size)`` (``shuffle_buffer_size``,
+default 1: shard order only), before the ``.map``: ``datasets`` reads the shuffled shards in threads,
+where a random draw could not be seeded by position. It resumes exactly without DataLoader workers:
+``datasets`` keeps the shard order, syncpoint runs the buffer and saves it.
 
 ``task.config.streaming: false`` loads the same corpus as a map-style ``datasets.Dataset`` instead
 (no random crop: ``Dataset.map`` runs once, eagerly), which syncpoint orders and skips by index like
@@ -109,8 +110,10 @@ def build(config: dict) -> Task:
     )
     if streaming:
         ds = load_dataset(FORMATS[fmt][0], data_files=files, split="train", streaming=True)
-        if config.get("shard_shuffle"):  # datasets' shard-order shuffle, reseeded every pass (buffer_size=1: no buffer)
-            ds = ds.shuffle(seed=int(config.get("shard_shuffle_seed", 0)), buffer_size=1)
+        if config.get("shard_shuffle"):  # datasets' shuffle, reseeded every pass (its buffer: syncpoint's, saved)
+            ds = ds.shuffle(
+                seed=int(config.get("shard_shuffle_seed", 0)), buffer_size=int(config.get("shuffle_buffer_size", 1))
+            )
         ds = ds.map(partial(tokenize, seq_len=seq_len, crop=True), remove_columns=["text"])
     else:
         ds = load_dataset(

@@ -698,9 +698,9 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
             "data.stream.shuffle_buffer",
             have.shuffle_buffer,
             want["shuffle_buffer"],
-            "the stream's shuffle buffer differs (train.stream_shuffle_buffer): the state holds each "
-            "worker's buffer and its draws",
-            f"Restore train.stream_shuffle_buffer: {have.shuffle_buffer}, or start a new run.",
+            "the stream's shuffle buffer differs (train.stream_shuffle_buffer, or the buffer_size of the "
+            "stream's .shuffle): the state holds each worker's buffer and its draws",
+            f"Restore a buffer of {have.shuffle_buffer}, or start a new run.",
         )
     difference = _identity_difference(have.identity, want["identity"])
     if difference:
@@ -713,18 +713,24 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
 
 # Identity parts newer than some states: a state without one was written before syncpoint recorded
 # it, and is compared on the rest (what it never recorded cannot be told apart).
-LATER_IDENTITY_KEYS = frozenset({"functions"})
+LATER_IDENTITY_KEYS = frozenset({"functions", "shuffle"})
 
 
 def _identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | None:
     """The first part of two streams' identities that differs, in one phrase (a file by its place,
     a ``.map``/``.filter`` function by its pipeline step)."""
-    for key in sorted(set(have) | set(want)):
+    # the shuffle first: another seed also lists the data files in another order
+    for key in sorted(set(have) | set(want), key=lambda k: (k != "shuffle", k)):
         a, b = have.get(key), want.get(key)
         if a == b or (key in LATER_IDENTITY_KEYS and key not in have):
             continue
         if key == "functions" and isinstance(a, list) and isinstance(b, list):
             return _function_difference(a, b)
+        if key == "shuffle":
+            return (
+                "its .shuffle(seed=...) differs (another seed reads the shards and draws the buffer in another "
+                f"order: generator {_short(a)} in the state, {_short(b)} in this run)"
+            )
         if key == "files" and isinstance(a, list) and isinstance(b, list):
             for i in range(max(len(a), len(b))):
                 x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)

@@ -63,12 +63,13 @@ def counting_stream(config: dict) -> Task:
 
 
 def hf_buffer_shuffled(config: dict) -> Task:
-    """The datasets example with datasets' own buffer shuffle (refused: not exact)."""
+    """The datasets example with datasets' own ``.shuffle(seed, buffer_size)`` (syncpoint runs its buffer),
+    before the random ``.map``: datasets reads a shuffle's shards in threads, where a ``.map`` after it
+    draws unseeded."""
     from examples.stream_lm import build
 
-    task = build(config)
-    task.dataset = task.dataset.shuffle(seed=3, buffer_size=int(config.get("hf_buffer", 8)))
-    return task
+    seed, size = int(config.get("hf_shuffle_seed", 3)), int(config.get("hf_buffer", 8))
+    return build({**config, "shard_shuffle": True, "shard_shuffle_seed": seed, "shuffle_buffer_size": size})
 
 
 def hf_already_split(config: dict) -> Task:

@@ -235,16 +235,66 @@ def test_datasets_own_buffer_shuffle_does_not_resume_exactly(tmp_path):
     assert [x["id"] for _, x in zip(range(10), again, strict=False)] != rest
 
 
-def test_datasets_buffer_shuffle_is_refused_naming_the_exact_alternative(tmp_path):
+def test_datasets_buffer_shuffle_is_taken_over_by_syncpoints_buffer(tmp_path):
+    """A .shuffle(seed, buffer_size) keeps its shard-order part in datasets (buffer_size 1) and its buffer
+    moves to syncpoint's saved one, drawn from the shuffle's generator; preparing the same object again
+    (a restart in the same process) lifts the same buffer."""
+    from syncpoint.workers.data.stream import HF_BUFFER_SHUFFLE, _hf_pipeline
+
+    spec, task = _task("tests.stream_tasks:hf_buffer_shuffled", tmp_path / "corpus", "train.stream_shuffle_buffer=0")
+    first = prepare(spec, task.dataset, task.collate, 0, 1)
+    again = prepare(spec, task.dataset, task.collate, 0, 1)
+    (step,) = [s for s in _hf_pipeline(task.dataset) if type(s).__name__ == HF_BUFFER_SHUFFLE]
+    assert step.buffer_size == 1
+    for prepared in (first, again):
+        assert prepared.record["shuffle_buffer"] == 8 and prepared.stream.shuffle_buffer == 8
+    assert first.stream.shuffle_salt == again.stream.shuffle_salt and len(first.stream.shuffle_salt) == 2
+    assert first.record["identity"] == again.record["identity"] and len(first.record["identity"]["shuffle"]) == 1
+    other_seed = load_task_with(spec, lambda ds: ds.shuffle(seed=4, buffer_size=8))
+    assert (
+        prepare(spec, other_seed, task.collate, 0, 1).record["identity"]["shuffle"]
+        != first.record["identity"]["shuffle"]
+    )
+
+
+def load_task_with(spec, shuffled):
+    """The example's unshuffled stream, shuffled by ``shuffled``."""
+    from syncpoint.workers.task import load_task
+
+    return shuffled(load_task("examples.stream_lm:build", spec.task.config).dataset)
+
+
+def test_two_shuffle_buffers_are_refused_naming_both(tmp_path):
     spec, task = _task("tests.stream_tasks:hf_buffer_shuffled", tmp_path / "corpus")
-    with pytest.raises(TaskError) as e:
+    with pytest.raises(TaskError, match=r"train\.stream_shuffle_buffer: 5, and .*\.shuffle\(buffer_size=8\)"):
         prepare(spec, task.dataset, task.collate, 0, 1)
-    text = str(e.value)
-    assert re.search(
-        r"shuffled with a buffer \(\.shuffle\(buffer_size=8\)\).*not exact.*datasets#7444.*"
-        r"set train\.stream_shuffle_buffer: N instead",
-        text,
-    ), text
+    twice = load_task_with(spec, lambda ds: ds.shuffle(seed=1, buffer_size=4).shuffle(seed=2, buffer_size=6))
+    spec = with_overrides(spec, "train.stream_shuffle_buffer=0")
+    with pytest.raises(TaskError, match=r"shuffled with 2 buffers \(buffer_size 6, 4\).*keep one"):
+        prepare(spec, twice, task.collate, 0, 1)
+
+
+@pytest.mark.slow
+def test_datasets_buffer_shuffle_resumes_exactly_and_refuses_another_seed_or_size(tmp_path, caplog):
+    """The same .shuffle(seed, buffer_size) crashed and resumed is the uninterrupted run; it reads in
+    another order than the unshuffled stream; another seed or buffer size is refused at selection."""
+    corpus = tmp_path / "corpus"
+    overrides = ("task.path=tests.stream_tasks:hf_buffer_shuffled", "train.stream_shuffle_buffer=0")
+    ref = stream_spec(tmp_path / "ref", corpus, *overrides)
+    run(ref)
+    spec = stream_spec(tmp_path / "run", corpus, *overrides)
+    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
+    run(spec)
+    _assert_same_run(ref, spec)
+    assert trainer_json(spec, state_names(spec)[-1])["data"]["stream"]["shuffle_buffer"] == 8
+    assert "without the buffer content" not in caplog.text  # datasets' note: syncpoint's buffer is saved
+    unshuffled = stream_spec(tmp_path / "unshuffled", corpus, "train.stream_shuffle_buffer=0")
+    run(unshuffled)
+    assert _losses(unshuffled) != _losses(ref)
+    with pytest.raises(ResumeRefused, match=r"its \.shuffle\(seed=\.\.\.\) differs"):
+        run(with_overrides(spec, "train.max_steps=20", "task.config.hf_shuffle_seed=4"))
+    with pytest.raises(ResumeRefused, match=r"shuffle buffer differs .*Restore a buffer of 8"):
+        run(with_overrides(spec, "train.max_steps=20", "task.config.hf_buffer=16"))
 
 
 @pytest.mark.slow

@@ -23,8 +23,10 @@ global RNG and the stream's own generators seeded from (seed, rank, pass, DataLo
 so random augmentation in a ``.map`` or the collate is a function of the position, in whichever
 process runs it. ``train.stream_shuffle_buffer`` shuffles the examples through a buffer whose draws
 are derived the same way and whose content is part of the state, so a resume continues the same
-order; ``datasets``' own ``.shuffle(buffer_size)`` is refused: its state does not keep the buffer
-(huggingface/datasets#7444: a resume refills it with other examples).
+order. A ``datasets`` stream's own ``.shuffle(seed, buffer_size)`` is run by that buffer
+(``lift_hf_buffer``): ``datasets`` keeps no buffer content in its state (huggingface/datasets#7444:
+a resume refills it with other examples), so syncpoint takes the buffer over, draws it from the
+shuffle's own generator, and leaves ``datasets`` the shard-order part, which it resumes exactly.
 
 The rank's position (``StreamSource.capture``) is its pass number and torchdata's
 ``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
@@ -36,6 +38,7 @@ world size or another ``train.dataloader_workers`` (``syncpoint.policies.candida
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -87,8 +90,12 @@ def prepare(
             "'syncpoint[datasets]', or torchdata==0.11.*)"
         ) from None
     train = spec.train
+    buffer, shuffle_seed = train.stream_shuffle_buffer, None
     if hf_iterable(dataset):
         _check_hf(spec, dataset)
+        lifted = lift_hf_buffer(spec, dataset)
+        if lifted is not None:
+            buffer, shuffle_seed = lifted.buffer_size, lifted.seed
         from datasets.distributed import split_dataset_by_node
 
         source, own = "huggingface", split_dataset_by_node(dataset, rank=rank, world_size=world_size)
@@ -100,7 +107,7 @@ def prepare(
         "source": source,
         "identity": identity,
         "dataloader_workers": train.dataloader_workers,
-        "shuffle_buffer": train.stream_shuffle_buffer,
+        "shuffle_buffer": buffer,
     }
     stream = RankStream(
         own,
@@ -108,7 +115,8 @@ def prepare(
         rank=rank,
         micro_batch_size=train.micro_batch_size,
         collate=collate,
-        shuffle_buffer=train.stream_shuffle_buffer,
+        shuffle_buffer=buffer,
+        shuffle_seed=shuffle_seed,
     )
     return PreparedStream(
         stream, record, stream_layout(train.micro_batch_size, train.grad_accum, world_size, train.stream_epoch_steps)
@@ -184,33 +192,102 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
             f"task.path: {spec.task.path!r} returned a datasets.IterableDataset already split with "
             "split_dataset_by_node: return the whole stream; syncpoint splits it per rank"
         )
-    for step in _hf_pipeline(dataset):
-        if type(step).__name__ != HF_BUFFER_SHUFFLE:
-            continue
-        size = getattr(step, "buffer_size", 0)
-        if size > 1:
-            raise TaskError(
-                f"task.path: {spec.task.path!r} returned a datasets.IterableDataset shuffled with a buffer "
-                f"(.shuffle(buffer_size={size})): datasets saves no buffer content in its state_dict, so a resume "
-                "refills it with other examples and is not exact (huggingface/datasets#7444). Remove the "
-                ".shuffle(...) and set train.stream_shuffle_buffer: N instead (syncpoint's buffer shuffle, reseeded "
-                "every pass and saved with every state); .shuffle(seed=S, buffer_size=1) keeps only datasets' "
-                "shard-order shuffle, which resumes exactly with train.dataloader_workers: 0"
-            )
-        if spec.train.dataloader_workers:
-            raise TaskError(
-                f"task.path: {spec.task.path!r} returned a datasets.IterableDataset with .shuffle(...): with "
-                f"train.dataloader_workers: {spec.train.dataloader_workers} its saved state fails to load "
-                "(datasets 5.2 writes each worker's shuffled state in a form its load_state_dict cannot read back). "
-                "Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
-                "shuffle), or set train.dataloader_workers: 0"
-            )
+    if spec.train.dataloader_workers and _hf_buffer_steps(dataset):
+        raise TaskError(
+            f"task.path: {spec.task.path!r} returned a datasets.IterableDataset with .shuffle(...): with "
+            f"train.dataloader_workers: {spec.train.dataloader_workers} its saved state fails to load "
+            "(datasets 5.2 writes each worker's shuffled shard order in a form its load_state_dict cannot read "
+            "back). Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
+            "shuffle, which works with workers), or set train.dataloader_workers: 0"
+        )
+
+
+def _hf_buffer_steps(dataset: Any) -> list[Any]:
+    """The ``.shuffle(...)`` steps of a ``datasets`` stream (``BufferShuffledExamplesIterable``)."""
+    return [step for step in _hf_pipeline(dataset) if type(step).__name__ == HF_BUFFER_SHUFFLE]
+
+
+@dataclass(frozen=True)
+class LiftedBuffer:
+    """A ``datasets`` ``.shuffle(seed, buffer_size)``'s buffer, run by ``RankStream`` instead."""
+
+    buffer_size: int
+    seed: int  # drawn from the shuffle's own generator: another .shuffle(seed=...) is another order
+
+
+def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
+    """Take a ``datasets`` stream's shuffle buffer over (None when it has none larger than one).
+
+    Why: ``datasets``' state holds no buffer content (huggingface/datasets#7444), so its own buffer
+    cannot resume exactly; syncpoint's buffer is saved with every state. The step keeps its shard-
+    order shuffle (its ``buffer_size`` becomes 1, which ``datasets`` resumes exactly); the buffer
+    moves to the end of the pipeline, after any later ``.map``/``.filter`` (a per-example step draws
+    the same examples either way), and its draws come from the step's generator and the position. The
+    step is changed in place and remembers what it had, so a second ``prepare`` of the same object
+    (a restart in the same process) lifts the same buffer."""
+    steps = [s for s in _hf_buffer_steps(dataset) if _buffer_of(s) > 1]
+    if not steps:
+        return None
+    where = f"task.path: {spec.task.path!r} returned a datasets.IterableDataset"
+    if len(steps) > 1:
+        sizes = ", ".join(str(_buffer_of(s)) for s in steps)
+        raise TaskError(
+            f"{where} shuffled with {len(steps)} buffers (buffer_size {sizes}): syncpoint runs a stream's shuffle "
+            "buffer itself, once, at the end of the pipeline; keep one .shuffle(seed, buffer_size)"
+        )
+    if spec.train.stream_shuffle_buffer > 1:
+        raise TaskError(
+            f"train.stream_shuffle_buffer: {spec.train.stream_shuffle_buffer}, and {where} shuffled with a buffer "
+            f"(.shuffle(buffer_size={_buffer_of(steps[0])})): one shuffle buffer per stream; remove "
+            "train.stream_shuffle_buffer or the .shuffle(...)"
+        )
+    step = steps[0]
+    _quiet_empty_buffer_note()
+    lifted = getattr(step, "_syncpoint_lifted", None)
+    if not isinstance(lifted, LiftedBuffer):
+        lifted = LiftedBuffer(int(step.buffer_size), _generator_seed(step.generator))
+        step._syncpoint_lifted = lifted
+        step.buffer_size = 1
+    return lifted
+
+
+# datasets warns at every resume that its buffer's content was not saved; the lifted buffer holds one
+# example at a time (none between draws), and syncpoint's own buffer is saved
+HF_EMPTY_BUFFER_NOTE = "Loading a state dict of a shuffle buffer of a dataset without the buffer content."
+
+
+class _DropEmptyBufferNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(HF_EMPTY_BUFFER_NOTE)
+
+
+def _quiet_empty_buffer_note() -> None:
+    logger = logging.getLogger("datasets.iterable_dataset")
+    if not any(isinstance(f, _DropEmptyBufferNote) for f in logger.filters):
+        logger.addFilter(_DropEmptyBufferNote())
+
+
+def _buffer_of(step: Any) -> int:
+    lifted = getattr(step, "_syncpoint_lifted", None)
+    return lifted.buffer_size if isinstance(lifted, LiftedBuffer) else int(getattr(step, "buffer_size", 0) or 0)
+
+
+def _generator_seed(generator: Any) -> int:
+    """A 63-bit number naming a NumPy generator's state, drawn from a copy (the generator is left as it was)."""
+    import copy
+
+    import numpy as np
+
+    if not isinstance(generator, np.random.Generator):
+        return 0
+    return int(copy.deepcopy(generator).integers(0, 1 << 63))
 
 
 def hf_identity(dataset: Any) -> dict[str, Any]:
     """What names a ``datasets`` stream: its builder, config and split, its shards, its data files
     (name and size, in order: a changed, added or removed file is another stream; the directory they
-    lie in may move), the steps of its pipeline (a changed pipeline has another state layout), and
+    lie in may move), the steps of its pipeline (a changed pipeline has another state layout), each
+    ``.shuffle``'s seed (another seed reads the shards in another order), and
     what each ``.map``/``.filter`` step computes (a changed function makes other examples at the
     same position: ``syncpoint.workers.data.function_identity``)."""
     info = getattr(dataset, "info", None)
@@ -229,6 +306,7 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
         "files": files,
         "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)],
         "functions": _hf_functions(dataset),
+        "shuffle": [_generator_seed(step.generator) for step in _hf_buffer_steps(dataset)],
     }
 
 
@@ -326,9 +404,12 @@ class RankStream(torch.utils.data.IterableDataset):
         micro_batch_size: int,
         collate: Callable[[list[Any]], Any] | None,
         shuffle_buffer: int,
+        shuffle_seed: int | None = None,
     ) -> None:
         self.inner, self.seed, self.rank = inner, seed, rank
         self.micro_batch_size, self.shuffle_buffer = micro_batch_size, shuffle_buffer
+        # a lifted datasets .shuffle's own seed joins the buffer's draws (None: train.stream_shuffle_buffer)
+        self.shuffle_salt = (STREAM_SHUFFLE_SALT,) if shuffle_seed is None else (STREAM_SHUFFLE_SALT, shuffle_seed)
         self.collate = SeededCollate(collate)
         self.generators = DataGenerators(inner, "dataset")
         # shared memory: DataLoader workers live across passes and read the pass the loop set
@@ -413,7 +494,7 @@ class RankStream(torch.utils.data.IterableDataset):
             buffer.append(example)
         if not buffer:
             return _END
-        j = derive_seed(*key, STREAM_SHUFFLE_SALT, p["taken"]) % len(buffer)
+        j = derive_seed(*key, *self.shuffle_salt, p["taken"]) % len(buffer)
         p["taken"] += 1
         buffer[j], buffer[-1] = buffer[-1], buffer[j]
         return buffer.pop()

@@ -6,11 +6,16 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("loader_workers", [0, 2])
-def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_workers):
+@pytest.mark.parametrize(
+    "loader_workers,shuffle",
+    [(0, "syncpoint"), (2, "syncpoint"), (0, "datasets")],
+    ids=["buffer-0-workers", "buffer-2-workers", "datasets-shuffle"],
+)
+def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_workers, shuffle):
     """``syncpoint drill`` on the streaming example (2 Ray Train workers): a crash after micro-step 9
     and a SIGTERM after 20 (a pass is 12 micro-batches per rank), and the interrupted run is the
-    uninterrupted one, loss by loss and digest for digest."""
+    uninterrupted one, loss by loss and digest for digest. Shuffled by ``train.stream_shuffle_buffer``,
+    or by the stream's own ``.shuffle(seed, buffer_size)`` (its buffer run by syncpoint)."""
     import os
     import subprocess
     import sys
@@ -26,10 +31,13 @@ def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_worker
         "train.micro_batch_size=2",
         "train.grad_accum=2",
         "train.max_steps=14",
-        "train.stream_shuffle_buffer=5",
         f"train.dataloader_workers={loader_workers}",
         "checkpoint.save_every={value: 3, unit: optimizer_steps}",
     ]
+    if shuffle == "syncpoint":
+        sets.append("train.stream_shuffle_buffer=5")
+    else:
+        sets += ["train.stream_shuffle_buffer=0", "task.config.shard_shuffle=true", "task.config.shuffle_buffer_size=6"]
     cmd = [
         sys.executable,
         "-m",
