@@ -9,6 +9,7 @@ import tempfile
 import time
 
 from syncpoint.workers.storage.lease import LEASE_MAX_BYTES
+from tests.meta import trainer_for
 
 JOB = "job-identity"
 
@@ -43,7 +44,9 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     """
     import torch.distributed as dist
 
+    from syncpoint.policies.candidates import Expectation
     from syncpoint.policies.errors import LeaseLostError, LeaseRefused
+    from syncpoint.policies.state_format import TrainState
     from syncpoint.workers.faults import Faults
     from syncpoint.workers.launch import free_port
     from syncpoint.workers.state.writer import Snapshot, commit_snapshot, state_name
@@ -73,7 +76,8 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
                 lease.stop()  # the driver stalls past its TTL (a pause, a partition) ...
                 time.sleep(stall_s)  # ... and wakes up to commit again
             step = first_step + i
-            trainer = {"optimizer_step": step, "global_micro_step": step}
+            exp = Expectation(JOB, 1, 1, 1, 10**6, 1, "f", 0, precision="fp32")
+            trainer = TrainState.model_validate(trainer_for(step, exp))
             snap = Snapshot(state_name(step), tempfile.mkdtemp(), b"", trainer, time.perf_counter())
             commit_snapshot(storage, snap, Faults([], storage, 0), lease)
             committed.append(step)

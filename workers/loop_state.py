@@ -88,7 +88,7 @@ def trainer_record(
     loss: float,
     sampler: str,
     evaluated: dict[str, float] | None = None,
-) -> dict[str, Any]:
+) -> TrainState:
     """``trainer.json``: the position, the identity selection compares, which param-group keys are
     the optimizer's running state, the sampler the run orders its epochs with, and why this state
     was saved; ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for
@@ -126,4 +126,4 @@ def trainer_record(
         attempt=attempt.number,
         submission=attempt.submission_id,  # a restart of this submission continues from its own states
         created_at=time.time(),
-    ).record()
+    )

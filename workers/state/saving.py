@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -23,7 +23,7 @@ from syncpoint.policies.errors import LeaseLostError, TaskError
 from syncpoint.policies.journal import StateCommitted
 from syncpoint.policies.retention import plan_retention
 from syncpoint.policies.save_triggers import PendingSave
-from syncpoint.policies.state_format import STATES_DIR, stream_file, user_file
+from syncpoint.policies.state_format import STATES_DIR, TrainState, stream_file, user_file
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
 from syncpoint.workers.data.stream_state import StreamStateError
@@ -82,7 +82,7 @@ class SaveCoordinator:
     def at_boundary(
         self,
         pending: PendingSave,
-        trainer_record: Callable[[list[str]], dict[str, Any]],
+        trainer_record: Callable[[list[str]], TrainState],
         agreed: BoundaryVote,
         *,
         last: bool,

@@ -31,6 +31,7 @@ from syncpoint.policies.state_format import (
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
+    TrainState,
     buffers_file,
     json_bytes,
     rng_file,
@@ -64,7 +65,7 @@ class Snapshot:
     name: str
     staging: str
     rng_bytes: bytes
-    trainer: dict[str, Any]  # the trainer.json object (``syncpoint.policies.state_format.TrainState.record``)
+    trainer: TrainState  # trainer.json (``json_bytes(trainer.record())`` is what rank 0 writes)
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
@@ -101,7 +102,7 @@ def staging_root() -> str | None:
 
 def take_snapshot(
     engine: DeepSpeedEngine,
-    trainer: dict[str, Any],
+    trainer: TrainState,
     faults: Faults,
     full_optimizer_state: bool = False,
     *,
@@ -119,7 +120,7 @@ def take_snapshot(
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
-    name = state_name(trainer["global_micro_step"])
+    name = state_name(trainer.global_micro_step)
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
     ce = install(engine)
     written: dict[str, dict[str, Any]] = {}
@@ -141,7 +142,7 @@ def take_snapshot(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     # the record says whether the state carries per-rank buffers (``required_files`` then needs them)
-    mine = buffers.capture(engine.module) if trainer.get("per_rank_buffers") else None
+    mine = buffers.capture(engine.module) if trainer.per_rank_buffers else None
     snap = Snapshot(
         name,
         staging,
@@ -228,7 +229,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     for part in gathered:
         files.update(part or {})
     if rank == 0:
-        trainer_bytes = json_bytes(snap.trainer)
+        trainer_bytes = json_bytes(snap.trainer.record())
         storage.write_bytes(trainer_bytes, STATES_DIR, snap.name, TRAINER_FILE)
         files[TRAINER_FILE] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
         faults.at_phase("before_manifest")
@@ -246,7 +247,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
             }
         ).record()
         if snap.signing_key is not None:
-            manifest[BINDING] = binding_of(storage.url, snap.name, snap.trainer["job_identity"])
+            manifest[BINDING] = binding_of(storage.url, snap.name, snap.trainer.job_identity)
             manifest = sign(manifest, snap.signing_key)
         data = json_bytes(manifest)
         faults.during_manifest(storage, data, STATES_DIR, snap.name, MANIFEST_FILE)
@@ -258,7 +259,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     end = time.perf_counter()
     return SaveResult(
         name=snap.name,
-        optimizer_step=snap.trainer["optimizer_step"],
+        optimizer_step=snap.trainer.optimizer_step,
         bytes=sum(f["size"] for f in files.values()),
         seconds=end - snap.started,
         blocked_seconds=snap.blocked + (end - t0),
@@ -367,9 +368,9 @@ class StateWriter:
     def uploading(self) -> bool:
         return self.upload.uploading()
 
-    def save(self, trainer: dict[str, Any], *, rank_files: Mapping[str, bytes] | None = None) -> SaveResult:
+    def save(self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None) -> SaveResult:
         """A synchronous save: every phase before training continues."""
-        self._claim(state_name(trainer["global_micro_step"]))
+        self._claim(state_name(trainer.global_micro_step))
         snap = take_snapshot(
             self.engine,
             trainer,
@@ -385,10 +386,10 @@ class StateWriter:
         snap.blocked += time.perf_counter() - t0
         return commit_snapshot(self.storage, snap, self.faults, self.lease)
 
-    def save_in_background(self, trainer: dict[str, Any], *, rank_files: Mapping[str, bytes] | None = None) -> None:
+    def save_in_background(self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None) -> None:
         """An asynchronous save: claim and stage now, upload in a background thread; the commit
         waits for :meth:`commit_in_flight`."""
-        self._claim(state_name(trainer["global_micro_step"]))
+        self._claim(state_name(trainer.global_micro_step))
         self.upload.start(
             take_snapshot(
                 self.engine,
