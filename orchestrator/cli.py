@@ -33,19 +33,34 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     spec = _load(args)
-    check_imports(spec, args.job)
+    facts = check_imports(spec, args.job)
     print(spec_to_json(spec))
-    print(f"syncpoint: note: {OPTIMIZER_NOTE}", file=sys.stderr)  # stdout stays the spec's JSON
+    note = optimizer_note(str(facts.get("task.path", {}).get("optimizer", "unknown")))
+    if note:
+        print(f"syncpoint: note: {note}", file=sys.stderr)  # stdout stays the spec's JSON
     return 0
 
 
-# validate prints every field, also those a Task.optimizer makes unused: said once, not guessed (only
-# building the task would tell, and validate builds nothing)
+# validate prints every field, also those a Task.optimizer makes unused. Whether the task sets one is
+# read from its builder's source (validate builds nothing: syncpoint.orchestrator.import_check).
 OPTIMIZER_NOTE = (
     "train.lr and train.optimizer build the optimizer only for a task without Task.optimizer; a "
     "Task.optimizer's param groups carry their own lr and settings instead, and train.scheduler scales "
     "each group's lr (the workers say which one is in effect)"
 )
+
+
+def optimizer_note(site: str) -> str | None:
+    """What validate says of train.lr/train.optimizer: not in effect where the task's builder sets
+    Task.optimizer (``site`` "at file:line"), nothing where it builds a Task without one ("none"),
+    the general rule where its source does not tell ("unknown")."""
+    if site.startswith("at "):
+        return (
+            f"train.lr and train.optimizer (its type, weight_decay, betas, no_decay) are not in effect: the task "
+            f"sets Task.optimizer ({site}), whose param groups carry their own lr and settings; train.scheduler "
+            "still scales each group's lr"
+        )
+    return None if site == "none" else OPTIMIZER_NOTE
 
 
 def cmd_k8s(args: argparse.Namespace) -> int:
@@ -90,16 +105,19 @@ def prepare_run(spec: JobSpec, source: str) -> JobSpec:
     return spec
 
 
-def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> None:
+def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> dict[str, dict]:
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
     ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
     resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path,
-    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.trackers``)."""
+    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.trackers``).
+    Returns each path's result (``task.path``'s says where its builder sets ``Task.optimizer``)."""
     from syncpoint.workers.trackers import tracker_problems
 
-    problems = import_problems(import_paths(spec), base_dir) + tracker_problems(spec)
+    facts: dict[str, dict] = {}
+    problems = import_problems(import_paths(spec), base_dir, facts) + tracker_problems(spec)
     if problems:
         raise SpecError(source, problems)
+    return facts
 
 
 def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
@@ -116,14 +134,16 @@ def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
     return paths
 
 
-def import_problems(paths: list[tuple[str, str]], base_dir: str | None = None) -> list[str]:
+def import_problems(
+    paths: list[tuple[str, str]], base_dir: str | None = None, facts: dict[str, dict] | None = None
+) -> list[str]:
     """One paragraph per import path that does not resolve where the workers look: ``base_dir``
     (default the working directory, which the driver puts first on the workers' PYTHONPATH), then the
     installed packages. Each module is imported in a child Python, bounded in time
     (``syncpoint.orchestrator.import_check``), never in this process. ``syncpoint submit`` runs this on the cluster."""
     from syncpoint.orchestrator.import_check import resolve_problems
 
-    return resolve_problems(paths, os.path.abspath(base_dir or os.getcwd()))
+    return resolve_problems(paths, os.path.abspath(base_dir or os.getcwd()), facts=facts)
 
 
 def _check_storage(spec: JobSpec) -> None:

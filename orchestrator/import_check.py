@@ -84,7 +84,39 @@ for i, (field, path, kind) in enumerate(paths):
         ok = inspect.isfunction(obj)
     else:
         ok = isinstance(obj, type) and inspect.isfunction(getattr(obj, kind, None))
-    emit(i=i, ok=True) if ok else emit(i=i, wrong_kind=kind_of(obj))
+    if not ok:
+        emit(i=i, wrong_kind=kind_of(obj))
+    elif field == "task.path":
+        emit(i=i, ok=True, optimizer=optimizer_site(obj))
+    else:
+        emit(i=i, ok=True)
+"""
+
+# Whether a task builder sets Task.optimizer, read from its source (validate builds nothing): "at
+# file:line" where it passes optimizer= to Task(...) or assigns .optimizer; "none" where it builds a
+# Task(...) without one; "unknown" where its source does not tell (no source, the Task built elsewhere).
+CHILD_OPTIMIZER_SITE = r"""
+import ast, textwrap
+def optimizer_site(fn):
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        name = os.path.relpath(inspect.getsourcefile(fn) or "?", base)
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return "unknown"
+    builds = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            builds = builds or callee == "Task"
+            for kw in node.keywords:
+                if kw.arg == "optimizer" and not (isinstance(kw.value, ast.Constant) and kw.value.value is None):
+                    return f"at {name}:{first + kw.value.lineno - 1}"
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr == "optimizer":
+                return f"at {name}:{first + t.lineno - 1}"
+    return "none" if builds else "unknown"
 """
 
 
@@ -103,9 +135,12 @@ def timeout_s() -> float:
     return value if value > 0 else DEFAULT_TIMEOUT_S
 
 
-def resolve_problems(paths: list[tuple[str, str]], base: str, bound_s: float | None = None) -> list[str]:
+def resolve_problems(
+    paths: list[tuple[str, str]], base: str, bound_s: float | None = None, facts: dict[str, dict] | None = None
+) -> list[str]:
     """One paragraph per path that does not resolve to an object of its field's kind (see the module
-    docstring), in the order given; empty when every path resolves."""
+    docstring), in the order given; empty when every path resolves. ``facts``, when given, receives
+    each field's result (``task.path``'s ``optimizer``: where its builder sets ``Task.optimizer``)."""
     bound = timeout_s() if bound_s is None else bound_s
     results: dict[int, dict] = {}
     todo = list(range(len(paths)))
@@ -121,12 +156,14 @@ def resolve_problems(paths: list[tuple[str, str]], base: str, bound_s: float | N
         for j, result in done.items():
             results[todo[j]] = result
         todo = [i for j, i in enumerate(todo) if j not in done]  # those after a hang, in a fresh child
+    if facts is not None:
+        facts.update({field: results[i] for i, (field, _) in enumerate(paths)})
     return [p for i, (field, path) in enumerate(paths) if (p := _problem(field, path, base, bound, results[i]))]
 
 
 def _start(paths: list[tuple[str, str, str]], base: str) -> _Child:
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, base, json.dumps(paths), MARK],
+        [sys.executable, "-c", CHILD_OPTIMIZER_SITE + CHILD, base, json.dumps(paths), MARK],
         cwd=base,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -15,8 +15,8 @@ README = "README.md"
 # The sections whose commands the tests run, and the page that holds each: tests/integration/test_docs.py checks
 # that every one is still there, with a ```bash block.
 SECTIONS = {
-    "## Quick start": README,  # tests/integration/test_first_hour.py
-    "# Deploy with `ray job submit`": "docs/deploy/ray.md",  # tests/integration/test_readme_commands.py
+    "## Quick start": README,  # tests/ray/test_first_hour.py
+    "# Deploy with `ray job submit`": "docs/deploy/ray.md",  # tests/ray/test_readme_commands.py
 }
 
 

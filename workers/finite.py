@@ -10,6 +10,13 @@ Why counted at the boundary from agreed values: the agreed loss (every rank's cy
 in the boundary vote) and the agreed skipped-update count are the same on every rank, so every rank
 counts the same streak and raises at the same boundary (none is left waiting in a collective). The
 streak (``train.max_nonfinite_steps``) is not saved with a state: a resumed attempt counts afresh.
+
+Why a skipped update with a finite loss may not count: fp16's dynamic loss scaler starts high (2^16
+by default) and finds its scale by overflowing, skipping an update and halving (with hysteresis,
+up to ~32 skips before it reaches its minimum), so a healthy fp16 run can skip more steps in a row
+early on than the limit allows. While the scaler can still lower its scale, such a skip is the
+scaler calibrating: it neither counts nor ends a streak. At its minimum scale, or with a static
+scale, a skip counts; a non-finite loss always counts.
 """
 
 from __future__ import annotations
@@ -33,10 +40,15 @@ class NonfiniteSteps:
         self.limit, self.streak = limit, 0
         self.first: tuple[int, int, str] | None = None  # (optimizer step, micro-step, what happened there)
 
-    def observe(self, *, loss: float, skipped: bool, optimizer_step: int, micro_step: int) -> str | None:
-        """Take one optimizer step's agreed facts; the reason to stop when the streak reached the limit."""
+    def observe(
+        self, *, loss: float, skipped: bool, optimizer_step: int, micro_step: int, calibrating: bool = False
+    ) -> str | None:
+        """Take one optimizer step's agreed facts; the reason to stop when the streak reached the limit.
+        ``calibrating``: the loss scaler could still lower its scale (the module docstring)."""
         if math.isfinite(loss) and not skipped:
             self.streak, self.first = 0, None
+            return None
+        if math.isfinite(loss) and calibrating:
             return None
         self.streak += 1
         if self.first is None:
@@ -55,6 +67,16 @@ class NonfiniteSteps:
             "set train.gradient_clipping, and check the data and Task.loss for inf/NaN; no non-finite state was "
             "committed, so the newest committed state is from before it"
         )
+
+
+def scaler_calibrating(engine: DeepSpeedEngine) -> bool:
+    """Whether the engine's loss scaler is dynamic and above its minimum scale (the same on every
+    rank: DeepSpeed agrees overflow across ranks before it updates the scale)."""
+    scaler = getattr(getattr(engine, "optimizer", None), "loss_scaler", None)
+    if scaler is None or not getattr(scaler, "dynamic", False):
+        return False
+    scale, floor = getattr(scaler, "cur_scale", None), getattr(scaler, "min_scale", None)
+    return isinstance(scale, (int, float)) and isinstance(floor, (int, float)) and scale > floor
 
 
 def tensors_finite(engine: DeepSpeedEngine) -> bool:

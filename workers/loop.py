@@ -57,7 +57,7 @@ from syncpoint.workers.evaluation import Evaluation, check_task
 from syncpoint.workers.events import EventLog, skipped_line
 from syncpoint.workers.failure_site import annotate
 from syncpoint.workers.faults import Faults
-from syncpoint.workers.finite import NonfiniteSteps
+from syncpoint.workers.finite import NonfiniteSteps, scaler_calibrating
 from syncpoint.workers.heartbeat import Heartbeat
 from syncpoint.workers.integrity.signing import load_key
 from syncpoint.workers.loop_state import LoopState, step_record, trainer_record
@@ -484,6 +484,7 @@ class TrainingLoop:
             skipped=bool(agreed.skipped_updates),
             optimizer_step=at.optimizer_step,
             micro_step=at.global_micro_step,
+            calibrating=scaler_calibrating(self.engine),
         )
         if diverged:
             self.progress.flush()

@@ -59,6 +59,15 @@ def test_every_section_the_command_tests_run_is_there_with_its_commands():
     assert commands(bash_blocks("# Deploy with `ray job submit`")[0])[-1] == "ray stop"
 
 
+def test_the_getting_started_pages_commands_are_the_readmes_that_the_quick_start_test_runs():
+    """docs/getting-started.md repeats the README's quick start for the site: its ```bash blocks must be
+    exactly the README's (tests/ray/test_first_hour.py runs those as written), so neither drifts."""
+    readme = [commands(b) for b in bash_blocks("## Quick start")]
+    page = "docs/getting-started.md"
+    site = [commands(b) for b in bash_blocks("## Quick start", page) + bash_blocks("## What the run left behind", page)]
+    assert site and all(block in readme for block in site), (site, readme)
+
+
 def test_the_readme_is_a_short_card():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 
