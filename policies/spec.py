@@ -643,7 +643,13 @@ class CheckpointSpec(_Strict):
         False,
         description=("Also delete mid-cycle, corrupt and incompatible states older than the newest resumable one."),
     )
-    export_final: bool = Field(True, description="Write the final model to <run>/final/model.safetensors.")
+    export_final: bool = Field(
+        True,
+        description=(
+            "Write the final model to <run>/final/model.safetensors (a transformers model: its save_pretrained "
+            "directory, which from_pretrained loads)."
+        ),
+    )
     async_save: bool = Field(
         False,
         alias="async",
@@ -812,8 +818,10 @@ class ResumeSpec(_Strict):
         None,
         max_length=MAX_PATH_CHARS,
         description=(
-            "A state URL, or a run directory (its newest committed state), to take weights from: fine-tuning. Never "
-            "its position, RNG or data position; once this run has its own resumable state, that wins."
+            "A state URL, a run directory (its newest committed state), or a Hugging Face save_pretrained directory "
+            "(config.json and safetensors weights: a local copy of a hub model, another run's final/) to take "
+            "weights from: fine-tuning. Never its position, RNG or data position; once this run has its own "
+            "resumable state, that wins."
         ),
     )
     init_optimizer: bool = Field(False, description="With init_from: also import optimizer state.")

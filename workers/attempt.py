@@ -39,6 +39,8 @@ class Attempt:
     signing_key: bytes | None = None
     restart: bool = False  # rank 0: an earlier attempt of this submission already started
     stateful: Mapping[str, Any] = field(default_factory=dict)  # Task.stateful: saved and restored with every state
+    # resume.init_from as a pretrained directory, loaded before DeepSpeed (syncpoint.workers.state.pretrained)
+    pretrained: Any = None
 
     @property
     def run_length(self) -> RunLength:

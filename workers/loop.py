@@ -69,6 +69,7 @@ from syncpoint.workers.schedule import Schedule
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.checkpoint_engine import install as install_streaming
 from syncpoint.workers.state.export import export_final
+from syncpoint.workers.state.pretrained import load_pretrained_init
 from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_resume
 from syncpoint.workers.state.saving import SaveCoordinator
 from syncpoint.workers.state.writer import SaveResult
@@ -152,6 +153,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         )
     )
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
+    # a pretrained directory as init_from loads into the module before DeepSpeed copies and partitions it
+    pretrained = load_pretrained_init(spec.resume.init_from, task.model)
     engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     streaming = install_streaming(engine)  # saves stream through it; a refused config fails now
@@ -197,6 +200,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         signing_key,
         restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
         stateful=task.stateful,
+        pretrained=pretrained,
     )
     for line in unreproducible:
         attempt.warn(line)

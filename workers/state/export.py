@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from syncpoint.policies.state_format import STATES_DIR, ZERO3_MODEL, ZERO_OPTIM
+from syncpoint.workers.state.pretrained import is_pretrained_model, upload_pretrained
 from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
 
 def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any]) -> None:
     """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model. Both go
-    through storage, which never writes through a planted link (it replaces it, with a warning).
+    through storage, which never writes through a planted link (it replaces it, with a warning). A
+    ``transformers.PreTrainedModel`` is exported as its ``save_pretrained`` directory instead
+    (``syncpoint.workers.state.pretrained``: config, weights, generation config).
 
     Its buffers are rank 0's (persistent ones, as ``state_dict`` holds them): DeepSpeed does not
     sync buffers, so each rank's differ; every rank's lie in the final state's ``buffers/``."""
@@ -44,6 +47,10 @@ def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, A
         tensors = zero3_state_from_storage(storage, info["state"])
     else:
         tensors = {k: v.detach().cpu().clone().contiguous() for k, v in engine.module.state_dict().items()}
+    if is_pretrained_model(engine.module):  # a transformers model: its own save_pretrained layout
+        upload_pretrained(storage, engine.module, tensors)
+        storage.write_bytes(json.dumps(info, indent=1).encode(), "final", "info.json")
+        return
     with tempfile.TemporaryDirectory(prefix="syncpoint-export-") as d:
         path = os.path.join(d, "model.safetensors")
         save_file(tensors, path, metadata={k: str(v) for k, v in info.items()})

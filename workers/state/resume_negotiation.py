@@ -47,6 +47,7 @@ from syncpoint.workers.position import RunLength, TrainingPosition
 from syncpoint.workers.schedule import horizon_changed, resume_position
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover, discover_lazy, read_candidate
+from syncpoint.workers.state.pretrained import PretrainedInit
 from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
 from syncpoint.workers.storage import RunStorage
 
@@ -510,6 +511,9 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
     url = spec.resume.init_from
     if not url:
         return
+    if attempt.pretrained is not None:
+        _take_pretrained(attempt, attempt.pretrained)
+        return
     base, sep, _ = url.rstrip("/").rpartition("/states/")
     source = RunStorage(base if sep else url)
     key = load_key(spec.resume.init_from_signing_key_env, "resume.init_from_signing_key_env") or load_key(
@@ -533,6 +537,45 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
         fetched.cleanup()
     attempt.say(
         f"init_from {redact_url(source.url)}/states/{name}: weights imported; schedule, RNG and data start fresh"
+    )
+
+
+def _take_pretrained(attempt: Attempt, pretrained: PretrainedInit) -> None:
+    """The pretrained directory loaded before DeepSpeed (``syncpoint.workers.state.pretrained``) is what
+    this attempt starts from: refused when it could not be read or does not fit, when the spec also
+    asks for optimizer state (it has none), or, on a later attempt, when its bytes changed since the
+    run first took it (rank 0 checks the journal; every rank raises the same refusal)."""
+    shown = redact_url(pretrained.url)
+    error = pretrained.error
+    if error is None and attempt.spec.resume.init_optimizer:
+        error = (
+            f"resume.init_optimizer: {shown} is a pretrained model directory, which holds weights only; set "
+            "resume.init_optimizer: false, or init_from a run's state"
+        )
+    if error is None and attempt.rank == 0 and attempt.events is not None and pretrained.sha256:
+        starts_over = attempt.spec.resume.policy == "fresh" and not attempt.restart
+        recorded = None if starts_over else attempt.events.journal().init_from(shown)
+        if recorded is None:
+            attempt.events.emit(
+                InitFromResolved(
+                    attempt=attempt.number,
+                    init_from=shown,
+                    source_state="pretrained",
+                    manifest_sha256=pretrained.sha256,
+                )
+            )
+        elif recorded.manifest_sha256 != pretrained.sha256:
+            error = (
+                f"resume.init_from: {shown}, the pretrained model this run took at attempt {recorded.attempt}, changed "
+                f"since (sha256 {recorded.manifest_sha256[:16]}... then, {pretrained.sha256[:16]}... now). The run's "
+                "first attempts started from the old weights; restore them, or start the fine-tune again as a new run"
+            )
+    error = ResumeChoice(error=error).broadcast().error
+    if error is not None:
+        raise ResumeRefused(error)
+    attempt.say(
+        f"init_from {shown}: pretrained weights loaded (sha256 {str(pretrained.sha256)[:16]}...); schedule, RNG "
+        "and data start fresh"
     )
 
 
