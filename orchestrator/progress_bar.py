@@ -44,7 +44,7 @@ RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 def show_progress_bar(stdout: TextIO, environ: Mapping[str, str]) -> bool:
     """Whether ``syncpoint run`` shows the live bar: only on a terminal, never under a Ray job or on
-    a dumb terminal (plain lines there, as before)."""
+    a dumb terminal (plain lines there)."""
     if RAY_JOB_ENV in environ or environ.get("TERM") == "dumb":
         return False
     isatty = getattr(stdout, "isatty", None)

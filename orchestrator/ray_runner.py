@@ -416,15 +416,15 @@ def board_node() -> str:
 
     Why not simply the driver's node: a driver started on a machine that runs several raylets (a
     local multi-node cluster, the storm drill, the tests) may attach to a worker node's raylet; the
-    board then lived on a node a preemption takes, and every later interruption point went
-    unmeasured (the 100-interruption storm lost its readings at its first two-node loss)."""
+    board would then live on a node a preemption can take, and every later interruption point would
+    go unmeasured."""
     import ray
 
     try:
         for node in ray.nodes():
             if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
                 return str(node["NodeID"])
-    except Exception:  # noqa: BLE001 - no node table (GCS busy): the driver's node, as before
+    except Exception:  # noqa: BLE001 - no node table (GCS busy): the driver's node
         pass
     return str(ray.get_runtime_context().get_node_id())
 

@@ -40,7 +40,7 @@ def own_cluster_address() -> None:
         import ray
 
         address = ray.get_runtime_context().gcs_address
-    except Exception:  # noqa: BLE001 - not connected (another Ray): the State API looks it up as before
+    except Exception:  # noqa: BLE001 - not connected (another Ray): the State API looks it up
         return
     if address:
         os.environ["RAY_ADDRESS"] = str(address)

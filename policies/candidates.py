@@ -948,7 +948,7 @@ def _group_incompatibility(s: TrainState, exp: Expectation) -> str | None:
             f"parameter groups differ: the state records none (it was written before syncpoint recorded them, "
             f"with one group of every parameter), this run has {len(exp.param_groups)} "
             f"{_groups_text(exp.param_groups)} (train.optimizer.no_decay / Task.optimizer). Set "
-            "train.optimizer.no_decay: [] for one group as before, or resume.reset_optimizer: true to keep "
+            "train.optimizer.no_decay: [] for one group, or resume.reset_optimizer: true to keep "
             "weights and position and start the optimizer state fresh."
         )
     have = tuple((g.params, g.numel, g.names) for g in recorded)

@@ -6,7 +6,7 @@ must be importable from every layer without importing the module that happens to
 This is a leaf: it imports nothing of the project but ``syncpoint.policies.redact``.
 
 User errors (exit 2 or a failed run naming the field) derive from ``ValueError``; refusals of
-a state or of the run directory derive from ``RuntimeError`` or ``Exception`` as before.
+a state or of the run directory derive from ``RuntimeError`` or ``Exception``.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def repeats_previous(
     exception at the same global micro-step, with no state committed in between. Resumed exactly
     from the same state, it computes the same micro-steps bit for bit, so it fails there again: a
     bug, not bad luck, and a retry only spends ``failure.max_failures``. A failure while setting up
-    (no micro-step) is retried as before: it may be the storage or the cluster."""
+    (no micro-step) is retried: it may be the storage or the cluster."""
     return micro_step is not None and not committed_since and previous == (signature, micro_step)
 
 

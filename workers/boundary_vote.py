@@ -27,7 +27,7 @@ class BoundaryVote:
     skipped_updates: int = 0  # ranks whose optimizer step DeepSpeed skipped (overflowing gradients)
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        # float64 carries the loss sum exactly as before and every count exactly (NCCL reduces
+        # float64 carries the loss sum and every count exactly (NCCL reduces
         # device tensors only, hence the device).
         return torch.tensor([float(v) for v in astuple(self)], dtype=torch.float64, device=device)
 

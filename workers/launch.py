@@ -131,7 +131,7 @@ def _fork_server_with(hash_seed: str) -> bool:
 
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
-    """These environment variables for the block (a started interpreter keeps them), then as before."""
+    """These environment variables for the block (a started interpreter keeps them), then the ones it had."""
     before = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:

@@ -86,7 +86,7 @@ def decay_split(
 
 def builtin_groups(model: torch.nn.Module, weight_decay: float, patterns: list[str] | None) -> list[dict[str, Any]]:
     """The built-in optimizer's param groups: decaying parameters first, then the others with
-    ``weight_decay`` 0; one group when either side is empty (``no_decay: []``: one group, as before).
+    ``weight_decay`` 0; one group when either side is empty (``no_decay: []``: one group).
 
     Why the split does not look at ``weight_decay``: editing it between attempts must stay a
     hyper-parameter change (config wins), not a change of the group layout (refused)."""

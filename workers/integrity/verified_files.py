@@ -22,7 +22,7 @@ the copy gave:
   be set by a writer) before and after the load, and a file changed meanwhile is refused before any
   tensor is used for training.
 
-Linux only (``/proc/self/fd``); elsewhere :func:`available` is false and the reader copies as before.
+Linux only (``/proc/self/fd``); elsewhere :func:`available` is false and the reader copies.
 """
 
 from __future__ import annotations

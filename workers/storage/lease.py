@@ -41,7 +41,7 @@ A re-submission right after its predecessor died (a lost head pod: driver, contr
 holder gone at once, then a KubeRay retry or a user re-submitting) would find the dead holder's
 lease still young and be refused, costing a whole retry. So the driver first waits, bounded, in
 ``await_expiry``: it watches the lease until the storage says it expired (then rank 0 takes it
-over) or until its holder renews it (alive after all: rank 0 refuses, as before). The rule that
+over) or until its holder renews it (alive after all: rank 0 refuses). The rule that
 decides stays in ``RunLease``; the wait only picks the moment to ask.
 """
 
