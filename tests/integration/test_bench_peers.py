@@ -80,6 +80,7 @@ def test_p9_attempts_do_not_inherit_a_distributed_launch(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 3 minutes of make test for the bench's own harness: every bench run checks the same equalities
 def test_p11_resume_each_system_resumes_to_its_uninterrupted_batch_and_filled_states_are_the_written_ones(tmp_path):
     """P11 (c) on a small corpus (8 shards of 3,000 records, Parquet row groups of 1,000): every
     system's resumed first batch is its uninterrupted run's batch there, the states the bench fills

@@ -189,18 +189,25 @@ def test_stateful_custom_stream_resumes_exactly(tmp_path, loader_workers):
     assert trainer_json(spec, final)["data"]["stream"]["identity"] == {"class": "tests.stream_tasks.CountingStream"}
 
 
-@pytest.mark.slow
-def test_hf_shard_order_shuffle_resumes_exactly(tmp_path):
-    """datasets' .shuffle(seed, buffer_size=1) only reorders shards (per pass, through set_epoch): its
-    state_dict carries that exactly, so it stays allowed (without DataLoader workers)."""
+def _reference_and_resumed(tmp_path, *overrides: str):
+    """The stream example uninterrupted (``ref``) and crashed at micro-step 15 then resumed, on one
+    corpus under ``tmp_path``: the two runs are the same, loss for loss and digest for digest."""
     corpus = tmp_path / "corpus"
-    overrides = ("task.config.shard_shuffle=true", "task.config.shard_shuffle_seed=5")
     ref = stream_spec(tmp_path / "ref", corpus, *overrides)
     run(ref)
     spec = stream_spec(tmp_path / "run", corpus, *overrides)
     assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
     run(spec)
     _assert_same_run(ref, spec)
+    return ref, spec
+
+
+@pytest.mark.slow
+def test_hf_shard_order_shuffle_resumes_exactly(tmp_path):
+    """datasets' .shuffle(seed, buffer_size=1) only reorders shards (per pass, through set_epoch): its
+    state_dict carries that exactly, so it stays allowed (without DataLoader workers)."""
+    corpus = tmp_path / "corpus"
+    ref, _ = _reference_and_resumed(tmp_path, "task.config.shard_shuffle=true", "task.config.shard_shuffle_seed=5")
     unshuffled = stream_spec(tmp_path / "unshuffled", corpus)
     run(unshuffled)
     assert _losses(unshuffled) != _losses(ref)  # the premise: the shards were read in another order
@@ -279,13 +286,9 @@ def test_datasets_buffer_shuffle_resumes_exactly_and_refuses_another_seed_or_siz
     """The same .shuffle(seed, buffer_size) crashed and resumed is the uninterrupted run; it reads in
     another order than the unshuffled stream; another seed or buffer size is refused at selection."""
     corpus = tmp_path / "corpus"
-    overrides = ("task.path=tests.stream_tasks:hf_buffer_shuffled", "train.stream_shuffle_buffer=0")
-    ref = stream_spec(tmp_path / "ref", corpus, *overrides)
-    run(ref)
-    spec = stream_spec(tmp_path / "run", corpus, *overrides)
-    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
-    run(spec)
-    _assert_same_run(ref, spec)
+    ref, spec = _reference_and_resumed(
+        tmp_path, "task.path=tests.stream_tasks:hf_buffer_shuffled", "train.stream_shuffle_buffer=0"
+    )
     assert trainer_json(spec, state_names(spec)[-1])["data"]["stream"]["shuffle_buffer"] == 8
     assert "without the buffer content" not in caplog.text  # datasets' note: syncpoint's buffer is saved
     unshuffled = stream_spec(tmp_path / "unshuffled", corpus, "train.stream_shuffle_buffer=0")

@@ -15,7 +15,7 @@ import pytest
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, lm_spec, state_names
+from tests.helpers import ROOT, digest, lm_spec, state_names, step_history, with_overrides
 from tests.ray_processes import local_head, ray_env
 
 BIN = os.path.dirname(sys.executable)
@@ -121,3 +121,35 @@ def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "did not finish within 0.2 s" in r.stderr and "SYNCPOINT_PREFLIGHT_TIMEOUT_S" in r.stderr
     assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()
+
+
+def test_syncpoint_submit_continues_a_run_with_user_state_callbacks_and_mlflow(tmp_path, head):
+    """examples/own_training.yaml (an EMA and a loss-spike watch as Task.stateful, a sampling callback,
+    MLflow) through `syncpoint submit`: an earlier submission crashed after its state at micro-step 8;
+    the submitted job continues from it and ends as the uninterrupted run (every step's loss, the
+    digest with every rank's user state), its callback writes what the uninterrupted one wrote, and
+    MLflow holds one run."""
+    pytest.importorskip("mlflow")
+    from tests.integration.test_own_training_example import _spec
+
+    sets = ["task.config.seq_len=8", "task.config.num_samples=96", "task.config.eval_samples=8"]
+    sets += ["task.config.sample_every=2"]
+    ref = _spec(tmp_path / "ref", tmp_path / "ref.txt")
+    assert run_spawned(ref) == [0, 0]
+    first = _spec(tmp_path / "run", tmp_path / "run.txt")
+    assert run_spawned(with_overrides(first, "faults=[{at_micro_step: 11, mode: exit}]"))[0] == 17
+    assert state_names(first)[-1] == f"{8:012d}"
+    args = [sys.executable, "-m", "syncpoint", "submit", "examples/own_training.yaml", "--address", head]
+    for s in [*sets, f"storage={tmp_path / 'run'}", f"task.config.samples_to={tmp_path / 'run.txt'}"]:
+        args += ["--set", s]
+    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
+    r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming from state 000000000008" in r.stdout, r.stdout[-3000:]
+    final = state_names(ref)[-1]
+    assert state_names(first)[-1] == final
+    losses = [[x.loss for _, x in sorted(step_history(spec).items())] for spec in (ref, first)]
+    assert losses[0] == losses[1] and digest(ref, final) == digest(first, final)
+    said = [(tmp_path / f).read_text().splitlines() for f in ("ref.txt", "run.txt")]
+    assert said[0] == said[1] and len(said[0]) == 4
+    assert len(list((tmp_path / "run" / "own-training" / "mlruns").glob("*/*/meta.yaml"))) == 1
