@@ -380,7 +380,8 @@ def overridden_mapping(text: str, overrides: list[str] | None = None) -> dict[st
 
 
 def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
-    """Make ``storage`` an absolute URL on the driver: Ray workers run in another directory."""
+    """Make ``storage`` an absolute URL (and a relative ``resume.init_from`` an absolute path) on the
+    driver: Ray workers run in another directory."""
     s = spec.storage
     scheme, sep, rest = s.partition("://")
     if sep and not rest.strip("/"):
@@ -402,4 +403,10 @@ def resolve_storage(spec: JobSpec, base_dir: str | None = None) -> JobSpec:
         )
     if "://" not in s:
         s = "file://" + os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(s)))
-    return spec.model_copy(update={"storage": s.rstrip("/")})
+    update: dict[str, object] = {"storage": s.rstrip("/")}
+    init = spec.resume.init_from
+    if init and "://" not in init and not os.path.isabs(os.path.expanduser(init)):
+        # a relative resume.init_from (runs/pretrain/final) means the driver's directory, as storage does
+        init = os.path.abspath(os.path.join(base_dir or os.getcwd(), os.path.expanduser(init)))
+        update["resume"] = spec.resume.model_copy(update={"init_from": init})
+    return spec.model_copy(update=update)

@@ -104,6 +104,11 @@ def test_a_directory_that_does_not_fit_the_model_is_refused_naming_what(tmp_path
     other.save_pretrained(tmp_path / "wider")
     with pytest.raises(ResumeRefused, match=r"does not fit the task's model: shapes that differ: .*wte\.weight"):
         check_and_load(model, read_pretrained(RunStorage(str(tmp_path / "wider"))), "wider")
+    from syncpoint.workers.state.pretrained import model_bytes_bound
+
+    with pytest.raises(ResumeRefused, match=r"more than the task's model can hold"):  # from the listing, unread
+        read_pretrained(RunStorage(str(tmp_path / "wider")), model_bytes_bound(model) // 4)
+    assert read_pretrained(RunStorage(str(tmp_path / "wider")), model_bytes_bound(other)).tensors
     deeper = _gpt2(n_layer=3)
     deeper.save_pretrained(tmp_path / "deeper")
     with pytest.raises(ResumeRefused, match=r"names the model does not have .*transformer\.h\.2\."):

@@ -27,6 +27,15 @@ def test_example_and_minimal_specs_load():
     assert resolve_storage(parse_spec(MINIMAL, overrides=["storage=memory://x"])).storage == "memory://x"
 
 
+def test_a_relative_init_from_is_the_drivers_directory_as_storage_is():
+    """Ray workers run elsewhere: runs/pretrain/final must name the driver's, not a worker's, directory."""
+    rel = resolve_storage(parse_spec(MINIMAL, overrides=["resume.init_from=runs/pretrain/final"]), "/base")
+    assert rel.resume.init_from == "/base/runs/pretrain/final"
+    for kept in ("/abs/run", "s3://bucket/run/states/000000000008", None):
+        over = [f"resume.init_from={kept}"] if kept else []
+        assert resolve_storage(parse_spec(MINIMAL, overrides=over), "/base").resume.init_from == kept
+
+
 @pytest.mark.parametrize(
     "patch,expected",
     [

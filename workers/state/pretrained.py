@@ -101,9 +101,19 @@ class Pretrained:
     sha256: str
 
 
-def read_pretrained(storage: RunStorage) -> Pretrained:
+def model_bytes_bound(module: torch.nn.Module) -> int:
+    """The most a pretrained directory's weights can hold for this model: every parameter and buffer
+    at 8 bytes an element (float64, the widest dtype a checkpoint stores), and a header entry of at
+    most 1 KiB for each (its name, dtype, shape and offsets)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(8 * int(t.numel()) + 1024 for t in tensors)
+
+
+def read_pretrained(storage: RunStorage, max_bytes: int | None = None) -> Pretrained:
     """Every weight file of the directory, parsed by ``safetensors`` (``ResumeRefused`` naming the
-    file and why when one is not a regular file, is pickled, or is not what its header says)."""
+    file and why when one is not a regular file, is pickled, or is not what its header says).
+    ``max_bytes``: the weights' bound (``model_bytes_bound``): larger files are refused from the
+    listing, before any is read."""
     from safetensors.torch import load as load_safetensors
 
     shown = redact_url(storage.url)
@@ -127,6 +137,15 @@ def read_pretrained(storage: RunStorage) -> Pretrained:
             + (f" ({pickled[0]} is pickled, which syncpoint never loads)" if pickled else "")
             + ": save it with save_pretrained(..., safe_serialization=True), or convert it to safetensors"
         )
+    if max_bytes is not None:
+        listed = sum(listing.files.get(rel, 0) for rel in shards)
+        bound = max_bytes + len(shards) * (8 + (64 << 10))  # each shard: its header's length and metadata
+        if listed > bound:
+            raise ResumeRefused(
+                f"resume.init_from: {shown}'s weights are {listed} bytes, more than the task's model can hold "
+                f"(about {max_bytes} bytes at 8 bytes an element): another, larger model. Point it at this "
+                "model's directory"
+            )
     tensors: dict[str, torch.Tensor] = {}
     for rel in shards:
         size = listing.files.get(rel)
@@ -268,7 +287,7 @@ def load_pretrained_init(init_from: str | None, module: torch.nn.Module) -> Pret
         return None
     shown = redact_url(init_from)
     try:
-        found = read_pretrained(storage)
+        found = read_pretrained(storage, model_bytes_bound(module))
         check_and_load(module, found, shown)
     except ResumeRefused as e:
         return PretrainedInit(init_from, error=str(e))
