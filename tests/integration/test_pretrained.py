@@ -147,6 +147,12 @@ def test_pickled_torn_and_linked_weights_are_refused_before_any_tensor_is_read(t
     os.symlink(tmp_path / "ok" / "model.safetensors", linked / "model.safetensors")
     with pytest.raises(ResumeRefused, match=r"model\.safetensors is .*link.*not a regular file"):
         read_pretrained(RunStorage(str(linked)))
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "config.json")  # a read would block: never opened
+    (fifo / "model.safetensors").write_bytes(weights)
+    with pytest.raises(ResumeRefused, match=r"config\.json is .*not a regular file"):
+        read_pretrained(RunStorage(str(fifo)))
     hostile = tmp_path / "hostile-index"
     hostile.mkdir()
     (hostile / "config.json").write_text("{}")
