@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies.candidates import Expectation
 from syncpoint.policies.elastic import Layout
@@ -21,6 +21,9 @@ from syncpoint.workers.faults import Faults
 from syncpoint.workers.position import RunLength
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease
+
+if TYPE_CHECKING:
+    from syncpoint.workers.state.pretrained import PretrainedInit
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Attempt:
     restart: bool = False  # rank 0: an earlier attempt of this submission already started
     stateful: Mapping[str, Any] = field(default_factory=dict)  # Task.stateful: saved and restored with every state
     # resume.init_from as a pretrained directory, loaded before DeepSpeed (syncpoint.workers.state.pretrained)
-    pretrained: Any = None
+    pretrained: PretrainedInit | None = None
 
     @property
     def run_length(self) -> RunLength:

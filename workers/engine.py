@@ -157,14 +157,22 @@ def model_buffers(model: torch.nn.Module) -> tuple[tuple[str, tuple[int, ...], s
     Why beside the fingerprint: a buffer of another shape cannot load (a BatchNorm's running
     statistics), and one of another dtype loads cast, not exactly; recorded per buffer, so
     selection names the one that changed before any tensor is read."""
+    return tuple(
+        (name, tuple(int(n) for n in b.shape), str(b.dtype).removeprefix("torch."))
+        for name, b in persistent_buffers(model).items()
+    )
+
+
+def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers the module's state dict holds, by name, in ``named_buffers`` order (a buffer
+    registered ``persistent=False`` is rebuilt by the model and never saved)."""
     modules = dict(model.named_modules())
-    out = []
+    out = {}
     for name, b in model.named_buffers():
         owner, _, leaf = name.rpartition(".")
-        if leaf in getattr(modules.get(owner), "_non_persistent_buffers_set", ()):
-            continue
-        out.append((name, tuple(int(n) for n in b.shape), str(b.dtype).removeprefix("torch.")))
-    return tuple(out)
+        if leaf not in getattr(modules.get(owner), "_non_persistent_buffers_set", ()):
+            out[name] = b
+    return out
 
 
 def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str], ...]]:

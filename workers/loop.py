@@ -154,7 +154,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     )
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
     # a pretrained directory as init_from loads into the module before DeepSpeed copies and partitions it
-    pretrained = load_pretrained_init(spec.resume.init_from, task.model)
+    pretrained = load_pretrained_init(spec.resume.init_from, task.model, storage, spec.resume.policy)
     engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
     check_engine_device(spec, engine.device)
     streaming = install_streaming(engine)  # saves stream through it; a refused config fails now

@@ -72,7 +72,8 @@ def test_init_from_a_save_pretrained_directory_fine_tunes_from_its_weights(tmp_p
     """A model saved with save_pretrained (a local copy of a hub model) is where a new run starts: its
     first loss is the pretrained model's, not a fresh one's. An attempt that crashed before the run's
     first state took the directory; the next refuses it if it changed in between; once the run has
-    states of its own, init_from is ignored (the directory may even be gone)."""
+    states of its own, init_from is ignored (the directory is not read, and may even be gone), and a
+    custom policy that starts fresh on top of them is refused."""
     import shutil
 
     def save(scale: float) -> None:
@@ -94,6 +95,10 @@ def test_init_from_a_save_pretrained_directory_fine_tunes_from_its_weights(tmp_p
     scratch = gpt2_spec(tmp_path / "scratch", "train.max_steps=2")
     run(scratch)
     assert step_history(tuned)[1].loss != step_history(scratch)[1].loss
+    # with states of its own the directory is not read at all; a policy that starts fresh on top of them is refused
+    fresh_on_top = ("resume.policy=tests.tasks:LastStateOnly", "resume.policy_args={name: null}")
+    with pytest.raises(ResumeRefused, match=r"loaded only when the run starts fresh.*resume\.policy: fresh"):
+        run(with_overrides(tuned, "train.max_steps=3", *fresh_on_top))
     shutil.rmtree(source)
     assert run(with_overrides(tuned, "train.max_steps=3")).resumed_from is not None
 

@@ -38,7 +38,6 @@ world size or another ``train.dataloader_workers`` (``syncpoint.policies.candida
 from __future__ import annotations
 
 import json
-import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -53,6 +52,7 @@ from syncpoint.policies.spec import JobSpec
 from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_state import SavedStream, encode
+from syncpoint.workers.log_filters import drop
 from syncpoint.workers.rng import derive_seed
 from syncpoint.workers.task import hf_iterable
 from syncpoint.workers.task_rngs import DataGenerators
@@ -242,7 +242,7 @@ def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
             "train.stream_shuffle_buffer or the .shuffle(...)"
         )
     step = steps[0]
-    _quiet_empty_buffer_note()
+    drop("datasets.iterable_dataset", HF_EMPTY_BUFFER_NOTE)
     lifted = getattr(step, "_syncpoint_lifted", None)
     if not isinstance(lifted, LiftedBuffer):
         lifted = LiftedBuffer(int(step.buffer_size), _generator_seed(step.generator))
@@ -253,18 +253,7 @@ def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
 
 # datasets warns at every resume that its buffer's content was not saved; the lifted buffer holds one
 # example at a time (none between draws), and syncpoint's own buffer is saved
-HF_EMPTY_BUFFER_NOTE = "Loading a state dict of a shuffle buffer of a dataset without the buffer content."
-
-
-class _DropEmptyBufferNote(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(HF_EMPTY_BUFFER_NOTE)
-
-
-def _quiet_empty_buffer_note() -> None:
-    logger = logging.getLogger("datasets.iterable_dataset")
-    if not any(isinstance(f, _DropEmptyBufferNote) for f in logger.filters):
-        logger.addFilter(_DropEmptyBufferNote())
+HF_EMPTY_BUFFER_NOTE = r"^Loading a state dict of a shuffle buffer of a dataset without the buffer content\."
 
 
 def _buffer_of(step: Any) -> int:

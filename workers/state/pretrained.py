@@ -32,6 +32,8 @@ import torch
 
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.policies.redact import redact_url
+from syncpoint.policies.state_format import MANIFEST_FILE, STATES_DIR
+from syncpoint.workers.engine import persistent_buffers
 
 if TYPE_CHECKING:
     from syncpoint.workers.storage import RunStorage
@@ -71,16 +73,6 @@ def save_pretrained_files(module: torch.nn.Module, tensors: dict[str, torch.Tens
         for f in files
         if not f.startswith(".")
     )
-
-
-def is_pretrained_dir(storage: RunStorage) -> bool:
-    """A ``save_pretrained`` directory (``config.json`` beside safetensors weights or their index),
-    not a run directory (no ``states/``)."""
-    try:
-        names = set(storage.list_names())
-    except OSError:
-        return False
-    return CONFIG_FILE in names and (WEIGHTS_FILE in names or WEIGHTS_INDEX in names) and "states" not in names
 
 
 def looks_pretrained(storage: RunStorage) -> bool:
@@ -200,16 +192,6 @@ def _aliases(module: torch.nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
-def _persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    modules = dict(module.named_modules())
-    out = {}
-    for name, b in module.named_buffers():
-        owner, _, leaf = name.rpartition(".")
-        if leaf not in getattr(modules.get(owner), "_non_persistent_buffers_set", ()):
-            out[name] = b
-    return out
-
-
 def _renamed(tensors: dict[str, torch.Tensor], module: torch.nn.Module, expected: Iterable[str]) -> dict[str, Any]:
     """The file's names mapped onto the module's: as they are, or with the model's
     ``base_model_prefix`` added or removed (a ``GPT2Model`` checkpoint into ``GPT2LMHeadModel``),
@@ -228,7 +210,7 @@ def check_and_load(module: torch.nn.Module, found: Pretrained, shown: str) -> No
     """Refuse (``ResumeRefused``, naming the first few) missing, extra and reshaped names, from the
     headers' shapes before any value is copied; then copy every tensor into the module."""
     aliases = _aliases(module)
-    buffers = _persistent_buffers(module)
+    buffers = persistent_buffers(module)
     expected = [n for names in aliases for n in names] + list(buffers)
     tensors = _renamed(found.tensors, module, expected)
     missing = [names[0] for names in aliases if not any(n in tensors for n in names)]
@@ -261,7 +243,7 @@ def check_and_load(module: torch.nn.Module, found: Pretrained, shown: str) -> No
 
 
 def _shape(t: torch.Tensor | None) -> tuple[int, ...]:
-    return tuple(int(n) for n in (getattr(t, "ds_shape", None) or (t.shape if t is not None else ())))
+    return tuple(int(n) for n in t.shape) if t is not None else ()
 
 
 @dataclass
@@ -275,9 +257,16 @@ class PretrainedInit:
     error: str | None = None
 
 
-def load_pretrained_init(init_from: str | None, module: torch.nn.Module) -> PretrainedInit | None:
+def load_pretrained_init(
+    init_from: str | None, module: torch.nn.Module, run: RunStorage, policy: str
+) -> PretrainedInit | None:
     """Every rank: when ``init_from`` is a pretrained directory, load it into ``module``; None when it
-    is a run or a state (``syncpoint.workers.state.resume_negotiation`` takes those after the engine)."""
+    is a run or a state (``syncpoint.workers.state.resume_negotiation`` takes those after the engine).
+
+    Not read when the run directory already holds a committed state and the resume policy is not
+    ``fresh``: the attempt resumes that state, which ignores ``init_from``, and a restart would
+    otherwise read the whole pretrained model on every rank for nothing. Should a custom policy still
+    start fresh on top of those states, the attempt is refused, saying why (``error``)."""
     from syncpoint.workers.storage import RunStorage
 
     if not init_from or "/states/" in init_from.rstrip("/") + "/":
@@ -286,6 +275,15 @@ def load_pretrained_init(init_from: str | None, module: torch.nn.Module) -> Pret
     if not looks_pretrained(storage):
         return None
     shown = redact_url(init_from)
+    if policy != "fresh" and _holds_committed_state(run):
+        return PretrainedInit(
+            init_from,
+            error=(
+                f"resume.init_from: {shown} is a pretrained directory, loaded only when the run starts fresh; this "
+                f"run holds committed states and resume.policy {policy!r} started fresh on top of them. Use "
+                "resume.policy: fresh (with resume.on_existing) to start over from the pretrained weights"
+            ),
+        )
     try:
         found = read_pretrained(storage, model_bytes_bound(module))
         check_and_load(module, found, shown)
@@ -294,6 +292,15 @@ def load_pretrained_init(init_from: str | None, module: torch.nn.Module) -> Pret
     except OSError as e:
         return PretrainedInit(init_from, error=f"resume.init_from: {shown} could not be read ({e})")
     return PretrainedInit(init_from, sha256=found.sha256)
+
+
+def _holds_committed_state(run: RunStorage) -> bool:
+    """Whether any state of the run directory has its manifest (newest names first: usually one look)."""
+    try:
+        names = sorted(run.list_names(STATES_DIR), reverse=True)
+    except OSError:
+        return False
+    return any(run.exists(STATES_DIR, name, MANIFEST_FILE) for name in names)
 
 
 def upload_pretrained(storage: RunStorage, module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> list[str]:
