@@ -126,3 +126,63 @@ def test_a_sampler_at_any_position_of_a_ten_billion_sample_epoch_costs_no_memory
     assert len(first) == 8 and all(0 <= i < 10**10 for i in first) and len(set(first)) == 8
     assert len(sampler) == 10**10 // 64 - 10**8
     assert peak < 1 << 20  # < 1 MB: no order is materialised
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.one_of(st.integers(1, 4100), st.integers(4100, 10**12)),
+    key=st.lists(st.integers(0, 2**40), min_size=1, max_size=3),
+    picks=st.lists(st.integers(0, 10**12), min_size=1, max_size=200),
+)
+def test_the_table_the_python_walk_and_the_vectorised_walk_give_the_same_order(size, key, picks):
+    """Three ways to compute one order (a table for small sizes, Python ints for a micro-batch's few
+    positions, NumPy for many): the same values as the reference walk, so no state ever resumes to
+    other samples because a call took another path."""
+    perm = FeistelPermutation(size, *key)
+    positions = np.array([p % size for p in picks], dtype=np.int64)
+    reference = perm._walk(positions.astype(np.uint64), perm._encrypt).astype(np.int64)
+    assert np.array_equal(perm(positions), reference)
+    assert perm.at(positions.tolist()) == reference.tolist()
+    assert np.array_equal(perm(positions[:3]), reference[:3])  # few positions: the Python walk
+    if size <= 4100:
+        assert np.array_equal(perm.table(), perm(np.arange(size)))
+    with pytest.raises(IndexError):
+        perm.at([size])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_samples=st.integers(40, 3000),
+    micro_batch_size=st.integers(1, 70),
+    world=st.integers(1, 3),
+    start=st.integers(0, 30),
+    sampler=st.sampled_from(["feistel/v1", "global-permutation/v1", "shard-window/v1"]),
+    windows=st.integers(1, 4),
+)
+def test_a_sampler_yields_its_orders_micro_batches_whether_computed_in_chunks_or_one_at_a_time(
+    num_samples, micro_batch_size, world, start, sampler, windows
+):
+    """Iteration computes indices ahead in chunks (and the first micro-batch alone); every yielded
+    micro-batch must be the order's positions for it, exactly as ``indices(i)`` gives them."""
+    from syncpoint.policies.errors import DataLayoutError
+    from syncpoint.workers.data.sampler import RankMicroBatches
+
+    shard_rows = [num_samples // 5] * 4 + [num_samples - 4 * (num_samples // 5)]
+    extra = {"shard_rows": shard_rows, "window_shards": windows} if sampler == "shard-window/v1" else {}
+    for rank in range(world):
+        try:
+            s = RankMicroBatches(num_samples, micro_batch_size, world, rank, 9, 2, 0, sampler=sampler, **extra)
+        except DataLayoutError:
+            return
+        s.start = min(start, s.micro_batches_per_epoch)
+        told: list[int] = []
+        s.on_position = lambda first, count, told=told: told.append(first)
+        got = list(s)
+        g = micro_batch_size * world
+        want = [
+            s.order(np.arange(m * g + rank * micro_batch_size, m * g + (rank + 1) * micro_batch_size)).tolist()
+            for m in range(s.start, s.micro_batches_per_epoch)
+        ]
+        assert got == want
+        assert got == [s.indices(m) for m in range(s.start, s.micro_batches_per_epoch)]
+        assert told == [m * g for m in range(s.start, s.micro_batches_per_epoch)]

@@ -59,11 +59,13 @@ from syncpoint.policies.corpus_identity import (
 from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError
 from syncpoint.policies.spec import CorpusSpec, JobSpec
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
+from syncpoint.workers.data.npy_map import map_npy
 from syncpoint.workers.data.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
 from syncpoint.workers.storage import RunStorage, backend_for
 from syncpoint.workers.storage.fsspec_backend import checksum_file
 
 FORMATS = ("tokens-npy", "tokens-bin", "jsonl", "parquet")
+TOKEN_FORMATS = ("tokens-npy", "tokens-bin")  # rows of integer tokens: read by a gather into one batch
 INDEX_CACHE_VERSION = 1
 INDEX_CACHE_MAX_BYTES = 256 << 20
 MAX_OPEN_SHARDS = 64  # readers a process keeps open (least recently used closed beyond)
@@ -197,7 +199,9 @@ def _names(paths: Sequence[str]) -> list[str]:
 def _npy(path: str, params: dict[str, Any], name: str) -> np.ndarray:
     """The shard as a [rows, seq_len] integer view of its memory map (never unpickled)."""
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        arr = map_npy(path)
+        if arr is None:  # not the plain header np.save writes for integers: NumPy reads it
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
         raise CorpusError(f"corpus shard {name} is not a .npy array ({e})") from None
     seq_len = params["seq_len"]
@@ -506,26 +510,54 @@ class ShardedCorpus(torch.utils.data.Dataset):
         """Samples ``indices``, the rows of each shard read at once (the read draws no randomness),
         then ``transform`` on each under ``seeding(index)``: the hook ``syncpoint.workers.data.sampler.SeededSamples``
         seeds every stream through, so a sample's values are those one fetch of it would give."""
-        idx = np.asarray(indices, dtype=np.int64)
-        n = len(self)
-        if idx.size and (idx.min() < 0 or idx.max() >= n):
-            raise IndexError(f"samples must lie in [0, {n}), got [{idx.min()}, {idx.max()}]")
-        assert self._starts is not None
-        shard_of = np.searchsorted(self._starts, idx, side="right") - 1
-        out: list[Any] = [None] * len(idx)
-        for s in np.unique(shard_of):
-            at = np.flatnonzero(shard_of == s)
-            for k, item in zip(at, self._reader(int(s)).get_many(idx[at] - self._starts[s]), strict=True):
-                out[k] = item
+        idx = [int(i) for i in indices]
+        groups = self._by_shard(idx)
+        out = self._token_rows(len(idx), groups) if self.format in TOKEN_FORMATS else self._rows(len(idx), groups)
         if self.transform is None:
             return out
         if seeding is None:
             return [self.transform(item) for item in out]
         transformed = []
-        for i, item in zip(idx.tolist(), out, strict=True):
+        for i, item in zip(idx, out, strict=True):
             with seeding(i):
                 transformed.append(self.transform(item))
         return transformed
+
+    def _by_shard(self, idx: list[int]) -> dict[int, tuple[list[int], list[int]]]:
+        """shard -> (places in the batch, rows in the shard) of a batch's samples. Python lists: a
+        micro-batch is a few dozen samples, where NumPy's per-call overhead would cost more."""
+        n = len(self)
+        if idx and (min(idx) < 0 or max(idx) >= n):
+            raise IndexError(f"samples must lie in [0, {n}), got [{min(idx)}, {max(idx)}]")
+        assert self._starts is not None
+        starts = self._starts
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for k, (i, s) in enumerate(zip(idx, (np.searchsorted(starts, idx, side="right") - 1).tolist(), strict=True)):
+            group = groups.get(s)
+            if group is None:
+                group = groups[s] = ([], [])
+            group[0].append(k)
+            group[1].append(i - int(starts[s]))
+        return groups
+
+    def _rows(self, count: int, groups: dict[int, tuple[list[int], list[int]]]) -> list[Any]:
+        out: list[Any] = [None] * count
+        for s, (places, rows) in groups.items():
+            for k, item in zip(places, self._reader(s).get_many(np.asarray(rows, dtype=np.int64)), strict=True):
+                out[k] = item
+        return out
+
+    def _token_rows(self, count: int, groups: dict[int, tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+        """Token rows gathered straight into one int64 batch (the cast happens in the gather): one
+        allocation and one ``unbind`` per micro-batch, whatever the number of shards it spans."""
+        batch = np.empty((count, self.params["seq_len"]), np.int64)
+        if len(groups) == 1:
+            ((s, (_, rows)),) = groups.items()
+            batch[:] = self._reader(s).rows[rows]
+        else:
+            for s, (places, rows) in groups.items():
+                batch[places] = self._reader(s).rows[rows]
+        return list(torch.from_numpy(batch).unbind(0))
 
     def _reader(self, s: int) -> Any:
         proc = self._process()

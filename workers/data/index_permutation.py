@@ -27,11 +27,19 @@ The tests check bijectivity exhaustively at small sizes and by inversion at larg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from syncpoint.workers.rng import derive_seed
 
 ROUNDS = 6
+# Up to this many positions the whole permutation is computed once and looked up (a shard order:
+# ~4,096 domain values in one vectorised pass); beyond, each call walks its own positions.
+TABLE_SIZE = 1 << 11
+# Up to this many positions a call walks them on Python ints: for a micro-batch's few positions
+# that is faster than NumPy's per-operation overhead (~70 operations per pass, several passes).
+FEW_POSITIONS = 64
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -41,6 +49,9 @@ def _mix(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
+
+
+_U64 = (1 << 64) - 1
 
 
 class FeistelPermutation:
@@ -54,6 +65,9 @@ class FeistelPermutation:
         self.half = max(1, ((self.size - 1).bit_length() + 1) // 2)  # 2^(2*half) >= size
         self.mask = np.uint64((1 << self.half) - 1)
         self.keys = [np.uint64(derive_seed(*key, r)) for r in range(ROUNDS)]
+        self._table: np.ndarray | None = None  # the whole permutation, for small sizes (TABLE_SIZE)
+        self._table_list: list[int] | None = None
+        self._int_keys = [int(k) for k in self.keys]
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         h = np.uint64(self.half)
@@ -81,7 +95,70 @@ class FeistelPermutation:
     def __call__(self, positions: np.ndarray | list[int] | range) -> np.ndarray:
         """The sample index at each position (``0 <= position < size``), as int64."""
         p = self._checked(positions)
+        if self.size <= TABLE_SIZE:
+            if self._table is None:
+                self._table = self._walked_table()
+            return self._table[p]
+        if p.size <= FEW_POSITIONS:
+            return np.array([self._walk_int(int(v)) for v in p], dtype=np.int64)
         return self._walk(p, self._encrypt).astype(np.int64)
+
+    def table(self) -> np.ndarray:
+        """The whole permutation, ``perm(range(size))`` (computed once for small sizes)."""
+        if self.size <= TABLE_SIZE:
+            if self._table is None:
+                self._table = self._walked_table()
+            return self._table.copy()
+        return self(np.arange(self.size))
+
+    def at(self, positions: Sequence[int]) -> list[int]:
+        """``perm(positions)`` for a few positions (a micro-batch), on Python ints: no NumPy call,
+        whose per-operation overhead (large in a process's first calls: a resume) would dominate."""
+        n = self.size
+        for q in positions:
+            if not 0 <= q < n:
+                raise IndexError(f"positions must lie in [0, {n}), got {q}")
+        if n <= TABLE_SIZE:
+            if self._table_list is None:
+                if self._table is None:
+                    self._table = self._walked_table()
+                self._table_list = self._table.tolist()
+            table = self._table_list
+            return [table[q] for q in positions]
+        return [self._walk_int(q) for q in positions]
+
+    def _encrypt_int(self, x: int) -> int:
+        """``_encrypt`` of one Python int (the same value)."""
+        h, mask = self.half, (1 << self.half) - 1
+        left, right = x >> h, x & mask
+        for k in self._int_keys:  # _mix on one Python int, inlined: a resume's first batch's main cost
+            z = right ^ k
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+            left, right = right, left ^ ((z ^ (z >> 31)) & mask)
+        return (left << h) | right
+
+    def _walk_int(self, x: int) -> int:
+        """One position's walk on Python ints: the same value as ``_walk`` with ``_encrypt``."""
+        x = self._encrypt_int(x)
+        while x >= self.size:
+            x = self._encrypt_int(x)
+        return x
+
+    def _walked_table(self) -> np.ndarray:
+        """The permutation of every position: the network applied to the whole domain once, then
+        each walk followed through that table (the same values as walking each position, without a
+        full network pass per step of the longest walk)."""
+        if self.size <= FEW_POSITIONS:
+            return np.array([self._walk_int(q) for q in range(self.size)], dtype=np.int64)
+        domain = 1 << (2 * self.half)
+        step = self._encrypt(np.arange(domain, dtype=np.uint64)).astype(np.int64)
+        out = step[: self.size].copy()
+        outside = out >= self.size
+        while outside.any():
+            out[outside] = step[out[outside]]
+            outside = out >= self.size
+        return out
 
     def inverse(self, indices: np.ndarray | list[int] | range) -> np.ndarray:
         """The position of each sample index: ``perm.inverse(perm(p)) == p``."""

@@ -16,6 +16,7 @@ path, in whichever process runs the fetch, and put back afterwards.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from syncpoint.policies.errors import DataLayoutError
 from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-from syncpoint.workers.data.index_permutation import FeistelPermutation
+from syncpoint.workers.data.index_permutation import FEW_POSITIONS, FeistelPermutation
 from syncpoint.workers.rng import derive_seed
 from syncpoint.workers.task import MapDataset
 from syncpoint.workers.task_rngs import DataGenerators, get_state, reseed, set_state
@@ -40,6 +41,10 @@ COLLATE_SALT = 0xC011A7E  # a micro-batch's collate, followed by the batch's sam
 DATALOADER_GENERATOR_SALT = 0xDA7A  # the DataLoader's own generator (worker base seeds)
 SHARD_ORDER_SALT = 0x5A4D  # shard-window/v1: the epoch's shard order
 WINDOW_ROWS_SALT = 0x3140  # shard-window/v1: the order of the rows within one window (followed by its number)
+
+# The most sample indices computed ahead in one call of the order (a few KiB): the order's cost per
+# call is mostly NumPy's per-operation overhead, so an epoch's indices are computed in chunks.
+INDEX_CHUNK_SAMPLES = 4096
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
@@ -64,17 +69,23 @@ class ShardWindowOrder:
     """
 
     def __init__(self, shard_rows: Sequence[int], window: int, seed: int, epoch: int) -> None:
+        # Few NumPy calls: a resume builds this before its first batch, in a process whose first
+        # calls of each NumPy operation cost tens of microseconds.
         rows = np.asarray(shard_rows, dtype=np.int64)
-        if rows.ndim != 1 or not len(rows) or rows.min() < 0 or not rows.sum():
+        if rows.ndim != 1 or not len(rows) or rows.min() < 0:
             raise ValueError("a shard-window order needs at least one shard with rows")
+        n = len(rows)
         self.window, self.seed, self.epoch = int(window), seed, epoch
-        self.size = int(rows.sum())
-        self.shard_start = np.concatenate([[0], np.cumsum(rows)])  # each shard's first sample index
-        self.shards = FeistelPermutation(len(rows), seed, epoch, SHARD_ORDER_SALT)(np.arange(len(rows)))
-        ordered = rows[self.shards]
-        self.ordered_start = np.concatenate([[0], np.cumsum(ordered)])  # each ordered shard's first position
-        firsts = np.arange(0, len(rows), self.window)
-        self.window_start = self.ordered_start[np.append(firsts, len(rows))]  # each window's first position
+        self.shard_start = np.zeros(n + 1, np.int64)  # each shard's first sample index
+        np.cumsum(rows, out=self.shard_start[1:])
+        self.size = int(self.shard_start[-1])
+        if not self.size:
+            raise ValueError("a shard-window order needs at least one shard with rows")
+        self.shards = FeistelPermutation(n, seed, epoch, SHARD_ORDER_SALT).table()
+        self.ordered_start = np.zeros(n + 1, np.int64)  # each ordered shard's first position
+        np.cumsum(rows[self.shards], out=self.ordered_start[1:])
+        # each window's first position, and the epoch's end
+        self.window_start = np.concatenate((self.ordered_start[0 : n : self.window], self.ordered_start[n:]))
         self._rows: dict[int, FeistelPermutation] = {}
 
     @property
@@ -101,6 +112,19 @@ class ShardWindowOrder:
             n = int(self.window_start[window + 1] - self.window_start[window])
             perm = self._rows[window] = FeistelPermutation(n, self.seed, self.epoch, WINDOW_ROWS_SALT, window)
         return perm
+
+    def at(self, positions: Sequence[int]) -> list[int]:
+        """``self(positions)`` for a few positions (a micro-batch), on Python ints (``FeistelPermutation.at``)."""
+        out = []
+        for q in positions:
+            if not 0 <= q < self.size:
+                raise IndexError(f"positions must lie in [0, {self.size}), got {q}")
+            w = bisect.bisect_right(self.window_start, q) - 1
+            start = int(self.window_start[w])
+            placed = start + self._window_rows(w).at([q - start])[0]
+            o = bisect.bisect_right(self.ordered_start, placed) - 1
+            out.append(int(self.shard_start[self.shards[o]]) + placed - int(self.ordered_start[o]))
+        return out
 
     def __call__(self, positions: np.ndarray | list[int] | range) -> np.ndarray:
         """The sample index at each position (``0 <= position < size``), as int64."""
@@ -192,16 +216,35 @@ class RankMicroBatches(Sampler[list[int]]):
         self.on_position: Callable[[int, int], None] | None = None
 
     def indices(self, micro_batch: int) -> list[int]:
+        return self._indices(micro_batch, 1)[0]
+
+    def _indices(self, first_micro_batch: int, count: int) -> list[list[int]]:
+        """This rank's indices for ``count`` micro-batches from ``first_micro_batch``, in one call of
+        the order: the same values as ``count`` calls, at one call's NumPy overhead."""
         global_micro_batch = self.micro_batch_size * self.world_size
-        first = micro_batch * global_micro_batch + self.rank * self.micro_batch_size
-        return self.order(np.arange(first, first + self.micro_batch_size)).tolist()
+        at = getattr(self.order, "at", None)
+        if count * self.micro_batch_size <= FEW_POSITIONS and at is not None:
+            base = first_micro_batch * global_micro_batch + self.rank * self.micro_batch_size
+            return [
+                at(range(base + k * global_micro_batch, base + k * global_micro_batch + self.micro_batch_size))
+                for k in range(count)
+            ]
+        firsts = (first_micro_batch + np.arange(count)) * global_micro_batch + self.rank * self.micro_batch_size
+        positions = (firsts[:, None] + np.arange(self.micro_batch_size)[None, :]).ravel()
+        return self.order(positions).reshape(count, self.micro_batch_size).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        for i in range(self.start, self.micro_batches_per_epoch):
-            if self.on_position is not None:
-                global_micro_batch = self.micro_batch_size * self.world_size
-                self.on_position(i * global_micro_batch, global_micro_batch)
-            yield self.indices(i)
+        global_micro_batch = self.micro_batch_size * self.world_size
+        ahead = 1  # the first micro-batch alone (a resume's first fetch waits on it), then chunks
+        i = self.start
+        while i < self.micro_batches_per_epoch:
+            count = min(ahead, self.micro_batches_per_epoch - i)
+            for k, indices in enumerate(self._indices(i, count)):
+                if self.on_position is not None:
+                    self.on_position((i + k) * global_micro_batch, global_micro_batch)
+                yield indices
+            i += count
+            ahead = max(1, min(INDEX_CHUNK_SAMPLES // self.micro_batch_size, 2 * ahead))
 
     def __len__(self) -> int:
         return self.micro_batches_per_epoch - self.start
@@ -240,9 +283,18 @@ class SeededSamples(Dataset):
         seeding it); each sample's values depend on its own seed only. A dataset that reads a batch
         at once (``seeded_items``, a sharded corpus) seeds each sample's randomness through
         ``_seeding`` itself."""
-        with _streams_restored():
-            many = getattr(self.dataset, "seeded_items", None)
-            samples = many(indices, self._seeding) if callable(many) else [self._seeded(i) for i in indices]
+        many = getattr(self.dataset, "seeded_items", None)
+        with _StreamsGuard() as guard:
+            if callable(many):
+
+                def seeding(index: int) -> contextlib.AbstractContextManager[None]:
+                    guard.save()
+                    return self._seeding(index)
+
+                samples = many(indices, seeding)
+            else:
+                guard.save()
+                samples = [self._seeded(i) for i in indices]
             batch = SeededBatch(samples)
         batch.seed = derive_seed(self.seed, self.epoch, COLLATE_SALT, *(int(i) for i in indices))
         return batch
@@ -270,7 +322,7 @@ class SeededCollate:
 
     def __call__(self, batch: list[Any]) -> Any:
         seed = getattr(batch, "seed", None)
-        if seed is None:
+        if seed is None or self.collate is default_collate:  # torch's stacks and draws nothing: no seeding
             return self.collate(batch)
         with _seeded_rngs(seed), _reseeded(self.generators, seed):
             return self.collate(list(batch))
@@ -279,13 +331,32 @@ class SeededCollate:
 @contextlib.contextmanager
 def _streams_restored() -> Iterator[None]:
     """Python, NumPy and torch CPU as they were before the block, whatever it seeds or draws."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
+    with _StreamsGuard() as guard:
+        guard.save()
+        yield
+
+
+class _StreamsGuard:
+    """Python, NumPy and torch CPU put back at exit as they were before the first ``save()``; nothing
+    saved, nothing to put back. Why lazy: saving NumPy's stream costs ~40 us, and a batch whose
+    samples seed nothing (a corpus read without a transform) should not pay it every micro-batch."""
+
+    def __init__(self) -> None:
+        self.saved: tuple[Any, Any, torch.Tensor] | None = None
+
+    def save(self) -> None:
+        if self.saved is None:
+            self.saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+
+    def __enter__(self) -> _StreamsGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            py_state, np_state, torch_state = self.saved
             random.setstate(py_state)
             np.random.set_state(np_state)
+            torch.set_rng_state(torch_state)
 
 
 def _seed_streams(seed: int) -> None:

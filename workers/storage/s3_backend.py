@@ -23,7 +23,9 @@ Why reads are hand-written ranged GETs (``_ranged``): every read is bounded (sto
 hostile: an object listed with size 0 may hold terabytes), and s3fs's ``get_file``/``cat_file``
 fetch whatever the object holds. The first GET asks for at most the bound plus one byte and learns
 the object's size from its ``Content-Range``; a larger object is refused then, and the rest moves
-in ``part_size`` ranges, ``concurrency`` at a time, each checked against that size.
+in ``part_size`` ranges, ``concurrency`` at a time, each checked against that size. Each part is
+written from a worker thread (``asyncio.to_thread``): the event loop keeps every other GET of the
+process moving meanwhile (a prefetcher's parallel shard downloads share that one loop).
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class S3Backend(FsspecBackend):
             data, total, _ = await self._get_range(bucket, key, 0, min(limit + 1, part))
             if total > limit:
                 raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
-            into(0, data, total)
+            await asyncio.to_thread(into, 0, data, total)  # off the event loop: other reads go on meanwhile
             ranges = [(start, min(start + part, total)) for start in range(len(data), total, part)]
             for i in range(0, len(ranges), self.concurrency):
                 batch = ranges[i : i + self.concurrency]
@@ -144,7 +146,7 @@ class S3Backend(FsspecBackend):
                         raise UnsafeEntry(
                             f"{path} changed while it was being read ({total} bytes, then {now}): not read"
                         )
-                    into(a, chunk, total)
+                    await asyncio.to_thread(into, a, chunk, total)
             return total
 
         return int(sync(self.fs.loop, fetch))
