@@ -1,0 +1,1 @@
+"""The driver: the CLI, the Ray wiring, the failure policy, drills, storms and the timeline."""

@@ -647,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``syncpoint`` console script: parse, run the command, and turn a syncpoint error into
+    its one-paragraph message and exit code 2 (never a traceback)."""
     from syncpoint.orchestrator.quiet import quiet_cli
 
     quiet_cli()

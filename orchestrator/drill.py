@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class DrillReport:
+    """A drill's printed comparison and its verdict (``ok``: bitwise equal where the rules say it must be)."""
+
     table: str
     ok: bool
 
@@ -241,6 +243,14 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
 def compare(
     ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[InterruptionKind]
 ) -> DrillReport:
+    """Compare the uninterrupted run with the interrupted one from their run directories.
+
+    Args:
+        ref, run: the two runs' specs (their run directories hold what is compared).
+        rc_ref, rc_run: their exit codes (a failed run fails the drill, whatever its states say).
+        points: the micro-steps the interruptions were planned at.
+        hows: what struck at each point, in order.
+    """
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 

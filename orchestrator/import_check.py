@@ -240,7 +240,7 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
         return (
             f"{field}: {path!r} cannot be imported: importing {module!r} raised {r['error']}{at}"
             f"{moved_hint(r['dependency'])}: import syncpoint's objects from syncpoint (`from syncpoint import "
-            "Task`) or its modules by their new names"
+            "Task`) or its modules under syncpoint."
         )
     if "dependency" in r:
         return (

@@ -28,6 +28,9 @@ from enum import StrEnum
 
 
 class InterruptionKind(StrEnum):
+    """One interruption a drill or a storm causes; the module docstring's table says what each
+    strikes, how the attempt's failure is classified and which budget it spends."""
+
     CRASH = "crash"
     SIGTERM = "sigterm"
     SAVE_CRASH = "save-crash"

@@ -339,7 +339,14 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
 
 
 def load_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) -> JobSpec:
-    """Load, override and validate a job file; every failure is a ``SpecError``."""
+    """Load, override and validate a job file; every failure is a ``SpecError``.
+
+    Args:
+        path: the YAML job spec.
+        overrides: ``dotted.field=value`` strings applied in order, each value parsed as YAML
+            (``train.lr=0.001``, ``"checkpoint.save_every={value: 1, unit: optimizer_steps}"``), as
+            the CLI's ``--set`` takes them.
+    """
     return parse_spec(read_spec_file(path), str(path), overrides)
 
 

@@ -65,6 +65,19 @@ __all__ = [
 
 
 class Verdict(StrEnum):
+    """What selection concluded about one state directory (``syncpoint states`` shows it).
+
+    ======================  ===========================================================================
+    ``RESUMABLE``           may be chosen: committed, complete, at a sync boundary, compatible
+    ``MID_CYCLE``           its position is not a sync boundary (recomputed, never a stored flag)
+    ``TORN``                no manifest: a save that never committed
+    ``CORRUPT``             its bytes contradict its manifest (sizes, checksums, paths, links)
+    ``INCOMPATIBLE``        sound, but another job's or one this spec cannot continue exactly; the
+                            reason names the spec field and any opt-out (never called corruption)
+    ``UNTRUSTED``           signing is on and the manifest's signature is missing or wrong
+    ======================  ===========================================================================
+    """
+
     RESUMABLE = "resumable"
     MID_CYCLE = "mid-cycle"
     TORN = "torn"

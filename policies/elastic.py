@@ -17,12 +17,17 @@ from syncpoint.policies.errors import DataLayoutError, ElasticLayoutError
 
 
 def allowed_world_sizes(micro_batch_size: int, grad_accum: int, min_workers: int, max_workers: int) -> list[int]:
+    """The world sizes in ``[min_workers, max_workers]`` that keep the global batch of
+    ``max_workers`` (``micro_batch_size x max_workers x grad_accum``) with a whole accumulation: an
+    optimizer step then sees the same samples on every allowed world size."""
     g = micro_batch_size * max_workers * grad_accum
     return [w for w in range(min_workers, max_workers + 1) if g % (micro_batch_size * w) == 0]
 
 
 @dataclass(frozen=True)
 class Layout:
+    """How one world size walks an epoch with the global batch held fixed."""
+
     world_size: int
     micro_batch_size: int
     grad_accum: int  # at this world size
@@ -48,6 +53,16 @@ def layout(
     min_workers: int | None = None,
     max_workers: int | None = None,
 ) -> Layout:
+    """The layout at ``world_size``; ``ElasticLayoutError`` (naming the sizes that work) when the
+    global batch cannot be kept there.
+
+    Args:
+        num_samples: the dataset's size; an epoch uses the largest multiple of
+            ``micro_batch_size x lcm(allowed world sizes)`` below it, so every allowed world size
+            sees the same samples per epoch.
+        grad_accum: the accumulation at ``max_workers`` (the spec's); smaller worlds accumulate more.
+        min_workers, max_workers: the elastic range (``scaling``); ``None``: ``world_size`` alone.
+    """
     lo, hi = min_workers or world_size, max_workers or world_size
     allowed = allowed_world_sizes(micro_batch_size, grad_accum, lo, hi)
     if world_size not in allowed:

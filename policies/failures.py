@@ -46,6 +46,9 @@ PLACEMENT = FailureKind.PLACEMENT
 
 @dataclass(frozen=True)
 class FailureFacts:
+    """What the driver knows about one failed attempt (plain data, gathered from Ray and the run's
+    journal): the only input ``classify_failure`` reads."""
+
     ray_says_preempted: bool  # Ray's own PreemptionError / preempted actor flag
     dead_attempt_nodes: tuple[str, ...]  # nodes that hosted a rank of the attempt and are dead now
     notice_logged: bool  # the attempt logged a preemption notice (drain or SIGTERM)
@@ -58,11 +61,20 @@ class FailureFacts:
 
 @dataclass(frozen=True)
 class FailureVerdict:
+    """An attempt's failure kind (which budget it spends) and the reason the run's log shows."""
+
     kind: FailureKind
     reason: str
 
 
 def classify_failure(f: FailureFacts) -> FailureVerdict:
+    """Classify a failed attempt, most specific evidence first.
+
+    Why this order: a lost node or a notice makes any error that followed it a consequence of the
+    preemption (a peer's collective times out when its partner's node vanishes), so the evidence of
+    a preemption wins over the messages; a syncpoint refusal is deterministic and fails the run at
+    once; anything else is the application's and spends ``failure.max_failures``.
+    """
     if f.ray_says_preempted:
         return FailureVerdict(PREEMPTION, "Ray reported a preemption (drain)")
     if f.dead_attempt_nodes:

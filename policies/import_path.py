@@ -19,42 +19,17 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-# syncpoint's layers as they were importable before they moved under ``syncpoint.``: generic names a
-# user's own package may hold, so a path naming them is only looked up, never rewritten; when the
-# lookup fails, the message names the new path.
-OLD_NAMES = ("orchestrator", "workers", "policies")
-
-
-# ``syncpoint.workers`` modules as they were named before the layer grew sub-packages (data, state I/O,
-# storage backends, integrity): a task importing one by its old name is told the new one.
-MOVED_WORKER_MODULES = {
-    "storage_fsspec": "storage.fsspec_backend",
-    "storage_local": "storage.local_backend",
-    "storage_protocol": "storage.protocol",
-    "storage_s3": "storage.s3_backend",
-    **{m: f"storage.{m}" for m in ("nofollow", "lease", "direct_io")},
-    **{m: f"integrity.{m}" for m in ("checksum", "signing", "digest", "safe_load", "state_file_bounds")},
-    "verified_files": "integrity.verified_files",
-    "state_writer": "state.writer",
-    "state_reader": "state.reader",
-    **{m: f"state.{m}" for m in ("saving", "snapshot_arena", "checkpoint_engine", "export", "discovery")},
-    **{m: f"state.{m}" for m in ("resume_negotiation", "elastic_state")},
-    "data_source": "data.source",
-    **{m: f"data.{m}" for m in ("corpus", "index_permutation", "shard_cache", "stream", "stream_state")},
-    "function_identity": "data.function_identity",
-}
+# The checkout's top-level directories, importable only under ``syncpoint.`` (``syncpoint.workers``):
+# generic names a user's own package may hold, so a path naming them is only looked up, never
+# rewritten; when the lookup fails, the message names the path under ``syncpoint.``.
+LAYER_NAMES = ("orchestrator", "workers", "policies")
 
 
 def moved_hint(name: str) -> str:
     """``; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.NAME'?)`` when ``name``
-    (a module or an import path that failed to import) starts with one of syncpoint's old top-level
-    names, or names a ``syncpoint.workers`` module by its name before the sub-packages; else empty."""
-    module, colon, attr = name.partition(":")
-    parts = module.split(".")
-    if parts[:2] == ["syncpoint", "workers"] and len(parts) > 2 and parts[2] in MOVED_WORKER_MODULES:
-        new = ".".join(["syncpoint", "workers", MOVED_WORKER_MODULES[parts[2]], *parts[3:]]) + colon + attr
-        return f"; that syncpoint module moved (did you mean {new!r}?)"
-    if parts[0] not in OLD_NAMES:
+    (a module or an import path that failed to import) starts with one of the checkout's layer
+    directories (``workers.task``, as a file browser shows it); else empty."""
+    if name.partition(":")[0].split(".")[0] not in LAYER_NAMES:
         return ""
     return f"; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.{name}'?)"
 

@@ -36,6 +36,8 @@ from pydantic import (
     model_validator,
 )
 
+from syncpoint.policies.failures import FailureKind
+
 _OLDER_LOGS_LACK = "older_logs_lack"
 _EMITTING = "emitting"  # validation context key: the record is about to be written
 MAX_TIME = 1e12  # seconds: any time or duration a log holds is within this of 0 (year 33,700)
@@ -209,7 +211,7 @@ class Failure(_Event):
     """The failure policy classified a failed attempt and decided (retry or raise)."""
 
     kind: Literal["failure"] = "failure"
-    classified: str  # syncpoint.policies.failures.PREEMPTION or APPLICATION
+    classified: FailureKind  # which budget the failure spent (or none: a refusal fails the run)
     reason: str
     decision: str
     ranks: list[int]
@@ -319,6 +321,9 @@ def time_of(record: Mapping[str, Any]) -> float | None:
 
 
 def read_event(record: Mapping[str, Any]) -> Event | UnknownEvent:
+    """One line of ``events.jsonl`` as its typed event; a line the models refuse (another version's
+    kind, a hostile or damaged record) becomes an ``UnknownEvent`` carrying why, bounded in size,
+    so one bad line never hides the rest of a run's timeline."""
     try:
         return _EVENT.validate_python(record)
     except ValidationError as e:
@@ -504,7 +509,7 @@ class Journal:
     def failures(self) -> list[Failure]:
         return self.of_kind(Failure)
 
-    def last_failure(self, submission: str, classified: str) -> Failure | None:
+    def last_failure(self, submission: str, classified: FailureKind) -> Failure | None:
         """The newest failure of ``submission`` classified so (the previous failed attempt's, when a
         failure is being decided)."""
         return next(

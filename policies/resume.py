@@ -22,12 +22,34 @@ from syncpoint.policies.import_path import load_class
 
 @dataclass(frozen=True)
 class Decision:
+    """A policy's answer: the state to resume (a candidate's name) or a fresh start, and why (shown
+    by ``syncpoint states`` and the run's first log line)."""
+
     state: str | None  # candidate name, or None for a fresh start
     reason: str
 
 
 class ResumePolicy(Protocol):
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision: ...
+    """Where a submission starts: the built-in policies and any class ``resume.policy`` names.
+
+    A policy decides from metadata only (the brief's rule 3): it never reads a tensor, and whatever
+    it picks must be a candidate whose verdict is ``Verdict.RESUMABLE`` (``enforce_safe`` refuses
+    anything else after it returns).
+    """
+
+    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+        """Pick a state, or a fresh start.
+
+        Args:
+            candidates: every state directory of the run, newest first, each already classified
+                (``verdict``, ``reason``) with its typed records (``state``, ``record``).
+            spec: the live job spec as JSON (``JobSpec.model_dump(mode="json")``): plain data, so a
+                custom policy reads the fields it needs without importing syncpoint's models.
+
+        Returns:
+            The decision; raise ``NoResumableState`` to fail the run with a reason instead.
+        """
+        ...
 
 
 class NewestResumable:

@@ -25,6 +25,8 @@ from syncpoint.policies.state_format import is_state_name
 
 @dataclass
 class RetentionPlan:
+    """What one retention pass does with each entry of ``states/`` (every name lands in one list)."""
+
     delete: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)
     reported: list[str] = field(default_factory=list)  # unsafe states left in place, with reasons
@@ -49,6 +51,20 @@ def _not_ours(c: Candidate, kinds: Mapping[str, str] | None) -> str | None:
 def plan_retention(
     candidates: list[Candidate], keep_last: int, prune_unsafe: bool = False, kinds: Mapping[str, str] | None = None
 ) -> RetentionPlan:
+    """Which states to delete so that retention never strands the run (the brief's rule 4).
+
+    The newest resumable state is always kept, and nothing is deleted when no state is resumable;
+    torn saves older than it go, unsafe ones are reported and kept (unless ``prune_unsafe``), and
+    anything that is not a directory syncpoint wrote (another name, a link, a file) is never touched.
+
+    Args:
+        candidates: the classified states of the run, any order.
+        keep_last: resumable states to keep, newest first (``<= 0``: all of them).
+        prune_unsafe: also delete mid-cycle, corrupt, incompatible and untrusted states older than
+            the newest resumable one (``checkpoint.prune_unsafe``).
+        kinds: the storage's listing of ``states/`` without following links (name -> ``dir``,
+            ``file``, ``link`` or ``other``); ``None`` trusts the candidates' own ``symlink`` flag.
+    """
     plan = RetentionPlan()
     ordered: list[Candidate] = []
     for c in newest_first(candidates):

@@ -26,6 +26,10 @@ class Tick:
 
 
 class SaveTrigger(Protocol):
+    """When to request a save (``checkpoint.save_every``, ``checkpoint.save_every_seconds``, or a
+    class of your own). A request that falls mid-cycle is carried to the next sync boundary by the
+    loop, never dropped: a trigger only says *that* a save is wanted, never where it lands."""
+
     def wants_save(self, tick: Tick) -> bool:
         """Return True to raise a save request at this tick (serviced at the next boundary)."""
 

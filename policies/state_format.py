@@ -65,8 +65,8 @@ ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00
 TRAINER_SCHEMA_VERSION = 1
 MANIFEST_FORMAT = "syncpoint-state/1"
 # The epoch order's algorithm (``syncpoint.workers.data.sampler.epoch_order``). A state records the one it was written
-# with, and a run continues with its state's: new runs use SAMPLER_VERSION, states written before it
-# keep the materialised permutation (LEGACY_SAMPLER) and resume to the same samples.
+# with, and a run continues with its state's: new runs use SAMPLER_VERSION; a state that records
+# LEGACY_SAMPLER (the materialised permutation) resumes with it, to the same samples.
 SAMPLER_VERSION = "feistel/v1"
 LEGACY_SAMPLER = "global-permutation/v1"
 # A stream dataset has no epoch order: each rank's position is its stream's own state
@@ -384,9 +384,9 @@ class TrainState(_Record):
     @model_validator(mode="before")
     @classmethod
     def _sample_counters_of_older_states(cls, raw: Any) -> Any:
-        """The one legacy conversion. States written before elastic runs record only ``sampler``,
-        ``num_samples`` and ``global_samples`` in ``data``; they were written at one fixed world
-        size, so their sample counters follow from the micro-step counters (as their resume did)."""
+        """The one conversion between layouts of ``data``: a record holding only ``sampler``,
+        ``num_samples`` and ``global_samples`` was written at one fixed world size (it has no
+        elastic counters), so its sample counters follow from the micro-step counters."""
         if not isinstance(raw, dict):
             return raw
         data = raw.get("data")
@@ -486,6 +486,17 @@ class ManifestEntry(_Record):
     @property
     def digest(self) -> str:
         return getattr(self, self.algorithm)
+
+    @classmethod
+    def of(cls, size: int, algo: str, hexdigest: str) -> ManifestEntry:
+        """The entry of a file just written and checksummed with ``algo``."""
+        if algo not in CHECKSUM_ALGORITHMS:
+            raise ValueError(f"unknown checksum algorithm {algo!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
+        return cls.model_validate({"size": size, algo: hexdigest})
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object a manifest holds for this file."""
+        return self.model_dump(exclude_none=True)
 
 
 class Manifest(_Record):

@@ -41,9 +41,12 @@ warnings.filterwarnings("ignore")
 TESTS = Path(__file__).resolve().parent
 # a directory under tests/ -> the markers every test in it (and below it) carries
 DIRECTORY_MARKS: dict[str, tuple[str, ...]] = {
+    "unit": ("unit",),
+    "integration": ("integration",),
     "ray": ("ray", "slow"),
-    "drills": ("long", "slow"),
+    "drills": ("drills", "long", "slow"),
     "drills/ray": ("ray",),
+    "k8s": ("k8s",),
 }
 
 

@@ -27,6 +27,10 @@ class InjectedCrash(BaseException):
 
 
 class Faults:
+    """This rank's planned faults (``faults:`` in a drill's or a test's spec), fired at the micro-step
+    or save phase each names, once each: a fired fault leaves a marker in the run directory, so the
+    attempt after the crash does not crash again at the same point."""
+
     def __init__(
         self, faults: list[CrashFault], storage: RunStorage, rank: int, send_sigterm: Callable[[], None] | None = None
     ) -> None:
@@ -99,6 +103,7 @@ class Faults:
         return f.at_save == self.saves_seen
 
     def at_phase(self, phase: str) -> None:
+        """Fire any fault planned for this save phase (the writer calls it at each phase it passes)."""
         for f in list(self.mine):
             if self._this_save(f, phase):
                 self._fire(f, f"save {self.saves_seen} (micro-step {self.save_micro_step}) phase {phase}")

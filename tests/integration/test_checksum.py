@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 import xxhash
 
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
 from syncpoint.workers.integrity.checksum import (
     ChecksummingWriter,
-    algorithm_of,
     checksum_bytes,
     entry,
-    matches,
+    matches_entry,
     new_hasher,
 )
 from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
@@ -48,15 +48,17 @@ def test_writer_checksums_what_it_passes_on(algo, ref):
         w.write(chunk)
     data = b"".join(sink.parts)
     assert data == b"abc" + b"def" * 1000 + b"ghi"
-    assert w.entry() == {"size": len(data), algo: ref(data)} == entry(len(data), algo, checksum_bytes(data, algo))
-    assert matches(w.entry(), data) and not matches(w.entry(), data[:-1] + b"x") and not matches(w.entry(), data + b"x")
+    assert w.entry().record() == {"size": len(data), algo: ref(data)}
+    assert w.entry() == entry(len(data), algo, checksum_bytes(data, algo))
+    assert matches_entry(w.entry(), data)
+    assert not matches_entry(w.entry(), data[:-1] + b"x") and not matches_entry(w.entry(), data + b"x")
 
 
 def test_unknown_algorithms_are_refused():
     with pytest.raises(ValueError, match="unknown checksum algorithm 'md5'"):
         new_hasher("md5")
-    with pytest.raises(ValueError, match="manifest entry has no checksum"):
-        algorithm_of({"size": 3, "md5": "x"})
+    with pytest.raises(ValueError, match="unknown checksum algorithm 'md5'"):
+        ManifestEntry.of(3, "md5", "x")
 
 
 def test_default_manifest_is_xxh3_and_shards_were_streamed(tmp_path):
@@ -68,7 +70,9 @@ def test_default_manifest_is_xxh3_and_shards_were_streamed(tmp_path):
         assert manifest["checksum"] == "xxh3_128"
         for rel, info in manifest["files"].items():
             assert set(info) == {"size", "xxh3_128"}, rel
-            assert matches(info, store.read_bytes("states", name, rel, limit=1 << 30)), rel
+            assert matches_entry(
+                ManifestEntry.model_validate(info), store.read_bytes("states", name, rel, limit=1 << 30)
+            )
 
 
 def test_engine_uses_the_streaming_checkpoint_engine(tmp_path, monkeypatch):
@@ -80,7 +84,8 @@ def test_engine_uses_the_streaming_checkpoint_engine(tmp_path, monkeypatch):
 
     def spy(engine, *a, **kw):
         snap = orig(engine, *a, **kw)
-        seen.append((type(engine.checkpoint_engine), kw.get("direct") is not None, dict(snap.files), dict(snap.staged)))
+        staged = [f for _, _, names in os.walk(snap.staging) for f in names]  # files written locally
+        seen.append((type(engine.checkpoint_engine), kw.get("direct") is not None, dict(snap.files), staged))
         return snap
 
     monkeypatch.setattr(sw, "take_snapshot", spy)

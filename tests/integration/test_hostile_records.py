@@ -254,7 +254,7 @@ def _plant(store: RunStorage, rel: str, data: bytes) -> None:
     """Replace one file of the newest state and re-commit its manifest to match (a storage writer)."""
     store.write_bytes(data, "states", NEWEST, rel)
     manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json", limit=1 << 30))
-    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
+    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")).record()
     store.commit_bytes(json.dumps(manifest).encode(), "states", NEWEST, "manifest.json")
 
 

@@ -133,9 +133,10 @@ def test_run_refuses_bad_input_before_ray_starts(tmp_path, monkeypatch):
     assert not (tmp_path / "runs" / "tiny-lm" / "events").exists()
 
 
-def test_an_old_module_name_is_refused_with_its_new_one(tmp_path, monkeypatch):
-    """A path or a task module spelling syncpoint's old top-level names is refused, naming the new
-    path: no alias is installed, so a user's own ``workers`` package keeps its name."""
+def test_a_layer_directorys_bare_name_is_refused_with_its_name_under_syncpoint(tmp_path, monkeypatch):
+    """A path or a task module spelling a checkout directory's bare name (``workers.task``) is
+    refused, naming the path under ``syncpoint.``: no alias is installed, so a user's own
+    ``workers`` package keeps its name."""
     from syncpoint.orchestrator.cli import import_problems
     from syncpoint.policies.import_path import load_class, moved_hint
 
@@ -146,32 +147,11 @@ def test_an_old_module_name_is_refused_with_its_new_one(tmp_path, monkeypatch):
     assert len(problems) == 2, problems
     assert "did you mean 'syncpoint.policies.resume:NewestResumable'?" in problems[0]
     assert "No module named 'workers'" in problems[1] and "from syncpoint import Task" in problems[1]
-    # in this process the checkout is on sys.path, where the old names would import (as second copies)
+    # in this process the checkout is on sys.path, where the bare names would import (as second copies)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT))])
     with pytest.raises(ValueError, match=r"did you mean 'syncpoint\.policies\.save_triggers:EveryN'"):
         load_class("policies.save_triggers:EveryN", "wants_save")
     assert moved_hint("mypkg.workers:build") == ""
-
-
-def test_a_task_importing_a_workers_module_by_its_old_name_is_told_the_new_one(tmp_path):
-    """``syncpoint.workers`` grew sub-packages (data, state, storage, integrity): a task module that
-    imports ``syncpoint.workers.corpus`` is refused at the check naming ``syncpoint.workers.data.corpus``,
-    and every name in the table is a module that imports."""
-    import importlib
-
-    from syncpoint.orchestrator.cli import import_problems
-    from syncpoint.policies.import_path import MOVED_WORKER_MODULES, moved_hint
-
-    (tmp_path / "oldcorpus.py").write_text(
-        "from syncpoint.workers.corpus import ShardedCorpus\n\ndef build(config):\n    return None\n"
-    )
-    problems = import_problems([("task.path", "oldcorpus:build")], str(tmp_path))
-    assert len(problems) == 1 and "did you mean 'syncpoint.workers.data.corpus'?" in problems[0], problems
-    for old, new in MOVED_WORKER_MODULES.items():
-        importlib.import_module(f"syncpoint.workers.{new}")
-        assert f"syncpoint.workers.{new}" in moved_hint(f"syncpoint.workers.{old}")
-        assert not (ROOT / "workers" / f"{old}.py").exists()
-    assert moved_hint("syncpoint.workers.loop") == ""
 
 
 def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):

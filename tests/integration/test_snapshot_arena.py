@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from syncpoint.workers.integrity.checksum import ChecksummingWriter, matches
+from syncpoint.workers.integrity.checksum import ChecksummingWriter, matches_entry
 from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine, write_captured
 from syncpoint.workers.state.snapshot_arena import SnapshotArena
@@ -189,7 +189,7 @@ def test_training_after_save_returns_does_not_change_what_is_written(tmp_path):
     files = write_captured(captured, lambda rel: _file_sink(tmp_path / "out", rel))
     ce.arena.release()
     path = tmp_path / "out" / "engine" / "mp_rank_00_model_states.pt"
-    assert matches(files["engine/mp_rank_00_model_states.pt"], path.read_bytes())
+    assert matches_entry(files["engine/mp_rank_00_model_states.pt"], path.read_bytes())
     _assert_bitwise(at_save, torch.load(path, weights_only=False))
 
 

@@ -525,7 +525,7 @@ def _rewrite(spec, name: str, rel: str, data: bytes) -> None:
     storage.write_bytes(data, "states", name, rel)
     manifest = json.loads(storage.read_bytes("states", name, MANIFEST_FILE, limit=1 << 20))
     algo = manifest["checksum"]
-    manifest["files"][rel] = entry(len(data), algo, checksum_bytes(data, algo))
+    manifest["files"][rel] = entry(len(data), algo, checksum_bytes(data, algo)).record()
     storage.write_bytes(json_bytes(manifest), "states", name, MANIFEST_FILE)
 
 

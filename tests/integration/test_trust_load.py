@@ -61,7 +61,7 @@ def plant(store: RunStorage, state: str, rel: str, data: bytes) -> None:
     """Replace one file and re-commit the manifest to match, as a storage writer could."""
     store.write_bytes(data, "states", state, rel)
     manifest = json.loads(store.read_bytes("states", state, "manifest.json", limit=MANIFEST_MAX_BYTES))
-    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
+    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")).record()
     store.commit_bytes(json.dumps(manifest).encode(), "states", state, "manifest.json")
 
 
@@ -186,8 +186,8 @@ def _escaping_state(store: RunStorage, state: str, rel: str, data: bytes) -> Non
             f.write(data)
     trainer = store.write_json({"schema_version": 1}, "states", state, "trainer.json")
     files = {
-        rel: entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")),
-        "trainer.json": entry(len(trainer), "xxh3_128", checksum_bytes(trainer, "xxh3_128")),
+        rel: entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")).record(),
+        "trainer.json": entry(len(trainer), "xxh3_128", checksum_bytes(trainer, "xxh3_128")).record(),
     }
     store.commit_bytes(json.dumps({"files": files}).encode(), "states", state, "manifest.json")
 
@@ -220,14 +220,14 @@ def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_pa
     local = tmp_path / "fetch"
     local.mkdir()
     info = ManifestEntry(
-        **entry(len(b"what was committed!!"), "xxh3_128", checksum_bytes(b"what was committed!!", "xxh3_128"))
+        **entry(len(b"what was committed!!"), "xxh3_128", checksum_bytes(b"what was committed!!", "xxh3_128")).record()
     )
     with pytest.raises(ChecksumMismatch, match="xxh3_128 does not match"):
         _download_verified(store, "000000000004", SHARD, info, str(local))
     assert not (local / SHARD).exists()
     assert [p for p in local.rglob("*") if p.is_file()] == []  # nor the temporary download
     good = ManifestEntry(
-        **entry(len(b"changed after commit"), "xxh3_128", checksum_bytes(b"changed after commit", "xxh3_128"))
+        **entry(len(b"changed after commit"), "xxh3_128", checksum_bytes(b"changed after commit", "xxh3_128")).record()
     )
     _download_verified(store, "000000000004", SHARD, good, str(local))
     assert (local / SHARD).read_bytes() == b"changed after commit"
@@ -246,7 +246,7 @@ def test_digest_reads_nothing_outside_the_state(tmp_path, crashed, capsys):
     rel = f"rng/../../{OLDER}/rng/rank_00000.safetensors"
     data = store.read_bytes("states", OLDER, "rng/rank_00000.safetensors", limit=1 << 30)
     manifest = json.loads(store.read_bytes("states", NEWEST, "manifest.json", limit=MANIFEST_MAX_BYTES))
-    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128"))
+    manifest["files"][rel] = entry(len(data), "xxh3_128", checksum_bytes(data, "xxh3_128")).record()
     store.commit_bytes(json.dumps(manifest).encode(), "states", NEWEST, "manifest.json")
     assert main(["digest", f"{crashed.run_url}/states/{NEWEST}"]) == 2
     err = capsys.readouterr().err

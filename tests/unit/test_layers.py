@@ -7,8 +7,8 @@ need the whole stack to test. Parsing every import (including the lazy ones insi
 every sub-package, makes such a line fail the build with its file and line.
 
 The three layers live at the repository's top level and install as ``syncpoint.<layer>``; in a
-checkout the old names (``import workers``) would still import, as a second copy of every module
-under another name, so no file of the project may spell them.
+checkout their bare directory names (``import workers``) would import too, as a second copy of
+every module under another name, so no file of the project may spell them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("policies", "workers", "orchestrator")
-OLD_NAMES = LAYERS  # the layers' top-level names before they moved under syncpoint.
+BARE_NAMES = LAYERS  # the layers' directory names, importable in a checkout but never to be used
 # What each layer may import of the project (itself included); "syncpoint" is the public API on top.
 ALLOWED = {
     "policies": {"policies"},
@@ -72,14 +72,14 @@ def _back_edges() -> list[str]:
     return sorted(set(found))
 
 
-def _old_names() -> list[str]:
+def _bare_names() -> list[str]:
     found = []
     for directory in (*LAYERS, *OTHER_CODE):
         for path in _files(directory):
             found += [
                 f"{path.relative_to(ROOT)}:{line} imports {name}"
                 for line, name in _imports(path)
-                if name.split(".")[0] in OLD_NAMES
+                if name.split(".")[0] in BARE_NAMES
             ]
     return sorted(set(found))
 
@@ -88,9 +88,9 @@ def test_layers_flow_one_way():
     assert _back_edges() == []
 
 
-def test_nothing_imports_the_old_top_level_names():
+def test_nothing_imports_a_layer_by_its_bare_directory_name():
     """``from workers.x import ...`` must read ``from syncpoint.workers.x import ...`` everywhere."""
-    assert _old_names() == []
+    assert _bare_names() == []
 
 
 def test_the_checker_sees_a_planted_back_edge(tmp_path, monkeypatch):
@@ -115,7 +115,7 @@ def test_the_checker_sees_an_old_name(tmp_path, monkeypatch):
         (tmp_path / directory).mkdir()
     (tmp_path / "tests" / "test_x.py").write_text("from workers.task import Task\nimport policies.spec\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    assert _old_names() == ["tests/test_x.py:1 imports workers.task", "tests/test_x.py:2 imports policies.spec"]
+    assert _bare_names() == ["tests/test_x.py:1 imports workers.task", "tests/test_x.py:2 imports policies.spec"]
 
 
 def _modules(layer: str) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 from syncpoint.orchestrator.interruptions import DRILL_KINDS, NODE_KINDS, InterruptionKind
 from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
-from syncpoint.policies.journal import Failure
+from syncpoint.policies.journal import Failure, UnknownEvent, read_event
 from syncpoint.policies.state_format import Manifest, TrainState
 from syncpoint.workers.state.discovery import discover, read_candidate
 from syncpoint.workers.state.reader import manifest_files
@@ -64,7 +64,7 @@ def test_the_resume_choice_round_trips_through_the_broadcast(store):
     )
 
 
-def test_failure_kinds_read_as_before():
+def test_failure_kinds_are_written_and_read_as_their_text():
     assert [k.value for k in FailureKind] == ["preemption", "application", "refusal", "placement"]
     assert PREEMPTION == "preemption" and APPLICATION is FailureKind.APPLICATION
     assert json.dumps({"classified": FailureVerdict(PREEMPTION, "r").kind}) == '{"classified": "preemption"}'
@@ -78,10 +78,13 @@ def test_failure_kinds_read_as_before():
         messages=[],
         dead_nodes=[],
     )
-    assert '"classified":"application"' in event.model_dump_json() and type(event.classified) is str
+    assert '"classified":"application"' in event.model_dump_json() and event.classified is FailureKind.APPLICATION
+    read = read_event(json.loads(event.model_dump_json()))
+    assert isinstance(read, Failure) and read.classified is FailureKind.APPLICATION
+    assert isinstance(read_event({**json.loads(event.model_dump_json()), "classified": "cosmic-ray"}), UnknownEvent)
 
 
-def test_interruption_kinds_read_as_before():
+def test_interruption_kinds_are_their_text():
     assert [k.value for k in InterruptionKind] == [
         "crash",
         "sigterm",

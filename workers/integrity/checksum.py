@@ -42,23 +42,9 @@ def checksum_bytes(data: bytes, algo: str) -> str:
     return h.hexdigest()
 
 
-def entry(size: int, algo: str, hexdigest: str) -> dict[str, Any]:
+def entry(size: int, algo: str, hexdigest: str) -> ManifestEntry:
     """A manifest's record of one file."""
-    return {"size": size, algo: hexdigest}
-
-
-def algorithm_of(info: dict[str, Any]) -> str:
-    """The algorithm a manifest entry was written with (its one checksum key)."""
-    for algo in ALGORITHMS:
-        if algo in info:
-            return algo
-    raise ValueError(f"manifest entry has no checksum (one of {', '.join(ALGORITHMS)}): {sorted(info)}")
-
-
-def matches(info: dict[str, Any], data: bytes) -> bool:
-    """Whether bytes are the file a manifest entry describes (size and checksum)."""
-    algo = algorithm_of(info)
-    return len(data) == info["size"] and checksum_bytes(data, algo) == info[algo]
+    return ManifestEntry.of(size, algo, hexdigest)
 
 
 def matches_entry(entry: ManifestEntry, data: bytes) -> bool:
@@ -90,5 +76,6 @@ class ChecksummingWriter:
     def writable(self) -> bool:
         return True
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> ManifestEntry:
+        """The manifest entry of everything written so far."""
         return entry(self.size, self.algo, self.hasher.hexdigest())

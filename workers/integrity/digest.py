@@ -27,6 +27,7 @@ import enum
 import hashlib
 import math
 import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from syncpoint.policies.state_format import (
     USER_DIR,
     ZERO3_MODEL,
     ZERO_OPTIM,
+    ManifestEntry,
     TrainState,
     problem_of,
 )
@@ -56,6 +58,8 @@ from syncpoint.workers.state.export import consolidate_zero3
 from syncpoint.workers.state.reader import ChecksumMismatch, read_listed, read_manifest
 from syncpoint.workers.state.user_state import META_KEY as USER_META_KEY
 from syncpoint.workers.storage import RunStorage
+
+ReadFile = Callable[[str], bytes]  # a state's file by its path in the state, verified against the manifest
 
 # The digest covers where training stands, not who wrote it or when: run names, attempts, times and
 # save reasons are left out so a drill's two differently named runs compare equal.
@@ -140,7 +144,7 @@ def state_digest(state_url: str) -> dict[str, str]:
         raise StateRefused(f"its content cannot be digested ({type(e).__name__}: {text}): refused (corrupt)") from None
 
 
-def _zero3_masks(files: Any, read: Any, world: int) -> list[list[torch.Tensor]]:
+def _zero3_masks(files: Mapping[str, ManifestEntry], read: ReadFile, world: int) -> list[list[torch.Tensor]]:
     """ZeRO-3 only: per rank, per param group, which elements of the rank's flat partition are real.
 
     Why: DeepSpeed pads each parameter to a multiple of the world size and leaves the padding of
@@ -215,7 +219,7 @@ def _state_digest(state_url: str) -> dict[str, str]:
     return {"digest": total, **out}
 
 
-def _feed_engine_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> None:
+def _feed_engine_files(parts: dict[str, CanonicalHash], files: Mapping[str, ManifestEntry], read: ReadFile) -> None:
     """DeepSpeed's files: the parameters (ZeRO-3's from the optimizer shards) and the optimizer state."""
     model_files = [MODEL_FILE] if MODEL_FILE in files else []
     # zero_pp_rank_*_optim_states (ZeRO 1-3) and bf16_zero_pp_rank_* (bf16 without ZeRO: DeepSpeed's
@@ -236,14 +240,14 @@ def _feed_engine_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -
         parts["optimizer"].feed(_without_padding(osd, masks[_rank_of(rel)]) if masks else osd)
 
 
-def _trainer_state(read: Any) -> TrainState:
+def _trainer_state(read: ReadFile) -> TrainState:
     try:
         return TrainState.model_validate(_json(read(TRAINER_FILE), TRAINER_FILE))
     except ValidationError as e:
         raise StateRefused(f"{problem_of(e, TRAINER_FILE)}: refused (corrupt)") from None
 
 
-def _feed_rank_files(parts: dict[str, CanonicalHash], files: Any, read: Any) -> None:
+def _feed_rank_files(parts: dict[str, CanonicalHash], files: Mapping[str, ManifestEntry], read: ReadFile) -> None:
     """Every rank's RNG file, and its buffers, stream and user files where the state has them (each under
     its own key, added only then, so a state without them keeps its digest)."""
     for rel in sorted((p for p in files if p.startswith(f"{RNG_DIR}/")), key=_rank_of):

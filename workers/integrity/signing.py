@@ -99,7 +99,7 @@ def trust_problem(
 
 def _binding_problem(bound: Any, run_url: str, state: str, job_identity: str | None) -> str | None:
     if bound is None:
-        return None  # signed before signatures were bound: trusted by the key (legacy_unbound says so)
+        return None  # a signature without a binding: trusted by the key alone (legacy_unbound says so)
     if not isinstance(bound, dict):
         return f"signature binding is {_short(bound)}, not an object: refused"
     here = run_location(run_url)

@@ -59,7 +59,7 @@ import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
 from syncpoint.policies.errors import JobConfigError, StateRefused
-from syncpoint.policies.state_format import ENGINE_TAG
+from syncpoint.policies.state_format import ENGINE_TAG, ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
 from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.state.snapshot_arena import SnapshotArena
@@ -76,7 +76,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         self.name = "SyncpointStreamingCheckpointEngine"
         self.root: str | None = None
         self.sink: Sink | None = None
-        self.files: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, ManifestEntry] = {}
         # async saves: the host buffers (kept for the engine's life, reused save after save) and,
         # within ``capturing``, each shard's rel path -> its copied structure, in save order
         self.arena = SnapshotArena()
@@ -101,7 +101,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
             self.served, self.repeat = None, None
 
     @contextlib.contextmanager
-    def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, dict[str, Any]]]:
+    def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, ManifestEntry]]:
         """Within the block, shards DeepSpeed saves under ``root`` go to ``sink`` instead."""
         self.root, self.sink, self.files = root, sink, {}
         try:
@@ -163,11 +163,11 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
 
 def write_captured(
     captured: dict[str, Any], sink: Sink, zipfile_serialization: bool = True
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ManifestEntry]:
     """Serialize an async save's copied shards (:meth:`StreamingCheckpointEngine.capturing`)
     into ``sink``, checksumming on the way, exactly as a sync save writes them; returns their
     manifest entries. Runs in the background thread: the copies are no longer training's tensors."""
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, ManifestEntry] = {}
     with _without_zip_crc32():
         for rel, state_dict in captured.items():
             with sink(rel) as writer:

@@ -23,6 +23,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, MemoryBackend
 from syncpoint.workers.storage.local_backend import LocalBackend
@@ -123,7 +124,7 @@ class RunStorage:
         return self.backend.open_durable(self.path(*parts), algo)
 
     def upload_file(
-        self, local_path: str, *parts: str, algo: str = DEFAULT, known: dict[str, Any] | None = None
+        self, local_path: str, *parts: str, algo: str = DEFAULT, known: ManifestEntry | None = None
     ) -> tuple[int, str]:
         """Copy a local file into storage durably; returns (size, checksum).
 

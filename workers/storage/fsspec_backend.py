@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry
+from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
 
@@ -119,10 +120,10 @@ class FsspecBackend:
             raise
         f.close()
 
-    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
+    def upload_file(self, local_path: str, path: str, algo: str, known: ManifestEntry | None) -> tuple[int, str]:
         if known is not None:
             self._copy(local_path, path)
-            return int(known["size"]), str(known[algo])
+            return known.size, known.digest
         with ThreadPoolExecutor(max_workers=1) as pool:  # the checksum reads while the copy writes
             digest = pool.submit(checksum_file, local_path, algo)
             self._copy(local_path, path)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.direct_io import DirectFileWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend
@@ -148,14 +149,14 @@ class LocalBackend(FsspecBackend):
         with self._new_file(path) as f:
             yield ChecksummingWriter(f, algo)
 
-    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
+    def upload_file(self, local_path: str, path: str, algo: str, known: ManifestEntry | None) -> tuple[int, str]:
         """Read straight into the page-aligned buffers of a ``DirectFileWriter`` (checksummed there
         when not known) and write with O_DIRECT while the next buffer fills."""
         if known is None:
             hasher = new_hasher(algo)
             return self._copy_direct(local_path, path, hasher.update), hasher.hexdigest()
         self._copy_direct(local_path, path, None)
-        return int(known["size"]), str(known[algo])
+        return known.size, known.digest
 
     def _copy_direct(self, local_path: str, path: str, on_chunk: Any) -> int:
         with open(local_path, "rb", buffering=0) as src, self._new_file(path) as dst:

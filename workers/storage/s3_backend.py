@@ -40,6 +40,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file
 from syncpoint.workers.storage.protocol import Versioned
@@ -85,13 +86,13 @@ class S3Backend(FsspecBackend):
             raise
         writer.close()
 
-    def upload_file(self, local_path: str, path: str, algo: str, known: dict[str, Any] | None) -> tuple[int, str]:
+    def upload_file(self, local_path: str, path: str, algo: str, known: ManifestEntry | None) -> tuple[int, str]:
         """s3fs's ``put_file`` (parts of ``part_size``, ``concurrency`` in flight); the checksum, when
         not known from staging, is computed from the local bytes by a second thread meanwhile."""
         put = {"chunksize": self.part_size, "max_concurrency": self.concurrency}
         if known is not None:
             self.fs.put_file(local_path, path, **put)
-            return int(known["size"]), str(known[algo])
+            return known.size, known.digest
         with ThreadPoolExecutor(max_workers=1) as pool:
             digest = pool.submit(checksum_file, local_path, algo)
             self.fs.put_file(local_path, path, **put)
