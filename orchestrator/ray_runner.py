@@ -43,6 +43,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from syncpoint.workers.loop import WorkerContext, run_worker
 
+    imported_at = time.time()
     ctx = ray.train.get_context()
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
 
@@ -71,6 +72,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 print_progress=config.get("print_progress", True),
                 heartbeat_board=config.get("heartbeat"),
                 launched_at=launched_at,
+                imported_at=imported_at,
             ),
         )
     except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
@@ -360,9 +362,11 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
             failure = _placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
+        from syncpoint.workers.state.memory_copy import remove_for
         from syncpoint.workers.storage.lease import release_lease
 
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
+        remove_for(spec.run_url)  # this node's memory copy of the run's state must not outlive the job
         if board is not None:
             with contextlib.suppress(Exception):  # the board dies with the driver anyway
                 ray.kill(board)

@@ -659,6 +659,17 @@ class CheckpointSpec(_Strict):
             "save in flight; the run's last save is synchronous)."
         ),
     )
+    memory_copy: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "Keep this node's copy of the newest committed state in shared memory (/dev/shm, or "
+            "SYNCPOINT_MEMORY_DIR), written alongside every save, so a restart on the same node restores from "
+            "memory instead of the object store; the copy is verified against the state's manifest like any "
+            "bytes, and a missing, stale or failing copy falls back to storage (the log says which). true, false, "
+            "or auto: on when storage is neither a local filesystem (states there already restore in place) nor "
+            "memory://. A finished run removes its copy."
+        ),
+    )
     checksum: Literal["xxh3_128", "sha256"] = Field(
         "xxh3_128",
         description=(

@@ -23,6 +23,7 @@ from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease
 
 if TYPE_CHECKING:
+    from syncpoint.workers.state.memory_copy import MemoryCopy
     from syncpoint.workers.state.pretrained import PretrainedInit
 
 
@@ -44,6 +45,8 @@ class Attempt:
     stateful: Mapping[str, Any] = field(default_factory=dict)  # Task.stateful: saved and restored with every state
     # resume.init_from as a pretrained directory, loaded before DeepSpeed (syncpoint.workers.state.pretrained)
     pretrained: PretrainedInit | None = None
+    # this node's copy of the newest committed state in shared memory (checkpoint.memory_copy)
+    memory_copy: MemoryCopy | None = None
 
     @property
     def run_length(self) -> RunLength:

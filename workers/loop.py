@@ -69,6 +69,7 @@ from syncpoint.workers.schedule import Schedule
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.checkpoint_engine import install as install_streaming
 from syncpoint.workers.state.export import export_final
+from syncpoint.workers.state.memory_copy import memory_copy_for
 from syncpoint.workers.state.pretrained import load_pretrained_init
 from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_resume
 from syncpoint.workers.state.saving import SaveCoordinator
@@ -103,10 +104,33 @@ class WorkerContext:
     heartbeat_board: Any | None = None
     # When the launcher started this worker (before its imports); None: when run_worker starts.
     launched_at: float | None = None
+    # When the launcher's imports (torch, DeepSpeed, syncpoint) were done; None: not measured.
+    imported_at: float | None = None
+
+
+class SetupLaps:
+    """Rank 0's start-up profile: seconds per phase from the launch to the attempt's start, in order
+    (``AttemptStarted.setup``; bench P12 prints it). Why in the event: a restart's cost is mostly
+    start-up, and where it goes must be visible in every run's log, not only in a benchmark."""
+
+    def __init__(self, since: float) -> None:
+        self.last = since
+        self.seconds: list[tuple[str, float]] = []
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """The phase that ended now (or at ``at``; ``None`` when it was not measured: skipped)."""
+        if at is None and phase == "imports":
+            return
+        now = time.time() if at is None else at
+        self.seconds.append((phase, round(max(0.0, now - self.last), 4)))
+        self.last = now
 
 
 @dataclass
 class WorkerResult:
+    """What a rank's training returns to the driver: where it ended and the per-step history the
+    run's summary, plot and drills read."""
+
     final_state: str
     global_micro_step: int
     optimizer_step: int
@@ -118,6 +142,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     """Set up, take the lease, agree where to resume, train, finish."""
     ctx = ctx or WorkerContext()
     launched_at = ctx.launched_at if ctx.launched_at is not None else time.time()
+    laps = SetupLaps(launched_at)
+    laps.mark("imports", ctx.imported_at)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = dist.get_rank(), dist.get_world_size()
     storage = RunStorage(spec.run_url)
@@ -134,7 +160,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     rng.use_task_generators({})  # an earlier run's in this process are not this task's
     rng.seed_everything(spec.train.seed)  # model init is identical on every rank and every attempt
     corpus.use_job_settings(spec)  # a sharded corpus the task builds caches where the spec says
+    laps.mark("process: threads, device, seeds")
     task = load_task(spec.task.path, spec.task.config)
+    laps.mark("task built (model, dataset)")
     own_generators, unreproducible = task_rngs.of_task(task)
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
@@ -155,7 +183,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     schedule = Schedule(spec.train.scheduler)  # a custom schedule's import path fails here, before any load
     # a pretrained directory as init_from loads into the module before DeepSpeed copies and partitions it
     pretrained = load_pretrained_init(spec.resume.init_from, task.model, storage, spec.resume.policy)
+    laps.mark("data plan, schedule, pretrained init")
     engine = build_engine(spec, task.model, data_layout.grad_accum, task_optimizer=task.optimizer)
+    laps.mark("DeepSpeed engine (ops loaded)")
     check_engine_device(spec, engine.device)
     streaming = install_streaming(engine)  # saves stream through it; a refused config fails now
     groups = settings_of(engine)  # the param-group layout is part of a state's identity
@@ -184,7 +214,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = _attempt_number(journal)
+    laps.mark("expectation, signing key, journal")
     lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
+    laps.mark("lease")
     attempt = Attempt(
         spec,
         storage,
@@ -201,6 +233,11 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
         stateful=task.stateful,
         pretrained=pretrained,
+        memory_copy=memory_copy_for(
+            spec.checkpoint.memory_copy,
+            storage.url,
+            storage.local_path() is not None or storage.url.startswith("memory://"),
+        ),
     )
     for line in unreproducible:
         attempt.warn(line)
@@ -208,6 +245,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     start: ResumeStart | None = None
     try:
         start = negotiate_resume(attempt, engine)
+        laps.mark("selection and state load")
         if rank == 0:
             corpus.publish_index(storage, task.dataset, data_plan.identity)  # selections name a changed shard
         with RunMetrics.open(
@@ -218,8 +256,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             global_micro_step=start.position.global_micro_step,
         ) as metrics:
             source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
+            laps.mark("metrics, data source")
             try:
-                _announce_attempt(attempt, ctx.node_id, start, launched_at)
+                _announce_attempt(attempt, ctx.node_id, start, launched_at, laps.seconds)
                 parts = LoopParts(ctx, notices, task, engine, schedule, metrics, source)
                 return TrainingLoop(attempt, start, parts).run()
             finally:
@@ -332,6 +371,8 @@ class TrainingLoop:
         return committed
 
     def run(self) -> WorkerResult:
+        """Train from the resumed position to the end of the last epoch: micro-steps, boundaries
+        (saves, notices, evaluation), then the finish (final save, the model's export)."""
         state, at = self.state, self.state.at
         self.callbacks.call(
             "on_start",
@@ -550,6 +591,8 @@ class TrainingLoop:
             )
         self.callbacks.call("on_end", EndInfo(last_saved or "", at.optimizer_step, at.global_micro_step, attempt.rank))
         dist.barrier()
+        if attempt.memory_copy is not None:
+            attempt.memory_copy.remove()  # the run is over: its memory copy must not outlive it
         if attempt.lease:
             attempt.lease.release()
         return WorkerResult(
@@ -564,7 +607,9 @@ class TrainingLoop:
 # ------------------------------------------------------------------ helpers
 
 
-def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart, launched_at: float) -> None:
+def _announce_attempt(
+    attempt: Attempt, node_id: str, start: ResumeStart, launched_at: float, setup: list[tuple[str, float]]
+) -> None:
     nodes: list[str | None] = [None] * attempt.world_size
     dist.all_gather_object(nodes, node_id)
     if attempt.events:
@@ -579,6 +624,7 @@ def _announce_attempt(attempt: Attempt, node_id: str, start: ResumeStart, launch
                 optimizer_step=start.position.optimizer_step,
                 total_steps=attempt.run_length.total_steps,
                 launched_at=launched_at,
+                setup=setup,
             )
         )
 

@@ -110,3 +110,18 @@ def test_skip_is_index_arithmetic_and_loads_no_sample():
     r1 = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=0, start=0)
     assert set(r0.indices(3)).isdisjoint(r1.indices(3))
     assert sorted(r0.indices(3) + r1.indices(3)) == sorted(r0.order(np.arange(24, 32)).tolist())
+
+
+def test_every_attempt_records_where_its_start_up_went(tmp_path):
+    """``attempt_started.setup``: rank 0's phases from its launch to the attempt's start, in order, each
+    a duration (bench P12 prints them; a restart's cost is mostly start-up)."""
+    from syncpoint.workers.events import EventLog
+
+    spec = linear_spec(tmp_path, "task.config.num_samples=8")
+    run(spec)
+    (started,) = [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "attempt_started"]
+    setup = dict(started["setup"])  # (phase, seconds) pairs, in order
+    assert [p for p, _ in started["setup"]][:2] == ["process: threads, device, seeds", "task built (model, dataset)"]
+    assert "DeepSpeed engine (ops loaded)" in setup and "selection and state load" in setup
+    assert all(v >= 0 for v in setup.values())
+    assert started["launched_at"] + sum(setup.values()) <= started["time"] + 1e-3

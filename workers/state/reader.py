@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -85,6 +86,8 @@ from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+
+    from syncpoint.workers.state.memory_copy import MemoryCopy
 
 __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "load_into_engine"]
 
@@ -132,6 +135,8 @@ def fetch_state(
     buffers_of: int | None = None,
     stream_of: int | None = None,
     user_of: int | None = None,
+    memory: MemoryCopy | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> FetchedState:
     """Download and verify this rank's view of a state.
 
@@ -153,25 +158,30 @@ def fetch_state(
     none), read into memory, verified and parsed whole (``syncpoint.workers.data.stream_state``).
 
     ``user_of``: the rank whose user file (``Task.stateful``) this rank restores (None: the state has
-    none), read into memory and verified like the buffers file."""
+    none), read into memory and verified like the buffers file.
+
+    ``memory``: this node's memory copy (``syncpoint.workers.state.memory_copy``): with ``in_place``,
+    the state is verified there and loaded from it when the copy holds every file this rank needs
+    and each matches the manifest; else storage is read, and ``say`` is told why."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
+    small = (
+        rng_file(rank) if want_rng else None,
+        buffers_file(buffers_of) if buffers_of is not None else None,
+        stream_file(stream_of) if stream_of is not None else None,
+        user_file(user_of) if user_of is not None else None,
+    )
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(
-                root,
-                state_dir,
-                files,
-                fetched,
-                rng_file(rank) if want_rng else None,
-                buffers_file(buffers_of) if buffers_of is not None else None,
-                stream_file(stream_of) if stream_of is not None else None,
-                user_file(user_of) if user_of is not None else None,
-            )
+            return _verify_in_place(root, state_dir, files, fetched, *small)
         finally:
             os.close(root)
+    if memory is not None and in_place and available():
+        from_memory = _from_memory(memory, cand.name, files, fetched, small, say or (lambda _: None))
+        if from_memory is not None:
+            return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
         for rel in fetched:
@@ -197,6 +207,35 @@ def fetch_state(
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
+
+
+def _from_memory(
+    memory: MemoryCopy,
+    name: str,
+    files: dict[str, ManifestEntry],
+    fetched: list[str],
+    small: tuple[str | None, str | None, str | None, str | None],
+    say: Callable[[str], None],
+) -> FetchedState | None:
+    """The state verified in this node's memory copy, or ``None`` (told to ``say``) when the copy is
+    missing, incomplete or fails verification: the caller then reads storage."""
+    try:
+        root = memory.open_state(name)
+    except (OSError, UnsafeEntry) as e:
+        say(f"this node's memory copy of {name} cannot be opened ({e}): restoring from storage")
+        return None
+    if root is None:
+        say(f"no memory copy of {name} on this node: restoring from storage")
+        return None
+    try:
+        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small)
+    except (StateRefused, UnsafeEntry, OSError) as e:
+        say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage")
+        return None
+    finally:
+        os.close(root)
+    say(f"restoring {name} from this node's memory copy (verified against its manifest)")
+    return fetched_state
 
 
 def _open_state(storage: RunStorage, name: str) -> int:

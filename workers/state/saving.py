@@ -57,6 +57,7 @@ class SaveCoordinator:
             checksum=spec.checkpoint.checksum,
             # Elastic ZeRO 1-3 runs also write the gathered optimizer state, loadable at another world size.
             full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3),
+            memory=attempt.memory_copy,
         )
         self.reasons_in_flight: list[str] = []
         self.last_saved = last_saved

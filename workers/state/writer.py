@@ -9,20 +9,21 @@ manifest's commit leaves a state nobody resumes from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import LeaseLostError
+from syncpoint.policies.errors import LeaseLostError, UnsafeEntry
 from syncpoint.policies.retention import is_state_name
 from syncpoint.policies.state_format import (
     ENGINE_TAG,
@@ -31,6 +32,7 @@ from syncpoint.policies.state_format import (
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
+    ManifestEntry,
     TrainState,
     buffers_file,
     json_bytes,
@@ -42,6 +44,7 @@ from syncpoint.workers.faults import Faults
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
 from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
+from syncpoint.workers.state.memory_copy import MemoryCopy
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease
 
@@ -51,6 +54,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class SaveResult:
+    """One committed save as the loop reports it (log line, events, goodput): which state, its
+    size, and the time it cost in all and the part training waited for."""
+
     name: str
     optimizer_step: int
     bytes: int
@@ -69,8 +75,7 @@ class Snapshot:
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # this rank's files already in storage
-    staged: dict[str, dict[str, Any]] = field(default_factory=dict)  # checksummed in staging, to upload
+    files: dict[str, ManifestEntry] = field(default_factory=dict)  # this rank's files already in storage
     # async: DeepSpeed's shards copied into the engine's arena, to serialize in the background; the
     # engine whose arena holds them (released once they are written)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -83,6 +88,7 @@ class Snapshot:
     # this rank's small files captured at the boundary, by path in the state: its stream position
     # (syncpoint.workers.data.stream_state) and its Task.stateful objects (syncpoint.workers.state.user_state)
     rank_files: dict[str, bytes] = field(default_factory=dict, repr=False)
+    memory: MemoryCopy | None = field(default=None, repr=False)  # this node's copy (memory_copy), written alongside
 
 
 def staging_root() -> str | None:
@@ -110,6 +116,7 @@ def take_snapshot(
     direct: RunStorage | None = None,
     signing_key: bytes | None = None,
     rank_files: Mapping[str, bytes] | None = None,
+    memory: MemoryCopy | None = None,
 ) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
@@ -123,11 +130,11 @@ def take_snapshot(
     name = state_name(trainer.global_micro_step)
     staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
     ce = install(engine)
-    written: dict[str, dict[str, Any]] = {}
+    written: dict[str, ManifestEntry] = {}
     captured: dict[str, Any] = {}
     try:
         if direct is not None:
-            with ce.streaming(staging, _durable_sink(direct, name, algo)) as written:
+            with ce.streaming(staging, _durable_sink(direct, name, algo, memory)) as written:
                 engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
         else:
             with ce.capturing(staging) as captured:
@@ -153,6 +160,7 @@ def take_snapshot(
         signing_key=signing_key,
         buffers_bytes=mine,
         rank_files=dict(rank_files or {}),
+        memory=memory,
     )
     snap.files.update(written)
     if direct is None:
@@ -161,26 +169,76 @@ def take_snapshot(
     return snap
 
 
-def _durable_sink(storage: RunStorage, name: str, algo: str) -> Sink:
+def _durable_sink(storage: RunStorage, name: str, algo: str, memory: MemoryCopy | None = None) -> Sink:
     def durable_sink(rel: str) -> AbstractContextManager[ChecksummingWriter]:
-        return storage.open_durable(STATES_DIR, name, rel, algo=algo)
+        durable = storage.open_durable(STATES_DIR, name, rel, algo=algo)
+        return durable if memory is None else _teed(durable, memory, name, rel)
 
     return durable_sink
 
 
-def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faults) -> dict[str, dict[str, Any]]:
+class _Tee:
+    """A writer's target that also copies every byte into this node's memory copy. The copy is best
+    effort: a failed write (shared memory full) drops that file's copy, never the save."""
+
+    def __init__(self, target: Any, fd: int | None) -> None:
+        self.target, self.fd, self.failed = target, fd, False
+
+    def write(self, data: Any) -> Any:
+        written = self.target.write(data)
+        if self.fd is not None:
+            try:
+                view = memoryview(data).cast("B")
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError:
+                self.fd, self.failed = None, True
+        return written
+
+    def flush(self) -> None:
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def _teed(
+    durable: AbstractContextManager[ChecksummingWriter], memory: MemoryCopy, name: str, rel: str
+) -> Iterator[ChecksummingWriter]:
+    with durable as writer, contextlib.ExitStack() as copy:
+        try:
+            fd: int | None = copy.enter_context(memory.file(name, rel))
+        except (OSError, UnsafeEntry):
+            fd = None
+        tee = _Tee(writer.target, fd)
+        writer.target = tee
+        yield writer
+    if tee.failed:
+        memory.discard(name, rel)
+
+
+def _copy_to_memory(memory: MemoryCopy | None, name: str, rel: str, data: bytes) -> None:
+    """A small file's memory copy, best effort (a failure only means this file restores from storage)."""
+    if memory is not None:
+        try:
+            memory.write_bytes(name, rel, data)
+        except (OSError, UnsafeEntry):
+            memory.discard(name, rel)
+
+
+def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faults) -> dict[str, ManifestEntry]:
     """Make this rank's files durable in storage (safe to run in a background thread): an async
     save's copied shards are serialized straight into storage (checksummed on the way; then the
     arena is free for the next save), what is in staging is copied (no second read when its
     checksum is known), then the RNG and buffers files."""
-    mine: dict[str, dict[str, Any]] = dict(snap.files)
+    mine: dict[str, ManifestEntry] = dict(snap.files)
     try:
         if snap.arena_of is not None:
             ce = snap.arena_of
             try:
                 mine.update(
                     write_captured(
-                        snap.captured, _durable_sink(storage, snap.name, snap.algo), ce.zipfile_serialization
+                        snap.captured,
+                        _durable_sink(storage, snap.name, snap.algo, snap.memory),
+                        ce.zipfile_serialization,
                     )
                 )
             finally:
@@ -197,7 +255,6 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
                     sub,
                     fname,
                     algo=snap.algo,
-                    known=snap.staged.get(rel),
                 )
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
@@ -208,6 +265,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     small.update(snap.rank_files)
     for rel, data in small.items():
         storage.write_bytes(data, STATES_DIR, snap.name, rel)
+        _copy_to_memory(snap.memory, snap.name, rel, data)
         mine[rel] = entry(len(data), snap.algo, checksum_bytes(data, snap.algo))
     faults.at_phase("after_some_shards")
     snap.files = mine
@@ -223,26 +281,27 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
     verdict: str | None = None
-    gathered: list[dict[str, Any] | None] = [None] * world
+    gathered: list[dict[str, ManifestEntry] | None] = [None] * world
     dist.all_gather_object(gathered, snap.files)
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, ManifestEntry] = {}
     for part in gathered:
         files.update(part or {})
     if rank == 0:
         trainer_bytes = json_bytes(snap.trainer.record())
         storage.write_bytes(trainer_bytes, STATES_DIR, snap.name, TRAINER_FILE)
+        _copy_to_memory(snap.memory, snap.name, TRAINER_FILE, trainer_bytes)
         files[TRAINER_FILE] = entry(len(trainer_bytes), snap.algo, checksum_bytes(trainer_bytes, snap.algo))
         faults.at_phase("before_manifest")
         verdict = lease.confirm() if lease is not None else None
     if rank == 0 and verdict is None:
-        # the entries are raw records, as read back from a manifest: its validator checks each one
+        # the entries as the records a manifest holds: its validator checks each one as it checks a read one
         manifest = Manifest.model_validate(
             {
                 "state": snap.name,
                 "created_at": time.time(),
                 "world_size": world,
                 "checksum": snap.algo,
-                "files": dict(sorted(files.items())),
+                "files": {rel: f.record() for rel, f in sorted(files.items())},
                 "lease_generation": lease.generation if lease is not None else None,
             }
         ).record()
@@ -256,11 +315,13 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     dist.broadcast_object_list(box, src=0)  # the barrier: committed, or the lease is lost
     if box[0]:
         raise LeaseLostError(box[0])
+    if snap.memory is not None:
+        snap.memory.keep_only(snap.name)  # this node keeps the newest committed state (and newer saves)
     end = time.perf_counter()
     return SaveResult(
         name=snap.name,
         optimizer_step=snap.trainer.optimizer_step,
-        bytes=sum(f["size"] for f in files.values()),
+        bytes=sum(f.size for f in files.values()),
         seconds=end - snap.started,
         blocked_seconds=snap.blocked + (end - t0),
     )
@@ -354,8 +415,10 @@ class StateWriter:
         signing_key: bytes | None,
         checksum: str = DEFAULT,
         full_optimizer_state: bool = False,
+        memory: MemoryCopy | None = None,
     ) -> None:
         self.engine, self.storage, self.faults, self.rank = engine, storage, faults, rank
+        self.memory = memory  # this node's memory copy of every state it writes (syncpoint.workers.state.memory_copy)
         self.lease, self.signing_key, self.checksum = lease, signing_key, checksum
         self.full_optimizer_state = full_optimizer_state  # elastic ZeRO: the gathered optimizer state too
         self.upload = AsyncUpload(storage, rank, faults)
@@ -366,6 +429,8 @@ class StateWriter:
         return self.upload.in_flight
 
     def uploading(self) -> bool:
+        """This rank's asynchronous upload is still writing (the boundary's vote carries it: the
+        manifest commits only once every rank's upload has finished)."""
         return self.upload.uploading()
 
     def save(self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None) -> SaveResult:
@@ -380,6 +445,7 @@ class StateWriter:
             direct=self.storage,
             signing_key=self.signing_key,
             rank_files=rank_files,
+            memory=self.memory,
         )
         t0 = time.perf_counter()
         upload_snapshot(self.storage, snap, self.rank, self.faults)
@@ -399,6 +465,7 @@ class StateWriter:
                 algo=self.checksum,
                 signing_key=self.signing_key,
                 rank_files=rank_files,
+                memory=self.memory,
             )
         )
 

@@ -1,0 +1,166 @@
+"""This node's memory copy of the newest committed state (``syncpoint.workers.state.memory_copy``), on a
+run stored in S3 (moto's server on loopback):
+
+* a restart on the same node restores from the copy, reads no state file from the object store,
+  and ends bitwise where the uninterrupted run ends (sync and asynchronous saves);
+* a copy with a changed byte, or none at all, falls back to storage and says so; the resume is the
+  same;
+* a node keeps only the newest committed state; a finished run removes its copy;
+* a shared-memory directory that is not this user's private one is never written or read, and a
+  save goes on without a copy; local storage writes no copy (its states restore in place).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import syncpoint.workers.state.reader as reader
+from syncpoint.policies.state_format import rng_file
+from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, run_key
+from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
+from tests.integration.test_s3 import RESUME_LAYOUT, assert_same_run
+from tests.s3_server import BUCKET
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+NEWEST = f"{10:012d}"  # the crash at micro-step 13 leaves states 4, 8, 10 committed
+CRASH = "faults=[{at_micro_step: 13, mode: raise}]"
+
+
+@pytest.fixture
+def shm(tmp_path, monkeypatch):
+    base = tmp_path / "shm"
+    base.mkdir()
+    monkeypatch.setenv(MEMORY_DIR_ENV, str(base))
+    return base
+
+
+@pytest.fixture
+def reference(tmp_path_factory):
+    ref = linear_spec(tmp_path_factory.mktemp("ref"), *RESUME_LAYOUT)
+    return ref, run(ref).final_state
+
+
+@pytest.fixture
+def downloads(monkeypatch):
+    """Every state file this process downloads from storage for a restore."""
+    seen: list[str] = []
+    orig = reader._download_verified
+
+    def spy(storage, name, rel, entry, local):
+        seen.append(f"{name}/{rel}")
+        return orig(storage, name, rel, entry, local)
+
+    monkeypatch.setattr(reader, "_download_verified", spy)
+    return seen
+
+
+def _run_dir(shm, spec) -> str:
+    return os.path.join(shm, f"syncpoint-memory-{os.getuid()}", run_key(spec.run_url))
+
+
+def _crashed(prefix: str, *extra: str):
+    spec = linear_spec(f"s3://{BUCKET}/{prefix}", *RESUME_LAYOUT, *extra, CRASH)
+    assert run_until_crash(spec)
+    return spec
+
+
+@pytest.mark.parametrize("save_mode", ["sync", "async"])
+def test_a_restart_restores_from_the_nodes_memory_copy_bitwise(s3, shm, reference, downloads, capsys, save_mode):
+    if save_mode == "async":  # a save commits at a later boundary, once its background upload is done
+        spec = linear_spec(
+            f"s3://{BUCKET}/mem-async",
+            *RESUME_LAYOUT,
+            "checkpoint.async=true",
+            "faults=[{at_micro_step: 19, mode: raise}]",
+        )
+        assert run_until_crash(spec)
+    else:
+        spec = _crashed("mem-sync")
+    assert committed_steps(spec), "no state committed before the crash"
+    newest = f"{max(committed_steps(spec)):012d}"
+    run_dir = _run_dir(shm, spec)
+    assert sorted(os.listdir(run_dir))[0] == newest  # nothing older than the newest committed state is kept
+    copied = {
+        os.path.relpath(os.path.join(d, f), os.path.join(run_dir, newest))
+        for d, _, names in os.walk(os.path.join(run_dir, newest))
+        for f in names
+    }
+    assert "trainer.json" in copied and rng_file(0) in copied and any(p.startswith("engine/") for p in copied)
+    assert oct(os.stat(os.path.dirname(run_dir)).st_mode & 0o777) == "0o700"
+    capsys.readouterr()
+
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert result.resumed_from == newest
+    assert f"restoring {newest} from this node's memory copy" in out, out
+    assert downloads == []  # no state file came from the object store
+    ref, ref_final = reference
+    assert_same_run(ref, ref_final, spec, result.final_state)
+    assert not os.path.exists(run_dir)  # the run finished: its copy is gone
+
+
+def test_a_changed_byte_in_the_copy_falls_back_to_storage_and_says_so(s3, shm, reference, downloads, capsys):
+    spec = _crashed("mem-corrupt")
+    engine_dir = os.path.join(_run_dir(shm, spec), NEWEST, "engine")
+    victim = os.path.join(engine_dir, sorted(os.listdir(engine_dir))[0])
+    data = bytearray(open(victim, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    with open(victim, "wb") as f:
+        f.write(data)
+    capsys.readouterr()
+
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert f"memory copy of {NEWEST} failed verification" in out and "restoring from storage" in out, out
+    assert any(d.startswith(f"{NEWEST}/engine/") for d in downloads)
+    assert result.resumed_from == NEWEST  # the state itself is sound: never called corrupt
+    ref, ref_final = reference
+    assert digest(spec, result.final_state) == digest(ref, ref_final)
+
+
+def test_no_copy_on_this_node_restores_from_storage_and_says_so(s3, shm, reference, downloads, capsys):
+    spec = _crashed("mem-missing")
+    MemoryCopy(str(shm), spec.run_url).remove()  # as on a replacement node
+    capsys.readouterr()
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert f"no memory copy of {NEWEST} on this node: restoring from storage" in out, out
+    assert downloads and result.resumed_from == NEWEST
+    ref, ref_final = reference
+    assert digest(spec, result.final_state) == digest(ref, ref_final)
+
+
+def test_a_shared_directory_that_is_not_private_is_never_used_and_the_save_goes_on(s3, shm, reference, capsys):
+    user_dir = shm / f"syncpoint-memory-{os.getuid()}"
+    user_dir.mkdir(mode=0o777)
+    os.chmod(user_dir, 0o777)  # another user could plant files here
+    spec = _crashed("mem-open")
+    assert os.listdir(user_dir) == []  # nothing was written into it
+    capsys.readouterr()
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert "cannot be opened" in out and "not this user's private directory" in out, out
+    ref, ref_final = reference
+    assert digest(spec, result.final_state) == digest(ref, ref_final)
+
+
+def test_a_planted_link_at_the_runs_copy_is_never_followed(s3, shm, tmp_path, capsys):
+    spec = linear_spec(f"s3://{BUCKET}/mem-link", *RESUME_LAYOUT, CRASH)
+    user_dir = shm / f"syncpoint-memory-{os.getuid()}"
+    user_dir.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, user_dir / run_key(spec.run_url))
+    assert run_until_crash(spec)
+    assert os.listdir(elsewhere) == []  # the link was replaced, its target never written
+    assert not os.path.islink(user_dir / run_key(spec.run_url))
+
+
+def test_local_storage_and_off_write_no_copy(s3, shm, tmp_path):
+    assert run_until_crash(linear_spec(tmp_path / "local", *RESUME_LAYOUT, CRASH))  # auto: restores in place
+    assert run_until_crash(linear_spec(f"s3://{BUCKET}/mem-off", *RESUME_LAYOUT, "checkpoint.memory_copy=false", CRASH))
+    assert not (shm / f"syncpoint-memory-{os.getuid()}").exists()

@@ -1,0 +1,77 @@
+"""``syncpoint.workers.state.memory_copy``'s directory rules: one private directory per user, one per run
+beneath it; a node keeps the newest committed state (and newer saves in progress); removal touches
+only its own run; planted links are replaced, never written through; when a copy is made at all."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, memory_copy_for, remove_for
+
+
+def _state(n: int) -> str:
+    return f"{n:012d}"
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    monkeypatch.setenv(MEMORY_DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_a_node_keeps_the_newest_committed_state_and_newer_saves(base):
+    copy = MemoryCopy(str(base), "s3://bucket/run")
+    for n in (4, 8, 10, 14):
+        copy.write_bytes(_state(n), "engine/a.pt", b"x" * n)
+    copy.keep_only(_state(10))  # 14: a save in progress, kept
+    root = base / f"syncpoint-memory-{os.getuid()}"
+    (run,) = os.listdir(root)
+    assert sorted(os.listdir(root / run)) == [_state(10), _state(14)]
+    assert (root / run / _state(10) / "engine" / "a.pt").read_bytes() == b"x" * 10
+    assert oct((root).stat().st_mode & 0o777) == "0o700"
+
+
+def test_removal_touches_only_its_own_run(base):
+    a, b = MemoryCopy(str(base), "s3://bucket/a"), MemoryCopy(str(base), "s3://bucket/b")
+    a.write_bytes(_state(2), "trainer.json", b"{}")
+    b.write_bytes(_state(2), "trainer.json", b"{}")
+    remove_for("s3://bucket/a")
+    assert a.open_state(_state(2)) is None
+    fd = b.open_state(_state(2))
+    assert fd is not None
+    os.close(fd)
+
+
+def test_a_planted_link_where_a_file_goes_is_replaced_never_written_through(base, tmp_path_factory):
+    copy = MemoryCopy(str(base), "s3://bucket/run")
+    copy.write_bytes(_state(2), "rng/r.safetensors", b"first")
+    target = tmp_path_factory.mktemp("victim") / "file"
+    target.write_bytes(b"precious")
+    path = base / f"syncpoint-memory-{os.getuid()}" / os.listdir(base / f"syncpoint-memory-{os.getuid()}")[0]
+    leaf = path / _state(2) / "rng" / "r.safetensors"
+    leaf.unlink()
+    os.symlink(target, leaf)
+    copy.write_bytes(_state(2), "rng/r.safetensors", b"second")
+    assert target.read_bytes() == b"precious" and not leaf.is_symlink() and leaf.read_bytes() == b"second"
+
+
+def test_a_state_name_must_be_one(base):
+    copy = MemoryCopy(str(base), "s3://bucket/run")
+    with pytest.raises(ValueError):
+        copy.write_bytes("../../etc", "x", b"")
+
+
+@pytest.mark.parametrize(
+    "setting,local,made",
+    [(False, False, False), ("auto", True, False), ("auto", False, True), (True, True, True), (True, False, True)],
+)
+def test_when_a_copy_is_made(base, setting, local, made):
+    assert (memory_copy_for(setting, "s3://bucket/run", local) is not None) == made
+
+
+def test_no_shared_memory_directory_means_no_copy(monkeypatch, tmp_path):
+    monkeypatch.setenv(MEMORY_DIR_ENV, str(tmp_path / "absent"))
+    assert memory_copy_for(True, "s3://bucket/run", False) is None
+    remove_for("s3://bucket/run")  # nothing to remove: no error
