@@ -164,3 +164,52 @@ def test_local_storage_and_off_write_no_copy(s3, shm, tmp_path):
     assert run_until_crash(linear_spec(tmp_path / "local", *RESUME_LAYOUT, CRASH))  # auto: restores in place
     assert run_until_crash(linear_spec(f"s3://{BUCKET}/mem-off", *RESUME_LAYOUT, "checkpoint.memory_copy=false", CRASH))
     assert not (shm / f"syncpoint-memory-{os.getuid()}").exists()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link", "huge"])
+def test_a_planted_entry_in_the_copy_is_never_read_through_and_storage_serves(
+    s3, shm, reference, downloads, capsys, tmp_path, plant
+):
+    """Whoever can write this user's shared memory can plant a FIFO (a read would block), a link to
+    another file, or a file far larger than the manifest says: each is refused without being read
+    (or read past its listed size), and the rank restores from storage."""
+    spec = _crashed(f"mem-plant-{plant}")
+    engine_dir = os.path.join(_run_dir(shm, spec), NEWEST, "engine")
+    victim = os.path.join(engine_dir, sorted(os.listdir(engine_dir))[0])
+    os.unlink(victim)
+    if plant == "fifo":
+        os.mkfifo(victim)
+    elif plant == "link":
+        target = tmp_path / "elsewhere.pt"
+        target.write_bytes(b"x" * 100)
+        os.symlink(target, victim)
+    else:
+        with open(victim, "wb") as f:
+            f.truncate(1 << 40)  # sparse: 1 TiB listed, nothing to read
+    capsys.readouterr()
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert f"memory copy of {NEWEST} failed verification" in out and "restoring from storage" in out, out
+    assert any(d.startswith(f"{NEWEST}/engine/") for d in downloads)
+    ref, ref_final = reference
+    assert digest(spec, result.final_state) == digest(ref, ref_final)
+
+
+def test_two_ranks_on_one_node_both_restore_from_its_copy(s3, shm, tmp_path, capfd):
+    """Each rank writes its own files; the node's copy is the whole state, and both ranks load it."""
+    from syncpoint.workers.launch import run_spawned
+
+    layout = (*RESUME_LAYOUT, "train.grad_accum=2")  # 2 ranks x 1 x 2 = 4 samples per optimizer step
+    ref = linear_spec(tmp_path / "ref", *layout, workers=2)
+    assert run_spawned(ref) == [0, 0]
+    ref_final = f"{max(committed_steps(ref)):012d}"
+    spec = linear_spec(f"s3://{BUCKET}/mem-two", *layout, "faults=[{at_micro_step: 8, mode: raise}]", workers=2)
+    assert run_spawned(spec)[0] != 0
+    newest = f"{max(committed_steps(spec)):012d}"
+    copied = os.listdir(os.path.join(_run_dir(shm, spec), newest, "engine"))
+    assert len([f for f in copied if "optim_states" in f]) == 2, copied  # both ranks' optimizer shards
+    capfd.readouterr()
+    assert run_spawned(with_overrides(spec, "faults=[]")) == [0, 0]
+    out = capfd.readouterr().out
+    assert f"restoring {newest} from this node's memory copy" in out and "restoring from storage" not in out, out
+    assert digest(spec, f"{max(committed_steps(spec)):012d}") == digest(ref, ref_final)

@@ -1,0 +1,54 @@
+"""The memory copy through the real path: ``syncpoint run`` on an embedded Ray, the run stored in S3
+(moto's server on loopback), a rank raising mid-run. Ray Train starts a new worker group on the
+same node; it restores from the node's memory copy (no state file read from S3) and the run ends
+bitwise where the uninterrupted one ends; the job's end removes the copy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV
+from tests.helpers import ROOT, committed_steps, digest, lm_spec
+from tests.s3_server import BUCKET
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto.server")
+
+COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every={value: 4, unit: micro_steps}"]
+
+
+def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_path):
+    ref = lm_spec(tmp_path / "ref", *COMMON, workers=2)
+    assert run_spawned(ref) == [0, 0]
+    ref_final = f"{max(committed_steps(ref)):012d}"
+
+    spec = lm_spec(f"s3://{BUCKET}/memory-on-ray", *COMMON, "faults=[{at_micro_step: 10, mode: raise}]", workers=2)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env[MEMORY_DIR_ENV] = str(shm)
+    proc = subprocess.run(
+        [sys.executable, "-m", "syncpoint", "run", str(job)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "injected crash on rank 0 at micro-step 10" in out
+    assert "from this node's memory copy (verified against its manifest)" in out, out[-4000:]
+    assert "restoring from storage" not in out
+    final = f"{max(committed_steps(spec)):012d}"
+    assert final == ref_final and digest(spec, final) == digest(ref, ref_final)
+    assert os.listdir(shm) == [] or all(os.listdir(shm / d) == [] for d in os.listdir(shm))  # the copy is gone
