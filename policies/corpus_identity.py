@@ -77,6 +77,7 @@ class CorpusIdentity:
 
 
 def index_file(digest: str) -> str:
+    """The name of a corpus index under ``corpus/`` in the run directory, by its identity's digest."""
     return f"{digest}.json"
 
 

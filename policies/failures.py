@@ -179,6 +179,7 @@ def repeats_previous(
 
 
 def not_retried_line(micro_step: int) -> str:
+    """Why a failure that repeats the previous attempt's exactly is not retried (the run's last line)."""
     return (
         f"it failed twice the same way at micro-step {micro_step} with no new state in between: not retried "
         "(a bug, not a preemption)"

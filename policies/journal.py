@@ -120,6 +120,8 @@ class AttemptStarted(_Event):
 
 
 class CandidateSeen(_Record):
+    """One candidate as a resume decision saw it (``syncpoint events`` and the timeline show them)."""
+
     state: str
     verdict: str | None
     reason: str | None

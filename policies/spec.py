@@ -82,6 +82,8 @@ class _Strict(BaseModel):
 
 
 class ElasticWorkers(_Strict):
+    """``scaling.num_workers: {min, max}``: the world sizes an elastic run may continue on."""
+
     min: StrictInt = Field(..., ge=1, le=MAX_WORKERS, description="The fewest workers the run continues on.")
     max: StrictInt = Field(
         ..., ge=1, le=MAX_WORKERS, description=("The most workers; train.grad_accum is stated for this many.")
@@ -165,6 +167,8 @@ class ScalingSpec(_Strict):
 
 
 class TaskSpec(_Strict):
+    """``task``: the function that builds the Task, and the config it is called with."""
+
     path: str = Field(
         ..., max_length=MAX_IMPORT_PATH_CHARS, description="Import path 'package.module:function' returning a Task."
     )
@@ -179,6 +183,8 @@ class TaskSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
+    """``train.optimizer``: the optimizer syncpoint builds when the task brings none (``Task.optimizer``)."""
+
     type: Literal["adamw", "adam", "sgd"] = Field(
         "adamw", description=("The optimizer; changing it between attempts is refused unless resume.reset_optimizer.")
     )
@@ -337,6 +343,8 @@ TrackerName = Literal["tensorboard", "mlflow", "wandb"]  # train.report_to (sync
 
 
 class TrainSpec(_Strict):
+    """``train``: batch layout, length, seed, hyper-parameters and schedule; the live spec's values win on resume."""
+
     micro_batch_size: StrictInt = Field(..., ge=1, le=MAX_MICRO_BATCH, description="Samples per rank per micro-batch.")
     grad_accum: StrictInt = Field(
         1,
@@ -505,6 +513,8 @@ def _secret_keys(obj: Any, path: str = "deepspeed.config", depth: int = 0) -> li
 
 
 class DeepSpeedSpec(_Strict):
+    """``deepspeed``: the engine's ZeRO stage, precision, offload and clipping."""
+
     zero_stage: Literal[0, 1, 2, 3] = Field(
         2, description=("ZeRO stage: 1 partitions the optimizer state, 2 also the gradients, 3 also the parameters.")
     )
@@ -608,6 +618,8 @@ class SaveEvery(_Strict):
 
 
 class CheckpointSpec(_Strict):
+    """``checkpoint``: when states are saved, how they are written, verified and kept."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
     save_every: SaveEvery = Field(
@@ -802,6 +814,8 @@ class CorpusSpec(_Strict):
 
 
 class ResumeSpec(_Strict):
+    """``resume``: the policy that chooses where a submission starts, and the opt-outs it may take."""
+
     policy: str = Field(
         "newest-resumable",
         max_length=MAX_IMPORT_PATH_CHARS,
@@ -1081,4 +1095,5 @@ def spec_to_json(spec: JobSpec, redact: bool = True) -> str:
 
 
 def job_schema() -> dict[str, Any]:
+    """The job spec's JSON schema (``syncpoint schema``; editors validate YAML job files with it)."""
     return JobSpec.model_json_schema()

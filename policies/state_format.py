@@ -105,26 +105,32 @@ def local_path(directory: str, rel: str) -> str:
 
 
 def rng_file(rank: int) -> str:
+    """A rank's RNG file in a state."""
     return f"{RNG_DIR}/rank_{rank:05d}.safetensors"
 
 
 def buffers_file(rank: int) -> str:
+    """A rank's module-buffers file in a state (``TrainState.per_rank_buffers``)."""
     return f"{BUFFERS_DIR}/rank_{rank:05d}.safetensors"
 
 
 def stream_file(rank: int) -> str:
+    """A rank's stream-position file in a state (stream datasets)."""
     return f"{STREAM_DIR}/rank_{rank:05d}.safetensors"
 
 
 def user_file(rank: int) -> str:
+    """A rank's ``Task.stateful`` file in a state."""
     return f"{USER_DIR}/rank_{rank:05d}.safetensors"
 
 
 def zero3_model_file(rank: int) -> str:
+    """DeepSpeed's ZeRO-3 per-rank model file in a state."""
     return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
 
 
 def zero_optim_file(rank: int, *, bf16: bool) -> str:
+    """DeepSpeed's per-rank ZeRO (or bf16) optimizer shard in a state."""
     return f"{ENGINE_TAG}/{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
@@ -234,6 +240,8 @@ class ParamGroupRecord(_Record):
 
 
 class OptimizerRecord(_Record):
+    """The optimizer's type and param-group layout as saved: selection compares them with the live job's."""
+
     type: str | None = None  # None: not recorded (states before the field), not compared
     # None: not recorded (states before the field: one group, which the live layout must then be)
     param_groups: list[ParamGroupRecord] | None = None
