@@ -115,8 +115,9 @@ class AttemptStarted(_Event):
     # when rank 0's process began setting up (before DeepSpeed and the state load): goodput splits a
     # restart into the gap (failure to this) and start-up (this to the attempt's start); older logs lack it
     launched_at: Seconds | None = None
-    # rank 0's start-up, (phase, seconds) in order, from launched_at to the attempt's start; older logs lack it
-    setup: list[tuple[str, Seconds]] = older_logs_lack([])
+    # rank 0's start-up, (phase, seconds) in order, from launched_at to the attempt's start; empty where
+    # not measured (older logs, attempts outside the loop)
+    setup: list[tuple[str, Seconds]] = []
 
 
 class CandidateSeen(_Record):

@@ -57,7 +57,7 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
     with store.open_durable("streamed.bin") as w:  # odd write sizes, as torch.save's
         for start, size in ((0, 100), (100, 3 * PART), (3 * PART + 100, 7), (3 * PART + 107, len(data))):
             w.write(data[start : start + size])
-    assert w.entry() == {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
+    assert w.entry().record() == {"size": len(data), "xxh3_128": checksum_bytes(data, "xxh3_128")}
     assert _parts(client, "parts/streamed.bin") == 5
     assert store.read_bytes("streamed.bin", limit=1 << 30) == data
 
