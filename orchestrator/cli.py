@@ -32,6 +32,7 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """``syncpoint validate``: the spec, the task's import and what each setting does, without building anything."""
     spec = _load(args)
     facts = check_imports(spec, args.job)
     print(spec_to_json(spec))
@@ -83,11 +84,13 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    """``syncpoint schema``: the job spec's JSON schema on stdout."""
     print(json.dumps(job_schema(), indent=2))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``syncpoint run``: the job on Ray (embedded unless an address is given); the last line says how it ended."""
     spec = prepare_run(load_spec(args.job, args.set), args.job)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
@@ -216,6 +219,7 @@ def _first_line(e: BaseException, limit: int = 200) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    """``syncpoint submit``: the job through Ray's Job API, with the working directory shipped."""
     from syncpoint.orchestrator.submit import submit
 
     spec = _load(args)
@@ -225,6 +229,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_states(args: argparse.Namespace) -> int:
+    """``syncpoint states``: every state of a run, its verdict and reason, and what a resume would choose."""
     from syncpoint.policies.candidates import candidates_table, classify
     from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
     from syncpoint.policies.resume import enforce_safe
@@ -348,6 +353,7 @@ def _run_expectation(cands: list[Candidate]) -> Expectation | None:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
+    """``syncpoint digest``: a state's content digest (what drills compare), verified against its manifest."""
     from syncpoint.policies.errors import StateRefused
     from syncpoint.workers.integrity.digest import state_digest
 
@@ -385,6 +391,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
+    """``syncpoint events``: a run's timeline from its event log (attempts, failures, saves, goodput)."""
     from syncpoint.orchestrator.timeline import format_timeline
     from syncpoint.policies.journal import Journal
     from syncpoint.workers.events import EventLog, skipped_line
@@ -446,6 +453,7 @@ def _plot(journal: Any, path: str, title: str) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
+    """``syncpoint drill``: the job uninterrupted and interrupted, compared bit for bit."""
     from syncpoint.orchestrator.drill import run_drill
 
     spec = _load(args)
@@ -518,6 +526,7 @@ def _as_url(path: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``syncpoint`` argument parser (docs/reference/cli.md is written from it)."""
     p = argparse.ArgumentParser(prog="syncpoint", description="Preemption-proof DeepSpeed training on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -286,6 +286,7 @@ def _repetition(error: BaseException, journal: Journal | None, submission: str) 
 
 
 def node_death_wait_s() -> float:
+    """How long a failure waits for Ray to declare a silent node dead before classifying it."""
     return float(os.environ.get("SYNCPOINT_NODE_DEATH_WAIT_S", "30"))
 
 

@@ -128,6 +128,7 @@ class _Child:
 
 
 def timeout_s() -> float:
+    """The bound on the child process that imports the task (its environment variable, else the default)."""
     try:
         value = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
     except ValueError:

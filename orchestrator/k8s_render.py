@@ -64,6 +64,7 @@ def rayjob_name(job_name: str) -> str:
 
 
 def configmap_name(job_name: str) -> str:
+    """The ConfigMap that carries a job's spec into its RayJob."""
     return rayjob_name(job_name) + "-job"
 
 

@@ -98,6 +98,8 @@ class Trajectory:
 
 @dataclass
 class Interruption:
+    """One planned interruption of a storm: what strikes, at which micro-step and rank, and by when it has struck."""
+
     index: int  # 1-based, in plan order
     kind: InterruptionKind
     point: int  # the requested global micro-step
@@ -159,6 +161,8 @@ class Interruption:
 
 @dataclass
 class StormPlan:
+    """A storm's interruptions, drawn from its seed over the run's trajectory: the same seed, the same storm."""
+
     seed: int
     trajectory: Trajectory
     world: int
@@ -322,6 +326,8 @@ def _wall(journal: Journal) -> float:
 
 @dataclass
 class Removal:
+    """A node the storm took away: at which interruption and attempt, the ranks it held, and when."""
+
     interruption: int
     attempt: int
     ranks: list[int]
@@ -476,6 +482,7 @@ def _fired(journal: Journal, fault_id: str) -> FaultFired | None:
 def storm_report(
     ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_run: int, problems: list[str], removals: list[Removal]
 ) -> DrillReport:
+    """The storm's verdict: the interrupted run against the uninterrupted one, and every interruption's fate."""
     from syncpoint.orchestrator.drill import DrillReport, judge
     from syncpoint.orchestrator.timeline import restarts
     from syncpoint.workers.events import EventLog

@@ -29,6 +29,7 @@ TERMINAL = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 1}
 
 
 def entrypoint(job_file: str, overrides: list[str]) -> str:
+    """The Job API entrypoint that runs the job file with its overrides on the cluster, shell-quoted."""
     parts = ["python", "-m", "syncpoint", "run", job_file]
     for o in overrides:
         parts += ["--set", o]
@@ -155,6 +156,7 @@ def submit(
     follow: bool = True,
     token_file: str | None = None,
 ) -> int:
+    """Submit the job through Ray's Job API, check it started, and follow it (or return, with ``--no-wait``)."""
     refuse_url_credentials(spec)
     # the token is read before anything else and only ever travels in the Authorization header
     headers = auth_headers(address, token_file)
@@ -206,6 +208,7 @@ AGENT_WAIT_ENV = "SYNCPOINT_JOB_AGENT_WAIT_S"
 
 
 def job_agent_wait_s() -> float:
+    """How long ``submit`` waits for the cluster's job agent to answer."""
     return float(os.environ.get(AGENT_WAIT_ENV, "60"))
 
 
@@ -295,6 +298,7 @@ def probe_script(paths: list[tuple[str, str]]) -> str:
 
 
 def preflight_timeout_s() -> float:
+    """The bound on ``submit``'s preflight probe (the spec's import paths looked up on the cluster)."""
     return float(os.environ.get("SYNCPOINT_PREFLIGHT_TIMEOUT_S", "180"))
 
 

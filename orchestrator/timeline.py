@@ -32,6 +32,8 @@ from syncpoint.policies.journal import (
 
 @dataclass
 class Restart:
+    """One restart as the timeline shows it: which attempt, from which state, and the work it lost."""
+
     attempt: int  # the attempt that resumed
     resumed_from: str | None
     resumed_micro_step: int
@@ -72,6 +74,7 @@ def _restart(journal: Journal, prev: AttemptStarted, cur: AttemptStarted) -> Res
 
 
 def format_timeline(journal: Journal) -> str:
+    """The run's timeline as text (``syncpoint events``): attempts, failures, saves, restarts, goodput."""
     if not journal.events:
         return "(no events)"
     t0 = journal.events[0].time

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Attempt:
+    """Everything one rank knows about the attempt it runs: spec, storage, rank, layout, lease and keys."""
+
     spec: JobSpec
     storage: RunStorage
     events: EventLog | None  # rank 0 writes the event log; the other ranks hold None

@@ -48,6 +48,8 @@ class CallbackFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class StartInfo:
+    """What ``on_start`` callbacks receive: where this attempt starts."""
+
     attempt: int  # 1 for a submission's first attempt
     resumed_from: str | None  # the state this attempt continues (None: a fresh start or init_from)
     restart: bool  # an earlier attempt of this submission ran (a Ray Train restart)
@@ -59,6 +61,8 @@ class StartInfo:
 
 @dataclass(frozen=True)
 class StepInfo:
+    """What ``on_step`` callbacks receive after each optimizer step."""
+
     optimizer_step: int
     global_micro_step: int
     epoch: int
@@ -69,6 +73,8 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class EndInfo:
+    """What ``on_end`` callbacks receive when the run finishes."""
+
     final_state: str  # the run's last committed state
     optimizer_step: int
     global_micro_step: int

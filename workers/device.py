@@ -23,6 +23,7 @@ from syncpoint.policies.spec import JobSpec
 
 
 def backend(spec: JobSpec) -> str:
+    """The process group's backend: NCCL on GPUs, gloo on CPUs."""
     return "nccl" if spec.scaling.use_gpu else "gloo"
 
 

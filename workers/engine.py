@@ -49,6 +49,7 @@ def zero_config(spec: JobSpec) -> dict[str, Any]:
 
 
 def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optimizer: bool = False) -> dict[str, Any]:
+    """The DeepSpeed config the spec describes (``grad_accum``: the layout's, when elastic)."""
     t, d = spec.train, spec.deepspeed
     zero = zero_config(spec)
     cfg: dict[str, Any] = {

@@ -29,6 +29,8 @@ EVENT_MAX_DEPTH = 16  # an event nests 4 levels (progress -> records -> a record
 
 
 class EventLog:
+    """A run's event log in storage (``events/``): typed events written as JSON lines, read back whole."""
+
     def __init__(self, storage: RunStorage, source: str = "worker") -> None:
         self.storage, self.source = storage, source
 
@@ -87,6 +89,8 @@ class Unreadable:
 
 @dataclass(frozen=True)
 class StoredLog:
+    """What reading the event log gave: the records, and the lines it could not read (named, never raised)."""
+
     records: list[dict[str, Any]]
     skipped: list[Unreadable] = field(default_factory=list)
 

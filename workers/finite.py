@@ -118,6 +118,7 @@ def agreed_finite(engine: DeepSpeedEngine, loss: float) -> bool:
 
 
 def refused_save(micro_step: int) -> TrainingDiverged:
+    """The error when the run's last state is not finite: it is never saved over a good one."""
     return TrainingDiverged(
         f"the state at micro-step {micro_step}, the run's last, is not finite (its loss, parameters or optimizer "
         "moments hold inf/NaN): it was not committed, and the run fails instead of finishing with it. Lower "

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it r
 
 
 def free_port() -> int:
+    """A free TCP port on loopback (a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

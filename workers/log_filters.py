@@ -13,6 +13,8 @@ import re
 
 
 class DropMessages(logging.Filter):
+    """Drops log records whose message contains any of the given texts (known noise, never errors)."""
+
     def __init__(self, *patterns: str) -> None:
         super().__init__()
         self.patterns = [re.compile(p) for p in patterns]

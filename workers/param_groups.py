@@ -313,6 +313,7 @@ def portable_values(group: dict[str, Any]) -> dict[str, Any]:
 
 
 def settings_of(engine: DeepSpeedEngine) -> GroupSettings:
+    """The param-group settings recorded on the engine when it was built."""
     settings = getattr(engine, ATTRIBUTE, None)
     if settings is None:
         raise RuntimeError(

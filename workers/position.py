@@ -19,6 +19,8 @@ UNBOUNDED_EPOCHS = 2**40  # no train.epochs: train.max_steps ends the run
 
 @dataclass
 class TrainingPosition:
+    """Where the run is: epoch, place in the epoch, micro-steps, optimizer steps and samples."""
+
     epoch: int = 0  # 0-indexed
     position_in_epoch: int = 0  # micro-batches of ``epoch`` consumed (1-indexed position of the last one)
     global_micro_step: int = 0

@@ -18,6 +18,8 @@ RayNotice = Callable[[], dict[str, Any] | None]
 
 
 class PreemptionNotices:
+    """This rank's preemption notices (SIGTERM, Ray's drain), agreed on by every rank at each boundary."""
+
     def __init__(self, ray_notice: RayNotice | None = None) -> None:
         # Ray's get_preemption_info (or a test's stand-in): a collective, so asked on every rank
         # at every boundary.

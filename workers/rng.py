@@ -73,6 +73,7 @@ class SavedRng:
 
 
 def snapshot() -> SavedRng:
+    """Every RNG stream of this process as it is now (Python, NumPy, torch CPU and CUDA, the task's)."""
     cuda = list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else []
     return SavedRng(
         python=random.getstate(),
@@ -84,10 +85,12 @@ def snapshot() -> SavedRng:
 
 
 def capture() -> bytes:
+    """This rank's RNG file's bytes (``snapshot`` serialized)."""
     return serialize(snapshot())
 
 
 def serialize(saved: SavedRng) -> bytes:
+    """An RNG snapshot as safetensors bytes (tensors and plain metadata: nothing pickled)."""
     version, py_state, gauss = saved.python
     np_name, np_keys, np_pos, np_has_gauss, np_cached = saved.numpy
     tensors = {

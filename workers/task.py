@@ -134,6 +134,7 @@ class Task:
 
 
 def load_task(path: str, config: dict[str, Any]) -> Task:
+    """Call the task builder ``task.path`` names with its config; the error names the path and what to fix."""
     try:
         fn = load_function(path)
     except ValueError as e:

@@ -90,6 +90,7 @@ _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"_modules"}
 
 
 def is_generator(obj: Any) -> bool:
+    """Whether an object is a random generator whose state syncpoint saves and reseeds."""
     return isinstance(
         obj, (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator, torch.Generator)
     ) and not isinstance(obj, random.SystemRandom)
@@ -307,6 +308,7 @@ def get_state(g: Any) -> Any:
 
 
 def set_state(g: Any, state: Any) -> None:
+    """Put a generator back to a state ``get_state`` took."""
     if isinstance(g, torch.Generator):
         g.set_state(state)
     elif isinstance(g, np.random.Generator):

@@ -136,6 +136,7 @@ def _record_problem(record: Any) -> str | None:
 
 
 def new_record() -> dict[str, Any]:
+    """A new tracking record: a new key under which this run's tracker runs are found (kept in the run directory)."""
     return {"format": TRACKING_FORMAT, "key": uuid.uuid4().hex}
 
 

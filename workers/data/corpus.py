@@ -76,6 +76,8 @@ MAX_OPEN_SHARDS = 64  # readers a process keeps open (least recently used closed
 
 @dataclass(frozen=True)
 class CacheSettings:
+    """Where and how much a sharded corpus caches on this node (``corpus.*`` in the spec)."""
+
     directory: str
     bytes: int
     prefetch_shards: int | None = None  # None: one window ahead
@@ -84,12 +86,14 @@ class CacheSettings:
 
 
 def default_cache_dir() -> str:
+    """The node's corpus cache directory: ``SYNCPOINT_CORPUS_CACHE``, else one per user in the temp directory."""
     return os.environ.get("SYNCPOINT_CORPUS_CACHE") or os.path.join(
         tempfile.gettempdir(), f"syncpoint-corpus-{os.getuid()}"
     )
 
 
 def settings_of(spec: CorpusSpec, run_url: str | None = None) -> CacheSettings:
+    """The cache settings a job's ``corpus`` section names."""
     return CacheSettings(
         spec.cache_dir or default_cache_dir(), spec.cache_bytes, spec.prefetch_shards, spec.fetch_concurrency, run_url
     )
@@ -335,6 +339,7 @@ class _ParquetRows:
 
 
 def open_rows(fmt: str, path: str, params: dict[str, Any], name: str) -> Any:
+    """A reader of a local shard's rows by its format (token rows, JSON Lines, Parquet)."""
     if fmt == "tokens-npy":
         return _TokenRows(_npy(path, params, name))
     if fmt == "tokens-bin":
@@ -683,6 +688,7 @@ def _cache_checksum(body: dict[str, Any]) -> str:
 
 
 def listing_bytes(params: dict[str, Any], shards: Sequence[Shard]) -> bytes:
+    """A corpus index's cached form, with a checksum over its content (a damaged copy is rebuilt)."""
     body = {"version": INDEX_CACHE_VERSION, "params": params, "shards": [asdict(s) for s in shards]}
     return json.dumps({**body, "checksum": _cache_checksum(body)}, sort_keys=True).encode()
 

@@ -171,6 +171,7 @@ def epoch_order(
 
 
 def micro_batches_per_epoch(num_samples: int, micro_batch_size: int, world_size: int) -> int:
+    """Whole global micro-batches in an epoch; ``DataLayoutError`` when not even one fits."""
     global_batch = micro_batch_size * world_size
     n = num_samples // global_batch
     if n < 1:

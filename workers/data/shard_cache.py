@@ -96,6 +96,9 @@ Download = Callable[[str, str, int], tuple[int, str]]
 
 
 class ShardCache:
+    """A node's bounded cache of fetched shards: verified before use, evicted least recently used, shared
+    by the node's processes through file locks."""
+
     def __init__(self, directory: str, bound: int, download: Download) -> None:
         self.directory, self.bound, self.download = directory, int(bound), download
         self.shards_dir = os.path.join(directory, "shards")

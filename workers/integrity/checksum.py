@@ -24,11 +24,14 @@ DEFAULT = "xxh3_128"
 
 
 class Hasher(Protocol):
+    """What a checksum algorithm offers (``xxhash``'s and ``hashlib``'s hashers alike)."""
+
     def update(self, data: Any, /) -> None: ...
     def hexdigest(self) -> str: ...
 
 
 def new_hasher(algo: str) -> Hasher:
+    """A hasher for a manifest's checksum algorithm; ``ValueError`` for an unknown one."""
     if algo == "xxh3_128":
         return xxhash.xxh3_128()
     if algo == "sha256":
@@ -37,6 +40,7 @@ def new_hasher(algo: str) -> Hasher:
 
 
 def checksum_bytes(data: bytes, algo: str) -> str:
+    """The checksum of some bytes, as a manifest records it."""
     h = new_hasher(algo)
     h.update(data)
     return h.hexdigest()

@@ -87,6 +87,8 @@ def load_deepspeed_file(data: bytes, name: str = "DeepSpeed state file") -> Any:
 
 
 class CanonicalHash:
+    """A SHA-256 over values in a canonical form (tensors by dtype, shape and bytes; mappings sorted)."""
+
     def __init__(self) -> None:
         self.h = hashlib.sha256()
 

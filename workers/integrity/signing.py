@@ -60,6 +60,7 @@ def canonical_bytes(manifest: dict[str, Any]) -> bytes:
 
 
 def sign(manifest: dict[str, Any], key: bytes) -> dict[str, Any]:
+    """The manifest with its HMAC-SHA256 signature over its canonical bytes."""
     mac = hmac.new(key, canonical_bytes(manifest), hashlib.sha256).hexdigest()
     return {**manifest, SIGNATURE: {"algorithm": ALGORITHM, "value": mac}}
 

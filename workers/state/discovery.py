@@ -223,4 +223,5 @@ class LazyCandidates(Sequence[Candidate]):
 def discover_lazy(
     storage: RunStorage, expectation: Expectation | None = None, signing_key: bytes | None = None
 ) -> LazyCandidates:
+    """The run's candidates, newest first, each read and classified only when a policy reaches it."""
     return LazyCandidates(storage, expectation, signing_key)

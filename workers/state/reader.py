@@ -99,6 +99,8 @@ PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ e
 
 @dataclass
 class FetchedState:
+    """A state this rank fetched and verified: where its files are, and its small files read whole."""
+
     local_dir: str  # contains engine/ as DeepSpeed wrote it
     rng_state: rng.SavedRng | None  # this rank's RNG file, parsed and tried (``rng.verify``)
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files

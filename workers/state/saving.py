@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 
 class SaveCoordinator:
+    """Services save requests at sync boundaries: when to save, sync or async, commit, retention, events."""
+
     def __init__(
         self, engine: DeepSpeedEngine, attempt: Attempt, progress: ProgressLog, *, last_saved: str | None
     ) -> None:

@@ -45,6 +45,8 @@ from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, conten
 
 
 class LocalBackend(FsspecBackend):
+    """A local filesystem: writes and reads without following links, atomic commits, flock compare-and-swap."""
+
     conditional_writes = "flock"  # an exclusive lock file serialises read-compare-rename
 
     def __init__(self, fs: Any, root: str) -> None:

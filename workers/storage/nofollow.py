@@ -68,6 +68,7 @@ def kind_at(dir_fd: int | None, name: str) -> str | None:
 
 
 def warn(message: str) -> None:
+    """A one-line warning on stderr (a planted entry replaced, never followed)."""
     print(f"[syncpoint] WARNING: {message}", file=sys.stderr, flush=True)
 
 
@@ -212,6 +213,7 @@ def read_fd(fd: int, limit: int, shown: str) -> bytes:
 
 
 def read_file(dir_fd: int, name: str, limit: int, shown: str) -> bytes:
+    """A regular file's bytes below a directory descriptor, never through a link, at most ``limit``."""
     fd = open_regular(dir_fd, name, shown)
     try:
         return read_fd(fd, limit, shown)

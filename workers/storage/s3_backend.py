@@ -60,6 +60,8 @@ def is_s3(fs: Any) -> bool:
 
 
 class S3Backend(FsspecBackend):
+    """S3 through s3fs: bounded ranged reads, parallel transfers, a compare-and-swap the server checks."""
+
     conditional_writes = "s3"
 
     # ---- big files: parallel multipart uploads, parallel ranged downloads (module docstring)
