@@ -118,9 +118,7 @@ class SetupLaps:
         self.seconds: list[tuple[str, float]] = []
 
     def mark(self, phase: str, at: float | None = None) -> None:
-        """The phase that ended now (or at ``at``; ``None`` when it was not measured: skipped)."""
-        if at is None and phase == "imports":
-            return
+        """The phase that ended now (or at ``at``)."""
         now = time.time() if at is None else at
         self.seconds.append((phase, round(max(0.0, now - self.last), 4)))
         self.last = now
@@ -143,7 +141,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     ctx = ctx or WorkerContext()
     launched_at = ctx.launched_at if ctx.launched_at is not None else time.time()
     laps = SetupLaps(launched_at)
-    laps.mark("imports", ctx.imported_at)
+    if ctx.imported_at is not None:  # measured by a launcher that imports before calling in (Ray's)
+        laps.mark("imports", ctx.imported_at)
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = dist.get_rank(), dist.get_world_size()
     storage = RunStorage(spec.run_url)
@@ -233,11 +232,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         restart=bool(journal and ctx.submission_id and journal.is_restart_of(ctx.submission_id)),
         stateful=task.stateful,
         pretrained=pretrained,
-        memory_copy=memory_copy_for(
-            spec.checkpoint.memory_copy,
-            storage.url,
-            storage.local_path() is not None or storage.url.startswith("memory://"),
-        ),
+        memory_copy=memory_copy_for(spec.checkpoint.memory_copy, storage),
     )
     for line in unreproducible:
         attempt.warn(line)

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, memory_copy_for, remove_for
+from syncpoint.workers.storage import RunStorage
 
 
 def _state(n: int) -> str:
@@ -63,15 +64,26 @@ def test_a_state_name_must_be_one(base):
         copy.write_bytes("../../etc", "x", b"")
 
 
+def _storage(kind: str, tmp_path) -> RunStorage:
+    return RunStorage({"s3": "s3://bucket/run", "local": f"file://{tmp_path}/run", "memory": "memory://mc/run"}[kind])
+
+
 @pytest.mark.parametrize(
-    "setting,local,made",
-    [(False, False, False), ("auto", True, False), ("auto", False, True), (True, True, True), (True, False, True)],
+    "setting,kind,made",
+    [
+        (False, "s3", False),
+        ("auto", "local", False),
+        ("auto", "memory", False),
+        ("auto", "s3", True),
+        (True, "local", True),
+        (True, "s3", True),
+    ],
 )
-def test_when_a_copy_is_made(base, setting, local, made):
-    assert (memory_copy_for(setting, "s3://bucket/run", local) is not None) == made
+def test_when_a_copy_is_made(base, tmp_path, setting, kind, made):
+    assert (memory_copy_for(setting, _storage(kind, tmp_path)) is not None) == made
 
 
 def test_no_shared_memory_directory_means_no_copy(monkeypatch, tmp_path):
     monkeypatch.setenv(MEMORY_DIR_ENV, str(tmp_path / "absent"))
-    assert memory_copy_for(True, "s3://bucket/run", False) is None
+    assert memory_copy_for(True, _storage("s3", tmp_path)) is None
     remove_for("s3://bucket/run")  # nothing to remove: no error

@@ -96,9 +96,7 @@ class FeistelPermutation:
         """The sample index at each position (``0 <= position < size``), as int64."""
         p = self._checked(positions)
         if self.size <= TABLE_SIZE:
-            if self._table is None:
-                self._table = self._walked_table()
-            return self._table[p]
+            return self._whole()[p]
         if p.size <= FEW_POSITIONS:
             return np.array([self._walk_int(int(v)) for v in p], dtype=np.int64)
         return self._walk(p, self._encrypt).astype(np.int64)
@@ -106,9 +104,7 @@ class FeistelPermutation:
     def table(self) -> np.ndarray:
         """The whole permutation, ``perm(range(size))`` (computed once for small sizes)."""
         if self.size <= TABLE_SIZE:
-            if self._table is None:
-                self._table = self._walked_table()
-            return self._table.copy()
+            return self._whole().copy()
         return self(np.arange(self.size))
 
     def at(self, positions: Sequence[int]) -> list[int]:
@@ -120,9 +116,7 @@ class FeistelPermutation:
                 raise IndexError(f"positions must lie in [0, {n}), got {q}")
         if n <= TABLE_SIZE:
             if self._table_list is None:
-                if self._table is None:
-                    self._table = self._walked_table()
-                self._table_list = self._table.tolist()
+                self._table_list = self._whole().tolist()
             table = self._table_list
             return [table[q] for q in positions]
         return [self._walk_int(q) for q in positions]
@@ -144,6 +138,12 @@ class FeistelPermutation:
         while x >= self.size:
             x = self._encrypt_int(x)
         return x
+
+    def _whole(self) -> np.ndarray:
+        """The whole permutation of a small size (``TABLE_SIZE``), computed on first use."""
+        if self._table is None:
+            self._table = self._walked_table()
+        return self._table
 
     def _walked_table(self) -> np.ndarray:
         """The permutation of every position: the network applied to the whole domain once, then

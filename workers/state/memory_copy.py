@@ -23,8 +23,9 @@ outcome (``remove_for``). A copy left by a job that failed on a remote cluster l
 next run of the same run directory commits a state, or the node reboots (tmpfs).
 
 When: ``checkpoint.memory_copy`` (``auto``: when storage is not a local filesystem, where the
-state already lies on this node and restores in place). Not used for saves or restores that read
-other ranks' files by name (elastic runs, ZeRO-3 module-only loads): those read storage.
+state already lies on this node and restores in place). Every save writes it; a restore that reads
+files by name rather than through the checkpoint engine (another world size, ZeRO-3 module-only
+loads, ``resume.reset_optimizer``) reads storage.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Iterator
 
 from syncpoint.policies.errors import UnsafeEntry
 from syncpoint.policies.state_format import is_state_name
-from syncpoint.workers.storage import nofollow
+from syncpoint.workers.storage import RunStorage, nofollow
 
 MEMORY_DIR_ENV = "SYNCPOINT_MEMORY_DIR"  # where copies live (default /dev/shm); tests point it at a temp dir
 DEFAULT_BASE = "/dev/shm"
@@ -170,13 +171,15 @@ class MemoryCopy:
             os.close(top)
 
 
-def memory_copy_for(setting: bool | str, run_url: str, storage_is_local: bool) -> MemoryCopy | None:
+def memory_copy_for(setting: bool | str, storage: RunStorage) -> MemoryCopy | None:
     """The run's memory copy on this node, or ``None`` (``checkpoint.memory_copy``: false; ``auto``
-    on local storage; no shared-memory directory here)."""
-    if setting is False or (setting == "auto" and storage_is_local):
+    where the states already live on this node: a local filesystem or ``memory://``; no
+    shared-memory directory here)."""
+    node_local = storage.local_path() is not None or storage.url.startswith("memory://")
+    if setting is False or (setting == "auto" and node_local):
         return None
     base = base_dir()
-    return MemoryCopy(base, run_url) if base is not None else None
+    return MemoryCopy(base, storage.url) if base is not None else None
 
 
 def remove_for(run_url: str) -> None:

@@ -138,7 +138,7 @@ def fetch_state(
     stream_of: int | None = None,
     user_of: int | None = None,
     memory: MemoryCopy | None = None,
-    say: Callable[[str], None] | None = None,
+    say: Callable[[str, bool], None] | None = None,
 ) -> FetchedState:
     """Download and verify this rank's view of a state.
 
@@ -164,7 +164,8 @@ def fetch_state(
 
     ``memory``: this node's memory copy (``syncpoint.workers.state.memory_copy``): with ``in_place``,
     the state is verified there and loaded from it when the copy holds every file this rank needs
-    and each matches the manifest; else storage is read, and ``say`` is told why."""
+    and each matches the manifest; else storage is read. ``say(line, from_memory)`` is told which,
+    and why a copy was not used."""
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     small = (
@@ -181,7 +182,7 @@ def fetch_state(
         finally:
             os.close(root)
     if memory is not None and in_place and available():
-        from_memory = _from_memory(memory, cand.name, files, fetched, small, say or (lambda _: None))
+        from_memory = _from_memory(memory, cand.name, files, fetched, small, say or (lambda _line, _used: None))
         if from_memory is not None:
             return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
@@ -217,26 +218,26 @@ def _from_memory(
     files: dict[str, ManifestEntry],
     fetched: list[str],
     small: tuple[str | None, str | None, str | None, str | None],
-    say: Callable[[str], None],
+    say: Callable[[str, bool], None],
 ) -> FetchedState | None:
     """The state verified in this node's memory copy, or ``None`` (told to ``say``) when the copy is
     missing, incomplete or fails verification: the caller then reads storage."""
     try:
         root = memory.open_state(name)
     except (OSError, UnsafeEntry) as e:
-        say(f"this node's memory copy of {name} cannot be opened ({e}): restoring from storage")
+        say(f"this node's memory copy of {name} cannot be opened ({e}): restoring from storage", False)
         return None
     if root is None:
-        say(f"no memory copy of {name} on this node: restoring from storage")
+        say(f"no memory copy of {name} on this node: restoring from storage", False)
         return None
     try:
         fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small)
     except (StateRefused, UnsafeEntry, OSError) as e:
-        say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage")
+        say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage", False)
         return None
     finally:
         os.close(root)
-    say(f"restoring {name} from this node's memory copy (verified against its manifest)")
+    say(f"restoring {name} from this node's memory copy (verified against its manifest)", True)
     return fetched_state
 
 

@@ -312,10 +312,10 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
     return ContinueSubmission(restart_of, start) if restart_of else start
 
 
-def _memory_note(attempt: Attempt, line: str) -> None:
+def _memory_note(attempt: Attempt, line: str, from_memory: bool) -> None:
     """Where the restore read the state: rank 0 says it for all when the memory copy served; a rank
     that fell back to storage says so itself (its node's copy was missing or failed)."""
-    if line.startswith("restoring "):
+    if from_memory:
         attempt.say(line)
     else:
         print(f"[syncpoint] rank {attempt.rank}: {line}", flush=True)
@@ -351,7 +351,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             stream_of=stream_of,
             user_of=user_of,
             memory=attempt.memory_copy,
-            say=lambda line: _memory_note(attempt, line),
+            say=lambda line, from_memory: _memory_note(attempt, line, from_memory),
         )
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
