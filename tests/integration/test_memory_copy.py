@@ -70,12 +70,12 @@ def _crashed(prefix: str, *extra: str):
 
 @pytest.mark.parametrize("save_mode", ["sync", "async"])
 def test_a_restart_restores_from_the_nodes_memory_copy_bitwise(s3, shm, reference, downloads, capsys, save_mode):
-    if save_mode == "async":  # a save commits at a later boundary, once its background upload is done
+    if save_mode == "async":  # crash right after the second save commits, however late its upload ends
         spec = linear_spec(
             f"s3://{BUCKET}/mem-async",
             *RESUME_LAYOUT,
             "checkpoint.async=true",
-            "faults=[{at_micro_step: 19, mode: raise}]",
+            "faults=[{phase: before_retention, at_save: 2, mode: raise}]",
         )
         assert run_until_crash(spec)
     else:
