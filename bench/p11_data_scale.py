@@ -230,10 +230,11 @@ def write_token_corpus(url: str, shards: int, shard_bytes: int, seq_len: int = 2
 
 
 def raw_read(paths: list[str], concurrency: int) -> float:
-    """s3fs ``cat`` of every shard, ``concurrency`` whole-object GETs in flight; seconds."""
+    """s3fs ``cat`` of every shard, ``concurrency`` whole-object GETs in flight; seconds. Without
+    botocore's response CRC, as syncpoint's verified downloads read: the fastest raw read."""
     import s3fs
 
-    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs={"response_checksum_validation": "when_required"})
     t0 = time.perf_counter()
     for i in range(0, len(paths), concurrency):
         fs.cat(paths[i : i + concurrency], batch_size=concurrency)

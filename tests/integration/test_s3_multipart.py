@@ -3,8 +3,11 @@ server on loopback, the ``s3`` fixture of ``tests/conftest.py``), with the part 
 S3's minimum (5 MiB) through s3fs's own ``default_block_size`` so that a small state has many parts:
 
 * the backend's streaming writer, ``upload_file`` and ``download_file`` move the exact bytes in
-  several parts (the object's ETag says how many), checksummed on the way; an error aborts the
-  multipart upload and leaves no object;
+  several parts (the object's ETag says how many), checksummed on the way (a download hashes the
+  bytes as it writes them, never reading the file back); an error aborts the multipart upload and
+  leaves no object;
+* a verified download skips botocore's response CRC (its bytes are checked against the manifest's
+  checksum) on a client with every other setting of the run's, unless the user set that option;
 * a multi-part state saved on S3 is bitwise the state of the same run on local disk, a run resumed
   from it on S3 ends bitwise where the uninterrupted run ends, and one changed byte inside one part
   is refused by the checksum before anything is loaded.
@@ -21,7 +24,7 @@ from syncpoint.policies.candidates import Candidate
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state.reader import ChecksumMismatch, _other_shard, fetch_state
-from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage import RunStorage, s3_backend
 from tests.helpers import committed_steps, digest, run, run_until_crash
 from tests.s3_server import BUCKET
 
@@ -67,7 +70,9 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
     assert _parts(client, "parts/uploaded.bin") == 5
 
     back = tmp_path / "back" / "x.bin"
-    got = store.download_file(str(back), "streamed.bin", limit=len(data))
+    with pytest.MonkeyPatch.context() as mp:  # the parts are hashed as they land: no read back
+        mp.setattr(s3_backend, "checksum_file", lambda *a: pytest.fail("the downloaded file was read back"))
+        got = store.download_file(str(back), "streamed.bin", limit=len(data))
     assert got == (len(data), checksum_bytes(data, "xxh3_128"))
     assert back.read_bytes() == data
 
@@ -80,6 +85,21 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
         raise RuntimeError("serialization failed")
     assert not store.exists("failed.bin")
     assert not client.list_multipart_uploads(Bucket=BUCKET, Prefix="parts/").get("Uploads")
+
+
+def test_verified_downloads_skip_botocores_crc_on_an_otherwise_identical_client(small_parts, monkeypatch):
+    backend = RunStorage(f"s3://{BUCKET}/crc").backend
+    verified = backend.verified_fs
+    assert verified is not backend.fs
+    assert verified.config_kwargs["response_checksum_validation"] == "when_required"
+    assert (verified.default_block_size, verified.max_concurrency) == (PART, 3)
+    assert verified.client_kwargs == backend.fs.client_kwargs  # the same endpoint
+
+    conf = dict(fsspec.config.conf["s3"], config_kwargs={"response_checksum_validation": "when_supported"})
+    monkeypatch.setitem(fsspec.config.conf, "s3", conf)
+    s3fs.S3FileSystem.clear_instance_cache()
+    mine = RunStorage(f"s3://{BUCKET}/crc").backend.verified_fs
+    assert mine.config_kwargs["response_checksum_validation"] == "when_supported"  # the user's choice stands
 
 
 # An MLP of ~2.4M parameters (bench.p2_save_cost's task): model file ~9 MB (2 parts), the ZeRO-2

@@ -17,7 +17,15 @@ streaming writer with concurrent parts. Tune both through fsspec's config for ``
 (``FSSPEC_S3='{"default_block_size": 67108864, "max_concurrency": 16}'``); the same settings
 bound the memory a transfer holds (``max_concurrency`` x ``default_block_size`` per file).
 Checksums still cover the exact bytes: computed as the bytes pass (streaming), from the local
-file (uploads), from the downloaded file (downloads, before the reader renames it into place).
+file (uploads), and over the bytes written to the local file as they are written (downloads,
+before the reader renames it into place; a read back would cost a second pass over every byte,
+and only this process writes the file until then).
+
+Why a file download skips botocore's response checksum (``response_checksum_validation:
+when_required`` on a second client, unless the user's own s3fs settings say otherwise): every such
+file is verified against the checksum its manifest or corpus index names, so botocore's CRC32 of
+the same bytes is a second pass that changes no decision, and it cost a third of the download's
+client CPU (P11). Small reads (manifests, leases, indexes) keep it: nothing else checks them.
 
 Why reads are hand-written ranged GETs (``_ranged``): every read is bounded (storage may be
 hostile: an object listed with size 0 may hold terabytes), and s3fs's ``get_file``/``cat_file``
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -41,7 +50,7 @@ from typing import Any
 
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
-from syncpoint.workers.integrity.checksum import ChecksummingWriter
+from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file
 from syncpoint.workers.storage.protocol import Versioned
 
@@ -100,68 +109,101 @@ class S3Backend(FsspecBackend):
             self.fs.put_file(local_path, path, **put)
             return digest.result()
 
+    @functools.cached_property
+    def verified_fs(self) -> Any:
+        """The filesystem for reads the caller verifies itself (module docstring): this one's
+        settings, and botocore's response checksum only where S3 requires it."""
+        options = dict(self.fs.storage_options)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("response_checksum_validation", "when_required")
+        return type(self.fs)(**{**options, "config_kwargs": config})
+
     def read_bytes(self, path: str, limit: int) -> bytes:
         """Ranged GETs of at most ``limit`` + 1 bytes in all (module docstring)."""
         buf = bytearray()
 
-        def into(offset: int, data: bytes, total: int) -> None:
+        def into(offset: int, chunks: list[bytes], total: int) -> None:
             if not buf:
                 buf.extend(bytes(total))  # once: the size is checked against the bound first
-            buf[offset : offset + len(data)] = data
+            for chunk in chunks:
+                buf[offset : offset + len(chunk)] = chunk
+                offset += len(chunk)
 
         self._ranged(path, limit, into)
         return bytes(buf)
 
     def download_file(self, local_path: str, path: str, algo: str, limit: int) -> tuple[int, str]:
         """Ranged GETs (``part_size``, ``concurrency`` at a time, at most ``limit`` + 1 bytes in all,
-        written at their offsets), then the checksum of the bytes as they landed on local disk (read
-        back from the page cache: the reader trusts exactly the file it will load)."""
+        written at their offsets as they arrive, never joined) and the checksum of exactly the bytes
+        written, hashed in file order as they are written. Parts land in order (``_ranged``); should
+        one ever not, the file is read back and hashed instead."""
         os.makedirs(os.path.dirname(local_path), exist_ok=True)
+        hasher, hashed = new_hasher(algo), [0, True]  # bytes hashed so far, and whether in order
         with open(local_path, "wb") as f:
 
-            def into(offset: int, data: bytes, total: int) -> None:
+            def into(offset: int, chunks: list[bytes], total: int) -> None:
                 f.seek(offset)
-                f.write(data)
+                f.writelines(chunks)
+                if offset != hashed[0]:
+                    hashed[1] = False
+                if hashed[1]:
+                    for chunk in chunks:
+                        hasher.update(chunk)
+                        hashed[0] += len(chunk)
 
-            self._ranged(path, limit, into)
-        return checksum_file(local_path, algo)
+            size = self._ranged(path, limit, into, fs=self.verified_fs)
+        if not hashed[1] or hashed[0] != size:
+            return checksum_file(local_path, algo)
+        return size, hasher.hexdigest()
 
-    def _ranged(self, path: str, limit: int, into: Any) -> int:
-        """Read an object of at most ``limit`` bytes through ``into(offset, bytes, total)``; returns its
+    def _ranged(self, path: str, limit: int, into: Any, fs: Any = None) -> int:
+        """Read an object of at most ``limit`` bytes through ``into(offset, chunks, total)`` (the bytes
+        from ``offset`` on, as the response delivered them; called in offset order); returns its
         size. ``OversizedEntry`` for a larger one (having fetched at most one part), ``UnsafeEntry``
-        for one whose size changed between the GETs."""
+        for one whose size changed between the GETs. ``fs``: the client to read with (``self.fs``)."""
         from fsspec.asyn import sync
 
-        bucket, key, _ = self.fs.split_path(path)
+        fs = self.fs if fs is None else fs
+        bucket, key, _ = fs.split_path(path)
         part = max(1, self.part_size)
 
         async def fetch() -> int:
-            data, total, _ = await self._get_range(bucket, key, 0, min(limit + 1, part))
+            chunks, total, _ = await self._get_chunks(bucket, key, 0, min(limit + 1, part), fs)
             if total > limit:
                 raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
-            await asyncio.to_thread(into, 0, data, total)  # off the event loop: other reads go on meanwhile
-            ranges = [(start, min(start + part, total)) for start in range(len(data), total, part)]
+            await asyncio.to_thread(into, 0, chunks, total)  # off the event loop: other reads go on meanwhile
+            first = sum(map(len, chunks))
+            ranges = [(start, min(start + part, total)) for start in range(first, total, part)]
             for i in range(0, len(ranges), self.concurrency):
                 batch = ranges[i : i + self.concurrency]
-                got = await asyncio.gather(*(self._get_range(bucket, key, a, b) for a, b in batch))
-                for (a, b), (chunk, now, _) in zip(batch, got, strict=True):
-                    if now != total or len(chunk) != b - a:
+                got = await asyncio.gather(*(self._get_chunks(bucket, key, a, b, fs) for a, b in batch))
+                for (a, b), (parts, now, _) in zip(batch, got, strict=True):
+                    if now != total or sum(map(len, parts)) != b - a:
                         raise UnsafeEntry(
                             f"{path} changed while it was being read ({total} bytes, then {now}): not read"
                         )
-                    await asyncio.to_thread(into, a, chunk, total)
+                    await asyncio.to_thread(into, a, parts, total)
             return total
 
-        return int(sync(self.fs.loop, fetch))
+        return int(sync(fs.loop, fetch))
 
     async def _get_range(self, bucket: str, key: str, start: int, end: int) -> tuple[bytes, int, dict]:
-        """Bytes ``[start, end)`` of an object (never more, whatever the server sends), the object's
-        whole size (its ``Content-Range``) and the response; an empty object is ``b""`` of size 0."""
+        """``_get_chunks`` joined into one ``bytes`` (small reads)."""
+        chunks, total, resp = await self._get_chunks(bucket, key, start, end)
+        return b"".join(chunks), total, resp
+
+    async def _get_chunks(
+        self, bucket: str, key: str, start: int, end: int, fs: Any = None
+    ) -> tuple[list[bytes], int, dict]:
+        """Bytes ``[start, end)`` of an object (never more, whatever the server sends) as the response
+        delivered them (joining a big part would copy every byte once more), the object's whole size
+        (its ``Content-Range``) and the response; an empty object is no chunks of size 0."""
+        fs = self.fs if fs is None else fs
         try:
-            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
         except OSError as e:
             if start == 0 and _error_code(e)[0] == "InvalidRange":  # nothing at offset 0: an empty object
-                return b"", 0, {}
+                return [], 0, {}
             raise
         body = resp["Body"]
         chunks, got = [], 0
@@ -171,8 +213,7 @@ class S3Backend(FsspecBackend):
                 got += len(chunk)
         finally:
             body.close()
-        data = b"".join(chunks)
-        return data, _object_size(resp, start + len(data)), resp
+        return chunks, _object_size(resp, start + got), resp
 
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
         """One ranged GET: the body (at most ``limit`` bytes), its ETag, and its age as the server's
