@@ -15,6 +15,8 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.corpus_identity import CorpusIdentity, first_difference, parse_document
@@ -245,6 +247,23 @@ def test_a_batch_read_gives_each_sample_the_values_one_fetch_of_it_gives(memory_
     rows = plain.__getitems__(idx)
     assert [t.tolist() for t in rows] == [plain[i].tolist() for i in idx]
     assert any(a.tolist() != b.tolist() for a, b in zip(batch, rows, strict=True))  # the noise did draw
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=6).filter(lambda c: sum(c) > 0),
+    picks=st.lists(st.floats(0, 1, exclude_max=True), max_size=40),
+)
+def test_a_token_batch_is_each_samples_own_row_in_the_batchs_order(tmp_path_factory, counts, picks):
+    root = tmp_path_factory.mktemp("tok")
+    _write_shards(root, counts, seq_len=3, dtype=np.uint16)
+    c = ShardedCorpus(str(root / "*.npy"), seq_len=3, cache=CacheSettings(str(root / "cache"), 1 << 30))
+    idx = [int(p * len(c)) for p in picks]  # any order, repeats, one shard or several, or none
+    batch = c.__getitems__(idx)
+    assert [t.tolist() for t in batch] == [c[i].tolist() for i in idx]
+    assert all(t.dtype == torch.int64 for t in batch)
+    with pytest.raises(IndexError):
+        c.__getitems__([*idx, len(c)])
 
 
 # ------------------------------------------------------------------ the shard-window order
