@@ -213,3 +213,18 @@ def test_two_ranks_on_one_node_both_restore_from_its_copy(s3, shm, tmp_path, cap
     out = capfd.readouterr().out
     assert f"restoring {newest} from this node's memory copy" in out and "restoring from storage" not in out, out
     assert digest(spec, f"{max(committed_steps(spec)):012d}") == digest(ref, ref_final)
+
+
+def test_an_elastic_zero_runs_staged_optimizer_files_are_copied_and_it_restores_from_memory(s3, shm, downloads, capsys):
+    """Elastic ZeRO saves also stage the gathered optimizer state (``optim/``) and upload it; the
+    node's copy holds those files too, so a same-size restart needs nothing from the object store."""
+    spec = _crashed("mem-elastic", "scaling.num_workers={min: 1, max: 2}")
+    newest = f"{max(committed_steps(spec)):012d}"
+    state = os.path.join(_run_dir(shm, spec), newest)
+    assert os.listdir(os.path.join(state, "optim")), "the staged optimizer state was not copied"
+    capsys.readouterr()
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert result.resumed_from == newest
+    assert f"restoring {newest} from this node's memory copy" in out, out
+    assert downloads == []

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from syncpoint.policies.errors import UnsafeEntry
 from syncpoint.policies.state_format import is_state_name
 from syncpoint.workers.storage import RunStorage, nofollow
+from syncpoint.workers.storage.protocol import CHUNK
 
 MEMORY_DIR_ENV = "SYNCPOINT_MEMORY_DIR"  # where copies live (default /dev/shm); tests point it at a temp dir
 DEFAULT_BASE = "/dev/shm"
@@ -117,10 +118,15 @@ class MemoryCopy:
             os.close(fd)
 
     def write_bytes(self, name: str, rel: str, data: bytes) -> None:
+        """The copy of a file whose bytes are in memory."""
         with self.file(name, rel) as fd:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            nofollow.write_all(fd, data)
+
+    def copy_file(self, name: str, rel: str, path: str) -> None:
+        """The copy of a local file (a save's staged file, as it was uploaded)."""
+        with self.file(name, rel) as fd, open(path, "rb") as src:
+            while chunk := src.read(CHUNK):
+                nofollow.write_all(fd, chunk)
 
     def discard(self, name: str, rel: str) -> None:
         """Remove one file's copy (its write failed): the restore then reads that file from storage."""

@@ -45,7 +45,7 @@ from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, ch
 from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
 from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from syncpoint.workers.state.memory_copy import MemoryCopy
-from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage import RunStorage, nofollow
 from syncpoint.workers.storage.lease import RunLease
 
 if TYPE_CHECKING:
@@ -188,9 +188,7 @@ class _Tee:
         written = self.target.write(data)
         if self.fd is not None:
             try:
-                view = memoryview(data).cast("B")
-                while view:
-                    view = view[os.write(self.fd, view) :]
+                nofollow.write_all(self.fd, data)
             except OSError:
                 self.fd, self.failed = None, True
         return written
@@ -215,11 +213,15 @@ def _teed(
         memory.discard(name, rel)
 
 
-def _copy_to_memory(memory: MemoryCopy | None, name: str, rel: str, data: bytes) -> None:
-    """A small file's memory copy, best effort (a failure only means this file restores from storage)."""
+def _copy_to_memory(memory: MemoryCopy | None, name: str, rel: str, data: bytes | None = None, path: str = "") -> None:
+    """A file's memory copy, from its bytes or its local ``path``; best effort (a failure only means
+    this file restores from storage)."""
     if memory is not None:
         try:
-            memory.write_bytes(name, rel, data)
+            if data is not None:
+                memory.write_bytes(name, rel, data)
+            else:
+                memory.copy_file(name, rel, path)
         except (OSError, UnsafeEntry):
             memory.discard(name, rel)
 
@@ -247,15 +249,9 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
         for sub in LOCAL_DIRS:
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
-                rel = f"{sub}/{fname}"
-                size, digest = storage.upload_file(
-                    os.path.join(src, fname),
-                    STATES_DIR,
-                    snap.name,
-                    sub,
-                    fname,
-                    algo=snap.algo,
-                )
+                rel, staged = f"{sub}/{fname}", os.path.join(src, fname)
+                size, digest = storage.upload_file(staged, STATES_DIR, snap.name, sub, fname, algo=snap.algo)
+                _copy_to_memory(snap.memory, snap.name, rel, path=staged)  # e.g. elastic ZeRO's gathered optimizer
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)

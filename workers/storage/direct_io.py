@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from syncpoint.workers.storage.nofollow import create_new
+from syncpoint.workers.storage.nofollow import create_new, write_all
 
 BLOCK = 16 << 20  # per buffer; a multiple of every logical block size (16 MiB: 2.7 GB/s here, 8 MiB: 1.7)
 ALIGN = 4096
@@ -50,12 +50,6 @@ def _give_back(buf: mmap.mmap) -> None:
         buf.close()
     except BufferError:  # a view still exists somewhere: the garbage collector frees it later
         pass
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while len(view):
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 class DirectFileWriter:
@@ -120,7 +114,7 @@ class DirectFileWriter:
     # ---- internals
     def _submit(self) -> None:
         view = memoryview(self.buffers[self.current])[: self.fill]
-        self.pending.append(self.pool.submit(_write_all, self.fd, view))
+        self.pending.append(self.pool.submit(write_all, self.fd, view))
         self.current, self.fill = (self.current + 1) % len(self.buffers), 0
         if len(self.pending) == len(self.buffers):  # the next buffer to fill is still being written
             self.pending.popleft().result()
@@ -137,12 +131,12 @@ class DirectFileWriter:
             self._wait()
             view = memoryview(self.buffers[self.current])[: self.fill]
             aligned = (len(view) // ALIGN) * ALIGN if self.direct else len(view)
-            _write_all(self.fd, view[:aligned])
+            write_all(self.fd, view[:aligned])
             if aligned < len(view):  # the unaligned tail goes through the page cache
                 import fcntl
 
                 fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~O_DIRECT)
-                _write_all(self.fd, view[aligned:])
+                write_all(self.fd, view[aligned:])
             if durable:
                 os.fsync(self.fd)
         finally:

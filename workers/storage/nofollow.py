@@ -224,6 +224,13 @@ def read_file(dir_fd: int, name: str, limit: int, shown: str) -> bytes:
 # ---------------------------------------------------------------- writes
 
 
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte to ``fd`` (``os.write`` may write less than it was given)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir: bool = False) -> None:
     """Write a whole file durably under a fresh exclusive name, then rename it over ``name``: readers
     see all of it or none, and a planted link at ``name`` is replaced, never written through."""
@@ -231,9 +238,7 @@ def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir
     fd = os.open(tmp, NEW_FLAGS, 0o644, dir_fd=dir_fd)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
