@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +21,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _atomic_conditional_puts(mp: pytest.MonkeyPatch) -> None:
+    """S3 checks a PUT's ``If-None-Match``/``If-Match`` and writes the object as one step; moto's
+    threaded server checks, then writes, so two racing conditional creates can both succeed (seen
+    under load in the lease race test). One lock around moto's PUT handler gives it S3's semantics;
+    every other request runs concurrently as before."""
+    responses = pytest.importorskip("moto.s3.responses")
+    put, lock = responses.S3Response.put_object, threading.Lock()
+
+    def atomic_put(self: Any) -> Any:
+        with lock:
+            return put(self)
+
+    mp.setattr(responses.S3Response, "put_object", atomic_put)
 
 
 @contextmanager
@@ -39,6 +55,7 @@ def moto_s3() -> Iterator[Any]:
     endpoint = f"http://127.0.0.1:{port}"
     mp = pytest.MonkeyPatch()
     try:
+        _atomic_conditional_puts(mp)
         for k, v in {
             "AWS_ACCESS_KEY_ID": KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET,
