@@ -70,6 +70,9 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         journal = read_journal(self.run_url)  # once: on object storage the log is many files
         record_interruption(self.run_url, self.heartbeat, time.time(), journal, self.submission)  # before the next
         facts = gather_facts(training_failed_error, journal, self.submission, self._known_dead)
+        if journal is not None:  # application failures recovered in place spent the same budget
+            retried = journal.retried(self.submission, APPLICATION)
+            self._worker_group_failures = max(self._worker_group_failures, retried)
         self._known_dead = frozenset(_dead_nodes())
         return self.decide(facts, training_failed_error)
 

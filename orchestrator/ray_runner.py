@@ -40,6 +40,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     spec = JobSpec.model_validate(config["spec"])
     quiet_worker(spec)  # before syncpoint.workers.loop imports DeepSpeed
+    if spec.failure.in_place:  # this worker supervises its rank's training process
+        from syncpoint.orchestrator.in_place import supervise_on_ray
+
+        supervise_on_ray(spec, config, launched_at)
+        return
 
     from syncpoint.workers.loop import WorkerContext, run_worker
 

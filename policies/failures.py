@@ -208,3 +208,67 @@ def placement_gave_up(workers: int, cpus_per_worker: float, gpus: bool, timeout_
         "smaller than scaling.num_workers needs). Add nodes, lower scaling.num_workers (or make it "
         "elastic with {min, max}), or raise failure.placement_timeout_s."
     )
+
+
+# ---------------------------------------------------------------- in-place recovery
+# How one rank's training process of an in-place generation ended, as its supervisor saw it
+# (syncpoint.workers.supervisor). STOPPED: its supervisor ended it because a peer had failed.
+FINISHED, RAISED, DIED, STOPPED = "finished", "raised", "died", "stopped"
+RECOVER, ESCALATE = "recover", "escalate"
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """One rank's end in an in-place generation: what the failure decision needs of it, as plain
+    data (it crosses nodes as JSON through the supervisors' store)."""
+
+    rank: int
+    status: str  # FINISHED, RAISED, DIED or STOPPED
+    message: str = ""  # the rank's one-line reason (``failure_reason``), or how its process exited
+    ours: bool = False  # a syncpoint exception (``is_ours``)
+    refusal: str | None = None  # a refusal of the job itself (no retry can change it), its reason
+    signature: str = ""  # ``failure_signature`` of the exception, or of the exit
+    micro_step: int | None = None  # where the rank was (its failure site), None: setting up or unknown
+
+
+def failing_end(ends: list[RankEnd]) -> RankEnd | None:
+    """The rank whose end says why a generation failed: ``failing_cause``'s rule over plain data
+    (a syncpoint exception first, then the lowest rank's own error over a peer's lost connection,
+    then the lowest failed rank)."""
+    failed = sorted((e for e in ends if e.status in (RAISED, DIED)), key=lambda e: e.rank)
+    return (
+        next((e for e in failed if e.ours), None)
+        or next((e for e in failed if not looks_like_lost_peer(e.message)), None)
+        or (failed[0] if failed else None)
+    )
+
+
+def in_place_facts(ends: list[RankEnd], notice_logged: bool, repeats: bool) -> FailureFacts:
+    """The facts of a generation that failed while every supervisor (so every node) lived: no node
+    is dead by construction, and Ray reported nothing."""
+    cause = failing_end(ends)
+    failed = sorted((e for e in ends if e.status in (RAISED, DIED)), key=lambda e: (e is not cause, e.rank))
+    return FailureFacts(
+        ray_says_preempted=False,
+        dead_attempt_nodes=(),
+        notice_logged=notice_logged,
+        messages=tuple(e.message for e in failed),
+        refusal=next((e.refusal for e in failed if e.refusal), None),
+        signature=cause.signature if cause else None,
+        micro_step=cause.micro_step if cause else None,
+        repeats=repeats,
+    )
+
+
+def in_place_action(verdict: FailureVerdict, repeats: bool, retried: int, max_failures: int) -> str:
+    """RECOVER (a new generation of training processes in the same worker group) or ESCALATE (to
+    Ray Train's failure policy, which decides exactly as it always has).
+
+    Only an application failure still within ``failure.max_failures`` (``retried``: this
+    submission's application failures retried so far, in place or by Ray) recovers in place: a
+    preemption means a node is going away, a refusal fails the run, a repeated failure is not
+    retried, and an exhausted budget fails the run; all of those Ray's policy decides, with the
+    same verdicts as without in-place recovery."""
+    if verdict.kind != APPLICATION or repeats:
+        return ESCALATE
+    return RECOVER if max_failures == -1 or retried + 1 <= max_failures else ESCALATE

@@ -107,6 +107,8 @@ class AttemptStarted(_Event):
     attempt: int
     world_size: int
     nodes: list[str] = older_logs_lack([])  # the Ray node of each rank (older logs: one `node`)
+    # the Ray Train worker (actor id) of each rank: an in-place recovery keeps them; "" outside Ray
+    workers: list[str] = older_logs_lack([])
     submission: str = older_logs_lack("")  # the `syncpoint run` it belongs to ("" outside Ray)
     resumed_from: str | None  # the state it resumed, None from scratch
     global_micro_step: int
@@ -226,6 +228,7 @@ class Failure(_Event):
     signature: str | None = None  # the failing rank's exception, type and message (syncpoint.policies.failures)
     micro_step: int | None = None  # where the failing rank was (None: setting up, or not known)
     repeated: bool = False  # the same failure as the previous attempt's, no state in between: not retried
+    in_place: bool = False  # recovered in the same worker group (syncpoint.workers.supervisor), not by Ray Train
 
 
 class RankReached(_Record):
@@ -519,6 +522,15 @@ class Journal:
         failure is being decided)."""
         return next(
             (f for f in reversed(self.failures) if f.submission == submission and f.classified == classified), None
+        )
+
+    def retried(self, submission: str, classified: FailureKind) -> int:
+        """How many of ``submission``'s failures classified so were retried (in place or by Ray
+        Train): the budget ``failure.max_failures`` or ``max_preemptions`` has spent."""
+        return sum(
+            1
+            for f in self.failures
+            if f.submission == submission and f.classified == classified and f.decision == "RETRY"
         )
 
     def committed_since(self, time: float) -> bool:

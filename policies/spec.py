@@ -22,7 +22,17 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from syncpoint.policies.import_path import is_import_path
 from syncpoint.policies.redact import redact_obj
@@ -924,6 +934,16 @@ class FailureSpec(_Strict):
             "How long the run waits in a row for room to place its workers (at start or after a lost node) "
             "before it fails with a message; Ray Train alone would wait forever. Checked each time Ray "
             "Train's worker-group start times out (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default)."
+        ),
+    )
+    in_place: StrictBool = Field(
+        True,
+        description=(
+            "Recover a rank that crashed or raised, while every node lives, inside the same Ray Train worker group: "
+            "each worker supervises its training process and starts a new one (forked with torch and DeepSpeed "
+            "already imported), and every rank resumes from the newest committed state (from the node's memory "
+            "copy when it has one). Same budgets and verdicts as a Ray Train restart. false: every failure "
+            "restarts the worker group."
         ),
     )
 

@@ -82,7 +82,7 @@ def _local_rank_zero() -> Iterator[None]:
 
 
 # What a forkserver imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
-PRELOAD = ["torch", "deepspeed", "syncpoint.workers.loop", "syncpoint.workers.launch"]
+PRELOAD = ["torch", "deepspeed", "syncpoint.workers.loop", "syncpoint.workers.launch", "syncpoint.workers.warm_ops"]
 
 
 def _start_method(spec: JobSpec) -> str:
@@ -158,7 +158,14 @@ def _reread_fsspec_config() -> None:
 
 
 def _child(
-    spec_json: str, rank: int, world: int, port: int, quiet: bool, submission_id: str, environ: dict[str, str]
+    spec_json: str,
+    rank: int,
+    world: int,
+    port: int,
+    quiet: bool,
+    submission_id: str,
+    environ: dict[str, str],
+    in_place: bool = False,
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     os.environ.clear()
@@ -182,9 +189,18 @@ def _child(
             world_size=world,
             timeout=collective_timeout(spec),
         )
-        from syncpoint.workers.loop import WorkerContext, run_worker
+        if in_place:  # this rank supervises its training process, as a Ray Train worker does
+            from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
 
-        run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
+            hooks = Hooks(
+                decide=in_place_decider(spec, submission_id), submission_id=submission_id, print_progress=not quiet
+            )
+            coordinator = Coordinator.over_default_group("127.0.0.1", spec.scaling.collective_timeout_s)
+            Supervisor(spec, coordinator, rank, hooks).run()
+        else:
+            from syncpoint.workers.loop import WorkerContext, run_worker
+
+            run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
         traceback.print_exc()
@@ -192,11 +208,15 @@ def _child(
     os._exit(0)
 
 
-def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 600, quiet: bool = True) -> list[int]:
+def run_spawned(
+    spec: JobSpec, world_size: int | None = None, timeout: float = 600, quiet: bool = True, in_place: bool = False
+) -> list[int]:
     """Run ``world_size`` ranks as spawned processes; returns their exit codes.
 
     When one rank dies (an injected crash, an error), the others are killed after a short grace,
     as a real launcher would tear down the group; the storage is left exactly as they left it.
+    ``in_place``: each rank supervises its training process (``syncpoint.workers.supervisor``), as a
+    Ray Train worker with ``failure.in_place`` does, so failures within budget recover inside the run.
     """
     world = world_size or spec.scaling.max_workers
     port = free_port()
@@ -206,7 +226,7 @@ def run_spawned(spec: JobSpec, world_size: int | None = None, timeout: float = 6
     submission = uuid.uuid4().hex
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
     procs = [
-        ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ))
+        ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ, in_place))
         for r in range(world)
     ]
     with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it

@@ -92,6 +92,9 @@ class WorkerContext:
     # Called at every sync boundary on every rank (Ray's call is itself a collective).
     preemption_notice: RayNotice | None = None
     node_id: str = ""
+    # The Ray Train worker's actor id ("" outside Ray): logged per rank, so an in-place recovery
+    # (syncpoint.workers.supervisor) shows it kept the worker group.
+    worker_id: str = ""
     print_progress: bool = True
     # One id per `syncpoint run` invocation: a Ray restart inside the same submission shares it, so
     # `resume.policy: fresh` starts over only once and restarts continue their own progress.
@@ -253,7 +256,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
             laps.mark("metrics, data source")
             try:
-                _announce_attempt(attempt, ctx.node_id, start, launched_at, laps.seconds)
+                _announce_attempt(attempt, (ctx.node_id, ctx.worker_id), start, launched_at, laps.seconds)
                 parts = LoopParts(ctx, notices, task, engine, schedule, metrics, source)
                 return TrainingLoop(attempt, start, parts).run()
             finally:
@@ -603,16 +606,24 @@ class TrainingLoop:
 
 
 def _announce_attempt(
-    attempt: Attempt, node_id: str, start: ResumeStart, launched_at: float, setup: list[tuple[str, float]]
+    attempt: Attempt,
+    where: tuple[str, str],
+    start: ResumeStart,
+    launched_at: float,
+    setup: list[tuple[str, float]],
 ) -> None:
-    nodes: list[str | None] = [None] * attempt.world_size
-    dist.all_gather_object(nodes, node_id)
+    """Rank 0 logs the attempt's start with every rank's (node, worker)."""
+    gathered: list[tuple[str, str] | None] = [None] * attempt.world_size
+    dist.all_gather_object(gathered, where)
+    nodes = [g[0] if g else "" for g in gathered]
+    workers = [g[1] if g else "" for g in gathered]
     if attempt.events:
         attempt.events.emit(
             AttemptStarted(
                 attempt=attempt.number,
                 world_size=attempt.world_size,
                 nodes=nodes,
+                workers=workers if any(workers) else [],
                 submission=attempt.submission_id,
                 resumed_from=start.state,
                 global_micro_step=start.position.global_micro_step,

@@ -100,6 +100,14 @@ def test_ray_internals_used_by_the_failure_policy_still_exist():
     policy = default.DefaultFailurePolicy.__new__(default.DefaultFailurePolicy)
     default.DefaultFailurePolicy.__init__(policy, __import__("ray.train", fromlist=["FailureConfig"]).FailureConfig())
     assert hasattr(policy, "_preemption_failures") and hasattr(policy, "_log_decision")
+    assert hasattr(policy, "_worker_group_failures")  # in-place recoveries are added to it
+    # in-place recovery reads each worker's local preemption info (syncpoint.orchestrator.in_place)
+    from ray.train.v2._internal.execution import context
+
+    assert callable(context.get_train_context)
+    assert "preemption_context.preemption_info" in inspect.getsource(
+        __import__("ray.train.v2._internal.execution.train_fn_utils", fromlist=["x"])
+    )
     assert {d.name for d in FailureDecision} >= {"RETRY", "RAISE"}
     with fp.installed("memory://x"):
         made = data_parallel_trainer.create_failure_policy(policy.failure_config)

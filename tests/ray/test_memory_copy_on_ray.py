@@ -49,6 +49,7 @@ def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_p
     assert "injected crash on rank 0 at micro-step 10" in out
     assert "from this node's memory copy (verified against its manifest)" in out, out[-4000:]
     assert "restoring from storage" not in out
+    assert "recovering in place" in out  # the same worker group: a new training process per rank
     final = f"{max(committed_steps(spec)):012d}"
     assert final == ref_final and digest(spec, final) == digest(ref, ref_final)
     assert os.listdir(shm) == [] or all(os.listdir(shm / d) == [] for d in os.listdir(shm))  # the copy is gone

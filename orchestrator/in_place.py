@@ -1,0 +1,70 @@
+"""Ray Train's side of in-place recovery: each worker's training function becomes the supervisor of
+its rank's training process (``syncpoint.workers.supervisor``), with Ray's calls it proxies.
+
+Why the preemption notice is read from the worker's local preemption context (a Ray Train
+internal, checked by ``tests/integration/test_failures.py`` with the policy's other names) and not
+through ``ray.train.get_preemption_info``: that call is a barrier across the worker group, and a
+generation that fails between two of them would leave the survivors' supervisors waiting in it.
+The loop agrees on notices itself at every boundary (every rank's count, all-reduced).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from syncpoint.policies.spec import JobSpec
+
+
+def local_preemption_notice() -> dict[str, Any] | None:
+    """This worker's copy of Ray's preemption info (the PreemptionWatcher fans it out to every
+    worker), in the loop's notice format."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    info = get_train_context().preemption_context.preemption_info
+    if info is None:
+        return None
+    return {
+        "source": "ray-drain",
+        "deadline_ms": info.deadline_ms,
+        "nodes": info.preempted_node_ids,
+        "ranks": info.preempted_ranks,
+    }
+
+
+def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) -> None:
+    """Run this Ray Train worker's rank as a supervisor until the run finishes or a failure goes to Ray."""
+    import ray
+    import ray.train
+
+    from syncpoint.orchestrator.failure_policy import record_interruption
+    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
+
+    ctx = ray.train.get_context()
+    submission = config["submission_id"]
+    board: Any = config.get("heartbeat")
+
+    def beat(rank: int, attempt: int, step: int, at: float) -> None:
+        board.beat.remote(rank, attempt, step, at)  # fire and forget, as the loop's Heartbeat sends it
+
+    def finished(metrics: dict[str, float] | None) -> None:
+        ray.train.report(metrics or {})  # every rank, once: the run's last logged metrics
+
+    def before(journal: Any) -> None:  # the measured interruption point, as Ray's failure policy writes it
+        record_interruption(spec.run_url, board, time.time(), journal, submission)
+
+    hooks = Hooks(
+        decide=in_place_decider(spec, submission, before),
+        notice=local_preemption_notice,
+        beat=beat if board is not None else None,
+        finished=finished,
+        node_id=ray.get_runtime_context().get_node_id(),
+        worker_id=ray.get_runtime_context().get_actor_id() or "",
+        submission_id=submission,
+        print_progress=config.get("print_progress", True),
+        launched_at=launched_at,
+        child_setup=quiet_worker,
+    )
+    coordinator = Coordinator.over_default_group(ray.util.get_node_ip_address(), spec.scaling.collective_timeout_s)
+    Supervisor(spec, coordinator, ctx.get_local_rank(), hooks).run()

@@ -1,0 +1,589 @@
+"""In-place recovery: each rank's launcher process supervises the training, which runs in a child
+process; a failed generation of children is replaced by a new one inside the same worker group.
+
+Why this mechanism (torchelastic's agent, not NVRx's in-process restart): a rank that crashes
+(``os._exit``, a segfault, an OOM kill) cannot restart itself, and a process that raised still
+holds whatever the failed step left behind (a half-applied step in the engine, broken communicators,
+DataLoader workers and threads mid-batch), which an exact resume cannot vouch for. A child forked
+from a fork server that already imported torch and DeepSpeed starts in a fraction of a second.
+Every rank starts a new child, not only the failed one: exact resume restores every rank from the
+same committed state, so a survivor's engine (mid-step, its collectives broken) is of no use; the
+new generation restores from the node's memory copy (``syncpoint.workers.state.memory_copy``) or
+storage, selected exactly as any restart.
+
+The supervisors agree through a ``TCPStore`` that rank 0's supervisor serves (its address is
+broadcast once over the launcher's process group); the children of generation ``g`` form their
+own process group on it under the prefix ``g<g>/``. A supervisor whose child fails marks the
+generation failed; every supervisor then stops its own child (SIGKILL: a committed state never
+depends on a process finishing), publishes how it ended (``RankEnd``, JSON), and rank 0 decides
+(``Hooks.decide``: classified and budgeted exactly as Ray Train's failure policy does,
+``syncpoint.policies.failures.in_place_action``). RECOVER starts generation ``g+1``; ESCALATE makes
+the failed ranks' supervisors raise their child's exception, so Ray Train's failure policy decides
+it as it always has. A supervisor that dies (its node lost) never publishes: Ray Train notices its
+actor's death and restarts the group.
+
+Ray's calls a child needs are proxied over a pipe: the preemption notice (read from the worker's
+local preemption context, not Ray's barrier: the loop already agrees on notices at every
+boundary), heartbeats (forwarded to the board), and metrics (kept; Ray Train gets the last ones
+when the run finishes: its ``report`` is a barrier, which a failed generation would leave unpaired).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from syncpoint.policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused, TrainingDiverged
+from syncpoint.policies.failures import (
+    DIED,
+    ESCALATE,
+    FINISHED,
+    RAISED,
+    RECOVER,
+    STOPPED,
+    RankEnd,
+    failure_reason,
+    failure_signature,
+    is_ours,
+)
+from syncpoint.policies.spec import JobSpec
+
+POLL_S = 0.05  # how often a supervisor looks at its child and at the generation's failed mark
+END_LIMIT = 1 << 16  # a published RankEnd is short; anything longer is not a supervisor's
+ESCALATED_WAIT_S = 120.0  # a surviving supervisor waits this long for Ray Train to end the group
+REFUSALS = (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError, TrainingDiverged)
+
+
+class TrainingProcessDied(RuntimeError):
+    """A rank's training process ended without an exception (a crash, a signal), handed to Ray Train."""
+
+
+class PeerEscalated(RuntimeError):
+    """Another rank's failure was handed to Ray Train, which did not end this worker in time."""
+
+
+@dataclass
+class Hooks:
+    """What the launcher gives its supervisor: Ray's calls (or nothing, outside Ray) and the decision."""
+
+    # rank 0: RECOVER or ESCALATE for a failed generation (it records the failure, as Ray's policy does)
+    decide: Callable[[list[RankEnd]], str]
+    notice: Callable[[], dict[str, Any] | None] | None = None  # a local, non-blocking read
+    beat: Callable[[int, int, int, float], None] | None = None  # a heartbeat, forwarded
+    finished: Callable[[dict[str, float] | None], None] | None = None  # the run ended: the last metrics
+    # run in each training process before the loop (a module-level function: it is pickled by name)
+    child_setup: Callable[[JobSpec], None] | None = None
+    node_id: str = ""
+    worker_id: str = ""
+    submission_id: str = ""
+    print_progress: bool = True
+    launched_at: float = field(default_factory=time.time)
+
+
+# ---------------------------------------------------------------- the supervisors' store
+class Coordinator:
+    """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's."""
+
+    def __init__(self, store: dist.TCPStore, host: str, port: int, rank: int, world: int) -> None:
+        self.store, self.host, self.port, self.rank, self.world = store, host, port, rank, world
+
+    @classmethod
+    def over_default_group(cls, host: str, timeout_s: float) -> Coordinator:
+        """Rank 0 serves a store on ``host``; its address reaches the others over the launcher's process
+        group (the one collective the supervisors ever make)."""
+        from datetime import timedelta
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        timeout = timedelta(seconds=timeout_s)
+        server = None
+        address: list[Any] = [None]
+        if rank == 0:
+            server = dist.TCPStore(host, 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
+            address = [(host, server.port)]
+        dist.broadcast_object_list(address, src=0)
+        host, port = address[0]
+        store = server or dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
+        return cls(store, host, port, rank, world)
+
+    def mark_failed(self, generation: int) -> None:
+        self.store.add(f"g{generation}/failed", 1)
+
+    def failed(self, generation: int) -> bool:
+        return self.store.add(f"g{generation}/failed", 0) > 0
+
+    def publish(self, generation: int, end: RankEnd) -> None:
+        self.store.set(f"g{generation}/end/{self.rank}", json.dumps(asdict(end)))
+
+    def ends(self, generation: int, bound_s: float) -> list[RankEnd]:
+        """Every rank's end of the generation, waiting (bounded) for the last supervisor to publish."""
+        keys = [f"g{generation}/end/{r}" for r in range(self.world)]
+        self._wait(keys, bound_s, "every rank's end")
+        return [_parse_end(self.store.get(k), r) for r, k in enumerate(keys)]
+
+    def action(self, generation: int, decide: Callable[[], str], bound_s: float) -> str:
+        """Rank 0 decides and publishes; the others read its decision."""
+        key = f"g{generation}/action"
+        if self.rank == 0:
+            action = decide()
+            self.store.set(key, action)
+            return action
+        self._wait([key], bound_s, "rank 0's decision")
+        action = self.store.get(key).decode("ascii", "replace")
+        return action if action in (RECOVER, ESCALATE) else ESCALATE
+
+    def leave(self, generation: int, bound_s: float) -> None:
+        """This supervisor has read all it needs of the generation; rank 0 (whose process serves the
+        store) waits for every rank to say so before it leaves, bounded."""
+        count = self.store.add(f"g{generation}/left", 1)
+        if self.rank != 0:
+            return
+        deadline = time.monotonic() + bound_s
+        while count < self.world and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            count = self.store.add(f"g{generation}/left", 0)
+
+    def _wait(self, keys: list[str], bound_s: float, what: str) -> None:
+        deadline = time.monotonic() + bound_s
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"in-place recovery: {what} did not arrive within {bound_s:g} s")
+            time.sleep(POLL_S)
+
+
+def _parse_end(raw: bytes, rank: int) -> RankEnd:
+    """A published end, as plain data (JSON, bounded: the store is a network service)."""
+    try:
+        if len(raw) > END_LIMIT:
+            raise ValueError("too long")
+        data = json.loads(raw)
+        end = RankEnd(
+            rank=rank,
+            status=str(data["status"]),
+            message=str(data.get("message", ""))[:2000],
+            ours=bool(data.get("ours", False)),
+            refusal=None if data.get("refusal") is None else str(data["refusal"])[:2000],
+            signature=str(data.get("signature", ""))[:500],
+            micro_step=data["micro_step"] if isinstance(data.get("micro_step"), int) else None,
+        )
+        if end.status not in (FINISHED, RAISED, DIED, STOPPED):
+            raise ValueError(end.status)
+        return end
+    except (ValueError, KeyError, TypeError) as e:
+        return RankEnd(rank=rank, status=DIED, message=f"rank {rank}'s end could not be read ({e})")
+
+
+# ---------------------------------------------------------------- the child's side
+class ParentLink:
+    """The child's pipe to its supervisor: Ray's calls, proxied."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def notice(self) -> dict[str, Any] | None:
+        with self.lock:
+            self.conn.send(("notice",))
+            reply: dict[str, Any] | None = self.conn.recv()
+            return reply
+
+    def report(self, metrics: dict[str, float]) -> None:
+        with self.lock:
+            self.conn.send(("report", metrics))
+
+    def end(self, end: RankEnd, error: BaseException | None = None) -> None:
+        payload: bytes | None = None
+        if error is not None:
+            with contextlib.suppress(Exception):  # an exception that does not pickle goes by its description
+                import pickle
+
+                payload = pickle.dumps(error)
+        with self.lock, contextlib.suppress(OSError):
+            self.conn.send(("end", asdict(end), payload))
+
+
+class _Beats:
+    """``board.beat.remote(...)`` as the loop's ``Heartbeat`` calls it, sent over the pipe."""
+
+    def __init__(self, link: ParentLink) -> None:
+        self.link = link
+
+    def remote(self, rank: int, attempt: int, step: int, at: float) -> None:
+        with self.link.lock:
+            self.link.conn.send(("beat", (rank, attempt, step, at)))
+
+
+class _PipeBoard:
+    def __init__(self, link: ParentLink) -> None:
+        self.beat = _Beats(link)
+
+
+def describe(error: BaseException, rank: int) -> RankEnd:
+    """How a rank's exception ends its generation, as plain data."""
+    from syncpoint.workers.failure_site import SITE_ATTR
+
+    site = getattr(error, SITE_ATTR, None)
+    micro_step = site.get("micro_step") if isinstance(site, dict) else None
+    reason = failure_reason(error)[0]
+    return RankEnd(
+        rank=rank,
+        status=RAISED,
+        message=reason,
+        ours=is_ours(error),
+        refusal=reason if isinstance(error, REFUSALS) else None,
+        signature=failure_signature(error),
+        micro_step=micro_step if isinstance(micro_step, int) else None,
+    )
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the process that forked it ends (Linux), so a training process never
+    outlives its supervisor (its fork server exits with the supervisor)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """What a generation's child is told (picklable: it crosses to a forked or spawned process)."""
+
+    spec_json: str
+    rank: int
+    world: int
+    local_rank: int
+    store: tuple[str, int]
+    generation: int
+    environ: dict[str, str]
+    notice: bool
+    beat: bool
+    report: bool
+    node_id: str
+    worker_id: str
+    submission_id: str
+    print_progress: bool
+    launched_at: float
+    setup: Callable[[JobSpec], None] | None = None
+
+
+def child_main(plan: ChildPlan, conn: Any) -> None:
+    """A generation's training process: its own process group on the supervisors' store, then the loop."""
+    from datetime import timedelta
+
+    from syncpoint.workers.launch import _reread_fsspec_config
+
+    _die_with_parent()
+    os.environ.clear()  # a forked child has its fork server's environment: take the supervisor's
+    os.environ.update(plan.environ)
+    os.environ.update(RANK=str(plan.rank), WORLD_SIZE=str(plan.world), LOCAL_RANK=str(plan.local_rank))
+    _reread_fsspec_config()
+    mp.set_start_method("fork", force=True)  # its DataLoader workers die with it (see launch._child)
+    link = ParentLink(conn)
+    try:
+        from syncpoint.workers.device import backend, collective_timeout, prepare_process
+
+        spec = JobSpec.model_validate_json(plan.spec_json)
+        if plan.setup is not None:
+            plan.setup(spec)
+        prepare_process(spec)
+        timeout = collective_timeout(spec)
+        host, port = plan.store
+        store = dist.TCPStore(host, port, None, is_master=False, timeout=max(timeout, timedelta(seconds=60)))
+        dist.init_process_group(
+            backend(spec),
+            store=dist.PrefixStore(f"g{plan.generation}/", store),
+            rank=plan.rank,
+            world_size=plan.world,
+            timeout=timeout,
+        )
+        from syncpoint.workers.loop import WorkerContext, run_worker
+
+        run_worker(
+            spec,
+            WorkerContext(
+                preemption_notice=link.notice if plan.notice else None,
+                node_id=plan.node_id,
+                worker_id=plan.worker_id,
+                submission_id=plan.submission_id,
+                report_metrics=link.report if plan.report else None,
+                print_progress=plan.print_progress,
+                heartbeat_board=_PipeBoard(link) if plan.beat else None,
+                launched_at=plan.launched_at,
+            ),
+        )
+        link.end(RankEnd(rank=plan.rank, status=FINISHED))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - the supervisor decides; the traceback goes to this rank's log
+        from syncpoint.workers.failure_site import annotate
+
+        annotate(e, plan.rank, None)
+        traceback.print_exc()
+        link.end(describe(e, plan.rank), e)
+        _flush_and_exit(1)
+    _flush_and_exit(0)
+
+
+def _flush_and_exit(code: int) -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+# ---------------------------------------------------------------- the supervisor's side
+class _Service(threading.Thread):
+    """Answers one child's proxied calls until its pipe closes."""
+
+    def __init__(self, conn: Any, hooks: Hooks) -> None:
+        super().__init__(name="syncpoint-supervisor-link", daemon=True)
+        self.conn, self.hooks = conn, hooks
+        self.end: RankEnd | None = None
+        self.error: bytes | None = None
+        self.metrics: dict[str, float] | None = None
+
+    def run(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            with contextlib.suppress(Exception):  # a failed proxy call costs that call, never the supervisor
+                self._handle(message)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "notice":
+            notice = None
+            with contextlib.suppress(Exception):
+                notice = self.hooks.notice() if self.hooks.notice else None
+            self.conn.send(notice)
+        elif kind == "beat" and self.hooks.beat is not None:
+            self.hooks.beat(*message[1])
+        elif kind == "report":
+            self.metrics = dict(message[1])
+        elif kind == "end":
+            self.end = _parse_end(json.dumps(message[1]).encode(), int(message[1]["rank"]))
+            self.error = message[2]
+
+
+def _unpickled(payload: bytes | None) -> BaseException | None:
+    """The child's exception, as it raised it (pickled by this supervisor's own child, over its pipe:
+    never bytes from storage or the network)."""
+    if payload is None:
+        return None
+    import pickle
+
+    try:
+        error = pickle.loads(payload)  # from this supervisor's own child (see the docstring)
+    except Exception:  # noqa: BLE001 - an exception that does not unpickle goes by its description
+        return None
+    return error if isinstance(error, BaseException) else None
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    """One rank's supervisor: runs generations of its training process until the run finishes or a
+    failure goes to Ray Train."""
+
+    def __init__(self, spec: JobSpec, coordinator: Coordinator, local_rank: int, hooks: Hooks) -> None:
+        self.spec, self.coordinator, self.local_rank, self.hooks = spec, coordinator, local_rank, hooks
+        self.rank, self.world = coordinator.rank, coordinator.world
+        self.bound_s = max(60.0, 2 * spec.scaling.collective_timeout_s)  # a live peer publishes well within it
+
+    def run(self) -> None:
+        """Until the run finishes (return) or a failure is handed to Ray Train (raise)."""
+        from syncpoint.workers.state import memory_reaper
+
+        reaper = memory_reaper.start(self.spec.run_url) if self.spec.checkpoint.memory_copy is not False else None
+        try:
+            self._generations()
+        except BaseException:
+            if reaper is not None:
+                reaper.keep()  # a new worker group on this node may restore from the copy
+            raise
+        if reaper is not None:
+            reaper.close()
+
+    def _generations(self) -> None:
+        generation, launched_at = 0, self.hooks.launched_at
+        while True:
+            end, error, metrics = self._run_child(generation, launched_at)
+            self.coordinator.publish(generation, end)
+            ends = self.coordinator.ends(generation, self.bound_s)
+            if all(e.status == FINISHED for e in ends):
+                self.coordinator.leave(generation, self.bound_s)
+                if self.hooks.finished is not None:
+                    self.hooks.finished(metrics)
+                return
+            action = self.coordinator.action(generation, functools.partial(self.hooks.decide, ends), self.bound_s)
+            if action == RECOVER:
+                generation, launched_at = generation + 1, time.time()
+                if self.rank == 0:
+                    print(f"[syncpoint] recovering in place: training generation {generation}", flush=True)
+                continue
+            self.coordinator.leave(generation, self.bound_s)
+            self._escalate(end, error)
+
+    def _escalate(self, end: RankEnd, error: bytes | None) -> None:
+        """Hand the failure to Ray Train: the failed ranks raise their child's exception; the others
+        wait for Ray Train to end the worker group (bounded)."""
+        raised = _unpickled(error) if end.status == RAISED else None
+        if raised is not None:
+            raise raised
+        if end.status in (RAISED, DIED):
+            raise TrainingProcessDied(end.message)
+        time.sleep(ESCALATED_WAIT_S)
+        raise PeerEscalated("another rank's failure was handed to Ray Train")
+
+    def _run_child(self, generation: int, launched_at: float) -> tuple[RankEnd, bytes | None, dict[str, float] | None]:
+        """One generation's child, watched until it ends; how it ended."""
+        from syncpoint.workers import launch, rng
+
+        hash_seed = str(rng.hash_seed(self.spec.train.seed))
+        ctx = launch._context(launch._start_method(self.spec), hash_seed)
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        plan = ChildPlan(
+            spec_json=self.spec.model_dump_json(),
+            rank=self.rank,
+            world=self.world,
+            local_rank=self.local_rank,
+            store=(self.coordinator.host, self.coordinator.port),
+            generation=generation,
+            environ={**os.environ, "PYTHONHASHSEED": hash_seed},
+            notice=self.hooks.notice is not None,
+            beat=self.hooks.beat is not None,
+            report=self.hooks.finished is not None,
+            node_id=self.hooks.node_id,
+            worker_id=self.hooks.worker_id,
+            submission_id=self.hooks.submission_id,
+            print_progress=self.hooks.print_progress,
+            launched_at=launched_at,
+            setup=self.hooks.child_setup,
+        )
+        proc = ctx.Process(target=child_main, args=(plan, child_end), name=f"syncpoint-rank{self.rank}-g{generation}")
+        with launch._environ(PYTHONHASHSEED=hash_seed):
+            proc.start()
+        child_end.close()
+        service = _Service(parent_end, self.hooks)
+        service.start()
+        stopped = False
+        try:
+            while proc.is_alive():
+                if not stopped and self.coordinator.failed(generation):
+                    stopped = True
+                    proc.kill()
+                proc.join(POLL_S)
+        finally:
+            if proc.is_alive():  # the supervisor itself is failing: its child must not outlive it
+                proc.kill()
+                proc.join()
+        service.join(timeout=5)
+        parent_end.close()
+        end = service.end
+        if proc.exitcode == 0 and end is not None and end.status == FINISHED:
+            return end, None, service.metrics
+        if end is not None and end.status == RAISED:
+            result = end
+        elif stopped:
+            result = RankEnd(rank=self.rank, status=STOPPED)
+        else:
+            text = f"rank {self.rank}'s training process {_exit_text(proc.exitcode)}"
+            result = RankEnd(rank=self.rank, status=DIED, message=text, signature=text)
+        if result.status != STOPPED:
+            self.coordinator.mark_failed(generation)
+        return result, service.error, service.metrics
+
+
+# ---------------------------------------------------------------- rank 0's decision
+def in_place_decider(
+    spec: JobSpec, submission_id: str, before: Callable[[Any], None] | None = None
+) -> Callable[[list[RankEnd]], str]:
+    """Rank 0's ``Hooks.decide``: classify the failed generation from its ranks' ends and the run's
+    journal as Ray Train's failure policy would (``classify_failure``, the repeat rule, the
+    ``failure.max_failures`` budget counted from the journal), record the ``Failure`` event when it
+    recovers in place, and say RECOVER or ESCALATE. ``before(journal)``: the launcher's own record
+    first (Ray's: the measured interruption point from the heartbeat board)."""
+
+    def decide(ends: list[RankEnd]) -> str:
+        from syncpoint.policies.failures import (
+            APPLICATION,
+            classify_failure,
+            failing_end,
+            in_place_action,
+            in_place_facts,
+            repeats_previous,
+        )
+        from syncpoint.policies.journal import Failure
+        from syncpoint.workers.events import EventLog
+        from syncpoint.workers.storage import RunStorage
+
+        log = EventLog(RunStorage(spec.run_url), source="supervisor")
+        try:
+            journal = log.journal()
+        except Exception:  # noqa: BLE001 - no journal, no budget to count: Ray Train's policy decides
+            return ESCALATE
+        if before is not None:
+            with contextlib.suppress(Exception):
+                before(journal)
+        failing = journal.failing_attempt(submission_id)
+        notice = failing is not None and journal.notice_in(failing.attempt) is not None
+        cause = failing_end(ends)
+        previous = journal.last_failure(submission_id, APPLICATION)
+        repeats = (
+            cause is not None
+            and previous is not None
+            and repeats_previous(
+                cause.signature,
+                cause.micro_step,
+                (previous.signature, previous.micro_step),
+                journal.committed_since(previous.time),
+            )
+        )
+        facts = in_place_facts(ends, notice, repeats)
+        verdict = classify_failure(facts)
+        retried = journal.retried(submission_id, APPLICATION)
+        action = in_place_action(verdict, repeats, retried, spec.failure.max_failures)
+        if action == RECOVER:
+            limit = "unlimited" if spec.failure.max_failures == -1 else str(spec.failure.max_failures)
+            print(
+                f"[syncpoint] attempt failed ({verdict.reason[:300]}): "
+                f"retry in place ({retried + 1} of {limit} allowed)",
+                file=sys.stderr,
+                flush=True,
+            )
+            log.emit(
+                Failure(
+                    classified=verdict.kind,
+                    reason=verdict.reason,
+                    decision="RETRY",
+                    ranks=sorted(e.rank for e in ends if e.status in (RAISED, DIED)),
+                    messages=list(facts.messages)[:4],
+                    dead_nodes=[],
+                    submission=submission_id,
+                    signature=facts.signature,
+                    micro_step=facts.micro_step,
+                    in_place=True,
+                )
+            )
+        return action
+
+    return decide

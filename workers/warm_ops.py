@@ -1,0 +1,39 @@
+"""Imported by the fork server that starts training processes (``syncpoint.workers.launch.PRELOAD``):
+what building an engine imports or loads lazily, done once there, so every process forked from it
+finds it done.
+
+Why: with torch and DeepSpeed imported, building the example's engine still took 2.8 s here, all
+of it lazy loading (profiled): torch's optimizers import ``torch._dynamo`` on first construction
+(1.7 s), DeepSpeed's ZeRO optimizer check imports its Muon module (1.1 s), and on CPU its
+communication backend loads the shared-memory op (the JIT extension's up-to-date check and
+import). An in-place recovery (``syncpoint.workers.supervisor``) forks new training processes from
+this server at every failure, so each of those seconds is a second of every restart. The op only
+on CPU: a server preloaded for CPU never forks GPU ranks (``launch._start_method``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+LAZY_IMPORTS = ("torch._dynamo", "deepspeed.runtime.zero.muon.muon_optimizer")
+
+
+def warm() -> None:
+    """Import what an engine's construction imports late, and load the CPU op into DeepSpeed's cache
+    of loaded ops (its build line is not printed); never raises."""
+    import importlib
+
+    for name in LAZY_IMPORTS:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    if os.environ.get("DS_ACCELERATOR") != "cpu":
+        return
+    with contextlib.suppress(Exception), contextlib.redirect_stdout(io.StringIO()):
+        from deepspeed.comm.torch import build_shm_op
+
+        build_shm_op()
+
+
+warm()
