@@ -38,7 +38,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     import ray.train
 
     from syncpoint.orchestrator.failure_policy import record_interruption
-    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from syncpoint.orchestrator.ray_runner import quiet_training_process
     from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
 
     ctx = ray.train.get_context()
@@ -48,9 +48,6 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     def beat(rank: int, attempt: int, step: int, at: float) -> None:
         board.beat.remote(rank, attempt, step, at)  # fire and forget, as the loop's Heartbeat sends it
 
-    def finished(metrics: dict[str, float] | None) -> None:
-        ray.train.report(metrics or {})  # every rank, once: the run's last logged metrics
-
     def before(journal: Any) -> None:  # the measured interruption point, as Ray's failure policy writes it
         record_interruption(spec.run_url, board, time.time(), journal, submission)
 
@@ -58,13 +55,13 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
         decide=in_place_decider(spec, submission, before),
         notice=local_preemption_notice,
         beat=beat if board is not None else None,
-        finished=finished,
+        report=ray.train.report,  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
         node_id=ray.get_runtime_context().get_node_id(),
         worker_id=ray.get_runtime_context().get_actor_id() or "",
         submission_id=submission,
         print_progress=config.get("print_progress", True),
         launched_at=launched_at,
-        child_setup=quiet_worker,
+        child_setup=quiet_training_process,
     )
     coordinator = Coordinator.over_default_group(ray.util.get_node_ip_address(), spec.scaling.collective_timeout_s)
     Supervisor(spec, coordinator, ctx.get_local_rank(), hooks).run()

@@ -169,6 +169,15 @@ def quiet_worker(spec: JobSpec) -> None:
     # another rank died first: that one's own traceback, the failure policy's line and the last line
     # say why. Its 50 lines are dropped; every other failure's traceback shows.
     drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
+    # A failure a supervisor hands to Ray Train (syncpoint.workers.supervisor): its training process
+    # printed the traceback already, with the user's frames; Ray's would show only the supervisor's.
+    drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)\bin _escalate\n")
+    quiet_training_process(spec)
+
+
+def quiet_training_process(spec: JobSpec) -> None:
+    """In a process that trains (a Ray worker, or the training process its supervisor starts, which
+    imports no Ray: ``syncpoint.workers.supervisor``), before DeepSpeed builds its engine."""
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")

@@ -24,8 +24,11 @@ actor's death and restarts the group.
 
 Ray's calls a child needs are proxied over a pipe: the preemption notice (read from the worker's
 local preemption context, not Ray's barrier: the loop already agrees on notices at every
-boundary), heartbeats (forwarded to the board), and metrics (kept; Ray Train gets the last ones
-when the run finishes: its ``report`` is a barrier, which a failed generation would leave unpaired).
+boundary), heartbeats (forwarded to the board), and metrics (``ray.train.report``, called in order
+by a thread of the supervisor). That report is a barrier across the worker group: a generation that
+fails leaves the ranks with different numbers of reports sent, so before the next generation each
+supervisor pads its own up to the largest count (repeating its last metrics), and every later
+report pairs with the same report of every other rank again.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 import threading
@@ -84,7 +88,7 @@ class Hooks:
     decide: Callable[[list[RankEnd]], str]
     notice: Callable[[], dict[str, Any] | None] | None = None  # a local, non-blocking read
     beat: Callable[[int, int, int, float], None] | None = None  # a heartbeat, forwarded
-    finished: Callable[[dict[str, float] | None], None] | None = None  # the run ended: the last metrics
+    report: Callable[[dict[str, float]], None] | None = None  # Ray Train's report (a barrier), called in order
     # run in each training process before the loop (a module-level function: it is pickled by name)
     child_setup: Callable[[JobSpec], None] | None = None
     node_id: str = ""
@@ -125,8 +129,18 @@ class Coordinator:
     def failed(self, generation: int) -> bool:
         return self.store.add(f"g{generation}/failed", 0) > 0
 
-    def publish(self, generation: int, end: RankEnd) -> None:
+    def publish(self, generation: int, end: RankEnd, reports: int) -> None:
+        """This rank's end of the generation, and how many reports its child sent (published first)."""
+        self.store.set(f"g{generation}/reports/{self.rank}", str(reports))
         self.store.set(f"g{generation}/end/{self.rank}", json.dumps(asdict(end)))
+
+    def most_reports(self, generation: int) -> int:
+        """The largest number of reports any rank's child sent in the generation (after ``ends``)."""
+        counts = []
+        for r in range(self.world):
+            raw = self.store.get(f"g{generation}/reports/{r}")
+            counts.append(int(raw) if len(raw) < 20 and raw.isdigit() else 0)
+        return max(counts)
 
     def ends(self, generation: int, bound_s: float) -> list[RankEnd]:
         """Every rank's end of the generation, waiting (bounded) for the last supervisor to publish."""
@@ -347,12 +361,13 @@ def _flush_and_exit(code: int) -> None:
 class _Service(threading.Thread):
     """Answers one child's proxied calls until its pipe closes."""
 
-    def __init__(self, conn: Any, hooks: Hooks) -> None:
+    def __init__(self, conn: Any, hooks: Hooks, reporter: _Reporter | None) -> None:
         super().__init__(name="syncpoint-supervisor-link", daemon=True)
-        self.conn, self.hooks = conn, hooks
+        self.conn, self.hooks, self.reporter = conn, hooks, reporter
         self.end: RankEnd | None = None
         self.error: bytes | None = None
-        self.metrics: dict[str, float] | None = None
+        self.metrics: dict[str, float] = {}
+        self.reports = 0
 
     def run(self) -> None:
         while True:
@@ -372,11 +387,39 @@ class _Service(threading.Thread):
             self.conn.send(notice)
         elif kind == "beat" and self.hooks.beat is not None:
             self.hooks.beat(*message[1])
-        elif kind == "report":
+        elif kind == "report" and self.reporter is not None:
             self.metrics = dict(message[1])
+            self.reports += 1
+            self.reporter.put(self.metrics)
         elif kind == "end":
             self.end = _parse_end(json.dumps(message[1]).encode(), int(message[1]["rank"]))
             self.error = message[2]
+
+
+class _Reporter(threading.Thread):
+    """Calls the launcher's report in order, off the supervisor's thread (a report waits for every
+    rank's, and the supervisor must keep watching its child meanwhile)."""
+
+    def __init__(self, report: Callable[[dict[str, float]], None]) -> None:
+        super().__init__(name="syncpoint-supervisor-reports", daemon=True)
+        self.report = report
+        self.queue: queue.Queue[dict[str, float]] = queue.Queue()
+
+    def put(self, metrics: dict[str, float]) -> None:
+        self.queue.put(metrics)
+
+    def run(self) -> None:
+        while True:
+            metrics = self.queue.get()
+            with contextlib.suppress(Exception):  # a failed report costs that report, never the run
+                self.report(metrics)
+            self.queue.task_done()
+
+    def drain(self, bound_s: float) -> None:
+        """Wait (bounded) until every queued report returned: the run's last reach Ray before it ends."""
+        deadline = time.monotonic() + bound_s
+        while self.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
 
 def _unpickled(payload: bytes | None) -> BaseException | None:
@@ -425,14 +468,20 @@ class Supervisor:
 
     def _generations(self) -> None:
         generation, launched_at = 0, self.hooks.launched_at
+        reporter = _Reporter(self.hooks.report) if self.hooks.report is not None else None
+        if reporter is not None:
+            reporter.start()
         while True:
-            end, error, metrics = self._run_child(generation, launched_at)
-            self.coordinator.publish(generation, end)
+            end, error, service = self._run_child(generation, launched_at, reporter)
+            self.coordinator.publish(generation, end, service.reports)
             ends = self.coordinator.ends(generation, self.bound_s)
+            if reporter is not None:  # every rank's reports paired again (see the module docstring)
+                for _ in range(self.coordinator.most_reports(generation) - service.reports):
+                    reporter.put(dict(service.metrics))
             if all(e.status == FINISHED for e in ends):
                 self.coordinator.leave(generation, self.bound_s)
-                if self.hooks.finished is not None:
-                    self.hooks.finished(metrics)
+                if reporter is not None:
+                    reporter.drain(self.bound_s)
                 return
             action = self.coordinator.action(generation, functools.partial(self.hooks.decide, ends), self.bound_s)
             if action == RECOVER:
@@ -454,7 +503,9 @@ class Supervisor:
         time.sleep(ESCALATED_WAIT_S)
         raise PeerEscalated("another rank's failure was handed to Ray Train")
 
-    def _run_child(self, generation: int, launched_at: float) -> tuple[RankEnd, bytes | None, dict[str, float] | None]:
+    def _run_child(
+        self, generation: int, launched_at: float, reporter: _Reporter | None
+    ) -> tuple[RankEnd, bytes | None, _Service]:
         """One generation's child, watched until it ends; how it ended."""
         from syncpoint.workers import launch, rng
 
@@ -471,7 +522,7 @@ class Supervisor:
             environ={**os.environ, "PYTHONHASHSEED": hash_seed},
             notice=self.hooks.notice is not None,
             beat=self.hooks.beat is not None,
-            report=self.hooks.finished is not None,
+            report=self.hooks.report is not None,
             node_id=self.hooks.node_id,
             worker_id=self.hooks.worker_id,
             submission_id=self.hooks.submission_id,
@@ -483,7 +534,7 @@ class Supervisor:
         with launch._environ(PYTHONHASHSEED=hash_seed):
             proc.start()
         child_end.close()
-        service = _Service(parent_end, self.hooks)
+        service = _Service(parent_end, self.hooks, reporter)
         service.start()
         stopped = False
         try:
@@ -500,7 +551,7 @@ class Supervisor:
         parent_end.close()
         end = service.end
         if proc.exitcode == 0 and end is not None and end.status == FINISHED:
-            return end, None, service.metrics
+            return end, None, service
         if end is not None and end.status == RAISED:
             result = end
         elif stopped:
@@ -510,7 +561,7 @@ class Supervisor:
             result = RankEnd(rank=self.rank, status=DIED, message=text, signature=text)
         if result.status != STOPPED:
             self.coordinator.mark_failed(generation)
-        return result, service.error, service.metrics
+        return result, service.error, service
 
 
 # ---------------------------------------------------------------- rank 0's decision

@@ -2,15 +2,18 @@
 training process dies mid-run. Its Ray Train worker (the supervisor) starts a new training process,
 rank 0's does too, and the run resumes in the same worker group: the same Ray actors (their ids in
 ``attempt_started``), one failure recorded as recovered in place, and the run ends bitwise where the
-uninterrupted run ends.
+uninterrupted run ends. Ray Train's reports (a barrier per logged step) keep pairing across the
+recovery: the run reaches its last report on both ranks.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from syncpoint.policies.journal import Failure
@@ -22,15 +25,28 @@ from tests.helpers import ROOT, committed_steps, digest, lm_spec
 COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every={value: 4, unit: micro_steps}"]
 
 
-def test_a_crashed_rank_recovers_in_the_same_worker_group_bitwise(tmp_path):
+@pytest.mark.parametrize(
+    "fault,extra,reason",
+    [
+        ("{rank: 1, at_micro_step: 10, mode: exit}", [], "exited with code 17"),  # the process dies
+        ("{rank: 0, at_micro_step: 11, mode: raise}", [], "micro-step 11"),  # an exception
+        # rank 1 stops answering, its process alive: rank 0's collective times out
+        ("{rank: 1, at_micro_step: 10, mode: hold}", ["scaling.collective_timeout_s=5"], ""),
+    ],
+    ids=["crash", "exception", "collective-timeout"],
+)
+def test_a_failed_rank_recovers_in_the_same_worker_group_bitwise(tmp_path, fault, extra, reason):
     ref = lm_spec(tmp_path / "ref", *COMMON, workers=2)
     assert run_spawned(ref) == [0, 0]
     final = f"{max(committed_steps(ref)):012d}"
 
-    spec = lm_spec(tmp_path / "run", *COMMON, "faults=[{rank: 1, at_micro_step: 10, mode: exit}]", workers=2)
+    spec = lm_spec(tmp_path / "run", *COMMON, *extra, "train.log_every=1", f"faults=[{fault}]", workers=2)
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["SYNCPOINT_FAULT_HOLD_S"] = "600"  # a held rank would wait this long: only the timeout ends it
+    reports = tmp_path / "ray-reports.jsonl"
+    env.update(RAY_TRAIN_CALLBACKS="tests.ray_report_probe.RecordReports", SYNCPOINT_TEST_REPORTS=str(reports))
     proc = subprocess.run(
         [sys.executable, "-m", "syncpoint", "run", str(job)],
         cwd=ROOT,
@@ -48,7 +64,12 @@ def test_a_crashed_rank_recovers_in_the_same_worker_group_bitwise(tmp_path):
     assert first.nodes == second.nodes
     [failure] = journal.of_kind(Failure)
     assert (failure.classified, failure.decision, failure.in_place) == ("application", "RETRY", True)
-    assert "exited with code 17" in failure.reason
+    assert reason in failure.reason
     assert f"{max(committed_steps(spec)):012d}" == final and digest(spec, final) == digest(ref, final)
+    # Ray's reports: the rank that crashed sent fewer in the first generation; padded, every later
+    # report pairs the same step of both ranks, up to the run's last step
+    delivered = [json.loads(ln) for ln in reports.read_text().splitlines()]
+    last_step = journal.last_finish.optimizer_step if journal.last_finish else None
+    assert [m["optimizer_step"] for m in delivered[-1]["per_rank"]] == [last_step, last_step]
     restart_s = second.time - failure.time
     print(f"in-place restart: {restart_s:.2f} s from the decision to the new attempt's start")
