@@ -46,10 +46,11 @@ def synthetic_corpus(num_chars: int, seed: int = 7) -> torch.Tensor:
     """Deterministic pseudo-English: words from a small vocabulary with a bigram preference."""
     rnd = random.Random(seed)
     out: list[str] = []
-    prev = 0
-    while sum(len(w) + 1 for w in out) < num_chars:
+    prev, length = 0, 0  # length: the text so far, each word with its space
+    while length < num_chars:
         idx = (prev * 7 + rnd.randrange(4)) % len(WORDS) if rnd.random() < 0.8 else rnd.randrange(len(WORDS))
         out.append(WORDS[idx])
+        length += len(WORDS[idx]) + 1
         prev = idx
     text = " ".join(out)[:num_chars]
     return torch.tensor([(ord(c) - 96) % VOCAB if c != " " else 0 for c in text], dtype=torch.long)

@@ -45,7 +45,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -422,6 +423,24 @@ class _Reporter(threading.Thread):
             time.sleep(POLL_S)
 
 
+@contextlib.contextmanager
+def _without_main_module() -> Iterator[None]:
+    """Start a process without multiprocessing re-running this process's ``__main__`` in it.
+
+    Why: a process started by a fork server or by spawn runs the parent's main script again (as
+    ``__mp_main__``) before its target; in a Ray worker that is Ray's worker script, whose imports
+    cost 1.2 s of every in-place restart here (measured), and the training process needs nothing
+    from it (its target lives in this module). multiprocessing finds the script through
+    ``sys.modules["__main__"]``; an empty module stands in while the process starts."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
 def _unpickled(payload: bytes | None) -> BaseException | None:
     """The child's exception, as it raised it (pickled by this supervisor's own child, over its pipe:
     never bytes from storage or the network)."""
@@ -531,7 +550,7 @@ class Supervisor:
             setup=self.hooks.child_setup,
         )
         proc = ctx.Process(target=child_main, args=(plan, child_end), name=f"syncpoint-rank{self.rank}-g{generation}")
-        with launch._environ(PYTHONHASHSEED=hash_seed):
+        with launch._environ(PYTHONHASHSEED=hash_seed), _without_main_module():
             proc.start()
         child_end.close()
         service = _Service(parent_end, self.hooks, reporter)

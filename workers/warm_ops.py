@@ -6,9 +6,11 @@ Why: with torch and DeepSpeed imported, building the example's engine still took
 of it lazy loading (profiled): torch's optimizers import ``torch._dynamo`` on first construction
 (1.7 s), DeepSpeed's ZeRO optimizer check imports its Muon module (1.1 s), and on CPU its
 communication backend loads the shared-memory op (the JIT extension's up-to-date check and
-import). An in-place recovery (``syncpoint.workers.supervisor``) forks new training processes from
-this server at every failure, so each of those seconds is a second of every restart. The op only
-on CPU: a server preloaded for CPU never forks GPU ranks (``launch._start_method``).
+import); the loop's metric sinks then import TensorBoard's writer and the trackers module (0.6 s,
+more where Python writes no bytecode cache). An in-place recovery (``syncpoint.workers.supervisor``)
+forks new training processes from this server at every failure, so each of those seconds is a
+second of every restart. The op only on CPU: a server preloaded for CPU never forks GPU ranks
+(``launch._start_method``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import contextlib
 import io
 import os
 
-LAZY_IMPORTS = ("torch._dynamo", "deepspeed.runtime.zero.muon.muon_optimizer")
+LAZY_IMPORTS = (
+    "torch._dynamo",  # torch's optimizers import it on first construction
+    "deepspeed.runtime.zero.muon.muon_optimizer",  # DeepSpeed's ZeRO optimizer check
+    "torch.utils.tensorboard",  # the loop's TensorBoard sink (it brings boto3, through tensorboard's gfile)
+    "syncpoint.workers.trackers",  # the loop's trackers (MLflow, W&B: imported only when the spec names them)
+)
 
 
 def warm() -> None:
