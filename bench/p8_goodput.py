@@ -97,13 +97,21 @@ class SimResult:
         return self.work_s / self.wall_s
 
 
-def simulate(work_s: float, interval_s: float, costs: Costs, trace: list[Interruption]) -> SimResult:
-    """Event by event over the interruptions, in closed form within each attempt (no per-cycle loop)."""
+def simulate(
+    work_s: float, interval_s: float, costs: Costs, trace: list[Interruption], restarts: list[float] | None = None
+) -> SimResult:
+    """Event by event over the interruptions, in closed form within each attempt (no per-cycle loop).
+    ``restarts``: each interruption's own R, in time order (a measured run's replay: a crash recovered
+    in place and a preemption restarted by Ray Train cost different R); else ``costs.restart_s``."""
     c, period, t, kept, n = costs.save_blocked_s, interval_s + costs.save_blocked_s, costs.startup_s, 0.0, 0
+
+    def r(k: int) -> float:
+        return restarts[k] if restarts is not None and k < len(restarts) else costs.restart_s
+
     it = iter(sorted(trace))
     nxt = next(it, None)
     while nxt is not None and nxt[0] < t:  # preempted during the start-up: start again
-        t, n, nxt = nxt[0] + costs.restart_s, n + 1, next(it, None)
+        t, n, nxt = nxt[0] + r(n), n + 1, next(it, None)
     while True:
         remaining = work_s - kept
         periodic = max(0, math.ceil(remaining / interval_s) - 1) if math.isfinite(interval_s) else 0
@@ -121,9 +129,9 @@ def simulate(work_s: float, interval_s: float, costs: Costs, trace: list[Interru
             e = at - t
             j = math.floor((e - costs.commit + c) / period) if math.isfinite(period) else 0
             kept += min(max(0, j), periodic) * interval_s
-        t, n, nxt = at + costs.restart_s, n + 1, next(it, None)
+        t, n, nxt = at + r(n), n + 1, next(it, None)
         while nxt is not None and nxt[0] < t:  # preempted while restarting
-            t, n, nxt = nxt[0] + costs.restart_s, n + 1, next(it, None)
+            t, n, nxt = nxt[0] + r(n), n + 1, next(it, None)
 
 
 def poisson_trace(rate_per_s: float, horizon_s: float, rng: random.Random, lead_s: float | None) -> list[Interruption]:
@@ -166,7 +174,7 @@ def auto_interval(costs: Costs, rate_per_hour: float) -> float:
 # ---------------------------------------------------------------- measuring on this machine
 
 
-def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_failures: int):
+def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_failures: int, in_place: bool = True):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [
@@ -180,6 +188,7 @@ def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_f
         "checkpoint.keep_last=2",
         "checkpoint.export_final=false",
         f"failure.max_failures={max_failures}",
+        f"failure.in_place={str(in_place).lower()}",
         f"faults={faults}",
     ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
@@ -290,6 +299,8 @@ class Measured:
     restart_by_world: dict[int, float]
     restore_s: float
     restart_phases: dict[str, float]
+    restarts: list[float]  # each measured interruption's own R, in time order (the replay's)
+    crash_in_place_s: float  # R of the crash, recovered in place (not a preemption's: no node is lost)
 
 
 def measure(quick: bool) -> Measured:
@@ -311,18 +322,23 @@ def measure(quick: bool) -> Measured:
         rs = restarts(events, s)
         blocked = [e["blocked_seconds"] for e in events if e["kind"] == "state_committed"]
         notice_lead = [r["lead"] for r in rs if r["kind"] == "notice"]
+        # a preemption's R is a Ray Train restart of the worker group (its node goes away); a crash on a
+        # surviving node recovers in place, much faster, and is no preemption: the tables use the former
+        preempted = [r for r in rs if r["kind"] == "notice"] or rs
         costs = Costs(
             save_blocked_s=statistics.median(blocked),
-            restart_s=statistics.median(r["restart_s"] for r in rs),
+            restart_s=statistics.median(r["restart_s"] for r in preempted),
             notice_to_commit_s=notice_lead[0] if notice_lead else float("nan"),
             startup_s=first["time"] - t0 - s,
             step_s=s,
         )
         trace = [(r["at"] - t0, r["lead"]) for r in rs]
         steps = [e for e in events if e["kind"] == "finished"][-1]["optimizer_step"]
-        by_world = {2: statistics.median(r["restart_s"] for r in rs if r["kind"] == "crash")}
-        for w in (1,) if quick else (1, 3):
-            ev = _run(_spec(storage, f"p8-restart-w{w}", w, 1, "[{rank: 0, at_micro_step: 40}]", 1))
+        crashes = [r["restart_s"] for r in rs if r["kind"] == "crash"]
+        by_world: dict[int, float] = {}
+        for w in (1, 2) if quick else (1, 2, 3):  # a Ray Train restart (what a lost node costs), by world size
+            faults = "[{rank: 0, at_micro_step: 40}]"
+            ev = _run(_spec(storage, f"p8-restart-w{w}", w, 1, faults, 1, in_place=False))
             r = restarts(ev, step_time(ev))
             if r:
                 by_world[w] = r[0]["restart_s"]
@@ -334,7 +350,9 @@ def measure(quick: bool) -> Measured:
             measured_goodput(events, s),
             dict(sorted(by_world.items())),
             statistics.median(r["restore_s"] for r in rs),
-            restart_profile(rs),
+            restart_profile(preempted),
+            [r["restart_s"] for r in rs],
+            statistics.median(crashes) if crashes else float("nan"),
         )
     finally:
         shutil.rmtree(storage, ignore_errors=True)
@@ -406,13 +424,14 @@ def main() -> None:
             f"start-up {c.startup_s:.2f} s | {m.steps} optimizer steps"
         )
         by_world = ", ".join(f"{w} worker(s) {r:.2f} s" for w, r in m.restart_by_world.items())
-        print(f"  restart R by world size: {by_world}")
+        print(f"  a crash recovered in place (no preemption: its node lives): R {m.crash_in_place_s:.2f} s")
+        print(f"  restart R by world size (a Ray Train restart, failure.in_place false): {by_world}")
         print("  restart R profile: " + " + ".join(f"{k} {v:.2f} s" for k, v in m.restart_phases.items()))
     base = base_costs(args, m)
 
     # ---- validation: the measured run, replayed
     if m is not None:
-        sim = simulate(m.steps * m.step_s, SAVE_EVERY_STEPS * m.step_s, m.costs, m.trace)
+        sim = simulate(m.steps * m.step_s, SAVE_EVERY_STEPS * m.step_s, m.costs, m.trace, m.restarts)
         meas = m.goodput["ratio"]
         diff = abs(sim.goodput - meas) * 100
         print()
@@ -465,11 +484,12 @@ def main() -> None:
     lines.append(goal("auto goodput at 1/hour without notice", f"{ga:.2%}", ">= 95%", ga >= 0.95))
     gn = results[("1/hour", True)][0]
     lines.append(goal("auto goodput at 1/hour with notices", f"{gn:.2%}", ">= 99%", gn >= 0.99))
+    lines.append(goal("auto goodput at 1/hour with notices (issue 32)", f"{gn:.2%}", ">= 99.5%", gn >= 0.995))
     why = ""
-    if gn < 0.99:  # the profile that says why: a notice saves the lost work, never the restart
+    if gn < 0.995:  # the profile that says why: a notice saves the lost work, never the restart
         where = " + ".join(f"{k} {v:.1f} s" for k, v in m.restart_phases.items()) if m else "given"
         why = (
-            f"with notices below 99%: every preemption still costs R = {base.restart_s:.1f} s "
+            f"with notices below 99.5%: every preemption still costs R = {base.restart_s:.1f} s "
             f"({base.restart_s / 36:.2f} points at 1/hour); R = {where}"
         )
 

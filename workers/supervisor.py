@@ -300,6 +300,7 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
 
     from syncpoint.workers.launch import _reread_fsspec_config
 
+    started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
     _die_with_parent()
     os.environ.clear()  # a forked child has its fork server's environment: take the supervisor's
     os.environ.update(plan.environ)
@@ -337,6 +338,7 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
                 print_progress=plan.print_progress,
                 heartbeat_board=_PipeBoard(link) if plan.beat else None,
                 launched_at=plan.launched_at,
+                imported_at=started,
             ),
         )
         link.end(RankEnd(rank=plan.rank, status=FINISHED))

@@ -1,0 +1,93 @@
+"""The in-place recovery decision as plain functions: which rank's end says why a generation failed,
+the facts it classifies, and RECOVER vs ESCALATE against the budget. A property test walks every
+combination of ends, verdict, repeat and budget."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from syncpoint.policies.failures import (
+    APPLICATION,
+    DIED,
+    ESCALATE,
+    FINISHED,
+    PREEMPTION,
+    RAISED,
+    RECOVER,
+    REFUSAL,
+    STOPPED,
+    FailureVerdict,
+    RankEnd,
+    classify_failure,
+    failing_end,
+    in_place_action,
+    in_place_facts,
+)
+from syncpoint.policies.journal import Failure, Journal
+
+LOST = "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+
+
+def test_the_failing_rank_is_the_one_whose_own_error_says_why():
+    ends = [
+        RankEnd(0, RAISED, message=LOST, signature="lost"),
+        RankEnd(1, DIED, message="rank 1's training process exited with code 17", signature="died"),
+        RankEnd(2, STOPPED),
+    ]
+    assert failing_end(ends) == ends[1]  # a peer's lost connection is a consequence
+    ours = RankEnd(2, RAISED, message="refused", ours=True, refusal="refused")
+    assert failing_end([*ends[:2], ours]) == ours  # syncpoint's own refusal first
+    assert failing_end([RankEnd(0, FINISHED), RankEnd(1, STOPPED)]) is None
+
+
+def test_facts_name_the_cause_first_and_never_a_dead_node():
+    ends = [RankEnd(0, RAISED, message=LOST), RankEnd(1, RAISED, message="ValueError: bug", micro_step=9)]
+    facts = in_place_facts(ends, notice_logged=False, repeats=False)
+    assert facts.messages == ("ValueError: bug", LOST) and facts.micro_step == 9
+    assert facts.dead_attempt_nodes == () and not facts.ray_says_preempted
+    assert classify_failure(facts).kind == APPLICATION
+    assert classify_failure(in_place_facts(ends, notice_logged=True, repeats=False)).kind == PREEMPTION
+    refused = [RankEnd(0, RAISED, message="no", ours=True, refusal="train.eval_every needs an eval set")]
+    assert classify_failure(in_place_facts(refused, False, False)).kind == REFUSAL
+
+
+@given(
+    kind=st.sampled_from([APPLICATION, PREEMPTION, REFUSAL]),
+    repeats=st.booleans(),
+    retried=st.integers(0, 6),
+    max_failures=st.integers(-1, 6),
+)
+def test_only_an_application_failure_within_budget_recovers_in_place(kind, repeats, retried, max_failures):
+    action = in_place_action(FailureVerdict(kind, "why"), repeats, retried, max_failures)
+    within = max_failures == -1 or retried < max_failures
+    assert action == (RECOVER if kind == APPLICATION and not repeats and within else ESCALATE)
+
+
+def test_the_budget_counts_retries_of_the_submission_in_place_and_by_ray():
+    def failure(t: float, submission: str, classified, decision: str, in_place: bool) -> Failure:
+        return Failure(
+            time=t,
+            source="x",
+            classified=classified,
+            reason="r",
+            decision=decision,
+            ranks=[1],
+            messages=[],
+            dead_nodes=[],
+            submission=submission,
+            in_place=in_place,
+        )
+
+    journal = Journal(
+        [
+            failure(1, "a", APPLICATION, "RETRY", True),
+            failure(2, "a", APPLICATION, "RETRY", False),
+            failure(3, "a", PREEMPTION, "RETRY", False),
+            failure(4, "b", APPLICATION, "RETRY", True),
+            failure(5, "a", APPLICATION, "RAISE", False),
+        ]
+    )
+    assert journal.retried("a", APPLICATION) == 2
+    assert journal.retried("a", PREEMPTION) == 1
+    assert journal.retried("b", APPLICATION) == 1
