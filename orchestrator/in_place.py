@@ -16,12 +16,8 @@ from typing import Any
 from syncpoint.policies.spec import JobSpec
 
 
-def local_preemption_notice() -> dict[str, Any] | None:
-    """This worker's copy of Ray's preemption info (the PreemptionWatcher fans it out to every
-    worker), in the loop's notice format."""
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    info = get_train_context().preemption_context.preemption_info
+def notice_record(info: Any) -> dict[str, Any] | None:
+    """Ray's ``PreemptionInfo`` (or None) in the loop's notice format."""
     if info is None:
         return None
     return {
@@ -30,6 +26,14 @@ def local_preemption_notice() -> dict[str, Any] | None:
         "nodes": info.preempted_node_ids,
         "ranks": info.preempted_ranks,
     }
+
+
+def local_preemption_notice() -> dict[str, Any] | None:
+    """This worker's copy of Ray's preemption info (the PreemptionWatcher fans it out to every
+    worker), in the loop's notice format."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return notice_record(get_train_context().preemption_context.preemption_info)
 
 
 def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) -> None:

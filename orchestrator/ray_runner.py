@@ -52,16 +52,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
 
+    from syncpoint.orchestrator.in_place import notice_record
+
     def notice() -> dict[str, Any] | None:
-        info = ray.train.get_preemption_info()  # a collective: every rank calls it at every boundary
-        if info is None:
-            return None
-        return {
-            "source": "ray-drain",
-            "deadline_ms": info.deadline_ms,
-            "nodes": info.preempted_node_ids,
-            "ranks": info.preempted_ranks,
-        }
+        return notice_record(ray.train.get_preemption_info())  # a collective: every rank, every boundary
 
     def report(metrics: dict[str, float]) -> None:
         ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint

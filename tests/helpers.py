@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,21 @@ def rewrite_state_file(store: RunStorage, name: str, rel: str, data: bytes) -> N
     store.write_bytes(data, "states", name, rel)
     manifest["files"][rel] = {"size": len(data), algo: checksum_bytes(data, algo)}
     store.commit_bytes(json_bytes(manifest), "states", name, "manifest.json")
+
+
+def syncpoint_run(spec: JobSpec, job: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``syncpoint run JOB`` as a user runs it (its own embedded Ray: no ``RAY_ADDRESS``), the spec
+    written to ``job`` first; ``env`` adds to the environment."""
+    import yaml
+
+    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "syncpoint", "run", str(job)],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )

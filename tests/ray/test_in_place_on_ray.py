@@ -9,18 +9,14 @@ recovery: the run reaches its last report on both ranks.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from syncpoint.policies.journal import Failure
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, committed_steps, digest, lm_spec
+from tests.helpers import committed_steps, digest, lm_spec, syncpoint_run
 
 COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every={value: 4, unit: micro_steps}"]
 
@@ -41,19 +37,13 @@ def test_a_failed_rank_recovers_in_the_same_worker_group_bitwise(tmp_path, fault
     final = f"{max(committed_steps(ref)):012d}"
 
     spec = lm_spec(tmp_path / "run", *COMMON, *extra, "train.log_every=1", f"faults=[{fault}]", workers=2)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["SYNCPOINT_FAULT_HOLD_S"] = "600"  # a held rank would wait this long: only the timeout ends it
     reports = tmp_path / "ray-reports.jsonl"
-    env.update(RAY_TRAIN_CALLBACKS="tests.ray_report_probe.RecordReports", SYNCPOINT_TEST_REPORTS=str(reports))
-    proc = subprocess.run(
-        [sys.executable, "-m", "syncpoint", "run", str(job)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = syncpoint_run(
+        spec,
+        tmp_path / "job.yaml",
+        SYNCPOINT_FAULT_HOLD_S="600",  # a held rank would wait this long: only the timeout ends it
+        RAY_TRAIN_CALLBACKS="tests.ray_report_probe.RecordReports",
+        SYNCPOINT_TEST_REPORTS=str(reports),
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

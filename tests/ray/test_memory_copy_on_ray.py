@@ -7,15 +7,12 @@ bitwise where the uninterrupted one ends; the job's end removes the copy.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV
-from tests.helpers import ROOT, committed_steps, digest, lm_spec
+from tests.helpers import committed_steps, digest, lm_spec, syncpoint_run
 from tests.s3_server import BUCKET
 
 pytest.importorskip("s3fs")
@@ -30,20 +27,9 @@ def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_p
     ref_final = f"{max(committed_steps(ref)):012d}"
 
     spec = lm_spec(f"s3://{BUCKET}/memory-on-ray", *COMMON, "faults=[{at_micro_step: 10, mode: raise}]", workers=2)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     shm = tmp_path / "shm"
     shm.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env[MEMORY_DIR_ENV] = str(shm)
-    proc = subprocess.run(
-        [sys.executable, "-m", "syncpoint", "run", str(job)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = syncpoint_run(spec, tmp_path / "job.yaml", **{MEMORY_DIR_ENV: str(shm)})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "injected crash on rank 0 at micro-step 10" in out
