@@ -107,8 +107,8 @@ class AttemptStarted(_Event):
     attempt: int
     world_size: int
     nodes: list[str] = older_logs_lack([])  # the Ray node of each rank (older logs: one `node`)
-    # the Ray Train worker (actor id) of each rank: an in-place recovery keeps them; "" outside Ray
-    workers: list[str] = older_logs_lack([])
+    # the Ray Train worker (actor id) of each rank: an in-place recovery keeps them; empty outside Ray
+    workers: list[str] = []
     submission: str = older_logs_lack("")  # the `syncpoint run` it belongs to ("" outside Ray)
     resumed_from: str | None  # the state it resumed, None from scratch
     global_micro_step: int

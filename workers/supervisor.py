@@ -64,6 +64,7 @@ from syncpoint.policies.failures import (
     failure_reason,
     failure_signature,
     is_ours,
+    looks_like_lost_peer,
 )
 from syncpoint.policies.spec import JobSpec
 
@@ -347,7 +348,8 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
         from syncpoint.workers.failure_site import annotate
 
         annotate(e, plan.rank, None)
-        traceback.print_exc()
+        if not looks_like_lost_peer(str(e)):  # a broken collective only says another rank failed first
+            traceback.print_exc()
         link.end(describe(e, plan.rank), e)
         _flush_and_exit(1)
     _flush_and_exit(0)

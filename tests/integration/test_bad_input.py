@@ -259,7 +259,7 @@ SPEC_CASES = [
         "unknown-key-in-failure",
         _edit("", "failure: {retries: 3}\n"),
         r"failure\.retries",
-        r"allowed keys here are: max_failures, max_preemptions",
+        r"allowed keys here are: in_place, max_failures, max_preemptions",
     ),
     # --- scheduler and optimizer
     spec_case(
