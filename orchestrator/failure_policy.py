@@ -339,17 +339,10 @@ def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
     from syncpoint.orchestrator.ray_runner import own_exception
-    from syncpoint.policies.errors import (
-        JobConfigError,
-        LeaseLostError,
-        NoResumableState,
-        ResumeRefused,
-        TrainingDiverged,
-    )
+    from syncpoint.policies.errors import JOB_REFUSALS
 
     for _, error in sorted(failures.items()):
-        own = own_exception(error)
-        if isinstance(own, (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError, TrainingDiverged)):
+        if isinstance(own_exception(error), JOB_REFUSALS):
             return failure_report(error)[0]
     return None
 

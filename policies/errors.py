@@ -182,3 +182,15 @@ class UnsafeEntry(OSError):
 
 class OversizedEntry(UnsafeEntry):
     """A file larger than what it holds can be: its manifest size, or the cap of its kind of record."""
+
+
+# syncpoint's refusals of the job itself (its spec, its task, selection, a lost lease, divergence):
+# no retry can change them, so a failure with one of these is never retried (Ray Train's failure
+# policy and the in-place supervisor both read this one list)
+JOB_REFUSALS: tuple[type[BaseException], ...] = (
+    JobConfigError,
+    ResumeRefused,
+    NoResumableState,
+    LeaseLostError,
+    TrainingDiverged,
+)

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import JobConfigError, LeaseLostError, NoResumableState, ResumeRefused, TrainingDiverged
+from syncpoint.policies.errors import JOB_REFUSALS
 from syncpoint.policies.failures import (
     DIED,
     ESCALATE,
@@ -71,7 +71,6 @@ from syncpoint.policies.spec import JobSpec
 POLL_S = 0.05  # how often a supervisor looks at its child and at the generation's failed mark
 END_LIMIT = 1 << 16  # a published RankEnd is short; anything longer is not a supervisor's
 ESCALATED_WAIT_S = 120.0  # a surviving supervisor waits this long for Ray Train to end the group
-REFUSALS = (JobConfigError, ResumeRefused, NoResumableState, LeaseLostError, TrainingDiverged)
 
 
 class TrainingProcessDied(RuntimeError):
@@ -259,7 +258,7 @@ def describe(error: BaseException, rank: int) -> RankEnd:
         status=RAISED,
         message=reason,
         ours=is_ours(error),
-        refusal=reason if isinstance(error, REFUSALS) else None,
+        refusal=reason if isinstance(error, JOB_REFUSALS) else None,
         signature=failure_signature(error),
         micro_step=micro_step if isinstance(micro_step, int) else None,
     )
