@@ -66,13 +66,13 @@ def test_racing_processes_on_s3_exactly_one_wins(s3):
 
 def test_a_stalled_owner_is_taken_over_and_fenced_by_the_etag(s3):
     url = f"s3://{BUCKET}/takeover"
-    owner = _lease(url, "owner", ttl=1.5)
+    owner = _lease(url, "owner", ttl=3.0)  # room for one-second resolution and a loaded machine
     owner.acquire()
     with pytest.raises(LeaseRefused, match="in use by another running submission"):
-        _lease(url, "early", ttl=1.5).acquire()
+        _lease(url, "early", ttl=3.0).acquire()
     owner.stop()  # stalls
-    time.sleep(2.7)  # LastModified has one-second resolution
-    successor = _lease(url, "successor", ttl=1.5)
+    time.sleep(4.6)  # LastModified has one-second resolution
+    successor = _lease(url, "successor", ttl=3.0)
     try:
         assert successor.acquire() == "takeover" and successor.generation == owner.generation + 1
         verdict = owner.confirm()
@@ -102,11 +102,13 @@ def test_a_successor_whose_clock_runs_ten_seconds_ahead_never_takes_over_on_s3(s
 def test_a_malformed_lease_on_s3_expires_by_its_last_modified(s3, capsys):
     url = f"s3://{BUCKET}/malformed"
     s3.put_object(Bucket=BUCKET, Key="malformed/lease.json", Body=b'{"submission": "x", "heartbeat": "soon"}')
-    successor = _lease(url, "successor", ttl=1.0)
+    # LastModified and Date have one-second resolution and a loaded machine adds its own delay:
+    # the ttl leaves room for both before the first try, the sleep passes it for the second
+    successor = _lease(url, "successor", ttl=4.0)
     with pytest.raises(LeaseRefused, match="malformed"):
         successor.acquire()
     assert "malformed" in capsys.readouterr().err
-    time.sleep(2.2)
+    time.sleep(5.2)
     try:
         assert successor.acquire() == "takeover" and successor.confirm() is None
     finally:
