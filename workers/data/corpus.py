@@ -13,13 +13,15 @@ whose size or stamp (ETag, mtime) changed. Its content part is the corpus's iden
 (``syncpoint.policies.corpus_identity``): recorded in every state, compared at selection, so a changed
 corpus is refused by the shard's name before anything is loaded.
 
-Why a cache: with the shard-window order (``syncpoint.workers.data.sampler.ShardWindowOrder``) a rank reads one
-window of shards at a time; remote shards are fetched into a node-local cache of bounded size
-(``syncpoint.workers.data.shard_cache``) ahead of use, by background threads that follow the loader's position,
-and evicted least recently used. A resume at position ``p`` fetches the shards from ``p`` on, and
-every fetched shard is verified against the index (size and checksum) before it is read: a shard
-changed while the run reads it is an error naming it. Shards on a local filesystem are read in
-place (checked against their stamp, and their checksum when the stamp moved).
+Why a cache: with the shard-window order (``syncpoint.workers.data.sampler.ShardWindowOrder``) a
+rank reads one window of shards at a time; remote shards are fetched into a node-local cache of
+bounded size (``syncpoint.workers.data.shard_cache``) ahead of use, by a fetch process beside the
+reader that follows the loader's position (``syncpoint.workers.data.fetch_process``; the reader's
+own threads where no child can reach the storage), and evicted least recently used. A resume at
+position ``p`` fetches the shards from ``p`` on, and every fetched shard is verified against the
+index (size and checksum) before it is read: a shard changed while the run reads it is an error
+naming it. Shards on a local filesystem are read in place (checked against their stamp, and their
+checksum when the stamp moved).
 
 Reads: ``.npy`` memory-mapped (never unpickled), ``.bin`` as ``np.memmap``, JSON Lines by the line
 offsets of the cached file, Parquet by row group (pyarrow, memory-mapped). Each process (a rank, a
@@ -35,6 +37,7 @@ import mmap
 import os
 import posixpath
 import stat
+import sys
 import tempfile
 import threading
 import uuid
@@ -59,6 +62,7 @@ from syncpoint.policies.corpus_identity import (
 from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError
 from syncpoint.policies.spec import CorpusSpec, JobSpec
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
+from syncpoint.workers.data.fetch_process import FetchProcess, travels
 from syncpoint.workers.data.npy_map import map_npy
 from syncpoint.workers.data.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
 from syncpoint.workers.storage import RunStorage, backend_for
@@ -363,6 +367,7 @@ class _Process:
     verified: set[int] = field(default_factory=set)  # local shards checked against the index
     lock: threading.Lock = field(default_factory=threading.Lock)
     prefetcher: Prefetcher | None = None
+    fetcher: FetchProcess | None = None  # downloads in a child process where one can reach the storage
     keep: list[str] = field(default_factory=list)  # the prefetch plan's cache keys
 
 
@@ -613,6 +618,9 @@ class ShardedCorpus(torch.utils.data.Dataset):
         if proc.cache is None:
             return None
         cache, shards = proc.cache, self.shards
+        if proc.fetcher is None and proc.prefetcher is None and travels(proc.fs):
+            proc.fetcher = FetchProcess(self.patterns[0], cache.directory, cache.bound, self.settings.concurrency)
+            proc.fetcher.start()
         if proc.prefetcher is None:
             proc.prefetcher = Prefetcher(
                 lambda s, keep: cache.fetch(shards[s].remote(), keep),
@@ -620,7 +628,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
                 lambda s: cache.has(shards[s].remote()),
                 self.settings.concurrency,
             )
-        prefetcher, at = proc.prefetcher, {"window": -1}
+        prefetcher, fetcher, at = proc.prefetcher, proc.fetcher, {"window": -1}
 
         def on_position(first: int, count: int) -> None:
             if isinstance(order, ShardWindowOrder):
@@ -635,6 +643,15 @@ class ShardedCorpus(torch.utils.data.Dataset):
                 positions = np.arange(first, min(first + 2 * count, len(self)))
                 plan = list(dict.fromkeys(int(s) for s in np.searchsorted(self._starts, order(positions), "right") - 1))
             proc.keep = [shards[s].remote().key for s in plan]
+            if fetcher is not None:
+                if fetcher.want([shards[s].remote() for s in plan]):
+                    return
+                if not at.get("said"):
+                    at["said"] = 1
+                    print(
+                        f"[syncpoint] WARNING: {fetcher.failed}; this process downloads the shards itself",
+                        file=sys.stderr,
+                    )
             prefetcher.want(plan)
 
         return on_position

@@ -254,6 +254,13 @@ class Prefetcher:
                 t.start()
             self._cond.notify_all()
 
+    def busy(self) -> bool:
+        """Whether a download is in flight or a shard of the plan is still to fetch."""
+        with self._cond:
+            if self._in_flight:
+                return True
+            return any(self._key(s) not in self.errors and not self._cached(s) for s in self._plan)
+
     def _next(self) -> tuple[Any, list[str]] | None:
         """The first shard of the plan neither cached nor in flight (claimed), and the plan's keys."""
         for shard in self._plan:
