@@ -22,7 +22,7 @@ from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 from syncpoint.workers.data.fetch_process import FetchProcess, travels
 from syncpoint.workers.data.sampler import RankMicroBatches
-from syncpoint.workers.data.shard_cache import FETCH_LOG
+from syncpoint.workers.data.shard_cache import FETCH_LOG, fetched_names
 from tests.s3_server import BUCKET
 
 SHARDS, WINDOW = 8, 2
@@ -178,3 +178,41 @@ def test_an_in_process_filesystem_keeps_its_downloads_in_the_reader(tmp_path):
 
     assert not travels(fsspec.filesystem("memory"))
     assert not travels(fsspec.filesystem("file"))
+
+
+@pytest.mark.parametrize("swap", ["same size, other bytes", "a huge object"])
+def test_a_shard_swapped_on_s3_is_refused_by_the_reader_naming_it_and_never_cached(s3, tmp_path, swap):
+    """The child's download of a swapped shard fails its checks and is never cached (nor logged);
+    the reader's own fetch raises the refusal, naming the shard; the other shards still read."""
+    import io
+
+    import numpy as np
+
+    from syncpoint.policies.errors import CorpusChanged
+
+    url = f"s3://{BUCKET}/fetch-swap-{len(swap)}"
+    write_corpus(url, 4, 6, 8, vary=False)
+    c = _corpus(f"{url}/*.npy", tmp_path)
+    victim = c.shards[2]
+    original = s3.get_object(Bucket=BUCKET, Key=victim.path.split("/", 1)[1])["Body"].read()
+    if swap == "a huge object":
+        body = original + b"\0" * (8 << 20)  # far past the index's size: at most one part is read
+    else:
+        body = original[:-8] + bytes(8)
+    s3.put_object(Bucket=BUCKET, Key=victim.path.split("/", 1)[1], Body=body)
+    batches = RankMicroBatches(
+        len(c), 4, 1, 0, 3, 0, 0, sampler=SHARD_WINDOW_SAMPLER, shard_rows=c.shard_rows, window_shards=4
+    )
+    batches.on_position = c.follow(batches.order)
+    fetcher = c._process().fetcher
+    assert fetcher is not None and fetcher.ready()
+    with pytest.raises(CorpusChanged, match=r"shard shard-00002\.npy changed since the corpus index was built"):
+        for idx in batches:
+            c.__getitems__(idx)
+    cache = c._process().cache
+    assert not cache.has(victim.remote())
+    assert victim.name not in fetched_names(os.path.join(str(tmp_path), "shards-cache"))
+    first = c.shards[0]
+    stored = np.load(io.BytesIO(s3.get_object(Bucket=BUCKET, Key=first.path.split("/", 1)[1])["Body"].read()))
+    assert c[0].tolist() == stored[:9].tolist() and cache.has(first.remote())  # the others still read
+    fetcher.close()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from syncpoint.policies.errors import CorpusChanged, CorpusError
+from syncpoint.policies.errors import CorpusChanged, CorpusError, UnsafeEntry
 
 FETCH_LOG = "fetches.log"
 FETCH_LOG_MAX_BYTES = 1 << 20  # then it starts over (fetches.log.1 keeps the previous one)
@@ -146,9 +146,15 @@ class ShardCache:
             open(part, "wb").close()  # counted by the bound (at the size its key names) while it downloads
         try:
             size, checksum = self.download(shard.path, part, shard.size)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(part)
+            if isinstance(e, UnsafeEntry):  # larger than indexed, or changed while it downloaded
+                raise CorpusChanged(
+                    f"shard {shard.name} changed since the corpus index was built ({e}). A corpus must not change "
+                    "while a run reads it; restore the shard, or start a new run on the new corpus (another name, "
+                    "or resume.policy: fresh)"
+                ) from None
             raise
         if size != shard.size or checksum != shard.checksum:
             os.remove(part)
