@@ -14,6 +14,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from syncpoint.policies.journal import Failure
 from syncpoint.workers.events import EventLog
@@ -94,6 +96,70 @@ def test_a_second_failure_after_recovering_recovers_again_from_the_same_state(tm
     journal = _journal(spec)
     assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True), ("RETRY", True)]
     assert [a.resumed_from for a in journal.attempts[1:]] == ["000000000008", "000000000008"]
+
+
+def test_the_first_micro_step_a_save_phase_and_the_last_micro_step_each_recover_in_place(tmp_path):
+    """Four crashes in one run (32 micro-steps a rank, a save every 4): after the first micro-step
+    (nothing committed yet: the next generation starts fresh), inside the save at micro-step 16 after
+    some shards were written (torn: the next resumes from 12), inside the final save before its
+    manifest (from 28), and after the last micro-step, its save committed (from 32: the finished
+    state, nothing more is trained). Every one in place, and the run ends bitwise."""
+    ref, final = _reference(tmp_path)
+    spec = linear_spec(
+        tmp_path / "run",
+        SAVE,
+        "failure.max_failures=4",
+        "faults=[{rank: 1, at_micro_step: 1, mode: exit}, {rank: 1, at_micro_step: 16, phase: after_some_shards}, "
+        "{rank: 0, at_micro_step: 32, phase: before_manifest}, {rank: 0, at_micro_step: 32, mode: exit}]",
+        workers=2,
+    )
+    assert run_spawned(spec, in_place=True) == [0, 0]
+    assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final)
+    journal = _journal(spec)
+    assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True)] * 4
+    assert [a.resumed_from for a in journal.attempts] == [None, None, "000000000012", "000000000028", "000000000032"]
+
+
+# state the engine does not own, each restored into a new training process by an in-place recovery
+KINDS = {
+    "optimizer group state": ("task.path=tests.tasks:linear_running_groups",),
+    "every rank's buffers": ("task.path=tests.tasks:buffer_net",),
+    "user state": ("task.path=tests.tasks:linear_user_state",),
+    "collate RNG in a DataLoader worker": ("task.path=tests.tasks:linear_random_collate", "train.dataloader_workers=1"),
+}
+_references: dict[str, tuple[object, str]] = {}
+
+
+def _kind_spec(storage, kind: str, *extra: str):
+    """64 samples, 2 ranks, micro-batches of 2: 16 micro-steps a rank, a state every 4."""
+    return linear_spec(storage, SAVE, "train.micro_batch_size=2", *KINDS[kind], *extra, workers=2)
+
+
+@example(kind="optimizer group state", micro_step=16, rank=1, mode="exit")  # the last micro-step
+@example(kind="every rank's buffers", micro_step=1, rank=0, mode="raise")  # the first
+@example(kind="user state", micro_step=7, rank=1, mode="raise")
+@example(kind="collate RNG in a DataLoader worker", micro_step=10, rank=0, mode="exit")
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kind=st.sampled_from(sorted(KINDS)),
+    micro_step=st.integers(1, 16),
+    rank=st.integers(0, 1),
+    mode=st.sampled_from(["exit", "raise"]),
+)
+def test_any_kind_of_state_recovers_in_place_bitwise_from_a_crash_anywhere(
+    tmp_path_factory, kind, micro_step, rank, mode
+):
+    if kind not in _references:
+        ref = _kind_spec(tmp_path_factory.mktemp("ref"), kind)
+        assert run_spawned(ref) == [0, 0]
+        _references[kind] = (ref, state_names(ref)[-1])
+    ref, final = _references[kind]
+    fault = f"{{rank: {rank}, at_micro_step: {micro_step}, mode: {mode}}}"
+    spec = _kind_spec(tmp_path_factory.mktemp("run"), kind, "failure.max_failures=1", f"faults=[{fault}]")
+    assert run_spawned(spec, in_place=True) == [0, 0]
+    assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final), (kind, fault)
+    [failure] = _journal(spec).of_kind(Failure)
+    assert failure.in_place and failure.decision == "RETRY"
 
 
 def test_a_failure_past_the_budget_goes_to_the_launcher(tmp_path):
