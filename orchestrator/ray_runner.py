@@ -318,6 +318,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
+    from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -331,6 +332,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     connect(spec, address)
     submission = uuid.uuid4().hex
     board = None
+    finished = False
     try:
         board = heartbeat_board()
         s = spec.scaling
@@ -366,6 +368,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
             policy = installed(spec.run_url, board, spec.failure.placement_timeout_s, submission)
             with policy, _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
+            finished = True
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = _placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + _not_retried(spec, submission), failure[1])
@@ -373,8 +376,13 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
         from syncpoint.workers.state.memory_copy import remove_for
         from syncpoint.workers.storage.lease import release_lease
 
+        # the run's memory copies must not outlive the job: this node's, and (when the job did not
+        # finish, so a reaper may have kept one for Ray Train's restart) every node's its ranks ran on
+        remove_for(spec.run_url)
+        if not finished and spec.checkpoint.memory_copy and ray.is_initialized():
+            with contextlib.suppress(Exception):  # best effort: a node that is gone took its tmpfs with it
+                remove_on_nodes(spec.run_url, submission)
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
-        remove_for(spec.run_url)  # this node's memory copy of the run's state must not outlive the job
         if board is not None:
             with contextlib.suppress(Exception):  # the board dies with the driver anyway
                 ray.kill(board)

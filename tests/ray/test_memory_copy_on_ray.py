@@ -39,3 +39,56 @@ def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_p
     final = f"{max(committed_steps(spec)):012d}"
     assert final == ref_final and digest(spec, final) == digest(ref, ref_final)
     assert os.listdir(shm) == [] or all(os.listdir(shm / d) == [] for d in os.listdir(shm))  # the copy is gone
+
+
+def _files(directory) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs]
+
+
+def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
+    """Two `ray start` worker nodes, each with its own shared-memory directory; a rank raises with
+    no failure budget left, so its supervisor hands the failure to Ray Train (keeping the node's
+    copy for a restart there) and Ray Train ends the job. The driver then removes the copy on every
+    node its ranks ran on: both directories held one during the run, and neither does after."""
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tests.helpers import ROOT
+    from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nodes
+
+    spec = lm_spec(
+        f"s3://{BUCKET}/memory-ends",
+        *COMMON,
+        "failure.max_failures=0",
+        "faults=[{rank: 1, at_micro_step: 10, mode: raise}]",
+        workers=2,
+    )
+    dirs = [tmp_path / "shm-a", tmp_path / "shm-b"]
+    for d in dirs:
+        d.mkdir()
+    with local_head(ray_env(), num_cpus=0) as head, worker_nodes(head, 0, ray_env()) as nodes:
+        for d in dirs:
+            nodes.append(add_worker_node(head, {**ray_env(), MEMORY_DIR_ENV: str(d)}))
+        job = tmp_path / "job.yaml"
+        job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+            cwd=ROOT,
+            env=ray_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        held = [False, False]
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            held = [h or bool(_files(d)) for h, d in zip(held, dirs, strict=True)]
+            time.sleep(0.1)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out[-4000:]
+    assert "injected crash on rank 1 at micro-step 10" in out
+    assert held == [True, True]  # each node held the run's copy while it trained
+    assert _files(dirs[0]) == [] and _files(dirs[1]) == [], (_files(dirs[0]), _files(dirs[1]))
