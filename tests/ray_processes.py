@@ -247,6 +247,24 @@ def events(spec, kind: str) -> list[dict]:
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
 
 
+def run_driver(head: Head, spec, job, env: dict) -> subprocess.Popen:
+    """``syncpoint run JOB --address`` against ``head`` as a user on the cluster runs it, the spec
+    written to ``job`` first; its output (stdout and stderr together) on the process's stdout pipe."""
+    import yaml
+
+    from tests.helpers import ROOT
+
+    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    return subprocess.Popen(
+        [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def wait_for_driver(
     pred, proc: subprocess.Popen, what: str, timeout: float = 600, output: Callable[[], str] | None = None
 ) -> None:

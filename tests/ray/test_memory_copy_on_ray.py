@@ -50,14 +50,9 @@ def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
     no failure budget left, so its supervisor hands the failure to Ray Train (keeping the node's
     copy for a restart there) and Ray Train ends the job. The driver then removes the copy on every
     node its ranks ran on: both directories held one during the run, and neither does after."""
-    import subprocess
-    import sys
     import time
 
-    import yaml
-
-    from tests.helpers import ROOT
-    from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nodes
+    from tests.ray_processes import add_worker_node, local_head, ray_env, run_driver, worker_nodes
 
     spec = lm_spec(
         f"s3://{BUCKET}/memory-ends",
@@ -72,16 +67,7 @@ def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
     with local_head(ray_env(), num_cpus=0) as head, worker_nodes(head, 0, ray_env()) as nodes:
         for d in dirs:
             nodes.append(add_worker_node(head, {**ray_env(), MEMORY_DIR_ENV: str(d)}))
-        job = tmp_path / "job.yaml"
-        job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-            cwd=ROOT,
-            env=ray_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = run_driver(head, spec, tmp_path / "job.yaml", ray_env())
         held = [False, False]
         deadline = time.monotonic() + 600
         while proc.poll() is None and time.monotonic() < deadline:

@@ -16,18 +16,14 @@ node, started and stopped by the test's own process ids (tests/ray_processes.py)
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
-
-import yaml
 
 from syncpoint.orchestrator.timeline import restarts
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, digest, lm_spec, state_names
-from tests.ray_processes import DRAIN_S, add_worker_node, drain_env
+from tests.helpers import digest, lm_spec, state_names
+from tests.ray_processes import DRAIN_S, add_worker_node, drain_env, run_driver
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
 
@@ -93,16 +89,7 @@ def _assert_exact_and_cheap(tmp_path, spec) -> None:
 def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
     spec = _spec(tmp_path / "run")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-        cwd=ROOT,
-        env=drain_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = run_driver(head, spec, tmp_path / "job.yaml", drain_env())
     _reclaim_rank_1_node(spec, head, nodes, proc)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]

@@ -14,20 +14,17 @@ the digest of an uninterrupted reference.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
-import yaml
 
 from syncpoint.orchestrator.timeline import restarts
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, digest, lm_spec, state_names
+from tests.helpers import digest, lm_spec, state_names
 from tests.netns import INNER_IF, private_network
-from tests.ray_processes import add_worker_node, local_head, ray_env, worker_nodes
+from tests.ray_processes import add_worker_node, local_head, ray_env, run_driver, worker_nodes
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
 
@@ -67,8 +64,6 @@ def _env() -> dict:
 @pytest.mark.timeout(1800)  # three Ray worker nodes and two worker groups on 2 shared cores
 def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_path):
     spec = lm_spec(tmp_path / "run", *RUN, workers=2)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     with (
         private_network() as net,
         local_head(_env(), num_cpus=0, system_config=json.dumps(HEALTH), node_ip=net.head_ip) as head,
@@ -80,14 +75,7 @@ def test_a_node_that_goes_silent_is_node_loss_and_the_run_resumes_exactly(tmp_pa
             node = add_worker_node(head, _env(), prefix=ns.prefix, node_ip=ns.ip)
             nodes.append(node)
             netns_of[node.node_id] = ns
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-            cwd=ROOT,
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = run_driver(head, spec, tmp_path / "job.yaml", _env())
         try:
             _wait_for(lambda: bool(_events(spec, "state_committed")), proc, "a committed state")
             first = _events(spec, "attempt_started")[0]
