@@ -373,13 +373,17 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
             failure = _placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + _not_retried(spec, submission), failure[1])
     finally:
-        from syncpoint.workers.state.memory_copy import remove_for
+        from syncpoint.workers.state.memory_copy import keeps_copies, remove_for
         from syncpoint.workers.storage.lease import release_lease
 
         # the run's memory copies must not outlive the job: this node's, and (when the job did not
         # finish, so a reaper may have kept one for Ray Train's restart) every node's its ranks ran on
         remove_for(spec.run_url)
-        if not finished and spec.checkpoint.memory_copy and ray.is_initialized():
+        if (
+            not finished
+            and keeps_copies(spec.checkpoint.memory_copy, RunStorage(spec.run_url))
+            and ray.is_initialized()
+        ):
             with contextlib.suppress(Exception):  # best effort: a node that is gone took its tmpfs with it
                 remove_on_nodes(spec.run_url, submission)
         release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome

@@ -197,12 +197,18 @@ def rewrite_state_file(store: RunStorage, name: str, rel: str, data: bytes) -> N
     store.commit_bytes(json_bytes(manifest), "states", name, "manifest.json")
 
 
-def syncpoint_run(spec: JobSpec, job: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``syncpoint run JOB`` as a user runs it (its own embedded Ray: no ``RAY_ADDRESS``), the spec
-    written to ``job`` first; ``env`` adds to the environment."""
+def write_job(spec: JobSpec, job: Path) -> Path:
+    """The spec as a job file a user would write (what ``syncpoint run``/``submit`` are given)."""
     import yaml
 
     job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    return job
+
+
+def syncpoint_run(spec: JobSpec, job: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``syncpoint run JOB`` as a user runs it (its own embedded Ray: no ``RAY_ADDRESS``), the spec
+    written to ``job`` first; ``env`` adds to the environment."""
+    write_job(spec, job)
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     environ.update(env)
     return subprocess.run(

@@ -250,11 +250,9 @@ def events(spec, kind: str) -> list[dict]:
 def run_driver(head: Head, spec, job, env: dict) -> subprocess.Popen:
     """``syncpoint run JOB --address`` against ``head`` as a user on the cluster runs it, the spec
     written to ``job`` first; its output (stdout and stderr together) on the process's stdout pipe."""
-    import yaml
+    from tests.helpers import ROOT, write_job
 
-    from tests.helpers import ROOT
-
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    write_job(spec, job)
     return subprocess.Popen(
         [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
         cwd=ROOT,

@@ -37,7 +37,6 @@ import mmap
 import os
 import posixpath
 import stat
-import sys
 import tempfile
 import threading
 import uuid
@@ -618,10 +617,10 @@ class ShardedCorpus(torch.utils.data.Dataset):
         if proc.cache is None:
             return None
         cache, shards = proc.cache, self.shards
-        if proc.fetcher is None and proc.prefetcher is None and travels(proc.fs):
-            proc.fetcher = FetchProcess(self.patterns[0], cache.directory, cache.bound, self.settings.concurrency)
-            proc.fetcher.start()
-        if proc.prefetcher is None:
+        if proc.prefetcher is None:  # the reader's own threads: where no fetch process can serve
+            if travels(proc.fs):
+                proc.fetcher = FetchProcess(self.patterns[0], cache.directory, cache.bound, self.settings.concurrency)
+                proc.fetcher.start()
             proc.prefetcher = Prefetcher(
                 lambda s, keep: cache.fetch(shards[s].remote(), keep),
                 lambda s: shards[s].remote().key,
@@ -643,15 +642,8 @@ class ShardedCorpus(torch.utils.data.Dataset):
                 positions = np.arange(first, min(first + 2 * count, len(self)))
                 plan = list(dict.fromkeys(int(s) for s in np.searchsorted(self._starts, order(positions), "right") - 1))
             proc.keep = [shards[s].remote().key for s in plan]
-            if fetcher is not None:
-                if fetcher.want([shards[s].remote() for s in plan]):
-                    return
-                if not at.get("said"):
-                    at["said"] = 1
-                    print(
-                        f"[syncpoint] WARNING: {fetcher.failed}; this process downloads the shards itself",
-                        file=sys.stderr,
-                    )
+            if fetcher is not None and fetcher.want([shards[s].remote() for s in plan]):
+                return
             prefetcher.want(plan)
 
         return on_position

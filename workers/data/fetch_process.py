@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -70,7 +70,7 @@ class FetchProcess:
         }
         self._child: subprocess.Popen[str] | None = None
         self._plan: list[RemoteShard] = []
-        self.failed: str | None = None  # why the reader's threads download instead
+        self.failed: str | None = None  # why the reader's threads download instead (said once on stderr)
         self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen[str]:
@@ -119,26 +119,34 @@ class FetchProcess:
             self._running()
 
     def want(self, plan: list[RemoteShard]) -> bool:
-        """Hand the child this plan; ``False`` when no child can take it (``failed`` says why). A
-        child that ended idle just as the plan came is started again once."""
+        """Hand the child this plan; ``False`` when no child can take it (``failed`` says why, on
+        stderr the first time). A child that ended idle just as the plan came is started again once."""
         with self._lock:
-            for _ in range(2):
-                child = self._running()
-                if child is None:
-                    return False
-                if plan == self._plan:
-                    return True
-                assert child.stdin is not None
-                try:
-                    child.stdin.write(json.dumps({"plan": [asdict(s) for s in plan]}) + "\n")
-                    child.stdin.flush()
-                except (BrokenPipeError, ValueError):
-                    child.wait()  # it ended: idle (start another) or failed (``_running`` says)
-                    continue
-                self._plan = list(plan)
+            said = self.failed is not None
+            taken = self._hand(plan)
+        if not taken and not said:
+            print(f"[syncpoint] WARNING: {self.failed}; this process downloads the shards itself", file=sys.stderr)
+        return taken
+
+    def _hand(self, plan: list[RemoteShard]) -> bool:
+        """``want``'s part under the lock."""
+        for _ in range(2):
+            child = self._running()
+            if child is None:
+                return False
+            if plan == self._plan:
                 return True
-            self.failed = self.failed or "the shard fetch process ended as it was started"
-            return False
+            assert child.stdin is not None
+            try:
+                child.stdin.write(json.dumps({"plan": [asdict(s) for s in plan]}) + "\n")
+                child.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                child.wait()  # it ended: idle (start another) or failed (``_running`` says)
+                continue
+            self._plan = list(plan)
+            return True
+        self.failed = self.failed or "the shard fetch process ended as it was started"
+        return False
 
     def ready(self, timeout: float = READY_TIMEOUT_S) -> bool:
         """Wait until the child can download (it has imported its client); for a caller that wants
@@ -215,10 +223,7 @@ def _serve(lines: _Lines, say: Callable[[str], None]) -> None:
         lambda src, dst, limit: backend.download_file(dst, src, "xxh3_128", limit),
     )
 
-    def fetch(shard: RemoteShard, keep: Collection[str]) -> bool:
-        return cache.fetch(shard, keep)
-
-    prefetcher = Prefetcher(fetch, lambda s: s.key, cache.has, config["concurrency"])
+    prefetcher = Prefetcher(cache.fetch, lambda s: s.key, cache.has, config["concurrency"])
     say("ready")
     idle = 0.0
     while os.getppid() == parent:

@@ -177,12 +177,17 @@ class MemoryCopy:
             os.close(top)
 
 
-def memory_copy_for(setting: bool | str, storage: RunStorage) -> MemoryCopy | None:
-    """The run's memory copy on this node, or ``None`` (``checkpoint.memory_copy``: false; ``auto``
-    where the states already live on this node: a local filesystem or ``memory://``; no
-    shared-memory directory here)."""
+def keeps_copies(setting: bool | str, storage: RunStorage) -> bool:
+    """Whether a run keeps memory copies (``checkpoint.memory_copy``: false never; ``auto`` not
+    where the states already live on the node: a local filesystem or ``memory://``)."""
     node_local = storage.local_path() is not None or storage.url.startswith("memory://")
-    if setting is False or (setting == "auto" and node_local):
+    return setting is not False and not (setting == "auto" and node_local)
+
+
+def memory_copy_for(setting: bool | str, storage: RunStorage) -> MemoryCopy | None:
+    """The run's memory copy on this node, or ``None`` (:func:`keeps_copies` says no, or this node
+    has no shared-memory directory)."""
+    if not keeps_copies(setting, storage):
         return None
     base = base_dir()
     return MemoryCopy(base, storage.url) if base is not None else None

@@ -30,12 +30,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
 from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes
+from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes, write_job
 from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver
 from tests.ray_processes import events as _events
@@ -109,8 +108,7 @@ def _lose_the_head(head: Head, driver: subprocess.Popen) -> None:
 @pytest.mark.timeout(1800)  # two clusters, two submissions and a reference run on a loaded 2-core machine
 def test_a_lost_head_resubmitted_on_a_new_cluster_resumes_exactly(tmp_path):
     spec = lm_spec(tmp_path / "run", *RUN, workers=2)
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    job = write_job(spec, tmp_path / "job.yaml")
 
     # The replacement cluster is started first (what a RayJob retry creates after the loss; started
     # before it here so the re-submission arrives while the dead holder's lease is still young).
