@@ -11,8 +11,6 @@ successor submission that takes the lease afterwards cannot have written a copy 
 
 from __future__ import annotations
 
-from typing import Any
-
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.state.memory_copy import remove_for
 from syncpoint.workers.storage import RunStorage
@@ -35,17 +33,13 @@ def remove_on_nodes(run_url: str, submission: str) -> list[str]:
     """Remove the run's copy on each live node (other than this one) that ran a rank of the
     submission; returns the nodes asked. Best effort: a node that is gone took its copy with it."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
 
     own = ray.get_runtime_context().get_node_id()
-    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    targets = sorted((nodes_of(run_url, submission) & alive) - {own})
+    targets = sorted((nodes_of(run_url, submission) & live_nodes()) - {own})
     if not targets:
         return []
-    task: Any = ray.remote(num_cpus=0, max_retries=0)(_remove_remote)
-    refs = [
-        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(run_url)
-        for node in targets
-    ]
+    refs = run_on_nodes(_remove_remote, targets, run_url)
     ray.wait(refs, num_returns=len(refs), timeout=WAIT_S)
     return targets

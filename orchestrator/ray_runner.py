@@ -39,7 +39,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     spec = JobSpec.model_validate(config["spec"])
-    quiet_worker(spec)  # before syncpoint.workers.loop imports DeepSpeed
+    # before syncpoint.workers.loop imports DeepSpeed; a supervisor's training process quiets its own
+    quiet_worker(spec, trains_here=not spec.failure.in_place)
     if spec.failure.in_place:  # this worker supervises its rank's training process
         from syncpoint.orchestrator.in_place import supervise_on_ray
 
@@ -147,8 +148,9 @@ def quiet_driver_start() -> None:
     )
 
 
-def quiet_worker(spec: JobSpec) -> None:
-    """In a worker, before DeepSpeed is imported."""
+def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
+    """In a worker, before DeepSpeed is imported. ``trains_here`` false: a supervisor, whose training
+    process quiets DeepSpeed itself; importing DeepSpeed here would cost the worker group seconds."""
     # Ray Train v2 logs every ray.train.report at INFO ("Reporting training result N: TrainingReport(
     # checkpoint=None, metrics={...}) from rank R"), once per rank and logged step: the metrics are the
     # ones the progress line (or the driver's bar) already shows. Its logger is named by its file path.
@@ -166,7 +168,10 @@ def quiet_worker(spec: JobSpec) -> None:
     # A failure a supervisor hands to Ray Train (syncpoint.workers.supervisor): its training process
     # printed the traceback already, with the user's frames; Ray's would show only the supervisor's.
     drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)\bin _escalate\n")
-    quiet_training_process(spec)
+    if trains_here:
+        quiet_training_process(spec)
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")  # the server's import
 
 
 def quiet_training_process(spec: JobSpec) -> None:
@@ -319,6 +324,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
+    from syncpoint.orchestrator.warm_nodes import stop_this_node, warm_nodes, warm_this_node
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -329,8 +335,10 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     # A connection this call makes, it closes before the last line: a connected driver keeps
     # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
     ours = not ray.is_initialized()
-    connect(spec, address)
     submission = uuid.uuid4().hex
+    embedded = ours and not (address or os.environ.get("RAY_ADDRESS"))
+    prewarmed = embedded and warm_this_node(spec, submission)  # its imports overlap Ray's start
+    connect(spec, address)
     board = None
     finished = False
     try:
@@ -366,7 +374,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
         failure: tuple[str, str] | None = None
         try:
             policy = installed(spec.run_url, board, spec.failure.placement_timeout_s, submission)
-            with policy, _progress_bar(spec, progress_bar, since=submitted.time):
+            with policy, warm_nodes(spec, submission), _progress_bar(spec, progress_bar, since=submitted.time):
                 trainer.fit()
             finished = True
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
@@ -392,6 +400,8 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
                 ray.kill(board)
         if ours:
             ray.shutdown()
+        if prewarmed:  # stopped with the job's other servers, unless Ray never got that far
+            stop_this_node(spec, submission)
     if failure is not None:
         reason, details = (redact_text(text, spec.storage) for text in failure)
         return JobOutcome(

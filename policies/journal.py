@@ -120,6 +120,10 @@ class AttemptStarted(_Event):
     # rank 0's start-up, (phase, seconds) in order, from launched_at to the attempt's start; empty where
     # not measured (older logs, attempts outside the loop)
     setup: list[tuple[str, Seconds]] = []
+    # rank 0's training process was forked from its node's warm server, already running when its
+    # worker started (a restart or a pre-warmed node skipped importing torch and DeepSpeed); None:
+    # not forked from one (older logs, GPU, in-place recovery off)
+    warm_start: bool | None = None
 
 
 class CandidateSeen(_Record):

@@ -946,6 +946,16 @@ class FailureSpec(_Strict):
             "restarts the worker group."
         ),
     )
+    warm_nodes: StrictBool = Field(
+        True,
+        description=(
+            "With in_place on CPU ranks: keep one warm training-process server (torch and DeepSpeed imported) on "
+            "every node that can host a rank, for the job's length, so a new worker group (a Ray Train restart, a "
+            "lost node's replacement already in the cluster, the first one on an embedded run) forks its training "
+            "processes from it instead of importing them again. Costs each node one idle process (~0.5 GB here). "
+            "false: each worker starts its own server, which ends with it."
+        ),
+    )
 
 
 class CrashFault(_Strict):

@@ -281,3 +281,13 @@ def wait_for_driver(
             proc.kill()
             raise AssertionError(f"no {what} within {timeout:.0f} s:\n{tail()}")
         time.sleep(0.1)
+
+
+def seen_while_running(proc: subprocess.Popen, probes: list[Callable[[], bool]], timeout: float = 600) -> list[bool]:
+    """Poll each probe every 0.1 s until the driver exits (bounded); which ones ever held."""
+    seen = [False] * len(probes)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen = [s or bool(probe()) for s, probe in zip(seen, probes, strict=True)]
+        time.sleep(0.1)
+    return seen

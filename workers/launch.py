@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from syncpoint.policies.spec import JobSpec
-from syncpoint.workers import rng
+from syncpoint.workers import rng, zygote
 from syncpoint.workers.device import backend, collective_timeout, prepare_process
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import release_lease
+from syncpoint.workers.zygote import PRELOAD
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.loop import WorkerResult
@@ -79,10 +80,6 @@ def _local_rank_zero() -> Iterator[None]:
             os.environ.pop("LOCAL_RANK", None)
         else:
             os.environ["LOCAL_RANK"] = before
-
-
-# What a forkserver imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
-PRELOAD = ["torch", "deepspeed", "syncpoint.workers.loop", "syncpoint.workers.launch", "syncpoint.workers.warm_ops"]
 
 
 def _start_method(spec: JobSpec) -> str:
@@ -166,6 +163,7 @@ def _child(
     submission_id: str,
     environ: dict[str, str],
     in_place: bool = False,
+    warm_key: str | None = None,
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     os.environ.clear()
@@ -193,7 +191,10 @@ def _child(
             from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
 
             hooks = Hooks(
-                decide=in_place_decider(spec, submission_id), submission_id=submission_id, print_progress=not quiet
+                decide=in_place_decider(spec, submission_id),
+                submission_id=submission_id,
+                print_progress=not quiet,
+                warm_key=warm_key,
             )
             coordinator = Coordinator.over_default_group("127.0.0.1", spec.scaling.collective_timeout_s)
             Supervisor(spec, coordinator, rank, hooks).run()
@@ -209,7 +210,12 @@ def _child(
 
 
 def run_spawned(
-    spec: JobSpec, world_size: int | None = None, timeout: float = 600, quiet: bool = True, in_place: bool = False
+    spec: JobSpec,
+    world_size: int | None = None,
+    timeout: float = 600,
+    quiet: bool = True,
+    in_place: bool = False,
+    warm: bool = False,
 ) -> list[int]:
     """Run ``world_size`` ranks as spawned processes; returns their exit codes.
 
@@ -217,6 +223,8 @@ def run_spawned(
     as a real launcher would tear down the group; the storage is left exactly as they left it.
     ``in_place``: each rank supervises its training process (``syncpoint.workers.supervisor``), as a
     Ray Train worker with ``failure.in_place`` does, so failures within budget recover inside the run.
+    ``warm``: with ``in_place``, the supervisors fork from this machine's warm server
+    (``syncpoint.workers.zygote``), stopped when the ranks are done, as the driver stops it on Ray.
     """
     world = world_size or spec.scaling.max_workers
     port = free_port()
@@ -225,10 +233,9 @@ def run_spawned(
     ctx = _context(_start_method(spec), hash_seed)
     submission = uuid.uuid4().hex
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    procs = [
-        ctx.Process(target=_child, args=(spec.model_dump_json(), r, world, port, quiet, submission, environ, in_place))
-        for r in range(world)
-    ]
+    warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
+    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key)
+    procs = [ctx.Process(target=_child, args=(args[0], r, *args[1:])) for r in range(world)]
     with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
         for p in procs:
             p.start()
@@ -247,5 +254,7 @@ def run_spawned(
         if p.is_alive():
             p.kill()
         p.join()
+    if warm_key is not None:
+        zygote.stop(warm_key)
     release_lease(RunStorage(spec.run_url), submission)
     return [p.exitcode if p.exitcode is not None else -9 for p in procs]

@@ -109,6 +109,9 @@ class WorkerContext:
     launched_at: float | None = None
     # When the launcher's imports (torch, DeepSpeed, syncpoint) were done; None: not measured.
     imported_at: float | None = None
+    # Whether this training process was forked from the node's warm server (syncpoint.workers.zygote)
+    # that was already running when its worker started; None: not forked from one.
+    warm_start: bool | None = None
 
 
 class SetupLaps:
@@ -256,7 +259,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             source = data_source(attempt, task, stream, sampler=start.sampler, saved=start.stream_state)
             laps.mark("metrics, data source")
             try:
-                _announce_attempt(attempt, (ctx.node_id, ctx.worker_id), start, launched_at, laps.seconds)
+                launch = (launched_at, ctx.warm_start)
+                _announce_attempt(attempt, (ctx.node_id, ctx.worker_id), start, launch, laps.seconds)
                 parts = LoopParts(ctx, notices, task, engine, schedule, metrics, source)
                 return TrainingLoop(attempt, start, parts).run()
             finally:
@@ -609,7 +613,7 @@ def _announce_attempt(
     attempt: Attempt,
     where: tuple[str, str],
     start: ResumeStart,
-    launched_at: float,
+    launch: tuple[float, bool | None],
     setup: list[tuple[str, float]],
 ) -> None:
     """Rank 0 logs the attempt's start with every rank's (node, worker)."""
@@ -629,7 +633,8 @@ def _announce_attempt(
                 global_micro_step=start.position.global_micro_step,
                 optimizer_step=start.position.optimizer_step,
                 total_steps=attempt.run_length.total_steps,
-                launched_at=launched_at,
+                launched_at=launch[0],
+                warm_start=launch[1],
                 setup=setup,
             )
         )

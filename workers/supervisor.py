@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import json
 import multiprocessing as mp
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -97,6 +99,9 @@ class Hooks:
     submission_id: str = ""
     print_progress: bool = True
     launched_at: float = field(default_factory=time.time)
+    # this submission's key for the node's warm server (syncpoint.workers.zygote), or None: fork from
+    # a server of this supervisor's own, which ends with it
+    warm_key: str | None = None
 
 
 # ---------------------------------------------------------------- the supervisors' store
@@ -292,6 +297,7 @@ class ChildPlan:
     print_progress: bool
     launched_at: float
     setup: Callable[[JobSpec], None] | None = None
+    warm_start: bool | None = None  # forked from a node's server that was warm before this worker started
 
 
 def child_main(plan: ChildPlan, conn: Any) -> None:
@@ -339,6 +345,7 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
                 heartbeat_board=_PipeBoard(link) if plan.beat else None,
                 launched_at=plan.launched_at,
                 imported_at=started,
+                warm_start=plan.warm_start,
             ),
         )
         link.end(RankEnd(rank=plan.rank, status=FINISHED))
@@ -473,20 +480,38 @@ class Supervisor:
         self.spec, self.coordinator, self.local_rank, self.hooks = spec, coordinator, local_rank, hooks
         self.rank, self.world = coordinator.rank, coordinator.world
         self.bound_s = max(60.0, 2 * spec.scaling.collective_timeout_s)  # a live peer publishes well within it
+        self.warm: Any = None  # a zygote.Holder while run() holds the node's warm server
 
     def run(self) -> None:
         """Until the run finishes (return) or a failure is handed to Ray Train (raise)."""
         from syncpoint.workers.state import memory_reaper
 
         reaper = memory_reaper.start(self.spec.run_url) if self.spec.checkpoint.memory_copy is not False else None
+        self.warm = self._hold_warm_server()
         try:
             self._generations()
         except BaseException:
             if reaper is not None:
                 reaper.keep()  # a new worker group on this node may restore from the copy
             raise
+        finally:
+            if self.warm is not None:
+                self.warm.close()  # the server stays for the next worker group here (bounded: zygote.IDLE_S)
         if reaper is not None:
             reaper.close()
+
+    def _hold_warm_server(self) -> Any:
+        """This node's warm server for the submission, or None (not asked for, not a CPU fork, or
+        unavailable: then this supervisor forks from a server of its own, as without one)."""
+        from syncpoint.workers import launch, rng, zygote
+
+        if self.hooks.warm_key is None or launch._start_method(self.spec) != "forkserver":
+            return None
+        try:
+            return zygote.hold(self.hooks.warm_key, str(rng.hash_seed(self.spec.train.seed)))
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError, zygote.Unavailable) as e:
+            print(f"[syncpoint] rank {self.rank}: no warm server on this node ({e}); forking from this worker's own")
+            return None
 
     def _generations(self) -> None:
         generation, launched_at = 0, self.hooks.launched_at
@@ -525,6 +550,33 @@ class Supervisor:
         time.sleep(ESCALATED_WAIT_S)
         raise PeerEscalated("another rank's failure was handed to Ray Train")
 
+    def _start(self, plan: ChildPlan, child_end: Any, ctx: Any, name: str) -> Any:
+        """Start the generation's process: forked from the node's warm server, or from this
+        supervisor's own (also when the warm server went away: it is a shortcut, never a dependency)."""
+        from syncpoint.workers import launch
+
+        how: dict[str, Any] = {"target": child_main, "args": (plan, child_end), "name": name}
+        with launch._environ(PYTHONHASHSEED=plan.environ["PYTHONHASHSEED"]), _without_main_module():
+            if ctx is None:
+                try:
+                    proc = self.warm.process(**how)
+                    proc.start()
+                    return proc
+                except OSError as e:
+                    print(
+                        f"[syncpoint] rank {self.rank}: the node's warm server is gone ({e}); forking from this "
+                        "worker's own",
+                        flush=True,
+                    )
+                    self.warm.close()
+                    self.warm = None
+                    plan = dataclasses.replace(plan, warm_start=None)
+                    how["args"] = (plan, child_end)
+                ctx = launch._context(launch._start_method(self.spec), plan.environ["PYTHONHASHSEED"])
+            proc = ctx.Process(**how)
+            proc.start()
+            return proc
+
     def _run_child(
         self, generation: int, launched_at: float, reporter: _Reporter | None
     ) -> tuple[RankEnd, bytes | None, _Service]:
@@ -532,8 +584,8 @@ class Supervisor:
         from syncpoint.workers import launch, rng
 
         hash_seed = str(rng.hash_seed(self.spec.train.seed))
-        ctx = launch._context(launch._start_method(self.spec), hash_seed)
-        parent_end, child_end = ctx.Pipe(duplex=True)
+        ctx = launch._context(launch._start_method(self.spec), hash_seed) if self.warm is None else None
+        parent_end, child_end = mp.Pipe(duplex=True)
         plan = ChildPlan(
             spec_json=self.spec.model_dump_json(),
             rank=self.rank,
@@ -551,10 +603,9 @@ class Supervisor:
             print_progress=self.hooks.print_progress,
             launched_at=launched_at,
             setup=self.hooks.child_setup,
+            warm_start=None if self.warm is None else generation > 0 or not self.warm.server.started_here,
         )
-        proc = ctx.Process(target=child_main, args=(plan, child_end), name=f"syncpoint-rank{self.rank}-g{generation}")
-        with launch._environ(PYTHONHASHSEED=hash_seed), _without_main_module():
-            proc.start()
+        proc = self._start(plan, child_end, ctx, f"syncpoint-rank{self.rank}-g{generation}")
         child_end.close()
         service = _Service(parent_end, self.hooks, reporter)
         service.start()

@@ -12,7 +12,6 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 import torch
 
@@ -23,6 +22,7 @@ from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 from syncpoint.workers.data.fetch_process import FetchProcess, travels
 from syncpoint.workers.data.sampler import RankMicroBatches
 from syncpoint.workers.data.shard_cache import FETCH_LOG, fetched_names
+from tests.own_processes import process_gone
 from tests.s3_server import BUCKET
 
 SHARDS, WINDOW = 8, 2
@@ -66,18 +66,6 @@ def _ended(fetcher: FetchProcess, timeout: float = 20.0) -> bool:
     return True
 
 
-def _gone(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_an_s3_corpus_downloads_in_its_own_process_and_reads_the_same_samples(corpus_url, tmp_path, monkeypatch):
     c = _corpus(corpus_url, tmp_path / "child")
     batches = RankMicroBatches(
@@ -106,7 +94,7 @@ def test_an_s3_corpus_downloads_in_its_own_process_and_reads_the_same_samples(co
     assert len(samples) == len(expected) == len(c) // 4 * 4  # whole micro-batches
     assert all(torch.equal(a, b) for a, b in zip(samples, expected, strict=True))
     fetcher.close()
-    assert _gone(child)
+    assert process_gone(child)
 
 
 def test_the_child_ends_when_closed_when_idle_and_starts_again_for_the_next_plan(corpus_url, tmp_path):
@@ -120,7 +108,7 @@ def test_the_child_ends_when_closed_when_idle_and_starts_again_for_the_next_plan
     second = fetcher.pid
     assert second is not None and second != first and fetcher.failed is None
     fetcher.close()
-    assert _gone(second, timeout=1.0)  # reaped by close
+    assert process_gone(second, timeout=1.0)  # reaped by close
 
 
 def test_a_killed_child_leaves_the_downloads_to_the_reader_which_says_so(corpus_url, tmp_path, capsys):
@@ -168,7 +156,7 @@ def test_the_child_ends_when_its_reader_is_killed(corpus_url, tmp_path):
         child = int(reader.stdout.readline())
         reader.kill()
         reader.wait()
-        assert _gone(child)
+        assert process_gone(child)
     finally:
         if reader.poll() is None:
             reader.kill()

@@ -6,6 +6,7 @@ bitwise where the uninterrupted one ends; the job's end removes the copy.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -50,9 +51,14 @@ def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
     no failure budget left, so its supervisor hands the failure to Ray Train (keeping the node's
     copy for a restart there) and Ray Train ends the job. The driver then removes the copy on every
     node its ranks ran on: both directories held one during the run, and neither does after."""
-    import time
-
-    from tests.ray_processes import add_worker_node, local_head, ray_env, run_driver, worker_nodes
+    from tests.ray_processes import (
+        add_worker_node,
+        local_head,
+        ray_env,
+        run_driver,
+        seen_while_running,
+        worker_nodes,
+    )
 
     spec = lm_spec(
         f"s3://{BUCKET}/memory-ends",
@@ -68,11 +74,7 @@ def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
         for d in dirs:
             nodes.append(add_worker_node(head, {**ray_env(), MEMORY_DIR_ENV: str(d)}))
         proc = run_driver(head, spec, tmp_path / "job.yaml", ray_env())
-        held = [False, False]
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            held = [h or bool(_files(d)) for h, d in zip(held, dirs, strict=True)]
-            time.sleep(0.1)
+        held = seen_while_running(proc, [functools.partial(_files, d) for d in dirs])
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out[-4000:]
     assert "injected crash on rank 1 at micro-step 10" in out
