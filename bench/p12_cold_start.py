@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
 
 
-def one_round(work: str) -> dict[str, float]:
+def one_round(work: str, extra: list[str]) -> dict[str, float]:
     """One cold submission; its phases in seconds, in order."""
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
@@ -61,6 +61,7 @@ def one_round(work: str) -> dict[str, float]:
             f"storage={storage}",
             "--set",
             f"train.max_steps={STEPS}",
+            *extra,
         ],
         cwd=ROOT,
         capture_output=True,
@@ -85,6 +86,14 @@ def one_round(work: str) -> dict[str, float]:
     return phases
 
 
+# (label, extra CLI arguments): the same cold start with each worker starting its own fork server
+# (what every start did before warm servers) and with the node's warm server, interleaved per round
+VARIANTS = [
+    ("own servers", ["--set", "failure.warm_nodes=false"]),
+    ("warm servers", []),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one round")
@@ -92,21 +101,34 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     print(f"P12 cold start: examples/tiny_lm.yaml to {STEPS} optimizer steps, {rounds} round(s)", flush=True)
-    results = []
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in VARIANTS}
     for i in range(rounds):
-        work = tempfile.mkdtemp(prefix="p12-")
-        try:
-            results.append(one_round(work))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        print(f"  round {i + 1}: {results[-1]['total: command start -> first optimizer step']:.1f} s to the first step")
-    total = statistics.median(r["total: command start -> first optimizer step"] for r in results)
-    print(f"\n{'phase (median of the rounds)':62s} {'seconds':>8s} {'share':>7s}")
-    for name in results[0]:
-        values = [r.get(name, 0.0) for r in results]
-        seconds = statistics.median(values)
-        share = "" if name.startswith(("total", "whole")) else f"{100 * seconds / total:6.1f}%"
-        print(f"{name:62s} {seconds:8.2f} {share:>7s}")
+        for label, extra in VARIANTS:
+            work = tempfile.mkdtemp(prefix="p12-")
+            try:
+                results[label].append(one_round(work, extra))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            first = results[label][-1]["total: command start -> first optimizer step"]
+            print(f"  round {i + 1}, {label}: {first:.1f} s to the first step", flush=True)
+    totals = {
+        label: statistics.median(r["total: command start -> first optimizer step"] for r in rs)
+        for label, rs in results.items()
+    }
+    labels = [label for label, _ in VARIANTS]
+    print(f"\n{'phase (median of the rounds)':56s}" + "".join(f" {label:>14s} {'share':>6s}" for label in labels))
+    for name in results[labels[-1]][0]:
+        row = f"{name:56s}"
+        for label in labels:
+            seconds = statistics.median(r.get(name, 0.0) for r in results[label])
+            share = "" if name.startswith(("total", "whole")) else f"{100 * seconds / totals[label]:5.1f}%"
+            row += f" {seconds:14.2f} {share:>6s}"
+        print(row)
+    own, warm = totals["own servers"], totals["warm servers"]
+    print(
+        f"goal start_up_warm_vs_own_servers: {warm / own:.2f}x vs <= 0.6x: {'met' if warm <= 0.6 * own else 'not met'} "
+        f"({warm:.1f} s vs {own:.1f} s to the first step, side by side)"
+    )
     return 0
 
 

@@ -54,7 +54,14 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
 def job_spec(
-    storage: str, name: str, crash_at: int, save_every: int, epochs: int, mode: str = "exit", in_place: bool = True
+    storage: str,
+    name: str,
+    crash_at: int,
+    save_every: int,
+    epochs: int,
+    mode: str = "exit",
+    in_place: bool = True,
+    warm: bool = True,
 ):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
@@ -68,17 +75,25 @@ def job_spec(
         "checkpoint.export_final=false",
         "failure.max_failures=1",
         f"failure.in_place={str(in_place).lower()}",
+        f"failure.warm_nodes={str(warm).lower()}",
         f"faults=[{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}]",
     ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
 
 
-# (label, fault mode, failure.in_place): the same crash through each restart path, in one run of the bench
+# (label, fault mode, failure.in_place, failure.warm_nodes, recovered in place): the same failure point
+# through each restart path, in one run of the bench. "lost node": a preemption notice, then the
+# rank's node is taken (mode sigterm), so Ray Train starts a new worker group even in place; on this
+# one machine it lands on the same node, whose server a spare would have had warm from the driver
+# (tests/ray/test_warm_nodes_on_ray.py checks that a spare node is warm).
 VARIANTS = [
-    ("Ray Train restart: crash", "exit", False),
-    ("in place: crash", "exit", True),
-    ("in place: exception", "raise", True),
+    ("Ray Train restart: crash", "exit", False, True, False),
+    ("in place: crash", "exit", True, True, True),
+    ("in place: exception", "raise", True, True, True),
+    ("lost node: cold servers", "sigterm", True, False, False),
+    ("lost node: warm servers", "sigterm", True, True, False),
 ]
+LOST_COLD, LOST_WARM = VARIANTS[3][0], VARIANTS[4][0]
 
 
 def first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any] | None:
@@ -144,6 +159,7 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
         "resumed_from": a2.get("resumed_from"),
         "first_steps": (s1["optimizer_step"], s2["optimizer_step"]),
         "classified": fail.get("classified"),
+        "warm_start": a2.get("warm_start"),
         "decision": fail.get("decision"),
     }
 
@@ -165,13 +181,13 @@ def main() -> None:
     from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p4-", dir="/tmp")
-    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in VARIANTS}
+    runs: dict[str, list[dict[str, Any]]] = {v[0]: [] for v in VARIANTS}
     t_all = time.perf_counter()
     try:
         for i in range(args.repeats):
-            for v, (label, mode, in_place) in enumerate(VARIANTS):  # interleaved: load hits every variant alike
+            for v, (label, mode, in_place, warm, _) in enumerate(VARIANTS):  # interleaved: load hits all alike
                 name = f"p4-rep{i + 1}-v{v}"
-                spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place)
+                spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place, warm)
                 t0 = time.perf_counter()
                 quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(io.StringIO())
                 with quiet:
@@ -213,7 +229,7 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
     print(hdr)
     print("-" * len(hdr))
     med: dict[str, dict[str, float]] = {}
-    for label, _, in_place in VARIANTS:
+    for label, *_, in_place in VARIANTS:
         ok = _usable(label, runs[label], in_place)
         if not ok:
             continue
@@ -224,13 +240,13 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
             f"{v['recovery'] / v['cold']:>14.2f}x | {v['step_s']:>6.3f}"
         )
     print()
-    for label, _, _ in VARIANTS:
+    for label, *_ in VARIANTS:
         for i, m in enumerate(runs[label]):
             if "missing" not in m:
                 print(
                     f"{label}, repetition {i + 1}: exit code {m['rc']}, {m['wall']:.0f} s; R {m['R']:.2f} s; failure "
                     f"classified {m['classified']} -> {m['decision']}{' in place' if m['in_place'] else ''}; attempt 2 "
-                    f"resumed from {m['resumed_from']}"
+                    f"resumed from {m['resumed_from']}; forked from a warm server: {m['warm_start']}"
                 )
     print(
         "R = the failure (fault_fired) -> the first resumed optimizer step, less one step's time (the work that "
@@ -251,6 +267,13 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
         v = med[VARIANTS[1][0]]
         ratio = v["recovery"] / v["cold"]
         print(f"goal recovery_vs_cold_start: {ratio:.2f}x vs <= 1.1x: {'met' if ratio <= 1.1 else 'not met'}")
+    if LOST_COLD in med and LOST_WARM in med:
+        cold, warm = med[LOST_COLD]["R"], med[LOST_WARM]["R"]
+        verdict = "met" if warm <= 0.5 * cold else "not met"
+        print(
+            f"goal lost_node_R_warm_vs_cold: {warm / cold:.2f}x vs <= 0.5x: {verdict} "
+            f"(R {warm:.2f} s with warm servers, {cold:.2f} s with each worker starting its own, side by side)"
+        )
 
 
 if __name__ == "__main__":
