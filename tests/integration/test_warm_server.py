@@ -230,3 +230,36 @@ def test_a_server_that_died_fails_the_fork_with_an_os_error_and_its_keeper_leave
             holder.process(target=_sleep_forever).start()
     finally:
         holder.close()
+
+
+STARTERS = textwrap.dedent(
+    """
+    import sys
+    from syncpoint.workers import zygote
+    sock, server = zygote.ensure(sys.argv[1], sys.argv[2], "touch")
+    print(server.pid, server.started_here, flush=True)
+    """
+)
+
+
+def test_starters_at_the_same_moment_start_one_server(private_tmp):
+    """Both ranks' supervisors and the driver's warm task may ask a node at once: the lock file lets
+    one of them start the keeper, and every one gets that same server."""
+    k = _new_key(private_tmp)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", STARTERS, k, SEED], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(4)
+    ]
+    answers = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs), answers
+    assert len({pid for pid, _ in answers}) == 1  # one server
+    assert sorted(started for _, started in answers) == ["False", "False", "False", "True"]  # one starter
+
+
+def test_the_job_asks_for_warm_servers_only_where_they_apply():
+    from syncpoint.orchestrator.warm_nodes import wanted
+
+    assert wanted(linear_spec("memory://w"))
+    assert not wanted(linear_spec("memory://w", "failure.warm_nodes=false"))
+    assert not wanted(linear_spec("memory://w", "failure.in_place=false"))  # the Ray worker trains itself
