@@ -43,8 +43,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
 
     from syncpoint.orchestrator.failure_policy import record_interruption
     from syncpoint.orchestrator.ray_runner import quiet_training_process
-    from syncpoint.orchestrator.warm_nodes import wanted
-    from syncpoint.workers import rng, zygote
+    from syncpoint.orchestrator.warm_nodes import server_key, wanted
     from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
 
     ctx = ray.train.get_context()
@@ -68,7 +67,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
         print_progress=config.get("print_progress", True),
         launched_at=launched_at,
         child_setup=quiet_training_process,
-        warm_key=zygote.key(submission, str(rng.hash_seed(spec.train.seed))) if wanted(spec) else None,
+        warm_key=server_key(spec, submission)[0] if wanted(spec) else None,
     )
     coordinator = Coordinator.over_default_group(ray.util.get_node_ip_address(), spec.scaling.collective_timeout_s)
     Supervisor(spec, coordinator, ctx.get_local_rank(), hooks).run()

@@ -32,7 +32,8 @@ def _warm(k: str, hash_seed: str) -> bool:
     return True
 
 
-def _key(spec: JobSpec, submission: str) -> tuple[str, str]:
+def server_key(spec: JobSpec, submission: str) -> tuple[str, str]:
+    """The submission's key for its nodes' warm servers, and the hash seed they start with."""
     from syncpoint.workers import rng, zygote
 
     hash_seed = str(rng.hash_seed(spec.train.seed))
@@ -46,7 +47,7 @@ def warm_this_node(spec: JobSpec, submission: str) -> bool:
     if not wanted(spec):
         return False
     try:
-        _warm(*_key(spec, submission))
+        _warm(*server_key(spec, submission))
     except Exception:  # noqa: BLE001 - no warm server here: the workers start one, or fork their own
         return False
     return True
@@ -57,13 +58,7 @@ def stop_this_node(spec: JobSpec, submission: str) -> None:
     from syncpoint.workers import zygote
 
     with contextlib.suppress(Exception):
-        zygote.stop(_key(spec, submission)[0])
-
-
-def _stop(k: str) -> bool:
-    from syncpoint.workers import zygote
-
-    return zygote.stop(k)
+        zygote.stop(server_key(spec, submission)[0])
 
 
 def wanted(spec: JobSpec) -> bool:
@@ -77,7 +72,7 @@ def warm_nodes(spec: JobSpec, submission: str) -> Iterator[None]:
     if not wanted(spec):
         yield
         return
-    k, hash_seed = _key(spec, submission)
+    k, hash_seed = server_key(spec, submission)
     done = threading.Event()
     thread = threading.Thread(
         target=_keep_warm, args=(k, hash_seed, spec.scaling.cpus_per_worker, done), name="syncpoint-warm-nodes"
@@ -94,14 +89,14 @@ def warm_nodes(spec: JobSpec, submission: str) -> Iterator[None]:
 
 
 def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> None:
+    import ray
+
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
     from syncpoint.workers import zygote
 
     refs: list[Any] = []
     while not done.is_set():
         with contextlib.suppress(Exception):  # a round that fails (Ray busy, a node leaving) is retried next round
-            import ray
-
             if refs:
                 _, refs = ray.wait(refs, num_returns=len(refs), timeout=0)  # drop finished ones
             refs += run_on_nodes(_warm, live_nodes(cpus), k, hash_seed)
@@ -112,6 +107,7 @@ def _stop_all(k: str) -> None:
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
+    from syncpoint.workers import zygote
 
-    refs = run_on_nodes(_stop, live_nodes(), k)
+    refs = run_on_nodes(zygote.stop, live_nodes(), k)
     ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S)

@@ -16,7 +16,7 @@ this user (0700, checked, never through a link); anything unexpected there means
 and the supervisor forks from one of its own, as before.
 
 Protocol on the control socket: one line from the client (``hold``, ``touch`` or ``stop``), one JSON
-line back (``{"address": <fork server socket>, "pid": <its pid>, "since": <start time>}``).
+line back (``{"address": <fork server socket>, "pid": <its pid>}``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class Server:
 
     address: str  # the fork server's own listening socket
     pid: int
-    since: float  # when the keeper started it
     started_here: bool = False  # this call started the keeper (a cold server: the imports are still ahead)
 
 
@@ -107,7 +106,7 @@ def _ask(k: str, word: str, timeout_s: float = 5.0) -> tuple[socket.socket, Serv
         sock.sendall(word.encode() + b"\n")
         line = _read_line(sock)
         data = json.loads(line)
-        server = Server(address=str(data["address"]), pid=int(data["pid"]), since=float(data["since"]))
+        server = Server(address=str(data["address"]), pid=int(data["pid"]))
         sock.settimeout(None)
         return sock, server
     except BaseException:
@@ -158,7 +157,7 @@ def ensure(
         while True:
             try:
                 sock, server = _ask(k, word)
-                return sock, Server(server.address, server.pid, server.since, started_here=True)
+                return sock, Server(server.address, server.pid, started_here=True)
             except (OSError, ValueError, KeyError) as e:
                 if time.monotonic() > deadline:
                     raise Unavailable(f"the warm server did not start within {START_WAIT_S:.0f} s ({e})") from e
@@ -327,7 +326,7 @@ def _serve(config: dict[str, Any]) -> None:
     forkserver.set_forkserver_preload([str(m) for m in config["preload"]])
     forkserver.ensure_running()
     server: Any = forkserver._forkserver  # its address and pid are private, stable since Python 3.4
-    answer = json.dumps({"address": server._forkserver_address, "pid": server._forkserver_pid, "since": time.time()})
+    answer = json.dumps({"address": server._forkserver_address, "pid": server._forkserver_pid})
     held: list[socket.socket] = []
     last_seen, idle_s = time.monotonic(), float(config["idle_s"])
     try:
