@@ -15,8 +15,9 @@ What it measures
       ``seconds`` (boundary to commit), bytes = its ``bytes``.
     * restore: a second submission of the same job (``max_steps`` 3) selects that state, fetches it
       (S3: parallel ranged GETs, s3fs ``get_file``, into a private temp dir; local: verified and
-      loaded in place, no copy, ``syncpoint.workers.integrity.verified_files``; each rank reads the model file and its
-      own ZeRO shard), verifies, loads, and trains step 3. **Compared with the raw transfer:
+      loaded in place, no copy, ``syncpoint.workers.integrity.verified_files``; each rank loads the model file and its
+      own ZeRO shard, and the model file is downloaded or read once for both ranks of the node,
+      ``syncpoint.workers.state.node_share``), verifies, loads, and trains step 3. **Compared with the raw transfer:
       selection -> state loaded** (the ``resume_decision`` event to ``attempt_started``: fetch,
       verify, load; the engine and DeepSpeed were built before selection, so no fixed start-up cost
       is in it). Also printed, not compared: the issue's whole span, selection -> first resumed
@@ -153,6 +154,8 @@ SECTIONS = [
     ("syncpoint.workers.state.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
     ("syncpoint.workers.state.reader", "_download_verified", "  copy to a temp dir + checksum"),
     ("syncpoint.workers.state.reader", "open_verified", "  open in place + checksum (one read)"),
+    ("syncpoint.workers.state.reader", "_link_offered", "  linked from the rank of this node that downloaded it"),
+    ("syncpoint.workers.state.node_share.NodePeers", "share", "  hand over to / wait for the node's other rank"),
     ("syncpoint.workers.state.reader", "check_state_file", "  weights-only check (mmap)"),
     ("syncpoint.workers.state.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
     (
@@ -268,7 +271,7 @@ def _run(spec, crashes: bool = False) -> list[dict[str, list[float]]]:
     return profiles
 
 
-SAVE_SECTIONS = 9  # SECTIONS[9:] are the save's
+SAVE_SECTIONS = 11  # SECTIONS[11:] are the save's
 
 
 def print_profile(title: str, profiles: list[dict[str, list[float]]], save: bool) -> None:

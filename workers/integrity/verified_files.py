@@ -37,6 +37,8 @@ from syncpoint.workers.integrity.checksum import new_hasher
 from syncpoint.workers.storage.nofollow import open_dirs, open_regular, read_fd
 from syncpoint.workers.storage.protocol import CHUNK
 
+Identity = tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns
+
 
 def available() -> bool:
     """Whether this system can hand an open descriptor to a loader by path (``/proc/self/fd``)."""
@@ -53,7 +55,7 @@ class VerifiedFile:
 
     rel: str
     fd: int
-    signature: tuple[int, int, int, int, int]  # device, inode, size, mtime_ns, ctime_ns when verified
+    signature: Identity  # device, inode, size, mtime_ns, ctime_ns when verified
 
     @property
     def path(self) -> str:
@@ -62,7 +64,7 @@ class VerifiedFile:
 
     def unchanged(self) -> None:
         """Refuse (``StateRefused``) when the file was written since it was verified."""
-        if _signature(os.fstat(self.fd)) != self.signature:
+        if identity(os.fstat(self.fd)) != self.signature:
             raise StateRefused(
                 f"{self.rel} changed while it was being loaded (written after its checksum was verified): refused"
             )
@@ -73,13 +75,20 @@ class VerifiedFile:
             self.fd = -1
 
 
-def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
+def open_verified(root_fd: int, rel: str, entry: ManifestEntry, known: Identity | None = None) -> VerifiedFile:
     """Open ``rel`` below the state directory ``root_fd`` without following links, then verify its
     size and checksum in one sequential read. Raises ``StateRefused`` (``ChecksumMismatch`` for
-    changed bytes); ``OSError`` is the disk, not the state."""
+    changed bytes); ``OSError`` is the disk, not the state.
+
+    ``known``: the identity another rank of this node had for this file when its checksum matched
+    (``syncpoint.workers.state.node_share``); a descriptor with exactly that identity is taken
+    without reading it again, as :meth:`VerifiedFile.unchanged` takes a file unchanged since its
+    own checksum."""
     fd = _open_below(root_fd, rel)
     try:
         st = os.fstat(fd)
+        if known is not None and identity(st) == known and st.st_size == entry.size:
+            return VerifiedFile(rel, fd, known)
         if st.st_size != entry.size:
             raise ChecksumMismatch(
                 f"{rel} is {st.st_size} bytes, the manifest says {entry.size} (changed after commit)"
@@ -89,7 +98,7 @@ def open_verified(root_fd: int, rel: str, entry: ManifestEntry) -> VerifiedFile:
             raise ChecksumMismatch(
                 f"{rel}: {entry.algorithm} does not match the manifest (content changed after commit)"
             )
-        return VerifiedFile(rel, fd, _signature(st))
+        return VerifiedFile(rel, fd, identity(st))
     except BaseException:
         os.close(fd)
         raise
@@ -155,5 +164,7 @@ def _refusal(rel: str, e: OSError) -> BaseException:
     return e
 
 
-def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def identity(st: os.stat_result) -> Identity:
+    """What says a file is the one verified: its inode, size, and its modification and change times
+    (a writer cannot set the change time back)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

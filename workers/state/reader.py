@@ -77,11 +77,14 @@ from syncpoint.workers.integrity.checksum import matches_entry
 from syncpoint.workers.integrity.safe_load import check_state_file
 from syncpoint.workers.integrity.verified_files import (
     ChecksumMismatch,
+    Identity,
     VerifiedFile,
     available,
+    identity,
     open_verified,
     read_verified,
 )
+from syncpoint.workers.state.node_share import NodePeers, Offer, link_from_peer
 from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -139,6 +142,7 @@ def fetch_state(
     user_of: int | None = None,
     memory: MemoryCopy | None = None,
     say: Callable[[str, bool], None] | None = None,
+    peers: NodePeers | None = None,
 ) -> FetchedState:
     """Download and verify this rank's view of a state.
 
@@ -165,7 +169,34 @@ def fetch_state(
     ``memory``: this node's memory copy (``syncpoint.workers.state.memory_copy``): with ``in_place``,
     the state is verified there and loaded from it when the copy holds every file this rank needs
     and each matches the manifest; else storage is read. ``say(line, from_memory)`` is told which,
-    and why a copy was not used."""
+    and why a copy was not used.
+
+    ``peers``: every rank of the process group fetches at once, and a file that several ranks of
+    this node need is read by one of them for all (``syncpoint.workers.state.node_share``); each rank
+    makes its gathers exactly once, whatever fails."""
+    try:
+        return _fetch(
+            storage, cand, rank, want_rng, own_shard, in_place, buffers_of, stream_of, user_of, memory, say, peers
+        )
+    finally:
+        if peers is not None:
+            peers.finish()
+
+
+def _fetch(
+    storage: RunStorage,
+    cand: Candidate,
+    rank: int,
+    want_rng: bool,
+    own_shard: int | None,
+    in_place: bool,
+    buffers_of: int | None,
+    stream_of: int | None,
+    user_of: int | None,
+    memory: MemoryCopy | None,
+    say: Callable[[str, bool], None] | None,
+    peers: NodePeers | None,
+) -> FetchedState:
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
     small = (
@@ -178,17 +209,17 @@ def fetch_state(
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(root, state_dir, files, fetched, *small)
+            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers)
         finally:
             os.close(root)
     if memory is not None and in_place and available():
-        from_memory = _from_memory(memory, cand.name, files, fetched, small, say or (lambda _line, _used: None))
+        told = say or (lambda _line, _used: None)
+        from_memory = _from_memory(memory, cand.name, files, fetched, small, told, peers)
         if from_memory is not None:
             return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
-        for rel in fetched:
-            _download_verified(storage, cand.name, rel, files[rel], local)
+        _download_all(storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None)
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
@@ -212,6 +243,44 @@ def fetch_state(
         raise
 
 
+def _download_all(
+    storage: RunStorage,
+    name: str,
+    files: dict[str, ManifestEntry],
+    fetched: list[str],
+    local: str,
+    peers: NodePeers | None,
+) -> None:
+    """Download and verify ``fetched`` into ``local``; with ``peers``, a file another rank of this
+    node downloaded is hard-linked from its directory instead (``syncpoint.workers.state.node_share``)."""
+    done: dict[str, Identity] = {}
+    offers: dict[str, Offer] = {}
+    if peers is not None:
+        peers.plan({rel: files[rel].size for rel in fetched}, local)
+    try:
+        for rel in fetched:
+            if peers is None or peers.reads(rel):
+                _download_verified(storage, name, rel, files[rel], local)
+                done[rel] = identity(os.lstat(local_path(local, rel)))
+    finally:
+        if peers is not None:
+            offers = peers.share(done)
+    for rel in fetched:
+        if rel not in done and not _link_offered(offers.get(rel), rel, local):
+            _download_verified(storage, name, rel, files[rel], local)
+
+
+def _link_offered(offer: Offer | None, rel: str, local: str) -> bool:
+    """Whether ``rel`` is now in ``local``, linked from the peer that downloaded and verified it."""
+    if offer is None:
+        return False
+    dest = destination(local, rel)
+    partial_dir = os.path.join(local, PARTIAL_DIR)
+    os.makedirs(partial_dir, exist_ok=True)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    return link_from_peer(offer, local_path(offer.where, rel), partial_dir, dest)
+
+
 def _from_memory(
     memory: MemoryCopy,
     name: str,
@@ -219,6 +288,7 @@ def _from_memory(
     fetched: list[str],
     small: tuple[str | None, str | None, str | None, str | None],
     say: Callable[[str, bool], None],
+    peers: NodePeers | None,
 ) -> FetchedState | None:
     """The state verified in this node's memory copy, or ``None`` (told to ``say``) when the copy is
     missing, incomplete or fails verification: the caller then reads storage."""
@@ -231,7 +301,7 @@ def _from_memory(
         say(f"no memory copy of {name} on this node: restoring from storage", False)
         return None
     try:
-        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small)
+        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small, peers=peers)
     except (StateRefused, UnsafeEntry, OSError) as e:
         say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage", False)
         return None
@@ -262,13 +332,16 @@ def _verify_in_place(
     buffers_rel: str | None,
     stream_rel: str | None,
     user_rel: str | None = None,
+    *,
+    peers: NodePeers | None = None,
 ) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
-    check through the same descriptors (``syncpoint.workers.integrity.verified_files``)."""
+    check through the same descriptors (``syncpoint.workers.integrity.verified_files``). With
+    ``peers``, a file another rank of this node verified is taken when this rank's descriptor has
+    the identity it verified (``syncpoint.workers.state.node_share``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
-        for rel in fetched:
-            verified[rel] = open_verified(root, rel, files[rel])
+        _verify_all(root, state_dir, files, fetched, verified, peers)
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
@@ -289,6 +362,32 @@ def _verify_in_place(
         for f in verified.values():
             f.close()
         raise
+
+
+def _verify_all(
+    root: int,
+    state_dir: str,
+    files: dict[str, ManifestEntry],
+    fetched: list[str],
+    verified: dict[str, VerifiedFile],
+    peers: NodePeers | None,
+) -> None:
+    """Open and verify ``fetched`` into ``verified`` (the caller closes them on failure); with
+    ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it."""
+    offers: dict[str, Offer] = {}
+    if peers is not None:
+        peers.plan({rel: files[rel].size for rel in fetched}, state_dir)
+    try:
+        for rel in fetched:
+            if peers is None or peers.reads(rel):
+                verified[rel] = open_verified(root, rel, files[rel])
+    finally:
+        if peers is not None:
+            offers = peers.share({rel: f.signature for rel, f in verified.items()})
+    for rel in fetched:
+        if rel not in verified:
+            offer = offers.get(rel)
+            verified[rel] = open_verified(root, rel, files[rel], known=offer.identity if offer else None)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:

@@ -47,6 +47,7 @@ from syncpoint.workers.position import RunLength, TrainingPosition
 from syncpoint.workers.schedule import horizon_changed, resume_position
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover, discover_lazy, read_candidate
+from syncpoint.workers.state.node_share import NodePeers
 from syncpoint.workers.state.pretrained import PretrainedInit
 from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
 from syncpoint.workers.storage import RunStorage
@@ -338,6 +339,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     # a stream's and Task.stateful's state: selection admitted it at this world size only, so this rank reads its own
     stream_of = attempt.rank if state.data.stream is not None else None
     user_of = attempt.rank if state.user_state else None
+    peers = _node_peers()
     try:
         own = _own_shard(attempt, state, engine)
         # in place (local storage): the load below reads only through the checkpoint engine
@@ -352,6 +354,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             user_of=user_of,
             memory=attempt.memory_copy,
             say=lambda line, from_memory: _memory_note(attempt, line, from_memory),
+            peers=peers,
         )
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
@@ -359,6 +362,8 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             saved_user = user_state.parse(fetched.user_bytes, user_file(user_of), tuple(state.user_state or ()))
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
+    if peers is not None:
+        peers.finish()  # a failure before the fetch made none of its gathers
     refusal = _first_refusal(error)
     if refusal is None:
         assert fetched is not None
@@ -389,6 +394,12 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     _apply_live_hyperparameters(attempt, engine, state)
     assert fetched is not None
     return Loaded(fetched.rng_state, fetched.stream_state), None
+
+
+def _node_peers() -> NodePeers | None:
+    """The ranks of this node that share a restore's reads (``syncpoint.workers.state.node_share``);
+    none alone."""
+    return NodePeers() if dist.get_world_size() > 1 else None
 
 
 def _classified(candidate: Candidate) -> TrainState:
@@ -541,7 +552,7 @@ def _maybe_init_from(attempt: Attempt, engine: DeepSpeedEngine) -> None:
         raise ResumeRefused(choice.error)
     candidate = choice.candidate()
     name = candidate.name
-    fetched = fetch_state(source, candidate, attempt.rank, want_rng=False)
+    fetched = fetch_state(source, candidate, attempt.rank, want_rng=False, peers=_node_peers())
     try:
         load_into_engine(engine, fetched, module_only=not spec.resume.init_optimizer)
     finally:

@@ -1,0 +1,177 @@
+"""Two ranks of one node restore a state reading each file once between them
+(``syncpoint.workers.state.node_share``), and sharing never changes what is refused.
+
+The ranks are real processes in a gloo group that call the real ``fetch_state``; a spy records
+which files each rank checksummed or downloaded itself (the reads are the project's own).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+
+import pytest
+
+from syncpoint.workers.integrity.verified_files import available
+from syncpoint.workers.launch import free_port, run_spawned
+from tests.helpers import committed_steps, lm_spec
+
+MODEL = "engine/mp_rank_00_model_states.pt"
+TIMEOUT_S = 120  # a rank waiting forever in a gather fails the test instead of hanging it
+
+
+@pytest.fixture(scope="module")
+def crashed_two_ranks(tmp_path_factory):
+    """A ZeRO-2 run of 2 ranks on local storage with committed states, crashed at micro-step 10."""
+    spec = lm_spec(
+        tmp_path_factory.mktemp("share") / "run",
+        "task.config.num_samples=40",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 10, mode: raise}]",
+        workers=2,
+    )
+    assert run_spawned(spec)[0] != 0
+    return spec, f"{max(committed_steps(spec)):012d}"
+
+
+def _rank(rank: int, port: int, url: str, name: str, how: dict, out) -> None:
+    """One rank: join the group, fetch with peers (or fail first, ``how['fail_before']``), report."""
+    import torch.distributed as dist
+
+    from syncpoint.workers.integrity import verified_files
+    from syncpoint.workers.state import reader
+    from syncpoint.workers.state.discovery import read_candidate
+    from syncpoint.workers.state.node_share import NodePeers
+    from syncpoint.workers.storage import RunStorage
+
+    hashed: list[str] = []
+    checksum_fd, download = verified_files.checksum_fd, reader._download_verified
+
+    def spy_checksum(fd, *a, **k):
+        hashed.append(os.readlink(f"/proc/self/fd/{fd}").split("/engine/")[-1])
+        return checksum_fd(fd, *a, **k)
+
+    def spy_download(storage, state, rel, *a, **k):
+        hashed.append(rel.split("/")[-1])
+        return download(storage, state, rel, *a, **k)
+
+    verified_files.checksum_fd, reader._download_verified = spy_checksum, spy_download
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        peers = NodePeers()
+        if rank in how.get("fail_before", ()):
+            peers.finish()  # what _fetch_and_load does when it fails before fetching
+            out.put((rank, "failed before", hashed, {}))
+        else:
+            store = RunStorage(url)
+            own = rank if how["own_shard"] else None
+            try:
+                fetched = reader.fetch_state(
+                    store, read_candidate(store, name), rank, own_shard=own, in_place=how["in_place"], peers=peers
+                )
+            except Exception as e:  # noqa: BLE001 - reported to the test
+                out.put((rank, f"{type(e).__name__}: {e}", hashed, {}))
+            else:
+                fetched.unchanged()
+                inodes = {
+                    rel: os.stat(f.path if fetched.verified else os.path.join(fetched.local_dir, rel)).st_ino
+                    for rel, f in (fetched.verified or {r: None for r in _engine_files(fetched.local_dir)}).items()
+                }
+                dist.barrier()  # the other rank's links are made before this one's directory goes
+                fetched.cleanup()
+                out.put((rank, "ok", hashed, inodes))
+        dist.barrier()
+    except BaseException:  # noqa: BLE001 - reported to the test, whatever it was
+        out.put((rank, traceback.format_exc(), hashed, {}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _engine_files(local_dir: str) -> list[str]:
+    return [f"engine/{f}" for f in os.listdir(os.path.join(local_dir, "engine"))]
+
+
+def _fetch_on_two_ranks(url: str, name: str, **how) -> dict[int, tuple[str, list[str], dict[str, int]]]:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, url, name, how, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in procs:
+            rank, status, hashed, inodes = out.get(timeout=TIMEOUT_S)
+            results[rank] = (status, hashed, inodes)
+        return results
+    finally:
+        for p in procs:  # only the processes this test started
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def _shard(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+needs_fd = pytest.mark.skipif(not available(), reason="in-place reads need /proc/self/fd")
+
+
+@needs_fd
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "downloaded"])
+def test_the_model_file_both_ranks_load_is_read_once_per_node(crashed_two_ranks, in_place):
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=in_place, own_shard=True)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    read = {r: sorted(results[r][1]) for r in (0, 1)}
+    assert sorted(read[0] + read[1]) == sorted(["mp_rank_00_model_states.pt", _shard(0), _shard(1)]), read
+    assert _shard(0) in read[0] and _shard(1) in read[1]  # each rank still reads its own shard
+    inodes = {r: results[r][2] for r in (0, 1)}
+    assert inodes[0][MODEL] == inodes[1][MODEL]  # the very file the other rank verified
+    assert set(inodes[0]) >= {MODEL, f"engine/{_shard(0)}"} and set(inodes[1]) >= {MODEL, f"engine/{_shard(1)}"}
+
+
+@needs_fd
+def test_files_every_rank_needs_are_split_between_the_nodes_ranks(crashed_two_ranks):
+    """Without ``own_shard`` (ZeRO-3, another world size) each rank needs every file: each is read once."""
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=True, own_shard=False)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    read = {r: results[r][1] for r in (0, 1)}
+    assert read[0] and read[1] and not set(read[0]) & set(read[1]), read
+    assert sorted(read[0] + read[1]) == sorted(["mp_rank_00_model_states.pt", _shard(0), _shard(1)])
+
+
+@needs_fd
+@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "downloaded"])
+def test_a_changed_shared_file_is_refused_by_every_rank(crashed_two_ranks, tmp_path, in_place):
+    """Rank 0 reads the model file and refuses it; rank 1, offered nothing, checks it itself."""
+    import shutil
+
+    from syncpoint.workers.storage import RunStorage
+
+    spec, name = crashed_two_ranks
+    state_dir = RunStorage(spec.run_url).local_path("states", name)
+    assert state_dir is not None
+    copy = tmp_path / "run"
+    shutil.copytree(os.path.dirname(os.path.dirname(state_dir)), copy)
+    path = copy / "states" / name / MODEL
+    data = bytearray(path.read_bytes())
+    data[200] ^= 0x01
+    path.write_bytes(bytes(data))
+    results = _fetch_on_two_ranks(str(copy), name, in_place=in_place, own_shard=True)
+    for r in (0, 1):
+        status, read, _ = results[r]
+        assert status.startswith("ChecksumMismatch") and "mp_rank_00_model_states.pt" in status, results
+        assert "mp_rank_00_model_states.pt" in read  # both checked it: nobody took an unverified file
+
+
+@needs_fd
+def test_a_rank_that_fails_before_fetching_never_leaves_the_other_waiting(crashed_two_ranks):
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=True, own_shard=True, fail_before=(1,))
+    assert results[1][0] == "failed before" and results[0][0] == "ok", results
+    assert sorted(results[0][1]) == sorted(["mp_rank_00_model_states.pt", _shard(0)])  # it read what it needs
