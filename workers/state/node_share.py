@@ -31,7 +31,7 @@ import secrets
 import socket
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -116,6 +116,34 @@ class NodePeers:
             self.plan({}, "")
         if not self._shared:
             self.share({})
+
+
+def read_split(
+    peers: NodePeers | None,
+    needs: Mapping[str, int],
+    where: str,
+    mine: Callable[[str], Identity],
+    rest: Callable[[str, Offer | None], None],
+) -> None:
+    """Read ``needs`` (file -> size, in order) the node's way: this rank's share first (``mine``
+    reads and verifies one file and returns its identity), then the gather that hands the results
+    over, then every other file (``rest``, given another rank's offer, or ``None``: read it
+    yourself). Without ``peers`` every file is this rank's. The gather is made even when ``mine``
+    raises, so the other ranks never wait for this one."""
+    done: dict[str, Identity] = {}
+    offers: dict[str, Offer] = {}
+    if peers is not None:
+        peers.plan(needs, where)
+    try:
+        for rel in needs:
+            if peers is None or peers.reads(rel):
+                done[rel] = mine(rel)
+    finally:
+        if peers is not None:
+            offers = peers.share(done)
+    for rel in needs:
+        if rel not in done:
+            rest(rel, offers.get(rel))
 
 
 def link_from_peer(offer: Offer, src: str, partial_dir: str, dest: str) -> bool:

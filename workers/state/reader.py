@@ -84,7 +84,7 @@ from syncpoint.workers.integrity.verified_files import (
     open_verified,
     read_verified,
 )
-from syncpoint.workers.state.node_share import NodePeers, Offer, link_from_peer
+from syncpoint.workers.state.node_share import NodePeers, Offer, link_from_peer, read_split
 from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -253,21 +253,16 @@ def _download_all(
 ) -> None:
     """Download and verify ``fetched`` into ``local``; with ``peers``, a file another rank of this
     node downloaded is hard-linked from its directory instead (``syncpoint.workers.state.node_share``)."""
-    done: dict[str, Identity] = {}
-    offers: dict[str, Offer] = {}
-    if peers is not None:
-        peers.plan({rel: files[rel].size for rel in fetched}, local)
-    try:
-        for rel in fetched:
-            if peers is None or peers.reads(rel):
-                _download_verified(storage, name, rel, files[rel], local)
-                done[rel] = identity(os.lstat(local_path(local, rel)))
-    finally:
-        if peers is not None:
-            offers = peers.share(done)
-    for rel in fetched:
-        if rel not in done and not _link_offered(offers.get(rel), rel, local):
+
+    def mine(rel: str) -> Identity:
+        _download_verified(storage, name, rel, files[rel], local)
+        return identity(os.lstat(local_path(local, rel)))
+
+    def rest(rel: str, offer: Offer | None) -> None:
+        if not _link_offered(offer, rel, local):
             _download_verified(storage, name, rel, files[rel], local)
+
+    read_split(peers, {rel: files[rel].size for rel in fetched}, local, mine, rest)
 
 
 def _link_offered(offer: Offer | None, rel: str, local: str) -> bool:
@@ -374,20 +369,15 @@ def _verify_all(
 ) -> None:
     """Open and verify ``fetched`` into ``verified`` (the caller closes them on failure); with
     ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it."""
-    offers: dict[str, Offer] = {}
-    if peers is not None:
-        peers.plan({rel: files[rel].size for rel in fetched}, state_dir)
-    try:
-        for rel in fetched:
-            if peers is None or peers.reads(rel):
-                verified[rel] = open_verified(root, rel, files[rel])
-    finally:
-        if peers is not None:
-            offers = peers.share({rel: f.signature for rel, f in verified.items()})
-    for rel in fetched:
-        if rel not in verified:
-            offer = offers.get(rel)
-            verified[rel] = open_verified(root, rel, files[rel], known=offer.identity if offer else None)
+
+    def mine(rel: str) -> Identity:
+        verified[rel] = open_verified(root, rel, files[rel])
+        return verified[rel].signature
+
+    def rest(rel: str, offer: Offer | None) -> None:
+        verified[rel] = open_verified(root, rel, files[rel], known=offer.identity if offer else None)
+
+    read_split(peers, {rel: files[rel].size for rel in fetched}, state_dir, mine, rest)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:
