@@ -1,7 +1,7 @@
 """Which rank of a node reads and checksums each file that several of its ranks need.
 
-Why: at ZeRO-1/2 every rank loads DeepSpeed's whole model file, and at ZeRO-3 (or another world
-size) every rank reads every shard, so a node with N ranks read or downloaded those files N times.
+Why: at ZeRO-1/2 every rank loads DeepSpeed's whole model file, and at another world size (or a
+ZeRO-3 module-only load) every rank reads every shard, so a node with N ranks read or downloaded those files N times.
 One rank per file is enough (``syncpoint.workers.state.node_share`` hands the others its result).
 A pure function, so every rank computes the same answer from the same gathered lists, with no
 further message. A leaf module: it imports nothing of the project.

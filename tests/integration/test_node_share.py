@@ -136,7 +136,8 @@ def test_the_model_file_both_ranks_load_is_read_once_per_node(crashed_two_ranks,
 
 @needs_fd
 def test_files_every_rank_needs_are_split_between_the_nodes_ranks(crashed_two_ranks):
-    """Without ``own_shard`` (ZeRO-3, another world size) each rank needs every file: each is read once."""
+    """Without ``own_shard`` (another world size, a ZeRO-3 module-only load) each rank needs every
+    file: each is read once."""
     spec, name = crashed_two_ranks
     results = _fetch_on_two_ranks(spec.run_url, name, in_place=True, own_shard=False)
     assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results

@@ -148,8 +148,10 @@ def test_multipart_state_is_bitwise_and_a_changed_part_is_refused(small_parts, t
         fetch_state(store, cand, 0)
 
 
-def test_only_other_ranks_optimizer_shards_are_skipped():
+def test_only_other_ranks_optimizer_shards_and_zero3_module_files_are_skipped():
     assert _other_shard("engine/zero_pp_rank_1_mp_rank_00_optim_states.pt", 0)
+    assert _other_shard("engine/zero_pp_rank_1_mp_rank_00_model_states.pt", 0)  # ZeRO-3's module partition
+    assert not _other_shard("engine/zero_pp_rank_0_mp_rank_00_model_states.pt", 0)
     assert _other_shard("engine/bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt", 0)
     assert not _other_shard("engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", 0)
     assert not _other_shard("engine/zero_pp_rank_1_mp_rank_00_optim_states.pt", None)

@@ -167,9 +167,38 @@ def test_two_ranks_zero3_hard_crash_resume_equals_uninterrupted(tmp_path, extra)
     ref_final = max(state_names(ref))
     spec = _spec(tmp_path / "run", 3, *extra, "faults=[{rank: 1, at_micro_step: 13}]", workers=2)
     assert run_spawned(spec)[1] == 17
-    assert max(state_names(spec)) < ref_final
+    newest = max(state_names(spec))
+    assert newest < ref_final
     assert run_spawned(spec) == [0, 0]
+    assert _resume_decision(spec)["chosen"] == newest  # loaded from each rank's own files, not refused
     assert_same_run(ref, ref_final, spec, max(state_names(spec)))
+    assert digest(spec, ref_final) == digest(ref, ref_final)
+
+
+def _resume_decision(spec) -> dict:
+    return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "resume_decision"][-1]
+
+
+def test_two_ranks_zero3_on_s3_restore_from_their_own_files(s3, tmp_path):
+    """On an object store each rank downloads only its own ZeRO-3 files (its module partition and
+    optimizer shard, ``own_shard``): DeepSpeed loads from them, the newest state is the one resumed
+    (a load that needed another rank's file would refuse it), and the run ends bitwise as uninterrupted."""
+    from tests.s3_server import BUCKET
+
+    ref = _spec(tmp_path / "ref", 3, workers=2)
+    assert run_spawned(ref) == [0, 0]
+    ref_final = max(state_names(ref))
+    spec = _spec(
+        f"s3://{BUCKET}/zero3-own",
+        3,
+        "checkpoint.memory_copy=false",
+        "faults=[{rank: 1, at_micro_step: 13}]",
+        workers=2,
+    )
+    assert run_spawned(spec)[1] == 17
+    newest = max(state_names(spec))
+    assert run_spawned(with_overrides(spec, "faults=[]")) == [0, 0]
+    assert _resume_decision(spec)["chosen"] == newest
     assert digest(spec, ref_final) == digest(ref, ref_final)
 
 

@@ -1,10 +1,10 @@
 """A restore's files that several ranks of one node need are read and checksummed once per node.
 
-Why: every rank of a ZeRO-1/2 restore loads DeepSpeed's whole model file, and at ZeRO-3 or another
-world size every rank reads every shard, so each rank of a node downloaded (object store) or read
-and checksummed (local storage, the node's memory copy) the same bytes again: a 2-rank node read
-2.18 GB for a 1.74 GB state (bench P10). Now one rank reads each such file
-(``syncpoint.policies.shared_reads``) and hands the others what it verified:
+Why: every rank of a ZeRO-1/2 restore loads DeepSpeed's whole model file, and at another world
+size (or a ZeRO-3 module-only load) every rank reads every shard, so each rank of a node
+downloaded (object store) or read and checksummed (local storage, the node's memory copy) the same
+bytes again: a 2-rank node read 2.18 GB for a 1.74 GB state (bench P10). Now one rank reads each
+such file (``syncpoint.policies.shared_reads``) and hands the others what it verified:
 
 * **in place** (the file lies in the state directory or the memory copy): the file's identity when
   its checksum matched: device, inode, size, modification and change time. Another rank opens the

@@ -16,9 +16,10 @@ DeepSpeed's own reads then go through the same loader again (``syncpoint.workers
 nothing is ever unpickled blindly.
 Every rank fetches the whole ``engine/`` directory (ZeRO-3's module-only consolidation, the
 elastic paths and DeepSpeed's ``zero.elastic_checkpoint`` read every data-parallel rank's shard),
-except where the caller knows DeepSpeed reads only this rank's optimizer shard (``own_shard``: a
-ZeRO-1/2 load at the same world size; DeepSpeed 0.19.8 ``_get_all_zero_checkpoint_state_dicts``
-loads other ranks' shards only with ``elastic_checkpoint``): there the other ranks' shards are
+except where the caller knows DeepSpeed reads only this rank's files (``own_shard``: a ZeRO-1/2/3
+load of the optimizer at the same world size; DeepSpeed 0.19.8 ``_get_all_zero_checkpoint_state_dicts``
+loads other ranks' optimizer shards only with ``elastic_checkpoint``, and at ZeRO-3 ``_get_ckpt_name``
+names only this rank's ``zero_pp_rank_<r>`` module file): there the other ranks' files are
 neither downloaded nor checked here, each rank checks its own, and the caller's collective agreement
 on refusals (``syncpoint.workers.state.resume_negotiation``) still makes every rank refuse alike, before any load.
 On an object store that halves what a 2-rank restore downloads.
@@ -96,7 +97,8 @@ __all__ = ["ChecksumMismatch", "FetchedState", "StateRefused", "fetch_state", "l
 
 MANIFEST_MAX_DEPTH = 8  # a manifest nests 4 levels (files -> entry -> checksum; the signature and binding)
 FETCHED_PREFIXES = tuple(f"{d}/" for d in LOCAL_DIRS)  # the rest is read into memory
-ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")  # DeepSpeed's optimizer shards
+# a data-parallel rank's own files: its ZeRO optimizer shard, and at ZeRO-3 its module partition
+ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(?:optim|model)_states\.pt")
 PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
 
 
@@ -152,7 +154,7 @@ def fetch_state(
     the storage or the local disk failed, not the state.
 
     ``own_shard``: this rank's data-parallel rank when DeepSpeed will read only its own ZeRO
-    optimizer shard (module docstring); the other ranks' shards are skipped.
+    files (module docstring); the other ranks' optimizer shards (and ZeRO-3 module files) are skipped.
 
     ``in_place``: the caller's load reads only through the checkpoint engine (module docstring);
     on local storage the state is then verified where it lies instead of copied.

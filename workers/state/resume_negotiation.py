@@ -418,13 +418,13 @@ def _buffers_source(attempt: Attempt, state: TrainState) -> int | None:
 
 
 def _own_shard(attempt: Attempt, state: TrainState, engine: DeepSpeedEngine) -> int | None:
-    """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO optimizer shard
-    (``syncpoint.workers.state.reader``): ZeRO-1/2, same world size, optimizer loaded, no model parallelism,
-    no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
+    """This rank's data-parallel rank where DeepSpeed's load reads only its own ZeRO files
+    (``syncpoint.workers.state.reader``): ZeRO-1/2/3, same world size, optimizer loaded, no model
+    parallelism, no ``zero_optimization.elastic_checkpoint``; else ``None`` (every shard is fetched)."""
     if (
         state.world_size != attempt.world_size
         or attempt.spec.resume.reset_optimizer
-        or engine.zero_optimization_stage() not in (1, 2)
+        or engine.zero_optimization_stage() not in (1, 2, 3)
         or engine.mpu is not None
         or engine.zero_elastic_checkpoint()
     ):
