@@ -26,9 +26,12 @@ The simulator (``simulate``): a job needs ``work_s`` seconds of training. An att
 of ``interval_s`` of work and a save that blocks ``C`` and commits ``commit_s`` after it started
 (sync: = C); a preemption without notice keeps the newest committed state and loses the rest; one
 with a notice of lead ``lead_s`` >= N keeps everything done up to the notice (the loop saves at the
-next boundary), and of the rest of the lead the share a step takes of a step plus a save (in the
-grace window every boundary commits), less the last step; then the next attempt starts ``R`` later (start-up
-``S`` for the first). A preemption during a restart restarts it. Goodput = work_s / wall time.
+next boundary), and of the rest of the lead what ``syncpoint.policies.grace_window.kept_in_window``
+says the loop keeps: with the node's deadline known (Ray's drain notice carries it), the window
+trains without saving up to a margin before the deadline and saves at every boundary of the margin;
+without one, every boundary of the window saves (a step's share of a step plus a save); the last
+step is lost. Then the next attempt starts ``R`` later (start-up ``S`` for the first). A preemption
+during a restart restarts it. Goodput = work_s / wall time.
 
 Command (about 3-4 minutes on 2 shared cores; ``--quick`` about 2-3, one restart run fewer and
 fewer Monte Carlo preemptions; ``--no-measure --costs 0.05,9,0.3,0.2`` skips Ray entirely):
@@ -54,6 +57,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from syncpoint.policies.grace_window import kept_in_window
 from syncpoint.policies.save_interval import decide
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,13 +74,13 @@ class Costs:
     notice_to_commit_s: float  # N: a notice -> its state committed
     startup_s: float = 0.0  # S: the first attempt's start (steady-state tables: 0)
     commit_s: float | None = None  # a save's start -> commit (None: = C, a sync save)
-    step_s: float = 0.0  # one optimizer step: in a notice's grace window every boundary saves
+    step_s: float = 0.0  # one optimizer step: the grace window's saves fall on boundaries
+    deadline: bool = True  # notices say when the node goes (Ray's drain notice does)
 
-    @property
-    def grace_kept(self) -> float:
-        """The share of a notice's grace window (after the first commit) that is kept: the loop trains
-        on and commits at every boundary, so a step of work costs a step plus a save."""
-        return self.step_s / (self.step_s + self.save_blocked_s) if self.step_s > 0 else 0.0
+    def grace_kept(self, lead_s: float) -> float:
+        """Seconds of a notice's grace window (after its first commit) that the loop keeps."""
+        window = max(0.0, lead_s - self.notice_to_commit_s)
+        return kept_in_window(window, self.step_s, self.commit, self.save_blocked_s, self.deadline)
 
     @property
     def commit(self) -> float:
@@ -123,7 +127,7 @@ def simulate(
             e = at - lead - t  # the notice: everything done so far is committed before the node goes
             j = math.floor(e / period) if math.isfinite(period) else 0
             done = j * interval_s + min(e - j * period, interval_s)
-            grace = max(0.0, lead - costs.notice_to_commit_s - costs.step_s) * costs.grace_kept  # the last step is lost
+            grace = costs.grace_kept(lead)
             kept += min(done + grace, remaining)
         else:  # states committed by the interruption: the save of cycle j commits at j*tau + (j-1)*C + commit
             e = at - t
@@ -163,10 +167,16 @@ def steady_goodput(
     return simulate(work, interval_s, replace(costs, startup_s=0.0), trace).goodput
 
 
-def auto_interval(costs: Costs, rate_per_hour: float) -> float:
-    """What ``save_every: auto`` settles on: the loop's own decision function, with the measured C and
-    the rate as its prior (equal to what it observes after enough preemptions)."""
-    d = decide([costs.save_blocked_s], 0, 0.0, rate_per_hour)
+HISTORY_HOURS = 24.0  # auto's interval in the tables: after a day of preemptions at the cell's rate
+
+
+def auto_interval(costs: Costs, rate_per_hour: float, noticed: bool = False) -> float:
+    """What ``save_every: auto`` settles on after ``HISTORY_HOURS`` of preemptions at the rate: the
+    loop's own decision function with the measured C, the rate as its prior, and that history. With
+    notices every preemption of the history saved its state by its notice, and auto takes those out
+    of the rate that sets the interval (``syncpoint.policies.save_interval``)."""
+    seen = max(1, round(HISTORY_HOURS * rate_per_hour))
+    d = decide([costs.save_blocked_s], seen, seen * 3600.0 / rate_per_hour, rate_per_hour, seen if noticed else 0)
     assert d.interval_s is not None
     return d.interval_s
 
@@ -431,7 +441,10 @@ def main() -> None:
 
     # ---- validation: the measured run, replayed
     if m is not None:
-        sim = simulate(m.steps * m.step_s, SAVE_EVERY_STEPS * m.step_s, m.costs, m.trace, m.restarts)
+        # the run's notice is a SIGTERM without checkpoint.sigterm_grace_s: no deadline, every boundary saves
+        sim = simulate(
+            m.steps * m.step_s, SAVE_EVERY_STEPS * m.step_s, replace(m.costs, deadline=False), m.trace, m.restarts
+        )
         meas = m.goodput["ratio"]
         diff = abs(sim.goodput - meas) * 100
         print()
@@ -450,7 +463,8 @@ def main() -> None:
     print()
     print(
         f"(b) goodput vs the save interval (C {base.save_blocked_s:.3f} s, R {base.restart_s:.2f} s, "
-        f"N {base.notice_to_commit_s:.3f} s; notices {args.lead:g} s ahead; Poisson, ~{preemptions} preemptions "
+        f"N {base.notice_to_commit_s:.3f} s; notices {args.lead:g} s ahead with their deadline; auto after "
+        f"{HISTORY_HOURS:g} h of preemptions; Poisson, ~{preemptions} preemptions "
         f"per cell)"
     )
     fixed = [5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0]
@@ -463,10 +477,10 @@ def main() -> None:
     print("-" * len(hdr))
     results: dict[tuple[str, bool], tuple[float, float, float]] = {}
     for label, rate in RATES_PER_HOUR:
-        tau = auto_interval(base, rate)
-        # the best fixed interval: the table's, and a fine geometric grid around the optimum
-        grid = sorted(set(fixed) | {tau * 2 ** (k / 4) for k in range(-12, 13)})
         for notice in (False, True):
+            tau = auto_interval(base, rate, notice)
+            # the best fixed interval: the table's, and a fine geometric grid around the optimum
+            grid = sorted(set(fixed) | {tau * 2 ** (k / 4) for k in range(-12, 13)})
             lead = args.lead if notice else None
             g = {x: steady_goodput(x, base, rate, lead, preemptions) for x in grid}
             best_x = max(g, key=lambda x: g[x])
@@ -485,6 +499,10 @@ def main() -> None:
     gn = results[("1/hour", True)][0]
     lines.append(goal("auto goodput at 1/hour with notices", f"{gn:.2%}", ">= 99%", gn >= 0.99))
     lines.append(goal("auto goodput at 1/hour with notices (issue 32)", f"{gn:.2%}", ">= 99.5%", gn >= 0.995))
+    # the same cell when notices carry no deadline (a SIGTERM without checkpoint.sigterm_grace_s)
+    blind = replace(base, deadline=False)
+    gd = steady_goodput(auto_interval(blind, 1.0, True), blind, 1.0, args.lead, preemptions)
+    print(f"1/hour with notices that carry no deadline (every boundary of the window saves): auto {gd:.2%}")
     why = ""
     if gn < 0.995:  # the profile that says why: a notice saves the lost work, never the restart
         where = " + ".join(f"{k} {v:.1f} s" for k, v in m.restart_phases.items()) if m else "given"

@@ -15,19 +15,28 @@ Gamma-Poisson posterior mean with one pseudo-preemption at the prior's mean time
 (``checkpoint.expected_preemptions_per_hour``) before anything was observed, the observed
 ``exposure / preemptions`` after many, and a long run without preemptions slowly lengthens it.
 
+Why announced preemptions are taken out: a preemption whose notice's state committed before the
+node went lost no work (the notice saved it), so it says nothing about how often a periodic save
+is needed. The rate of the others (no notice, or a notice whose state did not commit in time) is
+estimated the same way, ``MTBF = (exposure + prior_mtbf) / (preemptions - announced + 1)``: the
+pseudo-preemption is an unannounced one, so a run whose notices have always come still saves
+periodically, and its interval grows only as notices keep arriving (a notice may not come next
+time; when one does not, the count says so at once).
+
 Pure functions and plain data (no clock, no I/O): the worker feeds measurements in
 (``syncpoint.workers.loop``), the trigger (``syncpoint.policies.save_triggers.AutoInterval``) asks here.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from syncpoint.policies.failures import PREEMPTION
-from syncpoint.policies.journal import Failure, Journal
+from syncpoint.policies.journal import Failure, Journal, PreemptionNotice
 
 DEFAULT_PREEMPTIONS_PER_HOUR = 1.0  # when checkpoint.expected_preemptions_per_hour is not given
 MIN_INTERVAL_S = 1.0  # a save per second at most: below that the formula's inputs are noise
@@ -44,12 +53,14 @@ def young_daly(save_cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_cost_s * mtbf_s)
 
 
-def mtbf_estimate(preemptions: int, exposure_s: float, prior_per_hour: float) -> float:
-    """Mean time between preemptions: the posterior mean with one pseudo-preemption at the prior."""
+def mtbf_estimate(preemptions: int, exposure_s: float, prior_per_hour: float, announced: int = 0) -> float:
+    """Mean time between preemptions that lose work: the posterior mean with one pseudo-preemption
+    (unannounced) at the prior; ``announced`` of the ``preemptions`` committed their notice's state."""
     if prior_per_hour <= 0 or not math.isfinite(prior_per_hour):
         raise ValueError(f"prior_per_hour must be finite and > 0, got {prior_per_hour!r}")
     prior_mtbf = 3600.0 / prior_per_hour
-    return (max(0.0, exposure_s) + prior_mtbf) / (max(0, preemptions) + 1)
+    losing = max(0, preemptions) - min(max(0, announced), max(0, preemptions))
+    return (max(0.0, exposure_s) + prior_mtbf) / (losing + 1)
 
 
 def save_cost(blocked_seconds: Iterable[float]) -> float | None:
@@ -65,11 +76,13 @@ class PreemptionHistory:
     preemptions: int
     exposure_s: float  # seconds the run's attempts ran (start to their last event), restart gaps excluded
     blocked_seconds: tuple[float, ...]  # every committed save's blocked time, oldest first
+    announced: int = 0  # attempts whose preemption notice's state committed: they lost no work
 
 
 def preemption_history(journal: Journal) -> PreemptionHistory:
-    """Preemptions are failures the failure policy classified as preemption (announced or not:
-    counting announced ones too is conservative, since a notice may not come next time). Exposure
+    """Preemptions are failures the failure policy classified as preemption; an announced one ended
+    an attempt (the last one started before it) that committed a state for its notice. A notice
+    whose drain was cancelled ended no attempt, so it announces nothing. Exposure
     sums each attempt's span from its start to its last event, so the days between two
     submissions of the same run do not count as time without preemptions."""
     attempts = journal.attempts
@@ -78,8 +91,14 @@ def preemption_history(journal: Journal) -> PreemptionHistory:
         end = attempts[i + 1].time if i + 1 < len(attempts) else None
         times = [e.time for e in journal.events if a.time <= e.time and (end is None or e.time < end)]
         exposure += max(times) - a.time if times else 0.0
-    preemptions = sum(1 for f in journal.of_kind(Failure) if f.classified == PREEMPTION)
-    return PreemptionHistory(preemptions, exposure, tuple(c.blocked_seconds for c in journal.commits))
+    failures = [f for f in journal.of_kind(Failure) if f.classified == PREEMPTION]
+    noticed = {n.attempt for n in journal.of_kind(PreemptionNotice)}
+    saved = {c.attempt for c in journal.commits if "preemption" in c.reasons and c.attempt in noticed}
+    by_time = sorted(attempts, key=lambda a: a.time)
+    started = [a.time for a in by_time]
+    ended = [by_time[i - 1].attempt if (i := bisect.bisect_right(started, f.time)) else None for f in failures]
+    announced = sum(1 for a in ended if a is not None and a in saved)
+    return PreemptionHistory(len(failures), exposure, tuple(c.blocked_seconds for c in journal.commits), announced)
 
 
 @dataclass(frozen=True)
@@ -92,10 +111,12 @@ class AutoDecision:
     preemptions: int
     exposure_s: float
     prior_per_hour: float
+    announced: int = 0
 
     def describe(self) -> str:
+        saved = f" ({self.announced} saved by their notice)" if self.announced else ""
         inputs = (
-            f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} preemption(s) in {self.exposure_s:.0f} s "
+            f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} preemption(s){saved} in {self.exposure_s:.0f} s "
             f"run time and the prior {self.prior_per_hour:g}/hour"
         )
         if self.interval_s is None:
@@ -106,13 +127,13 @@ class AutoDecision:
 
 
 def decide(
-    blocked_seconds: Iterable[float], preemptions: int, exposure_s: float, prior_per_hour: float
+    blocked_seconds: Iterable[float], preemptions: int, exposure_s: float, prior_per_hour: float, announced: int = 0
 ) -> AutoDecision:
     """The interval for what has been measured so far, clamped to [MIN_INTERVAL_S, MAX_INTERVAL_S]."""
     cost = save_cost(blocked_seconds)
-    mtbf = mtbf_estimate(preemptions, exposure_s, prior_per_hour)
+    mtbf = mtbf_estimate(preemptions, exposure_s, prior_per_hour, announced)
     interval = None
     if cost is not None:
         # a save measured at 0.000 s (a tiny state) still costs a boundary: floor C at a millisecond
         interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, young_daly(max(cost, 1e-3), mtbf)))
-    return AutoDecision(interval, cost, mtbf, preemptions, exposure_s, prior_per_hour)
+    return AutoDecision(interval, cost, mtbf, preemptions, exposure_s, prior_per_hour, announced)

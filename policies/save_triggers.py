@@ -117,7 +117,11 @@ class AutoInterval:
 
     def _decide(self, attempt_elapsed_s: float) -> AutoDecision:
         new = decide(
-            self.blocked, self.history.preemptions, self.history.exposure_s + attempt_elapsed_s, self.prior_per_hour
+            self.blocked,
+            self.history.preemptions,
+            self.history.exposure_s + attempt_elapsed_s,
+            self.prior_per_hour,
+            self.history.announced,
         )
         old = self.decision
         changed = (

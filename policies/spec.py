@@ -660,6 +660,18 @@ class CheckpointSpec(_Strict):
             "the estimate then moves to the observed rate."
         ),
     )
+    sigterm_grace_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_LEASE_TTL_S,
+        description=(
+            "Seconds the platform waits between a SIGTERM and its SIGKILL (Kubernetes' "
+            "terminationGracePeriodSeconds, a launcher's timeout). A notice commits a state at the next boundary; "
+            "with a known deadline (this, or the deadline in Ray's drain notice) the run then trains on without "
+            "saving and saves again at the last boundaries that can commit before it. Unset, a SIGTERM's "
+            "grace window saves at every boundary."
+        ),
+    )
     keep_last: StrictInt = Field(3, ge=0, le=MAX_COUNT, description="Resumable states to keep; 0 keeps all.")
     prune_unsafe: bool = Field(
         False,

@@ -25,6 +25,7 @@ class BoundaryVote:
     lease_lost: int = 0  # rank 0's heartbeat found the run directory's lease taken over
     reports_due: int = 0  # ranks whose interval between reports to Ray Train has passed
     skipped_updates: int = 0  # ranks whose optimizer step DeepSpeed skipped (overflowing gradients)
+    grace_saves: int = 0  # noticed ranks whose deadline is near or unknown: a save in the grace window is due
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         # float64 carries the loss sum and every count exactly (NCCL reduces

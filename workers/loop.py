@@ -22,6 +22,7 @@ import logging
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.distributed as dist
 
+from syncpoint.policies import grace_window
 from syncpoint.policies.boundaries import cycle_length, is_boundary
 from syncpoint.policies.candidates import Expectation
 from syncpoint.policies.elastic import layout
@@ -353,6 +355,7 @@ class TrainingLoop:
             at=start.position, nonfinite=NonfiniteSteps(train.max_nonfinite_steps), finished=start.finished
         )
         self.callbacks = Callbacks(parts.task.callbacks)
+        self.boundary_times: deque[float] = deque(maxlen=6)  # the recent steps' length, for the grace window
 
     def _save_coordinator(self) -> SaveCoordinator:
         saves = SaveCoordinator(self.engine, self.attempt, self.progress, last_saved=self.start.state)
@@ -491,11 +494,20 @@ class TrainingLoop:
         if evaluated:
             self.callbacks.call("on_evaluate", dict(self.evaluation.latest))
 
+    def _grace_save_due(self, notice: dict[str, Any]) -> bool:
+        """This noticed rank's vote for a save in the grace window: always without a known deadline,
+        else only from the last boundary whose save still commits before it
+        (``syncpoint.policies.grace_window``)."""
+        deadline = self.parts.notices.deadline(notice, self.attempt.spec.checkpoint.sigterm_grace_s)
+        gaps = [b - a for a, b in zip(self.boundary_times, list(self.boundary_times)[1:], strict=False)]
+        return grace_window.save_due(time.time(), deadline, max(gaps, default=None), self.saves.last_commit_s)
+
     def _vote(self) -> BoundaryVote:
         """This rank's facts at the boundary, agreed by every rank. A preemption notice: this
-        boundary and every later one inside the grace window commits, so whatever is computed
-        before the node goes away survives."""
+        boundary commits a state, and so does every later one inside the grace window while the
+        node's deadline is near or unknown, so whatever is computed before the node goes survives."""
         notices, at = self.parts.notices, self.state.at
+        self.boundary_times.append(time.monotonic())
         notice = notices.poll()
         clock_says_save = self.wall_clock and self.trigger.wants_save(
             at.tick(True, self.saves.seconds_since_last_save())
@@ -503,6 +515,7 @@ class TrainingLoop:
         agreed = BoundaryVote(
             self.state.cycle_loss_sum,
             preemption_notices=int(notice is not None),
+            grace_saves=int(notice is not None and self._grace_save_due(notice)),
             wall_clock_saves=int(clock_says_save),
             uploading=int(self.saves.uploading()),
             lease_lost=int(self.saves.lease_lost()),
@@ -510,7 +523,7 @@ class TrainingLoop:
             skipped_updates=int(not self.engine.was_step_applied()),
         ).agree(self.engine.device)
         first_notice = notices.agreed(agreed.preemption_notices)
-        if notices.in_grace_window:
+        if first_notice or (notices.in_grace_window and agreed.grace_saves):
             self.state.pending.request("preemption")
         if first_notice and self.attempt.events:
             self.attempt.events.emit(

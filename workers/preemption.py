@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from syncpoint.policies.grace_window import notice_deadline
 
 RayNotice = Callable[[], dict[str, Any] | None]
 
@@ -25,7 +28,8 @@ class PreemptionNotices:
         # at every boundary.
         self.ray_notice = ray_notice
         self.sigterm_received = False
-        self.in_grace_window = False  # every rank agreed a notice arrived: every boundary now commits
+        self.sigterm_at: float | None = None  # UNIX seconds: the grace a platform gives runs from here
+        self.in_grace_window = False  # every rank agreed a notice arrived: its state committed, more may follow
         self._previous_handler: Any = None
         self._listening = False
 
@@ -54,7 +58,7 @@ class PreemptionNotices:
         if self._listening:
             signal.raise_signal(signal.SIGTERM)
         else:
-            self.sigterm_received = True
+            self._record_sigterm()
 
     def poll(self) -> dict[str, Any] | None:
         """This rank's notice at this boundary: Ray's details if it has any, else SIGTERM's."""
@@ -70,5 +74,14 @@ class PreemptionNotices:
         self.in_grace_window = True
         return True
 
+    def deadline(self, notice: dict[str, Any], sigterm_grace_s: float | None) -> float | None:
+        """When this rank's node goes (UNIX seconds), if its notice says (``syncpoint.policies.grace_window``)."""
+        return notice_deadline(notice, sigterm_at=self.sigterm_at, sigterm_grace_s=sigterm_grace_s)
+
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._record_sigterm()
+
+    def _record_sigterm(self) -> None:
+        if not self.sigterm_received:
+            self.sigterm_at = time.time()
         self.sigterm_received = True

@@ -9,7 +9,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from syncpoint.policies.journal import AttemptStarted, Failure, Journal, Progress, StateCommitted
+from syncpoint.policies.journal import AttemptStarted, Failure, Journal, PreemptionNotice, Progress, StateCommitted
 from syncpoint.policies.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
     MAX_INTERVAL_S,
@@ -134,6 +134,42 @@ def test_history_from_the_event_log():
     assert h.exposure_s == pytest.approx(111.0 + 50.0)  # each attempt to its last event: the restart gap excluded
     assert h.blocked_seconds == (0.3, 0.5)
     assert preemption_history(Journal([])) == PreemptionHistory(0, 0.0, ())
+
+
+def _noticed(journal: Journal, *, committed: bool, attempt: int = 1) -> Journal:
+    """An attempt got a notice (the first, at 1100 s, before its preemption; the second, at 1150 s,
+    a drain that was cancelled); its preemption save committed, or did not in time."""
+    at = 1100.0 if attempt == 1 else 1150.0
+    notice = PreemptionNotice(time=at, attempt=attempt, global_micro_step=10, optimizer_step=3, source="ray-drain")
+    save = StateCommitted(
+        time=at + 0.5,
+        attempt=attempt,
+        state="000000000012",
+        global_micro_step=12,
+        optimizer_step=3,
+        bytes=1,
+        seconds=0.5,
+        blocked_seconds=0.3,
+        reasons=["preemption"],
+    )
+    return Journal(sorted([*journal.events, notice, *([save] if committed else [])], key=lambda e: e.time))
+
+
+def test_a_preemption_whose_notice_saved_its_state_lost_no_work():
+    saved = preemption_history(_noticed(_journal(), committed=True))
+    assert (saved.preemptions, saved.announced) == (1, 1)
+    assert preemption_history(_noticed(_journal(), committed=False)).announced == 0  # the node went first
+    cancelled = preemption_history(_noticed(_journal(), committed=True, attempt=2))
+    assert (cancelled.preemptions, cancelled.announced) == (1, 0)  # the first attempt's preemption had no notice
+    # the MTBF of work-losing preemptions: the announced one is taken out, the prior's pseudo one stays
+    assert mtbf_estimate(1, 600.0, 1.0, announced=1) == pytest.approx(600 + 3600)
+    assert mtbf_estimate(1, 600.0, 1.0, announced=5) == pytest.approx(600 + 3600)  # never more than happened
+    assert mtbf_estimate(10, 36000.0, 1.0, announced=9) == pytest.approx((36000 + 3600) / 2)
+    d = decide([0.2], 10, 36000.0, 1.0, announced=9)
+    assert d.interval_s == pytest.approx(math.sqrt(2 * 0.2 * (36000 + 3600) / 2))
+    assert "10 preemption(s) (9 saved by their notice)" in d.describe()
+    t = AutoInterval(1.0, PreemptionHistory(10, 36000.0, (0.2,), announced=9))
+    assert t.interval_s == pytest.approx(d.interval_s)
 
 
 # ---------------------------------------------------------------- the trigger

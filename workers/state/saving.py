@@ -64,6 +64,7 @@ class SaveCoordinator:
         self.reasons_in_flight: list[str] = []
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
+        self.last_commit_s: float | None = None  # the last committed save, its start to its commit
         self.micro_step = 0
         self.deferred = False  # a save request waits for a finite state (said once per wait)
         # Called after each commit on every rank (syncpoint.workers.metric_sinks.RunMetrics.committed: TensorBoard).
@@ -150,6 +151,7 @@ class SaveCoordinator:
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
         self.last_saved = result.name
+        self.last_commit_s = result.seconds
         if self.events:
             self.progress.flush()
             self.events.emit(

@@ -80,16 +80,18 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     from ray._raylet import GcsClient
     from ray.core.generated import autoscaler_pb2
 
+    deadline = time.time() + 6.0
     accepted, _ = GcsClient(address=c.gcs_address).drain_node(
         victim.node_id,
         autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
         "spot reclaim",
-        int(time.time() * 1000) + 6000,
+        int(deadline * 1000),
     )
     assert accepted
     c.add_node(num_cpus=1)  # replacement capacity
     _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
-    c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node
+    time.sleep(max(0.0, deadline - time.time()))
+    c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node at the notice's deadline
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     notice = _events(spec, "preemption_notice")[0]
@@ -102,7 +104,9 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
 
     (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
     assert restart.cause == "preemption"
-    assert restart.lost_micro_steps < spec.train.grad_accum  # every boundary in the grace window committed
+    # the window trained on and saved again in its last seconds: at most a step and a save are lost
+    assert restart.lost_micro_steps < 2 * spec.train.grad_accum
+    assert len([e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]) >= 2
     final = state_names(spec)[-1]
     ref = _spec(tmp_path / "ref", *length)  # the example's task, unpaced: the same numerics
     assert run_spawned(ref) == [0, 0]

@@ -1,0 +1,77 @@
+"""A preemption notice in the real loop (one process, no Ray): the notice's boundary commits; with a
+known deadline the window then trains without saving until the last boundaries before it, and
+without one every boundary commits. The numerics never change: the run ends where an
+uninterrupted one does."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from syncpoint.workers.events import EventLog
+from syncpoint.workers.launch import run_in_process
+from syncpoint.workers.storage import RunStorage
+from tests.helpers import digest, lm_spec, run, state_names
+
+ACCUM = 2
+RUN = (
+    "task.path=tests.tasks:paced_lm",
+    "task.config.pace_s=0.02",
+    "task.config.num_samples=480",  # 240 micro-steps, 120 boundaries of >= 40 ms
+    "train.epochs=1",
+    f"train.grad_accum={ACCUM}",
+    "train.eval_every=0",
+    "checkpoint.save_every={value: 0, unit: micro_steps}",
+)
+NOTICE_AT_BOUNDARY = 4
+DEADLINE_AFTER_S = 2.5
+
+
+def _notice_after_a_few_boundaries(deadline: bool) -> tuple[Any, dict[str, float]]:
+    """Ray's notice as ``get_preemption_info`` gives it, from the 4th boundary on (asked once a boundary)."""
+    seen: dict[str, float] = {"calls": 0}
+
+    def notice() -> dict[str, Any] | None:
+        seen["calls"] += 1
+        if seen["calls"] < NOTICE_AT_BOUNDARY:
+            return None
+        seen.setdefault("deadline", time.time() + DEADLINE_AFTER_S)
+        return {
+            "source": "ray-drain",
+            "deadline_ms": int(seen["deadline"] * 1000) if deadline else 0,
+            "nodes": ["n"],
+            "ranks": [0],
+        }
+
+    return notice, seen
+
+
+def _preemption_commits(spec) -> list[dict[str, Any]]:
+    events = EventLog(RunStorage(spec.run_url)).read_all()
+    return [e for e in events if e["kind"] == "state_committed" and "preemption" in e["reasons"]]
+
+
+@pytest.mark.parametrize("deadline", [True, False], ids=["deadline", "no-deadline"])
+def test_the_grace_window_saves_at_the_notice_then_near_the_deadline(tmp_path, deadline):
+    spec = lm_spec(tmp_path / "run", *RUN)
+    notice, seen = _notice_after_a_few_boundaries(deadline)
+    run_in_process(spec, print_progress=False, preemption_notice=notice)
+    commits = _preemption_commits(spec)
+    first, later = commits[0], commits[1:]
+    assert first["global_micro_step"] == NOTICE_AT_BOUNDARY * ACCUM  # the notice's own boundary commits
+    steps = [c["global_micro_step"] for c in commits]
+    if not deadline:  # the node may go at any moment: every boundary of the window commits
+        assert steps == list(range(steps[0], steps[-1] + 1, ACCUM)) and len(steps) > 10
+        return
+    assert later, "a save is due again before the deadline"
+    gap = later[0]["global_micro_step"] - first["global_micro_step"]
+    assert gap >= 5 * ACCUM, f"the window trained on without saving: {steps[:8]}"
+    assert later[0]["time"] <= seen["deadline"]  # the planned save committed before the node would go
+    assert later[0]["time"] >= seen["deadline"] - 2.0  # and not much before: the window's work is kept
+    assert all(b - a == ACCUM for a, b in zip(steps[1:], steps[2:], strict=False))  # from there, every boundary
+    ref = lm_spec(tmp_path / "ref", *RUN)  # saves in the window change no numbers
+    run(ref)
+    final = state_names(spec)[-1]
+    assert final == state_names(ref)[-1] and digest(spec, final) == digest(ref, final)
