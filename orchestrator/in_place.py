@@ -40,11 +40,12 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     """Run this Ray Train worker's rank as a supervisor until the run finishes or a failure goes to Ray."""
     import ray
     import ray.train
+    import ray.train.collective
 
     from syncpoint.orchestrator.failure_policy import record_interruption
     from syncpoint.orchestrator.ray_runner import quiet_training_process
     from syncpoint.orchestrator.warm_nodes import server_key, wanted
-    from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
+    from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
     ctx = ray.train.get_context()
     submission = config["submission_id"]
@@ -69,5 +70,11 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
         child_setup=quiet_training_process,
         warm_key=server_key(spec, submission)[0] if wanted(spec) else None,
     )
-    coordinator = Coordinator.over_default_group(ray.util.get_node_ip_address(), spec.scaling.collective_timeout_s)
-    Supervisor(spec, coordinator, ctx.get_local_rank(), hooks).run()
+    plan = CoordinatorPlan(
+        rank=ctx.get_world_rank(),
+        world=ctx.get_world_size(),
+        host=ray.util.get_node_ip_address(),
+        timeout_s=spec.scaling.collective_timeout_s,
+        exchange=ray.train.collective.broadcast_from_rank_zero,  # Ray Train's own: no torch process group
+    )
+    Supervisor(spec, plan, ctx.get_local_rank(), hooks).run()

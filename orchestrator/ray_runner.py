@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -232,17 +232,45 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
     on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
     run`` themselves, which a driver's ``ray.init(runtime_env=...)`` may not contradict); Ray starts
     each worker process with it, and the hash secret is fixed when an interpreter starts."""
-    from syncpoint.workers.rng import hash_seed
+    from syncpoint.policies.seeds import hash_seed
 
     return {"env_vars": {"PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
+
+
+# How often Ray Train's controller polls its workers when they are supervisors (Ray's default: 2 s).
+# Why lower: a worker that died (a lost node) is noticed at the next poll, so the default added 1 s
+# on average to every such restart (measured: detection 1.0-1.3 s). A supervisor answers a poll at
+# once (its rank trains in another process), so polls that are 4x as frequent cost the controller
+# one small call per worker per half second; set the variable to choose otherwise. Ray Train reads
+# it in the controller, which gets it from the driver's environment (and reports keep their cadence:
+# ``syncpoint.workers.metric_sinks.REPORT_EVERY_S``).
+HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+SUPERVISOR_HEALTH_CHECK_S = 0.5
+
+
+@contextlib.contextmanager
+def ray_train_defaults(spec: JobSpec) -> Iterator[None]:
+    """Ray Train settings syncpoint chooses, in the driver's environment for the job's length (Ray
+    Train propagates its ``RAY_TRAIN_*`` variables to the controller and the workers when the job
+    starts); a value already set wins, and what was there before is back afterwards, so a later job
+    in the same process (a drill, a bench's baseline) starts from the caller's environment."""
+    # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
+    chosen = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    if spec.failure.in_place:
+        chosen[HEALTH_CHECK_ENV] = str(SUPERVISOR_HEALTH_CHECK_S)
+    added = [k for k in chosen if k not in os.environ]
+    os.environ.update({k: chosen[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def connect(spec: JobSpec, address: str | None) -> bool:
     """Connect to a cluster, or start an embedded local Ray; returns True if embedded."""
     import ray
 
-    # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
     env_vars = {k: v for k, v in os.environ.items() if k.startswith("RAY_TRAIN_")}
     # Where the trackers of train.report_to write (not their credentials: those belong on the cluster).
@@ -317,11 +345,14 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray);
     returns how it ended without printing its last line (``run_on_ray`` and ``syncpoint.run`` both
     call this)."""
+    with ray_train_defaults(spec):
+        return _run_job(spec, address, progress_bar=progress_bar)
+
+
+def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool) -> JobOutcome:
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
-    from ray.train.torch import TorchConfig
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.v2.torch.torch_trainer import TorchTrainer
 
     from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
     from syncpoint.orchestrator.warm_nodes import stop_this_node, warm_nodes, warm_this_node
@@ -344,7 +375,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
     try:
         board = heartbeat_board()
         s = spec.scaling
-        trainer = TorchTrainer(
+        trainer = _trainer(spec)(
             train_loop_per_worker,
             train_loop_config={
                 "spec": spec.model_dump(mode="json"),
@@ -357,9 +388,7 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
                 use_gpu=s.use_gpu,
                 resources_per_worker={"CPU": s.cpus_per_worker},
             ),
-            # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
-            # DeepSpeed's own groups too (syncpoint.workers.device.apply_collective_timeout)
-            torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s),
+            **_backend(spec),
             run_config=RunConfig(
                 name=spec.name,
                 storage_path=_ray_storage_path(spec),
@@ -409,6 +438,38 @@ def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = F
         )
     line, summary = finish(spec)
     return JobOutcome(line=line, failed=False, summary=summary)
+
+
+def _trainer(spec: JobSpec) -> Any:
+    """Ray Train's trainer for the job: a ``TorchTrainer`` when the Ray workers train (their torch
+    process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise.
+
+    Why: a supervisor never trains; its training processes form their own process group
+    (``syncpoint.workers.supervisor``). A ``TorchTrainer``'s backend imports torch in every worker
+    and forms a group there, 3.5 s of every worker group's start on two cores (measured: 4.0-4.4 s
+    against 7.3-8.6 s for a no-op train function's group), that is of every restart that needs a
+    new group (a lost node) and of every cold start."""
+    if spec.failure.in_place:
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        return DataParallelTrainer
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+    return TorchTrainer
+
+
+def _backend(spec: JobSpec) -> dict[str, Any]:
+    """The trainer's backend argument (see ``_trainer``)."""
+    if spec.failure.in_place:
+        from ray.train.backend import BackendConfig
+
+        return {"backend_config": BackendConfig()}  # nothing to set up: the supervisors exchange an address
+    from ray.train.torch import TorchConfig
+
+    # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
+    # DeepSpeed's own groups too (syncpoint.workers.device.apply_collective_timeout)
+    s = spec.scaling
+    return {"torch_config": TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s)}
 
 
 def await_predecessor(spec: JobSpec) -> str:

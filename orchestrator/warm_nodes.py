@@ -34,9 +34,10 @@ def _warm(k: str, hash_seed: str) -> bool:
 
 def server_key(spec: JobSpec, submission: str) -> tuple[str, str]:
     """The submission's key for its nodes' warm servers, and the hash seed they start with."""
-    from syncpoint.workers import rng, zygote
+    from syncpoint.policies.seeds import hash_seed as job_hash_seed
+    from syncpoint.workers import zygote
 
-    hash_seed = str(rng.hash_seed(spec.train.seed))
+    hash_seed = str(job_hash_seed(spec.train.seed))
     return zygote.key(submission, hash_seed), hash_seed
 
 

@@ -9,6 +9,10 @@ reads its output file from the driver's environment there and appends one JSON l
 the controller (same machine). It implements the internal ``ReportCallback`` because Ray wraps only
 ``RunConfig(callbacks=...)`` in the public ``UserCallback`` handler, and the run's RunConfig is
 syncpoint's own.
+
+It is also a worker-group callback: it keeps each worker's pid from the group's start, and each
+report line says which of those processes map torch's library (``/proc/<pid>/maps``), so a test
+sees whether a Ray Train worker imported torch while it ran.
 """
 
 from __future__ import annotations
@@ -16,15 +20,34 @@ from __future__ import annotations
 import json
 import os
 
-from ray.train.v2._internal.execution.callback import ReportCallback
+from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
 ENV = "SYNCPOINT_TEST_REPORTS"
 
 
-class RecordReports(ReportCallback):
+class RecordReports(ReportCallback, WorkerGroupCallback):
     def __init__(self) -> None:
         self.path = os.environ[ENV]
+        self.pids: list[int] = []
+
+    def after_worker_group_start(self, worker_group) -> None:
+        self.pids = [w.metadata.pid for w in worker_group.get_workers()]
 
     def after_report(self, training_report, metrics) -> None:
+        line = {
+            "per_rank": metrics,
+            "checkpoint": training_report.checkpoint is not None,
+            "worker_pids": self.pids,
+            "workers_with_torch": [pid for pid in self.pids if _maps_torch(pid)],
+        }
         with open(self.path, "a") as f:
-            f.write(json.dumps({"per_rank": metrics, "checkpoint": training_report.checkpoint is not None}) + "\n")
+            f.write(json.dumps(line) + "\n")
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether the process has torch's C++ library mapped (it imported torch)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False

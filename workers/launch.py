@@ -7,15 +7,14 @@ they stay fast and Ray-free; Ray Train is just another launcher around the same 
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
-import multiprocessing.forkserver as forkserver
 import os
 import socket
 import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -23,9 +22,11 @@ import torch.distributed as dist
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng, zygote
 from syncpoint.workers.device import backend, collective_timeout, prepare_process
+from syncpoint.workers.fork_context import context as _context
+from syncpoint.workers.fork_context import environ as _environ
+from syncpoint.workers.fork_context import start_method as _start_method
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import release_lease
-from syncpoint.workers.zygote import PRELOAD
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.loop import WorkerResult
@@ -82,66 +83,6 @@ def _local_rank_zero() -> Iterator[None]:
             os.environ["LOCAL_RANK"] = before
 
 
-def _start_method(spec: JobSpec) -> str:
-    """``forkserver`` (ranks forked from one process that already imported torch and DeepSpeed) when
-    the ranks run on CPU, ``spawn`` otherwise.
-
-    Why: importing torch and DeepSpeed costs each spawned rank ~3 s of CPU, a large share of every run in the
-    equivalence grids (measured here: a 2-rank tiny run 8.9 s spawned vs 5.8 s forked from a
-    preloaded server). Only on CPU: DeepSpeed fixes its accelerator when it is imported, so a server
-    preloaded for CPU must not fork CUDA ranks; and a fork server imports nothing that touches a GPU.
-    """
-    if os.environ.get("DS_ACCELERATOR") == "cpu" and not spec.scaling.use_gpu:
-        return "forkserver"
-    return "spawn"
-
-
-def _context(method: str, hash_seed: str) -> ForkServerContext | SpawnContext:
-    if method == "forkserver" and _fork_server_with(hash_seed):
-        return mp.get_context("forkserver")
-    return mp.get_context("spawn")
-
-
-# The PYTHONHASHSEED this process started its fork server with (None: not started here).
-_fork_server_hash_seed: str | None = None
-
-
-def _fork_server_with(hash_seed: str) -> bool:
-    """Whether this process's fork server runs with ``PYTHONHASHSEED=hash_seed``, (re)starting it so.
-
-    Why: a forked rank keeps its fork server's hash secret, fixed when the server started, whatever
-    its environment says. A server started elsewhere (or that cannot be stopped) is left alone and
-    the ranks are spawned instead."""
-    global _fork_server_hash_seed
-    server = forkserver._forkserver
-    running = getattr(server, "_forkserver_pid", None) is not None
-    if running and _fork_server_hash_seed != hash_seed:
-        if _fork_server_hash_seed is None or not hasattr(server, "_stop"):
-            return False
-        server._stop()
-    if not running or _fork_server_hash_seed != hash_seed:
-        forkserver.set_forkserver_preload(PRELOAD)
-        with _environ(PYTHONHASHSEED=hash_seed):
-            forkserver.ensure_running()
-        _fork_server_hash_seed = hash_seed
-    return True
-
-
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """These environment variables for the block (a started interpreter keeps them), then the ones it had."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _reread_fsspec_config() -> None:
     """fsspec reads its ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials) once,
     when it is imported; a rank forked from a fork server imported it with the server's environment,
@@ -179,16 +120,8 @@ def _child(
     mp.set_start_method("fork", force=True)
     try:
         spec = JobSpec.model_validate_json(spec_json)
-        prepare_process(spec)  # NCCL binds a communicator to the current GPU
-        dist.init_process_group(
-            backend(spec),
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=collective_timeout(spec),
-        )
         if in_place:  # this rank supervises its training process, as a Ray Train worker does
-            from syncpoint.workers.supervisor import Coordinator, Hooks, Supervisor, in_place_decider
+            from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
             hooks = Hooks(
                 decide=in_place_decider(spec, submission_id),
@@ -196,17 +129,47 @@ def _child(
                 print_progress=not quiet,
                 warm_key=warm_key,
             )
-            coordinator = Coordinator.over_default_group("127.0.0.1", spec.scaling.collective_timeout_s)
-            Supervisor(spec, coordinator, rank, hooks).run()
+            # no process group here, as in a Ray Train worker: the supervisors only exchange an address
+            exchange = _StoreExchange(rank, world, port, spec.scaling.collective_timeout_s)
+            Supervisor(spec, CoordinatorPlan(rank, world, "127.0.0.1", exchange.timeout_s, exchange), rank, hooks).run()
         else:
             from syncpoint.workers.loop import WorkerContext, run_worker
 
+            prepare_process(spec)  # NCCL binds a communicator to the current GPU
+            dist.init_process_group(
+                backend(spec),
+                init_method=f"tcp://127.0.0.1:{port}",
+                rank=rank,
+                world_size=world,
+                timeout=collective_timeout(spec),
+            )
             run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
-        dist.destroy_process_group()
+            dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
         traceback.print_exc()
         os._exit(1)
     os._exit(0)
+
+
+class _StoreExchange:
+    """Rank 0's value on every rank, through a ``TCPStore`` that rank 0 serves on the launcher's port:
+    what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray. Bounded by at least a
+    minute: rank 0 first starts its store agent, which may wait for its fork server's imports."""
+
+    KEY = "syncpoint/supervisors"
+
+    def __init__(self, rank: int, world: int, port: int, collective_timeout_s: float) -> None:
+        from datetime import timedelta
+
+        self.rank, self.timeout_s = rank, collective_timeout_s
+        timeout = timedelta(seconds=max(60.0, collective_timeout_s))
+        self.store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout, wait_for_workers=False)
+
+    def __call__(self, value: Any) -> Any:
+        if self.rank == 0:
+            self.store.set(self.KEY, json.dumps(value))
+            return value
+        return json.loads(self.store.get(self.KEY))
 
 
 def run_spawned(

@@ -43,8 +43,10 @@ TENSORBOARD_DIR = "tensorboard"  # <run>/tensorboard: `tensorboard --logdir <run
 UPLOAD_EVERY_S = 30.0  # how stale an object store's copy of the event file may get between commits
 # Ray Train v2's controller collects one report per worker each health-check interval (2 s by
 # default), and a worker's next report waits until the last one is collected: reporting more
-# often would stall training. Logged steps reach Ray at most this often (TensorBoard gets all).
-REPORT_EVERY_S = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
+# often would stall training. Logged steps reach Ray at most this often (TensorBoard gets all),
+# and no more often than every 2 s where the interval is shorter (syncpoint shortens it for
+# supervisors, to notice a dead worker sooner; each report is a barrier across the ranks).
+REPORT_EVERY_S = max(2.0, float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0")))
 
 ReportFn = Callable[[dict[str, float]], None]
 

@@ -22,7 +22,6 @@ without ``task_generators`` was written before task generators were captured.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import random
@@ -39,6 +38,9 @@ from safetensors.torch import save as st_save
 
 from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
 from syncpoint.policies.errors import StateRefused
+from syncpoint.policies.seeds import HASH_SEED_SALT as HASH_SEED_SALT  # re-exported: part of this module's API
+from syncpoint.policies.seeds import derive_seed
+from syncpoint.policies.seeds import hash_seed as hash_seed
 from syncpoint.workers import task_rngs
 
 MAX_HEADER = 8 << 20  # a header larger than this is no RNG file (a rank's is a few KiB)
@@ -362,15 +364,6 @@ def _from_json(v: Any) -> Any:
 # world size. Its value is part of the resume contract (a resumed run must draw the same numbers
 # as an earlier resume of the same state): never change it.
 RESIZED_WORLD_SALT = 0xE1A5
-# The part of a job's PYTHONHASHSEED that names it (derived from train.seed): never change it, or
-# a restarted job would iterate its sets of strings in another order than before.
-HASH_SEED_SALT = 0x4A54
-
-
-def derive_seed(*parts: int) -> int:
-    """A stable 63-bit seed from integers (no Python hash randomisation)."""
-    digest = hashlib.blake2b(",".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def reseed_for_resized_world(seed: int, optimizer_step: int, rank: int) -> None:
@@ -386,11 +379,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     for path, g in _TASK.items():
         task_rngs.reseed(g, derive_seed(seed, task_rngs.path_salt(path)))
-
-
-def hash_seed(seed: int) -> int:
-    """The job's ``PYTHONHASHSEED`` (every worker process and DataLoader worker), from ``train.seed``."""
-    return derive_seed(seed, HASH_SEED_SALT) % 2**32
 
 
 HASH_PROBE = "syncpoint-hash-probe"

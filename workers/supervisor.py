@@ -52,8 +52,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch.distributed as dist
-
+from syncpoint.policies import seeds
 from syncpoint.policies.errors import JOB_REFUSALS
 from syncpoint.policies.failures import (
     DIED,
@@ -105,29 +104,66 @@ class Hooks:
 
 
 # ---------------------------------------------------------------- the supervisors' store
-class Coordinator:
-    """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's."""
+@dataclass(frozen=True)
+class CoordinatorPlan:
+    """How the supervisors reach their store, before it exists: ``Supervisor.run`` connects it once
+    it holds the node's warm server, where the store's agent is forked from
+    (``syncpoint.workers.store_agent``: a supervisor itself does not import torch).
 
-    def __init__(self, store: dist.TCPStore, host: str, port: int, rank: int, world: int) -> None:
+    ``exchange``: the launcher's broadcast from rank 0 (every rank calls it once, with rank 0's
+    address or None; it returns rank 0's): Ray Train's ``broadcast_from_rank_zero`` on Ray, the
+    default process group's where the launcher made one."""
+
+    rank: int
+    world: int
+    host: str
+    timeout_s: float
+    exchange: Callable[[Any], Any]
+
+    def connect(self, start: Callable[[Callable[..., None], tuple[Any, ...], str], Any]) -> Coordinator:
+        """Start this rank's store agent with ``start(target, args, name)`` (rank 0's serves the
+        store), exchange its address, and return the coordinator on it."""
+        from syncpoint.workers.store_agent import AgentError
+
+        name = f"syncpoint-rank{self.rank}-store"
+        store, address, failure = None, None, None
+        if self.rank == 0:
+            try:
+                store = _agent(start, (self.host, None, self.timeout_s), name)
+                address = (self.host, store.port)
+            except (AgentError, OSError) as e:
+                failure = e  # said to the others (no address) before it is raised here
+        address = self.exchange(address)
+        if failure is not None:
+            raise failure
+        if address is None:
+            raise AgentError("rank 0's supervisor could not start the supervisors' store")
+        host, port = str(address[0]), int(address[1])
+        if store is None:
+            store = _agent(start, (host, port, self.timeout_s), name)
+        return Coordinator(store, host, port, self.rank, self.world)
+
+
+def _agent(start: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
+    from syncpoint.workers.store_agent import AgentStore, serve
+
+    ours, theirs = mp.Pipe(duplex=True)
+    proc = start(serve, (theirs, *args), name)
+    theirs.close()
+    return AgentStore(proc, ours)
+
+
+class Coordinator:
+    """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's agent."""
+
+    def __init__(self, store: Any, host: str, port: int, rank: int, world: int) -> None:
         self.store, self.host, self.port, self.rank, self.world = store, host, port, rank, world
 
-    @classmethod
-    def over_default_group(cls, host: str, timeout_s: float) -> Coordinator:
-        """Rank 0 serves a store on ``host``; its address reaches the others over the launcher's process
-        group (the one collective the supervisors ever make)."""
-        from datetime import timedelta
-
-        rank, world = dist.get_rank(), dist.get_world_size()
-        timeout = timedelta(seconds=timeout_s)
-        server = None
-        address: list[Any] = [None]
-        if rank == 0:
-            server = dist.TCPStore(host, 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
-            address = [(host, server.port)]
-        dist.broadcast_object_list(address, src=0)
-        host, port = address[0]
-        store = server or dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
-        return cls(store, host, port, rank, world)
+    def close(self) -> None:
+        """End this rank's store agent (rank 0's: the store; every rank has left it by then)."""
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
 
     def mark_failed(self, generation: int) -> None:
         self.store.add(f"g{generation}/failed", 1)
@@ -304,6 +340,8 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
     """A generation's training process: its own process group on the supervisors' store, then the loop."""
     from datetime import timedelta
 
+    import torch.distributed as dist
+
     from syncpoint.workers.launch import _reread_fsspec_config
 
     started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
@@ -476,8 +514,12 @@ class Supervisor:
     """One rank's supervisor: runs generations of its training process until the run finishes or a
     failure goes to Ray Train."""
 
-    def __init__(self, spec: JobSpec, coordinator: Coordinator, local_rank: int, hooks: Hooks) -> None:
-        self.spec, self.coordinator, self.local_rank, self.hooks = spec, coordinator, local_rank, hooks
+    def __init__(
+        self, spec: JobSpec, coordinator: Coordinator | CoordinatorPlan, local_rank: int, hooks: Hooks
+    ) -> None:
+        self.spec, self.local_rank, self.hooks = spec, local_rank, hooks
+        self.plan = coordinator if isinstance(coordinator, CoordinatorPlan) else None
+        self.coordinator: Coordinator = coordinator if isinstance(coordinator, Coordinator) else None  # type: ignore[assignment]
         self.rank, self.world = coordinator.rank, coordinator.world
         self.bound_s = max(60.0, 2 * spec.scaling.collective_timeout_s)  # a live peer publishes well within it
         self.warm: Any = None  # a zygote.Holder while run() holds the node's warm server
@@ -489,12 +531,21 @@ class Supervisor:
         reaper = memory_reaper.start(self.spec.run_url) if self.spec.checkpoint.memory_copy is not False else None
         self.warm = self._hold_warm_server()
         try:
+            if self.plan is not None:  # its agent comes from where the training processes come from
+                hash_seed = str(seeds.hash_seed(self.spec.train.seed))
+                if self.warm is None:  # every rank's own fork server starts its imports now, side by side
+                    from syncpoint.workers import fork_context
+
+                    fork_context.context(fork_context.start_method(self.spec), hash_seed)
+                self.coordinator = self.plan.connect(functools.partial(self._start, hash_seed=hash_seed))
             self._generations()
         except BaseException:
             if reaper is not None:
                 reaper.keep()  # a new worker group on this node may restore from the copy
             raise
         finally:
+            if self.plan is not None and self.coordinator is not None:
+                self.coordinator.close()
             if self.warm is not None:
                 self.warm.close()  # the server stays for the next worker group here (bounded: zygote.IDLE_S)
         if reaper is not None:
@@ -503,12 +554,12 @@ class Supervisor:
     def _hold_warm_server(self) -> Any:
         """This node's warm server for the submission, or None (not asked for, not a CPU fork, or
         unavailable: then this supervisor forks from a server of its own, as without one)."""
-        from syncpoint.workers import launch, rng, zygote
+        from syncpoint.workers import fork_context, zygote
 
-        if self.hooks.warm_key is None or launch._start_method(self.spec) != "forkserver":
+        if self.hooks.warm_key is None or fork_context.start_method(self.spec) != "forkserver":
             return None
         try:
-            return zygote.hold(self.hooks.warm_key, str(rng.hash_seed(self.spec.train.seed)))
+            return zygote.hold(self.hooks.warm_key, str(seeds.hash_seed(self.spec.train.seed)))
         except (OSError, ValueError, KeyError, subprocess.SubprocessError, zygote.Unavailable) as e:
             print(f"[syncpoint] rank {self.rank}: no warm server on this node ({e}); forking from this worker's own")
             return None
@@ -550,14 +601,22 @@ class Supervisor:
         time.sleep(ESCALATED_WAIT_S)
         raise PeerEscalated("another rank's failure was handed to Ray Train")
 
-    def _start(self, plan: ChildPlan, child_end: Any, ctx: Any, name: str) -> Any:
-        """Start the generation's process: forked from the node's warm server, or from this
-        supervisor's own (also when the warm server went away: it is a shortcut, never a dependency)."""
-        from syncpoint.workers import launch
+    def _start(
+        self,
+        target: Callable[..., None],
+        args: tuple[Any, ...],
+        name: str,
+        hash_seed: str,
+        cold_args: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """Start one of this rank's processes (a generation's training process, the store's agent):
+        forked from the node's warm server, or from this supervisor's own (also when the warm server
+        went away: it is a shortcut, never a dependency; then with ``cold_args`` when given)."""
+        from syncpoint.workers import fork_context
 
-        how: dict[str, Any] = {"target": child_main, "args": (plan, child_end), "name": name}
-        with launch._environ(PYTHONHASHSEED=plan.environ["PYTHONHASHSEED"]), _without_main_module():
-            if ctx is None:
+        how: dict[str, Any] = {"target": target, "args": args, "name": name}
+        with fork_context.environ(PYTHONHASHSEED=hash_seed), _without_main_module():
+            if self.warm is not None:
                 try:
                     proc = self.warm.process(**how)
                     proc.start()
@@ -570,9 +629,8 @@ class Supervisor:
                     )
                     self.warm.close()
                     self.warm = None
-                    plan = dataclasses.replace(plan, warm_start=None)
-                    how["args"] = (plan, child_end)
-                ctx = launch._context(launch._start_method(self.spec), plan.environ["PYTHONHASHSEED"])
+                    how["args"] = cold_args or args
+            ctx = fork_context.context(fork_context.start_method(self.spec), hash_seed)
             proc = ctx.Process(**how)
             proc.start()
             return proc
@@ -581,10 +639,7 @@ class Supervisor:
         self, generation: int, launched_at: float, reporter: _Reporter | None
     ) -> tuple[RankEnd, bytes | None, _Service]:
         """One generation's child, watched until it ends; how it ended."""
-        from syncpoint.workers import launch, rng
-
-        hash_seed = str(rng.hash_seed(self.spec.train.seed))
-        ctx = launch._context(launch._start_method(self.spec), hash_seed) if self.warm is None else None
+        hash_seed = str(seeds.hash_seed(self.spec.train.seed))
         parent_end, child_end = mp.Pipe(duplex=True)
         plan = ChildPlan(
             spec_json=self.spec.model_dump_json(),
@@ -605,7 +660,10 @@ class Supervisor:
             setup=self.hooks.child_setup,
             warm_start=None if self.warm is None else generation > 0 or not self.warm.server.started_here,
         )
-        proc = self._start(plan, child_end, ctx, f"syncpoint-rank{self.rank}-g{generation}")
+        cold = dataclasses.replace(plan, warm_start=None)
+        proc = self._start(
+            child_main, (plan, child_end), f"syncpoint-rank{self.rank}-g{generation}", hash_seed, (cold, child_end)
+        )
         child_end.close()
         service = _Service(parent_end, self.hooks, reporter)
         service.start()

@@ -10,7 +10,7 @@ import); the loop's metric sinks then import TensorBoard's writer and the tracke
 more where Python writes no bytecode cache). An in-place recovery (``syncpoint.workers.supervisor``)
 forks new training processes from this server at every failure, so each of those seconds is a
 second of every restart. The op only on CPU: a server preloaded for CPU never forks GPU ranks
-(``launch._start_method``).
+(``fork_context.start_method``).
 """
 
 from __future__ import annotations

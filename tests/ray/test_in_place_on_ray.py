@@ -3,7 +3,8 @@ training process dies mid-run. Its Ray Train worker (the supervisor) starts a ne
 rank 0's does too, and the run resumes in the same worker group: the same Ray actors (their ids in
 ``attempt_started``), one failure recorded as recovered in place, and the run ends bitwise where the
 uninterrupted run ends. Ray Train's reports (a barrier per logged step) keep pairing across the
-recovery: the run reaches its last report on both ranks.
+recovery: the run reaches its last report on both ranks. The Ray Train workers never import torch
+(checked at every report, from their processes' memory maps).
 """
 
 from __future__ import annotations
@@ -61,5 +62,7 @@ def test_a_failed_rank_recovers_in_the_same_worker_group_bitwise(tmp_path, fault
     delivered = [json.loads(ln) for ln in reports.read_text().splitlines()]
     last_step = journal.last_finish.optimizer_step if journal.last_finish else None
     assert [m["optimizer_step"] for m in delivered[-1]["per_rank"]] == [last_step, last_step]
+    # a supervisor never imports torch (its training processes do): no Ray Train worker mapped it
+    assert all(len(line["worker_pids"]) == 2 and line["workers_with_torch"] == [] for line in delivered)
     restart_s = second.time - failure.time
     print(f"in-place restart: {restart_s:.2f} s from the decision to the new attempt's start")

@@ -1,0 +1,52 @@
+"""What syncpoint asks of Ray Train for a job: the trainer (a supervisor never imports torch, so its
+workers get no torch backend) and the controller's health-check interval (shorter for supervisors,
+never over a value the user set; reports keep their 2 s floor)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from syncpoint.orchestrator import ray_runner
+from tests.helpers import linear_spec
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_supervisors_get_a_plain_trainer_and_training_workers_a_torch_one(tmp_path, in_place):
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+    spec = linear_spec(tmp_path, f"failure.in_place={str(in_place).lower()}", "scaling.collective_timeout_s=7")
+    trainer, backend = ray_runner._trainer(spec), ray_runner._backend(spec)
+    if in_place:
+        assert trainer is DataParallelTrainer and list(backend) == ["backend_config"]
+        assert type(backend["backend_config"]).__name__ == "BackendConfig"  # nothing set up in the workers
+    else:
+        assert trainer is TorchTrainer
+        config = backend["torch_config"]
+        assert (config.backend, config.timeout_s) == ("gloo", 7)
+
+
+def test_the_controller_polls_supervisors_every_half_second_for_the_job_unless_told_otherwise(tmp_path, monkeypatch):
+    env = ray_runner.HEALTH_CHECK_ENV
+    monkeypatch.delenv(env, raising=False)
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path, "failure.in_place=false")):
+        assert env not in os.environ  # Ray's own default for workers that train
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path)):
+        assert os.environ[env] == "0.5"
+    assert env not in os.environ  # only for the job: a later job in this process starts from the caller's
+    monkeypatch.setenv(env, "3")
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path)):
+        assert os.environ[env] == "3"  # the user's value wins
+    assert os.environ[env] == "3"
+
+
+@pytest.mark.parametrize("interval,every", [("0.5", 2.0), ("2.0", 2.0), ("5", 5.0)])
+def test_reports_reach_ray_no_more_often_than_every_two_seconds(interval, every):
+    code = "import syncpoint.workers.metric_sinks as m; print(m.REPORT_EVERY_S)"
+    env = {**os.environ, ray_runner.HEALTH_CHECK_ENV: interval}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert float(out) == every
