@@ -24,14 +24,19 @@ What it measures
     after the resume negotiation (selection, fetch, load), so "attempt_started -> first step" is
     the data loader set-up and the first cycle only; the rest sits in "-> attempt_started".
 
-Baseline: the cold start of the same run, in the same repetition.
+Baseline: the cold start of the same run, in the same repetition. The lost node's restart (a
+preemption notice, then the rank's node goes) is also run with the code issue 32 was filed against
+(``bench.as_filed``: commit ``FILED_AT``, in its own process, interleaved with the others), since
+the issue's goal for it is a ratio to that day's restart.
 Goal (issue P4): recovery <= 1.1x cold start.
 
-Command (from the repo root; about 1-1.5 minutes on 2 shared cores for the default 2 repetitions, each
-a fresh embedded Ray; ``--quick`` runs one repetition; Ray's logs go to stderr):
+Command (from the repo root; about 9 minutes on 2 shared cores for the default 2 repetitions of the
+six paths, each a fresh embedded Ray; ``--quick`` runs one repetition; ``--only 'lost node'`` only
+the lost node's three paths; Ray's logs go to stderr):
 
-    cd /work/main && .venv/bin/python -m bench.p4_recovery
-    cd /work/main && .venv/bin/python -m bench.p4_recovery --quick
+    .venv/bin/python -m bench.p4_recovery
+    .venv/bin/python -m bench.p4_recovery --quick
+    .venv/bin/python -m bench.p4_recovery --only 'lost node' --repeats 4
 
 No timed assertions: the script reports, it does not pass or fail on time.
 """
@@ -49,8 +54,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.as_filed import FILED_AT, checkout, op_builds, run_job
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
+
+
+def job_overrides(storage: str, name: str, crash_at: int, save_every: int, epochs: int, mode: str) -> list[str]:
+    """The job's settings every variant shares (what the code issue 32 was filed against knows too)."""
+    return [
+        f"storage={storage}",
+        f"name={name}",
+        f"train.epochs={epochs}",
+        "train.log_every=1000",
+        f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_final=false",
+        "failure.max_failures=1",
+        f"faults=[{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}]",
+    ]
 
 
 def job_spec(
@@ -66,19 +88,33 @@ def job_spec(
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [
-        f"storage={storage}",
-        f"name={name}",
-        f"train.epochs={epochs}",
-        "train.log_every=1000",
-        f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}",
-        "checkpoint.keep_last=0",
-        "checkpoint.export_final=false",
-        "failure.max_failures=1",
+        *job_overrides(storage, name, crash_at, save_every, epochs, mode),
         f"failure.in_place={str(in_place).lower()}",
         f"failure.warm_nodes={str(warm).lower()}",
-        f"faults=[{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}]",
     ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
+
+
+def run_variant(
+    storage: str, name: str, variant: tuple[str, str, bool, bool, bool], args: argparse.Namespace, filed: Path
+) -> dict[str, Any]:
+    """One run of a restart path, measured from its event log; the "as filed" one runs that commit's code."""
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    label, mode, in_place, warm, _ = variant
+    spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place, warm)
+    t0 = time.perf_counter()
+    if label == LOST_FILED:  # in its own process, from its own checkout
+        rc = run_job(filed, job_overrides(storage, name, args.crash_at, args.save_every, args.epochs, mode))
+    else:
+        quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(io.StringIO())
+        with quiet:
+            rc = run_on_ray(spec)
+    m = measure(EventLog(RunStorage(spec.run_url)).read_all())
+    m["rc"], m["wall"] = rc, time.perf_counter() - t0
+    return m
 
 
 # (label, fault mode, failure.in_place, failure.warm_nodes, recovered in place): the same failure point
@@ -92,8 +128,9 @@ VARIANTS = [
     ("in place: exception", "raise", True, True, True),
     ("lost node: cold servers", "sigterm", True, False, False),
     ("lost node: warm servers", "sigterm", True, True, False),
+    (f"lost node: as filed ({FILED_AT})", "sigterm", False, False, False),
 ]
-LOST_COLD, LOST_WARM = VARIANTS[3][0], VARIANTS[4][0]
+LOST_COLD, LOST_WARM, LOST_FILED = VARIANTS[3][0], VARIANTS[4][0], VARIANTS[5][0]
 
 
 def first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any] | None:
@@ -171,33 +208,34 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=8, help="checkpoint.save_every in optimizer steps")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="one repetition")
+    ap.add_argument("--only", default="", help="run only the paths whose label contains this (e.g. 'lost node')")
     ap.add_argument("--verbose", action="store_true", help="show the driver's stdout (Ray's logs go to stderr anyway)")
     args = ap.parse_args()
     if args.quick:
         args.repeats = 1
 
-    from syncpoint.orchestrator.ray_runner import run_on_ray
-    from syncpoint.workers.events import EventLog
-    from syncpoint.workers.storage import RunStorage
-
     storage = tempfile.mkdtemp(prefix="syncpoint-p4-", dir="/tmp")
     runs: dict[str, list[dict[str, Any]]] = {v[0]: [] for v in VARIANTS}
     t_all = time.perf_counter()
+    builds = op_builds()
     try:
-        for i in range(args.repeats):
-            for v, (label, mode, in_place, warm, _) in enumerate(VARIANTS):  # interleaved: load hits all alike
-                name = f"p4-rep{i + 1}-v{v}"
-                spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place, warm)
-                t0 = time.perf_counter()
-                quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(io.StringIO())
-                with quiet:
-                    rc = run_on_ray(spec)
-                m = measure(EventLog(RunStorage(spec.run_url)).read_all())
-                m["rc"], m["wall"] = rc, time.perf_counter() - t0
-                runs[label].append(m)
-                print(f"  [p4] {label}, repetition {i + 1}: rc {rc}, {m['wall']:.0f} s", file=sys.stderr, flush=True)
+        with checkout() as filed:
+            for i in range(args.repeats):
+                for v, variant in enumerate(VARIANTS):  # interleaved: load hits all alike
+                    if args.only not in variant[0]:
+                        continue
+                    name = f"p4-rep{i + 1}-v{v}"
+                    m = run_variant(storage, name, variant, args, filed)
+                    runs[variant[0]].append(m)
+                    print(
+                        f"  [p4] {variant[0]}, repetition {i + 1}: rc {m['rc']}, {m['wall']:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         shutil.rmtree(storage, ignore_errors=True)
+    # a build in a first attempt's start is outside R; in a restart it would be inside
+    print(f"DeepSpeed op build steps during the runs: {op_builds() - builds}", file=sys.stderr, flush=True)
     report(runs, args, time.perf_counter() - t_all)
 
 
@@ -267,6 +305,13 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
         v = med[VARIANTS[1][0]]
         ratio = v["recovery"] / v["cold"]
         print(f"goal recovery_vs_cold_start: {ratio:.2f}x vs <= 1.1x: {'met' if ratio <= 1.1 else 'not met'}")
+    if LOST_FILED in med and LOST_WARM in med:
+        filed, warm = med[LOST_FILED]["R"], med[LOST_WARM]["R"]
+        verdict = "met" if warm <= 0.5 * filed else "not met"
+        print(
+            f"goal lost_node_R_vs_as_filed: {warm / filed:.2f}x vs <= 0.5x: {verdict} "
+            f"(R {warm:.2f} s today, {filed:.2f} s with the code issue 32 was filed against, {FILED_AT}, side by side)"
+        )
     if LOST_COLD in med and LOST_WARM in med:
         cold, warm = med[LOST_COLD]["R"], med[LOST_WARM]["R"]
         verdict = "met" if warm <= 0.5 * cold else "not met"
