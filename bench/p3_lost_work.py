@@ -54,10 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
-def drill_spec(storage: str, name: str, save_every: int, epochs: int):
-    from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
-
-    overrides = [
+def example_overrides(storage: str, name: str, save_every: int, epochs: int) -> list[str]:
+    """The example job as the drill benches run it (P3, P4): quiet, a state every ``save_every``
+    optimizer steps, every state kept, no final export."""
+    return [
         f"storage={storage}",
         f"name={name}",
         f"train.epochs={epochs}",
@@ -66,7 +66,12 @@ def drill_spec(storage: str, name: str, save_every: int, epochs: int):
         "checkpoint.keep_last=0",
         "checkpoint.export_final=false",
     ]
-    return resolve_storage(load_spec(EXAMPLE, overrides))
+
+
+def drill_spec(storage: str, name: str, save_every: int, epochs: int):
+    from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
+
+    return resolve_storage(load_spec(EXAMPLE, example_overrides(storage, name, save_every, epochs)))
 
 
 def micro_batches_per_epoch(spec) -> int:

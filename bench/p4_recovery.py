@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.as_filed import FILED_AT, checkout, op_builds, run_job
+from bench.p3_lost_work import example_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
@@ -63,13 +64,7 @@ EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 def job_overrides(storage: str, name: str, crash_at: int, save_every: int, epochs: int, mode: str) -> list[str]:
     """The job's settings every variant shares (what the code issue 32 was filed against knows too)."""
     return [
-        f"storage={storage}",
-        f"name={name}",
-        f"train.epochs={epochs}",
-        "train.log_every=1000",
-        f"checkpoint.save_every={{value: {save_every}, unit: optimizer_steps}}",
-        "checkpoint.keep_last=0",
-        "checkpoint.export_final=false",
+        *example_overrides(storage, name, save_every, epochs),
         "failure.max_failures=1",
         f"faults=[{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}]",
     ]
