@@ -50,7 +50,7 @@ import traceback
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies import seeds
 from syncpoint.policies.errors import JOB_REFUSALS
@@ -68,6 +68,9 @@ from syncpoint.policies.failures import (
     looks_like_lost_peer,
 )
 from syncpoint.policies.spec import JobSpec
+
+if TYPE_CHECKING:
+    from syncpoint.workers.store_agent import AgentStore
 
 POLL_S = 0.05  # how often a supervisor looks at its child and at the generation's failed mark
 END_LIMIT = 1 << 16  # a published RankEnd is short; anything longer is not a supervisor's
@@ -111,8 +114,8 @@ class CoordinatorPlan:
     (``syncpoint.workers.store_agent``: a supervisor itself does not import torch).
 
     ``exchange``: the launcher's broadcast from rank 0 (every rank calls it once, with rank 0's
-    address or None; it returns rank 0's): Ray Train's ``broadcast_from_rank_zero`` on Ray, the
-    default process group's where the launcher made one."""
+    address or None; it returns rank 0's): Ray Train's ``broadcast_from_rank_zero`` on Ray, a
+    ``TCPStore`` on the launcher's port in ``syncpoint.workers.launch.run_spawned``."""
 
     rank: int
     world: int
@@ -156,14 +159,12 @@ def _agent(start: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
 class Coordinator:
     """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's agent."""
 
-    def __init__(self, store: Any, host: str, port: int, rank: int, world: int) -> None:
+    def __init__(self, store: AgentStore, host: str, port: int, rank: int, world: int) -> None:
         self.store, self.host, self.port, self.rank, self.world = store, host, port, rank, world
 
     def close(self) -> None:
         """End this rank's store agent (rank 0's: the store; every rank has left it by then)."""
-        close = getattr(self.store, "close", None)
-        if close is not None:
-            close()
+        self.store.close()
 
     def mark_failed(self, generation: int) -> None:
         self.store.add(f"g{generation}/failed", 1)
@@ -514,13 +515,11 @@ class Supervisor:
     """One rank's supervisor: runs generations of its training process until the run finishes or a
     failure goes to Ray Train."""
 
-    def __init__(
-        self, spec: JobSpec, coordinator: Coordinator | CoordinatorPlan, local_rank: int, hooks: Hooks
-    ) -> None:
-        self.spec, self.local_rank, self.hooks = spec, local_rank, hooks
-        self.plan = coordinator if isinstance(coordinator, CoordinatorPlan) else None
-        self.coordinator: Coordinator = coordinator if isinstance(coordinator, Coordinator) else None  # type: ignore[assignment]
-        self.rank, self.world = coordinator.rank, coordinator.world
+    coordinator: Coordinator  # connected by run(), once it holds the node's warm server
+
+    def __init__(self, spec: JobSpec, plan: CoordinatorPlan, local_rank: int, hooks: Hooks) -> None:
+        self.spec, self.plan, self.local_rank, self.hooks = spec, plan, local_rank, hooks
+        self.rank, self.world = plan.rank, plan.world
         self.bound_s = max(60.0, 2 * spec.scaling.collective_timeout_s)  # a live peer publishes well within it
         self.warm: Any = None  # a zygote.Holder while run() holds the node's warm server
 
@@ -530,22 +529,23 @@ class Supervisor:
 
         reaper = memory_reaper.start(self.spec.run_url) if self.spec.checkpoint.memory_copy is not False else None
         self.warm = self._hold_warm_server()
+        coordinator = None
         try:
-            if self.plan is not None:  # its agent comes from where the training processes come from
-                hash_seed = str(seeds.hash_seed(self.spec.train.seed))
-                if self.warm is None:  # every rank's own fork server starts its imports now, side by side
-                    from syncpoint.workers import fork_context
+            hash_seed = str(seeds.hash_seed(self.spec.train.seed))
+            if self.warm is None:  # every rank's own fork server starts its imports now, side by side
+                from syncpoint.workers import fork_context
 
-                    fork_context.context(fork_context.start_method(self.spec), hash_seed)
-                self.coordinator = self.plan.connect(functools.partial(self._start, hash_seed=hash_seed))
+                fork_context.context(fork_context.start_method(self.spec), hash_seed)
+            # its store agent comes from where the training processes come from
+            self.coordinator = coordinator = self.plan.connect(functools.partial(self._start, hash_seed=hash_seed))
             self._generations()
         except BaseException:
             if reaper is not None:
                 reaper.keep()  # a new worker group on this node may restore from the copy
             raise
         finally:
-            if self.plan is not None and self.coordinator is not None:
-                self.coordinator.close()
+            if coordinator is not None:
+                coordinator.close()
             if self.warm is not None:
                 self.warm.close()  # the server stays for the next worker group here (bounded: zygote.IDLE_S)
         if reaper is not None:
