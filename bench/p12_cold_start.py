@@ -31,11 +31,13 @@ Command (from the repo root; ``--quick``: one round, about a minute here):
 
     .venv/bin/python -m bench.p12_cold_start --quick
     .venv/bin/python -m bench.p12_cold_start
+    .venv/bin/python -m bench.p12_cold_start --also COMMIT   # a fourth column: that commit's code
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -52,15 +54,21 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
 
 
-def one_round(work: str, extra: list[str], filed: Path | None = None) -> dict[str, float]:
+def one_round(work: str, extra: list[str], filed: Path | None = None, other: Path | None = None) -> dict[str, float]:
     """One cold submission; its phases in seconds, in order. ``filed``: run the checkout of the code
-    issue 32 was filed against instead (its own ``syncpoint run``, its own example)."""
+    issue 32 was filed against instead (its own ``syncpoint run``, its own example); ``other``: a
+    checkout of a later commit (``--also``), whose ``syncpoint`` package imports from it."""
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     storage = os.path.join(work, "runs")
-    command = cli_command() if filed else [str(ROOT / ".venv" / "bin" / "syncpoint")]
-    where = filed or ROOT
+    if filed:
+        command = cli_command()
+    elif other:
+        command = [sys.executable, "-m", "syncpoint.orchestrator.cli"]
+    else:
+        command = [str(ROOT / ".venv" / "bin" / "syncpoint")]
+    where = filed or other or ROOT
     t0 = time.time()
     proc = subprocess.run(
         [
@@ -74,7 +82,7 @@ def one_round(work: str, extra: list[str], filed: Path | None = None) -> dict[st
             *extra,
         ],
         cwd=where,
-        env=environ() if filed else dict(os.environ),
+        env=environ() if filed else _later_environ(other) if other else dict(os.environ),
         capture_output=True,
         text=True,
         timeout=900,
@@ -100,6 +108,13 @@ def one_round(work: str, extra: list[str], filed: Path | None = None) -> dict[st
     return phases
 
 
+def _later_environ(where: Path) -> dict[str, str]:
+    """A later commit's checkout: its own packages first on the import path (the driver's, and every
+    Ray worker's, which the driver gives its working directory), today's DeepSpeed op cache (the same
+    training path builds the same op)."""
+    return {**os.environ, "PYTHONPATH": str(where)}
+
+
 # (label, extra CLI arguments): the same cold start with each worker starting its own fork server
 # (what every start did before warm servers) and with the node's warm server, interleaved per round
 VARIANTS = [
@@ -114,18 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--also",
+        metavar="COMMIT",
+        default=None,
+        help="a fourth variant: a later commit's code (e.g. the one before a change)",
+    )
     args = p.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     print(f"P12 cold start: examples/tiny_lm.yaml to {STEPS} optimizer steps, {rounds} round(s)", flush=True)
-    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in VARIANTS}
-    with checkout() as filed:
+    also = f"commit {args.also}" if args.also else None
+    variants = VARIANTS + ([(also, [])] if also else [])
+    results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in variants}
+    with checkout() as filed, checkout(args.also) if args.also else contextlib.nullcontext() as other:
         for i in range(-1, rounds):  # round 0: a warm-up, not counted (each code's op cache built)
             if i == 0:
                 builds_before = op_builds()
-            for label, extra in VARIANTS:
+            for label, extra in variants:
                 work = tempfile.mkdtemp(prefix="p12-")
                 try:
-                    phases = one_round(work, extra, filed if label == FILED else None)
+                    phases = one_round(work, extra, filed if label == FILED else None, other if label == also else None)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 first = phases["total: command start -> first optimizer step"]
@@ -139,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         label: statistics.median(r["total: command start -> first optimizer step"] for r in rs)
         for label, rs in results.items()
     }
-    labels = [label for label, _ in VARIANTS]
+    labels = [label for label, _ in variants]
     print(f"\n{'phase (median of the rounds)':56s}" + "".join(f" {label:>18s} {'share':>6s}" for label in labels))
     names = list(dict.fromkeys(n for label in labels for n in results[label][0]))
     names.sort(key=lambda n: n.startswith(("first", "total", "whole")))  # the profile's phases, then the totals
@@ -160,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'met' if warm <= 0.6 * as_filed else 'not met'} ({warm:.1f} s today vs {as_filed:.1f} s with the code "
         f"issue 32 was filed against, {FILED_AT}, to the first step, side by side)"
     )
+    if also:
+        print(
+            f"today's code vs {also}: {warm / totals[also]:.2f}x ({warm:.1f} s vs {totals[also]:.1f} s, side by side)"
+        )
     print(
         f"goal start_up_warm_vs_own_servers: {warm / own:.2f}x vs <= 0.6x: {'met' if warm <= 0.6 * own else 'not met'} "
         f"({warm:.1f} s vs {own:.1f} s to the first step, side by side)"

@@ -95,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
-    return run_on_ray(spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ))
+    return run_on_ray(
+        spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ), dashboard=args.dashboard
+    )
 
 
 def prepare_run(spec: JobSpec, source: str) -> JobSpec:
@@ -543,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a job (embedded local Ray unless --address/RAY_ADDRESS)")
     with_spec(r)
     r.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
+    r.add_argument(
+        "--dashboard", action="store_true", help="an embedded Ray also starts its dashboard (http://127.0.0.1:8265)"
+    )
     r.set_defaults(fn=cmd_run)
     sb = sub.add_parser("submit", help="submit the job to a Ray cluster's Job API (working dir shipped, logs streamed)")
     with_spec(sb)

@@ -267,8 +267,9 @@ def ray_train_defaults(spec: JobSpec) -> Iterator[None]:
             os.environ.pop(k, None)
 
 
-def connect(spec: JobSpec, address: str | None) -> bool:
-    """Connect to a cluster, or start an embedded local Ray; returns True if embedded."""
+def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False) -> bool:
+    """Connect to a cluster, or start an embedded local Ray (with Ray's dashboard only if ``dashboard``:
+    ``syncpoint.orchestrator.embedded_ray``); returns True if embedded."""
     import ray
 
     # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
@@ -288,11 +289,13 @@ def connect(spec: JobSpec, address: str | None) -> bool:
         ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
         quiet_driver()
         return False
+    from syncpoint.orchestrator.embedded_ray import init_options
+
     needed = spec.scaling.max_workers * spec.scaling.cpus_per_worker
-    # The dashboard stays on: Ray Train's placement-group cleaner polls the State API it serves.
     # address="local": a new embedded instance even when another Ray runs on this machine (without
     # it, ray.init joins that one and then refuses num_cpus: "When connecting to an existing cluster").
-    ray.init(address="local", num_cpus=max(int(needed + 0.999), 1), log_to_driver=True, runtime_env=runtime_env)
+    num_cpus = max(int(needed + 0.999), 1)
+    ray.init(address="local", num_cpus=num_cpus, log_to_driver=True, runtime_env=runtime_env, **init_options(dashboard))
     quiet_driver()
     return True
 
@@ -325,13 +328,15 @@ class JobOutcome:
     summary: RunSummary | None = None
 
 
-def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> int:
+def run_on_ray(
+    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+) -> int:
     """Run the job to completion on Ray and print its last line; returns the process exit code (0 ok,
     1 failed). A failure's details go to stderr above its line.
 
     ``progress_bar``: the driver shows a live bar (``syncpoint.orchestrator.progress_bar``) and the workers
-    print no progress lines of their own."""
-    outcome = run_job(spec, address, progress_bar=progress_bar)
+    print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard."""
+    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
     if outcome.failed:  # printed last: a failed run's last line says why
         if outcome.details:
             print(outcome.details, file=sys.stderr)
@@ -341,15 +346,17 @@ def run_on_ray(spec: JobSpec, address: str | None = None, *, progress_bar: bool 
     return 0
 
 
-def run_job(spec: JobSpec, address: str | None = None, *, progress_bar: bool = False) -> JobOutcome:
-    """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray);
-    returns how it ended without printing its last line (``run_on_ray`` and ``syncpoint.run`` both
-    call this)."""
+def run_job(
+    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+) -> JobOutcome:
+    """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray,
+    with Ray's dashboard if ``dashboard``); returns how it ended without printing its last line
+    (``run_on_ray`` and ``syncpoint.run`` both call this)."""
     with ray_train_defaults(spec):
-        return _run_job(spec, address, progress_bar=progress_bar)
+        return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
 
 
-def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool) -> JobOutcome:
+def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool, dashboard: bool) -> JobOutcome:
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
@@ -369,13 +376,13 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool) -> JobOu
     submission = uuid.uuid4().hex
     embedded = ours and not (address or os.environ.get("RAY_ADDRESS"))
     prewarmed = embedded and warm_this_node(spec, submission)  # its imports overlap Ray's start
-    connect(spec, address)
+    connect(spec, address, dashboard=dashboard)
     board = None
     finished = False
     try:
         board = heartbeat_board()
         s = spec.scaling
-        trainer = _trainer(spec)(
+        trainer = _trainer(spec, embedded, dashboard)(
             train_loop_per_worker,
             train_loop_config={
                 "spec": spec.model_dump(mode="json"),
@@ -403,7 +410,11 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool) -> JobOu
         failure: tuple[str, str] | None = None
         try:
             policy = installed(spec.run_url, board, spec.failure.placement_timeout_s, submission)
-            with policy, warm_nodes(spec, submission), _progress_bar(spec, progress_bar, since=submitted.time):
+            with (
+                policy,
+                warm_nodes(spec, submission, embedded),
+                _progress_bar(spec, progress_bar, since=submitted.time),
+            ):
                 trainer.fit()
             finished = True
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
@@ -440,22 +451,26 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool) -> JobOu
     return JobOutcome(line=line, failed=False, summary=summary)
 
 
-def _trainer(spec: JobSpec) -> Any:
+def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False) -> Any:
     """Ray Train's trainer for the job: a ``TorchTrainer`` when the Ray workers train (their torch
-    process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise.
+    process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise; on an
+    embedded Ray, without the helpers only a long-lived cluster needs (``embedded_ray``).
 
     Why: a supervisor never trains; its training processes form their own process group
     (``syncpoint.workers.supervisor``). A ``TorchTrainer``'s backend imports torch in every worker
     and forms a group there, 3.5 s of every worker group's start on two cores (measured: 4.0-4.4 s
     against 7.3-8.6 s for a no-op train function's group), that is of every restart that needs a
     new group (a lost node) and of every cold start."""
+    trainer: type
     if spec.failure.in_place:
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer as trainer
+    else:  # its module imports torch
+        from ray.train.v2.torch.torch_trainer import TorchTrainer as trainer
+    if not embedded:
+        return trainer
+    from syncpoint.orchestrator.embedded_ray import embedded_trainer
 
-        return DataParallelTrainer
-    from ray.train.v2.torch.torch_trainer import TorchTrainer
-
-    return TorchTrainer
+    return embedded_trainer(trainer, keep_cleaner=dashboard)
 
 
 def _backend(spec: JobSpec) -> dict[str, Any]:

@@ -68,16 +68,24 @@ def wanted(spec: JobSpec) -> bool:
 
 
 @contextlib.contextmanager
-def warm_nodes(spec: JobSpec, submission: str) -> Iterator[None]:
-    """For the block (the job's fit): warm every node now and each round; stop them all after."""
+def warm_nodes(spec: JobSpec, submission: str, embedded: bool = False) -> Iterator[None]:
+    """For the block (the job's fit): warm every node now and each round; stop them all after.
+
+    ``embedded``: the cluster is this node alone, so the driver warms its server itself, each round
+    after the first (``warm_this_node`` did that one), instead of through a Ray task per round: a
+    task's worker process (two, with the one Ray starts beside it) would start on the job's cores
+    while its controller and workers do."""
     if not wanted(spec):
         yield
         return
     k, hash_seed = server_key(spec, submission)
     done = threading.Event()
-    thread = threading.Thread(
-        target=_keep_warm, args=(k, hash_seed, spec.scaling.cpus_per_worker, done), name="syncpoint-warm-nodes"
+    target, args = (
+        (_keep_this_node_warm, (k, hash_seed, done))
+        if embedded
+        else (_keep_warm, (k, hash_seed, spec.scaling.cpus_per_worker, done))
     )
+    thread = threading.Thread(target=target, args=args, name="syncpoint-warm-nodes")
     thread.daemon = True
     thread.start()
     try:
@@ -86,7 +94,7 @@ def warm_nodes(spec: JobSpec, submission: str) -> Iterator[None]:
         done.set()
         thread.join(timeout=5)
         with contextlib.suppress(Exception):  # best effort: a server nobody reaches ends when idle
-            _stop_all(k)
+            _stop_all(k, embedded)
 
 
 def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> None:
@@ -104,11 +112,23 @@ def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> No
         done.wait(zygote.WARM_EVERY_S)
 
 
-def _stop_all(k: str) -> None:
+def _keep_this_node_warm(k: str, hash_seed: str, done: threading.Event) -> None:
+    from syncpoint.workers import zygote
+
+    while not done.wait(zygote.WARM_EVERY_S):
+        with contextlib.suppress(Exception):  # a round that fails is retried next round
+            _warm(k, hash_seed)
+
+
+def _stop_all(k: str, embedded: bool = False) -> None:
+    from syncpoint.workers import zygote
+
+    if embedded:
+        zygote.stop(k)
+        return
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
-    from syncpoint.workers import zygote
 
     refs = run_on_nodes(zygote.stop, live_nodes(), k)
     ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S)

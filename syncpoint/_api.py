@@ -54,6 +54,7 @@ def run(
     *,
     address: str | None = None,
     progress_bar: bool = False,
+    dashboard: bool = False,
 ) -> RunResult:
     """Run a job to completion and return its result, as ``syncpoint run JOB [--set ...]`` does.
 
@@ -64,6 +65,7 @@ def run(
         address: a running Ray cluster; default ``RAY_ADDRESS``, else an embedded local Ray (as the
             CLI), stopped before returning. A caller already connected (``ray.init``) is used as is.
         progress_bar: a live bar on stdout instead of the workers' progress lines.
+        dashboard: an embedded Ray also starts Ray's dashboard (``syncpoint run --dashboard``).
 
     Returns:
         The finished run's ``RunResult``.
@@ -93,7 +95,7 @@ def run(
         source = os.fspath(spec)
         spec = load_spec(source, list(overrides))
     spec = prepare_run(spec, source)
-    outcome = run_job(spec, address, progress_bar=progress_bar)
+    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
     if outcome.failed:
         raise RunFailed(outcome.reason, outcome.details, outcome.line, spec.run_url)
     s = outcome.summary

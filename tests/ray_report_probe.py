@@ -12,7 +12,8 @@ syncpoint's own.
 
 It is also a worker-group callback: it keeps each worker's pid from the group's start, and each
 report line says which of those processes map torch's library (``/proc/<pid>/maps``), so a test
-sees whether a Ray Train worker imported torch while it ran.
+sees whether a Ray Train worker imported torch while it ran, and which actor classes the cluster
+had started by then (from the GCS's actor table, which needs no dashboard).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 
+import ray._private.state
 from ray.train.v2._internal.execution.callback import ReportCallback, WorkerGroupCallback
 
 ENV = "SYNCPOINT_TEST_REPORTS"
@@ -29,9 +31,11 @@ class RecordReports(ReportCallback, WorkerGroupCallback):
     def __init__(self) -> None:
         self.path = os.environ[ENV]
         self.pids: list[int] = []
+        self.actor_classes: list[str] = []
 
     def after_worker_group_start(self, worker_group) -> None:
         self.pids = [w.metadata.pid for w in worker_group.get_workers()]
+        self.actor_classes = sorted({a["ActorClassName"] for a in ray._private.state.actors().values()})
 
     def after_report(self, training_report, metrics) -> None:
         line = {
@@ -39,6 +43,7 @@ class RecordReports(ReportCallback, WorkerGroupCallback):
             "checkpoint": training_report.checkpoint is not None,
             "worker_pids": self.pids,
             "workers_with_torch": [pid for pid in self.pids if _maps_torch(pid)],
+            "actor_classes": self.actor_classes,
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")

@@ -263,3 +263,31 @@ def test_the_job_asks_for_warm_servers_only_where_they_apply():
     assert wanted(linear_spec("memory://w"))
     assert not wanted(linear_spec("memory://w", "failure.warm_nodes=false"))
     assert not wanted(linear_spec("memory://w", "failure.in_place=false"))  # the Ray worker trains itself
+
+
+def test_an_embedded_run_keeps_its_own_node_warm_without_ray_and_stops_it_after(private_tmp, monkeypatch):
+    """On an embedded Ray the cluster is the driver's node: the driver touches that node's server
+    itself each round (no Ray is needed, none runs here: a round through Ray tasks would fail and
+    leave no server), and stops it when the job ends."""
+    import ray
+
+    from syncpoint.orchestrator import warm_nodes
+
+    assert not ray.is_initialized()
+    monkeypatch.setattr(zygote, "WARM_EVERY_S", 0.2)
+    spec = linear_spec("memory://w")
+    submission = uuid.uuid4().hex
+    k, hash_seed = warm_nodes.server_key(spec, submission)
+    private_tmp.append(k)
+    sock = os.path.join(zygote.base_dir(), f"{k}.sock")
+    with warm_nodes.warm_nodes(spec, submission, embedded=True):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert os.path.exists(sock)  # started by the driver's own round
+        conn, server = zygote.ensure(k, hash_seed, "touch")
+        conn.close()
+        assert not server.started_here
+        keeper = psutil.Process(server.pid).ppid()  # the fork server's parent, which cleans up after it
+    assert process_gone(server.pid, 60) and process_gone(keeper, 60)  # stopped with the job
+    assert not os.path.exists(sock)

@@ -127,6 +127,9 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     assert {8, 16, 32, 48} <= set(steps) <= {8, 16, 24, 32, 40, 48} and steps == sorted(steps), steps
     assert [d["per_rank"][0]["optimizer_step"] for d in delivered if "eval_loss" in d["per_rank"][0]] == [16, 32, 48]
     assert not any(d["checkpoint"] for d in delivered)
+    # an embedded Ray starts none of a long-lived cluster's helpers (syncpoint.orchestrator.embedded_ray)
+    assert {"TrainController", "RayTrainWorker", "BeatBoard"} <= set(delivered[0]["actor_classes"])
+    assert not {"PlacementGroupCleaner", "_AutoscalingCoordinatorActor"} & set(delivered[0]["actor_classes"])
     for d in delivered:
         rank0 = d["per_rank"][0]
         step = history[rank0["optimizer_step"]]

@@ -50,3 +50,49 @@ def test_reports_reach_ray_no_more_often_than_every_two_seconds(interval, every)
     env = {**os.environ, ray_runner.HEALTH_CHECK_ENV: interval}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert float(out) == every
+
+
+def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_path):
+    """Embedded: no dashboard unless asked, no workers Ray would start ahead (none could serve a job
+    with a runtime env), and a controller without the placement-group cleaner (unless the dashboard it
+    polls runs), the autoscaling coordinator, or a dataset manager for a trainer without datasets; on
+    a cluster, Ray Train's own trainer, unchanged."""
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+    from ray.train.v2.api.config import ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from syncpoint.orchestrator import embedded_ray
+
+    assert embedded_ray.init_options(False) == {
+        "include_dashboard": False,
+        "_system_config": {"prestart_worker_first_driver": False},
+    }
+    assert embedded_ray.init_options(True)["include_dashboard"] is True
+    spec = linear_spec(tmp_path)
+    assert ray_runner._trainer(spec, embedded=False) is DataParallelTrainer
+
+    class Recorded(DataParallelTrainer):  # what the controller would be given
+        def _initialize_and_run_controller(self, **kwargs):
+            return kwargs
+
+    cleaner, data, other = PlacementGroupCleanerCallback(), DatasetsCallback.__new__(DatasetsCallback), object()
+    fixed = FixedScalingPolicy(scaling_config=ScalingConfig(num_workers=2))
+    for keep_cleaner, datasets in [(False, {}), (True, {}), (False, {"train": [1]})]:
+        cls = embedded_ray.embedded_trainer(Recorded, keep_cleaner)
+        trainer = cls.__new__(cls)  # only its datasets are read on the way to the controller
+        trainer.datasets = datasets
+        given = trainer._initialize_and_run_controller(callbacks=[cleaner, data, other], scaling_policy=fixed)
+        kept = [cleaner] * keep_cleaner + [data] * bool(datasets) + [other]
+        assert given["callbacks"] == kept
+        policy = given["scaling_policy"]
+        assert type(policy) is embedded_ray.LocalFixedScalingPolicy
+        assert policy.scaling_config is fixed.scaling_config
+        policy.after_controller_start(None)  # no coordinator: nothing to start, nothing to wait for
+        assert policy._coordinator_client is None
+        assert policy.make_decision_for_non_running_worker_group().num_workers == 2
+    elastic = ElasticScalingPolicy(scaling_config=ScalingConfig(num_workers=(1, 2)))
+    assert embedded_ray.without_autoscaler(elastic) is elastic  # it reads what the coordinator granted
+    assert issubclass(ray_runner._trainer(spec, embedded=True), DataParallelTrainer)

@@ -1,0 +1,89 @@
+"""What an embedded local Ray (``syncpoint run`` without an address) leaves out: the processes that
+serve a long-lived cluster and not a run whose cluster ends with its driver.
+
+Why: on an embedded run every Ray process starts on the job's own cores, and a cold start spawned
+about twenty of them before the first step (profiled on two cores: the dashboard and its nine module
+processes, two worker processes Ray starts ahead for jobs without a runtime environment, which a
+syncpoint job never is, Ray Data's autoscaling coordinator and Ray Train's placement-group cleaner,
+both of which the controller waits for before its workers start). None of them does anything for a
+cluster that is torn down with the job:
+
+* the **dashboard** serves the State API and the web UI of a cluster that lives on; ``syncpoint run
+  --dashboard`` keeps it;
+* the **prestarted workers** have no runtime environment, so no actor of a syncpoint job (every one
+  has the job's) can use them;
+* the **autoscaling coordinator** forwards resource requests to a cluster autoscaler, and a local
+  instance has none;
+* the **placement-group cleaner** removes a placement group whose controller died while the cluster
+  lives on; it polls the dashboard's State API;
+* the **dataset manager** (an actor per worker group) hands out shards of Ray Datasets, and syncpoint
+  gives the trainer none: each rank reads its own data (``syncpoint.workers.data``).
+
+On a cluster (an address, ``RAY_ADDRESS``, ``ray job submit``, KubeRay) nothing here applies: Ray
+Train runs with every helper it starts by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+# Ray's raylet starts one worker process per CPU for the first driver, with no runtime environment.
+NO_PRESTART = {"prestart_worker_first_driver": False}
+
+
+def init_options(dashboard: bool) -> dict[str, Any]:
+    """``ray.init``'s options for an embedded instance (beyond its address, CPUs and runtime env)."""
+    return {"include_dashboard": dashboard, "_system_config": dict(NO_PRESTART)}
+
+
+def embedded_trainer(trainer_cls: type, keep_cleaner: bool) -> type:
+    """``trainer_cls`` (Ray Train's ``DataParallelTrainer`` or ``TorchTrainer``) for an embedded run:
+    the controller starts without the autoscaling coordinator, without a dataset manager when the
+    trainer has no datasets, and, unless ``keep_cleaner`` (the dashboard it polls runs), without the
+    placement-group cleaner.
+
+    Why a subclass at ``_initialize_and_run_controller``: it is the one place where the trainer hands
+    the controller its scaling policy and callbacks, and Ray is pinned (``pyproject.toml``), so a
+    rename there fails this project's Ray tests rather than a user's run."""
+
+    class EmbeddedTrainer(trainer_cls):
+        def _initialize_and_run_controller(self, **kwargs: Any) -> Any:
+            left_out: tuple[type, ...] = () if keep_cleaner else (PlacementGroupCleanerCallback,)
+            if not self.datasets:
+                left_out += (DatasetsCallback,)
+            kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, left_out)]
+            kwargs["scaling_policy"] = without_autoscaler(kwargs["scaling_policy"])
+            return super()._initialize_and_run_controller(**kwargs)
+
+    EmbeddedTrainer.__name__ = EmbeddedTrainer.__qualname__ = f"Embedded{trainer_cls.__name__}"
+    return EmbeddedTrainer
+
+
+def without_autoscaler(policy: Any) -> Any:
+    """A fixed-size policy that never asks an autoscaler for resources; any other policy (an elastic
+    one reads what the coordinator granted) as it is."""
+    if type(policy) is not FixedScalingPolicy:
+        return policy
+    return LocalFixedScalingPolicy(scaling_config=policy.scaling_config)
+
+
+class LocalFixedScalingPolicy(FixedScalingPolicy):
+    """Ray Train's fixed-size policy without its autoscaling coordinator (a detached Ray Data actor the
+    controller would start, and wait for, only to forward requests that no autoscaler reads). The
+    controller unpickles it by this module's name."""
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        """No coordinator to register with."""
+
+    def _maybe_send_resource_request(self) -> None:
+        """Nothing to ask for: a local instance has what it was started with."""
+
+    def _send_resource_request(self) -> None:
+        """As ``_maybe_send_resource_request``."""
+
+    def _cancel_resource_request(self) -> None:
+        """Nothing was asked for."""
