@@ -95,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
+    if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
+        print("syncpoint: --dashboard applies to an embedded Ray; a cluster serves its own dashboard", file=sys.stderr)
     return run_on_ray(
         spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ), dashboard=args.dashboard
     )

@@ -96,3 +96,27 @@ def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_
     elastic = ElasticScalingPolicy(scaling_config=ScalingConfig(num_workers=(1, 2)))
     assert embedded_ray.without_autoscaler(elastic) is elastic  # it reads what the coordinator granted
     assert issubclass(ray_runner._trainer(spec, embedded=True), DataParallelTrainer)
+
+
+@pytest.mark.parametrize("address", [None, "ray://elsewhere:10001"])
+def test_run_dashboard_reaches_the_launcher_and_says_when_it_has_no_effect(tmp_path, monkeypatch, capsys, address):
+    import types
+
+    from syncpoint.orchestrator.cli import main
+    from tests.helpers import write_job
+
+    given: dict = {}
+    fake = types.ModuleType("syncpoint.orchestrator.ray_runner")
+
+    def run_on_ray(spec, address=None, **kwargs):  # the launcher's arguments, recorded; no Ray starts
+        given.update(address=address, **kwargs)
+        return 0
+
+    fake.run_on_ray = run_on_ray
+    monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    job = write_job(linear_spec(tmp_path / "runs"), tmp_path / "job.yaml")
+    assert main(["run", str(job), "--dashboard", *(["--address", address] if address else [])]) == 0
+    assert given["dashboard"] is True and given["address"] == address
+    note = "--dashboard applies to an embedded Ray" in capsys.readouterr().err
+    assert note == bool(address)
