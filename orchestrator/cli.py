@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.orchestrator.spec_file import load_spec, overridden_mapping, parse_spec, read_spec_file, resolve_storage
@@ -103,30 +102,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
-def import_ray_train() -> None:
-    """Import Ray and Ray Train's API (pyarrow and pandas with it: a second on two cores) while the
-    checks before the run wait on their child process (the task's import check), so that the run
-    finds them imported: P12 measured the command's start to the first step 0.74x with it.
-    Never raises: an import that fails here fails again, with its message, where the run needs it."""
-    try:
-        import ray.train.v2.api.config
-        import ray.train.v2.api.data_parallel_trainer  # noqa: F401
-    except BaseException:  # noqa: BLE001 - reported by the run's own import
-        pass
-
-
 def prepare_run(spec: JobSpec, source: str) -> JobSpec:
     """What ``syncpoint run`` does before Ray starts (``syncpoint.run`` too): the storage made an absolute
     URL, every import path resolved, the run directory written once; bad input raises ``SpecError``
-    naming ``source``. Ray Train is imported beside it (``import_ray_train``)."""
-    importing = threading.Thread(target=import_ray_train, name="syncpoint-import-ray", daemon=True)
-    importing.start()
-    try:
-        spec = resolve_storage(spec)
-        check_imports(spec, source)
-        _check_storage(spec)
-    finally:  # also before a refusal's exit: an interpreter that ends mid-import may not end cleanly
-        importing.join()
+    naming ``source``."""
+    spec = resolve_storage(spec)
+    check_imports(spec, source)
+    _check_storage(spec)
     return spec
 
 
