@@ -183,7 +183,13 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
             details="a table",
         ),
     ]
-    monkeypatch.setattr(ray_runner, "run_job", lambda spec, address, progress_bar: outcomes.pop(0))
+    given: list[dict] = []
+
+    def run_job(spec, address, **options):
+        given.append(options)
+        return outcomes.pop(0)
+
+    monkeypatch.setattr(ray_runner, "run_job", run_job)
     result = syncpoint.run(spec)
     assert result == syncpoint.RunResult(
         name="linear",
@@ -197,7 +203,8 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
         line="syncpoint: job 'linear' finished: ...",
     )
     with pytest.raises(syncpoint.RunFailed, match="^ValueError: bad batch$") as e:
-        syncpoint.run(spec)
+        syncpoint.run(spec, progress_bar=True, dashboard=True)
+    assert given == [{"progress_bar": False, "dashboard": False}, {"progress_bar": True, "dashboard": True}]
     assert (e.value.details, e.value.line, e.value.run_dir) == (
         "a table",
         "syncpoint: job 'linear' failed: ValueError: bad batch",
