@@ -94,7 +94,12 @@ def warm_nodes(spec: JobSpec, submission: str, embedded: bool = False) -> Iterat
         done.set()
         thread.join(timeout=5)
         with contextlib.suppress(Exception):  # best effort: a server nobody reaches ends when idle
-            _stop_all(k, embedded)
+            if embedded:
+                from syncpoint.workers import zygote
+
+                zygote.stop(k)
+            else:
+                _stop_all(k)
 
 
 def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> None:
@@ -120,15 +125,11 @@ def _keep_this_node_warm(k: str, hash_seed: str, done: threading.Event) -> None:
             _warm(k, hash_seed)
 
 
-def _stop_all(k: str, embedded: bool = False) -> None:
-    from syncpoint.workers import zygote
-
-    if embedded:
-        zygote.stop(k)
-        return
+def _stop_all(k: str) -> None:
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
+    from syncpoint.workers import zygote
 
     refs = run_on_nodes(zygote.stop, live_nodes(), k)
     ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S)
