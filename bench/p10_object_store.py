@@ -29,9 +29,12 @@ What it measures
       only, ``SECTIONS``); the per-rank seconds are printed under the table, so a goal that is not
       met shows what bounds it.
     * raw baselines, same client library (s3fs), same part size and concurrency (s3fs's
-      ``default_block_size`` / ``max_concurrency``), same bytes: ``fs.get`` of every file of the
-      committed state to local disk (parallel ranged reads), then ``fs.put`` of those files to
-      another prefix (parallel multipart uploads), one process.
+      ``default_block_size`` / ``max_concurrency``), same bytes, one process: ``fs.get`` of every
+      file of the committed state to local disk (parallel ranged reads; printed, not compared: the
+      restore read those objects already), ``fs.put`` of those files to another prefix (parallel
+      multipart uploads: the upload baseline), and, once that upload settled as the state did
+      before its restore, ``fs.get`` of it: the download baseline, objects never read before, as
+      the restore's were (``raw_s3`` says why that matters on moto and this VM).
     * local disk: the same two runs on a local directory (/tmp), restore timed the same way,
       against a raw sequential read (8 MiB reads) of the state's files plus the xxh3_128 of every
       byte (the manifest's checksum: the verification every restore must do, so the baseline does
@@ -163,8 +166,9 @@ SECTIONS = [
     (
         "syncpoint.workers.state.checkpoint_engine.StreamingCheckpointEngine",
         "load",
-        "  DeepSpeed reads files (torch.load)",
+        "  DeepSpeed reads files (torch.load, or takes its preload)",
     ),
+    ("syncpoint.workers.state.preload", "load_state_file", "preload: unpickled on a second thread, beside the above"),
     ("syncpoint.workers.state.reader.FetchedState", "unchanged", "  unchanged since verified (fstat)"),
     ("syncpoint.workers.state.resume_negotiation", "_first_refusal", "agreement collectives (wait for the other rank)"),
     ("syncpoint.workers.state.reader.FetchedState", "cleanup", "cleanup (temp dir / descriptors)"),
@@ -310,10 +314,10 @@ def save_and_restore(storage: str, width: int, depth: int, crash_after_save: boo
     started = [e for e in events if e["kind"] == "attempt_started"][-1]
     first_step_s = _step_times(events)[1] - started["time"]  # a fresh start's first step, warm-up included
     second = _spec(storage, width, depth, 3)
-    if "://" not in storage:  # a local restore reads cold, as the raw read it is compared with does
+    settle_disk()  # the restore reads settled bytes, as the raw transfer it is compared with does
+    if "://" not in storage:
         from syncpoint.workers.storage import RunStorage
 
-        settle_disk()
         drop_page_cache(RunStorage(first.run_url).local_path("states") or "")
     restore_profile = _run(second)
     events = _events(second)
@@ -336,9 +340,17 @@ def save_and_restore(storage: str, width: int, depth: int, crash_after_save: boo
     }
 
 
-def raw_s3(state_url: str, workdir: str) -> tuple[float, float, int]:
-    """(download s, upload s, bytes): s3fs ``get`` then ``put`` of every file of the state, without
-    botocore's response CRC (as syncpoint's verified downloads read: the fastest raw download)."""
+def raw_s3(state_url: str, workdir: str) -> tuple[float, float, float, int]:
+    """(download s, upload s, download of objects read before s, bytes): s3fs ``get`` and ``put`` of
+    every file of the state, without botocore's response CRC (as syncpoint's verified downloads
+    read: the fastest raw download).
+
+    The compared download reads objects nobody has read yet, as the restore did: the state's own
+    objects are fetched first (the warm download, printed, not compared), uploaded again by the
+    timed ``put``, settled as the state was (``settle_disk``), and that fresh upload is downloaded.
+    Why: moto keeps a large object in a temp file and reads all of it for every ranged GET, and on
+    this VM a file's first read comes from the disk and later ones from the host's cache
+    (``fresh_copy``); a download after the restore would read what the restore already warmed."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(state_url)
@@ -354,14 +366,22 @@ def raw_s3(state_url: str, workdir: str) -> tuple[float, float, int]:
     kw = {"chunksize": fs.default_block_size, "max_concurrency": fs.max_concurrency}
     t0 = time.perf_counter()
     fs.get(rpaths, lpaths, **kw)
-    down = time.perf_counter() - t0
+    warm = time.perf_counter() - t0
     dest = f"{BUCKET}/raw-upload"
+    uploaded = [f"{dest}/{i}" for i in range(len(lpaths))]
     t0 = time.perf_counter()
-    fs.put(lpaths, [f"{dest}/{i}" for i in range(len(lpaths))], **kw)
+    fs.put(lpaths, uploaded, **kw)
     up = time.perf_counter() - t0
+    shutil.rmtree(workdir, ignore_errors=True)
+    for lp in lpaths:
+        os.makedirs(os.path.dirname(lp), exist_ok=True)
+    settle_disk()
+    t0 = time.perf_counter()
+    fs.get(uploaded, lpaths, **kw)
+    down = time.perf_counter() - t0
     fs.rm(dest, recursive=True)
     shutil.rmtree(workdir, ignore_errors=True)
-    return down, up, size
+    return down, up, warm, size
 
 
 SETTLE_S = 15.0
@@ -456,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         s3 = save_and_restore(f"s3://{BUCKET}/runs", width, depth)
-        down, up, size = raw_s3(f"{s3['spec'].run_url}/states/{s3['state']}", os.path.join(work, "raw"))
+        down, up, warm_down, size = raw_s3(f"{s3['spec'].run_url}/states/{s3['state']}", os.path.join(work, "raw"))
         memory = save_and_restore(f"s3://{BUCKET}/runs-memory", width, depth, crash_after_save=True)
         local = save_and_restore(os.path.join(work, "local"), width, depth)
         from syncpoint.workers.storage import RunStorage
@@ -488,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         ("S3 restore: selection -> state loaded (fetch, verify, load)", s3["bytes"], s3["load_s"]),
         ("  whole span: selection -> first step, less a first step", s3["bytes"], s3["restore_s"]),
         ("  whole span: selection -> first step, unadjusted", s3["bytes"], s3["to_first_step_s"]),
-        ("raw s3fs parallel download (get)", size, down),
+        ("raw s3fs parallel download (get; objects never read before)", size, down),
+        ("  the same, of the state's objects (read before: host-cached)", size, warm_down),
         ("S3 run, restore from this node's memory copy: selection -> loaded", memory["bytes"], memory["load_s"]),
         ("  whole span: selection -> first step, less a first step", memory["bytes"], memory["restore_s"]),
         ("local restore: selection -> state loaded (read, verify, load)", local["bytes"], local["load_s"]),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 import zipfile
 from typing import Any, BinaryIO
 
@@ -34,6 +35,10 @@ import torch
 from syncpoint.policies.errors import StateRefused
 from syncpoint.workers.integrity.state_file_bounds import check_loaded, prescan
 
+# torch's ``safe_globals`` adds to one process-wide set and puts back what it found on exit, so a
+# thread leaving the block would take the allowlist from another thread still unpickling (a restore
+# unpickles on a second thread, ``syncpoint.workers.state.preload``): one unpickling at a time.
+_ALLOWLIST_IN_USE = threading.RLock()
 # A refusal quotes the file's own content (global names, torch's error): bounded, one line.
 _REASON_CHARS = 200
 _NAMED_GLOBALS = 5
@@ -64,7 +69,7 @@ def load_state_file(source: str | bytes, name: str, *, map_location: Any = "cpu"
     try:
         classes = allowed_classes()
         prescan(source, name, classes)
-        with torch.serialization.safe_globals(classes):
+        with _ALLOWLIST_IN_USE, torch.serialization.safe_globals(classes):
             loaded = torch.load(
                 _file(source),
                 map_location=map_location,
@@ -109,7 +114,7 @@ def disallowed_globals(source: str | bytes) -> list[str]:
     """The globals a zip-format torch file names beyond the allowlist, found by reading the pickle's
     opcodes (nothing is executed); empty when the file is not a readable zip-format torch file."""
     try:
-        with torch.serialization.safe_globals(allowed_classes()):
+        with _ALLOWLIST_IN_USE, torch.serialization.safe_globals(allowed_classes()):
             return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(_file(source)))
     except Exception:  # noqa: BLE001 - an unreadable file names no globals; the refusal says why it failed
         return []

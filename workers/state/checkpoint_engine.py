@@ -62,6 +62,7 @@ from syncpoint.policies.errors import JobConfigError, StateRefused
 from syncpoint.policies.state_format import ENGINE_TAG, ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
 from syncpoint.workers.integrity.safe_load import load_state_file
+from syncpoint.workers.state.preload import Preloads, host_placement
 from syncpoint.workers.state.snapshot_arena import SnapshotArena
 
 # rel path (as under the staging directory, e.g. "engine/mp_rank_00_model_states.pt") -> writer
@@ -81,24 +82,28 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         # within ``capturing``, each shard's rel path -> its copied structure, in save order
         self.arena = SnapshotArena()
         self.captured: dict[str, Any] | None = None
-        # a load of a state read in place: rel path -> the verified file's path (``serving``)
+        # a load of a verified state: rel path -> the verified file's path (``serving``)
         self.served: tuple[str, dict[str, str]] | None = None
+        # and the files already unpickled on the fetch's second thread (``syncpoint.workers.state.preload``)
+        self.preloads: Preloads | None = None
         # the last file served, handed out once more if DeepSpeed asks for it again at once: its
         # ``SDLoaderBase.check_ckpt_list`` loads the model file only to read one key, then ``load``
         # loads it again (0.19.8, state_dict_factory.py); the first read of a state file is its cost
         self.repeat: tuple[tuple[str, Any], Any] | None = None
 
     @contextlib.contextmanager
-    def serving(self, root: str, files: dict[str, str]) -> Iterator[None]:
+    def serving(self, root: str, files: dict[str, str], preloads: Preloads | None = None) -> Iterator[None]:
         """Within the block, DeepSpeed's reads under ``root`` get only these verified files (rel path
-        -> the path that opens the verified descriptor, ``syncpoint.workers.integrity.verified_files``); any other file
-        it asks for is refused (``StateRefused``): in place, the state directory may hold files
-        nobody verified (another rank's shard), and a name there may be swapped after verification."""
-        self.served, self.repeat = (root, files), None
+        -> the path that opens the verified descriptor, ``syncpoint.workers.integrity.verified_files``,
+        or a verified download); any other file it asks for is refused (``StateRefused``): in place,
+        the state directory may hold files nobody verified (another rank's shard), and a name there
+        may be swapped after verification. A file in ``preloads`` is taken from there when the read
+        asks for host memory (``syncpoint.workers.state.preload``)."""
+        self.served, self.preloads, self.repeat = (root, files), preloads, None
         try:
             yield
         finally:
-            self.served, self.repeat = None, None
+            self.served, self.preloads, self.repeat = None, None, None
 
     @contextlib.contextmanager
     def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, ManifestEntry]]:
@@ -156,7 +161,11 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         if self.repeat is not None and self.repeat[0] == key:  # DeepSpeed reads the model file twice in a row
             loaded, self.repeat = self.repeat[1], None
             return loaded
-        loaded = load_state_file(files[rel], rel, map_location=map_location)
+        preloaded = self.preloads.take(rel) if self.preloads is not None and host_placement(map_location) else None
+        if preloaded is not None:
+            loaded = preloaded.result()
+        else:
+            loaded = load_state_file(files[rel], rel, map_location=map_location)
         self.repeat = (key, loaded)
         return loaded
 

@@ -86,6 +86,7 @@ from syncpoint.workers.integrity.verified_files import (
     read_verified,
 )
 from syncpoint.workers.state.node_share import NodePeers, Offer, link_from_peer, read_split
+from syncpoint.workers.state.preload import Preloads
 from syncpoint.workers.storage import RunStorage
 
 if TYPE_CHECKING:
@@ -113,6 +114,9 @@ class FetchedState:
     buffers_bytes: bytes | None = None  # the module buffers this rank applies (``syncpoint.workers.buffers``), verified
     stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
     user_bytes: bytes | None = None  # this rank's Task.stateful objects (``workers.state.user_state``), verified
+    # the DeepSpeed files verified (downloaded copies too) and those being unpickled meanwhile (``preload``)
+    names: tuple[str, ...] = ()
+    preloads: Preloads | None = None
 
     @property
     def in_place(self) -> bool:
@@ -124,6 +128,8 @@ class FetchedState:
             f.unchanged()
 
     def cleanup(self) -> None:
+        if self.preloads is not None:  # first: a preload still reads a descriptor or file removed below
+            self.preloads.close()
         if self.verified is None:
             shutil.rmtree(self.local_dir, ignore_errors=True)
             return
@@ -145,6 +151,7 @@ def fetch_state(
     memory: MemoryCopy | None = None,
     say: Callable[[str, bool], None] | None = None,
     peers: NodePeers | None = None,
+    preload: bool = False,
 ) -> FetchedState:
     """Download and verify this rank's view of a state.
 
@@ -175,14 +182,37 @@ def fetch_state(
 
     ``peers``: every rank of the process group fetches at once, and a file that several ranks of
     this node need is read by one of them for all (``syncpoint.workers.state.node_share``); each rank
-    makes its gathers exactly once, whatever fails."""
+    makes its gathers exactly once, whatever fails.
+
+    ``preload``: the caller's load reads exactly the DeepSpeed files fetched here (``own_shard``
+    and the optimizer loaded); each is unpickled on a second thread as soon as it is verified
+    (``syncpoint.workers.state.preload``), and ``load_into_engine`` hands DeepSpeed the results."""
+    preloads = Preloads() if preload else None
     try:
-        return _fetch(
-            storage, cand, rank, want_rng, own_shard, in_place, buffers_of, stream_of, user_of, memory, say, peers
+        fetched = _fetch(
+            storage,
+            cand,
+            rank,
+            want_rng,
+            own_shard,
+            in_place,
+            buffers_of,
+            stream_of,
+            user_of,
+            memory,
+            say,
+            peers,
+            preloads,
         )
+    except BaseException:
+        if preloads is not None:
+            preloads.close()
+        raise
     finally:
         if peers is not None:
             peers.finish()
+    fetched.preloads = preloads
+    return fetched
 
 
 def _fetch(
@@ -198,6 +228,7 @@ def _fetch(
     memory: MemoryCopy | None,
     say: Callable[[str, bool], None] | None,
     peers: NodePeers | None,
+    preloads: Preloads | None,
 ) -> FetchedState:
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
@@ -211,17 +242,21 @@ def _fetch(
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers)
+            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers, preloads=preloads)
         finally:
             os.close(root)
     if memory is not None and in_place and available():
         told = say or (lambda _line, _used: None)
-        from_memory = _from_memory(memory, cand.name, files, fetched, small, told, peers)
+        from_memory = _from_memory(memory, cand.name, files, fetched, small, told, peers, preloads)
         if from_memory is not None:
             return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
-        _download_all(storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None)
+        if preloads is not None:  # a memory copy that failed its check may have started some
+            preloads.close()
+        _download_all(
+            storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None, preloads
+        )
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
@@ -239,7 +274,9 @@ def _fetch(
             stream = stream_state.parse(_read_verified(storage, cand.name, rel, files), rel)
         user_bytes = _read_verified(storage, cand.name, user_file(user_of), files) if user_of is not None else None
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(local, saved, buffers_bytes=buffers_bytes, stream_state=stream, user_bytes=user_bytes)
+        return FetchedState(
+            local, saved, buffers_bytes=buffers_bytes, stream_state=stream, user_bytes=user_bytes, names=tuple(fetched)
+        )
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
@@ -252,19 +289,29 @@ def _download_all(
     fetched: list[str],
     local: str,
     peers: NodePeers | None,
+    preloads: Preloads | None,
 ) -> None:
     """Download and verify ``fetched`` into ``local``; with ``peers``, a file another rank of this
-    node downloaded is hard-linked from its directory instead (``syncpoint.workers.state.node_share``)."""
+    node downloaded is hard-linked from its directory instead (``syncpoint.workers.state.node_share``);
+    with ``preloads``, each DeepSpeed file is handed there once it is in place."""
 
     def mine(rel: str) -> Identity:
         _download_verified(storage, name, rel, files[rel], local)
+        _preload(preloads, rel, local_path(local, rel))
         return identity(os.lstat(local_path(local, rel)))
 
     def rest(rel: str, offer: Offer | None) -> None:
         if not _link_offered(offer, rel, local):
             _download_verified(storage, name, rel, files[rel], local)
+        _preload(preloads, rel, local_path(local, rel))
 
     read_split(peers, {rel: files[rel].size for rel in fetched}, local, mine, rest)
+
+
+def _preload(preloads: Preloads | None, rel: str, path: str) -> None:
+    """Start unpickling a verified DeepSpeed file (``syncpoint.workers.state.preload``)."""
+    if preloads is not None and rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
+        preloads.add(rel, path)
 
 
 def _link_offered(offer: Offer | None, rel: str, local: str) -> bool:
@@ -286,6 +333,7 @@ def _from_memory(
     small: tuple[str | None, str | None, str | None, str | None],
     say: Callable[[str, bool], None],
     peers: NodePeers | None,
+    preloads: Preloads | None,
 ) -> FetchedState | None:
     """The state verified in this node's memory copy, or ``None`` (told to ``say``) when the copy is
     missing, incomplete or fails verification: the caller then reads storage."""
@@ -298,7 +346,9 @@ def _from_memory(
         say(f"no memory copy of {name} on this node: restoring from storage", False)
         return None
     try:
-        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small, peers=peers)
+        fetched_state = _verify_in_place(
+            root, memory.path_of(name), files, fetched, *small, peers=peers, preloads=preloads
+        )
     except (StateRefused, UnsafeEntry, OSError) as e:
         say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage", False)
         return None
@@ -331,6 +381,7 @@ def _verify_in_place(
     user_rel: str | None = None,
     *,
     peers: NodePeers | None = None,
+    preloads: Preloads | None = None,
 ) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
     check through the same descriptors (``syncpoint.workers.integrity.verified_files``). With
@@ -338,7 +389,7 @@ def _verify_in_place(
     the identity it verified (``syncpoint.workers.state.node_share``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
-        _verify_all(root, state_dir, files, fetched, verified, peers)
+        _verify_all(root, state_dir, files, fetched, verified, peers, preloads)
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
@@ -354,8 +405,10 @@ def _verify_in_place(
             stream = stream_state.parse(read_verified(root, stream_rel, files[stream_rel]), stream_rel)
         user_bytes = read_verified(root, user_rel, files[user_rel]) if user_rel is not None else None
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes)
+        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes, tuple(fetched))
     except BaseException:
+        if preloads is not None:  # first: a preload may still read one of the descriptors
+            preloads.close()
         for f in verified.values():
             f.close()
         raise
@@ -368,16 +421,20 @@ def _verify_all(
     fetched: list[str],
     verified: dict[str, VerifiedFile],
     peers: NodePeers | None,
+    preloads: Preloads | None,
 ) -> None:
     """Open and verify ``fetched`` into ``verified`` (the caller closes them on failure); with
-    ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it."""
+    ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it;
+    with ``preloads``, each DeepSpeed file is handed there once verified."""
 
     def mine(rel: str) -> Identity:
         verified[rel] = open_verified(root, rel, files[rel])
+        _preload(preloads, rel, verified[rel].path)
         return verified[rel].signature
 
     def rest(rel: str, offer: Offer | None) -> None:
         verified[rel] = open_verified(root, rel, files[rel], known=offer.identity if offer else None)
+        _preload(preloads, rel, verified[rel].path)
 
     read_split(peers, {rel: files[rel].size for rel in fetched}, state_dir, mine, rest)
 
@@ -526,7 +583,8 @@ def load_into_engine(
                 "a state read in place loads only through the checkpoint engine: fetch a copy "
                 "(in_place=False) for a module-only or other-world-size load"
             )
-        with streaming.serving(fetched.local_dir, {rel: f.path for rel, f in fetched.verified.items()}):
+        served = {rel: f.path for rel, f in fetched.verified.items()}
+        with streaming.serving(fetched.local_dir, served, fetched.preloads):
             engine.load_checkpoint(
                 fetched.local_dir,
                 tag=ENGINE_TAG,
@@ -535,6 +593,18 @@ def load_into_engine(
                 load_lr_scheduler_states=False,
             )
         fetched.unchanged()
+        return
+    if fetched.preloads is not None and not cross and not module_only:  # DeepSpeed reads only these files
+        with streaming.serving(
+            fetched.local_dir, {rel: local_path(fetched.local_dir, rel) for rel in fetched.names}, fetched.preloads
+        ):
+            engine.load_checkpoint(
+                fetched.local_dir,
+                tag=ENGINE_TAG,
+                load_module_strict=True,
+                load_optimizer_states=optimizer,
+                load_lr_scheduler_states=False,
+            )
         return
     if cross:
         from syncpoint.workers.state.elastic_state import check_full_optimizer_state, prepare_resize

@@ -355,6 +355,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             memory=attempt.memory_copy,
             say=lambda line, from_memory: _memory_note(attempt, line, from_memory),
             peers=peers,
+            preload=own is not None,  # DeepSpeed then reads exactly the files fetched
         )
         if fetched.buffers_bytes is not None and buffers_of is not None:
             saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
