@@ -31,3 +31,60 @@ def assign_readers(needs: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
         readers[rel] = reader
         load[reader] += sizes[rel]
     return readers
+
+
+MIN_PIECE = 16 << 20  # a prefetch smaller than this costs more in coordination than it balances
+
+
+def prefetch_pieces(
+    needs: Mapping[int, Mapping[str, int]], readers: Mapping[str, int], min_piece: int = MIN_PIECE
+) -> dict[int, list[tuple[str, int, int]]]:
+    """Byte ranges of the shared files that ranks other than the reader read ahead (rank ->
+    [(file, start, end)]), so a node's ranks read equal shares of its disk's bytes.
+
+    Why: the rank that checksums a shared file reads all of it, so at ZeRO-2 one rank of a node
+    read the model file and its own shard while the others read only their shards and then waited
+    for it (bench P10). A checksum is one sequential pass and cannot be split, but the page cache
+    is shared: another rank that needs the same file reads the file's tail first, and the reader
+    finds those bytes in memory. Each shared file (largest first) is split by water-filling: the
+    file's bytes go to the ranks that need it, lowest load first, until their loads are level; the
+    reader keeps the head, the others get the tail in rank order. Pieces under ``min_piece`` bytes
+    stay with the reader. Loads count the files only one rank needs and the shared files each
+    reader was given (:func:`assign_readers`)."""
+    holders: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
+    for rank in sorted(needs):
+        for rel, size in needs[rank].items():
+            holders.setdefault(rel, []).append(rank)
+            sizes[rel] = max(size, sizes.get(rel, 0))
+    load = {rank: sum(size for rel, size in needs[rank].items() if len(holders[rel]) == 1) for rank in needs}
+    for rel, reader in readers.items():
+        load[reader] += sizes[rel]
+    pieces: dict[int, list[tuple[str, int, int]]] = {}
+    for rel in sorted(readers, key=lambda r: (-sizes[r], r)):
+        reader, size = readers[rel], sizes[rel]
+        helpers = [r for r in holders[rel] if r != reader]
+        base = {reader: load[reader] - size, **{r: load[r] for r in helpers}}
+        shares = _level(base, size)
+        end = size
+        for helper in sorted(helpers, reverse=True):  # the tail, in rank order from the reader's end
+            share = shares[helper]
+            if share < min_piece:
+                continue
+            pieces.setdefault(helper, []).insert(0, (rel, end - share, end))
+            load[helper] += share
+            load[reader] -= share
+            end -= share
+    return pieces
+
+
+def _level(base: Mapping[int, int], total: int) -> dict[int, int]:
+    """Split ``total`` bytes among ranks with ``base`` loads so the lowest loads rise to one level
+    (water-filling): the level is where the ``k`` lowest loads, raised together, take ``total``."""
+    loads = sorted(base.values())
+    level = 0
+    for k in range(1, len(loads) + 1):
+        level = (total + sum(loads[:k])) // k
+        if k == len(loads) or level <= loads[k]:
+            break
+    return {rank: max(0, level - b) for rank, b in base.items()}

@@ -15,6 +15,7 @@ import pytest
 
 from syncpoint.workers.integrity.verified_files import available
 from syncpoint.workers.launch import free_port, run_spawned
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, lm_spec
 
 MODEL = "engine/mp_rank_00_model_states.pt"
@@ -58,6 +59,20 @@ def _rank(rank: int, port: int, url: str, name: str, how: dict, out) -> None:
         return download(storage, state, rel, *a, **k)
 
     verified_files.checksum_fd, reader._download_verified = spy_checksum, spy_download
+    if "min_piece" in how:  # test-sized files: read ahead pieces of any size, and record each
+        import functools
+
+        from syncpoint.policies import shared_reads
+        from syncpoint.workers.state import node_share
+
+        node_share.prefetch_pieces = functools.partial(shared_reads.prefetch_pieces, min_piece=how["min_piece"])
+        read_ahead = verified_files.read_ahead
+
+        def spy_ahead(root, rel, start, end):
+            hashed.append(f"ahead {rel.split('/')[-1]} {start} {end}")
+            return read_ahead(root, rel, start, end)
+
+        verified_files.read_ahead = spy_ahead
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         peers = NodePeers()
@@ -132,6 +147,23 @@ def test_the_model_file_both_ranks_load_is_read_once_per_node(crashed_two_ranks,
     inodes = {r: results[r][2] for r in (0, 1)}
     assert inodes[0][MODEL] == inodes[1][MODEL]  # the very file the other rank verified
     assert set(inodes[0]) >= {MODEL, f"engine/{_shard(0)}"} and set(inodes[1]) >= {MODEL, f"engine/{_shard(1)}"}
+
+
+@needs_fd
+def test_a_rank_reads_ahead_the_tail_of_the_file_the_other_checksums(crashed_two_ranks):
+    """Local storage: rank 1, with less to read, reads the model file's tail ahead (its half of the
+    node's bytes) before its own shard; rank 0 checksums its own shard first, then the model file
+    whole; both take the same verified file, and nothing read ahead decides anything."""
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=True, own_shard=True, min_piece=1)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    state = RunStorage(spec.run_url).local_path("states", name) or ""
+    size = os.path.getsize(os.path.join(state, MODEL))
+    shard = {r: os.path.getsize(os.path.join(state, "engine", _shard(r))) for r in (0, 1)}
+    start = size - (size + shard[0] - shard[1]) // 2
+    assert results[1][1] == [f"ahead mp_rank_00_model_states.pt {start} {size}", _shard(1)], results[1][1]
+    assert results[0][1] == [_shard(0), "mp_rank_00_model_states.pt"], results[0][1]
+    assert results[0][2][MODEL] == results[1][2][MODEL]
 
 
 @needs_fd

@@ -140,6 +140,25 @@ def checksum_fd(fd: int, algo: str, size_limit: int | None = None) -> tuple[int,
     return size, h.hexdigest()
 
 
+def read_ahead(root_fd: int, rel: str, start: int, end: int) -> None:
+    """Read bytes ``[start, end)`` of ``rel`` (opened as :func:`open_verified` opens it) into one
+    reused buffer and drop them: only the page cache keeps them, for the rank of this node that
+    checksums the file (``syncpoint.workers.state.node_share``). Nothing read here is trusted or
+    kept; never past ``end`` (the manifest's size bounds it) nor the file's end."""
+    fd = _open_below(root_fd, rel)
+    try:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        offset = start
+        while offset < end:
+            n = os.preadv(fd, [view[: min(CHUNK, end - offset)]], offset)
+            if not n:
+                break
+            offset += n
+    finally:
+        os.close(fd)
+
+
 def _open_below(root_fd: int, rel: str) -> int:
     """Each directory of ``rel`` and then the file, relative to the one before, none through a link;
     only a regular file (``syncpoint.workers.storage.nofollow``)."""

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from syncpoint.policies.shared_reads import assign_readers
+from syncpoint.policies.errors import StateRefused
+from syncpoint.policies.shared_reads import assign_readers, prefetch_pieces
 from syncpoint.workers.integrity.verified_files import Identity, identity
 
 
@@ -70,6 +71,7 @@ class NodePeers:
 
     key: str = field(default_factory=node_key)
     readers: dict[str, int] = field(default_factory=dict)  # shared file -> the rank that reads it
+    pieces: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)  # rank -> ranges it reads ahead
     _wheres: dict[int, str] = field(default_factory=dict)
     _planned: bool = False
     _shared: bool = False
@@ -92,7 +94,9 @@ class NodePeers:
         dist.all_gather_object(gathered, (self.key, dict(needs), where))
         same = {r: g for r, g in enumerate(gathered) if g is not None and g[0] == self.key}
         self._wheres = {r: g[2] for r, g in same.items()}
-        self.readers = assign_readers({r: g[1] for r, g in same.items()}) if len(same) > 1 else {}
+        needs_of = {r: g[1] for r, g in same.items()}
+        self.readers = assign_readers(needs_of) if len(same) > 1 else {}
+        self.pieces = prefetch_pieces(needs_of, self.readers)
 
     def reads(self, rel: str) -> bool:
         """Whether this rank reads ``rel`` itself (first): its own files, and the shared ones it was given."""
@@ -124,18 +128,33 @@ def read_split(
     where: str,
     mine: Callable[[str], Identity],
     rest: Callable[[str, Offer | None], None],
+    read_ahead: Callable[[str, int, int], None] | None = None,
 ) -> None:
     """Read ``needs`` (file -> size, in order) the node's way: this rank's share first (``mine``
     reads and verifies one file and returns its identity), then the gather that hands the results
     over, then every other file (``rest``, given another rank's offer, or ``None``: read it
     yourself). Without ``peers`` every file is this rank's. The gather is made even when ``mine``
-    raises, so the other ranks never wait for this one."""
+    raises, so the other ranks never wait for this one.
+
+    ``read_ahead(file, start, end)``: warm the page cache with a range of a shared file that
+    another rank of the node checksums (``syncpoint.policies.shared_reads.prefetch_pieces``); this
+    rank does its ranges first, and every rank then reads its files only it needs before the shared
+    ones it checksums, so the ranges are in memory when the checksum reaches them. A failed read
+    ahead is ignored: it decides nothing, the checksum still reads every byte."""
     done: dict[str, Identity] = {}
     offers: dict[str, Offer] = {}
     if peers is not None:
         peers.plan(needs, where)
+    order = list(needs)
     try:
-        for rel in needs:
+        if read_ahead is not None and peers is not None:
+            for rel, start, end in peers.pieces.get(peers.rank, []):
+                try:
+                    read_ahead(rel, start, end)
+                except (OSError, StateRefused):
+                    pass
+            order.sort(key=lambda rel: rel in peers.readers)  # stable: files only this rank needs first
+        for rel in order:
             if peers is None or peers.reads(rel):
                 done[rel] = mine(rel)
     finally:

@@ -1,19 +1,20 @@
 """A restore's DeepSpeed files unpickled on a second thread while the next files are still fetched.
 
-Why: a restore fetched (downloaded or read) and checksummed every file, and only then did DeepSpeed
-unpickle them one by one (``torch.load`` into fresh tensors: 1-2 s per rank for a 0.9 GB share,
-bench P10), so the load waited for the last byte of the last file, and the fetch's disk or network
-sat idle during the load. Files are verified one after another, so each verified file is unpickled
-here, through the same weights-only loader DeepSpeed's reads go through
-(``syncpoint.workers.integrity.safe_load``), while the next one is fetched; DeepSpeed's read of it
+Why: a restore from an object store downloaded and checksummed every file, and only then did
+DeepSpeed unpickle them one by one (``torch.load`` into fresh tensors: 1-2.7 s per rank for a
+0.9 GB share, bench P10), so the load waited for the last byte of the last file, and the network
+sat idle during the load. Files are verified one after another, so each downloaded file is
+unpickled here, through the same weights-only loader DeepSpeed's reads go through
+(``syncpoint.workers.integrity.safe_load``), while the next one downloads; DeepSpeed's read of it
 (``syncpoint.workers.state.checkpoint_engine``) then takes the result instead of reading the file.
+Not for a state verified in place (local storage, the memory copy): its reads take seconds, not
+tens of seconds, and there the second thread's unpickling measured slower than DeepSpeed's own
+read after the fetch (P10, 2026-12-03), so it gained nothing.
 
 What it keeps:
 
-* **only verified bytes**: a file is handed here after its size and checksum matched, and read
-  through the path the fetch verified (a local state's open descriptor, a download renamed into
-  place after its checksum); a local file written meanwhile is still refused after the load
-  (``VerifiedFile.unchanged``), before training;
+* **only verified bytes**: a file is handed here after its size and checksum matched and it was
+  renamed into the rank's private directory, where nobody else writes;
 * **nothing touches the engine early**: results are plain tensors in host memory until DeepSpeed
   asks for them, after every rank fetched, verified and agreed; a state refused meanwhile leaves
   only these objects, dropped with :meth:`Preloads.close`;

@@ -74,6 +74,7 @@ from syncpoint.policies.state_format import (
 from syncpoint.policies.state_paths import path_problem
 from syncpoint.workers import rng
 from syncpoint.workers.data import stream_state
+from syncpoint.workers.integrity import verified_files
 from syncpoint.workers.integrity.checksum import matches_entry
 from syncpoint.workers.integrity.safe_load import check_state_file
 from syncpoint.workers.integrity.verified_files import (
@@ -114,7 +115,7 @@ class FetchedState:
     buffers_bytes: bytes | None = None  # the module buffers this rank applies (``syncpoint.workers.buffers``), verified
     stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
     user_bytes: bytes | None = None  # this rank's Task.stateful objects (``workers.state.user_state``), verified
-    # the DeepSpeed files verified (downloaded copies too) and those being unpickled meanwhile (``preload``)
+    # a downloaded copy: the files verified into local_dir, and those being unpickled meanwhile (``preload``)
     names: tuple[str, ...] = ()
     preloads: Preloads | None = None
 
@@ -185,8 +186,11 @@ def fetch_state(
     makes its gathers exactly once, whatever fails.
 
     ``preload``: the caller's load reads exactly the DeepSpeed files fetched here (``own_shard``
-    and the optimizer loaded); each is unpickled on a second thread as soon as it is verified
-    (``syncpoint.workers.state.preload``), and ``load_into_engine`` hands DeepSpeed the results."""
+    and the optimizer loaded); a downloaded file is unpickled on a second thread as soon as it is
+    verified (``syncpoint.workers.state.preload``), and ``load_into_engine`` hands DeepSpeed the
+    results. A state verified in place (local storage, the memory copy) is not preloaded: its reads
+    take a few seconds, and there the second thread's unpickling measured slower than DeepSpeed's
+    own read after the fetch (bench P10)."""
     preloads = Preloads() if preload else None
     try:
         fetched = _fetch(
@@ -211,7 +215,10 @@ def fetch_state(
     finally:
         if peers is not None:
             peers.finish()
-    fetched.preloads = preloads
+    if fetched.in_place and preloads is not None:
+        preloads.close()  # nothing was handed over (docstring)
+    else:
+        fetched.preloads = preloads
     return fetched
 
 
@@ -242,18 +249,16 @@ def _fetch(
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers, preloads=preloads)
+            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers, read_ahead=True)
         finally:
             os.close(root)
     if memory is not None and in_place and available():
         told = say or (lambda _line, _used: None)
-        from_memory = _from_memory(memory, cand.name, files, fetched, small, told, peers, preloads)
+        from_memory = _from_memory(memory, cand.name, files, fetched, small, told, peers)
         if from_memory is not None:
             return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     try:
-        if preloads is not None:  # a memory copy that failed its check may have started some
-            preloads.close()
         _download_all(
             storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None, preloads
         )
@@ -333,7 +338,6 @@ def _from_memory(
     small: tuple[str | None, str | None, str | None, str | None],
     say: Callable[[str, bool], None],
     peers: NodePeers | None,
-    preloads: Preloads | None,
 ) -> FetchedState | None:
     """The state verified in this node's memory copy, or ``None`` (told to ``say``) when the copy is
     missing, incomplete or fails verification: the caller then reads storage."""
@@ -346,9 +350,7 @@ def _from_memory(
         say(f"no memory copy of {name} on this node: restoring from storage", False)
         return None
     try:
-        fetched_state = _verify_in_place(
-            root, memory.path_of(name), files, fetched, *small, peers=peers, preloads=preloads
-        )
+        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small, peers=peers)
     except (StateRefused, UnsafeEntry, OSError) as e:
         say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage", False)
         return None
@@ -381,7 +383,7 @@ def _verify_in_place(
     user_rel: str | None = None,
     *,
     peers: NodePeers | None = None,
-    preloads: Preloads | None = None,
+    read_ahead: bool = False,
 ) -> FetchedState:
     """Open and verify each file in the state directory itself (``root``, its descriptor); weights-only
     check through the same descriptors (``syncpoint.workers.integrity.verified_files``). With
@@ -389,7 +391,7 @@ def _verify_in_place(
     the identity it verified (``syncpoint.workers.state.node_share``)."""
     verified: dict[str, VerifiedFile] = {}
     try:
-        _verify_all(root, state_dir, files, fetched, verified, peers, preloads)
+        _verify_all(root, state_dir, files, fetched, verified, peers, read_ahead)
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
@@ -405,10 +407,8 @@ def _verify_in_place(
             stream = stream_state.parse(read_verified(root, stream_rel, files[stream_rel]), stream_rel)
         user_bytes = read_verified(root, user_rel, files[user_rel]) if user_rel is not None else None
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes, tuple(fetched))
+        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes)
     except BaseException:
-        if preloads is not None:  # first: a preload may still read one of the descriptors
-            preloads.close()
         for f in verified.values():
             f.close()
         raise
@@ -421,22 +421,25 @@ def _verify_all(
     fetched: list[str],
     verified: dict[str, VerifiedFile],
     peers: NodePeers | None,
-    preloads: Preloads | None,
+    read_ahead: bool,
 ) -> None:
     """Open and verify ``fetched`` into ``verified`` (the caller closes them on failure); with
-    ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it;
-    with ``preloads``, each DeepSpeed file is handed there once verified."""
+    ``peers``, this rank first verifies its share, then takes the rest by identity or verifies it.
+    ``read_ahead``: this rank also reads ahead its ranges of the shared files another rank of the
+    node checksums (``syncpoint.workers.state.node_share.read_split``): storage on a disk, not the
+    memory copy, whose bytes are in memory already."""
 
     def mine(rel: str) -> Identity:
         verified[rel] = open_verified(root, rel, files[rel])
-        _preload(preloads, rel, verified[rel].path)
         return verified[rel].signature
 
     def rest(rel: str, offer: Offer | None) -> None:
         verified[rel] = open_verified(root, rel, files[rel], known=offer.identity if offer else None)
-        _preload(preloads, rel, verified[rel].path)
 
-    read_split(peers, {rel: files[rel].size for rel in fetched}, state_dir, mine, rest)
+    def ahead(rel: str, start: int, end: int) -> None:
+        verified_files.read_ahead(root, rel, start, min(end, files[rel].size))
+
+    read_split(peers, {rel: files[rel].size for rel in fetched}, state_dir, mine, rest, ahead if read_ahead else None)
 
 
 def _other_shard(rel: str, own_shard: int | None) -> bool:
@@ -577,13 +580,13 @@ def load_into_engine(
     streaming = install(engine)
     full = local_path(fetched.local_dir, FULL_OPTIMIZER_FILE)
     cross = other_world_size and engine.zero_optimization_stage() in (1, 2, 3) and optimizer and not module_only
-    if fetched.verified is not None:
-        if cross or module_only:  # these read files by name (elastic_state, the ZeRO-3 consolidation)
-            raise ValueError(
-                "a state read in place loads only through the checkpoint engine: fetch a copy "
-                "(in_place=False) for a module-only or other-world-size load"
-            )
-        served = {rel: f.path for rel, f in fetched.verified.items()}
+    if fetched.verified is not None and (cross or module_only):  # these read files by name (elastic_state, ZeRO-3)
+        raise ValueError(
+            "a state read in place loads only through the checkpoint engine: fetch a copy "
+            "(in_place=False) for a module-only or other-world-size load"
+        )
+    served = _served(fetched) if not cross and not module_only else None
+    if served is not None:  # DeepSpeed reads only the verified files
         with streaming.serving(fetched.local_dir, served, fetched.preloads):
             engine.load_checkpoint(
                 fetched.local_dir,
@@ -593,18 +596,6 @@ def load_into_engine(
                 load_lr_scheduler_states=False,
             )
         fetched.unchanged()
-        return
-    if fetched.preloads is not None and not cross and not module_only:  # DeepSpeed reads only these files
-        with streaming.serving(
-            fetched.local_dir, {rel: local_path(fetched.local_dir, rel) for rel in fetched.names}, fetched.preloads
-        ):
-            engine.load_checkpoint(
-                fetched.local_dir,
-                tag=ENGINE_TAG,
-                load_module_strict=True,
-                load_optimizer_states=optimizer,
-                load_lr_scheduler_states=False,
-            )
         return
     if cross:
         from syncpoint.workers.state.elastic_state import check_full_optimizer_state, prepare_resize
@@ -624,3 +615,14 @@ def load_into_engine(
 
         with open(full, "rb") as f:
             load_full_optimizer_state(engine, f.read())
+
+
+def _served(fetched: FetchedState) -> dict[str, str] | None:
+    """What DeepSpeed is served (``StreamingCheckpointEngine.serving``): a state verified in place,
+    its open descriptors; a downloaded copy with preloads, its files (the caller's load reads only
+    them); else ``None``: DeepSpeed reads the copy's directory by name."""
+    if fetched.verified is not None:
+        return {rel: f.path for rel, f in fetched.verified.items()}
+    if fetched.preloads is not None:
+        return {rel: local_path(fetched.local_dir, rel) for rel in fetched.names}
+    return None
