@@ -158,6 +158,7 @@ def _events(spec) -> list[dict[str, Any]]:
 SECTIONS = [
     ("syncpoint.workers.state.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
     ("syncpoint.workers.state.reader", "_download_verified", "  copy to a temp dir + checksum"),
+    ("syncpoint.workers.integrity.verified_files", "read_ahead", "  read ahead for the node's other rank"),
     ("syncpoint.workers.state.reader", "open_verified", "  open in place + checksum (one read)"),
     ("syncpoint.workers.state.reader", "_link_offered", "  linked from the rank of this node that downloaded it"),
     ("syncpoint.workers.state.node_share.NodePeers", "share", "  hand over to / wait for the node's other rank"),

@@ -70,11 +70,24 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
     assert _parts(client, "parts/uploaded.bin") == 5
 
     back = tmp_path / "back" / "x.bin"
+    flight, most = [0], [0]
+    get_chunks = s3_backend.S3Backend._get_chunks
+
+    async def counted(self, *a, **k):
+        flight[0] += 1
+        most[0] = max(most[0], flight[0])
+        try:
+            return await get_chunks(self, *a, **k)
+        finally:
+            flight[0] -= 1
+
     with pytest.MonkeyPatch.context() as mp:  # the parts are hashed as they land: no read back
         mp.setattr(s3_backend, "checksum_file", lambda *a: pytest.fail("the downloaded file was read back"))
+        mp.setattr(s3_backend.S3Backend, "_get_chunks", counted)
         got = store.download_file(str(back), "streamed.bin", limit=len(data))
     assert got == (len(data), checksum_bytes(data, "xxh3_128"))
     assert back.read_bytes() == data
+    assert most[0] == 3  # a window of max_concurrency ranges in flight, never more
 
     with store.open_durable("small.bin") as w:  # under one part: one PUT
         w.write(b"tiny")

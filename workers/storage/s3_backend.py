@@ -31,9 +31,12 @@ Why reads are hand-written ranged GETs (``_ranged``): every read is bounded (sto
 hostile: an object listed with size 0 may hold terabytes), and s3fs's ``get_file``/``cat_file``
 fetch whatever the object holds. The first GET asks for at most the bound plus one byte and learns
 the object's size from its ``Content-Range``; a larger object is refused then, and the rest moves
-in ``part_size`` ranges, ``concurrency`` at a time, each checked against that size. Each part is
-written from a worker thread (``asyncio.to_thread``): the event loop keeps every other GET of the
-process moving meanwhile (a prefetcher's parallel shard downloads share that one loop).
+in ``part_size`` ranges, ``concurrency`` in flight at all times (a window: the next range starts as
+soon as the oldest arrives, not when a whole batch has; s3fs's own ``get_file`` waits for each
+batch, and a single rank's download then left the server idle between batches, bench P10), each
+checked against that size and handed over in file order, so the checksum still streams. Each part
+is written from a worker thread (``asyncio.to_thread``): the event loop keeps every other GET of
+the process moving meanwhile (a prefetcher's parallel shard downloads share that one loop).
 """
 
 from __future__ import annotations
@@ -171,18 +174,30 @@ class S3Backend(FsspecBackend):
             chunks, total, _ = await self._get_chunks(bucket, key, 0, min(limit + 1, part), fs)
             if total > limit:
                 raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
-            await asyncio.to_thread(into, 0, chunks, total)  # off the event loop: other reads go on meanwhile
             first = sum(map(len, chunks))
-            ranges = [(start, min(start + part, total)) for start in range(first, total, part)]
-            for i in range(0, len(ranges), self.concurrency):
-                batch = ranges[i : i + self.concurrency]
-                got = await asyncio.gather(*(self._get_chunks(bucket, key, a, b, fs) for a, b in batch))
-                for (a, b), (parts, now, _) in zip(batch, got, strict=True):
+            ranges = deque((start, min(start + part, total)) for start in range(first, total, part))
+            window: deque[tuple[int, int, asyncio.Task]] = deque()
+
+            def refill() -> None:
+                while ranges and len(window) < self.concurrency:
+                    a, b = ranges.popleft()
+                    window.append((a, b, asyncio.ensure_future(self._get_chunks(bucket, key, a, b, fs))))
+
+            refill()  # the next parts are in flight while the first is written
+            try:
+                await asyncio.to_thread(into, 0, chunks, total)  # off the event loop: other reads go on meanwhile
+                while window:
+                    a, b, task = window.popleft()
+                    parts, now, _ = await task
                     if now != total or sum(map(len, parts)) != b - a:
                         raise UnsafeEntry(
                             f"{path} changed while it was being read ({total} bytes, then {now}): not read"
                         )
+                    refill()
                     await asyncio.to_thread(into, a, parts, total)
+            finally:
+                for _, _, task in window:
+                    task.cancel()
             return total
 
         return int(sync(fs.loop, fetch))
