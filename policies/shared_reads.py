@@ -18,6 +18,19 @@ def assign_readers(needs: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
     read so far (its files no other rank needs counted too), the lowest rank on a tie: the node's
     reading is balanced, and the answer depends only on ``needs``. A file only one rank needs is
     not listed: that rank reads it, as it always did."""
+    holders, sizes, load = _own_loads(needs)
+    readers: dict[str, int] = {}
+    for rel in sorted((r for r, hs in holders.items() if len(hs) > 1), key=lambda r: (-sizes[r], r)):
+        reader = min(holders[rel], key=lambda rank: (load[rank], rank))
+        readers[rel] = reader
+        load[reader] += sizes[rel]
+    return readers
+
+
+def _own_loads(
+    needs: Mapping[int, Mapping[str, int]],
+) -> tuple[dict[str, list[int]], dict[str, int], dict[int, int]]:
+    """Each file's ranks (in rank order) and size, and each rank's bytes of files only it needs."""
     holders: dict[str, list[int]] = {}
     sizes: dict[str, int] = {}
     for rank in sorted(needs):
@@ -25,12 +38,7 @@ def assign_readers(needs: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
             holders.setdefault(rel, []).append(rank)
             sizes[rel] = max(size, sizes.get(rel, 0))
     load = {rank: sum(size for rel, size in needs[rank].items() if len(holders[rel]) == 1) for rank in needs}
-    readers: dict[str, int] = {}
-    for rel in sorted((r for r, hs in holders.items() if len(hs) > 1), key=lambda r: (-sizes[r], r)):
-        reader = min(holders[rel], key=lambda rank: (load[rank], rank))
-        readers[rel] = reader
-        load[reader] += sizes[rel]
-    return readers
+    return holders, sizes, load
 
 
 MIN_PIECE = 16 << 20  # a prefetch smaller than this costs more in coordination than it balances
@@ -51,13 +59,7 @@ def prefetch_pieces(
     reader keeps the head, the others get the tail in rank order. Pieces under ``min_piece`` bytes
     stay with the reader. Loads count the files only one rank needs and the shared files each
     reader was given (:func:`assign_readers`)."""
-    holders: dict[str, list[int]] = {}
-    sizes: dict[str, int] = {}
-    for rank in sorted(needs):
-        for rel, size in needs[rank].items():
-            holders.setdefault(rel, []).append(rank)
-            sizes[rel] = max(size, sizes.get(rel, 0))
-    load = {rank: sum(size for rel, size in needs[rank].items() if len(holders[rel]) == 1) for rank in needs}
+    holders, sizes, load = _own_loads(needs)
     for rel, reader in readers.items():
         load[reader] += sizes[rel]
     pieces: dict[int, list[tuple[str, int, int]]] = {}
