@@ -191,9 +191,8 @@ def fetch_state(
     results. A state verified in place (local storage, the memory copy) is not preloaded: its reads
     take a few seconds, and there the second thread's unpickling measured slower than DeepSpeed's
     own read after the fetch (bench P10)."""
-    preloads = Preloads() if preload else None
     try:
-        fetched = _fetch(
+        return _fetch(
             storage,
             cand,
             rank,
@@ -206,20 +205,11 @@ def fetch_state(
             memory,
             say,
             peers,
-            preloads,
+            preload,
         )
-    except BaseException:
-        if preloads is not None:
-            preloads.close()
-        raise
     finally:
         if peers is not None:
             peers.finish()
-    if fetched.in_place and preloads is not None:
-        preloads.close()  # nothing was handed over (docstring)
-    else:
-        fetched.preloads = preloads
-    return fetched
 
 
 def _fetch(
@@ -235,7 +225,7 @@ def _fetch(
     memory: MemoryCopy | None,
     say: Callable[[str, bool], None] | None,
     peers: NodePeers | None,
-    preloads: Preloads | None,
+    preload: bool,
 ) -> FetchedState:
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
@@ -258,6 +248,7 @@ def _fetch(
         if from_memory is not None:
             return from_memory
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
+    preloads = Preloads() if preload else None
     try:
         _download_all(
             storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None, preloads
@@ -280,9 +271,17 @@ def _fetch(
         user_bytes = _read_verified(storage, cand.name, user_file(user_of), files) if user_of is not None else None
         _read_verified(storage, cand.name, TRAINER_FILE, files)
         return FetchedState(
-            local, saved, buffers_bytes=buffers_bytes, stream_state=stream, user_bytes=user_bytes, names=tuple(fetched)
+            local,
+            saved,
+            buffers_bytes=buffers_bytes,
+            stream_state=stream,
+            user_bytes=user_bytes,
+            names=tuple(fetched),
+            preloads=preloads,
         )
     except BaseException:
+        if preloads is not None:  # first: a preload still reads a file removed below
+            preloads.close()
         shutil.rmtree(local, ignore_errors=True)
         raise
 

@@ -15,7 +15,8 @@ at a time (s3fs's, 10): uploads of a staged file are s3fs's own ``put_file``, do
 synchronous save) goes through :class:`ParallelPartWriter`, hand-written because s3fs has no
 streaming writer with concurrent parts. Tune both through fsspec's config for ``s3``
 (``FSSPEC_S3='{"default_block_size": 67108864, "max_concurrency": 16}'``); the same settings
-bound the memory a transfer holds (``max_concurrency`` x ``default_block_size`` per file).
+bound the memory a transfer holds (``max_concurrency`` x ``default_block_size`` per file, and one
+part more while a download writes the oldest).
 Checksums still cover the exact bytes: computed as the bytes pass (streaming), from the local
 file (uploads), and over the bytes written to the local file as they are written (downloads,
 before the reader renames it into place; a read back would cost a second pass over every byte,
@@ -195,9 +196,10 @@ class S3Backend(FsspecBackend):
                         )
                     refill()
                     await asyncio.to_thread(into, a, parts, total)
-            finally:
+            finally:  # a failure stops the ranges still in flight, and collects what they raised
                 for _, _, task in window:
                     task.cancel()
+                await asyncio.gather(*(task for _, _, task in window), return_exceptions=True)
             return total
 
         return int(sync(fs.loop, fetch))
