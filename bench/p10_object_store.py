@@ -157,10 +157,14 @@ def _events(spec) -> list[dict[str, Any]]:
 # overlap: "load into engine" contains "DeepSpeed reads files"). (module, attribute, section name)
 SECTIONS = [
     ("syncpoint.workers.state.resume_negotiation", "fetch_state", "fetch: read/download + checksum + check"),
-    ("syncpoint.workers.state.reader", "_download_verified", "  copy to a temp dir + checksum"),
+    ("syncpoint.workers.state.downloads", "download_verified", "  copy to a temp dir + checksum"),
+    ("syncpoint.workers.state.downloads.SplitDownload", "head", "  download the head of the file it checksums"),
+    ("syncpoint.workers.state.downloads.SplitDownload", "piece", "  download a range for the node's other rank"),
+    ("syncpoint.workers.state.node_share.NodePeers", "hand_over", "  hand ranges over / wait for the other rank"),
+    ("syncpoint.workers.state.downloads.SplitDownload", "join", "  complete from the other's range + checksum"),
     ("syncpoint.workers.integrity.verified_files", "read_ahead", "  read ahead for the node's other rank"),
     ("syncpoint.workers.state.reader", "open_verified", "  open in place + checksum (one read)"),
-    ("syncpoint.workers.state.reader", "_link_offered", "  linked from the rank of this node that downloaded it"),
+    ("syncpoint.workers.state.downloads", "_link_offered", "  linked from the rank of this node that downloaded it"),
     ("syncpoint.workers.state.node_share.NodePeers", "share", "  hand over to / wait for the node's other rank"),
     ("syncpoint.workers.state.reader", "check_state_file", "  weights-only check (mmap)"),
     ("syncpoint.workers.state.resume_negotiation", "load_into_engine", "load into engine (DeepSpeed)"),
@@ -278,7 +282,9 @@ def _run(spec, crashes: bool = False) -> list[dict[str, list[float]]]:
     return profiles
 
 
-SAVE_SECTIONS = 11  # SECTIONS[11:] are the save's
+SAVE_SECTIONS = next(
+    i for i, (_, _, name) in enumerate(SECTIONS) if name.startswith("save:")
+)  # the rest are the save's
 
 
 def print_profile(title: str, profiles: list[dict[str, list[float]]], save: bool) -> None:

@@ -47,16 +47,18 @@ MIN_PIECE = 16 << 20  # a prefetch smaller than this costs more in coordination 
 def prefetch_pieces(
     needs: Mapping[int, Mapping[str, int]], readers: Mapping[str, int], min_piece: int = MIN_PIECE
 ) -> dict[int, list[tuple[str, int, int]]]:
-    """Byte ranges of the shared files that ranks other than the reader read ahead (rank ->
-    [(file, start, end)]), so a node's ranks read equal shares of its disk's bytes.
+    """Byte ranges of the shared files that ranks other than the reader read ahead, or download for
+    it (rank -> [(file, start, end)]), so a node's ranks read equal shares of its bytes.
 
     Why: the rank that checksums a shared file reads all of it, so at ZeRO-2 one rank of a node
     read the model file and its own shard while the others read only their shards and then waited
     for it (bench P10). A checksum is one sequential pass and cannot be split, but the page cache
     is shared: another rank that needs the same file reads the file's tail first, and the reader
-    finds those bytes in memory. Each shared file (largest first) is split by water-filling: the
-    file's bytes go to the ranks that need it, lowest load first, until their loads are level; the
-    reader keeps the head, the others get the tail in rank order. Pieces under ``min_piece`` bytes
+    finds those bytes in memory; from an object store the other rank downloads the tail for the
+    reader, which checksums the whole file (``syncpoint.workers.state.node_share``). Each shared
+    file (largest first) is split by water-filling: the file's bytes go to the ranks that need it,
+    lowest load first, until their loads are level; the reader keeps the head, the others get the
+    tail in rank order. Pieces under ``min_piece`` bytes
     stay with the reader. Loads count the files only one rank needs and the shared files each
     reader was given (:func:`assign_readers`)."""
     holders, sizes, load = _own_loads(needs)

@@ -477,3 +477,36 @@ def test_object_store_reads_stop_at_their_bound(request, tmp_path, where):
     assert store.read_bytes("empty.bin", limit=0) == b""
     got = store.read_versioned("empty.bin", limit=0)
     assert got is not None and got.data == b""
+
+
+@pytest.mark.parametrize("where", ["local", "memory", "s3"])
+def test_a_range_reads_only_its_bytes_and_refuses_what_its_bound_or_length_rules_out(request, tmp_path, where):
+    """A node's ranks download a shared file's ranges side by side (``node_share``): each range is
+    exactly its bytes, at the offset asked, several fill one file, and a stored file larger than its
+    bound or shorter than the range is refused before anything past it is read."""
+    if where == "s3":
+        request.getfixturevalue("s3")
+        store = RunStorage(f"s3://{BUCKET}/ranges-{uuid.uuid4().hex[:8]}")
+    elif where == "memory":
+        store = RunStorage(f"memory://ranges-{uuid.uuid4().hex[:8]}")
+    else:
+        store = RunStorage(str(tmp_path / "run"))
+    data = os.urandom(3 << 20)
+    store.write_bytes(data, "big.bin")
+    piece = tmp_path / "piece.bin"
+    store.download_range(str(piece), "big.bin", start=1000, end=2_000_000, limit=len(data))
+    assert piece.read_bytes() == data[1000:2_000_000]
+    whole = tmp_path / "whole.bin"
+    for start, end in ((2_000_000, len(data)), (0, 2_000_000)):  # any order, each at its own offset
+        store.download_range(str(whole), "big.bin", start=start, end=end, limit=len(data), at=start)
+    assert whole.read_bytes() == data
+    with pytest.raises(OversizedEntry):
+        store.download_range(str(tmp_path / "x.bin"), "big.bin", start=0, end=10, limit=len(data) - 1)
+    with pytest.raises(UnsafeEntry, match="shorter"):
+        store.download_range(
+            str(tmp_path / "x.bin"), "big.bin", start=len(data) - 10, end=len(data) + 10, limit=len(data) + 10
+        )
+    if where == "local":
+        os.symlink(tmp_path / "whole.bin", tmp_path / "run" / "link.bin")
+        with pytest.raises(UnsafeEntry):
+            store.download_range(str(tmp_path / "y.bin"), "link.bin", start=0, end=10, limit=len(data))

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-import syncpoint.workers.state.reader as reader
+import syncpoint.workers.state.downloads as state_downloads
 from syncpoint.policies.state_format import rng_file
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, run_key
 from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
@@ -48,13 +48,13 @@ def reference(tmp_path_factory):
 def downloads(monkeypatch):
     """Every state file this process downloads from storage for a restore."""
     seen: list[str] = []
-    orig = reader._download_verified
+    orig = state_downloads.download_verified
 
     def spy(storage, name, rel, entry, local):
         seen.append(f"{name}/{rel}")
         return orig(storage, name, rel, entry, local)
 
-    monkeypatch.setattr(reader, "_download_verified", spy)
+    monkeypatch.setattr(state_downloads, "download_verified", spy)
     return seen
 
 

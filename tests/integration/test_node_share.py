@@ -42,13 +42,17 @@ def _rank(rank: int, port: int, url: str, name: str, how: dict, out) -> None:
     import torch.distributed as dist
 
     from syncpoint.workers.integrity import verified_files
-    from syncpoint.workers.state import reader
+    from syncpoint.workers.state import downloads, reader
     from syncpoint.workers.state.discovery import read_candidate
     from syncpoint.workers.state.node_share import NodePeers
     from syncpoint.workers.storage import RunStorage
 
     hashed: list[str] = []
-    checksum_fd, download = verified_files.checksum_fd, reader._download_verified
+    checksum_fd, download, fetch_range = (
+        verified_files.checksum_fd,
+        downloads.download_verified,
+        downloads.SplitDownload._fetch,
+    )
 
     def spy_checksum(fd, *a, **k):
         hashed.append(os.readlink(f"/proc/self/fd/{fd}").split("/engine/")[-1])
@@ -58,7 +62,17 @@ def _rank(rank: int, port: int, url: str, name: str, how: dict, out) -> None:
         hashed.append(rel.split("/")[-1])
         return download(storage, state, rel, *a, **k)
 
-    verified_files.checksum_fd, reader._download_verified = spy_checksum, spy_download
+    def spy_range(split, rel, path, start, end, at=None):
+        hashed.append(f"range {rel.split('/')[-1]} {start} {end}")
+        if how.get("failed_pieces") and at == 0:  # a range for another rank: storage fails it
+            raise OSError("injected: the range's download failed")
+        fetch_range(split, rel, path, start, end, at)
+        if how.get("garbage_pieces") and at == 0:  # a range for another rank, its bytes wrong
+            with open(path, "r+b") as f:
+                f.write(b"\xff" * 64)
+
+    verified_files.checksum_fd, downloads.download_verified = spy_checksum, spy_download
+    downloads.SplitDownload._fetch = spy_range
     if "min_piece" in how:  # test-sized files: read ahead pieces of any size, and record each
         import functools
 
@@ -157,12 +171,55 @@ def test_a_rank_reads_ahead_the_tail_of_the_file_the_other_checksums(crashed_two
     spec, name = crashed_two_ranks
     results = _fetch_on_two_ranks(spec.run_url, name, in_place=True, own_shard=True, min_piece=1)
     assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    start, size = _split_point(spec, name)
+    assert results[1][1] == [f"ahead mp_rank_00_model_states.pt {start} {size}", _shard(1)], results[1][1]
+    assert results[0][1] == [_shard(0), "mp_rank_00_model_states.pt"], results[0][1]
+    assert results[0][2][MODEL] == results[1][2][MODEL]
+
+
+def _split_point(spec, name: str) -> tuple[int, int]:
+    """Where the model file's tail that rank 1 takes on starts (half the node's bytes each), its size."""
     state = RunStorage(spec.run_url).local_path("states", name) or ""
     size = os.path.getsize(os.path.join(state, MODEL))
     shard = {r: os.path.getsize(os.path.join(state, "engine", _shard(r))) for r in (0, 1)}
-    start = size - (size + shard[0] - shard[1]) // 2
-    assert results[1][1] == [f"ahead mp_rank_00_model_states.pt {start} {size}", _shard(1)], results[1][1]
-    assert results[0][1] == [_shard(0), "mp_rank_00_model_states.pt"], results[0][1]
+    return size - (size + shard[0] - shard[1]) // 2, size
+
+
+@needs_fd
+def test_a_download_of_the_shared_file_is_split_between_the_nodes_ranks(crashed_two_ranks):
+    """Object-store path: rank 1 downloads its shard, then the model file's tail for rank 0; rank 0
+    its shard, then the head; rank 0 completes the file from rank 1's range and checksums it whole,
+    and rank 1 takes that verified file."""
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=False, own_shard=True, min_piece=1)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    start, size = _split_point(spec, name)
+    assert results[1][1] == [_shard(1), f"range mp_rank_00_model_states.pt {start} {size}"], results[1][1]
+    assert results[0][1] == [_shard(0), f"range mp_rank_00_model_states.pt 0 {start}"], results[0][1]
+    assert results[0][2][MODEL] == results[1][2][MODEL]
+
+
+@needs_fd
+def test_a_range_another_rank_could_not_download_is_fetched_by_the_reader(crashed_two_ranks):
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=False, own_shard=True, min_piece=1, failed_pieces=1)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    start, size = _split_point(spec, name)
+    model = "mp_rank_00_model_states.pt"
+    assert results[0][1] == [_shard(0), f"range {model} 0 {start}", f"range {model} {start} {size}"], results[0][1]
+    assert results[0][2][MODEL] == results[1][2][MODEL]
+
+
+@needs_fd
+def test_wrong_bytes_from_another_rank_never_refuse_a_state(crashed_two_ranks):
+    """Rank 1's range is wrong (as if its disk or its read had failed): the completed file fails its
+    checksum, and rank 0 downloads the file whole itself; that download decides, and it is good."""
+    spec, name = crashed_two_ranks
+    results = _fetch_on_two_ranks(spec.run_url, name, in_place=False, own_shard=True, min_piece=1, garbage_pieces=1)
+    assert [results[r][0] for r in (0, 1)] == ["ok", "ok"], results
+    start, _ = _split_point(spec, name)
+    model = "mp_rank_00_model_states.pt"
+    assert results[0][1] == [_shard(0), f"range {model} 0 {start}", model], results[0][1]
     assert results[0][2][MODEL] == results[1][2][MODEL]
 
 
@@ -179,9 +236,12 @@ def test_files_every_rank_needs_are_split_between_the_nodes_ranks(crashed_two_ra
 
 
 @needs_fd
-@pytest.mark.parametrize("in_place", [True, False], ids=["in place", "downloaded"])
-def test_a_changed_shared_file_is_refused_by_every_rank(crashed_two_ranks, tmp_path, in_place):
-    """Rank 0 reads the model file and refuses it; rank 1, offered nothing, checks it itself."""
+@pytest.mark.parametrize(
+    ("in_place", "min_piece"), [(True, None), (False, None), (False, 1)], ids=["in place", "downloaded", "in ranges"]
+)
+def test_a_changed_shared_file_is_refused_by_every_rank(crashed_two_ranks, tmp_path, in_place, min_piece):
+    """Rank 0 reads the model file and refuses it; rank 1, offered nothing, checks it itself. In
+    ranges: the completed file fails, and rank 0's own whole download decides."""
     import shutil
 
     from syncpoint.workers.storage import RunStorage
@@ -195,7 +255,8 @@ def test_a_changed_shared_file_is_refused_by_every_rank(crashed_two_ranks, tmp_p
     data = bytearray(path.read_bytes())
     data[200] ^= 0x01
     path.write_bytes(bytes(data))
-    results = _fetch_on_two_ranks(str(copy), name, in_place=in_place, own_shard=True)
+    pieces = {} if min_piece is None else {"min_piece": min_piece}
+    results = _fetch_on_two_ranks(str(copy), name, in_place=in_place, own_shard=True, **pieces)
     for r in (0, 1):
         status, read, _ = results[r]
         assert status.startswith("ChecksumMismatch") and "mp_rank_00_model_states.pt" in status, results

@@ -88,6 +88,9 @@ def test_backend_moves_exact_bytes_in_parallel_parts(small_parts, tmp_path):
     assert got == (len(data), checksum_bytes(data, "xxh3_128"))
     assert back.read_bytes() == data
     assert most[0] == 3  # a window of max_concurrency ranges in flight, never more
+    piece = tmp_path / "back" / "piece.bin"  # a range across parts, from an offset inside one
+    store.download_range(str(piece), "streamed.bin", start=PART + 7, end=3 * PART + 11, limit=len(data))
+    assert piece.read_bytes() == data[PART + 7 : 3 * PART + 11]
 
     with store.open_durable("small.bin") as w:  # under one part: one PUT
         w.write(b"tiny")

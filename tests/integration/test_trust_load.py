@@ -213,7 +213,7 @@ def test_fetch_refuses_a_manifest_path_outside_the_state_before_writing(tmp_path
 
 
 def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_path):
-    from syncpoint.workers.state.reader import _download_verified
+    from syncpoint.workers.state.downloads import download_verified
 
     store = RunStorage(str(tmp_path / "run"))
     store.write_bytes(b"changed after commit", "states", "000000000004", SHARD)
@@ -223,13 +223,13 @@ def test_a_download_is_renamed_into_place_only_after_its_checksum_matched(tmp_pa
         **entry(len(b"what was committed!!"), "xxh3_128", checksum_bytes(b"what was committed!!", "xxh3_128")).record()
     )
     with pytest.raises(ChecksumMismatch, match="xxh3_128 does not match"):
-        _download_verified(store, "000000000004", SHARD, info, str(local))
+        download_verified(store, "000000000004", SHARD, info, str(local))
     assert not (local / SHARD).exists()
     assert [p for p in local.rglob("*") if p.is_file()] == []  # nor the temporary download
     good = ManifestEntry(
         **entry(len(b"changed after commit"), "xxh3_128", checksum_bytes(b"changed after commit", "xxh3_128")).record()
     )
-    _download_verified(store, "000000000004", SHARD, good, str(local))
+    download_verified(store, "000000000004", SHARD, good, str(local))
     assert (local / SHARD).read_bytes() == b"changed after commit"
 
 

@@ -82,11 +82,11 @@ from syncpoint.workers.integrity.verified_files import (
     Identity,
     VerifiedFile,
     available,
-    identity,
     open_verified,
     read_verified,
 )
-from syncpoint.workers.state.node_share import NodePeers, Offer, link_from_peer, read_split
+from syncpoint.workers.state.downloads import PARTIAL_DIR, download_all
+from syncpoint.workers.state.node_share import NodePeers, Offer, read_split
 from syncpoint.workers.state.preload import Preloads
 from syncpoint.workers.storage import RunStorage
 
@@ -101,7 +101,6 @@ MANIFEST_MAX_DEPTH = 8  # a manifest nests 4 levels (files -> entry -> checksum;
 FETCHED_PREFIXES = tuple(f"{d}/" for d in LOCAL_DIRS)  # the rest is read into memory
 # a data-parallel rank's own files: its ZeRO optimizer shard, and at ZeRO-3 its module partition
 ZERO_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(?:optim|model)_states\.pt")
-PARTIAL_DIR = ".partial"  # downloads land here first; only engine/ and optim/ entries are fetched: no clash
 
 
 @dataclass
@@ -250,7 +249,7 @@ def _fetch(
     local = tempfile.mkdtemp(prefix="syncpoint-load-")
     preloads = Preloads() if preload else None
     try:
-        _download_all(
+        download_all(
             storage, cand.name, files, fetched, local, peers if peers is not None and peers.unused else None, preloads
         )
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
@@ -284,49 +283,6 @@ def _fetch(
             preloads.close()
         shutil.rmtree(local, ignore_errors=True)
         raise
-
-
-def _download_all(
-    storage: RunStorage,
-    name: str,
-    files: dict[str, ManifestEntry],
-    fetched: list[str],
-    local: str,
-    peers: NodePeers | None,
-    preloads: Preloads | None,
-) -> None:
-    """Download and verify ``fetched`` into ``local``; with ``peers``, a file another rank of this
-    node downloaded is hard-linked from its directory instead (``syncpoint.workers.state.node_share``);
-    with ``preloads``, each DeepSpeed file is handed there once it is in place."""
-
-    def mine(rel: str) -> Identity:
-        _download_verified(storage, name, rel, files[rel], local)
-        _preload(preloads, rel, local_path(local, rel))
-        return identity(os.lstat(local_path(local, rel)))
-
-    def rest(rel: str, offer: Offer | None) -> None:
-        if not _link_offered(offer, rel, local):
-            _download_verified(storage, name, rel, files[rel], local)
-        _preload(preloads, rel, local_path(local, rel))
-
-    read_split(peers, {rel: files[rel].size for rel in fetched}, local, mine, rest)
-
-
-def _preload(preloads: Preloads | None, rel: str, path: str) -> None:
-    """Start unpickling a verified DeepSpeed file (``syncpoint.workers.state.preload``)."""
-    if preloads is not None and rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
-        preloads.add(rel, path)
-
-
-def _link_offered(offer: Offer | None, rel: str, local: str) -> bool:
-    """Whether ``rel`` is now in ``local``, linked from the peer that downloaded and verified it."""
-    if offer is None:
-        return False
-    dest = destination(local, rel)
-    partial_dir = os.path.join(local, PARTIAL_DIR)
-    os.makedirs(partial_dir, exist_ok=True)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    return link_from_peer(offer, local_path(offer.where, rel), partial_dir, dest)
 
 
 def _from_memory(
@@ -474,45 +430,6 @@ def _malformed(name: str, problem: str) -> StateRefused:
         f"{name}: {problem}; a state names only normalized relative paths "
         "inside itself, each with a size and one known checksum: refused (corrupt)"
     )
-
-
-def destination(local: str, rel: str) -> str:
-    """Where ``rel`` (already a safe path) lands under ``local``, checked after resolving links:
-    a second line of defence should the rule in ``path_problem`` ever miss a case."""
-    dest = local_path(local, rel)
-    root = os.path.realpath(local)
-    resolved = os.path.realpath(dest)
-    if resolved == root or os.path.commonpath([root, resolved]) != root:
-        raise StateRefused(f"manifest entry {rel!r} resolves outside the state ({resolved}): refused (corrupt)")
-    return dest
-
-
-def _download_verified(storage: RunStorage, name: str, rel: str, entry: ManifestEntry, local: str) -> None:
-    """Download under a temporary name; rename into place only once size and checksum matched."""
-    dest = destination(local, rel)
-    partial_dir = os.path.join(local, PARTIAL_DIR)
-    os.makedirs(partial_dir, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=partial_dir)
-    os.close(fd)
-    algo = entry.algorithm
-    try:
-        size, digest = storage.download_file(partial, STATES_DIR, name, rel, limit=entry.size, algo=algo)
-    except FileNotFoundError:
-        raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
-    except OversizedEntry:
-        raise ChecksumMismatch(
-            f"{rel} is larger than the {entry.size} bytes the manifest says (changed after commit)"
-        ) from None
-    except UnsafeEntry as e:
-        raise StateRefused(f"{e}: refused (corrupt)") from None
-    if size != entry.size:
-        os.unlink(partial)
-        raise ChecksumMismatch(f"{rel} is {size} bytes, the manifest says {entry.size} (changed after commit)")
-    if digest != entry.digest:
-        os.unlink(partial)
-        raise ChecksumMismatch(f"{rel}: {algo} does not match the manifest (content changed after commit)")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    os.replace(partial, dest)
 
 
 def _read_verified(storage: RunStorage, name: str, rel: str, files: dict[str, ManifestEntry]) -> bytes:

@@ -138,6 +138,12 @@ class RunStorage:
         copied one byte more); returns (size, checksum) for verification."""
         return self.backend.download_file(local_path, self.path(*parts), algo, limit)
 
+    def download_range(self, local_path: str, *parts: str, start: int, end: int, limit: int, at: int = 0) -> None:
+        """Copy bytes ``[start, end)`` of a stored file of at most ``limit`` bytes into ``local_path`` at
+        offset ``at``: a node's ranks download a shared file's ranges side by side
+        (``syncpoint.workers.state.node_share``); the whole file's checksum then decides."""
+        self.backend.download_range(local_path, self.path(*parts), start, end, limit, at)
+
     # ---- compare-and-swap of small control files (the lease)
     @property
     def conditional_writes(self) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from syncpoint.policies.errors import OversizedEntry
+from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
@@ -149,6 +149,20 @@ class FsspecBackend:
                 dst.write(chunk)
         return size, h.hexdigest()
 
+    def download_range(self, local_path: str, path: str, start: int, end: int, limit: int, at: int) -> None:
+        """The object's size checked against ``limit`` and ``end`` first; then only ``end - start``
+        bytes are read, from ``start``."""
+        size = int(self.fs.size(path))
+        range_fits(path, size, end, limit)
+        with self.fs.open(path, "rb") as src, range_target(local_path) as dst:
+            src.seek(start)
+            offset = start
+            while offset < end and (chunk := src.read(min(CHUNK, end - offset))):
+                os.pwrite(dst, chunk, at + offset - start)
+                offset += len(chunk)
+        if offset != end:
+            raise UnsafeEntry(f"{path} ended at byte {offset} while its bytes to {end} were read: not read")
+
     # ---- compare-and-swap without server support: compare, write, let a racing writer land, read back
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
         self.fs.invalidate_cache(path)
@@ -231,6 +245,26 @@ def checksum_file(path: str, algo: str) -> tuple[int, str]:
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
+
+
+def range_fits(path: str, size: int, end: int, limit: int) -> None:
+    """Refuse to read a range of a stored file larger than its bound or shorter than the range."""
+    if size > limit:
+        raise OversizedEntry(f"{path} is {size} bytes, more than the {limit} it can hold: not read")
+    if size < end:
+        raise UnsafeEntry(f"{path} is {size} bytes, shorter than the {end} its range needs: not read")
+
+
+@contextlib.contextmanager
+def range_target(local_path: str) -> Iterator[int]:
+    """A local file (this process's own, never through a link) that ranges are written into at their
+    offsets: created when missing, never truncated, so several ranges fill one file."""
+    os.makedirs(os.path.dirname(local_path), exist_ok=True)
+    fd = os.open(local_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def bounded(data: bytes, limit: int, path: str, size: int | None = None) -> bytes:

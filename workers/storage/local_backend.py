@@ -27,7 +27,7 @@ from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.direct_io import DirectFileWriter
-from syncpoint.workers.storage.fsspec_backend import FsspecBackend
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend, range_fits, range_target
 from syncpoint.workers.storage.nofollow import (
     Tree,
     delete_tree,
@@ -182,6 +182,23 @@ class LocalBackend(FsspecBackend):
         finally:
             os.close(src)
         return size, h.hexdigest()
+
+    def download_range(self, local_path: str, path: str, start: int, end: int, limit: int, at: int) -> None:
+        """A regular file (never through a link), its size checked against ``limit`` and ``end``;
+        only ``end - start`` bytes are read."""
+        with self._parent(path) as (fd, name, shown):
+            src = open_regular(fd, name, shown)
+        try:
+            range_fits(shown, os.fstat(src).st_size, end, limit)
+            with range_target(local_path) as dst:
+                offset = start
+                while offset < end and (chunk := os.pread(src, min(CHUNK, end - offset), offset)):
+                    os.pwrite(dst, chunk, at + offset - start)
+                    offset += len(chunk)
+        finally:
+            os.close(src)
+        if offset != end:
+            raise UnsafeEntry(f"{shown} ended at byte {offset} while its bytes to {end} were read: not read")
 
     # ---- compare-and-swap under flock
     def read_versioned(self, path: str, limit: int) -> Versioned | None:

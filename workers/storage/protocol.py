@@ -122,6 +122,12 @@ class StorageBackend(Protocol):
         bytes as they landed locally)."""
         ...
 
+    def download_range(self, local_path: str, path: str, start: int, end: int, limit: int, at: int) -> None:
+        """Copy bytes ``[start, end)`` of a stored file of at most ``limit`` bytes (``OversizedEntry``
+        beyond; ``UnsafeEntry`` when it is shorter than ``end``) into ``local_path`` at offset ``at``
+        (created when missing, never truncated). No checksum: a range is verified with its whole file."""
+        ...
+
     def open_dir(self, path: str) -> int | None:
         """A descriptor of a local directory reached without following links (``None``: not local)."""
         ...

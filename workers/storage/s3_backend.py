@@ -55,7 +55,7 @@ from typing import Any
 from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
-from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file, range_target
 from syncpoint.workers.storage.protocol import Versioned
 
 S3_MAX_PARTS = 10_000  # an S3 multipart upload has at most this many parts
@@ -160,23 +160,41 @@ class S3Backend(FsspecBackend):
             return checksum_file(local_path, algo)
         return size, hasher.hexdigest()
 
-    def _ranged(self, path: str, limit: int, into: Any, fs: Any = None) -> int:
+    def download_range(self, local_path: str, path: str, start: int, end: int, limit: int, at: int) -> None:
+        """Ranged GETs of ``[start, end)`` only, as ``download_file``'s, written at ``at`` onwards."""
+        with range_target(local_path) as dst:
+            if end <= start:
+                return
+
+            def into(offset: int, chunks: list[bytes], total: int) -> None:
+                for chunk in chunks:
+                    os.pwrite(dst, chunk, at + offset - start)
+                    offset += len(chunk)
+
+            self._ranged(path, limit, into, fs=self.verified_fs, start=start, end=end)
+
+    def _ranged(self, path: str, limit: int, into: Any, fs: Any = None, start: int = 0, end: int | None = None) -> int:
         """Read an object of at most ``limit`` bytes through ``into(offset, chunks, total)`` (the bytes
         from ``offset`` on, as the response delivered them; called in offset order); returns its
         size. ``OversizedEntry`` for a larger one (having fetched at most one part), ``UnsafeEntry``
-        for one whose size changed between the GETs. ``fs``: the client to read with (``self.fs``)."""
+        for one whose size changed between the GETs. ``fs``: the client to read with (``self.fs``).
+        ``start``, ``end``: only these bytes (``UnsafeEntry`` when the object ends before ``end``)."""
         from fsspec.asyn import sync
 
         fs = self.fs if fs is None else fs
         bucket, key, _ = fs.split_path(path)
         part = max(1, self.part_size)
+        stop = limit + 1 if end is None else end  # the first GET never asks past the bound plus one byte
 
         async def fetch() -> int:
-            chunks, total, _ = await self._get_chunks(bucket, key, 0, min(limit + 1, part), fs)
+            chunks, total, _ = await self._get_chunks(bucket, key, start, min(stop, start + part), fs)
             if total > limit:
                 raise OversizedEntry(f"{path} is {total} bytes, more than the {limit} it can hold: not read")
-            first = sum(map(len, chunks))
-            ranges = deque((start, min(start + part, total)) for start in range(first, total, part))
+            upto = total if end is None else end
+            if total < upto:
+                raise UnsafeEntry(f"{path} is {total} bytes, shorter than the {upto} its range needs: not read")
+            first = start + sum(map(len, chunks))
+            ranges = deque((a, min(a + part, upto)) for a in range(first, upto, part))
             window: deque[tuple[int, int, asyncio.Task]] = deque()
 
             def refill() -> None:
@@ -186,7 +204,7 @@ class S3Backend(FsspecBackend):
 
             refill()  # the next parts are in flight while the first is written
             try:
-                await asyncio.to_thread(into, 0, chunks, total)  # off the event loop: other reads go on meanwhile
+                await asyncio.to_thread(into, start, chunks, total)  # off the event loop: other reads go on meanwhile
                 while window:
                     a, b, task = window.popleft()
                     parts, now, _ = await task
