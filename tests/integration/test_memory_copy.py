@@ -68,8 +68,38 @@ def _crashed(prefix: str, *extra: str):
     return spec
 
 
+@pytest.fixture
+def mappings(monkeypatch):
+    """How many optimizer tensors each load copied out of its mapped files, and how many mappings of
+    the fetched files were left once each fetch was cleaned up."""
+    import gc
+
+    from syncpoint.workers.state import reader
+    from syncpoint.workers.state.mapped_state import mapped_ranges
+
+    seen: dict[str, list[int]] = {"copied": [], "left": []}
+    real_cleanup, real_copy = reader.FetchedState.cleanup, reader.copy_mapped_optimizer_state
+
+    def cleanup(self):
+        real_cleanup(self)
+        gc.collect()
+        seen["left"].append(len(mapped_ranges(self.local_dir)))
+
+    def copy(engine, directory):
+        seen["copied"].append(real_copy(engine, directory))
+        return seen["copied"][-1]
+
+    monkeypatch.setattr(reader.FetchedState, "cleanup", cleanup)
+    monkeypatch.setattr(reader, "copy_mapped_optimizer_state", copy)
+    return seen
+
+
 @pytest.mark.parametrize("save_mode", ["sync", "async"])
-def test_a_restart_restores_from_the_nodes_memory_copy_bitwise(s3, shm, reference, downloads, capsys, save_mode):
+def test_a_restart_restores_from_the_nodes_memory_copy_bitwise(
+    s3, shm, reference, downloads, mappings, capsys, save_mode
+):
+    """The copy's files are mapped, not read: the optimizer's moments DeepSpeed would keep as views
+    of them are copied, and nothing maps the copy once the restore is done."""
     if save_mode == "async":  # crash right after the second save commits, however late its upload ends
         spec = linear_spec(
             f"s3://{BUCKET}/mem-async",
@@ -98,6 +128,7 @@ def test_a_restart_restores_from_the_nodes_memory_copy_bitwise(s3, shm, referenc
     assert result.resumed_from == newest
     assert f"restoring {newest} from this node's memory copy" in out, out
     assert downloads == []  # no state file came from the object store
+    assert mappings["copied"] and mappings["copied"][-1] > 0 and mappings["left"] == [0], mappings
     ref, ref_final = reference
     assert_same_run(ref, ref_final, spec, result.final_state)
     assert not os.path.exists(run_dir)  # the run finished: its copy is gone

@@ -94,13 +94,35 @@ def test_a_refused_fetch_leaves_no_preload_running(crashed, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name.startswith("syncpoint-preload")]
 
 
-@pytest.mark.parametrize("where", ["local", "memory"])
-def test_a_resume_takes_every_preloaded_file_and_is_bitwise(tmp_path, monkeypatch, where):
+@pytest.mark.parametrize(
+    ("where", "stage"), [("local", 2), ("memory", 1), ("memory", 2), ("memory", 3)], ids=lambda v: str(v)
+)
+def test_a_resume_takes_every_preloaded_file_and_is_bitwise(tmp_path, monkeypatch, where, stage):
     """The download path (``memory://``) hands DeepSpeed the preloaded files: every one added is
-    taken, none is left at cleanup; the in-place path (local storage) preloads none; both resumed
-    runs end where the uninterrupted one ends, byte for byte."""
-    added, left = [], []
+    taken, none is left at cleanup, and nothing maps the fetched files once the fetch is cleaned up
+    (the optimizer's moments, which it would keep as views of the mapped file, were copied); the
+    in-place path (local storage) preloads none; every resumed run ends where the uninterrupted one
+    ends, byte for byte."""
+    import gc
+
+    from syncpoint.workers.state import reader
+    from syncpoint.workers.state.mapped_state import mapped_ranges
+
+    added, left, mapped, copied = [], [], [], []
     real_add, real_close = preload_module.Preloads.add, preload_module.Preloads.close
+    real_cleanup, real_copy = reader.FetchedState.cleanup, reader.copy_mapped_optimizer_state
+
+    def cleanup(self):
+        real_cleanup(self)
+        gc.collect()
+        mapped.append(len(mapped_ranges(self.local_dir)))
+
+    def copy(engine, directory):
+        copied.append(real_copy(engine, directory))
+        return copied[-1]
+
+    monkeypatch.setattr(reader.FetchedState, "cleanup", cleanup)
+    monkeypatch.setattr(reader, "copy_mapped_optimizer_state", copy)
 
     def add(self, rel, path):
         added.append(rel)
@@ -117,6 +139,7 @@ def test_a_resume_takes_every_preloaded_file_and_is_bitwise(tmp_path, monkeypatc
         "task.config.num_samples=20",
         "train.epochs=2",
         "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        f"deepspeed.zero_stage={stage}",
     )
     crashed = lm_spec(f"{root}/run", *overrides, "faults=[{at_micro_step: 10, mode: raise}]")
     assert run_until_crash(crashed) and committed_steps(crashed) == [4, 8, 10]
@@ -125,6 +148,10 @@ def test_a_resume_takes_every_preloaded_file_and_is_bitwise(tmp_path, monkeypatc
     ref_final = run(ref).final_state
     result = run(with_overrides(crashed, "faults=[]"))
     assert result.resumed_from == NEWEST
-    assert (set(added) >= {MODEL, SHARD} if where == "memory" else not added) and not left
+    model = MODEL if stage < 3 else "engine/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    shard = SHARD if stage < 3 else "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert (set(added) >= {model, shard} if where == "memory" else not added) and not left
+    if where == "memory":  # the optimizer was handed views of the mapped file; none outlives the cleanup
+        assert copied and copied[-1] > 0 and mapped == [0], (copied, mapped)
     assert result.final_state == ref_final
     assert digest(crashed, ref_final) == digest(ref, ref_final)

@@ -86,24 +86,28 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         self.served: tuple[str, dict[str, str]] | None = None
         # and the files already unpickled on the fetch's second thread (``syncpoint.workers.state.preload``)
         self.preloads: Preloads | None = None
+        self.mapped = False  # the served files' storages are mapped, not read (``serving``)
         # the last file served, handed out once more if DeepSpeed asks for it again at once: its
         # ``SDLoaderBase.check_ckpt_list`` loads the model file only to read one key, then ``load``
         # loads it again (0.19.8, state_dict_factory.py); the first read of a state file is its cost
         self.repeat: tuple[tuple[str, Any], Any] | None = None
 
     @contextlib.contextmanager
-    def serving(self, root: str, files: dict[str, str], preloads: Preloads | None = None) -> Iterator[None]:
+    def serving(
+        self, root: str, files: dict[str, str], preloads: Preloads | None = None, mapped: bool = False
+    ) -> Iterator[None]:
         """Within the block, DeepSpeed's reads under ``root`` get only these verified files (rel path
         -> the path that opens the verified descriptor, ``syncpoint.workers.integrity.verified_files``,
         or a verified download); any other file it asks for is refused (``StateRefused``): in place,
         the state directory may hold files nobody verified (another rank's shard), and a name there
         may be swapped after verification. A file in ``preloads`` is taken from there when the read
-        asks for host memory (``syncpoint.workers.state.preload``)."""
-        self.served, self.preloads, self.repeat = (root, files), preloads, None
+        asks for host memory (``syncpoint.workers.state.preload``). ``mapped``: the files are this
+        node's memory copy, whose storages are mapped rather than read (``FetchedState.mapped``)."""
+        self.served, self.preloads, self.repeat, self.mapped = (root, files), preloads, None, mapped
         try:
             yield
         finally:
-            self.served, self.preloads, self.repeat = None, None, None
+            self.served, self.preloads, self.repeat, self.mapped = None, None, None, False
 
     @contextlib.contextmanager
     def streaming(self, root: str, sink: Sink) -> Iterator[dict[str, ManifestEntry]]:
@@ -165,7 +169,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         if preloaded is not None:
             loaded = preloaded.result()
         else:
-            loaded = load_state_file(files[rel], rel, map_location=map_location)
+            loaded = load_state_file(files[rel], rel, map_location=map_location, mmap=self.mapped)
         self.repeat = (key, loaded)
         return loaded
 

@@ -7,23 +7,31 @@ sat idle during the load. Files are verified one after another, so each download
 unpickled here, through the same weights-only loader DeepSpeed's reads go through
 (``syncpoint.workers.integrity.safe_load``), while the next one downloads; DeepSpeed's read of it
 (``syncpoint.workers.state.checkpoint_engine``) then takes the result instead of reading the file.
-Not for a state verified in place (local storage, the memory copy): its reads take seconds, not
-tens of seconds, and there the second thread's unpickling measured slower than DeepSpeed's own
-read after the fetch (P10, 2026-12-03), so it gained nothing.
+
+The unpickling maps the file's storages instead of copying them (``torch.load(mmap=True)``, the
+fetch's weights-only check itself, so that check is not made twice): unpickling into fresh
+tensors cost 2-2.7 s of CPU per rank beside the downloads, and on two cores that slowed the
+downloads more than it saved (P10, 2026-12-03: S3 restore 0.76x the raw download, 1.12x with
+mapped storages). DeepSpeed then copies from the page cache into its own tensors; the optimizer
+state it would keep as views of the file is copied after the load
+(``syncpoint.workers.state.mapped_state``), so no mapping outlives the fetch's cleanup.
+Not for a state verified in place (local storage, the memory copy): that file is storage, which
+may change or shrink under a mapping after its check, and its reads take seconds, not tens of
+seconds (the second thread's unpickling measured slower there than DeepSpeed's own read).
 
 What it keeps:
 
 * **only verified bytes**: a file is handed here after its size and checksum matched and it was
-  renamed into the rank's private directory, where nobody else writes;
+  renamed into the rank's private directory, where nobody else writes, and nobody ever rewrites or
+  truncates it (the cleanup only unlinks it);
 * **nothing touches the engine early**: results are plain tensors in host memory until DeepSpeed
   asks for them, after every rank fetched, verified and agreed; a state refused meanwhile leaves
   only these objects, dropped with :meth:`Preloads.close`;
 * **the same placement**: DeepSpeed's reads of these files ask for host memory (``'cpu'``, or
   ``lambda storage, loc: storage``); a read that asks for anything else loads the file itself;
-* **the same peak memory**: DeepSpeed's own load holds the model file while it reads the
-  optimizer shard (the checkpoint engine keeps the last file for DeepSpeed's repeated read), and
-  only the files DeepSpeed reads are preloaded: the caller asks for this only when the load reads
-  exactly this rank's fetched files (``own_shard`` in ``syncpoint.workers.state.reader``).
+* **no more memory than DeepSpeed's own load**: mapped storages are the page cache the download
+  filled, and only the files DeepSpeed reads are preloaded: the caller asks for this only when the
+  load reads exactly this rank's fetched files (``own_shard`` in ``syncpoint.workers.state.reader``).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from syncpoint.workers.integrity.safe_load import load_state_file
 
 
 class Preloads:
-    """Verified files being unpickled in order on one thread; each result is taken once."""
+    """Verified files being unpickled (storages mapped) in order on one thread; each result is taken once."""
 
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
@@ -45,7 +53,17 @@ class Preloads:
         """Start unpickling ``rel`` (its name in the state) from ``path``, a file already verified."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="syncpoint-preload")
-        self._pending[rel] = self._pool.submit(load_state_file, path, rel, map_location="cpu")
+        self._pending[rel] = self._pool.submit(load_state_file, path, rel, map_location="cpu", mmap=True)
+
+    def checked(self, rel: str) -> bool:
+        """Wait for ``rel``'s unpickling, which is the fetch's weights-only check of it (the same load,
+        bounds and refusal as ``check_state_file``): its ``StateRefused`` is raised here. ``False``:
+        ``rel`` is not preloaded (or was taken), so the caller checks it itself."""
+        future = self._pending.get(rel)
+        if future is None:
+            return False
+        future.result()
+        return True
 
     def take(self, rel: str) -> Future[Any] | None:
         """The unpickling of ``rel``, handed out once (``None``: not preloaded, or taken already)."""

@@ -86,6 +86,7 @@ from syncpoint.workers.integrity.verified_files import (
     read_verified,
 )
 from syncpoint.workers.state.downloads import PARTIAL_DIR, download_all
+from syncpoint.workers.state.mapped_state import copy_mapped_optimizer_state
 from syncpoint.workers.state.node_share import NodePeers, Offer, read_split
 from syncpoint.workers.state.preload import Preloads
 from syncpoint.workers.storage import RunStorage
@@ -117,6 +118,9 @@ class FetchedState:
     # a downloaded copy: the files verified into local_dir, and those being unpickled meanwhile (``preload``)
     names: tuple[str, ...] = ()
     preloads: Preloads | None = None
+    # this node's memory copy: DeepSpeed maps the verified files' storages instead of reading them
+    # (syncpoint's own files in a private directory, never rewritten; ``syncpoint.workers.state.mapped_state``)
+    mapped: bool = False
 
     @property
     def in_place(self) -> bool:
@@ -254,7 +258,7 @@ def _fetch(
         )
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
         for rel in fetched:
-            if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
+            if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt") and not (preloads and preloads.checked(rel)):
                 check_state_file(local_path(local, rel), rel)
         saved = None
         rel = rng_file(rank)
@@ -312,6 +316,7 @@ def _from_memory(
     finally:
         os.close(root)
     say(f"restoring {name} from this node's memory copy (verified against its manifest)", True)
+    fetched_state.mapped = True
     return fetched_state
 
 
@@ -503,7 +508,7 @@ def load_into_engine(
         )
     served = _served(fetched) if not cross and not module_only else None
     if served is not None:  # DeepSpeed reads only the verified files
-        with streaming.serving(fetched.local_dir, served, fetched.preloads):
+        with streaming.serving(fetched.local_dir, served, fetched.preloads, fetched.mapped):
             engine.load_checkpoint(
                 fetched.local_dir,
                 tag=ENGINE_TAG,
@@ -511,6 +516,8 @@ def load_into_engine(
                 load_optimizer_states=optimizer,
                 load_lr_scheduler_states=False,
             )
+        if fetched.preloads is not None or fetched.mapped:  # files were mapped: the optimizer keeps none of it
+            copy_mapped_optimizer_state(engine, fetched.local_dir)
         fetched.unchanged()
         return
     if cross:
