@@ -63,7 +63,7 @@ def download_verified(storage: RunStorage, name: str, rel: str, entry: ManifestE
     """Download under a temporary name; rename into place only once size and checksum matched."""
     dest = destination(local, rel)  # before any byte is fetched
     partial = _partial(local)
-    with _refusals(rel, entry):
+    with storage_refusals(rel, entry):
         size, digest = storage.download_file(partial, STATES_DIR, name, rel, limit=entry.size, algo=entry.algorithm)
     _place(partial, size, digest, rel, entry, dest)
 
@@ -112,7 +112,7 @@ class SplitDownload:
     def _fetch(self, rel: str, path: str, start: int, end: int, at: int | None = None) -> None:
         """Bytes ``[start, end)`` of ``rel`` into ``path`` at ``at`` (their own offset by default)."""
         entry = self.files[rel]
-        with _refusals(rel, entry):
+        with storage_refusals(rel, entry):
             self.storage.download_range(
                 path, STATES_DIR, self.name, rel, start=start, end=end, limit=entry.size, at=start if at is None else at
             )
@@ -167,11 +167,14 @@ def _partial(local: str, prefix: str = "tmp") -> str:
 
 
 @contextlib.contextmanager
-def _refusals(rel: str, entry: ManifestEntry) -> Iterator[None]:
-    """What storage says about a listed file, as the refusal of the state it belongs to."""
+def storage_refusals(rel: str, entry: ManifestEntry, missing: bool = True) -> Iterator[None]:
+    """What storage says about a listed file, as the refusal of the state it belongs to (with
+    ``missing=False`` a missing file raises ``FileNotFoundError``: the caller tells what it means)."""
     try:
         yield
     except FileNotFoundError:
+        if not missing:
+            raise
         raise StateRefused(f"{rel}: missing from storage, though the manifest lists it: refused (corrupt)") from None
     except OversizedEntry:
         raise ChecksumMismatch(

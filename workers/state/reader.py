@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
 from syncpoint.policies.candidates import Candidate
-from syncpoint.policies.errors import OversizedEntry, StateRefused, UnsafeEntry
+from syncpoint.policies.errors import StateRefused, UnsafeEntry
 from syncpoint.policies.state_format import (
     ENGINE_TAG,
     FULL_OPTIMIZER_FILE,
@@ -85,7 +85,7 @@ from syncpoint.workers.integrity.verified_files import (
     open_verified,
     read_verified,
 )
-from syncpoint.workers.state.downloads import PARTIAL_DIR, download_all
+from syncpoint.workers.state.downloads import PARTIAL_DIR, download_all, storage_refusals
 from syncpoint.workers.state.mapped_state import copy_mapped_optimizer_state
 from syncpoint.workers.state.node_share import NodePeers, Offer, read_split
 from syncpoint.workers.state.preload import Preloads
@@ -452,14 +452,8 @@ def read_listed(storage: RunStorage, state: tuple[str, ...], rel: str, entry: Ma
     it matches its entry. ``state``: the state directory's parts in ``storage``. Raises
     ``StateRefused`` (``ChecksumMismatch`` for changed bytes), ``FileNotFoundError`` when it is
     missing (not a committed state); any other ``OSError`` is the storage failing."""
-    try:
+    with storage_refusals(rel, entry, missing=False):
         data = storage.read_bytes(*state, rel, limit=entry.size)
-    except OversizedEntry:
-        raise ChecksumMismatch(
-            f"{rel} is larger than the {entry.size} bytes the manifest says (changed after commit)"
-        ) from None
-    except UnsafeEntry as e:
-        raise StateRefused(f"{e}: refused (corrupt)") from None
     if not matches_entry(entry, data):
         raise ChecksumMismatch(f"{rel}: {entry.algorithm} does not match the manifest")
     return data
