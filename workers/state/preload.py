@@ -15,9 +15,11 @@ downloads more than it saved (P10, 2026-12-03: S3 restore 0.76x the raw download
 mapped storages). DeepSpeed then copies from the page cache into its own tensors; the optimizer
 state it would keep as views of the file is copied after the load
 (``syncpoint.workers.state.mapped_state``), so no mapping outlives the fetch's cleanup.
-Not for a state verified in place (local storage, the memory copy): that file is storage, which
-may change or shrink under a mapping after its check, and its reads take seconds, not tens of
-seconds (the second thread's unpickling measured slower there than DeepSpeed's own read).
+Not for a state verified in place, whose reads take seconds, not tens of seconds (the second
+thread's unpickling measured slower there than DeepSpeed's own read). Of those, DeepSpeed's own
+read maps the node's memory copy (``FetchedState.mapped`` in ``syncpoint.workers.state.reader``),
+and never a local state: that file is storage, which may change or shrink under a mapping after
+its check.
 
 What it keeps:
 

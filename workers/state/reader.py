@@ -258,7 +258,11 @@ def _fetch(
         )
         shutil.rmtree(os.path.join(local, PARTIAL_DIR), ignore_errors=True)
         for rel in fetched:
-            if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt") and not (preloads and preloads.checked(rel)):
+            if (
+                rel.startswith(f"{ENGINE_TAG}/")
+                and rel.endswith(".pt")
+                and not (preloads is not None and preloads.checked(rel))
+            ):
                 check_state_file(local_path(local, rel), rel)
         saved = None
         rel = rng_file(rank)

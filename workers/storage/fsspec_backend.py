@@ -19,7 +19,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -156,12 +156,7 @@ class FsspecBackend:
         range_fits(path, size, end, limit)
         with self.fs.open(path, "rb") as src, range_target(local_path) as dst:
             src.seek(start)
-            offset = start
-            while offset < end and (chunk := src.read(min(CHUNK, end - offset))):
-                os.pwrite(dst, chunk, at + offset - start)
-                offset += len(chunk)
-        if offset != end:
-            raise UnsafeEntry(f"{path} ended at byte {offset} while its bytes to {end} were read: not read")
+            copy_range(lambda _offset, n: src.read(n), dst, start, end, at, path)
 
     # ---- compare-and-swap without server support: compare, write, let a racing writer land, read back
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
@@ -253,6 +248,17 @@ def range_fits(path: str, size: int, end: int, limit: int) -> None:
         raise OversizedEntry(f"{path} is {size} bytes, more than the {limit} it can hold: not read")
     if size < end:
         raise UnsafeEntry(f"{path} is {size} bytes, shorter than the {end} its range needs: not read")
+
+
+def copy_range(read: Callable[[int, int], bytes], dst: int, start: int, end: int, at: int, shown: str) -> None:
+    """Bytes ``[start, end)``, read in chunks by ``read(offset, size)``, written to ``dst`` from offset
+    ``at``; ``UnsafeEntry`` when the stored file ends before ``end``."""
+    offset = start
+    while offset < end and (chunk := read(offset, min(CHUNK, end - offset))):
+        os.pwrite(dst, chunk, at + offset - start)
+        offset += len(chunk)
+    if offset != end:
+        raise UnsafeEntry(f"{shown} ended at byte {offset} while its bytes to {end} were read: not read")
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.direct_io import DirectFileWriter
-from syncpoint.workers.storage.fsspec_backend import FsspecBackend, range_fits, range_target
+from syncpoint.workers.storage.fsspec_backend import FsspecBackend, copy_range, range_fits, range_target
 from syncpoint.workers.storage.nofollow import (
     Tree,
     delete_tree,
@@ -191,14 +191,9 @@ class LocalBackend(FsspecBackend):
         try:
             range_fits(shown, os.fstat(src).st_size, end, limit)
             with range_target(local_path) as dst:
-                offset = start
-                while offset < end and (chunk := os.pread(src, min(CHUNK, end - offset), offset)):
-                    os.pwrite(dst, chunk, at + offset - start)
-                    offset += len(chunk)
+                copy_range(lambda offset, n: os.pread(src, n, offset), dst, start, end, at, shown)
         finally:
             os.close(src)
-        if offset != end:
-            raise UnsafeEntry(f"{shown} ended at byte {offset} while its bytes to {end} were read: not read")
 
     # ---- compare-and-swap under flock
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
