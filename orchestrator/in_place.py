@@ -44,6 +44,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
 
     from syncpoint.orchestrator.failure_policy import record_interruption
     from syncpoint.orchestrator.ray_runner import quiet_training_process
+    from syncpoint.orchestrator.spare_workers import AfterFirstStep
     from syncpoint.orchestrator.warm_nodes import server_key, wanted
     from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
@@ -51,7 +52,12 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     submission = config["submission_id"]
     board: Any = config.get("heartbeat")
 
+    # one request per node, for its ranks, once this rank trains (``spare_workers.AfterFirstStep``)
+    spares = AfterFirstStep(ctx.get_local_world_size()) if wanted(spec) and ctx.get_local_rank() == 0 else None
+
     def beat(rank: int, attempt: int, step: int, at: float) -> None:
+        if spares is not None:
+            spares()
         board.beat.remote(rank, attempt, step, at)  # fire and forget, as the loop's Heartbeat sends it
 
     def before(journal: Any) -> None:  # the measured interruption point, as Ray's failure policy writes it
@@ -77,4 +83,6 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
         timeout_s=spec.scaling.collective_timeout_s,
         exchange=ray.train.collective.broadcast_from_rank_zero,  # Ray Train's own: no torch process group
     )
+    if spares is not None and board is None:  # no heartbeats to wait for: ask now
+        spares()
     Supervisor(spec, plan, ctx.get_local_rank(), hooks).run()

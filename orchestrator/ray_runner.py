@@ -295,7 +295,12 @@ def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False) -> b
     # address="local": a new embedded instance even when another Ray runs on this machine (without
     # it, ray.init joins that one and then refuses num_cpus: "When connecting to an existing cluster").
     num_cpus = max(int(needed + 0.999), 1)
-    ray.init(address="local", num_cpus=num_cpus, log_to_driver=True, runtime_env=runtime_env, **init_options(dashboard))
+    from syncpoint.orchestrator.spare_workers import preloading_raylet
+
+    with preloading_raylet(spec):
+        ray.init(
+            address="local", num_cpus=num_cpus, log_to_driver=True, runtime_env=runtime_env, **init_options(dashboard)
+        )
     quiet_driver()
     return True
 

@@ -964,8 +964,10 @@ class FailureSpec(_Strict):
             "With in_place on CPU ranks: keep one warm training-process server (torch and DeepSpeed imported) on "
             "every node that can host a rank, for the job's length, so a new worker group (a Ray Train restart, a "
             "lost node's replacement already in the cluster, the first one on an embedded run) forks its training "
-            "processes from it instead of importing them again. Costs each node one idle process (~0.5 GB here). "
-            "false: each worker starts its own server, which ends with it."
+            "processes from it instead of importing them again; and, on each node that hosts ranks, as many spare Ray "
+            "worker processes for the job's next worker group as it has ranks, so that group's actors start without "
+            "new processes. Costs each node one idle process (~0.5 GB here) and one per rank (~0.2 GB). "
+            "false: each worker starts its own server, which ends with it, and no spares."
         ),
     )
 
