@@ -373,6 +373,20 @@ def test_worker_grace_period_outlasts_ray_drain(overlay: tuple[str, list[Doc]]) 
             assert pod["terminationGracePeriodSeconds"] > drain, name
 
 
+def test_every_ray_container_preloads_ray_trains_worker_module(overlay: tuple[str, list[Doc]]) -> None:
+    """A restart's spare Ray workers (``syncpoint.orchestrator.spare_workers``) are warm only when the
+    raylet starts every worker process with Ray Train's worker module imported: the module the code
+    names, in the head's and every worker group's Ray container."""
+    from syncpoint.orchestrator.spare_workers import PRELOAD_ENV, TRAIN_WORKER_MODULE
+
+    name, docs = overlay
+    job = one(docs, "RayJob")
+    pods = [_head(job), *(group["template"]["spec"] for group in _workers(job))]
+    for pod in pods:
+        ray_container = pod["containers"][0]
+        assert _env(ray_container)[PRELOAD_ENV].get("value") == TRAIN_WORKER_MODULE, (name, ray_container["name"])
+
+
 def _credential_values(node: Any) -> list[str]:
     found = []
     if isinstance(node, dict):
