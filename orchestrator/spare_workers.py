@@ -35,6 +35,7 @@ PRELOAD_ENV = "RAY_preload_python_modules"
 # after that Ray may end it, and the next worker group asks again. The job's end ends them all.
 KEEP_ALIVE_S = 24 * 3600
 REQUEST_TIMEOUT_S = 10.0
+DELAY_S = 10.0  # after a rank's first step: its node's spares start while it trains (``AfterFirstStep``)
 
 
 @contextlib.contextmanager
@@ -95,19 +96,23 @@ def _protos() -> tuple[Any, Any, Any, Any]:
 
 
 class AfterFirstStep:
-    """Requests ``count`` spares once, on a daemon thread, when first called: the supervisor calls it
-    at each heartbeat of its rank, the first of which follows the rank's first optimizer step.
+    """Requests ``count`` spares once, on a daemon thread, ``DELAY_S`` after it is first called: the
+    supervisor calls it at each heartbeat of its rank, the first of which follows the rank's first
+    optimizer step.
 
-    Why then and not at launch: a spare's start (a Python process importing Ray Train, about a
-    CPU-second) beside a restore slowed it on two cores (one lost node's restart, requested at
-    launch: 3.0 s from the launch to the resume decision, against 0.7 s without spares); after the
-    first step the restore is done, and the spares start while the rank trains."""
+    Why not at launch, and not at once: a spare's start (a Python process importing Ray Train, about
+    a CPU-second) beside a restore or an in-place recovery slows them on a small node (measured on
+    two cores, spares asked for at the first step with a failure half a second later: an in-place
+    recovery took 1.0 s instead of 0.3 s). A failure that soon after a start is rare; the spares
+    start while the rank trains, and they serve every later worker group of the job."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, delay_s: float | None = None) -> None:
         self.count = count
-        self.thread: threading.Thread | None = None
+        self.delay_s = DELAY_S if delay_s is None else delay_s
+        self.timer: threading.Timer | None = None
 
     def __call__(self) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=request, args=(self.count,), name="syncpoint-spares", daemon=True)
-            self.thread.start()
+        if self.timer is None:
+            self.timer = threading.Timer(self.delay_s, request, args=(self.count,))
+            self.timer.name, self.timer.daemon = "syncpoint-spares", True
+            self.timer.start()
