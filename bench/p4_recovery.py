@@ -292,9 +292,14 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
     for label, target in ((VARIANTS[1][0], 3.0), (VARIANTS[2][0], 2.0)):
         if label in med:
             r = med[label]["R"]
+            against = (
+                f"{r / ray_r:.2f}x the Ray Train restart's {ray_r:.2f} s"
+                if ray_r == ray_r  # not NaN: that path ran in this run
+                else "no Ray Train restart in this run to compare with"
+            )
             print(
                 f"goal {label.replace(': ', '_').replace(' ', '_')}_R: {r:.2f} s vs <= {target:g} s: "
-                f"{'met' if r <= target else 'not met'} ({r / ray_r:.2f}x the Ray Train restart's {ray_r:.2f} s)"
+                f"{'met' if r <= target else 'not met'} ({against})"
             )
     if VARIANTS[1][0] in med:
         v = med[VARIANTS[1][0]]
