@@ -83,6 +83,6 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
         timeout_s=spec.scaling.collective_timeout_s,
         exchange=ray.train.collective.broadcast_from_rank_zero,  # Ray Train's own: no torch process group
     )
-    if spares is not None and board is None:  # no heartbeats to wait for: ask now
+    if spares is not None and board is None:  # no heartbeats to wait for: DELAY_S after the launch
         spares()
     Supervisor(spec, plan, ctx.get_local_rank(), hooks).run()

@@ -2,12 +2,11 @@
 
 Why: a new Ray Train worker group (a lost node, a preemption, any failure that is not recovered in
 place) waits for Ray to start one new Python process per worker and for each to import Ray Train
-before its actor exists: 2.4 s of a lost node's 5.5 s restart on two cores (bench P4). Ray's raylet
+before its actor exists: most of what was left of a lost node's restart (bench P4). Ray's raylet
 can start worker processes for a job and runtime environment ahead of any request
 (``PrestartWorkers``), and hands an idle one to the next actor with the same job and runtime
 environment; with Ray Train's worker module preloaded (``PRELOAD_ENV``, read by every worker process
-the raylet starts) the actor is created in hundredths of a second (measured: 0.06 s for two, against
-1.9 s).
+the raylet starts) the new group's actors exist in a fraction of that time (P4 has the numbers).
 
 Why by hand: Ray has no Python API for that call (its core worker's C++ method is not exposed), so
 this sends the raylet's own gRPC request (``node_manager_pb2``, Ray's generated stubs, pinned with
@@ -101,18 +100,17 @@ class AfterFirstStep:
     optimizer step.
 
     Why not at launch, and not at once: a spare's start (a Python process importing Ray Train, about
-    a CPU-second) beside a restore or an in-place recovery slows them on a small node (measured on
-    two cores, spares asked for at the first step with a failure half a second later: an in-place
-    recovery took 1.0 s instead of 0.3 s). A failure that soon after a start is rare; the spares
-    start while the rank trains, and they serve every later worker group of the job."""
+    a CPU-second) beside a restore or an in-place recovery slows them on a small node (bench P4:
+    spares asked for at the first step tripled an in-place recovery that followed half a second
+    later). A failure that soon after a start is rare; the spares start while the rank trains, and
+    they serve every later worker group of the job."""
 
-    def __init__(self, count: int, delay_s: float | None = None) -> None:
+    def __init__(self, count: int) -> None:
         self.count = count
-        self.delay_s = DELAY_S if delay_s is None else delay_s
         self.timer: threading.Timer | None = None
 
     def __call__(self) -> None:
         if self.timer is None:
-            self.timer = threading.Timer(self.delay_s, request, args=(self.count,))
+            self.timer = threading.Timer(DELAY_S, request, args=(self.count,))
             self.timer.name, self.timer.daemon = "syncpoint-spares", True
             self.timer.start()
