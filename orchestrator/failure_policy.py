@@ -208,7 +208,8 @@ def record_interruption(
             )
             return None
     except Exception as e:  # noqa: BLE001 - the measurement is for people; it must not change Ray's decision
-        note = f"attempt {attempt or '?'}: the heartbeat reading failed ({type(e).__name__}: {str(e)[:200]})"
+        why = " ".join(str(e).split())  # Ray's actor errors put the cause (owner, node) after their first line
+        note = f"attempt {attempt or '?'}: the heartbeat reading failed ({type(e).__name__}: {why[:600]})"
     line = f"[syncpoint] no interruption point measured for {note}; lost work falls back to the flushed progress"
     print(line, file=sys.stderr, flush=True)
     return line
