@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -216,7 +217,7 @@ def add_worker_node(
                 if cmd and cmd[0].endswith("raylet"):
                     ids = [a.split("=", 1)[1] for a in cmd if a.startswith("--node_id=")]
                     if ids:
-                        wait_until_registered(head, ids[0], env, deadline)
+                        wait_until_registered(head, ids[0], env, deadline, proc, temp)
                         return WorkerNode(proc, ids[0], mark)
         if proc.poll() is not None:
             raise AssertionError(f"`ray start --block` for a worker node exited with {proc.returncode}")
@@ -225,18 +226,37 @@ def add_worker_node(
     raise AssertionError(f"a worker node's raylet did not start within {timeout:.0f} s")
 
 
-def wait_until_registered(head: Head, node_id: str, env: dict, deadline: float) -> None:
+def wait_until_registered(
+    head: Head, node_id: str, env: dict, deadline: float, proc: subprocess.Popen | None = None, temp: str = ""
+) -> None:
     """A raylet runs some seconds (tens on a loaded machine) before the GCS lists its node as
-    active, and Ray Train sees no capacity until then: wait, bounded, for `ray status` to list it."""
+    active, and Ray Train sees no capacity until then: wait, bounded, for `ray status` to list it.
+    When it does not, say what the node was doing (its `ray start`, its raylet's last log lines)."""
+    status = ""
     while time.monotonic() < deadline:
         r = subprocess.run(
             [f"{BIN}/ray", "status", "--address", head.gcs_address], env=env, capture_output=True, text=True, timeout=60
         )
+        status = r.stdout
         alive = r.stdout.split("Pending:", 1)[0]  # the Active: and Idle: sections (not recent failures)
         if f"node_{node_id}" in alive:
             return
+        if proc is not None and proc.poll() is not None:
+            break
         time.sleep(1)
-    raise AssertionError(f"worker node {node_id[:12]} did not register with the head in time")
+    started = "running" if proc is None or proc.poll() is None else f"exited with {proc.returncode}"
+    raise AssertionError(
+        f"worker node {node_id[:12]} did not register with the head in time (its `ray start`: {started}); "
+        f"`ray status` said:\n{status[-1500:]}\nits raylet's last lines:\n{_raylet_tail(temp)}"
+    )
+
+
+def _raylet_tail(temp: str, lines: int = 15) -> str:
+    """The last lines of a node's raylet log, under the node's own temp dir (empty when there is none)."""
+    logs = sorted(pathlib.Path(temp).glob("session_*/logs/raylet.out")) if temp else []
+    if not logs:
+        return "(no raylet log)"
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:])
 
 
 def events(spec, kind: str) -> list[dict]:

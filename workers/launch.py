@@ -105,6 +105,7 @@ def _child(
     environ: dict[str, str],
     in_place: bool = False,
     warm_key: str | None = None,
+    start_wait_s: float = 600,
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     os.environ.clear()
@@ -130,8 +131,9 @@ def _child(
                 warm_key=warm_key,
             )
             # no process group here, as in a Ray Train worker: the supervisors only exchange an address
-            exchange = _StoreExchange(rank, world, port, spec.scaling.collective_timeout_s)
-            Supervisor(spec, CoordinatorPlan(rank, world, "127.0.0.1", exchange.timeout_s, exchange), rank, hooks).run()
+            exchange = _StoreExchange(rank, world, port, start_wait_s)
+            plan = CoordinatorPlan(rank, world, "127.0.0.1", spec.scaling.collective_timeout_s, exchange)
+            Supervisor(spec, plan, rank, hooks).run()
         else:
             from syncpoint.workers.loop import WorkerContext, run_worker
 
@@ -153,16 +155,20 @@ def _child(
 
 class _StoreExchange:
     """Rank 0's value on every rank, through a ``TCPStore`` that rank 0 serves on the launcher's port:
-    what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray. Bounded by at least a
-    minute: rank 0 first starts its store agent, which may wait for its fork server's imports."""
+    what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray.
+
+    Why not ``scaling.collective_timeout_s`` as its bound: rank 0 first starts its store agent, which
+    waits for its fork server's imports of torch and DeepSpeed, and on a starved machine that took
+    over a minute. A rank waits for rank 0's value as long as the launcher lets the run live
+    (``wait_s``); rank 0's death closes the store, which ends the wait at once."""
 
     KEY = "syncpoint/supervisors"
 
-    def __init__(self, rank: int, world: int, port: int, collective_timeout_s: float) -> None:
+    def __init__(self, rank: int, world: int, port: int, wait_s: float) -> None:
         from datetime import timedelta
 
-        self.rank, self.timeout_s = rank, collective_timeout_s
-        timeout = timedelta(seconds=max(60.0, collective_timeout_s))
+        self.rank = rank
+        timeout = timedelta(seconds=wait_s)
         self.store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout, wait_for_workers=False)
 
     def __call__(self, value: Any) -> Any:
@@ -197,7 +203,7 @@ def run_spawned(
     submission = uuid.uuid4().hex
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
-    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key)
+    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key, timeout)
     procs = [ctx.Process(target=_child, args=(args[0], r, *args[1:])) for r in range(world)]
     with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
         for p in procs:

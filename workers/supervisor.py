@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 POLL_S = 0.05  # how often a supervisor looks at its child and at the generation's failed mark
 END_LIMIT = 1 << 16  # a published RankEnd is short; anything longer is not a supervisor's
 ESCALATED_WAIT_S = 120.0  # a surviving supervisor waits this long for Ray Train to end the group
+# how long the supervisors wait for each other's store agents, that is for each rank's fork server's
+# imports of torch and DeepSpeed (over a minute on a starved machine)
+JOIN_BOUND_S = 600.0
 
 
 class TrainingProcessDied(RuntimeError):
@@ -144,7 +147,9 @@ class CoordinatorPlan:
         host, port = str(address[0]), int(address[1])
         if store is None:
             store = _agent(start, (host, port, self.timeout_s), name)
-        return Coordinator(store, host, port, self.rank, self.world)
+        coordinator = Coordinator(store, host, port, self.rank, self.world)
+        coordinator.join(JOIN_BOUND_S)
+        return coordinator
 
 
 def _agent(start: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
@@ -165,6 +170,18 @@ class Coordinator:
     def close(self) -> None:
         """End this rank's store agent (rank 0's: the store; every rank has left it by then)."""
         self.store.close()
+
+    def join(self, bound_s: float) -> None:
+        """Wait (bounded) until every rank's agent has joined the store. Why: each agent comes from
+        its rank's fork server, so then every rank forks its first training process at once, and a
+        rank whose imports were slow does not spend the others' first collective's timeout
+        (``scaling.collective_timeout_s``, which may be seconds)."""
+        self.store.add("joined", 1)
+        deadline = time.monotonic() + bound_s
+        while self.store.add("joined", 0) < self.world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"in-place recovery: not every rank's supervisor joined within {bound_s:g} s")
+            time.sleep(POLL_S)
 
     def mark_failed(self, generation: int) -> None:
         self.store.add(f"g{generation}/failed", 1)
