@@ -3,8 +3,8 @@ run stored in S3 (moto's server on loopback):
 
 * a restart on the same node restores from the copy, reads no state file from the object store,
   and ends bitwise where the uninterrupted run ends (sync and asynchronous saves);
-* a copy with a changed byte, or none at all, falls back to storage and says so; the resume is the
-  same;
+* a copy with a changed byte, an older state's bytes, a missing file, or none at all, falls back
+  to storage and says so; the resume is the same;
 * a node keeps only the newest committed state; a finished run removes its copy;
 * a shared-memory directory that is not this user's private one is never written or read, and a
   save goes on without a copy; local storage writes no copy (its states restore in place).
@@ -161,6 +161,34 @@ def test_no_copy_on_this_node_restores_from_storage_and_says_so(s3, shm, referen
     out = capsys.readouterr().out
     assert f"no memory copy of {NEWEST} on this node: restoring from storage" in out, out
     assert downloads and result.resumed_from == NEWEST
+    ref, ref_final = reference
+    assert digest(spec, result.final_state) == digest(ref, ref_final)
+
+
+@pytest.mark.parametrize("stale", ["an older state's bytes", "a file dropped on a full shared memory"])
+def test_a_stale_or_incomplete_copy_falls_back_to_storage_and_says_so(s3, shm, reference, downloads, capsys, stale):
+    """The copy under the newest state's name holds an older committed state's files (as a copy left
+    from before a re-save would), or lacks one file (a write that met a full ``/dev/shm`` drops that
+    file's copy, never the save): neither is used, and the resume is the same."""
+    import fsspec
+
+    spec = _crashed("mem-stale-" + ("older" if stale.startswith("an") else "dropped"))
+    copy = os.path.join(_run_dir(shm, spec), NEWEST)
+    files = sorted(os.path.relpath(os.path.join(d, f), copy) for d, _, names in os.walk(copy) for f in names)
+    if stale.startswith("an"):
+        older = f"{spec.run_url}/states/{8:012d}"
+        for rel in files:
+            with fsspec.open(f"{older}/{rel}", "rb") as src, open(os.path.join(copy, rel), "wb") as dst:
+                dst.write(src.read())
+    else:
+        os.unlink(os.path.join(copy, next(rel for rel in files if rel.startswith("engine/"))))
+    capsys.readouterr()
+
+    result = run(with_overrides(spec, "faults=[]"))
+    out = capsys.readouterr().out
+    assert f"memory copy of {NEWEST} failed verification" in out and "restoring from storage" in out, out
+    assert any(d.startswith(f"{NEWEST}/engine/") for d in downloads)
+    assert result.resumed_from == NEWEST
     ref, ref_final = reference
     assert digest(spec, result.final_state) == digest(ref, ref_final)
 
