@@ -148,7 +148,11 @@ class CoordinatorPlan:
         if store is None:
             store = _agent(start, (host, port, self.timeout_s), name)
         coordinator = Coordinator(store, host, port, self.rank, self.world)
-        coordinator.join(JOIN_BOUND_S)
+        try:
+            coordinator.join(JOIN_BOUND_S)
+        except BaseException:
+            coordinator.close()  # this rank's agent ends with the failed start, not with the process
+            raise
         return coordinator
 
 

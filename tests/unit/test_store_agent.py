@@ -5,9 +5,14 @@ cannot start, or that ends, is an error for its supervisor, never a hang."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
+from syncpoint.workers import supervisor
 from syncpoint.workers.store_agent import AgentError
 from syncpoint.workers.supervisor import CoordinatorPlan, _agent
 
@@ -18,17 +23,37 @@ def _spawn(target, args, name):
     return proc
 
 
-def test_rank_zero_serves_the_store_and_another_rank_joins_it():
-    served = {}
+@contextmanager
+def _connected_side_by_side(world: int, monkeypatch) -> Iterator[list]:
+    """Every rank's ``CoordinatorPlan.connect`` at once, as every Ray Train worker makes it: each waits
+    in it until every rank joined. The exchange is rank 0's address on every rank, as
+    ``broadcast_from_rank_zero`` gives it; the join is bounded so a broken one fails fast. The
+    connecting threads live until the end (an agent dies with the thread that started it:
+    ``PR_SET_PDEATHSIG``)."""
+    monkeypatch.setattr(supervisor, "JOIN_BOUND_S", 60.0)
+    served, ready = {}, threading.Event()
 
     def exchange(value):
-        served.setdefault("address", value)
+        if value is not None:
+            served["address"] = value
+            ready.set()
+        assert ready.wait(60), "rank 0 never published its address"
         return served["address"]
 
-    zero = CoordinatorPlan(0, 2, "127.0.0.1", 5.0, exchange).connect(_spawn)
-    one = CoordinatorPlan(1, 2, "127.0.0.1", 5.0, exchange).connect(_spawn)
-    try:
-        assert served["address"] == ("127.0.0.1", zero.port) and one.port == zero.port
+    with ThreadPoolExecutor(world) as pool:
+        plans = [CoordinatorPlan(r, world, "127.0.0.1", 5.0, exchange) for r in range(world)]
+        coordinators = [c.result(timeout=120) for c in [pool.submit(p.connect, _spawn) for p in plans]]
+        try:
+            yield coordinators
+        finally:
+            for coordinator in coordinators:
+                coordinator.close()
+
+
+def test_rank_zero_serves_the_store_and_another_rank_joins_it(monkeypatch):
+    with _connected_side_by_side(2, monkeypatch) as (zero, one):
+        assert one.port == zero.port
+        assert zero.store.add("joined", 0) == 2  # neither returned before the other joined
         assert not one.failed(0)
         zero.mark_failed(0)
         assert one.failed(0) and zero.failed(0)
@@ -36,11 +61,31 @@ def test_rank_zero_serves_the_store_and_another_rank_joins_it():
         one.store.set("g0/action", "recover")
         assert zero.store.check(["g0/action"]) and zero.store.get("g0/action") == b"recover"
         assert not zero.store.check(["g0/nothing"])
-    finally:
-        one.close()
-        zero.close()
     for coordinator in (zero, one):
+        coordinator.store.proc.join(30)
         assert coordinator.store.proc.exitcode == 0  # the pipe closed: the agent ended
+
+
+def test_a_rank_that_never_joins_fails_the_start_and_ends_this_ranks_agent(monkeypatch):
+    """Rank 1 of 2 never comes: rank 0's connect raises after the join's bound, and the agent it
+    started has ended by then (a failed start leaves no process behind for the worker to outlive)."""
+    started = []
+
+    def spawn(target, args, name):
+        started.append(_spawn(target, args, name))
+        return started[-1]
+
+    monkeypatch.setattr(supervisor, "JOIN_BOUND_S", 2.0)
+    with pytest.raises(TimeoutError, match="not every rank's supervisor joined within 2 s") as failed:
+        CoordinatorPlan(0, 2, "127.0.0.1", 5.0, lambda v: v).connect(spawn)
+    [agent] = started
+    try:
+        agent.join(10)  # the error is still held (its frames too), as Ray Train holds a worker's error
+        assert agent.exitcode == 0 and failed.traceback
+    finally:
+        if agent.is_alive():  # only on failure: the agent this test started
+            agent.kill()
+            agent.join()
 
 
 def test_rank_zero_that_cannot_start_its_agent_tells_the_others_and_raises():
