@@ -92,10 +92,12 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
 # What a rank says when a peer went silent (its node vanished without closing a connection): gloo's
 # "Timed out waiting 30000ms for recv operation to complete", NCCL's watchdog "Watchdog caught collective
 # operation timeout", torch's store "Socket Timeout"/"wait timeout after"; and what it says when a peer's
-# process did close: gloo "Connection closed by peer", "Connection reset by peer".
+# process did close: gloo "Connection closed by peer", "Connection reset by peer", and a TCPStore client
+# whose server went with its node (the supervisors' store on rank 0's): "Failed to recv, got 0 bytes.
+# Connection was likely closed".
 LOST_PEER = re.compile(
     r"Timed out waiting \d+ ?ms for (recv|send)|collective operation timeout|Socket Timeout"
-    r"|wait timeout after|Connection (closed|reset) by peer",
+    r"|wait timeout after|Connection (closed|reset) by peer|Connection was likely closed",
     re.IGNORECASE,
 )
 

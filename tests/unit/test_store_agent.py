@@ -110,3 +110,18 @@ def test_an_agent_that_ended_is_an_error_for_its_supervisor():
     with pytest.raises(AgentError, match="store agent ended"):
         store.add("k", 1)
     store.close()
+
+
+def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer(monkeypatch):
+    """Rank 0's agent serves the store; when it dies (its node is lost), rank 1's next use of the store
+    fails with what the controller reads as a lost peer, so it waits for Ray to declare the node dead
+    (a preemption) instead of charging a crash (the storm of 20 ran out of ``max_failures`` so)."""
+    from syncpoint.policies.failures import looks_like_lost_peer
+
+    with _connected_side_by_side(2, monkeypatch) as (zero, one):
+        zero.store.proc.kill()
+        zero.store.proc.join(30)
+        with pytest.raises(AgentError) as lost:
+            for _ in range(50):  # the first request may still be answered from a socket's buffer
+                one.store.add("g0/left", 1)
+        assert looks_like_lost_peer(str(lost.value)), str(lost.value)
