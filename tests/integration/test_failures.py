@@ -47,7 +47,7 @@ def test_a_collective_that_lost_its_peer_is_told_from_a_bug():
     nccl = "DistBackendError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, ...)"
     closed = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4"
     assert looks_like_lost_peer(gloo) and looks_like_lost_peer(nccl) and looks_like_lost_peer(closed)
-    # a supervisor whose store went with rank 0's node (the storm of 20, torch 2.13's TCPStore client)
+    # a supervisor whose store went with rank 0's node (torch 2.13's TCPStore client)
     store = (
         "the supervisors' store: DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
         "closed. Did the remote server shutdown or crash?"

@@ -165,17 +165,17 @@ def test_no_copy_on_this_node_restores_from_storage_and_says_so(s3, shm, referen
     assert digest(spec, result.final_state) == digest(ref, ref_final)
 
 
-@pytest.mark.parametrize("stale", ["an older state's bytes", "a file dropped on a full shared memory"])
+@pytest.mark.parametrize("stale", ["older", "dropped"])
 def test_a_stale_or_incomplete_copy_falls_back_to_storage_and_says_so(s3, shm, reference, downloads, capsys, stale):
     """The copy under the newest state's name holds an older committed state's files (as a copy left
     from before a re-save would), or lacks one file (a write that met a full ``/dev/shm`` drops that
     file's copy, never the save): neither is used, and the resume is the same."""
     import fsspec
 
-    spec = _crashed("mem-stale-" + ("older" if stale.startswith("an") else "dropped"))
+    spec = _crashed(f"mem-stale-{stale}")
     copy = os.path.join(_run_dir(shm, spec), NEWEST)
     files = sorted(os.path.relpath(os.path.join(d, f), copy) for d, _, names in os.walk(copy) for f in names)
-    if stale.startswith("an"):
+    if stale == "older":
         older = f"{spec.run_url}/states/{8:012d}"
         for rel in files:
             with fsspec.open(f"{older}/{rel}", "rb") as src, open(os.path.join(copy, rel), "wb") as dst:

@@ -52,7 +52,7 @@ def _connected_side_by_side(world: int, monkeypatch) -> Iterator[list]:
 
 def test_rank_zero_serves_the_store_and_another_rank_joins_it(monkeypatch):
     with _connected_side_by_side(2, monkeypatch) as (zero, one):
-        assert one.port == zero.port
+        assert (zero.host, zero.port) == (one.host, one.port) == ("127.0.0.1", zero.store.port)
         assert zero.store.add("joined", 0) == 2  # neither returned before the other joined
         assert not one.failed(0)
         zero.mark_failed(0)
@@ -115,7 +115,7 @@ def test_an_agent_that_ended_is_an_error_for_its_supervisor():
 def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer(monkeypatch):
     """Rank 0's agent serves the store; when it dies (its node is lost), rank 1's next use of the store
     fails with what the controller reads as a lost peer, so it waits for Ray to declare the node dead
-    (a preemption) instead of charging a crash (the storm of 20 ran out of ``max_failures`` so)."""
+    (a preemption) instead of charging a crash to ``failure.max_failures``."""
     from syncpoint.policies.failures import looks_like_lost_peer
 
     with _connected_side_by_side(2, monkeypatch) as (zero, one):
