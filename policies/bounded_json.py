@@ -11,6 +11,7 @@ and holds integers any later arithmetic can take.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 MAX_INT_DIGITS = 20  # 2**64 has 20 digits: every counter, size and seed syncpoint writes fits
@@ -20,14 +21,16 @@ class BoundedJsonError(ValueError):
     """The input is not JSON, or not JSON within the bounds asked for; the message says which."""
 
 
-def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int) -> Any:
+def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int, max_int_digits: int = MAX_INT_DIGITS) -> Any:
     """Parse ``data`` as JSON: at most ``max_bytes`` long, nested at most ``max_depth`` levels (a
-    scalar is level 0), integers of at most MAX_INT_DIGITS digits. NaN and Infinity parse (a
-    training loss can be NaN); callers that need finite numbers check them in their models."""
+    scalar is level 0), integers of at most ``max_int_digits`` digits (MAX_INT_DIGITS unless a
+    format's writer holds its integers to another bound and says so: the state-tree codec's
+    ``syncpoint.workers.data.stream_state.MAX_INT_DIGITS``). NaN and Infinity parse (a training
+    loss can be NaN); callers that need finite numbers check them in their models."""
     if len(data) > max_bytes:
         raise BoundedJsonError(f"larger than {max_bytes} bytes")
     try:
-        value = json.loads(data, parse_int=_bounded_int)
+        value = json.loads(data, parse_int=partial(_bounded_int, max_digits=max_int_digits))
     except RecursionError:
         raise BoundedJsonError(f"nested deeper than {max_depth} levels") from None
     except BoundedJsonError:
@@ -39,9 +42,9 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int) -> Any:
     return value
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise BoundedJsonError(f"an integer of {len(text)} characters (at most {MAX_INT_DIGITS} digits)")
+def _bounded_int(text: str, *, max_digits: int) -> int:
+    if len(text.lstrip("-")) > max_digits:
+        raise BoundedJsonError(f"an integer of {len(text)} characters (at most {max_digits} digits)")
     return int(text)
 
 

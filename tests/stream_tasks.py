@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -96,4 +98,31 @@ def hf_offset_mapped(config: dict) -> Task:
 
     task = build(config)
     task.dataset = task.dataset.map(_offset_tokens)
+    return task
+
+
+def hf_interleaved(config: dict) -> Task:
+    """The datasets example with its corpus read as two streams mixed by ``interleave_datasets(probabilities=...,
+    seed=...)``: the mixture's state holds a NumPy PCG64 generator state (128-bit integers), which must resume."""
+    from datasets import interleave_datasets, load_dataset
+
+    from examples.stream_lm import build, corpus_files, tokenize
+
+    task = build(config)
+    seq_len = int(config.get("seq_len", 32))
+    files = corpus_files(
+        str(config["corpus_dir"]),
+        "jsonl",
+        int(config.get("shards", 4)),
+        int(config.get("docs_per_shard", 64)),
+        doc_chars=seq_len + int(config.get("doc_slack", 16)),
+    )
+    half = len(files) // 2
+    sources = [
+        load_dataset("json", data_files=part, split="train", streaming=True) for part in (files[:half], files[half:])
+    ]
+    mixed = interleave_datasets(sources, probabilities=[0.3, 0.7], seed=int(config.get("mix_seed", 7)))
+    task.dataset = mixed.map(partial(tokenize, seq_len=seq_len, crop=True), remove_columns=["text"]).with_format(
+        "torch"
+    )
     return task

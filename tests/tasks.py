@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from syncpoint.workers.task import Task
@@ -354,6 +355,34 @@ def linear_user_state(config: dict) -> Task:
     names = config.get("names", ["ema", "scale"])
     objects = {"scale": scale, "ema": ema}
     return Task(model=task.model, dataset=task.dataset, loss=scaled_mse, stateful={n: objects[n] for n in names})
+
+
+class NumpyRng:
+    """A task's own NumPy generator as user state: ``state_dict`` is ``rng.bit_generator.state`` as NumPy
+    gives it (PCG64: two 128-bit integers), ``extra`` a value added beside it (a test's too-large integer)."""
+
+    def __init__(self, seed: int, extra: dict | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.extra = extra or {}
+
+    def state_dict(self) -> dict:
+        return {**self.rng.bit_generator.state, **self.extra}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = {k: v for k, v in state.items() if k not in self.extra}
+
+
+def linear_numpy_rng(config: dict) -> Task:
+    """The linear task whose loss is scaled by a draw of the task's own NumPy generator every micro-step
+    (``Task.stateful = {"rng": ...}``): a resume is exact only if the generator's state is restored.
+    ``config["huge_int"]``: the state also holds 10**301, more digits than a state can hold."""
+    task = linear(config)
+    holder = NumpyRng(1, {"huge": 10**301} if config.get("huge_int") else None)
+
+    def loss(model, batch):
+        return mse(model, batch) * float(1.0 + holder.rng.random())
+
+    return Task(model=task.model, dataset=task.dataset, loss=loss, stateful={"rng": holder})
 
 
 class RecordingCallback:

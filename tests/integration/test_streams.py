@@ -213,6 +213,32 @@ def test_hf_shard_order_shuffle_resumes_exactly(tmp_path):
     assert _losses(unshuffled) != _losses(ref)  # the premise: the shards were read in another order
 
 
+@pytest.mark.slow
+def test_an_interleaved_stream_with_probabilities_resumes_exactly(tmp_path):
+    """interleave_datasets(probabilities=..., seed=...) keeps a NumPy PCG64 state in its own state: 128-bit
+    integers, which the stream file holds and reads back. Crashed and resumed from its newest state, it is
+    the uninterrupted run."""
+    corpus = tmp_path / "corpus"
+    task = "task.path=tests.stream_tasks:hf_interleaved"
+    ref = stream_spec(tmp_path / "ref", corpus, task)
+    run(ref)
+    spec = stream_spec(tmp_path / "run", corpus, task)
+    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
+    newest = state_names(spec)[-1]
+    saved = parse(RunStorage(spec.run_url).read_bytes("states", newest, stream_file(0), limit=1 << 30), "stream")
+    assert _largest_int(saved.loader) >= 2**64  # the premise: wider than any counter
+    assert run(spec).resumed_from == newest
+    _assert_same_run(ref, spec)
+
+
+def _largest_int(tree: object) -> int:
+    if isinstance(tree, dict):
+        return max([_largest_int(v) for v in tree.values()], default=0)
+    if isinstance(tree, (list, tuple)):
+        return max([_largest_int(v) for v in tree], default=0)
+    return abs(tree) if isinstance(tree, int) and not isinstance(tree, bool) else 0
+
+
 # ----------------------------------------------------------------------------- refused at start
 
 

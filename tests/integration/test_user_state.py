@@ -9,6 +9,7 @@ optimizer step's loss and the final state's digest (which covers every rank's us
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -105,6 +106,65 @@ def test_without_restoring_user_state_the_resume_would_differ(tmp_path, monkeypa
     monkeypatch.setattr(user_state, "restore", lambda stateful, saved: ([], []))
     run(resumed)
     assert _losses(ref) != _losses(resumed)
+
+
+def _rng_spec(tmp, *extra):
+    return linear_spec(
+        tmp,
+        "task.path=tests.tasks:linear_numpy_rng",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 3, unit: micro_steps}",
+        *extra,
+    )
+
+
+@pytest.mark.slow
+def test_a_numpy_generators_state_resumes_exactly(tmp_path):
+    """``Task.stateful`` returning ``np.random.default_rng(1).bit_generator.state`` as is (PCG64: 128-bit
+    integers): saved, read back at the resume, and the loss it scales continues as uninterrupted."""
+    ref, resumed = _rng_spec(tmp_path / "ref"), _rng_spec(tmp_path / "resumed")
+    run(ref)
+    assert run_until_crash(with_overrides(resumed, "faults=[{at_micro_step: 9, mode: raise}]"))
+    newest = state_names(resumed)[-1]
+    saved = _user_objects(resumed, newest, 0)["rng"]
+    assert saved["bit_generator"] == "PCG64" and saved["state"]["inc"] >= 2**64  # wider than any counter
+    assert run(resumed).resumed_from == newest
+    final = state_names(ref)[-1]
+    assert _losses(ref) == _losses(resumed)
+    assert digest(ref, final) == digest(resumed, final)
+
+
+@pytest.mark.slow
+def test_an_integer_too_long_to_read_back_is_refused_at_the_first_save_naming_its_path(tmp_path):
+    spec = _rng_spec(tmp_path, "task.config={num_samples: 32, huge_int: true}")
+    with pytest.raises(user_state.UserStateError) as e:
+        run(spec)
+    assert re.search(
+        r"Task\.stateful's state holds an integer of 1000 bits at state\['rng'\]\['huge'\]: syncpoint saves "
+        r"integers of at most 300 digits",
+        str(e.value),
+    ), str(e.value)
+    assert state_names(spec) == []
+
+
+def test_the_state_codec_writes_and_reads_integers_up_to_one_shared_bound():
+    """The writer refuses exactly what the reader would call corrupt: one bound for both."""
+    from syncpoint.policies.errors import StateRefused
+    from syncpoint.workers.data.stream_state import MAX_INT_DIGITS, encode_tree
+
+    widest = -(10**MAX_INT_DIGITS - 1)
+    data = encode_tree({"objects": {"n": {"v": widest}}}, user_state.META_KEY, user_state.LABEL)
+    assert user_state.parse(data, user_file(0), ("n",)) == {"n": {"v": widest}}
+    with pytest.raises(user_state.UserStateError, match=r"at state\['n'\]\['v'\]\[1\]"):
+        encode_tree({"objects": {"n": {"v": [0, 10**MAX_INT_DIGITS]}}}, user_state.META_KEY, user_state.LABEL)
+    from safetensors.torch import save as st_save
+
+    one_more = {"version": 1, "objects": {"n": {"v": widest * 10}}}  # as another writer could have written it
+    forged = st_save({}, metadata={user_state.META_KEY: json.dumps(one_more)})
+    with pytest.raises(StateRefused, match=f"at most {MAX_INT_DIGITS} digits"):
+        user_state.parse(forged, user_file(0), ("n",))
 
 
 # ----------------------------------------------------------------------------- refused, with reasons

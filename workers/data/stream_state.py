@@ -6,8 +6,9 @@ plain values and, in a buffer of formatted examples, tensors. Pickling it would 
 write storage run code on every rank at resume. So the tree is written as JSON with each tensor
 replaced by a reference into the same file's safetensors section; tuples, byte strings and dicts
 with non-string keys get a marked form so the tree reads back equal to what was saved. Anything
-else is refused at the first save, naming its path in the tree (``StreamStateError``): a state
-that cannot be written exactly is a job error, not a silently truncated position.
+else, or an integer longer than the reader takes (``MAX_INT_DIGITS``, one bound for both), is
+refused at the first save, naming its path in the tree (``StreamStateError``): a state that cannot
+be written exactly, or read back, is a job error, not a silently truncated position.
 
 File: ``stream/rank_<r:05d>.safetensors`` (``syncpoint.policies.state_format.stream_file``), one metadata key
 ``stream`` holding ``{"version": 1, "pass": <the rank's pass over its stream>, "loader": <tree>}``.
@@ -35,6 +36,12 @@ FORMAT_VERSION = 1
 META_KEY = "stream"
 MAX_DEPTH = 96  # StatefulDataLoader -> worker snapshots -> datasets' nested iterables -> buffered examples
 MAX_JSON_BYTES = 64 << 20  # safetensors caps its header at 100 MB
+# The integers a tree may hold, for the writer (refused at the first save past it) and the reader
+# (refused as corrupt past it) alike: a NumPy PCG64 state (``rng.bit_generator.state``, which
+# ``interleave_datasets(probabilities=..., seed=...)`` keeps in its state) holds 128-bit integers
+# (39 digits), 256-bit ones have 78; 300 digits stays below a float's range (~1.8e308), so any
+# later float() of a value read back cannot overflow, and keeps the reader's work per integer small.
+MAX_INT_DIGITS = 300
 # Markers of the forms JSON lacks; a dict of the task's own that uses one of these keys is refused.
 TENSOR, TUPLE = "__syncpoint_tensor__", "__syncpoint_tuple__"
 BYTES, ITEMS = "__syncpoint_bytes__", "__syncpoint_items__"
@@ -103,7 +110,7 @@ def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor], label: T
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
-        return int(obj)
+        return _encode_int(obj, path, label)
     if isinstance(obj, float):
         if not math.isfinite(obj):
             raise label.error(f"{label.what} holds {obj!r} at {path}, which JSON cannot hold")
@@ -119,6 +126,20 @@ def _encode_leaf(obj: Any, path: str, tensors: dict[str, torch.Tensor], label: T
         "JSON values (None, bool, int, finite float, str, bytes, list, tuple, dict) and torch tensors, never "
         f"pickled objects. {label.fix}"
     )
+
+
+def _encode_int(obj: int, path: str, label: TreeLabel) -> int:
+    """The int itself, if the reader takes it back (at most MAX_INT_DIGITS digits); refused here
+    otherwise, at the first save, rather than as a corrupt state at the first resume."""
+    # 2**(4d) > 10**d: past 4*MAX_INT_DIGITS bits it is too long, and str() of it could itself refuse
+    magnitude = abs(int(obj))
+    if magnitude.bit_length() > 4 * MAX_INT_DIGITS or len(str(magnitude)) > MAX_INT_DIGITS:
+        raise label.error(
+            f"{label.what} holds an integer of {magnitude.bit_length()} bits at {path}: syncpoint saves integers of "
+            f"at most {MAX_INT_DIGITS} digits (a 128- or 256-bit RNG state fits). Keep a larger number as a str, "
+            "or as a tensor of its 64-bit words"
+        )
+    return int(obj)
 
 
 def _encode_dict(obj: dict[Any, Any], path: str, tensors: dict[str, torch.Tensor], depth: int, label: TreeLabel) -> Any:
@@ -162,7 +183,7 @@ def parse_tree(data: bytes, rel: str, meta_key: str, keys: tuple[str, ...], kind
     if raw is None:
         raise StateRefused(f"{rel}: no {meta_key!r} metadata: refused (corrupt)")
     try:
-        meta = loads_bounded(raw, max_bytes=MAX_JSON_BYTES, max_depth=MAX_DEPTH * 2 + 4)
+        meta = loads_bounded(raw, max_bytes=MAX_JSON_BYTES, max_depth=MAX_DEPTH * 2 + 4, max_int_digits=MAX_INT_DIGITS)
     except BoundedJsonError as e:
         raise StateRefused(f"{rel}: its {meta_key!r} metadata is {e}: refused (corrupt)") from None
     if not isinstance(meta, dict) or sorted(meta) != sorted([*keys, "version"]):
