@@ -86,7 +86,21 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
         # failure.max_failures and delay the one line the user needs.
         return FailureVerdict(REFUSAL, f.refusal)
     first = next((m for m in f.messages if m), "unknown error")
+    if looks_like_node_fault(first):
+        # The node's store broke or was flooded (no node died: that was decided above): retried on a
+        # new worker group, with a new store, and never charged to the user's code.
+        return FailureVerdict(PREEMPTION, f"a fault of the node: {first}")
     return FailureVerdict(APPLICATION, first)
+
+
+# What a rank says when the supervisors' store failed under it (``syncpoint.workers.store_agent.StoreFault``).
+NODE_FAULT = "the supervisors' store failed on this node"
+
+
+def looks_like_node_fault(message: str) -> bool:
+    """A failure of the node's supervisors' store (its agent gone, a flood that stops new clients):
+    the node's, never the user's code's."""
+    return NODE_FAULT in message
 
 
 # What a rank says when a peer went silent (its node vanished without closing a connection): gloo's

@@ -27,6 +27,7 @@ from syncpoint.workers.fork_context import environ as _environ
 from syncpoint.workers.fork_context import start_method as _start_method
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import release_lease
+from syncpoint.workers.store_agent import new_namespace, open_store
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.loop import WorkerResult
@@ -106,6 +107,7 @@ def _child(
     in_place: bool = False,
     warm_key: str | None = None,
     start_wait_s: float = 600,
+    namespace: str = "",
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     os.environ.clear()
@@ -131,19 +133,21 @@ def _child(
                 warm_key=warm_key,
             )
             # no process group here, as in a Ray Train worker: the supervisors only exchange an address
-            exchange = _StoreExchange(rank, world, port, start_wait_s)
+            exchange = _StoreExchange(rank, port, start_wait_s, namespace)
             plan = CoordinatorPlan(rank, world, "127.0.0.1", spec.scaling.collective_timeout_s, exchange)
             Supervisor(spec, plan, rank, hooks).run()
         else:
             from syncpoint.workers.loop import WorkerContext, run_worker
 
             prepare_process(spec)  # NCCL binds a communicator to the current GPU
+            timeout = collective_timeout(spec)
+            store = open_store("127.0.0.1", port, namespace, max(timeout.total_seconds(), 60.0), serve=rank == 0)
             dist.init_process_group(
                 backend(spec),
-                init_method=f"tcp://127.0.0.1:{port}",
+                store=store,
                 rank=rank,
                 world_size=world,
-                timeout=collective_timeout(spec),
+                timeout=timeout,
             )
             run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
             dist.destroy_process_group()
@@ -154,8 +158,9 @@ def _child(
 
 
 class _StoreExchange:
-    """Rank 0's value on every rank, through a ``TCPStore`` that rank 0 serves on the launcher's port:
-    what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray.
+    """Rank 0's value on every rank, through a ``TCPStore`` that rank 0 serves on the launcher's port
+    (loopback alone, under the launcher's secret namespace, so no other local account reads or forges
+    it): what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray.
 
     Why not ``scaling.collective_timeout_s`` as its bound: rank 0 first starts its store agent, which
     waits for its fork server's imports of torch and DeepSpeed, and on a starved machine that took
@@ -164,12 +169,9 @@ class _StoreExchange:
 
     KEY = "syncpoint/supervisors"
 
-    def __init__(self, rank: int, world: int, port: int, wait_s: float) -> None:
-        from datetime import timedelta
-
+    def __init__(self, rank: int, port: int, wait_s: float, namespace: str) -> None:
         self.rank = rank
-        timeout = timedelta(seconds=wait_s)
-        self.store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout, wait_for_workers=False)
+        self.store = open_store("127.0.0.1", port, namespace, wait_s, serve=rank == 0)
 
     def __call__(self, value: Any) -> Any:
         if self.rank == 0:
@@ -203,7 +205,9 @@ def run_spawned(
     submission = uuid.uuid4().hex
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
-    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key, timeout)
+    # the ranks' own secret (their store's namespace), handed over in their arguments, never over a port
+    namespace = new_namespace()
+    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key, timeout, namespace)
     procs = [ctx.Process(target=_child, args=(args[0], r, *args[1:])) for r in range(world)]
     with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
         for p in procs:

@@ -11,9 +11,10 @@ same committed state, so a survivor's engine (mid-step, its collectives broken) 
 new generation restores from the node's memory copy (``syncpoint.workers.state.memory_copy``) or
 storage, selected exactly as any restart.
 
-The supervisors agree through a ``TCPStore`` that rank 0's supervisor serves (its address is
-broadcast once over the launcher's process group); the children of generation ``g`` form their
-own process group on it under the prefix ``g<g>/``. A supervisor whose child fails marks the
+The supervisors agree through a ``TCPStore`` that rank 0's supervisor serves on the node's address
+alone, every key under a secret namespace (``syncpoint.workers.store_agent``: its address and
+namespace are broadcast once over the launcher's own channel); the children of generation ``g``
+form their own process group on it under the prefix ``g<g>/``. A supervisor whose child fails marks the
 generation failed; every supervisor then stops its own child (SIGKILL: a committed state never
 depends on a process finishing), publishes how it ended (``RankEnd``, JSON), and rank 0 decides
 (``Hooks.decide``: classified and budgeted exactly as Ray Train's failure policy does,
@@ -128,26 +129,31 @@ class CoordinatorPlan:
 
     def connect(self, start: Callable[[Callable[..., None], tuple[Any, ...], str], Any]) -> Coordinator:
         """Start this rank's store agent with ``start(target, args, name)`` (rank 0's serves the
-        store), exchange its address, and return the coordinator on it."""
-        from syncpoint.workers.store_agent import AgentError
+        store, under a namespace it makes), exchange its address and namespace, and return the
+        coordinator on it."""
+        from syncpoint.workers.store_agent import AgentError, new_namespace, valid_address
 
         name = f"syncpoint-rank{self.rank}-store"
         store, address, failure = None, None, None
         if self.rank == 0:
             try:
-                store = _agent(start, (self.host, None, self.timeout_s), name)
-                address = (self.host, store.port)
+                namespace = new_namespace()
+                store = _agent(start, (self.host, None, self.timeout_s, namespace), name)
+                address = (self.host, store.port, namespace)
             except (AgentError, OSError) as e:
                 failure = e  # said to the others (no address) before it is raised here
-        address = self.exchange(address)
+        exchanged = self.exchange(address)
         if failure is not None:
             raise failure
-        if address is None:
+        if exchanged is None:
             raise AgentError("rank 0's supervisor could not start the supervisors' store")
-        host, port = str(address[0]), int(address[1])
+        checked = valid_address(exchanged)
+        if checked is None:
+            raise AgentError(f"rank 0's store address is not one ({str(exchanged)[:200]})")
+        host, port, namespace = checked
         if store is None:
-            store = _agent(start, (host, port, self.timeout_s), name)
-        coordinator = Coordinator(store, host, port, self.rank, self.world)
+            store = _agent(start, (host, port, self.timeout_s, namespace), name)
+        coordinator = Coordinator(store, (host, port, namespace), self.rank, self.world)
         try:
             coordinator.join(JOIN_BOUND_S)
         except BaseException:
@@ -168,8 +174,9 @@ def _agent(start: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
 class Coordinator:
     """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's agent."""
 
-    def __init__(self, store: AgentStore, host: str, port: int, rank: int, world: int) -> None:
-        self.store, self.host, self.port, self.rank, self.world = store, host, port, rank, world
+    def __init__(self, store: AgentStore, address: tuple[str, int, str], rank: int, world: int) -> None:
+        self.store, self.address, self.rank, self.world = store, address, rank, world
+        self.host, self.port = address[0], address[1]
 
     def close(self) -> None:
         """End this rank's store agent (rank 0's: the store; every rank has left it by then)."""
@@ -343,7 +350,7 @@ class ChildPlan:
     rank: int
     world: int
     local_rank: int
-    store: tuple[str, int]
+    store: tuple[str, int, str]  # rank 0's store: host, port and the job's namespace (secret)
     generation: int
     environ: dict[str, str]
     notice: bool
@@ -360,11 +367,10 @@ class ChildPlan:
 
 def child_main(plan: ChildPlan, conn: Any) -> None:
     """A generation's training process: its own process group on the supervisors' store, then the loop."""
-    from datetime import timedelta
-
     import torch.distributed as dist
 
     from syncpoint.workers.launch import _reread_fsspec_config
+    from syncpoint.workers.store_agent import MIN_TIMEOUT_S, open_store
 
     started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
     _die_with_parent()
@@ -382,8 +388,8 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
             plan.setup(spec)
         prepare_process(spec)
         timeout = collective_timeout(spec)
-        host, port = plan.store
-        store = dist.TCPStore(host, port, None, is_master=False, timeout=max(timeout, timedelta(seconds=60)))
+        host, port, namespace = plan.store
+        store = open_store(host, port, namespace, max(timeout.total_seconds(), MIN_TIMEOUT_S))
         dist.init_process_group(
             backend(spec),
             store=dist.PrefixStore(f"g{plan.generation}/", store),
@@ -667,7 +673,7 @@ class Supervisor:
             rank=self.rank,
             world=self.world,
             local_rank=self.local_rank,
-            store=(self.coordinator.host, self.coordinator.port),
+            store=self.coordinator.address,
             generation=generation,
             environ={**os.environ, "PYTHONHASHSEED": hash_seed},
             notice=self.hooks.notice is not None,

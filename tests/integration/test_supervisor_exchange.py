@@ -16,9 +16,11 @@ import torch.distributed as dist
 
 from syncpoint.workers.launch import _StoreExchange, free_port
 
+NAMESPACE = "5" * 32  # the launcher's secret, as run_spawned hands it to every rank
+
 
 def _rank_0(port: int, answer_after_s: float, die: bool) -> None:
-    exchange = _StoreExchange(0, 2, port, 60)
+    exchange = _StoreExchange(0, port, 60, NAMESPACE)
     time.sleep(answer_after_s)
     if not die:
         exchange(["127.0.0.1", 1234])
@@ -35,7 +37,7 @@ def test_a_rank_gets_the_address_of_a_rank_0_that_answers_late():
     port = free_port()
     rank_0 = _start_rank_0(port, answer_after_s=6)
     try:
-        assert _StoreExchange(1, 2, port, wait_s=60)(None) == ["127.0.0.1", 1234]
+        assert _StoreExchange(1, port, 60, NAMESPACE)(None) == ["127.0.0.1", 1234]
     finally:
         rank_0.kill()
         rank_0.join()
@@ -47,7 +49,7 @@ def test_the_wait_is_bounded_and_ends_at_once_when_rank_0_dies():
     try:
         started = time.monotonic()
         with pytest.raises(dist.DistStoreError):
-            _StoreExchange(1, 2, port, wait_s=3)(None)
+            _StoreExchange(1, port, 3, NAMESPACE)(None)
         assert time.monotonic() - started < 60  # its own bound, not rank 0's 600 s
     finally:
         rank_0.kill()
@@ -55,7 +57,7 @@ def test_the_wait_is_bounded_and_ends_at_once_when_rank_0_dies():
     port = free_port()
     rank_0 = _start_rank_0(port, answer_after_s=3, die=True)
     try:
-        exchange = _StoreExchange(1, 2, port, wait_s=600)
+        exchange = _StoreExchange(1, port, 600, NAMESPACE)
         started = time.monotonic()
         with pytest.raises(dist.DistError):  # the store's connection closed: rank 0 is gone
             exchange(None)
@@ -72,13 +74,13 @@ def test_a_supervisor_starts_training_only_once_every_rank_has_joined():
     from syncpoint.workers.supervisor import Coordinator
 
     server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
-    rank_0 = Coordinator(server, "127.0.0.1", server.port, 0, 2)  # a TCPStore answers what an agent does
+    rank_0 = Coordinator(server, ("127.0.0.1", server.port, ""), 0, 2)  # a TCPStore answers what an agent does
     joined_at: list[float] = []
 
     def rank_1_joins_late() -> None:
         time.sleep(3)
         joined_at.append(time.monotonic())
-        Coordinator(dist.TCPStore("127.0.0.1", server.port, None, False), "127.0.0.1", server.port, 1, 2).join(30)
+        Coordinator(dist.TCPStore("127.0.0.1", server.port, None, False), ("127.0.0.1", server.port, ""), 1, 2).join(30)
 
     late = threading.Thread(target=rank_1_joins_late)
     late.start()
@@ -89,5 +91,5 @@ def test_a_supervisor_starts_training_only_once_every_rank_has_joined():
     alone = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="not every rank's supervisor joined within 2 s"):
-        Coordinator(alone, "127.0.0.1", alone.port, 0, 2).join(2)
+        Coordinator(alone, ("127.0.0.1", alone.port, ""), 0, 2).join(2)
     assert time.monotonic() - started < 30

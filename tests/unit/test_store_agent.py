@@ -12,9 +12,11 @@ from contextlib import contextmanager
 
 import pytest
 
+from syncpoint.policies.failures import PREEMPTION, FailureFacts, classify_failure
 from syncpoint.workers import supervisor
-from syncpoint.workers.store_agent import AgentError
+from syncpoint.workers.store_agent import AgentError, StoreFault, open_store, valid_address
 from syncpoint.workers.supervisor import CoordinatorPlan, _agent
+from tests.second_account import second_account
 
 
 def _spawn(target, args, name):
@@ -104,7 +106,7 @@ def test_rank_zero_that_cannot_start_its_agent_tells_the_others_and_raises():
 
 
 def test_an_agent_that_ended_is_an_error_for_its_supervisor():
-    store = _agent(_spawn, ("127.0.0.1", None, 5.0), "test-store")
+    store = _agent(_spawn, ("127.0.0.1", None, 5.0, "0" * 32), "test-store")
     store.proc.kill()
     store.proc.join()
     with pytest.raises(AgentError, match="store agent ended"):
@@ -125,3 +127,97 @@ def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer(monkeypatc
             for _ in range(50):  # the first request may still be answered from a socket's buffer
                 one.store.add("g0/left", 1)
         assert looks_like_lost_peer(str(lost.value)), str(lost.value)
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses a socket listens on at ``port`` (the kernel's tables, IPv4 and IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.add(address)
+    return found
+
+
+def test_the_store_listens_on_the_jobs_address_alone(monkeypatch):
+    """Not on every interface (``TCPStore``'s own server binds them all, IPv6 too): on the one
+    address the ranks reach it at."""
+    with _connected_side_by_side(2, monkeypatch) as (zero, _):
+        assert _listening_addresses(zero.port) == {"0100007F"}  # 127.0.0.1, and nothing else
+
+
+# What another local account tries against the job's store: forge what the supervisors act on
+# under the names the job's code uses, read what they publish, flood the port with connections,
+# garbage and large values of its own.
+_STRANGER = r"""
+import json, socket, sys
+from datetime import timedelta
+import torch.distributed as dist
+port = int(sys.argv[1])
+store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+store.add("g0/failed", 1)
+store.set("g0/action", "escalate")
+store.add("joined", 5)
+store.set("g0/end/1", '{"status": "raised", "message": "forged"}')
+read = {}
+for key in ("g0/reports/0", "g0/end/0", "syncpoint/supervisors"):
+    try:
+        read[key] = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=1)).get(key).decode()
+    except Exception:
+        read[key] = None
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2000)]
+for sock in held[:50]:
+    sock.sendall(bytes(range(256)) * 64)
+for size in (1 << 20, 64 << 20):  # torch's server drops a client whose payload is over its limit
+    try:
+        dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30)).set(f"junk{size}", b"x" * size)
+    except Exception:
+        pass
+print(json.dumps({"read": read, "held": len(held)}))
+"""
+
+
+def test_a_second_local_account_can_neither_read_nor_forge_nor_disturb_the_store(monkeypatch):
+    """The stranger reaches the port (loopback is everyone's), but every key of the job lies under
+    a namespace it cannot name: its forged marks are its own keys, it reads nothing the supervisors
+    published, and its flood leaves the job's store answering."""
+    with second_account() as stranger, _connected_side_by_side(2, monkeypatch) as (zero, one):
+        zero.publish(0, supervisor.RankEnd(rank=0, status=supervisor.FINISHED), reports=3)
+        result = stranger.python(_STRANGER, args=(str(zero.port),))
+        assert result == {"read": dict.fromkeys(("g0/reports/0", "g0/end/0", "syncpoint/supervisors")), "held": 2000}
+        assert not one.failed(0) and not zero.failed(0)  # its "failed" mark is not the job's
+        assert zero.store.add("joined", 0) == 2
+        assert not one.store.check(["g0/action", "g0/end/1"])  # no forged decision, no forged end
+        one.publish(0, supervisor.RankEnd(rank=1, status=supervisor.FINISHED), reports=3)
+        assert [e.status for e in zero.ends(0, 30)] == [supervisor.FINISHED] * 2
+        assert zero.most_reports(0) == 3
+
+
+def test_a_store_that_fails_under_its_supervisors_is_a_fault_of_the_node(monkeypatch):
+    """What a flood that exhausts the node ends in (rank 0's agent killed) or a store that does not
+    answer a new generation's process: a ``StoreFault`` that says it is the node's, which the failure
+    policy charges as one (a new worker group, never ``failure.max_failures``)."""
+    with _connected_side_by_side(2, monkeypatch) as (zero, one):
+        zero.store.proc.kill()
+        zero.store.proc.join(30)
+        with pytest.raises(StoreFault) as lost:
+            for _ in range(50):  # the first request may still be answered from a socket's buffer
+                one.store.add("g0/left", 1)
+    with pytest.raises(StoreFault) as unanswered:  # a new generation's process: nothing answers at the port
+        open_store("127.0.0.1", zero.port, "0" * 32, 2.0)
+    for fault in (lost.value, unanswered.value):
+        verdict = classify_failure(FailureFacts(False, (), False, messages=(str(fault),)))
+        assert verdict.kind == PREEMPTION and "a fault of the node" in verdict.reason, verdict
+        assert "not of your code" in str(fault)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, ["127.0.0.1", 1234], ["127.0.0.1", "1234", "0" * 32], ["127.0.0.1", 1234, "guessable"], "x", 7],
+)
+def test_a_rank_refuses_an_address_that_is_not_rank_zeros(value):
+    assert valid_address(value) is None
+    assert valid_address(["127.0.0.1", 1234, "0" * 32]) == ("127.0.0.1", 1234, "0" * 32)
