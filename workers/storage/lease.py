@@ -511,7 +511,7 @@ def await_expiry(
             f"pid {rec.get('pid')}, generation {held.generation}), last renewed {_age_text(held.age_s)} by the "
             f"storage's clock. If its driver is gone (a lost head, a killed driver), the lease expires in "
             f"{remaining:.0f}s: waiting for that, at most {bound:.0f}s{longer}. A live holder renews it every "
-            f"{ttl / 3:.0f}s; if it does, this submission is refused. Ctrl-C stops waiting."
+            f"{ttl / 3:.0f}s; if it does, this submission is refused. {_how_to_stop()}"
         )
         while True:
             time.sleep(poll)
@@ -541,6 +541,17 @@ def await_expiry(
             "the training workers will judge it"
         )
         return "undecided"
+
+
+def _how_to_stop() -> str:
+    """What ends the wait in this process. A process started with SIGINT ignored (a script's
+    ``command &``, ``nohup``) keeps ignoring it, as Unix commands do: Ctrl-C is then no way out, and
+    saying it is would leave the user waiting on a promise."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return f"This process ignores SIGINT (started in the background?): `kill {os.getpid()}` stops waiting."
+    return "Ctrl-C stops waiting."
 
 
 def _say(message: str) -> None:
