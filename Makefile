@@ -12,7 +12,7 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 
-.PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu bench clean
+.PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu coverage bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -60,6 +60,16 @@ test: lint
 test-all: lint
 	$(call two_halves,)
 
+# Line and branch coverage of the production code (coverage.py, pyproject's [tool.coverage]) over both
+# halves of `make test`, every process a test starts included; the figure is docs/testing.md's.
+coverage: $(STAMP)
+	rm -rf .coverage-data && mkdir -p .coverage-data
+	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests > $$log 2>&1 & ray=$$!; \
+	nice -n 19 $(BIN)/coverage run -m pytest -q -m "not ray and not long" tests; rest=$$?; \
+	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; tail -n 5 $$log; rm -f $$log; \
+	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover | tail -n 25; \
+	test $$rest -eq 0 && test $$ray_rc -eq 0
+
 # The storm tests alone (also part of test-all).
 test-storm: $(STAMP)
 	$(BIN)/python -m pytest -q -m storm tests
@@ -76,4 +86,4 @@ test-gpu: $(STAMP)
 	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/test_gpu.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache site
+	rm -rf $(VENV) runs .pytest_cache site .coverage-data
