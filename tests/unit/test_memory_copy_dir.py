@@ -87,3 +87,23 @@ def test_no_shared_memory_directory_means_no_copy(monkeypatch, tmp_path):
     monkeypatch.setenv(MEMORY_DIR_ENV, str(tmp_path / "absent"))
     assert memory_copy_for(True, _storage("s3", tmp_path)) is None
     remove_for("s3://bucket/run")  # nothing to remove: no error
+
+
+@pytest.mark.parametrize("how", ["another owner", "open to others"])
+def test_removal_never_enters_a_directory_that_is_not_this_users_private_one(base, capsys, how):
+    copy = MemoryCopy(str(base), "s3://bucket/run")
+    copy.write_bytes(_state(2), "trainer.json", b"{}")
+    user_dir = base / f"syncpoint-memory-{os.getuid()}"
+    if how == "another owner":
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another owner needs root")
+        for d, _, files in os.walk(user_dir):
+            for path in [d, *(os.path.join(d, f) for f in files)]:
+                os.chown(path, os.getuid() + 4242, os.getgid() + 4242)  # whoever made it first on a shared node
+    else:
+        os.chmod(user_dir, 0o777)
+    before = sorted(os.path.relpath(os.path.join(d, f), user_dir) for d, _, fs in os.walk(user_dir) for f in fs)
+    remove_for("s3://bucket/run")  # the driver or the reaper, when the run ends
+    after = sorted(os.path.relpath(os.path.join(d, f), user_dir) for d, _, fs in os.walk(user_dir) for f in fs)
+    assert before == after and len(after) == 1
+    assert "not this user's private directory" in capsys.readouterr().err

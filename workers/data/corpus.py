@@ -18,10 +18,12 @@ rank reads one window of shards at a time; remote shards are fetched into a node
 bounded size (``syncpoint.workers.data.shard_cache``) ahead of use, by a fetch process beside the
 reader that follows the loader's position (``syncpoint.workers.data.fetch_process``; the reader's
 own threads where no child can reach the storage), and evicted least recently used. A resume at
-position ``p`` fetches the shards from ``p`` on, and every fetched shard is verified against the
-index (size and checksum) before it is read: a shard changed while the run reads it is an error
-naming it. Shards on a local filesystem are read in place (checked against their stamp, and their
-checksum when the stamp moved).
+position ``p`` fetches the shards from ``p`` on. Every download is verified against the index (size
+and checksum) before it is renamed into the cache, and every cached shard again on its first open in
+each process: a shard changed while the run reads it is an error naming it, a wrong file in the cache
+is downloaded again. The cache directory (index, shards, locks) is this user's private one (0700,
+checked; ``shard_cache.open_private_dir``). Shards on a local filesystem are read in place (checked
+against their stamp, and their checksum when the stamp moved).
 
 Reads: ``.npy`` memory-mapped (never unpickled), ``.bin`` as ``np.memmap``, JSON Lines by the line
 offsets of the cached file, Parquet by row group (pyarrow, memory-mapped). Each process (a rank, a
@@ -36,12 +38,13 @@ import json
 import mmap
 import os
 import posixpath
+import re
 import stat
 import tempfile
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -63,14 +66,23 @@ from syncpoint.policies.spec import CorpusSpec, JobSpec
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
 from syncpoint.workers.data.fetch_process import FetchProcess, travels
 from syncpoint.workers.data.npy_map import map_npy
-from syncpoint.workers.data.shard_cache import Prefetcher, RemoteShard, ShardCache, flocked
-from syncpoint.workers.storage import RunStorage, backend_for
+from syncpoint.workers.data.shard_cache import (
+    Prefetcher,
+    RemoteShard,
+    ShardCache,
+    fd_path,
+    locked,
+    open_private_dir,
+    private_subdir,
+)
+from syncpoint.workers.storage import RunStorage, backend_for, nofollow
 from syncpoint.workers.storage.fsspec_backend import checksum_file
 
 FORMATS = ("tokens-npy", "tokens-bin", "jsonl", "parquet")
 TOKEN_FORMATS = ("tokens-npy", "tokens-bin")  # rows of integer tokens: read by a gather into one batch
 INDEX_CACHE_VERSION = 1
 INDEX_CACHE_MAX_BYTES = 256 << 20
+_HEX32 = re.compile(r"[0-9a-f]{32}")  # an xxh3_128 checksum
 MAX_OPEN_SHARDS = 64  # readers a process keeps open (least recently used closed beyond)
 
 
@@ -484,6 +496,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
             cache = None
             if not isinstance(fs, LocalFileSystem):
                 backend = backend_for(fs, "")
+                os.close(open_private_dir(self.settings.directory))  # made 0700 (and checked) before anything in it
                 cache = ShardCache(
                     os.path.join(self.settings.directory, "shards-cache"),
                     self.settings.bytes,
@@ -718,15 +731,18 @@ def _parse_listing(data: bytes, params: dict[str, Any]) -> dict[str, Shard]:
         shards = [Shard(**s) for s in body["shards"]]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for s in shards for v in (s.size, s.rows)):
             return {}
+        if not all(isinstance(s.checksum, str) and _HEX32.fullmatch(s.checksum) for s in shards):
+            return {}  # a checksum names cache files: 32 hex digits or nothing
         return {s.path: s for s in shards}
     except (ValueError, KeyError, TypeError, RecursionError):
         return {}
 
 
-def _node_listing(path: str, params: dict[str, Any]) -> dict[str, Shard]:
+def _node_listing(index: int, name: str, shown: str, params: dict[str, Any]) -> dict[str, Shard]:
+    """The node's cached index (a bounded read of a regular file, never through a link), or nothing;
+    a link, FIFO or oversized file there is rebuilt and replaced."""
     try:
-        with open(path, "rb") as f:
-            return _parse_listing(f.read(INDEX_CACHE_MAX_BYTES + 1), params)
+        return _parse_listing(nofollow.read_file(index, name, INDEX_CACHE_MAX_BYTES, shown), params)
     except OSError:
         return {}
 
@@ -743,28 +759,35 @@ def _run_listing(run_url: str | None, key: str, params: dict[str, Any]) -> dict[
         return {}
 
 
-def _save_node_listing(path: str, params: dict[str, Any], shards: list[Shard]) -> None:
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(listing_bytes(params, shards))
-    os.replace(tmp, path)
+@contextlib.contextmanager
+def _cache_subdir(settings: CacheSettings, name: str) -> Iterator[int]:
+    """A directory of the node's cache (``index``, ``tmp``), below its checked private directory."""
+    top = open_private_dir(settings.directory)
+    try:
+        fd = private_subdir(top, name, settings.directory)
+    finally:
+        os.close(top)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def build_index(fs: Any, patterns: Sequence[str], params: dict[str, Any], settings: CacheSettings) -> list[Shard]:
     """Every shard's entry: from the node's cached index, else the run directory's copy, where size
     and stamp still match; read (checksum and rows) where not. One process per node builds it at a
-    time (a file lock)."""
+    time (a file lock, touched after each shard read: the others wait while it makes progress)."""
     key = index_key(fs, patterns, params)
-    path = os.path.join(settings.directory, "index", f"{key}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with flocked(path + ".lock"):
+    file = f"{key}.json"
+    shown = os.path.join(settings.directory, "index", file)
+    with _cache_subdir(settings, "index") as index, locked(index, f"{file}.lock", f"{shown}.lock"):
         listed = _listed(fs, patterns)
         names = _names([p for p, _ in listed])
         current = [
             (p, name, int(info.get("size") or 0), _stamp(fs, p, info))
             for (p, info), name in zip(listed, names, strict=True)
         ]
-        node = _node_listing(path, params)
+        node = _node_listing(index, file, shown, params)
         known = (
             node
             if all(_matches(node.get(p), n, size, st) for p, n, size, st in current)
@@ -782,9 +805,10 @@ def build_index(fs: Any, patterns: Sequence[str], params: dict[str, Any], settin
                     strict=True,
                 ):
                     shards[i] = shard
+                    os.utime(f"{file}.lock", dir_fd=index, follow_symlinks=False)  # progress, for the waiters
         complete = [s for s in shards if s is not None]
         if [node.get(s.path) for s in complete] != complete:
-            _save_node_listing(path, params, complete)
+            nofollow.write_replacing(index, file, listing_bytes(params, complete), shown, mode=0o600)
         return complete
 
 
@@ -803,17 +827,20 @@ def _read_shard(
         if got != size:
             raise CorpusChanged(f"corpus shard {name} changed while it was indexed ({size} bytes listed, {got} read)")
         return Shard(name, path, size, stamp, checksum, count_rows(fmt, path, params, name))
-    tmp_dir = os.path.join(settings.directory, "tmp")
-    os.makedirs(tmp_dir, exist_ok=True)
-    tmp = os.path.join(tmp_dir, uuid.uuid4().hex)
-    try:
-        got, checksum = backend_for(fs, "").download_file(tmp, path, "xxh3_128", size)
-        if got != size:
-            raise CorpusChanged(f"corpus shard {name} changed while it was indexed ({size} bytes listed, {got} read)")
-        return Shard(name, path, size, stamp, checksum, count_rows(fmt, tmp, params, name))
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
+    with _cache_subdir(settings, "tmp") as tmp_dir:
+        tmp = uuid.uuid4().hex
+        fd = nofollow.create_new(tmp_dir, tmp, os.path.join(settings.directory, "tmp", tmp), mode=0o600)
+        try:
+            got, checksum = backend_for(fs, "").download_file(fd_path(fd), path, "xxh3_128", size)
+            if got != size:
+                raise CorpusChanged(
+                    f"corpus shard {name} changed while it was indexed ({size} bytes listed, {got} read)"
+                )
+            return Shard(name, path, size, stamp, checksum, count_rows(fmt, fd_path(fd), params, name))
+        finally:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=tmp_dir)
 
 
 # ------------------------------------------------------------------ what the loop asks of a job's dataset

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import stat
 from collections.abc import Iterator
 
 from syncpoint.policies.errors import UnsafeEntry
@@ -66,26 +65,25 @@ class MemoryCopy:
         self.shown = os.path.join(base, self.user_dir, self.key)
 
     # ---- directories: created 0700, ours, never through a link
-    @contextlib.contextmanager
-    def _run_dir(self, create: bool) -> Iterator[int]:
-        top = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY)
+    def _user_dir(self, create: bool) -> int:
+        """A new descriptor of this user's directory of copies, checked on it: ours and private, else
+        ``UnsafeEntry`` (never entered: another account's directory holds nothing of ours)."""
+        top = os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(self.user_dir, 0o700, dir_fd=top)
-            user = nofollow.open_dirs(top, [self.user_dir], shown=[self.base])
-            try:
-                st = os.fstat(user)
-                if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
-                    raise UnsafeEntry(
-                        f"{self.base}/{self.user_dir} is not this user's private directory "
-                        f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): no memory copy"
-                    )
-                run = nofollow.open_dirs(user, [self.key], create=create, shown=[self.base, self.user_dir])
-            finally:
-                os.close(user)
+            return nofollow.open_private(top, self.user_dir, f"{self.base}/{self.user_dir}", create=create)
         finally:
             os.close(top)
+
+    @contextlib.contextmanager
+    def _run_dir(self, create: bool) -> Iterator[int]:
+        try:
+            user = self._user_dir(create)
+        except UnsafeEntry as e:
+            raise UnsafeEntry(f"{e}: no memory copy") from None
+        try:
+            run = nofollow.open_dirs(user, [self.key], create=create, shown=[self.base, self.user_dir])
+        finally:
+            os.close(user)
         try:
             yield run
         finally:
@@ -165,16 +163,20 @@ class MemoryCopy:
                             nofollow.delete_tree(run, entry, f"{self.shown}/{entry}")
 
     def remove(self) -> None:
-        """Remove this run's copies on this node (the run is over)."""
+        """Remove this run's copies on this node (the run is over). A directory that is not this
+        user's private one is neither entered nor removed (said once on stderr)."""
         try:
-            top = os.open(os.path.join(self.base, self.user_dir), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            user = self._user_dir(create=False)
+        except UnsafeEntry as e:
+            nofollow.warn(f"{e}; nothing removed there")
+            return
         except OSError:
             return
         try:
             with contextlib.suppress(OSError, UnsafeEntry):
-                nofollow.delete_tree(top, self.key, self.shown)
+                nofollow.delete_tree(user, self.key, self.shown)
         finally:
-            os.close(top)
+            os.close(user)
 
 
 def keeps_copies(setting: bool | str, storage: RunStorage) -> bool:

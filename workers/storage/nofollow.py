@@ -231,11 +231,13 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir: bool = False) -> None:
+def write_replacing(
+    dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir: bool = False, mode: int = 0o644
+) -> None:
     """Write a whole file durably under a fresh exclusive name, then rename it over ``name``: readers
     see all of it or none, and a planted link at ``name`` is replaced, never written through."""
     tmp = f".{name[:120]}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, NEW_FLAGS, 0o644, dir_fd=dir_fd)
+    fd = os.open(tmp, NEW_FLAGS, mode, dir_fd=dir_fd)
     try:
         try:
             write_all(fd, data)
@@ -259,7 +261,7 @@ def write_replacing(dir_fd: int, name: str, data: bytes, shown: str, *, sync_dir
         os.fsync(dir_fd)
 
 
-def create_new(dir_fd: int | None, name: str, shown: str) -> int:
+def create_new(dir_fd: int | None, name: str, shown: str, *, mode: int = 0o644) -> int:
     """A write-once file: whatever entry is at ``name`` is unlinked (never followed) and the file is
     created exclusively, so no link, FIFO or other process's file is ever opened for writing."""
     kind = kind_at(dir_fd, name)
@@ -271,19 +273,19 @@ def create_new(dir_fd: int | None, name: str, shown: str) -> int:
     elif kind is not None:
         replace_planted(dir_fd, name, shown, kind, "a regular file")
     try:
-        return os.open(name, NEW_FLAGS, 0o644, dir_fd=dir_fd)
+        return os.open(name, NEW_FLAGS, mode, dir_fd=dir_fd)
     except FileExistsError:
         raise UnsafeEntry(f"{shown} was created by someone else while syncpoint was writing it: refused") from None
 
 
-def open_lock(dir_fd: int, name: str, shown: str) -> int:
+def open_lock(dir_fd: int, name: str, shown: str, *, mode: int = 0o644, append: bool = False) -> int:
     """A lock file opened read-write (created if missing) without following it; a planted link, FIFO
-    or socket is replaced by a regular file (a lock file holds nothing)."""
+    or socket is replaced by a regular file (a lock file holds nothing). ``append``: a log that is
+    only appended to (one line per write, whoever else appends), which holds nothing worth a link."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if append else 0)
     for _ in range(TRIES):
         try:
-            fd = os.open(
-                name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
-            )
+            fd = os.open(name, flags, mode, dir_fd=dir_fd)
         except OSError as e:
             if e.errno == errno.EISDIR:
                 raise UnsafeEntry(f"{shown} is a directory where a lock file belongs: remove it") from None
@@ -291,12 +293,32 @@ def open_lock(dir_fd: int, name: str, shown: str) -> int:
                 raise
             replace_planted(dir_fd, name, shown, kind_at(dir_fd, name) or "not a regular file", "a regular file")
             continue
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISREG(mode):
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISREG(kind):
             return fd
         os.close(fd)
-        replace_planted(dir_fd, name, shown, what(mode), "a regular file")
+        replace_planted(dir_fd, name, shown, what(kind), "a regular file")
     raise UnsafeEntry(f"{shown} kept being replaced by something that is not a regular file: refused")
+
+
+def open_private(parent: int, name: str, shown: str, *, create: bool) -> int:
+    """This user's private directory ``name`` below ``parent`` (made 0700 when missing and ``create``),
+    opened without following a link and checked on that very descriptor: owned by this user, with no
+    group or other permission bit. Anything else (another account's directory, one others can read or
+    write, a link) is refused (``UnsafeEntry``) and never entered."""
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+    fd = _open_dir(parent, name, shown, create=False)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise UnsafeEntry(
+            f"{shown} is not this user's private directory (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}; syncpoint keeps its node-local files only in a directory of mode 700 "
+            f"owned by uid {os.getuid()})"
+        )
+    return fd
 
 
 # ---------------------------------------------------------------- listings and deletion
