@@ -456,10 +456,15 @@ def raw_read(directory: str, checksum: bool = False) -> tuple[float, int]:
     return time.perf_counter() - t0, size
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="~200 MB state instead of ~1.75 GB")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     width, depth = (1536, 4) if args.quick else (4096, 6)

@@ -352,11 +352,16 @@ def part_resume(quick: bool) -> Part:
 PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_s3, "resume": part_resume}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller sizes (about two minutes)")
     p.add_argument("--only", action="append", choices=sorted(PARTS), help="run only these parts (repeatable)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     print(f"P11 data at scale{' (--quick)' if args.quick else ''}", flush=True)
     goals: list[str] = []

@@ -125,7 +125,8 @@ VARIANTS = [
 FILED = VARIANTS[2][0]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one round")
     p.add_argument("--rounds", type=int, default=3)
@@ -135,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a fourth variant: a later commit's code (e.g. the one before a change)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     print(f"P12 cold start: examples/tiny_lm.yaml to {STEPS} optimizer steps, {rounds} round(s)", flush=True)
     also = f"commit {args.also}" if args.also else None

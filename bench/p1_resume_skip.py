@@ -165,8 +165,8 @@ def fmt_s(x: float) -> str:
     return f"{x:.4f}" if x < 1 else f"{x:.2f}"
 
 
-def main() -> None:
-    started = time.perf_counter()
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--positions", type=int, nargs="+", default=[100, 1_000, 10_000, 100_000])
     ap.add_argument(
@@ -181,7 +181,12 @@ def main() -> None:
     ap.add_argument("--side", type=int, default=32, help="image side of each sample")
     ap.add_argument("--repeats", type=int, default=5, help="repeats of the cheap measurements (median reported)")
     ap.add_argument("--quick", action="store_true", help="real up to 10^3, extrapolated beyond; window 500, 3 repeats")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = time.perf_counter()
+    args = parser().parse_args(argv)
     if args.quick:
         args.real_up_to, args.window, args.repeats = 1_000, 500, 3
     if args.real_up_to is None:

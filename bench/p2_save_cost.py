@@ -414,8 +414,8 @@ class Measured:
         return med(self.copies)
 
 
-def main() -> None:
-    m = measure(parse_args())
+def main(argv: list[str] | None = None) -> None:
+    m = measure(parse_args(argv))
     print_setup(m)
     print_blocked(m)
     overheads = print_throughput(m)
@@ -423,7 +423,8 @@ def main() -> None:
     print_goals(m, overheads, sync_cs, async_cs, dd_bw)
 
 
-def parse_args() -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", type=int, default=40, help="realistic save interval in optimizer steps")
     ap.add_argument("--aggressive", type=int, default=6, help="aggressive save interval in optimizer steps")
@@ -438,7 +439,11 @@ def parse_args() -> argparse.Namespace:
         help="raw writes of each kind before each run after the first, and at the end",
     )
     ap.add_argument("--quick", action="store_true", help="~10M-parameter model, N = 16 and 4")
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = parser().parse_args(argv)
     if args.quick:
         args.width, args.depth, args.every, args.aggressive = 1536, 3, 16, 4
     return args

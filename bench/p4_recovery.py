@@ -196,7 +196,8 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=2, help="runs of each variant, each with a fresh embedded Ray")
     ap.add_argument("--crash-at", type=int, default=40, help="micro-step after which rank 1 fails")
@@ -205,7 +206,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one repetition")
     ap.add_argument("--only", default="", help="run only the paths whose label contains this (e.g. 'lost node')")
     ap.add_argument("--verbose", action="store_true", help="show the driver's stdout (Ray's logs go to stderr anyway)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.quick:
         args.repeats = 1
 

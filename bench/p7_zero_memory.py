@@ -202,10 +202,15 @@ def device_bytes(b: dict[str, int], off_opt: str, off_par: str) -> int:
     return held
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="~1M-parameter model, 2 steps")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     width, depth, steps = (256, 15, 2) if args.quick else (1024, 8, 3)
     rows = []
     for label, stage, off_opt, off_par in CONFIGS:

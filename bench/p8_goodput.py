@@ -401,7 +401,8 @@ def goal(name: str, measured: str, target: str, met: bool) -> str:
     return f"goal {name}: {measured} vs {target}: {'met' if met else 'not met'}"
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer restart runs and Monte Carlo preemptions")
     ap.add_argument("--no-measure", action="store_true", help="skip the Ray runs (needs --costs; no validation)")
@@ -415,7 +416,11 @@ def main() -> None:
     ap.add_argument("--state-gb", type=float, default=10.0, help="planning: state bytes per node (GB)")
     ap.add_argument("--storage-gbps", type=float, default=1.0, help="planning: restore from storage, GB/s per node")
     ap.add_argument("--net-gbps", type=float, default=12.5, help="planning: restore from a peer's RAM, GB/s per node")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     preemptions = 600 if args.quick else 1500
     t_all = time.perf_counter()
     lines: list[str] = []
