@@ -39,7 +39,8 @@ the resumed epoch's first accumulation cycle has been fetched, and it saves no D
 RNG); syncpoint resumes bitwise in all four cells.
 
 Command (from the repo root; ~15 minutes on 2 shared cores with ``--jobs 3``, 16 process chains;
-``--quick`` runs only the four augmented cells, the ones where the two differ, in ~8 minutes):
+``--quick`` runs only the two cells with augmentation and a DataLoader worker, where the two differ,
+side by side, in ~4 minutes):
 
     .venv/bin/python -m bench.p9_hf_trainer
     .venv/bin/python -m bench.p9_hf_trainer --quick
@@ -475,7 +476,9 @@ def cell(framework: str, augment: bool, workers: int, kills: tuple[int, ...], ep
     return compare(ref, run)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, with the attempts' own subcommands (``tests/integration/test_bench_contract.py``
+    checks every bench's)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
     for name in ("hf-attempt", "sp-attempt"):
@@ -486,10 +489,18 @@ def main() -> None:
         p.add_argument("--workers", type=int, required=True)
         p.add_argument("--epochs", type=int, required=True)
         p.add_argument("--resume", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="only the augmented cells (where HF and syncpoint differ)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the cells with augmentation and a worker (where HF and syncpoint differ)",
+    )
     ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--jobs", type=int, default=2, help="cells run side by side (each a chain of processes)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.cmd == "hf-attempt":
         _hf_attempt(args.out, bool(args.augment), args.workers, args.epochs, args.resume)
         return
@@ -500,7 +511,7 @@ def main() -> None:
     import transformers
 
     started = time.perf_counter()
-    variants = [(aug, w) for aug in ((True,) if args.quick else (False, True)) for w in (0, 1)]
+    variants = [(True, 1)] if args.quick else [(aug, w) for aug in (False, True) for w in (0, 1)]
     jobs = [(fw, aug, w) for aug, w in variants for fw in ("hf", "syncpoint")]
     with tempfile.TemporaryDirectory(prefix="p9-") as base, ThreadPoolExecutor(args.jobs) as pool:
 
