@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from ray._private.node import Node as ClusterNode
     from ray.cluster_utils import Cluster
 
+    from syncpoint.orchestrator.ray_runner import JobOutcome
+
 
 @dataclass
 class DrillReport:
@@ -55,8 +57,10 @@ def run_drill(
     replacement: bool = True,
 ) -> DrillReport:
     """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points). With
-    ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers."""
-    from syncpoint.orchestrator.ray_runner import run_on_ray
+    ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers.
+    A reference run that fails ends the drill there, its last line in the report: there is nothing
+    to compare an interrupted run with."""
+    from syncpoint.orchestrator.ray_runner import run_reported
     from syncpoint.workers.storage import RunStorage
 
     if len(hows) == 1:
@@ -76,11 +80,13 @@ def run_drill(
 
     node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how == NODE]
     if node_points:
-        rc_ref, rc_run = _node_drill(ref, run, node_points, replacement)
+        ref_end, run_end = _node_drill(ref, run, node_points, replacement)
     else:
-        rc_ref = run_on_ray(ref, address)
-        rc_run = run_on_ray(run, address)
-    return compare(ref, run, rc_ref, rc_run, points, hows)
+        ref_end = run_reported(ref, address)
+        run_end = None if ref_end.failed else run_reported(run, address)
+    if run_end is None:
+        return reference_failed(points, hows, ref_end.line)
+    return compare(ref, run, 0, 1 if run_end.failed else 0, points, hows, run_line=run_end.line)
 
 
 @contextlib.contextmanager
@@ -108,15 +114,20 @@ def local_cluster(spec: JobSpec) -> Iterator[tuple[Cluster, list[ClusterNode], i
         cluster.shutdown()
 
 
-def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool) -> tuple[int, int]:
-    from syncpoint.orchestrator.ray_runner import run_on_ray
+def _node_drill(
+    ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool
+) -> tuple[JobOutcome, JobOutcome | None]:
+    """How the reference and the interrupted run ended (None: not started, the reference failed)."""
+    from syncpoint.orchestrator.ray_runner import JobOutcome, run_reported
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     with local_cluster(run) as (cluster, nodes, cpus):
-        rc_ref = run_on_ray(ref, cluster.address)
-        result: dict[str, int] = {}
-        thread = threading.Thread(target=lambda: result.update(rc=run_on_ray(run, cluster.address)), daemon=True)
+        ref_end = run_reported(ref, cluster.address)
+        if ref_end.failed:
+            return ref_end, None
+        result: dict[str, JobOutcome] = {}
+        thread = threading.Thread(target=lambda: result.update(end=run_reported(run, cluster.address)), daemon=True)
         thread.start()
         log = EventLog(RunStorage(run.run_url))
         for i, point in points:
@@ -133,7 +144,10 @@ def _node_drill(ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], repla
                     break
                 time.sleep(0.05)
         thread.join()
-        return rc_ref, result.get("rc", 1)
+        lost = JobOutcome(
+            line="the interrupted run's driver ended without an outcome (its error is above)", failed=True
+        )
+        return ref_end, result.get("end", lost)
 
 
 def _params_close(
@@ -240,28 +254,59 @@ def judge_resized(a: dict[int, Step], b: dict[int, Step], changed_at: int, world
     return before_ok and same_samples, lines
 
 
+def _plan_line(points: list[int], hows: list[InterruptionKind]) -> str:
+    # a node is removed once the flushed progress passes its point: it goes down later, where training really was
+    return "drill: " + ", ".join(
+        f"{h} at micro-step {p}" if h != NODE else f"node lost after micro-step {p}"
+        for p, h in zip(points, hows, strict=False)
+    )
+
+
+def reference_failed(points: list[int], hows: list[InterruptionKind], last_line: str) -> DrillReport:
+    """The report of a drill whose uninterrupted reference run failed: that failure, with the run's
+    last line, rather than a comparison with a run that has no steps ("MISMATCH (0 optimizer steps)"
+    sends the user hunting for a resume bug that is a job that never ran)."""
+    return DrillReport(
+        "\n".join(
+            [
+                _plan_line(points, hows),
+                "the reference run (uninterrupted) failed, so there is nothing to compare the interrupted run "
+                "with; its last line:",
+                f"  {last_line or '(none: its error is above)'}",
+                "RESULT: FAILED (the reference run failed)",
+            ]
+        ),
+        False,
+    )
+
+
 def compare(
-    ref: JobSpec, run: JobSpec, rc_ref: int, rc_run: int, points: list[int], hows: list[InterruptionKind]
+    ref: JobSpec,
+    run: JobSpec,
+    rc_ref: int,
+    rc_run: int,
+    points: list[int],
+    hows: list[InterruptionKind],
+    *,
+    ref_line: str = "",
+    run_line: str = "",
 ) -> DrillReport:
     """Compare the uninterrupted run with the interrupted one from their run directories.
 
     Args:
         ref, run: the two runs' specs (their run directories hold what is compared).
-        rc_ref, rc_run: their exit codes (a failed run fails the drill, whatever its states say).
+        rc_ref, rc_run: their exit codes (a failed run fails the drill, whatever its states say; a
+            failed reference is the whole report: ``reference_failed``).
         points: the micro-steps the interruptions were planned at.
         hows: what struck at each point, in order.
+        ref_line, run_line: their last lines, named in the report when they failed.
     """
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
-    # a node is removed once the flushed progress passes its point: it goes down later, where training really was
-    lines = [
-        "drill: "
-        + ", ".join(
-            f"{h} at micro-step {p}" if h != NODE else f"node lost after micro-step {p}"
-            for p, h in zip(points, hows, strict=False)
-        )
-    ]
+    if rc_ref != 0:
+        return reference_failed(points, hows, ref_line)
+    lines = [_plan_line(points, hows)]
     ref_journal = EventLog(RunStorage(ref.run_url)).journal()
     run_journal = EventLog(RunStorage(run.run_url)).journal()
     rs = restarts(run_journal)
@@ -278,9 +323,11 @@ def compare(
             f"{i + 1:>10}  {how:<7}  {str(at):>13}  {r.cause:<11}  {r.resumed_from or 'scratch':<13}  "
             f"{r.lost_micro_steps:>16}  {r.lost_seconds:>12.2f}"
         )
-    ok = rc_ref == 0 and rc_run == 0 and len(rs) == len(points)
+    ok = rc_run == 0 and len(rs) == len(points)
     if len(rs) != len(points):
         lines.append(f"expected {len(points)} restart(s), saw {len(rs)}")
+    if rc_run != 0:
+        lines.append(f"the interrupted run failed: {run_line or '(its error is above)'}")
     judged, verdict_lines, verdict = judge(ref, run, ref_journal, run_journal)
     lines.extend(verdict_lines)
     ok = ok and judged

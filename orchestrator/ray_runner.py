@@ -341,14 +341,22 @@ def run_on_ray(
 
     ``progress_bar``: the driver shows a live bar (``syncpoint.orchestrator.progress_bar``) and the workers
     print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard."""
+    return 1 if run_reported(spec, address, progress_bar=progress_bar, dashboard=dashboard).failed else 0
+
+
+def run_reported(
+    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+) -> JobOutcome:
+    """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
+    line in its verdict."""
     outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
     if outcome.failed:  # printed last: a failed run's last line says why
         if outcome.details:
             print(outcome.details, file=sys.stderr)
         print(outcome.line, file=sys.stderr, flush=True)
-        return 1
-    print(outcome.line, flush=True)
-    return 0
+    else:
+        print(outcome.line, flush=True)
+    return outcome
 
 
 def run_job(

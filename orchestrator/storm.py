@@ -290,7 +290,7 @@ def storm_variant(spec: JobSpec, plan: StormPlan) -> JobSpec:
 def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> DrillReport:
     """Reference, plan, interrupted run, verdict, on one local multi-node cluster."""
     from syncpoint.orchestrator.drill import _variant, local_cluster
-    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.orchestrator.ray_runner import run_reported
     from syncpoint.workers.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -300,12 +300,16 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
     RunStorage(ref.run_url).delete_tree()
     RunStorage(_variant(spec, "drill", [], 0).run_url).delete_tree()  # a drill owns its two run directories
     with local_cluster(spec) as (cluster, nodes, cpus):
-        rc_ref = run_on_ray(ref, cluster.address)
+        ref_end = run_reported(ref, cluster.address)
         ref_journal = EventLog(RunStorage(ref.run_url)).journal()
-        if rc_ref != 0:
+        if ref_end.failed:
             from syncpoint.orchestrator.drill import DrillReport
 
-            return DrillReport("storm: the reference run failed (its error is above); no storm was run", False)
+            return DrillReport(
+                f"storm: the reference run failed, so no storm was run; its last line:\n  {ref_end.line}\n"
+                "RESULT: FAILED (the reference run failed)",
+                False,
+            )
         plan = plan_storm(spec, n, seed, Trajectory.of(ref_journal))
         if print_plan:
             print(plan.table(), flush=True)
@@ -314,7 +318,7 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
         budget_s = 120.0 + 3 * ref_wall + 240.0 * n  # the whole interrupted run, restarts included
         controller = Controller(cluster, nodes, cpus, run, plan, budget_s)
         rc_run, problems = controller.run()
-    return storm_report(ref, run, plan, rc_ref, rc_run, problems, controller.removals)
+    return storm_report(ref, run, plan, 0, rc_run, problems, controller.removals)
 
 
 def _wall(journal: Journal) -> float:

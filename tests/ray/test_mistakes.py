@@ -171,3 +171,37 @@ def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     ):
         assert noise not in out, (noise, out[-6000:])
     assert len(out.splitlines()) < 60, out
+
+
+def test_a_drill_whose_reference_run_fails_says_so_with_its_last_line(tmp_path):
+    """`syncpoint drill` on a task the workers refuse: the reference run fails, so the report is that
+    failure and its last line, not a comparison ("per-step losses: MISMATCH (0 optimizer steps)"), and
+    no interrupted run is started."""
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    (tmp_path / "mytask.py").write_text(USER_TASK)
+    job = tmp_path / "unreduced.yaml"
+    job.write_text(USER_JOB.format(name="unreduced", storage=tmp_path / "runs", task="unreduced"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DS_ACCELERATOR")}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "syncpoint", "drill", str(job), "--preempt-at", "3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-4000:]
+    failed = "syncpoint: job 'unreduced-drill-ref' failed: Task.loss must return the batch's loss as a 0-d"
+    plan, why, last, result = r.stdout.strip().splitlines()[-4:]
+    assert plan == "drill: crash at micro-step 3", out[-4000:]
+    assert why == (
+        "the reference run (uninterrupted) failed, so there is nothing to compare the interrupted run with; its last "
+        "line:"
+    )
+    assert last.startswith(f"  {failed}") and result == "RESULT: FAILED (the reference run failed)", out[-4000:]
+    assert "MISMATCH" not in out and "optimizer steps" not in r.stdout, out[-4000:]
+    assert EventLog(RunStorage(f"file://{tmp_path}/runs/unreduced-drill")).journal().attempts == []

@@ -73,3 +73,21 @@ def test_the_change_is_where_an_attempt_resumed_on_another_world_size():
 
     assert world_size_change(Journal([start(1, 2, 0), start(2, 2, 3), start(3, 1, 6)])) == 6
     assert world_size_change(Journal([start(1, 2, 0), start(2, 2, 3)])) == 0
+
+
+def test_a_failed_reference_run_is_the_verdict_with_its_last_line():
+    """A reference run that failed has no steps: the verdict names its failure and last line instead of
+    comparing ("per-step losses: MISMATCH (0 optimizer steps)" reads as a resume bug)."""
+    from syncpoint.orchestrator.drill import reference_failed
+    from syncpoint.orchestrator.interruptions import InterruptionKind
+
+    line = "syncpoint: job 'tiny-lm-drill-ref' failed: Task.loss must return the batch's loss as a 0-d tensor"
+    report = reference_failed([5, 9], [InterruptionKind.CRASH, InterruptionKind.NODE], line)
+    assert not report.ok
+    assert report.table.splitlines() == [
+        "drill: crash at micro-step 5, node lost after micro-step 9",
+        "the reference run (uninterrupted) failed, so there is nothing to compare the interrupted run with; its last "
+        "line:",
+        f"  {line}",
+        "RESULT: FAILED (the reference run failed)",
+    ]
