@@ -40,6 +40,7 @@ import re
 import struct
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,8 @@ TRACKING_FORMAT = "syncpoint-tracking/1"
 # One small JSON object (~300 bytes); a larger tracking.json is not one syncpoint wrote.
 TRACKING_MAX_BYTES = 64 << 10
 MLFLOW_DIR = "mlruns"  # <run>/mlruns: MLflow's file store when MLFLOW_TRACKING_URI is not set
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"  # MLflow 3 refuses a file store unless this is true
+DATABASE_SCHEMES = ("postgresql", "mysql", "sqlite", "mssql")  # mlflow.store.db.db_types.DATABASE_ENGINES
 KEY_TAG = "syncpoint.key"
 # tracker -> (the module it needs, the extra that installs it)
 EXTRAS = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
@@ -77,14 +80,82 @@ def tracker_problems(spec: JobSpec, environ: Mapping[str, str] = os.environ) -> 
                 f"install it with pip install 'syncpoint[{extra}]' (on every node of the cluster), or remove "
                 f"{name} from train.report_to"
             )
-    if "mlflow" in spec.train.report_to and not environ.get("MLFLOW_TRACKING_URI") and not _local(spec):
-        problems.append(
-            f"train.report_to lists mlflow and the storage {spec.storage!r} is not a local directory, so MLflow has "
-            "no default place for its store (the default is <run>/mlruns on local storage): set "
-            "MLFLOW_TRACKING_URI to a tracking server (http://...) or a database (sqlite:///...), or remove mlflow "
-            "from train.report_to"
-        )
+    if "mlflow" in spec.train.report_to:
+        problem = mlflow_store_problem(spec, environ)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def mlflow_store_problem(spec: JobSpec, environ: Mapping[str, str]) -> str | None:
+    """Where MLflow would keep the run, if that fails only once the workers open it (minutes into a job,
+    after the cluster started): MLflow 3 refuses a file store unless ``MLFLOW_ALLOW_FILE_STORE`` is
+    true (``mlflow.store.tracking.file_store.FileStore``) and fails on a value of it other than
+    true/false/1/0; it has no database store without SQLAlchemy, which ``mlflow-skinny`` (what
+    ``syncpoint[mlflow]`` installs) lacks. The URI's scheme is read as MLflow reads it
+    (``mlflow.utils.uri.get_uri_scheme``), without importing MLflow: validate stays fast."""
+    uri = environ.get("MLFLOW_TRACKING_URI") or ""
+    if not uri and not _local(spec):
+        return (
+            f"train.report_to lists mlflow and the storage {spec.storage!r} is not a local directory, so MLflow "
+            "has no default place for its store (the default is <run>/mlruns on local storage): set "
+            f"MLFLOW_TRACKING_URI to {_other_stores()}, or remove mlflow from train.report_to"
+        )
+    scheme = _mlflow_scheme(uri) if uri else ""
+    if scheme in DATABASE_SCHEMES and importlib.util.find_spec("sqlalchemy") is None:
+        return (
+            f"train.report_to lists mlflow and MLFLOW_TRACKING_URI={uri!r} is a database, whose MLflow store needs "
+            "SQLAlchemy, which is not installed where syncpoint runs (syncpoint[mlflow] installs mlflow-skinny, "
+            "without it): pip install mlflow (on every node of the cluster), or set MLFLOW_TRACKING_URI to a "
+            "tracking server (http://host:5000)"
+        )
+    return _file_store_problem(uri, environ.get(ALLOW_FILE_STORE)) if scheme == "" else None
+
+
+def _file_store_problem(uri: str, allow: str | None) -> str | None:
+    """MLflow's file store: MLFLOW_TRACKING_URI's (a path or ``file:``), or without it the run's own
+    ``<run>/mlruns``, for which syncpoint sets MLFLOW_ALLOW_FILE_STORE=true unless it is set already."""
+    value = None if allow is None else allow.lower()
+    if value in ("true", "1") or (value is None and not uri):
+        return None
+    if value is not None and value not in ("false", "0"):
+        return (
+            f"train.report_to lists mlflow, whose file store reads {ALLOW_FILE_STORE}={allow!r} and fails on it "
+            f"(MLflow takes true, false, 1 or 0): set {ALLOW_FILE_STORE}=true"
+            + ("" if uri else ", or unset it (syncpoint allows the run's own <run>/mlruns itself)")
+        )
+    if not uri:
+        return (
+            f"train.report_to lists mlflow without MLFLOW_TRACKING_URI, so MLflow's store is the run's own file "
+            f"store (<run>/mlruns), and {ALLOW_FILE_STORE}={allow} forbids file stores: unset {ALLOW_FILE_STORE} "
+            f"(syncpoint allows this one store itself), or set MLFLOW_TRACKING_URI to {_other_stores()}"
+        )
+    return (
+        f"train.report_to lists mlflow and MLFLOW_TRACKING_URI={uri!r} is a file store, which MLflow 3 refuses "
+        f"unless {ALLOW_FILE_STORE}=true (the workers would fail once the job started): set {ALLOW_FILE_STORE}=true "
+        f"beside it (it reaches the workers with the job), or set MLFLOW_TRACKING_URI to {_other_stores()}; "
+        "unset, it is <run>/mlruns on local storage, which syncpoint allows itself"
+    )
+
+
+def _mlflow_scheme(uri: str) -> str:
+    """The store MLflow picks for ``uri``: "" for its file store (a path, ``file:``, a Windows drive),
+    the database's name for a database URL (``sqlite``, ``postgresql+psycopg2`` -> ``postgresql``),
+    else the URI's scheme (``databricks``, ``uc``: MLflow's names without one)."""
+    if uri in ("databricks", "databricks-uc", "uc"):
+        return uri
+    scheme = urllib.parse.urlparse(uri).scheme.lower()
+    database = next((db for db in DATABASE_SCHEMES if scheme.startswith(db)), None)
+    if database:
+        return database
+    return "" if scheme == "file" or (len(scheme) == 1 and scheme.isalpha()) else scheme
+
+
+def _other_stores() -> str:
+    """The stores MLflow takes besides a file store, as installed here: a database only with SQLAlchemy."""
+    if importlib.util.find_spec("sqlalchemy") is None:
+        return "a tracking server (http://host:5000; a database URI such as sqlite:///... needs pip install mlflow)"
+    return "a tracking server (http://host:5000) or a database (sqlite:///path/mlflow.db)"
 
 
 def _local(spec: JobSpec) -> bool:
@@ -225,7 +296,7 @@ class MlflowSink(_Guarded):
         if local is None:  # refused before start (tracker_problems); here for the Python API's callers
             raise RuntimeError("train.report_to lists mlflow: set MLFLOW_TRACKING_URI (the storage is not local)")
         # MLflow 3 keeps its file store for those who ask for it: this default is one
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        os.environ.setdefault(ALLOW_FILE_STORE, "true")
         return "file://" + os.path.abspath(local)
 
     @classmethod

@@ -174,6 +174,80 @@ def test_mlflow_on_object_storage_needs_a_tracking_uri(monkeypatch):
     assert tracker_problems(lm_spec("/tmp/somewhere", "train.report_to=[mlflow]"), {}) == []
 
 
+def test_mlflow_in_this_environment_refuses_a_file_store_unless_allowed(tmp_path, monkeypatch):
+    """The premise of the checks below, read from the installed MLflow itself: a file store (a
+    ``file:`` URI or a path) is refused unless MLFLOW_ALLOW_FILE_STORE is true, and a database needs
+    SQLAlchemy. Should an MLflow release change this, this test says so."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for uri in (f"file://{tmp_path}/a", str(tmp_path / "b")):
+        with pytest.raises(MlflowException, match="MLFLOW_ALLOW_FILE_STORE=true"):
+            MlflowClient(tracking_uri=uri).search_experiments()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "True")
+    assert MlflowClient(tracking_uri=f"file://{tmp_path}/a").search_experiments() != []  # its Default
+    if importlib.util.find_spec("sqlalchemy") is None:
+        with pytest.raises(MlflowException, match="unsupported URI 'sqlite:"):
+            MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/m.db").search_experiments()
+
+
+def _mlflow_problems(storage: str, **environ: str) -> list[str]:
+    return tracker_problems(lm_spec(storage, "train.report_to=[mlflow]"), environ)
+
+
+def test_mlflow_stores_that_fail_in_the_workers_are_named_before_anything_starts(tmp_path):
+    local, on_s3 = str(tmp_path), "memory://tracking-stores"
+    fixes = ("MLFLOW_ALLOW_FILE_STORE=true", "http://host:5000")
+    for uri in (f"file://{tmp_path}/mlruns", str(tmp_path / "mlruns"), "./mlruns", "file:relative"):
+        for allow in ({}, {"MLFLOW_ALLOW_FILE_STORE": "false"}, {"MLFLOW_ALLOW_FILE_STORE": "0"}):
+            (problem,) = _mlflow_problems(on_s3, MLFLOW_TRACKING_URI=uri, **allow)
+            assert f"MLFLOW_TRACKING_URI={uri!r} is a file store" in problem and all(f in problem for f in fixes)
+        for allow in ("true", "TRUE", "1"):
+            assert _mlflow_problems(on_s3, MLFLOW_TRACKING_URI=uri, MLFLOW_ALLOW_FILE_STORE=allow) == []
+    (problem,) = _mlflow_problems(local, MLFLOW_ALLOW_FILE_STORE="false")  # the run's own mlruns, forbidden
+    assert "MLFLOW_ALLOW_FILE_STORE=false forbids file stores: unset MLFLOW_ALLOW_FILE_STORE" in problem
+    (problem,) = _mlflow_problems(local, MLFLOW_ALLOW_FILE_STORE="yes")
+    assert "MLFLOW_ALLOW_FILE_STORE='yes' and fails on it" in problem
+    assert _mlflow_problems(local) == []  # syncpoint allows the run's own store itself
+    for server in ("http://mlflow.example:5000", "https://mlflow.example", "databricks"):
+        assert _mlflow_problems(on_s3, MLFLOW_TRACKING_URI=server, MLFLOW_ALLOW_FILE_STORE="yes") == []
+    for database in (f"sqlite:///{tmp_path}/m.db", "postgresql+psycopg2://u@db/mlflow"):
+        found = _mlflow_problems(on_s3, MLFLOW_TRACKING_URI=database)
+        if importlib.util.find_spec("sqlalchemy") is None:
+            assert len(found) == 1 and "needs SQLAlchemy" in found[0] and "pip install mlflow" in found[0]
+        else:
+            assert found == []
+
+
+def test_an_mlflow_file_store_uri_is_refused_by_validate_and_run_in_one_paragraph(tmp_path, capsys, monkeypatch):
+    """``MLFLOW_TRACKING_URI=file://...`` without MLFLOW_ALLOW_FILE_STORE: MLflow 3 would refuse it in the
+    workers after the job started; validate and run refuse it first (exit 2, one paragraph naming both
+    fixes), and run starts nothing."""
+    import sys
+    import time
+    import types
+
+    fake = types.ModuleType("syncpoint.orchestrator.ray_runner")
+    fake.run_on_ray = lambda *a, **k: pytest.fail("an MLflow store that cannot work reached the launcher")
+    monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")
+    job = tmp_path / "job.yaml"
+    job.write_text(EXAMPLE)
+    sets = ("--set", f"storage={tmp_path}/runs", "--set", "train.report_to=[mlflow]")
+    for command in ("validate", "run"):
+        began = time.monotonic()
+        rc, out, err = cli(capsys, command, str(job), *sets)
+        assert rc == 2 and out == "", err
+        assert f"MLFLOW_TRACKING_URI='file://{tmp_path}/mlruns' is a file store" in err, err
+        assert "set MLFLOW_ALLOW_FILE_STORE=true" in err and "tracking server (http://host:5000" in err, err
+        assert "\n\n" not in err.strip(), err
+        assert time.monotonic() - began < 60
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert cli(capsys, "validate", str(job), *sets)[0] == 0
+
+
 def test_report_to_names_each_tracker_once():
     from syncpoint.policies.errors import SpecError
 
