@@ -40,7 +40,7 @@ Goals (issue 28): sampler at 10^10 samples <= 10 ms and <= 1 MiB per rank; the c
 >= 0.8x the raw parallel read; resume to the first batch at 10^8 <= 0.01x the best peer's, with the
 same batch as the uninterrupted run.
 
-Command (from the repo root; ``--quick`` about two minutes on 2 shared cores, the full run about
+Command (from the repo root; ``--quick`` about four minutes on 2 shared cores, the full run about
 ten once its resume corpus exists):
 
     .venv/bin/python -m bench.p11_data_scale --quick
@@ -355,7 +355,7 @@ PARTS: dict[str, Callable[[bool], Part]] = {"sampler": part_sampler, "s3": part_
 def parser() -> argparse.ArgumentParser:
     """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smaller sizes (about two minutes)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about four minutes)")
     p.add_argument("--only", action="append", choices=sorted(PARTS), help="run only these parts (repeatable)")
     return p
 
