@@ -107,3 +107,24 @@ def test_removal_never_enters_a_directory_that_is_not_this_users_private_one(bas
     after = sorted(os.path.relpath(os.path.join(d, f), user_dir) for d, _, fs in os.walk(user_dir) for f in fs)
     assert before == after and len(after) == 1
     assert "not this user's private directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "closed"), [(0o755, True), (0o750, True), (0o775, False), (0o757, False)])
+def test_an_own_directory_others_could_only_read_is_closed_one_they_could_write_is_refused(tmp_path, mode, closed):
+    """An older syncpoint made its node-local directories 755: nobody else could ever write into one,
+    so it is closed to 700 on its descriptor and used; one that others could write is refused."""
+    from syncpoint.workers.storage.nofollow import UnsafeEntry, open_private
+
+    (tmp_path / "cache").mkdir()
+    os.chmod(tmp_path / "cache", mode)
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if closed:
+            os.close(open_private(parent, "cache", "cache", create=False))
+            assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+        else:
+            with pytest.raises(UnsafeEntry, match="not this user's private directory"):
+                open_private(parent, "cache", "cache", create=False)
+            assert (tmp_path / "cache").stat().st_mode & 0o777 == mode
+    finally:
+        os.close(parent)

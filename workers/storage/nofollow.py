@@ -304,13 +304,18 @@ def open_lock(dir_fd: int, name: str, shown: str, *, mode: int = 0o644, append: 
 def open_private(parent: int, name: str, shown: str, *, create: bool) -> int:
     """This user's private directory ``name`` below ``parent`` (made 0700 when missing and ``create``),
     opened without following a link and checked on that very descriptor: owned by this user, with no
-    group or other permission bit. Anything else (another account's directory, one others can read or
-    write, a link) is refused (``UnsafeEntry``) and never entered."""
+    group or other permission bit. One of this user's that others could only read (an older syncpoint
+    made its caches 755) is closed to 700 through the descriptor; anything else (another account's
+    directory, one others can write, a link) is refused (``UnsafeEntry``) and never entered."""
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=parent)
     fd = _open_dir(parent, name, shown, create=False)
     st = os.fstat(fd)
+    if st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) & 0o077 and not stat.S_IMODE(st.st_mode) & 0o022:
+        # ours, and nobody else could ever write into it (an older syncpoint's 755): closed, not refused
+        os.fchmod(fd, 0o700)
+        st = os.fstat(fd)
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
         os.close(fd)
         raise UnsafeEntry(
