@@ -122,7 +122,7 @@ class CountingBackend:
 
 def counting_storage(run_dir: str) -> RunStorage:
     storage = RunStorage(run_dir)
-    storage.backend = CountingBackend(storage.backend)  # type: ignore[assignment]
+    storage.backend = CountingBackend(storage.backend)
     return storage
 
 
@@ -181,16 +181,19 @@ def plant_state(states: str, i: int, torn: bool) -> None:
     step = (i + 1) * SAVE_EVERY
     name = state_name(step)
     trainer = trainer_record(step, 1.0 / (i + 1))
+    trainer_bytes = json_bytes(trainer.record())
     entries: dict[str, dict[str, Any]] = {}
     for rel in trainer.required_files():
-        data = json_bytes(trainer.record()) if rel == TRAINER_FILE else PLACEHOLDER
         if rel == TRAINER_FILE and torn:
             continue  # torn: preempted before trainer.json / manifest.json
+        data = trainer_bytes if rel == TRAINER_FILE else PLACEHOLDER
         _write(local_path(os.path.join(states, name), rel), data)
         entries[rel] = ManifestEntry.of(len(data), CHECKSUM, checksum_bytes(data, CHECKSUM)).record()
     if torn:
         return
-    manifest = Manifest(state=name, created_at=1.7e9 + i, world_size=EXP.world_size, checksum=CHECKSUM, files=entries)
+    manifest = Manifest.model_validate(
+        {"state": name, "created_at": 1.7e9 + i, "world_size": EXP.world_size, "checksum": CHECKSUM, "files": entries}
+    )
     _write(os.path.join(states, name, MANIFEST_FILE), json_bytes(manifest.record()))
 
 
@@ -217,13 +220,16 @@ def ensure_planted(root: str, n: int, torn_newest: int) -> tuple[str, str]:
 
 # ---------------------------------------------------------------- measuring
 def measure(fn, run_dir: str, repeats: int) -> tuple[float, Counter, Decision, int]:
-    times, counts, decision, read = [], Counter(), None, 0
+    times, decision, read = [], None, 0
+    counts: Counter[str] = Counter()
     for _ in range(repeats):
         storage = counting_storage(run_dir)
         t0 = time.perf_counter()
         decision, read = fn(storage)
         times.append(time.perf_counter() - t0)
-        counts = storage.backend.counts  # type: ignore[attr-defined]
+        assert isinstance(storage.backend, CountingBackend)
+        counts = storage.backend.counts
+    assert decision is not None, "repeats >= 1"
     return statistics.median(times), counts, decision, read
 
 

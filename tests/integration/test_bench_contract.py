@@ -77,7 +77,7 @@ def test_p5_plants_states_its_selection_accepts(tmp_path):
         assert decision.state == f"{3 * p5.SAVE_EVERY:012d}", select.__name__
     counted = p5.counting_storage(run)
     p5.lazy_newest_first(counted)
-    assert counted.backend.counts["manifests"] == 1
+    assert isinstance(counted.backend, p5.CountingBackend) and counted.backend.counts["manifests"] == 1
 
 
 def _quick_marks(name: str) -> list[pytest.MarkDecorator]:
