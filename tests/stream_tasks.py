@@ -126,3 +126,93 @@ def hf_interleaved(config: dict) -> Task:
         "torch"
     )
     return task
+
+
+# ----------------------------------------------------------------------------- compositions of datasets steps
+
+
+def _crop(ids: list[int], seq_len: int, random_crop: bool) -> list[int]:
+    start = int(torch.randint(0, len(ids) - seq_len, ()).item()) if random_crop else 0
+    return ids[start : start + seq_len + 1]
+
+
+def _token_ids(text: str) -> list[int]:
+    return [0 if ch == " " else (ord(ch) - 96) % VOCAB for ch in text]
+
+
+def tokenize_one(example: dict, *, seq_len: int, random_crop: bool) -> dict:
+    return {"tokens": _crop(_token_ids(example["text"]), seq_len, random_crop)}
+
+
+def tokenize_batch(batch: dict, *, seq_len: int, random_crop: bool) -> dict:
+    """The batched form: the whole batch computed in one call, its crops drawn one after another."""
+    return {"tokens": [_crop(_token_ids(text), seq_len, random_crop) for text in batch["text"]]}
+
+
+def keep_one(example: dict, *, random_keep: bool) -> bool:
+    """Keep about three examples in four: at random, or by id."""
+    return bool(torch.rand(()) < 0.75) if random_keep else int(example["id"]) % 4 != 3
+
+
+def keep_batch(batch: dict, *, random_keep: bool) -> list[bool]:
+    if random_keep:
+        return [bool(k) for k in torch.rand(len(batch["id"])) < 0.75]
+    return [int(i) % 4 != 3 for i in batch["id"]]
+
+
+def composed(config: dict) -> Task:
+    """The stream example's corpus through a composition of ``datasets`` steps, each drawn by the
+    stream property test (``tests/integration/test_property_streams.py``):
+
+    * ``interleave``: the shards as two sources (even and odd shards), ``interleave_datasets``'d;
+      ``probabilities``: with probabilities and a seed;
+    * ``map``: ``none``, ``plain`` or ``random`` (a random crop); ``map_batch``: 0 (per example) or a
+      batch size; ``map_first``: the map on each source, before the interleave and the shuffle;
+    * ``shuffle``: ``none``, ``shards`` (``.shuffle(seed, buffer_size=1)``) or ``buffer``
+      (``.shuffle(seed, shuffle_buffer_size)``);
+    * ``filter``: ``none``, ``plain`` (by id) or ``random``; ``filter_batch``: 0 or a batch size.
+
+    The collate is the example's (it flips tokens at random)."""
+    from functools import partial
+
+    from datasets import interleave_datasets, load_dataset
+
+    from examples.stream_lm import corpus_files, lm_loss, noisy_collate
+    from examples.tiny_lm import TinyLM
+
+    seq_len = int(config.get("seq_len", 8))
+    files = corpus_files(
+        str(config["corpus_dir"]), "jsonl", int(config.get("shards", 4)), int(config.get("docs_per_shard", 10)), 24
+    )
+    kind, batch = str(config.get("map", "random")), int(config.get("map_batch", 0))
+    settings = {"seq_len": seq_len, "random_crop": kind == "random"}
+    tokens = partial(tokenize_batch if batch else tokenize_one, **settings)
+
+    def mapped(ds):
+        extra = {"batched": True, "batch_size": batch} if batch else {}
+        return ds.map(tokens, remove_columns=["text"], **extra) if kind != "none" else ds
+
+    def load(shard_files):
+        ds = load_dataset("json", data_files=shard_files, split="train", streaming=True)
+        return mapped(ds) if config.get("map_first") else ds
+
+    if config.get("interleave"):
+        sources = [load(files[0::2]), load(files[1::2])]
+        chance = {"probabilities": [0.5, 0.5], "seed": 11} if config.get("probabilities") else {}
+        ds = interleave_datasets(sources, **chance)
+    else:
+        ds = load(files)
+    shuffle = str(config.get("shuffle", "none"))
+    if shuffle != "none":
+        size = 1 if shuffle == "shards" else int(config.get("shuffle_buffer_size", 6))
+        ds = ds.shuffle(seed=int(config.get("shuffle_seed", 5)), buffer_size=size)
+    keep, filter_batch = str(config.get("filter", "none")), int(config.get("filter_batch", 0))
+    if keep != "none":
+        rule = partial(keep_batch if filter_batch else keep_one, random_keep=keep == "random")
+        ds = ds.filter(rule, **({"batched": True, "batch_size": filter_batch} if filter_batch else {}))
+    if not config.get("map_first"):
+        ds = mapped(ds)
+    if kind == "none":  # the text itself, cut to a window: the collate stacks tokens
+        ds = ds.map(partial(tokenize_one, seq_len=seq_len, random_crop=False), remove_columns=["text"])
+    model = TinyLM(d_model=int(config.get("d_model", 16)), n_layers=1, seq_len=seq_len, dropout=0.1)
+    return Task(model=model, dataset=ds.with_format("torch"), loss=lm_loss, collate=partial(noisy_collate, noise=0.05))

@@ -189,17 +189,66 @@ def test_stateful_custom_stream_resumes_exactly(tmp_path, loader_workers):
     assert trainer_json(spec, final)["data"]["stream"]["identity"] == {"class": "tests.stream_tasks.CountingStream"}
 
 
-def _reference_and_resumed(tmp_path, *overrides: str):
-    """The stream example uninterrupted (``ref``) and crashed at micro-step 15 then resumed, on one
-    corpus under ``tmp_path``: the two runs are the same, loss for loss and digest for digest."""
+def _reference_and_resumed(tmp_path, *overrides: str, crash_at: int = 15, world: int = 1):
+    """The stream example uninterrupted (``ref``) and crashed at micro-step ``crash_at`` then resumed,
+    on one corpus under ``tmp_path``: the two runs are the same, loss for loss and digest for digest."""
     corpus = tmp_path / "corpus"
-    ref = stream_spec(tmp_path / "ref", corpus, *overrides)
-    run(ref)
-    spec = stream_spec(tmp_path / "run", corpus, *overrides)
-    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
-    run(spec)
+    ref = stream_spec(tmp_path / "ref", corpus, *overrides, workers=world)
+    _uninterrupted(ref, world)
+    spec = stream_spec(tmp_path / "run", corpus, *overrides, workers=world)
+    _crash_and_resume(spec, crash_at, world)
     _assert_same_run(ref, spec)
     return ref, spec
+
+
+@pytest.mark.slow
+def test_a_batched_random_map_resumed_mid_batch_is_the_uninterrupted_run(tmp_path):
+    """``.map(crop, batched=True, batch_size=8)`` with a random crop: datasets computes the whole batch
+    in the draw of its first example and, resumed mid-batch (state 12 holds 24 examples taken and 5 in
+    the buffer: 29 drawn), recomputes it in the first draw after the resume. Each call is seeded by
+    its own position (the index of the batch's first input), so the recomputed batch is the one the
+    uninterrupted run trained on."""
+    _reference_and_resumed(
+        tmp_path, "task.path=tests.stream_tasks:composed", "task.config.map=random", "task.config.map_batch=8"
+    )
+
+
+@pytest.mark.slow
+def test_a_state_saved_as_a_pass_begins_resumes_every_loader_workers_pass(tmp_path):
+    """A pass is 24 micro-batches, 12 from each of 2 DataLoader workers; the state at micro-step 25
+    is saved after worker 0's first micro-batch of pass 1 and before worker 1's. torchdata records a
+    worker's state at a pass's start as the worker reports it then, before its stream began the pass:
+    the stream says it is at the pass's start (its state names its pass), not where pass 0 ended
+    (exhausted, which left worker 1 empty for the resumed pass 1)."""
+    _reference_and_resumed(
+        tmp_path,
+        "train.dataloader_workers=2",
+        "train.grad_accum=1",
+        "train.max_steps=30",
+        "checkpoint.save_every={value: 25, unit: optimizer_steps}",
+        crash_at=27,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "world,loader_workers,shards",
+    [(1, 2, 4), (2, 3, 3)],  # 3 shards on 2 ranks: split by example
+)
+def test_the_datasets_shuffle_recipe_resumes_exactly_with_loader_workers(tmp_path, world, loader_workers, shards):
+    """``load_dataset(..., streaming=True).shuffle(seed, buffer_size)``, the recipe of datasets' docs,
+    read by DataLoader workers (refused before: datasets loads a worker's saved state into the whole
+    pipeline first, where its shard interleave, one entry per shard the worker reads, does not fit)
+    trains and resumes bit for bit."""
+    ref, _ = _reference_and_resumed(
+        tmp_path,
+        "task.path=tests.stream_tasks:hf_buffer_shuffled",
+        "train.stream_shuffle_buffer=0",
+        f"train.dataloader_workers={loader_workers}",
+        f"task.config.shards={shards}",
+        world=world,
+    )
+    assert trainer_json(ref, state_names(ref)[-1])["data"]["stream"]["shuffle_buffer"] == 8
 
 
 @pytest.mark.slow
@@ -272,12 +321,12 @@ def test_datasets_buffer_shuffle_is_taken_over_by_syncpoints_buffer(tmp_path):
     """A .shuffle(seed, buffer_size) keeps its shard-order part in datasets (buffer_size 1) and its buffer
     moves to syncpoint's saved one, drawn from the shuffle's generator; preparing the same object again
     (a restart in the same process) lifts the same buffer."""
-    from syncpoint.workers.data.stream import HF_BUFFER_SHUFFLE, _hf_pipeline
+    from syncpoint.workers.data.stream import HF_BUFFER_SHUFFLE, hf_pipeline, step_name
 
     spec, task = _task("tests.stream_tasks:hf_buffer_shuffled", tmp_path / "corpus", "train.stream_shuffle_buffer=0")
     first = prepare(spec, task.dataset, task.collate, 0, 1)
     again = prepare(spec, task.dataset, task.collate, 0, 1)
-    (step,) = [s for s in _hf_pipeline(task.dataset) if type(s).__name__ == HF_BUFFER_SHUFFLE]
+    (step,) = [s for s in hf_pipeline(task.dataset) if step_name(s) == HF_BUFFER_SHUFFLE]
     assert step.buffer_size == 1
     for prepared in (first, again):
         assert prepared.record["shuffle_buffer"] == 8 and prepared.stream.shuffle_buffer == 8
@@ -358,18 +407,6 @@ def test_a_datasets_streams_epoch_is_set_in_the_loop_process_never_in_a_loader_w
     assert {pid for pid, _ in seen} == {str(os.getpid())}, seen  # never in a worker
     assert [int(e) for _, e in seen] == [0, 1, 2, 3]  # once per pass, before it
     assert int(prepared.stream.inner.epoch) == 3
-
-
-def test_datasets_shard_shuffle_with_loader_workers_is_refused(tmp_path):
-    spec, task = _task(
-        "examples.stream_lm:build", tmp_path / "corpus", "task.config.shard_shuffle=true", "train.dataloader_workers=2"
-    )
-    with pytest.raises(
-        TaskError,
-        match=r"train\.dataloader_workers: 2 its saved state fails to load.*"
-        r"train\.stream_shuffle_buffer",
-    ):
-        prepare(spec, task.dataset, task.collate, 0, 1)
 
 
 def test_a_stream_already_split_by_the_task_is_refused(tmp_path):

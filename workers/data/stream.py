@@ -26,7 +26,10 @@ are derived the same way and whose content is part of the state, so a resume con
 order. A ``datasets`` stream's own ``.shuffle(seed, buffer_size)`` is run by that buffer
 (``lift_hf_buffer``): ``datasets`` keeps no buffer content in its state (huggingface/datasets#7444:
 a resume refills it with other examples), so syncpoint takes the buffer over, draws it from the
-shuffle's own generator, and leaves ``datasets`` the shard-order part, which it resumes exactly.
+shuffle's own generator, and leaves ``datasets`` the shard order, whose interleave of shards
+syncpoint runs in the calling thread (``stream_hf``). Where ``datasets`` may compute an example in
+another draw than the one that yields it (a batched ``.map``, an interleave reading ahead), the
+function runs under a seed of its own position instead (``SeededCall``); ``stream_hf`` says where.
 
 The rank's position (``StreamSource.capture``) is its pass number and torchdata's
 ``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
@@ -37,6 +40,7 @@ world size or another ``train.dataloader_workers`` (``syncpoint.policies.candida
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -63,6 +67,7 @@ STREAM_EXAMPLE_SALT = 0x57EA4E  # each example's draw from the stream (its .map'
 STREAM_COLLATE_SALT = 0x57C011  # each micro-batch's collate
 STREAM_SHUFFLE_SALT = 0x575FF1  # each draw from the shuffle buffer
 STREAM_LOADER_SALT = 0x57DA7A  # the DataLoader's generator (its workers' base seed)
+STREAM_CALL_SALT = 0x57CA11  # each call of a .map/.filter that datasets may repeat in another draw
 HF_BUFFER_SHUFFLE = "BufferShuffledExamplesIterable"
 
 
@@ -98,8 +103,11 @@ def prepare(
             buffer, shuffle_seed = lifted.buffer_size, lifted.seed
         from datasets.distributed import split_dataset_by_node
 
-        source, own = "huggingface", split_dataset_by_node(dataset, rank=rank, world_size=world_size)
-        identity = hf_identity(dataset)
+        from syncpoint.workers.data import stream_hf
+
+        stream_hf.adjust(dataset)
+        own = stream_hf.rank_dataset(split_dataset_by_node(dataset, rank=rank, world_size=world_size))
+        source, identity = "huggingface", hf_identity(dataset)
     else:
         source, own = "custom", _custom_split(spec, dataset, rank, world_size)
         identity = custom_identity(dataset, spec.task.path)
@@ -171,7 +179,7 @@ def check_map_spec(spec: JobSpec) -> None:
             )
 
 
-def _hf_pipeline(dataset: Any) -> list[Any]:
+def hf_pipeline(dataset: Any) -> list[Any]:
     """The ``datasets`` examples iterables the stream is built of, outermost first (internal API:
     ``_ex_iterable`` and each step's ``ex_iterable`` / ``ex_iterables``)."""
     out, todo, seen = [], [getattr(dataset, "_ex_iterable", None)], 0
@@ -192,19 +200,11 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
             f"task.path: {spec.task.path!r} returned a datasets.IterableDataset already split with "
             "split_dataset_by_node: return the whole stream; syncpoint splits it per rank"
         )
-    if spec.train.dataloader_workers and _hf_buffer_steps(dataset):
-        raise TaskError(
-            f"task.path: {spec.task.path!r} returned a datasets.IterableDataset with .shuffle(...): with "
-            f"train.dataloader_workers: {spec.train.dataloader_workers} its saved state fails to load "
-            "(datasets 5.2 writes each worker's shuffled shard order in a form its load_state_dict cannot read "
-            "back). Remove the .shuffle(...) and set train.stream_shuffle_buffer: N (syncpoint's exact buffer "
-            "shuffle, which works with workers), or set train.dataloader_workers: 0"
-        )
 
 
 def _hf_buffer_steps(dataset: Any) -> list[Any]:
     """The ``.shuffle(...)`` steps of a ``datasets`` stream (``BufferShuffledExamplesIterable``)."""
-    return [step for step in _hf_pipeline(dataset) if type(step).__name__ == HF_BUFFER_SHUFFLE]
+    return [step for step in hf_pipeline(dataset) if step_name(step) == HF_BUFFER_SHUFFLE]
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
     same position: ``syncpoint.workers.data.function_identity``)."""
     info = getattr(dataset, "info", None)
     files: list[dict[str, Any]] = []
-    for step in _hf_pipeline(dataset):
+    for step in hf_pipeline(dataset):
         kwargs = getattr(step, "kwargs", None)
         if not isinstance(kwargs, dict):
             continue
@@ -293,7 +293,7 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
         "split": None if getattr(dataset, "split", None) is None else str(dataset.split),
         "n_shards": int(dataset.num_shards),
         "files": files,
-        "pipeline": [type(step).__name__ for step in _hf_pipeline(dataset)],
+        "pipeline": [step_name(step) for step in hf_pipeline(dataset)],
         "functions": _hf_functions(dataset),
         "shuffle": [_generator_seed(step.generator) for step in _hf_buffer_steps(dataset)],
     }
@@ -305,13 +305,18 @@ HF_FUNCTION_SETTINGS = ("fn_kwargs", "batched", "batch_size", "drop_last_batch",
 def _hf_functions(dataset: Any) -> list[dict[str, Any]]:
     """Each ``.map``/``.filter`` step's function digest and settings, outermost step first."""
     out = []
-    for i, step in enumerate(_hf_pipeline(dataset)):
-        fn = getattr(step, "function", None)
+    for i, step in enumerate(hf_pipeline(dataset)):
+        fn = getattr(step, "_syncpoint_function", None) or getattr(step, "function", None)  # the task's own
         if fn is None:
             continue
         settings = {k: getattr(step, k, None) for k in HF_FUNCTION_SETTINGS}
-        out.append({"step": i, "kind": type(step).__name__, "digest": function_digest(fn, settings)})
+        out.append({"step": i, "kind": step_name(step), "digest": function_digest(fn, settings)})
     return out
+
+
+def step_name(step: Any) -> str:
+    """A step's ``datasets`` class name; a step ``stream_hf`` replaced has its original one."""
+    return getattr(type(step), "REPLACES", type(step)).__name__
 
 
 def _strings(obj: Any) -> list[str]:
@@ -368,13 +373,69 @@ def _custom_split(spec: JobSpec, dataset: Any, rank: int, world_size: int) -> An
     return own
 
 
+# The draw in progress in this process (``drawing``) and the shard-interleave sources it is reading
+# (``reading_source``): the part of a repeated call's seed that is not the call's own. Draws and reads
+# are sequential (nothing below a draw runs on a thread: ``stream_hf``), so process-wide stacks do.
+_DRAWS: list[tuple[int, ...]] = []
+_SOURCES: list[int] = []
+
+
+@contextlib.contextmanager
+def drawing(key: tuple[int, ...]) -> Iterator[None]:
+    """A draw from the stream keyed ``key`` (seed, rank, pass, DataLoader worker) is in progress."""
+    _DRAWS.append(key)
+    try:
+        yield
+    finally:
+        _DRAWS.pop()
+
+
+@contextlib.contextmanager
+def reading_source(index: int) -> Iterator[None]:
+    """An interleave of shard copies is reading its source ``index`` (``stream_hf.RoundRobin``)."""
+    _SOURCES.append(index)
+    try:
+        yield
+    finally:
+        _SOURCES.pop()
+
+
+class SeededCall:
+    """A ``.map``/``.filter`` function that ``datasets`` may call again in a later draw, run under a
+    seed of its own position: the draw's key, its step's place in the pipeline, the shard copy
+    reading it, and the index ``datasets`` gives the call's first input (which it saves and restores
+    with the step). Why: a batched step computes its batch in the draw of the batch's first example
+    and, resumed mid-batch, in the first draw after the resume; seeded by that draw, its random work
+    would differ.
+
+    Its step passes indices (``with_indices``); the call takes them off unless the task asked for
+    them. Outside a draw (the task iterating its own dataset) the function runs as it is."""
+
+    def __init__(self, function: Callable[..., Any], step: int, wants_indices: bool) -> None:
+        self.function, self.step, self.wants_indices = function, step, wants_indices
+        self.generators = DataGenerators(function, "dataset")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        *inputs, indices = args
+        call = (*inputs, indices) if self.wants_indices else tuple(inputs)
+        if not _DRAWS:
+            return self.function(*call, **kwargs)
+        first = indices[0] if isinstance(indices, (list, tuple)) and indices else indices
+        seed = derive_seed(*_DRAWS[-1], STREAM_CALL_SALT, self.step, len(_SOURCES), *_SOURCES, int(first))
+        with _seeded_rngs(seed), _reseeded(self.generators, seed):
+            return self.function(*call, **kwargs)
+
+
 class RankStream(torch.utils.data.IterableDataset):
     """This rank's stream as micro-batches, every draw seeded by its position, with its state.
 
     In each DataLoader worker (or the main process) one copy iterates; ``state_dict`` is that
     copy's position: the stream's own state, how many examples and micro-batches it drew in this
     pass, the shuffle buffer's content and draws, and whether the stream ran out (the buffer then
-    drains). ``load_state_dict`` takes effect at the next ``__iter__``.
+    drains). ``load_state_dict`` takes effect at the next ``__iter__``; until then the loaded state
+    is this copy's position. A state is tagged with its pass: asked before it has begun the current
+    pass (a DataLoader worker at a pass's start, which torchdata records as the worker's state until
+    the worker yields), a copy says it is at that pass's start, not where the last pass ended.
 
     The pass reaches the stream's own ``set_epoch`` where it is safe: a ``datasets`` stream keeps
     its epoch in one shared-memory tensor that every DataLoader worker sees, and updates it with a
@@ -406,6 +467,7 @@ class RankStream(torch.utils.data.IterableDataset):
         self._epoch_in_loop_process = hf_iterable(inner)  # its epoch is shared memory (the docstring)
         self._resume: dict[str, Any] | None = None
         self._position: dict[str, Any] = _fresh_position()
+        self._position_pass = -1  # the pass self._position is in (-1: none begun in this copy)
 
     @property
     def pass_number(self) -> int:
@@ -418,8 +480,13 @@ class RankStream(torch.utils.data.IterableDataset):
             self.inner.set_epoch(pass_number)
 
     def state_dict(self) -> dict[str, Any]:
+        if self._resume is not None:
+            return dict(self._resume)
+        if self._position_pass != self.pass_number:  # "inner": None, the stream's own start of the pass
+            return {"pass": self.pass_number, "inner": None, **_fresh_position()}
         p = self._position
         return {
+            "pass": self._position_pass,
             "inner": self.inner.state_dict(),
             "examples": p["examples"],
             "taken": p["taken"],
@@ -437,12 +504,14 @@ class RankStream(torch.utils.data.IterableDataset):
         if not self._epoch_in_loop_process and callable(getattr(self.inner, "set_epoch", None)):
             self.inner.set_epoch(self.pass_number)  # in this process: a worker's copy is its own
         resume, self._resume = self._resume, None
-        if resume is not None:
-            self.inner.load_state_dict(resume["inner"])
+        if resume is not None and _of_pass(resume, self.pass_number):
+            if resume["inner"] is not None:
+                self.inner.load_state_dict(resume["inner"])
             self._position = {k: resume[k] for k in ("examples", "taken", "batches", "exhausted")}
             self._position["buffer"] = list(resume["buffer"])
         else:
             self._position = _fresh_position()
+        self._position_pass = self.pass_number
         source = iter(self.inner)
         while True:
             examples: list[Any] = []
@@ -462,7 +531,7 @@ class RankStream(torch.utils.data.IterableDataset):
         if p["exhausted"]:
             return _END
         seed = derive_seed(*key, STREAM_EXAMPLE_SALT, p["examples"])
-        with _seeded_rngs(seed), _reseeded(self.generators, seed):
+        with _seeded_rngs(seed), _reseeded(self.generators, seed), drawing(key):
             try:
                 example = next(source)
             except StopIteration:
@@ -494,6 +563,16 @@ _END = object()
 
 def _fresh_position() -> dict[str, Any]:
     return {"examples": 0, "taken": 0, "batches": 0, "exhausted": False, "buffer": []}
+
+
+def _of_pass(state: dict[str, Any], pass_number: int) -> bool:
+    """Whether a saved worker state is a position in pass ``pass_number``. A state written before
+    states named their pass has none: a ``datasets`` stream's own state names its epoch (the pass),
+    which tells a stale one apart; any other is taken as it is."""
+    if "pass" in state:
+        return bool(state["pass"] == pass_number)
+    inner = state.get("inner")
+    return not (isinstance(inner, dict) and isinstance(inner.get("epoch"), int)) or inner["epoch"] == pass_number
 
 
 def _as_is(item: Any) -> Any:
