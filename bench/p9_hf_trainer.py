@@ -40,7 +40,7 @@ RNG); syncpoint resumes bitwise in all four cells.
 
 Command (from the repo root; ~15 minutes on 2 shared cores with ``--jobs 3``, 16 process chains;
 ``--quick`` runs only the two cells with augmentation and a DataLoader worker, where the two differ,
-side by side, in ~4 minutes):
+side by side: about a minute on a quiet machine):
 
     .venv/bin/python -m bench.p9_hf_trainer
     .venv/bin/python -m bench.p9_hf_trainer --quick
