@@ -4,11 +4,12 @@ naming why.
 
 Hypothesis draws a composition (``tests.stream_tasks.composed``): a ``.map`` (none, plain or a
 random crop; per example or batched; on each source or last), a ``.filter`` (none, by id or
-random; per example or batched), an ``interleave_datasets`` of two sources (with probabilities and
-a seed once integers of any width are saved), ``datasets``' ``.shuffle`` (shard order only, or a
-buffer) and ``train.stream_shuffle_buffer``; and how it is read: 1 or 2 ranks (split by shard or by
-example), 0 to 3 DataLoader workers, one or two interruptions, and whether the resume builds the
-task anew (a restarted process) or prepares the same dataset object again (a restart in place).
+random; per example or batched), an ``interleave_datasets`` of two sources (in turn, or drawn with
+probabilities and a seed: the stream state then holds the generator's 128-bit state), ``datasets``'
+``.shuffle`` (shard order only, or a buffer of 6 or 30) and ``train.stream_shuffle_buffer``; and how
+it is read: 1 or 2 ranks (split by shard or by example), 0 to 3 DataLoader workers, one or two
+interruptions, and whether the resume builds the task anew (a restarted process) or prepares the
+same dataset object again (a restart in place).
 
 Each rank's ``StreamSource`` (the loop's source of micro-batches: ``RankStream`` in a
 ``StatefulDataLoader``) draws the uninterrupted run's micro-batches and captures its state at the
@@ -17,8 +18,8 @@ the same micro-batches tensor for tensor, and so must one resumed from its own c
 second. Training itself is left out: ``test_streams.py`` resumes whole runs, bit for bit, on what
 this finds exact.
 
-``make test`` runs 6 examples; ``tests/drills/test_property_streams.py`` runs 150 (``long``), as does this
-one with ``SYNCPOINT_SLOW=1``.
+``make test`` runs 6 examples; ``tests/drills/test_property_streams.py`` runs 150 (``long``), as
+does this one with ``SYNCPOINT_SLOW=1``.
 """
 
 from __future__ import annotations
@@ -51,9 +52,6 @@ COMMON = dict(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 DRAWS = 14  # micro-batches each rank draws: a pass is 3 to 20 of them, so most runs cross a pass's end
-# interleave_datasets with probabilities and a seed saves its generator's 128-bit state in the stream
-# state; it joins the compositions once the state file holds integers that wide (issue 47 §3, case 4)
-PROBABILITIES = False
 
 
 @dataclass(frozen=True)
@@ -122,7 +120,7 @@ def compositions(draw: Any) -> Composition:
     points = (first,) if first >= DRAWS - 1 or draw(st.booleans()) else (first, draw(st.integers(first + 1, DRAWS - 1)))
     return Composition(
         interleave=interleave,
-        probabilities=PROBABILITIES and interleave and draw(st.booleans()),
+        probabilities=interleave and draw(st.booleans()),
         map=kind,
         map_batch=draw(st.sampled_from([0, 0, 3, 8])) if kind != "none" else 0,
         map_first=kind != "none" and draw(st.booleans()),

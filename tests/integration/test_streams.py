@@ -231,6 +231,28 @@ def test_a_state_saved_as_a_pass_begins_resumes_every_loader_workers_pass(tmp_pa
 
 
 @pytest.mark.slow
+def test_an_interleave_with_probabilities_resumes_exactly(tmp_path):
+    """``interleave_datasets(..., probabilities, seed)`` then ``.shuffle(seed, buffer_size=1)``, resumed
+    from its first state (one micro-step in). The interleave's generator is datasets' own: datasets
+    copies it as a pass begins, and early in a pass parts of its saved state are still the fresh
+    copy's. syncpoint reseeded every generator it reached from the stream in each draw, that one
+    included, so the copy made in the first draw after the resume differed from the one the
+    uninterrupted run made in its first draw, and the resumed run read other examples."""
+    _reference_and_resumed(
+        tmp_path,
+        "task.path=tests.stream_tasks:composed",
+        "task.config.interleave=true",
+        "task.config.probabilities=true",
+        "task.config.shuffle=shards",
+        "train.stream_shuffle_buffer=0",
+        "train.grad_accum=1",
+        "train.max_steps=40",  # into the second pass: datasets' own bookkeeping then matches too (digest)
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        crash_at=1,
+    )
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "world,loader_workers,shards",
     [(1, 2, 4), (2, 3, 3)],  # 3 shards on 2 ranks: split by example

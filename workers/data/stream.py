@@ -426,6 +426,28 @@ class SeededCall:
             return self.function(*call, **kwargs)
 
 
+class StreamGenerators(DataGenerators):
+    """The generators a draw reseeds: those reachable from the stream, less a ``datasets`` step's own
+    (a ``.shuffle``'s, ``interleave_datasets``' with probabilities or a seed). Those are ``datasets``'
+    state, which it saves and restores itself; reseeded in every draw, the copies it makes of them
+    as a pass begins were the draw's (an interleave with probabilities resumed to other examples)."""
+
+    def __init__(self, obj: Any, root: str) -> None:
+        super().__init__(obj, root)
+        self._kept_pid: int | None = None
+        self._kept: list[tuple[int, Any]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_kept_pid": None, "_kept": []}
+
+    def found(self) -> list[tuple[int, Any]]:
+        if self._kept_pid != os.getpid():
+            steps = {id(getattr(step, "generator", None)) for step in hf_pipeline(self.obj)}
+            self._kept = [(salt, g) for salt, g in super().found() if id(g) not in steps]
+            self._kept_pid = os.getpid()
+        return self._kept
+
+
 class RankStream(torch.utils.data.IterableDataset):
     """This rank's stream as micro-batches, every draw seeded by its position, with its state.
 
@@ -461,7 +483,7 @@ class RankStream(torch.utils.data.IterableDataset):
         # a lifted datasets .shuffle's own seed joins the buffer's draws (None: train.stream_shuffle_buffer)
         self.shuffle_salt = (STREAM_SHUFFLE_SALT,) if shuffle_seed is None else (STREAM_SHUFFLE_SALT, shuffle_seed)
         self.collate = SeededCollate(collate)
-        self.generators = DataGenerators(inner, "dataset")
+        self.generators = StreamGenerators(inner, "dataset")
         # shared memory: DataLoader workers live across passes and read the pass the loop set
         self._pass = torch.zeros((), dtype=torch.int64).share_memory_()
         self._epoch_in_loop_process = hf_iterable(inner)  # its epoch is shared memory (the docstring)

@@ -110,6 +110,13 @@ class _KeepsClass:
             copy.__class__ = type(self)
         return copy
 
+    def _init_state_dict(self) -> Any:
+        """``datasets``' state, named by ``datasets``' class (a state reads the same either way)."""
+        state = super()._init_state_dict()  # type: ignore[misc]
+        if isinstance(state, dict) and state.get("type") == type(self).__name__:
+            state["type"] = self.REPLACES.__name__
+        return state
+
     def shuffle_data_sources(self, *args: Any, **kwargs: Any) -> Any:
         return self._kept(super().shuffle_data_sources(*args, **kwargs))  # type: ignore[misc]
 
