@@ -9,9 +9,8 @@ per example: syncpoint seeds every example's draw by its position), ``.with_form
 the tokens tensors, and the collate flips a few tokens at random (seeded per micro-batch).
 
 ``shard_shuffle: true`` adds ``datasets``' ``.shuffle(seed, buffer_size)`` (``shuffle_buffer_size``,
-default 1: shard order only), before the ``.map``: ``datasets`` reads the shuffled shards in threads,
-where a random draw could not be seeded by position. It resumes exactly without DataLoader workers:
-``datasets`` keeps the shard order, syncpoint runs the buffer and saves it.
+default 1: shard order only) before the ``.map``. It resumes exactly with any number of DataLoader
+workers: ``datasets`` keeps the shard order, syncpoint runs the buffer and saves it.
 
 ``task.config.streaming: false`` loads the same corpus as a map-style ``datasets.Dataset`` instead
 (no random crop: ``Dataset.map`` runs once, eagerly), which syncpoint orders and skips by index like

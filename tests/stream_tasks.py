@@ -65,9 +65,8 @@ def counting_stream(config: dict) -> Task:
 
 
 def hf_buffer_shuffled(config: dict) -> Task:
-    """The datasets example with datasets' own ``.shuffle(seed, buffer_size)`` (syncpoint runs its buffer),
-    before the random ``.map``: datasets reads a shuffle's shards in threads, where a ``.map`` after it
-    draws unseeded."""
+    """The datasets example with datasets' own ``.shuffle(seed, buffer_size)`` (syncpoint runs its buffer)
+    before the random ``.map``."""
     from examples.stream_lm import build
 
     seed, size = int(config.get("hf_shuffle_seed", 3)), int(config.get("hf_buffer", 8))
