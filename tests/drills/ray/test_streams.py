@@ -8,14 +8,15 @@ import pytest
 
 @pytest.mark.parametrize(
     "loader_workers,shuffle",
-    [(0, "syncpoint"), (2, "syncpoint"), (0, "datasets")],
-    ids=["buffer-0-workers", "buffer-2-workers", "datasets-shuffle"],
+    [(0, "syncpoint"), (2, "syncpoint"), (0, "datasets"), (2, "datasets")],
+    ids=["buffer-0-workers", "buffer-2-workers", "datasets-shuffle", "datasets-shuffle-2-workers"],
 )
 def test_drill_on_the_streaming_example_reports_equality(tmp_path, loader_workers, shuffle):
     """``syncpoint drill`` on the streaming example (2 Ray Train workers): a crash after micro-step 9
     and a SIGTERM after 20 (a pass is 12 micro-batches per rank), and the interrupted run is the
     uninterrupted one, loss by loss and digest for digest. Shuffled by ``train.stream_shuffle_buffer``,
-    or by the stream's own ``.shuffle(seed, buffer_size)`` (its buffer run by syncpoint)."""
+    or by the stream's own ``.shuffle(seed, buffer_size)`` (its buffer run by syncpoint), with DataLoader
+    workers too."""
     import os
     import subprocess
     import sys
