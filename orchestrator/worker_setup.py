@@ -18,15 +18,22 @@ HOOK = "syncpoint.orchestrator.worker_setup.set_up"
 # crashed could not be graceful, and says itself that this is expected: the failure policy's line
 # already says which failure it was.
 SHUTDOWN_LINE = r"^Graceful shutdown of backend failed\. This is expected if one of the workers has crashed\.$"
+# Its autoscaling client warns, with a traceback, when a resource request times out on a busy machine,
+# and says itself that this is safe to ignore when transient; a cluster that lacks room for the
+# workers fails with failure.placement_timeout_s's own message instead.
+RESOURCE_REQUEST_LINE = r"^Failed to send resource request for \S+\. If this only happens transiently"
+RESOURCE_REQUEST_LOGGER = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
 
 
 def set_up() -> None:
-    """The hook: this process's cluster address, and the controller's expected-shutdown warning quieted.
+    """The hook: this process's cluster address, and the controller's expected-shutdown and transient
+    resource-request warnings quieted.
     Never raises: a failing hook makes Ray stop the worker."""
     try:
         from syncpoint.orchestrator.quiet import drop
 
         drop("ray.train.v2._internal.callbacks.backend_setup", SHUTDOWN_LINE)
+        drop(RESOURCE_REQUEST_LOGGER, RESOURCE_REQUEST_LINE)
     except Exception:  # noqa: BLE001 - the warning shows, nothing else changes
         pass
     own_cluster_address()
