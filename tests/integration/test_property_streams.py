@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
 from syncpoint.policies.errors import TaskError
@@ -198,7 +198,42 @@ def check_composition(c: Composition) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _case(**fields: Any) -> Composition:
+    """A composition: the plainest stream on 2 ranks, interrupted once, with ``fields`` changed."""
+    plain = dict(
+        interleave=False,
+        probabilities=False,
+        map="plain",
+        map_batch=0,
+        map_first=False,
+        shuffle="none",
+        shuffle_buffer=6,
+        buffer=0,
+        filter="none",
+        filter_batch=0,
+        shards=4,
+        world=2,
+        workers=0,
+        points=(3,),
+        in_place=False,
+    )
+    return Composition(**{**plain, **fields})
+
+
+# issue 47 §3's cases, in every run of the fast test (each failed before its fix)
+ISSUE_CASES = [
+    _case(map="random", map_batch=8),  # a batched random map, resumed mid-batch
+    _case(filter="random", shards=3, workers=3, points=(6, 7)),  # random filter, split by example, 3 workers
+    _case(shuffle="buffer", workers=2, points=(5, 6)),  # datasets' .shuffle recipe with DataLoader workers
+    _case(interleave=True, probabilities=True, shuffle="shards", points=(1,)),  # probabilities and a seed
+]
+
+
 @settings(max_examples=FAST_EXAMPLES, **COMMON)
 @given(compositions())
+@example(ISSUE_CASES[0])
+@example(ISSUE_CASES[1])
+@example(ISSUE_CASES[2])
+@example(ISSUE_CASES[3])
 def test_every_stream_composition_resumes_exactly_or_is_refused(composition):
     check_composition(composition)
