@@ -563,3 +563,94 @@ def test_concurrent_commits_never_two_committed_writers(tmp_path):
     assert sorted(by_gen) == [1, 2]
     assert len(by_gen[1]) == 2 and len(by_gen[2]) == 40
     assert max(by_gen[1]) <= min(by_gen[2])  # every commit of the old writer precedes the new writer's
+
+
+# ---------------------------------------------------------------- a holder that is provably dead
+
+_HOLDER = r"""
+import sys, time
+from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage.lease import RunLease
+from tests.lease_drivers import JOB
+lease = RunLease(RunStorage(sys.argv[1]), job_identity=JOB, job_name="job", submission="killed", ttl_s=300.0)
+lease.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def _killed_holder(url: str) -> Iterator[int]:
+    """A real process that takes the lease (a 300 s TTL) and is then SIGKILLed, as a killed driver's rank 0."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        proc.kill()
+        proc.wait(30)
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_holder_whose_process_is_gone_from_this_host_is_taken_over_at_once(tmp_path):
+    """Its lease is 300 s from expiring: the driver's wait proves the holder dead (this host's boot and
+    pid namespace, its pid gone), marks the lease released by compare-and-swap, and says so; rank 0
+    then takes it at once with the next generation."""
+    url = str(tmp_path / "run")
+    with _killed_holder(url) as pid:
+        held = read_lease(RunStorage(url))
+        assert held is not None and held.record is not None and held.record["pid"] == pid
+        said: list[str] = []
+        assert await_expiry(RunStorage(url), JOB, own_ttl_s=300.0, say=said.append) == "free"
+        assert len(said) == 1 and f"pid {pid}" in said[0] and "whose process is gone from this host" in said[0]
+        successor = _lease(url, "successor", ttl=300.0)
+        try:
+            assert successor.acquire() == "released" and successor.generation == held.generation + 1
+        finally:
+            successor.stop()
+
+
+def test_rank_zero_alone_takes_over_a_holder_whose_process_is_gone(tmp_path):
+    """Without a driver's wait (the spawned launcher, an in-process run): rank 0's own judgement."""
+    url = str(tmp_path / "run")
+    with _killed_holder(url) as pid:
+        successor = _lease(url, "successor", ttl=300.0)
+        try:
+            assert successor.acquire() == "takeover"
+            line = successor.takeover_line()
+            assert line and f"pid {pid}" in line and "its process is gone from this host" in line, line
+        finally:
+            successor.stop()
+
+
+@pytest.mark.parametrize("elsewhere", ["another host", "another pid namespace", "another user", "an older lease"])
+def test_a_holder_that_is_not_provably_dead_is_still_waited_for(tmp_path, elsewhere):
+    """A young lease whose pid does not exist here, recorded on another host (another boot id), in
+    another container (pid namespace), by another user (whose processes /proc may hide), or without
+    the fields: nothing proves its holder dead, so it is waited for and rank 0 refuses."""
+    from syncpoint.workers.storage import holder_process
+
+    url = str(tmp_path / "run")
+    fields = {**holder_process.this_process(), "pid": 2**22 + 12345}  # no such process here
+    fields.update(
+        {
+            "another host": {"boot_id": "00000000-0000-0000-0000-000000000000"},
+            "another pid namespace": {"pid_ns": "pid:[1]"},
+            "another user": {"uid": os.getuid() + 4242},
+            "an older lease": dict.fromkeys(("boot_id", "pid_ns", "pid_start", "uid")),
+        }[elsewhere]
+    )
+    _plant_lease(url, ttl_s=60.0, **fields)
+    assert await_expiry(RunStorage(url), JOB, own_ttl_s=1.0, say=lambda _: None, poll_s=0.1) == "undecided"
+    with pytest.raises(LeaseRefused, match="in use by another running submission"):
+        _lease(url, "successor", ttl=60.0).acquire()
+
+
+def test_a_live_holder_on_this_host_is_not_dead():
+    from syncpoint.workers.storage import holder_process
+
+    me = holder_process.this_process()
+    assert me["pid"] == os.getpid() and not holder_process.provably_dead(me)
+    assert holder_process.provably_dead({**me, "pid_start": me["pid_start"] + 1})  # the pid now another process's

@@ -39,9 +39,10 @@ submission marks the lease released (a tombstone, so the generation keeps counti
 
 A re-submission right after its predecessor died (a lost head pod: driver, controller and lease
 holder gone at once, then a KubeRay retry or a user re-submitting) would find the dead holder's
-lease still young and be refused, costing a whole retry. So the driver first waits, bounded, in
-``await_expiry``: it watches the lease until the storage says it expired (then rank 0 takes it
-over) or until its holder renews it (alive after all: rank 0 refuses). The rule that
+lease still young and be refused, costing a whole retry. A holder that is provably dead (it ran on
+this host and its process is gone: ``holder_process``) is taken over at once; for any other, the
+driver first waits, bounded, in ``await_expiry``: it watches the lease until the storage says it
+expired (then rank 0 takes it over) or until its holder renews it (alive after all: rank 0 refuses). The rule that
 decides stays in ``RunLease``; the wait only picks the moment to ask.
 """
 
@@ -61,7 +62,7 @@ from typing import Any, TypeGuard
 
 from syncpoint.policies.errors import LeaseLostError, LeaseRefused, UnsafeEntry
 from syncpoint.policies.spec import MAX_LEASE_TTL_S
-from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.storage import RunStorage, holder_process
 
 LEASE = "lease.json"
 LEASE_FORMAT = "syncpoint-lease/2"
@@ -160,6 +161,7 @@ class RunLease:
             "submission": submission,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            **holder_process.this_process(),  # what proves this holder dead to a successor on this host
             "ttl_s": self.ttl,
         }
         self.token = uuid.uuid4().hex  # this holder, distinct from an earlier attempt of the same submission
@@ -237,7 +239,7 @@ class RunLease:
                 "Use another name or storage for this job."
             )
         ttl = float(rec["ttl_s"])
-        if not self._expired(held, ttl):
+        if not self._expired(held, ttl) and not holder_process.provably_dead(rec):
             race = "took the lease at the same moment; " if lost_race else ""
             raise LeaseRefused(
                 f"{self.storage.url} is in use by another running submission of this job ({rec['submission']} "
@@ -296,6 +298,12 @@ class RunLease:
             if held.age_s is not None
             else "unchanged for a whole TTL while watched"
         )
+        if held.problem is None and holder_process.provably_dead(rec) and not self._expired(held, ttl):
+            return (
+                f"took over the run directory's lease from {who}, generation {held.generation}: its process is "
+                f"gone from this host ({age}, before its {ttl:g}s TTL); this submission writes as generation "
+                f"{self.generation}"
+            )
         return (
             f"took over the run directory's lease from {who}, generation {held.generation}: {age}, past its "
             f"{ttl:g}s TTL; this submission writes as generation {self.generation}"
@@ -473,6 +481,9 @@ def await_expiry(
     """On the driver, before any worker starts: if another submission of this job holds a live-looking
     lease, watch it until it expires or its holder shows it is alive, and say so while waiting.
 
+    A holder that is provably dead (``holder_process``: this host's kernel and pid namespace, its
+    process gone) is not waited for: its lease is marked released and ``"free"`` returned.
+
     Returns ``"free"`` (no lease, a released or malformed one, another job's: the worker judges at
     once), ``"expired"`` (expired now: rank 0 will take it over), ``"alive"`` (its holder renewed
     it, or another submission took it: rank 0 will refuse, naming it) or ``"undecided"`` (still
@@ -486,14 +497,11 @@ def await_expiry(
     say = say or _say
     try:
         held = read_lease(storage)
-        if held is None or held.problem is not None or held.released or held.record is None:
-            return "free"
+        answer = _without_waiting(storage, held, job_identity, say)
+        if answer is not None or held is None or held.record is None:
+            return answer or "free"
         rec = held.record
-        if rec["job_identity"] != job_identity:
-            return "free"
         ttl = float(rec["ttl_s"])
-        if held.age_s is not None and held.age_s >= ttl:
-            return "expired"
         remaining = ttl - (held.age_s or 0.0)
         bound = min(remaining, own_ttl_s) + max(2.0, own_ttl_s / 10)
         poll = poll_s if poll_s is not None else min(1.0, max(0.05, min(ttl, own_ttl_s) / 20))
@@ -521,6 +529,8 @@ def await_expiry(
                 return "free"
             if now.version != held.version:
                 return "alive"  # renewed by its holder, or taken by another submission: rank 0 judges
+            if holder_process.provably_dead(rec):  # it died while watched (an orphaned rank that ended)
+                return _release_for_dead_holder(storage, now, say)
             if (now.age_s is not None and now.age_s >= ttl) or (now.age_s is None and waited >= ttl):
                 say(
                     f"the lease of submission {rec['submission']} expired after {waited:.0f}s of waiting: "
@@ -541,6 +551,38 @@ def await_expiry(
             "the training workers will judge it"
         )
         return "undecided"
+
+
+def _without_waiting(
+    storage: RunStorage, held: HeldLease | None, job_identity: str, say: Callable[[str], None]
+) -> str | None:
+    """``await_expiry``'s answer when there is nothing to wait for, or None."""
+    if held is None or held.problem is not None or held.released or held.record is None:
+        return "free"
+    rec = held.record
+    if rec["job_identity"] != job_identity:
+        return "free"
+    if held.age_s is not None and held.age_s >= float(rec["ttl_s"]):
+        return "expired"
+    if holder_process.provably_dead(rec):
+        return _release_for_dead_holder(storage, held, say)
+    return None
+
+
+def _release_for_dead_holder(storage: RunStorage, held: HeldLease, say: Callable[[str], None]) -> str:
+    """Mark the lease of a holder that is provably dead (``holder_process``) released, by compare-and-swap
+    on the very version read (anything written since wins, and rank 0 judges that), so rank 0 takes it
+    at once wherever it runs, fenced by a new generation."""
+    rec = held.record or {}
+    tombstone = {**rec, "released": True, "released_because": "its holder's process is gone"}
+    if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is None:
+        return "alive"
+    say(
+        f"the run directory's lease was held by submission {rec['submission']} of this job (host {rec.get('host')}, "
+        f"pid {rec.get('pid')}, generation {held.generation}), whose process is gone from this host: taking over "
+        "at once (a new generation)"
+    )
+    return "free"
 
 
 def _how_to_stop() -> str:
