@@ -288,20 +288,23 @@ def _hostile_copies(crashed, root: Path, cases: list[str]) -> dict[str, str]:
     return urls
 
 
-# Runs each job in one fresh interpreter under a 4 GiB address-space limit, each with a 60 s alarm:
-# an allocation the bounds should have refused fails there (MemoryError) instead of swapping, a hang
-# is an alarm; the test process itself never unpickles a hostile file.
+# Runs each job in one fresh interpreter under a 4 GiB address-space limit, each with an alarm: an
+# allocation the bounds should have refused fails there (MemoryError) instead of swapping, a hang is an
+# alarm; the test process itself never unpickles a hostile file. The imports come before any alarm, and
+# the alarm is generous: it tells a hang from an answer, not a slow machine from a fast one.
 _DRIVER = r"""
 import contextlib, io, json, resource, signal, sys
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+ALARM_S = 300
 def alarm(*_):
-    raise TimeoutError("no answer within 60 s")
+    raise TimeoutError(f"no answer within {ALARM_S} s")
 signal.signal(signal.SIGALRM, alarm)
 from syncpoint.orchestrator.cli import main
+import syncpoint.workers.loop, tests.helpers  # torch and DeepSpeed, outside every case's alarm
 results = {}
 for case, job in json.loads(sys.stdin.read()).items():
     err, out = io.StringIO(), io.StringIO()
-    signal.alarm(60)
+    signal.alarm(ALARM_S)
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             if job["kind"] == "digest":
@@ -331,7 +334,7 @@ def _drive(jobs: dict[str, dict]) -> dict[str, dict]:
         input=json.dumps(jobs),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
