@@ -1,0 +1,20 @@
+"""The in-place property of tests/integration/test_in_place_recovery.py (its explicit examples run in
+make test) over 12 drawn crashes: any kind of state, any micro-step, either rank, a crash or an exception."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from tests.integration.test_in_place_recovery import CRASHES, check_kind_recovers_in_place
+
+DRAWN = 12
+
+
+@settings(
+    max_examples=DRAWN, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(**CRASHES)
+def test_any_kind_of_state_recovers_in_place_bitwise_from_a_crash_anywhere_12_drawn(
+    tmp_path_factory, kind, micro_step, rank, mode
+):
+    check_kind_recovers_in_place(tmp_path_factory, kind, micro_step, rank, mode)
