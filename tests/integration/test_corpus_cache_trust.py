@@ -39,6 +39,7 @@ from syncpoint.workers.data.shard_cache import (
     open_private_dir,
 )
 from syncpoint.workers.storage.fsspec_backend import checksum_file
+from tests.integration.test_corpus import _local_download
 from tests.second_account import second_account
 
 SHARDS, ROWS, SEQ = 12, 10, 4
@@ -180,14 +181,6 @@ def _source_shard(tmp_path, data: bytes, name: str = "s0") -> RemoteShard:
     path.write_bytes(data)
     size, checksum = checksum_file(str(path), "xxh3_128")
     return RemoteShard(name, str(path), size, checksum)
-
-
-def _local_download(src: str, dst: str, limit: int) -> tuple[int, str]:
-    with open(src, "rb") as f:
-        data = f.read(limit + 1)
-    with open(dst, "wb") as f:
-        f.write(data)
-    return checksum_file(dst, "xxh3_128")
 
 
 def _read(path: str) -> bytes:

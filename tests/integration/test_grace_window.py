@@ -99,7 +99,10 @@ def test_the_grace_window_saves_at_the_notice_then_near_the_deadline(tmp_path, m
     assert later, "a save is due again before the deadline"
     gap = later[0]["global_micro_step"] - first["global_micro_step"]
     assert gap >= 5 * ACCUM, f"the window trained on without saving: {steps[:8]}"
-    assert all(b - a == ACCUM for a, b in zip(steps[1:], steps[2:], strict=False))  # from there, every boundary
+    # which later boundaries save is the policy's answer to what was measured there (a step slowed by a
+    # loaded machine makes a save due sooner, a faster one later): no fixed pattern is asserted, but each
+    # decision's inputs and that every answer is acted on (tests/unit/test_grace_window.py has the policy
+    # itself, on steady inputs)
     # one decision a boundary from the notice's on, made on the right inputs: the notice's deadline,
     # the wall clock (the deadline's base), a measured step of at least its paced micro-steps, and
     # the last save's measured start-to-commit time once the notice's save has committed

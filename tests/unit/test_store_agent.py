@@ -114,19 +114,27 @@ def test_an_agent_that_ended_is_an_error_for_its_supervisor():
     store.close()
 
 
-def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer(monkeypatch):
-    """Rank 0's agent serves the store; when it dies (its node is lost), rank 1's next use of the store
-    fails with what the controller reads as a lost peer, so it waits for Ray to declare the node dead
-    (a preemption) instead of charging a crash to ``failure.max_failures``."""
+def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer_or_a_fault_of_the_node(monkeypatch):
+    """Rank 0's agent serves the store; when it dies (its node is lost, or a flood exhausted it), rank 1's
+    next use of the store fails with what the controller reads as a lost peer, so it waits for Ray to
+    declare the node dead (a preemption); if no node died, the ``StoreFault`` says it is the node's, and
+    the failure policy charges it as one (a new worker group), never to ``failure.max_failures``. So
+    does a store that does not answer a new generation's process."""
     from syncpoint.policies.failures import looks_like_lost_peer
 
     with _connected_side_by_side(2, monkeypatch) as (zero, one):
         zero.store.proc.kill()
         zero.store.proc.join(30)
-        with pytest.raises(AgentError) as lost:
+        with pytest.raises(StoreFault) as lost:
             for _ in range(50):  # the first request may still be answered from a socket's buffer
                 one.store.add("g0/left", 1)
         assert looks_like_lost_peer(str(lost.value)), str(lost.value)
+    with pytest.raises(StoreFault) as unanswered:  # a new generation's process: nothing answers at the port
+        open_store("127.0.0.1", zero.port, "0" * 32, 2.0)
+    for fault in (lost.value, unanswered.value):
+        verdict = classify_failure(FailureFacts(False, (), False, messages=(str(fault),)))
+        assert verdict.kind == PREEMPTION and "a fault of the node" in verdict.reason, verdict
+        assert "not of your code" in str(fault)
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -194,24 +202,6 @@ def test_a_second_local_account_can_neither_read_nor_forge_nor_disturb_the_store
         one.publish(0, supervisor.RankEnd(rank=1, status=supervisor.FINISHED), reports=3)
         assert [e.status for e in zero.ends(0, 30)] == [supervisor.FINISHED] * 2
         assert zero.most_reports(0) == 3
-
-
-def test_a_store_that_fails_under_its_supervisors_is_a_fault_of_the_node(monkeypatch):
-    """What a flood that exhausts the node ends in (rank 0's agent killed) or a store that does not
-    answer a new generation's process: a ``StoreFault`` that says it is the node's, which the failure
-    policy charges as one (a new worker group, never ``failure.max_failures``)."""
-    with _connected_side_by_side(2, monkeypatch) as (zero, one):
-        zero.store.proc.kill()
-        zero.store.proc.join(30)
-        with pytest.raises(StoreFault) as lost:
-            for _ in range(50):  # the first request may still be answered from a socket's buffer
-                one.store.add("g0/left", 1)
-    with pytest.raises(StoreFault) as unanswered:  # a new generation's process: nothing answers at the port
-        open_store("127.0.0.1", zero.port, "0" * 32, 2.0)
-    for fault in (lost.value, unanswered.value):
-        verdict = classify_failure(FailureFacts(False, (), False, messages=(str(fault),)))
-        assert verdict.kind == PREEMPTION and "a fault of the node" in verdict.reason, verdict
-        assert "not of your code" in str(fault)
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-
-import pytest
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from syncpoint.orchestrator import worker_setup
 
@@ -21,6 +21,22 @@ class _Kept(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@contextmanager
+def _hooked(logger_name: str, monkeypatch) -> Iterator[tuple[logging.Logger, _Kept]]:
+    """The hook run in this process (its address left alone), and what then reaches ``logger_name``'s handlers."""
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    logger = logging.getLogger(logger_name)
+    kept = _Kept()
+    logger.addHandler(kept)
+    try:
+        worker_setup.set_up()
+        yield logger, kept
+    finally:
+        logger.removeHandler(kept)
+        for f in list(logger.filters):
+            logger.removeFilter(f)
+
+
 def _ray_resource_request_warning() -> str:
     """The warning as the installed Ray Train words it (a Ray that rewords it fails this test)."""
     from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
@@ -32,12 +48,7 @@ def _ray_resource_request_warning() -> str:
 
 
 def test_a_transient_resource_request_warning_is_dropped_and_other_warnings_show(monkeypatch):
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # the hook leaves a set address alone
-    logger = logging.getLogger(worker_setup.RESOURCE_REQUEST_LOGGER)
-    kept = _Kept()
-    logger.addHandler(kept)
-    try:
-        worker_setup.set_up()
+    with _hooked(worker_setup.RESOURCE_REQUEST_LOGGER, monkeypatch) as (logger, kept):
         warning = _ray_resource_request_warning()
         assert warning.startswith("Failed to send resource request for train-8d736963.")
         try:
@@ -45,25 +56,11 @@ def test_a_transient_resource_request_warning_is_dropped_and_other_warnings_show
         except TimeoutError:
             logger.warning(warning, exc_info=True)
         logger.warning("something else went wrong")
-    finally:
-        logger.removeHandler(kept)
-        for f in list(logger.filters):
-            logger.removeFilter(f)
     assert kept.messages == ["something else went wrong"]
 
 
-@pytest.mark.parametrize("logger_name", ["ray.train.v2._internal.callbacks.backend_setup"])
-def test_the_expected_shutdown_warning_is_dropped(monkeypatch, logger_name):
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
-    logger = logging.getLogger(logger_name)
-    kept = _Kept()
-    logger.addHandler(kept)
-    try:
-        worker_setup.set_up()
+def test_the_expected_shutdown_warning_is_dropped(monkeypatch):
+    with _hooked("ray.train.v2._internal.callbacks.backend_setup", monkeypatch) as (logger, kept):
         logger.warning("Graceful shutdown of backend failed. This is expected if one of the workers has crashed.")
         logger.warning("Graceful shutdown of backend failed for another reason.")
-    finally:
-        logger.removeHandler(kept)
-        for f in list(logger.filters):
-            logger.removeFilter(f)
     assert kept.messages == ["Graceful shutdown of backend failed for another reason."]
