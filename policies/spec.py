@@ -802,7 +802,8 @@ class CorpusSpec(_Strict):
         max_length=MAX_PATH_CHARS,
         description=(
             "Local directory of the shard cache and the corpus index (shared by the ranks of a node); default "
-            "$SYNCPOINT_CORPUS_CACHE, else <tmp>/syncpoint-corpus-<uid>. Shards on a local filesystem are read "
+            "$SYNCPOINT_CORPUS_CACHE, else <tmp>/syncpoint-corpus-<uid>. Private to the job's user: created 0700 "
+            "and refused if another account owns it or others can write it. Shards on a local filesystem are read "
             "in place."
         ),
     )
