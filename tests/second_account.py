@@ -32,9 +32,22 @@ class Stranger:
 
     def python(self, code: str, timeout: float = 120, args: tuple[str, ...] = ()) -> Any:
         """Run ``code`` as this account with the project's interpreter; what it prints last, as JSON."""
+        done = self._run(code, timeout, args)
+        assert done.returncode == 0, f"the stranger's script failed:\n{done.stdout}\n{done.stderr}"
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def needs(self, module: str) -> None:
+        """Skip the test unless this account can import ``module`` from this checkout's environment:
+        a checkout under a private directory (``/root`` is 0700) is out of another account's reach."""
+        done = self._run(f"import {module}", 300, ())
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["?"])[-1]
+            pytest.skip(f"another account cannot import {module} from this checkout's environment ({last})")
+
+    def _run(self, code: str, timeout: float, args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
         packages = os.pathsep.join([os.getcwd(), sysconfig.get_paths()["purelib"]])
         env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin", "PYTHONPATH": packages, "PYTHONNOUSERSITE": "1"}
-        done = subprocess.run(
+        return subprocess.run(
             [_interpreter(), "-c", code, *args],
             user=self.uid,
             group=self.gid,
@@ -45,8 +58,6 @@ class Stranger:
             text=True,
             timeout=timeout,
         )
-        assert done.returncode == 0, f"the stranger's script failed:\n{done.stdout}\n{done.stderr}"
-        return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _interpreter() -> str:

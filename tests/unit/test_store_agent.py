@@ -192,7 +192,13 @@ def test_a_second_local_account_can_neither_read_nor_forge_nor_disturb_the_store
     """The stranger reaches the port (loopback is everyone's), but every key of the job lies under
     a namespace it cannot name: its forged marks are its own keys, it reads nothing the supervisors
     published, and its flood leaves the job's store answering."""
-    with second_account() as stranger, _connected_side_by_side(2, monkeypatch) as (zero, one):
+    with second_account() as stranger:
+        stranger.needs("torch.distributed")
+        _attack_as(stranger, monkeypatch)
+
+
+def _attack_as(stranger, monkeypatch) -> None:
+    with _connected_side_by_side(2, monkeypatch) as (zero, one):
         zero.publish(0, supervisor.RankEnd(rank=0, status=supervisor.FINISHED), reports=3)
         result = stranger.python(_STRANGER, args=(str(zero.port),))
         assert result == {"read": dict.fromkeys(("g0/reports/0", "g0/end/0", "syncpoint/supervisors")), "held": 2000}
