@@ -188,7 +188,7 @@ class StormPlan:
 def storm_kinds(spec: JobSpec) -> list[InterruptionKind]:
     """The kinds a storm may draw for this spec (``node-gone`` is placed separately: last, elastic)."""
     kinds = [CRASH, SIGTERM, NODE, CRASH_THEN_NODE]
-    if not spec.checkpoint.save_trigger and spec.checkpoint.save_every.unit != "seconds":
+    if not spec.checkpoint.save_trigger and spec.checkpoint.save_every.unit not in ("seconds", "auto"):
         kinds.append(SAVE_CRASH)  # its save is known in advance only with a position-based interval
     if spec.scaling.max_workers >= 2:
         kinds.append(TWO_NODES)

@@ -593,9 +593,10 @@ class DeepSpeedSpec(_Strict):
 
 
 class SaveEvery(_Strict):
-    """``checkpoint.save_every``: ``{value, unit}``, ``"200 micro_steps"``, or ``auto`` (stored as
+    """``checkpoint.save_every``: ``{value, unit}``, ``"200 micro_steps"``, ``auto`` (stored as
     ``{value: 0, unit: auto}``: the interval is decided while the run goes, see
-    ``syncpoint.policies.save_interval``)."""
+    ``syncpoint.policies.save_interval``), or ``0`` (no periodic saves: the explicit opt-out from the
+    default, ``auto``)."""
 
     value: float = Field(..., ge=0, le=MAX_STEPS, description="0 disables periodic saves.")
     unit: Literal["micro_steps", "optimizer_steps", "seconds", "auto"] = Field(
@@ -607,10 +608,14 @@ class SaveEvery(_Strict):
     def _shorthand(cls, v: Any) -> Any:
         if isinstance(v, str) and v.strip() == "auto":
             return {"value": 0, "unit": "auto"}
+        if (isinstance(v, int) and not isinstance(v, bool) and v == 0) or (isinstance(v, str) and v.strip() == "0"):
+            return {"value": 0, "unit": "optimizer_steps"}  # 0: never periodically (only notices and the end)
         if isinstance(v, str):
             parts = v.split()
             if len(parts) != 2:
-                raise ValueError("write it as '<number> <unit>', e.g. '200 micro_steps', or {value, unit}")
+                raise ValueError(
+                    "write it as '<number> <unit>', e.g. '200 micro_steps', {value, unit}, auto, or 0 (never)"
+                )
             return {"value": parts[0], "unit": parts[1]}
         return v
 
@@ -633,11 +638,12 @@ class CheckpointSpec(_Strict):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
     save_every: SaveEvery = Field(
-        default_factory=lambda: SaveEvery(value=0, unit="optimizer_steps"),
+        default_factory=lambda: SaveEvery(value=0, unit="auto"),
         description=(
-            "{value, unit}, '200 micro_steps', or auto (an interval from the measured save cost and the preemption "
-            "rate); off by default. A request that falls mid-cycle is carried to the next sync boundary, never "
-            "dropped, and the run always commits a state at its end."
+            "{value, unit}, '200 micro_steps', auto (the default: an interval from the measured save cost and the "
+            "preemption rate, the first state at the first boundary), or 0 (no periodic saves: only preemption "
+            "notices and the end commit a state). A request that falls mid-cycle is carried to the next sync "
+            "boundary, never dropped, and the run always commits a state at its end."
         ),
     )
     save_trigger: str | None = Field(

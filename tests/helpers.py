@@ -46,8 +46,8 @@ name: linear
 task: {path: tests.tasks:linear, config: {num_samples: 64}}
 train: {micro_batch_size: 1, grad_accum: 4, epochs: 1, seed: 3, lr: 0.01, log_every: 100000}
 deepspeed: {zero_stage: 0}
-checkpoint: {keep_last: 0, export_final: false}
-"""
+checkpoint: {keep_last: 0, export_final: false, save_every: 0}
+"""  # save_every 0: the tests count states; the default (auto) saves on a wall clock
     return resolve_storage(
         parse_spec(text, "linear", [f"storage={storage}", f"scaling.num_workers={workers}", *overrides])
     )

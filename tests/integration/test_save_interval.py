@@ -9,6 +9,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
+from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.journal import AttemptStarted, Failure, Journal, PreemptionNotice, Progress, StateCommitted
 from syncpoint.policies.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
@@ -24,7 +25,7 @@ from syncpoint.policies.save_interval import (
 )
 from syncpoint.policies.save_triggers import AutoInterval, PendingSave, Tick
 from syncpoint.policies.spec import CheckpointSpec
-from tests.helpers import lm_spec, run, run_until_crash, trainer_json
+from tests.helpers import committed_steps, lm_spec, run, run_until_crash, trainer_json
 from tests.integration.test_exact_resume import assert_same_run
 
 # ---------------------------------------------------------------- the policy
@@ -217,6 +218,19 @@ def test_a_request_mid_cycle_is_carried_to_the_boundary():
 # ---------------------------------------------------------------- the spec
 
 
+def test_nothing_in_checkpoint_saves_by_auto_and_0_opts_out():
+    """The default is periodic (a lost node without a notice must not lose the whole run); ``0``
+    (or ``"0"``) is the explicit "never periodically", and the prior needs no explicit auto."""
+    assert CheckpointSpec().save_every.unit == "auto"
+    assert CheckpointSpec.model_validate({"expected_preemptions_per_hour": 2}).save_every.unit == "auto"
+    for never in (0, "0"):
+        off = CheckpointSpec.model_validate({"save_every": never}).save_every
+        assert (off.value, off.unit) == (0, "optimizer_steps")
+    for wrong in (False, 1, "1"):
+        with pytest.raises(ValidationError, match="save_every"):
+            CheckpointSpec.model_validate({"save_every": wrong})
+
+
 def test_spec_accepts_auto_and_its_prior():
     c = CheckpointSpec.model_validate({"save_every": "auto", "expected_preemptions_per_hour": 0.5})
     assert c.save_every.unit == "auto" and c.expected_preemptions_per_hour == 0.5
@@ -307,6 +321,24 @@ def test_auto_saves_and_resumes_exactly(tmp_path, tmp_path_factory, capfd):
     # the second attempt starts from the costs the event log holds: no probe
     assert "no save measured yet" not in again and "save_every auto: a state every" in again
     assert_same_run(ref, ref_final, spec, result.final_state)
+
+
+def test_a_job_with_nothing_in_checkpoint_saves_periodically(tmp_path, capfd):
+    """No ``checkpoint`` section at all: the first boundary commits a state (auto's probe) besides
+    the final one, and the log says how the interval is chosen; ``save_every: 0`` commits only the end."""
+    job = (
+        "name: plain\ntask: {path: tests.tasks:linear, config: {num_samples: 16}}\n"
+        "train: {micro_batch_size: 1, grad_accum: 2, epochs: 1, seed: 3, lr: 0.01, log_every: 100000}\n"
+        "deepspeed: {zero_stage: 0}\n"
+    )
+    plain = resolve_storage(parse_spec(job, "plain", [f"storage={tmp_path / 'plain'}"]))
+    run(plain)
+    assert "save_every auto: no save measured yet" in capfd.readouterr().err
+    assert committed_steps(plain)[0] == 2 and committed_steps(plain)[-1] == 16  # the probe, then the end
+    assert trainer_json(plain, "000000000002")["save_reasons"] == ["interval"]
+    never = resolve_storage(parse_spec(job, "never", [f"storage={tmp_path / 'never'}", "checkpoint.save_every=0"]))
+    run(never)
+    assert committed_steps(never) == [16]
 
 
 # ---------------------------------------------------------------- the simulator (bench/p8_goodput.py)

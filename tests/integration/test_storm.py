@@ -98,6 +98,8 @@ def test_kinds_follow_the_spec(tmp_path):
     assert TWO_NODES not in storm_kinds(one)  # two nodes at once needs two workers
     seconds = _fixed(tmp_path, 2, "checkpoint.save_every={value: 30, unit: seconds}")
     assert SAVE_CRASH not in storm_kinds(seconds)  # where its save falls is not known in advance
+    auto = _fixed(tmp_path, 2, "checkpoint.save_every=auto")
+    assert SAVE_CRASH not in storm_kinds(auto)  # auto's interval is a wall clock too
     elastic = lm_spec(
         tmp_path,
         "scaling.num_workers={min: 1, max: 2}",
