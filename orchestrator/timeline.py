@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from syncpoint.policies.goodput import Goodput, goodput
+from syncpoint.policies.goodput import Goodput, goodput, submission_start
 from syncpoint.policies.journal import (
     AttemptStarted,
     Evaluated,
@@ -167,8 +167,10 @@ def _line(e: Event | UnknownEvent, t0: float) -> str | None:
 
 @dataclass
 class RunSummary:
-    """What the run that ended at its last ``finished`` event amounts to: every attempt and
-    submission since the run's first event, or since an earlier finish (a finished run run again)."""
+    """What the submission that ended at the log's last ``finished`` event amounts to: its own
+    attempts, from its ``submitted`` event (or, without one, since the run's first event or an
+    earlier finish). Earlier submissions' failed attempts are history (``syncpoint events``), not
+    restarts of this run: a good run after a fixed bug reports no restarts."""
 
     state: str | None  # the state the run finished with (its last committed state)
     optimizer_step: int
@@ -186,11 +188,16 @@ def summarize(journal: Journal) -> RunSummary | None:
         return None
     upto = journal.until(last.time)
     earlier = [f.time for f in journal.finishes[:-1] if f.time < last.time]
-    begin = max(earlier) if earlier else None
-    first = next(e for e in upto.events if begin is None or e.time > begin)  # `last` itself at the latest
+    begin = max(earlier) if earlier else float("-inf")
+    start = submission_start(upto, last.time, begin)
+
+    def mine(t: float) -> bool:  # after an earlier finish, and from this submission on
+        return t > begin and (start is None or t >= start)
+
+    first = next(e for e in upto.events if mine(e.time))  # `last` itself at the latest
     starts = upto.attempts
-    # restarts() pairs consecutive attempts; a pair whose first attempt precedes `begin` is a new run
-    rs = [r for prev, r in zip(starts, restarts(upto), strict=False) if begin is None or prev.time > begin]
+    # restarts() pairs consecutive attempts; a pair whose first attempt is not this submission's is not its restart
+    rs = [r for prev, r in zip(starts, restarts(upto), strict=False) if mine(prev.time)]
     return RunSummary(
         state=last.state,
         optimizer_step=last.optimizer_step,

@@ -5,8 +5,10 @@ Why a pure function over the journal: the same figure is shown by ``syncpoint ev
 and the drill, and a goodput simulator (``bench/``) checks itself against it on a real drill's
 log; one definition, no I/O, testable over hand-built journals.
 
-The run's wall time (its first event to its ``finished`` event, or to the log's last event while it
-runs) is cut into consecutive pieces, so the parts always add up to ``total_s``:
+The run is the newest submission (``current_run``): a run directory submitted again after a failure,
+or with ``syncpoint run --fresh``, counts only its own attempts, and the earlier ones stay in the
+log (``syncpoint events``). Its wall time (its submission to its ``finished`` event, or to the log's
+last event while it runs) is cut into consecutive pieces, so the parts always add up to ``total_s``:
 
 * ``startup_s``: from the submission (the first attempt) or the worker's launch (a restart:
   ``attempt_started.launched_at``) to the attempt's start (Ray workers, DeepSpeed, the state load
@@ -18,8 +20,7 @@ runs) is cut into consecutive pieces, so the parts always add up to ``total_s``:
 * ``recomputed_s``: a failed attempt's training after that snapshot up to where it was last seen
   computing (``Journal.reached``: the measured heartbeat when the log has it) -- the lost work that
   the next attempt computes again;
-* ``restart_gap_s``: from there to the next attempt's launch (detection, the new worker group;
-  between two submissions, the time nothing ran);
+* ``restart_gap_s``: from there to the next attempt's launch (detection, the new worker group);
 * ``uncommitted_s``: trained but not (yet) committed: the tail of a run still going or one that
   failed for good (0 for a finished run).
 
@@ -77,9 +78,17 @@ class Goodput:
         }
 
 
+def submission_start(journal: Journal, at: float, after: float = float("-inf")) -> float | None:
+    """When the submission running at ``at`` began: the newest ``submitted`` event in ``(after, at]``;
+    None where the log has none (a run outside ``syncpoint run``: one process group, no driver)."""
+    times = [s.time for s in journal.of_kind(Submitted) if after < s.time <= at]
+    return max(times) if times else None
+
+
 def current_run(journal: Journal) -> Journal:
-    """The events of the newest run in the log: after the last ``finished`` that precedes the newest
-    attempt (a finished run submitted again starts a new run), up to the finish that ends it."""
+    """The events of the newest submission in the log: from the ``submitted`` event of the newest
+    attempt's submission (earlier submissions' failed attempts are the log's history, not this run's
+    restarts), and never before the last ``finished`` that precedes it, up to the finish that ends it."""
     last = journal.last_attempt
     if last is None:
         return journal
@@ -87,7 +96,8 @@ def current_run(journal: Journal) -> Journal:
     after = [f.time for f in journal.finishes if f.time >= last.time]
     begin = max(before) if before else float("-inf")
     end = min(after) if after else float("inf")
-    return Journal(e for e in journal.events if begin < e.time <= end)
+    start = submission_start(journal, last.time, begin)
+    return Journal(e for e in journal.events if begin < e.time <= end and (start is None or e.time >= start))
 
 
 def goodput(journal: Journal) -> Goodput | None:

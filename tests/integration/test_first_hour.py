@@ -210,6 +210,27 @@ def test_a_finished_run_run_again_is_summarized_from_its_new_submission():
     assert s.wall_seconds == pytest.approx(12.0)
 
 
+def test_a_good_run_after_failed_submissions_counts_only_its_own_attempts():
+    """The issue's case: a bug failed two attempts of the first submission (no finish); the fixed job,
+    submitted again, finishes without a restart and says so; a restart inside it still counts."""
+    failed = [e for e in _events_with_a_restart() if not isinstance(e, Finished)][:-1]  # attempt 1 fails for good
+    failed.append(_attempt(125.0, 2, 8, "000000000008"))
+    failed.append(
+        Failure(
+            time=127.0, classified="application", decision="FAIL", reason="bug", ranks=[0], messages=[], dead_nodes=[]
+        )
+    )
+    fixed = [Submitted(time=500.0, source="driver", name="tiny-lm", address="embedded"), _attempt(510.0, 3, 8, None)]
+    s = summarize(Journal([*failed, *fixed, _finished(540.0, 3)]))
+    assert (s.restarts, s.lost_micro_steps, s.lost_seconds) == (0, 0, 0.0)
+    assert s.wall_seconds == pytest.approx(40.0)  # this submission's, not the first one's
+    crash = Failure(
+        time=520.0, classified="application", decision="RETRY", reason="x", ranks=[0], messages=[], dead_nodes=[]
+    )
+    again = summarize(Journal([*failed, *fixed, crash, _attempt(525.0, 4, 0, None), _finished(540.0, 4)]))
+    assert again.restarts == 1 and again.wall_seconds == pytest.approx(40.0)
+
+
 # ---------------------------------------------------------------- a whole run's output (embedded Ray)
 
 

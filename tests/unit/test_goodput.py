@@ -203,6 +203,31 @@ def test_a_finished_run_submitted_again_is_a_new_run():
     assert goodput(Journal([])) is None
 
 
+def test_a_submission_after_a_failed_one_counts_only_its_own_attempts():
+    """A run that failed for good, submitted again (after a fix, or with ``--fresh``): its goodput
+    is the new submission's (no restarts, its wall time); the timeline still lists the old attempts."""
+    failed = [
+        Submitted(time=0.0, name="job", address="embedded"),
+        _attempt(1.0, 1),
+        _failure(2.0),
+        _attempt(3.0, 2),
+        _failure(4.0),
+    ]
+    again = [
+        Submitted(time=100.0, name="job", address="embedded"),
+        _attempt(102.0, 3),
+        _progress(104.0, 3, 4),
+        _commit(104.0, 3, 4, seconds=0.0, blocked=0.0),
+        Finished(time=104.5, attempt=3, state=f"{4:012d}", global_micro_step=4, optimizer_step=1),
+    ]
+    j = Journal(failed + again)
+    g = goodput(j)
+    assert g.finished and g.restarts == () and g.restart_gap_s == 0
+    assert g.total_s == pytest.approx(4.5) and g.startup_s == pytest.approx(2.0)
+    assert len(restarts(j)) == 2  # the history is still the log's
+    assert "attempt 1 on 2 worker(s)" in format_timeline(j)
+
+
 def test_the_heartbeat_beats_at_every_boundary_and_at_most_every_interval_between():
     board = BeatBoard()
 
