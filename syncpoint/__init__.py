@@ -6,6 +6,8 @@ is internal and may change between releases.
 
 * ``Task``: what your ``build(config)`` function (the spec's ``task.path``) returns.
 * ``ShardedCorpus``: a map-style dataset over many shard files, for a ``Task``'s ``dataset``.
+* ``TokenWindows``: one token array (nanoGPT's ``.bin``, a ``.npy``) cut into ``seq_len``-token
+  inputs and their shifted targets, in random or sequential windows, for a ``Task``'s ``dataset``.
 * ``JobSpec``: the job spec (a pydantic model); ``load_spec(path, overrides)`` reads one from a
   YAML file with ``--set``-style overrides, exactly as the CLI does.
 * ``run(spec)``: run a job as ``syncpoint run`` does and return a ``RunResult``; bad input raises
@@ -28,9 +30,21 @@ if TYPE_CHECKING:
     from syncpoint.policies.errors import SpecError
     from syncpoint.policies.spec import JobSpec
     from syncpoint.workers.data.corpus import ShardedCorpus
+    from syncpoint.workers.data.windows import TokenWindows
     from syncpoint.workers.task import Task
 
-__all__ = ["JobSpec", "RunFailed", "RunResult", "ShardedCorpus", "SpecError", "Task", "__version__", "load_spec", "run"]
+__all__ = [
+    "JobSpec",
+    "RunFailed",
+    "RunResult",
+    "ShardedCorpus",
+    "SpecError",
+    "Task",
+    "TokenWindows",
+    "__version__",
+    "load_spec",
+    "run",
+]
 
 # name -> the module that defines it
 _LAZY = {
@@ -40,6 +54,7 @@ _LAZY = {
     "ShardedCorpus": "syncpoint.workers.data.corpus",
     "SpecError": "syncpoint.policies.errors",
     "Task": "syncpoint.workers.task",
+    "TokenWindows": "syncpoint.workers.data.windows",
     "load_spec": "syncpoint.orchestrator.spec_file",
     "run": "syncpoint._api",
 }

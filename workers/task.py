@@ -97,7 +97,8 @@ class Task:
 
     Attributes:
         model: the module to train; syncpoint wraps it in a DeepSpeed engine.
-        dataset: map-style (``__len__``, ``__getitem__``), a ``syncpoint.ShardedCorpus``, or a
+        dataset: map-style (``__len__``, ``__getitem__``), a ``syncpoint.ShardedCorpus``, a
+            ``syncpoint.TokenWindows`` (one token array in windows, nanoGPT's ``get_batch``), or a
             stream with its own state (a Hugging Face ``datasets.IterableDataset``, or an iterable with
             ``state_dict()`` / ``load_state_dict()``).
         loss: ``loss(model, batch) -> scalar tensor``; ``model`` is the DeepSpeed engine.

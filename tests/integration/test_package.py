@@ -32,6 +32,7 @@ def test_the_public_names_exist_and_are_documented():
         "ShardedCorpus",
         "SpecError",
         "Task",
+        "TokenWindows",
         "__version__",
         "load_spec",
         "run",

@@ -858,6 +858,8 @@ class DataPlan:
 def plan_for(spec: JobSpec, dataset: Any) -> DataPlan:
     """``corpus.shuffle`` resolved against the task's dataset; a cache too small for the window is
     refused here, before the lease and the resume."""
+    from syncpoint.workers.data.windows import TokenWindows  # it builds on this module
+
     c = spec.corpus
     if not isinstance(dataset, ShardedCorpus):
         if c.shuffle == "shard-window":
@@ -866,6 +868,9 @@ def plan_for(spec: JobSpec, dataset: Any) -> DataPlan:
                 f"syncpoint.ShardedCorpus; it is a {type(dataset).__name__}. Set corpus.shuffle: "
                 "auto or global, or return a ShardedCorpus"
             )
+        if isinstance(dataset, TokenWindows):  # one token file: its identity, the global order
+            dataset.check_cache()
+            return DataPlan(identity=dataset.identity())
         return DataPlan()
     window = None if c.shuffle == "global" else c.window_shards
     dataset.check_cache(window, c.prefetch)
@@ -876,6 +881,10 @@ def publish_index(storage: RunStorage, dataset: Any, identity: CorpusIdentity | 
     """Rank 0, holding the lease: the corpus's identity in the run directory (once per digest), so a
     later selection can name the shard another corpus differs in, and its index with paths and
     stamps (when it changed), so a node that joins later need not read the corpus to index it."""
+    from syncpoint.workers.data.windows import TokenWindows
+
+    if isinstance(dataset, TokenWindows):
+        dataset = dataset.corpus  # its one-file index; the identity (with the windows) is its own
     if identity is None or not isinstance(dataset, ShardedCorpus):
         return
     if not storage.exists(CORPUS_DIR, index_file(identity.digest)):
