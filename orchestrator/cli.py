@@ -13,7 +13,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.orchestrator.spec_file import load_spec, overridden_mapping, parse_spec, read_spec_file, resolve_storage
+from syncpoint.orchestrator.spec_file import (
+    START_OVER,
+    load_spec,
+    overridden_mapping,
+    parse_spec,
+    read_spec_file,
+    resolve_storage,
+)
 from syncpoint.policies.errors import SpecError, UsageError
 from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec, job_schema, spec_to_json
@@ -91,7 +98,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``syncpoint run``: the job on Ray (embedded unless an address is given); the last line says how it ended."""
-    spec = prepare_run(load_spec(args.job, args.set), args.job)
+    spec = run_spec(args)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
@@ -100,6 +107,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_on_ray(
         spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ), dashboard=args.dashboard
     )
+
+
+def run_spec(args: argparse.Namespace) -> JobSpec:
+    """The spec ``syncpoint run`` runs: the job file, its ``--set`` overrides, then ``--fresh``'s
+    (``START_OVER``: they win over a ``resume`` of the file or of ``--set``, for this submission only)."""
+    return prepare_run(load_spec(args.job, [*args.set, *START_OVER] if args.fresh else args.set), args.job)
 
 
 def prepare_run(spec: JobSpec, source: str) -> JobSpec:
@@ -549,6 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else embedded)")
     r.add_argument(
         "--dashboard", action="store_true", help="an embedded Ray also starts its dashboard (http://127.0.0.1:8265)"
+    )
+    r.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start the run over: its states are moved to <run>/archive/, its summary counts this submission only",
     )
     r.set_defaults(fn=cmd_run)
     sb = sub.add_parser("submit", help="submit the job to a Ray cluster's Job API (working dir shipped, logs streamed)")

@@ -338,6 +338,12 @@ def read_spec_file(path: str | os.PathLike[str]) -> str:
         raise SpecError(source, ["the job file is not UTF-8 text; save it as UTF-8 YAML"]) from None
 
 
+# `syncpoint run --fresh`, after the user's own --set: the run starts over from step 0, and the states the run
+# directory holds are moved to archive/ (never deleted); a Ray restart inside the submission still resumes
+# what this submission committed, and the next `syncpoint run` without --fresh resumes it as usual.
+START_OVER = ("resume.policy=fresh", "resume.policy_args={}", "resume.on_existing=archive")
+
+
 def load_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) -> JobSpec:
     """Load, override and validate a job file; every failure is a ``SpecError``.
 

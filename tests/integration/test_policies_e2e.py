@@ -248,3 +248,43 @@ def test_init_from_with_optimizer_refuses_what_cannot_load_before_reading_a_tens
     assert not RunStorage(child.run_url).list_dirs("states")
     weights_only = with_overrides(child, "resume.init_optimizer=false")
     assert run(weights_only).resumed_from is None
+
+
+def test_run_fresh_starts_over_archives_the_old_states_and_counts_only_its_own_submission(tmp_path):
+    """`syncpoint run --fresh` after a failed run (issue 50): the states are moved to archive/, the run
+    starts from step 0, and its summary counts its own submission (no restart, though the log keeps the
+    failed one's); the next `syncpoint run` without --fresh resumes it as usual. The driver's
+    ``submitted`` event is written as `syncpoint run` writes it; the ranks run in this process."""
+    from syncpoint.orchestrator.cli import build_parser, rerun_command, run_spec
+    from syncpoint.orchestrator.timeline import restarts, summarize
+    from syncpoint.workers.events import EventLog
+    from tests.helpers import linear_spec, write_job
+
+    spec = linear_spec(
+        tmp_path, "task.config.num_samples=16", "checkpoint.save_every={value: 1, unit: optimizer_steps}"
+    )
+    log = EventLog(RunStorage(spec.run_url), source="driver")
+    log.emit("submitted", name=spec.name, address="embedded")
+    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 10, mode: raise}]"))
+    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 14, mode: raise}]"))  # its restart fails too
+    assert committed_steps(spec) == [4, 8, 12]
+    job = write_job(spec, tmp_path / "job.yaml")
+
+    args = build_parser().parse_args(["run", str(job), "--fresh", "--set", "train.seed=3"])
+    fresh = run_spec(args)
+    assert (fresh.resume.policy, fresh.resume.on_existing, fresh.resume.policy_args) == ("fresh", "archive", {})
+    assert "--fresh" not in rerun_command(args)  # a stopped fresh run is resumed, not started over again
+    log.emit("submitted", name=spec.name, address="embedded")
+    result = run(fresh)
+    assert result.resumed_from is None and committed_steps(spec) == [4, 8, 12, 16]
+    store = RunStorage(spec.run_url)
+    (archived,) = store.list_dirs("archive")
+    assert store.list_dirs("archive", archived) == [f"{s:012d}" for s in (4, 8, 12)]
+    journal = EventLog(store).journal()
+    summary = summarize(journal)
+    assert summary is not None and (summary.restarts, summary.optimizer_step) == (0, 4)
+    assert restarts(journal)  # the failed submission's restart is still the log's history
+
+    again = run_spec(build_parser().parse_args(["run", str(job)]))
+    assert again.resume.policy == "newest-resumable"
+    assert run(again).resumed_from == f"{16:012d}" and store.list_dirs("archive") == [archived]

@@ -517,7 +517,9 @@ def _clear_for_fresh(attempt: Attempt) -> None:
             ),
         )
     if mode == "archive":
-        storage.rename_tree((STATES_DIR,), ("archive", f"{STATES_DIR}-{int(time.time())}"))
+        archived = f"{STATES_DIR}-{int(time.time())}"
+        storage.rename_tree((STATES_DIR,), ("archive", archived))
+        attempt.say(f"resume.policy fresh: the run starts over; its earlier states are in archive/{archived}")
     else:
         storage.delete_tree(STATES_DIR)
 
