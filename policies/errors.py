@@ -88,6 +88,12 @@ class CorpusChanged(CorpusError):
     it): the samples at its positions would not be the ones the run's states were trained on."""
 
 
+class ModelLoadError(ValueError):
+    """A run's ``final/`` that ``syncpoint.load_model`` cannot rebuild the trained model from (none, one
+    written before ``final/`` carried the task, weights that do not fit the task's model): names what
+    and the fix."""
+
+
 class TrainingDiverged(RuntimeError):
     """The loss stayed non-finite (``train.max_nonfinite_steps``), or a state to commit was: the run
     stops. Resumed exactly, it would diverge again at the same step: a refusal, never retried."""

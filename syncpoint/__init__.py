@@ -12,6 +12,8 @@ is internal and may change between releases.
   YAML file with ``--set``-style overrides, exactly as the CLI does.
 * ``run(spec)``: run a job as ``syncpoint run`` does and return a ``RunResult``; bad input raises
   ``SpecError``, a failed run ``RunFailed``.
+* ``load_model(run_dir)``: a finished run's trained model as the task's own module (its weights from
+  ``final/``), built in this process without Ray or DeepSpeed.
 
 Why the names resolve lazily: ``import syncpoint`` stays cheap (no torch, Ray or pydantic) for a
 script that only reads ``__version__`` or passes a spec file to ``run``; each name imports its
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from syncpoint.policies.spec import JobSpec
     from syncpoint.workers.data.corpus import ShardedCorpus
     from syncpoint.workers.data.windows import TokenWindows
+    from syncpoint.workers.state.final_model import load_model
     from syncpoint.workers.task import Task
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "Task",
     "TokenWindows",
     "__version__",
+    "load_model",
     "load_spec",
     "run",
 ]
@@ -55,6 +59,7 @@ _LAZY = {
     "SpecError": "syncpoint.policies.errors",
     "Task": "syncpoint.workers.task",
     "TokenWindows": "syncpoint.workers.data.windows",
+    "load_model": "syncpoint.workers.state.final_model",
     "load_spec": "syncpoint.orchestrator.spec_file",
     "run": "syncpoint._api",
 }

@@ -593,6 +593,7 @@ class TrainingLoop:
                 self.engine,
                 attempt.storage,
                 {"state": last_saved, "optimizer_step": at.optimizer_step, "task": attempt.spec.task.path},
+                attempt.spec,
             )
         if attempt.events:
             self.progress.flush()

@@ -34,6 +34,7 @@ def test_the_public_names_exist_and_are_documented():
         "Task",
         "TokenWindows",
         "__version__",
+        "load_model",
         "load_spec",
         "run",
     ]

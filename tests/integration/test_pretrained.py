@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 
+import syncpoint
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.workers.state.pretrained import check_and_load, read_pretrained
 from syncpoint.workers.storage import RunStorage
@@ -46,7 +47,7 @@ def test_the_final_model_of_a_transformers_task_is_a_save_pretrained_directory(t
     run(spec)
     final = _final(spec, tmp_path)
     names = sorted(os.listdir(final))
-    assert {"config.json", "model.safetensors", "generation_config.json", "info.json"} <= set(names), names
+    assert {"config.json", "model.safetensors", "generation_config.json", "info.json", "spec.json"} <= set(names), names
     loaded, info = AutoModelForCausalLM.from_pretrained(final, output_loading_info=True)
     assert info["missing_keys"] == set() or not info["missing_keys"], info
     assert not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -57,6 +58,12 @@ def test_the_final_model_of_a_transformers_task_is_a_save_pretrained_directory(t
     found = read_pretrained(RunStorage(final))
     check_and_load(fresh, found, final)  # syncpoint's own reader takes it whole
     for (name, a), (_, b) in zip(fresh.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b.to(a.dtype)), name
+    # syncpoint.load_model rebuilds it through the task function (the spec's in final/) with the same weights
+    model = syncpoint.load_model(str(tmp_path / spec.name))
+    assert type(model) is type(loaded) and not model.training
+    assert model.lm_head.weight is model.transformer.wte.weight
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b.to(a.dtype)), name
     state = json.loads(open(os.path.join(final, "info.json")).read())["state"]
     if stage == 3:  # the run's last state, gathered: what the export must hold, bit for bit

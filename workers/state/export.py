@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
+from syncpoint.policies.redact import redact_obj
+from syncpoint.policies.spec import JobSpec, spec_to_json
 from syncpoint.policies.state_format import STATES_DIR, ZERO3_MODEL, ZERO_OPTIM
 from syncpoint.workers.state.pretrained import is_pretrained_model, upload_pretrained
 from syncpoint.workers.storage import RunStorage
@@ -34,15 +36,26 @@ from syncpoint.workers.storage import RunStorage
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+FINAL_FORMAT = "syncpoint-final/1"  # final/ with what rebuilds the model: spec.json, the task in info.json
+SPEC_FILE = "spec.json"
 
-def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any]) -> None:
+
+def export_final(
+    engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, Any], spec: JobSpec | None = None
+) -> None:
     """Rank 0: write ``final/model.safetensors`` (and ``final/info.json``) from the whole model. Both go
     through storage, which never writes through a planted link (it replaces it, with a warning). A
     ``transformers.PreTrainedModel`` is exported as its ``save_pretrained`` directory instead
     (``syncpoint.workers.state.pretrained``: config, weights, generation config).
 
+    With the job's ``spec``, ``final/`` also carries what rebuilds the model (``syncpoint.load_model``):
+    ``spec.json`` (the spec, credentials redacted) and, in ``info.json``, the task's path and config.
+
     Its buffers are rank 0's (persistent ones, as ``state_dict`` holds them): DeepSpeed does not
     sync buffers, so each rank's differ; every rank's lie in the final state's ``buffers/``."""
+    if spec is not None:
+        info = {**info, "format": FINAL_FORMAT, "task": spec.task.path, "task_config": _task_config(spec)}
+        storage.write_bytes(spec_to_json(spec).encode(), "final", SPEC_FILE)
     if _is_zero3(engine):
         tensors = zero3_state_from_storage(storage, info["state"])
     else:
@@ -56,6 +69,11 @@ def export_final(engine: DeepSpeedEngine, storage: RunStorage, info: dict[str, A
         save_file(tensors, path, metadata={k: str(v) for k, v in info.items()})
         storage.upload_file(path, "final", "model.safetensors")
     storage.write_bytes(json.dumps(info, indent=1).encode(), "final", "info.json")
+
+
+def _task_config(spec: JobSpec) -> Any:
+    """The task's config as JSON, URL credentials redacted (as ``spec.json`` holds it)."""
+    return redact_obj(spec.model_dump(mode="json")["task"]["config"])
 
 
 def _is_zero3(engine: DeepSpeedEngine) -> bool:

@@ -101,31 +101,34 @@ def model_bytes_bound(module: torch.nn.Module) -> int:
     return sum(8 * int(t.numel()) + 1024 for t in tensors)
 
 
-def read_pretrained(storage: RunStorage, max_bytes: int | None = None) -> Pretrained:
+def read_pretrained(
+    storage: RunStorage, max_bytes: int | None = None, *, field: str = "resume.init_from", config: bool = True
+) -> Pretrained:
     """Every weight file of the directory, parsed by ``safetensors`` (``ResumeRefused`` naming the
     file and why when one is not a regular file, is pickled, or is not what its header says).
     ``max_bytes``: the weights' bound (``model_bytes_bound``): larger files are refused from the
-    listing, before any is read."""
+    listing, before any is read. ``field``: what the messages name (the spec field, or the call);
+    ``config``: a ``config.json`` is part of the directory (a Hugging Face one)."""
     from safetensors.torch import load as load_safetensors
 
     shown = redact_url(storage.url)
     listing = storage.listing()
     for rel, what in listing.unsafe.items():
         if rel in (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX) or rel.endswith(".safetensors"):
-            raise ResumeRefused(f"resume.init_from: {shown}/{rel} is {what}, not a regular file: refused")
+            raise ResumeRefused(f"{field}: {shown}/{rel} is {what}, not a regular file: refused")
     h = hashlib.sha256()
-    config = storage.read_bytes(CONFIG_FILE, limit=MAX_CONFIG_BYTES)
-    h.update(config)
+    if config:
+        h.update(storage.read_bytes(CONFIG_FILE, limit=MAX_CONFIG_BYTES))
     if WEIGHTS_FILE in listing.files:
         shards = [WEIGHTS_FILE]
     elif WEIGHTS_INDEX in listing.files:
         index_bytes = storage.read_bytes(WEIGHTS_INDEX, limit=MAX_CONFIG_BYTES)
         h.update(index_bytes)
-        shards = _index_shards(index_bytes, shown)
+        shards = _index_shards(index_bytes, shown, field)
     else:
         pickled = [n for n in PICKLED_WEIGHTS if n in listing.files]
         raise ResumeRefused(
-            f"resume.init_from: {shown} has no {WEIGHTS_FILE}"
+            f"{field}: {shown} has no {WEIGHTS_FILE}"
             + (f" ({pickled[0]} is pickled, which syncpoint never loads)" if pickled else "")
             + ": save it with save_pretrained(..., safe_serialization=True), or convert it to safetensors"
         )
@@ -134,7 +137,7 @@ def read_pretrained(storage: RunStorage, max_bytes: int | None = None) -> Pretra
         bound = max_bytes + len(shards) * (8 + (64 << 10))  # each shard: its header's length and metadata
         if listed > bound:
             raise ResumeRefused(
-                f"resume.init_from: {shown}'s weights are {listed} bytes, more than the task's model can hold "
+                f"{field}: {shown}'s weights are {listed} bytes, more than the task's model can hold "
                 f"(about {max_bytes} bytes at 8 bytes an element): another, larger model. Point it at this "
                 "model's directory"
             )
@@ -142,45 +145,45 @@ def read_pretrained(storage: RunStorage, max_bytes: int | None = None) -> Pretra
     for rel in shards:
         size = listing.files.get(rel)
         if size is None:
-            raise ResumeRefused(f"resume.init_from: {shown}/{rel} is missing (named by {WEIGHTS_INDEX})")
+            raise ResumeRefused(f"{field}: {shown}/{rel} is missing (named by {WEIGHTS_INDEX})")
         data = storage.read_bytes(rel, limit=size)
-        _check_header(data, f"{shown}/{rel}")
+        _check_header(data, f"{shown}/{rel}", field)
         h.update(data)
         try:
             part = load_safetensors(data)
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for every defect
-            raise ResumeRefused(f"resume.init_from: {shown}/{rel} is not a valid safetensors file ({e})") from None
+            raise ResumeRefused(f"{field}: {shown}/{rel} is not a valid safetensors file ({e})") from None
         tensors.update(part)
     return Pretrained(tensors, h.hexdigest())
 
 
-def _index_shards(index_bytes: bytes, shown: str) -> list[str]:
+def _index_shards(index_bytes: bytes, shown: str, field: str) -> list[str]:
     try:
         weight_map = json.loads(index_bytes)["weight_map"]
         shards = sorted({str(v) for v in weight_map.values()})
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise ResumeRefused(f"resume.init_from: {shown}/{WEIGHTS_INDEX} is not a weight index") from None
+        raise ResumeRefused(f"{field}: {shown}/{WEIGHTS_INDEX} is not a weight index") from None
     bad = [s for s in shards if "/" in s or s.startswith(".") or not s.endswith(".safetensors")]
     if bad:
-        raise ResumeRefused(f"resume.init_from: {shown}/{WEIGHTS_INDEX} names {bad[0]!r}, not a shard beside it")
+        raise ResumeRefused(f"{field}: {shown}/{WEIGHTS_INDEX} names {bad[0]!r}, not a shard beside it")
     return shards
 
 
-def _check_header(data: bytes, where: str) -> None:
+def _check_header(data: bytes, where: str, field: str) -> None:
     """The file is exactly its 8-byte header length, the header, and the data its header declares."""
     if len(data) < 8:
-        raise ResumeRefused(f"resume.init_from: {where} is {len(data)} bytes, too short for safetensors")
+        raise ResumeRefused(f"{field}: {where} is {len(data)} bytes, too short for safetensors")
     n = int.from_bytes(data[:8], "little")
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
-        raise ResumeRefused(f"resume.init_from: {where} declares a header of {n} bytes in a file of {len(data)}")
+        raise ResumeRefused(f"{field}: {where} declares a header of {n} bytes in a file of {len(data)}")
     try:
         header = json.loads(data[8 : 8 + n])
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
-        raise ResumeRefused(f"resume.init_from: {where} has no readable safetensors header") from None
+        raise ResumeRefused(f"{field}: {where} has no readable safetensors header") from None
     if 8 + n + end != len(data):
         raise ResumeRefused(
-            f"resume.init_from: {where} holds {len(data)} bytes, its header declares {8 + n + end}: torn or padded"
+            f"{field}: {where} holds {len(data)} bytes, its header declares {8 + n + end}: torn or padded"
         )
 
 
@@ -206,9 +209,14 @@ def _renamed(tensors: dict[str, torch.Tensor], module: torch.nn.Module, expected
     return max(options, key=lambda o: len(want & set(o)))
 
 
-def check_and_load(module: torch.nn.Module, found: Pretrained, shown: str) -> None:
-    """Refuse (``ResumeRefused``, naming the first few) missing, extra and reshaped names, from the
-    headers' shapes before any value is copied; then copy every tensor into the module."""
+FIT_HINT = "Point it at the pretrained directory of this architecture, or build the model it was saved from"
+
+
+def check_and_load(
+    module: torch.nn.Module, found: Pretrained, shown: str, field: str = "resume.init_from", hint: str = FIT_HINT
+) -> None:
+    """Refuse (``ResumeRefused``, naming the first few, then ``hint``) missing, extra and reshaped
+    names, from the headers' shapes before any value is copied; then copy every tensor into the module."""
     aliases = _aliases(module)
     buffers = persistent_buffers(module)
     expected = [n for names in aliases for n in names] + list(buffers)
@@ -230,8 +238,7 @@ def check_and_load(module: torch.nn.Module, found: Pretrained, shown: str) -> No
         if names:
             more = f" and {len(names) - 5} more" if len(names) > 5 else ""
             raise ResumeRefused(
-                f"resume.init_from: {shown} does not fit the task's model: {what}: {', '.join(names[:5])}{more}. "
-                "Point it at the pretrained directory of this architecture, or build the model it was saved from"
+                f"{field}: {shown} does not fit the task's model: {what}: {', '.join(names[:5])}{more}. {hint}"
             )
     with torch.no_grad():
         for names in aliases:
