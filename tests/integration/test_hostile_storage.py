@@ -200,6 +200,7 @@ def copy_of(template, tmp_path):
     [
         "final/model.safetensors",
         "final/info.json",
+        "final/spec.json",
         "final",
         "plot.png",
         "lease.json.lock",
