@@ -101,12 +101,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = run_spec(args)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.orchestrator.run_watchdog import ensure
 
     if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
         print("syncpoint: --dashboard applies to an embedded Ray; a cluster serves its own dashboard", file=sys.stderr)
+    ensure()  # nothing this driver starts outlives it, however it ends
     return run_on_ray(
-        spec, args.address, progress_bar=show_progress_bar(sys.stdout, os.environ), dashboard=args.dashboard
+        spec,
+        args.address,
+        progress_bar=show_progress_bar(sys.stdout, os.environ),
+        dashboard=args.dashboard,
+        rerun=rerun_command(args),
     )
+
+
+def rerun_command(args: argparse.Namespace) -> str:
+    """The command that resumes this run, as the stopped run's last line shows it: the job file and
+    the options that change the job (``--set``, ``--address``)."""
+    import shlex
+
+    parts = ["syncpoint", "run", args.job]
+    for override in args.set or []:
+        parts += ["--set", override]
+    if args.address:
+        parts += ["--address", redact_url(args.address)]
+    return shlex.join(parts)
 
 
 def run_spec(args: argparse.Namespace) -> JobSpec:

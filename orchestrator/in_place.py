@@ -42,6 +42,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     import ray.train
     import ray.train.collective
 
+    from syncpoint.orchestrator.driver_signals import StopWatch
     from syncpoint.orchestrator.failure_policy import record_interruption
     from syncpoint.orchestrator.ray_runner import quiet_training_process
     from syncpoint.orchestrator.spare_workers import AfterFirstStep
@@ -60,12 +61,17 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
             spares()
         board.beat.remote(rank, attempt, step, at)  # fire and forget, as the loop's Heartbeat sends it
 
+    driver = StopWatch(board)
+
+    def notice() -> dict[str, Any] | None:  # the driver's own signal stops the job; a drain's node goes
+        return driver.notice() or local_preemption_notice()
+
     def before(journal: Any) -> None:  # the measured interruption point, as Ray's failure policy writes it
         record_interruption(spec.run_url, board, time.time(), journal, submission)
 
     hooks = Hooks(
         decide=in_place_decider(spec, submission, before),
-        notice=local_preemption_notice,
+        notice=notice,
         beat=beat if board is not None else None,
         report=ray.train.report,  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
         node_id=ray.get_runtime_context().get_node_id(),
@@ -85,4 +91,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     )
     if spares is not None and board is None:  # no heartbeats to wait for: DELAY_S after the launch
         spares()
-    Supervisor(spec, plan, ctx.get_local_rank(), hooks).run()
+    try:
+        Supervisor(spec, plan, ctx.get_local_rank(), hooks).run()
+    finally:
+        driver.close()

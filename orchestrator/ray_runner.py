@@ -27,6 +27,7 @@ from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec
 
 if TYPE_CHECKING:
+    from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.timeline import RunSummary
     from syncpoint.policies.journal import Journal
     from syncpoint.workers.storage import RunStorage
@@ -53,10 +54,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     os.environ["LOCAL_RANK"] = str(ctx.get_local_rank())
 
+    from syncpoint.orchestrator.driver_signals import StopWatch
     from syncpoint.orchestrator.in_place import notice_record
 
+    driver = StopWatch(config.get("heartbeat"))
+
     def notice() -> dict[str, Any] | None:
-        return notice_record(ray.train.get_preemption_info())  # a collective: every rank, every boundary
+        drain = notice_record(ray.train.get_preemption_info())  # a collective: every rank, every boundary
+        return driver.notice() or drain  # the driver's own signal stops the job; a drain's node goes
 
     def report(metrics: dict[str, float]) -> None:
         ray.train.report(metrics)  # Train v2: a barrier, every rank at the same logged steps; no checkpoint
@@ -80,6 +85,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
         annotate(e, ctx.get_world_rank(), None)
         raise
+    finally:
+        driver.close()
 
 
 # ---------------------------------------------------------------- known-harmless third-party messages
@@ -225,8 +232,10 @@ def _ray_storage_path(spec: JobSpec) -> str:
 
 
 def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
-    """What every Ray Train worker process starts with: the job's ``PYTHONHASHSEED`` (from
-    ``train.seed``), so an order that follows a set or dict of strings is the same on every restart.
+    """What every Ray Train worker process starts with: the job's own variables (``scaling.env``: a
+    remote node's workers do not inherit the driver's environment, and a rank forked from a warm
+    server takes its worker's) and its ``PYTHONHASHSEED`` (from ``train.seed``), so an order that
+    follows a set or dict of strings is the same on every restart.
 
     Why here and not in ``ray.init``: Ray Train v2 creates its worker actors with this runtime env
     on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
@@ -331,25 +340,44 @@ class JobOutcome:
     reason: str = ""
     details: str = ""
     summary: RunSummary | None = None
+    exit_code: int | None = None  # a stopped run's (128 + the driver's signal); None: 1 if failed, else 0
+
+    @property
+    def code(self) -> int:
+        """The process's exit code for this outcome."""
+        return self.exit_code if self.exit_code is not None else int(self.failed)
 
 
 def run_on_ray(
-    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+    spec: JobSpec,
+    address: str | None = None,
+    *,
+    progress_bar: bool = False,
+    dashboard: bool = False,
+    rerun: str | None = None,
 ) -> int:
     """Run the job to completion on Ray and print its last line; returns the process exit code (0 ok,
-    1 failed). A failure's details go to stderr above its line.
+    1 failed, 128 + the signal for a run the driver's signal stopped). A failure's details go to stderr
+    above its line.
 
     ``progress_bar``: the driver shows a live bar (``syncpoint.orchestrator.progress_bar``) and the workers
-    print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard."""
-    return 1 if run_reported(spec, address, progress_bar=progress_bar, dashboard=dashboard).failed else 0
+    print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard. ``rerun``:
+    the command that resumes the job; given, the driver's SIGINT, SIGTERM and SIGHUP are the job's
+    stop notice (``syncpoint.orchestrator.driver_signals``) and its last line names that command."""
+    return run_reported(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun).code
 
 
 def run_reported(
-    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+    spec: JobSpec,
+    address: str | None = None,
+    *,
+    progress_bar: bool = False,
+    dashboard: bool = False,
+    rerun: str | None = None,
 ) -> JobOutcome:
     """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
     line in its verdict."""
-    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
+    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun)
     if outcome.failed:  # printed last: a failed run's last line says why
         if outcome.details:
             print(outcome.details, file=sys.stderr)
@@ -360,16 +388,75 @@ def run_reported(
 
 
 def run_job(
-    spec: JobSpec, address: str | None = None, *, progress_bar: bool = False, dashboard: bool = False
+    spec: JobSpec,
+    address: str | None = None,
+    *,
+    progress_bar: bool = False,
+    dashboard: bool = False,
+    rerun: str | None = None,
 ) -> JobOutcome:
     """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray,
     with Ray's dashboard if ``dashboard``); returns how it ended without printing its last line
-    (``run_on_ray`` and ``syncpoint.run`` both call this)."""
+    (``run_on_ray`` and ``syncpoint.run`` both call this). ``rerun``: see ``run_on_ray``."""
     with ray_train_defaults(spec):
-        return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
+        if rerun is None:
+            return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
+        from syncpoint.orchestrator.driver_signals import DriverSignals
+
+        with DriverSignals(spec.checkpoint.sigterm_grace_s, _driver_lines(spec), rerun) as signals:
+            try:
+                return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, signals=signals)
+            except KeyboardInterrupt:  # StopNow, or Ray's own for it (``driver_signals.StopNow``)
+                if not signals.at_once:
+                    raise
+                return stopped(spec, signals, at_once=True)
 
 
-def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool, dashboard: bool) -> JobOutcome:
+def _driver_lines(spec: JobSpec) -> Callable[[str], None]:
+    """The driver's own lines about a signal: redacted, flushed, on stderr (the last line goes to stdout)."""
+
+    def say(line: str) -> None:
+        print(redact_text(line, spec.storage), file=sys.stderr, flush=True)
+
+    return say
+
+
+def finished_since(spec: JobSpec, since: float) -> bool:
+    """Whether the run's log has a ``finished`` event written since ``since`` (this submission's end)."""
+    from syncpoint.policies.journal import Finished
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    try:
+        return any(e.time >= since for e in EventLog(RunStorage(spec.run_url)).journal().of_kind(Finished))
+    except Exception:  # noqa: BLE001 - an unreadable log: not known to have finished
+        return False
+
+
+def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> JobOutcome:
+    """A run the driver's signal stopped: what it kept (the last committed state) and how to go on."""
+    from syncpoint.policies.journal import StateCommitted
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    try:
+        commits = EventLog(RunStorage(spec.run_url)).journal().of_kind(StateCommitted)
+    except Exception:  # noqa: BLE001 - an unreadable log: the line still says how to go on
+        commits = []
+    last = commits[-1] if commits else None
+    how = f"at once on a second signal after {signals.name}" if at_once else f"on {signals.name}"
+    nothing_more = "; nothing more was saved" if at_once else ""
+    if last is None:
+        line = f"syncpoint: stopped {how}{nothing_more}; no state was committed: `{signals.rerun}` starts it again"
+    else:
+        kept = f"state {last.state} (optimizer step {last.optimizer_step})"
+        line = f"syncpoint: stopped {how} at {kept}{nothing_more}; `{signals.rerun}` resumes it"
+    return JobOutcome(line=redact_text(line, spec.storage), failed=False, exit_code=signals.exit_code())
+
+
+def _run_job(
+    spec: JobSpec, address: str | None, *, progress_bar: bool, dashboard: bool, signals: DriverSignals | None = None
+) -> JobOutcome:
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
@@ -390,12 +477,16 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool, dashboar
     embedded = ours and not (address or os.environ.get("RAY_ADDRESS"))
     prewarmed = embedded and warm_this_node(spec, submission)  # its imports overlap Ray's start
     connect(spec, address, dashboard=dashboard)
+    if signals is not None:
+        signals.install()  # again: ray.init's core worker put its own SIGTERM handler (a stack dump) in place
     board = None
     finished = False
     try:
         board = heartbeat_board()
+        if signals is not None:
+            signals.attach(board)
         s = spec.scaling
-        trainer = _trainer(spec, embedded, dashboard)(
+        trainer = _trainer(spec, embedded, dashboard, own_sigint=signals is not None)(
             train_loop_per_worker,
             train_loop_config={
                 "spec": spec.model_dump(mode="json"),
@@ -428,7 +519,8 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool, dashboar
                 warm_nodes(spec, submission, embedded),
                 _progress_bar(spec, progress_bar, since=submitted.time),
             ):
-                trainer.fit()
+                if signals is None or signals.received is None:  # stopped before it started: no training
+                    trainer.fit()
             finished = True
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
             failure = _placement_report(spec, e) or failure_report(e)
@@ -460,11 +552,13 @@ def _run_job(spec: JobSpec, address: str | None, *, progress_bar: bool, dashboar
         return JobOutcome(
             line=f"syncpoint: job {spec.name!r} failed: {reason}", failed=True, reason=reason, details=details
         )
+    if signals is not None and signals.received is not None and not finished_since(spec, submitted.time):
+        return stopped(spec, signals)
     line, summary = finish(spec)
     return JobOutcome(line=line, failed=False, summary=summary)
 
 
-def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False) -> Any:
+def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False, own_sigint: bool = False) -> Any:
     """Ray Train's trainer for the job: a ``TorchTrainer`` when the Ray workers train (their torch
     process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise; on an
     embedded Ray, without the helpers only a long-lived cluster needs (``embedded_ray``).
@@ -479,11 +573,26 @@ def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False) -> 
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer as trainer
     else:  # its module imports torch
         from ray.train.v2.torch.torch_trainer import TorchTrainer as trainer
+    if own_sigint:
+        trainer = without_sigint_handler(trainer)
     if not embedded:
         return trainer
     from syncpoint.orchestrator.embedded_ray import embedded_trainer
 
     return embedded_trainer(trainer, keep_cleaner=dashboard)
+
+
+def without_sigint_handler(trainer_cls: type) -> type:
+    """``trainer_cls`` without Ray Train's own SIGINT handler (it aborts the run at the first Ctrl-C,
+    saving nothing): the driver's SIGINT is syncpoint's stop notice (``driver_signals``). Ray is pinned,
+    so a rename of the method fails this project's Ray tests rather than a user's run."""
+
+    class OwnSigint(trainer_cls):
+        def _register_sigint_handler(self, controller: Any) -> None:
+            """Nothing: the handler ``driver_signals.DriverSignals`` installed stays."""
+
+    OwnSigint.__name__ = OwnSigint.__qualname__ = trainer_cls.__name__
+    return OwnSigint
 
 
 def _backend(spec: JobSpec) -> dict[str, Any]:

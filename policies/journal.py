@@ -195,7 +195,8 @@ class Evaluated(_Event):
 
 class PreemptionNotice(_Event):
     """The attempt learnt of an imminent preemption; ``source`` says from where (ray-drain,
-    sigterm, another rank); Ray's drain notice adds its deadline and the nodes and ranks it hits."""
+    sigterm, another rank, driver); Ray's drain notice adds its deadline and the nodes and ranks it
+    hits; the driver's (``syncpoint run`` itself was signalled: the job saves and stops) its ``signal``."""
 
     kind: Literal["preemption_notice"] = "preemption_notice"
     attempt: int
@@ -204,6 +205,7 @@ class PreemptionNotice(_Event):
     deadline_ms: int | None = None
     nodes: list[str] | None = None
     ranks: list[int] | None = None
+    signal: str | None = None  # the driver's notice: SIGINT, SIGTERM or SIGHUP
 
 
 class FaultFired(_Event):

@@ -26,6 +26,7 @@ class BoundaryVote:
     reports_due: int = 0  # ranks whose interval between reports to Ray Train has passed
     skipped_updates: int = 0  # ranks whose optimizer step DeepSpeed skipped (overflowing gradients)
     grace_saves: int = 0  # noticed ranks whose deadline is near or unknown: a save in the grace window is due
+    stops: int = 0  # ranks the driver's own signal reached: save at this boundary, then the job stops
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         # float64 carries the loss sum and every count exactly (NCCL reduces

@@ -27,6 +27,15 @@ class BeatBoard:
 
     def __init__(self) -> None:
         self.beats: dict[int, dict[int, tuple[int, float]]] = {}
+        self.stop_notice: dict[str, Any] | None = None
+
+    def stop(self, notice: dict[str, Any]) -> None:
+        """The driver was signalled: every rank's notice source reads this (``driver_stop``) and the job
+        saves at its next boundary and stops (``syncpoint.orchestrator.driver_signals``)."""
+        self.stop_notice = self.stop_notice or notice
+
+    def driver_stop(self) -> dict[str, Any] | None:
+        return self.stop_notice
 
     def beat(self, rank: int, attempt: int, global_micro_step: int, wall_time: float) -> None:
         self.beats.setdefault(attempt, {})[rank] = (global_micro_step, wall_time)

@@ -65,7 +65,7 @@ from syncpoint.workers.integrity.signing import load_key
 from syncpoint.workers.loop_state import LoopState, step_record, trainer_record
 from syncpoint.workers.metric_sinks import ReportFn, RunMetrics
 from syncpoint.workers.param_groups import settings_of
-from syncpoint.workers.preemption import PreemptionNotices, RayNotice
+from syncpoint.workers.preemption import DRIVER, PreemptionNotices, RayNotice
 from syncpoint.workers.progress import ProgressLine, ProgressLog
 from syncpoint.workers.schedule import Schedule
 from syncpoint.workers.state import user_state
@@ -356,6 +356,7 @@ class TrainingLoop:
         )
         self.callbacks = Callbacks(parts.task.callbacks)
         self.boundary_times: deque[float] = deque(maxlen=6)  # the recent steps' length, for the grace window
+        self.stopping = False  # every rank agreed the driver's notice: this boundary saves, then the job stops
 
     def _save_coordinator(self) -> SaveCoordinator:
         saves = SaveCoordinator(self.engine, self.attempt, self.progress, last_saved=self.start.state)
@@ -391,9 +392,9 @@ class TrainingLoop:
                 world_size=self.world,
             ),
         )
-        while not state.finished and self.attempt.run_length.has_epoch(state.at.epoch):
+        while not (state.finished or self.stopping) and self.attempt.run_length.has_epoch(state.at.epoch):
             self.epoch()
-        return self.finish()
+        return self.stop() if self.stopping and not state.finished else self.finish()
 
     def epoch(self) -> None:
         """One epoch from the current position. The data position is index arithmetic (a stream's:
@@ -405,9 +406,9 @@ class TrainingLoop:
         state.new_cycle()
         for batch in loader:
             self.micro_step(batch)
-            if state.finished:
+            if state.finished or self.stopping:
                 break
-        if not state.finished:
+        if not (state.finished or self.stopping):
             state.at.next_epoch()
 
     def micro_step(self, batch: Any) -> None:
@@ -477,7 +478,7 @@ class TrainingLoop:
             evaluated=self.evaluation.latest if evaluated else None,
             report=bool(agreed.reports_due) or last,
         )
-        self.save(agreed, step_loss, last=last)
+        self.save(agreed, step_loss, last=last or self.stopping)  # a stop's save commits before it stops
         state.new_cycle()
         state.finished = last
 
@@ -517,13 +518,15 @@ class TrainingLoop:
             preemption_notices=int(notice is not None),
             grace_saves=int(notice is not None and self._grace_save_due(notice)),
             wall_clock_saves=int(clock_says_save),
+            stops=int(notices.stop_noticed),
             uploading=int(self.saves.uploading()),
             lease_lost=int(self.saves.lease_lost()),
             reports_due=int(self.parts.metrics.report_due()),
             skipped_updates=int(not self.engine.was_step_applied()),
         ).agree(self.engine.device)
         first_notice = notices.agreed(agreed.preemption_notices)
-        if first_notice or (notices.in_grace_window and agreed.grace_saves):
+        self.stopping = bool(agreed.stops)
+        if first_notice or self.stopping or (notices.in_grace_window and agreed.grace_saves):
             self.state.pending.request("preemption")
         if first_notice and self.attempt.events:
             self.attempt.events.emit(
@@ -531,7 +534,7 @@ class TrainingLoop:
                     attempt=self.attempt.number,
                     global_micro_step=at.global_micro_step,
                     optimizer_step=at.optimizer_step,
-                    **(notice or {"source": "another rank"}),
+                    **(notice or {"source": DRIVER if self.stopping else "another rank"}),
                 )
             )
         return agreed
@@ -583,6 +586,24 @@ class TrainingLoop:
         )
         self.saves.at_boundary(
             self.state.pending, record, agreed, last=last, micro_step=at.global_micro_step, loss=step_loss
+        )
+
+    def stop(self) -> WorkerResult:
+        """The driver was signalled (``syncpoint run`` got SIGINT/SIGTERM/SIGHUP): this boundary's state
+        is committed and the job stops without finishing, so a rerun resumes from that state. No export,
+        no ``finished`` event, no ``on_end``: the run is not over; the lease is released for the rerun."""
+        attempt, at = self.attempt, self.state.at
+        if attempt.events:
+            self.progress.flush()
+        dist.barrier()
+        if attempt.lease:
+            attempt.lease.release()
+        return WorkerResult(
+            final_state=self.saves.last_saved or "",
+            global_micro_step=at.global_micro_step,
+            optimizer_step=at.optimizer_step,
+            resumed_from=self.start.state,
+            history=self.progress.history,
         )
 
     def finish(self) -> WorkerResult:

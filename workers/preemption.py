@@ -19,6 +19,16 @@ from syncpoint.policies.grace_window import notice_deadline
 
 RayNotice = Callable[[], dict[str, Any] | None]
 
+# A notice's source when the driver itself was signalled (``syncpoint run`` got SIGINT, SIGTERM or
+# SIGHUP: ``syncpoint.orchestrator.driver_signals``): every rank saves at the next boundary and the job
+# then stops, where any other notice saves and trains on until the node goes.
+DRIVER = "driver"
+
+
+def is_stop(notice: dict[str, Any] | None) -> bool:
+    """Whether a notice asks the job to stop after its save (the driver's own signal)."""
+    return notice is not None and notice.get("source") == DRIVER
+
 
 class PreemptionNotices:
     """This rank's preemption notices (SIGTERM, Ray's drain), agreed on by every rank at each boundary."""
@@ -30,6 +40,7 @@ class PreemptionNotices:
         self.sigterm_received = False
         self.sigterm_at: float | None = None  # UNIX seconds: the grace a platform gives runs from here
         self.in_grace_window = False  # every rank agreed a notice arrived: its state committed, more may follow
+        self.stop_noticed = False  # the driver's notice reached this rank: save at the next boundary, then stop
         self._previous_handler: Any = None
         self._listening = False
 
@@ -65,6 +76,7 @@ class PreemptionNotices:
         notice = self.ray_notice() if self.ray_notice else None
         if notice is None and self.sigterm_received:
             notice = {"source": "sigterm"}
+        self.stop_noticed = self.stop_noticed or is_stop(notice)
         return notice
 
     def agreed(self, ranks_noticed: int) -> bool:

@@ -34,11 +34,12 @@ def test_a_vote_goes_through_a_tensor_and_back_slot_by_slot():
         reports_due=1,
         skipped_updates=1,
         grace_saves=1,
+        stops=1,
     )
     tensor = vote.to_tensor()
-    assert tensor.dtype == torch.float64 and tensor.tolist() == [1.25, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert tensor.dtype == torch.float64 and tensor.tolist() == [1.25, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert BoundaryVote.from_tensor(tensor) == vote
-    with pytest.raises(ValueError, match="8 slots, not 4"):
+    with pytest.raises(ValueError, match="9 slots, not 4"):
         BoundaryVote.from_tensor(torch.zeros(4, dtype=torch.float64))
 
 
