@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from syncpoint.policies.errors import UsageError
+from syncpoint.policies.redact import secret_name
 from syncpoint.policies.spec import JobSpec
 
 OVERLAYS = ("eks-spot", "gke-spot", "karpenter-spot", "gpu")
@@ -101,6 +102,15 @@ def check_job(spec: JobSpec, overlay: str | None) -> None:
         problems.append(
             f"checkpoint.signing_key_env names ${spec.checkpoint.signing_key_env}, but the pods receive the signing "
             f"key as ${SIGNING_ENV} (Secret syncpoint-signing-key): set checkpoint.signing_key_env: {SIGNING_ENV}"
+        )
+    secret = [name for name in spec.scaling.env if secret_name(name)]
+    if secret:
+        problems.append(
+            f"scaling.env {', '.join(secret[:5])}: the name says it holds a credential (a key, token, secret, "
+            "password), and the rendered manifests carry the job spec and the pods' variables in the clear, "
+            "readable by whoever can read the namespace: put it in the Secret syncpoint-storage instead (every key "
+            "of it is a variable in the head and worker containers; k8s/base/secret.example.yaml) and remove it "
+            "from scaling.env"
         )
     if overlay == "gpu" and not spec.scaling.use_gpu:
         problems.append(
@@ -178,6 +188,25 @@ def _spec_volume_index(manifests: Path) -> int:
     return next(i for i, v in enumerate(volumes) if v["name"] == SPEC_VOLUME)
 
 
+def _env_ops(spec: JobSpec, manifests: Path) -> list[dict[str, Any]]:
+    """``scaling.env`` in the head's container (the driver) and every worker's: a variable the base
+    sets is replaced (the job's value wins, as it does on Ray), the others appended."""
+    rayjob = yaml.safe_load((manifests / "base" / "rayjob.yaml").read_text())
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    ops: list[dict[str, Any]] = []
+    for where, group in (
+        ("headGroupSpec", cluster["headGroupSpec"]),
+        ("workerGroupSpecs/0", cluster["workerGroupSpecs"][0]),
+    ):
+        path = f"/spec/rayClusterSpec/{where}/template/spec/containers/0/env"
+        base = [e["name"] for e in group["template"]["spec"]["containers"][0].get("env", [])]
+        for name, value in spec.scaling.env.items():
+            entry = {"name": name, "value": value}
+            at = f"{path}/{base.index(name)}" if name in base else f"{path}/-"
+            ops.append({"op": "replace" if name in base else "add", "path": at, "value": entry})
+    return ops
+
+
 def overlay_files(
     spec: JobSpec,
     mapping: dict[str, Any],
@@ -205,6 +234,7 @@ def overlay_files(
         {"op": "replace", "path": f"{workers}/maxReplicas", "value": spec.scaling.max_workers},
         {"op": "replace", "path": f"{container}/resources/requests/cpu", "value": cpu},
         {"op": "replace", "path": f"{container}/resources/limits/cpu", "value": cpu},
+        *_env_ops(spec, manifests),
     ]
     if code_from:
         ops.append({"op": "add", "path": "/spec/runtimeEnvYAML", "value": _dump({"working_dir": code_from})})

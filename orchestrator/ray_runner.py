@@ -243,7 +243,7 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
     each worker process with it, and the hash secret is fixed when an interpreter starts."""
     from syncpoint.policies.seeds import hash_seed
 
-    return {"env_vars": {"PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
+    return {"env_vars": {**spec.scaling.env, "PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
 
 
 # How often Ray Train's controller polls its workers when they are supervisors (Ray's default: 2 s).

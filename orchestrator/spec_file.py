@@ -224,7 +224,12 @@ def _format_errors(err: ValidationError, lines: dict[tuple, int]) -> list[str]:
             msg = "required field is missing"
         elif e["type"] == "finite_number":
             msg = "must be a finite number; .inf and .nan are not allowed"
-        elif "input" in e and e["type"] not in ("model_type",) and not isinstance(e["input"], dict):
+        elif (
+            "input" in e
+            and e["type"] not in ("model_type",)
+            and not isinstance(e["input"], dict)
+            and loc[:2] != ("scaling", "env")  # a variable's value may be a credential: never echoed
+        ):
             msg += f" (got {_short_repr(e['input'])})"
         out.append(f"{where}: {msg}")
     if len(errors) > 20:

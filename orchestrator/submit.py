@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies.errors import SpecError
-from syncpoint.policies.redact import redact_text, redact_url, url_secret_paths
+from syncpoint.policies.redact import redact_text, redact_url, secret_name, url_secret_paths
 from syncpoint.policies.spec import JobSpec
 
 if TYPE_CHECKING:  # Ray is imported when a job is submitted, not when the CLI starts
@@ -130,6 +130,18 @@ def refuse_url_credentials(spec: JobSpec) -> None:
     cluster and shown to anyone who can read the Ray Job API or dashboard. Credentials belong in the
     workers' environment, where the storage backends read them.
     """
+    secret_env = [name for name in spec.scaling.env if secret_name(name)]
+    if secret_env:
+        raise SpecError(
+            "submit",
+            [
+                f"scaling.env {', '.join(secret_env[:5])}: the name says it holds a credential (a key, token, "
+                "secret, password). A submitted job's job file and its workers' runtime_env are readable through "
+                "the Ray Job API and dashboard, so syncpoint does not send it: remove it from scaling.env and set it "
+                "in the environment of the cluster's nodes (on Kubernetes, from a Secret)"
+            ],
+            "credentials in the job spec",
+        )
     fields = url_secret_paths(spec.model_dump(mode="json"))
     if fields:
         raise SpecError(

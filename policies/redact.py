@@ -5,9 +5,11 @@ job submitter, the spec's own error messages — must be able to redact without 
 torch, Ray or pydantic, and the rules must be the same everywhere.
 
 What counts as a secret here: the user-info of a URL (``s3://KEY:SECRET@bucket``,
-``https://user:pass@host``) and the values of query parameters whose names say they carry one
-(``?token=...``, ``X-Amz-Signature=...``, ``sig=...``). Redaction errs towards hiding too much: a
-display that shows ``***`` where a harmless string was is a small loss; a printed key is not.
+``https://user:pass@host``), the values of query parameters whose names say they carry one
+(``?token=...``, ``X-Amz-Signature=...``, ``sig=...``), and by the same rule the values of
+environment variables whose names do (``scaling.env``: ``WANDB_API_KEY``, ``HF_TOKEN``).
+Redaction errs towards hiding too much: a display that shows ``***`` where a harmless string was
+is a small loss; a printed key is not.
 """
 
 from __future__ import annotations
@@ -113,6 +115,19 @@ def redact_obj(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(redact_obj(v) for v in obj)
     return obj
+
+
+def secret_name(name: str) -> bool:
+    """Whether a variable or parameter name says its value is a credential (``WANDB_API_KEY``,
+    ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``DB_PASSWORD``): the query-parameter rule, erring
+    towards hiding (``AWS_ACCESS_KEY_ID`` and ``RAY_AUTH_MODE`` are masked too)."""
+    return bool(_SECRET_PARAM.search(name))
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment variables for display: the value of every ``secret_name`` masked, the others
+    through ``redact_text`` (a URL value's credentials)."""
+    return {k: MASK if secret_name(k) else redact_text(v) for k, v in env.items()}
 
 
 def has_url_secrets(obj: Any) -> bool:

@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 from syncpoint.policies.import_path import is_import_path
-from syncpoint.policies.redact import redact_obj
+from syncpoint.policies.redact import redact_env, redact_obj
 
 BUILTIN_POLICIES = ("newest-resumable", "pinned", "fresh", "best-metric")
 
@@ -112,6 +112,48 @@ def _workers_kind(v: Any) -> str:
 
 
 # a tagged union: an elastic range's error is about its min/max only, not also "not an integer"
+MAX_ENV_VARS = 256  # scaling.env entries
+MAX_ENV_VALUE_CHARS = 32 << 10  # one value; a path or a URL is well under it
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# what syncpoint sets for every rank, and where it comes from (the reason a scaling.env entry for it is refused)
+_DISTRIBUTED = "torch.distributed's, one per rank"
+RESERVED_ENV = {
+    "PYTHONHASHSEED": "from train.seed, the same in every attempt",
+    "PYTHONPATH": "the driver's working directory and its own PYTHONPATH: set it where `syncpoint run` runs",
+    **dict.fromkeys(
+        ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
+        _DISTRIBUTED,
+    ),
+}
+
+
+def _job_env(v: Any) -> Any:
+    """``scaling.env``: names a shell would take (and no variable syncpoint sets per rank), string values
+    (numbers are written as they read; anything else, or a NUL, is refused, naming the variable)."""
+    if not isinstance(v, dict):  # said without the value: it may be a credential
+        raise ValueError(f"must be a mapping of NAME: value (e.g. {{DATA_DIR: /data}}), not a {type(v).__name__}")
+    if len(v) > MAX_ENV_VARS:
+        raise ValueError(f"at most {MAX_ENV_VARS} variables")
+    out: dict[str, str] = {}
+    for name, value in v.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"{str(name)[:80]!r} is not an environment variable name: letters, digits and _, not starting "
+                "with a digit, at most 128 characters (e.g. DATA_DIR)"
+            )
+        if name in RESERVED_ENV:
+            raise ValueError(f"{name} is syncpoint's to set for every rank ({RESERVED_ENV[name]}): remove it")
+        if isinstance(value, bool):
+            raise ValueError(f"{name}: a value must be a string: quote it ({name}: '{str(value).lower()}')")
+        if not isinstance(value, (str, int, float)):
+            raise ValueError(f"{name}: a value must be a string, not a {type(value).__name__}")
+        text = value if isinstance(value, str) else str(value)
+        if "\x00" in text or len(text) > MAX_ENV_VALUE_CHARS:
+            raise ValueError(f"{name}: a value holds no NUL character and at most {MAX_ENV_VALUE_CHARS} characters")
+        out[name] = text
+    return out
+
+
 _Workers = Annotated[
     Annotated[StrictInt, Tag("tagged-fixed")] | Annotated[ElasticWorkers, Tag("tagged-elastic")],
     Discriminator(_workers_kind),
@@ -153,6 +195,22 @@ class ScalingSpec(_Strict):
             "Every legitimate wait must fit (the slowest rank's save, load or op build at a barrier)."
         ),
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Environment variables of every worker process, on any cluster (Ray's runtime_env env_vars), in the "
+            "pods `syncpoint k8s` renders and in ranks started without Ray, e.g. {DATA_DIR: /data/owt}; not "
+            "PYTHONHASHSEED, PYTHONPATH or torch.distributed's per-rank variables. A name that looks like a "
+            "credential's (KEY, TOKEN, SECRET, PASS, AUTH, ...) has its value shown as *** wherever syncpoint prints "
+            "or stores the spec, and is refused by `syncpoint submit` and `syncpoint k8s` (their job files are "
+            "readable on the cluster: give it from the nodes' own environment or a Kubernetes Secret)."
+        ),
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        return _job_env(v)
 
     @field_validator("num_workers")
     @classmethod
@@ -1139,10 +1197,14 @@ class JobSpec(_Strict):
 
 
 def spec_to_json(spec: JobSpec, redact: bool = True) -> str:
-    """The normalized spec as JSON; with ``redact`` (the default: it is for printing), URL credentials
-    anywhere in it (storage, resume.init_from, task.config) are replaced by ``***``."""
+    """The normalized spec as JSON; with ``redact`` (the default: it is for printing and for what is
+    stored beside the model), URL credentials anywhere in it (storage, resume.init_from, task.config)
+    and the values of ``scaling.env``'s secret-named variables are replaced by ``***``."""
     data = spec.model_dump(mode="json", by_alias=True)  # checkpoint.async, as the docs and the schema spell it
-    return json.dumps(redact_obj(data) if redact else data, indent=2, sort_keys=False)
+    if redact:
+        data = redact_obj(data)
+        data["scaling"]["env"] = redact_env(spec.scaling.env)  # WANDB_API_KEY: ***
+    return json.dumps(data, indent=2, sort_keys=False)
 
 
 def job_schema() -> dict[str, Any]:

@@ -102,6 +102,7 @@ def paced_lm(config: dict) -> Task:
     from examples.tiny_lm import build
 
     pace, hold = float(config.get("pace_s", 0.0)), config.get("hold_until")
+    _record_env(config)
     task = build(config)
     inner = task.loss
 
@@ -115,6 +116,19 @@ def paced_lm(config: dict) -> Task:
 
     task.loss = loss
     return task
+
+
+def _record_env(config: dict) -> None:
+    """``record_env: {to: DIR, names: [...]}``: this rank's values of those variables, as its process
+    sees them, written to ``DIR/<pid>.json`` (what a test of ``scaling.env`` reads back)."""
+    import json
+    import os
+
+    probe = config.get("record_env")
+    if probe:
+        seen = {name: os.environ.get(name) for name in probe["names"]}
+        with open(os.path.join(probe["to"], f"{os.getpid()}.json"), "w") as f:
+            json.dump(seen, f)
 
 
 def CleanVectors(n: int, dim: int = 4) -> Vectors:

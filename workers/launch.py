@@ -203,7 +203,7 @@ def run_spawned(
     hash_seed = str(rng.hash_seed(spec.train.seed))
     ctx = _context(_start_method(spec), hash_seed)
     submission = uuid.uuid4().hex
-    environ = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    environ = {**os.environ, **spec.scaling.env, "PYTHONHASHSEED": hash_seed}  # the job's variables, as on Ray
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
     # the ranks' own secret (their store's namespace), handed over in their arguments, never over a port
     namespace = new_namespace()

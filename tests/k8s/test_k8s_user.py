@@ -232,6 +232,25 @@ def test_gpu_workers_on_a_spot_flavour(project: Path, kubectl: str, validator: A
     assert "placeholder" in err and "--image" in err, "an unpullable image is said, not silent"
 
 
+@pytest.mark.parametrize("flavour", [None, "gpu"], ids=lambda f: f or "base")
+def test_the_jobs_env_is_in_the_head_and_every_worker(project: Path, kubectl: str, validator: Any, flavour) -> None:
+    """scaling.env reaches the driver's pod and every worker's, a variable the base sets replaced (one
+    entry, the job's value); the manifests stay valid and hardened."""
+    env = "scaling.env={DATA_DIR: /data/owt, RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S: '90'}"
+    rc, out, err = k8s(project, "--set", env, *_flavour_args(flavour), "--image-has-code")
+    assert rc == 0, err
+    docs = docs_of(out)
+    job = one(docs, "RayJob")
+    assert schema_errors(validator, job) == [] and hardening_problems(docs) == []
+    head = _head(job)["containers"][0]["env"]
+    worker = _workers(job)[0]["template"]["spec"]["containers"][0]["env"]
+    for pod in (head, worker):
+        assert [e for e in pod if e["name"] == "DATA_DIR"] == [{"name": "DATA_DIR", "value": "/data/owt"}]
+    drain = [e for e in worker if e["name"] == "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"]
+    assert drain == [{"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "90"}]
+    assert {e["name"] for e in head} > {"DATA_DIR", "SYNCPOINT_SIGNING_KEY"}  # the base's entries kept
+
+
 def test_the_overlay_directory_renders_the_same(project: Path, kubectl: str, tmp_path: Path) -> None:
     """-o DIR writes the kustomization (and a copy of k8s/) that `kubectl apply -k DIR` applies."""
     args = ["--overlay", "eks-spot", "--image", IMAGE, "--code-from", CODE_URL]
@@ -287,6 +306,10 @@ REFUSED = {
     "code from a presigned URL": (["--code-from", "https://x.example/c.zip?X-Amz-Signature=abc"], "in the clear"),
     "code from a local file": (["--code-from", "/tmp/code.zip"], "is not a s3://, gs://, https:// URL"),
     "task not importable": (["--set", "task.path=mytask:buidl", "--image-has-code"], "task.path"),
+    "a credential in scaling.env": (
+        ["--set", "scaling.env={DATA_DIR: /d, WANDB_API_KEY: k-3f9a}", "--image-has-code"],
+        "scaling.env WANDB_API_KEY: the name says it holds a credential",
+    ),
 }
 
 

@@ -15,8 +15,10 @@ node, started and stopped by the test's own process ids (tests/ray_processes.py)
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+from pathlib import Path
 
 from syncpoint.orchestrator.timeline import restarts
 from syncpoint.workers.events import EventLog
@@ -52,8 +54,25 @@ LM_SPEC = [
 ]
 
 
-def _spec(tmp):
-    return lm_spec(tmp, *RUN, workers=2)
+# scaling.env: a worker node started by `ray start` does not inherit the driver's environment, so what its
+# ranks see came through the job; the secret-named one's value must reach them and nothing syncpoint writes
+ENV = {"SYNCPOINT_PROBE_DIR": "/data/owt", "SYNCPOINT_PROBE_TOKEN": "tok-3f9a-never-printed"}
+
+
+def _spec(tmp, probe=None):
+    """The run; with ``probe``, also the job's ENV, each rank writing what it sees of it there."""
+    env = [f"scaling.env={json.dumps(ENV)}", f"task.config.record_env={{to: {probe}, names: {list(ENV)}}}"]
+    return lm_spec(tmp, *RUN, *(env if probe else []), workers=2)
+
+
+def _assert_the_env_reached_every_rank_unprinted(spec, probe, out: str) -> None:
+    seen = [json.loads(p.read_text()) for p in probe.iterdir()]
+    assert len(seen) >= 3 and all(s == ENV for s in seen), seen  # two ranks, then the resumed attempt's
+    secret = ENV["SYNCPOINT_PROBE_TOKEN"].encode()
+    assert secret.decode() not in out
+    run_dir = Path(spec.run_url.removeprefix("file://"))
+    leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert not leaked, leaked  # the event log, the states, Ray Train's run directory
 
 
 def _reclaim_rank_1_node(spec, head, nodes, proc) -> None:
@@ -88,9 +107,12 @@ def _assert_exact_and_cheap(tmp_path, spec) -> None:
 
 def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
-    spec = _spec(tmp_path / "run")
+    probe = tmp_path / "env-probe"
+    probe.mkdir()
+    spec = _spec(tmp_path / "run", probe)
     proc = run_driver(head, spec, tmp_path / "job.yaml", drain_env())
     _reclaim_rank_1_node(spec, head, nodes, proc)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     _assert_exact_and_cheap(tmp_path, spec)
+    _assert_the_env_reached_every_rank_unprinted(spec, probe, out)
