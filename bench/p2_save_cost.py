@@ -145,8 +145,8 @@ task: {path: "bench.p2_save_cost:build", config: {}}
 scaling: {num_workers: 1, cpus_per_worker: 1}
 train: {micro_batch_size: 8, grad_accum: 1, max_steps: 60, seed: 1, lr: 1.0e-4, log_every: 1000000}
 deepspeed: {zero_stage: 2, precision: fp32}
-checkpoint: {keep_last: 2, export_final: false}
-"""
+checkpoint: {keep_last: 2, export_final: false, save_every: 0}
+"""  # save_every 0: the baseline saves only at its end (the default, auto, would save by the clock)
 
 
 # ---------------------------------------------------------------- instrumentation (this process only)
