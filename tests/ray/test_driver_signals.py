@@ -1,0 +1,127 @@
+"""The driver's own signals are notices, and nothing outlives the driver: `syncpoint run` as a user runs
+it (its own embedded Ray), signalled as a spot VM's shutdown or a user's Ctrl-C signals it.
+
+One job, three runs of the same command on the same run directory:
+
+1. SIGTERM while it trains: every rank saves at its next boundary, the job stops (no ``finished``),
+   the last line names the state kept and the command that resumes it, exit 143; the notice is in the
+   log with the driver's signal.
+2. The same command again resumes from that state; a double Ctrl-C (two SIGINTs) while its first
+   micro-batch is held stops at once, saving nothing more, exit 130.
+3. The same command again, SIGKILLed: every process it started (found by an environment marker this
+   test sets, never by name) is gone within seconds.
+
+The task holds its first micro-batch until a file exists (``tests.tasks.paced_lm``'s ``hold_until``),
+so each signal lands while the run is known to be training, without a wall-clock window.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.helpers import ROOT, lm_spec, stop_processes, write_job
+from tests.own_processes import marked_env, owned
+from tests.ray_processes import wait_for_driver
+
+GONE_WITHIN_S = 15.0  # the issue's bar: nothing the driver started alive 15 s after its death
+
+
+def _events(spec, kind: str) -> list[dict]:
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    try:
+        return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]
+    except Exception:  # noqa: BLE001 - the log is being written: asked again at the next poll
+        return []
+
+
+def _start(job: Path, env: dict[str, str], out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "syncpoint", "run", str(job)],
+        cwd=ROOT,
+        env=env,
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _last_line(out: Path) -> str:
+    return out.read_text().strip().splitlines()[-1]
+
+
+def test_the_drivers_signals_save_and_stop_a_rerun_resumes_and_nothing_outlives_a_killed_driver(tmp_path):
+    hold = tmp_path / "go"
+    spec = lm_spec(
+        tmp_path / "runs",
+        "task.path=tests.tasks:paced_lm",
+        f"task.config.hold_until={hold}",
+        "task.config.pace_s=0.02",
+        "task.config.num_samples=1600",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",  # only the notice saves
+    )
+    job = write_job(spec, tmp_path / "job.yaml")
+    env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = tmp_path / "out.txt"
+    procs: list[subprocess.Popen] = []
+
+    def attempts(n: int, proc: subprocess.Popen) -> dict:
+        wait_for_driver(lambda: len(_events(spec, "attempt_started")) >= n, proc, f"attempt {n}", output=out.read_text)
+        return _events(spec, "attempt_started")[n - 1]
+
+    try:
+        # 1. SIGTERM while training: a state committed after it, the job stopped, 143
+        procs.append(first := _start(job, env, out))
+        attempts(1, first)
+        signalled_at = time.time()
+        first.send_signal(signal.SIGTERM)
+        hold.touch()  # the first micro-batch goes on: the next boundaries answer the notice
+        assert first.wait(timeout=300) == 143, out.read_text()[-4000:]
+        (notice,) = _events(spec, "preemption_notice")
+        assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
+        (saved,) = _events(spec, "state_committed")
+        assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+        assert not _events(spec, "finished")  # stopped, not finished
+        state, step = saved["state"], saved["optimizer_step"]
+        assert _last_line(out) == (
+            f"syncpoint: stopped on SIGTERM at state {state} (optimizer step {step}); `syncpoint run {job}` resumes it"
+        ), out.read_text()[-4000:]
+        assert "SIGTERM received" in out.read_text() and "PC: @" not in out.read_text()  # no Ray stack dump
+
+        # 2. the same command resumes from that state; a double Ctrl-C while it is held stops at once, 130
+        hold.unlink()
+        procs.append(second := _start(job, env, out))
+        assert attempts(2, second)["resumed_from"] == state
+        second.send_signal(signal.SIGINT)  # the second once the first arrived: pending, the kernel merges them
+        wait_for_driver(lambda: "SIGINT received" in out.read_text(), second, "the notice", output=out.read_text)
+        second.send_signal(signal.SIGINT)
+        assert second.wait(timeout=120) == 130, out.read_text()[-4000:]
+        assert _last_line(out) == (
+            f"syncpoint: stopped at once on a second signal after SIGINT at state {state} (optimizer step {step}); "
+            f"nothing more was saved; `syncpoint run {job}` resumes it"
+        ), out.read_text()[-4000:]
+        assert len(_events(spec, "state_committed")) == 1 and not _events(spec, "finished")
+
+        # 3. SIGKILL: nothing it started outlives it
+        procs.append(third := _start(job, env, out))
+        attempts(3, third)
+        assert owned(mark), "the run's processes carry the test's marker"
+        third.kill()
+        third.wait()
+        _, alive = psutil.wait_procs(list(owned(mark)), timeout=GONE_WITHIN_S)
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"alive {GONE_WITHIN_S:g}s after the driver's SIGKILL: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        stop_processes(list(owned(mark)), mark=mark)
