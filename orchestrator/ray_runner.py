@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -421,6 +421,37 @@ def _driver_lines(spec: JobSpec) -> Callable[[str], None]:
     return say
 
 
+# Where Ray's job supervisor keeps a Ray Job's config (its submission id among the metadata) in the
+# environment of the job's entrypoint: ``syncpoint submit``'s, or a user's own ``ray job submit``.
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def submitted_to(address: str | None, environ: Mapping[str, str], *, connected: bool = False) -> str:
+    """Where a submission runs, as its ``submitted`` event says it (``syncpoint events``: "submitted
+    NAME to WHERE"): a Ray Job's entrypoint by its submission id and its cluster's address (the job
+    supervisor sets ``RAY_ADDRESS``), a cluster by its address (redacted), a caller's own connection
+    (a drill, a notebook) as such, else ``embedded`` (the local Ray ``syncpoint run`` starts)."""
+    target = address or environ.get("RAY_ADDRESS")
+    job = ray_job_submission(environ)
+    if job is not None:
+        return f"Ray job {job} on {redact_url(target)}" if target else f"Ray job {job}"
+    if target:
+        return redact_url(target)
+    return "the caller's Ray" if connected else "embedded"
+
+
+def ray_job_submission(environ: Mapping[str, str]) -> str | None:
+    """The Ray Job submission id this process is the entrypoint of, else None."""
+    import json
+
+    try:
+        metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV, "")).get("metadata") or {}
+    except (ValueError, AttributeError):  # not a Ray Job (or a config this Ray version does not write)
+        return None
+    job = metadata.get("job_submission_id") if isinstance(metadata, dict) else None
+    return str(job) if job else None
+
+
 def finished_since(spec: JobSpec, since: float) -> bool:
     """Whether the run's log has a ``finished`` event written since ``since`` (this submission's end)."""
     from syncpoint.policies.journal import Finished
@@ -467,7 +498,7 @@ def _run_job(
     from syncpoint.workers.storage import RunStorage
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
-        "submitted", name=spec.name, address=redact_url(address or "embedded")
+        "submitted", name=spec.name, address=submitted_to(address, os.environ, connected=ray.is_initialized())
     )
     await_predecessor(spec)
     # A connection this call makes, it closes before the last line: a connected driver keeps

@@ -97,7 +97,7 @@ class Submitted(_Event):
 
     kind: Literal["submitted"] = "submitted"
     name: str
-    address: str  # the Ray address, redacted, or "embedded"
+    address: str  # where it ran: a Ray Job and its cluster, a cluster address (redacted), or "embedded"
 
 
 class AttemptStarted(_Event):
