@@ -77,7 +77,6 @@ class DriverSignals:
         self._writer.setblocking(False)
 
     def __enter__(self) -> DriverSignals:
-        self.install()
         threading.Thread(target=self._count, name="syncpoint-driver-signal-count", daemon=True).start()
         threading.Thread(target=self._serve, name="syncpoint-driver-signals", daemon=True).start()
         return self
@@ -99,10 +98,15 @@ class DriverSignals:
             self._reader.shutdown(socket.SHUT_RDWR)
 
     def install(self) -> None:
-        """Take the three signals (again: after ``ray.init``, whose core worker installs its own)."""
+        """Take the three signals, from where the job starts (after any wait for a predecessor's lease,
+        which a Ctrl-C ends as before), and again after ``ray.init`` (its core worker installs its own
+        SIGTERM handler). A signal the process was started ignoring (``nohup``, ``cmd &`` in a script)
+        stays ignored, as Unix commands do."""
         if threading.current_thread() is not threading.main_thread():
             return  # a driver run from a thread (a drill's): the process's owner handles signals
         for signum in SIGNALS:
+            if signum not in self._previous and signal.getsignal(signum) == signal.SIG_IGN:
+                continue
             try:
                 previous = signal.signal(signum, self._handle)
             except (ValueError, OSError):
@@ -181,10 +185,12 @@ class DriverSignals:
 
 class StopWatch:
     """A rank's view of the driver's stop notice: a daemon thread asks the board every ``POLL_S``
-    until it says stop; ``notice()`` is then the driver's notice (else None), read without a call."""
+    until it says stop; ``notice()`` is then the driver's notice (else None), read without a call.
+    ``ask``: how one question is asked (default: the board's ``driver_stop``, through Ray)."""
 
-    def __init__(self, board: Any) -> None:
+    def __init__(self, board: Any, ask: Callable[[], dict[str, Any] | None] | None = None) -> None:
         self.board = board
+        self.ask = ask or self._ask_ray
         self._notice: dict[str, Any] | None = None
         self._closed = threading.Event()
         if board is not None:
@@ -196,11 +202,15 @@ class StopWatch:
     def close(self) -> None:
         self._closed.set()
 
-    def _poll(self) -> None:
+    def _ask_ray(self) -> dict[str, Any] | None:
         import ray
 
+        answer: dict[str, Any] | None = ray.get(self.board.driver_stop.remote(), timeout=ASK_TIMEOUT_S)
+        return answer
+
+    def _poll(self) -> None:
         while self._notice is None and not self._closed.wait(POLL_S):
             try:
-                self._notice = ray.get(self.board.driver_stop.remote(), timeout=ASK_TIMEOUT_S)
+                self._notice = self.ask()
             except Exception:  # noqa: BLE001 - a lost or busy board: asked again at the next poll
                 continue

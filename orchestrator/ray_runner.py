@@ -501,6 +501,8 @@ def _run_job(
         "submitted", name=spec.name, address=submitted_to(address, os.environ, connected=ray.is_initialized())
     )
     await_predecessor(spec)
+    if signals is not None:
+        signals.install()  # from here on the driver's signals are the job's notice
     # A connection this call makes, it closes before the last line: a connected driver keeps
     # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
     ours = not ray.is_initialized()
