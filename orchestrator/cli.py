@@ -501,6 +501,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
                 "(N interruptions at random points and of random kinds), one of the two"
             ],
         )
+    from syncpoint.orchestrator.run_watchdog import ensure
+
+    ensure()  # nothing the drill starts (its clusters, their warm servers) outlives it, however it ends
     if args.storm is not None:
         return _storm(args, spec)
     check_imports(spec, args.job)
