@@ -13,7 +13,7 @@ import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from syncpoint.orchestrator.timeline import restarts
+from syncpoint.orchestrator.timeline import goodput_headline, restarts
 from syncpoint.policies.goodput import goodput
 from syncpoint.policies.journal import Journal, PreemptionNotice, Step
 
@@ -127,7 +127,7 @@ def draw(journal: Journal, title: str = "") -> Figure:
     ax.legend(handles + h2, labels + l2, loc="upper right", fontsize=8)
     g = goodput(journal)
     if g is not None and g.total_s > 0:  # the run's goodput and where the rest of its wall time went
-        shown = [f"goodput {100 * g.ratio:.1f}% ({g.productive_s:.1f} s of {g.total_s:.1f} s)"]
+        shown = [f"{goodput_headline(g)} ({g.productive_s:.1f} s of {g.total_s:.1f} s)"]
         shown += [f"{name} {seconds:.1f} s" for name, seconds in g.losses.items() if seconds > 0]
         ax.text(
             0.01,

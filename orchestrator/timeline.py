@@ -95,19 +95,33 @@ def format_timeline(journal: Journal) -> str:
     return "\n".join(lines)
 
 
-def format_goodput(g: Goodput) -> str:
-    """The goodput block: the ratio, then every loss with its share of the wall time, then each restart."""
+def goodput_headline(g: Goodput) -> str:
+    """``goodput N%``: the one rounding the summary line, ``syncpoint events``, ``status`` and the plot share."""
+    return f"goodput {100 * g.ratio:.1f}%"
+
+
+def badput_lines(g: Goodput) -> list[str]:
+    """Every badput cause (``syncpoint.policies.goodput.BADPUT``) with its seconds and share of the
+    wall time, then the uncommitted tail of a run still going; the same rows everywhere they show."""
 
     def share(x: float) -> str:
         return f"{100 * x / g.total_s:5.1f}%" if g.total_s > 0 else "    -"
 
-    state = "" if g.finished else " (run not finished: so far)"
-    lines = [f"goodput {100 * g.ratio:.1f}%: productive {g.productive_s:.2f} s of {g.total_s:.2f} s wall time{state}"]
-    lines += [
-        f"  {name:<14} {seconds:9.2f} s  {share(seconds)}"
+    return [
+        f"  {name:<28} {seconds:9.2f} s  {share(seconds)}"
         for name, seconds in g.losses.items()
         if seconds > 0 or name != "uncommitted"
     ]
+
+
+def format_goodput(g: Goodput) -> str:
+    """The goodput block: the ratio, then badput by cause with its share of the wall time, then each restart."""
+    state = "" if g.finished else " (run not finished: so far)"
+    lines = [
+        f"{goodput_headline(g)}: productive {g.productive_s:.2f} s of {g.total_s:.2f} s wall time{state}; "
+        f"badput {g.badput_s:.2f} s by cause:"
+    ]
+    lines += badput_lines(g)
     lines += [
         f"  after attempt {c.attempt}: {c.lost_micro_steps} micro-step{'s' if c.lost_micro_steps != 1 else ''} "
         f"recomputed ({c.recomputed_s:.2f} s, {'measured' if c.measured else 'from flushed progress'}), "
@@ -179,6 +193,7 @@ class RunSummary:
     restarts: int
     lost_micro_steps: int
     lost_seconds: float
+    goodput: Goodput | None = None  # the same accounting as ``syncpoint events`` and the plot
 
 
 def summarize(journal: Journal) -> RunSummary | None:
@@ -206,6 +221,7 @@ def summarize(journal: Journal) -> RunSummary | None:
         restarts=len(rs),
         lost_micro_steps=sum(r.lost_micro_steps for r in rs),
         lost_seconds=sum(r.lost_seconds for r in rs),
+        goodput=goodput(upto),
     )
 
 
@@ -232,7 +248,8 @@ def format_summary(name: str, s: RunSummary, model: str | None, plot: str | None
         )
         if x
     )
+    ratio = f", {goodput_headline(s.goodput)}" if s.goodput is not None else ""
     return (
         f"syncpoint: job {name!r} finished: state {s.state or '(none)'}, {s.optimizer_step} optimizer steps "
-        f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}, {restarts_text}; {where}"
+        f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}{ratio}, {restarts_text}; {where}"
     )

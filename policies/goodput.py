@@ -19,20 +19,49 @@ last event while it runs) is cut into consecutive pieces, so the parts always ad
 * ``save_blocked_s``: what the loop waited for saves (``state_committed.blocked_seconds``);
 * ``recomputed_s``: a failed attempt's training after that snapshot up to where it was last seen
   computing (``Journal.reached``: the measured heartbeat when the log has it) -- the lost work that
-  the next attempt computes again;
-* ``restart_gap_s``: from there to the next attempt's launch (detection, the new worker group);
-* ``uncommitted_s``: trained but not (yet) committed: the tail of a run still going or one that
-  failed for good (0 for a finished run).
+  the next attempt computes again (or, for a run that failed for good, never keeps);
+* ``restart_gap_s``: from there to the next attempt's launch (detection, the new worker group), and
+  from a failure to the log's end when no attempt followed;
+* ``uncommitted_s``: trained but not yet committed: the tail of a run still going (0 for a
+  finished or failed run).
 
-``ratio`` = productive / total. Evaluations count as productive (the job asked for them) unless
-they fall in recomputed work.
+``ratio`` = productive / total. Evaluations are not productive (``evaluation``, below) unless
+they fall in recomputed work, which is wasted whatever it computed.
+
+The same pass sorts every second by cause, in the taxonomy of Google's ``ml-goodput-measurement``
+(``Goodput.badput``, keys in ``BADPUT``, documented in ``docs/metrics.md``): the end-of-run
+summary, ``syncpoint events``, ``syncpoint status`` and the plot all read this one split, so their
+numbers agree. ``productive_s`` + ``badput`` + ``uncommitted_s`` = ``total_s``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from syncpoint.policies.journal import AttemptStarted, Finished, Journal, StateCommitted, Submitted
+from syncpoint.policies.journal import AttemptStarted, Evaluated, Finished, Journal, StateCommitted, Submitted
+
+# The badput categories, in the order people read them: (key, label). Keys are Google's
+# ml-goodput-measurement BadputType names, lower-cased and shortened (docs/metrics.md maps them);
+# they are stable (``syncpoint status --json``, and metrics labels later): never rename one.
+BADPUT: tuple[tuple[str, str], ...] = (
+    ("initialization", "initialization"),  # TPU_INITIALIZATION + TRAINING_PREP
+    ("compilation", "compilation"),  # PROGRAM_STARTUP: DeepSpeed's engine and its ops
+    ("data_loading", "data loading"),  # DATA_LOADING_SYNC: the data source opened at the resumed sample
+    ("checkpoint_save", "checkpoint save"),  # UNPRODUCTIVE_CHECKPOINT_SAVE_TIME
+    ("checkpoint_restore", "checkpoint restore"),  # UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME
+    ("evaluation", "evaluation"),  # CUSTOM_BADPUT_EVENTS (MaxText's eval)
+    ("wasted_progress", "disruption: wasted progress"),  # WASTED_PROGRESS_FROM_DISRUPTION
+    ("recovery", "disruption: recovery"),  # INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION
+    ("other", "other / idle"),  # OTHER
+)
+
+# rank 0's start-up phases (``AttemptStarted.setup``, workers/loop.py's SetupLaps) by cause: a phase
+# named here by its first words; any other phase, and start-up no phase covers, is initialization
+_SETUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("DeepSpeed engine", "compilation"),
+    ("selection and state load", "checkpoint_restore"),
+    ("metrics, data source", "data_loading"),
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,9 @@ class Goodput:
     uncommitted_s: float = 0.0
     restarts: tuple[RestartCost, ...] = field(default=())
     finished: bool = False
+    evaluation_s: float = 0.0  # evaluations in kept training (not productive)
+    # seconds by cause (every key of ``BADPUT``, in its order); with productive and uncommitted, the total
+    badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys((key for key, _ in BADPUT), 0.0))
 
     @property
     def ratio(self) -> float:
@@ -67,15 +99,15 @@ class Goodput:
         return self.productive_s / self.total_s if self.total_s > 0 else 0.0
 
     @property
+    def badput_s(self) -> float:
+        """All badput seconds (not the uncommitted tail of a run still going: not lost yet)."""
+        return sum(self.badput.values())
+
+    @property
     def losses(self) -> dict[str, float]:
-        """Every non-productive part by name, in the order people read them."""
-        return {
-            "start-up": self.startup_s,
-            "saves blocked": self.save_blocked_s,
-            "recomputed": self.recomputed_s,
-            "restart gaps": self.restart_gap_s,
-            "uncommitted": self.uncommitted_s,
-        }
+        """Every non-productive part by its label, in the order people read them (``BADPUT``), then
+        the uncommitted tail of a run still going."""
+        return {label: self.badput[key] for key, label in BADPUT} | {"uncommitted": self.uncommitted_s}
 
 
 def submission_start(journal: Journal, at: float, after: float = float("-inf")) -> float | None:
@@ -101,7 +133,7 @@ def current_run(journal: Journal) -> Journal:
 
 
 def goodput(journal: Journal) -> Goodput | None:
-    """The newest run's goodput (``current_run``); None when no attempt started.
+    """The newest run's goodput and badput by cause (``current_run``); None when no attempt started.
 
     ``journal``: ``syncpoint.policies.journal.Journal``, e.g. ``EventLog(storage).journal()`` or
     ``Journal.parse(records)`` over the stored records (``syncpoint events --json``)."""
@@ -111,50 +143,110 @@ def goodput(journal: Journal) -> Goodput | None:
         return None
     finish = run.last_finish
     t_start, t_end = run.events[0].time, (finish.time if finish else run.events[-1].time)
-    parts = dict.fromkeys(("productive", "startup", "blocked", "recomputed", "gap", "uncommitted"), 0.0)
-    costs: list[RestartCost] = []
+    acc = _Accounts()
     prev_end = t_start
     for i, a in enumerate(attempts):
         nxt = attempts[i + 1] if i + 1 < len(attempts) else None
         # before training: the gap since the previous attempt stopped, then this attempt's start-up
         launched = _launched(run, a, prev_end) if i else t_start
         gap, startup = launched - prev_end, a.time - launched
-        parts["gap"] += gap
-        parts["startup"] += startup
-        if costs:  # the previous attempt failed: this is its restart
-            costs[-1] = replace(costs[-1], restart_gap_s=gap, startup_s=startup)
-        # training: kept up to the cut, lost (or uncommitted) after it
-        end, cut, lost_steps, measured = _training(run, a, nxt, finish, t_end)
-        kept_blocked, after_blocked = _blocked(run.commits, a.time, cut, end)
-        parts["blocked"] += kept_blocked + after_blocked
-        parts["productive"] += (cut - a.time) - kept_blocked
-        tail = (end - cut) - after_blocked
-        if nxt is not None:
-            parts["recomputed"] += tail
-            costs.append(
-                RestartCost(
-                    attempt=a.attempt,
-                    lost_micro_steps=lost_steps,
-                    recomputed_s=tail,
-                    restart_gap_s=0.0,
-                    startup_s=0.0,
-                    measured=measured,
-                )
-            )
-        else:
-            parts["uncommitted"] += tail
-            parts["gap"] += t_end - end  # a run that failed for good: from the failure to the log's end
-        prev_end = end
+        acc.add("gap", "recovery", gap)
+        acc.parts["startup"] += startup
+        _split_startup(a, startup, acc.bad)
+        if acc.costs:  # the previous attempt failed: this is its restart
+            acc.costs[-1] = replace(acc.costs[-1], restart_gap_s=gap, startup_s=startup)
+        prev_end = _account_training(run, a, nxt, (finish, t_end), acc)
+    bad = acc.bad
+    bad["other"] += max(0.0, (t_end - t_start) - acc.parts["productive"] - acc.uncommitted - sum(bad.values()))
     return Goodput(
         total_s=t_end - t_start,
-        productive_s=parts["productive"],
-        startup_s=parts["startup"],
-        save_blocked_s=parts["blocked"],
-        recomputed_s=parts["recomputed"],
-        restart_gap_s=parts["gap"],
-        uncommitted_s=parts["uncommitted"],
-        restarts=tuple(costs),
+        productive_s=acc.parts["productive"],
+        startup_s=acc.parts["startup"],
+        save_blocked_s=acc.parts["blocked"],
+        recomputed_s=acc.parts["recomputed"],
+        restart_gap_s=acc.parts["gap"],
+        uncommitted_s=acc.uncommitted,
+        restarts=tuple(acc.costs),
         finished=finish is not None,
+        evaluation_s=bad["evaluation"],
+        badput=bad,
+    )
+
+
+@dataclass
+class _Accounts:
+    """The running sums of one pass: the coarse parts (``Goodput``'s fields) and badput by cause."""
+
+    parts: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("productive", "startup", "blocked", "recomputed", "gap"), 0.0)
+    )
+    bad: dict[str, float] = field(default_factory=lambda: dict.fromkeys((key for key, _ in BADPUT), 0.0))
+    uncommitted: float = 0.0
+    costs: list[RestartCost] = field(default_factory=list)
+
+    def add(self, part: str, cause: str, seconds: float) -> None:
+        self.parts[part] += seconds
+        self.bad[cause] += seconds
+
+
+def _account_training(
+    run: Journal,
+    a: AttemptStarted,
+    nxt: AttemptStarted | None,
+    ends: tuple[Finished | None, float],
+    acc: _Accounts,
+) -> float:
+    """Adds one attempt's training: kept up to the cut (productive, less its saves and evaluations),
+    lost or uncommitted after it; returns when it was last seen computing."""
+    finish, t_end = ends
+    end, cut, lost_steps, measured = _training(run, a, nxt, finish, t_end)
+    kept_blocked, after_blocked = _blocked(run.commits, a.time, cut, end)
+    acc.add("blocked", "checkpoint_save", kept_blocked + after_blocked)
+    kept = (cut - a.time) - kept_blocked
+    evaluated = min(_evaluated(run, a, cut), max(0.0, kept))
+    acc.bad["evaluation"] += evaluated
+    acc.parts["productive"] += kept - evaluated
+    tail = (end - cut) - after_blocked
+    if nxt is not None:
+        acc.add("recomputed", "wasted_progress", tail)
+        acc.costs.append(
+            RestartCost(
+                attempt=a.attempt,
+                lost_micro_steps=lost_steps,
+                recomputed_s=tail,
+                restart_gap_s=0.0,
+                startup_s=0.0,
+                measured=measured,
+            )
+        )
+        return end
+    failures = [f for f in run.failures if f.time > a.time]
+    if failures:  # failed: the tail is lost (for good, or the next attempt will compute it again)
+        acc.add("recomputed", "wasted_progress", tail)
+    else:
+        acc.uncommitted += tail
+    # from the failure to the log's end: a restart under way, or a run that failed for good
+    retrying = bool(failures) and failures[-1].decision.upper() == "RETRY"
+    acc.add("gap", "recovery" if retrying else "other", t_end - end)
+    return end
+
+
+def _split_startup(a: AttemptStarted, startup: float, bad: dict[str, float]) -> None:
+    """An attempt's start-up by cause: rank 0's measured phases (``_SETUP_PHASES``), newest first and
+    at most the start-up in all; the rest (Ray, the worker group, imports, the task) initialization."""
+    left = max(0.0, startup)
+    for phase, seconds in reversed(a.setup):
+        cause = next((c for prefix, c in _SETUP_PHASES if phase.startswith(prefix)), "initialization")
+        taken = min(max(0.0, seconds), left)
+        bad[cause] += taken
+        left -= taken
+    bad["initialization"] += left
+
+
+def _evaluated(run: Journal, a: AttemptStarted, cut: float) -> float:
+    """Seconds this attempt spent evaluating before the cut (kept training; later ones are wasted)."""
+    return sum(
+        e.seconds for e in run.of_kind(Evaluated) if e.attempt == a.attempt and a.time <= e.time - e.seconds <= cut
     )
 
 

@@ -191,7 +191,8 @@ def test_summary_counts_restarts_and_lost_work_from_the_event_log():
     line = format_summary("tiny-lm", s, "runs/tiny-lm/final/model.safetensors", "runs/tiny-lm/plot.png")
     assert line == (
         "syncpoint: job 'tiny-lm' finished: state 000000000024, 6 optimizer steps (24 micro-steps) in "
-        "1m00s, 1 restart (lost 5 micro-steps, 9.0 s); model runs/tiny-lm/final/model.safetensors; "
+        f"1m00s, goodput {100 * s.goodput.ratio:.1f}%, 1 restart (lost 5 micro-steps, 9.0 s); "
+        "model runs/tiny-lm/final/model.safetensors; "
         "plot runs/tiny-lm/plot.png"
     )
     assert summarize(Journal(_events_with_a_restart()[:-1])) is None  # not finished: no summary

@@ -27,7 +27,7 @@ RAY_LINES = [
 
 SUMMARY = re.compile(
     r"^syncpoint: job 'tiny-lm' finished: state (\d{12}), (\d+) optimizer steps \((\d+) micro-steps\) "
-    r"in [\dms.h ]+, no restarts; model (\S+); plot (\S+)$"
+    r"in [\dms.h ]+, goodput [\d.]+%, no restarts; model (\S+); plot (\S+)$"
 )
 
 

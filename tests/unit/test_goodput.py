@@ -10,6 +10,7 @@ from syncpoint.orchestrator.timeline import format_timeline, restarts
 from syncpoint.policies.goodput import goodput
 from syncpoint.policies.journal import (
     AttemptStarted,
+    Evaluated,
     Failure,
     Finished,
     Interrupted,
@@ -71,7 +72,9 @@ def _failure(t: float) -> Failure:
 
 
 def _sums(g) -> float:
-    return g.productive_s + g.startup_s + g.save_blocked_s + g.recomputed_s + g.restart_gap_s + g.uncommitted_s
+    parts = g.productive_s + g.evaluation_s + g.startup_s + g.save_blocked_s + g.recomputed_s + g.restart_gap_s
+    assert parts + g.uncommitted_s == pytest.approx(g.productive_s + g.badput_s + g.uncommitted_s)
+    return parts + g.uncommitted_s
 
 
 def _node_lost(with_heartbeat: bool) -> Journal:
@@ -226,6 +229,86 @@ def test_a_submission_after_a_failed_one_counts_only_its_own_attempts():
     assert g.total_s == pytest.approx(4.5) and g.startup_s == pytest.approx(2.0)
     assert len(restarts(j)) == 2  # the history is still the log's
     assert "attempt 1 on 2 worker(s)" in format_timeline(j)
+
+
+def _interrupted_twice() -> Journal:
+    """Two interruptions, every cause present: attempt 1 (launched 1 s, started 5 s, its start-up
+    measured by phase) evaluates for 0.5 s, commits micro-step 8 (snapshot 8.5 s) and fails at
+    10.5 s, last flushed 10 s; attempt 2 (launched 12 s, started 14 s from 8) commits 16 (snapshot
+    16.5 s), is last seen computing at 18 s (its heartbeat) and fails; attempt 3 (launched 20 s, an
+    older log: no phases) starts at 22 s from 16, commits 24 and finishes at 25.5 s."""
+    setup_1 = [
+        ("imports", 1.0),
+        ("DeepSpeed engine (ops loaded)", 1.5),
+        ("selection and state load", 0.5),
+        ("metrics, data source", 0.5),
+    ]
+    setup_2 = [("selection and state load", 1.0), ("metrics, data source", 0.5)]
+    return Journal(
+        [
+            Submitted(time=0.0, name="job", address="embedded"),
+            _attempt(5.0, 1, launched=1.0).model_copy(update={"setup": setup_1}),
+            _progress(8.0, 1, 4, 8),
+            Evaluated(time=8.5, attempt=1, optimizer_step=2, global_micro_step=8, metrics={"loss": 1.0}, seconds=0.5),
+            _commit(9.0, 1, 8),
+            _progress(10.0, 1, 12),
+            _failure(10.5),
+            _attempt(14.0, 2, step=8, launched=12.0).model_copy(update={"setup": setup_2}),
+            _progress(16.0, 2, 12, 16),
+            _commit(17.0, 2, 16),
+            Interrupted(
+                time=18.4,
+                attempt=2,
+                global_micro_step=18,
+                reached_at=18.0,
+                detected_at=18.3,
+                ranks=[RankReached(rank=0, global_micro_step=18, time=18.0)],
+            ),
+            _failure(18.5),
+            _attempt(22.0, 3, step=16, launched=20.0),
+            _progress(24.0, 3, 20, 24),
+            _commit(25.0, 3, 24),
+            Finished(time=25.5, attempt=3, state=f"{24:012d}", global_micro_step=24, optimizer_step=6),
+        ]
+    )
+
+
+def test_two_interruptions_split_the_wall_time_by_cause():
+    """Google's ml-goodput-measurement taxonomy over a journal with two interruptions: each cause's
+    seconds computed by hand (see ``_interrupted_twice``), and the parts add up to the wall time."""
+    g = goodput(_interrupted_twice())
+    assert g.finished and g.total_s == pytest.approx(25.5) and g.uncommitted_s == 0
+    assert g.productive_s == pytest.approx(3.0 + 2.5 + 3.0)  # kept training, less saves and the evaluation
+    expected = {
+        "initialization": 2.5 + 0.5 + 2.0,  # unmeasured start-up (Ray, launch, imports) and older logs' whole
+        "compilation": 1.5,  # DeepSpeed's engine
+        "data_loading": 0.5 + 0.5,
+        "checkpoint_save": 0.5 * 3,
+        "checkpoint_restore": 0.5 + 1.0,
+        "evaluation": 0.5,
+        "wasted_progress": (10.5 - 8.5 - 0.5) + (18.0 - 16.5 - 0.5),  # after the resumed state's snapshot
+        "recovery": (12.0 - 10.5) + (20.0 - 18.0),  # failure (or last heartbeat) to the next launch
+        "other": 0.0,
+    }
+    assert g.badput == pytest.approx(expected)
+    assert list(g.badput) == list(expected)  # every cause, in the documented order
+    assert g.productive_s + g.badput_s == pytest.approx(g.total_s) and _sums(g) == pytest.approx(g.total_s)
+    assert [c.lost_micro_steps for c in g.restarts] == [4, 2]
+    assert sum(c.recomputed_s for c in g.restarts) == pytest.approx(expected["wasted_progress"])
+    text = format_timeline(_interrupted_twice())
+    for label, seconds in g.losses.items():
+        if label != "uncommitted":
+            assert f"  {label:<28} {seconds:9.2f} s" in text
+
+
+def test_a_run_that_failed_for_good_wastes_its_tail_and_a_restart_under_way_is_recovery():
+    base = [Submitted(time=0.0, name="job", address="embedded"), _attempt(1.0, 1), _progress(3.0, 1, 4)]
+    base += [_commit(3.0, 1, 4, seconds=0.0, blocked=0.0), _progress(4.0, 1, 8)]
+    given_up = goodput(Journal([*base, _failure(5.0).model_copy(update={"decision": "RAISE"}), _progress(9.0, 1)]))
+    assert given_up.badput["wasted_progress"] == pytest.approx(2.0) and given_up.uncommitted_s == 0
+    assert given_up.badput["other"] == pytest.approx(4.0)  # the failure to the log's end: nobody is retrying
+    retrying = goodput(Journal([*base, _failure(5.0).model_copy(update={"decision": "RETRY"}), _progress(9.0, 1)]))
+    assert retrying.badput["recovery"] == pytest.approx(4.0) and retrying.badput["other"] == 0
 
 
 def test_the_heartbeat_beats_at_every_boundary_and_at_most_every_interval_between():
