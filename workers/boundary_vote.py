@@ -8,7 +8,7 @@ casts its own vote; the sum is the same on every rank, and every decision reads 
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,8 @@ import torch.distributed as dist
 class BoundaryVote:
     """One rank's vote, or (after ``agree``) the sum over all ranks: each count says how many ranks."""
 
-    loss_sum: float  # the micro-batch losses of this accumulation cycle
+    # the micro-batch losses of this accumulation cycle (a rank's vote: a float64 tensor on its device, or a float)
+    loss_sum: float | torch.Tensor
     preemption_notices: int = 0  # ranks told their node is going away
     wall_clock_saves: int = 0  # ranks whose wall-clock save trigger fired
     uploading: int = 0  # ranks whose asynchronous upload is still running
@@ -30,8 +31,11 @@ class BoundaryVote:
 
     def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
         # float64 carries the loss sum and every count exactly (NCCL reduces
-        # device tensors only, hence the device).
-        return torch.tensor([float(v) for v in astuple(self)], dtype=torch.float64, device=device)
+        # device tensors only, hence the device). The loss sum stays where it was computed: the
+        # vote's one read on the host (``from_tensor``) is the cycle's only one.
+        loss = torch.as_tensor(self.loss_sum, dtype=torch.float64, device=device).reshape(1)
+        counts = [float(getattr(self, f.name)) for f in fields(self)[1:]]
+        return torch.cat((loss, torch.tensor(counts, dtype=torch.float64, device=device)))
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> BoundaryVote:

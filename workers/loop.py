@@ -446,14 +446,14 @@ class TrainingLoop:
         loss = self.parts.task.loss(engine, to_device(batch, engine.device))
         check_loss(loss, self.attempt.spec.task.path)  # what backward needs, refused at once (a bug that would repeat)
         engine.backward(loss / cycle, scale_wrt_gas=False)
-        self.state.cycle_loss_sum += float(loss.detach())
+        self.state.add_loss(loss)  # read on the host once per cycle, in the boundary vote
 
     def boundary(self, cycle: int) -> None:
         """A sync boundary: every rank agrees on the facts (one vote), records the step, stops a
         diverged run, evaluates, then services the pending save; the next cycle begins."""
         state, at = self.state, self.state.at
         agreed = self._vote()
-        step_loss = agreed.loss_sum / (cycle * self.world)
+        step_loss = float(agreed.loss_sum) / (cycle * self.world)
         if agreed.wall_clock_saves:
             state.pending.request("interval")
         sample_ids = state.cycle_sample_ids if self.train.record_samples else None

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
 from syncpoint.policies.candidates import identity_record
@@ -43,9 +44,18 @@ class LoopState:
     nonfinite: NonfiniteSteps
     pending: PendingSave = field(default_factory=PendingSave)  # carried to the next boundary, never dropped
     finished: bool = False  # the last boundary was serviced (or the resumed state had already finished)
-    cycle_loss_sum: float = 0.0  # this rank's losses since the last boundary
+    # this rank's losses since the last boundary: a float64 tensor on the loss's device once a loss is added
+    cycle_loss_sum: float | torch.Tensor = 0.0
     cycle_sample_ids: list[list[int]] = field(default_factory=list)  # with train.record_samples
     lrs: list[float] = field(default_factory=list)  # every param group's rate, set at the last boundary
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """Add one micro-batch's loss to the cycle's sum without reading it on the host.
+
+        Why: ``float(loss)`` at every micro-step is a device-to-host sync on a GPU (the host waits
+        for the backward it just queued); the sum is read once, in the boundary vote. Each loss is
+        widened to float64 and added in order, the same sum, bit for bit, as Python floats gave."""
+        self.cycle_loss_sum = self.cycle_loss_sum + loss.detach().to(torch.float64)
 
     def new_cycle(self) -> None:
         """A sync boundary (or an epoch's start) begins the next accumulation cycle."""
