@@ -596,6 +596,8 @@ class TrainingLoop:
         if attempt.events:
             self.progress.flush()
         dist.barrier()
+        if attempt.memory_copy is not None:
+            attempt.memory_copy.remove()  # the job stops here: its memory copy must not outlive it
         if attempt.lease:
             attempt.lease.release()
         return WorkerResult(
