@@ -1,4 +1,4 @@
-"""``syncpoint`` command line: run, submit, validate, k8s, schema, states, digest, events, drill.
+"""``syncpoint`` command line: run, submit, validate, k8s, schema, states, digest, events, status, drill.
 
 Bad input (a spec, an argument, a storage URL) exits 2 with a paragraph naming what is wrong and
 how to fix it; a failed run exits 1 with the reason; nothing here prints a bare traceback. Output
@@ -115,17 +115,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
+RAY_JOB_DRIVER = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor in a Ray Job's driver
+
+
 def rerun_command(args: argparse.Namespace) -> str:
     """The command that resumes this run, as the stopped run's last line shows it: the job file and
     the options that change the job (``--set``, ``--address``)."""
     import shlex
 
-    parts = ["syncpoint", "run", args.job]
+    submitted = RAY_JOB_DRIVER in os.environ  # `syncpoint submit`'s driver, a Ray Job: submitted again
+    parts = ["syncpoint", "submit" if submitted else "run", args.job]
     for override in args.set or []:
         parts += ["--set", override]
-    if args.address:
+    if args.address and not submitted:
         parts += ["--address", redact_url(args.address)]
-    return shlex.join(parts)
+    return shlex.join(parts) + (" --address DASHBOARD" if submitted else "")
 
 
 def run_spec(args: argparse.Namespace) -> JobSpec:
@@ -451,6 +455,25 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """``syncpoint status``: where a run stands now (running, stopped, finished, failed), its newest
+    resumable state, goodput and badput so far, and its last interruption; reads metadata only."""
+    from syncpoint.orchestrator.status import NotARun, format_status, read_status, status_json
+    from syncpoint.workers.integrity.signing import load_key
+
+    storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
+    try:
+        key = load_key(args.signing_key_env, "--signing-key-env")
+    except ValueError as e:
+        raise UsageError("--signing-key-env", [str(e)]) from None
+    try:
+        status = read_status(storage, signing_key=key)
+    except NotARun as e:
+        raise UsageError("RUN_DIR", [str(e)]) from None
+    print(json.dumps(status_json(status), indent=2) if args.json else format_status(status))
+    return 0
+
+
 def _check_plot_path(path: str) -> None:
     """``--plot``: a file to write in an existing directory, with an extension the plot can be drawn as;
     refused (exit 2) before the log is read."""
@@ -679,6 +702,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw loss and every param group's LR vs the optimizer step with saves/preemptions marked",
     )
     e.set_defaults(fn=cmd_events)
+    st = sub.add_parser(
+        "status",
+        help="where a run stands: running (attempt N), stopped and resumable, finished or failed and why; its "
+        "newest resumable state, goodput and badput so far, the last interruption (reads metadata only)",
+    )
+    st.add_argument("run_dir")
+    st.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+    st.add_argument(
+        "--signing-key-env",
+        default=None,
+        metavar="NAME",
+        help="verify signatures with the key in this environment variable (signed runs)",
+    )
+    st.set_defaults(fn=cmd_status)
     dr = sub.add_parser("drill", help="run reference + interrupted run, compare losses and final digest")
     with_spec(dr)
     dr.add_argument("--preempt-at", default=None, metavar="P[,Q...]", help="global micro-steps to interrupt at")

@@ -158,6 +158,8 @@ def watch(mark: str, driver: int) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # what signals the driver signals this too (a VM's shutdown: every process; `ray job stop`: the
+    # entrypoint's children; a terminal's Ctrl-C or hang-up): it ends when the driver has, not before
+    for ignored in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(ignored, signal.SIG_IGN)
     watch(sys.argv[1], int(sys.argv[2]))

@@ -1,6 +1,7 @@
 """The driver's watchdog (``syncpoint.orchestrator.run_watchdog``) without Ray: a driver that started it
-and then a process that left its session and its parent (as a warm server does) is SIGKILLed; the
-process it left behind ends within seconds. Found by the marker this test sets, never by name (the whole
+and then a process that left its session and its parent (as a warm server does) is SIGKILLed after
+its children got SIGTERM (what `ray job stop` does before its SIGKILL); the process it left behind
+ends within seconds. Found by the marker this test sets, never by name (the whole
 job: tests/ray/test_driver_signals.py)."""
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def test_a_process_the_killed_driver_left_behind_ends_within_seconds():
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
         sleeper = _left_behind(mark, driver.pid)
+        for child in psutil.Process(driver.pid).children():  # as `ray job stop` signals an entrypoint's children
+            child.terminate()
         driver.kill()
         driver.wait()
         _, alive = psutil.wait_procs(sleeper, timeout=15)
