@@ -40,6 +40,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     spec = JobSpec.model_validate(config["spec"])
+    from syncpoint.workers.rank_output import own_output
+
+    own_output(ray.train.get_context().get_world_rank(), spec.train.prints)  # each print once (train.prints)
     # before syncpoint.workers.loop imports DeepSpeed; a supervisor's training process quiets its own
     quiet_worker(spec, trains_here=not spec.failure.in_place)
     if spec.failure.in_place:  # this worker supervises its rank's training process

@@ -245,6 +245,29 @@ class RankEnd:
     refusal: str | None = None  # a refusal of the job itself (no retry can change it), its reason
     signature: str = ""  # ``failure_signature`` of the exception, or of the exit
     micro_step: int | None = None  # where the rank was (its failure site), None: setting up or unknown
+    traceback: str = ""  # the rank's traceback as Python prints it (its tail, bounded), "" when it has none
+
+
+TRACEBACK_LIMIT = 8000  # the tail of a traceback a rank publishes (its innermost frames and the error)
+
+
+def failure_lines(ends: list[RankEnd], repeats: bool) -> list[str]:
+    """What a failed generation prints, once, from the rank that decides: the traceback of the rank
+    that says why (``failing_end``) and one line for each other failed rank (its reason: exception
+    type, first line, place). Why not every rank's own: a bug in the task fails every rank the same
+    way, and a rank whose collective broke only says that a peer died first. A failure that repeats
+    the previous one (``repeats_previous``) gets one line: its traceback was printed then."""
+    cause = failing_end(ends)
+    if cause is None:
+        return []
+    if repeats:
+        head = [f"[syncpoint] rank {cause.rank} failed again the same way: {cause.message}"]
+    elif cause.traceback:
+        head = [f"[syncpoint] rank {cause.rank} failed:", cause.traceback.rstrip("\n")]
+    else:
+        head = [f"[syncpoint] rank {cause.rank} failed: {cause.message}"]
+    others = sorted((e for e in ends if e.status in (RAISED, DIED) and e is not cause), key=lambda e: e.rank)
+    return head + [f"[syncpoint] rank {e.rank} also failed: {e.message}" for e in others]
 
 
 def failing_end(ends: list[RankEnd]) -> RankEnd | None:

@@ -496,6 +496,14 @@ class TrainSpec(_Strict):
             "points."
         ),
     )
+    prints: Literal["rank0", "all"] = Field(
+        "rank0",
+        description=(
+            "Whose prints (stdout) reach you: rank0, each line once, from rank 0 (the other ranks' dropped, "
+            "except syncpoint's own [syncpoint] lines); all, every rank's, each line prefixed [rank N]. Every "
+            "rank's stderr (warnings, errors) always shows, prefixed [rank N] on ranks other than 0."
+        ),
+    )
     report_to: list[TrackerName] = Field(
         default_factory=lambda: list[TrackerName](["tensorboard"]),
         max_length=3,

@@ -449,3 +449,10 @@ def linear_callbacks(config: dict) -> Task:
     if config.get("log_dir"):
         task.callbacks = [RecordingCallback(str(config["log_dir"]), config.get("raise_in"))]
     return task
+
+
+def loud_failing(config: dict) -> Task:
+    """``failing_loss`` that prints as a user's task does (while it is built, on every rank)."""
+    task = failing_loss(config)
+    print(f"task built: {sum(p.numel() for p in task.model.parameters())} parameters", flush=True)
+    return task

@@ -123,6 +123,9 @@ def _child(
     mp.set_start_method("fork", force=True)
     try:
         spec = JobSpec.model_validate_json(spec_json)
+        from syncpoint.workers.rank_output import own_output
+
+        own_output(rank, spec.train.prints)  # each print once (train.prints), before the task is built
         if in_place:  # this rank supervises its training process, as a Ray Train worker does
             from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
@@ -151,8 +154,9 @@ def _child(
             )
             run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
             dist.destroy_process_group()
-    except BaseException:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
-        traceback.print_exc()
+    except BaseException as e:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
+        if not getattr(e, "syncpoint_reported", False):  # in place: rank 0's decision printed it (supervisor.reported)
+            traceback.print_exc()
         os._exit(1)
     os._exit(0)
 

@@ -62,11 +62,11 @@ from syncpoint.policies.failures import (
     RAISED,
     RECOVER,
     STOPPED,
+    TRACEBACK_LIMIT,
     RankEnd,
     failure_reason,
     failure_signature,
     is_ours,
-    looks_like_lost_peer,
 )
 from syncpoint.policies.spec import JobSpec
 
@@ -263,6 +263,7 @@ def _parse_end(raw: bytes, rank: int) -> RankEnd:
             refusal=None if data.get("refusal") is None else str(data["refusal"])[:2000],
             signature=str(data.get("signature", ""))[:500],
             micro_step=data["micro_step"] if isinstance(data.get("micro_step"), int) else None,
+            traceback=str(data.get("traceback", ""))[-TRACEBACK_LIMIT:],
         )
         if end.status not in (FINISHED, RAISED, DIED, STOPPED):
             raise ValueError(end.status)
@@ -331,6 +332,7 @@ def describe(error: BaseException, rank: int) -> RankEnd:
         refusal=reason if isinstance(error, JOB_REFUSALS) else None,
         signature=failure_signature(error),
         micro_step=micro_step if isinstance(micro_step, int) else None,
+        traceback="".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:],
     )
 
 
@@ -384,6 +386,9 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
         from syncpoint.workers.device import backend, collective_timeout, prepare_process
 
         spec = JobSpec.model_validate_json(plan.spec_json)
+        from syncpoint.workers.rank_output import own_output
+
+        own_output(plan.rank, spec.train.prints)  # each print once (train.prints), before the task is built
         if plan.setup is not None:
             plan.setup(spec)
         prepare_process(spec)
@@ -416,15 +421,24 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
         )
         link.end(RankEnd(rank=plan.rank, status=FINISHED))
         dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - the supervisor decides; the traceback goes to this rank's log
+    except BaseException as e:  # noqa: BLE001 - the supervisor decides; rank 0's prints the traceback, once
         from syncpoint.workers.failure_site import annotate
 
         annotate(e, plan.rank, None)
-        if not looks_like_lost_peer(str(e)):  # a broken collective only says another rank failed first
-            traceback.print_exc()
-        link.end(describe(e, plan.rank), e)
+        link.end(describe(e, plan.rank), e)  # its traceback travels with it (failure_lines)
         _flush_and_exit(1)
     _flush_and_exit(0)
+
+
+REPORTED_ATTR = "syncpoint_reported"
+
+
+def reported(error: BaseException) -> BaseException:
+    """``error``, marked as printed already (rank 0's decision printed the generation's failure:
+    ``failure_lines``), so a launcher that prints a rank's traceback leaves this one out."""
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attributes
+        setattr(error, REPORTED_ATTR, True)
+    return error
 
 
 def _flush_and_exit(code: int) -> None:
@@ -622,11 +636,11 @@ class Supervisor:
         wait for Ray Train to end the worker group (bounded)."""
         raised = _unpickled(error) if end.status == RAISED else None
         if raised is not None:
-            raise raised
+            raise reported(raised)
         if end.status in (RAISED, DIED):
-            raise TrainingProcessDied(end.message)
+            raise reported(TrainingProcessDied(end.message))
         time.sleep(ESCALATED_WAIT_S)
-        raise PeerEscalated("another rank's failure was handed to Ray Train")
+        raise reported(PeerEscalated("another rank's failure was handed to Ray Train"))
 
     def _start(
         self,
@@ -723,6 +737,15 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------- rank 0's decision
+def _print_failure(ends: list[RankEnd], repeats: bool) -> None:
+    """The generation's failure, once for all its ranks (``failure_lines``), on this process's stderr."""
+    from syncpoint.policies.failures import failure_lines
+
+    lines = failure_lines(ends, repeats)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def in_place_decider(
     spec: JobSpec, submission_id: str, before: Callable[[Any], None] | None = None
 ) -> Callable[[list[RankEnd]], str]:
@@ -749,6 +772,7 @@ def in_place_decider(
         try:
             journal = log.journal()
         except Exception:  # noqa: BLE001 - no journal, no budget to count: Ray Train's policy decides
+            _print_failure(ends, repeats=False)
             return ESCALATE
         if before is not None:
             with contextlib.suppress(Exception):
@@ -767,6 +791,7 @@ def in_place_decider(
                 journal.committed_since(previous.time),
             )
         )
+        _print_failure(ends, repeats)
         facts = in_place_facts(ends, notice, repeats)
         verdict = classify_failure(facts)
         retried = journal.retried(submission_id, APPLICATION)

@@ -1,0 +1,83 @@
+"""Whose prints reach the user: every line once, not once per rank (``train.prints``).
+
+Why at the source: every rank runs the same task code, so a ``print`` in it (a model summary, a
+loss) reached the driver once per rank, interleaved. Only the rank itself knows its rank (Ray's log
+stream names a process, not a rank), so each training process wraps its own ``sys.stdout`` and
+``sys.stderr`` as it starts:
+
+- ``train.prints: rank0`` (the default): rank 0's stdout as it is; the other ranks' stdout dropped,
+  except syncpoint's own lines (``[syncpoint] ...``, a rank's own diagnostics);
+- ``train.prints: all``: every rank's stdout, each line prefixed ``[rank N]``;
+- stderr (warnings, errors) of every rank always shows, prefixed ``[rank N]`` on ranks other than 0
+  (``all``: on every rank), so a warning one rank alone gives is never lost.
+
+A failure's traceback is not printed per rank: the in-place decision prints the failing rank's once
+(``syncpoint.workers.supervisor``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal, TextIO
+
+Prints = Literal["rank0", "all"]
+SYNCPOINT_LINE = "[syncpoint]"
+
+
+class RankStream:
+    """A text stream over ``target`` that prefixes each line with ``prefix`` (``keep``) or drops
+    each line that is not syncpoint's own (not ``keep``). Lines are judged at their start, so a line
+    written in pieces (``print`` writes its text, then the newline) is kept or dropped whole."""
+
+    def __init__(self, target: TextIO, prefix: str, keep: bool) -> None:
+        self.target, self.prefix, self.keep = target, prefix, keep
+        self._head = ""  # the start of a line not yet judged (shorter than SYNCPOINT_LINE)
+        self._line: bool | None = None  # the current line: kept (True), dropped (False), not yet judged (None)
+
+    def write(self, s: str) -> int:
+        out: list[str] = []
+        for piece in s.splitlines(keepends=True):
+            self._piece(piece, out)
+        if out:
+            self.target.write("".join(out))
+        return len(s)
+
+    def _piece(self, piece: str, out: list[str]) -> None:
+        """One piece of at most one line (its newline, if any, at its end)."""
+        if self._line is None:
+            self._head += piece
+            ended = self._head.endswith(("\n", "\r"))
+            undecided = len(self._head) < len(SYNCPOINT_LINE) and SYNCPOINT_LINE.startswith(self._head)
+            if not self.keep and not ended and undecided:
+                return  # not yet known whether it is syncpoint's line
+            self._line = self.keep or self._head.startswith(SYNCPOINT_LINE)
+            piece, self._head = self._head, ""
+            if self._line and self.keep:
+                out.append(self.prefix)
+        if self._line:
+            out.append(piece)
+        if piece.endswith(("\n", "\r")):
+            self._line = None
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the real stream's
+        return getattr(self.target, name)
+
+
+def own_output(rank: int, prints: Prints) -> None:
+    """In a training process, before the task is built: its stdout and stderr as ``train.prints`` says
+    (see the module docstring). Again in the same process (a new rank): the streams are rewrapped."""
+    everyone = prints == "all"
+    prefix = f"[rank {rank}] "
+    out, err = (s.target if isinstance(s, RankStream) else s for s in (sys.stdout, sys.stderr))
+    if rank == 0 and not everyone:
+        sys.stdout, sys.stderr = out, err
+        return
+    sys.stdout = RankStream(out, prefix, keep=everyone)
+    sys.stderr = RankStream(err, prefix, keep=True)
