@@ -11,6 +11,9 @@ One job, three runs of the same command on the same run directory:
 3. The same command again, SIGKILLed: every process it started (found by an environment marker this
    test sets, never by name) is gone within seconds.
 
+And `ray job stop` of a submitted driver (``syncpoint submit``'s: `syncpoint run` as a Ray Job on a
+`ray start` head) is the same notice.
+
 The task holds its first micro-batch until a file exists (``tests.tasks.paced_lm``'s ``hold_until``),
 so each signal lands while the run is known to be training, without a wall-clock window.
 """
@@ -28,7 +31,7 @@ import psutil
 
 from tests.helpers import ROOT, lm_spec, stop_processes, write_job
 from tests.own_processes import marked_env, owned
-from tests.ray_processes import wait_for_driver
+from tests.ray_processes import BIN, local_head, ray_env, wait_for_driver
 
 GONE_WITHIN_S = 15.0  # the issue's bar: nothing the driver started alive 15 s after its death
 
@@ -125,3 +128,59 @@ def test_the_drivers_signals_save_and_stop_a_rerun_resumes_and_nothing_outlives_
             if proc.poll() is None:
                 proc.kill()
         stop_processes(list(owned(mark)), mark=mark)
+
+
+def test_ray_job_stop_of_a_submitted_driver_is_the_same_notice(tmp_path):
+    """`syncpoint submit`'s driver is `syncpoint run` as a Ray Job: `ray job stop` (SIGTERM to the
+    entrypoint, SIGKILL ``RAY_JOB_STOP_WAIT_TIME_S`` later: set on the head, as the docs say) saves the
+    state at the next boundary, and the job's log ends with the line that names `syncpoint submit`."""
+    hold = tmp_path / "go"
+    sets = [
+        f"storage={tmp_path / 'runs'}",
+        "scaling.num_workers=1",
+        "task.path=tests.tasks:paced_lm",
+        f"task.config.hold_until={hold}",
+        "task.config.pace_s=0.02",
+        "task.config.num_samples=1600",
+        "task.config.seq_len=8",
+        "task.config.d_model=16",
+        "task.config.eval_samples=8",
+        "train.micro_batch_size=2",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",
+        "checkpoint.export_final=false",
+    ]
+    spec = lm_spec(tmp_path / "runs", *sets[2:])
+    env = {**ray_env(), "RAY_JOB_STOP_WAIT_TIME_S": "120"}
+    job_id = f"sp-stop-{os.getpid()}-{time.monotonic_ns()}"
+    with local_head(env) as head:
+        cmd = [f"{BIN}/ray", "job", "submit", "--address", head.address, "--submission-id", job_id, "--no-wait"]
+        cmd += ["--working-dir", str(ROOT), "--", "python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
+        for s in sets:
+            cmd += ["--set", s]
+        subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+        deadline = time.monotonic() + 600
+        while not _events(spec, "attempt_started"):
+            assert time.monotonic() < deadline, "the submitted job never started training"
+            time.sleep(0.2)
+        signalled_at = time.time()
+        stop = subprocess.Popen([f"{BIN}/ray", "job", "stop", "--address", head.address, job_id], cwd=ROOT, env=env)
+        hold.touch()
+        assert stop.wait(timeout=300) == 0
+        logs = subprocess.run(
+            [f"{BIN}/ray", "job", "logs", "--address", head.address, job_id],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    (saved,) = _events(spec, "state_committed")
+    assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+    (notice,) = _events(spec, "preemption_notice")
+    assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
+    last = logs.strip().splitlines()[-1]
+    assert last.startswith(
+        f"syncpoint: stopped on SIGTERM at state {saved['state']} (optimizer step {saved['optimizer_step']}); "
+        "`syncpoint submit examples/tiny_lm.yaml --set"
+    ) and last.endswith("--address DASHBOARD` resumes it"), logs[-3000:]
