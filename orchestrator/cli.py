@@ -101,11 +101,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = run_spec(args)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
-    from syncpoint.orchestrator.run_watchdog import ensure
 
     if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
         print("syncpoint: --dashboard applies to an embedded Ray; a cluster serves its own dashboard", file=sys.stderr)
-    ensure()  # nothing this driver starts outlives it, however it ends
     return run_on_ray(
         spec,
         args.address,
@@ -524,9 +522,6 @@ def cmd_drill(args: argparse.Namespace) -> int:
                 "(N interruptions at random points and of random kinds), one of the two"
             ],
         )
-    from syncpoint.orchestrator.run_watchdog import ensure
-
-    ensure()  # nothing the drill starts (its clusters, their warm servers) outlives it, however it ends
     if args.storm is not None:
         return _storm(args, spec)
     check_imports(spec, args.job)
@@ -547,6 +542,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
         )
     if args.no_replacement and InterruptionKind.NODE not in hows:
         raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
+    from syncpoint.orchestrator.run_watchdog import ensure
+
+    ensure()  # nothing the drill starts (its clusters, their warm servers) outlives it, however it ends
     report = run_drill(
         spec, points, [InterruptionKind(h) for h in hows], args.address, replacement=not args.no_replacement
     )
@@ -575,6 +573,9 @@ def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
     check_imports(spec, args.job)
     _check_storage(spec)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    from syncpoint.orchestrator.run_watchdog import ensure
+
+    ensure()  # nothing the storm starts (its cluster, its warm servers) outlives it, however it ends
     try:
         report = run_storm(spec, args.storm, seed)
     except StormTooShort as e:

@@ -365,8 +365,9 @@ def run_on_ray(
 
     ``progress_bar``: the driver shows a live bar (``syncpoint.orchestrator.progress_bar``) and the workers
     print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard. ``rerun``:
-    the command that resumes the job; given, the driver's SIGINT, SIGTERM and SIGHUP are the job's
-    stop notice (``syncpoint.orchestrator.driver_signals``) and its last line names that command."""
+    the command that resumes the job; given (the command line's own driver), the driver's SIGINT, SIGTERM
+    and SIGHUP are the job's stop notice (``syncpoint.orchestrator.driver_signals``), its last line names
+    that command, and a watchdog ends whatever it started when it ends (``run_watchdog``)."""
     return run_reported(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun).code
 
 
@@ -405,6 +406,9 @@ def run_job(
         if rerun is None:
             return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
         from syncpoint.orchestrator.driver_signals import DriverSignals
+        from syncpoint.orchestrator.run_watchdog import ensure
+
+        ensure()  # the command's own driver: nothing it starts outlives it, however it ends
 
         with DriverSignals(spec.checkpoint.sigterm_grace_s, _driver_lines(spec), rerun) as signals:
             try:
