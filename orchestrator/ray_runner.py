@@ -123,18 +123,53 @@ WATCHER_ARGS_LINE = re.compile(
 )
 
 
+_RAYLET_SEEN: set[str] = set()  # the (raylet) messages this driver showed (quiet.quiet_raylet_message)
+
+
+def quiet_stream_data(data: dict) -> dict | None:
+    """One batch of lines Ray is about to print on the driver, without the messages above and with
+    the node-death messages cut to their first sentences (``syncpoint.orchestrator.quiet``); None: nothing left."""
+    from syncpoint.orchestrator.quiet import quiet_raylet_message
+
+    lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
+    if data.get("pid") == "raylet":
+        lines = [kept for ln in lines if (kept := quiet_raylet_message(ln, _RAYLET_SEEN)) is not None]
+    return {**data, "lines": lines} if lines else None
+
+
 def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], None]:
     def handle(data: dict) -> None:
-        lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
-        if lines:
-            handler({**data, "lines": lines})
+        if (kept := quiet_stream_data(data)) is not None:
+            handler(kept)
 
     handle._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: quiet_driver wraps a handler once
     return handle
 
 
+def _quiet_error_messages() -> None:
+    """Ray's driver prints the errors the cluster publishes (a node's death among them) through
+    ``ray._private.worker.print_to_stdstream``, which its error thread looks up at each message: that
+    function, filtered by ``quiet_stream_data``, once per process."""
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:  # another Ray: the messages show whole, nothing else changes
+        return
+    original = ray_worker.print_to_stdstream
+    if getattr(original, "_syncpoint_filtered", False):
+        return
+
+    def print_to_stdstream(data: dict, ignore_prefix: bool) -> None:
+        if (kept := quiet_stream_data(data)) is not None:
+            original(kept, ignore_prefix)
+
+    print_to_stdstream._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: wrapped once
+    ray_worker.print_to_stdstream = print_to_stdstream
+
+
 def quiet_driver() -> None:
-    """On the driver, after ``ray.init``: filter the worker log stream it prints (see above)."""
+    """On the driver, after ``ray.init``: filter the worker log stream and the cluster's error
+    messages it prints (see above)."""
+    _quiet_error_messages()
     try:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:  # another Ray: the line shows, nothing else changes

@@ -1,7 +1,8 @@
 """Quiet by default (issue 50): what a user reads of a run says each thing once and says it right.
 
 Here: the ``submitted`` event names where the submission really went (a Ray Job by its submission id,
-not "embedded")."""
+not "embedded"); a node's death shows as Ray's first sentences, not 20 lines of the raylet's log; a rank's
+output stream keeps or drops whole lines (tests/integration/test_quiet_output.py: on real ranks)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,90 @@ def test_the_timeline_says_where_a_ray_job_went():
     line = _line(Submitted(time=1.0, source="driver", name="nanogpt", address=where), 0.0)
     assert line is not None and "nanogpt to Ray job raysubmit_8RkJ on 10.0.0.7:6379" in line
     assert "embedded" not in line
+
+
+# ---------------------------------------------------------------- a node's death on the driver
+# The raylet's own log as its agents read it back when it dies (its start-up: workers and gRPC clients).
+RAYLET_LOG = [
+    "[2026-12-05 15:30:40,198 I 30625 30625] (raylet) runtime_env_agent_client.cc:395: Create runtime env for job 01",
+    "[2026-12-05 15:30:40,199 I 30625 30634] (raylet) object_store.cc:37: Object store current usage 8e-09 / 0.16 GB.",
+    "[2026-12-05 15:30:40,324 I 30625 30625] (raylet) worker_pool.cc:564: Started worker process with pid 31209",
+    "[2026-12-05 15:30:53,800 I 30625 30625] (raylet) grpc_client_manager.h:65: Starting gRPC client manager",
+] * 8
+# What the GCS publishes when it marks a node dead (Ray's C++ wording, as a driver received it).
+NODE_DEAD = (
+    "The node with node id: 84bde642aeab3e982c559eac73ec4573d358498e2cd424c848f4a956 and address: 192.0.2.2 and "
+    "node name: 192.0.2.2 has been marked dead because the detector has missed too many heartbeats from it. This "
+    "can happen when a \t(1) raylet crashes unexpectedly (OOM, etc.) \n\t(2) raylet has lagging heartbeats due to "
+    "slow network or busy workload."
+)
+
+
+def _raylet_died_message(tmp_path, monkeypatch) -> str:
+    """The message a node's agent publishes when its raylet dies, made by the installed Ray's own code."""
+    import ray._private.utils
+    from ray._private import process_watcher
+
+    (tmp_path / "raylet.out").write_text("\n".join(RAYLET_LOG) + "\n")
+    published: list[str] = []
+    monkeypatch.setattr(ray._private.utils, "publish_error_to_driver", lambda kind, msg, **kw: published.append(msg))
+    process_watcher.report_raylet_error_logs(str(tmp_path), gcs_client=None)
+    (message,) = published
+    return message
+
+
+def test_a_dead_raylets_log_dump_is_cut_to_its_first_sentences_once(tmp_path, monkeypatch):
+    from syncpoint.orchestrator.quiet import quiet_raylet_message
+
+    message = _raylet_died_message(tmp_path, monkeypatch)
+    assert len(message.splitlines()) > 20  # what Ray alone prints: the header and 20 lines of the raylet's log
+    seen: set[str] = set()
+    kept = quiet_raylet_message(message, seen)
+    assert kept is not None and kept.startswith("Raylet is terminated. Termination is unexpected.")
+    assert "\n" not in kept and "Last 20 lines" not in kept and "worker_pool.cc" not in kept, kept
+    assert quiet_raylet_message(message, seen) is None  # the node's other agent sends the same text
+    dead = quiet_raylet_message(NODE_DEAD, seen)
+    assert dead is not None and "\n" not in dead and "84bde642aeab" in dead and dead.endswith("heartbeats from it.")
+    other = "A worker died or was killed while executing a task by an unexpected system error."
+    assert quiet_raylet_message(other, seen) == other  # anything else the raylet says shows as it is
+
+
+def test_the_driver_prints_a_nodes_death_in_two_lines(tmp_path, monkeypatch, capsys):
+    """Through the function Ray's driver prints the cluster's error messages with (its error thread
+    looks it up at each message, so the driver's filter is in place after ``ray.init``)."""
+    import inspect
+
+    from ray._private import worker as ray_worker
+
+    from syncpoint.orchestrator import ray_runner
+
+    assert "print_to_stdstream(" in inspect.getsource(ray_worker.listen_error_messages)
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # restored afterwards
+    monkeypatch.setattr(ray_runner, "_RAYLET_SEEN", set())
+    ray_runner.quiet_driver()
+    message = _raylet_died_message(tmp_path, monkeypatch)
+    for text in (NODE_DEAD, message, message):  # as the GCS and the node's two agents send them
+        ray_worker.print_to_stdstream({"lines": [text], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 2 and "marked dead" in out[0] and "Raylet is terminated" in out[1], out
+
+
+# ---------------------------------------------------------------- a rank's output
+def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
+    import io
+
+    from syncpoint.workers.rank_output import RankStream
+
+    dropped = io.StringIO()
+    s = RankStream(dropped, "[rank 1] ", keep=False)  # train.prints: rank0, on rank 1
+    print("model has 49 parameters", file=s)
+    s.write("[sync")
+    s.write("point] rank 1: no warm server\nloss ")  # syncpoint's own line, written in pieces
+    s.write("0.5\n[s\n")
+    assert dropped.getvalue() == "[syncpoint] rank 1: no warm server\n"
+    kept = io.StringIO()
+    s = RankStream(kept, "[rank 1] ", keep=True)  # train.prints: all, or any rank's stderr
+    print("step", 3, file=s)
+    s.write("a\nb")
+    s.write("c\n")
+    assert kept.getvalue() == "[rank 1] step 3\n[rank 1] a\n[rank 1] bc\n"
