@@ -24,16 +24,23 @@ from ray.train.v2.api import data_parallel_trainer as _dpt
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, WorkerGroupError
 
-from syncpoint.orchestrator.ray_runner import failure_report
+from syncpoint.orchestrator.ray_runner import failure_report, own_exception
 from syncpoint.policies.failures import (
     APPLICATION,
     PLACEMENT,
     PREEMPTION,
+    RAISED,
     REFUSAL,
+    REPORTED_ATTR,
+    TRACEBACK_LIMIT,
     FailureFacts,
     FailureVerdict,
+    RankEnd,
     classify_failure,
+    failure_lines,
+    failure_reason,
     failure_signature,
+    is_ours,
     looks_like_lost_peer,
     placement_exhausted,
     placement_waited_s,
@@ -119,6 +126,8 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
         """The decision from gathered facts (apart from gathering, which asks the running cluster)."""
         verdict = classify_failure(facts)
+        if verdict.kind == APPLICATION:  # a preemption's or a refusal's own line says why
+            print_failure(training_failed_error, facts.repeats)
         ray_counts_as_preemption = facts.ray_says_preempted
         if (
             verdict.kind == PREEMPTION
@@ -144,6 +153,37 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
             decision = super().make_decision(training_failed_error)
         _record(self.run_url, verdict, facts, decision, training_failed_error, self.submission)
         return decision
+
+
+def print_failure(error: BaseException, repeats: bool) -> None:
+    """A worker group's failure, once: the failing rank's traceback and one line for each other rank
+    (``failure_lines``). Why here: Ray Train's workers would each log their own traceback (the job's
+    worker processes drop them: ``ray_runner.quiet_worker``); the controller sees every rank's. Nothing
+    when an in-place decision printed it already (``REPORTED_ATTR``)."""
+    ends = failure_ends(error)
+    if ends:
+        print("\n".join(failure_lines(ends, repeats)), file=sys.stderr, flush=True)
+
+
+def failure_ends(error: BaseException) -> list[RankEnd]:
+    """Each failed rank of a worker group's failure (``WorkerGroupError.worker_failures``) as a
+    ``RankEnd`` with its traceback text (Ray Train's ``UserExceptionWithTraceback``); [] when printed already."""
+    failures = getattr(error, "worker_failures", None) or {}
+    ends = []
+    for rank in sorted(failures):
+        own = own_exception(failures[rank])
+        if getattr(own, REPORTED_ATTR, False):
+            return []
+        ends.append(
+            RankEnd(
+                rank=rank,
+                status=RAISED,
+                message=failure_reason(own)[0],
+                ours=is_ours(own),
+                traceback=str(getattr(failures[rank], "_traceback_str", "") or "")[-TRACEBACK_LIMIT:],
+            )
+        )
+    return ends
 
 
 def is_placement_timeout(error: BaseException) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.orchestrator.quiet import drop
-from syncpoint.policies.failures import LOST_PEER, failure_reason, is_ours, looks_like_lost_peer
+from syncpoint.policies.failures import failure_reason, is_ours, looks_like_lost_peer
 from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec
 
@@ -205,14 +205,12 @@ def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
         pass
     else:
         drop(train_context.logger.name, r"^Reporting training result \d+: ")
-    # Ray Train logs every rank's failure with its traceback ("Error in training function:"). A rank
-    # whose collective lost its peer (gloo's "Connection closed by peer", a timeout) only says that
-    # another rank died first: that one's own traceback, the failure policy's line and the last line
-    # say why. Its 50 lines are dropped; every other failure's traceback shows.
-    drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)(?i:" + LOST_PEER.pattern + ")")
-    # A failure a supervisor hands to Ray Train (syncpoint.workers.supervisor): its training process
-    # printed the traceback already, with the user's frames; Ray's would show only the supervisor's.
-    drop("ray.train.v2._internal.util", r"^Error in training function:\n(?s:.*)\bin _escalate\n")
+    # Ray Train logs every failing rank's traceback ("Error in training function:"), at each rank: a bug
+    # in the task fails every rank the same way, and a rank whose collective lost its peer only says that
+    # another rank died first. The failure is printed once where every rank's is known: the failing rank's
+    # traceback, one line for each other rank (the failure policy in the controller:
+    # failure_policy.print_failure; in place, rank 0's decision: syncpoint.workers.supervisor).
+    drop("ray.train.v2._internal.util", r"^Error in training function:\n")
     if trains_here:
         quiet_training_process(spec)
     else:

@@ -249,6 +249,9 @@ class RankEnd:
 
 
 TRACEBACK_LIMIT = 8000  # the tail of a traceback a rank publishes (its innermost frames and the error)
+# Set on an exception whose failure was printed already (in place: rank 0's decision printed
+# ``failure_lines``), so whoever sees it next (a spawned rank, Ray Train's failure policy) does not again.
+REPORTED_ATTR = "syncpoint_reported"
 
 
 def failure_lines(ends: list[RankEnd], repeats: bool) -> list[str]:
@@ -256,9 +259,10 @@ def failure_lines(ends: list[RankEnd], repeats: bool) -> list[str]:
     that says why (``failing_end``) and one line for each other failed rank (its reason: exception
     type, first line, place). Why not every rank's own: a bug in the task fails every rank the same
     way, and a rank whose collective broke only says that a peer died first. A failure that repeats
-    the previous one (``repeats_previous``) gets one line: its traceback was printed then."""
+    the previous one (``repeats_previous``) gets one line: its traceback was printed then. Nothing for
+    syncpoint's own exception (a refusal): its message is written for the user, the run's last line."""
     cause = failing_end(ends)
-    if cause is None:
+    if cause is None or cause.ours:
         return []
     if repeats:
         head = [f"[syncpoint] rank {cause.rank} failed again the same way: {cause.message}"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from syncpoint.policies.failures import REPORTED_ATTR
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng, zygote
 from syncpoint.workers.device import backend, collective_timeout, prepare_process
@@ -155,7 +156,7 @@ def _child(
             run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
             dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
-        if not getattr(e, "syncpoint_reported", False):  # in place: rank 0's decision printed it (supervisor.reported)
+        if not getattr(e, REPORTED_ATTR, False):  # in place: rank 0's decision printed it (supervisor.reported)
             traceback.print_exc()
         os._exit(1)
     os._exit(0)

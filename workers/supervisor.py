@@ -61,6 +61,7 @@ from syncpoint.policies.failures import (
     FINISHED,
     RAISED,
     RECOVER,
+    REPORTED_ATTR,
     STOPPED,
     TRACEBACK_LIMIT,
     RankEnd,
@@ -428,9 +429,6 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
         link.end(describe(e, plan.rank), e)  # its traceback travels with it (failure_lines)
         _flush_and_exit(1)
     _flush_and_exit(0)
-
-
-REPORTED_ATTR = "syncpoint_reported"
 
 
 def reported(error: BaseException) -> BaseException:

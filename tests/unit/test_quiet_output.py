@@ -126,3 +126,67 @@ def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
     s.write("a\nb")
     s.write("c\n")
     assert kept.getvalue() == "[rank 1] step 3\n[rank 1] a\n[rank 1] bc\n"
+
+
+# ---------------------------------------------------------------- a worker group's failure on Ray
+def _wrapped(error: BaseException) -> BaseException:
+    """``error`` raised, as Ray Train's worker wraps it (inside its handler: Ray's own
+    ``construct_user_exception_with_traceback`` formats the exception being handled, and logs it)."""
+    from ray.train.v2._internal.util import construct_user_exception_with_traceback
+
+    try:
+        raise error
+    except BaseException as e:  # noqa: BLE001 - the test wants it with its traceback
+        return construct_user_exception_with_traceback(e)
+
+
+def _group_failure(**by_rank: BaseException) -> BaseException:
+    """A worker group's failure as Ray Train v2's controller gets it: each rank's exception wrapped."""
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    return WorkerGroupError("snippet", {int(r[4:]): _wrapped(e) for r, e in by_rank.items()})
+
+
+def test_ray_trains_per_rank_traceback_is_dropped_in_the_worker(monkeypatch, tmp_path):
+    """The installed Ray Train's own log of a failing rank (every rank logs one) never leaves the worker."""
+    import logging
+
+    from ray.train.v2._internal import util as train_util
+
+    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from tests.helpers import linear_spec
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    logger = logging.getLogger(train_util.logger.name)
+    kept: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: kept.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        quiet_worker(linear_spec(tmp_path), trains_here=False)
+        _group_failure(rank0=ValueError("bad batch at call 3"))
+        logger.error("something else went wrong")
+    finally:
+        logger.removeHandler(handler)
+        for f in list(logger.filters):
+            logger.removeFilter(f)
+    assert kept == ["something else went wrong"]
+
+
+def test_the_controller_prints_the_failing_ranks_traceback_once(capsys):
+    from syncpoint.orchestrator.failure_policy import print_failure
+    from syncpoint.workers.supervisor import reported
+
+    bug = _group_failure(rank0=ValueError("bad batch at call 3"), rank1=ValueError("bad batch at call 3"))
+    print_failure(bug, repeats=False)
+    err = capsys.readouterr().err
+    assert err.count("Traceback (most recent call last)") == 1 and err.startswith("[syncpoint] rank 0 failed:\n"), err
+    assert err.strip().splitlines()[-1] == "[syncpoint] rank 1 also failed: ValueError: bad batch at call 3", err
+    print_failure(bug, repeats=True)
+    assert capsys.readouterr().err.splitlines() == [
+        "[syncpoint] rank 0 failed again the same way: ValueError: bad batch at call 3",
+        "[syncpoint] rank 1 also failed: ValueError: bad batch at call 3",
+    ]
+    # in place: rank 0's decision printed it already
+    print_failure(_group_failure(rank0=reported(ValueError("bad batch at call 3"))), repeats=False)
+    assert capsys.readouterr().err == ""
