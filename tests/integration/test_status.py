@@ -185,6 +185,34 @@ def test_a_hostile_run_directory_is_read_within_bounds_and_what_is_refused_is_na
     assert s["goodput"] is None and s["newest_resumable"]["state"] == STATE_20 and s["state"] == "stopped"
 
 
+def test_a_lease_not_released_is_running_only_while_its_holder_lives_and_renews_it(runs, capsys):
+    """A lease left unreleased (its driver killed): held by a process that is gone, or not renewed
+    within its TTL by the storage's clock, it is no running run; a lease too large to be one is refused."""
+    import subprocess
+
+    left = runs["root"] / "left"
+    shutil.copytree(runs["stopped"], left, symlinks=True)
+    lease = left / "lease.json"
+    record = json.loads(lease.read_text())
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    lease.write_text(json.dumps({**record, "released": False, "pid": gone.pid, "heartbeat": time.time()}))
+    s, _ = _status(capsys, str(left))
+    assert s["state"] == "stopped" and s["lease"]["why"] == "its holder's process is gone"
+
+    from syncpoint.workers.storage.holder_process import this_process
+
+    lease.write_text(json.dumps({**record, "released": False, **this_process()}))  # alive, but silent
+    stale = time.time() - 10 * record["ttl_s"]
+    os.utime(lease, (stale, stale))
+    s, _ = _status(capsys, str(left))
+    assert s["state"] == "stopped" and s["lease"]["why"].startswith("not renewed for")
+
+    lease.write_text(json.dumps({**record, "pad": "x" * (1 << 17)}))
+    s, text = _status(capsys, str(left))
+    assert s["state"] == "stopped" and s["lease"] is None and "lease.json refused, not read" in text
+
+
 def test_a_directory_that_is_no_run_exits_2_with_one_paragraph(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
