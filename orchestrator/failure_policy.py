@@ -65,6 +65,7 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self.run_url, self.heartbeat, self.placement_timeout_s = run_url, heartbeat, placement_timeout_s
         self.submission = submission
         self._placement_since: float | None = None  # the first of the current run of placement timeouts
+        self._preempted: str | None = None  # the decision's verdict, when it is a preemption (its line says so)
         # Nodes already dead when the policy was built (on the driver) or at its last decision: a
         # worker group that fails before logging its start has no nodes on record, and only a node
         # that died since then can be its own (see gather_facts).
@@ -87,10 +88,12 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
         self, decision: FailureDecision, training_failed_error: TrainingFailedError, error_count: int, retry_limit: int
     ) -> None:
         """One line per decision. Ray's own logs the whole worker-group error with its traceback
-        (every rank's snippet), twice over, at every retry; the failing rank's traceback is already
-        in its own log, and the run's last line names it."""
+        (every rank's snippet), twice over, at every retry; the failing rank's traceback is printed
+        once (``print_failure``), and the run's last line names it. A preemption's line says what was
+        lost (a node), not the error Ray saw on the ranks it left behind (a failed health check)."""
         limit = "unlimited" if retry_limit in (-1, float("inf")) else f"{retry_limit:g}"
-        reason = failure_report(training_failed_error)[0][:300]
+        preempted = f"a preemption: {self._preempted}" if self._preempted else None
+        reason = (preempted or failure_report(training_failed_error)[0])[:300]
         print(
             f"[syncpoint] attempt failed ({reason}): {decision.value.lower()} ({error_count} of {limit} allowed)",
             file=sys.stderr,
@@ -126,6 +129,7 @@ class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
     def decide(self, facts: FailureFacts, training_failed_error: TrainingFailedError) -> FailureDecision:
         """The decision from gathered facts (apart from gathering, which asks the running cluster)."""
         verdict = classify_failure(facts)
+        self._preempted = verdict.reason if verdict.kind == PREEMPTION else None
         if verdict.kind == APPLICATION:  # a preemption's or a refusal's own line says why
             print_failure(training_failed_error, facts.repeats)
         ray_counts_as_preemption = facts.ray_says_preempted

@@ -190,3 +190,28 @@ def test_the_controller_prints_the_failing_ranks_traceback_once(capsys):
     # in place: rank 0's decision printed it already
     print_failure(_group_failure(rank0=reported(ValueError("bad batch at call 3"))), repeats=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_lost_nodes_decision_line_names_the_node_not_the_health_check(capsys):
+    """Ray's error on the ranks a lost node left behind is a failed health check; syncpoint's line says
+    what happened (no traceback: nothing of the user's failed)."""
+    import uuid
+
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.config import FailureConfig
+
+    from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy
+    from syncpoint.policies.failures import FailureFacts
+
+    policy = SyncpointFailurePolicy(FailureConfig(max_failures=0), f"memory://lost-{uuid.uuid4().hex[:8]}")
+    facts = FailureFacts(
+        ray_says_preempted=False,
+        dead_attempt_nodes=("84bde642aeab3e982c559eac73ec4573d358498e2cd424c848f4a956",),
+        notice_logged=False,
+        messages=("WorkerHealthCheckFailedError: A worker health check failed.",),
+    )
+    lost = _group_failure(rank1=RuntimeError("A worker health check failed."))
+    assert policy.decide(facts, lost) == FailureDecision.RETRY
+    err = capsys.readouterr().err
+    assert err.startswith("[syncpoint] attempt failed (a preemption: node(s) lost: 84bde642aeab): retry"), err
+    assert "Traceback" not in err and "health check" not in err, err
