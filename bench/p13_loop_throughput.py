@@ -33,7 +33,7 @@ What it measures
     the same run.
 
 Command (from the repo root; ``--quick``: ZeRO 0 and 2, 2 rounds of 40 optimizer steps, about 4
-minutes on 2 quiet cores):
+minutes on 2 quiet cores, 9 on 2 heavily loaded ones):
 
     .venv/bin/python -m bench.p13_loop_throughput --quick
     .venv/bin/python -m bench.p13_loop_throughput            # ZeRO 0, 2, 3; 3 rounds of 96 steps
