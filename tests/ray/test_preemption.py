@@ -77,6 +77,11 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert proc.returncode == 0, out[-4000:]
     failures = _events(spec, "failure")
     assert failures and failures[0]["classified"] == "preemption", failures
+    # the node's death in Ray's first sentences (orchestrator/quiet.py), not the raylet's own log
+    # (Ray appends its last 20 lines, from each of the node's two agents), and syncpoint's line on it
+    assert "Last 20 lines of the Raylet logs" not in out and "worker_pool.cc" not in out, out[-6000:]
+    assert out.count("Raylet is terminated. Termination is unexpected.") <= 1, out[-6000:]
+    assert "[syncpoint] attempt failed (" in out, out[-6000:]
     final = state_names(spec)[-1]  # the resume is exact whatever the measurement below saw
     assert digest(spec, final) == digest(_reference(tmp_path), final)
     # Lost work measured, not inferred: the node went down while the run trained past its last
