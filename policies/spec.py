@@ -500,7 +500,7 @@ class TrainSpec(_Strict):
         "rank0",
         description=(
             "Whose prints (stdout) reach you: rank0, each line once, from rank 0 (the other ranks' dropped, "
-            "except syncpoint's own [syncpoint] lines); all, every rank's, each line prefixed [rank N]. Every "
+            "except syncpoint's own lines); all, every rank's, each line prefixed [rank N]. Every "
             "rank's stderr (warnings, errors) always shows, prefixed [rank N] on ranks other than 0."
         ),
     )

@@ -6,7 +6,7 @@ stream names a process, not a rank), so each training process wraps its own ``sy
 ``sys.stderr`` as it starts:
 
 - ``train.prints: rank0`` (the default): rank 0's stdout as it is; the other ranks' stdout dropped,
-  except syncpoint's own lines (``[syncpoint] ...``, a rank's own diagnostics);
+  except syncpoint's own lines (``[syncpoint] ...``, ``syncpoint: ...``: a rank's own diagnostics);
 - ``train.prints: all``: every rank's stdout, each line prefixed ``[rank N]``;
 - stderr (warnings, errors) of every rank always shows, prefixed ``[rank N]`` on ranks other than 0
   (``all``: on every rank), so a warning one rank alone gives is never lost.
@@ -21,7 +21,8 @@ import sys
 from typing import Any, Literal, TextIO
 
 Prints = Literal["rank0", "all"]
-SYNCPOINT_LINE = "[syncpoint]"
+SYNCPOINT_LINES = ("[syncpoint]", "syncpoint:")  # how syncpoint's own lines begin (a rank's, a lease's)
+HEAD = max(len(s) for s in SYNCPOINT_LINES)
 
 
 class RankStream:
@@ -31,7 +32,7 @@ class RankStream:
 
     def __init__(self, target: TextIO, prefix: str, keep: bool) -> None:
         self.target, self.prefix, self.keep = target, prefix, keep
-        self._head = ""  # the start of a line not yet judged (shorter than SYNCPOINT_LINE)
+        self._head = ""  # the start of a line not yet judged (shorter than HEAD)
         self._line: bool | None = None  # the current line: kept (True), dropped (False), not yet judged (None)
 
     def write(self, s: str) -> int:
@@ -47,10 +48,10 @@ class RankStream:
         if self._line is None:
             self._head += piece
             ended = self._head.endswith(("\n", "\r"))
-            undecided = len(self._head) < len(SYNCPOINT_LINE) and SYNCPOINT_LINE.startswith(self._head)
+            undecided = len(self._head) < HEAD and any(s.startswith(self._head) for s in SYNCPOINT_LINES)
             if not self.keep and not ended and undecided:
                 return  # not yet known whether it is syncpoint's line
-            self._line = self.keep or self._head.startswith(SYNCPOINT_LINE)
+            self._line = self.keep or self._head.startswith(SYNCPOINT_LINES)
             piece, self._head = self._head, ""
             if self._line and self.keep:
                 out.append(self.prefix)

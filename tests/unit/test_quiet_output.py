@@ -118,8 +118,8 @@ def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
     print("model has 49 parameters", file=s)
     s.write("[sync")
     s.write("point] rank 1: no warm server\nloss ")  # syncpoint's own line, written in pieces
-    s.write("0.5\n[s\n")
-    assert dropped.getvalue() == "[syncpoint] rank 1: no warm server\n"
+    s.write("0.5\n[s\nsyncpoint: waiting for the lease\n")
+    assert dropped.getvalue() == "[syncpoint] rank 1: no warm server\nsyncpoint: waiting for the lease\n"
     kept = io.StringIO()
     s = RankStream(kept, "[rank 1] ", keep=True)  # train.prints: all, or any rank's stderr
     print("step", 3, file=s)
