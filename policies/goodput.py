@@ -7,8 +7,9 @@ log; one definition, no I/O, testable over hand-built journals.
 
 The run is the newest submission (``current_run``): a run directory submitted again after a failure,
 or with ``syncpoint run --fresh``, counts only its own attempts, and the earlier ones stay in the
-log (``syncpoint events``). Its wall time (its submission to its ``finished`` event, or to the log's
-last event while it runs) is cut into consecutive pieces, so the parts always add up to ``total_s``:
+log (``syncpoint events``). Its wall time (its submission -- without a driver, rank 0's launch -- to
+its ``finished`` event, or to the log's last event while it runs) is cut into consecutive pieces, so
+the parts always add up to ``total_s``:
 
 * ``startup_s``: from the submission (the first attempt) or the worker's launch (a restart:
   ``attempt_started.launched_at``) to the attempt's start (Ray workers, DeepSpeed, the state load
@@ -142,7 +143,7 @@ def goodput(journal: Journal) -> Goodput | None:
     if not attempts:
         return None
     finish = run.last_finish
-    t_start, t_end = run.events[0].time, (finish.time if finish else run.events[-1].time)
+    t_start, t_end = _run_start(run, attempts[0]), (finish.time if finish else run.events[-1].time)
     acc = _Accounts()
     prev_end = t_start
     for i, a in enumerate(attempts):
@@ -171,6 +172,16 @@ def goodput(journal: Journal) -> Goodput | None:
         evaluation_s=bad["evaluation"],
         badput=bad,
     )
+
+
+def _run_start(run: Journal, first: AttemptStarted) -> float:
+    """When the run began: its first event (its submission, under ``syncpoint run``); a run with no
+    driver (no ``submitted``: ranks launched by hand or by a test) began when rank 0 was launched,
+    before its first event, so its first start-up counts too."""
+    start = run.events[0].time
+    if not run.of_kind(Submitted) and first.launched_at is not None:
+        return min(start, first.launched_at)
+    return start
 
 
 @dataclass

@@ -18,6 +18,7 @@ from syncpoint.policies.journal import (
     Progress,
     ProgressRecord,
     RankReached,
+    ResumeDecision,
     StateCommitted,
     Submitted,
 )
@@ -309,6 +310,20 @@ def test_a_run_that_failed_for_good_wastes_its_tail_and_a_restart_under_way_is_r
     assert given_up.badput["other"] == pytest.approx(4.0)  # the failure to the log's end: nobody is retrying
     retrying = goodput(Journal([*base, _failure(5.0).model_copy(update={"decision": "RETRY"}), _progress(9.0, 1)]))
     assert retrying.badput["recovery"] == pytest.approx(4.0) and retrying.badput["other"] == 0
+
+
+def test_a_run_without_a_driver_counts_its_first_start_up_from_rank_0s_launch():
+    """No ``submitted`` (ranks launched by hand, or in-process): the run began at rank 0's launch,
+    before its first event, so its first start-up is split by phase too, not lost from the wall time."""
+    setup = [("imports", 2.0), ("DeepSpeed engine (ops loaded)", 1.0), ("selection and state load", 0.5)]
+    first = _attempt(4.0, 1, launched=0.0).model_copy(update={"setup": setup})
+    decision = ResumeDecision(time=3.6, attempt=1, chosen=None, reason="fresh", total_candidates=0, candidates=[])
+    j = Journal([decision, first, _progress(6.0, 1, 4), _commit(6.0, 1, 4, seconds=0.0, blocked=0.0)])
+    j.events.append(Finished(time=6.0, attempt=1, state=f"{4:012d}", global_micro_step=4, optimizer_step=1))
+    g = goodput(j)
+    assert g.total_s == pytest.approx(6.0) and g.productive_s == pytest.approx(2.0)
+    assert g.badput["initialization"] == pytest.approx(2.5) and g.badput["compilation"] == pytest.approx(1.0)
+    assert g.badput["checkpoint_restore"] == pytest.approx(0.5) and g.badput_s == pytest.approx(4.0)
 
 
 def test_the_heartbeat_beats_at_every_boundary_and_at_most_every_interval_between():
