@@ -260,16 +260,15 @@ def failure_lines(ends: list[RankEnd], repeats: bool) -> list[str]:
     type, first line, place). Why not every rank's own: a bug in the task fails every rank the same
     way, and a rank whose collective broke only says that a peer died first. A failure that repeats
     the previous one (``repeats_previous``) gets one line: its traceback was printed then. Nothing for
-    syncpoint's own exception (a refusal): its message is written for the user, the run's last line."""
+    syncpoint's own exception (a refusal: its message is written for the user, the run's last line) nor
+    for a process that died without one (a crash, a kill: the decision's line says how it ended)."""
     cause = failing_end(ends)
-    if cause is None or cause.ours:
+    if cause is None or cause.ours or not cause.traceback:
         return []
     if repeats:
         head = [f"[syncpoint] rank {cause.rank} failed again the same way: {cause.message}"]
-    elif cause.traceback:
-        head = [f"[syncpoint] rank {cause.rank} failed:", cause.traceback.rstrip("\n")]
     else:
-        head = [f"[syncpoint] rank {cause.rank} failed: {cause.message}"]
+        head = [f"[syncpoint] rank {cause.rank} failed:", cause.traceback.rstrip("\n")]
     others = sorted((e for e in ends if e.status in (RAISED, DIED) and e is not cause), key=lambda e: e.rank)
     return head + [f"[syncpoint] rank {e.rank} also failed: {e.message}" for e in others]
 

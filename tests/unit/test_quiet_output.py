@@ -215,3 +215,21 @@ def test_a_lost_nodes_decision_line_names_the_node_not_the_health_check(capsys):
     err = capsys.readouterr().err
     assert err.startswith("[syncpoint] attempt failed (a preemption: node(s) lost: 84bde642aeab): retry"), err
     assert "Traceback" not in err and "health check" not in err, err
+
+
+def test_a_crash_or_a_refusal_prints_no_failure_lines_of_its_own():
+    """Only a raised error of the task's has a traceback worth printing; a process that died (a drill's
+    crash) or syncpoint's own refusal is said by the decision's line and the run's last line."""
+    from syncpoint.policies.failures import DIED, RAISED, RankEnd, failure_lines
+
+    peer = RankEnd(rank=0, status=RAISED, message="RuntimeError: Connection closed by peer", traceback="Traceback ...")
+    died = RankEnd(rank=1, status=DIED, message="the training process exited with code 17")
+    refused = RankEnd(rank=0, status=RAISED, message="Task.loss must return ...", ours=True, traceback="Traceback ...")
+    assert failure_lines([peer, died], repeats=False) == []
+    assert failure_lines([refused, died], repeats=False) == []
+    bug = RankEnd(rank=1, status=RAISED, message="ValueError: x", traceback="Traceback (most recent call last):\n")
+    assert failure_lines([peer, bug], repeats=False) == [
+        "[syncpoint] rank 1 failed:",
+        "Traceback (most recent call last):",
+        "[syncpoint] rank 0 also failed: RuntimeError: Connection closed by peer",
+    ]
