@@ -49,6 +49,27 @@ def test_agreeing_sums_the_ranks_votes():
     assert agreed == BoundaryVote(0.1 + 0.2, 1, 0, 0, 1, 0)  # the loss sum is carried bit for bit
 
 
+def test_the_cycle_loss_sum_stays_a_tensor_and_agrees_bit_for_bit_with_the_python_float_sum():
+    """The loop adds each micro-batch's loss on its device (no host read per micro-step,
+    tests/integration/test_loop_host_syncs.py); the vote reads the sum once. It must be the value
+    the loop computed before, Python floats added in order, bit for bit, whatever the losses."""
+    from syncpoint.workers.finite import NonfiniteSteps
+    from syncpoint.workers.loop_state import LoopState
+
+    losses = torch.randn(64, generator=torch.Generator().manual_seed(5)).float().exp() * 3.7
+    state = LoopState(at=TrainingPosition(), nonfinite=NonfiniteSteps(0))
+    expected = 0.0
+    for loss in losses:
+        state.add_loss(loss)
+        expected += float(loss)
+    assert isinstance(state.cycle_loss_sum, torch.Tensor) and state.cycle_loss_sum.dtype == torch.float64
+    ensure_single_process_group("gloo")
+    agreed = BoundaryVote(state.cycle_loss_sum, preemption_notices=1).agree()
+    assert agreed == BoundaryVote(expected, 1) and float(state.cycle_loss_sum).hex() == expected.hex()
+    state.new_cycle()
+    assert state.cycle_loss_sum == 0.0
+
+
 def test_sigterm_is_a_notice_while_listening_and_the_old_handler_comes_back():
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda *a: seen.append("previous"))
