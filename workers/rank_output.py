@@ -22,7 +22,10 @@ from typing import Any, Literal, TextIO
 
 Prints = Literal["rank0", "all"]
 SYNCPOINT_LINES = ("[syncpoint]", "syncpoint:")  # how syncpoint's own lines begin (a rank's, a lease's)
-HEAD = max(len(s) for s in SYNCPOINT_LINES)
+# Ray's markers for its log monitor (the actor or task a worker's next lines belong to): written as they
+# are, never prefixed or dropped, or the driver would name the lines wrongly and print the marker itself.
+RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:", ":event_summary:", ":info_message:")
+HEAD = max(len(s) for s in (*SYNCPOINT_LINES, *RAY_MARKERS))
 
 
 class RankStream:
@@ -48,23 +51,37 @@ class RankStream:
         if self._line is None:
             self._head += piece
             ended = self._head.endswith(("\n", "\r"))
-            undecided = len(self._head) < HEAD and any(s.startswith(self._head) for s in SYNCPOINT_LINES)
-            if not self.keep and not ended and undecided:
-                return  # not yet known whether it is syncpoint's line
-            self._line = self.keep or self._head.startswith(SYNCPOINT_LINES)
-            piece, self._head = self._head, ""
-            if self._line and self.keep:
-                out.append(self.prefix)
+            undecided = len(self._head) < HEAD and any(
+                s.startswith(self._head) for s in (*SYNCPOINT_LINES, *RAY_MARKERS)
+            )
+            if not ended and undecided:
+                return  # not yet known whether it is syncpoint's line or Ray's marker
+            self._judge(out)  # the whole piece was its start
+            if ended:
+                self._line = None
+            return
         if self._line:
             out.append(piece)
         if piece.endswith(("\n", "\r")):
             self._line = None
+
+    def _judge(self, out: list[str]) -> None:
+        """The pending start of a line decides the whole line: kept (prefixed unless Ray's marker) or dropped."""
+        as_is = self._head.startswith(RAY_MARKERS)
+        self._line = self.keep or as_is or self._head.startswith(SYNCPOINT_LINES)
+        if self._line:
+            out.append(self._head if as_is or not self.keep else self.prefix + self._head)
+        self._head = ""
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
+        if self.keep and self._line is None and self._head:  # a kept line's start is due now (a prompt, a bar)
+            out: list[str] = []
+            self._judge(out)
+            self.target.write("".join(out))
         self.target.flush()
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the real stream's

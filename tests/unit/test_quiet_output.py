@@ -118,14 +118,18 @@ def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
     print("model has 49 parameters", file=s)
     s.write("[sync")
     s.write("point] rank 1: no warm server\nloss ")  # syncpoint's own line, written in pieces
-    s.write("0.5\n[s\nsyncpoint: waiting for the lease\n")
-    assert dropped.getvalue() == "[syncpoint] rank 1: no warm server\nsyncpoint: waiting for the lease\n"
+    s.write("0.5\n[s\nsyncpoint: waiting for the lease\n:task_name:f\n")  # Ray's marker passes as it is
+    assert dropped.getvalue() == "[syncpoint] rank 1: no warm server\nsyncpoint: waiting for the lease\n:task_name:f\n"
     kept = io.StringIO()
     s = RankStream(kept, "[rank 1] ", keep=True)  # train.prints: all, or any rank's stderr
     print("step", 3, file=s)
     s.write("a\nb")
-    s.write("c\n")
-    assert kept.getvalue() == "[rank 1] step 3\n[rank 1] a\n[rank 1] bc\n"
+    s.write("c\n:actor_name:RayTrainWorker\n[s")
+    s.flush()  # a kept line's start shows when flushed
+    s.write("yncpoint] x\n")
+    assert kept.getvalue() == (
+        "[rank 1] step 3\n[rank 1] a\n[rank 1] bc\n:actor_name:RayTrainWorker\n[rank 1] [syncpoint] x\n"
+    )
 
 
 # ---------------------------------------------------------------- a worker group's failure on Ray
