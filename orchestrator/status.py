@@ -133,6 +133,7 @@ def _lease(storage: RunStorage, problems: list[str]) -> dict[str, Any] | None:
         "held": why is None,
         "why": why or f"renewed {age:.1f} s ago",
         "age_s": round(age, 3),
+        "ttl_s": float(rec["ttl_s"]),
     }
 
 
@@ -191,6 +192,14 @@ def _state(
     if finish is not None and (last is None or finish.time >= last.time):
         return FINISHED, f"finished at micro-step {finish.global_micro_step} with state {finish.state}", number
     failure = next((f for f in reversed(run.failures) if last is None or f.time >= last.time), None)
+    if failure is not None and _restarting(failure.decision, failure.time, lease):
+        n = journal.next_attempt()
+        return (
+            RUNNING,
+            f"attempt {number} failed ({failure.classified}: {_short(failure.reason, 160)}) and is being retried: "
+            f"attempt {n} not logged yet",
+            n,
+        )
     if failure is not None and failure.decision.upper() != "RETRY":
         repeated = " (the same failure as the attempt before, no state in between)" if failure.repeated else ""
         return FAILED, f"attempt {number} failed: {failure.classified}: {failure.reason}{repeated}", number
@@ -200,6 +209,15 @@ def _state(
         else "no resumable state: a new run starts fresh"
     )
     return STOPPED, f"{_why_stopped(run, last, lease)}; {resumable}", number
+
+
+def _restarting(decision: str, failed_at: float, lease: dict[str, Any] | None) -> bool:
+    """A retried failure whose next attempt has not started yet: a restart under way while the
+    lease, not released by its submission, is younger than its TTL since the failure (the new worker
+    group takes it over within that); after that, nobody is retrying."""
+    if decision.upper() != "RETRY" or lease is None or lease["why"] in ("released", "malformed"):
+        return False
+    return time.time() - failed_at < float(lease.get("ttl_s") or 0.0)
 
 
 def _why_stopped(run: Journal, last: AttemptStarted | None, lease: dict[str, Any] | None) -> str:

@@ -213,6 +213,34 @@ def test_a_lease_not_released_is_running_only_while_its_holder_lives_and_renews_
     assert s["state"] == "stopped" and s["lease"] is None and "lease.json refused, not read" in text
 
 
+def test_a_retried_failure_whose_next_attempt_has_not_started_is_a_restart_under_way(runs, capsys):
+    """Between a retried failure and the next attempt (a new worker group starting), the run is
+    running: the failure says so, and its lease (not released) is younger than its TTL."""
+    restarting = runs["root"] / "restarting"
+    shutil.copytree(runs["stopped"], restarting, symlinks=True)
+    import subprocess
+
+    gone = subprocess.Popen(["true"])  # the failed attempt's rank 0, which held the lease: dead
+    gone.wait()
+    lease = restarting / "lease.json"
+    lease.write_text(json.dumps({**json.loads(lease.read_text()), "released": False, "pid": gone.pid}))
+    EventLog(RunStorage(f"file://{restarting}"), source="driver").emit(
+        Failure(
+            classified="preemption",
+            reason="node(s) lost: n1",
+            decision="RETRY",
+            ranks=[0],
+            messages=[],
+            dead_nodes=["n1"],
+        )
+    )
+    s, text = _status(capsys, str(restarting))
+    assert s["state"] == "running" and s["attempt"] == 2
+    assert (
+        s["detail"] == "attempt 1 failed (preemption: node(s) lost: n1) and is being retried: attempt 2 not logged yet"
+    )
+
+
 def test_a_directory_that_is_no_run_exits_2_with_one_paragraph(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
