@@ -201,6 +201,14 @@ def test_cli_states_digest_and_events_on_s3(s3, tmp_path, capsys):
     assert main(["digest", f"{url}/states/{9:012d}"]) == 2  # no such state: bad input, not a traceback
     assert "not a committed state" in capsys.readouterr().err
 
+    assert main(["status", url, "--json"]) == 0  # the lease, the events and the manifests through s3fs
+    status = json.loads(capsys.readouterr().out)
+    assert (status["run"], status["state"], status["attempt"]) == (url, "finished", 2)
+    assert status["newest_resumable"]["state"] == final and status["lease"]["why"] == "released"
+    assert status["goodput"]["restarts"] == 1 and status["last_interruption"]["resumed_from"] == f"{4:012d}"
+    assert main(["status", f"s3://{BUCKET}/no-such-run"]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
 
 @pytest.fixture
 def listed_run(s3, request):
