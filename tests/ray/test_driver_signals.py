@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.helpers import ROOT, lm_spec, stop_processes, write_job
 from tests.own_processes import marked_env, owned
@@ -130,6 +131,7 @@ def test_the_drivers_signals_save_and_stop_a_rerun_resumes_and_nothing_outlives_
         stop_processes(list(owned(mark)), mark=mark)
 
 
+@pytest.mark.long  # make test: the test above signals the same `syncpoint run` a Ray Job runs
 def test_ray_job_stop_of_a_submitted_driver_is_the_same_notice(tmp_path):
     """`syncpoint submit`'s driver is `syncpoint run` as a Ray Job: `ray job stop` (SIGTERM to the
     entrypoint, SIGKILL ``RAY_JOB_STOP_WAIT_TIME_S`` later: set on the head, as the docs say) saves the

@@ -46,6 +46,29 @@ def _files(directory) -> list[str]:
     return [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs]
 
 
+def test_a_job_that_fails_for_good_leaves_no_copy_on_its_node(s3, tmp_path):
+    """The next test's path on the embedded Ray's one node (make test's sibling of it): a rank raises
+    with no failure budget left, its supervisor keeps the node's copy for a restart there, Ray Train
+    ends the job, and the driver removes the copy (here the driver's own node: the removal on other
+    nodes, through Ray, is the next test's)."""
+    spec = lm_spec(
+        f"s3://{BUCKET}/memory-ends-here",
+        *COMMON,
+        "failure.max_failures=0",
+        "faults=[{rank: 1, at_micro_step: 10, mode: raise}]",
+        workers=2,
+    )
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    proc = syncpoint_run(spec, tmp_path / "job.yaml", **{MEMORY_DIR_ENV: str(shm)})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "injected crash on rank 1 at micro-step 10" in out
+    assert committed_steps(spec), "no state was committed before the crash: no copy was made to remove"
+    assert _files(shm) == [], _files(shm)
+
+
+@pytest.mark.long  # make test: the test above, on the embedded Ray's one node
 def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
     """Two `ray start` worker nodes, each with its own shared-memory directory; a rank raises with
     no failure budget left, so its supervisor hands the failure to Ray Train (keeping the node's

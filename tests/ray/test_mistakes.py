@@ -7,6 +7,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.helpers import ROOT
 
@@ -71,59 +76,82 @@ failure: {{max_failures: 5}}
 """
 
 
-def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(tmp_path):
-    """A user's own task module and job files, run with `syncpoint run` against one Ray head (started
-    by the test on its own ports, stopped by its own process ids): each mistake ends with exit 1 and
-    its reason on the last line, within at most two attempts although max_failures is 5; nothing of
-    Ray's State API noise (another Ray runs on the machine: this head) shows."""
-    from syncpoint.workers.events import EventLog
-    from syncpoint.workers.storage import RunStorage
+# each mistake: the attempts it takes and its last line. make test runs the one Ray retries (a bug
+# failing twice at the same place is not retried a third time); the in-process tier checks the other
+# two's reasons (tests/integration/test_mistakes.py), their path through the CLI on Ray is `long`.
+MISTAKES = [
+    pytest.param(
+        "buggy",
+        2,
+        "ValueError: my bug: bad label encoding in batch (call 3) at mytask.py:26 in loss (rank 0, "
+        "micro-step 3); it failed twice the same way at micro-step 3 with no new state in between: not "
+        "retried (a bug, not a preemption)",
+        id="buggy",
+    ),
+    pytest.param(
+        "diverging",
+        1,
+        "the run diverged: 10 optimizer steps in a row had a non-finite loss or an update DeepSpeed "
+        "skipped for overflowing gradients, from optimizer step 3 (micro-step 6: loss nan) on",
+        id="diverging",
+        marks=pytest.mark.long,
+    ),
+    pytest.param(
+        "unreduced",
+        1,
+        "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model; "
+        "mytask:unreduced returned a tensor of shape (2, 1).",
+        id="unreduced",
+        marks=pytest.mark.long,
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def user_head(tmp_path_factory) -> Iterator[tuple[Any, dict[str, str], Path]]:
+    """One Ray head (started by the test on its own ports, stopped by its own process ids) and the
+    user's task module, for every mistake of the module."""
     from tests.ray_processes import local_head, ray_env
 
-    (tmp_path / "mytask.py").write_text(USER_TASK)
+    where = tmp_path_factory.mktemp("user")
+    (where / "mytask.py").write_text(USER_TASK)
     env = {**ray_env(), "PYTHONPATH": str(ROOT)}
-    cases = {
-        "buggy": (
-            2,
-            "ValueError: my bug: bad label encoding in batch (call 3) at mytask.py:26 in loss (rank 0, "
-            "micro-step 3); it failed twice the same way at micro-step 3 with no new state in between: not "
-            "retried (a bug, not a preemption)",
-        ),
-        "diverging": (
-            1,
-            "the run diverged: 10 optimizer steps in a row had a non-finite loss or an update DeepSpeed "
-            "skipped for overflowing gradients, from optimizer step 3 (micro-step 6: loss nan) on",
-        ),
-        "unreduced": (
-            1,
-            "Task.loss must return the batch's loss as a 0-d floating tensor computed from the model; "
-            "mytask:unreduced returned a tensor of shape (2, 1).",
-        ),
-    }
     with local_head(env, num_cpus=1) as head:
-        for task, (attempts, last_line) in cases.items():
-            job = tmp_path / f"{task}.yaml"
-            job.write_text(USER_JOB.format(name=task, storage=tmp_path / "runs", task=task))
-            began = time.monotonic()
-            r = subprocess.run(
-                [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            took = time.monotonic() - began
-            out = r.stdout + r.stderr
-            last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-            assert r.returncode == 1, out[-4000:]
-            assert last.startswith(f"syncpoint: job {task!r} failed: {last_line}"), (last, out[-3000:])
-            journal = EventLog(RunStorage(f"file://{tmp_path}/runs/{task}")).journal()
-            assert len(journal.attempts) == attempts, out[-3000:]
-            assert "Found multiple active Ray instances" not in out and "PlacementGroupCleaner" not in out, out
-            assert "Graceful shutdown of backend failed" not in out and "[FailurePolicy]" not in out, out
-            assert out.count("Traceback (most recent call last)") <= attempts, out  # the failing rank's own, once each
-            print(f"{task}: {took:.0f} s, {len(out.splitlines())} lines")
+        yield head, env, where
+
+
+@pytest.mark.parametrize("task,attempts,last_line", MISTAKES)
+def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(user_head, task, attempts, last_line):
+    """A user's own task module and job file, run with `syncpoint run` against a Ray head: the mistake
+    ends with exit 1 and its reason on the last line, within at most two attempts although
+    max_failures is 5; nothing of Ray's State API noise (another Ray runs on the machine: this head)
+    shows."""
+    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    head, env, tmp_path = user_head
+    job = tmp_path / f"{task}.yaml"
+    job.write_text(USER_JOB.format(name=task, storage=tmp_path / "runs", task=task))
+    began = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "syncpoint", "run", str(job), "--address", head.gcs_address],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    took = time.monotonic() - began
+    out = r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    assert r.returncode == 1, out[-4000:]
+    assert last.startswith(f"syncpoint: job {task!r} failed: {last_line}"), (last, out[-3000:])
+    journal = EventLog(RunStorage(f"file://{tmp_path}/runs/{task}")).journal()
+    assert len(journal.attempts) == attempts, out[-3000:]
+    assert "Found multiple active Ray instances" not in out and "PlacementGroupCleaner" not in out, out
+    assert "Graceful shutdown of backend failed" not in out and "[FailurePolicy]" not in out, out
+    assert out.count("Traceback (most recent call last)") <= attempts, out  # the failing rank's own, once each
+    print(f"{task}: {took:.0f} s, {len(out.splitlines())} lines")
 
 
 def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):

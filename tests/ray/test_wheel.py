@@ -20,6 +20,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.own_processes import marked_env, owned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +162,13 @@ print("RESULT " + json.dumps(dataclasses.asdict(result)))
 """
 
 
-def test_the_wheel_installs_syncpoint_alone_and_runs_a_job(tmp_path):
+@pytest.mark.parametrize(
+    "cli_runs",
+    # make test: the console script validates the job (the CLI's job path is every other Ray test's);
+    # make test-all: it also runs the job, a second embedded Ray
+    [pytest.param(False, id="api-run-cli-validate"), pytest.param(True, id="api-and-cli-run", marks=pytest.mark.long)],
+)
+def test_the_wheel_installs_syncpoint_alone_and_runs_a_job(tmp_path, cli_runs):
     wheel = _build_wheel(tmp_path / "build")
     with zipfile.ZipFile(wheel) as z:
         top = {name.split("/")[0] for name in z.namelist()}
@@ -195,6 +203,18 @@ def test_the_wheel_installs_syncpoint_alone_and_runs_a_job(tmp_path):
             "run() printed its last line"
         )
 
+        if not cli_runs:
+            check = subprocess.run(
+                [str(venv / "bin" / "syncpoint"), "validate", "job.yaml"],
+                cwd=job_dir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert check.returncode == 0, (check.stdout + check.stderr)[-4000:]
+            assert json.loads(check.stdout)["name"] == "wheel-cli", check.stdout[-2000:]
+            return
         cli = subprocess.run(
             [str(venv / "bin" / "syncpoint"), "run", "job.yaml"],
             cwd=job_dir,
