@@ -32,6 +32,7 @@ from syncpoint.policies.failures import (
     RAISED,
     REFUSAL,
     REPORTED_ATTR,
+    TRACEBACK_ATTR,
     TRACEBACK_LIMIT,
     FailureFacts,
     FailureVerdict,
@@ -164,14 +165,15 @@ def print_failure(error: BaseException, repeats: bool) -> None:
     (``failure_lines``). Why here: Ray Train's workers would each log their own traceback (the job's
     worker processes drop them: ``ray_runner.quiet_worker``); the controller sees every rank's. Nothing
     when an in-place decision printed it already (``REPORTED_ATTR``)."""
-    ends = failure_ends(error)
-    if ends:
-        print("\n".join(failure_lines(ends, repeats)), file=sys.stderr, flush=True)
+    lines = failure_lines(failure_ends(error), repeats)
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def failure_ends(error: BaseException) -> list[RankEnd]:
     """Each failed rank of a worker group's failure (``WorkerGroupError.worker_failures``) as a
-    ``RankEnd`` with its traceback text (Ray Train's ``UserExceptionWithTraceback``); [] when printed already."""
+    ``RankEnd`` with its traceback text (the rank attached it: ``failure_site.attach_traceback``;
+    else Ray Train's wrapper's, where it kept one); [] when printed already."""
     failures = getattr(error, "worker_failures", None) or {}
     ends = []
     for rank in sorted(failures):
@@ -184,7 +186,9 @@ def failure_ends(error: BaseException) -> list[RankEnd]:
                 status=RAISED,
                 message=failure_reason(own)[0],
                 ours=is_ours(own),
-                traceback=str(getattr(failures[rank], "_traceback_str", "") or "")[-TRACEBACK_LIMIT:],
+                traceback=str(getattr(own, TRACEBACK_ATTR, "") or getattr(failures[rank], "_traceback_str", ""))[
+                    -TRACEBACK_LIMIT:
+                ],
             )
         )
     return ends

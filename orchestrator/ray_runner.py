@@ -84,9 +84,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ),
         )
     except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
-        from syncpoint.workers.failure_site import annotate
+        from syncpoint.workers.failure_site import annotate, attach_traceback
 
         annotate(e, ctx.get_world_rank(), None)
+        attach_traceback(e)  # the controller prints it once for the worker group (failure_policy.print_failure)
         raise
     finally:
         driver.close()

@@ -252,6 +252,9 @@ TRACEBACK_LIMIT = 8000  # the tail of a traceback a rank publishes (its innermos
 # Set on an exception whose failure was printed already (in place: rank 0's decision printed
 # ``failure_lines``), so whoever sees it next (a spawned rank, Ray Train's failure policy) does not again.
 REPORTED_ATTR = "syncpoint_reported"
+# A Ray Train rank's traceback text, carried on its exception (Ray hands the controller the exception
+# without its traceback; Ray's own text of it is only in a truncated snippet).
+TRACEBACK_ATTR = "syncpoint_traceback"
 
 
 def failure_lines(ends: list[RankEnd], repeats: bool) -> list[str]:

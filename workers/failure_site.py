@@ -13,6 +13,7 @@ any file outside syncpoint, the standard library, torch, DeepSpeed and Ray.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import site
 import sys
@@ -34,6 +35,16 @@ def annotate(error: BaseException, rank: int, micro_step: int | None) -> None:
         setattr(error, SITE_ATTR, {"rank": rank, "micro_step": micro_step, "where": user_frame(error.__traceback__)})
     except (AttributeError, TypeError):  # an exception type that takes no attributes: the line goes without
         pass
+
+
+def attach_traceback(error: BaseException) -> None:
+    """Attach the traceback as Python prints it (its tail, ``TRACEBACK_LIMIT``), as ``TRACEBACK_ATTR``:
+    the exception reaches Ray Train's controller pickled without its traceback, and the controller
+    prints the failing rank's once (``syncpoint.orchestrator.failure_policy.print_failure``)."""
+    from syncpoint.policies.failures import TRACEBACK_ATTR, TRACEBACK_LIMIT
+
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attributes
+        setattr(error, TRACEBACK_ATTR, "".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:])
 
 
 def user_frame(tb: TracebackType | None) -> str | None:

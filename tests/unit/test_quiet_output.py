@@ -134,8 +134,8 @@ def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
 
 # ---------------------------------------------------------------- a worker group's failure on Ray
 def _wrapped(error: BaseException) -> BaseException:
-    """``error`` raised, as Ray Train's worker wraps it (inside its handler: Ray's own
-    ``construct_user_exception_with_traceback`` formats the exception being handled, and logs it)."""
+    """``error`` raised in a Ray Train rank and logged by Ray's own ``construct_user_exception_with_traceback``
+    (inside its handler: it formats the exception being handled)."""
     from ray.train.v2._internal.util import construct_user_exception_with_traceback
 
     try:
@@ -144,11 +144,26 @@ def _wrapped(error: BaseException) -> BaseException:
         return construct_user_exception_with_traceback(e)
 
 
+def _rank_failure(error: BaseException) -> BaseException:
+    """``error`` as the controller receives it from a rank: raised through the rank's entry point
+    (``train_loop_per_worker`` attaches its traceback), pickled across processes without its traceback."""
+    import pickle
+
+    from syncpoint.workers.failure_site import attach_traceback
+
+    try:
+        raise error
+    except BaseException as e:  # noqa: BLE001 - the test wants it with its traceback
+        attach_traceback(e)
+        return pickle.loads(pickle.dumps(e))
+
+
 def _group_failure(**by_rank: BaseException) -> BaseException:
-    """A worker group's failure as Ray Train v2's controller gets it: each rank's exception wrapped."""
+    """A worker group's failure as Ray Train v2's controller gets it: each rank's own exception
+    (Ray's poll unwraps its ``UserExceptionWithTraceback``) under the group's error snippet."""
     from ray.train.v2.api.exceptions import WorkerGroupError
 
-    return WorkerGroupError("snippet", {int(r[4:]): _wrapped(e) for r, e in by_rank.items()})
+    return WorkerGroupError("snippet", {int(r[4:]): _rank_failure(e) for r, e in by_rank.items()})
 
 
 def test_ray_trains_per_rank_traceback_is_dropped_in_the_worker(monkeypatch, tmp_path):
@@ -168,7 +183,7 @@ def test_ray_trains_per_rank_traceback_is_dropped_in_the_worker(monkeypatch, tmp
     logger.addHandler(handler)
     try:
         quiet_worker(linear_spec(tmp_path), trains_here=False)
-        _group_failure(rank0=ValueError("bad batch at call 3"))
+        _wrapped(ValueError("bad batch at call 3"))
         logger.error("something else went wrong")
     finally:
         logger.removeHandler(handler)
