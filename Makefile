@@ -11,6 +11,9 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
+# pytest-xdist workers for the half without Ray: its tests mostly wait (for spawned ranks, a lease, a
+# subprocess's line), so three at the lowest priority fill two cores (docs/testing.md has the times).
+JOBS ?= 3
 
 .PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu coverage bench clean
 
@@ -38,14 +41,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-# Two pytest processes side by side: the tests that start a Ray cluster, one after another (two
+# Two pytest runs side by side: the tests that start a Ray cluster, one after another (two
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
-# everything else at the lowest CPU priority, filling the Ray tests' waits (Ray runs its workers at
-# nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long pole). The Ray
-# half's output follows the other's; either failing fails the target. MARK narrows both halves.
+# everything else on JOBS xdist workers at the lowest CPU priority, filling the Ray tests' waits (Ray
+# runs its workers at nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long
+# pole). The Ray half's output follows the other's; either failing fails the target.
 define two_halves
 	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" tests > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
+	nice -n 19 $(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 endef
