@@ -86,7 +86,7 @@ test-slow: $(STAMP)
 
 # On a GPU machine: exact resume on CUDA (bf16, ZeRO-2, NCCL). DeepSpeed picks its accelerator at import.
 test-gpu: $(STAMP)
-	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/test_gpu.py
+	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/workers/test_device_gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site .coverage-data

@@ -2,7 +2,7 @@
 
 Ray 2.60's failure policy is not public. ``DataParallelTrainer`` builds it on the driver with
 ``create_failure_policy(failure_config)`` and ships it to the controller actor, so syncpoint swaps
-that factory around ``fit()``. ``tests/integration/test_failures.py`` checks every internal
+that factory around ``fit()``. ``tests/integration/orchestrator/test_failure_policy.py`` checks every internal
 name used here, so a Ray upgrade that moves them fails loudly instead of silently charging node
 losses to ``max_failures``.
 """

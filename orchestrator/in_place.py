@@ -2,7 +2,7 @@
 its rank's training process (``syncpoint.workers.supervisor``), with Ray's calls it proxies.
 
 Why the preemption notice is read from the worker's local preemption context (a Ray Train
-internal, checked by ``tests/integration/test_failures.py`` with the policy's other names) and not
+internal, checked by ``tests/integration/orchestrator/test_failure_policy.py`` with the policy's other names) and not
 through ``ray.train.get_preemption_info``: that call is a barrier across the worker group, and a
 generation that fails between two of them would leave the survivors' supervisors waiting in it.
 The loop agrees on notices itself at every boundary (every rank's count, all-reduced).

@@ -1,5 +1,5 @@
 """A Ray Train callback that records what ``ray.train.report`` delivered, for
-tests/integration/test_first_hour.py's embedded-Ray run.
+tests/integration/orchestrator/test_cli_first_hour.py's embedded-Ray run.
 
 Why a callback and not ``Result.metrics``: in Ray Train v2 a report without a checkpoint reaches the
 controller's report callbacks only; ``Result.metrics`` holds the metrics of the latest *checkpoint*

@@ -161,7 +161,7 @@ def keep_batch(batch: dict, *, random_keep: bool) -> list[bool]:
 
 def composed(config: dict) -> Task:
     """The stream example's corpus through a composition of ``datasets`` steps, each drawn by the
-    stream property test (``tests/integration/test_property_streams.py``):
+    stream property test (``tests/integration/workers/data/test_stream_property_streams.py``):
 
     * ``interleave``: the shards as two sources (even and odd shards), ``interleave_datasets``'d;
       ``probabilities``: with probabilities and a seed;

@@ -122,7 +122,7 @@ def apply_collective_timeout(spec: JobSpec) -> None:
     ``collective_timeout(spec)``: the launcher passes it for the world group, but DeepSpeed clones
     the world group (``deepspeed.utils.groups._clone_world_group``) and ZeRO makes groups of its own,
     all with torch's default, which ``new_group`` reads from these two module globals at call time.
-    ``tests/integration/test_device.py`` checks both names, so a torch that moves them fails loudly."""
+    ``tests/integration/workers/test_device.py`` checks both names, so a torch that moves them fails loudly."""
     import torch.distributed.distributed_c10d as c10d
 
     timeout = collective_timeout(spec)

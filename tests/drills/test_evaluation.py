@@ -10,7 +10,7 @@ from tests.helpers import (
     state_names,
     step_history,
 )
-from tests.integration.test_evaluation import all_evaluations, evaluations
+from tests.integration.workers.test_evaluation import all_evaluations, evaluations
 
 
 def test_zero3_two_ranks_uneven_eval_shards(tmp_path):

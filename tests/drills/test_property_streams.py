@@ -1,10 +1,10 @@
-"""The property of tests/integration/test_property_streams.py over 150 compositions."""
+"""The property of tests/integration/workers/data/test_stream_property_streams.py over 150 compositions."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 
-from tests.integration.test_property_streams import COMMON, check_composition, compositions
+from tests.integration.workers.data.test_stream_property_streams import COMMON, check_composition, compositions
 
 SLOW_EXAMPLES = 150
 

@@ -1,5 +1,6 @@
 """What a new user meets with Ray: the quick start as written, a head that cannot import syncpoint,
-a second run beside another one's Ray (the rest of the first hour: tests/integration/test_first_hour.py)."""
+a second run beside another one's Ray (the rest of the first hour:
+tests/integration/orchestrator/test_cli_first_hour.py)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
     """An earlier submission of the job crashed after committing state 20 (here: run by the local
     launcher, which writes the same run directory); `ray job submit` of the same job continues from
     20 rather than starting over, and finishes. (`syncpoint submit`'s log streaming and exit code
-    are tests/integration/test_submit_token.py's, over token auth.)"""
+    are tests/integration/orchestrator/test_submit_token.py's, over token auth.)"""
     first = lm_spec(tmp_path, *SETS, "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]", workers=2)
     assert run_spawned(first) != [0, 0]  # the injected crash
     spec = lm_spec(tmp_path, *SETS, workers=2)

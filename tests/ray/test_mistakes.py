@@ -1,5 +1,6 @@
 """A user's mistakes through the CLI on a real Ray run: each ends fast with its reason and place,
-and a drill's crash prints its table, not tracebacks (in-process: tests/integration/test_mistakes.py)."""
+and a drill's crash prints its table, not tracebacks (in-process:
+tests/integration/orchestrator/test_cli_mistakes.py)."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ failure: {{max_failures: 5}}
 
 # each mistake: the attempts it takes and its last line. make test runs the one Ray retries (a bug
 # failing twice at the same place is not retried a third time); the in-process tier checks the other
-# two's reasons (tests/integration/test_mistakes.py), their path through the CLI on Ray is `long`.
+# two's reasons (tests/integration/orchestrator/test_cli_mistakes.py), their path through the CLI on Ray is `long`.
 MISTAKES = [
     pytest.param(
         "buggy",

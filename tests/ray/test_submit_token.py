@@ -1,5 +1,5 @@
 """``syncpoint submit`` against a real local head started with ``RAY_AUTH_MODE=token`` (where the
-token comes from: tests/integration/test_submit_token.py)."""
+token comes from: tests/integration/orchestrator/test_submit_token.py)."""
 
 from __future__ import annotations
 

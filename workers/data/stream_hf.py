@@ -27,7 +27,7 @@ resumes each DataLoader worker from its saved state. Where ``datasets`` 5.2 does
   skips the first, discarded load.
 
 Everything here leans on ``datasets`` internals, hence its pin (``datasets==5.2.*``); the stream
-property test (``tests/integration/test_property_streams.py``) walks the compositions. This module
+property test (``tests/integration/workers/data/test_stream_property_streams.py``) walks the compositions. This module
 imports ``datasets``: ``stream`` imports it only for a ``datasets`` stream.
 """
 

@@ -13,7 +13,7 @@ from examples.sharded_lm import write_corpus
 from tests.helpers import (
     ROOT,
 )
-from tests.integration.test_corpus_runs import WINDOW
+from tests.integration.workers.data.test_corpus_runs import WINDOW
 from tests.s3_server import BUCKET
 
 

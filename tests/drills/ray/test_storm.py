@@ -1,5 +1,5 @@
 """The storm drills on Ray: 20 interruptions of every kind, and an elastic storm (the storm's plan
-and fault schema: tests/integration/test_storm.py)."""
+and fault schema: tests/integration/orchestrator/test_storm.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
-from tests.integration.test_storm import SHRUNK
+from tests.integration.orchestrator.test_storm import SHRUNK
 
 pytestmark = pytest.mark.storm  # and `make test-storm` runs them alone
 

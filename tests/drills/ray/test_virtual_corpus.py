@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_virtual_corpus import MICRO_BATCH
+from tests.integration.workers.data.test_sampler_virtual_corpus import MICRO_BATCH
 
 
 @pytest.mark.parametrize("how", ["crash", "sigterm", "node"])
