@@ -68,7 +68,7 @@ test-all: lint
 coverage: $(STAMP)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/coverage run -m pytest -q -m "not ray and not long" tests; rest=$$?; \
+	nice -n 19 $(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; tail -n 5 $$log; rm -f $$log; \
 	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover | tail -n 25; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0

@@ -31,12 +31,15 @@ HEAD = max(len(s) for s in (*SYNCPOINT_LINES, *RAY_MARKERS))
 class RankStream:
     """A text stream over ``target`` that prefixes each line with ``prefix`` (``keep``) or drops
     each line that is not syncpoint's own (not ``keep``). Lines are judged at their start, so a line
-    written in pieces (``print`` writes its text, then the newline) is kept or dropped whole."""
+    written in pieces (``print`` writes its text, then the newline) is kept or dropped whole; a kept
+    line goes to ``target`` whole, in one write, at its end (or at a flush), because ranks share the
+    driver's pipe and an unbuffered target (``PYTHONUNBUFFERED``) would interleave their pieces."""
 
     def __init__(self, target: TextIO, prefix: str, keep: bool) -> None:
         self.target, self.prefix, self.keep = target, prefix, keep
         self._head = ""  # the start of a line not yet judged (shorter than HEAD)
         self._line: bool | None = None  # the current line: kept (True), dropped (False), not yet judged (None)
+        self._kept = ""  # the kept line's text not yet written (its prefix included)
 
     def write(self, s: str) -> int:
         out: list[str] = []
@@ -56,22 +59,24 @@ class RankStream:
             )
             if not ended and undecided:
                 return  # not yet known whether it is syncpoint's line or Ray's marker
-            self._judge(out)  # the whole piece was its start
-            if ended:
-                self._line = None
-            return
-        if self._line:
-            out.append(piece)
+            self._judge()  # the whole piece was its start
+        elif self._line:
+            self._kept += piece
         if piece.endswith(("\n", "\r")):
-            self._line = None
+            self._end_line(out)
 
-    def _judge(self, out: list[str]) -> None:
+    def _judge(self) -> None:
         """The pending start of a line decides the whole line: kept (prefixed unless Ray's marker) or dropped."""
         as_is = self._head.startswith(RAY_MARKERS)
         self._line = self.keep or as_is or self._head.startswith(SYNCPOINT_LINES)
         if self._line:
-            out.append(self._head if as_is or not self.keep else self.prefix + self._head)
+            self._kept = self._head if as_is or not self.keep else self.prefix + self._head
         self._head = ""
+
+    def _end_line(self, out: list[str]) -> None:
+        if self._line and self._kept:
+            out.append(self._kept)
+        self._kept, self._line = "", None
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -79,9 +84,10 @@ class RankStream:
 
     def flush(self) -> None:
         if self.keep and self._line is None and self._head:  # a kept line's start is due now (a prompt, a bar)
-            out: list[str] = []
-            self._judge(out)
-            self.target.write("".join(out))
+            self._judge()
+        if self._line and self._kept:  # the kept line so far; the rest of it follows unprefixed
+            self.target.write(self._kept)
+            self._kept = ""
         self.target.flush()
 
     def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...: the real stream's
