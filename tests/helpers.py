@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +222,24 @@ def syncpoint_run(spec: JobSpec, job: Path, **env: str) -> subprocess.CompletedP
         text=True,
         timeout=600,
     )
+
+
+@contextlib.contextmanager
+def sigint_set(handler) -> Iterator[None]:
+    """SIGINT set to ``handler`` in this (pytest's main) thread for the block."""
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: installed outside Python, which cannot put it back
+            signal.signal(signal.SIGINT, previous)
+
+
+def start_as_in_a_terminal(args: list[str], **kw) -> subprocess.Popen:
+    """Start a command with SIGINT at its default, as a terminal starts its foreground command, whatever
+    this pytest inherited. ``make test`` started by a script in the background (``make test &``, a CI
+    runner, ``nohup``) runs with SIGINT ignored, a child inherits an ignored signal and Python keeps
+    ignoring it; exec resets only a *caught* signal to its default, so SIGINT is caught here while the
+    child starts."""
+    with sigint_set(signal.default_int_handler):
+        return subprocess.Popen(args, **kw)

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import ROOT, lm_spec, stop_processes, write_job
+from tests.helpers import ROOT, lm_spec, start_as_in_a_terminal, stop_processes, write_job
 from tests.own_processes import marked_env, owned
 from tests.ray_processes import BIN, local_head, ray_env, wait_for_driver
 
@@ -48,7 +48,9 @@ def _events(spec, kind: str) -> list[dict]:
 
 
 def _start(job: Path, env: dict[str, str], out: Path) -> subprocess.Popen:
-    return subprocess.Popen(
+    # SIGINT at its default, as a terminal starts it: make test's Ray half runs in the background, where
+    # SIGINT is ignored, and a command started ignoring it keeps ignoring it (as under nohup)
+    return start_as_in_a_terminal(
         [sys.executable, "-m", "syncpoint", "run", str(job)],
         cwd=ROOT,
         env=env,

@@ -29,7 +29,10 @@ COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every
         # an exception (make test: test_memory_copy_on_ray's raised error also recovers in place on Ray)
         pytest.param("{rank: 0, at_micro_step: 11, mode: raise}", [], "micro-step 11", marks=pytest.mark.long),
         # rank 1 stops answering, its process alive: rank 0's collective times out
-        ("{rank: 1, at_micro_step: 10, mode: hold}", ["scaling.collective_timeout_s=5"], ""),
+        # (make test: tests/integration/workers/test_supervisor_in_place_recovery.py's collective timeout, spawned)
+        pytest.param(
+            "{rank: 1, at_micro_step: 10, mode: hold}", ["scaling.collective_timeout_s=5"], "", marks=pytest.mark.long
+        ),
     ],
     ids=["crash", "exception", "collective-timeout"],
 )

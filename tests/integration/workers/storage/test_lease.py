@@ -25,7 +25,7 @@ from syncpoint.workers.launch import run_in_process, run_spawned
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease, await_expiry, read_lease, release_lease
 from tests import lease_drivers
-from tests.helpers import committed_steps, lm_spec, run, with_overrides
+from tests.helpers import committed_steps, lm_spec, run, sigint_set, start_as_in_a_terminal, with_overrides
 
 JOB = lease_drivers.JOB
 
@@ -347,42 +347,21 @@ def test_the_wait_for_a_longer_lived_lease_is_bounded_by_the_live_jobs_own_ttl(t
         _lease(url, "successor", ttl=1.0).acquire()
 
 
-@contextlib.contextmanager
-def _sigint(handler) -> Iterator[None]:
-    """SIGINT set to ``handler`` in this (pytest's main) thread for the block."""
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        if previous is not None:  # None: installed outside Python, which cannot put it back
-            signal.signal(signal.SIGINT, previous)
-
-
-def _start_as_in_a_terminal(args: list[str], **kw) -> subprocess.Popen:
-    """Start a command with SIGINT at its default, as a terminal starts its foreground command, whatever
-    this pytest inherited. ``make test`` started by a script in the background (``make test &``, a CI
-    runner, ``nohup``) runs with SIGINT ignored, a child inherits an ignored signal and Python keeps
-    ignoring it; exec resets only a *caught* signal to its default, so SIGINT is caught here while the
-    child starts."""
-    with _sigint(signal.default_int_handler):
-        return subprocess.Popen(args, **kw)
-
-
 def test_a_command_started_as_in_a_terminal_gets_sigint_at_its_default_under_a_runner_that_ignores_it():
     probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"]
-    with _sigint(signal.SIG_IGN):  # pytest started in the background by a script
+    with sigint_set(signal.SIG_IGN):  # pytest started in the background by a script
         inherited = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
-        proc = _start_as_in_a_terminal(probe, stdout=subprocess.PIPE, text=True)
+        proc = start_as_in_a_terminal(probe, stdout=subprocess.PIPE, text=True)
     assert inherited == "True"  # the premise: what a plain Popen gives
     assert proc.communicate(timeout=60)[0].strip() == "False"
 
 
-def test_the_wait_names_a_way_out_that_works_in_a_process_that_ignores_sigint(tmp_path):
+def test_the_wait_names_a_way_out_that_works_in_a_process_that_ignoressigint_set(tmp_path):
     """Started with SIGINT ignored, Ctrl-C cannot end the wait: the message names ``kill <pid>`` instead."""
     url = str(tmp_path / "run")
     _plant_lease(url, ttl_s=1.0)
     said: list[str] = []
-    with _sigint(signal.SIG_IGN):
+    with sigint_set(signal.SIG_IGN):
         assert await_expiry(RunStorage(url), JOB, own_ttl_s=1.0, say=said.append, poll_s=0.05) == "expired"
     assert f"This process ignores SIGINT (started in the background?): `kill {os.getpid()}` stops" in said[0]
     assert "Ctrl-C" not in said[0]
@@ -391,7 +370,7 @@ def test_the_wait_names_a_way_out_that_works_in_a_process_that_ignores_sigint(tm
 def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
     """``syncpoint run`` waiting for a live-looking lease: SIGINT ends it at once with exit 130 and a
     last line that says so (nothing was started, nothing committed is lost). Started as a terminal
-    starts it, here under a runner that ignores SIGINT (the worst case ``_start_as_in_a_terminal``
+    starts it, here under a runner that ignores SIGINT (the worst case ``start_as_in_a_terminal``
     covers)."""
     from tests.helpers import ROOT
 
@@ -422,8 +401,8 @@ def test_ctrl_c_ends_the_wait_for_a_predecessors_lease(tmp_path):
         "--set",
         "scaling.num_workers=1",
     ]
-    with _sigint(signal.SIG_IGN):
-        proc = _start_as_in_a_terminal(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with sigint_set(signal.SIG_IGN):
+        proc = start_as_in_a_terminal(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out = ""
         deadline = time.monotonic() + 120
