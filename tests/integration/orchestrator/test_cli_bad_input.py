@@ -1382,7 +1382,8 @@ RUNTIME_CASES = [
     pytest.param(
         ("task.path=tests.integration.orchestrator.test_cli_bad_input:NOT_A_FUNCTION",),
         TaskError,
-        r"task\.path: 'tests\.integration\.orchestrator\.test_cli_bad_input:NOT_A_FUNCTION' is a value of type \w+, not a function "
+        r"task\.path: 'tests\.integration\.orchestrator\.test_cli_bad_input:NOT_A_FUNCTION' is a value of type "
+        r"\w+, not a function "
         r"written in Python; it is not called.*a function 'package\.module:function' returning a Task",
         id="task-not-callable",
     ),
