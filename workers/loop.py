@@ -83,6 +83,7 @@ from syncpoint.workers.task import Task, check_loss, is_stream, load_task
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
+    from syncpoint.workers.position import TrainingPosition
     from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
 
 
@@ -592,21 +593,9 @@ class TrainingLoop:
         """The driver was signalled (``syncpoint run`` got SIGINT/SIGTERM/SIGHUP): this boundary's state
         is committed and the job stops without finishing, so a rerun resumes from that state. No export,
         no ``finished`` event, no ``on_end``: the run is not over; the lease is released for the rerun."""
-        attempt, at = self.attempt, self.state.at
-        if attempt.events:
+        if self.attempt.events:
             self.progress.flush()
-        dist.barrier()
-        if attempt.memory_copy is not None:
-            attempt.memory_copy.remove()  # the job stops here: its memory copy must not outlive it
-        if attempt.lease:
-            attempt.lease.release()
-        return WorkerResult(
-            final_state=self.saves.last_saved or "",
-            global_micro_step=at.global_micro_step,
-            optimizer_step=at.optimizer_step,
-            resumed_from=self.start.state,
-            history=self.progress.history,
-        )
+        return self._leave(self.saves.last_saved, self.state.at)
 
     def finish(self) -> WorkerResult:
         """Export (rank 0, when asked), the final events, a barrier, the lease released."""
@@ -629,9 +618,15 @@ class TrainingLoop:
                 )
             )
         self.callbacks.call("on_end", EndInfo(last_saved or "", at.optimizer_step, at.global_micro_step, attempt.rank))
+        return self._leave(last_saved, at)
+
+    def _leave(self, last_saved: str | None, at: TrainingPosition) -> WorkerResult:
+        """Every rank here, then this node's memory copy removed and the lease released: the run ends
+        or stops at this boundary, so neither may outlive it (a rerun restores from storage)."""
+        attempt = self.attempt
         dist.barrier()
         if attempt.memory_copy is not None:
-            attempt.memory_copy.remove()  # the run is over: its memory copy must not outlive it
+            attempt.memory_copy.remove()
         if attempt.lease:
             attempt.lease.release()
         return WorkerResult(

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,17 @@ def _wait_for(pred, what: str) -> None:
     while not pred():
         assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
         time.sleep(0.2)
+
+
+def _registered(pid: int) -> bool:
+    """Whether the worker process ``pid`` has started its core worker, which registers it with the raylet:
+    the core worker creates the process's log files (``worker-<id>-<job>-<pid>.out``) as it starts, after
+    the interpreter imported Ray, the seconds a process that merely exists still needs before a raylet
+    can hand it an actor."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+    return any(logs.glob(f"worker-*-{pid}.out"))
 
 
 def test_the_next_actors_of_the_job_take_the_spares_with_ray_train_imported(tmp_path):
@@ -69,9 +81,11 @@ def test_the_next_actors_of_the_job_take_the_spares_with_ray_train_imported(tmp_
 
         def both_up() -> bool:
             spares.update(p.pid for p in marked_processes(mark) if p.pid != asker_pid)
-            return len(spares) >= 2
+            return len(spares) >= 2 and all(_registered(pid) for pid in spares)
 
-        _wait_for(both_up, "two spare worker processes of the job")
+        # each registered with the raylet, which hands an actor to an idle registered worker, never to a
+        # process still starting (seen once: a probe took a new process beside a spare not yet registered)
+        _wait_for(both_up, "two spare worker processes of the job, each registered with the raylet")
         assert len(spares) == 2, spares  # what was asked for, no more
         probes = [Probe.remote() for _ in range(2)]
         found = ray.get([p.where.remote() for p in probes])
