@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -19,17 +20,27 @@ from syncpoint.workers.launch import _StoreExchange, free_port
 NAMESPACE = "5" * 32  # the launcher's secret, as run_spawned hands it to every rank
 
 
-def _rank_0(port: int, answer_after_s: float, die: bool) -> None:
+def _rank_0(port: int, answer_after_s: float, die: bool, listening: Any = None) -> None:
     exchange = _StoreExchange(0, port, 60, NAMESPACE)
+    if listening is not None:
+        listening.set()
     time.sleep(answer_after_s)
     if not die:
         exchange(["127.0.0.1", 1234])
         time.sleep(5)  # the store lives until rank 1 has read it
 
 
-def _start_rank_0(port: int, answer_after_s: float, die: bool = False) -> mp.process.BaseProcess:
-    proc = mp.get_context("spawn").Process(target=_rank_0, args=(port, answer_after_s, die), daemon=True)
+def _start_rank_0(
+    port: int, answer_after_s: float, die: bool = False, listening: bool = False
+) -> mp.process.BaseProcess:
+    """Rank 0 in a spawned process; ``listening``: returns once its store listens (an event, bounded
+    generously), so a short wait of the other rank is the exchange's, not a spawned interpreter's start-up."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event() if listening else None
+    proc = ctx.Process(target=_rank_0, args=(port, answer_after_s, die, ready), daemon=True)
     proc.start()
+    if ready is not None:
+        assert ready.wait(300), "rank 0's store did not start listening"
     return proc
 
 
@@ -45,7 +56,7 @@ def test_a_rank_gets_the_address_of_a_rank_0_that_answers_late():
 
 def test_the_wait_is_bounded_and_ends_at_once_when_rank_0_dies():
     port = free_port()
-    rank_0 = _start_rank_0(port, answer_after_s=600)
+    rank_0 = _start_rank_0(port, answer_after_s=600, listening=True)
     try:
         started = time.monotonic()
         with pytest.raises(dist.DistStoreError):
@@ -55,7 +66,7 @@ def test_the_wait_is_bounded_and_ends_at_once_when_rank_0_dies():
         rank_0.kill()
         rank_0.join()
     port = free_port()
-    rank_0 = _start_rank_0(port, answer_after_s=3, die=True)
+    rank_0 = _start_rank_0(port, answer_after_s=3, die=True, listening=True)
     try:
         exchange = _StoreExchange(1, port, 600, NAMESPACE)
         started = time.monotonic()
