@@ -12,6 +12,7 @@ import time
 import pytest
 
 from syncpoint.orchestrator.driver_signals import DriverSignals, StopNow, StopWatch
+from tests.helpers import sigint_set
 
 
 class Board:
@@ -40,6 +41,14 @@ def _until(pred, what: str, timeout: float = 30) -> None:
 
 
 def test_the_first_signal_is_marked_on_the_board_and_a_second_stops_at_once():
+    # SIGINT at Python's default, as a terminal starts a command: a suite run in the background (a CI
+    # step, `make test &`) inherits it ignored, and DriverSignals keeps an ignored signal ignored (as
+    # nohup expects), so the SIGINT below would never arrive (it failed so, 30 s on)
+    with sigint_set(signal.default_int_handler):
+        _first_marked_second_stops()
+
+
+def _first_marked_second_stops() -> None:
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     board, lines = Board(), []
     with DriverSignals(None, lines.append, "syncpoint run job.yaml") as signals:
