@@ -22,6 +22,10 @@ pytest.importorskip("moto.server")
 COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every={value: 4, unit: micro_steps}"]
 
 
+# make test: the in-place crash on Ray restores from the node's memory copy, its run in S3
+# (tests/ray/test_in_place_on_ray.py); a raised error recovers in place from it in the spawned
+# supervisor's tests (tests/integration/workers/test_supervisor_in_place_recovery.py)
+@pytest.mark.long
 def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_path):
     ref = lm_spec(tmp_path / "ref", *COMMON, workers=2)
     assert run_spawned(ref) == [0, 0]

@@ -202,6 +202,9 @@ def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     assert len(out.splitlines()) < 60, out
 
 
+# make test: the verdict and report of a failed reference run (tests/unit/orchestrator/test_drill_verdict.py)
+# and a drill on Ray printing its report (the test above)
+@pytest.mark.long
 def test_a_drill_whose_reference_run_fails_says_so_with_its_last_line(tmp_path):
     """`syncpoint drill` on a task the workers refuse: the reference run fails, so the report is that
     failure and its last line, not a comparison ("per-step losses: MISMATCH (0 optimizer steps)"), and

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 
 from syncpoint.workers.events import EventLog
@@ -161,6 +162,9 @@ def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp
     assert len(_events(spec, "attempt_started")) == 2
 
 
+# make test: a refusal in Ray's own failure records is not retried (tests/integration/orchestrator/
+# test_failure_policy.py) and the application error above walks this path through Ray Train
+@pytest.mark.long
 def test_a_refusal_on_the_workers_fails_the_run_at_once(tmp_path, cluster):
     """A task without an eval set under train.eval_every is refused on the workers: the run stops on the
     first failure (classified refusal, not retried although max_failures allows 3), its last line says why."""

@@ -8,6 +8,8 @@ import re
 import subprocess
 import tempfile
 
+import pytest
+
 from syncpoint.workers.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes
@@ -15,6 +17,10 @@ from tests.ray_processes import OBJECT_STORE
 from tests.readme import bash_blocks, copy_of_repository, venv_is_up_to_date
 
 
+# make test: each command of the block on a real `ray start` head, in tests/ray: `syncpoint submit` (preflight,
+# log streaming, exit code) and `ray job submit` resuming what it committed (test_job_submit.py), over token
+# auth (test_submit_token.py); this walks them once more, as one user's session, in test-all
+@pytest.mark.long
 def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     repo, home = tmp_path / "repo", tmp_path / "home"
     home.mkdir()

@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 SAVE = "checkpoint.save_every={value: 1, unit: optimizer_steps}"
 
 
-def _reference(tmp_path):
-    ref = linear_spec(tmp_path / "ref", SAVE, workers=2)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[object, str]:
+    """The uninterrupted two-rank run the module's recoveries end at, run once (only read: digests, names)."""
+    ref = linear_spec(tmp_path_factory.mktemp("ref"), SAVE, workers=2)
     assert run_spawned(ref) == [0, 0]
     return ref, state_names(ref)[-1]
 
@@ -46,8 +48,8 @@ def _journal(spec):
         "{rank: 0, at_micro_step: 11, mode: raise}",  # an exception (BaseException, never caught by user code)
     ],
 )
-def test_a_crash_or_an_exception_recovers_in_place_bitwise(tmp_path, fault):
-    ref, final = _reference(tmp_path)
+def test_a_crash_or_an_exception_recovers_in_place_bitwise(reference, tmp_path, fault):
+    ref, final = reference
     spec = linear_spec(tmp_path / "run", SAVE, "failure.max_failures=1", f"faults=[{fault}]", workers=2)
     assert run_spawned(spec, in_place=True) == [0, 0]  # no rank process of the launcher ended
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final)
@@ -58,11 +60,11 @@ def test_a_crash_or_an_exception_recovers_in_place_bitwise(tmp_path, fault):
     assert journal.attempts[1].resumed_from is not None
 
 
-def test_a_collective_timeout_recovers_in_place(tmp_path, monkeypatch):
+def test_a_collective_timeout_recovers_in_place(reference, tmp_path, monkeypatch):
     """Rank 1 stops answering (held, its process alive); rank 0's collective times out after
     ``scaling.collective_timeout_s``; every rank gets a new training process."""
     monkeypatch.setenv("SYNCPOINT_FAULT_HOLD_S", "600")
-    ref, final = _reference(tmp_path)
+    ref, final = reference
     spec = linear_spec(
         tmp_path / "run",
         SAVE,
@@ -79,11 +81,11 @@ def test_a_collective_timeout_recovers_in_place(tmp_path, monkeypatch):
     assert failure.in_place and failure.ranks == [0]  # the rank that timed out; the held one was stopped
 
 
-def test_a_second_failure_after_recovering_recovers_again_from_the_same_state(tmp_path):
+def test_a_second_failure_after_recovering_recovers_again_from_the_same_state(reference, tmp_path):
     """The recovered generation fails again inside its first save (a rank dies before the manifest
     commits state 12): the third generation resumes from the same state as the second, and the run
     still ends bitwise."""
-    ref, final = _reference(tmp_path)
+    ref, final = reference
     spec = linear_spec(
         tmp_path / "run",
         SAVE,
@@ -98,13 +100,13 @@ def test_a_second_failure_after_recovering_recovers_again_from_the_same_state(tm
     assert [a.resumed_from for a in journal.attempts[1:]] == ["000000000008", "000000000008"]
 
 
-def test_the_first_micro_step_a_save_phase_and_the_last_micro_step_each_recover_in_place(tmp_path):
+def test_the_first_micro_step_a_save_phase_and_the_last_micro_step_each_recover_in_place(reference, tmp_path):
     """Four crashes in one run (32 micro-steps a rank, a save every 4): after the first micro-step
     (nothing committed yet: the next generation starts fresh), inside the save at micro-step 16 after
     some shards were written (torn: the next resumes from 12), inside the final save before its
     manifest (from 28), and after the last micro-step, its save committed (from 32: the finished
     state, nothing more is trained). Every one in place, and the run ends bitwise."""
-    ref, final = _reference(tmp_path)
+    ref, final = reference
     spec = linear_spec(
         tmp_path / "run",
         SAVE,
