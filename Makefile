@@ -9,6 +9,9 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # names this venv's paths, so two checkouts sharing ~/.cache/torch_extensions (a CI clone beside a
 # working tree) rebuild each other's ops, minutes each, on every switch.
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+# mypy's incremental cache beside the environment it checks against, not in the checkout: a fresh clone
+# with .venv in place (CI's) checks only what changed, seconds instead of the 45 s of a cold `make lint`.
+export MYPY_CACHE_DIR ?= $(abspath $(VENV))/mypy_cache
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 # pytest-xdist workers for the half without Ray: its tests mostly wait (for spawned ranks, a lease, a
