@@ -41,7 +41,14 @@ from multiprocessing import context, forkserver, popen_forkserver, process, redu
 from typing import Any
 
 # What a fork server imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
-PRELOAD = ["torch", "deepspeed", "syncpoint.workers.loop", "syncpoint.workers.launch", "syncpoint.workers.warm_ops"]
+PRELOAD = [
+    "syncpoint.workers.deepspeed_import",  # first: DeepSpeed's import then skips MLflow
+    "torch",
+    "deepspeed",
+    "syncpoint.workers.loop",
+    "syncpoint.workers.launch",
+    "syncpoint.workers.warm_ops",
+]
 IDLE_S = 180.0  # a keeper nobody holds or warms for this long ends (the driver warms every WARM_EVERY_S)
 WARM_EVERY_S = 60.0
 START_WAIT_S = 20.0  # a keeper's control socket appears within this (it imports nothing heavy)
