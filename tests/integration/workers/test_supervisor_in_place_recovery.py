@@ -41,6 +41,9 @@ def _journal(spec):
     return EventLog(RunStorage(spec.run_url)).journal()
 
 
+# make test: the property test below recovers each kind of state in place from a crash (exit) and an
+# exception (raise) on either rank, with these checks; these two hand-picked faults run in make test-all
+@pytest.mark.long
 @pytest.mark.parametrize(
     "fault",
     [
@@ -157,8 +160,10 @@ def check_kind_recovers_in_place(tmp_path_factory, kind: str, micro_step: int, r
     spec = _kind_spec(tmp_path_factory.mktemp("run"), kind, "failure.max_failures=1", f"faults=[{fault}]")
     assert run_spawned(spec, in_place=True) == [0, 0]
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final), (kind, fault)
-    [failure] = _journal(spec).of_kind(Failure)
-    assert failure.in_place and failure.decision == "RETRY"
+    journal = _journal(spec)
+    [failure] = journal.of_kind(Failure)
+    assert (failure.classified, failure.decision, failure.in_place) == ("application", "RETRY", True)
+    assert [a.attempt for a in journal.attempts] == [1, 2]  # resumed from a state, or from the start before one
 
 
 # make test: each kind once, the first and the last micro-step among them; tests/drills draws 12 more

@@ -7,18 +7,20 @@ which files each rank checksummed or downloaded itself (the reads are the projec
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import traceback
 
 import pytest
 
+from syncpoint.policies.seeds import hash_seed
+from syncpoint.workers import fork_context
 from syncpoint.workers.integrity.verified_files import available
 from syncpoint.workers.launch import free_port, run_spawned
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, lm_spec
 
 MODEL = "engine/mp_rank_00_model_states.pt"
+HASH_SEED = str(hash_seed(lm_spec("/unused").train.seed))  # the runs' own: their fork server is reused
 TIMEOUT_S = 120  # a rank waiting forever in a gather fails the test instead of hanging it
 
 
@@ -123,7 +125,9 @@ def _engine_files(local_dir: str) -> list[str]:
 
 
 def _fetch_on_two_ranks(url: str, name: str, **how) -> dict[int, tuple[str, list[str], dict[str, int]]]:
-    ctx = multiprocessing.get_context("spawn")
+    # forked from this process's fork server, which has torch and DeepSpeed imported (the ranks' runs
+    # started it with the job's hash seed): a spawned interpreter each cost ~3 s of CPU importing them
+    ctx = fork_context.context("forkserver", HASH_SEED)
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, url, name, how, out)) for r in range(2)]
