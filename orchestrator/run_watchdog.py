@@ -27,6 +27,10 @@ MARK_ENV = "SYNCPOINT_RUN_MARK"
 SCAN_S = 1.0
 TERM_WAIT_S = 3.0
 KILL_ROUNDS = 5
+# How long ``ensure`` waits for the watchdog to say it ignores the signals (a Python start: milliseconds,
+# seconds on a starved machine); past it the driver goes on, its watchdog still starting.
+READY_WAIT_S = 30.0
+READY = b"ignoring signals\n"
 
 _started: subprocess.Popen[bytes] | None = None
 
@@ -44,12 +48,30 @@ def ensure() -> str:
     _started = subprocess.Popen(
         [sys.executable, "-S", os.path.abspath(__file__), mark, str(os.getpid())],
         stdin=subprocess.PIPE,  # the driver's end: non-inheritable, so only the driver's death closes it
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,  # one line once it ignores the signals, then nothing
         stderr=subprocess.DEVNULL,
         env=env,
         start_new_session=True,  # a Ctrl-C to the terminal's process group does not end it early
     )
+    _wait_until_it_ignores_signals(_started)
     return mark
+
+
+def _wait_until_it_ignores_signals(watchdog: subprocess.Popen[bytes]) -> None:
+    """Return once the watchdog ignores SIGTERM, SIGINT and SIGHUP (it says so), at most ``READY_WAIT_S``.
+
+    Why: a signal sent to the driver's children (`ray job stop`) or to every process (a VM's shutdown)
+    while the watchdog's interpreter still started ended it with the default action, before it ignored
+    them; the processes it should have ended then outlived the driver (seen beside a busy process).
+    Nothing of the job is started before this returns, so no such signal finds it unprotected."""
+    assert watchdog.stdout is not None
+    fd = watchdog.stdout.fileno()
+    try:
+        ready, _, _ = select.select([fd], [], [], READY_WAIT_S)
+        if ready:
+            os.read(fd, len(READY))
+    finally:
+        watchdog.stdout.close()
 
 
 def _start_time(pid: int) -> str | None:
@@ -162,4 +184,11 @@ if __name__ == "__main__":
     # entrypoint's children; a terminal's Ctrl-C or hang-up): it ends when the driver has, not before
     for ignored in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(ignored, signal.SIG_IGN)
+    try:  # the driver waits for this line before it starts anything; then nothing more is written
+        os.write(1, READY)
+    except OSError:
+        pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
     watch(sys.argv[1], int(sys.argv[2]))

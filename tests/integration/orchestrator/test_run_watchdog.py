@@ -12,14 +12,18 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.helpers import ROOT, stop_processes
 from tests.own_processes import marked_env, owned
 
 DRIVER = """
-import os, subprocess, sys, time
-from syncpoint.orchestrator.run_watchdog import ensure
-ensure()
+import os, signal, subprocess, sys, time
+from syncpoint.orchestrator import run_watchdog
+run_watchdog.ensure()
+if sys.argv[1:] == ["at-once"]:  # the signals a VM's shutdown or `ray job stop` sends, the moment it returned
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(run_watchdog._started.pid, sig)
 # a grandchild in its own session whose parent exits at once: re-parented away from the driver
 subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys; "
                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)"])
@@ -45,9 +49,17 @@ def _left_behind(mark: str, driver: int) -> list[psutil.Process]:
     raise AssertionError("the left-behind process never ran")
 
 
-def test_a_process_the_killed_driver_left_behind_ends_within_seconds():
+@pytest.mark.parametrize(
+    "signalled",
+    # at-once: the watchdog signalled as soon as ensure() returned; it once died of a SIGTERM that came
+    # while its interpreter was still starting (beside a busy process): ensure() now waits until it ignores them
+    [pytest.param([], id="later"), pytest.param(["at-once"], id="at-once")],
+)
+def test_a_process_the_killed_driver_left_behind_ends_within_seconds(signalled):
     env, mark = marked_env(dict(os.environ))
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, *signalled], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
         sleeper = _left_behind(mark, driver.pid)
