@@ -11,7 +11,7 @@ import contextlib
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from multiprocessing.context import ForkServerContext, SpawnContext
 
 from syncpoint.policies.spec import JobSpec
@@ -78,3 +78,26 @@ def environ(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def adopt_environment(values: Mapping[str, str]) -> None:
+    """Make ``values`` this forked process's whole environment, and forget what was read from the old one.
+
+    Why: a process forked from a fork server (this module's, or the node's warm server) starts with
+    the server's environment and with what its imports read from it then: fsspec's
+    ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials) and ``tempfile``'s temp dir.
+    A server outlives the caller that started it, so both may name what is gone: a rank that made a
+    temp dir under a removed ``TMPDIR`` failed (``make test``, a server started by an earlier test
+    under its own private temp dir); one that kept the old endpoint reached another S3 than its job
+    named. A variable the caller dropped (a ``scaling.env`` entry removed between attempts) is gone too.
+    """
+    import tempfile
+
+    import fsspec.config
+
+    os.environ.clear()
+    os.environ.update(values)
+    tempfile.tempdir = None  # found again from TMPDIR on first use
+    fsspec.config.conf.clear()
+    fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
+    fsspec.config.set_conf_env(fsspec.config.conf)

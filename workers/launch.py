@@ -23,6 +23,7 @@ from syncpoint.policies.failures import REPORTED_ATTR
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers import rng, zygote
 from syncpoint.workers.device import backend, collective_timeout, prepare_process
+from syncpoint.workers.fork_context import adopt_environment
 from syncpoint.workers.fork_context import context as _context
 from syncpoint.workers.fork_context import environ as _environ
 from syncpoint.workers.fork_context import start_method as _start_method
@@ -85,18 +86,6 @@ def _local_rank_zero() -> Iterator[None]:
             os.environ["LOCAL_RANK"] = before
 
 
-def _reread_fsspec_config() -> None:
-    """fsspec reads its ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials) once,
-    when it is imported; a rank forked from a fork server imported it with the server's environment,
-    so it would reach another endpoint than the caller named (the real AWS instead of a test's moto
-    server). Read them again from the caller's environment, as fsspec does at import."""
-    import fsspec.config
-
-    fsspec.config.conf.clear()
-    fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
-    fsspec.config.set_conf_env(fsspec.config.conf)
-
-
 def _child(
     spec_json: str,
     rank: int,
@@ -111,12 +100,16 @@ def _child(
     namespace: str = "",
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
-    os.environ.clear()
-    os.environ.update(environ)
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    adopt_environment(
+        {
+            **environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     )
-    _reread_fsspec_config()
     # A process started by a fork server or by spawn makes that its default start method, so the
     # rank's DataLoader workers would be forked by a fork server of the rank's own: they then watch
     # that server, not the rank, and outlive a rank that dies hard (each holding the rank's memory).

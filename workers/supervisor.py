@@ -372,15 +372,15 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
     """A generation's training process: its own process group on the supervisors' store, then the loop."""
     import torch.distributed as dist
 
-    from syncpoint.workers.launch import _reread_fsspec_config
+    from syncpoint.workers.fork_context import adopt_environment
     from syncpoint.workers.store_agent import MIN_TIMEOUT_S, open_store
 
     started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
     _die_with_parent()
-    os.environ.clear()  # a forked child has its fork server's environment: take the supervisor's
-    os.environ.update(plan.environ)
-    os.environ.update(RANK=str(plan.rank), WORLD_SIZE=str(plan.world), LOCAL_RANK=str(plan.local_rank))
-    _reread_fsspec_config()
+    # a forked child has its fork server's environment: take the supervisor's
+    adopt_environment(
+        {**plan.environ, "RANK": str(plan.rank), "WORLD_SIZE": str(plan.world), "LOCAL_RANK": str(plan.local_rank)}
+    )
     mp.set_start_method("fork", force=True)  # its DataLoader workers die with it (see launch._child)
     link = ParentLink(conn)
     try:
