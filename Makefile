@@ -3,6 +3,9 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+OPS := $(VENV)/.deepspeed-cpu-ops
+# DeepSpeed's CPU ops, compiled into its package at install (DS_BUILD_*: see the $(OPS) rule)
+CPU_OPS := cpu_adam deepspeed_shm_comm fused_adam
 # The environment's own tools first (its `ninja` builds DeepSpeed's ops: see syncpoint.workers.device.use_environment_ninja).
 export PATH := $(abspath $(BIN)):$(PATH)
 # DeepSpeed's JIT-built CPU ops, per environment: torch keys its build by the compile command, which
@@ -30,14 +33,28 @@ $(STAMP): pyproject.toml
 		"zstd>=1.5" "catalogue>=2.0"
 	touch $(STAMP)
 
-venv: $(STAMP)
+# DeepSpeed's CPU ops compiled into its package (its DS_BUILD_* install), not JIT-built by the first
+# run: a JIT build is keyed by its compile command, which names the venv's absolute paths, so every
+# copy of .venv at another path (CI's clone) rebuilt them during the tests (cpu_adam alone made one
+# offload test take 125 s there, 7 s here). A compiled op is imported from site-packages wherever the
+# venv lives. DeepSpeed loads it only for the accelerator it was built for: on a GPU, ops JIT-build
+# as before. Reinstalled with the ops whenever a reinstall left DeepSpeed without them.
+$(OPS): $(STAMP)
+	$(BIN)/python -c "import sys; from deepspeed.git_version_info import installed_ops as o, accelerator_name as a; \
+		sys.exit(a != 'cpu' or not all(o.get(n) for n in '$(CPU_OPS)'.split()))" >/dev/null 2>&1 || \
+	DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_CPU_ADAM=1 DS_BUILD_SHM_COMM=1 DS_BUILD_FUSED_ADAM=1 \
+		$(BIN)/python -m pip install -q --no-deps --force-reinstall --no-build-isolation --no-cache-dir \
+		"deepspeed==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("deepspeed"))')"
+	touch $(OPS)
 
-example: $(STAMP)
+venv: $(OPS)
+
+example: $(OPS)
 	$(BIN)/syncpoint run examples/tiny_lm.yaml
 
 # Lint, types and the docs first (seconds with a warm cache): the layer contract is a test, style and
 # types are these, and the site builds with no broken link, anchor or API reference (into site/, ignored).
-lint: $(STAMP)
+lint: $(OPS)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/codespell
@@ -69,7 +86,7 @@ test-all: lint
 # Line and branch coverage of the production code (coverage.py, pyproject's [tool.coverage]) over both
 # halves of `make test`, every process a test starts included; the figure is docs/testing.md's, and it
 # fails below pyproject's fail_under.
-coverage: $(STAMP)
+coverage: $(OPS)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests > $$log 2>&1 & ray=$$!; \
 	nice -n 19 $(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
@@ -78,18 +95,18 @@ coverage: $(STAMP)
 	test $$rest -eq 0 && test $$ray_rc -eq 0 && test $$cover -eq 0
 
 # The storm tests alone (also part of test-all).
-test-storm: $(STAMP)
+test-storm: $(OPS)
 	$(BIN)/python -m pytest -q -m storm tests
 
 # The fast tests start no Ray cluster, so two xdist workers split them freely.
-test-fast: $(STAMP)
+test-fast: $(OPS)
 	$(BIN)/python -m pytest -q -n 2 -m "not slow" tests
 
-test-slow: $(STAMP)
+test-slow: $(OPS)
 	$(BIN)/python -m pytest -q -m slow tests
 
 # On a GPU machine: exact resume on CUDA (bf16, ZeRO-2, NCCL). DeepSpeed picks its accelerator at import.
-test-gpu: $(STAMP)
+test-gpu: $(OPS)
 	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/workers/test_device_gpu.py
 
 clean:

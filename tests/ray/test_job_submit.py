@@ -123,6 +123,10 @@ def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
     assert "as Ray job" not in r.stdout and not (tmp_path / "tiny-lm" / "events").exists()
 
 
+# make test: `syncpoint submit` end to end (tests/ray/test_submit_token.py), a submission continuing
+# another's state (the first test here), the example's user state, callbacks and MLflow
+# (tests/integration/test_own_training_example.py)
+@pytest.mark.long
 def test_syncpoint_submit_continues_a_run_with_user_state_callbacks_and_mlflow(tmp_path, head):
     """examples/own_training.yaml (an EMA and a loss-spike watch as Task.stateful, a sampling callback,
     MLflow) through `syncpoint submit`: an earlier submission crashed after its state at micro-step 8;

@@ -140,6 +140,9 @@ def test_the_heartbeat_board_is_created_on_the_head_every_time(cluster):
     assert placed == ["True"] * 8, (placed, out.stderr[-2000:])
 
 
+# make test: a user's bug retried on Ray, then failed with its error (tests/ray/test_mistakes.py, buggy);
+# the budget's decisions (tests/integration/orchestrator/test_failure_policy.py)
+@pytest.mark.long
 def test_application_error_uses_max_failures_then_fails_with_the_users_error(tmp_path, cluster):
     spec = lm_spec(
         tmp_path,

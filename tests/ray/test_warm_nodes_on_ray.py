@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 from syncpoint.policies.journal import AttemptStarted
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
@@ -28,6 +30,10 @@ def _sockets(temp: str) -> list[str]:
     return [n for n in os.listdir(warm) if n.endswith(".sock")] if os.path.isdir(warm) else []
 
 
+# make test: an embedded run keeps its node warm and stops its server, and an in-place recovery
+# forks warm and bitwise (tests/integration/workers/test_zygote_warm_server.py); spares on a
+# cluster (tests/ray/test_spare_workers_on_ray.py)
+@pytest.mark.long
 def test_every_node_is_warm_a_restart_forks_warm_and_no_server_outlives_the_job(tmp_path):
     ref = lm_spec(tmp_path / "ref", *COMMON, workers=1)
     assert run_spawned(ref) == [0]

@@ -53,6 +53,9 @@ def test_a_bug_on_every_rank_prints_one_traceback_and_the_task_prints_once(tmp_p
     assert built == ["task built: 49 parameters"] * 2, out  # rank 0's, once per generation; rank 1's dropped
 
 
+# make test: own_output prefixes every rank's line (tests/unit/workers/test_rank_output.py), and the
+# test above walks train.prints into spawned ranks recovering in place
+@pytest.mark.long
 def test_every_ranks_prints_with_its_rank_when_asked(tmp_path):
     out = _run(tmp_path, "all", 10**9)
     assert "EXIT [0, 0]" in out, out[-4000:]  # a run that finishes: every rank ends by itself
