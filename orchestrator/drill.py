@@ -27,9 +27,9 @@ from syncpoint.policies.spec import CrashFault, JobSpec
 from syncpoint.policies.state_format import MODEL_FILE, STATES_DIR
 
 if TYPE_CHECKING:
-    from ray._private.node import Node as ClusterNode
     from ray.cluster_utils import Cluster
 
+    from syncpoint.orchestrator.ray_internals import ClusterNode
     from syncpoint.orchestrator.ray_runner import JobOutcome
 
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+from syncpoint.orchestrator.ray_internals import DatasetsCallback, FixedScalingPolicy, PlacementGroupCleanerCallback
 
 # Ray's raylet starts one worker process per CPU for the first driver, with no runtime environment.
 NO_PRESTART = {"prestart_worker_first_driver": False}

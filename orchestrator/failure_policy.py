@@ -1,10 +1,11 @@
-"""The one module that touches Ray Train internals: our failure policy inside Ray's controller.
+"""Our failure policy inside Ray Train's controller.
 
 Ray 2.60's failure policy is not public. ``DataParallelTrainer`` builds it on the driver with
 ``create_failure_policy(failure_config)`` and ships it to the controller actor, so syncpoint swaps
-that factory around ``fit()``. ``tests/integration/orchestrator/test_failure_policy.py`` checks every internal
-name used here, so a Ray upgrade that moves them fails loudly instead of silently charging node
-losses to ``max_failures``.
+that factory around ``fit()``. The private names it needs come from ``ray_internals``, whose test
+resolves each against the installed Ray, and ``tests/integration/orchestrator/test_failure_policy.py``
+checks the factory swap, so a Ray upgrade that moves them fails loudly instead of silently charging
+node losses to ``max_failures``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ray.train.v2._internal.constants import DEFAULT_WORKER_GROUP_START_TIMEOUT_S, WORKER_GROUP_START_TIMEOUT_S_ENV_VAR
-from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
-from ray.train.v2._internal.execution.failure_handling import default as _default
-from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
 from ray.train.v2.api import data_parallel_trainer as _dpt
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, WorkerGroupError
 
+from syncpoint.orchestrator.ray_internals import (
+    DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+    WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
+    DefaultFailurePolicy,
+    FailureDecision,
+    WorkerGroupStartupTimeoutError,
+    is_preemption_failure,
+)
 from syncpoint.orchestrator.ray_runner import failure_report, own_exception
 from syncpoint.policies.failures import (
     APPLICATION,
@@ -51,7 +56,7 @@ from syncpoint.policies.failures import (
 from syncpoint.policies.journal import Journal
 
 
-class SyncpointFailurePolicy(_default.DefaultFailurePolicy):
+class SyncpointFailurePolicy(DefaultFailurePolicy):
     """Ray's default policy, except that node loss and noticed preemptions use the preemption budget."""
 
     def __init__(
@@ -306,7 +311,7 @@ def gather_facts(
             lost = dead - known_dead
     signature, micro_step, repeats = _repetition(error, journal, submission)
     return FailureFacts(
-        ray_says_preempted=_default._is_preemption_failure(error),
+        ray_says_preempted=is_preemption_failure(error),
         dead_attempt_nodes=tuple(sorted(lost)),
         notice_logged=notice,
         messages=messages,

@@ -31,9 +31,9 @@ def notice_record(info: Any) -> dict[str, Any] | None:
 def local_preemption_notice() -> dict[str, Any] | None:
     """This worker's copy of Ray's preemption info (the PreemptionWatcher fans it out to every
     worker), in the loop's notice format."""
-    from ray.train.v2._internal.execution.context import get_train_context
+    from syncpoint.orchestrator.ray_internals import train_context
 
-    return notice_record(get_train_context().preemption_context.preemption_info)
+    return notice_record(train_context.get_train_context().preemption_context.preemption_info)
 
 
 def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) -> None:

@@ -152,7 +152,7 @@ def _quiet_error_messages() -> None:
     ``ray._private.worker.print_to_stdstream``, which its error thread looks up at each message: that
     function, filtered by ``quiet_stream_data``, once per process."""
     try:
-        from ray._private import worker as ray_worker
+        from syncpoint.orchestrator.ray_internals import ray_worker
     except ImportError:  # another Ray: the messages show whole, nothing else changes
         return
     original = ray_worker.print_to_stdstream
@@ -172,7 +172,7 @@ def quiet_driver() -> None:
     messages it prints (see above)."""
     _quiet_error_messages()
     try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        from syncpoint.orchestrator.ray_internals import stdstream_dispatcher as dispatcher
     except ImportError:  # another Ray: the line shows, nothing else changes
         return
     with dispatcher._lock:
@@ -188,10 +188,9 @@ def quiet_driver() -> None:
 def quiet_driver_start() -> None:
     """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
     authentication by default (it does; nothing to act on) is dropped at its logger."""
-    drop(
-        "ray._private.authentication.authentication_token_setup",
-        r"^Token authentication is enabled for this Ray cluster\.",
-    )
+    from syncpoint.orchestrator.ray_internals import AUTH_TOKEN_LOGGER
+
+    drop(AUTH_TOKEN_LOGGER, r"^Token authentication is enabled for this Ray cluster\.")
 
 
 def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
@@ -201,7 +200,7 @@ def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
     # checkpoint=None, metrics={...}) from rank R"), once per rank and logged step: the metrics are the
     # ones the progress line (or the driver's bar) already shows. Its logger is named by its file path.
     try:
-        from ray.train.v2._internal.execution import context as train_context
+        from syncpoint.orchestrator.ray_internals import train_context
     except ImportError:  # another Ray: the lines show, nothing else changes
         pass
     else:
@@ -211,7 +210,9 @@ def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
     # another rank died first. The failure is printed once where every rank's is known: the failing rank's
     # traceback, one line for each other rank (the failure policy in the controller:
     # failure_policy.print_failure; in place, rank 0's decision: syncpoint.workers.supervisor).
-    drop("ray.train.v2._internal.util", r"^Error in training function:\n")
+    from syncpoint.orchestrator.ray_internals import TRAINING_ERROR_LOGGER
+
+    drop(TRAINING_ERROR_LOGGER, r"^Error in training function:\n")
     if trains_here:
         quiet_training_process(spec)
     else:
@@ -355,7 +356,7 @@ def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
     """The job's runtime env: ``env_vars``, and the setup hook that tells every worker process its own
     cluster (``syncpoint.orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
     --runtime-env``), which Ray would refuse to replace."""
-    from ray._private import ray_constants
+    from syncpoint.orchestrator.ray_internals import ray_constants
 
     if ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR in os.environ:
         return {"env_vars": env_vars}
@@ -841,8 +842,7 @@ def _not_retried(spec: JobSpec, submission: str) -> str:
 def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | None:
     """The run gave up waiting for room (``failure.placement_timeout_s``): say that, with the fix,
     instead of Ray's per-try timeout text (which only suggests raising that timeout)."""
-    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
-
+    from syncpoint.orchestrator.ray_internals import WorkerGroupStartupTimeoutError
     from syncpoint.policies.failures import placement_gave_up
 
     if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):

@@ -23,10 +23,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from syncpoint.orchestrator.ray_internals import TRAIN_WORKER_MODULE
 from syncpoint.policies.spec import JobSpec
 
-# The module Ray Train's worker actor class lives in: what each new worker process imports first.
-TRAIN_WORKER_MODULE = "ray.train.v2._internal.execution.worker_group.worker"
 # Ray's raylet setting (read when the raylet starts) for modules every worker process imports before
 # it takes work; syncpoint sets it for the raylet of an embedded Ray, a cluster's operator on theirs.
 PRELOAD_ENV = "RAY_preload_python_modules"
@@ -59,7 +58,8 @@ def request(count: int) -> bool:
     environment; False (and nothing started) when it could not be asked."""
     try:
         import ray
-        from ray._private.grpc_utils import init_grpc_channel
+
+        from syncpoint.orchestrator.ray_internals import init_grpc_channel
 
         if not ray.is_initialized():  # not a Ray worker (``ray.nodes`` would connect somewhere)
             return False
@@ -89,7 +89,12 @@ def request(count: int) -> bool:
 
 def _protos() -> tuple[Any, Any, Any, Any]:
     """Ray's generated protobuf modules (untyped: their classes are made at import time)."""
-    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc, runtime_environment_pb2
+    from syncpoint.orchestrator.ray_internals import (
+        common_pb2,
+        node_manager_pb2,
+        node_manager_pb2_grpc,
+        runtime_environment_pb2,
+    )
 
     return common_pb2, node_manager_pb2, node_manager_pb2_grpc, runtime_environment_pb2
 

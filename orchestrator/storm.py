@@ -48,10 +48,10 @@ from syncpoint.policies.journal import AttemptStarted, FaultFired, Journal
 from syncpoint.policies.spec import CrashFault, JobSpec
 
 if TYPE_CHECKING:
-    from ray._private.node import Node as ClusterNode
     from ray.cluster_utils import Cluster
 
     from syncpoint.orchestrator.drill import DrillReport
+    from syncpoint.orchestrator.ray_internals import ClusterNode
 
 CRASH, SIGTERM, SAVE_CRASH = InterruptionKind.CRASH, InterruptionKind.SIGTERM, InterruptionKind.SAVE_CRASH
 NODE, NODE_GONE, TWO_NODES = InterruptionKind.NODE, InterruptionKind.NODE_GONE, InterruptionKind.TWO_NODES

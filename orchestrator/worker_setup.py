@@ -22,7 +22,6 @@ SHUTDOWN_LINE = r"^Graceful shutdown of backend failed\. This is expected if one
 # and says itself that this is safe to ignore when transient; a cluster that lacks room for the
 # workers fails with failure.placement_timeout_s's own message instead.
 RESOURCE_REQUEST_LINE = r"^Failed to send resource request for \S+\. If this only happens transiently"
-RESOURCE_REQUEST_LOGGER = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
 
 
 def set_up() -> None:
@@ -31,8 +30,9 @@ def set_up() -> None:
     Never raises: a failing hook makes Ray stop the worker."""
     try:
         from syncpoint.orchestrator.quiet import drop
+        from syncpoint.orchestrator.ray_internals import BACKEND_SETUP_LOGGER, RESOURCE_REQUEST_LOGGER
 
-        drop("ray.train.v2._internal.callbacks.backend_setup", SHUTDOWN_LINE)
+        drop(BACKEND_SETUP_LOGGER, SHUTDOWN_LINE)
         drop(RESOURCE_REQUEST_LOGGER, RESOURCE_REQUEST_LINE)
     except Exception:  # noqa: BLE001 - the warning shows, nothing else changes
         pass

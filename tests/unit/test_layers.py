@@ -134,3 +134,19 @@ def test_every_module_of_a_layer_imports_on_its_own(layer):
     assert len(modules) > 1
     for name in modules:
         importlib.import_module(name)
+
+
+# Ray's private modules: only syncpoint.orchestrator.ray_internals names them (its test resolves each)
+RAY_PRIVATE = ("ray._private", "ray.train.v2._internal", "ray.core.generated")
+
+
+def test_only_ray_internals_imports_rays_private_modules():
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for layer in (*LAYERS, "syncpoint")
+        for path in _files(layer)
+        if path.name != "ray_internals.py"
+        for line, name in _imports(path)
+        if name.startswith(RAY_PRIVATE)
+    ]
+    assert found == []

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from syncpoint.orchestrator import worker_setup
+from syncpoint.orchestrator import ray_internals, worker_setup
 
 
 class _Kept(logging.Handler):
@@ -41,14 +41,14 @@ def _ray_resource_request_warning() -> str:
     """The warning as the installed Ray Train words it (a Ray that rewords it fails this test)."""
     from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as client
 
-    assert client.logger.name == worker_setup.RESOURCE_REQUEST_LOGGER
+    assert client.logger.name == ray_internals.RESOURCE_REQUEST_LOGGER
     source = inspect.getsource(client.TrainAutoscalingCoordinatorClient.send_resource_request)
     parts = re.findall(r'f?"([^"]*)"', source[source.index("Failed to send") - 3 :])
     return "".join(parts[:4]).replace("{self._requester_id}", "train-8d736963")
 
 
 def test_a_transient_resource_request_warning_is_dropped_and_other_warnings_show(monkeypatch):
-    with _hooked(worker_setup.RESOURCE_REQUEST_LOGGER, monkeypatch) as (logger, kept):
+    with _hooked(ray_internals.RESOURCE_REQUEST_LOGGER, monkeypatch) as (logger, kept):
         warning = _ray_resource_request_warning()
         assert warning.startswith("Failed to send resource request for train-8d736963.")
         try:
