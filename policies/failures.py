@@ -11,6 +11,7 @@ attempt logged a preemption notice.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -227,10 +228,60 @@ def placement_gave_up(workers: int, cpus_per_worker: float, gpus: bool, timeout_
 
 
 # ---------------------------------------------------------------- in-place recovery
-# How one rank's training process of an in-place generation ended, as its supervisor saw it
-# (syncpoint.workers.supervisor). STOPPED: its supervisor ended it because a peer had failed.
-FINISHED, RAISED, DIED, STOPPED = "finished", "raised", "died", "stopped"
-RECOVER, ESCALATE = "recover", "escalate"
+class RankStatus(StrEnum):
+    """How one rank's training process of an in-place generation ended, as its supervisor saw it
+    (``syncpoint.workers.supervisor``); its text is what crosses the supervisors' store."""
+
+    FINISHED = "finished"  # the loop returned: the run is done on this rank
+    RAISED = "raised"  # an exception, handed to the supervisor with its traceback
+    DIED = "died"  # no exception: a crash, a signal, os._exit, an end that could not be read
+    STOPPED = "stopped"  # its supervisor ended it because a peer had failed
+
+
+class InPlaceAction(StrEnum):
+    """Rank 0's decision for a generation that did not finish on every rank (``in_place_action``)."""
+
+    RECOVER = "recover"  # a new generation of training processes in the same worker group
+    ESCALATE = "escalate"  # to Ray Train's failure policy, which decides as it always has
+
+
+FINISHED, RAISED, DIED, STOPPED = RankStatus.FINISHED, RankStatus.RAISED, RankStatus.DIED, RankStatus.STOPPED
+RECOVER, ESCALATE = InPlaceAction.RECOVER, InPlaceAction.ESCALATE
+
+
+class GenerationState(StrEnum):
+    """Where a supervisor's current generation is (as Ray Train's ``TrainControllerState`` and
+    torchelastic's ``WorkerState``); ``GENERATION_MOVES`` holds every move it may make."""
+
+    RUNNING = "running"  # its training process trains
+    ENDED = "ended"  # every rank's end is published and read
+    FINISHED = "finished"  # every rank finished: the supervisor returns (final)
+    RECOVERING = "recovering"  # rank 0 said RECOVER: a new generation starts
+    ESCALATED = "escalated"  # rank 0 said ESCALATE: the failure goes to Ray Train (final)
+
+
+GENERATION_MOVES: dict[GenerationState, tuple[GenerationState, ...]] = {
+    GenerationState.RUNNING: (GenerationState.ENDED,),
+    GenerationState.ENDED: (GenerationState.FINISHED, GenerationState.RECOVERING, GenerationState.ESCALATED),
+    GenerationState.RECOVERING: (GenerationState.RUNNING,),
+    GenerationState.FINISHED: (),
+    GenerationState.ESCALATED: (),
+}
+
+
+def after_generation(ends: list[RankEnd], action: Callable[[], InPlaceAction]) -> GenerationState:
+    """An ended generation's next state: FINISHED when every rank finished, else what rank 0 decided
+    (``action``, asked only then)."""
+    if all(e.status == FINISHED for e in ends):
+        return GenerationState.FINISHED
+    return GenerationState.RECOVERING if action() == RECOVER else GenerationState.ESCALATED
+
+
+def move(current: GenerationState, to: GenerationState) -> GenerationState:
+    """``to``, when ``GENERATION_MOVES`` allows it from ``current``; a move it does not list is a bug."""
+    if to not in GENERATION_MOVES[current]:
+        raise ValueError(f"an in-place generation cannot go from {current} to {to}")
+    return to
 
 
 @dataclass(frozen=True)
@@ -239,7 +290,7 @@ class RankEnd:
     data (it crosses nodes as JSON through the supervisors' store)."""
 
     rank: int
-    status: str  # FINISHED, RAISED, DIED or STOPPED
+    status: RankStatus
     message: str = ""  # the rank's one-line reason (``failure_reason``), or how its process exited
     ours: bool = False  # a syncpoint exception (``is_ours``)
     refusal: str | None = None  # a refusal of the job itself (no retry can change it), its reason
@@ -305,7 +356,7 @@ def in_place_facts(ends: list[RankEnd], notice_logged: bool, repeats: bool) -> F
     )
 
 
-def in_place_action(verdict: FailureVerdict, repeats: bool, retried: int, max_failures: int) -> str:
+def in_place_action(verdict: FailureVerdict, repeats: bool, retried: int, max_failures: int) -> InPlaceAction:
     """RECOVER (a new generation of training processes in the same worker group) or ESCALATE (to
     Ray Train's failure policy, which decides exactly as it always has).
 

@@ -64,10 +64,15 @@ from syncpoint.policies.failures import (
     REPORTED_ATTR,
     STOPPED,
     TRACEBACK_LIMIT,
+    GenerationState,
+    InPlaceAction,
     RankEnd,
+    RankStatus,
+    after_generation,
     failure_reason,
     failure_signature,
     is_ours,
+    move,
 )
 from syncpoint.policies.spec import JobSpec
 
@@ -95,7 +100,7 @@ class Hooks:
     """What the launcher gives its supervisor: Ray's calls (or nothing, outside Ray) and the decision."""
 
     # rank 0: RECOVER or ESCALATE for a failed generation (it records the failure, as Ray's policy does)
-    decide: Callable[[list[RankEnd]], str]
+    decide: Callable[[list[RankEnd]], InPlaceAction]
     notice: Callable[[], dict[str, Any] | None] | None = None  # a local, non-blocking read
     beat: Callable[[int, int, int, float], None] | None = None  # a heartbeat, forwarded
     report: Callable[[dict[str, float]], None] | None = None  # Ray Train's report (a barrier), called in order
@@ -220,16 +225,18 @@ class Coordinator:
         self._wait(keys, bound_s, "every rank's end")
         return [_parse_end(self.store.get(k), r) for r, k in enumerate(keys)]
 
-    def action(self, generation: int, decide: Callable[[], str], bound_s: float) -> str:
-        """Rank 0 decides and publishes; the others read its decision."""
+    def action(self, generation: int, decide: Callable[[], InPlaceAction], bound_s: float) -> InPlaceAction:
+        """Rank 0 decides and publishes; the others read its decision (anything else: ESCALATE)."""
         key = f"g{generation}/action"
         if self.rank == 0:
             action = decide()
-            self.store.set(key, action)
+            self.store.set(key, action.value)
             return action
         self._wait([key], bound_s, "rank 0's decision")
-        action = self.store.get(key).decode("ascii", "replace")
-        return action if action in (RECOVER, ESCALATE) else ESCALATE
+        try:
+            return InPlaceAction(self.store.get(key).decode("ascii", "replace"))
+        except ValueError:
+            return ESCALATE
 
     def leave(self, generation: int, bound_s: float) -> None:
         """This supervisor has read all it needs of the generation; rank 0 (whose process serves the
@@ -258,7 +265,7 @@ def _parse_end(raw: bytes, rank: int) -> RankEnd:
         data = json.loads(raw)
         end = RankEnd(
             rank=rank,
-            status=str(data["status"]),
+            status=RankStatus(str(data["status"])),
             message=str(data.get("message", ""))[:2000],
             ours=bool(data.get("ours", False)),
             refusal=None if data.get("refusal") is None else str(data["refusal"])[:2000],
@@ -266,8 +273,6 @@ def _parse_end(raw: bytes, rank: int) -> RankEnd:
             micro_step=data["micro_step"] if isinstance(data.get("micro_step"), int) else None,
             traceback=str(data.get("traceback", ""))[-TRACEBACK_LIMIT:],
         )
-        if end.status not in (FINISHED, RAISED, DIED, STOPPED):
-            raise ValueError(end.status)
         return end
     except (ValueError, KeyError, TypeError) as e:
         return RankEnd(rank=rank, status=DIED, message=f"rank {rank}'s end could not be read ({e})")
@@ -608,25 +613,29 @@ class Supervisor:
         reporter = _Reporter(self.hooks.report) if self.hooks.report is not None else None
         if reporter is not None:
             reporter.start()
+        state = GenerationState.RUNNING  # its moves: syncpoint.policies.failures.GENERATION_MOVES
         while True:
             end, error, service = self._run_child(generation, launched_at, reporter)
             self.coordinator.publish(generation, end, service.reports)
             ends = self.coordinator.ends(generation, self.bound_s)
+            state = move(state, GenerationState.ENDED)
             if reporter is not None:  # every rank's reports paired again (see the module docstring)
                 for _ in range(self.coordinator.most_reports(generation) - service.reports):
                     reporter.put(dict(service.metrics))
-            if all(e.status == FINISHED for e in ends):
-                self.coordinator.leave(generation, self.bound_s)
-                if reporter is not None:
-                    reporter.drain(self.bound_s)
-                return
-            action = self.coordinator.action(generation, functools.partial(self.hooks.decide, ends), self.bound_s)
-            if action == RECOVER:
+            decide = functools.partial(self.hooks.decide, ends)  # rank 0's; the others read it
+            action = functools.partial(self.coordinator.action, generation, decide, self.bound_s)
+            state = move(state, after_generation(ends, action))
+            if state == GenerationState.RECOVERING:
                 generation, launched_at = generation + 1, time.time()
                 if self.rank == 0:
                     print(f"[syncpoint] recovering in place: training generation {generation}", flush=True)
+                state = move(state, GenerationState.RUNNING)
                 continue
             self.coordinator.leave(generation, self.bound_s)
+            if state == GenerationState.FINISHED:
+                if reporter is not None:
+                    reporter.drain(self.bound_s)
+                return
             self._escalate(end, error)
 
     def _escalate(self, end: RankEnd, error: bytes | None) -> None:
@@ -746,14 +755,14 @@ def _print_failure(ends: list[RankEnd], repeats: bool) -> None:
 
 def in_place_decider(
     spec: JobSpec, submission_id: str, before: Callable[[Any], None] | None = None
-) -> Callable[[list[RankEnd]], str]:
+) -> Callable[[list[RankEnd]], InPlaceAction]:
     """Rank 0's ``Hooks.decide``: classify the failed generation from its ranks' ends and the run's
     journal as Ray Train's failure policy would (``classify_failure``, the repeat rule, the
     ``failure.max_failures`` budget counted from the journal), record the ``Failure`` event when it
     recovers in place, and say RECOVER or ESCALATE. ``before(journal)``: the launcher's own record
     first (Ray's: the measured interruption point from the heartbeat board)."""
 
-    def decide(ends: list[RankEnd]) -> str:
+    def decide(ends: list[RankEnd]) -> InPlaceAction:
         from syncpoint.policies.failures import (
             APPLICATION,
             classify_failure,

@@ -4,6 +4,7 @@ combination of ends, verdict, repeat and budget."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,17 +13,23 @@ from syncpoint.policies.failures import (
     DIED,
     ESCALATE,
     FINISHED,
+    GENERATION_MOVES,
     PREEMPTION,
     RAISED,
     RECOVER,
     REFUSAL,
     STOPPED,
     FailureVerdict,
+    GenerationState,
+    InPlaceAction,
     RankEnd,
+    RankStatus,
+    after_generation,
     classify_failure,
     failing_end,
     in_place_action,
     in_place_facts,
+    move,
 )
 from syncpoint.policies.journal import Failure, Journal
 
@@ -91,3 +98,49 @@ def test_the_budget_counts_retries_of_the_submission_in_place_and_by_ray():
     assert journal.retried("a", APPLICATION) == 2
     assert journal.retried("a", PREEMPTION) == 1
     assert journal.retried("b", APPLICATION) == 1
+
+
+# ---------------------------------------------------------------- a generation's states
+
+
+def _walk(ends: list[RankEnd], action: InPlaceAction) -> list[GenerationState]:
+    """The states a supervisor's loop passes through for one generation ending with ``ends``."""
+    state, seen = GenerationState.RUNNING, [GenerationState.RUNNING]
+    state = move(state, GenerationState.ENDED)
+    seen.append(state)
+    asked: list[bool] = []
+    state = move(state, after_generation(ends, lambda: asked.append(True) or action))
+    seen.append(state)
+    if state == GenerationState.RECOVERING:
+        seen.append(move(state, GenerationState.RUNNING))
+    assert asked == ([] if all(e.status == FINISHED for e in ends) else [True])  # rank 0 asked only for a failure
+    return seen
+
+
+@given(st.lists(st.sampled_from(list(RankStatus)), min_size=1, max_size=4), st.sampled_from(list(InPlaceAction)))
+def test_a_generation_finishes_recovers_or_escalates_through_the_listed_moves(statuses, action):
+    ends = [RankEnd(rank=r, status=s) for r, s in enumerate(statuses)]
+    seen = _walk(ends, action)
+    if all(s == FINISHED for s in statuses):
+        assert seen[-1] == GenerationState.FINISHED
+    elif action == RECOVER:
+        assert seen[-2:] == [GenerationState.RECOVERING, GenerationState.RUNNING]
+    else:
+        assert seen[-1] == GenerationState.ESCALATED
+
+
+def test_the_final_states_have_no_move_and_an_unlisted_move_is_refused():
+    assert [s for s, nxt in GENERATION_MOVES.items() if not nxt] == [
+        GenerationState.FINISHED,
+        GenerationState.ESCALATED,
+    ]
+    assert set(GENERATION_MOVES) == set(GenerationState)
+    with pytest.raises(ValueError, match="cannot go from finished to running"):
+        move(GenerationState.FINISHED, GenerationState.RUNNING)
+    with pytest.raises(ValueError, match="cannot go from running to recovering"):
+        move(GenerationState.RUNNING, GenerationState.RECOVERING)
+
+
+def test_a_rank_status_and_an_action_are_their_text_on_the_wire():
+    assert RankStatus("died") is DIED and InPlaceAction("escalate") is ESCALATE
+    assert [str(s) for s in RankStatus] == ["finished", "raised", "died", "stopped"]
