@@ -353,7 +353,9 @@ def _serve(config: dict[str, Any]) -> None:
                 return
     finally:
         _remove_own_files(path, inode, str(config["lock"]))
-        server._stop()
+        # its last step unlinks the server's socket: gone already when the node's temp dir was cleaned
+        with contextlib.suppress(OSError):
+            server._stop()
 
 
 def _remove_own_files(path: str, inode: int, lock_path: str) -> None:

@@ -34,20 +34,29 @@ pytestmark = pytest.mark.slow
 SEED = "4242"
 
 
+@pytest.fixture(scope="module")
+def short_tmp_root():
+    """Where each test's own temp dir is made (short: a Unix socket's path is bounded), removed once
+    the module's tests are done. Why not at each test's end: a keeper that was asked to stop is
+    still ending, and its fork server's and multiprocessing's own files live under the test's dir."""
+    root = tempfile.mkdtemp(prefix="spw-", dir="/tmp")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
-def private_tmp(monkeypatch, tmp_path_factory):
-    """A temp dir of the test's own (short: a Unix socket's path is bounded): the keepers' sockets
-    live under it, and every keeper the test started is stopped at the end by its key."""
+def private_tmp(monkeypatch, tmp_path_factory, short_tmp_root):
+    """A temp dir of the test's own: the keepers' sockets live under it, and every keeper the test
+    started is stopped at the end by its key."""
     tmp_path_factory.getbasetemp()  # pytest's and multiprocessing's own temp dirs, fixed before TMPDIR changes
     multiprocessing.util.get_temp_dir()
-    short = tempfile.mkdtemp(prefix="spw-", dir="/tmp")
+    short = tempfile.mkdtemp(dir=short_tmp_root)
     monkeypatch.setenv("TMPDIR", short)
     monkeypatch.setattr(tempfile, "tempdir", None)
     keys: list[str] = []
     yield keys
     for k in keys:
         zygote.stop(k)
-    shutil.rmtree(short, ignore_errors=True)
 
 
 def _probe(conn) -> None:
