@@ -85,7 +85,8 @@ def adopt_environment(values: Mapping[str, str]) -> None:
 
     Why: a process forked from a fork server (this module's, or the node's warm server) starts with
     the server's environment and with what its imports read from it then: fsspec's
-    ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials) and ``tempfile``'s temp dir.
+    ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials), ``tempfile``'s temp dir
+    and multiprocessing's (the server's own ``pymp-*`` dir, which a child only borrows).
     A server outlives the caller that started it, so both may name what is gone: a rank that made a
     temp dir under a removed ``TMPDIR`` failed (``make test``, a server started by an earlier test
     under its own private temp dir); one that kept the old endpoint reached another S3 than its job
@@ -98,6 +99,7 @@ def adopt_environment(values: Mapping[str, str]) -> None:
     os.environ.clear()
     os.environ.update(values)
     tempfile.tempdir = None  # found again from TMPDIR on first use
+    mp.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]  # made again, the child's own
     fsspec.config.conf.clear()
     fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
     fsspec.config.set_conf_env(fsspec.config.conf)

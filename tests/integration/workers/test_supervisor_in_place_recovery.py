@@ -189,7 +189,7 @@ def test_a_failure_past_the_budget_goes_to_the_launcher(tmp_path):
         "faults=[{rank: 1, at_micro_step: 9, mode: exit}, {rank: 1, at_micro_step: 14, mode: exit}]",
         workers=2,
     )
-    codes = run_spawned(spec, in_place=True)
+    codes = run_spawned(spec, in_place=True, warm=False)  # each supervisor's own fork server: a node without a warm one
     assert codes[1] != 0
     assert [(f.decision, f.in_place) for f in _journal(spec).of_kind(Failure)] == [("RETRY", True)]
 

@@ -6,6 +6,7 @@ and anything planted where it lives means "no warm server", never someone else's
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import shutil
@@ -53,10 +54,14 @@ def private_tmp(monkeypatch, tmp_path_factory, short_tmp_root):
     short = tempfile.mkdtemp(dir=short_tmp_root)
     monkeypatch.setenv("TMPDIR", short)
     monkeypatch.setattr(tempfile, "tempdir", None)
+    server = multiprocessing.forkserver._forkserver
+    pid_before = server._forkserver_pid
     keys: list[str] = []
     yield keys
     for k in keys:
         zygote.stop(k)
+    if server._forkserver_pid not in (None, pid_before):  # this process's fork server, started under this dir
+        server._stop()  # a later test starts it again, under its own
 
 
 def _probe(conn) -> None:
