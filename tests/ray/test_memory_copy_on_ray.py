@@ -50,8 +50,12 @@ def _files(directory) -> list[str]:
     return [os.path.join(d, f) for d, _, fs in os.walk(directory) for f in fs]
 
 
+# make test: the copy written, restored from by two ranks and removed (tests/integration/workers/state/
+# test_memory_copy.py), the reaper that removes it when its run ends (test_supervisor_in_place_recovery.py),
+# and a restore from the copy on Ray (tests/ray/test_in_place_on_ray.py)
+@pytest.mark.long
 def test_a_job_that_fails_for_good_leaves_no_copy_on_its_node(s3, tmp_path):
-    """The next test's path on the embedded Ray's one node (make test's sibling of it): a rank raises
+    """The next test's path on the embedded Ray's one node (in make test-all, as the next): a rank raises
     with no failure budget left, its supervisor keeps the node's copy for a restart there, Ray Train
     ends the job, and the driver removes the copy (here the driver's own node: the removal on other
     nodes, through Ray, is the next test's)."""
@@ -72,7 +76,7 @@ def test_a_job_that_fails_for_good_leaves_no_copy_on_its_node(s3, tmp_path):
     assert _files(shm) == [], _files(shm)
 
 
-@pytest.mark.long  # make test: the test above, on the embedded Ray's one node
+@pytest.mark.long  # make test: the removal on the embedded Ray's node (tests/ray/test_in_place_on_ray.py, crash)
 def test_a_job_that_fails_for_good_leaves_no_copy_on_any_node(s3, tmp_path):
     """Two `ray start` worker nodes, each with its own shared-memory directory; a rank raises with
     no failure budget left, so its supervisor hands the failure to Ray Train (keeping the node's

@@ -155,6 +155,10 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(user_
     print(f"{task}: {took:.0f} s, {len(out.splitlines())} lines")
 
 
+# make test: the drill's verdict and table from its two runs' journals and digests (tests/unit/orchestrator/
+# test_drill_verdict.py), a crash's recovery on Ray (tests/ray/test_in_place_on_ray.py), the CLI's quiet
+# output on Ray (the mistake above, the quick start)
+@pytest.mark.long
 def test_a_drills_crash_prints_no_tracebacks_before_its_table(tmp_path):
     """`syncpoint drill --preempt-at P` crashes rank 1 on purpose: the survivor's broken collective,
     Ray's failure-policy dump and the controller's shutdown warning said nothing the table does not;

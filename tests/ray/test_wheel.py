@@ -164,9 +164,13 @@ print("RESULT " + json.dumps(dataclasses.asdict(result)))
 
 @pytest.mark.parametrize(
     "cli_runs",
-    # make test: the console script validates the job (the CLI's job path is every other Ray test's);
-    # make test-all: it also runs the job, a second embedded Ray
-    [pytest.param(False, id="api-run-cli-validate"), pytest.param(True, id="api-and-cli-run", marks=pytest.mark.long)],
+    # make test-all only: what the installed names and sub-packages are (tests/integration/test_package.py)
+    # and a job run from the checkout (every other Ray test) are make test's; here the console script
+    # validates the job, or (the second) also runs it, a second embedded Ray
+    [
+        pytest.param(False, id="api-run-cli-validate", marks=pytest.mark.long),
+        pytest.param(True, id="api-and-cli-run", marks=pytest.mark.long),
+    ],
 )
 def test_the_wheel_installs_syncpoint_alone_and_runs_a_job(tmp_path, cli_runs):
     wheel = _build_wheel(tmp_path / "build")
