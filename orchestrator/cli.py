@@ -13,6 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from syncpoint.orchestrator.import_check import import_paths
 from syncpoint.orchestrator.spec_file import (
     START_OVER,
     load_spec,
@@ -26,7 +27,6 @@ from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec, job_schema, spec_to_json
 
 if TYPE_CHECKING:
-    from syncpoint.policies.candidates import Candidate, Expectation
     from syncpoint.workers.storage import RunStorage
 
 MAX_POLICY_ARGS_BYTES = 64 << 10  # --policy-args: keyword arguments, a few dozen bytes
@@ -161,20 +161,6 @@ def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> di
     return facts
 
 
-def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
-    """(field, 'package.module:Name') of every user import path in the spec."""
-    from syncpoint.policies.spec import BUILTIN_POLICIES
-
-    paths = [("task.path", spec.task.path)]
-    if spec.resume.policy not in BUILTIN_POLICIES:
-        paths.append(("resume.policy", spec.resume.policy))
-    if spec.checkpoint.save_trigger:
-        paths.append(("checkpoint.save_trigger", spec.checkpoint.save_trigger))
-    if spec.train.scheduler.path:
-        paths.append(("train.scheduler.path", spec.train.scheduler.path))
-    return paths
-
-
 def import_problems(
     paths: list[tuple[str, str]], base_dir: str | None = None, facts: dict[str, dict] | None = None
 ) -> list[str]:
@@ -268,6 +254,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def cmd_states(args: argparse.Namespace) -> int:
     """``syncpoint states``: every state of a run, its verdict and reason, and what a resume would choose."""
+    from syncpoint.orchestrator.status import run_expectation
     from syncpoint.policies.candidates import candidates_table, classify
     from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
     from syncpoint.policies.resume import enforce_safe
@@ -289,7 +276,7 @@ def cmd_states(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError("--signing-key-env", [str(e)]) from None
     cands = discover(storage, signing_key=key)
-    exp = _run_expectation(cands)
+    exp = run_expectation(cands)
     for c in cands:
         classify(c, exp)
     policy = make_policy_for_cli(args.policy, policy_args_of(args.policy_args))
@@ -375,19 +362,6 @@ def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
             "--policy",
             [f"{name}: {e}; check --policy-args (pinned needs '{{\"state\": N}}', best-metric takes metric and mode)"],
         ) from None
-
-
-def _run_expectation(cands: list[Candidate]) -> Expectation | None:
-    """The run's own expectation, read back from its newest committed, readable state the way the
-    loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
-    None when no state is readable, so nothing can be incompatible with it."""
-    from syncpoint.policies.candidates import Expectation
-
-    for c in cands:
-        state = c.parse().state  # None: classification names what is wrong with it
-        if c.manifest is not None and state is not None:
-            return Expectation.from_state(state)
-    return None
 
 
 def cmd_digest(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from ray.train.v2.api import data_parallel_trainer as _dpt
 from ray.train.v2.api.config import FailureConfig
 from ray.train.v2.api.exceptions import ControllerError, TrainingFailedError, WorkerGroupError
 
+from syncpoint.orchestrator.failure_report import failure_report, own_exception
 from syncpoint.orchestrator.ray_internals import (
     DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
     WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
@@ -29,7 +30,6 @@ from syncpoint.orchestrator.ray_internals import (
     WorkerGroupStartupTimeoutError,
     is_preemption_failure,
 )
-from syncpoint.orchestrator.ray_runner import failure_report, own_exception
 from syncpoint.policies.failures import (
     APPLICATION,
     PLACEMENT,
@@ -168,7 +168,7 @@ class SyncpointFailurePolicy(DefaultFailurePolicy):
 def print_failure(error: BaseException, repeats: bool) -> None:
     """A worker group's failure, once: the failing rank's traceback and one line for each other rank
     (``failure_lines``). Why here: Ray Train's workers would each log their own traceback (the job's
-    worker processes drop them: ``ray_runner.quiet_worker``); the controller sees every rank's. Nothing
+    worker processes drop them: ``quiet.quiet_worker``); the controller sees every rank's. Nothing
     when an in-place decision printed it already (``REPORTED_ATTR``)."""
     lines = failure_lines(failure_ends(error), repeats)
     if lines:
@@ -326,7 +326,7 @@ def _repetition(error: BaseException, journal: Journal | None, submission: str) 
     """(signature, micro-step, repeats the previous failed attempt) of the failing rank's exception
     (``failing_cause``, the one the last line names), from the site its rank attached
     (``syncpoint.workers.failure_site``) and the journal's previous application failure of this submission."""
-    from syncpoint.orchestrator.ray_runner import failing_cause
+    from syncpoint.orchestrator.failure_report import failing_cause
 
     cause = failing_cause(error)
     site = getattr(cause, "syncpoint_site", None)
@@ -392,7 +392,6 @@ def _await_death(
 def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
-    from syncpoint.orchestrator.ray_runner import own_exception
     from syncpoint.policies.errors import JOB_REFUSALS
 
     for _, error in sorted(failures.items()):

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from syncpoint.policies.import_path import moved_hint
+from syncpoint.policies.spec import JobSpec
 
 TIMEOUT_ENV = "SYNCPOINT_IMPORT_CHECK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
@@ -278,3 +279,17 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
         f"{field}: {path!r} could not be checked: the checking Python did not start "
         f"({r.get('no_start') or 'no output'}); run `{sys.executable} -c 'import {module}'` to see why"
     )
+
+
+def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, 'package.module:Name') of every user import path in the spec."""
+    from syncpoint.policies.spec import BUILTIN_POLICIES
+
+    paths = [("task.path", spec.task.path)]
+    if spec.resume.policy not in BUILTIN_POLICIES:
+        paths.append(("resume.policy", spec.resume.policy))
+    if spec.checkpoint.save_trigger:
+        paths.append(("checkpoint.save_trigger", spec.checkpoint.save_trigger))
+    if spec.train.scheduler.path:
+        paths.append(("train.scheduler.path", spec.train.scheduler.path))
+    return paths

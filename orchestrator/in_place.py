@@ -44,7 +44,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
 
     from syncpoint.orchestrator.driver_signals import StopWatch
     from syncpoint.orchestrator.failure_policy import record_interruption
-    from syncpoint.orchestrator.ray_runner import quiet_training_process
+    from syncpoint.orchestrator.quiet import quiet_training_process
     from syncpoint.orchestrator.spare_workers import AfterFirstStep
     from syncpoint.orchestrator.warm_nodes import server_key, wanted
     from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider

@@ -17,7 +17,7 @@ WRITTEN_FOR = "2.60"
 
 # name here -> (Ray's module, its attribute there; None: the module itself)
 NAMES: dict[str, tuple[str, str | None]] = {
-    # the driver: the cluster's messages and the worker log stream it prints (ray_runner.quiet_driver)
+    # the driver: the cluster's messages and the worker log stream it prints (quiet.quiet_driver)
     "ray_worker": ("ray._private.worker", None),
     "stdstream_dispatcher": ("ray._private.ray_logging", "global_worker_stdstream_dispatcher"),
     "ray_constants": ("ray._private.ray_constants", None),

@@ -10,19 +10,16 @@ deletes, and Ray fails start-up on a checkpoint someone else removed.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
-import re
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.orchestrator.quiet import drop
-from syncpoint.policies.failures import failure_reason, is_ours, looks_like_lost_peer
+from syncpoint.orchestrator.failure_report import failure_report, own_exception
+from syncpoint.orchestrator.quiet import quiet_driver, quiet_driver_start, quiet_worker
 from syncpoint.policies.redact import redact_text, redact_url
 from syncpoint.policies.spec import JobSpec
 
@@ -93,19 +90,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         driver.close()
 
 
-# ---------------------------------------------------------------- known-harmless third-party messages
-# A successful run shows syncpoint's lines and real problems. Each message below is quieted at its
-# source, by exact text, and only because it says nothing about this run; anything else from the
-# same loggers and streams still shows (syncpoint.orchestrator.quiet; the CLI's own process: quiet_cli there;
-# every worker process of the job as it starts: syncpoint.orchestrator.worker_setup).
-
-
-# Ray's core worker logs (C++, once per process, error level) that the PreemptionWatcher actor has
-# "constructor arguments in the object store and max_restarts > 0". Ray Train's PreemptionCallback
-# creates it (max_restarts=-1) with the worker group's actor handles as arguments; the watcher is
-# killed with that worker group, whose handles the controller holds all along, so a restart of the
-# watcher finds them (ray-project/ray#53727 is about arguments that go out of scope). Not ours to
-# change: we drop that one line, for that one class, from the log stream the driver prints.
 # Where the trackers of train.report_to write, passed from the driver to every worker (a remote
 # cluster's workers do not inherit the driver's environment); API keys and tokens are not among them.
 TRACKER_ENV = (
@@ -118,148 +102,6 @@ TRACKER_ENV = (
     "WANDB_DIR",
     "WANDB_BASE_URL",
 )
-WATCHER_ARGS_LINE = re.compile(
-    r"Actor with class name: 'PreemptionWatcher' and ID: '\w+' has constructor arguments "
-    r"in the object store and max_restarts > 0"
-)
-
-
-_RAYLET_SEEN: set[str] = set()  # the (raylet) messages this driver showed (quiet.quiet_raylet_message)
-
-
-def quiet_stream_data(data: dict) -> dict | None:
-    """One batch of lines Ray is about to print on the driver, without the messages above and with
-    the node-death messages cut to their first sentences (``syncpoint.orchestrator.quiet``); None: nothing left."""
-    from syncpoint.orchestrator.quiet import quiet_raylet_message
-
-    lines = [ln for ln in data.get("lines", []) if not WATCHER_ARGS_LINE.search(ln)]
-    if data.get("pid") == "raylet":
-        lines = [kept for ln in lines if (kept := quiet_raylet_message(ln, _RAYLET_SEEN)) is not None]
-    return {**data, "lines": lines} if lines else None
-
-
-def _filtered_log_handler(handler: Callable[[dict], None]) -> Callable[[dict], None]:
-    def handle(data: dict) -> None:
-        if (kept := quiet_stream_data(data)) is not None:
-            handler(kept)
-
-    handle._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: quiet_driver wraps a handler once
-    return handle
-
-
-def _quiet_error_messages() -> None:
-    """Ray's driver prints the errors the cluster publishes (a node's death among them) through
-    ``ray._private.worker.print_to_stdstream``, which its error thread looks up at each message: that
-    function, filtered by ``quiet_stream_data``, once per process."""
-    try:
-        from syncpoint.orchestrator.ray_internals import ray_worker
-    except ImportError:  # another Ray: the messages show whole, nothing else changes
-        return
-    original = ray_worker.print_to_stdstream
-    if getattr(original, "_syncpoint_filtered", False):
-        return
-
-    def print_to_stdstream(data: dict, ignore_prefix: bool) -> None:
-        if (kept := quiet_stream_data(data)) is not None:
-            original(kept, ignore_prefix)
-
-    print_to_stdstream._syncpoint_filtered = True  # type: ignore[attr-defined]  # a marker: wrapped once
-    ray_worker.print_to_stdstream = print_to_stdstream
-
-
-def quiet_driver() -> None:
-    """On the driver, after ``ray.init``: filter the worker log stream and the cluster's error
-    messages it prints (see above)."""
-    _quiet_error_messages()
-    try:
-        from syncpoint.orchestrator.ray_internals import stdstream_dispatcher as dispatcher
-    except ImportError:  # another Ray: the line shows, nothing else changes
-        return
-    with dispatcher._lock:
-        dispatcher.handlers = [
-            (
-                name,
-                h if getattr(h, "_syncpoint_filtered", False) or name != "ray_print_logs" else _filtered_log_handler(h),
-            )
-            for name, h in dispatcher.handlers
-        ]
-
-
-def quiet_driver_start() -> None:
-    """On the driver, before ``ray.init``: Ray's notice that a new local cluster uses token
-    authentication by default (it does; nothing to act on) is dropped at its logger."""
-    from syncpoint.orchestrator.ray_internals import AUTH_TOKEN_LOGGER
-
-    drop(AUTH_TOKEN_LOGGER, r"^Token authentication is enabled for this Ray cluster\.")
-
-
-def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
-    """In a worker, before DeepSpeed is imported. ``trains_here`` false: a supervisor, whose training
-    process quiets DeepSpeed itself; importing DeepSpeed here would cost the worker group seconds."""
-    # Ray Train v2 logs every ray.train.report at INFO ("Reporting training result N: TrainingReport(
-    # checkpoint=None, metrics={...}) from rank R"), once per rank and logged step: the metrics are the
-    # ones the progress line (or the driver's bar) already shows. Its logger is named by its file path.
-    try:
-        from syncpoint.orchestrator.ray_internals import train_context
-    except ImportError:  # another Ray: the lines show, nothing else changes
-        pass
-    else:
-        drop(train_context.logger.name, r"^Reporting training result \d+: ")
-    # Ray Train logs every failing rank's traceback ("Error in training function:"), at each rank: a bug
-    # in the task fails every rank the same way, and a rank whose collective lost its peer only says that
-    # another rank died first. The failure is printed once where every rank's is known: the failing rank's
-    # traceback, one line for each other rank (the failure policy in the controller:
-    # failure_policy.print_failure; in place, rank 0's decision: syncpoint.workers.supervisor).
-    from syncpoint.orchestrator.ray_internals import TRAINING_ERROR_LOGGER
-
-    drop(TRAINING_ERROR_LOGGER, r"^Error in training function:\n")
-    if trains_here:
-        quiet_training_process(spec)
-    else:
-        os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")  # the server's import
-
-
-def quiet_training_process(spec: JobSpec) -> None:
-    """In a process that trains (a Ray worker, or the training process its supervisor starts, which
-    imports no Ray: ``syncpoint.workers.supervisor``), before DeepSpeed builds its engine."""
-    # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
-    # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
-    # DeepSpeed's ZeRO calls torch's all_gather_into_tensor and (ZeRO-3) reduce_scatter_tensor, both
-    # deprecated in torch 2.13: not ours to change.
-    for deprecated in ("all_gather_into_tensor", "reduce_scatter_tensor"):
-        warnings.filterwarnings(
-            "ignore", message=rf"`torch\.distributed\.{deprecated}` is deprecated", category=FutureWarning
-        )
-    # DeepSpeed prints (print, not its logger) "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built
-    # successfully" whenever a process loads its CPU shared-memory op: that one line is dropped.
-    try:
-        import importlib
-
-        # the module itself: `deepspeed.comm.torch` as an attribute is torch (deepspeed.comm imports it)
-        ds_torch: Any = importlib.import_module("deepspeed.comm.torch")  # its attributes vary by version
-        original = ds_torch.build_shm_op
-    except Exception:  # noqa: BLE001 - no DeepSpeed, or another one: its line shows, nothing else changes
-        return
-    if getattr(original, "_syncpoint_quiet", False):
-        return
-
-    def build_shm_op() -> Any:
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                return original()
-        finally:
-            rest = [
-                ln
-                for ln in out.getvalue().splitlines(keepends=True)
-                if not re.fullmatch(r"DeepSpeed \S+ built successfully\s*", ln)
-            ]
-            if rest:
-                sys.stdout.write("".join(rest))
-
-    build_shm_op._syncpoint_quiet = True  # type: ignore[attr-defined]  # a marker: patched once per process
-    ds_torch.build_shm_op = build_shm_op
 
 
 def _ray_storage_path(spec: JobSpec) -> str:
@@ -800,31 +642,6 @@ def _shown(storage: RunStorage, *parts: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
-def failure_report(error: BaseException) -> tuple[str, str]:
-    """(reason, details) of a failure: the one rule for a failed run's last line and for the failure
-    policy's message of each failed rank.
-
-    The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
-    worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
-    traceback text), which names where its rank was (``syncpoint.workers.failure_site``). Of several failed
-    ranks, ``failing_cause`` picks: a refusal or a bug on one rank often surfaces as a broken
-    collective on the others.
-    """
-    return failure_reason(failing_cause(error))
-
-
-def failing_cause(error: BaseException) -> BaseException:
-    """The exception that says why a worker group failed (``failure_report``'s rule, also the failure
-    policy's for telling a repeated bug): syncpoint's own refusal first, then the lowest rank's own
-    error over a peer's lost connection (a rank that raised leaves the others' collectives broken),
-    then the lowest rank's."""
-    failures = getattr(error, "worker_failures", None) or {}
-    causes = [own_exception(failures[rank]) for rank in sorted(failures)] or [own_exception(error)]
-    return next((c for c in causes if is_ours(c)), None) or next(
-        (c for c in causes if not looks_like_lost_peer(str(c))), causes[0]
-    )
-
-
 def _not_retried(spec: JobSpec, submission: str) -> str:
     """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
     (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
@@ -854,13 +671,3 @@ def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | 
         s.use_gpu,
         spec.failure.placement_timeout_s,
     ), str(own_exception(error))
-
-
-def own_exception(error: BaseException) -> BaseException:
-    """The exception that says why: Ray wraps a worker's in ``UserExceptionWithTraceback``
-    (``_base_exc``) and the controller's in ``ControllerError`` (``controller_failure``)."""
-    for wrapped in ("_base_exc", "controller_failure"):
-        inner = getattr(error, wrapped, None)
-        if isinstance(inner, BaseException):
-            return own_exception(inner)
-    return error

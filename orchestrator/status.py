@@ -25,7 +25,7 @@ from syncpoint.policies.journal import AttemptStarted, Journal
 from syncpoint.policies.redact import redact_url
 
 if TYPE_CHECKING:
-    from syncpoint.policies.candidates import Candidate
+    from syncpoint.policies.candidates import Candidate, Expectation
     from syncpoint.workers.storage import RunStorage
 
 RUNNING, STOPPED, FINISHED, FAILED = "running", "stopped", "finished", "failed"
@@ -142,10 +142,9 @@ def _newest_resumable(
 ) -> tuple[dict[str, Any] | None, bool]:
     """What ``syncpoint states``' default policy would resume now, from the manifests alone; and
     whether the run has states at all."""
-    from syncpoint.orchestrator.cli import _run_expectation, make_policy_for_cli
     from syncpoint.policies.candidates import classify
     from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
-    from syncpoint.policies.resume import enforce_safe
+    from syncpoint.policies.resume import enforce_safe, make_policy
     from syncpoint.workers.state.discovery import discover, states_entries
 
     try:
@@ -155,11 +154,11 @@ def _newest_resumable(
     except RunDirectoryRefused as e:
         problems.append(_short(str(e)))
         return None, True
-    exp = _run_expectation(cands)
+    exp = run_expectation(cands)
     for c in cands:
         classify(c, exp)
     try:
-        decision = enforce_safe(make_policy_for_cli("newest-resumable", {}).choose(cands, {}), cands)
+        decision = enforce_safe(make_policy("newest-resumable", {}).choose(cands, {}), cands)
     except NoResumableState as e:
         problems.append(_short(str(e).splitlines()[0]))
         return None, True
@@ -345,3 +344,16 @@ def _interruption_line(i: dict[str, Any]) -> str:
         f"{i['resumed_from'] or 'scratch'}: cost {i['cost_s']:.2f} s ({steps} wasted, {i['wasted_progress_s']:.2f} s; "
         f"recovery {i['recovery_s']:.2f} s; start-up {i['startup_s']:.2f} s)"
     )
+
+
+def run_expectation(cands: list[Candidate]) -> Expectation | None:
+    """The run's own expectation, read back from its newest committed, readable state the way the
+    loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
+    None when no state is readable, so nothing can be incompatible with it."""
+    from syncpoint.policies.candidates import Expectation
+
+    for c in cands:
+        state = c.parse().state  # None: classification names what is wrong with it
+        if c.manifest is not None and state is not None:
+            return Expectation.from_state(state)
+    return None

@@ -195,7 +195,7 @@ def submit(
     # the working directory, where a relative path would vanish with the job
     overrides = [*overrides, f"storage={spec.storage}"]
     client = _connect(JobSubmissionClient, address, headers)
-    from syncpoint.orchestrator.cli import import_paths
+    from syncpoint.orchestrator.import_check import import_paths
 
     # refuses (exit 2) unless the cluster's python runs syncpoint and finds the task's module
     preflight(client, address, {"working_dir": wd}, import_paths(spec), job_file)

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from syncpoint.policies.boundaries import is_boundary
 from syncpoint.policies.corpus_identity import CORPUS_DIR, CorpusIdentity, CorpusSummary, first_difference, index_file
 from syncpoint.policies.elastic import Layout
+from syncpoint.policies.errors import candidates_table
 from syncpoint.policies.spec import JobSpec
 from syncpoint.policies.state_format import (
     KNOWN_SAMPLERS,
@@ -1141,11 +1142,3 @@ def newest_first(cands: Iterable[Candidate]) -> list[Candidate]:
     return sorted(cands, key=lambda c: c.sort_key, reverse=True)
 
 
-def candidates_table(cands: Iterable[Candidate]) -> str:
-    """Plain-text table of every candidate and its verdict (for errors and ``syncpoint states``)."""
-    rows = [("state", "micro-step", "verdict", "reason")]
-    for c in newest_first(cands):
-        step = c.micro_step
-        rows.append((c.name, "" if step is None else str(step), c.verdict.value if c.verdict else "?", c.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows)

@@ -12,7 +12,7 @@ a state or of the run directory derive from ``RuntimeError`` or ``Exception``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from syncpoint.policies.redact import redact_text
@@ -130,9 +130,19 @@ class NoResumableState(RuntimeError):
             f"{len(candidates)} state(s) exist but none is resumable; refusing to start over on top "
             f"of them.{why} {_what_to_do(candidates)}"
         )
-        from syncpoint.policies.candidates import candidates_table  # the table is the candidates module's format
-
         super().__init__(head + "\n" + candidates_table(candidates))
+
+
+def candidates_table(cands: Iterable[Candidate]) -> str:
+    """Plain-text table of every candidate, newest first, and its verdict (for this error and
+    ``syncpoint states``). Here, not beside ``Candidate``: this error prints it, and the candidates
+    module already builds on this one."""
+    rows = [("state", "micro-step", "verdict", "reason")]
+    for c in sorted(cands, key=lambda c: c.sort_key, reverse=True):  # candidates.newest_first's order
+        step = c.micro_step
+        rows.append((c.name, "" if step is None else str(step), c.verdict.value if c.verdict else "?", c.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows)
 
 
 def _what_to_do(candidates: Sequence[Candidate]) -> str:

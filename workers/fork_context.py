@@ -103,3 +103,14 @@ def adopt_environment(values: Mapping[str, str]) -> None:
     fsspec.config.conf.clear()
     fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
     fsspec.config.set_conf_env(fsspec.config.conf)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the process that forked it ends (Linux), so a training process or a
+    store agent never outlives its supervisor (its fork server exits with the supervisor)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

@@ -50,7 +50,7 @@ from syncpoint.workers import rng, task_rngs
 from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.boundary_vote import BoundaryVote
 from syncpoint.workers.callbacks import Callbacks, EndInfo, StartInfo, StepInfo
-from syncpoint.workers.data import corpus
+from syncpoint.workers.data import corpus, data_plan
 from syncpoint.workers.data.source import DataSource, data_source
 from syncpoint.workers.data.stream import PreparedStream, check_map_spec, prepare
 from syncpoint.workers.device import apply_collective_timeout, check_engine_device, prepare_process, to_device
@@ -175,7 +175,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     rng.use_task_generators(own_generators)  # saved and restored with the rank's RNG from now on
     check_task(spec, task)  # train.eval_every needs an eval set: refused before the lease and the resume
     stream = _prepare_stream(spec, task, rank, world)
-    data_plan = corpus.plan_for(spec, task.dataset)  # corpus.shuffle and the cache bound: refused here too
+    plan = data_plan.plan_for(spec, task.dataset)  # corpus.shuffle and the cache bound: refused here too
     data_layout = (
         stream.layout
         if stream is not None
@@ -214,9 +214,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         model_buffers=model_buffers(task.model),
         parameter_dtypes=parameter_dtypes(task.model),
         task_generators=rng.task_generator_kinds(),
-        corpus=data_plan.identity,
-        sampler=data_plan.sampler,
-        window_shards=data_plan.window_shards,
+        corpus=plan.identity,
+        sampler=plan.sampler,
+        window_shards=plan.window_shards,
         user_state=user_state.names(task.stateful),
     )
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
@@ -251,7 +251,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         start = negotiate_resume(attempt, engine)
         laps.mark("selection and state load")
         if rank == 0:
-            corpus.publish_index(storage, task.dataset, data_plan.identity)  # selections name a changed shard
+            data_plan.publish_index(storage, task.dataset, plan.identity)  # selections name a changed shard
         with RunMetrics.open(
             attempt,
             ctx.report_metrics,

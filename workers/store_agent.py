@@ -108,9 +108,9 @@ def open_store(host: str, port: int | None, namespace: str, timeout_s: float, se
 def serve(conn: Any, host: str, port: int | None, timeout_s: float, namespace: str) -> None:
     """The agent's body: serve a ``TCPStore`` on ``host`` (``port`` None: this is rank 0's, on a free
     port, sent first) or join the one at ``host:port``, then answer until the pipe closes."""
-    from syncpoint.workers.supervisor import _die_with_parent
+    from syncpoint.workers.fork_context import die_with_parent
 
-    _die_with_parent()
+    die_with_parent()
     try:
         store = open_store(host, port, namespace, max(MIN_TIMEOUT_S, timeout_s))
         reply: tuple[str, Any] = ("ok", _server_port(store))

@@ -35,7 +35,6 @@ report pairs with the same report of every other rank again.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
@@ -342,14 +341,6 @@ def describe(error: BaseException, rank: int) -> RankEnd:
     )
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when the process that forked it ends (Linux), so a training process never
-    outlives its supervisor (its fork server exits with the supervisor)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 @dataclass(frozen=True)
 class ChildPlan:
     """What a generation's child is told (picklable: it crosses to a forked or spawned process)."""
@@ -377,11 +368,11 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
     """A generation's training process: its own process group on the supervisors' store, then the loop."""
     import torch.distributed as dist
 
-    from syncpoint.workers.fork_context import adopt_environment
+    from syncpoint.workers.fork_context import adopt_environment, die_with_parent
     from syncpoint.workers.store_agent import MIN_TIMEOUT_S, open_store
 
     started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
-    _die_with_parent()
+    die_with_parent()
     # a forked child has its fork server's environment: take the supervisor's
     adopt_environment(
         {**plan.environ, "RANK": str(plan.rank), "WORLD_SIZE": str(plan.world), "LOCAL_RANK": str(plan.local_rank)}

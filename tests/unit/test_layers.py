@@ -150,3 +150,45 @@ def test_only_ray_internals_imports_rays_private_modules():
         if name.startswith(RAY_PRIVATE)
     ]
     assert found == []
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(("syncpoint", *parts))
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every module of the project this file imports when it runs (lazy imports inside functions
+    included; those under ``if TYPE_CHECKING:`` never run), as dotted names: ``from a import b``
+    counts as ``a`` and, when ``b`` is a module, ``a.b``."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return out
+
+
+def test_no_import_cycle_between_the_projects_modules():
+    """Two modules that import each other (at once or through others, lazily or not) are one concern
+    split in two, or a helper in the wrong place: each such cycle was broken by moving the helper."""
+    import graphlib
+
+    modules = {_module_name(p): p for layer in LAYERS for p in _files(layer)}
+    graph = {m: {t for t in _runtime_imports(p) if t in modules and t != m} for m, p in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        pytest.fail(f"an import cycle: {' -> '.join(e.args[1])}")

@@ -40,7 +40,6 @@ world size or another ``train.dataloader_workers`` (``syncpoint.policies.candida
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import warnings
@@ -55,6 +54,7 @@ from syncpoint.policies.errors import JobConfigError, TaskError
 from syncpoint.policies.spec import JobSpec
 from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
+from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too
 from syncpoint.workers.data.stream_state import SavedStream, encode
 from syncpoint.workers.log_filters import drop
 from syncpoint.workers.rng import derive_seed
@@ -67,7 +67,6 @@ STREAM_EXAMPLE_SALT = 0x57EA4E  # each example's draw from the stream (its .map'
 STREAM_COLLATE_SALT = 0x57C011  # each micro-batch's collate
 STREAM_SHUFFLE_SALT = 0x575FF1  # each draw from the shuffle buffer
 STREAM_LOADER_SALT = 0x57DA7A  # the DataLoader's generator (its workers' base seed)
-STREAM_CALL_SALT = 0x57CA11  # each call of a .map/.filter that datasets may repeat in another draw
 HF_BUFFER_SHUFFLE = "BufferShuffledExamplesIterable"
 
 
@@ -177,21 +176,6 @@ def check_map_spec(spec: JobSpec) -> None:
                 f"train.{name}: applies to stream datasets, and task {spec.task.path} returns a map-style dataset "
                 "(its epochs are its length, its order syncpoint's per-epoch permutation): remove it"
             )
-
-
-def hf_pipeline(dataset: Any) -> list[Any]:
-    """The ``datasets`` examples iterables the stream is built of, outermost first (internal API:
-    ``_ex_iterable`` and each step's ``ex_iterable`` / ``ex_iterables``)."""
-    out, todo, seen = [], [getattr(dataset, "_ex_iterable", None)], 0
-    while todo and seen < 256:
-        step = todo.pop(0)
-        if step is None:
-            continue
-        out.append(step)
-        seen += 1
-        todo.append(getattr(step, "ex_iterable", None))
-        todo.extend(getattr(step, "ex_iterables", None) or [])
-    return out
 
 
 def _check_hf(spec: JobSpec, dataset: Any) -> None:
@@ -371,59 +355,6 @@ def _custom_split(spec: JobSpec, dataset: Any, rank: int, world_size: int) -> An
             "rank's stream, stateful like the whole one"
         )
     return own
-
-
-# The draw in progress in this process (``drawing``) and the shard-interleave sources it is reading
-# (``reading_source``): the part of a repeated call's seed that is not the call's own. Draws and reads
-# are sequential (nothing below a draw runs on a thread: ``stream_hf``), so process-wide stacks do.
-_DRAWS: list[tuple[int, ...]] = []
-_SOURCES: list[int] = []
-
-
-@contextlib.contextmanager
-def drawing(key: tuple[int, ...]) -> Iterator[None]:
-    """A draw from the stream keyed ``key`` (seed, rank, pass, DataLoader worker) is in progress."""
-    _DRAWS.append(key)
-    try:
-        yield
-    finally:
-        _DRAWS.pop()
-
-
-@contextlib.contextmanager
-def reading_source(index: int) -> Iterator[None]:
-    """An interleave of shard copies is reading its source ``index`` (``stream_hf.RoundRobin``)."""
-    _SOURCES.append(index)
-    try:
-        yield
-    finally:
-        _SOURCES.pop()
-
-
-class SeededCall:
-    """A ``.map``/``.filter`` function that ``datasets`` may call again in a later draw, run under a
-    seed of its own position: the draw's key, its step's place in the pipeline, the shard copy
-    reading it, and the index ``datasets`` gives the call's first input (which it saves and restores
-    with the step). Why: a batched step computes its batch in the draw of the batch's first example
-    and, resumed mid-batch, in the first draw after the resume; seeded by that draw, its random work
-    would differ.
-
-    Its step passes indices (``with_indices``); the call takes them off unless the task asked for
-    them. Outside a draw (the task iterating its own dataset) the function runs as it is."""
-
-    def __init__(self, function: Callable[..., Any], step: int, wants_indices: bool) -> None:
-        self.function, self.step, self.wants_indices = function, step, wants_indices
-        self.generators = DataGenerators(function, "dataset")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        *inputs, indices = args
-        call = (*inputs, indices) if self.wants_indices else tuple(inputs)
-        if not _DRAWS:
-            return self.function(*call, **kwargs)
-        first = indices[0] if isinstance(indices, (list, tuple)) and indices else indices
-        seed = derive_seed(*_DRAWS[-1], STREAM_CALL_SALT, self.step, len(_SOURCES), *_SOURCES, int(first))
-        with _seeded_rngs(seed), _reseeded(self.generators, seed):
-            return self.function(*call, **kwargs)
 
 
 class StreamGenerators(DataGenerators):

@@ -9,7 +9,7 @@ resumes each DataLoader worker from its saved state. Where ``datasets`` 5.2 does
   the batch's first example and, resumed mid-batch, recomputes it inside the first draw after the
   resume; ``interleave_datasets`` reads each source one example ahead and rereads it on resume.
   Such a step's function (a batched one, and every one below a batched step or an interleave)
-  becomes a ``stream.SeededCall``, seeded by its own position, which ``datasets`` saves and restores.
+  becomes a ``stream_draws.SeededCall``, seeded by its own position, which ``datasets`` saves and restores.
 * **Threads.** ``interleave_datasets`` fetches its sources' next examples on a thread pool, where a
   random draw races the training process's own. ``SequentialCycling`` runs ``datasets``' own
   interleave code with its fetches in the calling thread.
@@ -43,7 +43,7 @@ import datasets.iterable_dataset as hf
 import torch.utils.data
 from datasets import IterableDataset
 
-from syncpoint.workers.data.stream import SeededCall, hf_pipeline, reading_source
+from syncpoint.workers.data.stream_draws import SeededCall, hf_pipeline, reading_source
 
 
 def adjust(dataset: Any) -> None:

@@ -289,7 +289,7 @@ def safe_fp32_state_dict_from_zero_checkpoint(
     """DeepSpeed's ZeRO-3 module-only load, weights-only: the whole model (fp32) put together from
     the partitions under ``<checkpoint_dir>/<tag>`` (syncpoint's tag is ``engine``; no ``latest``
     file is read), every file through :func:`load_state_file`. Same signature as DeepSpeed's."""
-    from syncpoint.workers.state.export import consolidate_zero3
+    from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 
     directory = os.path.join(checkpoint_dir, tag or ENGINE_TAG)
     names = sorted(f"{ENGINE_TAG}/{n}" for n in os.listdir(directory))

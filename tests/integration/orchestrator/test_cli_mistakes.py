@@ -266,7 +266,7 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
 def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first():
     """The failing rank's own exception with where it was, one line; a peer's broken collective
     (the symptom) never hides it."""
-    from syncpoint.orchestrator.ray_runner import failure_report
+    from syncpoint.orchestrator.failure_report import failure_report
 
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
     error = _worker_failures(rank0=gloo, rank1=_sited(ValueError("bad label encoding in batch (call 3)"), 1, 3))
@@ -561,7 +561,7 @@ def test_zero3s_deprecated_collectives_are_quieted_in_a_worker_and_other_warning
     import torch
     import torch.distributed as dist
 
-    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from syncpoint.orchestrator.quiet import quiet_worker
     from syncpoint.workers.launch import ensure_single_process_group
     from tests.helpers import linear_spec
 

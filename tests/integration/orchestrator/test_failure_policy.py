@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from syncpoint.orchestrator.ray_runner import failure_report
+from syncpoint.orchestrator.failure_report import failure_report
 from syncpoint.orchestrator.timeline import format_timeline, restarts
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, looks_like_lost_peer

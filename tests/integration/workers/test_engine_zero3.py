@@ -19,7 +19,7 @@ from syncpoint.policies.errors import SpecError
 from syncpoint.policies.state_format import required_files
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
-from syncpoint.workers.state.export import consolidate_zero3
+from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, state_names, with_overrides
 from tests.integration.workers.integrity.test_safe_load_trust_load import one_paragraph, payload, plant

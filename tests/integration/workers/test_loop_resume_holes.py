@@ -456,7 +456,7 @@ def _failure_of(spec) -> BaseException:
 
 
 def test_the_failure_line_carries_the_reason_for_each_refusal_kind(tmp_path):
-    from syncpoint.orchestrator.ray_runner import failure_report
+    from syncpoint.orchestrator.failure_report import failure_report
 
     spec = _crashed(tmp_path)
     kinds = {

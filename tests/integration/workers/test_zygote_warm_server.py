@@ -6,6 +6,7 @@ and anything planted where it lives means "no warm server", never someone else's
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.forkserver
 import multiprocessing.util
 import os
@@ -35,13 +36,25 @@ pytestmark = pytest.mark.slow
 SEED = "4242"
 
 
+def _started_under(root: str) -> list[psutil.Process]:
+    """The processes that started with their temp dir under ``root``: this module's keepers and
+    their servers (found by the test's own temp dir, never by name)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get("TMPDIR", "").startswith(root + os.sep):
+                found.append(proc)
+    return found
+
+
 @pytest.fixture(scope="module")
 def short_tmp_root():
     """Where each test's own temp dir is made (short: a Unix socket's path is bounded), removed once
-    the module's tests are done. Why not at each test's end: a keeper that was asked to stop is
-    still ending, and its fork server's and multiprocessing's own files live under the test's dir."""
+    the module's tests are done and every keeper they stopped has ended: a keeper that was asked to
+    stop is still ending, and its fork server's and multiprocessing's own files live under its dir."""
     root = tempfile.mkdtemp(prefix="spw-", dir="/tmp")
     yield root
+    psutil.wait_procs(_started_under(root), timeout=60)  # waits only: each was asked to stop
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -94,12 +94,12 @@ def test_the_driver_prints_a_nodes_death_in_two_lines(tmp_path, monkeypatch, cap
 
     from ray._private import worker as ray_worker
 
-    from syncpoint.orchestrator import ray_runner
+    from syncpoint.orchestrator import quiet
 
     assert "print_to_stdstream(" in inspect.getsource(ray_worker.listen_error_messages)
     monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # restored afterwards
-    monkeypatch.setattr(ray_runner, "_RAYLET_SEEN", set())
-    ray_runner.quiet_driver()
+    monkeypatch.setattr(quiet, "_RAYLET_SEEN", set())
+    quiet.quiet_driver()
     message = _raylet_died_message(tmp_path, monkeypatch)
     for text in (NODE_DEAD, message, message):  # as the GCS and the node's two agents send them
         ray_worker.print_to_stdstream({"lines": [text], "pid": "raylet", "is_err": False}, ignore_prefix=False)
@@ -172,7 +172,7 @@ def test_ray_trains_per_rank_traceback_is_dropped_in_the_worker(monkeypatch, tmp
 
     from ray.train.v2._internal import util as train_util
 
-    from syncpoint.orchestrator.ray_runner import quiet_worker
+    from syncpoint.orchestrator.quiet import quiet_worker
     from tests.helpers import linear_spec
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")

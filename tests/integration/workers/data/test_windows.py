@@ -23,7 +23,8 @@ from syncpoint import TokenWindows
 from syncpoint.policies.corpus_identity import first_difference
 from syncpoint.policies.errors import CorpusError, JobConfigError
 from syncpoint.policies.state_format import SAMPLER_VERSION
-from syncpoint.workers.data.corpus import CacheSettings, plan_for
+from syncpoint.workers.data.corpus import CacheSettings
+from syncpoint.workers.data.data_plan import plan_for
 from syncpoint.workers.data.sampler import SeededSamples, epoch_loader
 from syncpoint.workers.data.shard_cache import fetched_names
 from syncpoint.workers.launch import run_spawned
