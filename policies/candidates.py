@@ -1140,5 +1140,3 @@ def finite_metric(state: TrainState | None, name: str) -> tuple[float | None, st
 def newest_first(cands: Iterable[Candidate]) -> list[Candidate]:
     """Candidates newest first (by their position, the order selection and retention walk)."""
     return sorted(cands, key=lambda c: c.sort_key, reverse=True)
-
-
