@@ -23,7 +23,9 @@ from syncpoint.policies.corpus_identity import CorpusIdentity, first_difference,
 from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
 from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data import corpus as corpus_mod
-from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus, plan_for
+from syncpoint.workers.data import data_plan
+from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
+from syncpoint.workers.data.data_plan import plan_for
 from syncpoint.workers.data.sampler import RankMicroBatches, ShardWindowOrder
 from syncpoint.workers.data.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
 from syncpoint.workers.storage.fsspec_backend import checksum_file
@@ -151,7 +153,7 @@ def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_c
 
     run_url = str(tmp_path / "run")
     first = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path / "node1"))
-    corpus_mod.publish_index(RunStorage(run_url), first, first.identity())  # rank 0, holding the lease
+    data_plan.publish_index(RunStorage(run_url), first, first.identity())  # rank 0, holding the lease
     reads: list[str] = []
     monkeypatch.setattr(corpus_mod, "_read_shard", lambda *a: reads.append(a[3]))
     joined = ShardedCorpus(
