@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec, state_names, step_history
@@ -160,6 +162,9 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     assert "finished at micro-step 192" in after.stdout  # the timeline
 
 
+# make test: submit's preflight on a head, refusing a task path the cluster cannot import, in one
+# paragraph and before anything is submitted (tests/ray/test_job_submit.py)
+@pytest.mark.long
 def test_submit_refuses_a_head_whose_python_cannot_import_syncpoint(tmp_path):
     """`ray start --head` run from a shell whose first `python` is not syncpoint's: the head itself
     runs (its `ray` script is the venv's), but job entrypoints get that `python`."""

@@ -14,6 +14,8 @@ import time
 
 import pytest
 import yaml
+from ray._raylet import GcsClient
+from ray.core.generated import autoscaler_pb2
 
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
@@ -188,6 +190,9 @@ def test_a_refusal_on_the_workers_fails_the_run_at_once(tmp_path, cluster):
     assert [(f["classified"], f["decision"]) for f in failures] == [("refusal", "RAISE")]
 
 
+# make test: the wait for room bounded by failure.placement_timeout_s, then the run's reason, on Ray's own
+# timeouts (tests/integration/orchestrator/test_failure_policy.py)
+@pytest.mark.long
 def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, cluster):
     """Three workers on a cluster with room for two: Ray Train alone retries the worker-group start
     forever. The run gives up after ``failure.placement_timeout_s`` (each try here times out after 3 s)
@@ -202,3 +207,55 @@ def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, clust
     assert failures and {f["classified"] for f in failures} == {"placement"}, failures
     assert failures[-1]["decision"] == "RAISE" and all(f["decision"] == "RETRY" for f in failures[:-1])
     assert not _events(spec, "attempt_started")  # no worker ever started, nothing was written but the log
+
+
+# A drain by Ray's API on the shared cluster (what a cloud's autoscaler asks): notice -> commit at the next
+# boundary -> exact resume. make test-all also drains a `ray start` node by its own SIGTERM handler, as the
+# kubelet does (tests/ray/test_ray_start_sigterm.py).
+def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
+    c, nodes = cluster
+    # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
+    length = ["task.config.num_samples=1600", "train.epochs=1"]
+    spec = _spec(
+        tmp_path / "run",
+        "failure.max_failures=0",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",
+        *length,
+        "task.path=tests.tasks:paced_lm",
+        "task.config.pace_s=0.05",
+    )
+    proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
+    _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
+    time.sleep(1.0)
+    victim = _node_of_rank(spec, nodes, 1)
+    deadline = time.time() + 6.0
+    accepted, _ = GcsClient(address=c.gcs_address).drain_node(
+        victim.node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "spot reclaim",
+        int(deadline * 1000),
+    )
+    assert accepted
+    c.add_node(num_cpus=1)  # replacement capacity
+    _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
+    time.sleep(max(0.0, deadline - time.time()))
+    c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node at the notice's deadline
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    notice = _events(spec, "preemption_notice")[0]
+    saved = next(e for e in _events(spec, "state_committed") if "preemption" in e["reasons"])
+    assert saved["global_micro_step"] >= notice["global_micro_step"]
+    assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
+    second = _events(spec, "attempt_started")[1]
+    assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
+    from syncpoint.orchestrator.timeline import restarts
+
+    (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
+    assert restart.cause == "preemption"
+    # the window trained on and saved again in its last seconds: at most a step and a save are lost
+    assert restart.lost_micro_steps < 2 * spec.train.grad_accum
+    assert len([e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]) >= 2
+    final = state_names(spec)[-1]
+    ref = _spec(tmp_path / "ref", *length)  # the example's task, unpaced: the same numerics
+    assert run_spawned(ref) == [0, 0]
+    assert digest(spec, final) == digest(ref, final)

@@ -20,6 +20,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from syncpoint.orchestrator.timeline import restarts
 from syncpoint.workers.events import EventLog
 from syncpoint.workers.launch import run_spawned
@@ -105,6 +107,10 @@ def _assert_exact_and_cheap(tmp_path, spec) -> None:
     assert digest(spec, final) == digest(ref, final)
 
 
+# make test: a drain through Ray's API on a shared cluster, its notice, the commit at the next boundary and
+# the exact resume (tests/ray/test_preemption.py); scaling.env in every worker's runtime env and every spawned
+# rank (tests/unit/policies/test_spec_job_env.py)
+@pytest.mark.long
 def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
     probe = tmp_path / "env-probe"

@@ -6,14 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
-from syncpoint.workers.storage import RunStorage
-from tests.helpers import ROOT, digest, state_names
-from tests.ray.test_preemption import _events, _node_of_rank, _spec, _start, _wait_for
+from tests.helpers import ROOT
+from tests.ray.test_preemption import _events
 
 
 # the drill first: it starts its own Ray, before this module's shared cluster exists
@@ -57,57 +53,3 @@ def test_drill_with_two_kinds_of_preemption_reports_equality(tmp_path):
     assert [a["resumed_from"] for a in _events(run, "attempt_started")] == [None, f"{12:012d}", f"{32:012d}"]
     noticed = [e for e in _events(run, "state_committed") if "preemption" in e["reasons"]]
     assert noticed and noticed[0]["global_micro_step"] == 32
-
-
-# In make test-all: make test (CI) walks notice -> commit at the next boundary -> exact resume through the
-# real path of a drain, SIGTERM to `ray start` (tests/ray/test_ray_start_sigterm.py); this one drains by Ray's API.
-def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
-    c, nodes = cluster
-    # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
-    length = ["task.config.num_samples=1600", "train.epochs=1"]
-    spec = _spec(
-        tmp_path / "run",
-        "failure.max_failures=0",
-        "checkpoint.save_every={value: 0, unit: micro_steps}",
-        *length,
-        "task.path=tests.tasks:paced_lm",
-        "task.config.pace_s=0.05",
-    )
-    proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
-    _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
-    time.sleep(1.0)
-    victim = _node_of_rank(spec, nodes, 1)
-    from ray._raylet import GcsClient
-    from ray.core.generated import autoscaler_pb2
-
-    deadline = time.time() + 6.0
-    accepted, _ = GcsClient(address=c.gcs_address).drain_node(
-        victim.node_id,
-        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-        "spot reclaim",
-        int(deadline * 1000),
-    )
-    assert accepted
-    c.add_node(num_cpus=1)  # replacement capacity
-    _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
-    time.sleep(max(0.0, deadline - time.time()))
-    c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node at the notice's deadline
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
-    notice = _events(spec, "preemption_notice")[0]
-    saved = next(e for e in _events(spec, "state_committed") if "preemption" in e["reasons"])
-    assert saved["global_micro_step"] >= notice["global_micro_step"]
-    assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
-    second = _events(spec, "attempt_started")[1]
-    assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
-    from syncpoint.orchestrator.timeline import restarts
-
-    (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
-    assert restart.cause == "preemption"
-    # the window trained on and saved again in its last seconds: at most a step and a save are lost
-    assert restart.lost_micro_steps < 2 * spec.train.grad_accum
-    assert len([e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]) >= 2
-    final = state_names(spec)[-1]
-    ref = _spec(tmp_path / "ref", *length)  # the example's task, unpaced: the same numerics
-    assert run_spawned(ref) == [0, 0]
-    assert digest(spec, final) == digest(ref, final)

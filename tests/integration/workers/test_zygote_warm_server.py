@@ -37,12 +37,15 @@ SEED = "4242"
 
 
 def _started_under(root: str) -> list[psutil.Process]:
-    """The processes that started with their temp dir under ``root``: this module's keepers and
-    their servers (found by the test's own temp dir, never by name)."""
+    """The keepers and their servers this module's tests started: processes that started with their
+    temp dir under ``root`` (found by the test's own temp dir, never by name) and left this process's
+    tree (a keeper forks away from its starter). This process's own children (multiprocessing's
+    resource tracker, started by a test under its dir) live as long as it does."""
+    own = {p.pid for p in psutil.Process().children(recursive=True)}
     found = []
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
-            if proc.environ().get("TMPDIR", "").startswith(root + os.sep):
+            if proc.pid not in own and proc.environ().get("TMPDIR", "").startswith(root + os.sep):
                 found.append(proc)
     return found
 
@@ -75,6 +78,13 @@ def private_tmp(monkeypatch, tmp_path_factory, short_tmp_root):
         zygote.stop(k)
     if server._forkserver_pid not in (None, pid_before):  # this process's fork server, started under this dir
         server._stop()  # a later test starts it again, under its own
+
+
+@pytest.fixture
+def light_server(monkeypatch):
+    """Servers that import nothing ahead, for the tests of a server's life (started, stopped, idle,
+    dead) that fork nothing from it: what a server imports is the first test's (seconds of CPU each)."""
+    monkeypatch.setattr(zygote, "PRELOAD", [])
 
 
 def _probe(conn) -> None:
@@ -130,7 +140,7 @@ def test_a_forked_process_starts_warm_with_the_jobs_hash_seed_and_its_starters_o
         again.close()
 
 
-def test_the_server_ends_when_stopped_or_when_nobody_held_it_for_its_idle_time(private_tmp, monkeypatch):
+def test_the_server_ends_when_stopped_or_when_nobody_held_it_for_its_idle_time(private_tmp, monkeypatch, light_server):
     k = _new_key(private_tmp)
     holder = zygote.hold(k, SEED)
     pid = holder.server.pid
@@ -242,7 +252,7 @@ def test_a_temp_dir_too_long_for_a_socket_means_no_warm_server(monkeypatch, tmp_
         zygote.hold(zygote.key(uuid.uuid4().hex, SEED), SEED)
 
 
-def test_a_server_that_died_fails_the_fork_with_an_os_error_and_its_keeper_leaves(private_tmp):
+def test_a_server_that_died_fails_the_fork_with_an_os_error_and_its_keeper_leaves(private_tmp, light_server):
     """The supervisor forks from its own server on that error (``Supervisor._start``): a warm server
     is a shortcut, never a dependency. Its keeper notices the dead server and removes its socket."""
     k = _new_key(private_tmp)
