@@ -12,10 +12,12 @@ import re
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from syncpoint.policies.spec import JobSpec
 from syncpoint.workers.log_filters import drop
+
+if TYPE_CHECKING:  # every Ray worker process imports this module (its setup hook): nothing heavy at import
+    from syncpoint.policies.spec import JobSpec
 
 # DeepSpeed logs (its "DeepSpeed" logger, warning) whenever it is imported without DS_ACCELERATOR on a
 # machine without a GPU. The CLI's own process (digest, the drill's comparison) imports it to read
