@@ -15,6 +15,10 @@ export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 # mypy's incremental cache beside the environment it checks against, not in the checkout: a fresh clone
 # with .venv in place (CI's) checks only what changed, seconds instead of the 45 s of a cold `make lint`.
 export MYPY_CACHE_DIR ?= $(abspath $(VENV))/mypy_cache
+# Bytecode is written (beside the sources, ignored by git) whatever the shell says: with
+# PYTHONDONTWRITEBYTECODE set, every pytest process rewrote and compiled every test module again
+# (4.5 s of each collection's 14 s) and every process a test starts compiled syncpoint's modules.
+unexport PYTHONDONTWRITEBYTECODE
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 # pytest-xdist workers for the half without Ray: its tests mostly wait (for spawned ranks, a lease, a
@@ -65,9 +69,10 @@ lint: $(OPS)
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
 # everything else on JOBS xdist workers at the lowest CPU priority, filling the Ray tests' waits (Ray
 # runs its workers at nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long
-# pole). The Ray half's output follows the other's; either failing fails the target.
+# pole). The Ray half's output follows the other's; either failing fails the target. The Ray half
+collects only $(2): make test's Ray tests all live in tests/ray/ (tests/conftest.py refuses one elsewhere).
 define two_halves
-	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" tests > $$log 2>&1 & ray=$$!; \
+	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" $(2) > $$log 2>&1 & ray=$$!; \
 	nice -n 19 $(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
@@ -76,19 +81,19 @@ endef
 # The README's test command: every test except those marked `long` (whole-job drills, the storm, the
 # 200/150-example property runs: each re-walks, at a larger size, a path a shorter test here covers).
 test: lint
-	$(call two_halves,and not long)
+	$(call two_halves,and not long,tests/ray)
 
 # The whole suite, `long` and the storm drill included: the run before resolving an issue that
 # touches a `long` path. (CI's .ci/run calls `make test`, the README's command.)
 test-all: lint
-	$(call two_halves,)
+	$(call two_halves,,tests)
 
 # Line and branch coverage of the production code (coverage.py, pyproject's [tool.coverage]) over both
 # halves of `make test`, every process a test starts included; the figure is docs/testing.md's, and it
 # fails below pyproject's fail_under.
 coverage: $(OPS)
 	rm -rf .coverage-data && mkdir -p .coverage-data
-	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests > $$log 2>&1 & ray=$$!; \
+	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests/ray > $$log 2>&1 & ray=$$!; \
 	nice -n 19 $(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; grep -E "^(FAILED|ERROR) " $$log; tail -n 5 $$log; rm -f $$log; \
 	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover > $$log; cover=$$?; tail -n 25 $$log; rm -f $$log; \

@@ -64,10 +64,30 @@ def directory_marks(path: Path) -> list[str]:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects on them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    astray = []
     for item in items:
         for name in directory_marks(item.path):
             if name not in {m.name for m in item.iter_markers()}:
                 item.add_marker(name)
+        if ray_test_make_test_would_miss(item.path, {m.name for m in item.iter_markers()}):
+            astray.append(item.nodeid)
+    if astray:
+        raise pytest.UsageError(
+            f"{astray[0]} (and {len(astray) - 1} more) is marked `ray` and not `long` outside tests/ray/: make "
+            "test's Ray half collects only tests/ray/ and its other half leaves out `ray`, so it would run "
+            "nowhere. Move it under tests/ray/, or mark it `long`."
+        )
+
+
+def ray_test_make_test_would_miss(path: Path, marks: set[str]) -> bool:
+    """Whether `make test` would run this test in neither half: its Ray half collects tests/ray/ alone
+    (collecting every module cost it seconds of CPU for 17 tests), the other half deselects `ray`."""
+    if "ray" not in marks or "long" in marks:
+        return False
+    try:
+        return path.resolve().relative_to(TESTS).parts[0] != "ray"
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------- moto's S3 server

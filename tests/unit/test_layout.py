@@ -101,3 +101,14 @@ def test_the_allow_list_names_only_modules_that_exist() -> None:
         if not (TESTS / layer / f"{name}.py").is_file()
     ]
     assert not stale, f"ALLOW names modules that are gone; drop them: {stale}"
+
+
+def test_a_ray_test_outside_tests_ray_is_one_make_test_would_miss():
+    """make test's Ray half collects tests/ray/ alone; the conftest refuses a short Ray test elsewhere."""
+    from tests.conftest import ray_test_make_test_would_miss
+
+    assert ray_test_make_test_would_miss(TESTS / "integration" / "test_x.py", {"ray", "integration"})
+    assert not ray_test_make_test_would_miss(TESTS / "integration" / "test_x.py", {"ray", "long"})
+    assert not ray_test_make_test_would_miss(TESTS / "ray" / "test_x.py", {"ray", "slow"})
+    assert not ray_test_make_test_would_miss(TESTS / "drills" / "ray" / "test_x.py", {"ray", "long", "drills"})
+    assert not ray_test_make_test_would_miss(TESTS / "unit" / "test_x.py", {"unit"})
