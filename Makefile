@@ -22,8 +22,10 @@ unexport PYTHONDONTWRITEBYTECODE
 # How many of the slowest tests each half lists (`make test DURATIONS=0`: all of them).
 DURATIONS ?= 5
 # pytest-xdist workers for the half without Ray: its tests mostly wait (for spawned ranks, a lease, a
-# subprocess's line), so three at the lowest priority fill two cores (docs/testing.md has the times).
+# subprocess's line), so three fill two cores (docs/testing.md has the times).
 JOBS ?= 3
+# The Ray clusters the tests start run their workers at the tests' own priority (see two_halves).
+export RAY_worker_niceness ?= 0
 
 .PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu coverage bench clean
 
@@ -67,13 +69,15 @@ lint: $(OPS)
 
 # Two pytest runs side by side: the tests that start a Ray cluster, one after another (two
 # clusters at once on a 2-core machine starve each other's workers into meaningless timeouts), and
-# everything else on JOBS xdist workers at the lowest CPU priority, filling the Ray tests' waits (Ray
-# runs its workers at nice 15: beside a nice-0 pytest they starve and the Ray half becomes the long
-# pole). The Ray half's output follows the other's; either failing fails the target. The Ray half
-collects only $(2): make test's Ray tests all live in tests/ray/ (tests/conftest.py refuses one elsewhere).
+# everything else on JOBS xdist workers, filling the Ray tests' waits. Every process at the same
+# priority, Ray's workers included (Ray starts them at nice 15 unless RAY_worker_niceness says
+# otherwise): with the other half at nice 19 to spare Ray's workers, the whole suite yielded to any
+# other busy process and took twice as long on a loaded machine. The Ray half's output follows the
+# other's; either failing fails the target. The Ray half collects only $(2): make test's Ray tests
+# all live in tests/ray/ (tests/conftest.py refuses one elsewhere).
 define two_halves
 	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" $(2) > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 endef
@@ -94,7 +98,7 @@ test-all: lint
 coverage: $(OPS)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests/ray > $$log 2>&1 & ray=$$!; \
-	nice -n 19 $(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
+	$(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; grep -E "^(FAILED|ERROR) " $$log; tail -n 5 $$log; rm -f $$log; \
 	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover > $$log; cover=$$?; tail -n 25 $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0 && test $$cover -eq 0

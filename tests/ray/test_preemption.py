@@ -214,15 +214,15 @@ def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, clust
 # kubelet does (tests/ray/test_ray_start_sigterm.py).
 def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster):
     c, nodes = cluster
-    # 400 micro-steps paced at 50 ms (~20 s, little CPU): the notice arrives mid-run
-    length = ["task.config.num_samples=1600", "train.epochs=1"]
+    # 200 micro-steps paced at 100 ms (~20 s, little CPU): the notice arrives mid-run
+    length = ["task.config.num_samples=800", "train.epochs=1"]
     spec = _spec(
         tmp_path / "run",
         "failure.max_failures=0",
         "checkpoint.save_every={value: 0, unit: micro_steps}",
         *length,
         "task.path=tests.tasks:paced_lm",
-        "task.config.pace_s=0.05",
+        "task.config.pace_s=0.1",
     )
     proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
