@@ -157,7 +157,11 @@ def test_offload_resume_equals_uninterrupted(tmp_path, zero, offload_params):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    [(), pytest.param(("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu"), marks=pytest.mark.long)],
+    [
+        # make test: the same crash and resume of two stage-3 ranks on S3 (the test below)
+        pytest.param((), marks=pytest.mark.long),
+        pytest.param(("deepspeed.offload_optimizer=cpu", "deepspeed.offload_params=cpu"), marks=pytest.mark.long),
+    ],
     ids=["zero3", "zero3-offload"],
 )
 def test_two_ranks_zero3_hard_crash_resume_equals_uninterrupted(tmp_path, extra):
