@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 OPS := $(VENV)/.deepspeed-cpu-ops
 # DeepSpeed's CPU ops, compiled into its package at install (DS_BUILD_*: see the $(OPS) rule)
 CPU_OPS := cpu_adam deepspeed_shm_comm fused_adam
-# The environment's own tools first (its `ninja` builds DeepSpeed's ops: see syncpoint.workers.device.use_environment_ninja).
+# The environment's own tools first (its `ninja` builds DeepSpeed's ops: see syncpoint.workers.training.device.use_environment_ninja).
 export PATH := $(abspath $(BIN)):$(PATH)
 # DeepSpeed's JIT-built CPU ops, per environment: torch keys its build by the compile command, which
 # names this venv's paths, so two checkouts sharing ~/.cache/torch_extensions (a CI clone beside a
@@ -116,7 +116,7 @@ test-slow: $(OPS)
 
 # On a GPU machine: exact resume on CUDA (bf16, ZeRO-2, NCCL). DeepSpeed picks its accelerator at import.
 test-gpu: $(OPS)
-	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/workers/test_device_gpu.py
+	DS_ACCELERATOR=cuda $(BIN)/python -m pytest -q -m gpu tests/integration/workers/training/test_device_gpu.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache site .coverage-data

@@ -3,7 +3,7 @@
 What it measures
     A local S3-protocol server (moto's, the one the tests use, on 127.0.0.1), started in its own
     process here (in the tests it shares the test's process; here it must not share a GIL with the
-    client whose bandwidth is measured). Two ranks (spawned processes, gloo, ``syncpoint.workers.launch.
+    client whose bandwidth is measured). Two ranks (spawned processes, gloo, ``syncpoint.workers.supervision.launch.
     run_spawned``), DeepSpeed ZeRO stage 2, fp32, AdamW, on CPU. The task is P2's MLP
     (``bench.p2_save_cost:build``): width 4096, depth 6 (~109M parameters, a state of ~1.75 GB:
     the module weights plus each rank's fp32 master partition and two Adam moments); ``--quick``:
@@ -24,7 +24,7 @@ What it measures
       step, raw and less a fresh start's first step (the save run's ``attempt_started`` to its
       step 1), which adds a step's compute and its noise (seconds on a loaded machine) to a load of
       tenths of a second.
-    * where the time goes: both runs' ranks are ``syncpoint.workers.launch``'s own child processes with the
+    * where the time goes: both runs' ranks are ``syncpoint.workers.supervision.launch``'s own child processes with the
       reader's, checkpoint engine's and S3 writer's functions wrapped in timers (instrumentation
       only, ``SECTIONS``); the per-rank seconds are printed under the table, so a goal that is not
       met shows what bounds it.
@@ -147,7 +147,7 @@ checkpoint: {{keep_last: 0, export_final: false, save_every: {{value: 1000, unit
 
 
 def _events(spec) -> list[dict[str, Any]]:
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     return EventLog(RunStorage(spec.run_url)).read_all()
@@ -224,15 +224,15 @@ def _instrument(times: dict[str, list[float]]) -> None:
 
 
 def _profiled_child(out: str, *args: Any) -> None:
-    """``syncpoint.workers.launch._child`` with the sections timed; each rank writes them to ``out``."""
+    """``syncpoint.workers.supervision.launch._child`` with the sections timed; each rank writes them to ``out``."""
     import json
 
-    import syncpoint.workers.loop
-    from syncpoint.workers import launch
+    import syncpoint.workers.training.loop
+    from syncpoint.workers.supervision import launch
 
     times: dict[str, list[float]] = {}
     _instrument(times)
-    run_worker = syncpoint.workers.loop.run_worker
+    run_worker = syncpoint.workers.training.loop.run_worker
 
     def run_and_dump(*a: Any, **k: Any) -> Any:
         try:
@@ -241,18 +241,20 @@ def _profiled_child(out: str, *args: Any) -> None:
             with open(os.path.join(out, f"rank{args[1]}.json"), "w") as f:
                 json.dump(times, f)
 
-    syncpoint.workers.loop.run_worker = run_and_dump
+    syncpoint.workers.training.loop.run_worker = run_and_dump
     launch._child(*args)
 
 
 def _run(spec, crashes: bool = False) -> list[dict[str, list[float]]]:
-    """``syncpoint.workers.launch.run_spawned`` (2 ranks), each rank's sections timed; returns them per rank."""
+    """``syncpoint.workers.supervision.launch.run_spawned`` (2 ranks), each rank's sections timed; returns them per
+    rank."""
     import json
     import uuid
 
-    from syncpoint.workers import launch, rng
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import release_lease
+    from syncpoint.workers.supervision import launch
+    from syncpoint.workers.training import rng
 
     out = tempfile.mkdtemp(prefix="p10-profile-")
     port, submission = launch.free_port(), uuid.uuid4().hex

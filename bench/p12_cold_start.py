@@ -59,7 +59,7 @@ def one_round(work: str, extra: list[str], filed: Path | None = None, other: Pat
     """One cold submission; its phases in seconds, in order. ``filed``: run the checkout of the code
     issue 32 was filed against instead (its own ``syncpoint run``, its own example); ``other``: a
     checkout of a later commit (``--also``), whose ``syncpoint`` package imports from it."""
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     storage = os.path.join(work, "runs")

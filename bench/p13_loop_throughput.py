@@ -6,7 +6,7 @@ What it measures
     falls on both alike:
 
     * **syncpoint**: the job spec below, its 2 ranks started by the launcher without Ray
-      (``syncpoint.workers.launch.run_spawned``: each rank runs ``run_worker``, what ``syncpoint run``
+      (``syncpoint.workers.supervision.launch.run_spawned``: each rank runs ``run_worker``, what ``syncpoint run``
       runs in every Ray Train worker), with the spec's defaults for everything the bench does not set
       (the boundary vote, per-sample seeding, the progress log, TensorBoard points every
       ``log_every``), no periodic saves (``save_every: 0``) and no export; the run's last boundary
@@ -130,7 +130,7 @@ def task(config: dict[str, Any]) -> Any:
 def run_syncpoint(work: str, zero: int, steps: int, epochs: int, workers: int) -> list[tuple[float, float]]:
     """One syncpoint run (2 spawned ranks); rank 0's stamps, one a step."""
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-    from syncpoint.workers.launch import run_spawned
+    from syncpoint.workers.supervision.launch import run_spawned
 
     stamps = os.path.join(work, "stamps.txt")
     text = SPEC.format(
@@ -216,7 +216,7 @@ def _plain_train(rank: int, port: int, zero: int, steps: int, epochs: int, worke
 
 def run_plain(work: str, zero: int, steps: int, epochs: int, workers: int) -> list[tuple[float, float]]:
     """One plain-DeepSpeed run (2 spawned ranks); rank 0's stamps, one a step."""
-    from syncpoint.workers.launch import free_port
+    from syncpoint.workers.supervision.launch import free_port
 
     out = os.path.join(work, "stamps.txt")
     ctx = mp.get_context("spawn")

@@ -1,7 +1,7 @@
 """P2 save cost: how long a save blocks training, what it costs in throughput, and its write bandwidth.
 
 What it measures
-    One rank in this process (``syncpoint.workers.launch.run_in_process``: the real loop, a world-size-1
+    One rank in this process (``syncpoint.workers.supervision.launch.run_in_process``: the real loop, a world-size-1
     gloo group), DeepSpeed ZeRO stage 2, fp32, AdamW, on CPU with one intra-op thread
     (``scaling.cpus_per_worker: 1``). The task is ``bench.p2_save_cost:build``: an MLP of ~25M
     parameters (1024 -> 2048 x5 -> 1000, GELU) on a synthetic classification dataset (each sample
@@ -201,9 +201,9 @@ class Run:
 
 def do_run(r: Run, root: str, model_cfg: dict[str, int], zero_stage: int) -> None:
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-    from syncpoint.workers.events import EventLog
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.supervision.launch import run_in_process
 
     overrides = [
         f"storage={root}",

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         args.notice_at, args.crash_at = args.notice_at[:1], args.crash_at[-1:]
 
     from syncpoint.orchestrator.drill import run_drill
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p3-", dir="/tmp")

@@ -97,7 +97,7 @@ def run_variant(
 ) -> dict[str, Any]:
     """One run of a restart path, measured from its event log; the "as filed" one runs that commit's code."""
     from syncpoint.orchestrator.ray_runner import run_on_ray
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     label, mode, in_place, warm, _ = variant

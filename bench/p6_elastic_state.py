@@ -42,9 +42,9 @@ TOLERANCE = 0.02
 def run(root: str, elastic: bool, steps: int, model: dict[str, Any]) -> list[dict]:
     from bench.p2_save_cost import SPEC
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-    from syncpoint.workers.events import EventLog
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.supervision.launch import run_in_process
 
     overrides = [
         f"storage={root}",

@@ -4,7 +4,7 @@ What it measures
     One run of this script builds the same model (an MLP, AdamW, fp32) under DeepSpeed at 2 ranks
     (spawned processes, gloo) with ZeRO 0, 1, 2, 3 and 3 + offload (optimizer and parameters to
     the CPU), trains a few optimizer steps through syncpoint's own engine builder
-    (``syncpoint.workers.engine.build_engine``: the config syncpoint runs with), and reports per rank:
+    (``syncpoint.workers.training.engine.build_engine``: the config syncpoint runs with), and reports per rank:
 
     * parameters, gradients and optimizer state (fp32 master partitions and Adam moments): the
       bytes of every distinct tensor storage the engine holds (module parameters and their ZeRO-3
@@ -139,7 +139,7 @@ def _rank(
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        from syncpoint.workers.engine import build_engine
+        from syncpoint.workers.training.engine import build_engine
 
         torch.manual_seed(0)
         net = model(width, depth)
@@ -170,7 +170,7 @@ def _rank(
 def run_config(stage: int, off_opt: str, off_par: str, width: int, depth: int, steps: int) -> list[dict[str, Any]]:
     import multiprocessing as mp
 
-    from syncpoint.workers.launch import free_port
+    from syncpoint.workers.supervision.launch import free_port
 
     ctx, port = mp.get_context("spawn"), free_port()
     with tempfile.TemporaryDirectory(prefix="syncpoint-p7-") as d:

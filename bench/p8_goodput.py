@@ -206,7 +206,7 @@ def _spec(storage: str, name: str, workers: int, epochs: int, faults: str, max_f
 
 def _run(spec) -> list[dict[str, Any]]:
     from syncpoint.orchestrator.ray_runner import run_on_ray
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ What it measures
     * HF Trainer (transformers, one process, ``save_steps=1``): a process per attempt, the
       first with ``trainer.train()``, the next ones with ``trainer.train(resume_from_checkpoint=True)``.
     * syncpoint: a process per attempt running the bare-process-group loop
-      (``syncpoint.workers.launch.run_in_process``, what ``syncpoint run`` runs on each rank), the same
+      (``syncpoint.workers.supervision.launch.run_in_process``, what ``syncpoint run`` runs on each rank), the same
       storage every time, ``checkpoint.save_every`` 1 optimizer step, ZeRO-0; every attempt is
       the same submission restarted (as Ray Train restarts a failed worker group), so it takes
       back the run directory's lease the killed process still holds.
@@ -201,7 +201,7 @@ failure: {{max_failures: 0}}
 def _syncpoint_attempt(storage: str, augment: bool, workers: int, epochs: int) -> None:
     """One attempt in this process (the ``sp-attempt`` subcommand)."""
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.launch import run_in_process
 
     torch.set_num_threads(1)
     text = SYNCPOINT_SPEC.format(

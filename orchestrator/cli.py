@@ -150,9 +150,9 @@ def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> di
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
     ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
     resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path,
-    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.trackers``).
+    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.observation.trackers``).
     Returns each path's result (``task.path``'s says where its builder sets ``Task.optimizer``)."""
-    from syncpoint.workers.trackers import tracker_problems
+    from syncpoint.workers.observation.trackers import tracker_problems
 
     facts: dict[str, dict] = {}
     problems = import_problems(import_paths(spec), base_dir, facts) + tracker_problems(spec)
@@ -258,8 +258,8 @@ def cmd_states(args: argparse.Namespace) -> int:
     from syncpoint.policies.candidates import candidates_table, classify
     from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
     from syncpoint.policies.resume import enforce_safe
-    from syncpoint.workers.events import event_files
     from syncpoint.workers.integrity.signing import load_key
+    from syncpoint.workers.observation.events import event_files
     from syncpoint.workers.state.discovery import discover, states_entries
 
     storage = _directory(args.run_dir, "RUN_DIR", "a run directory", "<storage>/<name>")
@@ -406,7 +406,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     """``syncpoint events``: a run's timeline from its event log (attempts, failures, saves, goodput)."""
     from syncpoint.orchestrator.timeline import format_timeline
     from syncpoint.policies.journal import Journal
-    from syncpoint.workers.events import EventLog, skipped_line
+    from syncpoint.workers.observation.events import EventLog, skipped_line
 
     if args.plot:
         _check_plot_path(args.plot)

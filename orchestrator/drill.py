@@ -119,7 +119,7 @@ def _node_drill(
 ) -> tuple[JobOutcome, JobOutcome | None]:
     """How the reference and the interrupted run ended (None: not started, the reference failed)."""
     from syncpoint.orchestrator.ray_runner import JobOutcome, run_reported
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     with local_cluster(run) as (cluster, nodes, cpus):
@@ -301,7 +301,7 @@ def compare(
         hows: what struck at each point, in order.
         ref_line, run_line: their last lines, named in the report when they failed.
     """
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     if rc_ref != 0:

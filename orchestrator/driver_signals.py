@@ -3,10 +3,10 @@
 Why: a single spot VM's shutdown sends SIGTERM to every process, a user stops a run with Ctrl-C, and a
 closed terminal sends SIGHUP. Each is what a node drain is to a rank: a notice. The first SIGINT,
 SIGTERM or SIGHUP to ``syncpoint run`` marks a stop on the submission's heartbeat board (a Ray actor
-every rank already knows, ``syncpoint.workers.heartbeat.BeatBoard``); each rank's notice source sees it
+every rank already knows, ``syncpoint.workers.supervision.heartbeat.BeatBoard``); each rank's notice source sees it
 through a cheap background poll (``StopWatch``: one small actor call per ``POLL_S``, never one per
 micro-step), every rank saves at the next sync boundary they agree on and returns without finishing
-(``syncpoint.workers.loop.TrainingLoop.stop``), and the driver's last line says what was kept and how to
+(``syncpoint.workers.training.loop.TrainingLoop.stop``), and the driver's last line says what was kept and how to
 go on, with the shell's exit code for the signal (128 + its number). A second signal stops at once:
 nothing more is saved, the last committed state is what a rerun resumes from. A notice that no
 boundary answers within the grace (``checkpoint.sigterm_grace_s``, else ``DEFAULT_GRACE_S``) becomes
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from syncpoint.workers.preemption import DRIVER
+from syncpoint.workers.supervision.preemption import DRIVER
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEFAULT_GRACE_S = 120.0  # without checkpoint.sigterm_grace_s: a boundary that takes longer is not waited for

@@ -211,7 +211,7 @@ def start_timeout_s() -> float:
 
 def read_journal(run_url: str) -> Journal | None:
     """The run's journal, or None when the log cannot be read (the decision must still be made)."""
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:
@@ -234,7 +234,7 @@ def record_interruption(
     import ray
 
     from syncpoint.policies.journal import Interrupted, RankReached
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     attempt: int | None = None
@@ -325,7 +325,8 @@ def gather_facts(
 def _repetition(error: BaseException, journal: Journal | None, submission: str) -> tuple[str, int | None, bool]:
     """(signature, micro-step, repeats the previous failed attempt) of the failing rank's exception
     (``failing_cause``, the one the last line names), from the site its rank attached
-    (``syncpoint.workers.failure_site``) and the journal's previous application failure of this submission."""
+    (``syncpoint.workers.supervision.failure_site``) and the journal's previous application failure of this
+    submission."""
     from syncpoint.orchestrator.failure_report import failing_cause
 
     cause = failing_cause(error)
@@ -426,7 +427,7 @@ def _record(
     submission: str = "",
 ) -> None:
     from syncpoint.policies.journal import Failure
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:

@@ -14,7 +14,7 @@ def failure_report(error: BaseException) -> tuple[str, str]:
 
     The reason is the failing code's own exception, not Ray's wrapper: Ray Train v2 keeps each
     worker's exception object (``WorkerGroupError.worker_failures``, each wrapped with its
-    traceback text), which names where its rank was (``syncpoint.workers.failure_site``). Of several failed
+    traceback text), which names where its rank was (``syncpoint.workers.supervision.failure_site``). Of several failed
     ranks, ``failing_cause`` picks: a refusal or a bug on one rank often surfaces as a broken
     collective on the others.
     """

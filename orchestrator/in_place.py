@@ -1,5 +1,5 @@
 """Ray Train's side of in-place recovery: each worker's training function becomes the supervisor of
-its rank's training process (``syncpoint.workers.supervisor``), with Ray's calls it proxies.
+its rank's training process (``syncpoint.workers.supervision.supervisor``), with Ray's calls it proxies.
 
 Why the preemption notice is read from the worker's local preemption context (a Ray Train
 internal, checked by ``tests/integration/orchestrator/test_failure_policy.py`` with the policy's other names) and not
@@ -47,7 +47,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
     from syncpoint.orchestrator.quiet import quiet_training_process
     from syncpoint.orchestrator.spare_workers import AfterFirstStep
     from syncpoint.orchestrator.warm_nodes import server_key, wanted
-    from syncpoint.workers.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
+    from syncpoint.workers.supervision.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
     ctx = ray.train.get_context()
     submission = config["submission_id"]

@@ -11,7 +11,7 @@ successor submission that takes the lease afterwards cannot have written a copy 
 
 from __future__ import annotations
 
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import remove_for
 from syncpoint.workers.storage import RunStorage
 

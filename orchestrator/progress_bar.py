@@ -33,7 +33,7 @@ from syncpoint.policies.journal import (
     read_event,
 )
 from syncpoint.policies.journal import Progress as ProgressEvent
-from syncpoint.workers.events import Unreadable, event_files, read_record
+from syncpoint.workers.observation.events import Unreadable, event_files, read_record
 from syncpoint.workers.storage import RunStorage
 
 POLL_S = 1.0

@@ -1,6 +1,6 @@
 """The messages syncpoint quiets: in the CLI's process, on the driver (the worker log stream and the
 cluster's error messages it prints), in every Ray worker process of a job and in every process that
-trains (the mechanism: ``syncpoint.workers.log_filters``; ``syncpoint.orchestrator.worker_setup``
+trains (the mechanism: ``syncpoint.workers.observation.log_filters``; ``syncpoint.orchestrator.worker_setup``
 uses ``drop`` from here too)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.workers.log_filters import drop
+from syncpoint.workers.observation.log_filters import drop
 
 if TYPE_CHECKING:  # every Ray worker process imports this module (its setup hook): nothing heavy at import
     from syncpoint.policies.spec import JobSpec
@@ -163,7 +163,7 @@ def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
     # in the task fails every rank the same way, and a rank whose collective lost its peer only says that
     # another rank died first. The failure is printed once where every rank's is known: the failing rank's
     # traceback, one line for each other rank (the failure policy in the controller:
-    # failure_policy.print_failure; in place, rank 0's decision: syncpoint.workers.supervisor).
+    # failure_policy.print_failure; in place, rank 0's decision: syncpoint.workers.supervision.supervisor).
     from syncpoint.orchestrator.ray_internals import TRAINING_ERROR_LOGGER
 
     drop(TRAINING_ERROR_LOGGER, r"^Error in training function:\n")
@@ -175,7 +175,7 @@ def quiet_worker(spec: JobSpec, trains_here: bool = True) -> None:
 
 def quiet_training_process(spec: JobSpec) -> None:
     """In a process that trains (a Ray worker, or the training process its supervisor starts, which
-    imports no Ray: ``syncpoint.workers.supervisor``), before DeepSpeed builds its engine."""
+    imports no Ray: ``syncpoint.workers.supervision.supervisor``), before DeepSpeed builds its engine."""
     # DeepSpeed picks its accelerator at import; told which (the spec knows), it does not warn
     # "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")

@@ -1,4 +1,4 @@
-"""Ray Train wiring: a ``TorchTrainer`` whose workers run ``syncpoint.workers.loop.run_worker``.
+"""Ray Train wiring: a ``TorchTrainer`` whose workers run ``syncpoint.workers.training.loop.run_worker``.
 
 Storage is the source of truth for resuming: every new worker group (a Ray Train restart, a
 re-submitted job, a new KubeRay cluster) negotiates its state from ``<storage>/<name>/states``
@@ -37,10 +37,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     spec = JobSpec.model_validate(config["spec"])
-    from syncpoint.workers.rank_output import own_output
+    from syncpoint.workers.observation.rank_output import own_output
 
     own_output(ray.train.get_context().get_world_rank(), spec.train.prints)  # each print once (train.prints)
-    # before syncpoint.workers.loop imports DeepSpeed; a supervisor's training process quiets its own
+    # before syncpoint.workers.training.loop imports DeepSpeed; a supervisor's training process quiets its own
     quiet_worker(spec, trains_here=not spec.failure.in_place)
     if spec.failure.in_place:  # this worker supervises its rank's training process
         from syncpoint.orchestrator.in_place import supervise_on_ray
@@ -48,7 +48,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         supervise_on_ray(spec, config, launched_at)
         return
 
-    from syncpoint.workers.loop import WorkerContext, run_worker
+    from syncpoint.workers.training.loop import WorkerContext, run_worker
 
     imported_at = time.time()
     ctx = ray.train.get_context()
@@ -81,7 +81,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ),
         )
     except Exception as e:  # a failure while setting up: where (the loop's own, when it has one, wins)
-        from syncpoint.workers.failure_site import annotate, attach_traceback
+        from syncpoint.workers.supervision.failure_site import annotate, attach_traceback
 
         annotate(e, ctx.get_world_rank(), None)
         attach_traceback(e)  # the controller prints it once for the worker group (failure_policy.print_failure)
@@ -132,7 +132,7 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
 # once (its rank trains in another process), so polls that are 4x as frequent cost the controller
 # one small call per worker per half second; set the variable to choose otherwise. Ray Train reads
 # it in the controller, which gets it from the driver's environment (and reports keep their cadence:
-# ``syncpoint.workers.metric_sinks.REPORT_EVERY_S``).
+# ``syncpoint.workers.observation.metric_sinks.REPORT_EVERY_S``).
 HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 SUPERVISOR_HEALTH_CHECK_S = 0.5
 
@@ -339,7 +339,7 @@ def ray_job_submission(environ: Mapping[str, str]) -> str | None:
 def finished_since(spec: JobSpec, since: float) -> bool:
     """Whether the run's log has a ``finished`` event written since ``since`` (this submission's end)."""
     from syncpoint.policies.journal import Finished
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:
@@ -351,7 +351,7 @@ def finished_since(spec: JobSpec, since: float) -> bool:
 def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> JobOutcome:
     """A run the driver's signal stopped: what it kept (the last committed state) and how to go on."""
     from syncpoint.policies.journal import StateCommitted
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:
@@ -378,7 +378,7 @@ def _run_job(
 
     from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
     from syncpoint.orchestrator.warm_nodes import stop_this_node, warm_nodes, warm_this_node
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     submitted = EventLog(RunStorage(spec.run_url), source="driver").emit(
@@ -481,7 +481,7 @@ def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False, own
     embedded Ray, without the helpers only a long-lived cluster needs (``embedded_ray``).
 
     Why: a supervisor never trains; its training processes form their own process group
-    (``syncpoint.workers.supervisor``). A ``TorchTrainer``'s backend imports torch in every worker
+    (``syncpoint.workers.supervision.supervisor``). A ``TorchTrainer``'s backend imports torch in every worker
     and forms a group there, 3.5 s of every worker group's start on two cores (measured: 4.0-4.4 s
     against 7.3-8.6 s for a no-op train function's group), that is of every restart that needs a
     new group (a lost node) and of every cold start."""
@@ -521,7 +521,7 @@ def _backend(spec: JobSpec) -> dict[str, Any]:
     from ray.train.torch import TorchConfig
 
     # the world group's collective timeout (Ray's default is 1800 s); the workers set it for
-    # DeepSpeed's own groups too (syncpoint.workers.device.apply_collective_timeout)
+    # DeepSpeed's own groups too (syncpoint.workers.training.device.apply_collective_timeout)
     s = spec.scaling
     return {"torch_config": TorchConfig(backend="nccl" if s.use_gpu else "gloo", timeout_s=s.collective_timeout_s)}
 
@@ -546,7 +546,8 @@ def await_predecessor(spec: JobSpec) -> str:
 
 
 def heartbeat_board() -> Any:
-    """The submission's heartbeat board (``syncpoint.workers.heartbeat``): a Ray actor without CPUs, kept on the
+    """The submission's heartbeat board (``syncpoint.workers.supervision.heartbeat``): a Ray actor without CPUs, kept
+    on the
     head (``board_node``), which outlives the worker nodes a preemption takes.
 
     Why hard affinity: Ray documents that a soft one falls back only when the node is gone or
@@ -555,7 +556,7 @@ def heartbeat_board() -> Any:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from syncpoint.workers.heartbeat import BeatBoard
+    from syncpoint.workers.supervision.heartbeat import BeatBoard
 
     return (
         ray.remote(BeatBoard)
@@ -602,7 +603,7 @@ def finish_line(spec: JobSpec) -> str:
 def finish(spec: JobSpec) -> tuple[str, RunSummary | None]:
     """``finish_line``'s line and the summary it states (None: no finish event in the journal)."""
     from syncpoint.orchestrator.timeline import format_summary, summarize
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     storage = RunStorage(spec.run_url)
@@ -646,7 +647,7 @@ def _not_retried(spec: JobSpec, submission: str) -> str:
     """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
     (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
     from syncpoint.policies.failures import APPLICATION, not_retried_line
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:

@@ -50,7 +50,7 @@ class RunStatus:
 
 def read_status(storage: RunStorage, signing_key: bytes | None = None) -> RunStatus:
     """The run's status; ``NotARun`` when the directory holds no events, no states and no lease."""
-    from syncpoint.workers.events import EventLog, skipped_line
+    from syncpoint.workers.observation.events import EventLog, skipped_line
 
     problems: list[str] = []
     lease = _lease(storage, problems)

@@ -291,7 +291,7 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
     """Reference, plan, interrupted run, verdict, on one local multi-node cluster."""
     from syncpoint.orchestrator.drill import _variant, local_cluster
     from syncpoint.orchestrator.ray_runner import run_reported
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     if spec.scaling.elastic:  # a world-size change is judged by samples per step, so record them
@@ -347,7 +347,7 @@ class Controller:
     def __init__(
         self, cluster: Cluster, nodes: list[ClusterNode], cpus: int, run: JobSpec, plan: StormPlan, budget_s: float
     ) -> None:
-        from syncpoint.workers.events import EventLog
+        from syncpoint.workers.observation.events import EventLog
         from syncpoint.workers.storage import RunStorage
 
         self.cluster, self.nodes, self.cpus, self.run_spec, self.plan = cluster, nodes, cpus, run, plan
@@ -489,7 +489,7 @@ def storm_report(
     """The storm's verdict: the interrupted run against the uninterrupted one, and every interruption's fate."""
     from syncpoint.orchestrator.drill import DrillReport, judge
     from syncpoint.orchestrator.timeline import restarts
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     ref_journal = EventLog(RunStorage(ref.run_url)).journal()

@@ -1,7 +1,7 @@
 """Keep a warm training-process server on every node that can host a rank, for the job's length.
 
 Why the driver: a new Ray Train worker group forks its training processes from its node's warm
-server (``syncpoint.workers.zygote``) and skips importing torch and DeepSpeed, but a lost node's
+server (``syncpoint.workers.supervision.zygote``) and skips importing torch and DeepSpeed, but a lost node's
 replacement that is already in the cluster holds no rank yet, so no supervisor of this job has
 warmed it. The driver knows the cluster's nodes and outlives every attempt: every
 ``zygote.WARM_EVERY_S`` it starts (or touches) the server on each live node with a worker's CPUs,
@@ -24,7 +24,7 @@ STOP_WAIT_S = 30.0
 
 
 def _warm(k: str, hash_seed: str) -> bool:
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     # as each worker sets it before DeepSpeed is imported
     sock, _ = zygote.ensure(k, hash_seed, "touch", {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")})
@@ -35,7 +35,7 @@ def _warm(k: str, hash_seed: str) -> bool:
 def server_key(spec: JobSpec, submission: str) -> tuple[str, str]:
     """The submission's key for its nodes' warm servers, and the hash seed they start with."""
     from syncpoint.policies.seeds import hash_seed as job_hash_seed
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     hash_seed = str(job_hash_seed(spec.train.seed))
     return zygote.key(submission, hash_seed), hash_seed
@@ -56,7 +56,7 @@ def warm_this_node(spec: JobSpec, submission: str) -> bool:
 
 def stop_this_node(spec: JobSpec, submission: str) -> None:
     """Stop this node's server of the submission (a job whose embedded Ray never reached the end)."""
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     with contextlib.suppress(Exception):
         zygote.stop(server_key(spec, submission)[0])
@@ -95,7 +95,7 @@ def warm_nodes(spec: JobSpec, submission: str, embedded: bool = False) -> Iterat
         thread.join(timeout=5)
         with contextlib.suppress(Exception):  # best effort: a server nobody reaches ends when idle
             if embedded:
-                from syncpoint.workers import zygote
+                from syncpoint.workers.supervision import zygote
 
                 zygote.stop(k)
             else:
@@ -106,7 +106,7 @@ def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> No
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     refs: list[Any] = []
     while not done.is_set():
@@ -118,7 +118,7 @@ def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> No
 
 
 def _keep_this_node_warm(k: str, hash_seed: str, done: threading.Event) -> None:
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     while not done.wait(zygote.WARM_EVERY_S):
         with contextlib.suppress(Exception):  # a round that fails is retried next round
@@ -129,7 +129,7 @@ def _stop_all(k: str) -> None:
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
-    from syncpoint.workers import zygote
+    from syncpoint.workers.supervision import zygote
 
     refs = run_on_nodes(zygote.stop, live_nodes(), k)
     ray.wait(refs, num_returns=len(refs), timeout=STOP_WAIT_S)

@@ -47,7 +47,7 @@ from syncpoint.policies.state_format import (
     state_name,
 )
 
-# TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.loop (syncpoint.policies.state_format
+# TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.training.loop (syncpoint.policies.state_format
 # defines it)
 RecordT = TypeVar("RecordT", TrainState, Manifest)
 

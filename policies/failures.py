@@ -94,7 +94,8 @@ def classify_failure(f: FailureFacts) -> FailureVerdict:
     return FailureVerdict(APPLICATION, first)
 
 
-# What a rank says when the supervisors' store failed under it (``syncpoint.workers.store_agent.StoreFault``).
+# What a rank says when the supervisors' store failed under it
+# (``syncpoint.workers.supervision.store_agent.StoreFault``).
 NODE_FAULT = "the supervisors' store failed on this node"
 
 
@@ -156,7 +157,8 @@ def failure_reason(error: BaseException) -> tuple[str, str]:
 
 def site_text(site: object) -> str:
     """`` at FILE:LINE in FUNCTION (rank R, micro-step M)``: where the failing rank was
-    (``syncpoint.workers.failure_site`` attaches it); the parts it knows, nothing for a failure while setting up in
+    (``syncpoint.workers.supervision.failure_site`` attaches it); the parts it knows, nothing for a failure while
+    setting up in
     syncpoint's own code."""
     if not isinstance(site, dict):
         return ""
@@ -230,7 +232,7 @@ def placement_gave_up(workers: int, cpus_per_worker: float, gpus: bool, timeout_
 # ---------------------------------------------------------------- in-place recovery
 class RankStatus(StrEnum):
     """How one rank's training process of an in-place generation ended, as its supervisor saw it
-    (``syncpoint.workers.supervisor``); its text is what crosses the supervisors' store."""
+    (``syncpoint.workers.supervision.supervisor``); its text is what crosses the supervisors' store."""
 
     FINISHED = "finished"  # the loop returned: the run is done on this rank
     RAISED = "raised"  # an exception, handed to the supervisor with its traceback

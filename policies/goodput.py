@@ -56,7 +56,7 @@ BADPUT: tuple[tuple[str, str], ...] = (
     ("other", "other / idle"),  # OTHER
 )
 
-# rank 0's start-up phases (``AttemptStarted.setup``, workers/loop.py's SetupLaps) by cause: a phase
+# rank 0's start-up phases (``AttemptStarted.setup``, workers/training/loop.py's SetupLaps) by cause: a phase
 # named here by its first words; any other phase, and start-up no phase covers, is initialization
 _SETUP_PHASES: tuple[tuple[str, str], ...] = (
     ("DeepSpeed engine", "compilation"),

@@ -3,7 +3,7 @@
 Why typed: the log is read by the loop (attempt number, restart of a submission), the failure
 policy (the attempt's nodes and notice), the timeline, drill and plot; with bare strings and dicts
 each re-scanned it its own way, and a misspelt field was written silently and read as missing.
-Every kind is one pydantic model below, discriminated on ``kind``; ``syncpoint.workers.events`` validates
+Every kind is one pydantic model below, discriminated on ``kind``; ``syncpoint.workers.observation.events`` validates
 each event against them before writing it (an unknown kind or field fails loudly there).
 
 Why reading is lenient where writing is strict: logs outlive the code that wrote them. A field
@@ -14,7 +14,7 @@ A record no model accepts (a kind this version does not know, a foreign or damag
 as an ``UnknownEvent`` that says why, never dropped and never fatal: the queries skip it, the
 timeline shows it. A file that is no record at all (not a JSON object within the reader's bounds,
 or a ``time`` that is no usable number of seconds) cannot be placed on the timeline: the reader
-(``syncpoint.workers.events``) skips it and the journal names it in ``skipped``.
+(``syncpoint.workers.observation.events``) skips it and the journal names it in ``skipped``.
 
 Why times are bounded (finite, within ``MAX_TIME`` of the epoch): every reader subtracts, sorts and
 plots them; a NaN breaks the order and a 400-digit integer raises ``OverflowError`` in ``float()``.
@@ -84,7 +84,8 @@ class _Record(BaseModel):
 
 
 class _Event(_Record):
-    # Both are stamped by the writer (``syncpoint.workers.events.EventLog.emit``): a typed event is built without them.
+    # Both are stamped by the writer (``syncpoint.workers.observation.events.EventLog.emit``): a typed event is built
+    # without them.
     time: Seconds = 0.0  # seconds since the epoch; a foreign record without one sorts first
     source: str = ""  # who wrote it: worker, driver, controller, rank<N> (a notice: where it came from)
 
@@ -234,7 +235,9 @@ class Failure(_Event):
     signature: str | None = None  # the failing rank's exception, type and message (syncpoint.policies.failures)
     micro_step: int | None = None  # where the failing rank was (None: setting up, or not known)
     repeated: bool = False  # the same failure as the previous attempt's, no state in between: not retried
-    in_place: bool = False  # recovered in the same worker group (syncpoint.workers.supervisor), not by Ray Train
+    in_place: bool = (
+        False  # recovered in the same worker group (syncpoint.workers.supervision.supervisor), not by Ray Train
+    )
 
 
 class RankReached(_Record):
@@ -247,7 +250,7 @@ class RankReached(_Record):
 
 class Interrupted(_Event):
     """Where a failed attempt really stopped, measured: the last micro-step each rank reported
-    through its heartbeat (``syncpoint.workers.heartbeat``: at every sync boundary and at most ~0.2 s apart
+    through its heartbeat (``syncpoint.workers.supervision.heartbeat``: at every sync boundary and at most ~0.2 s apart
     in between), written by the controller when it learns of the failure, before the next attempt
     starts. Why: progress is flushed only every few seconds, so a node lost without notice would
     otherwise be charged from the last flush, not from where training was."""
@@ -382,7 +385,7 @@ class Journal:
     Attempts are numbered by the loop in the order they start (``next_attempt``), so "the
     attempt" of an event is its ``attempt`` field; events of logs older than that field (None)
     belong to no attempt. ``skipped``: the stored files that held no record, each as
-    ``name (why)`` (``syncpoint.workers.events``); nothing in the journal comes from them."""
+    ``name (why)`` (``syncpoint.workers.observation.events``); nothing in the journal comes from them."""
 
     def __init__(self, events: Iterable[Event | UnknownEvent], skipped: Iterable[str] = ()) -> None:
         self.events: list[Event | UnknownEvent] = sorted(events, key=lambda e: e.time)
@@ -390,7 +393,8 @@ class Journal:
 
     @classmethod
     def parse(cls, records: Iterable[Mapping[str, Any]], skipped: Iterable[str] = ()) -> Journal:
-        """The journal of stored records (``syncpoint.workers.events.EventLog.read_all``); a record whose time
+        """The journal of stored records (``syncpoint.workers.observation.events.EventLog.read_all``); a record whose
+        time
         is unusable (``time_of``) is skipped and named, as the reader does."""
         events: list[Event | UnknownEvent] = []
         named = list(skipped)

@@ -24,7 +24,7 @@ periodically, and its interval grows only as notices keep arriving (a notice may
 time; when one does not, the count says so at once).
 
 Pure functions and plain data (no clock, no I/O): the worker feeds measurements in
-(``syncpoint.workers.loop``), the trigger (``syncpoint.policies.save_triggers.AutoInterval``) asks here.
+(``syncpoint.workers.training.loop``), the trigger (``syncpoint.policies.save_triggers.AutoInterval``) asks here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Seeds derived from ``train.seed``: plain integers, no torch.
 
 Why a module of its own: the job's ``PYTHONHASHSEED`` is needed where torch is not imported (the
-driver, before ``ray.init``; a supervisor, which never trains), and importing ``syncpoint.workers.rng``
+driver, before ``ray.init``; a supervisor, which never trains), and importing ``syncpoint.workers.training.rng``
 there would cost every worker group's start the seconds torch's import takes.
 """
 

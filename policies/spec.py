@@ -407,7 +407,7 @@ class EvalEvery(_Strict):
         return self
 
 
-TrackerName = Literal["tensorboard", "mlflow", "wandb"]  # train.report_to (syncpoint.workers.trackers)
+TrackerName = Literal["tensorboard", "mlflow", "wandb"]  # train.report_to (syncpoint.workers.observation.trackers)
 
 
 class TrainSpec(_Strict):

@@ -152,7 +152,8 @@ def required_files(
     next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
     (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
     (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
-    and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.buffers``); states of
+    and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.training.buffers``); states
+    of
     a stream dataset, its stream file (``syncpoint.workers.data.stream_state``); states with user state
     (``Task.stateful``), its user file (``syncpoint.workers.state.user_state``).
     """
@@ -218,7 +219,8 @@ class _Record(BaseModel):
 
 
 class SchedulerRecord(_Record):
-    """The schedule's shape and position; the live spec supplies every value (``syncpoint.workers.schedule``)."""
+    """The schedule's shape and position; the live spec supplies every value
+    (``syncpoint.workers.training.schedule``)."""
 
     type: str
     phases: list[str]
@@ -247,7 +249,7 @@ class OptimizerRecord(_Record):
     param_groups: list[ParamGroupRecord] | None = None
     # per group: the keys the optimizer itself changed since it was built (running state, which the
     # state supplies on resume), each with its as-built value (None: not JSON); None: not recorded
-    # (states before the field: every group key comes from the live run). ``syncpoint.workers.param_groups``
+    # (states before the field: every group key comes from the live run). ``syncpoint.workers.training.param_groups``
     running: list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")

@@ -16,7 +16,8 @@ directory                 markers it sets      what its tests do
 ========================  ===================  ============================================================
 
 Per-test marks remain only where a test differs from its directory: ``slow`` on the slower
-integration tests, ``gpu`` on ``tests/integration/workers/test_device_gpu.py``, ``storm`` on the storm drills, and
+integration tests, ``gpu`` on ``tests/integration/workers/training/test_device_gpu.py``, ``storm`` on the storm
+drills, and
 ``long`` on the parametrized cases of an integration test whose other cases are short (the function
 stays in one place; its long cases run with the drills: ``-m long``). ``docs/testing.md`` has the table
 with the time each tier takes.

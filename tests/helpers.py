@@ -16,12 +16,12 @@ from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.journal import Step
 from syncpoint.policies.spec import JobSpec
 from syncpoint.policies.state_format import TRAINER_MAX_BYTES, json_bytes
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.faults import InjectedCrash
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.digest import state_digest
-from syncpoint.workers.launch import run_in_process
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.faults import InjectedCrash
+from syncpoint.workers.supervision.launch import run_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = (ROOT / "examples" / "tiny_lm.yaml").read_text()

@@ -47,11 +47,11 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     from syncpoint.policies.candidates import Expectation
     from syncpoint.policies.errors import LeaseLostError, LeaseRefused
     from syncpoint.policies.state_format import TrainState
-    from syncpoint.workers.faults import Faults
-    from syncpoint.workers.launch import free_port
     from syncpoint.workers.state.writer import Snapshot, commit_snapshot, state_name
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import RunLease
+    from syncpoint.workers.supervision.faults import Faults
+    from syncpoint.workers.supervision.launch import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     storage = RunStorage(url)

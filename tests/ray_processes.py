@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from syncpoint.workers.launch import free_port
+from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes, owned
 
@@ -261,7 +261,7 @@ def _raylet_tail(temp: str, lines: int = 15) -> str:
 
 def events(spec, kind: str) -> list[dict]:
     """The run's events of one kind, oldest first (what a test watching a driver asks of the log)."""
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == kind]

@@ -1,4 +1,5 @@
-"""Inside each Ray Train worker: the boundary-aware loop over DeepSpeed, data, RNG, the state
-writer and reader, storage, the lease and events."""
+"""Inside each training process: the user's task (``task``) and the sub-packages that run it:
+``training`` (the loop and its pieces), ``supervision`` (starting, watching and recovering ranks),
+``observation`` (events, progress, metrics, trackers), ``data``, ``state``, ``integrity``, ``storage``."""
 
-from syncpoint.workers import deepspeed_import as _deepspeed_import  # noqa: F401 - before any DeepSpeed import
+from syncpoint.workers.training import deepspeed_import as _deepspeed_import  # noqa: F401 - before any DeepSpeed import

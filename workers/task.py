@@ -7,7 +7,7 @@ Users never write the training loop. ``task.path: "pkg.mod:build"`` names a func
 Randomness a resume reproduces: the global streams (Python ``random``, NumPy's global functions,
 torch CPU and CUDA), and generators the task keeps on its own objects (``random.Random``,
 ``np.random.Generator`` / ``RandomState`` / a bit generator, ``torch.Generator``) where
-``syncpoint.workers.task_rngs`` finds them: those reachable from ``dataset``, ``collate`` and
+``syncpoint.workers.training.task_rngs`` finds them: those reachable from ``dataset``, ``collate`` and
 ``eval_dataset`` are reseeded per sample / batch from (seed, epoch, index), those reachable from
 ``loss``, ``model``, ``metrics`` and ``optimizer`` are saved with the rank's RNG. Seed them (from
 the global RNG, which syncpoint seeded, or from ``config``): a generator drawing OS entropy, or one
@@ -30,8 +30,8 @@ import torch
 
 from syncpoint.policies.errors import TaskError
 from syncpoint.policies.import_path import load_function
-from syncpoint.workers import callbacks
 from syncpoint.workers.state import user_state
+from syncpoint.workers.training import callbacks
 
 
 @runtime_checkable
@@ -113,14 +113,14 @@ class Task:
             state and restored before the first fetch (``syncpoint.workers.state.user_state``).
         callbacks: objects with any of the hooks ``on_start``, ``on_step``, ``on_log``,
             ``on_evaluate``, ``on_state_committed``, ``on_end``, called on every rank with every RNG
-            shielded (``syncpoint.workers.callbacks``).
+            shielded (``syncpoint.workers.training.callbacks``).
     """
 
     model: torch.nn.Module
     dataset: MapDataset | Any  # map-style, or a stream (``is_stream``)
     loss: Callable[[Any, Any], torch.Tensor]  # loss(model, batch) -> scalar tensor
     collate: Callable[[list[Any]], Any] | None = None
-    # Evaluation (``train.eval_every``, ``syncpoint.workers.evaluation``): a map-style eval set, and what to
+    # Evaluation (``train.eval_every``, ``syncpoint.workers.training.evaluation``): a map-style eval set, and what to
     # measure on a batch: ``metrics(model, batch) -> {name: tensor}``, a 0-d tensor being the batch's
     # mean and a 1-d tensor one value per item. Default: the task's loss, recorded as ``eval_loss``.
     eval_dataset: MapDataset | None = None
@@ -130,7 +130,7 @@ class Task:
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
     # objects the task keeps state in, by name: saved with every state, per rank, restored exactly
     stateful: dict[str, Any] = field(default_factory=dict)
-    # your code at the run's points (syncpoint.workers.callbacks): it observes, training is unchanged
+    # your code at the run's points (syncpoint.workers.training.callbacks): it observes, training is unchanged
     callbacks: list[Any] = field(default_factory=list)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import state_names, trainer_json
 from tests.integration.policies.test_elastic import _assert_same_samples_and_close, _spec
 

@@ -3,14 +3,14 @@ hard crash between an evaluation and the next save gives the same evaluations.""
 
 from __future__ import annotations
 
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import (
     digest,
     lm_spec,
     state_names,
     step_history,
 )
-from tests.integration.workers.test_evaluation import all_evaluations, evaluations
+from tests.integration.workers.training.test_evaluation import all_evaluations, evaluations
 
 
 def test_zero3_two_ranks_uneven_eval_shards(tmp_path):

@@ -1,11 +1,15 @@
-"""The in-place property of tests/integration/workers/test_supervisor_in_place_recovery.py (its explicit examples run in
+"""The in-place property of tests/integration/workers/supervision/test_supervisor_in_place_recovery.py (its explicit
+examples run in
 make test) over 12 drawn crashes: any kind of state, any micro-step, either rank, a crash or an exception."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, example, given, settings
 
-from tests.integration.workers.test_supervisor_in_place_recovery import CRASHES, check_kind_recovers_in_place
+from tests.integration.workers.supervision.test_supervisor_in_place_recovery import (
+    CRASHES,
+    check_kind_recovers_in_place,
+)
 
 DRAWN = 12
 

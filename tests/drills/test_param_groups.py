@@ -3,7 +3,7 @@ Task.optimizer's own CPU Adam, and a torch optimizer stepping the offloaded part
 
 from __future__ import annotations
 
-from tests.integration.workers.test_param_groups import TWO_GROUPS, _crash_and_resume
+from tests.integration.workers.training.test_param_groups import TWO_GROUPS, _crash_and_resume
 
 
 def test_offload_with_groups_resumes_exactly(tmp_path):

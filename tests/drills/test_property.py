@@ -1,10 +1,10 @@
-"""The property of tests/integration/workers/test_loop_property.py over 200 examples."""
+"""The property of tests/integration/workers/training/test_loop_property.py over 200 examples."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 
-from tests.integration.workers.test_loop_property import (
+from tests.integration.workers.training.test_loop_property import (
     COMMON,
     _workdir,  # noqa: F401 - the module's work dir fixture, here too
     check_resume_equals_uninterrupted,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, state_names, step_history, with_overrides
 
 EXAMPLE = (ROOT / "examples" / "own_training.yaml").read_text()

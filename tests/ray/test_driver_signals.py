@@ -40,7 +40,7 @@ GONE_WITHIN_S = 15.0  # the issue's bar: nothing the driver started alive 15 s a
 
 
 def _events(spec, kind: str) -> list[dict]:
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     try:

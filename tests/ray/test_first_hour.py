@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import ROOT, lm_spec, state_names, step_history
 

@@ -19,10 +19,10 @@ import os
 import pytest
 
 from syncpoint.policies.journal import Failure
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import committed_steps, digest, lm_spec, syncpoint_run
 from tests.s3_server import BUCKET
 
@@ -34,10 +34,11 @@ COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every
     [
         ("{rank: 1, at_micro_step: 10, mode: exit}", [], "exited with code 17"),  # the process dies
         # an exception (make test: the crash above on Ray, and a raised error in place in the spawned
-        # supervisor's tests: tests/integration/workers/test_supervisor_in_place_recovery.py)
+        # supervisor's tests: tests/integration/workers/supervision/test_supervisor_in_place_recovery.py)
         pytest.param("{rank: 0, at_micro_step: 11, mode: raise}", [], "micro-step 11", marks=pytest.mark.long),
         # rank 1 stops answering, its process alive: rank 0's collective times out
-        # (make test: tests/integration/workers/test_supervisor_in_place_recovery.py's collective timeout, spawned)
+        # (make test: tests/integration/workers/supervision/test_supervisor_in_place_recovery.py's collective timeout,
+        # spawned)
         pytest.param(
             "{rank: 1, at_micro_step: 10, mode: hold}", ["scaling.collective_timeout_s=5"], "", marks=pytest.mark.long
         ),

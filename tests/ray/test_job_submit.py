@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, lm_spec, state_names, step_history, with_overrides
 from tests.ray_processes import local_head, ray_env
 

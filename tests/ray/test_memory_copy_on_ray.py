@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import committed_steps, digest, lm_spec, syncpoint_run
 from tests.s3_server import BUCKET
 
@@ -24,7 +24,7 @@ COMMON = ["task.config.num_samples=96", "train.epochs=1", "checkpoint.save_every
 
 # make test: the in-place crash on Ray restores from the node's memory copy, its run in S3
 # (tests/ray/test_in_place_on_ray.py); a raised error recovers in place from it in the spawned
-# supervisor's tests (tests/integration/workers/test_supervisor_in_place_recovery.py)
+# supervisor's tests (tests/integration/workers/supervision/test_supervisor_in_place_recovery.py)
 @pytest.mark.long
 def test_a_raised_error_restarts_on_the_same_node_from_its_memory_copy(s3, tmp_path):
     ref = lm_spec(tmp_path / "ref", *COMMON, workers=2)

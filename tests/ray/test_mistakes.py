@@ -127,7 +127,7 @@ def test_the_mistakes_end_fast_through_the_cli_with_their_reason_and_place(user_
     ends with exit 1 and its reason on the last line, within at most two attempts although
     max_failures is 5; nothing of Ray's State API noise (another Ray runs on the machine: this head)
     shows."""
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     head, env, tmp_path = user_head
@@ -213,7 +213,7 @@ def test_a_drill_whose_reference_run_fails_says_so_with_its_last_line(tmp_path):
     """`syncpoint drill` on a task the workers refuse: the reference run fails, so the report is that
     failure and its last line, not a comparison ("per-step losses: MISMATCH (0 optimizer steps)"), and
     no interrupted run is started."""
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     (tmp_path / "mytask.py").write_text(USER_TASK)

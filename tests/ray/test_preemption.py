@@ -17,9 +17,9 @@ import yaml
 from ray._raylet import GcsClient
 from ray.core.generated import autoscaler_pb2
 
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, lm_spec, state_names
 
 COMMON = ["task.config.num_samples=240", "train.epochs=2", "checkpoint.save_every={value: 8, unit: micro_steps}"]

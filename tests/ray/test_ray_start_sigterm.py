@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from syncpoint.orchestrator.timeline import restarts
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import digest, lm_spec, state_names
 from tests.ray_processes import DRAIN_S, add_worker_node, drain_env, run_driver
 from tests.ray_processes import events as _events

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from syncpoint.workers.launch import free_port
+from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes
 from tests.ray_processes import OBJECT_STORE

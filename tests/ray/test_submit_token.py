@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from syncpoint.orchestrator.submit import auth_headers
-from syncpoint.workers.launch import free_port
+from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import ROOT, stop_processes
 from tests.own_processes import marked_env, marked_processes
 from tests.ray_processes import BIN, TOKEN_ENV

@@ -16,9 +16,9 @@ import tempfile
 import pytest
 
 from syncpoint.policies.journal import AttemptStarted
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests import ray_processes as rp
 from tests.helpers import committed_steps, digest, lm_spec
 
@@ -31,7 +31,7 @@ def _sockets(temp: str) -> list[str]:
 
 
 # make test: an embedded run keeps its node warm and stops its server, and an in-place recovery
-# forks warm and bitwise (tests/integration/workers/test_zygote_warm_server.py); spares on a
+# forks warm and bitwise (tests/integration/workers/supervision/test_zygote_warm_server.py); spares on a
 # cluster (tests/ray/test_spare_workers_on_ray.py)
 @pytest.mark.long
 def test_every_node_is_warm_a_restart_forks_warm_and_no_server_outlives_the_job(tmp_path):

@@ -17,7 +17,7 @@ by cycle-walking.
   below ``n``, hence a bijection of ``[0, n)``. With ``2^(2h) < 4n`` at least a quarter of the
   domain lies below ``n``: a walk takes at most 4 steps on average.
 * ``F`` is the splitmix64 finaliser of ``R`` xor a round key; the keys are derived from
-  ``(seed, epoch, salt, round)`` with ``syncpoint.workers.rng.derive_seed`` (blake2b), so the order depends
+  ``(seed, epoch, salt, round)`` with ``syncpoint.workers.training.rng.derive_seed`` (blake2b), so the order depends
   on nothing but those integers: not on NumPy's or torch's RNG algorithms, versions or threads.
   Six rounds: statistically a random-looking order (four already make a pseudo-random
   permutation from a pseudo-random ``F``); each costs a handful of vectorised uint64 operations.
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from syncpoint.workers.rng import derive_seed
+from syncpoint.workers.training.rng import derive_seed
 
 ROUNDS = 6
 # Up to this many positions the whole permutation is computed once and looked up (a shard order:

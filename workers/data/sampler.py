@@ -10,7 +10,7 @@ randomness (random augmentation in ``__getitem__``, random collate, DataLoader w
 (seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
 Generators the task keeps on its dataset or collate (``np.random.default_rng``, ``random.Random``,
-``torch.Generator``; found by ``syncpoint.workers.task_rngs``) are reseeded the same way, each from its own
+``torch.Generator``; found by ``syncpoint.workers.training.task_rngs``) are reseeded the same way, each from its own
 path, in whichever process runs the fetch, and put back afterwards.
 """
 
@@ -29,9 +29,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from syncpoint.policies.errors import DataLayoutError
 from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data.index_permutation import FEW_POSITIONS, FeistelPermutation
-from syncpoint.workers.rng import derive_seed
 from syncpoint.workers.task import MapDataset
-from syncpoint.workers.task_rngs import DataGenerators, get_state, reseed, set_state
+from syncpoint.workers.training.rng import derive_seed
+from syncpoint.workers.training.task_rngs import DataGenerators, get_state, reseed, set_state
 
 # Salts: the part of each derived seed that names the stream it seeds, so two streams of the same
 # (seed, epoch) never coincide. A sample's own seed, (seed, epoch, index), needs none. The values

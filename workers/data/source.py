@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.data.sampler import epoch_loader
 from syncpoint.workers.data.stream import PreparedStream, StreamSource
 from syncpoint.workers.data.stream_state import SavedStream
-from syncpoint.workers.position import TrainingPosition
 from syncpoint.workers.task import Task
+from syncpoint.workers.training.attempt import Attempt
+from syncpoint.workers.training.position import TrainingPosition
 
 
 class MapSource:

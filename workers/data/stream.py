@@ -56,10 +56,10 @@ from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too
 from syncpoint.workers.data.stream_state import SavedStream, encode
-from syncpoint.workers.log_filters import drop
-from syncpoint.workers.rng import derive_seed
+from syncpoint.workers.observation.log_filters import drop
 from syncpoint.workers.task import hf_iterable
-from syncpoint.workers.task_rngs import DataGenerators
+from syncpoint.workers.training.rng import derive_seed
+from syncpoint.workers.training.task_rngs import DataGenerators
 
 # Salts of the seeds a stream derives (with seed, rank, pass, worker and a count). Part of the resume
 # contract: a state resumes to the same examples only while these stay as they are.

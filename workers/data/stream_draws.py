@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from syncpoint.workers.data.sampler import _reseeded, _seeded_rngs
-from syncpoint.workers.rng import derive_seed
-from syncpoint.workers.task_rngs import DataGenerators
+from syncpoint.workers.training.rng import derive_seed
+from syncpoint.workers.training.task_rngs import DataGenerators
 
 STREAM_CALL_SALT = 0x57CA11  # each call of a .map/.filter that datasets may repeat in another draw
 

@@ -53,11 +53,11 @@ from syncpoint.policies.state_format import (
 from syncpoint.workers.data.stream_state import parse as parse_stream
 from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.integrity.safe_load import load_state_file
-from syncpoint.workers.rng import safetensors_metadata
 from syncpoint.workers.state.reader import ChecksumMismatch, read_listed, read_manifest
 from syncpoint.workers.state.user_state import META_KEY as USER_META_KEY
 from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.training.rng import safetensors_metadata
 
 ReadFile = Callable[[str], bytes]  # a state's file by its path in the state, verified against the manifest
 

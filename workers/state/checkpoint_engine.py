@@ -308,7 +308,8 @@ safe_fp32_state_dict_from_zero_checkpoint.syncpoint_safe = True  # type: ignore[
 def route_zero3_module_load() -> None:
     """Point ``deepspeed.runtime.engine``'s ``get_fp32_state_dict_from_zero_checkpoint`` (imported
     there by name, called only from ``_load_checkpoint``) at the weights-only version. The one
-    process-wide change syncpoint makes to DeepSpeed; idempotent; ``tests/integration/workers/test_engine_zero3.py``
+    process-wide change syncpoint makes to DeepSpeed; idempotent;
+    ``tests/integration/workers/training/test_engine_zero3.py``
     checks it."""
     import deepspeed.runtime.engine as ds_engine
 

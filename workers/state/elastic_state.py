@@ -23,7 +23,7 @@ the flat fp32 partitions.
 The base optimizer's param-group values travel in the file's metadata too (``groups``, rank 0's,
 those JSON holds exactly): an optimizer that keeps running state in its groups (Prodigy's ``d``
 and ``k``) continues from it after a resize, as after a same-size load, where DeepSpeed's own
-files carry the groups; ``syncpoint.workers.param_groups`` then decides which of them the live run overrides.
+files carry the groups; ``syncpoint.workers.training.param_groups`` then decides which of them the live run overrides.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
 from syncpoint.policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
-from syncpoint.workers.param_groups import portable_values
-from syncpoint.workers.rng import safetensors_metadata
+from syncpoint.workers.training.param_groups import portable_values
+from syncpoint.workers.training.rng import safetensors_metadata
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine

@@ -33,7 +33,7 @@ import torch
 from syncpoint.policies.errors import ResumeRefused
 from syncpoint.policies.redact import redact_url
 from syncpoint.policies.state_format import MANIFEST_FILE, STATES_DIR
-from syncpoint.workers.engine import persistent_buffers
+from syncpoint.workers.training.engine import persistent_buffers
 
 if TYPE_CHECKING:
     from syncpoint.workers.storage import RunStorage

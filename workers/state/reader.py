@@ -8,7 +8,7 @@ paths inside the state (``syncpoint.policies.state_paths``) and resolves each be
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
 DeepSpeed file once with the weights-only loader (``syncpoint.workers.integrity.safe_load``; storages memory-mapped,
 so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
-(``syncpoint.workers.rng.verify``), so the restore after the data skip cannot fail on a state already
+(``syncpoint.workers.training.rng.verify``), so the restore after the data skip cannot fail on a state already
 accepted, and a stream's state file likewise (``syncpoint.workers.data.stream_state.parse``). A state that fails
 any of these raises ``StateRefused`` on every rank alike (every rank fetches and checks the same
 files), before the engine is touched: a refused state never leaves a half-loaded engine behind.
@@ -72,7 +72,6 @@ from syncpoint.policies.state_format import (
     user_file,
 )
 from syncpoint.policies.state_paths import path_problem
-from syncpoint.workers import rng
 from syncpoint.workers.data import stream_state
 from syncpoint.workers.integrity import verified_files
 from syncpoint.workers.integrity.checksum import matches_entry
@@ -90,6 +89,7 @@ from syncpoint.workers.state.mapped_state import copy_mapped_optimizer_state
 from syncpoint.workers.state.node_share import NodePeers, Offer, read_split
 from syncpoint.workers.state.preload import Preloads
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.training import rng
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -112,7 +112,9 @@ class FetchedState:
     rng_state: rng.SavedRng | None  # this rank's RNG file, parsed and tried (``rng.verify``)
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
-    buffers_bytes: bytes | None = None  # the module buffers this rank applies (``syncpoint.workers.buffers``), verified
+    buffers_bytes: bytes | None = (
+        None  # the module buffers this rank applies (``syncpoint.workers.training.buffers``), verified
+    )
     stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
     user_bytes: bytes | None = None  # this rank's Task.stateful objects (``workers.state.user_state``), verified
     # a downloaded copy: the files verified into local_dir, and those being unpickled meanwhile (``preload``)
@@ -170,7 +172,7 @@ def fetch_state(
     ``in_place``: the caller's load reads only through the checkpoint engine (module docstring);
     on local storage the state is then verified where it lies instead of copied.
 
-    ``buffers_of``: the saved rank whose buffers file this rank applies (``syncpoint.workers.buffers``; None:
+    ``buffers_of``: the saved rank whose buffers file this rank applies (``syncpoint.workers.training.buffers``; None:
     the state carries none, or the caller applies none); read into memory, verified like the RNG file.
 
     ``stream_of``: the rank whose stream file this rank restores (a stream dataset's state; None:

@@ -38,19 +38,19 @@ from syncpoint.policies.state_format import (
     buffers_file,
     user_file,
 )
-from syncpoint.workers import buffers, rng
-from syncpoint.workers.attempt import Attempt
 from syncpoint.workers.data.stream_state import SavedStream
-from syncpoint.workers.engine import apply_hyperparameters, set_counters
 from syncpoint.workers.integrity.signing import legacy_unbound, load_key
-from syncpoint.workers.position import RunLength, TrainingPosition
-from syncpoint.workers.schedule import horizon_changed, resume_position
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover, discover_lazy, read_candidate
 from syncpoint.workers.state.node_share import NodePeers
 from syncpoint.workers.state.pretrained import PretrainedInit
 from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.training import buffers, rng
+from syncpoint.workers.training.attempt import Attempt
+from syncpoint.workers.training.engine import apply_hyperparameters, set_counters
+from syncpoint.workers.training.position import RunLength, TrainingPosition
+from syncpoint.workers.training.schedule import horizon_changed, resume_position
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -330,7 +330,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
     and when none is left the run fails (it never trains on a half-loaded engine). This rank's
-    module buffers (``syncpoint.workers.buffers``) are checked against the live module with the fetch and
+    module buffers (``syncpoint.workers.training.buffers``) are checked against the live module with the fetch and
     applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
     fetched, error, saved_buffers, saved_user = None, None, None, None
     state = _classified(candidate)

@@ -24,15 +24,15 @@ from syncpoint.policies.journal import StateCommitted
 from syncpoint.policies.retention import plan_retention
 from syncpoint.policies.save_triggers import PendingSave
 from syncpoint.policies.state_format import STATES_DIR, TrainState, stream_file, user_file
-from syncpoint.workers.attempt import Attempt
-from syncpoint.workers.boundary_vote import BoundaryVote
 from syncpoint.workers.data.stream_state import StreamStateError
-from syncpoint.workers.finite import agreed_finite, refused_save
-from syncpoint.workers.progress import ProgressLog
+from syncpoint.workers.observation.progress import ProgressLog
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.state.user_state import UserStateError
 from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
+from syncpoint.workers.training.attempt import Attempt
+from syncpoint.workers.training.boundary_vote import BoundaryVote
+from syncpoint.workers.training.finite import agreed_finite, refused_save
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -67,7 +67,8 @@ class SaveCoordinator:
         self.last_commit_s: float | None = None  # the last committed save, its start to its commit
         self.micro_step = 0
         self.deferred = False  # a save request waits for a finite state (said once per wait)
-        # Called after each commit on every rank (syncpoint.workers.metric_sinks.RunMetrics.committed: TensorBoard).
+        # Called after each commit on every rank (syncpoint.workers.observation.metric_sinks.RunMetrics.committed:
+        # TensorBoard).
         self.on_commit: Callable[[SaveResult, list[str]], None] | None = None
         # A stream dataset's: this rank's stream position as its stream file's bytes, at the boundary.
         self.stream_state: Callable[[], bytes] | None = None

@@ -39,14 +39,14 @@ from syncpoint.policies.state_format import (
     rng_file,
     state_name,
 )
-from syncpoint.workers import buffers, rng
-from syncpoint.workers.faults import Faults
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
 from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from syncpoint.workers.state.memory_copy import MemoryCopy
 from syncpoint.workers.storage import RunStorage, nofollow
 from syncpoint.workers.storage.lease import RunLease
+from syncpoint.workers.supervision.faults import Faults
+from syncpoint.workers.training import buffers, rng
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -83,7 +83,7 @@ class Snapshot:
     signing_key: bytes | None = field(
         default=None, repr=False
     )  # rank 0 signs the manifest (syncpoint.workers.integrity.signing)
-    # this rank's module buffers (syncpoint.workers.buffers)
+    # this rank's module buffers (syncpoint.workers.training.buffers)
     buffers_bytes: bytes | None = field(default=None, repr=False)
     # this rank's small files captured at the boundary, by path in the state: its stream position
     # (syncpoint.workers.data.stream_state) and its Task.stateful objects (syncpoint.workers.state.user_state)

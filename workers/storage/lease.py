@@ -24,7 +24,7 @@ Why each rule:
   it. A lost lease stops the run with ``LeaseLostError`` on every rank, naming the submission
   that took over: rank 0 broadcasts the verdict in the save's own collectives, and a loss the
   heartbeat finds between saves rides on the next boundary's all-reduce
-  (``syncpoint.workers.boundary_vote.BoundaryVote.lease_lost``).
+  (``syncpoint.workers.training.boundary_vote.BoundaryVote.lease_lost``).
 * **A malformed lease is not a crash.** It is reported, treated as held by an unknown owner, and
   taken over once the storage says it is older than this run's TTL.
 * **A lease that is no file is not read.** ``lease.json`` is read up to ``LEASE_MAX_BYTES``, and

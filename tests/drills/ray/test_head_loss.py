@@ -32,8 +32,8 @@ import psutil
 import pytest
 
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
-from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes, write_job
 from tests.own_processes import marked_env
 from tests.ray_processes import Head, local_head, ray_env, wait_for_driver

@@ -19,9 +19,9 @@ import time
 import pytest
 
 from syncpoint.orchestrator.timeline import restarts
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import digest, lm_spec, state_names
 from tests.netns import INNER_IF, private_network
 from tests.ray_processes import add_worker_node, local_head, ray_env, run_driver, worker_nodes

@@ -206,7 +206,7 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, _repetition
     from syncpoint.policies.failures import FailureFacts, failure_signature
     from syncpoint.policies.journal import Failure, Journal, StateCommitted
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     def bug(micro_step: int = 3, text: str = "bad label encoding in batch (call 3)") -> BaseException:
@@ -293,7 +293,7 @@ def _linear(tmp_path, task: str, *overrides: str):
 def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
     """What the driver's last line and the failure policy read: the rank, the micro-step, and the
     innermost frame of the user's code (here tests/tasks.py's loss), not syncpoint's or torch's."""
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.launch import run_in_process
 
     spec = _linear(tmp_path, "failing_loss", "task.config.fail_at=3", "task.config.num_samples=16")
     with pytest.raises(ValueError, match="bad batch at call 3") as caught:
@@ -312,7 +312,7 @@ def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
 def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, task, says):
     """A refusal (TaskError: not retried) at micro-step 1, naming the shape it got."""
     from syncpoint.policies.errors import TaskError
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.launch import run_in_process
 
     spec = _linear(tmp_path, task, "task.config.num_samples=16")
     with pytest.raises(TaskError, match=says) as caught:
@@ -349,7 +349,7 @@ def test_a_loss_that_turns_nan_fails_naming_its_first_step_and_commits_nothing_n
     first, and every committed state is finite (the saves requested meanwhile waited)."""
 
     from syncpoint.policies.errors import TrainingDiverged
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.launch import run_in_process
     from tests.helpers import committed_steps
 
     spec = _linear(
@@ -376,7 +376,7 @@ def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
 
     import torch
 
-    from syncpoint.workers.finite import agreed_finite, tensors_finite
+    from syncpoint.workers.training.finite import agreed_finite, tensors_finite
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.Adam(model.parameters())
@@ -486,7 +486,7 @@ def test_the_timeline_shows_the_submission():
 def test_a_resume_that_changes_the_schedule_horizon_says_so(tmp_path, capsys):
     """A finished run extended (train.max_steps raised): the cosine schedule's rate from the resumed
     step on follows the new horizon; one line says so. The same horizon says nothing."""
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.launch import run_in_process
 
     sets = [
         "train.scheduler={type: cosine}",
@@ -562,7 +562,7 @@ def test_zero3s_deprecated_collectives_are_quieted_in_a_worker_and_other_warning
     import torch.distributed as dist
 
     from syncpoint.orchestrator.quiet import quiet_worker
-    from syncpoint.workers.launch import ensure_single_process_group
+    from syncpoint.workers.supervision.launch import ensure_single_process_group
     from tests.helpers import linear_spec
 
     ensure_single_process_group("gloo")

@@ -245,7 +245,7 @@ def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
 
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, is_placement_timeout
     from syncpoint.policies.failures import PLACEMENT, placement_gave_up
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
@@ -292,7 +292,7 @@ def test_a_held_rank_gives_up_after_its_bound_with_a_message():
     from tests.helpers import ROOT
 
     r = subprocess.run(
-        [sys.executable, "-c", "from syncpoint.workers.faults import _hold; _hold(1, 'micro-step 7')"],
+        [sys.executable, "-c", "from syncpoint.workers.supervision.faults import _hold; _hold(1, 'micro-step 7')"],
         cwd=ROOT,
         env={**os.environ, "SYNCPOINT_FAULT_HOLD_S": "0.3"},
         capture_output=True,
@@ -370,7 +370,7 @@ def test_a_heartbeat_reading_that_cannot_be_taken_says_why(capsys):
     import uuid
 
     from syncpoint.orchestrator.failure_policy import read_journal, record_interruption
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     class UnreachableBoard:  # the shape of the actor handle: board.read.remote(attempt)

@@ -16,7 +16,7 @@ import pytest
 
 from syncpoint.policies.goodput import BADPUT, goodput
 from syncpoint.policies.journal import Failure, FaultFired
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, linear_spec, run, run_until_crash, with_overrides
 
@@ -109,8 +109,8 @@ def test_a_running_run_is_running_with_its_attempt_then_stopped_once_its_rank_is
     """A real run, its rank a process of its own (``run_spawned``), held at micro-step 6 (``mode:
     hold``): its lease is live, so it is running, attempt 1; its rank SIGKILLed (the lease names its
     pid: a process this test started), it is stopped and resumable from its newest state."""
-    from syncpoint.workers.launch import run_spawned
     from syncpoint.workers.storage.lease import read_lease
+    from syncpoint.workers.supervision.launch import run_spawned
 
     spec = linear_spec(
         tmp_path,

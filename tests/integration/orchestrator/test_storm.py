@@ -2,7 +2,7 @@
 tests/drills/ray/test_storm.py).
 
 The plan tests are plain data (a reference trajectory as the drill reads it from the event log);
-the fault tests drive ``syncpoint.workers.faults.Faults`` on real fsspec memory storage.
+the fault tests drive ``syncpoint.workers.supervision.faults.Faults`` on real fsspec memory storage.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from syncpoint.orchestrator.storm import (
     storm_variant,
 )
 from syncpoint.policies.spec import CrashFault, JobSpec
-from syncpoint.workers.faults import Faults, InjectedCrash
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.faults import Faults, InjectedCrash
 from tests.helpers import ROOT, lm_spec
 
 

@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from syncpoint.policies.errors import ResumeRefused
-from syncpoint.workers.events import EventLog
-from syncpoint.workers.faults import InjectedCrash
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.faults import InjectedCrash
 from tests.helpers import committed_steps, digest, linear_spec, run, step_history, with_overrides
 
 FAST_EXAMPLES = 150 if os.environ.get("SYNCPOINT_SLOW") == "1" else 10

@@ -16,9 +16,9 @@ import pytest
 from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.elastic import allowed_world_sizes, layout
 from syncpoint.policies.errors import ElasticLayoutError
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import lm_spec, state_names, step_history, trainer_json
-from tests.integration.workers.test_loop_exact_resume import module_params
+from tests.integration.workers.training.test_loop_exact_resume import module_params
 
 
 def _spec(tmp, *extra):

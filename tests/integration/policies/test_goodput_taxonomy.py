@@ -10,7 +10,7 @@ from syncpoint.orchestrator.plot import draw
 from syncpoint.orchestrator.timeline import badput_lines, format_summary, goodput_headline, summarize
 from syncpoint.policies.goodput import BADPUT, goodput
 from syncpoint.policies.journal import Evaluated
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, linear_spec, run, run_until_crash, with_overrides
 

@@ -130,7 +130,7 @@ def test_init_from_is_ignored_once_the_run_has_its_own_state(tmp_path, capsys):
 
 
 def _init_from_events(spec) -> list[dict]:
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
 
     return [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "init_from_resolved"]
 
@@ -205,8 +205,8 @@ def test_fresh_policy_refuses_archives_or_overwrites(tmp_path):
 
 
 def test_fresh_policy_restart_within_the_same_submission_continues(tmp_path):
-    from syncpoint.workers.faults import InjectedCrash
-    from syncpoint.workers.launch import run_in_process
+    from syncpoint.workers.supervision.faults import InjectedCrash
+    from syncpoint.workers.supervision.launch import run_in_process
 
     spec = _spec(tmp_path, "checkpoint.save_every={value: 1, unit: optimizer_steps}")
     run(spec)  # an earlier run left states
@@ -257,7 +257,7 @@ def test_run_fresh_starts_over_archives_the_old_states_and_counts_only_its_own_s
     ``submitted`` event is written as `syncpoint run` writes it; the ranks run in this process."""
     from syncpoint.orchestrator.cli import build_parser, rerun_command, run_spec
     from syncpoint.orchestrator.timeline import restarts, summarize
-    from syncpoint.workers.events import EventLog
+    from syncpoint.workers.observation.events import EventLog
     from tests.helpers import linear_spec, write_job
 
     spec = linear_spec(

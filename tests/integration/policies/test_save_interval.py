@@ -26,7 +26,7 @@ from syncpoint.policies.save_interval import (
 from syncpoint.policies.save_triggers import AutoInterval, PendingSave, Tick
 from syncpoint.policies.spec import CheckpointSpec
 from tests.helpers import committed_steps, lm_spec, run, run_until_crash, trainer_json
-from tests.integration.workers.test_loop_exact_resume import assert_same_run
+from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
 
 # ---------------------------------------------------------------- the policy
 

@@ -2,7 +2,8 @@
 
 Here: the ``submitted`` event names where the submission really went (a Ray Job by its submission id,
 not "embedded"); a node's death shows as Ray's first sentences, not 20 lines of the raylet's log; a rank's
-output stream keeps or drops whole lines (tests/integration/workers/test_rank_output_quiet_output.py: on real ranks)."""
+output stream keeps or drops whole lines (tests/integration/workers/observation/test_rank_output_quiet_output.py: on
+real ranks)."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_the_driver_prints_a_nodes_death_in_two_lines(tmp_path, monkeypatch, cap
 def test_a_ranks_stream_keeps_whole_lines_and_syncpoints_own():
     import io
 
-    from syncpoint.workers.rank_output import RankStream
+    from syncpoint.workers.observation.rank_output import RankStream
 
     dropped = io.StringIO()
     s = RankStream(dropped, "[rank 1] ", keep=False)  # train.prints: rank0, on rank 1
@@ -149,7 +150,7 @@ def _rank_failure(error: BaseException) -> BaseException:
     (``train_loop_per_worker`` attaches its traceback), pickled across processes without its traceback."""
     import pickle
 
-    from syncpoint.workers.failure_site import attach_traceback
+    from syncpoint.workers.supervision.failure_site import attach_traceback
 
     try:
         raise error
@@ -194,7 +195,7 @@ def test_ray_trains_per_rank_traceback_is_dropped_in_the_worker(monkeypatch, tmp
 
 def test_the_controller_prints_the_failing_ranks_traceback_once(capsys):
     from syncpoint.orchestrator.failure_policy import print_failure
-    from syncpoint.workers.supervisor import reported
+    from syncpoint.workers.supervision.supervisor import reported
 
     bug = _group_failure(rank0=ValueError("bad batch at call 3"), rank1=ValueError("bad batch at call 3"))
     print_failure(bug, repeats=False)

@@ -46,7 +46,7 @@ def test_the_controller_polls_supervisors_every_half_second_for_the_job_unless_t
 
 @pytest.mark.parametrize("interval,every", [("0.5", 2.0), ("2.0", 2.0), ("5", 5.0)])
 def test_reports_reach_ray_no_more_often_than_every_two_seconds(interval, every):
-    code = "import syncpoint.workers.metric_sinks as m; print(m.REPORT_EVERY_S)"
+    code = "import syncpoint.workers.observation.metric_sinks as m; print(m.REPORT_EVERY_S)"
     env = {**os.environ, ray_runner.HEALTH_CHECK_ENV: interval}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert float(out) == every

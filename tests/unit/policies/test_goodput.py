@@ -22,8 +22,8 @@ from syncpoint.policies.journal import (
     StateCommitted,
     Submitted,
 )
-from syncpoint.workers import heartbeat
-from syncpoint.workers.heartbeat import BeatBoard, Heartbeat
+from syncpoint.workers.supervision import heartbeat
+from syncpoint.workers.supervision.heartbeat import BeatBoard, Heartbeat
 
 
 def _attempt(t: float, n: int, step: int = 0, launched: float | None = None) -> AttemptStarted:

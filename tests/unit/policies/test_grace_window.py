@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from syncpoint.policies.grace_window import SLACK_S, kept_in_window, margin_s, notice_deadline, save_due
-from syncpoint.workers.preemption import PreemptionNotices
+from syncpoint.workers.supervision.preemption import PreemptionNotices
 
 
 def test_ray_drain_notices_carry_their_deadline_in_unix_milliseconds():

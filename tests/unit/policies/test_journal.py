@@ -19,7 +19,7 @@ from syncpoint.policies.journal import (
     ProgressRecord,
     StateCommitted,
 )
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 
 

@@ -23,7 +23,7 @@ from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data.corpus import ShardedCorpus
 from syncpoint.workers.data.sampler import ShardWindowOrder
 from syncpoint.workers.data.shard_cache import fetched_names
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import (
     digest,
     lm_spec,

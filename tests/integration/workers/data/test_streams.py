@@ -22,8 +22,8 @@ from syncpoint.policies.state_format import MANIFEST_FILE, STREAM_SAMPLER, Train
 from syncpoint.workers.data.stream import RankStream, StreamSource, check_spec, prepare
 from syncpoint.workers.data.stream_state import SavedStream, StreamStateError, encode, parse
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
-from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import (
     committed_steps,
     digest,
@@ -455,8 +455,8 @@ def test_a_stream_job_that_cannot_resume_exactly_is_refused_naming_the_field(tmp
 
 
 def test_stream_fields_on_a_map_style_dataset_are_refused(tmp_path):
-    from syncpoint.workers.loop import _prepare_stream
     from syncpoint.workers.task import load_task
+    from syncpoint.workers.training.loop import _prepare_stream
 
     spec = linear_spec(tmp_path, "train.stream_shuffle_buffer=4")
     with pytest.raises(JobConfigError, match=r"train\.stream_shuffle_buffer: applies to stream datasets"):

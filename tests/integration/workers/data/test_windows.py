@@ -27,9 +27,9 @@ from syncpoint.workers.data.corpus import CacheSettings
 from syncpoint.workers.data.data_plan import plan_for
 from syncpoint.workers.data.sampler import SeededSamples, epoch_loader
 from syncpoint.workers.data.shard_cache import fetched_names
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import lm_spec, state_names, step_history, trainer_json
-from tests.integration.workers.test_loop_exact_resume import assert_same_run
+from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
 from tests.window_tasks import write_tokens
 
 SEQ = 8

@@ -23,8 +23,8 @@ from syncpoint.orchestrator.cli import main
 from syncpoint.policies.candidates import Candidate
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
 from syncpoint.policies.state_paths import path_problem
-from syncpoint.workers.events import EventLog
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
 from syncpoint.workers.state.discovery import read_candidate
 from syncpoint.workers.state.reader import ChecksumMismatch, StateRefused, fetch_state

@@ -10,9 +10,9 @@ import pytest
 from syncpoint.orchestrator.spec_file import parse_spec
 from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
-from syncpoint.workers.events import EventLog
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.signing import canonical_bytes, sign, trust_problem
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import EXAMPLE, committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
 

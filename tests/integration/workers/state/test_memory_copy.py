@@ -256,7 +256,7 @@ def test_a_planted_entry_in_the_copy_is_never_read_through_and_storage_serves(
 
 def test_two_ranks_on_one_node_both_restore_from_its_copy(s3, shm, tmp_path, capfd):
     """Each rank writes its own files; the node's copy is the whole state, and both ranks load it."""
-    from syncpoint.workers.launch import run_spawned
+    from syncpoint.workers.supervision.launch import run_spawned
 
     layout = (*RESUME_LAYOUT, "train.grad_accum=2")  # 2 ranks x 1 x 2 = 4 samples per optimizer step
     ref = linear_spec(tmp_path / "ref", *layout, workers=2)

@@ -13,10 +13,10 @@ import traceback
 import pytest
 
 from syncpoint.policies.seeds import hash_seed
-from syncpoint.workers import fork_context
 from syncpoint.workers.integrity.verified_files import available
-from syncpoint.workers.launch import free_port, run_spawned
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision import fork_context
+from syncpoint.workers.supervision.launch import free_port, run_spawned
 from tests.helpers import committed_steps, lm_spec
 
 MODEL = "engine/mp_rank_00_model_states.pt"

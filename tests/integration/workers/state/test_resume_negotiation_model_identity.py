@@ -20,11 +20,11 @@ import torch
 from syncpoint.policies.candidates import Expectation, Verdict, classify, init_from_problem
 from syncpoint.policies.errors import NoResumableState, ResumeRefused
 from syncpoint.policies.state_format import TrainState
-from syncpoint.workers.engine import model_buffers, parameter_dtypes
-from syncpoint.workers.events import EventLog
 from syncpoint.workers.integrity.checksum import checksum_bytes
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state import resume_negotiation
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.training.engine import model_buffers, parameter_dtypes
 from tests.helpers import linear_spec, run, run_until_crash, trainer_json, with_overrides
 from tests.meta import candidate_for
 from tests.tasks import RunningMean

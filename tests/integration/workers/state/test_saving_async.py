@@ -13,7 +13,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from syncpoint.policies.boundaries import boundary_micro_steps
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash
 

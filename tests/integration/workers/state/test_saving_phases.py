@@ -10,9 +10,9 @@ import pytest
 
 from syncpoint.policies.candidates import Expectation, Verdict
 from syncpoint.policies.state_format import TrainState
-from syncpoint.workers.launch import run_spawned
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import digest, lm_spec, run, run_until_crash
 
 PHASES = [

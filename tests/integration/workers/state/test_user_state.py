@@ -20,11 +20,11 @@ from syncpoint.policies.candidates import Expectation, Verdict, classify
 from syncpoint.policies.errors import ResumeRefused, TaskError
 from syncpoint.policies.state_format import TrainState, required_files, user_file
 from syncpoint.workers.data.stream_state import parse_tree
-from syncpoint.workers.events import EventLog
 from syncpoint.workers.integrity.digest import state_digest
-from syncpoint.workers.launch import run_spawned
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state import user_state
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision.launch import run_spawned
 from syncpoint.workers.task import load_task
 from tests.helpers import (
     digest,

@@ -21,9 +21,9 @@ import pytest
 
 from syncpoint.policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
 from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
-from syncpoint.workers.launch import run_in_process, run_spawned
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease, await_expiry, read_lease, release_lease
+from syncpoint.workers.supervision.launch import run_in_process, run_spawned
 from tests import lease_drivers
 from tests.helpers import committed_steps, lm_spec, run, sigint_set, start_as_in_a_terminal, with_overrides
 

@@ -21,7 +21,7 @@ import json
 import pytest
 
 from syncpoint.orchestrator.cli import main
-from syncpoint.workers.events import EventLog
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import (

@@ -14,10 +14,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from syncpoint.policies.spec import CrashFault
-from syncpoint.workers.faults import Faults, InjectedCrash
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend
 from syncpoint.workers.storage.local_backend import LocalBackend
+from syncpoint.workers.supervision.faults import Faults, InjectedCrash
 
 
 def _memory_url() -> str:

@@ -1,0 +1,116 @@
+"""How a rank's processes are started: forked from a preloaded fork server, or spawned.
+
+Why a module of its own (``syncpoint.workers.supervision.launch`` uses it, and so does a supervisor): nothing
+here imports torch, so a supervisor, which never trains, starts its training processes without
+paying torch's import, seconds of every Ray Train worker group's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
+import os
+from collections.abc import Iterator, Mapping
+from multiprocessing.context import ForkServerContext, SpawnContext
+
+from syncpoint.policies.spec import JobSpec
+from syncpoint.workers.supervision.zygote import PRELOAD
+
+
+def start_method(spec: JobSpec) -> str:
+    """``forkserver`` (ranks forked from one process that already imported torch and DeepSpeed) when
+    the ranks run on CPU, ``spawn`` otherwise.
+
+    Why: importing torch and DeepSpeed costs each spawned rank ~3 s of CPU, a large share of every run in the
+    equivalence grids (measured here: a 2-rank tiny run 8.9 s spawned vs 5.8 s forked from a
+    preloaded server). Only on CPU: DeepSpeed fixes its accelerator when it is imported, so a server
+    preloaded for CPU must not fork CUDA ranks; and a fork server imports nothing that touches a GPU.
+    """
+    if os.environ.get("DS_ACCELERATOR") == "cpu" and not spec.scaling.use_gpu:
+        return "forkserver"
+    return "spawn"
+
+
+def context(method: str, hash_seed: str) -> ForkServerContext | SpawnContext:
+    """The context to start a rank's processes with: this process's fork server (started with the
+    job's hash seed) for ``forkserver`` when it can be, else spawn."""
+    if method == "forkserver" and fork_server_with(hash_seed):
+        return mp.get_context("forkserver")
+    return mp.get_context("spawn")
+
+
+# The PYTHONHASHSEED this process started its fork server with (None: not started here).
+_fork_server_hash_seed: str | None = None
+
+
+def fork_server_with(hash_seed: str) -> bool:
+    """Whether this process's fork server runs with ``PYTHONHASHSEED=hash_seed``, (re)starting it so.
+
+    Why: a forked rank keeps its fork server's hash secret, fixed when the server started, whatever
+    its environment says. A server started elsewhere (or that cannot be stopped) is left alone and
+    the ranks are spawned instead."""
+    global _fork_server_hash_seed
+    server = forkserver._forkserver
+    running = getattr(server, "_forkserver_pid", None) is not None
+    if running and _fork_server_hash_seed != hash_seed:
+        if _fork_server_hash_seed is None or not hasattr(server, "_stop"):
+            return False
+        server._stop()
+    if not running or _fork_server_hash_seed != hash_seed:
+        forkserver.set_forkserver_preload(PRELOAD)
+        with environ(PYTHONHASHSEED=hash_seed):
+            forkserver.ensure_running()
+        _fork_server_hash_seed = hash_seed
+    return True
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """These environment variables for the block (a started interpreter keeps them), then the ones it had."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def adopt_environment(values: Mapping[str, str]) -> None:
+    """Make ``values`` this forked process's whole environment, and forget what was read from the old one.
+
+    Why: a process forked from a fork server (this module's, or the node's warm server) starts with
+    the server's environment and with what its imports read from it then: fsspec's
+    ``FSSPEC_<PROTOCOL>_<KWARG>`` variables (an S3 endpoint, credentials), ``tempfile``'s temp dir
+    and multiprocessing's (the server's own ``pymp-*`` dir, which a child only borrows).
+    A server outlives the caller that started it, so both may name what is gone: a rank that made a
+    temp dir under a removed ``TMPDIR`` failed (``make test``, a server started by an earlier test
+    under its own private temp dir); one that kept the old endpoint reached another S3 than its job
+    named. A variable the caller dropped (a ``scaling.env`` entry removed between attempts) is gone too.
+    """
+    import tempfile
+
+    import fsspec.config
+
+    os.environ.clear()
+    os.environ.update(values)
+    tempfile.tempdir = None  # found again from TMPDIR on first use
+    mp.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]  # made again, the child's own
+    fsspec.config.conf.clear()
+    fsspec.config.set_conf_files(fsspec.config.conf_dir, fsspec.config.conf)
+    fsspec.config.set_conf_env(fsspec.config.conf)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the process that forked it ends (Linux), so a training process or a
+    store agent never outlives its supervisor (its fork server exits with the supervisor)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
