@@ -36,7 +36,7 @@ from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, committed_steps, linear_spec, run, run_until_crash
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 NEWEST, OLDER = f"{8:012d}", f"{4:012d}"
 MODEL = "engine/mp_rank_00_model_states.pt"  # ZeRO 0: module and optimizer in one file
 RNG = "rng/rank_00000.safetensors"
