@@ -107,7 +107,7 @@ def _rss() -> int:
 
 
 def _sampler(kind: str, n: int) -> Callable[[], Any]:
-    from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+    from syncpoint.policies.contracts.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
     from syncpoint.workers.data.sampler import RankMicroBatches
 
     mbs, world, rank, seed, epoch = 8, 8, 5, 0, 2
@@ -247,7 +247,7 @@ def corpus_epoch(
 ) -> tuple[float, int]:
     """One epoch through the corpus from an empty shard cache (``cold``; else every shard cached
     already) with its index built; (seconds, samples)."""
-    from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+    from syncpoint.policies.contracts.state_format import SHARD_WINDOW_SAMPLER
     from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
     from syncpoint.workers.data.sampler import RankMicroBatches, SeededSamples
 

@@ -262,7 +262,7 @@ def _take(iterator: Any, count: int = BATCH) -> list[int]:
 
 
 def _sampler(order: str) -> tuple[str, int | None]:
-    from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+    from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 
     return (SHARD_WINDOW_SAMPLER, WINDOW) if order == "shard-window" else (SAMPLER_VERSION, None)
 

@@ -82,8 +82,8 @@ def analyse(
     spec, run_events: list[dict[str, Any]], ref_events: list[dict[str, Any]], points: list[int], hows: list[str]
 ) -> tuple[list[dict[str, Any]], float]:
     from syncpoint.orchestrator.timeline import restarts
-    from syncpoint.policies.boundaries import is_boundary, position_after
-    from syncpoint.policies.journal import Journal
+    from syncpoint.policies.contracts.journal import Journal
+    from syncpoint.policies.decisions.boundaries import is_boundary, position_after
 
     accum, mbpe = spec.train.grad_accum, micro_batches_per_epoch(spec)
 
@@ -269,8 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         "lost micro-steps = micro-steps the failed attempt computed beyond the state the next attempt resumed from "
         "(syncpoint.orchestrator.timeline.restarts; 'reached' is the furthest micro-step in its progress records or "
         "its fault_fired event); lost opt steps = optimizer steps between that state and 'reached' (boundary "
-        "arithmetic, syncpoint.policies.boundaries), '+partial' = micro-steps of an unfinished accumulation cycle; "
-        "'in event log' = those "
+        "arithmetic, syncpoint.policies.decisions.boundaries), '+partial' = micro-steps of an unfinished "
+        "accumulation cycle; 'in event log' = those "
         "steps whose progress records reached the event log (records are flushed at commits and every 2 s, so a "
         "hard crash loses the unflushed tail: the lost-work figures rely on the fault_fired event here); lost s = "
         "from that state's commit (or the attempt's start) to the failed attempt's last recorded progress or fault."

@@ -7,7 +7,7 @@ What it measures
     * full discover (baseline: read everything first): ``syncpoint.workers.state.discovery.discover(storage, exp)``
       (one listing of ``states/``, then for EVERY state a recursive listing plus reads of
       ``manifest.json`` and ``trainer.json``, classification), then
-      ``syncpoint.policies.resume.NewestResumable().choose(...)``. O(n) listings and O(n) file reads.
+      ``syncpoint.policies.decisions.resume.NewestResumable().choose(...)``. O(n) listings and O(n) file reads.
     * lazy newest-first (what ``syncpoint run`` does): ``syncpoint.workers.state.discovery.discover_lazy`` lists
       ``states/`` once without stat-ing entries, orders names newest first, and reads/classifies a
       candidate only when ``NewestResumable().choose`` walks to it; it stops at the first
@@ -19,7 +19,7 @@ What it measures
 
     Planted layout per size: ``<root>/n<size>/run/states/<12-digit micro-step>/`` with a valid
     ``trainer.json`` (steps every 100 micro-steps, grad_accum 4, 1000 micro-batches per epoch: all
-    sync boundaries; built from ``syncpoint.policies.state_format``'s models, so it is today's
+    sync boundaries; built from ``syncpoint.policies.contracts.state_format``'s models, so it is today's
     format), every other file its layout requires (2 ranks, ZeRO-2: the model file, the optimizer
     shards and RNG files; 64 bytes each) and a ``manifest.json`` listing them with size and
     xxh3_128. The newest ``--torn-newest`` (default 1) states are torn (no manifest: a save
@@ -52,10 +52,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from syncpoint.policies.boundaries import position_after
-from syncpoint.policies.candidates import Expectation, identity_record
-from syncpoint.policies.resume import Decision, NewestResumable
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.state_format import (
     MANIFEST_FILE,
     STATES_DIR,
     TRAINER_FILE,
@@ -68,6 +65,9 @@ from syncpoint.policies.state_format import (
     local_path,
     state_name,
 )
+from syncpoint.policies.decisions.boundaries import position_after
+from syncpoint.policies.decisions.candidates import Expectation, identity_record
+from syncpoint.policies.decisions.resume import Decision, NewestResumable
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state.discovery import discover, discover_lazy
 from syncpoint.workers.storage import RunStorage

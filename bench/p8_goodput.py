@@ -14,7 +14,7 @@ What it does
     3. Goodput against the save interval for preemption rates from 1/day to 1/10 min, with and
        without notices (Poisson preemptions, Monte Carlo over >= 1,500 preemptions per cell; the same
        preemption times for every interval of a rate), and ``save_every: auto``'s interval (computed
-       by ``syncpoint.policies.save_interval.decide``, the function the loop uses) against the best fixed one.
+       by ``syncpoint.policies.decisions.save_interval.decide``, the function the loop uses) against the best fixed one.
        Costs: those of the example job as measured in step 1 (``--costs C,R,N`` overrides them).
     4. Planning at scale: 8 .. 1,024 nodes at a fixed per-node preemption rate, R growing with the
        world size as fitted on step 1's measurements (linear or logarithmic, whichever fits better,
@@ -26,7 +26,7 @@ The simulator (``simulate``): a job needs ``work_s`` seconds of training. An att
 of ``interval_s`` of work and a save that blocks ``C`` and commits ``commit_s`` after it started
 (sync: = C); a preemption without notice keeps the newest committed state and loses the rest; one
 with a notice of lead ``lead_s`` >= N keeps everything done up to the notice (the loop saves at the
-next boundary), and of the rest of the lead what ``syncpoint.policies.grace_window.kept_in_window``
+next boundary), and of the rest of the lead what ``syncpoint.policies.decisions.grace_window.kept_in_window``
 says the loop keeps: with the node's deadline known (Ray's drain notice carries it), the window
 trains without saving up to a margin before the deadline and saves at every boundary of the margin;
 without one, every boundary of the window saves (a step's share of a step plus a save); the last
@@ -57,8 +57,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from syncpoint.policies.grace_window import kept_in_window
-from syncpoint.policies.save_interval import decide
+from syncpoint.policies.decisions.grace_window import kept_in_window
+from syncpoint.policies.decisions.save_interval import decide
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
@@ -174,7 +174,7 @@ def auto_interval(costs: Costs, rate_per_hour: float, noticed: bool = False) -> 
     """What ``save_every: auto`` settles on after ``HISTORY_HOURS`` of preemptions at the rate: the
     loop's own decision function with the measured C, the rate as its prior, and that history. With
     notices every preemption of the history saved its state by its notice, and auto takes those out
-    of the rate that sets the interval (``syncpoint.policies.save_interval``)."""
+    of the rate that sets the interval (``syncpoint.policies.decisions.save_interval``)."""
     seen = max(1, round(HISTORY_HOURS * rate_per_hour))
     d = decide([costs.save_blocked_s], seen, seen * 3600.0 / rate_per_hour, rate_per_hour, seen if noticed else 0)
     assert d.interval_s is not None
@@ -291,9 +291,10 @@ def restart_profile(rs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def measured_goodput(events: list[dict[str, Any]], s: float) -> dict[str, float]:
-    """The run's goodput as every run reports it (``syncpoint.policies.goodput``), for the simulator to match."""
-    from syncpoint.policies.goodput import goodput
-    from syncpoint.policies.journal import Journal
+    """The run's goodput as every run reports it (``syncpoint.policies.decisions.goodput``), for the simulator to
+    match."""
+    from syncpoint.policies.contracts.journal import Journal
+    from syncpoint.policies.decisions.goodput import goodput
 
     g = goodput(Journal.parse(events))
     return {"total_s": g.total_s, "productive_s": g.productive_s, "ratio": g.ratio}
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(f"{'simulated':<22} | {sim.wall_s:>8.2f} | {sim.work_s:>12.2f} | {sim.goodput:>7.1%}")
         kinds = ", ".join(f"{'notice' if ld is not None else 'crash'} at {t:.1f} s" for t, ld in m.trace)
-        print(f"  interruptions: {kinds}; measured goodput from syncpoint.policies.goodput")
+        print(f"  interruptions: {kinds}; measured goodput from syncpoint.policies.decisions.goodput")
         lines.append(goal("simulator vs measured run", f"{diff:.1f} points apart", "<= 3 points", diff <= 3.0))
 
     # ---- goodput vs interval

@@ -1,4 +1,4 @@
-"""Render the job spec reference (docs/reference/spec.md) from the pydantic models in policies/spec.py.
+"""Render the job spec reference (docs/reference/spec.md) from the pydantic models in policies/contracts/spec.py.
 
 The page's hand-written prose stays; only the part between the two markers is generated: one section
 per model (``scaling``, ``train.optimizer``, ``faults[]``, ...), one table row per field with its YAML
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from syncpoint.policies.spec import JobSpec  # noqa: E402  (the repository root must be on sys.path first)
+from syncpoint.policies.contracts.spec import JobSpec  # noqa: E402  (the repository root must be on sys.path first)
 
 PAGE = ROOT / "docs" / "reference" / "spec.md"
 BEGIN = "<!-- BEGIN GENERATED: python docs/gen_spec_reference.py -->"

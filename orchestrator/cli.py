@@ -22,9 +22,9 @@ from syncpoint.orchestrator.spec_file import (
     read_spec_file,
     resolve_storage,
 )
-from syncpoint.policies.errors import SpecError, UsageError
-from syncpoint.policies.redact import redact_text, redact_url
-from syncpoint.policies.spec import JobSpec, job_schema, spec_to_json
+from syncpoint.policies.contracts.errors import SpecError, UsageError
+from syncpoint.policies.contracts.spec import JobSpec, job_schema, spec_to_json
+from syncpoint.policies.decisions.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
     from syncpoint.workers.storage import RunStorage
@@ -255,9 +255,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_states(args: argparse.Namespace) -> int:
     """``syncpoint states``: every state of a run, its verdict and reason, and what a resume would choose."""
     from syncpoint.orchestrator.status import run_expectation
-    from syncpoint.policies.candidates import candidates_table, classify
-    from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
-    from syncpoint.policies.resume import enforce_safe
+    from syncpoint.policies.contracts.errors import NoResumableState, RunDirectoryRefused
+    from syncpoint.policies.decisions.candidates import candidates_table, classify
+    from syncpoint.policies.decisions.resume import enforce_safe
     from syncpoint.workers.integrity.signing import load_key
     from syncpoint.workers.observation.events import event_files
     from syncpoint.workers.state.discovery import discover, states_entries
@@ -320,7 +320,7 @@ def cmd_states(args: argparse.Namespace) -> int:
 
 def policy_args_of(text: str | None) -> dict[str, Any]:
     """``--policy-args``: a JSON object of keyword arguments, small and shallow (exit 2 otherwise)."""
-    from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
+    from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
 
     if not text:
         return {}
@@ -341,8 +341,8 @@ def policy_args_of(text: str | None) -> dict[str, Any]:
 def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
     """The policy ``syncpoint states`` asks: a built-in, or the class a custom import path names
     (checked to be a policy class before it is instantiated: ``os:system`` is refused, never called)."""
-    from syncpoint.policies.import_path import load_class
-    from syncpoint.policies.resume import BUILTIN, make_policy
+    from syncpoint.policies.contracts.import_path import load_class
+    from syncpoint.policies.decisions.resume import BUILTIN, make_policy
 
     if name not in BUILTIN:
         try:
@@ -366,7 +366,7 @@ def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
 
 def cmd_digest(args: argparse.Namespace) -> int:
     """``syncpoint digest``: a state's content digest (what drills compare), verified against its manifest."""
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
     from syncpoint.workers.integrity.digest import state_digest
 
     _directory(args.state_dir, "STATE_DIR", "a committed state", "<run>/states/<name>")
@@ -405,7 +405,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 def cmd_events(args: argparse.Namespace) -> int:
     """``syncpoint events``: a run's timeline from its event log (attempts, failures, saves, goodput)."""
     from syncpoint.orchestrator.timeline import format_timeline
-    from syncpoint.policies.journal import Journal
+    from syncpoint.policies.contracts.journal import Journal
     from syncpoint.workers.observation.events import EventLog, skipped_line
 
     if args.plot:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from syncpoint.orchestrator.interruptions import InterruptionKind
 from syncpoint.orchestrator.timeline import format_goodput, restarts
-from syncpoint.policies.goodput import goodput
-from syncpoint.policies.journal import Evaluated, Journal, Step
-from syncpoint.policies.spec import CrashFault, JobSpec
-from syncpoint.policies.state_format import MODEL_FILE, STATES_DIR
+from syncpoint.policies.contracts.journal import Evaluated, Journal, Step
+from syncpoint.policies.contracts.spec import CrashFault, JobSpec
+from syncpoint.policies.contracts.state_format import MODEL_FILE, STATES_DIR
+from syncpoint.policies.decisions.goodput import goodput
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster

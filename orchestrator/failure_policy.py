@@ -30,7 +30,8 @@ from syncpoint.orchestrator.ray_internals import (
     WorkerGroupStartupTimeoutError,
     is_preemption_failure,
 )
-from syncpoint.policies.failures import (
+from syncpoint.policies.contracts.journal import Journal
+from syncpoint.policies.decisions.failures import (
     APPLICATION,
     PLACEMENT,
     PREEMPTION,
@@ -53,7 +54,6 @@ from syncpoint.policies.failures import (
     repeats_previous,
     should_await_node_death,
 )
-from syncpoint.policies.journal import Journal
 
 
 class SyncpointFailurePolicy(DefaultFailurePolicy):
@@ -233,7 +233,7 @@ def record_interruption(
         return None
     import ray
 
-    from syncpoint.policies.journal import Interrupted, RankReached
+    from syncpoint.policies.contracts.journal import Interrupted, RankReached
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -393,7 +393,7 @@ def _await_death(
 def _refusal(failures: dict) -> str | None:
     """The reason of the first rank that failed with one of syncpoint's refusals of the job itself
     (its spec, its task, selection, a lost lease), which no retry can change; None otherwise."""
-    from syncpoint.policies.errors import JOB_REFUSALS
+    from syncpoint.policies.contracts.errors import JOB_REFUSALS
 
     for _, error in sorted(failures.items()):
         if isinstance(own_exception(error), JOB_REFUSALS):
@@ -426,7 +426,7 @@ def _record(
     error: TrainingFailedError,
     submission: str = "",
 ) -> None:
-    from syncpoint.policies.journal import Failure
+    from syncpoint.policies.contracts.journal import Failure
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 

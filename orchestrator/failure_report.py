@@ -5,7 +5,7 @@ the failure policy's message of each failed rank (``failure_policy``, ``ray_runn
 
 from __future__ import annotations
 
-from syncpoint.policies.failures import failure_reason, is_ours, looks_like_lost_peer
+from syncpoint.policies.decisions.failures import failure_reason, is_ours, looks_like_lost_peer
 
 
 def failure_report(error: BaseException) -> tuple[str, str]:

@@ -26,8 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from syncpoint.policies.import_path import moved_hint
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.import_path import moved_hint
+from syncpoint.policies.contracts.spec import JobSpec
 
 TIMEOUT_ENV = "SYNCPOINT_IMPORT_CHECK_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 60.0
@@ -283,7 +283,7 @@ def _problem(field: str, path: str, base: str, bound: float, r: dict) -> str | N
 
 def import_paths(spec: JobSpec) -> list[tuple[str, str]]:
     """(field, 'package.module:Name') of every user import path in the spec."""
-    from syncpoint.policies.spec import BUILTIN_POLICIES
+    from syncpoint.policies.contracts.spec import BUILTIN_POLICIES
 
     paths = [("task.path", spec.task.path)]
     if spec.resume.policy not in BUILTIN_POLICIES:

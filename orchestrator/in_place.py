@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
 
 
 def notice_record(info: Any) -> dict[str, Any] | None:

@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from syncpoint.policies.errors import UsageError
-from syncpoint.policies.redact import secret_name
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import UsageError
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.redact import secret_name
 
 OVERLAYS = ("eks-spot", "gke-spot", "karpenter-spot", "gpu")
 COPIED = ("base", "overlays", "components")  # what the overlay directory carries of k8s/

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from syncpoint.orchestrator.timeline import goodput_headline, restarts
-from syncpoint.policies.goodput import goodput
-from syncpoint.policies.journal import Journal, PreemptionNotice, Step
+from syncpoint.policies.contracts.journal import Journal, PreemptionNotice, Step
+from syncpoint.policies.decisions.goodput import goodput
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -2,7 +2,7 @@
 
 Why in the driver, from the event log: the terminal belongs to the driver, while the steps happen
 in Ray workers whose prints reach it as log lines. Every fact the bar shows is already in the run's
-event log (``syncpoint.policies.journal``): ``attempt_started`` (the attempt, its start and the run's total
+event log (``syncpoint.policies.contracts.journal``): ``attempt_started`` (the attempt, its start and the run's total
 steps), ``progress`` records (step, loss, time, flushed every few seconds and at every commit) and
 ``state_committed`` (the newest state). So a thread polls the log about once a second, reading only
 the event files it has not seen, and the workers are told not to print their own progress lines.
@@ -22,8 +22,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from syncpoint.policies.evaluation import eval_line
-from syncpoint.policies.journal import (
+from syncpoint.policies.contracts.journal import (
     AttemptStarted,
     Evaluated,
     Event,
@@ -32,7 +31,8 @@ from syncpoint.policies.journal import (
     UnknownEvent,
     read_event,
 )
-from syncpoint.policies.journal import Progress as ProgressEvent
+from syncpoint.policies.contracts.journal import Progress as ProgressEvent
+from syncpoint.policies.decisions.evaluation import eval_line
 from syncpoint.workers.observation.events import Unreadable, event_files, read_record
 from syncpoint.workers.storage import RunStorage
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from syncpoint.workers.observation.log_filters import drop
 
 if TYPE_CHECKING:  # every Ray worker process imports this module (its setup hook): nothing heavy at import
-    from syncpoint.policies.spec import JobSpec
+    from syncpoint.policies.contracts.spec import JobSpec
 
 # DeepSpeed logs (its "DeepSpeed" logger, warning) whenever it is imported without DS_ACCELERATOR on a
 # machine without a GPU. The CLI's own process (digest, the drill's comparison) imports it to read

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from syncpoint.orchestrator.failure_report import failure_report, own_exception
 from syncpoint.orchestrator.quiet import quiet_driver, quiet_driver_start, quiet_worker
-from syncpoint.policies.redact import redact_text, redact_url
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
     from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.timeline import RunSummary
-    from syncpoint.policies.journal import Journal
+    from syncpoint.policies.contracts.journal import Journal
     from syncpoint.workers.storage import RunStorage
 
 
@@ -121,7 +121,7 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
     on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
     run`` themselves, which a driver's ``ray.init(runtime_env=...)`` may not contradict); Ray starts
     each worker process with it, and the hash secret is fixed when an interpreter starts."""
-    from syncpoint.policies.seeds import hash_seed
+    from syncpoint.policies.decisions.seeds import hash_seed
 
     return {"env_vars": {**spec.scaling.env, "PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
 
@@ -338,7 +338,7 @@ def ray_job_submission(environ: Mapping[str, str]) -> str | None:
 
 def finished_since(spec: JobSpec, since: float) -> bool:
     """Whether the run's log has a ``finished`` event written since ``since`` (this submission's end)."""
-    from syncpoint.policies.journal import Finished
+    from syncpoint.policies.contracts.journal import Finished
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -350,7 +350,7 @@ def finished_since(spec: JobSpec, since: float) -> bool:
 
 def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> JobOutcome:
     """A run the driver's signal stopped: what it kept (the last committed state) and how to go on."""
-    from syncpoint.policies.journal import StateCommitted
+    from syncpoint.policies.contracts.journal import StateCommitted
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -533,7 +533,7 @@ def await_predecessor(spec: JobSpec) -> str:
     bounded by the lease's remaining TTL and this job's own ``resume.lease_ttl_s``, until it expires
     or its holder shows it is alive (``syncpoint.workers.storage.lease.await_expiry``); rank 0's acquisition then
     decides as always."""
-    from syncpoint.policies.candidates import job_identity
+    from syncpoint.policies.decisions.candidates import job_identity
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import await_expiry
 
@@ -646,7 +646,7 @@ def _shown(storage: RunStorage, *parts: str) -> str:
 def _not_retried(spec: JobSpec, submission: str) -> str:
     """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
     (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
-    from syncpoint.policies.failures import APPLICATION, not_retried_line
+    from syncpoint.policies.decisions.failures import APPLICATION, not_retried_line
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -661,7 +661,7 @@ def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | 
     """The run gave up waiting for room (``failure.placement_timeout_s``): say that, with the fix,
     instead of Ray's per-try timeout text (which only suggests raising that timeout)."""
     from syncpoint.orchestrator.ray_internals import WorkerGroupStartupTimeoutError
-    from syncpoint.policies.failures import placement_gave_up
+    from syncpoint.policies.decisions.failures import placement_gave_up
 
     if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):
         return None

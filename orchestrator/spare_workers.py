@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from syncpoint.orchestrator.ray_internals import TRAIN_WORKER_MODULE
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
 
 # Ray's raylet setting (read when the raylet starts) for modules every worker process imports before
 # it takes work; syncpoint sets it for the raylet of an embedded Ray, a cluster's operator on theirs.

@@ -3,7 +3,7 @@
 Why bounds while parsing: a job file is input, sometimes hostile. Its size, nesting and alias
 expansion are refused *while it is composed* (an alias bomb or a 10,000-deep list is never
 built), and every error names the YAML path and line and is capped in length (``SpecError``).
-The models themselves live in ``syncpoint.policies.spec`` so that every layer can import them.
+The models themselves live in ``syncpoint.policies.contracts.spec`` so that every layer can import them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from syncpoint.policies.errors import SpecError, UsageError
-from syncpoint.policies.spec import MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, JobSpec
+from syncpoint.policies.contracts.errors import SpecError, UsageError
+from syncpoint.policies.contracts.spec import MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, JobSpec
 
 _TOO_DEEP = (
     f"nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded); a job spec needs a handful: flatten "

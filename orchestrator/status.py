@@ -6,7 +6,7 @@ from what every other reader already reads, with their bounds: the lease (``leas
 by which submission), the event log (``syncpoint events``' reader: bounded files, no link
 followed, a record no model accepts kept as "not read"), and the states' metadata (``syncpoint
 states``' selection: manifests only, never a tensor). The goodput and badput are the one accounting
-of ``syncpoint.policies.goodput``, so ``status``, ``events``, the plot and the run's last line agree.
+of ``syncpoint.policies.decisions.goodput``, so ``status``, ``events``, the plot and the run's last line agree.
 
 What storage holds may be hostile: whatever is refused (a linked ``events/`` or ``lease.json``, an
 oversized or garbage record, a linked ``states/``) is named in ``problems`` with why, and the
@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.orchestrator.timeline import badput_lines, goodput_headline, restarts
-from syncpoint.policies.goodput import Goodput, current_run, goodput
-from syncpoint.policies.journal import AttemptStarted, Journal
-from syncpoint.policies.redact import redact_url
+from syncpoint.policies.contracts.journal import AttemptStarted, Journal
+from syncpoint.policies.decisions.goodput import Goodput, current_run, goodput
+from syncpoint.policies.decisions.redact import redact_url
 
 if TYPE_CHECKING:
-    from syncpoint.policies.candidates import Candidate, Expectation
+    from syncpoint.policies.decisions.candidates import Candidate, Expectation
     from syncpoint.workers.storage import RunStorage
 
 RUNNING, STOPPED, FINISHED, FAILED = "running", "stopped", "finished", "failed"
@@ -99,7 +99,7 @@ def _lease(storage: RunStorage, problems: list[str]) -> dict[str, Any] | None:
     """``lease.json`` as read (bounded, never through a link), and whether its holder holds it now:
     not released, not provably dead, and renewed within its TTL by the storage's clock (by its own
     heartbeat field where the store cannot tell an age)."""
-    from syncpoint.policies.errors import UnsafeEntry
+    from syncpoint.policies.contracts.errors import UnsafeEntry
     from syncpoint.workers.storage import holder_process
     from syncpoint.workers.storage.lease import read_lease
 
@@ -142,9 +142,9 @@ def _newest_resumable(
 ) -> tuple[dict[str, Any] | None, bool]:
     """What ``syncpoint states``' default policy would resume now, from the manifests alone; and
     whether the run has states at all."""
-    from syncpoint.policies.candidates import classify
-    from syncpoint.policies.errors import NoResumableState, RunDirectoryRefused
-    from syncpoint.policies.resume import enforce_safe, make_policy
+    from syncpoint.policies.contracts.errors import NoResumableState, RunDirectoryRefused
+    from syncpoint.policies.decisions.candidates import classify
+    from syncpoint.policies.decisions.resume import enforce_safe, make_policy
     from syncpoint.workers.state.discovery import discover, states_entries
 
     try:
@@ -350,7 +350,7 @@ def run_expectation(cands: list[Candidate]) -> Expectation | None:
     """The run's own expectation, read back from its newest committed, readable state the way the
     loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
     None when no state is readable, so nothing can be incompatible with it."""
-    from syncpoint.policies.candidates import Expectation
+    from syncpoint.policies.decisions.candidates import Expectation
 
     for c in cands:
         state = c.parse().state  # None: classification names what is wrong with it

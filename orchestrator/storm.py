@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from syncpoint.orchestrator.interruptions import NODE_KINDS, InterruptionKind
-from syncpoint.policies.journal import AttemptStarted, FaultFired, Journal
-from syncpoint.policies.spec import CrashFault, JobSpec
+from syncpoint.policies.contracts.journal import AttemptStarted, FaultFired, Journal
+from syncpoint.policies.contracts.spec import CrashFault, JobSpec
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -501,7 +501,7 @@ def storm_report(
         lines.append("storm: the interrupted run failed (its error is above)")
     ref_wall, run_wall = _wall(ref_journal), _wall(journal)
     lost = sum(r.lost_seconds for r in restarts(journal))
-    # the run's own goodput (syncpoint.policies.goodput, itemised) is one of judge()'s lines below
+    # the run's own goodput (syncpoint.policies.decisions.goodput, itemised) is one of judge()'s lines below
     lines.append(
         f"wall time: reference {ref_wall:.1f} s, interrupted run {run_wall:.1f} s "
         f"({ref_wall / run_wall:.0%}); {lost:.1f} s of computed work lost"

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.policies.errors import SpecError
-from syncpoint.policies.redact import redact_text, redact_url, secret_name, url_secret_paths
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import SpecError
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.redact import redact_text, redact_url, secret_name, url_secret_paths
 
 if TYPE_CHECKING:  # Ray is imported when a job is submitted, not when the CLI starts
     from ray.job_submission import JobSubmissionClient

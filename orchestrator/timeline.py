@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from syncpoint.policies.goodput import Goodput, goodput, submission_start
-from syncpoint.policies.journal import (
+from syncpoint.policies.contracts.journal import (
     AttemptStarted,
     Evaluated,
     Event,
@@ -28,6 +27,7 @@ from syncpoint.policies.journal import (
     Submitted,
     UnknownEvent,
 )
+from syncpoint.policies.decisions.goodput import Goodput, goodput, submission_start
 
 
 @dataclass
@@ -101,7 +101,7 @@ def goodput_headline(g: Goodput) -> str:
 
 
 def badput_lines(g: Goodput) -> list[str]:
-    """Every badput cause (``syncpoint.policies.goodput.BADPUT``) with its seconds and share of the
+    """Every badput cause (``syncpoint.policies.decisions.goodput.BADPUT``) with its seconds and share of the
     wall time, then the uncommitted tail of a run still going; the same rows everywhere they show."""
 
     def share(x: float) -> str:

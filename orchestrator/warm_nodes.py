@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
 
 STOP_WAIT_S = 30.0
 
@@ -34,7 +34,7 @@ def _warm(k: str, hash_seed: str) -> bool:
 
 def server_key(spec: JobSpec, submission: str) -> tuple[str, str]:
     """The submission's key for its nodes' warm servers, and the hash seed they start with."""
-    from syncpoint.policies.seeds import hash_seed as job_hash_seed
+    from syncpoint.policies.decisions.seeds import hash_seed as job_hash_seed
     from syncpoint.workers.supervision import zygote
 
     hash_seed = str(job_hash_seed(spec.train.seed))

@@ -12,6 +12,9 @@ is internal and may change between releases.
   YAML file with ``--set``-style overrides, exactly as the CLI does.
 * ``run(spec)``: run a job as ``syncpoint run`` does and return a ``RunResult``; bad input raises
   ``SpecError``, a failed run ``RunFailed``.
+* ``ResumePolicy``, ``Decision``, ``Candidate``, ``Verdict``: what your own resume policy
+  (``resume.policy``) subclasses, returns and reads; ``SaveTrigger`` and ``Tick``: the same for your
+  own save trigger (``checkpoint.save_trigger``).
 * ``load_model(run_dir)``: a finished run's trained model as the task's own module (its weights from
   ``final/``), built in this process without Ray or DeepSpeed.
 
@@ -29,21 +32,30 @@ if TYPE_CHECKING:
     __version__: str
     from syncpoint._api import RunFailed, RunResult, run
     from syncpoint.orchestrator.spec_file import load_spec
-    from syncpoint.policies.errors import SpecError
-    from syncpoint.policies.spec import JobSpec
+    from syncpoint.policies.contracts.errors import SpecError
+    from syncpoint.policies.decisions.candidates import Candidate, Verdict
+    from syncpoint.policies.decisions.resume import Decision, ResumePolicy
+    from syncpoint.policies.decisions.save_triggers import SaveTrigger, Tick
+    from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.data.corpus import ShardedCorpus
     from syncpoint.workers.data.windows import TokenWindows
     from syncpoint.workers.state.final_model import load_model
     from syncpoint.workers.task import Task
 
 __all__ = [
+    "Candidate",
+    "Decision",
     "JobSpec",
+    "ResumePolicy",
     "RunFailed",
     "RunResult",
+    "SaveTrigger",
     "ShardedCorpus",
     "SpecError",
     "Task",
+    "Tick",
     "TokenWindows",
+    "Verdict",
     "__version__",
     "load_model",
     "load_spec",
@@ -52,13 +64,19 @@ __all__ = [
 
 # name -> the module that defines it
 _LAZY = {
-    "JobSpec": "syncpoint.policies.spec",
+    "Candidate": "syncpoint.policies.decisions.candidates",
+    "Decision": "syncpoint.policies.decisions.resume",
+    "JobSpec": "syncpoint.policies.contracts.spec",
+    "ResumePolicy": "syncpoint.policies.decisions.resume",
     "RunFailed": "syncpoint._api",
     "RunResult": "syncpoint._api",
+    "SaveTrigger": "syncpoint.policies.decisions.save_triggers",
     "ShardedCorpus": "syncpoint.workers.data.corpus",
-    "SpecError": "syncpoint.policies.errors",
+    "SpecError": "syncpoint.policies.contracts.errors",
     "Task": "syncpoint.workers.task",
+    "Tick": "syncpoint.policies.decisions.save_triggers",
     "TokenWindows": "syncpoint.workers.data.windows",
+    "Verdict": "syncpoint.policies.decisions.candidates",
     "load_model": "syncpoint.workers.state.final_model",
     "load_spec": "syncpoint.orchestrator.spec_file",
     "run": "syncpoint._api",

@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from syncpoint.policies.errors import UsageError
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import UsageError
+from syncpoint.policies.contracts.spec import JobSpec
 
 
 @dataclass(frozen=True)

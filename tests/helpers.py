@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-from syncpoint.policies.journal import Step
-from syncpoint.policies.spec import JobSpec
-from syncpoint.policies.state_format import TRAINER_MAX_BYTES, json_bytes
+from syncpoint.policies.contracts.journal import Step
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.contracts.state_format import TRAINER_MAX_BYTES, json_bytes
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.observation.events import EventLog

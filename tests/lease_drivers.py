@@ -17,7 +17,7 @@ JOB = "job-identity"
 def race(url: str, submission: str, start, out, skew_s: float = 0.0) -> None:
     """Wait for every racer, then try to take the lease once; report the outcome. ``skew_s``: this
     driver's clock runs that far ahead (another machine with a wrong clock)."""
-    from syncpoint.policies.errors import LeaseRefused
+    from syncpoint.policies.contracts.errors import LeaseRefused
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import RunLease
 
@@ -44,9 +44,9 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     """
     import torch.distributed as dist
 
-    from syncpoint.policies.candidates import Expectation
-    from syncpoint.policies.errors import LeaseLostError, LeaseRefused
-    from syncpoint.policies.state_format import TrainState
+    from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused
+    from syncpoint.policies.contracts.state_format import TrainState
+    from syncpoint.policies.decisions.candidates import Expectation
     from syncpoint.workers.state.writer import Snapshot, commit_snapshot, state_name
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import RunLease
@@ -163,7 +163,7 @@ def race_threads(leases: list) -> tuple[list, list[str]]:
     """Every lease tries ``acquire`` at the same moment from its own thread: (winners, refusals)."""
     import threading
 
-    from syncpoint.policies.errors import LeaseRefused
+    from syncpoint.policies.contracts.errors import LeaseRefused
 
     start = threading.Barrier(len(leases))
     won: list = []

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from syncpoint.policies.boundaries import position_after
-from syncpoint.policies.candidates import Candidate, Expectation, identity_record
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.state_format import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
     STATES_DIR,
@@ -19,6 +17,8 @@ from syncpoint.policies.state_format import (
     json_bytes,
     state_name,
 )
+from syncpoint.policies.decisions.boundaries import position_after
+from syncpoint.policies.decisions.candidates import Candidate, Expectation, identity_record
 
 
 def trainer_for(step: int, exp: Expectation, **overrides: Any) -> dict[str, Any]:

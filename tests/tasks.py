@@ -62,7 +62,7 @@ class LastStateOnly:
         self.name = name
 
     def choose(self, candidates, spec):
-        from syncpoint.policies.resume import Decision
+        from syncpoint.policies.decisions.resume import Decision
 
         return Decision(self.name, "custom policy says so")
 

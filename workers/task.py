@@ -28,8 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from syncpoint.policies.errors import TaskError
-from syncpoint.policies.import_path import load_function
+from syncpoint.policies.contracts.errors import TaskError
+from syncpoint.policies.contracts.import_path import load_function
 from syncpoint.workers.state import user_state
 from syncpoint.workers.training import callbacks
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import state_names, trainer_json
-from tests.integration.policies.test_elastic import _assert_same_samples_and_close, _spec
+from tests.integration.policies.decisions.test_elastic import _assert_same_samples_and_close, _spec
 
 
 def test_one_worker_grows_back_to_two(tmp_path):

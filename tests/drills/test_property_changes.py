@@ -1,10 +1,10 @@
-"""The property of tests/integration/policies/test_candidates_property_changes.py over 150 examples."""
+"""The property of tests/integration/policies/decisions/test_candidates_property_changes.py over 150 examples."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 
-from tests.integration.policies.test_candidates_property_changes import COMMON, check, scenarios
+from tests.integration.policies.decisions.test_candidates_property_changes import COMMON, check, scenarios
 
 SLOW_EXAMPLES = 150
 

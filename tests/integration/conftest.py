@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
 from tests.helpers import committed_steps, lm_spec, run_until_crash
 
 

@@ -28,7 +28,7 @@ def test_the_spec_reference_is_the_one_the_models_generate():
     gen = _generator()
     page = gen.PAGE.read_text()
     assert gen.page_with(gen.render(), page) == page, (
-        "docs/reference/spec.md and policies/spec.py disagree: run python docs/gen_spec_reference.py"
+        "docs/reference/spec.md and policies/contracts/spec.py disagree: run python docs/gen_spec_reference.py"
     )
 
 
@@ -50,7 +50,7 @@ def test_the_design_page_maps_every_production_module_by_its_own_docstring():
 
 
 def test_the_spec_reference_names_every_field_with_a_description():
-    from syncpoint.policies.spec import JobSpec
+    from syncpoint.policies.contracts.spec import JobSpec
 
     text = _generator().render()
     rows = re.findall(r"^\| `([^`]+)` \| .* \| (.*) \|$", text, re.MULTILINE)
@@ -115,4 +115,4 @@ def test_the_site_builds_strictly(tmp_path: Path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    assert "syncpoint.workers.task.Task" in api and "syncpoint.policies.spec.JobSpec" in api
+    assert "syncpoint.workers.task.Task" in api and "syncpoint.policies.contracts.spec.JobSpec" in api

@@ -26,13 +26,19 @@ def test_the_public_names_exist_and_are_documented():
     import syncpoint
 
     assert sorted(syncpoint.__all__) == [
+        "Candidate",
+        "Decision",
         "JobSpec",
+        "ResumePolicy",
         "RunFailed",
         "RunResult",
+        "SaveTrigger",
         "ShardedCorpus",
         "SpecError",
         "Task",
+        "Tick",
         "TokenWindows",
+        "Verdict",
         "__version__",
         "load_model",
         "load_spec",
@@ -50,8 +56,8 @@ def test_the_names_are_the_layers_own_objects():
     """One object per name (no copies under another module name): isinstance checks hold across both."""
     import syncpoint
     from syncpoint.orchestrator.spec_file import load_spec
-    from syncpoint.policies.errors import SpecError
-    from syncpoint.policies.spec import JobSpec
+    from syncpoint.policies.contracts.errors import SpecError
+    from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.task import Task
 
     assert (syncpoint.Task, syncpoint.JobSpec, syncpoint.load_spec, syncpoint.SpecError) == (
@@ -140,14 +146,14 @@ def test_a_layer_directorys_bare_name_is_refused_with_its_name_under_syncpoint(t
     refused, naming the path under ``syncpoint.``: no alias is installed, so a user's own
     ``workers`` package keeps its name."""
     from syncpoint.orchestrator.cli import import_problems
-    from syncpoint.policies.import_path import load_class, moved_hint
+    from syncpoint.policies.contracts.import_path import load_class, moved_hint
 
     (tmp_path / "oldtask.py").write_text("from workers.task import Task\n\ndef build(config):\n    return None\n")
     problems = import_problems(
         [("resume.policy", "policies.resume:NewestResumable"), ("task.path", "oldtask:build")], str(tmp_path)
     )
     assert len(problems) == 2, problems
-    assert "did you mean 'syncpoint.policies.resume:NewestResumable'?" in problems[0]
+    assert "did you mean 'syncpoint.policies.decisions.resume:NewestResumable'?" in problems[0]
     assert "No module named 'workers'" in problems[1] and "from syncpoint import Task" in problems[1]
     # in this process the checkout is on sys.path, where the bare names would import (as second copies)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT))])

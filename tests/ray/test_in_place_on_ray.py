@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from syncpoint.policies.journal import Failure
+from syncpoint.policies.contracts.journal import Failure
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV
 from syncpoint.workers.storage import RunStorage

@@ -105,7 +105,8 @@ def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster):
     assert beat.global_micro_step >= flushed  # the heartbeat knows at least what the flushed progress knew
     assert restart.previous_max_micro_step == beat.global_micro_step
     # measured, so 0 when the node died right at a commit (seen under load: both ranks' last beat was
-    # the committed micro-step); otherwise the micro-steps trained past it. tests/unit/policies/test_goodput.py
+    # the committed micro-step); otherwise the micro-steps trained past it.
+    # tests/unit/policies/decisions/test_goodput.py
     # covers the "trained past the last flush" accounting with a hand-built journal.
     assert restart.lost_micro_steps == beat.global_micro_step - restart.resumed_micro_step >= 0
     assert (restart.lost_seconds > 0) == (restart.lost_micro_steps > 0)

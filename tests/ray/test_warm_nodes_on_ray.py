@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from syncpoint.policies.journal import AttemptStarted
+from syncpoint.policies.contracts.journal import AttemptStarted
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned

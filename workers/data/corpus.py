@@ -10,7 +10,7 @@ without reading the corpus each attempt. The index (per shard: path, size, a sto
 xxh3_128 of its bytes, its rows) is built once per node and cached in the cache directory under a
 checksum; each attempt re-lists the shards (one listing per directory) and re-reads only those
 whose size or stamp (ETag, mtime) changed. Its content part is the corpus's identity
-(``syncpoint.policies.corpus_identity``): recorded in every state, compared at selection, so a changed
+(``syncpoint.policies.contracts.corpus_identity``): recorded in every state, compared at selection, so a changed
 corpus is refused by the shard's name before anything is loaded.
 
 Why a cache: with the shard-window order (``syncpoint.workers.data.sampler.ShardWindowOrder``) a
@@ -54,14 +54,14 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from syncpoint.policies.corpus_identity import (
+from syncpoint.policies.contracts.corpus_identity import (
     CORPUS_DIR,
     MAX_SHARDS,
     CorpusIdentity,
     ShardRecord,
 )
-from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError
-from syncpoint.policies.spec import CorpusSpec, JobSpec
+from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError
+from syncpoint.policies.contracts.spec import CorpusSpec, JobSpec
 from syncpoint.workers.data.fetch_process import FetchProcess, travels
 from syncpoint.workers.data.npy_map import map_npy
 from syncpoint.workers.data.shard_cache import (

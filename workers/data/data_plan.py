@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from syncpoint.policies.corpus_identity import CORPUS_DIR, CorpusIdentity, index_file
-from syncpoint.policies.errors import JobConfigError
-from syncpoint.policies.spec import JobSpec
-from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
+from syncpoint.policies.contracts.corpus_identity import CORPUS_DIR, CorpusIdentity, index_file
+from syncpoint.policies.contracts.errors import JobConfigError
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
 from syncpoint.workers.data.corpus import ShardedCorpus, index_key, listing_bytes, listing_file
 from syncpoint.workers.data.windows import TokenWindows
 from syncpoint.workers.storage import RunStorage

@@ -5,7 +5,7 @@ order is a pure function of (seed, epoch); each rank's slice of each global micr
 arithmetic on it, so starting at any position costs the same. The order is computed per position
 (``syncpoint.workers.data.index_permutation``: a keyed bijection, O(1) memory and start-up at any dataset size);
 states written before it keep the materialised ``torch.randperm`` of the epoch
-(``syncpoint.policies.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side
+(``syncpoint.policies.contracts.state_format.LEGACY_SAMPLER``), and a run continues with its state's sampler. Data-side
 randomness (random augmentation in ``__getitem__``, random collate, DataLoader worker processes) is made a function of
 (seed, epoch, sample index) by seeding every RNG around each sample fetch and each batch's collate, so a resumed run, a
 run with worker processes and a run on another world size all see the same sample values.
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from syncpoint.policies.errors import DataLayoutError
-from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.policies.contracts.errors import DataLayoutError
+from syncpoint.policies.contracts.state_format import LEGACY_SAMPLER, SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data.index_permutation import FEW_POSITIONS, FeistelPermutation
 from syncpoint.workers.task import MapDataset
 from syncpoint.workers.training.rng import derive_seed

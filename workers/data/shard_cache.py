@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from syncpoint.policies.errors import CorpusChanged, CorpusError, UnsafeEntry
+from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, UnsafeEntry
 from syncpoint.workers.integrity.verified_files import checksum_fd
 from syncpoint.workers.storage import nofollow
 

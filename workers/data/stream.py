@@ -35,7 +35,7 @@ The rank's position (``StreamSource.capture``) is its pass number and torchdata'
 ``StatefulDataLoader`` state, which holds every DataLoader worker's ``RankStream`` state (the
 stream's own ``state_dict()``, the counts, the buffer); ``syncpoint.workers.data.stream_state`` writes it without
 pickle. A stream's state is per rank and per DataLoader worker: selection refuses it on another
-world size or another ``train.dataloader_workers`` (``syncpoint.policies.candidates``).
+world size or another ``train.dataloader_workers`` (``syncpoint.policies.decisions.candidates``).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from syncpoint.policies.elastic import Layout, stream_layout
-from syncpoint.policies.errors import JobConfigError, TaskError
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import JobConfigError, TaskError
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.elastic import Layout, stream_layout
 from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too
@@ -75,7 +75,7 @@ class PreparedStream:
     """This rank's stream, ready for the loop, and what a state records of it."""
 
     stream: RankStream
-    record: dict[str, Any]  # ``syncpoint.policies.state_format.StreamRecord``'s fields
+    record: dict[str, Any]  # ``syncpoint.policies.contracts.state_format.StreamRecord``'s fields
     layout: Layout
 
 

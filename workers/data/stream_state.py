@@ -10,7 +10,7 @@ else, or an integer longer than the reader takes (``MAX_INT_DIGITS``, one bound 
 refused at the first save, naming its path in the tree (``StreamStateError``): a state that cannot
 be written exactly, or read back, is a job error, not a silently truncated position.
 
-File: ``stream/rank_<r:05d>.safetensors`` (``syncpoint.policies.state_format.stream_file``), one metadata key
+File: ``stream/rank_<r:05d>.safetensors`` (``syncpoint.policies.contracts.state_format.stream_file``), one metadata key
 ``stream`` holding ``{"version": 1, "pass": <the rank's pass over its stream>, "loader": <tree>}``.
 Parsing is whole and strict (``parse``): a file that is not exactly this is ``StateRefused``, so a
 bad one is a refusal of its state at fetch, which falls back to the next candidate.
@@ -29,8 +29,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
-from syncpoint.policies.errors import StateRefused, TaskError
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.errors import StateRefused, TaskError
 
 FORMAT_VERSION = 1
 META_KEY = "stream"

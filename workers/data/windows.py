@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from syncpoint.policies.corpus_identity import CorpusIdentity
-from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError, UnsafeEntry
+from syncpoint.policies.contracts.corpus_identity import CorpusIdentity
+from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError, UnsafeEntry
 from syncpoint.workers.data.corpus import CacheSettings, Shard, ShardedCorpus, open_rows
 from syncpoint.workers.data.shard_cache import fd_path
 from syncpoint.workers.storage import nofollow

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from syncpoint.policies.state_format import CHECKSUM_ALGORITHMS, ManifestEntry
+from syncpoint.policies.contracts.state_format import CHECKSUM_ALGORITHMS, ManifestEntry
 
 ALGORITHMS = CHECKSUM_ALGORITHMS  # the names manifests may use (classification checks the same list)
 DEFAULT = "xxh3_128"

@@ -9,12 +9,12 @@ can be compared with one string. DeepSpeed's files are loaded with ``weights_onl
 one allowlist of the plain DeepSpeed classes they contain (``syncpoint.workers.integrity.safe_load``), after their
 checksum matched the manifest; nothing is unpickled blindly. The manifest and ``trainer.json`` are
 parsed with the state format's models before any file is read (every manifest name checked with
-``syncpoint.policies.state_paths``), so a manifest cannot make ``digest`` read outside the state
+``syncpoint.policies.contracts.state_paths``), so a manifest cannot make ``digest`` read outside the state
 (``engine/../../other-run/...``).
 
 Why every failure is one refusal: ``digest`` reads what loading reads, from storage that may be
 hostile, and must meet the same bounds (``syncpoint.workers.integrity.safe_load``: no meta tensors, no expanded views,
-no unbounded nesting or allocation; JSON within ``syncpoint.policies.bounded_json``'s bounds). Whatever the
+no unbounded nesting or allocation; JSON within ``syncpoint.policies.contracts.bounded_json``'s bounds). Whatever the
 state's bytes make fail is ``StateRefused`` with one line; ``OSError`` is the storage failing,
 ``FileNotFoundError`` a state that is not there. Every read is bounded (the manifest by its cap, each
 file by its listed size) and, locally, never through a link nor of anything but a regular file
@@ -34,10 +34,9 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import load as st_load
 
-from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
-from syncpoint.policies.errors import StateRefused
-from syncpoint.policies.redact import redact_url
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.errors import StateRefused
+from syncpoint.policies.contracts.state_format import (
     BUFFERS_DIR,
     MODEL_FILE,
     RNG_DIR,
@@ -50,6 +49,7 @@ from syncpoint.policies.state_format import (
     TrainState,
     problem_of,
 )
+from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.workers.data.stream_state import parse as parse_stream
 from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.integrity.safe_load import load_state_file

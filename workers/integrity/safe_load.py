@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from syncpoint.policies.errors import StateRefused
+from syncpoint.policies.contracts.errors import StateRefused
 from syncpoint.workers.integrity.state_file_bounds import check_loaded, prescan
 
 # torch's ``safe_globals`` adds to one process-wide set and puts back what it found on exit, so a

@@ -29,7 +29,7 @@ import json
 import os
 from typing import Any
 
-from syncpoint.policies.errors import JobConfigError
+from syncpoint.policies.contracts.errors import JobConfigError
 
 SIGNATURE = "signature"
 BINDING = "binding"

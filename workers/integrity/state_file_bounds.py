@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch._utils import IMPORT_MAPPING, NAME_MAPPING
 
-from syncpoint.policies.errors import StateRefused
+from syncpoint.policies.contracts.errors import StateRefused
 
 MAX_DEPTH = 100  # containers inside containers; DeepSpeed's files nest fewer than 10
 MAX_NODES = 10_000_000  # objects a walk of the file reaches; a state file has a few per tensor

@@ -7,7 +7,7 @@ restore several times slower than reading its files (bench/results/p10_object_st
 the copy gave:
 
 * only the state's own files: each manifest name (already a normalized path inside the state,
-  ``syncpoint.policies.state_paths``) is opened component by component relative to the state directory with
+  ``syncpoint.policies.contracts.state_paths``) is opened component by component relative to the state directory with
   ``O_NOFOLLOW`` (``syncpoint.workers.storage.nofollow``; the state directory itself is reached the same way from the
   run directory), so a symbolic link anywhere below the state, or the state directory itself being
   one, is refused rather than followed out of it; a name that is not a regular file is refused, and
@@ -31,8 +31,8 @@ import errno
 import os
 from dataclasses import dataclass
 
-from syncpoint.policies.errors import OversizedEntry, StateRefused, UnsafeEntry
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.errors import OversizedEntry, StateRefused, UnsafeEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import new_hasher
 from syncpoint.workers.storage.nofollow import open_dirs, open_regular, read_fd
 from syncpoint.workers.storage.protocol import CHUNK

@@ -2,7 +2,7 @@
 
 Why one file per event: object stores cannot append, and a crashed writer must never corrupt
 earlier events. File names sort by time, so listing the directory is reading the timeline.
-What an event holds is ``syncpoint.policies.journal``'s models; what is asked of a log is its ``Journal``.
+What an event holds is ``syncpoint.policies.contracts.journal``'s models; what is asked of a log is its ``Journal``.
 
 Why reading never fails: whoever can write the storage can plant a file among the events, and
 every attempt reads the log at its start. A file that holds no record within bounds (``read_record``:
@@ -18,9 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
-from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.policies.journal import Event, Journal, event_to_emit, stored_form, time_of
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.contracts.journal import Event, Journal, event_to_emit, stored_form, time_of
 from syncpoint.workers.storage import RunStorage
 
 EVENTS_DIR = "events"
@@ -37,7 +37,7 @@ class EventLog:
     def emit(self, event: Event | str, /, **fields: Any) -> Event:
         """Write one event: ``emit(StateCommitted(...))``, or ``emit("state_committed", **fields)``.
 
-        Either way it is validated first (``syncpoint.policies.journal.event_to_emit``): an unknown kind, an
+        Either way it is validated first (``syncpoint.policies.contracts.journal.event_to_emit``): an unknown kind, an
         unknown field or a missing one raises ``pydantic.ValidationError`` and nothing is written.
         The time is stamped here, and the source unless the event names its own (a notice's)."""
         if isinstance(event, str):
@@ -107,7 +107,7 @@ def event_files(storage: RunStorage) -> list[str]:
 def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
     """One stored event as written, or why the file holds none: unreadable, larger than
     EVENT_MAX_BYTES, not JSON, nested deeper than EVENT_MAX_DEPTH, an integer beyond 64 bits, not an
-    object, or a ``time`` that is no usable number of seconds (``syncpoint.policies.journal.time_of``)."""
+    object, or a ``time`` that is no usable number of seconds (``syncpoint.policies.contracts.journal.time_of``)."""
     try:
         data = storage.read_bytes(EVENTS_DIR, name, limit=EVENT_MAX_BYTES)
     except OversizedEntry:

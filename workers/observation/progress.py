@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from syncpoint.policies.journal import Progress, ProgressRecord
+from syncpoint.policies.contracts.journal import Progress, ProgressRecord
 from syncpoint.workers.observation.events import EVENT_MAX_BYTES, EventLog
 
 PROGRESS_FLUSH_S = 2.0  # how stale the event log's view of progress may get (lost-work accounting)

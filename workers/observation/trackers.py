@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from syncpoint.policies.spec import JobSpec
+    from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.training.attempt import Attempt
 
@@ -217,7 +217,7 @@ def new_record() -> dict[str, Any]:
 def flat_spec(spec: JobSpec) -> dict[str, str]:
     """The job spec as ``section.field`` -> text (URL credentials redacted, as ``syncpoint validate``
     prints it); lists and empty mappings as JSON."""
-    from syncpoint.policies.spec import spec_to_json
+    from syncpoint.policies.contracts.spec import spec_to_json
 
     flat: dict[str, str] = {}
 
@@ -451,7 +451,7 @@ class WandbSink(_Guarded):
 
 
 def _spec_json(spec: JobSpec) -> str:
-    from syncpoint.policies.spec import spec_to_json
+    from syncpoint.policies.contracts.spec import spec_to_json
 
     return spec_to_json(spec)
 

@@ -58,8 +58,8 @@ from typing import IO, Any, cast
 import torch
 from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-from syncpoint.policies.errors import JobConfigError, StateRefused
-from syncpoint.policies.state_format import ENGINE_TAG, ManifestEntry
+from syncpoint.policies.contracts.errors import JobConfigError, StateRefused
+from syncpoint.policies.contracts.state_format import ENGINE_TAG, ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
 from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.state.preload import Preloads, host_placement

@@ -2,7 +2,7 @@
 
 For each ``states/<name>/`` it lists files (sizes from the listing) and reads ``manifest.json`` and
 ``trainer.json``; it never opens engine shards, RNG files or data. The classification itself is a
-plain function in ``syncpoint.policies.candidates``.
+plain function in ``syncpoint.policies.decisions.candidates``.
 
 Storage may be hostile: both files are read with a bound (``MANIFEST_MAX_BYTES``,
 ``TRAINER_MAX_BYTES``), locally never through a link and only if regular, and whatever is refused
@@ -17,17 +17,15 @@ import json
 from collections.abc import Sequence
 from typing import Any, overload
 
-from syncpoint.policies.candidates import Candidate, Expectation, classify, newest_first
-from syncpoint.policies.corpus_identity import (
+from syncpoint.policies.contracts.corpus_identity import (
     CORPUS_DIR,
     CORPUS_INDEX_MAX_BYTES,
     CorpusIdentity,
     index_file,
     parse_document,
 )
-from syncpoint.policies.errors import RunDirectoryRefused, UnsafeEntry
-from syncpoint.policies.redact import redact_url
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.errors import RunDirectoryRefused, UnsafeEntry
+from syncpoint.policies.contracts.state_format import (
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
     STATES_DIR,
@@ -36,6 +34,8 @@ from syncpoint.policies.state_format import (
     Manifest,
     is_state_name,
 )
+from syncpoint.policies.decisions.candidates import Candidate, Expectation, classify, newest_first
+from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.workers.integrity.checksum import matches_entry
 from syncpoint.workers.integrity.signing import trust_problem
 from syncpoint.workers.storage import RunStorage

@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from syncpoint.policies.errors import OversizedEntry, StateRefused, UnsafeEntry
-from syncpoint.policies.state_format import ENGINE_TAG, STATES_DIR, ManifestEntry, local_path
+from syncpoint.policies.contracts.errors import OversizedEntry, StateRefused, UnsafeEntry
+from syncpoint.policies.contracts.state_format import ENGINE_TAG, STATES_DIR, ManifestEntry, local_path
 from syncpoint.workers.integrity.verified_files import ChecksumMismatch, Identity, identity
 from syncpoint.workers.state.node_share import NodePeers, Offer, Piece, link_from_peer, read_split
 from syncpoint.workers.state.preload import Preloads

@@ -37,7 +37,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 
-from syncpoint.policies.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
+from syncpoint.policies.contracts.state_format import FULL_OPTIMIZER_FILE, local_path, zero3_model_file
 from syncpoint.workers.training.param_groups import portable_values
 from syncpoint.workers.training.rng import safetensors_metadata
 
@@ -169,7 +169,7 @@ def check_full_optimizer_state(engine: DeepSpeedEngine, path: str) -> None:
     the state is loaded: ``load_full_optimizer_state`` runs after DeepSpeed already loaded the
     weights, so a missing tensor or a wrong shape found there would leave a half-loaded engine.
     Reads only the safetensors header (names, shapes, metadata)."""
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
 
     problem = _full_state_problem(engine, path)
     if problem:

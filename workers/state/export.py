@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from syncpoint.policies.redact import redact_obj
-from syncpoint.policies.spec import JobSpec, spec_to_json
-from syncpoint.policies.state_format import STATES_DIR
+from syncpoint.policies.contracts.spec import JobSpec, spec_to_json
+from syncpoint.policies.contracts.state_format import STATES_DIR
+from syncpoint.policies.decisions.redact import redact_obj
 from syncpoint.workers.state.pretrained import is_pretrained_model, upload_pretrained
 from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
@@ -81,7 +81,7 @@ def _is_zero3(engine: DeepSpeedEngine) -> bool:
 
 def zero3_state_from_storage(storage: RunStorage, state: str) -> dict[str, torch.Tensor]:
     """The full model of a committed ZeRO-3 state, every file checked against its manifest first."""
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
     from syncpoint.workers.integrity.safe_load import load_state_file
     from syncpoint.workers.state.reader import read_listed, read_manifest
 

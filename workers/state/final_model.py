@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from syncpoint.policies.errors import ModelLoadError, ResumeRefused, TaskError
-from syncpoint.policies.import_path import is_import_path
-from syncpoint.policies.redact import redact_url
+from syncpoint.policies.contracts.errors import ModelLoadError, ResumeRefused, TaskError
+from syncpoint.policies.contracts.import_path import is_import_path
+from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.workers.state.export import FINAL_FORMAT, SPEC_FILE
 from syncpoint.workers.state.pretrained import CONFIG_FILE, check_and_load, model_bytes_bound, read_pretrained
 from syncpoint.workers.storage import RunStorage

@@ -35,8 +35,8 @@ import hashlib
 import os
 from collections.abc import Iterator
 
-from syncpoint.policies.errors import UnsafeEntry
-from syncpoint.policies.state_format import is_state_name
+from syncpoint.policies.contracts.errors import UnsafeEntry
+from syncpoint.policies.contracts.state_format import is_state_name
 from syncpoint.workers.storage import RunStorage, nofollow
 from syncpoint.workers.storage.protocol import CHUNK
 

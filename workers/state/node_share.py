@@ -4,7 +4,7 @@ Why: every rank of a ZeRO-1/2 restore loads DeepSpeed's whole model file, and at
 size (or a ZeRO-3 module-only load) every rank reads every shard, so each rank of a node
 downloaded (object store) or read and checksummed (local storage, the node's memory copy) the same
 bytes again: a 2-rank node read 2.18 GB for a 1.74 GB state (bench P10). Now one rank reads each
-such file (``syncpoint.policies.shared_reads``) and hands the others what it verified:
+such file (``syncpoint.policies.decisions.shared_reads``) and hands the others what it verified:
 
 * **in place** (the file lies in the state directory or the memory copy): the file's identity when
   its checksum matched: device, inode, size, modification and change time. Another rank opens the
@@ -20,7 +20,7 @@ link cannot be made (another file system), the rank reads and verifies the file 
 
 A download is also split by bytes: the reader of a shared file downloads its head, and each other
 rank of the node that needs it downloads one range of its tail into its own directory
-(``syncpoint.policies.shared_reads.prefetch_pieces``), so the node's ranks download equal shares
+(``syncpoint.policies.decisions.shared_reads.prefetch_pieces``), so the node's ranks download equal shares
 and finish together (at ZeRO-2 one rank downloaded the model file and its shard, the other only its
 shard, and then waited for it: bench P10). The reader copies those ranges into its file, fetches
 itself any range a rank could not, and checksums the whole file: a range is only bytes, trusted as
@@ -46,8 +46,8 @@ from typing import Protocol
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import StateRefused
-from syncpoint.policies.shared_reads import assign_readers, prefetch_pieces
+from syncpoint.policies.contracts.errors import StateRefused
+from syncpoint.policies.decisions.shared_reads import assign_readers, prefetch_pieces
 from syncpoint.workers.integrity.verified_files import Identity, identity
 
 
@@ -204,7 +204,7 @@ def read_split(
     raises, so the other ranks never wait for this one.
 
     ``read_ahead(file, start, end)``: warm the page cache with a range of a shared file that
-    another rank of the node checksums (``syncpoint.policies.shared_reads.prefetch_pieces``); this
+    another rank of the node checksums (``syncpoint.policies.decisions.shared_reads.prefetch_pieces``); this
     rank does its ranges first, and every rank then reads its files only it needs before the shared
     ones it checksums, so the ranges are in memory when the checksum reaches them. A failed read
     ahead is ignored: it decides nothing, the checksum still reads every byte.

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from syncpoint.policies.errors import ResumeRefused
-from syncpoint.policies.redact import redact_url
-from syncpoint.policies.state_format import MANIFEST_FILE, STATES_DIR
+from syncpoint.policies.contracts.errors import ResumeRefused
+from syncpoint.policies.contracts.state_format import MANIFEST_FILE, STATES_DIR
+from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.workers.training.engine import persistent_buffers
 
 if TYPE_CHECKING:

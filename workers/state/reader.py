@@ -3,7 +3,7 @@
 Why this order: a manifest and the files it names are data from storage, and whoever can write
 storage can rewrite both consistently, so a matching checksum proves integrity, not intent. Before
 anything reaches DeepSpeed, fetching therefore (1) accepts only manifest names that are normalized
-paths inside the state (``syncpoint.policies.state_paths``) and resolves each below the fetch directory,
+paths inside the state (``syncpoint.policies.contracts.state_paths``) and resolves each below the fetch directory,
 (2) downloads each file under a temporary name and renames it into place only after its size and
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
 DeepSpeed file once with the weights-only loader (``syncpoint.workers.integrity.safe_load``; storages memory-mapped,
@@ -51,10 +51,9 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
-from syncpoint.policies.candidates import Candidate
-from syncpoint.policies.errors import StateRefused, UnsafeEntry
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.errors import StateRefused, UnsafeEntry
+from syncpoint.policies.contracts.state_format import (
     ENGINE_TAG,
     FULL_OPTIMIZER_FILE,
     LOCAL_DIRS,
@@ -71,7 +70,8 @@ from syncpoint.policies.state_format import (
     stream_file,
     user_file,
 )
-from syncpoint.policies.state_paths import path_problem
+from syncpoint.policies.contracts.state_paths import path_problem
+from syncpoint.policies.decisions.candidates import Candidate
 from syncpoint.workers.data import stream_state
 from syncpoint.workers.integrity import verified_files
 from syncpoint.workers.integrity.checksum import matches_entry

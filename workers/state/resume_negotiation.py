@@ -18,18 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.candidates import Candidate, Verdict, init_from_problem
-from syncpoint.policies.errors import (
+from syncpoint.policies.contracts.errors import (
     JobConfigError,
     NoResumableState,
     ResumeRefused,
     RunDirectoryRefused,
     StateMismatch,
 )
-from syncpoint.policies.journal import CandidateSeen, InitFromResolved, ResumeDecision
-from syncpoint.policies.redact import redact_url
-from syncpoint.policies.resume import ContinueSubmission, NewestResumable, ResumePolicy, enforce_safe, make_policy
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.journal import CandidateSeen, InitFromResolved, ResumeDecision
+from syncpoint.policies.contracts.state_format import (
     SAMPLER_VERSION,
     STATES_DIR,
     STREAM_SAMPLER,
@@ -37,6 +34,15 @@ from syncpoint.policies.state_format import (
     TrainState,
     buffers_file,
     user_file,
+)
+from syncpoint.policies.decisions.candidates import Candidate, Verdict, init_from_problem
+from syncpoint.policies.decisions.redact import redact_url
+from syncpoint.policies.decisions.resume import (
+    ContinueSubmission,
+    NewestResumable,
+    ResumePolicy,
+    enforce_safe,
+    make_policy,
 )
 from syncpoint.workers.data.stream_state import SavedStream
 from syncpoint.workers.integrity.signing import legacy_unbound, load_key

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import LeaseLostError, TaskError
-from syncpoint.policies.journal import StateCommitted
-from syncpoint.policies.retention import plan_retention
-from syncpoint.policies.save_triggers import PendingSave
-from syncpoint.policies.state_format import STATES_DIR, TrainState, stream_file, user_file
+from syncpoint.policies.contracts.errors import LeaseLostError, TaskError
+from syncpoint.policies.contracts.journal import StateCommitted
+from syncpoint.policies.contracts.state_format import STATES_DIR, TrainState, stream_file, user_file
+from syncpoint.policies.decisions.retention import plan_retention
+from syncpoint.policies.decisions.save_triggers import PendingSave
 from syncpoint.workers.data.stream_state import StreamStateError
 from syncpoint.workers.observation.progress import ProgressLog
 from syncpoint.workers.state import user_state

@@ -3,7 +3,7 @@
 An EMA of the weights, a curriculum, a teacher's schedule, a data mixture's weights: objects with
 ``state_dict()`` / ``load_state_dict()`` that the engine does not own. Each rank saves its own (they
 may differ per rank) at every state, in ``user/rank_<r:05d>.safetensors``
-(``syncpoint.policies.state_format.user_file``), through the stream state's codec: tensors as
+(``syncpoint.policies.contracts.state_format.user_file``), through the stream state's codec: tensors as
 safetensors, everything else as JSON, never pickled (``syncpoint.workers.data.stream_state``), so
 storage cannot make a resume run code. Captured at the boundary itself (an asynchronous save then
 holds a copy: the objects may change while the upload runs), restored before the first fetch,
@@ -18,8 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from syncpoint.policies.errors import StateRefused, TaskError
-from syncpoint.policies.state_format import MAX_USER_STATE_OBJECTS, USER_STATE_NAME
+from syncpoint.policies.contracts.errors import StateRefused, TaskError
+from syncpoint.policies.contracts.state_format import MAX_USER_STATE_OBJECTS, USER_STATE_NAME
 from syncpoint.workers.data.stream_state import TreeLabel, encode_tree, parse_tree
 
 __all__ = ["UserStateError", "capture", "check", "names", "parse", "restore"]

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.errors import LeaseLostError, UnsafeEntry
-from syncpoint.policies.retention import is_state_name
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.errors import LeaseLostError, UnsafeEntry
+from syncpoint.policies.contracts.state_format import (
     ENGINE_TAG,
     LOCAL_DIRS,
     MANIFEST_FILE,
@@ -39,6 +38,7 @@ from syncpoint.policies.state_format import (
     rng_file,
     state_name,
 )
+from syncpoint.policies.decisions.retention import is_state_name
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, checksum_bytes, entry
 from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
 from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from syncpoint.policies.state_format import ZERO3_MODEL, ZERO_OPTIM
+from syncpoint.policies.contracts.state_format import ZERO3_MODEL, ZERO_OPTIM
 
 
 def consolidate_zero3(names: list[str], load: Callable[[str], Any]) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, MemoryBackend
 from syncpoint.workers.storage.local_backend import LocalBackend

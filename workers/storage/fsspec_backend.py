@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
 

@@ -60,8 +60,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from syncpoint.policies.errors import LeaseLostError, LeaseRefused, UnsafeEntry
-from syncpoint.policies.spec import MAX_LEASE_TTL_S
+from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused, UnsafeEntry
+from syncpoint.policies.contracts.spec import MAX_LEASE_TTL_S
 from syncpoint.workers.storage import RunStorage, holder_process
 
 LEASE = "lease.json"

@@ -23,8 +23,8 @@ import shutil
 from collections.abc import Iterator
 from typing import Any
 
-from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.direct_io import DirectFileWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, copy_range, range_fits, range_target

@@ -15,7 +15,8 @@ or a link to ``/dev/zero`` (a read that never ends). So, on local storage:
   created exclusively; a link where a directory belongs is unlinked (never its target) and a real
   directory made in its place. Each replacement prints one WARNING line naming what was replaced.
 
-Refusals raise ``syncpoint.policies.errors.UnsafeEntry`` (``OversizedEntry`` for a bound), naming the entry by its
+Refusals raise ``syncpoint.policies.contracts.errors.UnsafeEntry`` (``OversizedEntry`` for a bound), naming the entry
+by its
 path below the anchor. Linux semantics (``O_NOFOLLOW``, ``dir_fd``); the storage layer uses this only for
 local filesystems, which are the only stores with links.
 """
@@ -32,7 +33,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 
-from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -10,7 +10,8 @@ backend is underneath. Paths are the backend's own (the
 run root joined with ``/``), never URLs.
 
 Storage may be hostile (docs/security.md, *Storage that others can write*), so every read takes a bound
-(``limit``: the most bytes the file may hold; a larger one raises ``syncpoint.policies.errors.OversizedEntry``)
+(``limit``: the most bytes the file may hold; a larger one raises
+``syncpoint.policies.contracts.errors.OversizedEntry``)
 derived by the caller from what the file is (a manifest's size for a file it lists, a cap for a
 record), and a listing reports what is not a regular file instead of following it. Stores with
 links (local filesystems) never read or write through one (``syncpoint.workers.storage.nofollow``).
@@ -23,7 +24,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
 
 CHUNK = 8 << 20  # the copy size of uploads, downloads and checksums of whole files

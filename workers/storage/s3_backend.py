@@ -52,8 +52,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from syncpoint.policies.errors import OversizedEntry, UnsafeEntry
-from syncpoint.policies.state_format import ManifestEntry
+from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
+from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file, range_target
 from syncpoint.workers.storage.protocol import Versioned

@@ -4,7 +4,8 @@ Why carried on the exception: Ray Train hands the failing rank's exception objec
 (the failure policy) and the driver (the last line), pickled with its attributes but without its
 traceback object; only the rank itself can walk its frames, and only the loop knows its micro-step.
 So the rank attaches ``{"rank", "micro_step", "where"}`` as ``syncpoint_site`` before the exception
-leaves it (``syncpoint.policies.failures.failure_reason`` formats it; the failure policy compares micro-steps).
+leaves it (``syncpoint.policies.decisions.failures.failure_reason`` formats it; the failure policy compares
+micro-steps).
 
 "The user's code" is any file outside syncpoint's own packages, Python's standard library and the
 installed packages; when every frame is in those (a user's package installed into site-packages),
@@ -41,7 +42,7 @@ def attach_traceback(error: BaseException) -> None:
     """Attach the traceback as Python prints it (its tail, ``TRACEBACK_LIMIT``), as ``TRACEBACK_ATTR``:
     the exception reaches Ray Train's controller pickled without its traceback, and the controller
     prints the failing rank's once (``syncpoint.orchestrator.failure_policy.print_failure``)."""
-    from syncpoint.policies.failures import TRACEBACK_ATTR, TRACEBACK_LIMIT
+    from syncpoint.policies.decisions.failures import TRACEBACK_ATTR, TRACEBACK_LIMIT
 
     with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attributes
         setattr(error, TRACEBACK_ATTR, "".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:])

@@ -17,8 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from syncpoint.policies.journal import FaultFired
-from syncpoint.policies.spec import CrashFault
+from syncpoint.policies.contracts.journal import FaultFired
+from syncpoint.policies.contracts.spec import CrashFault
 from syncpoint.workers.storage import RunStorage
 
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator, Mapping
 from multiprocessing.context import ForkServerContext, SpawnContext
 
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.workers.supervision.zygote import PRELOAD
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from syncpoint.policies.failures import REPORTED_ATTR
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.failures import REPORTED_ATTR
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import release_lease
 from syncpoint.workers.supervision import zygote

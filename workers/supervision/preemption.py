@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from syncpoint.policies.grace_window import notice_deadline
+from syncpoint.policies.decisions.grace_window import notice_deadline
 
 RayNotice = Callable[[], dict[str, Any] | None]
 
@@ -87,7 +87,8 @@ class PreemptionNotices:
         return True
 
     def deadline(self, notice: dict[str, Any], sigterm_grace_s: float | None) -> float | None:
-        """When this rank's node goes (UNIX seconds), if its notice says (``syncpoint.policies.grace_window``)."""
+        """When this rank's node goes (UNIX seconds), if its notice says
+        (``syncpoint.policies.decisions.grace_window``)."""
         return notice_deadline(notice, sigterm_at=self.sigterm_at, sigterm_grace_s=sigterm_grace_s)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

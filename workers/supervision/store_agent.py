@@ -29,7 +29,7 @@ import socket
 import threading
 from typing import Any
 
-from syncpoint.policies.failures import NODE_FAULT
+from syncpoint.policies.decisions.failures import NODE_FAULT
 
 OPS = ("add", "set", "get", "check")
 # how long a client waits for rank 0's store (its agent may wait for its fork server's imports first)

@@ -18,7 +18,7 @@ form their own process group on it under the prefix ``g<g>/``. A supervisor whos
 generation failed; every supervisor then stops its own child (SIGKILL: a committed state never
 depends on a process finishing), publishes how it ended (``RankEnd``, JSON), and rank 0 decides
 (``Hooks.decide``: classified and budgeted exactly as Ray Train's failure policy does,
-``syncpoint.policies.failures.in_place_action``). RECOVER starts generation ``g+1``; ESCALATE makes
+``syncpoint.policies.decisions.failures.in_place_action``). RECOVER starts generation ``g+1``; ESCALATE makes
 the failed ranks' supervisors raise their child's exception, so Ray Train's failure policy decides
 it as it always has. A supervisor that dies (its node lost) never publishes: Ray Train notices its
 actor's death and restarts the group.
@@ -52,9 +52,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.policies import seeds
-from syncpoint.policies.errors import JOB_REFUSALS
-from syncpoint.policies.failures import (
+from syncpoint.policies.contracts.errors import JOB_REFUSALS
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions import seeds
+from syncpoint.policies.decisions.failures import (
     DIED,
     ESCALATE,
     FINISHED,
@@ -73,7 +74,6 @@ from syncpoint.policies.failures import (
     is_ours,
     move,
 )
-from syncpoint.policies.spec import JobSpec
 
 if TYPE_CHECKING:
     from syncpoint.workers.supervision.store_agent import AgentStore
@@ -604,7 +604,7 @@ class Supervisor:
         reporter = _Reporter(self.hooks.report) if self.hooks.report is not None else None
         if reporter is not None:
             reporter.start()
-        state = GenerationState.RUNNING  # its moves: syncpoint.policies.failures.GENERATION_MOVES
+        state = GenerationState.RUNNING  # its moves: syncpoint.policies.decisions.failures.GENERATION_MOVES
         while True:
             end, error, service = self._run_child(generation, launched_at, reporter)
             self.coordinator.publish(generation, end, service.reports)
@@ -737,7 +737,7 @@ class Supervisor:
 # ---------------------------------------------------------------- rank 0's decision
 def _print_failure(ends: list[RankEnd], repeats: bool) -> None:
     """The generation's failure, once for all its ranks (``failure_lines``), on this process's stderr."""
-    from syncpoint.policies.failures import failure_lines
+    from syncpoint.policies.decisions.failures import failure_lines
 
     lines = failure_lines(ends, repeats)
     if lines:
@@ -754,7 +754,8 @@ def in_place_decider(
     first (Ray's: the measured interruption point from the heartbeat board)."""
 
     def decide(ends: list[RankEnd]) -> InPlaceAction:
-        from syncpoint.policies.failures import (
+        from syncpoint.policies.contracts.journal import Failure
+        from syncpoint.policies.decisions.failures import (
             APPLICATION,
             classify_failure,
             failing_end,
@@ -762,7 +763,6 @@ def in_place_decider(
             in_place_facts,
             repeats_previous,
         )
-        from syncpoint.policies.journal import Failure
         from syncpoint.workers.observation.events import EventLog
         from syncpoint.workers.storage import RunStorage
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.policies.candidates import Expectation
-from syncpoint.policies.elastic import Layout
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.candidates import Expectation
+from syncpoint.policies.decisions.elastic import Layout
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.errors import StateMismatch, StateRefused
+from syncpoint.policies.contracts.errors import StateMismatch, StateRefused
 
 
 def capture(module: torch.nn.Module) -> bytes:

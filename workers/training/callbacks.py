@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from syncpoint.policies.errors import TaskError
+from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.workers.training import rng
 
 __all__ = ["HOOKS", "CallbackFailed", "Callbacks", "EndInfo", "StartInfo", "StepInfo", "check"]

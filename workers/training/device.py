@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from syncpoint.policies.errors import JobConfigError
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import JobConfigError
+from syncpoint.policies.contracts.spec import JobSpec
 
 
 def backend(spec: JobSpec) -> str:

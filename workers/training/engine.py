@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from syncpoint.policies.errors import JobConfigError
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import JobConfigError
+from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.workers.training.device import prepare_op_builds
 from syncpoint.workers.training.param_groups import (
     ATTRIBUTE,

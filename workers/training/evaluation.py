@@ -1,6 +1,6 @@
 """Evaluation at sync boundaries (``train.eval_every``), without disturbing training.
 
-The decisions (when, which samples per rank, how values combine) are ``syncpoint.policies.evaluation``; this
+The decisions (when, which samples per rank, how values combine) are ``syncpoint.policies.decisions.evaluation``; this
 module runs them on the DeepSpeed engine. Why each part is here:
 
 * **Training is not disturbed.** An evaluation captures every RNG (Python, NumPy, torch CPU and
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies import evaluation as rules
-from syncpoint.policies.errors import TaskError
-from syncpoint.policies.journal import Evaluated
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.contracts.errors import TaskError
+from syncpoint.policies.contracts.journal import Evaluated
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions import evaluation as rules
 from syncpoint.workers.data.sampler import SeededCollate, SeededSamples
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.task import MapDataset, Task

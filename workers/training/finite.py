@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies.errors import TrainingDiverged
+from syncpoint.policies.contracts.errors import TrainingDiverged
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine

@@ -6,7 +6,7 @@ the run directory's lease, negotiates where to resume, trains and finishes; ``Tr
 *How resume stays exact* (docs/concepts/exact-resume.md), rule by rule:
 
 * optimizer steps fire at sync boundaries computed from the 1-indexed position within the epoch
-  (``syncpoint.policies.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
+  (``syncpoint.policies.decisions.boundaries``); the epoch end flushes a short cycle whose loss is averaged over the
   micro-batches it really accumulated (``TrainingLoop.micro_step``);
 * save requests (interval trigger, preemption notice, final) stay pending until a boundary and
   are serviced there: never dropped, never written mid-cycle (``TrainingLoop.boundary``, ``save``);
@@ -31,21 +31,21 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies import grace_window
-from syncpoint.policies.boundaries import cycle_length, is_boundary
-from syncpoint.policies.candidates import Expectation
-from syncpoint.policies.elastic import layout
-from syncpoint.policies.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
-from syncpoint.policies.import_path import load_class
-from syncpoint.policies.journal import AttemptStarted, Finished, Journal, PreemptionNotice
-from syncpoint.policies.save_interval import (
+from syncpoint.policies.contracts.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
+from syncpoint.policies.contracts.import_path import load_class
+from syncpoint.policies.contracts.journal import AttemptStarted, Finished, Journal, PreemptionNotice
+from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions import grace_window
+from syncpoint.policies.decisions.boundaries import cycle_length, is_boundary
+from syncpoint.policies.decisions.candidates import Expectation
+from syncpoint.policies.decisions.elastic import layout
+from syncpoint.policies.decisions.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
     AutoDecision,
     PreemptionHistory,
     preemption_history,
 )
-from syncpoint.policies.save_triggers import AutoInterval, SaveTrigger, trigger_from_interval
-from syncpoint.policies.spec import JobSpec
+from syncpoint.policies.decisions.save_triggers import AutoInterval, SaveTrigger, trigger_from_interval
 from syncpoint.workers.data import corpus, data_plan
 from syncpoint.workers.data.source import DataSource, data_source
 from syncpoint.workers.data.stream import PreparedStream, check_map_spec, prepare
@@ -500,7 +500,7 @@ class TrainingLoop:
     def _grace_save_due(self, notice: dict[str, Any]) -> bool:
         """This noticed rank's vote for a save in the grace window: always without a known deadline,
         else only from the last boundary whose save still commits before it
-        (``syncpoint.policies.grace_window``)."""
+        (``syncpoint.policies.decisions.grace_window``)."""
         deadline = self.parts.notices.deadline(notice, self.attempt.spec.checkpoint.sigterm_grace_s)
         gaps = [b - a for a, b in zip(self.boundary_times, list(self.boundary_times)[1:], strict=False)]
         return grace_window.save_due(time.time(), deadline, max(gaps, default=None), self.saves.last_commit_s)

@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies.candidates import identity_record
-from syncpoint.policies.save_triggers import PendingSave
-from syncpoint.policies.state_format import (
+from syncpoint.policies.contracts.state_format import (
     SHARD_WINDOW_SAMPLER,
     TRAINER_SCHEMA_VERSION,
     CorpusRecord,
@@ -26,6 +24,8 @@ from syncpoint.policies.state_format import (
     StreamRecord,
     TrainState,
 )
+from syncpoint.policies.decisions.candidates import identity_record
+from syncpoint.policies.decisions.save_triggers import PendingSave
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.finite import NonfiniteSteps
 from syncpoint.workers.training.param_groups import settings_of

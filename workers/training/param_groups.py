@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies.errors import JobConfigError
+from syncpoint.policies.contracts.errors import JobConfigError
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine

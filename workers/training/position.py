@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from syncpoint.policies.boundaries import optimizer_steps_per_epoch
-from syncpoint.policies.elastic import Layout
-from syncpoint.policies.save_triggers import Tick
-from syncpoint.policies.spec import TrainSpec
+from syncpoint.policies.contracts.spec import TrainSpec
+from syncpoint.policies.decisions.boundaries import optimizer_steps_per_epoch
+from syncpoint.policies.decisions.elastic import Layout
+from syncpoint.policies.decisions.save_triggers import Tick
 
 UNBOUNDED_STEPS = 2**62  # no train.max_steps: the epochs end the run
 UNBOUNDED_EPOCHS = 2**40  # no train.epochs: train.max_steps ends the run

@@ -36,11 +36,13 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.bounded_json import BoundedJsonError, loads_bounded
-from syncpoint.policies.errors import StateRefused
-from syncpoint.policies.seeds import HASH_SEED_SALT as HASH_SEED_SALT  # re-exported: part of this module's API
-from syncpoint.policies.seeds import derive_seed
-from syncpoint.policies.seeds import hash_seed as hash_seed
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.errors import StateRefused
+from syncpoint.policies.decisions.seeds import (
+    HASH_SEED_SALT as HASH_SEED_SALT,  # re-exported: part of this module's API
+)
+from syncpoint.policies.decisions.seeds import derive_seed
+from syncpoint.policies.decisions.seeds import hash_seed as hash_seed
 from syncpoint.workers.training import task_rngs
 
 MAX_HEADER = 8 << 20  # a header larger than this is no RNG file (a rank's is a few KiB)

@@ -16,11 +16,11 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from syncpoint.policies.errors import JobConfigError, ScheduleMismatch
-from syncpoint.policies.import_path import load_function
-from syncpoint.policies.spec import SchedulerSpec
-from syncpoint.policies.state_format import SchedulerRecord
-from syncpoint.policies.state_format import scheduler_phases as phases
+from syncpoint.policies.contracts.errors import JobConfigError, ScheduleMismatch
+from syncpoint.policies.contracts.import_path import load_function
+from syncpoint.policies.contracts.spec import SchedulerSpec
+from syncpoint.policies.contracts.state_format import SchedulerRecord
+from syncpoint.policies.contracts.state_format import scheduler_phases as phases
 
 
 def factor_at(position: int, s: SchedulerSpec, total: int) -> float:

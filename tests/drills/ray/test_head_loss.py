@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, committed_steps, digest, lm_spec, stop_processes, write_job

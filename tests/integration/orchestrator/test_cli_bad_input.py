@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from syncpoint.orchestrator.spec_file import parse_spec
-from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError, TaskError
+from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, SpecError, TaskError
 from syncpoint.workers.data.sampler import DataLayoutError
 from tests.helpers import cli, committed_steps, linear_spec, run
 

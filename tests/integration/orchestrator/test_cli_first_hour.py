@@ -18,7 +18,7 @@ import pytest
 
 from syncpoint.orchestrator.cli import main
 from syncpoint.orchestrator.timeline import format_summary, summarize
-from syncpoint.policies.journal import (
+from syncpoint.policies.contracts.journal import (
     AttemptStarted,
     Failure,
     FaultFired,

@@ -204,8 +204,8 @@ def test_the_same_failure_at_the_same_micro_step_with_no_new_state_is_not_retrie
     from ray.train.v2.api.config import FailureConfig
 
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, _repetition
-    from syncpoint.policies.failures import FailureFacts, failure_signature
-    from syncpoint.policies.journal import Failure, Journal, StateCommitted
+    from syncpoint.policies.contracts.journal import Failure, Journal, StateCommitted
+    from syncpoint.policies.decisions.failures import FailureFacts, failure_signature
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -279,7 +279,7 @@ def test_the_last_line_names_the_place_and_a_failing_ranks_own_error_comes_first
         == "KeyError: 'y' at mytask.py:3 in build (rank 0)"
     )
     # syncpoint's own refusal at set-up: nothing to add
-    from syncpoint.policies.errors import TaskError
+    from syncpoint.policies.contracts.errors import TaskError
 
     assert failure_report(_worker_failures(rank0=_sited(TaskError("task.path: x"), 0, None, None)))[0] == "task.path: x"
 
@@ -311,7 +311,7 @@ def test_a_rank_attaches_where_it_failed_to_the_exception(tmp_path):
 )
 def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, task, says):
     """A refusal (TaskError: not retried) at micro-step 1, naming the shape it got."""
-    from syncpoint.policies.errors import TaskError
+    from syncpoint.policies.contracts.errors import TaskError
     from syncpoint.workers.supervision.launch import run_in_process
 
     spec = _linear(tmp_path, task, "task.config.num_samples=16")
@@ -323,7 +323,7 @@ def test_a_loss_of_the_wrong_kind_is_refused_at_the_first_micro_step(tmp_path, t
 def test_check_loss_names_what_came_back():
     import torch
 
-    from syncpoint.policies.errors import TaskError
+    from syncpoint.policies.contracts.errors import TaskError
     from syncpoint.workers.task import check_loss
 
     w = torch.ones(2, requires_grad=True)
@@ -348,7 +348,7 @@ def test_a_loss_that_turns_nan_fails_naming_its_first_step_and_commits_nothing_n
     check): either way the run fails after train.max_nonfinite_steps non-finite steps, naming the
     first, and every committed state is finite (the saves requested meanwhile waited)."""
 
-    from syncpoint.policies.errors import TrainingDiverged
+    from syncpoint.policies.contracts.errors import TrainingDiverged
     from syncpoint.workers.supervision.launch import run_in_process
     from tests.helpers import committed_steps
 
@@ -393,7 +393,7 @@ def test_a_state_with_a_non_finite_parameter_or_moment_is_seen():
 
 
 def _journal_with_groups_and_a_restart():
-    from syncpoint.policies.journal import (
+    from syncpoint.policies.contracts.journal import (
         AttemptStarted,
         Failure,
         Journal,
@@ -530,7 +530,7 @@ class _AgentStartingClient:
 
 def test_submit_waits_for_a_new_heads_job_agent_bounded_and_says_so(capsys):
     from syncpoint.orchestrator.submit import submit_job
-    from syncpoint.policies.errors import SpecError
+    from syncpoint.policies.contracts.errors import SpecError
 
     client = _AgentStartingClient(refusals=3)
     assert submit_job(client, "http://127.0.0.1:8265", wait_s=30, poll_s=0.01, entrypoint="x") == "raysubmit_ok"

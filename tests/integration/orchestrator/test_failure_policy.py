@@ -9,9 +9,8 @@ import pytest
 
 from syncpoint.orchestrator.failure_report import failure_report
 from syncpoint.orchestrator.timeline import format_timeline, restarts
-from syncpoint.policies.errors import ResumeRefused
-from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureFacts, classify_failure, looks_like_lost_peer
-from syncpoint.policies.journal import (
+from syncpoint.policies.contracts.errors import ResumeRefused
+from syncpoint.policies.contracts.journal import (
     AttemptStarted,
     Failure,
     FaultFired,
@@ -19,6 +18,13 @@ from syncpoint.policies.journal import (
     Progress,
     ProgressRecord,
     StateCommitted,
+)
+from syncpoint.policies.decisions.failures import (
+    APPLICATION,
+    PREEMPTION,
+    FailureFacts,
+    classify_failure,
+    looks_like_lost_peer,
 )
 
 
@@ -201,8 +207,8 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
     from ray.train.v2.api.config import FailureConfig
 
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, _refusal
-    from syncpoint.policies.errors import TaskError
-    from syncpoint.policies.failures import REFUSAL
+    from syncpoint.policies.contracts.errors import TaskError
+    from syncpoint.policies.decisions.failures import REFUSAL
 
     v = classify_failure(facts(refusal="train.eval_every needs Task.eval_dataset"))
     assert (v.kind, v.reason) == (REFUSAL, "train.eval_every needs Task.eval_dataset")
@@ -244,7 +250,7 @@ def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):
     from ray.train.v2.api.exceptions import ControllerError
 
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy, is_placement_timeout
-    from syncpoint.policies.failures import PLACEMENT, placement_gave_up
+    from syncpoint.policies.decisions.failures import PLACEMENT, placement_gave_up
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -308,7 +314,7 @@ def test_a_group_that_dies_setting_up_is_not_judged_by_the_attempt_before_it():
     that dies before that has no nodes or notice on record. The attempt before it, already decided,
     must not lend it its lost node or its notice (a start-up crash would become a preemption, retried
     on a budget that may be unbounded)."""
-    from syncpoint.policies.journal import PreemptionNotice
+    from syncpoint.policies.contracts.journal import PreemptionNotice
 
     def start(t: float, attempt: int, submission: str = "s1") -> AttemptStarted:
         return AttemptStarted(
@@ -409,7 +415,7 @@ def test_the_wait_for_a_node_death_is_skipped_when_a_notice_already_decides():
     """A rank that got a preemption notice saves, then its worker vanishes: the notice already makes the
     failure a preemption, so waiting out Ray's health check (up to SYNCPOINT_NODE_DEATH_WAIT_S, 30 s)
     would only delay the restart. The 100-interruption storm spent 30 s on each such restart."""
-    from syncpoint.policies.failures import should_await_node_death
+    from syncpoint.policies.decisions.failures import should_await_node_death
 
     nodes = {"n1", "n2"}
     assert should_await_node_death(True, nodes, "head", set(), notice_logged=False)

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from syncpoint.policies.goodput import BADPUT, goodput
-from syncpoint.policies.journal import Failure, FaultFired
+from syncpoint.policies.contracts.journal import Failure, FaultFired
+from syncpoint.policies.decisions.goodput import BADPUT, goodput
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import cli, linear_spec, run, run_until_crash, with_overrides

@@ -28,7 +28,7 @@ from syncpoint.orchestrator.storm import (
     storm_kinds,
     storm_variant,
 )
-from syncpoint.policies.spec import CrashFault, JobSpec
+from syncpoint.policies.contracts.spec import CrashFault, JobSpec
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.faults import Faults, InjectedCrash
 from tests.helpers import ROOT, lm_spec

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from syncpoint.orchestrator.submit import auth_headers, read_token
-from syncpoint.policies.errors import SpecError
+from syncpoint.policies.contracts.errors import SpecError
 
 # ---------------------------------------------------------------- where the token comes from
 

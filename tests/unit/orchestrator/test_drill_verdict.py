@@ -7,7 +7,7 @@ lost without replacement, dropout on) is in ``tests/drills/ray/test_elastic.py``
 from __future__ import annotations
 
 from syncpoint.orchestrator.drill import judge_resized, world_size_change
-from syncpoint.policies.journal import AttemptStarted, Journal, Step
+from syncpoint.policies.contracts.journal import AttemptStarted, Journal, Step
 
 
 def _steps(losses: list[float], *, samples_shift: int = 0, lr_at: dict[int, float] | None = None) -> dict[int, Step]:

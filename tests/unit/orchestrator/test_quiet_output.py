@@ -34,7 +34,7 @@ def test_a_ray_job_submission_is_named_as_one_and_a_local_run_as_embedded():
 
 def test_the_timeline_says_where_a_ray_job_went():
     from syncpoint.orchestrator.timeline import _line
-    from syncpoint.policies.journal import Submitted
+    from syncpoint.policies.contracts.journal import Submitted
 
     where = submitted_to(None, _ray_job_environ("raysubmit_8RkJ", "10.0.0.7:6379"))
     line = _line(Submitted(time=1.0, source="driver", name="nanogpt", address=where), 0.0)
@@ -221,7 +221,7 @@ def test_a_lost_nodes_decision_line_names_the_node_not_the_health_check(capsys):
     from ray.train.v2.api.config import FailureConfig
 
     from syncpoint.orchestrator.failure_policy import SyncpointFailurePolicy
-    from syncpoint.policies.failures import FailureFacts
+    from syncpoint.policies.decisions.failures import FailureFacts
 
     policy = SyncpointFailurePolicy(FailureConfig(max_failures=0), f"memory://lost-{uuid.uuid4().hex[:8]}")
     facts = FailureFacts(
@@ -240,7 +240,7 @@ def test_a_lost_nodes_decision_line_names_the_node_not_the_health_check(capsys):
 def test_a_crash_or_a_refusal_prints_no_failure_lines_of_its_own():
     """Only a raised error of the task's has a traceback worth printing; a process that died (a drill's
     crash) or syncpoint's own refusal is said by the decision's line and the run's last line."""
-    from syncpoint.policies.failures import DIED, RAISED, RankEnd, failure_lines
+    from syncpoint.policies.decisions.failures import DIED, RAISED, RankEnd, failure_lines
 
     peer = RankEnd(rank=0, status=RAISED, message="RuntimeError: Connection closed by peer", traceback="Traceback ...")
     died = RankEnd(rank=1, status=DIED, message="the training process exited with code 17")

@@ -8,7 +8,7 @@ import pytest
 
 from syncpoint.orchestrator.cli import main
 from syncpoint.orchestrator.spec_file import load_spec, parse_spec, resolve_storage
-from syncpoint.policies.errors import SpecError
+from syncpoint.policies.contracts.errors import SpecError
 from tests.helpers import EXAMPLE, ROOT
 
 MINIMAL = """

@@ -18,10 +18,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpoint.policies.candidates import Expectation, Verdict, classify
-from syncpoint.policies.corpus_identity import CorpusIdentity, first_difference, parse_document
-from syncpoint.policies.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
-from syncpoint.policies.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.policies.contracts.corpus_identity import CorpusIdentity, first_difference, parse_document
+from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
+from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
 from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data import data_plan
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
@@ -535,7 +535,7 @@ def test_another_shuffle_or_window_is_incompatible_and_other_datasets_unaffected
 
 
 def test_a_run_on_another_dataset_writes_the_data_record_it_wrote_before():
-    from syncpoint.policies.state_format import DataRecord
+    from syncpoint.policies.contracts.state_format import DataRecord
 
     plain = DataRecord(
         sampler=SAMPLER_VERSION,

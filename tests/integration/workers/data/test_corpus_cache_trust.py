@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from syncpoint.policies.errors import CorpusError
+from syncpoint.policies.contracts.errors import CorpusError
 from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data import shard_cache
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus

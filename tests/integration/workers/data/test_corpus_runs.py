@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from examples.sharded_lm import write_corpus
-from syncpoint.policies.errors import ResumeRefused
-from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.policies.contracts.errors import ResumeRefused
+from syncpoint.policies.contracts.state_format import SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data.corpus import ShardedCorpus
 from syncpoint.workers.data.sampler import ShardWindowOrder
@@ -121,7 +121,7 @@ def test_a_corpus_changed_between_attempts_is_refused_at_selection_naming_the_sh
 
 
 def test_an_elastic_resize_on_the_corpus_keeps_the_samples_of_every_step(s3, tmp_path):
-    from tests.integration.policies.test_elastic import _assert_same_samples_and_close
+    from tests.integration.policies.decisions.test_elastic import _assert_same_samples_and_close
 
     url = f"s3://{BUCKET}/corpus-elastic"
     write_corpus(url, 8, 6, 8, vary=False)  # 48 rows: 6 optimizer steps of 8 samples per epoch

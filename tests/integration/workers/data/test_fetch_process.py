@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from examples.sharded_lm import write_corpus
-from syncpoint.policies.state_format import SHARD_WINDOW_SAMPLER
+from syncpoint.policies.contracts.state_format import SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data import corpus as corpus_mod
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 from syncpoint.workers.data.fetch_process import FetchProcess, travels
@@ -178,7 +178,7 @@ def test_a_shard_swapped_on_s3_is_refused_by_the_reader_naming_it_and_never_cach
 
     import numpy as np
 
-    from syncpoint.policies.errors import CorpusChanged
+    from syncpoint.policies.contracts.errors import CorpusChanged
 
     url = f"s3://{BUCKET}/fetch-swap-{len(swap)}"
     write_corpus(url, 4, 6, 8, vary=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from syncpoint.policies.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
+from syncpoint.policies.contracts.state_format import LEGACY_SAMPLER, SAMPLER_VERSION
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state import resume_negotiation
 from syncpoint.workers.storage import RunStorage

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-from syncpoint.policies.state_format import SAMPLER_VERSION
+from syncpoint.policies.contracts.state_format import SAMPLER_VERSION
 from tests.helpers import digest, run, run_until_crash, step_history, trainer_json, with_overrides
 from tests.integration.workers.training.test_loop_exact_resume import module_params
 from tests.virtual_tasks import SAMPLES

@@ -35,7 +35,7 @@ import torch
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
-from syncpoint.policies.errors import TaskError
+from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.workers.data.stream import StreamSource, prepare
 from syncpoint.workers.data.stream_state import parse
 from syncpoint.workers.task import load_task

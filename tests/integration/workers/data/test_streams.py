@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
-from syncpoint.policies.candidates import Candidate, Expectation, Verdict, classify
-from syncpoint.policies.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
-from syncpoint.policies.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
+from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
+from syncpoint.policies.contracts.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
+from syncpoint.policies.decisions.candidates import Candidate, Expectation, Verdict, classify
 from syncpoint.workers.data.stream import RankStream, StreamSource, check_spec, prepare
 from syncpoint.workers.data.stream_state import SavedStream, StreamStateError, encode, parse
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
@@ -589,7 +589,7 @@ def test_a_changed_map_function_is_refused_at_selection_naming_its_step(tmp_path
 def test_a_state_written_before_functions_were_recorded_is_compared_on_the_rest():
     """Stream identities of earlier states have no ``functions``: they resume (compared on files and
     pipeline); a state that has them is compared on them too."""
-    from syncpoint.policies.candidates import _identity_difference
+    from syncpoint.policies.decisions.candidates import _identity_difference
 
     base = {"files": [{"name": "a.jsonl", "size": 3}], "pipeline": ["MappedExamplesIterable"]}
     now = {**base, "functions": [{"step": 0, "kind": "MappedExamplesIterable", "digest": "0" * 16}]}

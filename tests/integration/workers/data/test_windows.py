@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from syncpoint import TokenWindows
-from syncpoint.policies.corpus_identity import first_difference
-from syncpoint.policies.errors import CorpusError, JobConfigError
-from syncpoint.policies.state_format import SAMPLER_VERSION
+from syncpoint.policies.contracts.corpus_identity import first_difference
+from syncpoint.policies.contracts.errors import CorpusError, JobConfigError
+from syncpoint.policies.contracts.state_format import SAMPLER_VERSION
 from syncpoint.workers.data.corpus import CacheSettings
 from syncpoint.workers.data.data_plan import plan_for
 from syncpoint.workers.data.sampler import SeededSamples, epoch_loader

@@ -10,7 +10,7 @@ import os
 import pytest
 import xxhash
 
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, ManifestEntry
 from syncpoint.workers.integrity.checksum import (
     ChecksummingWriter,
     checksum_bytes,
@@ -146,7 +146,7 @@ def test_another_deepspeed_checkpoint_engine_is_refused_naming_the_field():
     """A deepspeed.config that selects DeepSpeed's fast/decoupled writer is refused before training."""
     import types
 
-    from syncpoint.policies.errors import JobConfigError
+    from syncpoint.policies.contracts.errors import JobConfigError
     from syncpoint.workers.state.checkpoint_engine import install
 
     class FastWriter:  # stands in for DeepSpeed's FastCheckpointEngine (needs the async_io op to build)

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from syncpoint.orchestrator.cli import main
-from syncpoint.policies.candidates import Candidate
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, ManifestEntry
-from syncpoint.policies.state_paths import path_problem
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, ManifestEntry
+from syncpoint.policies.contracts.state_paths import path_problem
+from syncpoint.policies.decisions.candidates import Candidate
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
@@ -262,7 +262,7 @@ def test_install_refuses_deepspeeds_universal_checkpoint_load_path():
 
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from syncpoint.policies.errors import JobConfigError
+    from syncpoint.policies.contracts.errors import JobConfigError
     from syncpoint.workers.state.checkpoint_engine import install
 
     engine = types.SimpleNamespace(

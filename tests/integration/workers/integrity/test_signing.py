@@ -8,8 +8,8 @@ import json
 import pytest
 
 from syncpoint.orchestrator.spec_file import parse_spec
-from syncpoint.policies.errors import JobConfigError, ResumeRefused, SpecError
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, SpecError
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.integrity.signing import canonical_bytes, sign, trust_problem
 from syncpoint.workers.observation.events import EventLog

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from syncpoint.policies.errors import JobConfigError, StateRefused, TaskError
-from syncpoint.policies.journal import Journal, UnknownEvent
+from syncpoint.policies.contracts.errors import JobConfigError, StateRefused, TaskError
+from syncpoint.policies.contracts.journal import Journal, UnknownEvent
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
@@ -126,7 +126,7 @@ def test_numbers_no_arithmetic_takes_are_skipped_or_kept_as_unknown_never_raised
     a 400-digit or non-finite time is skipped and named; a 400-digit number inside a known event is
     an unknown event; sorting, the timeline and goodput all go on."""
     from syncpoint.orchestrator.timeline import format_timeline
-    from syncpoint.policies.goodput import goodput
+    from syncpoint.policies.decisions.goodput import goodput
 
     good = [
         {"kind": "submitted", "time": 1.0, "source": "driver", "name": "j", "address": "embedded"},
@@ -310,7 +310,7 @@ for case, job in json.loads(sys.stdin.read()).items():
             if job["kind"] == "digest":
                 rc = main(["digest", job["state"]])
             else:
-                from syncpoint.policies.spec import JobSpec
+                from syncpoint.policies.contracts.spec import JobSpec
                 from tests.helpers import run
                 from syncpoint.workers.observation.events import EventLog
                 from syncpoint.workers.storage import RunStorage
@@ -453,9 +453,9 @@ def test_states_never_calls_an_import_path_that_is_not_a_policy_class(crashed, t
 def test_every_user_import_path_is_checked_before_it_is_called(tmp_path):
     """Policies, save triggers, tasks and schedules: the object a path names must be of the kind its
     role calls (a class with the role's method, a Python function), or it is never called."""
-    from syncpoint.policies.import_path import load_class
-    from syncpoint.policies.resume import make_policy
-    from syncpoint.policies.spec import SchedulerSpec
+    from syncpoint.policies.contracts.import_path import load_class
+    from syncpoint.policies.contracts.spec import SchedulerSpec
+    from syncpoint.policies.decisions.resume import make_policy
     from syncpoint.workers.task import load_task
     from syncpoint.workers.training.schedule import Schedule
 

@@ -29,7 +29,7 @@ from syncpoint.orchestrator.progress_bar import (
     show,
     show_progress_bar,
 )
-from syncpoint.policies.journal import AttemptStarted, Finished, Progress, ProgressRecord, StateCommitted
+from syncpoint.policies.contracts.journal import AttemptStarted, Finished, Progress, ProgressRecord, StateCommitted
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.observation.metric_sinks import TENSORBOARD_DIR, step_values
 from syncpoint.workers.storage import RunStorage
@@ -326,7 +326,7 @@ def test_the_live_bar_follows_a_run_log(tmp_path):
 def test_the_live_bar_shows_each_evaluation_above_it_and_the_lr_and_epoch_in_it(tmp_path):
     """With the bar the workers print no lines of their own: each evaluation of this submission is
     printed above the bar as the worker's line; the bar carries the newest step's LR and epoch."""
-    from syncpoint.policies.journal import Evaluated
+    from syncpoint.policies.contracts.journal import Evaluated
 
     storage = RunStorage(str(tmp_path / "run"))
     log = EventLog(storage)

@@ -250,7 +250,7 @@ def test_an_mlflow_file_store_uri_is_refused_by_validate_and_run_in_one_paragrap
 
 
 def test_report_to_names_each_tracker_once():
-    from syncpoint.policies.errors import SpecError
+    from syncpoint.policies.contracts.errors import SpecError
 
     with pytest.raises(SpecError, match="once"):
         lm_spec("/tmp/x", "train.report_to=[mlflow, mlflow]")

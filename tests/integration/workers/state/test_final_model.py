@@ -16,7 +16,7 @@ import torch
 
 import syncpoint
 from examples.tiny_lm import VOCAB, TinyLM
-from syncpoint.policies.errors import ModelLoadError
+from syncpoint.policies.contracts.errors import ModelLoadError
 from tests.helpers import ROOT, lm_spec, run
 from tests.integration.workers.training.test_loop_exact_resume import module_params
 

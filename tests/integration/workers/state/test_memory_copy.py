@@ -17,7 +17,7 @@ import os
 import pytest
 
 import syncpoint.workers.state.downloads as state_downloads
-from syncpoint.policies.state_format import rng_file
+from syncpoint.policies.contracts.state_format import rng_file
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, run_key
 from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
 from tests.integration.workers.storage.test_s3_backend import RESUME_LAYOUT, assert_same_run

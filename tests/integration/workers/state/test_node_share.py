@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from syncpoint.policies.seeds import hash_seed
+from syncpoint.policies.decisions.seeds import hash_seed
 from syncpoint.workers.integrity.verified_files import available
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision import fork_context
@@ -78,7 +78,7 @@ def _rank(rank: int, port: int, url: str, name: str, how: dict, out) -> None:
     if "min_piece" in how:  # test-sized files: read ahead pieces of any size, and record each
         import functools
 
-        from syncpoint.policies import shared_reads
+        from syncpoint.policies.decisions import shared_reads
         from syncpoint.workers.state import node_share
 
         node_share.prefetch_pieces = functools.partial(shared_reads.prefetch_pieces, min_piece=how["min_piece"])

@@ -14,7 +14,7 @@ import uuid
 import pytest
 import torch
 
-from syncpoint.policies.state_format import local_path, rng_file
+from syncpoint.policies.contracts.state_format import local_path, rng_file
 from syncpoint.workers.integrity.safe_load import load_state_file
 from syncpoint.workers.integrity.verified_files import available
 from syncpoint.workers.state import preload as preload_module

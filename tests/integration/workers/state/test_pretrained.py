@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import syncpoint
-from syncpoint.policies.errors import ResumeRefused
+from syncpoint.policies.contracts.errors import ResumeRefused
 from syncpoint.workers.state.pretrained import check_and_load, read_pretrained
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import gpt2_spec, run, run_until_crash, step_history, with_overrides

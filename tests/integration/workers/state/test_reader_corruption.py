@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, lm_spec, run, run_until_crash, with_overrides

@@ -17,9 +17,9 @@ import json
 import pytest
 import torch
 
-from syncpoint.policies.candidates import Expectation, Verdict, classify, init_from_problem
-from syncpoint.policies.errors import NoResumableState, ResumeRefused
-from syncpoint.policies.state_format import TrainState
+from syncpoint.policies.contracts.errors import NoResumableState, ResumeRefused
+from syncpoint.policies.contracts.state_format import TrainState
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify, init_from_problem
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state import resume_negotiation

@@ -12,7 +12,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from syncpoint.policies.boundaries import boundary_micro_steps
+from syncpoint.policies.decisions.boundaries import boundary_micro_steps
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import digest, lm_spec, run, run_until_crash

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from syncpoint.policies.candidates import Expectation, Verdict
-from syncpoint.policies.state_format import TrainState
+from syncpoint.policies.contracts.state_format import TrainState
+from syncpoint.policies.decisions.candidates import Expectation, Verdict
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned

@@ -16,9 +16,9 @@ import shutil
 import pytest
 import torch
 
-from syncpoint.policies.candidates import Expectation, Verdict, classify
-from syncpoint.policies.errors import ResumeRefused, TaskError
-from syncpoint.policies.state_format import TrainState, required_files, user_file
+from syncpoint.policies.contracts.errors import ResumeRefused, TaskError
+from syncpoint.policies.contracts.state_format import TrainState, required_files, user_file
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
 from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.observation.events import EventLog
@@ -151,7 +151,7 @@ def test_an_integer_too_long_to_read_back_is_refused_at_the_first_save_naming_it
 
 def test_the_state_codec_writes_and_reads_integers_up_to_one_shared_bound():
     """The writer refuses exactly what the reader would call corrupt: one bound for both."""
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
     from syncpoint.workers.data.stream_state import MAX_INT_DIGITS, encode_tree
 
     widest = -(10**MAX_INT_DIGITS - 1)
@@ -245,7 +245,7 @@ def test_a_user_state_that_is_not_json_or_tensors_is_refused_naming_its_path():
         user_state.capture({"holder": Holder()})
     data = user_state.capture({"n": torch.nn.Linear(2, 1)})
     assert data is not None and sorted(user_state.parse(data, user_file(0), ("n",))) == ["n"]
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
 
     with pytest.raises(StateRefused, match=r"holds \['n'\], the state records \['m'\]: refused \(corrupt\)"):
         user_state.parse(data, user_file(0), ("m",))

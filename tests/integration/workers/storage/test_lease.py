@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from syncpoint.policies.errors import LeaseLostError, LeaseRefused, ResumeRefused
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused, ResumeRefused
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import RunLease, await_expiry, read_lease, release_lease
 from syncpoint.workers.supervision.launch import run_in_process, run_spawned
@@ -39,7 +39,7 @@ def _plant_lease(spec_or_url, age_s: float = 0.0, **kw) -> None:
     if isinstance(spec_or_url, str):
         url, identity, name = spec_or_url, JOB, "job"
     else:
-        from syncpoint.policies.candidates import job_identity
+        from syncpoint.policies.decisions.candidates import job_identity
 
         url, identity, name = spec_or_url.run_url, job_identity(spec_or_url), spec_or_url.name
     lease = {

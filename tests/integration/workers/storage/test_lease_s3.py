@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from syncpoint.policies.errors import LeaseRefused
+from syncpoint.policies.contracts.errors import LeaseRefused
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import LEASE_MAX_BYTES, RunLease, read_lease
 from tests import lease_drivers

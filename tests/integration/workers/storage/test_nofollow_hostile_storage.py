@@ -38,8 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from syncpoint.orchestrator.cli import main
-from syncpoint.policies.errors import LeaseRefused, OversizedEntry, ResumeRefused, UnsafeEntry
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, MANIFEST_MAX_FILES
+from syncpoint.policies.contracts.errors import LeaseRefused, OversizedEntry, ResumeRefused, UnsafeEntry
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, MANIFEST_MAX_FILES
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state.discovery import read_candidate
 from syncpoint.workers.state.reader import fetch_state

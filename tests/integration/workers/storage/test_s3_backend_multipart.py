@@ -20,8 +20,8 @@ import os
 import fsspec
 import pytest
 
-from syncpoint.policies.candidates import Candidate
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, TRAINER_MAX_BYTES
+from syncpoint.policies.decisions.candidates import Candidate
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state.reader import ChecksumMismatch, _other_shard, fetch_state
 from syncpoint.workers.storage import RunStorage, s3_backend

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from syncpoint.policies.journal import Failure
+from syncpoint.policies.contracts.journal import Failure
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy
 from syncpoint.workers.storage import RunStorage

@@ -23,7 +23,7 @@ from multiprocessing import Pipe
 import psutil
 import pytest
 
-from syncpoint.policies.journal import AttemptStarted
+from syncpoint.policies.contracts.journal import AttemptStarted
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision import zygote

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.candidates import Expectation, Verdict, classify
-from syncpoint.policies.errors import StateMismatch, StateRefused
-from syncpoint.policies.state_format import TrainState, buffers_file, json_bytes, required_files
+from syncpoint.policies.contracts.errors import StateMismatch, StateRefused
+from syncpoint.policies.contracts.state_format import TrainState, buffers_file, json_bytes, required_files
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage

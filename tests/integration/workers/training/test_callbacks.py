@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from syncpoint.policies.errors import TaskError
+from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.workers.supervision.launch import run_spawned
 from syncpoint.workers.training import callbacks
 from syncpoint.workers.training.callbacks import CallbackFailed

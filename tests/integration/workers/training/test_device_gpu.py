@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import gpt2_spec, lm_spec, run, run_until_crash, state_names, trainer_json

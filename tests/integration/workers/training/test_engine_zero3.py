@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from syncpoint.policies.errors import SpecError
-from syncpoint.policies.state_format import required_files
+from syncpoint.policies.contracts.errors import SpecError
+from syncpoint.policies.contracts.state_format import required_files
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
@@ -213,7 +213,7 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
     and still consolidates real partitions; the universal-checkpoint loaders are sealed."""
     import deepspeed.runtime.engine as ds_engine
 
-    from syncpoint.policies.errors import StateRefused
+    from syncpoint.policies.contracts.errors import StateRefused
     from syncpoint.workers.state.checkpoint_engine import route_zero3_module_load, seal_unsafe_loaders
 
     route_zero3_module_load()
@@ -249,8 +249,8 @@ def test_zero3_module_only_load_goes_through_the_weights_only_loader(tmp_path):
 def test_elastic_zero3_across_world_sizes(tmp_path, direction):
     """Stage 3 as 1/2: the gathered optimizer state is scattered into the other world size's
     partitions; the same samples per step, losses within 1e-3, weights within 2 x sum(lr)."""
-    from tests.integration.policies.test_elastic import _assert_same_samples_and_close
-    from tests.integration.policies.test_elastic import _spec as elastic_spec
+    from tests.integration.policies.decisions.test_elastic import _assert_same_samples_and_close
+    from tests.integration.policies.decisions.test_elastic import _spec as elastic_spec
 
     ref = elastic_spec(tmp_path / "ref", "deepspeed.zero_stage=3")
     assert run_spawned(ref) == [0, 0]

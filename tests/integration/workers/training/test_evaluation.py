@@ -1,6 +1,6 @@
 """Evaluation (issue 17 §2): exact reduction, no effect on training, the same numbers after a resume.
 
-* the rules (``syncpoint.policies.evaluation``): when an evaluation is due, every eval sample counted once;
+* the rules (``syncpoint.policies.decisions.evaluation``): when an evaluation is due, every eval sample counted once;
 * ``syncpoint.workers.training.evaluation.evaluate`` restores every RNG and every submodule's mode, and seeds itself;
 * a run with evaluation is bitwise the run without (ZeRO 0/2 here; ZeRO-3 on 2 ranks with uneven
   shards, slow);
@@ -21,10 +21,10 @@ import torch
 
 from syncpoint.orchestrator.drill import compare_evaluations
 from syncpoint.orchestrator.timeline import format_timeline
-from syncpoint.policies import evaluation as rules
-from syncpoint.policies.errors import TaskError
-from syncpoint.policies.journal import Evaluated, Journal
-from syncpoint.policies.spec import TrainSpec
+from syncpoint.policies.contracts.errors import TaskError
+from syncpoint.policies.contracts.journal import Evaluated, Journal
+from syncpoint.policies.contracts.spec import TrainSpec
+from syncpoint.policies.decisions import evaluation as rules
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import ensure_single_process_group

@@ -7,7 +7,7 @@ Why the deadline case checks the loop's decisions and not the wall clock: whethe
 before the deadline in real time depends on how starved this process is (``make test`` runs this
 half at nice 19 beside the Ray half; CI once saw a commit 1 s late after a step and save took more
 than twice what they measured). The policy's promise for the times it measured is its own
-hypothesis walk (tests/unit/policies/test_grace_window.py); here the test checks that the loop feeds it the
+hypothesis walk (tests/unit/policies/decisions/test_grace_window.py); here the test checks that the loop feeds it the
 right times (the notice's deadline, wall-clock now, the measured step and save) and acts on every
 answer it gets.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from syncpoint.policies import grace_window
+from syncpoint.policies.decisions import grace_window
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_in_process
@@ -101,7 +101,8 @@ def test_the_grace_window_saves_at_the_notice_then_near_the_deadline(tmp_path, m
     assert gap >= 5 * ACCUM, f"the window trained on without saving: {steps[:8]}"
     # which later boundaries save is the policy's answer to what was measured there (a step slowed by a
     # loaded machine makes a save due sooner, a faster one later): no fixed pattern is asserted, but each
-    # decision's inputs and that every answer is acted on (tests/unit/policies/test_grace_window.py has the policy
+    # decision's inputs and that every answer is acted on (tests/unit/policies/decisions/test_grace_window.py has the
+    # policy
     # itself, on steady inputs)
     # one decision a boundary from the notice's on, made on the right inputs: the notice's deadline,
     # the wall clock (the deadline's base), a measured step of at least its paced micro-steps, and

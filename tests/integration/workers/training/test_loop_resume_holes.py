@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from syncpoint.policies.candidates import Expectation, Verdict, classify, identity_record
-from syncpoint.policies.errors import NoResumableState, ResumeRefused
-from syncpoint.policies.resume import BestMetric
-from syncpoint.policies.state_format import MANIFEST_MAX_BYTES, TrainState
+from syncpoint.policies.contracts.errors import NoResumableState, ResumeRefused
+from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, TrainState
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify, identity_record
+from syncpoint.policies.decisions.resume import BestMetric
 from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.discovery import discover
@@ -403,7 +403,7 @@ def test_expectation_round_trips_through_the_trainer_record():
 
 
 def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
-    from syncpoint.policies.elastic import layout
+    from syncpoint.policies.decisions.elastic import layout
     from syncpoint.workers.task import load_task
     from syncpoint.workers.training.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
     from syncpoint.workers.training.param_groups import layout_of
@@ -486,7 +486,7 @@ def test_refusal_headline_names_the_newest_candidates_reason():
     exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3)
     other = dataclasses.replace(exp, seed=4)
     cands = [classify(candidate_for(s, other), exp) for s in (10, 8)]
-    from syncpoint.policies.resume import NewestResumable
+    from syncpoint.policies.decisions.resume import NewestResumable
 
     with pytest.raises(NoResumableState) as e:
         NewestResumable().choose(cands, {})
@@ -494,7 +494,7 @@ def test_refusal_headline_names_the_newest_candidates_reason():
 
 
 def test_finite_metric_rules():
-    from syncpoint.policies.candidates import finite_metric
+    from syncpoint.policies.decisions.candidates import finite_metric
 
     def state(**metrics):
         return TrainState.model_validate(trainer_for(8, Expectation("j", 1, 1, 4, 10, 0, "f", 3), metrics=metrics))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from syncpoint.policies.boundaries import boundary_micro_steps
+from syncpoint.policies.decisions.boundaries import boundary_micro_steps
 from syncpoint.workers.data.sampler import RankMicroBatches, SeededSamples, epoch_loader
 from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.storage import RunStorage

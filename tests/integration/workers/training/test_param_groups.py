@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from examples.tiny_lm import TinyLM
-from syncpoint.policies.candidates import Expectation, Verdict, classify
-from syncpoint.policies.errors import JobConfigError, ResumeRefused, TaskError
-from syncpoint.policies.spec import SchedulerSpec
+from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, TaskError
+from syncpoint.policies.contracts.spec import SchedulerSpec
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
 from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
@@ -235,7 +235,7 @@ def test_legacy_state_without_a_layout_resumes_only_into_one_group():
 
 
 def test_expectation_reads_the_layout_back_from_a_state():
-    from syncpoint.policies.state_format import TrainState
+    from syncpoint.policies.contracts.state_format import TrainState
 
     two = dataclasses.replace(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
     state = TrainState.model_validate(candidate_for(4, two).trainer)

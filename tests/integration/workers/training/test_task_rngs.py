@@ -24,8 +24,8 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.candidates import Verdict, classify
-from syncpoint.policies.errors import StateRefused
+from syncpoint.policies.contracts.errors import StateRefused
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
@@ -262,7 +262,7 @@ def test_ray_train_workers_start_with_the_jobs_hash_seed(tmp_path):
 
 
 def test_a_state_whose_task_generators_differ_is_incompatible():
-    from syncpoint.policies.candidates import Expectation
+    from syncpoint.policies.decisions.candidates import Expectation
 
     exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.g", "torch.Generator(cpu)"),))
     assert classify(candidate_for(8, exp), exp).verdict == Verdict.RESUMABLE

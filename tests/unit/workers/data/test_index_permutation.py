@@ -83,7 +83,7 @@ def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_wo
     """The ranks' micro-batches of an epoch cover its first ``samples_per_epoch`` positions of one global
     order exactly once; a global micro-batch is the same samples in the same order on any world size
     whose micro-batches tile it (what the elastic rules allow: the global batch stays fixed)."""
-    from syncpoint.policies.errors import DataLayoutError
+    from syncpoint.policies.contracts.errors import DataLayoutError
     from syncpoint.workers.data.sampler import RankMicroBatches
 
     try:
@@ -103,7 +103,7 @@ def test_every_sample_once_per_epoch_across_ranks_and_the_same_order_on_every_wo
 def test_the_legacy_sampler_is_the_materialised_permutation_it_always_was():
     """States written before the per-position sampler resume to the same samples: the legacy order is
     ``epoch_permutation`` sliced as before."""
-    from syncpoint.policies.state_format import LEGACY_SAMPLER
+    from syncpoint.policies.contracts.state_format import LEGACY_SAMPLER
     from syncpoint.workers.data.sampler import RankMicroBatches, epoch_permutation
 
     legacy = RankMicroBatches(64, 4, 2, 1, seed=1, epoch=3, start=0, sampler=LEGACY_SAMPLER)
@@ -164,7 +164,7 @@ def test_a_sampler_yields_its_orders_micro_batches_whether_computed_in_chunks_or
 ):
     """Iteration computes indices ahead in chunks (and the first micro-batch alone); every yielded
     micro-batch must be the order's positions for it, exactly as ``indices(i)`` gives them."""
-    from syncpoint.policies.errors import DataLayoutError
+    from syncpoint.policies.contracts.errors import DataLayoutError
     from syncpoint.workers.data.sampler import RankMicroBatches
 
     shard_rows = [num_samples // 5] * 4 + [num_samples - 4 * (num_samples // 5)]

@@ -10,10 +10,10 @@ import pickle
 import pytest
 
 from syncpoint.orchestrator.interruptions import DRILL_KINDS, NODE_KINDS, InterruptionKind
-from syncpoint.policies.candidates import Expectation, Verdict, classify
-from syncpoint.policies.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
-from syncpoint.policies.journal import Failure, UnknownEvent, read_event
-from syncpoint.policies.state_format import Manifest, TrainState
+from syncpoint.policies.contracts.journal import Failure, UnknownEvent, read_event
+from syncpoint.policies.contracts.state_format import Manifest, TrainState
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
 from syncpoint.workers.state.discovery import discover, read_candidate
 from syncpoint.workers.state.reader import manifest_files
 from syncpoint.workers.state.resume_negotiation import ResumeChoice

@@ -13,7 +13,7 @@ import uuid
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from syncpoint.policies.spec import CrashFault
+from syncpoint.policies.contracts.spec import CrashFault
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend
 from syncpoint.workers.storage.local_backend import LocalBackend

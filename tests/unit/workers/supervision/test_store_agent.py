@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from syncpoint.policies.failures import PREEMPTION, FailureFacts, classify_failure
+from syncpoint.policies.decisions.failures import PREEMPTION, FailureFacts, classify_failure
 from syncpoint.workers.supervision import supervisor
 from syncpoint.workers.supervision.store_agent import AgentError, StoreFault, open_store, valid_address
 from syncpoint.workers.supervision.supervisor import CoordinatorPlan, _agent
@@ -120,7 +120,7 @@ def test_a_store_whose_server_went_with_its_node_reads_as_a_lost_peer_or_a_fault
     declare the node dead (a preemption); if no node died, the ``StoreFault`` says it is the node's, and
     the failure policy charges it as one (a new worker group), never to ``failure.max_failures``. So
     does a store that does not answer a new generation's process."""
-    from syncpoint.policies.failures import looks_like_lost_peer
+    from syncpoint.policies.decisions.failures import looks_like_lost_peer
 
     with _connected_side_by_side(2, monkeypatch) as (zero, one):
         zero.store.proc.kill()

@@ -13,8 +13,8 @@ import threading
 import pytest
 import torch
 
-from syncpoint.policies.elastic import layout
-from syncpoint.policies.spec import TrainSpec
+from syncpoint.policies.contracts.spec import TrainSpec
+from syncpoint.policies.decisions.elastic import layout
 from syncpoint.workers.data import sampler
 from syncpoint.workers.supervision.faults import Faults
 from syncpoint.workers.supervision.launch import ensure_single_process_group

@@ -1,0 +1,545 @@
+"""The state format in one place: where a state's files lie and what its two metadata files hold.
+
+A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 12 ASCII digits)::
+
+    trainer.json                  TrainState: position, identity, metrics, provenance (rank 0)
+    engine/...                    DeepSpeed's files under the tag ``engine`` (``required_files``)
+    optim/full.safetensors        the gathered optimizer state of elastic ZeRO 1-3 runs
+    rng/rank_<r:05d>.safetensors  every rank's RNG state
+    buffers/rank_<r:05d>.safetensors  every rank's module buffers (states that record per_rank_buffers)
+    stream/rank_<r:05d>.safetensors   every rank's stream position (states of stream datasets: data.stream)
+    user/rank_<r:05d>.safetensors     every rank's Task.stateful objects (states that record user_state)
+    manifest.json                 Manifest: every file with size and checksum; written last, it commits
+
+Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
+files; one definition means one parse that names the bad field (``problem_of``) instead of a
+``.get()`` fallback per reader, and the one conversion of older states happens here, in
+``TrainState``'s validator. Every field and default below is what states on disk hold today; the
+bytes written do not change (``json_bytes`` is the one encoding of both files). Pure data: nothing
+here does I/O, so classification (a policy) can use it. ``syncpoint.policies.contracts.state_paths`` stays its own
+module:
+the one rule for which names a manifest may give its files, shared with fetch and ``digest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Annotated, Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from syncpoint.policies.contracts.spec import SchedulerSpec
+from syncpoint.policies.contracts.state_paths import path_problem
+
+STATES_DIR = "states"  # under the run directory
+STATE_NAME_DIGITS = 12
+TRAINER_FILE = "trainer.json"
+MANIFEST_FILE = "manifest.json"
+ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
+FULL_OPTIMIZER_FILE = "optim/full.safetensors"
+RNG_DIR = "rng"
+BUFFERS_DIR = "buffers"
+STREAM_DIR = "stream"
+USER_DIR = "user"
+# Task.stateful names: short, plain, sorted and unique in a state (they name objects, not paths)
+MAX_USER_STATE_OBJECTS = 64
+USER_STATE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
+MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
+ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
+ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+
+TRAINER_SCHEMA_VERSION = 1
+MANIFEST_FORMAT = "syncpoint-state/1"
+# The epoch order's algorithm (``syncpoint.workers.data.sampler.epoch_order``). A state records the one it was written
+# with, and a run continues with its state's: new runs use SAMPLER_VERSION; a state that records
+# LEGACY_SAMPLER (the materialised permutation) resumes with it, to the same samples.
+SAMPLER_VERSION = "feistel/v1"
+LEGACY_SAMPLER = "global-permutation/v1"
+# A stream dataset has no epoch order: each rank's position is its stream's own state
+# (``syncpoint.workers.data.stream``), in the rank's stream file, and ``data.stream`` says which stream it is.
+STREAM_SAMPLER = "stream/v1"
+# A sharded corpus's locality shuffle (``syncpoint.workers.data.sampler.ShardWindowOrder``): the shard order permuted,
+# then the rows within each window of ``data.window_shards`` consecutive shards of that order.
+SHARD_WINDOW_SAMPLER = "shard-window/v1"
+KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER, STREAM_SAMPLER)
+# The checksum algorithms a manifest entry may name (``syncpoint.workers.integrity.checksum`` implements them).
+CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
+# Bounds of what storage may hand a reader (storage may be hostile: a file linked to /dev/zero, a
+# manifest of a million entries). A manifest of MANIFEST_MAX_FILES entries with long DeepSpeed names
+# and sha256 digests takes about 17 MB as json_bytes writes it: 32 MiB holds that with room; a real
+# state lists 2-4 files per rank, so 100,000 entries is ~25,000 ranks. trainer.json holds a position,
+# an identity and the task's metrics (a few KiB); 4 MiB is room for very many metrics. A file a
+# manifest lists is read with exactly its listed size as the bound.
+MANIFEST_MAX_BYTES = 32 << 20
+MANIFEST_MAX_FILES = 100_000
+TRAINER_MAX_BYTES = 4 << 20
+
+
+def state_name(global_micro_step: int) -> str:
+    """Zero-padded, so names sort by micro-step and retention can tell ours from anything else."""
+    return f"{global_micro_step:0{STATE_NAME_DIGITS}d}"
+
+
+def is_state_name(name: str) -> bool:
+    """Only directories named like ``state_name`` are syncpoint's states."""
+    return len(name) == STATE_NAME_DIGITS and name.isascii() and name.isdigit()
+
+
+def local_path(directory: str, rel: str) -> str:
+    """Where a state file (``rel``, as the manifest names it) lies in a local copy of the state."""
+    return os.path.join(directory, *rel.split("/"))
+
+
+def rng_file(rank: int) -> str:
+    """A rank's RNG file in a state."""
+    return f"{RNG_DIR}/rank_{rank:05d}.safetensors"
+
+
+def buffers_file(rank: int) -> str:
+    """A rank's module-buffers file in a state (``TrainState.per_rank_buffers``)."""
+    return f"{BUFFERS_DIR}/rank_{rank:05d}.safetensors"
+
+
+def stream_file(rank: int) -> str:
+    """A rank's stream-position file in a state (stream datasets)."""
+    return f"{STREAM_DIR}/rank_{rank:05d}.safetensors"
+
+
+def user_file(rank: int) -> str:
+    """A rank's ``Task.stateful`` file in a state."""
+    return f"{USER_DIR}/rank_{rank:05d}.safetensors"
+
+
+def zero3_model_file(rank: int) -> str:
+    """DeepSpeed's ZeRO-3 per-rank model file in a state."""
+    return f"{ENGINE_TAG}/zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+def zero_optim_file(rank: int, *, bf16: bool) -> str:
+    """DeepSpeed's per-rank ZeRO (or bf16) optimizer shard in a state."""
+    return f"{ENGINE_TAG}/{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def required_files(
+    *,
+    world_size: int,
+    zero_stage: int,
+    precision: str | None,
+    full_optimizer_state: bool,
+    per_rank_buffers: bool = False,
+    stream: bool = False,
+    user_state: bool = False,
+) -> list[str]:
+    """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
+
+    ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
+    one optimizer shard per rank (``bf16_``-prefixed in bf16); ZeRO 3 partitions the model too, so
+    every rank writes its own model file (shapes and buffers; no ``mp_rank_00_model_states.pt``)
+    next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
+    (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
+    (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
+    and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.training.buffers``); states
+    of
+    a stream dataset, its stream file (``syncpoint.workers.data.stream_state``); states with user state
+    (``Task.stateful``), its user file (``syncpoint.workers.state.user_state``).
+    """
+    ranks = range(world_size)
+    files = [TRAINER_FILE]
+    files += [zero3_model_file(r) for r in ranks] if zero_stage == 3 else [MODEL_FILE]
+    if zero_stage in (1, 2, 3):
+        files += [zero_optim_file(r, bf16=precision == "bf16") for r in ranks]
+        if full_optimizer_state:
+            files.append(FULL_OPTIMIZER_FILE)
+    files += [rng_file(r) for r in ranks]
+    files += [buffers_file(r) for r in ranks] if per_rank_buffers else []
+    files += [user_file(r) for r in ranks] if user_state else []
+    return files + ([stream_file(r) for r in ranks] if stream else [])
+
+
+def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
+    """The phase order a state records: a schedule with another order cannot be continued.
+
+    One phase named after the type (what states before warmup-stable-decay record for constant,
+    linear and cosine), after a warmup when there is one; ``wsd`` records its stable phase and its
+    decay's shape (linear and cosine decay differ as linear and cosine schedules do)."""
+    warmup = ["linear_warmup"] if scheduler.warmup else []
+    if scheduler.type == "wsd":
+        return [*warmup, "stable", f"{scheduler.decay_shape or 'linear'}_decay"]
+    return [*warmup, scheduler.type]
+
+
+def json_bytes(record: dict[str, Any]) -> bytes:
+    """The one encoding of ``trainer.json`` and ``manifest.json`` (what every state on disk holds)."""
+    return json.dumps(record, indent=1, sort_keys=True).encode()
+
+
+def problem_of(error: ValidationError, file: str) -> str:
+    """One line naming the first field a metadata file got wrong (classification's reason)."""
+    errors = error.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"])
+    cause = (first.get("ctx") or {}).get("error")
+    if first["type"] == "value_error" and cause is not None:
+        detail = str(cause)
+    elif first["type"] == "missing":
+        detail = "missing"
+    else:
+        detail = f"{first['msg']} (it is {_short(first.get('input'))})"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{file} field {where}: {detail}{more}" if where else f"{file}: {detail}{more}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+Count = Annotated[StrictInt, Field(ge=0)]
+Positive = Annotated[StrictInt, Field(ge=1)]
+
+
+class _Record(BaseModel):
+    """Strict (a string is no integer, a bool no count); unknown keys kept, so a record reads back whole."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class SchedulerRecord(_Record):
+    """The schedule's shape and position; the live spec supplies every value
+    (``syncpoint.workers.training.schedule``)."""
+
+    type: str
+    phases: list[str]
+    unit: str
+    position: Count | None = None  # None: not recorded, the schedule restarts (with a warning)
+
+    @classmethod
+    def of(cls, scheduler: SchedulerSpec, position: int) -> SchedulerRecord:
+        return cls(type=scheduler.type, phases=scheduler_phases(scheduler), unit=scheduler.unit, position=position)
+
+
+class ParamGroupRecord(_Record):
+    """One optimizer param group as the state's moments are laid out: DeepSpeed flattens and
+    partitions each group on its own, so another split cannot load them."""
+
+    params: Count  # parameters in the group
+    numel: Count  # their elements, all together
+    names: str | None = None  # a short hash of the parameters' names in group order (None: unnamed)
+
+
+class OptimizerRecord(_Record):
+    """The optimizer's type and param-group layout as saved: selection compares them with the live job's."""
+
+    type: str | None = None  # None: not recorded (states before the field), not compared
+    # None: not recorded (states before the field: one group, which the live layout must then be)
+    param_groups: list[ParamGroupRecord] | None = None
+    # per group: the keys the optimizer itself changed since it was built (running state, which the
+    # state supplies on resume), each with its as-built value (None: not JSON); None: not recorded
+    # (states before the field: every group key comes from the live run). ``syncpoint.workers.training.param_groups``
+    running: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _one_running_record_per_group(self) -> OptimizerRecord:
+        if self.running is not None and self.param_groups is not None and len(self.running) != len(self.param_groups):
+            raise ValueError(
+                f"optimizer.running has {len(self.running)} group(s), optimizer.param_groups {len(self.param_groups)}"
+            )
+        return self
+
+
+class BufferRecord(_Record):
+    """One buffer of the model's state dict: a state loads only into buffers of these names and
+    shapes, and exactly only into these dtypes."""
+
+    name: str
+    shape: list[Count]
+    dtype: str
+
+
+class ParameterDtypes(_Record):
+    """The parameters' dtypes: the most common one, and every parameter of another dtype by name."""
+
+    common: str
+    others: dict[str, str] = {}
+
+
+class StreamRecord(_Record):
+    """Which stream a stream dataset's state continues (``syncpoint.workers.data.stream.identity``): a state of
+    another stream, or read by another number of DataLoader workers or another shuffle buffer,
+    cannot continue it exactly. Each rank's position lies in its own stream file."""
+
+    source: str  # "huggingface" (a datasets.IterableDataset) or "custom" (a stateful IterableDataset)
+    identity: dict[str, Any]  # what the stream is made of: its files, its pipeline, its class
+    dataloader_workers: Count  # every worker keeps its own shard position
+    shuffle_buffer: Count  # train.stream_shuffle_buffer
+
+
+class CorpusRecord(_Record):
+    """The sharded corpus a state was trained on (``syncpoint.policies.contracts.corpus_identity``): its digest and
+    size; the whole index lies in the run directory under ``corpus/<digest>.json``."""
+
+    digest: str
+    shards: Positive
+    rows: Count
+
+
+class DataRecord(_Record):
+    """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
+
+    sampler: str = LEGACY_SAMPLER  # what a record without it was written with
+    corpus: CorpusRecord | None = None  # None: the dataset was no sharded corpus (and every state before it)
+    window_shards: Positive | None = None  # the shard-window sampler's window; None for the others
+    num_samples: Count | None = None  # None: not recorded, not compared
+    global_samples: Count
+    samples_in_epoch: Count
+    samples_per_epoch: Count
+    global_batch: Count
+    # a stream dataset's (sampler STREAM_SAMPLER); absent from map-style records, which stay as they were
+    stream: StreamRecord | None = Field(None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _stream_has_its_sampler(self) -> DataRecord:
+        if (self.stream is not None) != (self.sampler == STREAM_SAMPLER):
+            raise ValueError(
+                f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
+                f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _corpus_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A run on any other dataset writes the record it wrote before the corpus fields existed."""
+        out: dict[str, Any] = handler(self)
+        for key in ("corpus", "window_shards"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
+
+
+class TrainState(_Record):
+    """``trainer.json``: what a state's position is, which run wrote it, and how.
+
+    Identity (``syncpoint.policies.decisions.candidates.identity_record``) and position are required; provenance
+    fields default to "not recorded". ``elastic`` is ``None`` in states written before it was
+    recorded (``elastic_optimizer`` then tells what a resize may do).
+    """
+
+    FILE: ClassVar[str] = TRAINER_FILE
+
+    schema_version: StrictInt
+    job_name: str | None = None
+    job_identity: str
+    world_size: Positive
+    micro_batch_size: Positive
+    grad_accum: Positive
+    micro_batches_per_epoch: Positive
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)]
+    precision: str | None = None  # None: not recorded, not compared
+    model_fingerprint: str
+    # None: not recorded (states before the fields), not compared (the fingerprint still is)
+    model_buffers: list[BufferRecord] | None = None
+    parameter_dtypes: ParameterDtypes | None = None
+    seed: StrictInt
+    elastic: StrictBool | None = None
+    optimizer: OptimizerRecord = OptimizerRecord()
+    epoch: Count
+    position_in_epoch: Positive
+    global_micro_step: Positive
+    optimizer_step: Count
+    scheduler: SchedulerRecord | None = None  # None: not recorded, the schedule restarts (with a warning)
+    # the horizon the schedule ran to, in its unit (the live spec decides it; a resume says when it
+    # changed, e.g. a raised train.max_steps). None: not recorded (older states), nothing said
+    schedule_horizon: Count | None = None
+    data: DataRecord
+    # the optimizer state loads at another world size (ZeRO 0 holds it whole; elastic 1-3 add optim/full.safetensors)
+    elastic_optimizer: StrictBool = False
+    # every rank's module buffers lie in buffers/ (False: states before the field; every rank resumes
+    # with the buffers of DeepSpeed's module file, rank 0's at ZeRO 0-2)
+    per_rank_buffers: StrictBool = False
+    # the task's own train-side generators, path -> kind, whose states the RNG files hold (None:
+    # not recorded, states before they were captured; not compared)
+    task_generators: dict[str, str] | None = None
+    # the names of the task's Task.stateful objects, sorted, whose states every rank's user file holds
+    # (None: none, or a state before user state was saved)
+    user_state: list[Annotated[str, Field(pattern=USER_STATE_NAME)]] | None = Field(
+        None, max_length=MAX_USER_STATE_OBJECTS
+    )
+    metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
+    save_reasons: list[str] = []
+    attempt: StrictInt | None = None
+    submission: str | None = None  # a restart of this submission continues from its own states
+    created_at: StrictFloat | None = None
+
+    @field_validator("user_state")
+    @classmethod
+    def _user_state_sorted_and_unique(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and names != sorted(set(names)):
+            raise ValueError("user_state must list unique names in sorted order")
+        return names
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sample_counters_of_older_states(cls, raw: Any) -> Any:
+        """The one conversion between layouts of ``data``: a record holding only ``sampler``,
+        ``num_samples`` and ``global_samples`` was written at one fixed world size (it has no
+        elastic counters), so its sample counters follow from the micro-step counters."""
+        if not isinstance(raw, dict):
+            return raw
+        data = raw.get("data")
+        if not isinstance(data, dict) or "samples_in_epoch" in data or "samples_per_epoch" in data:
+            return raw
+        keys = (
+            "position_in_epoch",
+            "global_micro_step",
+            "grad_accum",
+            "micro_batches_per_epoch",
+            "micro_batch_size",
+            "world_size",
+        )
+        counters = [v for v in (raw.get(k) for k in keys) if isinstance(v, int) and not isinstance(v, bool)]
+        if len(counters) != len(keys):
+            return raw  # the field errors name what is wrong
+        position, global_micro_step, grad_accum, micro_batches_per_epoch, micro_batch_size, world_size = counters
+        per_micro = micro_batch_size * world_size
+        derived = {
+            "global_samples": global_micro_step * per_micro,
+            "samples_in_epoch": position * per_micro,
+            "samples_per_epoch": micro_batches_per_epoch * per_micro,
+            "global_batch": grad_accum * per_micro,
+        }
+        return {**raw, "data": {**derived, **data}}
+
+    @property
+    def full_optimizer_state(self) -> bool:
+        """Whether the state holds ``optim/full.safetensors`` (elastic ZeRO 1-3; before ``elastic``
+        was recorded, an elastic optimizer at ZeRO 1/2 said so)."""
+        return bool(self.elastic) or (self.elastic_optimizer and self.zero_stage in (1, 2))
+
+    def required_files(self) -> list[str]:
+        return required_files(
+            world_size=self.world_size,
+            zero_stage=self.zero_stage,
+            precision=self.precision,
+            full_optimizer_state=self.full_optimizer_state,
+            per_rank_buffers=self.per_rank_buffers,
+            stream=self.data.stream is not None,
+            user_state=bool(self.user_state),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""
+        return self.model_dump()
+
+
+def schema_problem(raw: dict[str, Any]) -> str | None:
+    """Why this syncpoint cannot read a ``trainer.json`` at all (checked before the model: a newer
+    schema may lack or retype fields this one requires), or None."""
+    version = raw.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > TRAINER_SCHEMA_VERSION:
+        return (
+            f"{TRAINER_FILE} schema_version {version!r} is newer than this syncpoint reads "
+            f"(<= {TRAINER_SCHEMA_VERSION}); upgrade syncpoint to resume it"
+        )
+    return None
+
+
+def entry_problem(rel: Any, info: Any) -> str | None:
+    """Why one manifest entry is unusable (an unsafe path, no valid size, not exactly one known
+    checksum): the one rule that classification, fetch and ``digest`` apply alike."""
+    if not isinstance(rel, str):
+        return f"manifest names a non-string path {rel!r}"
+    bad_path = path_problem(rel)
+    if bad_path:
+        return f"manifest entry {rel!r} {bad_path}"
+    if not isinstance(info, dict):
+        return f"manifest entry {rel} is not an object"
+    size = info.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"manifest entry {rel} has no valid size ({size!r})"
+    algos = [a for a in CHECKSUM_ALGORITHMS if a in info]
+    if len(algos) != 1:
+        return (
+            f"manifest entry {rel} names {'no' if not algos else 'more than one'} known checksum algorithm "
+            f"(one of {', '.join(CHECKSUM_ALGORITHMS)}; it has {sorted(k for k in info if k != 'size')})"
+        )
+    digest = info[algos[0]]
+    if not isinstance(digest, str) or not digest or any(ch not in "0123456789abcdef" for ch in digest):
+        return f"manifest entry {rel}: {algos[0]} is not a hex digest"
+    return None
+
+
+class ManifestEntry(_Record):
+    """One file: its size and exactly one checksum, keyed by the algorithm (``entry_problem``)."""
+
+    size: Count
+    xxh3_128: str | None = None
+    sha256: str | None = None
+
+    @property
+    def algorithm(self) -> str:
+        return next(a for a in CHECKSUM_ALGORITHMS if getattr(self, a) is not None)
+
+    @property
+    def digest(self) -> str:
+        return getattr(self, self.algorithm)
+
+    @classmethod
+    def of(cls, size: int, algo: str, hexdigest: str) -> ManifestEntry:
+        """The entry of a file just written and checksummed with ``algo``."""
+        if algo not in CHECKSUM_ALGORITHMS:
+            raise ValueError(f"unknown checksum algorithm {algo!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
+        return cls.model_validate({"size": size, algo: hexdigest})
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object a manifest holds for this file."""
+        return self.model_dump(exclude_none=True)
+
+
+class Manifest(_Record):
+    """``manifest.json``: written last, it commits the state; a signed one also carries ``signature``
+    (``syncpoint.workers.integrity.signing``, which checks the object as read)."""
+
+    FILE: ClassVar[str] = MANIFEST_FILE
+
+    format: str = MANIFEST_FORMAT
+    state: str | None = None  # None: not recorded (the directory name is the state)
+    created_at: StrictFloat | None = None
+    world_size: Positive | None = None  # None: not recorded, not compared
+    checksum: str | None = None  # the algorithm the writer used (each entry names its own)
+    files: dict[str, ManifestEntry]
+    lease_generation: StrictInt | None = None  # the fencing token of the writer
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _every_entry_usable(cls, files: Any) -> Any:
+        if not isinstance(files, dict) or not files:
+            raise ValueError("manifest lists no files")
+        if len(files) > MANIFEST_MAX_FILES:  # checked first: validating a million entries costs seconds
+            raise ValueError(
+                f"manifest lists {len(files)} files, more than the {MANIFEST_MAX_FILES} a state holds "
+                "(2-4 per rank): not a manifest syncpoint wrote"
+            )
+        for rel, info in files.items():
+            problem = entry_problem(rel, info)
+            if problem:
+                raise ValueError(problem)
+        return files
+
+    def record(self) -> dict[str, Any]:
+        """The JSON object ``manifest.json`` holds, unsigned (``json_bytes`` encodes it)."""
+        return self.model_dump(exclude_none=True)
