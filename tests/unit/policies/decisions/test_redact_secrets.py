@@ -22,7 +22,7 @@ from syncpoint.policies.contracts.errors import SpecError
 from syncpoint.policies.decisions.redact import redact_obj, redact_text, redact_url, url_secret_paths
 from tests.helpers import cli
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 SECRET = "hunter2-S3cr3t"  # long enough that every occurrence is unmistakable
 
 JOB = """\
