@@ -15,6 +15,7 @@ Python; nothing else is ever called.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -23,15 +24,43 @@ from typing import Any
 # generic names a user's own package may hold, so a path naming them is only looked up, never
 # rewritten; when the lookup fails, the message names the path under ``syncpoint.``.
 LAYER_NAMES = ("orchestrator", "workers", "policies")
+# The sub-packages a layer's modules moved into when the layers were grouped by concern: a path
+# written before (``syncpoint.policies.save_triggers:EveryN``) is answered with where it lives now.
+SUB_PACKAGES = {"workers": ("training", "supervision", "observation"), "policies": ("contracts", "decisions")}
 
 
 def moved_hint(name: str) -> str:
-    """``; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.NAME'?)`` when ``name``
-    (a module or an import path that failed to import) starts with one of the checkout's layer
-    directories (``workers.task``, as a file browser shows it); else empty."""
-    if name.partition(":")[0].split(".")[0] not in LAYER_NAMES:
+    """A hint for ``name`` (a module or an import path that failed to import) when it names one of
+    syncpoint's modules the way a file browser shows it (``workers.task``: "syncpoint's own modules
+    are under syncpoint.") or where it lived before its layer was grouped by concern
+    (``syncpoint.policies.resume``: "moved"), with the path that imports now; else empty."""
+    module, colon, attr = name.partition(":")
+    parts = module.split(".")
+    bare = parts[0] in LAYER_NAMES
+    if bare:
+        parts = ["syncpoint", *parts]
+    if len(parts) < 2 or parts[0] != "syncpoint" or parts[1] not in LAYER_NAMES:
         return ""
-    return f"; syncpoint's own modules are under syncpoint. (did you mean 'syncpoint.{name}'?)"
+    now = _current_module(".".join(parts))
+    if now is None and not bare:
+        return ""
+    suggestion = f"{now or '.'.join(parts)}{colon}{attr}"
+    if bare:
+        return f"; syncpoint's own modules are under syncpoint. (did you mean '{suggestion}'?)"
+    return f"; that module moved when syncpoint grouped its modules by concern (did you mean '{suggestion}'?)"
+
+
+def _current_module(module: str) -> str | None:
+    """``module`` if it imports, else the module of that name in one of its layer's sub-packages."""
+    parts = module.split(".")
+    candidates = [module] + [".".join([*parts[:2], sub, *parts[2:]]) for sub in SUB_PACKAGES.get(parts[1], ())]
+    for candidate in candidates:
+        try:
+            if importlib.util.find_spec(candidate) is not None:
+                return candidate
+        except (ImportError, ValueError):
+            continue
+    return None
 
 
 def is_import_path(value: str) -> bool:

@@ -157,9 +157,23 @@ def test_a_layer_directorys_bare_name_is_refused_with_its_name_under_syncpoint(t
     assert "No module named 'workers'" in problems[1] and "from syncpoint import Task" in problems[1]
     # in this process the checkout is on sys.path, where the bare names would import (as second copies)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT))])
-    with pytest.raises(ValueError, match=r"did you mean 'syncpoint\.policies\.save_triggers:EveryN'"):
+    with pytest.raises(ValueError, match=r"did you mean 'syncpoint\.policies\.decisions\.save_triggers:EveryN'"):
         load_class("policies.save_triggers:EveryN", "wants_save")
     assert moved_hint("mypkg.workers:build") == ""
+
+
+def test_a_path_written_before_the_modules_moved_names_where_they_are_now():
+    """``syncpoint.policies.save_triggers:EveryN`` (before the layers were grouped by concern) fails with
+    the path that imports now; a module that never existed gets no guess."""
+    from syncpoint.policies.contracts.import_path import load_class, moved_hint
+
+    with pytest.raises(
+        ValueError, match=r"moved .*did you mean 'syncpoint\.policies\.decisions\.save_triggers:EveryN'"
+    ):
+        load_class("syncpoint.policies.save_triggers:EveryN", "wants_save")
+    assert "'syncpoint.workers.training.loop'" in moved_hint("syncpoint.workers.loop")
+    assert "'syncpoint.workers.task:Task'" in moved_hint("workers.task:Task")
+    assert moved_hint("syncpoint.workers.nope:x") == "" and moved_hint("syncpoint.nope") == ""
 
 
 def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
