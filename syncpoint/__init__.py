@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from syncpoint._api import RunFailed, RunResult, run
     from syncpoint.orchestrator.spec_file import load_spec
     from syncpoint.policies.contracts.errors import SpecError
+    from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.policies.decisions.candidates import Candidate, Verdict
     from syncpoint.policies.decisions.resume import Decision, ResumePolicy
     from syncpoint.policies.decisions.save_triggers import SaveTrigger, Tick
-    from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.data.corpus import ShardedCorpus
     from syncpoint.workers.data.windows import TokenWindows
     from syncpoint.workers.state.final_model import load_model
