@@ -150,12 +150,18 @@ def check_imports(spec: JobSpec, source: str, base_dir: str | None = None) -> di
     """Before Ray starts: refuse (exit 2) a spec whose ``task.path`` — or ``resume.policy`` /
     ``checkpoint.save_trigger`` / ``train.scheduler.path`` when they are import paths — does not
     resolve to an object of its kind (``syncpoint.orchestrator.import_check``), one paragraph per path,
-    or whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.observation.trackers``).
+    whose ``train.report_to`` names a tracker that cannot work here (``syncpoint.workers.observation.trackers``),
+    or whose ``resume.policy_args`` a built-in policy does not take.
     Returns each path's result (``task.path``'s says where its builder sets ``Task.optimizer``)."""
+    from syncpoint.policies.decisions.resume import policy_args_problem
     from syncpoint.workers.observation.trackers import tracker_problems
 
     facts: dict[str, dict] = {}
     problems = import_problems(import_paths(spec), base_dir, facts) + tracker_problems(spec)
+    # a built-in policy's arguments, by its own model (a custom policy's: by its constructor, on the workers)
+    args_problem = policy_args_problem(spec.resume.policy, spec.resume.policy_args)
+    if args_problem:
+        problems.append(args_problem)
     if problems:
         raise SpecError(source, problems)
     return facts

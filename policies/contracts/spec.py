@@ -931,7 +931,8 @@ class ResumeSpec(_Strict):
     policy_args: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "Keyword arguments for the policy, e.g. pinned: {state: 120}, best-metric: {metric: loss, mode: min}."
+            "Keyword arguments for the policy, e.g. pinned: {state: 120}, best-metric: {metric: loss, mode: min}; "
+            "a built-in's are checked against its own model before anything starts."
         ),
     )
     init_from: str | None = Field(

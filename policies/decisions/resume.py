@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from syncpoint.policies.contracts.errors import NoResumableState
 from syncpoint.policies.contracts.import_path import load_class
@@ -52,12 +54,23 @@ class ResumePolicy(Protocol):
         ...
 
 
+class NoArgs(BaseModel):
+    """A policy's ``resume.policy_args``, as its own model: a built-in declares ``Args`` (this one
+    for a policy that takes none), and the driver checks the spec's arguments against it before
+    anything starts (``policy_args_problem``); a custom policy may declare one too."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class NewestResumable:
     """Default: the newest resumable state; fresh when the run directory has no states.
 
     Walks the candidates in the order given (newest first) and stops at the first resumable one,
     so with lazily read candidates it touches O(1) manifests.
     """
+
+    Args: ClassVar[type[BaseModel]] = NoArgs
+    starts_over: ClassVar[bool] = False
 
     def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         if not candidates:
@@ -77,8 +90,17 @@ class NewestResumable:
         raise NoResumableState(list(candidates))
 
 
+class PinnedArgs(NoArgs):
+    """``pinned``: the state, by its micro-step (``120``) or its name (``"000000000120"``)."""
+
+    state: str | int
+
+
 class Pinned:
     """A given micro-step or state name; fails clearly if that state is not resumable."""
+
+    Args: ClassVar[type[BaseModel]] = PinnedArgs
+    starts_over: ClassVar[bool] = False
 
     def __init__(self, state: str | int) -> None:
         self.state = str(state)
@@ -94,14 +116,30 @@ class Pinned:
 
 
 class Fresh:
-    """Ignore existing states (the driver archives or refuses a non-empty run directory)."""
+    """Ignore existing states (the driver archives or refuses a non-empty run directory).
+
+    ``starts_over``: the one policy whose submission empties the run directory first (archive or
+    overwrite) and never continues another submission's states; its restarts continue its own."""
+
+    Args: ClassVar[type[BaseModel]] = NoArgs
+    starts_over: ClassVar[bool] = True
 
     def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
         return Decision(None, "policy fresh: start from scratch")
 
 
+class BestMetricArgs(NoArgs):
+    """``best-metric``: which ``trainer.json`` metric, and whether lower or higher is better."""
+
+    metric: str = "loss"
+    mode: Literal["min", "max"] = "min"
+
+
 class BestMetric:
     """The resumable state with the best recorded metric (``trainer.json`` ``metrics``)."""
+
+    Args: ClassVar[type[BaseModel]] = BestMetricArgs
+    starts_over: ClassVar[bool] = False
 
     def __init__(self, metric: str = "loss", mode: str = "min") -> None:
         if mode not in ("min", "max"):
@@ -157,6 +195,9 @@ def _submission_of(c: Candidate) -> str | None:
     return state.submission if state is not None else None
 
 
+# The built-in policies, by the word the spec names them with (``BUILTIN_POLICIES`` in the spec is
+# the same list, which a test keeps equal): what each takes (``Args``) and whether it starts over
+# (``starts_over``) are asked of the class here, never of its name elsewhere.
 BUILTIN: dict[str, type] = {
     "newest-resumable": NewestResumable,
     "pinned": Pinned,
@@ -165,10 +206,39 @@ BUILTIN: dict[str, type] = {
 }
 
 
+def starts_over(name: str) -> bool:
+    """Whether the policy ``name`` starts a submission over (empties the run directory first)."""
+    return bool(getattr(BUILTIN.get(name), "starts_over", False))
+
+
+def policy_args_problem(name: str, args: dict[str, Any], cls: type | None = None) -> str | None:
+    """What is wrong with ``args`` for the policy ``name`` (its class ``cls``, else a built-in's), by
+    its ``Args`` model: one line naming the argument, or None. A policy without ``Args`` is not
+    checked here (its constructor is the check)."""
+    model = getattr(cls or BUILTIN.get(name), "Args", None)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    try:
+        model.model_validate(args)
+    except ValidationError as e:
+        wrong = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(the arguments)"
+            what = "is not an argument it takes" if err["type"] == "extra_forbidden" else err["msg"].lower()
+            wrong.append(f"{where} {what}")
+        takes = ", ".join(model.model_fields) or "no arguments"
+        return f"resume.policy_args for {name}: {'; '.join(wrong)} (it takes: {takes})"
+    return None
+
+
 def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:
     """A built-in policy by name, or a custom one by import path: a class with a ``choose`` method,
-    checked before it is instantiated with ``args`` (``ValueError`` names what the path is instead)."""
+    checked before it is instantiated with ``args`` (``ValueError`` names what the path is instead,
+    or which argument its ``Args`` model refuses)."""
     cls = BUILTIN.get(name) or load_class(name, "choose")
+    problem = policy_args_problem(name, args or {}, cls)
+    if problem:
+        raise ValueError(problem)
     policy: ResumePolicy = cls(**(args or {}))
     return policy
 

@@ -551,7 +551,9 @@ def open_trackers(attempt: Attempt, may_write: Callable[[], bool]) -> list[Mlflo
     wanted = [n for n in spec.train.report_to if n in EXTRAS]
     if not wanted:
         return []
-    fresh = spec.resume.policy == "fresh" and not attempt.restart
+    from syncpoint.policies.decisions.resume import starts_over
+
+    fresh = starts_over(spec.resume.policy) and not attempt.restart
     record = None if fresh else read_record(storage, attempt.warn)
     if record is None:
         record = new_record()

@@ -33,6 +33,7 @@ import torch
 from syncpoint.policies.contracts.errors import ResumeRefused
 from syncpoint.policies.contracts.state_format import MANIFEST_FILE, STATES_DIR
 from syncpoint.policies.decisions.redact import redact_url
+from syncpoint.policies.decisions.resume import starts_over
 from syncpoint.workers.training.engine import persistent_buffers
 
 if TYPE_CHECKING:
@@ -282,7 +283,7 @@ def load_pretrained_init(
     if not looks_pretrained(storage):
         return None
     shown = redact_url(init_from)
-    if policy != "fresh" and _holds_committed_state(run):
+    if not starts_over(policy) and _holds_committed_state(run):
         return PretrainedInit(
             init_from,
             error=(

@@ -43,6 +43,7 @@ from syncpoint.policies.decisions.resume import (
     ResumePolicy,
     enforce_safe,
     make_policy,
+    starts_over,
 )
 from syncpoint.workers.data.stream_state import SavedStream
 from syncpoint.workers.integrity.signing import legacy_unbound, load_key
@@ -268,7 +269,7 @@ def _decide(
             candidates, discovered = discover_lazy(attempt.storage, attempt.expectation, attempt.signing_key), True
         decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
         chosen = next((c for c in candidates if c.name == decision.state), None)
-        if decision.state is None and candidates and spec.resume.policy == "fresh" and not restart:
+        if decision.state is None and candidates and starts_over(spec.resume.policy) and not restart:
             _clear_for_fresh(attempt)
         msg = ResumeChoice.of(decision.state, chosen, decision.reason)
     except (NoResumableState, RunDirectoryRefused) as e:
@@ -310,7 +311,7 @@ def _resume_policy(name: str, policy_args: dict[str, Any], restart_of: str) -> R
     ``fresh`` already emptied the directory on the submission's first attempt, so on a restart
     whatever is there was written by this submission (torn debris included)."""
     try:
-        start = NewestResumable() if (restart_of and name == "fresh") else make_policy(name, policy_args)
+        start = NewestResumable() if (restart_of and starts_over(name)) else make_policy(name, policy_args)
     except (ValueError, TypeError) as e:
         raise JobConfigError(
             f"resume.policy / resume.policy_args: {name}: {e}. Give the keyword arguments the "
@@ -584,8 +585,8 @@ def _take_pretrained(attempt: Attempt, pretrained: PretrainedInit) -> None:
             "resume.init_optimizer: false, or init_from a run's state"
         )
     if error is None and attempt.rank == 0 and attempt.events is not None and pretrained.sha256:
-        starts_over = attempt.spec.resume.policy == "fresh" and not attempt.restart
-        recorded = None if starts_over else attempt.events.journal().init_from(shown)
+        over = starts_over(attempt.spec.resume.policy) and not attempt.restart
+        recorded = None if over else attempt.events.journal().init_from(shown)
         if recorded is None:
             attempt.events.emit(
                 InitFromResolved(
@@ -618,8 +619,8 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
     shown = redact_url(url)
     _, sep, name = url.rstrip("/").rpartition("/states/")
     # a new submission with resume.policy fresh starts over: it resolves the source again
-    starts_over = spec.resume.policy == "fresh" and not attempt.restart
-    recorded = attempt.events.journal().init_from(shown) if attempt.events is not None and not starts_over else None
+    over = starts_over(spec.resume.policy) and not attempt.restart
+    recorded = attempt.events.journal().init_from(shown) if attempt.events is not None and not over else None
     if recorded is not None:
         name = recorded.source_state
     elif not sep:

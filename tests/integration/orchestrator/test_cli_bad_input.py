@@ -921,6 +921,27 @@ def test_hostile_set_override_is_refused_in_one_paragraph(job, capsys, override,
         assert_one_paragraph(err)
 
 
+@pytest.mark.parametrize(
+    "overrides,fix",
+    [
+        (("resume.policy=pinned",), r"resume\.policy_args for pinned: state field required \(it takes: state\)"),
+        (
+            ("resume.policy=best-metric", "resume.policy_args={mode: low}"),
+            r"resume\.policy_args for best-metric: mode input should be 'min' or 'max'",
+        ),
+    ],
+    ids=["pinned-without-state", "best-metric-bad-mode"],
+)
+def test_a_builtin_policys_bad_arguments_end_validate_and_run_before_anything_starts(job, capsys, overrides, fix):
+    sets = [a for o in overrides for a in ("--set", o)]
+    for argv in (["validate", str(job)], ["run", str(job)]):
+        rc, out, err = cli(capsys, *argv, *sets)
+        assert rc == 2, (argv[0], out, err[:500])
+        assert re.search(fix, err), err[:500]
+        assert out == ""
+        assert_one_paragraph(err)
+
+
 def _alias_bomb(levels: int) -> str:
     """The billion-laughs shape, inside task.config: 9**levels leaves from a few hundred bytes."""
     rows = ["    l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
@@ -1226,7 +1247,7 @@ ARG_CASES = [
     _arg_case(
         "states-best-metric-bad-mode",
         ["states", "{run}", "--policy", "best-metric", "--policy-args", '{"mode": "sideways"}'],
-        r"--policy.*mode must be 'min' or 'max'",
+        r"--policy.*mode input should be 'min' or 'max'",
     ),
     _arg_case("states-policy-args-not-json", ["states", "{run}", "--policy-args", "notjson"], r"--policy-args.*JSON"),
     _arg_case(

@@ -132,3 +132,50 @@ def test_lazy_selection_reads_only_what_it_walks(tmp_path):
     d = NewestResumable().choose(lazy, {})
     assert d.state == "000000000008"  # 12 is mid-cycle
     assert [c.name for c in lazy.inspected()] == ["000000000012", "000000000008"]  # 4 never read
+
+
+def test_a_builtin_policys_arguments_are_checked_by_its_own_model():
+    """Each built-in declares ``Args``; what it does not take is named with what it does."""
+    from syncpoint.policies.decisions.resume import policy_args_problem
+
+    assert policy_args_problem("pinned", {"state": 120}) is None
+    assert policy_args_problem("pinned", {"state": "000000000120"}) is None
+    missing = policy_args_problem("pinned", {})
+    assert missing is not None and "resume.policy_args for pinned: state field required" in missing
+    typo = policy_args_problem("pinned", {"stat": 120})
+    assert typo is not None and "stat is not an argument it takes" in typo and "(it takes: state)" in typo
+    mode = policy_args_problem("best-metric", {"mode": "low"})
+    assert mode is not None and "mode input should be 'min' or 'max'" in mode
+    assert policy_args_problem("best-metric", {}) is None
+    extra = policy_args_problem("newest-resumable", {"state": 1})
+    assert extra is not None and "(it takes: no arguments)" in extra
+    assert policy_args_problem("mypkg.policies:Mine", {"anything": 1}) is None  # a custom class: its constructor
+    with pytest.raises(ValueError, match="stat is not an argument it takes"):
+        make_policy("pinned", {"stat": 120})
+
+
+def test_a_custom_policy_may_declare_its_arguments_too():
+    from pydantic import BaseModel
+
+    from syncpoint.policies.decisions.resume import policy_args_problem
+
+    class KeepArgs(BaseModel):
+        keep: int
+
+    class Mine:
+        Args = KeepArgs
+
+        def __init__(self, keep: int) -> None:
+            self.keep = keep
+
+    assert policy_args_problem("mypkg:Mine", {"keep": 2}, Mine) is None
+    assert "keep" in (policy_args_problem("mypkg:Mine", {"keep": "two"}, Mine) or "")
+
+
+def test_the_builtins_are_one_table_and_only_fresh_starts_over():
+    from syncpoint.policies.contracts.spec import BUILTIN_POLICIES
+    from syncpoint.policies.decisions.resume import BUILTIN, starts_over
+
+    assert set(BUILTIN) == set(BUILTIN_POLICIES)
+    assert [n for n in BUILTIN if starts_over(n)] == ["fresh"]
+    assert not starts_over("mypkg.policies:Fresh")
