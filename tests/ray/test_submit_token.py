@@ -122,31 +122,22 @@ def test_the_client_syncpoint_builds_is_accepted(token_head, no_token, monkeypat
 
 
 def test_syncpoint_submit_sends_the_token_on_every_request(token_head, tmp_path) -> None:
-    """Submitted, logs streamed over the authenticated websocket, status polled: the job's own failure
-    (a loss that raises at its first call, past submit's import preflight) comes back as exit 1 - the
-    token got it all the way there."""
+    """Submitted (past the import preflight, itself a job), logs streamed over the authenticated
+    websocket, status polled: the job's own refusal on the cluster (its storage lies under a file, so
+    the driver's write probe fails before any worker starts) comes back as exit 1 - the token got it
+    all the way there. (A submitted job that trains: tests/ray/test_job_submit.py.)"""
     address, token = token_head
     home = tmp_path / "home"
     home.mkdir()
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
+    (tmp_path / "a-file").write_text("not a directory\n")
     env = _env(None, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token_file))  # no RAY_AUTH_MODE: syncpoint needs none
-    r = _submit(
-        address,
-        env,
-        "name=token-auth",
-        f"storage={tmp_path / 'runs'}",
-        "scaling.num_workers=1",
-        "task.path=tests.tasks:failing_loss",
-        "task.config.fail_at=1",
-        "failure.max_failures=0",
-        "train.eval_every=0",  # the test task has no evaluation set
-    )
-    # one worker: the head has one CPU
+    r = _submit(address, env, "name=token-auth", f"storage={tmp_path / 'a-file' / 'runs'}", "scaling.num_workers=1")
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     assert "syncpoint: submitted 'token-auth' as Ray job" in r.stdout, out[-3000:]
-    assert "bad batch at call 1" in r.stdout, out[-3000:]  # the job's own error, through the log websocket
+    assert "is not usable" in r.stdout, out[-3000:]  # the job's own error, through the log websocket
     assert r.stdout.rstrip().endswith("FAILED"), out[-3000:]
     assert token not in out
 
