@@ -152,7 +152,7 @@ try:
 except ImportError:
     old = False
 print(json.dumps({"file": syncpoint.__file__, "version": syncpoint.__version__, "old": old,
-                  "workers": __import__("syncpoint.workers.training.loop").workers.loop.__file__}))
+                  "workers": __import__("syncpoint.workers.training.loop").workers.training.loop.__file__}))
 """
 API_RUN = """
 import dataclasses, json
