@@ -25,7 +25,7 @@ DURATIONS ?= 5
 # subprocess's line), so three fill two cores (docs/testing.md has the times).
 JOBS ?= 3
 # The Ray clusters the tests start run their workers at the tests' own priority (see two_halves).
-export RAY_worker_niceness ?= 0
+test test-all test-storm test-fast test-slow coverage: export RAY_worker_niceness = 0
 
 .PHONY: venv example lint test test-all test-storm test-fast test-slow test-gpu coverage bench clean
 
