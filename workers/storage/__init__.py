@@ -27,7 +27,7 @@ from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, MemoryBackend
 from syncpoint.workers.storage.local_backend import LocalBackend
-from syncpoint.workers.storage.protocol import CHUNK, Listing, StorageBackend, Versioned
+from syncpoint.workers.storage.protocol import CHUNK, ConditionalWrites, Listing, StorageBackend, Versioned
 from syncpoint.workers.storage.s3_backend import S3Backend, is_s3
 
 __all__ = ["CHUNK", "Listing", "RunStorage", "StorageBackend", "Versioned", "backend_for"]
@@ -146,7 +146,7 @@ class RunStorage:
 
     # ---- compare-and-swap of small control files (the lease)
     @property
-    def conditional_writes(self) -> str:
+    def conditional_writes(self) -> ConditionalWrites:
         """How ``write_if`` is made atomic on this store (docs/reference/state-format.md, *Lease: one writer
         per run directory*): ``flock``, ``s3``, ``process-lock`` or ``none``."""
         return self.backend.conditional_writes

@@ -26,13 +26,20 @@ from typing import Any
 from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
-from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
+from syncpoint.workers.storage.protocol import (
+    CHUNK,
+    ConditionalWrites,
+    Listing,
+    StorageBackend,
+    Versioned,
+    content_version,
+)
 
 
-class FsspecBackend:
+class FsspecBackend(StorageBackend):
     """One fsspec filesystem, with only what every fsspec filesystem offers."""
 
-    conditional_writes = "none"
+    conditional_writes = ConditionalWrites.NONE
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
@@ -204,7 +211,7 @@ class MemoryBackend(FsspecBackend):
     """``memory://`` (and its subclasses): the store lives in this process, so a process lock makes
     the compare-and-swap atomic and this process's monotonic clock dates the files."""
 
-    conditional_writes = "process-lock"
+    conditional_writes = ConditionalWrites.PROCESS_LOCK
 
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
         with _MEMORY_LOCK:

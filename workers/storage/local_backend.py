@@ -41,13 +41,13 @@ from syncpoint.workers.storage.nofollow import (
     walk_files,
     write_replacing,
 )
-from syncpoint.workers.storage.protocol import CHUNK, Listing, Versioned, content_version
+from syncpoint.workers.storage.protocol import CHUNK, ConditionalWrites, Listing, Versioned, content_version
 
 
 class LocalBackend(FsspecBackend):
     """A local filesystem: writes and reads without following links, atomic commits, flock compare-and-swap."""
 
-    conditional_writes = "flock"  # an exclusive lock file serialises read-compare-rename
+    conditional_writes = ConditionalWrites.FLOCK
 
     def __init__(self, fs: Any, root: str) -> None:
         super().__init__(fs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from syncpoint.policies.contracts.state_format import ManifestEntry
@@ -58,6 +59,16 @@ class Listing:
     unsafe: dict[str, str]
 
 
+class ConditionalWrites(StrEnum):
+    """How a backend makes ``write_if`` atomic: a capability it declares, which the lease's docs and
+    checks read (docs/reference/state-format.md, *Lease: one writer per run directory*)."""
+
+    FLOCK = "flock"  # an exclusive lock file serialises read, compare and rename (local filesystems)
+    S3 = "s3"  # the server checks the ETag (If-Match / If-None-Match on PUT)
+    PROCESS_LOCK = "process-lock"  # one process's lock: only writers of this process exclude each other
+    NONE = "none"  # no atomic compare: write, then read back to find out who won
+
+
 def content_version(data: bytes) -> str:
     """The version of a file on stores without ETags: equal bytes are the same version."""
     return hashlib.sha256(data).hexdigest()[:32]
@@ -66,11 +77,11 @@ def content_version(data: bytes) -> str:
 class StorageBackend(Protocol):
     """The operations ``RunStorage``'s users need, on backend paths.
 
-    ``conditional_writes`` names how ``write_if`` is made atomic (docs/reference/state-format.md,
-    *Lease: one writer per run directory*): ``flock``, ``s3``, ``process-lock`` or ``none`` (write, then read back).
+    ``conditional_writes`` declares how ``write_if`` is made atomic (``ConditionalWrites``). Every
+    backend subclasses this protocol explicitly, so mypy checks each method against it.
     """
 
-    conditional_writes: str
+    conditional_writes: ConditionalWrites
 
     def local_path(self, path: str) -> str | None:
         """The path on this machine's filesystem (``None`` where the store is not one)."""

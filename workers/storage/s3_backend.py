@@ -56,7 +56,7 @@ from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, checksum_file, range_target
-from syncpoint.workers.storage.protocol import Versioned
+from syncpoint.workers.storage.protocol import ConditionalWrites, Versioned
 
 S3_MAX_PARTS = 10_000  # an S3 multipart upload has at most this many parts
 # A streamed file's first parts are at most this big, so its upload starts while torch.save is still
@@ -75,7 +75,7 @@ def is_s3(fs: Any) -> bool:
 class S3Backend(FsspecBackend):
     """S3 through s3fs: bounded ranged reads, parallel transfers, a compare-and-swap the server checks."""
 
-    conditional_writes = "s3"
+    conditional_writes = ConditionalWrites.S3
 
     # ---- big files: parallel multipart uploads, parallel ranged downloads (module docstring)
     @property
