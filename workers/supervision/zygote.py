@@ -88,15 +88,29 @@ def base_dir() -> str:
 SOCKET_PATH_LIMIT = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
 
 
+def _network_namespace() -> str:
+    """This process's network namespace, as a suffix of its keeper's paths ("" where Linux has none).
+
+    Why: a forked process lives in its fork server's network namespace. Ray nodes of one host in
+    namespaces of their own (tests/netns.py's private network) share the temp dir, so without this
+    they shared one keeper, and rank 0's store agent, forked in another node's namespace, could not
+    bind its node's address (EADDRNOTAVAIL: the worker group failed to start until the keeper happened
+    to be started on rank 0's node)."""
+    try:
+        return f"-n{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return ""
+
+
 def _socket_path(k: str) -> str:
-    path = os.path.join(base_dir(), f"{k}.sock")
+    path = os.path.join(base_dir(), f"{k}{_network_namespace()}.sock")
     if len(path.encode()) > SOCKET_PATH_LIMIT:
         raise Unavailable(f"the temp dir's path is too long for a Unix socket ({path}); a shorter TMPDIR fixes it")
     return path
 
 
 def _lock_path(k: str) -> str:
-    return os.path.join(base_dir(), f"{k}.lock")
+    return os.path.join(base_dir(), f"{k}{_network_namespace()}.lock")
 
 
 def _ask(k: str, word: str, timeout_s: float = 5.0) -> tuple[socket.socket, Server]:

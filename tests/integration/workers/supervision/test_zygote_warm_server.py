@@ -204,12 +204,12 @@ def test_a_forked_process_ends_with_its_starter_while_the_server_stays(private_t
 def test_anything_planted_where_the_server_lives_means_no_warm_server(private_tmp, tmp_path):
     k = _new_key(private_tmp)
     base = zygote.base_dir()
-    os.mkfifo(os.path.join(base, f"{k}.sock"))  # not a socket: never connected to, never replaced
+    os.mkfifo(zygote._socket_path(k))  # not a socket: never connected to, never replaced
     with pytest.raises(zygote.Unavailable, match="not a socket"):
         zygote.hold(k, SEED)
 
     k2 = _new_key(private_tmp)
-    os.symlink(tmp_path / "elsewhere", os.path.join(base, f"{k2}.lock"))  # the lock file is never followed
+    os.symlink(tmp_path / "elsewhere", zygote._lock_path(k2))  # the lock file is never followed
     with pytest.raises(OSError):
         zygote.hold(k2, SEED)
     assert not (tmp_path / "elsewhere").exists()
@@ -260,9 +260,9 @@ def test_a_server_that_died_fails_the_fork_with_an_os_error_and_its_keeper_leave
     try:
         os.kill(holder.server.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while os.path.exists(os.path.join(zygote.base_dir(), f"{k}.sock")) and time.monotonic() < deadline:
+        while os.path.exists(zygote._socket_path(k)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not os.path.exists(os.path.join(zygote.base_dir(), f"{k}.sock"))
+        assert not os.path.exists(zygote._socket_path(k))
         with pytest.raises(OSError):
             holder.process(target=_sleep_forever).start()
     finally:
@@ -316,7 +316,7 @@ def test_an_embedded_run_keeps_its_own_node_warm_without_ray_and_stops_it_after(
     submission = uuid.uuid4().hex
     k, hash_seed = warm_nodes.server_key(spec, submission)
     private_tmp.append(k)
-    sock = os.path.join(zygote.base_dir(), f"{k}.sock")
+    sock = zygote._socket_path(k)
     with warm_nodes.warm_nodes(spec, submission, embedded=True):
         deadline = time.monotonic() + 120
         while not os.path.exists(sock) and time.monotonic() < deadline:
@@ -328,3 +328,28 @@ def test_an_embedded_run_keeps_its_own_node_warm_without_ray_and_stops_it_after(
         keeper = psutil.Process(server.pid).ppid()  # the fork server's parent, which cleans up after it
     assert process_gone(server.pid, 60) and process_gone(keeper, 60)  # stopped with the job
     assert not os.path.exists(sock)
+
+
+def test_a_keeper_serves_only_its_own_network_namespace(private_tmp):
+    """A forked process lives in its server's network namespace: Ray nodes of one host in namespaces
+    of their own (tests/drills/ray/test_silent_node.py) each get their own keeper, not one shared by
+    the temp dir, whose store agent could not bind the other node's address."""
+    k = _new_key(private_tmp)
+    here = os.stat("/proc/self/ns/net").st_ino
+    assert zygote._socket_path(k).endswith(f"{k}-n{here}.sock") and zygote._lock_path(k).endswith(f"{k}-n{here}.lock")
+    other = subprocess.run(  # another network namespace of this host: another keeper's paths
+        [
+            "unshare",
+            "--net",
+            sys.executable,
+            "-c",
+            f"from syncpoint.workers.supervision import zygote; print(zygote._socket_path({k!r}))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if other.returncode != 0 and "Operation not permitted" in other.stderr:
+        pytest.skip("no network namespaces for this account")
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.strip() != zygote._socket_path(k) and other.stdout.strip().startswith(zygote.base_dir())
