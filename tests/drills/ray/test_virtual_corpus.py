@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.integration.workers.data.test_sampler_virtual_corpus import MICRO_BATCH
 
 
-@pytest.mark.parametrize("how", ["crash", "sigterm", "node"])
-def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path, how):
-    """``syncpoint drill`` (one Ray Train worker) interrupting after micro-step 98 of 120, 10^8
-    samples into the epoch: a crash and a lost node resume from the state at 96 (the node goes down
-    once the flushed progress passes 98, a few micro-steps later), a preemption notice saves at 100;
-    the interrupted run is the uninterrupted one, loss for loss and digest for digest."""
+def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path):
+    """``syncpoint drill`` (one Ray Train worker) interrupted three times deep in its 10^8-sample-in
+    epoch (states every 24 micro-steps): a crash after micro-step 50 resumes from 48, a preemption
+    notice after 74 saves at 76, and a lost node after 98 resumes from 96 (the node goes down once the
+    flushed progress passes 98, a few micro-steps later); the interrupted run is the uninterrupted
+    one, loss for loss and digest for digest."""
     import os
     import subprocess
     import sys
@@ -37,9 +35,9 @@ def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path, h
         "drill",
         "examples/tiny_lm.yaml",
         "--preempt-at",
-        "98",
+        "50,74,98",
         "--how",
-        how,
+        "crash,sigterm,node",
         *[a for s in sets for a in ("--set", s)],
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -49,6 +47,9 @@ def test_drill_on_the_1e9_sample_corpus_deep_in_its_epoch_is_bitwise(tmp_path, h
     assert "per-step losses and learning rates: match (30 optimizer steps)" in out and "final digest: match" in out, (
         out[-3000:]
     )
-    rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit() and how in ln]
-    assert len(rows) == 1 and rows[0][4] == f"{100 if how == 'sigterm' else 96:012d}", out[-3000:]
+    kinds = ("crash", "sigterm", "node")
+    rows = [r for r in (ln.split() for ln in out.splitlines()) if len(r) > 4 and r[0].isdigit() and r[1] in kinds]
+    assert [(r[1], r[4]) for r in rows] == [(k, f"{s:012d}") for k, s in zip(kinds, (48, 76, 96), strict=True)], out[
+        -3000:
+    ]
     assert out.strip().splitlines()[-1] == "RESULT: the interrupted run is bitwise the uninterrupted one", out[-3000:]
