@@ -88,9 +88,16 @@ test: lint
 	$(call two_halves,and not long,tests/ray)
 
 # The whole suite, `long` and the storm drill included: the run before resolving an issue that
-# touches a `long` path. (CI's .ci/run calls `make test`, the README's command.)
+# touches a `long` path. (CI's .ci/run calls `make test`, the README's command.) Two streams side by
+# side: the Ray tests outside tests/ray/ (the drills, the storms, the benches' quick runs on Ray), one
+# after another; and everything without Ray on JOBS xdist workers, then tests/ray/ one after another
+# (its clusters would otherwise wait for the drills' to end). Every Ray test is in exactly one of them.
 test-all: lint
-	$(call two_halves,,tests)
+	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m ray --ignore=tests/ray tests > $$log 2>&1 & drills=$$!; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray" tests; rest=$$?; \
+	echo "--- the tests that start Ray in tests/ray/:"; $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m ray tests/ray; ray=$$?; \
+	wait $$drills; drills_rc=$$?; echo "--- the other tests that start Ray (the drills, the storms, the benches on Ray):"; cat $$log; rm -f $$log; \
+	test $$rest -eq 0 && test $$ray -eq 0 && test $$drills_rc -eq 0
 
 # Line and branch coverage of the production code (coverage.py, pyproject's [tool.coverage]) over both
 # halves of `make test`, every process a test starts included; the figure is docs/testing.md's, and it
