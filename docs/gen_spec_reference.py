@@ -1,4 +1,4 @@
-"""Render the job spec reference (docs/reference/spec.md) from the pydantic models in policies/contracts/spec.py.
+"""Render the job spec reference (docs/reference/spec.md) from the pydantic models in policies/contracts/spec/.
 
 The page's hand-written prose stays; only the part between the two markers is generated: one section
 per model (``scaling``, ``train.optimizer``, ``faults[]``, ...), one table row per field with its YAML

@@ -28,7 +28,7 @@ def test_the_spec_reference_is_the_one_the_models_generate():
     gen = _generator()
     page = gen.PAGE.read_text()
     assert gen.page_with(gen.render(), page) == page, (
-        "docs/reference/spec.md and policies/contracts/spec.py disagree: run python docs/gen_spec_reference.py"
+        "docs/reference/spec.md and policies/contracts/spec/ disagree: run python docs/gen_spec_reference.py"
     )
 
 

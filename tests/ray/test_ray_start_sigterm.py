@@ -109,7 +109,7 @@ def _assert_exact_and_cheap(tmp_path, spec) -> None:
 
 # make test: a drain through Ray's API on a shared cluster, its notice, the commit at the next boundary and
 # the exact resume (tests/ray/test_preemption.py); scaling.env in every worker's runtime env and every spawned
-# rank (tests/unit/policies/contracts/test_spec_job_env.py)
+# rank (tests/unit/policies/contracts/spec/test_scaling_job_env.py)
 @pytest.mark.long
 def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly(tmp_path, ray_start_cluster):
     head, nodes = ray_start_cluster
