@@ -35,7 +35,8 @@ from syncpoint.policies.contracts.state_format import (
     buffers_file,
     user_file,
 )
-from syncpoint.policies.decisions.candidates import Candidate, Verdict, init_from_problem
+from syncpoint.policies.decisions.candidates import Candidate, Verdict
+from syncpoint.policies.decisions.compatibility import init_from_problem
 from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.policies.decisions.resume import (
     ContinueSubmission,

@@ -589,7 +589,7 @@ def test_a_changed_map_function_is_refused_at_selection_naming_its_step(tmp_path
 def test_a_state_written_before_functions_were_recorded_is_compared_on_the_rest():
     """Stream identities of earlier states have no ``functions``: they resume (compared on files and
     pipeline); a state that has them is compared on them too."""
-    from syncpoint.policies.decisions.candidates import _identity_difference
+    from syncpoint.policies.decisions.detail_compatibility import identity_difference as _identity_difference
 
     base = {"files": [{"name": "a.jsonl", "size": 3}], "pipeline": ["MappedExamplesIterable"]}
     now = {**base, "functions": [{"step": 0, "kind": "MappedExamplesIterable", "digest": "0" * 16}]}

@@ -19,7 +19,8 @@ import torch
 
 from syncpoint.policies.contracts.errors import NoResumableState, ResumeRefused
 from syncpoint.policies.contracts.state_format import TrainState
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify, init_from_problem
+from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.compatibility import init_from_problem
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state import resume_negotiation
