@@ -75,7 +75,7 @@ def run(
             starts: one paragraph per problem, as the CLI prints them (exit 2 there).
         RunFailed: the run failed (exit 1 there), with the CLI's reason.
     """
-    from syncpoint.orchestrator.cli import prepare_run
+    from syncpoint.orchestrator.cli_jobs import prepare_run
     from syncpoint.orchestrator.quiet import quiet_cli
     from syncpoint.orchestrator.ray_runner import run_job
     from syncpoint.orchestrator.spec_file import load_spec

@@ -145,7 +145,7 @@ def test_a_layer_directorys_bare_name_is_refused_with_its_name_under_syncpoint(t
     """A path or a task module spelling a checkout directory's bare name (``workers.task``) is
     refused, naming the path under ``syncpoint.``: no alias is installed, so a user's own
     ``workers`` package keeps its name."""
-    from syncpoint.orchestrator.cli import import_problems
+    from syncpoint.orchestrator.cli_jobs import import_problems
     from syncpoint.policies.contracts.import_path import load_class, moved_hint
 
     (tmp_path / "oldtask.py").write_text("from workers.task import Task\n\ndef build(config):\n    return None\n")
@@ -180,13 +180,13 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
     """``run`` maps the driver's outcome (``run_job``, what ``syncpoint run`` prints) to a RunResult, or
     raises RunFailed with the reason its last line states; here without Ray (the driver stubbed)."""
     import syncpoint
-    import syncpoint.orchestrator.cli as cli
+    import syncpoint.orchestrator.cli_jobs as cli_jobs
     import syncpoint.orchestrator.ray_runner as ray_runner
     from syncpoint.orchestrator.timeline import RunSummary
     from tests.helpers import linear_spec
 
     spec = linear_spec(tmp_path)
-    monkeypatch.setattr(cli, "prepare_run", lambda spec, source: spec)
+    monkeypatch.setattr(cli_jobs, "prepare_run", lambda spec, source: spec)
     summary = RunSummary(
         state="000000000016",
         optimizer_step=4,

@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from syncpoint.orchestrator import k8s_render
-from syncpoint.orchestrator.cli import import_problems, main
+from syncpoint.orchestrator.cli import main
+from syncpoint.orchestrator.cli_jobs import import_problems
 from syncpoint.orchestrator.spec_file import load_spec, parse_spec
 from tests.k8s.test_k8s import (
     ENTRYPOINT_SPEC,

@@ -255,7 +255,8 @@ def test_run_fresh_starts_over_archives_the_old_states_and_counts_only_its_own_s
     starts from step 0, and its summary counts its own submission (no restart, though the log keeps the
     failed one's); the next `syncpoint run` without --fresh resumes it as usual. The driver's
     ``submitted`` event is written as `syncpoint run` writes it; the ranks run in this process."""
-    from syncpoint.orchestrator.cli import build_parser, rerun_command, run_spec
+    from syncpoint.orchestrator.cli import build_parser
+    from syncpoint.orchestrator.cli_jobs import rerun_command, run_spec
     from syncpoint.orchestrator.timeline import restarts, summarize
     from syncpoint.workers.observation.events import EventLog
     from tests.helpers import linear_spec, write_job

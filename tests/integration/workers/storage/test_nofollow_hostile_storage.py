@@ -210,7 +210,7 @@ def copy_of(template, tmp_path):
     ],
 )
 def test_a_planted_link_is_replaced_and_its_target_never_written(tmp_path, capsys, target):
-    from syncpoint.orchestrator.cli import _check_storage
+    from syncpoint.orchestrator.cli_jobs import _check_storage
     from syncpoint.orchestrator.ray_runner import finish_line
 
     spec = linear_spec(

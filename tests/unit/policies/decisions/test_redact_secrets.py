@@ -296,7 +296,17 @@ def _name(func: ast.expr) -> str:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
-@pytest.mark.parametrize("module", ["orchestrator/cli.py", "orchestrator/submit.py", "orchestrator/ray_runner.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "orchestrator/cli.py",
+        "orchestrator/cli_inputs.py",
+        "orchestrator/cli_jobs.py",
+        "orchestrator/cli_inspect.py",
+        "orchestrator/submit.py",
+        "orchestrator/ray_runner.py",
+    ],
+)
 def test_printed_urls_go_through_a_redactor(module):
     """Regression guard: an f-string that puts a storage URL or address into printed output must pass
     it (or the whole text) through redact_url/redact_text. SpecError redacts its own message."""
