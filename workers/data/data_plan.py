@@ -15,7 +15,8 @@ from syncpoint.policies.contracts.corpus_identity import CORPUS_DIR, CorpusIdent
 from syncpoint.policies.contracts.errors import JobConfigError
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER, json_bytes
-from syncpoint.workers.data.corpus import ShardedCorpus, index_key, listing_bytes, listing_file
+from syncpoint.workers.data.corpus import ShardedCorpus
+from syncpoint.workers.data.corpus_index import index_key, listing_bytes, listing_file
 from syncpoint.workers.data.windows import TokenWindows
 from syncpoint.workers.storage import RunStorage
 

@@ -39,8 +39,10 @@ import torch
 
 from syncpoint.policies.contracts.corpus_identity import CorpusIdentity
 from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError, UnsafeEntry
-from syncpoint.workers.data.corpus import CacheSettings, Shard, ShardedCorpus, open_rows
+from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
+from syncpoint.workers.data.corpus_index import Shard
 from syncpoint.workers.data.shard_cache import fd_path
+from syncpoint.workers.data.shard_formats import open_rows
 from syncpoint.workers.storage import nofollow
 from syncpoint.workers.storage.fsspec_backend import checksum_file
 

@@ -22,7 +22,7 @@ from syncpoint.policies.contracts.corpus_identity import CorpusIdentity, first_d
 from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
 from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
 from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
-from syncpoint.workers.data import corpus as corpus_mod
+from syncpoint.workers.data import corpus_index as index_mod
 from syncpoint.workers.data import data_plan
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 from syncpoint.workers.data.data_plan import plan_for
@@ -118,13 +118,13 @@ def test_a_shard_of_another_format_is_refused_naming_it(tmp_path):
 def test_the_index_is_cached_and_only_changed_shards_are_read_again(tmp_path, monkeypatch):
     paths = _write_shards(tmp_path / "c", [3, 4, 5])
     reads: list[str] = []
-    original = corpus_mod._read_shard
+    original = index_mod._read_shard
 
     def counting(fs, params, settings, path, *rest):
         reads.append(os.path.basename(path))
         return original(fs, params, settings, path, *rest)
 
-    monkeypatch.setattr(corpus_mod, "_read_shard", counting)
+    monkeypatch.setattr(index_mod, "_read_shard", counting)
     glob = str(tmp_path / "c" / "*.npy")
     first = ShardedCorpus(glob, seq_len=4, cache=_settings(tmp_path))
     assert len(first) == 12 and sorted(reads) == ["s000.npy", "s001.npy", "s002.npy"]
@@ -155,7 +155,7 @@ def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_c
     first = ShardedCorpus(f"{memory_corpus}/*.npy", seq_len=4, cache=_settings(tmp_path / "node1"))
     data_plan.publish_index(RunStorage(run_url), first, first.identity())  # rank 0, holding the lease
     reads: list[str] = []
-    monkeypatch.setattr(corpus_mod, "_read_shard", lambda *a: reads.append(a[3]))
+    monkeypatch.setattr(index_mod, "_read_shard", lambda *a: reads.append(a[3]))
     joined = ShardedCorpus(
         f"{memory_corpus}/*.npy", seq_len=4, cache=dataclasses.replace(_settings(tmp_path / "node2"), run_url=run_url)
     )
@@ -168,7 +168,7 @@ def test_a_node_that_joins_later_takes_the_index_from_the_run_directory(memory_c
     body = {k: raw[k] for k in ("version", "params", "shards")}
     body["shards"][3]["rows"] = 9  # edited on purpose, its checksum made to fit
     store.write_bytes(
-        corpus_mod.listing_bytes(body["params"], [corpus_mod.Shard(**e) for e in body["shards"]]), "corpus", name
+        index_mod.listing_bytes(body["params"], [index_mod.Shard(**e) for e in body["shards"]]), "corpus", name
     )
     hostile = ShardedCorpus(
         f"{memory_corpus}/*.npy", seq_len=4, cache=dataclasses.replace(_settings(tmp_path / "node3"), run_url=run_url)

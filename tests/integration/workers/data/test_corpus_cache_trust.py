@@ -1,4 +1,4 @@
-"""The corpus cache on a shared node (``syncpoint.workers.data.shard_cache``, ``corpus.build_index``): its
+"""The corpus cache on a shared node (``syncpoint.workers.data.shard_cache``, ``corpus_index.build_index``): its
 directory is this user's private one (another account's, or one others can write, is refused), its
 files are 0600, no other account can take its locks, every lock wait ends with a reason, a wrong or
 planted shard is downloaded again instead of read, and a link or FIFO planted at ``fetches.log`` or at
@@ -27,6 +27,7 @@ import xxhash
 
 from syncpoint.policies.contracts.errors import CorpusError
 from syncpoint.workers.data import corpus as corpus_mod
+from syncpoint.workers.data import corpus_index as index_mod
 from syncpoint.workers.data import shard_cache
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
 from syncpoint.workers.data.shard_cache import (
@@ -204,7 +205,7 @@ def test_a_lock_held_past_its_bound_ends_the_wait_naming_the_lock_and_its_holder
 def test_a_held_index_lock_ends_the_wait_with_a_reason(memory_corpus, tmp_path, monkeypatch):
     settings = CacheSettings(str(tmp_path / "cache"), 1 << 30)
     c = ShardedCorpus(memory_corpus, seq_len=SEQ, cache=settings)
-    key = corpus_mod.index_key(c._fs(), c.patterns, c.params)
+    key = index_mod.index_key(c._fs(), c.patterns, c.params)
     os.close(open_private_dir(settings.directory))
     os.mkdir(tmp_path / "cache" / "index", 0o700)
     lock = str(tmp_path / "cache" / "index" / f"{key}.json.lock")
@@ -354,10 +355,10 @@ def _crafted_index(memory_corpus: str, tmp_path) -> tuple[str, str, bytes]:
     """(index file name, a valid index of this corpus with shard 0 said to hold 5 rows, its bytes)."""
     honest = ShardedCorpus(memory_corpus, seq_len=SEQ, cache=CacheSettings(str(tmp_path / "honest"), 1 << 30))
     assert len(honest) == SHARDS * ROWS
-    name = f"{corpus_mod.index_key(honest._fs(), honest.patterns, honest.params)}.json"
+    name = f"{index_mod.index_key(honest._fs(), honest.patterns, honest.params)}.json"
     raw = json.loads((tmp_path / "honest" / "index" / name).read_bytes())
     raw["shards"][0]["rows"] = 5
-    crafted = corpus_mod.listing_bytes(raw["params"], [corpus_mod.Shard(**e) for e in raw["shards"]])
+    crafted = index_mod.listing_bytes(raw["params"], [index_mod.Shard(**e) for e in raw["shards"]])
     return name, str(tmp_path / "crafted.json"), crafted
 
 

@@ -20,6 +20,7 @@ from examples.sharded_lm import write_corpus
 from syncpoint.policies.contracts.errors import ResumeRefused
 from syncpoint.policies.contracts.state_format import SHARD_WINDOW_SAMPLER
 from syncpoint.workers.data import corpus as corpus_mod
+from syncpoint.workers.data import corpus_index as index_mod
 from syncpoint.workers.data.corpus import ShardedCorpus
 from syncpoint.workers.data.sampler import ShardWindowOrder
 from syncpoint.workers.data.shard_cache import fetched_names
@@ -80,8 +81,8 @@ def test_a_corpus_on_s3_resumes_bitwise_and_fetches_only_the_shards_from_its_pos
     )
     assert run_until_crash(spec)
     reads: list[str] = []
-    original = corpus_mod._read_shard
-    monkeypatch.setattr(corpus_mod, "_read_shard", lambda *a: reads.append(a[3]) or original(*a))
+    original = index_mod._read_shard
+    monkeypatch.setattr(index_mod, "_read_shard", lambda *a: reads.append(a[3]) or original(*a))
     resumed = with_overrides(spec, "faults=[]", f"corpus.cache_dir={tmp_path / 'cache-2'}")  # another node
     result = run(resumed)
     assert result.resumed_from == f"{46:012d}"
