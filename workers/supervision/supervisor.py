@@ -46,13 +46,11 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.policies.contracts.errors import JOB_REFUSALS
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions import seeds
 from syncpoint.policies.decisions.failures import (
@@ -61,29 +59,20 @@ from syncpoint.policies.decisions.failures import (
     FINISHED,
     RAISED,
     RECOVER,
-    REPORTED_ATTR,
     STOPPED,
-    TRACEBACK_LIMIT,
     GenerationState,
     InPlaceAction,
     RankEnd,
-    RankStatus,
     after_generation,
-    failure_reason,
-    failure_signature,
-    is_ours,
     move,
 )
 
 if TYPE_CHECKING:
-    from syncpoint.workers.supervision.store_agent import AgentStore
+    pass
+from syncpoint.workers.supervision.coordination import POLL_S, Coordinator, CoordinatorPlan, parse_end
+from syncpoint.workers.supervision.training_child import ChildPlan, child_main, reported
 
-POLL_S = 0.05  # how often a supervisor looks at its child and at the generation's failed mark
-END_LIMIT = 1 << 16  # a published RankEnd is short; anything longer is not a supervisor's
 ESCALATED_WAIT_S = 120.0  # a surviving supervisor waits this long for Ray Train to end the group
-# how long the supervisors wait for each other's store agents, that is for each rank's fork server's
-# imports of torch and DeepSpeed (over a minute on a starved machine)
-JOIN_BOUND_S = 600.0
 
 
 class TrainingProcessDied(RuntimeError):
@@ -113,333 +102,6 @@ class Hooks:
     # this submission's key for the node's warm server (syncpoint.workers.supervision.zygote), or None: fork from
     # a server of this supervisor's own, which ends with it
     warm_key: str | None = None
-
-
-# ---------------------------------------------------------------- the supervisors' store
-@dataclass(frozen=True)
-class CoordinatorPlan:
-    """How the supervisors reach their store, before it exists: ``Supervisor.run`` connects it once
-    it holds the node's warm server, where the store's agent is forked from
-    (``syncpoint.workers.supervision.store_agent``: a supervisor itself does not import torch).
-
-    ``exchange``: the launcher's broadcast from rank 0 (every rank calls it once, with rank 0's
-    address or None; it returns rank 0's): Ray Train's ``broadcast_from_rank_zero`` on Ray, a
-    ``TCPStore`` on the launcher's port in ``syncpoint.workers.supervision.launch.run_spawned``."""
-
-    rank: int
-    world: int
-    host: str
-    timeout_s: float
-    exchange: Callable[[Any], Any]
-
-    def connect(self, start: Callable[[Callable[..., None], tuple[Any, ...], str], Any]) -> Coordinator:
-        """Start this rank's store agent with ``start(target, args, name)`` (rank 0's serves the
-        store, under a namespace it makes), exchange its address and namespace, and return the
-        coordinator on it."""
-        from syncpoint.workers.supervision.store_agent import AgentError, new_namespace, valid_address
-
-        name = f"syncpoint-rank{self.rank}-store"
-        store, address, failure = None, None, None
-        if self.rank == 0:
-            try:
-                namespace = new_namespace()
-                store = _agent(start, (self.host, None, self.timeout_s, namespace), name)
-                address = (self.host, store.port, namespace)
-            except (AgentError, OSError) as e:
-                failure = e  # said to the others (no address) before it is raised here
-        exchanged = self.exchange(address)
-        if failure is not None:
-            raise failure
-        if exchanged is None:
-            raise AgentError("rank 0's supervisor could not start the supervisors' store")
-        checked = valid_address(exchanged)
-        if checked is None:
-            raise AgentError(f"rank 0's store address is not one ({str(exchanged)[:200]})")
-        host, port, namespace = checked
-        if store is None:
-            store = _agent(start, (host, port, self.timeout_s, namespace), name)
-        coordinator = Coordinator(store, (host, port, namespace), self.rank, self.world)
-        try:
-            coordinator.join(JOIN_BOUND_S)
-        except BaseException:
-            coordinator.close()  # this rank's agent ends with the failed start, not with the process
-            raise
-        return coordinator
-
-
-def _agent(start: Callable[..., Any], args: tuple[Any, ...], name: str) -> Any:
-    from syncpoint.workers.supervision.store_agent import AgentStore, serve
-
-    ours, theirs = mp.Pipe(duplex=True)
-    proc = start(serve, (theirs, *args), name)
-    theirs.close()
-    return AgentStore(proc, ours)
-
-
-class Coordinator:
-    """The supervisors' shared marks for each generation, on a ``TCPStore`` served by rank 0's agent."""
-
-    def __init__(self, store: AgentStore, address: tuple[str, int, str], rank: int, world: int) -> None:
-        self.store, self.address, self.rank, self.world = store, address, rank, world
-        self.host, self.port = address[0], address[1]
-
-    def close(self) -> None:
-        """End this rank's store agent (rank 0's: the store; every rank has left it by then)."""
-        self.store.close()
-
-    def join(self, bound_s: float) -> None:
-        """Wait (bounded) until every rank's agent has joined the store. Why: each agent comes from
-        its rank's fork server, so then every rank forks its first training process at once, and a
-        rank whose imports were slow does not spend the others' first collective's timeout
-        (``scaling.collective_timeout_s``, which may be seconds)."""
-        self.store.add("joined", 1)
-        deadline = time.monotonic() + bound_s
-        while self.store.add("joined", 0) < self.world:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"in-place recovery: not every rank's supervisor joined within {bound_s:g} s")
-            time.sleep(POLL_S)
-
-    def mark_failed(self, generation: int) -> None:
-        self.store.add(f"g{generation}/failed", 1)
-
-    def failed(self, generation: int) -> bool:
-        return self.store.add(f"g{generation}/failed", 0) > 0
-
-    def publish(self, generation: int, end: RankEnd, reports: int) -> None:
-        """This rank's end of the generation, and how many reports its child sent (published first)."""
-        self.store.set(f"g{generation}/reports/{self.rank}", str(reports))
-        self.store.set(f"g{generation}/end/{self.rank}", json.dumps(asdict(end)))
-
-    def most_reports(self, generation: int) -> int:
-        """The largest number of reports any rank's child sent in the generation (after ``ends``)."""
-        counts = []
-        for r in range(self.world):
-            raw = self.store.get(f"g{generation}/reports/{r}")
-            counts.append(int(raw) if len(raw) < 20 and raw.isdigit() else 0)
-        return max(counts)
-
-    def ends(self, generation: int, bound_s: float) -> list[RankEnd]:
-        """Every rank's end of the generation, waiting (bounded) for the last supervisor to publish."""
-        keys = [f"g{generation}/end/{r}" for r in range(self.world)]
-        self._wait(keys, bound_s, "every rank's end")
-        return [_parse_end(self.store.get(k), r) for r, k in enumerate(keys)]
-
-    def action(self, generation: int, decide: Callable[[], InPlaceAction], bound_s: float) -> InPlaceAction:
-        """Rank 0 decides and publishes; the others read its decision (anything else: ESCALATE)."""
-        key = f"g{generation}/action"
-        if self.rank == 0:
-            action = decide()
-            self.store.set(key, action.value)
-            return action
-        self._wait([key], bound_s, "rank 0's decision")
-        try:
-            return InPlaceAction(self.store.get(key).decode("ascii", "replace"))
-        except ValueError:
-            return ESCALATE
-
-    def leave(self, generation: int, bound_s: float) -> None:
-        """This supervisor has read all it needs of the generation; rank 0 (whose process serves the
-        store) waits for every rank to say so before it leaves, bounded."""
-        count = self.store.add(f"g{generation}/left", 1)
-        if self.rank != 0:
-            return
-        deadline = time.monotonic() + bound_s
-        while count < self.world and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-            count = self.store.add(f"g{generation}/left", 0)
-
-    def _wait(self, keys: list[str], bound_s: float, what: str) -> None:
-        deadline = time.monotonic() + bound_s
-        while not self.store.check(keys):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"in-place recovery: {what} did not arrive within {bound_s:g} s")
-            time.sleep(POLL_S)
-
-
-def _parse_end(raw: bytes, rank: int) -> RankEnd:
-    """A published end, as plain data (JSON, bounded: the store is a network service)."""
-    try:
-        if len(raw) > END_LIMIT:
-            raise ValueError("too long")
-        data = json.loads(raw)
-        end = RankEnd(
-            rank=rank,
-            status=RankStatus(str(data["status"])),
-            message=str(data.get("message", ""))[:2000],
-            ours=bool(data.get("ours", False)),
-            refusal=None if data.get("refusal") is None else str(data["refusal"])[:2000],
-            signature=str(data.get("signature", ""))[:500],
-            micro_step=data["micro_step"] if isinstance(data.get("micro_step"), int) else None,
-            traceback=str(data.get("traceback", ""))[-TRACEBACK_LIMIT:],
-        )
-        return end
-    except (ValueError, KeyError, TypeError) as e:
-        return RankEnd(rank=rank, status=DIED, message=f"rank {rank}'s end could not be read ({e})")
-
-
-# ---------------------------------------------------------------- the child's side
-class ParentLink:
-    """The child's pipe to its supervisor: Ray's calls, proxied."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def notice(self) -> dict[str, Any] | None:
-        with self.lock:
-            self.conn.send(("notice",))
-            reply: dict[str, Any] | None = self.conn.recv()
-            return reply
-
-    def report(self, metrics: dict[str, float]) -> None:
-        with self.lock:
-            self.conn.send(("report", metrics))
-
-    def end(self, end: RankEnd, error: BaseException | None = None) -> None:
-        payload: bytes | None = None
-        if error is not None:
-            with contextlib.suppress(Exception):  # an exception that does not pickle goes by its description
-                import pickle
-
-                payload = pickle.dumps(error)
-        with self.lock, contextlib.suppress(OSError):
-            self.conn.send(("end", asdict(end), payload))
-
-
-class _Beats:
-    """``board.beat.remote(...)`` as the loop's ``Heartbeat`` calls it, sent over the pipe."""
-
-    def __init__(self, link: ParentLink) -> None:
-        self.link = link
-
-    def remote(self, rank: int, attempt: int, step: int, at: float) -> None:
-        with self.link.lock:
-            self.link.conn.send(("beat", (rank, attempt, step, at)))
-
-
-class _PipeBoard:
-    def __init__(self, link: ParentLink) -> None:
-        self.beat = _Beats(link)
-
-
-def describe(error: BaseException, rank: int) -> RankEnd:
-    """How a rank's exception ends its generation, as plain data."""
-    from syncpoint.workers.supervision.failure_site import SITE_ATTR
-
-    site = getattr(error, SITE_ATTR, None)
-    micro_step = site.get("micro_step") if isinstance(site, dict) else None
-    reason = failure_reason(error)[0]
-    return RankEnd(
-        rank=rank,
-        status=RAISED,
-        message=reason,
-        ours=is_ours(error),
-        refusal=reason if isinstance(error, JOB_REFUSALS) else None,
-        signature=failure_signature(error),
-        micro_step=micro_step if isinstance(micro_step, int) else None,
-        traceback="".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:],
-    )
-
-
-@dataclass(frozen=True)
-class ChildPlan:
-    """What a generation's child is told (picklable: it crosses to a forked or spawned process)."""
-
-    spec_json: str
-    rank: int
-    world: int
-    local_rank: int
-    store: tuple[str, int, str]  # rank 0's store: host, port and the job's namespace (secret)
-    generation: int
-    environ: dict[str, str]
-    notice: bool
-    beat: bool
-    report: bool
-    node_id: str
-    worker_id: str
-    submission_id: str
-    print_progress: bool
-    launched_at: float
-    setup: Callable[[JobSpec], None] | None = None
-    warm_start: bool | None = None  # forked from a node's server that was warm before this worker started
-
-
-def child_main(plan: ChildPlan, conn: Any) -> None:
-    """A generation's training process: its own process group on the supervisors' store, then the loop."""
-    import torch.distributed as dist
-
-    from syncpoint.workers.supervision.fork_context import adopt_environment, die_with_parent
-    from syncpoint.workers.supervision.store_agent import MIN_TIMEOUT_S, open_store
-
-    started = time.time()  # forked: torch and DeepSpeed came imported (the fork server's start, in gen 0)
-    die_with_parent()
-    # a forked child has its fork server's environment: take the supervisor's
-    adopt_environment(
-        {**plan.environ, "RANK": str(plan.rank), "WORLD_SIZE": str(plan.world), "LOCAL_RANK": str(plan.local_rank)}
-    )
-    mp.set_start_method("fork", force=True)  # its DataLoader workers die with it (see launch._child)
-    link = ParentLink(conn)
-    try:
-        from syncpoint.workers.training.device import backend, collective_timeout, prepare_process
-
-        spec = JobSpec.model_validate_json(plan.spec_json)
-        from syncpoint.workers.observation.rank_output import own_output
-
-        own_output(plan.rank, spec.train.prints)  # each print once (train.prints), before the task is built
-        if plan.setup is not None:
-            plan.setup(spec)
-        prepare_process(spec)
-        timeout = collective_timeout(spec)
-        host, port, namespace = plan.store
-        store = open_store(host, port, namespace, max(timeout.total_seconds(), MIN_TIMEOUT_S))
-        dist.init_process_group(
-            backend(spec),
-            store=dist.PrefixStore(f"g{plan.generation}/", store),
-            rank=plan.rank,
-            world_size=plan.world,
-            timeout=timeout,
-        )
-        from syncpoint.workers.training.loop import WorkerContext, run_worker
-
-        run_worker(
-            spec,
-            WorkerContext(
-                preemption_notice=link.notice if plan.notice else None,
-                node_id=plan.node_id,
-                worker_id=plan.worker_id,
-                submission_id=plan.submission_id,
-                report_metrics=link.report if plan.report else None,
-                print_progress=plan.print_progress,
-                heartbeat_board=_PipeBoard(link) if plan.beat else None,
-                launched_at=plan.launched_at,
-                imported_at=started,
-                warm_start=plan.warm_start,
-            ),
-        )
-        link.end(RankEnd(rank=plan.rank, status=FINISHED))
-        dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - the supervisor decides; rank 0's prints the traceback, once
-        from syncpoint.workers.supervision.failure_site import annotate
-
-        annotate(e, plan.rank, None)
-        link.end(describe(e, plan.rank), e)  # its traceback travels with it (failure_lines)
-        _flush_and_exit(1)
-    _flush_and_exit(0)
-
-
-def reported(error: BaseException) -> BaseException:
-    """``error``, marked as printed already (rank 0's decision printed the generation's failure:
-    ``failure_lines``), so a launcher that prints a rank's traceback leaves this one out."""
-    with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attributes
-        setattr(error, REPORTED_ATTR, True)
-    return error
-
-
-def _flush_and_exit(code: int) -> None:
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
 
 
 # ---------------------------------------------------------------- the supervisor's side
@@ -477,7 +139,7 @@ class _Service(threading.Thread):
             self.reports += 1
             self.reporter.put(self.metrics)
         elif kind == "end":
-            self.end = _parse_end(json.dumps(message[1]).encode(), int(message[1]["rank"]))
+            self.end = parse_end(json.dumps(message[1]).encode(), int(message[1]["rank"]))
             self.error = message[2]
 
 

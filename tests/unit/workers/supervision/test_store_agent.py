@@ -14,8 +14,8 @@ import pytest
 
 from syncpoint.policies.decisions.failures import PREEMPTION, FailureFacts, classify_failure
 from syncpoint.workers.supervision import supervisor
+from syncpoint.workers.supervision.coordination import CoordinatorPlan, _agent
 from syncpoint.workers.supervision.store_agent import AgentError, StoreFault, open_store, valid_address
-from syncpoint.workers.supervision.supervisor import CoordinatorPlan, _agent
 from tests.second_account import second_account
 
 
