@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from syncpoint.orchestrator.failure_report import failure_report, own_exception
+from syncpoint.orchestrator.failure_report import failure_report
 from syncpoint.orchestrator.quiet import quiet_driver, quiet_driver_start, quiet_worker
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions.redact import redact_text, redact_url
@@ -26,8 +26,7 @@ from syncpoint.policies.decisions.redact import redact_text, redact_url
 if TYPE_CHECKING:
     from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.timeline import RunSummary
-    from syncpoint.policies.contracts.journal import Journal
-    from syncpoint.workers.storage import RunStorage
+from syncpoint.orchestrator.run_outcome import finish, not_retried, placement_report
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -134,6 +133,8 @@ def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
 # it in the controller, which gets it from the driver's environment (and reports keep their cadence:
 # ``syncpoint.workers.observation.metric_sinks.REPORT_EVERY_S``).
 HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
 SUPERVISOR_HEALTH_CHECK_S = 0.5
 
 
@@ -440,8 +441,8 @@ def _run_job(
                     trainer.fit()
             finished = True
         except Exception as e:  # noqa: BLE001 - any failure of the fit is reported by its reason, below
-            failure = _placement_report(spec, e) or failure_report(e)
-            failure = (failure[0] + _not_retried(spec, submission), failure[1])
+            failure = placement_report(spec, e) or failure_report(e)
+            failure = (failure[0] + not_retried(spec, submission), failure[1])
     finally:
         from syncpoint.workers.state.memory_copy import keeps_copies, remove_for
         from syncpoint.workers.storage.lease import release_lease
@@ -592,83 +593,3 @@ def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.Abstrac
     return live_progress(
         RunStorage(spec.run_url), since=since, micro_batch_size=spec.train.micro_batch_size, epochs=spec.train.epochs
     )
-
-
-def finish_line(spec: JobSpec) -> str:
-    """The run's one-line summary (final state, steps, wall time, restarts, lost work, where the model
-    and plot are), after drawing the plot into ``<run>/plot.png``."""
-    return finish(spec)[0]
-
-
-def finish(spec: JobSpec) -> tuple[str, RunSummary | None]:
-    """``finish_line``'s line and the summary it states (None: no finish event in the journal)."""
-    from syncpoint.orchestrator.timeline import format_summary, summarize
-    from syncpoint.workers.observation.events import EventLog
-    from syncpoint.workers.storage import RunStorage
-
-    storage = RunStorage(spec.run_url)
-    journal = EventLog(storage).journal()
-    summary = summarize(journal)
-    if summary is None:  # fit() returned without a finish event: say where to look rather than guess
-        return f"syncpoint: job {spec.name!r} finished; states under {_shown(storage)}", None
-    plot = None
-    try:
-        plot = _draw_plot(storage, journal, spec.name)
-    except Exception as e:  # noqa: BLE001 - the plot is a courtesy: the run finished, and the line says how to draw it
-        print(
-            f"syncpoint: the plot was not drawn ({type(e).__name__}: {e}); "
-            f"`syncpoint events {_shown(storage)} --plot FILE.png` draws it",
-            file=sys.stderr,
-        )
-    model = _shown(storage, "final", "model.safetensors") if storage.exists("final", "model.safetensors") else None
-    return format_summary(spec.name, summary, model, plot), summary
-
-
-def _draw_plot(storage: RunStorage, journal: Journal, title: str) -> str:
-    from syncpoint.orchestrator.plot import render_plot
-
-    storage.write_bytes(render_plot(journal, title=title), "plot.png")  # never through a planted link
-    return _shown(storage, "plot.png")
-
-
-def _shown(storage: RunStorage, *parts: str) -> str:
-    """A path as a newcomer types it: relative to the working directory when under it."""
-    path = storage.local_path(*parts)
-    if path is None:
-        return redact_url(storage.url_of(*parts))
-    try:
-        rel = os.path.relpath(path)
-    except OSError:  # the working directory is gone (seen under `ray job submit`: its package was cleaned up)
-        return path
-    return rel if not rel.startswith("..") else path
-
-
-def _not_retried(spec: JobSpec, submission: str) -> str:
-    """``; it failed twice the same way ...`` when the failure policy stopped retrying a repeated bug
-    (its decision, journaled by the controller before ``fit()`` returned), else nothing."""
-    from syncpoint.policies.decisions.failures import APPLICATION, not_retried_line
-    from syncpoint.workers.observation.events import EventLog
-    from syncpoint.workers.storage import RunStorage
-
-    try:
-        last = EventLog(RunStorage(spec.run_url)).journal().last_failure(submission, APPLICATION)
-    except Exception:  # noqa: BLE001 - the log is unreadable: the reason alone still says why
-        return ""
-    return f"; {not_retried_line(last.micro_step)}" if last and last.repeated and last.micro_step is not None else ""
-
-
-def _placement_report(spec: JobSpec, error: BaseException) -> tuple[str, str] | None:
-    """The run gave up waiting for room (``failure.placement_timeout_s``): say that, with the fix,
-    instead of Ray's per-try timeout text (which only suggests raising that timeout)."""
-    from syncpoint.orchestrator.ray_internals import WorkerGroupStartupTimeoutError
-    from syncpoint.policies.decisions.failures import placement_gave_up
-
-    if not isinstance(own_exception(error), WorkerGroupStartupTimeoutError):
-        return None
-    s = spec.scaling
-    return placement_gave_up(
-        s.max_workers if not s.elastic else s.min_workers,
-        s.cpus_per_worker,
-        s.use_gpu,
-        spec.failure.placement_timeout_s,
-    ), str(own_exception(error))

@@ -228,7 +228,7 @@ def test_a_refusal_is_not_retried_and_a_preemption_still_wins():
 def test_the_last_line_survives_a_deleted_working_directory(tmp_path, monkeypatch):
     """Under `ray job submit` the job's working directory (Ray's unpacked package) was removed while
     the job ran; the finish line's paths then fall back to absolute ones instead of a traceback."""
-    from syncpoint.orchestrator.ray_runner import _shown
+    from syncpoint.orchestrator.run_outcome import shown
     from syncpoint.workers.storage import RunStorage
 
     gone = tmp_path / "gone"
@@ -236,7 +236,7 @@ def test_the_last_line_survives_a_deleted_working_directory(tmp_path, monkeypatc
     monkeypatch.chdir(gone)
     gone.rmdir()
     storage = RunStorage(f"file://{tmp_path}/run")
-    assert _shown(storage, "plot.png") == f"{tmp_path}/run/plot.png"
+    assert shown(storage, "plot.png") == f"{tmp_path}/run/plot.png"
 
 
 def test_waiting_for_room_is_bounded_by_the_placement_timeout(monkeypatch):

@@ -211,7 +211,7 @@ def copy_of(template, tmp_path):
 )
 def test_a_planted_link_is_replaced_and_its_target_never_written(tmp_path, capsys, target):
     from syncpoint.orchestrator.cli_jobs import _check_storage
-    from syncpoint.orchestrator.ray_runner import finish_line
+    from syncpoint.orchestrator.run_outcome import finish_line
 
     spec = linear_spec(
         tmp_path / "store", *LAYOUT, "checkpoint.export_final=true", "faults=[{at_micro_step: 5, mode: raise}]"

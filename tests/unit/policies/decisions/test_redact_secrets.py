@@ -305,6 +305,7 @@ def _name(func: ast.expr) -> str:
         "orchestrator/cli_inspect.py",
         "orchestrator/submit.py",
         "orchestrator/ray_runner.py",
+        "orchestrator/run_outcome.py",
     ],
 )
 def test_printed_urls_go_through_a_redactor(module):
