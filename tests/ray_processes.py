@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import psutil
 
-from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes, owned
 
@@ -33,6 +32,21 @@ OBJECT_STORE = f"--object-store-memory={256 * 1024 * 1024}"
 # Ray's token authentication (Ray >= 2.52): what a test clears for "no token anywhere".
 TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
 DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on loopback: each socket held until all are chosen (one at a time, a
+    port just released could come back: a head started with its dashboard and client on one port failed)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def ray_env() -> dict:
@@ -91,7 +105,7 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
     reported with `ray start`'s own output."""
     for attempt in range(1, HEAD_START_TRIES + 1):
         temp = tempfile.mkdtemp(prefix="sp-ray-")
-        ports = [free_port() for _ in range(7)]
+        ports = free_ports(7)
         head_env, mark = marked_env(env)
         host = node_ip or "127.0.0.1"
         head = Head(f"http://{host}:{ports[1]}", f"{host}:{ports[0]}", temp, mark)
@@ -184,7 +198,7 @@ def add_worker_node(
     folder held again afterwards.
     ``prefix``/``node_ip``: run it inside a network namespace (``ip netns exec NS``, which execs, so
     the process is `ray start` itself) bound to the namespace's address (tests/netns.py)."""
-    ports = [free_port() for _ in range(4)]
+    ports = free_ports(4)
     node_env, mark = marked_env(env)
     temp = tempfile.mkdtemp(prefix="sp-rayw-")  # a node's own /tmp, as on a real machine (below)
     proc = subprocess.Popen(

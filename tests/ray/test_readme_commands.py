@@ -10,10 +10,9 @@ import tempfile
 
 import pytest
 
-from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import stop_processes
 from tests.own_processes import marked_env, marked_processes
-from tests.ray_processes import OBJECT_STORE
+from tests.ray_processes import OBJECT_STORE, free_ports
 from tests.readme import bash_blocks, copy_of_repository, venv_is_up_to_date
 
 
@@ -26,7 +25,7 @@ def test_the_one_machine_deploy_commands_run_as_written(tmp_path):
     home.mkdir()
     copy_of_repository(repo)
     block = bash_blocks("# Deploy with `ray job submit`", "docs/deploy/ray.md")[0]
-    ports = [free_port() for _ in range(7)]
+    ports = free_ports(7)
     temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
     own_ports = (
         f" --port={ports[0]} --dashboard-port={ports[1]} --dashboard-agent-listen-port={ports[2]} "

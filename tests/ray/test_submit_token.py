@@ -15,10 +15,9 @@ import urllib.request
 import pytest
 
 from syncpoint.orchestrator.submit import auth_headers
-from syncpoint.workers.supervision.launch import free_port
 from tests.helpers import ROOT, stop_processes
 from tests.own_processes import marked_env, marked_processes
-from tests.ray_processes import BIN, TOKEN_ENV
+from tests.ray_processes import BIN, TOKEN_ENV, free_ports
 
 
 def _env(token: str | None = None, **extra: str) -> dict[str, str]:
@@ -58,7 +57,7 @@ def token_head():
     """A local head started with RAY_AUTH_MODE=token and its own token; yields (address, token)."""
     token = secrets.token_hex(32)
     temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
-    ports = [free_port() for _ in range(7)]
+    ports = free_ports(7)
     head_env, mark = marked_env(_env(token, RAY_AUTH_MODE="token"))
     subprocess.run(
         [
