@@ -34,16 +34,28 @@ TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDR
 DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
 
 
+_HANDED_OUT: set[int] = set()  # every port free_ports gave this process: a node draws its ports before it binds them
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on loopback: each socket held until all are chosen (one at a time, a
-    port just released could come back: a head started with its dashboard and client on one port failed)."""
+    """``n`` free TCP ports on loopback, distinct from each other and from every port handed out before in
+    this process: each socket is held until all are chosen (one at a time, a port just released came back,
+    and a head started with its dashboard and client on one port failed), and a port given to a node that
+    has not bound it yet (its agents start seconds later) is not given to the next node."""
     import socket
 
-    socks = [socket.socket() for _ in range(n)]
+    socks: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for s in socks:
+        while len(ports) < n:
+            s = socket.socket()
+            socks.append(s)
             s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+            port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
+                _HANDED_OUT.add(port)
+        return ports
     finally:
         for s in socks:
             s.close()
