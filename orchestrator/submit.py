@@ -295,8 +295,11 @@ sys.path[:] = path
 r["missing"] = [n for n in MODULES if u.find_spec(n) is None]
 if not r["missing"]:
     try:
-        import syncpoint.orchestrator.cli
-        r["imports"] = syncpoint.orchestrator.cli.import_problems(PATHS)
+        try:
+            from syncpoint.orchestrator.cli_jobs import import_problems
+        except ImportError:  # a cluster whose syncpoint predates cli_jobs (2026-12-06)
+            from syncpoint.orchestrator.cli import import_problems
+        r["imports"] = import_problems(PATHS)
     except Exception as e:
         r["error"] = f"{type(e).__name__}: {e}"
 print(MARK + json.dumps(r))

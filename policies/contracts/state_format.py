@@ -334,7 +334,7 @@ class DataRecord(_Record):
 class TrainState(_Record):
     """``trainer.json``: what a state's position is, which run wrote it, and how.
 
-    Identity (``syncpoint.policies.decisions.candidates.identity_record``) and position are required; provenance
+    Identity (``syncpoint.policies.decisions.expectation.identity_record``) and position are required; provenance
     fields default to "not recorded". ``elastic`` is ``None`` in states written before it was
     recorded (``elastic_optimizer`` then tells what a resize may do).
     """

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from syncpoint.policies.decisions.failures import PREEMPTION, FailureFacts, classify_failure
-from syncpoint.workers.supervision import supervisor
+from syncpoint.policies.decisions.failures import FINISHED, PREEMPTION, FailureFacts, RankEnd, classify_failure
+from syncpoint.workers.supervision import coordination
 from syncpoint.workers.supervision.coordination import CoordinatorPlan, _agent
 from syncpoint.workers.supervision.store_agent import AgentError, StoreFault, open_store, valid_address
 from tests.second_account import second_account
@@ -32,7 +32,7 @@ def _connected_side_by_side(world: int, monkeypatch) -> Iterator[list]:
     ``broadcast_from_rank_zero`` gives it; the join is bounded so a broken one fails fast. The
     connecting threads live until the end (an agent dies with the thread that started it:
     ``PR_SET_PDEATHSIG``)."""
-    monkeypatch.setattr(supervisor, "JOIN_BOUND_S", 60.0)
+    monkeypatch.setattr(coordination, "JOIN_BOUND_S", 60.0)
     served, ready = {}, threading.Event()
 
     def exchange(value):
@@ -77,7 +77,7 @@ def test_a_rank_that_never_joins_fails_the_start_and_ends_this_ranks_agent(monke
         started.append(_spawn(target, args, name))
         return started[-1]
 
-    monkeypatch.setattr(supervisor, "JOIN_BOUND_S", 2.0)
+    monkeypatch.setattr(coordination, "JOIN_BOUND_S", 2.0)
     with pytest.raises(TimeoutError, match="not every rank's supervisor joined within 2 s") as failed:
         CoordinatorPlan(0, 2, "127.0.0.1", 5.0, lambda v: v).connect(spawn)
     [agent] = started
@@ -199,14 +199,14 @@ def test_a_second_local_account_can_neither_read_nor_forge_nor_disturb_the_store
 
 def _attack_as(stranger, monkeypatch) -> None:
     with _connected_side_by_side(2, monkeypatch) as (zero, one):
-        zero.publish(0, supervisor.RankEnd(rank=0, status=supervisor.FINISHED), reports=3)
+        zero.publish(0, RankEnd(rank=0, status=FINISHED), reports=3)
         result = stranger.python(_STRANGER, args=(str(zero.port),))
         assert result == {"read": dict.fromkeys(("g0/reports/0", "g0/end/0", "syncpoint/supervisors")), "held": 2000}
         assert not one.failed(0) and not zero.failed(0)  # its "failed" mark is not the job's
         assert zero.store.add("joined", 0) == 2
         assert not one.store.check(["g0/action", "g0/end/1"])  # no forged decision, no forged end
-        one.publish(0, supervisor.RankEnd(rank=1, status=supervisor.FINISHED), reports=3)
-        assert [e.status for e in zero.ends(0, 30)] == [supervisor.FINISHED] * 2
+        one.publish(0, RankEnd(rank=1, status=FINISHED), reports=3)
+        assert [e.status for e in zero.ends(0, 30)] == [FINISHED] * 2
         assert zero.most_reports(0) == 3
 
 
