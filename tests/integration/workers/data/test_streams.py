@@ -764,3 +764,19 @@ def test_spec_fields_parse():
 
 
 # ----------------------------------------------------------------------------- the drill, on Ray
+
+
+def test_a_resume_inside_the_last_pass_ends_at_the_uninterrupted_digest(tmp_path):
+    """Resumed at micro-step 54 of 60 (two ranks, the shuffle buffer, no loader workers), the run ends with
+    every pass exhausted as the uninterrupted one does, but ``datasets`` left its inner shard index at the
+    last shard's end instead of past it: a position the stream never reads again, which the digest leaves
+    out (``digest.settled_stream``). Before, the drill of the streaming example reported a MISMATCH here
+    with every loss equal (issue 48's note of 2026-12-06)."""
+    common = ("train.max_steps=30", "train.dataloader_workers=0")
+    ref = stream_spec(tmp_path / "ref", tmp_path / "corpus", *common, workers=2)
+    _uninterrupted(ref, 2)
+    spec = stream_spec(tmp_path / "run", tmp_path / "corpus", *common, workers=2)
+    crashing = with_overrides(spec, "faults=[{rank: 1, at_micro_step: 55, mode: exit}]")
+    assert run_spawned(crashing) != [0, 0] and state_names(spec)[-1] == f"{54:012d}"
+    assert run_spawned(spec) == [0, 0]
+    _assert_same_run(ref, spec)
