@@ -214,7 +214,7 @@ def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, clust
 
 # A drain by Ray's API on the shared cluster (what a cloud's autoscaler asks): notice -> commit at the next
 # boundary -> exact resume. make test-all also drains a `ray start` node by its own SIGTERM handler, as the
-# kubelet does (tests/ray/test_ray_start_sigterm.py).
+# kubelet does (tests/drills/ray/test_ray_start_sigterm.py).
 def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster, reference):
     c, nodes = cluster
     # 120 micro-steps paced at 100 ms (12 s of training, little CPU): the notice arrives mid-run

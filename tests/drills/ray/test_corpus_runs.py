@@ -102,4 +102,6 @@ def test_elastic_drill_on_a_corpus_on_s3_keeps_the_samples_of_every_step(s3, tmp
     assert "per-step losses and learning rates before the world-size change (steps 1-" in out, out[-3000:]
     assert "]: samples and learning rate of every optimizer step: match" in out, out[-3000:]
     assert "final parameters: within the elastic bound" in out, out[-3000:]
+    # the losses after the change are explained, not judged (dropout on: re-seeded for the new world size)
+    assert "per-step losses after the change: differ" not in out or "dropout" in out, out[-3000:]
     assert out.strip().splitlines()[-1].startswith("RESULT: the interrupted run matched bit for bit until"), out[-3000:]

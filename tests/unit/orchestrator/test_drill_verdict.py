@@ -1,7 +1,7 @@
 """The drill's verdict on an elastic run (a world-size change) follows the documented rules.
 
 Plain data: journals' step records as the drill reads them, no Ray. The Ray drill itself (a node
-lost without replacement, dropout on) is in ``tests/drills/ray/test_elastic.py``.
+lost without replacement, dropout on) is in ``tests/drills/ray/test_corpus_runs.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``scaling.env``: the job's environment variables. Validated (names a shell takes, none syncpoint
 sets per rank, string values), given to every Ray Train worker through its runtime_env and to the
 spawned ranks of a run without Ray, and never printed or stored with a secret-named variable's
-value. A worker on a `ray start` cluster seeing it is ``tests/ray/test_ray_start_sigterm.py``; the
+value. A worker on a `ray start` cluster seeing it is ``tests/drills/ray/test_ray_start_sigterm.py``; the
 rendered pods carrying it, ``tests/k8s/test_k8s_user.py``."""
 
 from __future__ import annotations
