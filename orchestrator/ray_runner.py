@@ -47,7 +47,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         supervise_on_ray(spec, config, launched_at)
         return
 
-    from syncpoint.workers.training.loop import WorkerContext, run_worker
+    from syncpoint.workers.training.loop import run_worker
+    from syncpoint.workers.training.worker_context import WorkerContext
 
     imported_at = time.time()
     ctx = ray.train.get_context()

@@ -40,7 +40,6 @@ world size or another ``train.dataloader_workers`` (``syncpoint.policies.decisio
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -52,9 +51,17 @@ import torch
 from syncpoint.policies.contracts.errors import JobConfigError, TaskError
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions.elastic import Layout, stream_layout
-from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too
+from syncpoint.workers.data.stream_identity import (
+    HF_EMPTY_BUFFER_NOTE,
+    LiftedBuffer,
+    buffer_of,
+    custom_identity,
+    generator_seed,
+    hf_buffer_steps,
+    hf_identity,
+)
 from syncpoint.workers.data.stream_state import SavedStream, encode
 from syncpoint.workers.observation.log_filters import drop
 from syncpoint.workers.task import hf_iterable
@@ -64,10 +71,15 @@ from syncpoint.workers.training.task_rngs import DataGenerators
 # Salts of the seeds a stream derives (with seed, rank, pass, worker and a count). Part of the resume
 # contract: a state resumes to the same examples only while these stay as they are.
 STREAM_EXAMPLE_SALT = 0x57EA4E  # each example's draw from the stream (its .map's randomness)
+
+
 STREAM_COLLATE_SALT = 0x57C011  # each micro-batch's collate
+
+
 STREAM_SHUFFLE_SALT = 0x575FF1  # each draw from the shuffle buffer
+
+
 STREAM_LOADER_SALT = 0x57DA7A  # the DataLoader's generator (its workers' base seed)
-HF_BUFFER_SHUFFLE = "BufferShuffledExamplesIterable"
 
 
 @dataclass
@@ -186,19 +198,6 @@ def _check_hf(spec: JobSpec, dataset: Any) -> None:
         )
 
 
-def _hf_buffer_steps(dataset: Any) -> list[Any]:
-    """The ``.shuffle(...)`` steps of a ``datasets`` stream (``BufferShuffledExamplesIterable``)."""
-    return [step for step in hf_pipeline(dataset) if step_name(step) == HF_BUFFER_SHUFFLE]
-
-
-@dataclass(frozen=True)
-class LiftedBuffer:
-    """A ``datasets`` ``.shuffle(seed, buffer_size)``'s buffer, run by ``RankStream`` instead."""
-
-    buffer_size: int
-    seed: int  # drawn from the shuffle's own generator: another .shuffle(seed=...) is another order
-
-
 def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
     """Take a ``datasets`` stream's shuffle buffer over (None when it has none larger than one).
 
@@ -209,12 +208,12 @@ def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
     the same examples either way), and its draws come from the step's generator and the position. The
     step is changed in place and remembers what it had, so a second ``prepare`` of the same object
     (a restart in the same process) lifts the same buffer."""
-    steps = [s for s in _hf_buffer_steps(dataset) if _buffer_of(s) > 1]
+    steps = [s for s in hf_buffer_steps(dataset) if buffer_of(s) > 1]
     if not steps:
         return None
     where = f"task.path: {spec.task.path!r} returned a datasets.IterableDataset"
     if len(steps) > 1:
-        sizes = ", ".join(str(_buffer_of(s)) for s in steps)
+        sizes = ", ".join(str(buffer_of(s)) for s in steps)
         raise TaskError(
             f"{where} shuffled with {len(steps)} buffers (buffer_size {sizes}): syncpoint runs a stream's shuffle "
             "buffer itself, once, at the end of the pipeline; keep one .shuffle(seed, buffer_size)"
@@ -222,117 +221,17 @@ def lift_hf_buffer(spec: JobSpec, dataset: Any) -> LiftedBuffer | None:
     if spec.train.stream_shuffle_buffer > 1:
         raise TaskError(
             f"train.stream_shuffle_buffer: {spec.train.stream_shuffle_buffer}, and {where} shuffled with a buffer "
-            f"(.shuffle(buffer_size={_buffer_of(steps[0])})): one shuffle buffer per stream; remove "
+            f"(.shuffle(buffer_size={buffer_of(steps[0])})): one shuffle buffer per stream; remove "
             "train.stream_shuffle_buffer or the .shuffle(...)"
         )
     step = steps[0]
     drop("datasets.iterable_dataset", HF_EMPTY_BUFFER_NOTE)
     lifted = getattr(step, "_syncpoint_lifted", None)
     if not isinstance(lifted, LiftedBuffer):
-        lifted = LiftedBuffer(int(step.buffer_size), _generator_seed(step.generator))
+        lifted = LiftedBuffer(int(step.buffer_size), generator_seed(step.generator))
         step._syncpoint_lifted = lifted
         step.buffer_size = 1
     return lifted
-
-
-# datasets warns at every resume that its buffer's content was not saved; the lifted buffer holds one
-# example at a time (none between draws), and syncpoint's own buffer is saved
-HF_EMPTY_BUFFER_NOTE = r"^Loading a state dict of a shuffle buffer of a dataset without the buffer content\."
-
-
-def _buffer_of(step: Any) -> int:
-    lifted = getattr(step, "_syncpoint_lifted", None)
-    return lifted.buffer_size if isinstance(lifted, LiftedBuffer) else int(getattr(step, "buffer_size", 0) or 0)
-
-
-def _generator_seed(generator: Any) -> int:
-    """A 63-bit number naming a NumPy generator's state, drawn from a copy (the generator is left as it was)."""
-    import copy
-
-    import numpy as np
-
-    if not isinstance(generator, np.random.Generator):
-        return 0
-    return int(copy.deepcopy(generator).integers(0, 1 << 63))
-
-
-def hf_identity(dataset: Any) -> dict[str, Any]:
-    """What names a ``datasets`` stream: its builder, config and split, its shards, its data files
-    (name and size, in order: a changed, added or removed file is another stream; the directory they
-    lie in may move), the steps of its pipeline (a changed pipeline has another state layout), each
-    ``.shuffle``'s seed (another seed reads the shards in another order), and
-    what each ``.map``/``.filter`` step computes (a changed function makes other examples at the
-    same position: ``syncpoint.workers.data.function_identity``)."""
-    info = getattr(dataset, "info", None)
-    files: list[dict[str, Any]] = []
-    for step in hf_pipeline(dataset):
-        kwargs = getattr(step, "kwargs", None)
-        if not isinstance(kwargs, dict):
-            continue
-        listed = next((kwargs[k] for k in ("original_files", "base_files", "files") if k in kwargs), None)
-        files += [_file_entry(p) for p in _strings(listed)]
-    return {
-        "builder": getattr(info, "builder_name", None),
-        "config": getattr(info, "config_name", None),
-        "split": None if getattr(dataset, "split", None) is None else str(dataset.split),
-        "n_shards": int(dataset.num_shards),
-        "files": files,
-        "pipeline": [step_name(step) for step in hf_pipeline(dataset)],
-        "functions": _hf_functions(dataset),
-        "shuffle": [_generator_seed(step.generator) for step in _hf_buffer_steps(dataset)],
-    }
-
-
-HF_FUNCTION_SETTINGS = ("fn_kwargs", "batched", "batch_size", "drop_last_batch", "input_columns", "remove_columns")
-
-
-def _hf_functions(dataset: Any) -> list[dict[str, Any]]:
-    """Each ``.map``/``.filter`` step's function digest and settings, outermost step first."""
-    out = []
-    for i, step in enumerate(hf_pipeline(dataset)):
-        fn = getattr(step, "_syncpoint_function", None) or getattr(step, "function", None)  # the task's own
-        if fn is None:
-            continue
-        settings = {k: getattr(step, k, None) for k in HF_FUNCTION_SETTINGS}
-        out.append({"step": i, "kind": step_name(step), "digest": function_digest(fn, settings)})
-    return out
-
-
-def step_name(step: Any) -> str:
-    """A step's ``datasets`` class name; a step ``stream_hf`` replaced has its original one."""
-    return getattr(type(step), "REPLACES", type(step)).__name__
-
-
-def _strings(obj: Any) -> list[str]:
-    if isinstance(obj, str):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [s for item in obj[:100_000] for s in _strings(item)]
-    return []
-
-
-def _file_entry(path: str) -> dict[str, Any]:
-    """A data file by name and size (its size when it is a local file; None for a remote one)."""
-    size = os.path.getsize(path) if "://" not in path and os.path.isfile(path) else None
-    return {"name": os.path.basename(path.rstrip("/")), "size": size}
-
-
-def custom_identity(dataset: Any, task_path: str) -> dict[str, Any]:
-    """A custom stream by its class and, when it has one, its own ``stream_identity()``."""
-    cls = type(dataset)
-    identity: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
-    own = getattr(dataset, "stream_identity", None)
-    if callable(own):
-        value = own()
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError):
-            raise TaskError(
-                f"task.path: {task_path!r}: the dataset's stream_identity() returned "
-                f"{type(value).__name__}, not a JSON value (str, number, list, dict)"
-            ) from None
-        identity["stream_identity"] = value
-    return identity
 
 
 def _custom_split(spec: JobSpec, dataset: Any, rank: int, world_size: int) -> Any:

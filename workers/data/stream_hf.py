@@ -90,7 +90,7 @@ def _seed_calls(step: Any, position: int) -> None:
     if inspect.iscoroutinefunction(own):
         return
     seeded = SeededCall(own, position, bool(step.with_indices))
-    step._syncpoint_function = step.function  # what the step's identity digests (stream.hf_identity)
+    step._syncpoint_function = step.function  # what the step's identity digests (stream_identity.hf_identity)
     if filtering:
         step.mask_function = seeded
         step.function = partial(hf.add_mask, seeded, mask_column_name=step.mask_column_name)

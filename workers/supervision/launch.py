@@ -33,7 +33,7 @@ from syncpoint.workers.training import rng
 from syncpoint.workers.training.device import backend, collective_timeout, prepare_process
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
-    from syncpoint.workers.training.loop import WorkerResult
+    from syncpoint.workers.training.worker_context import WorkerResult
 
 
 def free_port() -> int:
@@ -56,7 +56,8 @@ def ensure_single_process_group(backend_name: str = "gloo") -> None:
 
 def run_in_process(spec: JobSpec, **ctx_kwargs: Any) -> WorkerResult:
     """Run the loop in this process; an injected crash with ``mode: raise`` propagates to the caller."""
-    from syncpoint.workers.training.loop import WorkerContext, run_worker
+    from syncpoint.workers.training.loop import run_worker
+    from syncpoint.workers.training.worker_context import WorkerContext
 
     prepare_process(spec)
     ensure_single_process_group(backend(spec))
@@ -135,7 +136,8 @@ def _child(
             plan = CoordinatorPlan(rank, world, "127.0.0.1", spec.scaling.collective_timeout_s, exchange)
             Supervisor(spec, plan, rank, hooks).run()
         else:
-            from syncpoint.workers.training.loop import WorkerContext, run_worker
+            from syncpoint.workers.training.loop import run_worker
+            from syncpoint.workers.training.worker_context import WorkerContext
 
             prepare_process(spec)  # NCCL binds a communicator to the current GPU
             timeout = collective_timeout(spec)

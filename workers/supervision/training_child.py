@@ -157,7 +157,8 @@ def child_main(plan: ChildPlan, conn: Any) -> None:
             world_size=plan.world,
             timeout=timeout,
         )
-        from syncpoint.workers.training.loop import WorkerContext, run_worker
+        from syncpoint.workers.training.loop import run_worker
+        from syncpoint.workers.training.worker_context import WorkerContext
 
         run_worker(
             spec,

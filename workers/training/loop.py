@@ -19,39 +19,30 @@ the run directory's lease, negotiates where to resume, trains and finishes; ``Tr
 from __future__ import annotations
 
 import logging
-import sys
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from syncpoint.policies.contracts.errors import JobConfigError, LeaseRefused, ResumeRefused, TrainingDiverged
-from syncpoint.policies.contracts.import_path import load_class
-from syncpoint.policies.contracts.journal import AttemptStarted, Finished, Journal, PreemptionNotice
+from syncpoint.policies.contracts.errors import TrainingDiverged
+from syncpoint.policies.contracts.journal import Finished, PreemptionNotice
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions import grace_window
 from syncpoint.policies.decisions.boundaries import cycle_length, is_boundary
 from syncpoint.policies.decisions.candidates import Expectation
 from syncpoint.policies.decisions.elastic import layout
-from syncpoint.policies.decisions.save_interval import (
-    DEFAULT_PREEMPTIONS_PER_HOUR,
-    AutoDecision,
-    PreemptionHistory,
-    preemption_history,
-)
-from syncpoint.policies.decisions.save_triggers import AutoInterval, SaveTrigger, trigger_from_interval
+from syncpoint.policies.decisions.save_triggers import AutoInterval
 from syncpoint.workers.data import corpus, data_plan
 from syncpoint.workers.data.source import DataSource, data_source
 from syncpoint.workers.data.stream import PreparedStream, check_map_spec, prepare
 from syncpoint.workers.integrity.signing import load_key
-from syncpoint.workers.observation.events import EventLog, skipped_line
-from syncpoint.workers.observation.metric_sinks import ReportFn, RunMetrics
+from syncpoint.workers.observation.events import EventLog
+from syncpoint.workers.observation.metric_sinks import RunMetrics
 from syncpoint.workers.observation.progress import ProgressLine, ProgressLog
 from syncpoint.workers.state import user_state
 from syncpoint.workers.state.checkpoint_engine import install as install_streaming
@@ -62,11 +53,10 @@ from syncpoint.workers.state.resume_negotiation import ResumeStart, negotiate_re
 from syncpoint.workers.state.saving import SaveCoordinator
 from syncpoint.workers.state.writer import SaveResult
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.storage.lease import RunLease
 from syncpoint.workers.supervision.failure_site import annotate
 from syncpoint.workers.supervision.faults import Faults
 from syncpoint.workers.supervision.heartbeat import Heartbeat
-from syncpoint.workers.supervision.preemption import DRIVER, PreemptionNotices, RayNotice
+from syncpoint.workers.supervision.preemption import DRIVER, PreemptionNotices
 from syncpoint.workers.task import Task, check_loss, is_stream, load_task
 from syncpoint.workers.training import rng, task_rngs
 from syncpoint.workers.training.attempt import Attempt
@@ -85,65 +75,15 @@ if TYPE_CHECKING:
 
     from syncpoint.workers.state.checkpoint_engine import StreamingCheckpointEngine
     from syncpoint.workers.training.position import TrainingPosition
-
-
-@dataclass
-class WorkerContext:
-    """What the launcher (Ray Train, or a test) tells the loop about its surroundings."""
-
-    # Returns details of an imminent preemption (e.g. from Ray's get_preemption_info), or None.
-    # Called at every sync boundary on every rank (Ray's call is itself a collective).
-    preemption_notice: RayNotice | None = None
-    node_id: str = ""
-    # The Ray Train worker's actor id ("" outside Ray): logged per rank, so an in-place recovery
-    # (syncpoint.workers.supervision.supervisor) shows it kept the worker group.
-    worker_id: str = ""
-    print_progress: bool = True
-    # One id per `syncpoint run` invocation: a Ray restart inside the same submission shares it, so
-    # `resume.policy: fresh` starts over only once and restarts continue their own progress.
-    submission_id: str = ""
-    # Ray Train's `report` (syncpoint.workers.observation.metric_sinks.RayReport), or None outside Ray. A barrier: every
-    # rank calls it at the same boundaries (logged steps as often as Ray collects them, evaluations).
-    report_metrics: ReportFn | None = None
-    # The driver's heartbeat board (a Ray actor handle, ``syncpoint.workers.supervision.heartbeat``), or None outside
-    # Ray:
-    # each rank beats its micro-step there, so a failure's real interruption point is measured.
-    heartbeat_board: Any | None = None
-    # When the launcher started this worker (before its imports); None: when run_worker starts.
-    launched_at: float | None = None
-    # When the launcher's imports (torch, DeepSpeed, syncpoint) were done; None: not measured.
-    imported_at: float | None = None
-    # Whether this training process was forked from the node's warm server (syncpoint.workers.supervision.zygote)
-    # that was already running when its worker started; None: not forked from one.
-    warm_start: bool | None = None
-
-
-class SetupLaps:
-    """Rank 0's start-up profile: seconds per phase from the launch to the attempt's start, in order
-    (``AttemptStarted.setup``; bench P12 prints it). Why in the event: a restart's cost is mostly
-    start-up, and where it goes must be visible in every run's log, not only in a benchmark."""
-
-    def __init__(self, since: float) -> None:
-        self.last = since
-        self.seconds: list[tuple[str, float]] = []
-
-    def mark(self, phase: str, at: float | None = None) -> None:
-        """The phase that ended now (or at ``at``)."""
-        now = time.time() if at is None else at
-        self.seconds.append((phase, round(max(0.0, now - self.last), 4)))
-        self.last = now
-
-
-@dataclass
-class WorkerResult:
-    """What a rank's training returns to the driver: where it ended and the per-step history the
-    run's summary, plot and drills read."""
-
-    final_state: str
-    global_micro_step: int
-    optimizer_step: int
-    resumed_from: str | None
-    history: list[dict[str, Any]] = field(default_factory=list)
+from syncpoint.workers.training.attempt_start import (
+    acquire_lease,
+    announce_attempt,
+    attempt_number,
+    check_hash_seed,
+    make_trigger,
+    measuring,
+)
+from syncpoint.workers.training.worker_context import SetupLaps, WorkerContext, WorkerResult
 
 
 def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
@@ -222,9 +162,9 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     )
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
-    number = faults.attempt = _attempt_number(journal)
+    number = faults.attempt = attempt_number(journal)
     laps.mark("expectation, signing key, journal")
-    lease = _acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
+    lease = acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
     laps.mark("lease")
     attempt = Attempt(
         spec,
@@ -246,7 +186,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     )
     for line in unreproducible:
         attempt.warn(line)
-    _check_hash_seed(attempt)
+    check_hash_seed(attempt)
     start: ResumeStart | None = None
     try:
         start = negotiate_resume(attempt, engine)
@@ -264,7 +204,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             laps.mark("metrics, data source")
             try:
                 launch = (launched_at, ctx.warm_start)
-                _announce_attempt(attempt, (ctx.node_id, ctx.worker_id), start, launch, laps.seconds)
+                announce_attempt(attempt, (ctx.node_id, ctx.worker_id), start, launch, laps.seconds)
                 parts = LoopParts(ctx, notices, task, engine, schedule, metrics, source)
                 return TrainingLoop(attempt, start, parts).run()
             finally:
@@ -331,7 +271,7 @@ class TrainingLoop:
         self.samples_per_micro_step = train.micro_batch_size * self.world
         self.heartbeat = Heartbeat(parts.ctx.heartbeat_board, attempt.rank, attempt.number)
         parts.notices.listen_for_sigterm()
-        self.trigger = _make_trigger(attempt)
+        self.trigger = make_trigger(attempt)
         # clocks differ between ranks: a wall-clock trigger is decided by the boundary vote
         self.wall_clock = getattr(self.trigger, "wall_clock", False)
         self.progress = ProgressLog(attempt.events, attempt.number)
@@ -364,7 +304,7 @@ class TrainingLoop:
         saves = SaveCoordinator(self.engine, self.attempt, self.progress, last_saved=self.start.state)
         committed: Callable[[SaveResult, list[str]], None] = self.parts.metrics.committed
         if isinstance(self.trigger, AutoInterval):  # save_every auto decides again with each measured save
-            committed = _measuring(committed, self.trigger, time.monotonic())
+            committed = measuring(committed, self.trigger, time.monotonic())
         saves.on_commit = self._tell_callbacks(committed)
         saves.stream_state = self.source.capture  # a stream's per-rank position goes into every state
         return saves
@@ -637,128 +577,3 @@ class TrainingLoop:
             resumed_from=self.start.state,
             history=self.progress.history,
         )
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def _announce_attempt(
-    attempt: Attempt,
-    where: tuple[str, str],
-    start: ResumeStart,
-    launch: tuple[float, bool | None],
-    setup: list[tuple[str, float]],
-) -> None:
-    """Rank 0 logs the attempt's start with every rank's (node, worker)."""
-    gathered: list[tuple[str, str] | None] = [None] * attempt.world_size
-    dist.all_gather_object(gathered, where)
-    nodes = [g[0] if g else "" for g in gathered]
-    workers = [g[1] if g else "" for g in gathered]
-    if attempt.events:
-        attempt.events.emit(
-            AttemptStarted(
-                attempt=attempt.number,
-                world_size=attempt.world_size,
-                nodes=nodes,
-                workers=workers if any(workers) else [],
-                submission=attempt.submission_id,
-                resumed_from=start.state,
-                global_micro_step=start.position.global_micro_step,
-                optimizer_step=start.position.optimizer_step,
-                total_steps=attempt.run_length.total_steps,
-                launched_at=launch[0],
-                warm_start=launch[1],
-                setup=setup,
-            )
-        )
-
-
-def _make_trigger(attempt: Attempt) -> SaveTrigger:
-    spec = attempt.spec
-    if not spec.checkpoint.save_trigger and spec.checkpoint.save_every.unit == "auto":
-        return _auto_trigger(attempt)
-    if not spec.checkpoint.save_trigger:
-        return trigger_from_interval(spec.checkpoint.save_every.value, spec.checkpoint.save_every.unit)
-    try:
-        trigger: SaveTrigger = load_class(spec.checkpoint.save_trigger, "wants_save")()
-        return trigger
-    except (ValueError, TypeError) as e:
-        raise JobConfigError(
-            f"checkpoint.save_trigger: {e}. It must name a class with wants_save(tick) -> bool, "
-            "constructible without arguments, importable on every worker"
-        ) from None
-
-
-def _auto_trigger(attempt: Attempt) -> AutoInterval:
-    """``save_every: auto``: rank 0 reads the run's preemptions and save costs so far from the event
-    log and every rank starts from the same history (one broadcast); rank 0 logs each decision."""
-    box: list[PreemptionHistory | None] = [None]
-    if attempt.events is not None:
-        box[0] = preemption_history(attempt.events.journal())
-    dist.broadcast_object_list(box, src=0)
-    rate = attempt.spec.checkpoint.expected_preemptions_per_hour or DEFAULT_PREEMPTIONS_PER_HOUR
-    return AutoInterval(rate, box[0], on_decision=_log_decision if attempt.rank == 0 else None)
-
-
-def _log_decision(decision: AutoDecision) -> None:
-    print(f"[syncpoint] {decision.describe()}", file=sys.stderr, flush=True)
-
-
-def _measuring(
-    committed: Callable[[SaveResult, list[str]], None], trigger: AutoInterval, started: float
-) -> Callable[[SaveResult, list[str]], None]:
-    def on_commit(result: SaveResult, reasons: list[str]) -> None:
-        committed(result, reasons)
-        trigger.observe_save(result.blocked_seconds, time.monotonic() - started)
-
-    return on_commit
-
-
-def _acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: int, submission: str) -> RunLease | None:
-    """Rank 0 takes the run directory's lease; every rank learns the outcome (one broadcast)."""
-    lease, box = None, [cast(str | None, None)]
-    if rank == 0:
-        lease = RunLease(
-            storage,
-            job_identity=exp.job_identity,
-            job_name=spec.name,
-            submission=submission or uuid.uuid4().hex,
-            ttl_s=spec.resume.lease_ttl_s,
-        )
-        try:
-            lease.acquire()
-        except LeaseRefused as e:
-            box = [str(e)]
-        else:
-            line = lease.takeover_line()
-            if line:  # a dead holder's expired lease (a lost head, a killed driver): say whose, and how old
-                print(f"[syncpoint] {line}", flush=True)
-    dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise ResumeRefused(box[0])
-    return lease
-
-
-_HASH_SEED_WARNED: set[int] = set()
-
-
-def _check_hash_seed(attempt: Attempt) -> None:
-    """Every rank checks that its interpreter runs with the job's PYTHONHASHSEED (one gather);
-    rank 0 warns once per process, naming the ranks and the fix."""
-    expected = rng.hash_seed(attempt.spec.train.seed)
-    problems: list[str | None] = [None] * attempt.world_size
-    dist.all_gather_object(problems, rng.hash_seed_problem(expected))
-    bad = [r for r, p in enumerate(problems) if p]
-    if bad and expected not in _HASH_SEED_WARNED:
-        _HASH_SEED_WARNED.add(expected)
-        attempt.warn(f"rank(s) {bad}: {problems[bad[0]]}")
-
-
-def _attempt_number(journal: Journal | None) -> int:
-    """This attempt's number: one more than the attempts the journal holds (rank 0 reads, all learn).
-    Rank 0 says which event files it skipped (planted or damaged: the run goes on without them)."""
-    if journal is not None and journal.skipped:
-        print(f"[syncpoint] {skipped_line(journal.skipped)}", file=sys.stderr, flush=True)
-    box = [journal.next_attempt() if journal is not None else 1]
-    dist.broadcast_object_list(box, src=0)
-    return int(box[0])

@@ -343,7 +343,7 @@ def test_datasets_buffer_shuffle_is_taken_over_by_syncpoints_buffer(tmp_path):
     """A .shuffle(seed, buffer_size) keeps its shard-order part in datasets (buffer_size 1) and its buffer
     moves to syncpoint's saved one, drawn from the shuffle's generator; preparing the same object again
     (a restart in the same process) lifts the same buffer."""
-    from syncpoint.workers.data.stream import HF_BUFFER_SHUFFLE, hf_pipeline, step_name
+    from syncpoint.workers.data.stream_identity import HF_BUFFER_SHUFFLE, hf_pipeline, step_name
 
     spec, task = _task("tests.stream_tasks:hf_buffer_shuffled", tmp_path / "corpus", "train.stream_shuffle_buffer=0")
     first = prepare(spec, task.dataset, task.collate, 0, 1)

@@ -16,7 +16,7 @@ from syncpoint.policies.decisions.candidates import Expectation, Verdict, classi
 from syncpoint.policies.decisions.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
 from syncpoint.workers.state.discovery import discover, read_candidate
 from syncpoint.workers.state.reader import manifest_files
-from syncpoint.workers.state.resume_negotiation import ResumeChoice
+from syncpoint.workers.state.resume_choice import ResumeChoice
 from syncpoint.workers.storage import RunStorage
 from tests.meta import candidate_for, commit_candidate
 
