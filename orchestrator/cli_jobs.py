@@ -240,14 +240,45 @@ def cmd_drill(args: argparse.Namespace) -> int:
         )
     if args.no_replacement and InterruptionKind.NODE not in hows:
         raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
+    from syncpoint.orchestrator.drill import drill_stopped
+    from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.run_watchdog import ensure
 
     ensure()  # nothing the drill starts (its clusters, their warm servers) outlives it, however it ends
-    report = run_drill(
-        spec, points, [InterruptionKind(h) for h in hows], args.address, replacement=not args.no_replacement
-    )
+    kinds = [InterruptionKind(h) for h in hows]
+    # the driver's signals are the notice of the run in progress, as for `syncpoint run`
+    rerun = redact_text(drill_command(args), spec.storage)
+    with DriverSignals(spec.checkpoint.sigterm_grace_s, _say, rerun, rerun_resumes=False) as signals:
+        signals.install()
+        try:
+            report = run_drill(spec, points, kinds, args.address, replacement=not args.no_replacement, signals=signals)
+        except KeyboardInterrupt:  # a second signal (``driver_signals.StopNow``), or Ray's own for it
+            if not signals.at_once:
+                raise
+            report = drill_stopped(points, kinds, signals, "a run, at once on a second signal")
     print(report.table)
-    return 0 if report.ok else 1
+    return report.code
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def drill_command(args: argparse.Namespace) -> str:
+    """The command that runs this drill again (it starts its two runs over): the job file and the
+    options that change the drill."""
+    import shlex
+
+    parts = ["syncpoint", "drill", args.job, "--preempt-at", args.preempt_at]
+    if args.how:
+        parts += ["--how", args.how]
+    if args.no_replacement:
+        parts.append("--no-replacement")
+    for override in args.set or []:
+        parts += ["--set", override]
+    if args.address:
+        parts += ["--address", redact_url(args.address)]
+    return shlex.join(parts)
 
 
 def _storm(args: argparse.Namespace, spec: JobSpec) -> int:

@@ -29,16 +29,24 @@ from syncpoint.policies.decisions.goodput import goodput
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
 
+    from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.ray_internals import ClusterNode
     from syncpoint.orchestrator.ray_runner import JobOutcome
 
 
 @dataclass
 class DrillReport:
-    """A drill's printed comparison and its verdict (``ok``: bitwise equal where the rules say it must be)."""
+    """A drill's printed comparison and its verdict (``ok``: bitwise equal where the rules say it must be);
+    ``exit_code``: a drill the driver's signal stopped (128 + its number), else None (0 if ok, else 1)."""
 
     table: str
     ok: bool
+    exit_code: int | None = None
+
+    @property
+    def code(self) -> int:
+        """The process's exit code for this drill."""
+        return self.exit_code if self.exit_code is not None else int(not self.ok)
 
 
 CRASH, SIGTERM, NODE = InterruptionKind.CRASH, InterruptionKind.SIGTERM, InterruptionKind.NODE
@@ -55,11 +63,14 @@ def run_drill(
     hows: list[InterruptionKind],
     address: str | None = None,
     replacement: bool = True,
+    signals: DriverSignals | None = None,
 ) -> DrillReport:
     """``hows[i]`` interrupts at ``points[i]`` (one kind may be given for all points). With
     ``replacement=False`` a lost node is not replaced: an elastic job continues on fewer workers.
     A reference run that fails ends the drill there, its last line in the report: there is nothing
-    to compare an interrupted run with."""
+    to compare an interrupted run with. ``signals``: the drill command's own (``driver_signals``): a
+    signal is the notice of the run in progress, which saves at its next boundary and stops, and the
+    drill stops there, comparing nothing."""
     from syncpoint.orchestrator.ray_runner import run_reported
     from syncpoint.workers.storage import RunStorage
 
@@ -80,10 +91,13 @@ def run_drill(
 
     node_points = [(i, p) for i, (p, how) in enumerate(zip(points, hows, strict=False)) if how == NODE]
     if node_points:
-        ref_end, run_end = _node_drill(ref, run, node_points, replacement)
+        ref_end, run_end = _node_drill(ref, run, node_points, replacement, signals)
     else:
-        ref_end = run_reported(ref, address)
-        run_end = None if ref_end.failed else run_reported(run, address)
+        ref_end = run_reported(ref, address, signals=signals)
+        go_on = not ref_end.failed and not (signals and signals.received)
+        run_end = run_reported(run, address, signals=signals) if go_on else None
+    if signals is not None and signals.received is not None:
+        return drill_stopped(points, hows, signals, "its interrupted run" if run_end else "its reference run")
     if run_end is None:
         return reference_failed(points, hows, ref_end.line)
     return compare(ref, run, 0, 1 if run_end.failed else 0, points, hows, run_line=run_end.line)
@@ -115,23 +129,35 @@ def local_cluster(spec: JobSpec) -> Iterator[tuple[Cluster, list[ClusterNode], i
 
 
 def _node_drill(
-    ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool
+    ref: JobSpec, run: JobSpec, points: list[tuple[int, int]], replacement: bool, signals: DriverSignals | None
 ) -> tuple[JobOutcome, JobOutcome | None]:
-    """How the reference and the interrupted run ended (None: not started, the reference failed)."""
+    """How the reference and the interrupted run ended (None: not started, the reference failed or
+    the driver's signal stopped it). The interrupted run's driver runs in a thread, so this (main)
+    thread takes the signals back once its ``ray.init`` put Ray's own SIGTERM handler in place."""
+    import ray
+
     from syncpoint.orchestrator.ray_runner import JobOutcome, run_reported
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     with local_cluster(run) as (cluster, nodes, cpus):
-        ref_end = run_reported(ref, cluster.address)
-        if ref_end.failed:
+        ref_end = run_reported(ref, cluster.address, signals=signals)
+        if ref_end.failed or (signals is not None and signals.received is not None):
             return ref_end, None
         result: dict[str, JobOutcome] = {}
-        thread = threading.Thread(target=lambda: result.update(end=run_reported(run, cluster.address)), daemon=True)
+        thread = threading.Thread(
+            target=lambda: result.update(end=run_reported(run, cluster.address, signals=signals)), daemon=True
+        )
         thread.start()
         log = EventLog(RunStorage(run.run_url))
+        reinstalled = signals is None
         for i, point in points:
             while thread.is_alive():
+                if not reinstalled and ray.is_initialized():
+                    signals.install()  # type: ignore[union-attr]
+                    reinstalled = True
+                if signals is not None and signals.received is not None:
+                    break  # the run saves and stops on the notice: no node is taken away now
                 journal = log.journal()
                 attempt = journal.last_attempt
                 if attempt is not None and journal.furthest_micro_step() >= point:
@@ -259,6 +285,22 @@ def _plan_line(points: list[int], hows: list[InterruptionKind]) -> str:
     return "drill: " + ", ".join(
         f"{h} at micro-step {p}" if h != NODE else f"node lost after micro-step {p}"
         for p, h in zip(points, hows, strict=False)
+    )
+
+
+def drill_stopped(points: list[int], hows: list[InterruptionKind], signals: DriverSignals, during: str) -> DrillReport:
+    """The report of a drill the driver's signal stopped: the run in progress saved at its next
+    boundary and stopped (its own line above says what it kept); nothing is compared."""
+    return DrillReport(
+        "\n".join(
+            [
+                _plan_line(points, hows),
+                f"the drill stopped on {signals.name} during {during}: nothing compared",
+                f"RESULT: STOPPED (`{signals.rerun}` starts the drill over)",
+            ]
+        ),
+        False,
+        exit_code=signals.exit_code(),
     )
 
 

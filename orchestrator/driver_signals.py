@@ -52,7 +52,8 @@ class DriverSignals:
     """For a job's length on the driver: SIGINT, SIGTERM and SIGHUP are the job's stop notice.
 
     ``received``: the first signal's number (None: none yet); ``at_once``: a second one stopped the
-    driver; ``say`` prints the driver's lines about it; ``rerun``: the command that resumes the job.
+    driver; ``say`` prints the driver's lines about it; ``rerun``: the command that resumes the job, or
+    (``rerun_resumes`` False: a drill's, which starts its runs over) the command that starts it over.
 
     Why a wakeup fd: Python runs a handler only when the main thread next checks (inside Ray's blocking
     get, about once a second) and runs it once for any number of deliveries of the same signal in
@@ -61,9 +62,11 @@ class DriverSignals:
     ``StopNow`` in the main thread once the thread has decided so (the thread re-sends the signal to the
     main thread to make sure the handler runs after that decision)."""
 
-    def __init__(self, grace_s: float | None, say: Callable[[str], None], rerun: str) -> None:
+    def __init__(
+        self, grace_s: float | None, say: Callable[[str], None], rerun: str, *, rerun_resumes: bool = True
+    ) -> None:
         self.grace_s = grace_s or DEFAULT_GRACE_S
-        self.say, self.rerun = say, rerun
+        self.say, self.rerun, self.rerun_resumes = say, rerun, rerun_resumes
         self.received: int | None = None
         self.at_once = False
         self.board: Any = None

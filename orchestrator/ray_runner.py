@@ -257,10 +257,11 @@ def run_reported(
     progress_bar: bool = False,
     dashboard: bool = False,
     rerun: str | None = None,
+    signals: DriverSignals | None = None,
 ) -> JobOutcome:
     """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
-    line in its verdict."""
-    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun)
+    line in its verdict. ``signals``: see ``run_job``."""
+    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, signals=signals)
     if outcome.failed:  # printed last: a failed run's last line says why
         if outcome.details:
             print(outcome.details, file=sys.stderr)
@@ -277,11 +278,16 @@ def run_job(
     progress_bar: bool = False,
     dashboard: bool = False,
     rerun: str | None = None,
+    signals: DriverSignals | None = None,
 ) -> JobOutcome:
     """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray,
     with Ray's dashboard if ``dashboard``); returns how it ended without printing its last line
-    (``run_on_ray`` and ``syncpoint.run`` both call this). ``rerun``: see ``run_on_ray``."""
+    (``run_on_ray`` and ``syncpoint.run`` both call this). ``rerun``: see ``run_on_ray``. ``signals``:
+    a caller's own (a drill's, whose runs share one notice: it installed them and watches its own
+    processes), used instead of ``rerun``'s."""
     with ray_train_defaults(spec):
+        if signals is not None:
+            return _run_noticed(spec, address, progress_bar, dashboard, signals)
         if rerun is None:
             return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
         from syncpoint.orchestrator.driver_signals import DriverSignals
@@ -290,12 +296,19 @@ def run_job(
         ensure()  # the command's own driver: nothing it starts outlives it, however it ends
 
         with DriverSignals(spec.checkpoint.sigterm_grace_s, _driver_lines(spec), rerun) as signals:
-            try:
-                return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, signals=signals)
-            except KeyboardInterrupt:  # StopNow, or Ray's own for it (``driver_signals.StopNow``)
-                if not signals.at_once:
-                    raise
-                return stopped(spec, signals, at_once=True)
+            return _run_noticed(spec, address, progress_bar, dashboard, signals)
+
+
+def _run_noticed(
+    spec: JobSpec, address: str | None, progress_bar: bool, dashboard: bool, signals: DriverSignals
+) -> JobOutcome:
+    """The job with the driver's signals as its notice; a second signal stops it at once."""
+    try:
+        return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, signals=signals)
+    except KeyboardInterrupt:  # StopNow, or Ray's own for it (``driver_signals.StopNow``)
+        if not signals.at_once:
+            raise
+        return stopped(spec, signals, at_once=True)
 
 
 def _driver_lines(spec: JobSpec) -> Callable[[str], None]:
@@ -367,7 +380,8 @@ def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> 
         line = f"syncpoint: stopped {how}{nothing_more}; no state was committed: `{signals.rerun}` starts it again"
     else:
         kept = f"state {last.state} (optimizer step {last.optimizer_step})"
-        line = f"syncpoint: stopped {how} at {kept}{nothing_more}; `{signals.rerun}` resumes it"
+        then = "resumes it" if signals.rerun_resumes else "starts over"
+        line = f"syncpoint: stopped {how} at {kept}{nothing_more}; `{signals.rerun}` {then}"
     return JobOutcome(line=redact_text(line, spec.storage), failed=False, exit_code=signals.exit_code())
 
 

@@ -14,7 +14,7 @@ One job, two runs of the same command on the same run directory:
      tests/unit/orchestrator/test_driver_signals.py).
 
 And `ray job stop` of a submitted driver (``syncpoint submit``'s: `syncpoint run` as a Ray Job on a
-`ray start` head) is the same notice.
+`ray start` head) is the same notice, as is SIGTERM to `syncpoint drill` for the run it has in progress.
 
 The task holds its first micro-batch until a file exists (``tests.tasks.paced_lm``'s ``hold_until``),
 so each signal lands while the run is known to be training, without a wall-clock window.
@@ -192,3 +192,54 @@ def test_ray_job_stop_of_a_submitted_driver_is_the_same_notice(tmp_path):
         f"syncpoint: stopped on SIGTERM at state {saved['state']} (optimizer step {saved['optimizer_step']}); "
         "`syncpoint submit examples/tiny_lm.yaml --set"
     ) and last.endswith("--address DASHBOARD` resumes it"), logs[-3000:]
+
+
+@pytest.mark.long  # make test: `syncpoint run`'s SIGTERM above (the drill's runs are `syncpoint run`'s, in-process)
+def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_drill(tmp_path):
+    """SIGTERM to `syncpoint drill` while its reference run trains: that run saves at its next boundary
+    and stops, the interrupted run never starts, the drill ends 143 with a last line that says it
+    stopped and how to start it over, and nothing it started is alive 15 s later."""
+    hold = tmp_path / "go"
+    spec = lm_spec(
+        tmp_path / "runs",
+        "task.path=tests.tasks:paced_lm",
+        f"task.config.hold_until={hold}",
+        "task.config.pace_s=0.02",
+        "task.config.num_samples=1600",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",  # only the notice saves
+    )
+    job = write_job(spec, tmp_path / "job.yaml")
+    ref = spec.model_copy(update={"name": f"{spec.name}-drill-ref"})
+    run = spec.model_copy(update={"name": f"{spec.name}-drill"})
+    env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "syncpoint", "drill", str(job), "--preempt-at", "300"]
+    drill = start_as_in_a_terminal(cmd, cwd=ROOT, env=env, stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_driver(lambda: bool(_events(ref, "attempt_started")), drill, "the reference run", output=out.read_text)
+        assert owned(mark), "the drill's processes carry the test's marker"
+        signalled_at = time.time()
+        drill.send_signal(signal.SIGTERM)
+        hold.touch()  # the first micro-batch goes on: the next boundary answers the notice
+        assert drill.wait(timeout=300) == 143, out.read_text()[-4000:]
+        (notice,) = _events(ref, "preemption_notice")
+        assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
+        (saved,) = _events(ref, "state_committed")
+        assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+        assert not _events(ref, "finished") and not _events(run, "submitted")  # the interrupted run never began
+        text = out.read_text()
+        again = f"syncpoint drill {job} --preempt-at 300"
+        assert (
+            f"syncpoint: stopped on SIGTERM at state {saved['state']} (optimizer step {saved['optimizer_step']}); "
+            f"`{again}` starts over"
+        ) in text, text[-4000:]
+        assert "the drill stopped on SIGTERM during its reference run: nothing compared" in text, text[-4000:]
+        assert _last_line(out) == f"RESULT: STOPPED (`{again}` starts the drill over)", text[-4000:]
+        _, alive = psutil.wait_procs(list(owned(mark)), timeout=GONE_WITHIN_S)
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"alive {GONE_WITHIN_S:g}s after the drill ended: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        if drill.poll() is None:
+            drill.kill()
+        stop_processes(list(owned(mark)), mark=mark)
