@@ -11,6 +11,7 @@ import torch
 
 from syncpoint.policies.contracts.errors import JobConfigError
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.workers.training.compile_cache import private_compile_cache
 from syncpoint.workers.training.device import prepare_op_builds
 from syncpoint.workers.training.param_groups import (
     ATTRIBUTE,
@@ -138,6 +139,9 @@ def build_engine(
         engine.optimizer.param_groups, layout, type(optimizer).__name__ if task_optimizer is not None else None
     )
     setattr(engine, ATTRIBUTE, settings)
+    if spec.train.compile:  # in place (the state dict's names unchanged): compiled at the first micro-step
+        private_compile_cache()
+        engine.compile()
     return engine
 
 

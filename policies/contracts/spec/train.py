@@ -299,6 +299,16 @@ class TrainSpec(Strict):
             "rank's stderr (warnings, errors) always shows, prefixed [rank N] on ranks other than 0."
         ),
     )
+    compile: bool = Field(
+        False,
+        description=(
+            "Compile the model with torch.compile through DeepSpeed's engine.compile (the accelerator's default "
+            "backend, inductor): the first micro-step of each training process compiles; a restart on the same "
+            "node reads the compiled graphs back from this user's private compile cache (TORCHINDUCTOR_CACHE_DIR, "
+            "unless you set it) instead of compiling from nothing. Resumes exactly like an eager run; turning it "
+            "on or off between attempts is a change of numerics the run takes, as of train.lr."
+        ),
+    )
     report_to: list[TrackerName] = Field(
         default_factory=lambda: list[TrackerName](["tensorboard"]),
         max_length=3,
