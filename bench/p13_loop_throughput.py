@@ -32,8 +32,8 @@ What it measures
     second; each goal is syncpoint's throughput over the plain loop's, per ZeRO stage and clock, in
     the same run.
 
-Command (from the repo root; ``--quick``: ZeRO 0 and 2, 2 rounds of 40 optimizer steps, about 4
-minutes on 2 quiet cores, 9 on 2 heavily loaded ones):
+Command (from the repo root; ``--quick``: ZeRO 0 and 2, 1 round of 24 optimizer steps (15 steady steps a
+run after the warm-up), about 2 minutes on 2 quiet cores):
 
     .venv/bin/python -m bench.p13_loop_throughput --quick
     .venv/bin/python -m bench.p13_loop_throughput            # ZeRO 0, 2, 3; 3 rounds of 96 steps
@@ -263,7 +263,7 @@ def loadavg() -> str:
 def parser() -> argparse.ArgumentParser:
     """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="ZeRO 0 and 2, 2 rounds of 40 optimizer steps")
+    p.add_argument("--quick", action="store_true", help="ZeRO 0 and 2, 1 round of 24 optimizer steps")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=96, help="optimizer steps a run")
     p.add_argument("--epochs", type=int, default=2)
@@ -328,8 +328,8 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    rounds = 2 if args.quick else args.rounds
-    args.steps = 40 if args.quick else args.steps
+    rounds = 1 if args.quick else args.rounds
+    args.steps = 24 if args.quick else args.steps
     stages = args.zero or ([0, 2] if args.quick else [0, 2, 3])
     print(
         f"P13 loop throughput: tiny LM d_model {MODEL['d_model']}, {MODEL['n_layers']} layers, seq {SEQ_LEN}; "

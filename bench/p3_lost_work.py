@@ -28,7 +28,8 @@ Baseline: one periodic save interval, measured on the reference run of the same 
 Goal (issue P3): with notice, 0 optimizer steps lost; without notice, <= one save interval.
 
 Command (from the repo root; about 2-2.5 minutes on 2 shared cores: each drill is two Ray runs, and
-every run and restart starts Ray workers and DeepSpeed; ``--quick`` runs one preemption per drill):
+every run and restart starts Ray workers and DeepSpeed; ``--quick`` runs one preemption of each kind, 13
+with notice and 62 without, in one drill: one reference run and one interrupted run, about half the time):
 
     cd /work/main && .venv/bin/python -m bench.p3_lost_work
     cd /work/main && .venv/bin/python -m bench.p3_lost_work --quick
@@ -72,6 +73,11 @@ def drill_spec(storage: str, name: str, save_every: int, epochs: int):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     return resolve_storage(load_spec(EXAMPLE, example_overrides(storage, name, save_every, epochs)))
+
+
+# --quick's one drill: the preemption with notice, then the one without, in the same interrupted run
+BOTH = "with and without notice"
+KINDS = (("with notice", "sigterm"), ("without notice", "crash"))
 
 
 def micro_batches_per_epoch(spec) -> int:
@@ -153,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--crash-at", type=int, nargs="+", default=[21, 62], help="crash (no notice) micro-steps")
     ap.add_argument("--save-every", type=int, default=8, help="checkpoint.save_every in optimizer steps")
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="one preemption per drill (13 with notice, 62 without)")
+    ap.add_argument("--quick", action="store_true", help="one drill: 13 with notice, then 62 without")
     ap.add_argument("--verbose", action="store_true", help="show Ray's and the workers' output")
     return ap
 
@@ -172,6 +178,15 @@ def main(argv: list[str] | None = None) -> None:
         ("with notice", "p3-notice", args.notice_at, ["sigterm"]),
         ("without notice", "p3-crash", args.crash_at, ["crash"]),
     ]
+    if args.quick:  # one drill, both kinds: one reference run and one interrupted run instead of two of each
+        drills = [
+            (
+                BOTH,
+                "p3-both",
+                [*args.notice_at, *args.crash_at],
+                ["sigterm"] * len(args.notice_at) + ["crash"] * len(args.crash_at),
+            )
+        ]
     results = []
     t_all = time.perf_counter()
     try:
@@ -236,7 +251,10 @@ def main(argv: list[str] | None = None) -> None:
         for line in report.table.splitlines():
             print(f"   {line}")
         print()
-        summary.append((label, rows))
+        if label == BOTH:  # each kind's preemptions, as their own drill's would be
+            summary += [(kind, [r for r in rows if r["how"] == how]) for kind, how in KINDS]
+        else:
+            summary.append((label, rows))
 
     print("summary per kind")
     hdr = (
