@@ -164,29 +164,33 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def plan_drills(args: argparse.Namespace) -> list[tuple[str, str, list[int], list[str]]]:
+    """(label, run name, micro-steps, kinds) of each drill: one per kind; --quick: one of both kinds
+    (one reference run and one interrupted run instead of two of each)."""
+    if args.quick:  # the first notice and the last crash
+        return [(BOTH, "p3-both", [args.notice_at[0], args.crash_at[-1]], ["sigterm", "crash"])]
+    return [
+        ("with notice", "p3-notice", args.notice_at, ["sigterm"]),
+        ("without notice", "p3-crash", args.crash_at, ["crash"]),
+    ]
+
+
+def by_kind(label: str, rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """A drill's preemptions under their kind's label: --quick's drill of both kinds split by kind."""
+    if label == BOTH:
+        return [(kind, [r for r in rows if r["how"] == how]) for kind, how in KINDS]
+    return [(label, rows)]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    if args.quick:
-        args.notice_at, args.crash_at = args.notice_at[:1], args.crash_at[-1:]
 
     from syncpoint.orchestrator.drill import run_drill
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
     storage = tempfile.mkdtemp(prefix="syncpoint-p3-", dir="/tmp")
-    drills = [
-        ("with notice", "p3-notice", args.notice_at, ["sigterm"]),
-        ("without notice", "p3-crash", args.crash_at, ["crash"]),
-    ]
-    if args.quick:  # one drill, both kinds: one reference run and one interrupted run instead of two of each
-        drills = [
-            (
-                BOTH,
-                "p3-both",
-                [*args.notice_at, *args.crash_at],
-                ["sigterm"] * len(args.notice_at) + ["crash"] * len(args.crash_at),
-            )
-        ]
+    drills = plan_drills(args)
     results = []
     t_all = time.perf_counter()
     try:
@@ -251,10 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         for line in report.table.splitlines():
             print(f"   {line}")
         print()
-        if label == BOTH:  # each kind's preemptions, as their own drill's would be
-            summary += [(kind, [r for r in rows if r["how"] == how]) for kind, how in KINDS]
-        else:
-            summary.append((label, rows))
+        summary += by_kind(label, rows)
 
     print("summary per kind")
     hdr = (
