@@ -32,8 +32,10 @@ Goal (issue P4): recovery <= 1.1x cold start.
 
 Command (from the repo root; about 9 minutes on 2 shared cores for the default 2 repetitions of the
 six paths, each a fresh embedded Ray; ``--quick`` runs one repetition of the four paths the goals
-need most (``QUICK``: in place, and the lost node with warm servers and as filed), about two thirds
-of the six paths' time;
+need most (``QUICK``: in place, and the lost node with warm servers and as filed) in three runs, the
+two in-place paths as one job (``run_in_place_both``: the crash, then the exception one save interval
+later, each recovered in place; its first restart measured as the crash's, its second as the
+exception's; that job one epoch longer), about half of the six paths' time;
 ``--only 'lost node'`` only the lost node's three paths; Ray's logs go to stderr):
 
     .venv/bin/python -m bench.p4_recovery
@@ -63,12 +65,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 
 
-def job_overrides(storage: str, name: str, crash_at: int, save_every: int, epochs: int, mode: str) -> list[str]:
-    """The job's settings every variant shares (what the code issue 32 was filed against knows too)."""
+def job_overrides(
+    storage: str, name: str, crash_at: int, save_every: int, epochs: int, mode: str, then: tuple[int, str] | None = None
+) -> list[str]:
+    """The job's settings every variant shares (what the code issue 32 was filed against knows too);
+    ``then``: a second fault of rank 1 (micro-step, mode) after the first, and a second failure allowed."""
+    faults = f"{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}"
+    if then:
+        faults += f", {{rank: 1, at_micro_step: {then[0]}, mode: {then[1]}}}"
     return [
         *example_overrides(storage, name, save_every, epochs),
-        "failure.max_failures=1",
-        f"faults=[{{rank: 1, at_micro_step: {crash_at}, mode: {mode}}}]",
+        f"failure.max_failures={2 if then else 1}",
+        f"faults=[{faults}]",
     ]
 
 
@@ -81,11 +89,12 @@ def job_spec(
     mode: str = "exit",
     in_place: bool = True,
     warm: bool = True,
+    then: tuple[int, str] | None = None,
 ):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
     overrides = [
-        *job_overrides(storage, name, crash_at, save_every, epochs, mode),
+        *job_overrides(storage, name, crash_at, save_every, epochs, mode, then),
         f"failure.in_place={str(in_place).lower()}",
         f"failure.warm_nodes={str(warm).lower()}",
     ]
@@ -114,6 +123,30 @@ def run_variant(
     return m
 
 
+def run_in_place_both(storage: str, name: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """--quick's one run of both in-place paths: rank 1 crashes (``os._exit``) after ``crash_at``, and
+    raises one save interval later, each recovered in place; the first restart measured as the crash's
+    path, the second as the exception's (the cold start is the run's own). A state is committed between
+    the two (its commit flushes the resumed attempt's progress records, which a failure before any
+    commit would lose), and the run is one epoch longer, so the second failure falls inside it."""
+    from syncpoint.orchestrator.ray_runner import run_on_ray
+    from syncpoint.workers.observation.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+
+    then = (args.crash_at + GRAD_ACCUM * args.save_every, "raise")
+    spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs + 1, "exit", True, True, then)
+    t0 = time.perf_counter()
+    quiet = contextlib.nullcontext() if args.verbose else contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        rc = run_on_ray(spec)
+    events = EventLog(RunStorage(spec.run_url)).read_all()
+    wall = time.perf_counter() - t0
+    crash, exception = measure(events, 1), measure(events, 2)
+    for m in (crash, exception):
+        m["rc"], m["wall"] = rc, wall
+    return crash, exception
+
+
 # (label, fault mode, failure.in_place, failure.warm_nodes, recovered in place): the same failure point
 # through each restart path, in one run of the bench. "lost node": a preemption notice, then the
 # rank's node is taken (mode sigterm), so Ray Train starts a new worker group even in place; on this
@@ -131,10 +164,13 @@ LOST_COLD, LOST_WARM, LOST_FILED = VARIANTS[3][0], VARIANTS[4][0], VARIANTS[5][0
 # --quick's paths: every goal but the lost node's warm-vs-cold ratio (and the in-place R's ratio to a
 # Ray Train restart, printed beside its goal), in about 60% of the time of all six
 QUICK = (VARIANTS[1][0], VARIANTS[2][0], LOST_WARM, LOST_FILED)
+GRAD_ACCUM = 4  # the example's train.grad_accum: a save interval in micro-steps is save_every x this
 
 
-def first(events: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any] | None:
-    return next((e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())), None)
+def first(events: list[dict[str, Any]], kind: str, nth: int = 1, **match: Any) -> dict[str, Any] | None:
+    """The ``nth`` event of the kind (1: the first) that matches."""
+    hits = [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+    return hits[nth - 1] if len(hits) >= nth else None
 
 
 def first_step(events: list[dict[str, Any]], attempt: int) -> dict[str, Any] | None:
@@ -156,22 +192,24 @@ def _step_s(events: list[dict[str, Any]], attempt: int) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
-def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
+def measure(events: list[dict[str, Any]], restart: int = 1) -> dict[str, Any]:
+    """The run's cold start and its ``restart``-th restart (1: the first failure, attempt 2 after it)."""
+    nxt = restart + 1
     sub = first(events, "submitted")
-    a1, a2 = first(events, "attempt_started", attempt=1), first(events, "attempt_started", attempt=2)
-    d1, d2 = first(events, "resume_decision", attempt=1), first(events, "resume_decision", attempt=2)
-    s1, s2 = first_step(events, 1), first_step(events, 2)
-    fault, fail = first(events, "fault_fired"), first(events, "failure")
+    a1, a2 = first(events, "attempt_started", attempt=1), first(events, "attempt_started", attempt=nxt)
+    d1, d2 = first(events, "resume_decision", attempt=1), first(events, "resume_decision", attempt=nxt)
+    s1, s2 = first_step(events, 1), first_step(events, nxt)
+    fault, fail = first(events, "fault_fired", restart), first(events, "failure", restart)
     missing = [
         n
         for n, e in (
             ("submitted", sub),
             ("attempt_started 1", a1),
-            ("attempt_started 2", a2),
+            (f"attempt_started {nxt}", a2),
             ("first step of attempt 1", s1),
-            ("first step of attempt 2", s2),
-            ("fault_fired", fault),
-            ("failure", fail),
+            (f"first step of attempt {nxt}", s2),
+            (f"fault_fired {restart}", fault),
+            (f"failure {restart}", fail),
         )
         if e is None
     ]
@@ -194,6 +232,7 @@ def measure(events: list[dict[str, Any]]) -> dict[str, Any]:
         "detection": fail["time"] - fault["time"],
         "crash_to_step": s2["time"] - fault["time"],
         "resumed_from": a2.get("resumed_from"),
+        "attempt": nxt,
         "first_steps": (s1["optimizer_step"], s2["optimizer_step"]),
         "classified": fail.get("classified"),
         "warm_start": a2.get("warm_start"),
@@ -208,7 +247,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--crash-at", type=int, default=40, help="micro-step after which rank 1 fails")
     ap.add_argument("--save-every", type=int, default=8, help="checkpoint.save_every in optimizer steps")
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="one repetition of four paths (QUICK)")
+    ap.add_argument("--quick", action="store_true", help="one repetition of four paths (QUICK), in three runs")
     ap.add_argument("--only", default="", help="run only the paths whose label contains this (e.g. 'lost node')")
     ap.add_argument("--verbose", action="store_true", help="show the driver's stdout (Ray's logs go to stderr anyway)")
     return ap
@@ -230,7 +269,12 @@ def main(argv: list[str] | None = None) -> None:
                     if args.only not in variant[0] or (args.quick and variant[0] not in QUICK):
                         continue
                     name = f"p4-rep{i + 1}-v{v}"
-                    m = run_variant(storage, name, variant, args, filed)
+                    if args.quick and variant in (VARIANTS[1], VARIANTS[2]):  # one job, both failures
+                        if variant == VARIANTS[1] or args.only not in VARIANTS[1][0]:
+                            both = run_in_place_both(storage, name, args)
+                        m = both[0] if variant == VARIANTS[1] else both[1]
+                    else:
+                        m = run_variant(storage, name, variant, args, filed)
                     runs[variant[0]].append(m)
                     print(
                         f"  [p4] {variant[0]}, repetition {i + 1}: rc {m['rc']}, {m['wall']:.0f} s",
@@ -288,7 +332,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
             if "missing" not in m:
                 print(
                     f"{label}, repetition {i + 1}: exit code {m['rc']}, {m['wall']:.0f} s; R {m['R']:.2f} s; failure "
-                    f"classified {m['classified']} -> {m['decision']}{' in place' if m['in_place'] else ''}; attempt 2 "
+                    f"classified {m['classified']} -> {m['decision']}{' in place' if m['in_place'] else ''}; attempt "
+                    f"{m['attempt']} "
                     f"resumed from {m['resumed_from']}; forked from a warm server: {m['warm_start']}"
                 )
     print(
