@@ -7,8 +7,9 @@ What it does
        (``os._exit``). From its event log: the step time, the save's blocked time C (median of the
        commits), the restart cost R (the interruption to the first resumed step, one step's work
        subtracted), the notice-to-commit time N, the start-up time, and the run's measured goodput.
-       Also the same job on 1 (and, without ``--quick``, 3) workers with one crash, for R against the
-       world size.
+       Also the same job on 1, 2 and 3 workers with one crash (a Ray Train restart), for R against
+       the world size; ``--quick`` runs the 1-worker one only (``QUICK_WORLDS``), so its planning's R
+       is flat in the world size (no goal line reads it; every goal needs only the 2-worker run).
     2. Validation: replays the measured run's interruptions (a trace) through the simulator with the
        measured costs and compares its goodput with the measured one (goal: within 3 points).
     3. Goodput against the save interval for preemption rates from 1/day to 1/10 min, with and
@@ -33,7 +34,7 @@ without one, every boundary of the window saves (a step's share of a step plus a
 step is lost. Then the next attempt starts ``R`` later (start-up ``S`` for the first). A preemption
 during a restart restarts it. Goodput = work_s / wall time.
 
-Command (about 3-4 minutes on 2 shared cores; ``--quick`` about 2-3, one restart run fewer and
+Command (about 3-4 minutes on 2 shared cores; ``--quick`` about 1-2, two restart runs fewer and
 fewer Monte Carlo preemptions; ``--no-measure --costs 0.05,9,0.3,0.2`` skips Ray entirely):
 
     .venv/bin/python -m bench.p8_goodput [--quick] [--trace FILE] [--no-measure --costs C,R,N]
@@ -314,6 +315,9 @@ class Measured:
     crash_in_place_s: float  # R of the crash, recovered in place (not a preemption's: no node is lost)
 
 
+QUICK_WORLDS = (1,)  # --quick's restart runs by world size (the full run's: 1, 2, 3)
+
+
 def measure(quick: bool) -> Measured:
     storage = tempfile.mkdtemp(prefix="syncpoint-p8-", dir="/tmp")
     try:
@@ -347,7 +351,7 @@ def measure(quick: bool) -> Measured:
         steps = [e for e in events if e["kind"] == "finished"][-1]["optimizer_step"]
         crashes = [r["restart_s"] for r in rs if r["kind"] == "crash"]
         by_world: dict[int, float] = {}
-        for w in (1, 2) if quick else (1, 2, 3):  # a Ray Train restart (what a lost node costs), by world size
+        for w in QUICK_WORLDS if quick else (1, 2, 3):  # a Ray Train restart (what a lost node costs), by world size
             faults = "[{rank: 0, at_micro_step: 40}]"
             ev = _run(_spec(storage, f"p8-restart-w{w}", w, 1, faults, 1, in_place=False))
             r = restarts(ev, step_time(ev))
