@@ -28,14 +28,17 @@ Baseline: the cold start of the same run, in the same repetition. The lost node'
 preemption notice, then the rank's node goes) is also run with the code issue 32 was filed against
 (``bench.as_filed``: commit ``FILED_AT``, in its own process, interleaved with the others), since
 the issue's goal for it is a ratio to that day's restart.
-Goal (issue P4): recovery <= 1.1x cold start.
+Goal (issue P4): recovery <= 1.1x cold start. With ``train.compile`` (issue 51): the in-place crash
+recovered with the model compiled, its R <= 1.5x the eager one's (the recovered process reads the
+compiled graphs back from the node's private compile cache, ``syncpoint.workers.training.compile_cache``;
+the job's first attempt compiled them, or an earlier run on the node did).
 
-Command (from the repo root; about 9 minutes on 2 shared cores for the default 2 repetitions of the
-six paths, each a fresh embedded Ray; ``--quick`` runs one repetition of the four paths the goals
-need most (``QUICK``: in place, and the lost node with warm servers and as filed) in three runs, the
-two in-place paths as one job (``run_in_place_both``: the crash, then the exception one save interval
-later, each recovered in place; its first restart measured as the crash's, its second as the
-exception's; that job one epoch longer), about half of the six paths' time;
+Command (from the repo root; about 10 minutes on 2 shared cores for the default 2 repetitions of the
+seven paths, each a fresh embedded Ray; ``--quick`` runs one repetition of the five paths the goals
+need most (``QUICK``: in place eager and compiled, and the lost node with warm servers and as filed) in
+four runs, the two eager in-place paths as one job (``run_in_place_both``: the crash, then the exception
+one save interval later, each recovered in place; its first restart measured as the crash's, its second
+as the exception's; that job one epoch longer);
 ``--only 'lost node'`` only the lost node's three paths; Ray's logs go to stderr):
 
     .venv/bin/python -m bench.p4_recovery
@@ -90,6 +93,7 @@ def job_spec(
     in_place: bool = True,
     warm: bool = True,
     then: tuple[int, str] | None = None,
+    compiled: bool = False,
 ):
     from syncpoint.orchestrator.spec_file import load_spec, resolve_storage
 
@@ -97,6 +101,7 @@ def job_spec(
         *job_overrides(storage, name, crash_at, save_every, epochs, mode, then),
         f"failure.in_place={str(in_place).lower()}",
         f"failure.warm_nodes={str(warm).lower()}",
+        *(["train.compile=true"] if compiled else []),
     ]
     return resolve_storage(load_spec(EXAMPLE, overrides))
 
@@ -110,7 +115,8 @@ def run_variant(
     from syncpoint.workers.storage import RunStorage
 
     label, mode, in_place, warm, _ = variant
-    spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place, warm)
+    compiled = label == IN_PLACE_COMPILED
+    spec = job_spec(storage, name, args.crash_at, args.save_every, args.epochs, mode, in_place, warm, compiled=compiled)
     t0 = time.perf_counter()
     if label == LOST_FILED:  # in its own process, from its own checkout
         rc = run_job(filed, job_overrides(storage, name, args.crash_at, args.save_every, args.epochs, mode))
@@ -159,11 +165,14 @@ VARIANTS = [
     ("lost node: cold servers", "sigterm", True, False, False),
     ("lost node: warm servers", "sigterm", True, True, False),
     (f"lost node: as filed ({FILED_AT})", "sigterm", False, False, False),
+    # train.compile: the recovered process reads the compiled graphs back from the node's compile cache
+    ("in place: crash, compiled", "exit", True, True, True),
 ]
 LOST_COLD, LOST_WARM, LOST_FILED = VARIANTS[3][0], VARIANTS[4][0], VARIANTS[5][0]
+IN_PLACE_COMPILED = VARIANTS[6][0]
 # --quick's paths: every goal but the lost node's warm-vs-cold ratio (and the in-place R's ratio to a
-# Ray Train restart, printed beside its goal), in about 60% of the time of all six
-QUICK = (VARIANTS[1][0], VARIANTS[2][0], LOST_WARM, LOST_FILED)
+# Ray Train restart, printed beside its goal)
+QUICK = (VARIANTS[1][0], VARIANTS[2][0], LOST_WARM, LOST_FILED, IN_PLACE_COMPILED)
 GRAD_ACCUM = 4  # the example's train.grad_accum: a save interval in micro-steps is save_every x this
 
 
@@ -360,6 +369,14 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, tota
         v = med[VARIANTS[1][0]]
         ratio = v["recovery"] / v["cold"]
         print(f"goal recovery_vs_cold_start: {ratio:.2f}x vs <= 1.1x: {'met' if ratio <= 1.1 else 'not met'}")
+    if IN_PLACE_COMPILED in med and VARIANTS[1][0] in med:
+        compiled, eager = med[IN_PLACE_COMPILED]["R"], med[VARIANTS[1][0]]["R"]
+        ratio = compiled / eager
+        print(
+            f"goal in_place_R_compiled_vs_eager: {ratio:.2f}x vs <= 1.5x: {'met' if ratio <= 1.5 else 'not met'} "
+            f"(R {compiled:.2f} s with train.compile, the graphs read from the node's compile cache; {eager:.2f} s "
+            "eager; side by side)"
+        )
     baselines = (
         ("lost_node_R_vs_as_filed", LOST_FILED, "today", f"with the code issue 32 was filed against, {FILED_AT}"),
         ("lost_node_R_warm_vs_cold", LOST_COLD, "with warm servers", "with each worker starting its own"),
