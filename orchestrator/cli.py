@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start the run over: its states are moved to <run>/archive/, its summary counts this submission only",
     )
+    r.add_argument(
+        "--local",
+        action="store_true",
+        help="run the ranks on this machine without Ray (the quickest start; same resume, failures in place, signals)",
+    )
     r.set_defaults(fn=cmd_run)
     sb = sub.add_parser("submit", help="submit the job to a Ray cluster's Job API (working dir shipped, logs streamed)")
     with_spec(sb)

@@ -91,6 +91,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """``syncpoint run``: the job on Ray (embedded unless an address is given); the last line says how it ended."""
     spec = run_spec(args)
+    if args.local:
+        if args.address or args.dashboard:
+            flag = "--address" if args.address else "--dashboard"
+            raise UsageError(flag, [f"{flag} is for a run on Ray; --local runs the ranks here without Ray: drop one"])
+        from syncpoint.orchestrator.local_runner import run_local
+        from syncpoint.orchestrator.ray_runner import show_outcome
+
+        return show_outcome(run_local(spec, rerun_command(args))).code
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
@@ -119,6 +127,8 @@ def rerun_command(args: argparse.Namespace) -> str:
         parts += ["--set", override]
     if args.address and not submitted:
         parts += ["--address", redact_url(args.address)]
+    if getattr(args, "local", False):
+        parts.append("--local")
     return shlex.join(parts) + (" --address DASHBOARD" if submitted else "")
 
 

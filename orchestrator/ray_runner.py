@@ -261,7 +261,14 @@ def run_reported(
 ) -> JobOutcome:
     """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
     line in its verdict. ``signals``: see ``run_job``."""
-    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, signals=signals)
+    return show_outcome(
+        run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, signals=signals)
+    )
+
+
+def show_outcome(outcome: JobOutcome) -> JobOutcome:
+    """Print a run's last line: a failed run's on stderr, after its details, a stopped or finished
+    run's on stdout."""
     if outcome.failed:  # printed last: a failed run's last line says why
         if outcome.details:
             print(outcome.details, file=sys.stderr)

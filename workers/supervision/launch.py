@@ -14,7 +14,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -100,6 +100,8 @@ def _child(
     warm_key: str | None = None,
     start_wait_s: float = 600,
     namespace: str = "",
+    stop_file: str | None = None,
+    child_setup: Callable[[JobSpec], None] | None = None,
 ) -> None:
     # A forked rank inherits the fork server's environment (from when it started): take the caller's.
     adopt_environment(
@@ -126,7 +128,10 @@ def _child(
             from syncpoint.workers.supervision.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
 
             hooks = Hooks(
-                decide=in_place_decider(spec, submission_id),
+                # a local run's driver has no failure policy of its own: an escalation is recorded here
+                decide=in_place_decider(spec, submission_id, record_escalation=stop_file is not None),
+                notice=driver_notice(stop_file) if stop_file else None,
+                child_setup=child_setup,
                 submission_id=submission_id,
                 print_progress=not quiet,
                 warm_key=warm_key,
@@ -181,6 +186,29 @@ class _StoreExchange:
         return json.loads(self.store.get(self.KEY))
 
 
+def driver_notice(stop_file: str) -> Callable[[], dict[str, Any] | None]:
+    """A local run's notice source: the driver's stop, once its signal's name is in ``stop_file``
+    (in the driver's private temp directory, 0700: only this user can write it). Read at each
+    boundary: one ``stat`` while there is none."""
+    from syncpoint.workers.supervision.preemption import DRIVER
+
+    def notice() -> dict[str, Any] | None:
+        try:
+            fd = os.open(stop_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            name = os.read(fd, 16).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        return {"source": DRIVER, "signal": name} if name in SIGNAL_NAMES else None
+
+    return notice
+
+
+SIGNAL_NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
 def run_spawned(
     spec: JobSpec,
     world_size: int | None = None,
@@ -188,6 +216,9 @@ def run_spawned(
     quiet: bool = True,
     in_place: bool = False,
     warm: bool | None = None,
+    submission: str | None = None,
+    stop_file: str | None = None,
+    child_setup: Callable[[JobSpec], None] | None = None,
 ) -> list[int]:
     """Run ``world_size`` ranks as spawned processes; returns their exit codes.
 
@@ -201,40 +232,62 @@ def run_spawned(
     supervisor forks from a fork server of its own, the path of a node without one. Why warm by
     default: the ranks' supervisors share one server's imports of torch and DeepSpeed instead of
     each starting its own (measured: an in-place run of two ranks 9.7-11.6 s of CPU vs 14.5-16.0 s).
+    ``submission``: the submission id (default a new one); ``stop_file``: with ``in_place``, a local
+    run's (``syncpoint run --local``): the driver's stop notice is read from it, and a failure past the
+    budget is recorded by rank 0's supervisor; ``child_setup``: run in each training process first (a
+    module-level function). However this returns (an exception included), no rank outlives it.
     """
     world = world_size or spec.scaling.max_workers
     port = free_port()
     # every rank (and each DataLoader worker it starts) hashes strings as the job's every other attempt does
     hash_seed = str(rng.hash_seed(spec.train.seed))
     ctx = _context(_start_method(spec), hash_seed)
-    submission = uuid.uuid4().hex
+    submission = submission or uuid.uuid4().hex
     environ = {**os.environ, **spec.scaling.env, "PYTHONHASHSEED": hash_seed}  # the job's variables, as on Ray
     if warm is None:
         warm = _start_method(spec) == "forkserver"
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
     # the ranks' own secret (their store's namespace), handed over in their arguments, never over a port
     namespace = new_namespace()
-    args = (spec.model_dump_json(), world, port, quiet, submission, environ, in_place, warm_key, timeout, namespace)
+    args = (
+        spec.model_dump_json(),
+        world,
+        port,
+        quiet,
+        submission,
+        environ,
+        in_place,
+        warm_key,
+        min(timeout, 600),
+        namespace,
+        stop_file,
+        child_setup,
+    )
     procs = [ctx.Process(target=_child, args=(args[0], r, *args[1:])) for r in range(world)]
-    with _environ(PYTHONHASHSEED=hash_seed):  # a spawned rank's interpreter (or a restarted fork server) starts with it
+    try:
+        with _environ(
+            PYTHONHASHSEED=hash_seed
+        ):  # a spawned rank's interpreter (or a restarted fork server) starts with it
+            for p in procs:
+                p.start()
+        deadline = time.monotonic() + timeout
+        first_fail = None
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                if not p.is_alive() and p.exitcode not in (0, None) and first_fail is None:
+                    first_fail = time.monotonic()
+            if first_fail and time.monotonic() - first_fail > 3:
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
         for p in procs:
-            p.start()
-    deadline = time.monotonic() + timeout
-    first_fail = None
-    while any(p.is_alive() for p in procs):
-        for p in procs:
-            if not p.is_alive() and p.exitcode not in (0, None) and first_fail is None:
-                first_fail = time.monotonic()
-        if first_fail and time.monotonic() - first_fail > 3:
-            break
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-        p.join()
-    if warm_key is not None:
-        zygote.stop(warm_key)
-    release_lease(RunStorage(spec.run_url), submission)
+            if p.is_alive():
+                p.kill()
+            if p.pid is not None:
+                p.join()
+        if warm_key is not None:
+            zygote.stop(warm_key)
+        release_lease(RunStorage(spec.run_url), submission)
     return [p.exitcode if p.exitcode is not None else -9 for p in procs]

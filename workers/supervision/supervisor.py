@@ -407,13 +407,18 @@ def _print_failure(ends: list[RankEnd], repeats: bool) -> None:
 
 
 def in_place_decider(
-    spec: JobSpec, submission_id: str, before: Callable[[Any], None] | None = None
+    spec: JobSpec,
+    submission_id: str,
+    before: Callable[[Any], None] | None = None,
+    record_escalation: bool = False,
 ) -> Callable[[list[RankEnd]], InPlaceAction]:
     """Rank 0's ``Hooks.decide``: classify the failed generation from its ranks' ends and the run's
     journal as Ray Train's failure policy would (``classify_failure``, the repeat rule, the
     ``failure.max_failures`` budget counted from the journal), record the ``Failure`` event when it
     recovers in place, and say RECOVER or ESCALATE. ``before(journal)``: the launcher's own record
-    first (Ray's: the measured interruption point from the heartbeat board)."""
+    first (Ray's: the measured interruption point from the heartbeat board). ``record_escalation``:
+    also record an ESCALATE as the run's failure (``RAISE``), for a launcher with no failure policy
+    of its own to do it (``syncpoint run --local``)."""
 
     def decide(ends: list[RankEnd]) -> InPlaceAction:
         from syncpoint.policies.contracts.journal import Failure
@@ -456,6 +461,21 @@ def in_place_decider(
         verdict = classify_failure(facts)
         retried = journal.retried(submission_id, APPLICATION)
         action = in_place_action(verdict, repeats, retried, spec.failure.max_failures)
+        if action != RECOVER and record_escalation:
+            log.emit(
+                Failure(
+                    classified=verdict.kind,
+                    reason=verdict.reason,
+                    decision="RAISE",
+                    ranks=sorted(e.rank for e in ends if e.status in (RAISED, DIED)),
+                    messages=list(facts.messages)[:4],
+                    dead_nodes=[],
+                    submission=submission_id,
+                    signature=facts.signature,
+                    micro_step=facts.micro_step,
+                    repeated=repeats,
+                )
+            )
         if action == RECOVER:
             limit = "unlimited" if spec.failure.max_failures == -1 else str(spec.failure.max_failures)
             print(
