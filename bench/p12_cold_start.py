@@ -21,11 +21,17 @@ command's own start time:
 The median of each over the rounds is printed. A warm-up round of each variant comes first and is
 not counted: DeepSpeed's CPU op is built once per op cache (``bench.as_filed`` gives the old code a
 cache of its own), and the bench prints how many build steps fell inside the counted rounds.
-Three variants, interleaved in each round:
-each worker starting its own fork server, the node's warm server (today's default), and the code
+Four variants, interleaved in each round:
+each worker starting its own fork server, the node's warm server (today's default), the code
 issue 32 was filed against (``bench.as_filed``: its own ``syncpoint run`` and example, from a
-checkout), whose start-up is the issue's baseline for its goal of <= 0.6x. That code records no
-profile of its workers' start, so its column has one line for it.
+checkout), whose start-up is the issue's baseline for its goal of <= 0.6x (that code records no
+profile of its workers' start, so its column has one line for it), and ``syncpoint run --local``
+(issue 50: the ranks forked here without Ray; its goal, <= 0.6x the warm servers' start on Ray).
+Issue 50's other goal, a bug at micro-step 1 reported <= 5 s after the point where the first step
+would have been: with the warm servers on Ray and with ``--local``, each round also runs the same
+command with a task whose loss raises at its first call (``buggy_task``), timed to its exit (the
+failure is retried once in place, then not: the same bug twice), less that path's first step in
+the same round.
 
 Command (from the repo root; ``--quick``: one round and no warm-up round, a few minutes here; an op
 cache not built yet is built inside that round, and the build steps line says so):
@@ -97,7 +103,12 @@ def one_round(work: str, extra: list[str], filed: Path | None = None, other: Pat
     first_step = min(r["time"] for e in events if e["kind"] == "progress" for r in e["records"])
     phases: dict[str, Any] = {"CLI: imports, spec, task import check": submitted["time"] - t0}
     setup = dict(started.get("setup") or [])  # (phase, seconds) pairs, in order
-    phases["Ray: local instance, controller, worker group"] = started["launched_at"] - submitted["time"]
+    launch = (
+        "launch: the ranks forked here (--local)"
+        if "--local" in extra
+        else "Ray: local instance, controller, worker group"
+    )
+    phases[launch] = started["launched_at"] - submitted["time"]
     if setup:
         phases.update({f"worker: {name}": seconds for name, seconds in setup.items()})
         phases["announce (every rank's node gathered)"] = started["time"] - started["launched_at"] - sum(setup.values())
@@ -122,8 +133,44 @@ VARIANTS = [
     ("own servers", ["--set", "failure.warm_nodes=false"]),
     ("warm servers", []),
     (f"as filed ({FILED_AT})", []),  # the code issue 32 was filed against (bench.as_filed)
+    ("local (no Ray)", ["--local"]),  # issue 50: the ranks forked here, the quickest loop while writing a task
 ]
-FILED = VARIANTS[2][0]
+FILED, LOCAL = VARIANTS[2][0], VARIANTS[3][0]
+# issue 50: a bug at micro-step 1 (the task's loss raises at its first call), reported by the command's
+# last line: how long after the start, against where the same path's first step came in the same round
+BUGGY = ["--set", "task.path=bench.p12_cold_start:buggy_task"]
+
+
+def buggy_task(config: dict[str, Any]) -> Any:
+    """``task.path`` of the bug rounds: the example's task whose loss raises at its first call."""
+    from examples.tiny_lm import build
+
+    task = build(config)
+
+    def loss(model: Any, batch: Any) -> Any:
+        raise ValueError("a bug in the task's loss (bench P12's)")
+
+    task.loss = loss
+    return task
+
+
+def bug_round(work: str, extra: list[str]) -> float:
+    """Seconds from the command's start to its exit with the bug's last line (exit 1)."""
+    storage = os.path.join(work, "runs")
+    t0 = time.time()
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "syncpoint"), "run", str(ROOT / "examples" / "tiny_lm.yaml")]
+        + ["--set", f"storage={storage}", "--set", f"train.max_steps={STEPS}", *BUGGY, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    seconds = time.time() - t0
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode != 1 or "a bug in the task's loss" not in last:
+        raise RuntimeError(f"the bug's run ended {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return seconds
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     also = f"commit {args.also}" if args.also else None
     variants = VARIANTS + ([(also, [])] if also else [])
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in variants}
+    bugs: dict[str, list[float]] = {label: [] for label in BUG_PATHS}
     with checkout() as filed, checkout(args.also) if args.also else contextlib.nullcontext() as other:
         # round -1: a warm-up, not counted (each code's op cache built); --quick goes without
         for i in range(0 if args.quick else -1, rounds):
@@ -164,6 +212,17 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 results[label].append(phases)
                 print(f"  round {i + 1}, {label}: {first:.1f} s to the first step", flush=True)
+                if i >= 0 and label in BUG_PATHS:
+                    work = tempfile.mkdtemp(prefix="p12-bug-")
+                    try:
+                        bugs[label].append(bug_round(work, extra) - first)
+                    finally:
+                        shutil.rmtree(work, ignore_errors=True)
+                    print(
+                        f"  round {i + 1}, {label}, a bug at micro-step 1: reported {bugs[label][-1]:.1f} s "
+                        "after that first step",
+                        flush=True,
+                    )
         builds = op_builds() - builds_before
     totals = {
         label: statistics.median(r["total: command start -> first optimizer step"] for r in rs)
@@ -198,7 +257,23 @@ def main(argv: list[str] | None = None) -> int:
         f"goal start_up_warm_vs_own_servers: {warm / own:.2f}x vs <= 0.6x: {'met' if warm <= 0.6 * own else 'not met'} "
         f"({warm:.1f} s vs {own:.1f} s to the first step, side by side)"
     )
+    local = totals[LOCAL]
+    print(
+        f"goal start_up_local_vs_ray: {local / warm:.2f}x vs <= 0.6x: {'met' if local <= 0.6 * warm else 'not met'} "
+        f"({local:.1f} s with --local vs {warm:.1f} s on an embedded Ray with warm servers, to the first step, "
+        "side by side; issue 50)"
+    )
+    for label, goal in ((LOCAL, "bug_reported_local"), ("warm servers", "bug_reported_ray")):
+        after = statistics.median(bugs[label])
+        print(
+            f"goal {goal}: {after:.1f} s vs <= 5 s: {'met' if after <= 5 else 'not met'} (a bug at micro-step 1: "
+            f"the command's last line this long after the same path's first step, median of the rounds; issue 50)"
+        )
     return 0
+
+
+# the paths whose bug at micro-step 1 is timed (issue 50's goal: reported <= 5 s after the first step)
+BUG_PATHS = ("warm servers", LOCAL)
 
 
 if __name__ == "__main__":
