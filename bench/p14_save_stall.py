@@ -1,0 +1,349 @@
+"""P14 save stall: how long the loop is blocked per save, and how long until the state is durable,
+syncpoint's asynchronous save against DCP's ``async_save`` staged as torchtitan stages it, side by side.
+
+What it measures
+    The same training on 2 ranks (gloo, CPU, 1 thread a rank): a stack of ``--layers`` square
+    ``Linear`` layers (width ``WIDTH``, no bias) under DeepSpeed ZeRO 0, fp32, torch's AdamW, micro-batch
+    8, no accumulation, a save every ``SAVE_EVERY`` optimizer steps to local disk; the state a save
+    holds is the weights and both Adam moments, 12 bytes a parameter (``--state-mb`` picks the layers:
+    0.5 GB and 2 GB by default, 128 MB with ``--quick``). Rank 0 reads the clocks.
+
+    * **syncpoint**: the job spec below (``checkpoint.async: true``, ``save_every`` in optimizer steps),
+      its ranks started by the launcher without Ray (``run_spawned``, what every Ray Train worker runs);
+      per save, from its ``state_committed`` events: ``blocked_seconds`` (the loop waited for the
+      snapshot) and ``seconds`` (snapshot to the manifest's commit: durable). The run's final save is
+      not counted (it is synchronous by design: the run ends there).
+    * **DCP**: a DeepSpeed loop written the usual way over the same model, optimizer and data, saving
+      ``{"model": ..., "optimizer": ...}`` with ``torch.distributed.checkpoint.async_save`` configured as
+      torchtitan's ``async_mode: async_with_pinned_mem`` configures it: a process checkpointer
+      (``AsyncCheckpointerType.PROCESS``) and the ``DefaultStager`` with pinned and shared memory and
+      asynchronous staging. Blocked = the ``async_save`` call plus the wait for its staging to complete
+      before the next optimizer step changes the weights (torchtitan waits there too); durable = the
+      call's start to its upload's completion. Pinned memory needs an accelerator: on a CPU-only
+      machine the stager is asked for it and the line says whether it had it.
+
+    Each side runs ``--rounds`` times per size, interleaved (syncpoint, DCP, syncpoint, ...); the
+    medians over the saves of a side are compared in the same run, each run's first save left out on
+    both sides (DCP's first starts its checkpoint process and its process group, tens of seconds on two
+    loaded cores, which a job pays once; the per-run lines show it).
+
+Goals (issue 51, P14): blocked time per save <= DCP's at each size; time to durable storage <= 1.0x
+DCP's. (DLRover's flash checkpoint, the issue's other peer, is not measured here yet.)
+
+Command (from the repo root; ``--quick``: one size of 128 MB, one round, about 2 minutes here):
+
+    .venv/bin/python -m bench.p14_save_stall --quick
+    .venv/bin/python -m bench.p14_save_stall                # 0.5 GB and 2 GB, 2 rounds
+
+No timed assertions: the script reports, it does not pass or fail on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORLD, MBS, SEED, LR = 2, 8, 1234, 1e-4
+WIDTH = 1024  # one layer: WIDTH x WIDTH parameters, 12 bytes each in a state (weights + two Adam moments)
+SAVE_EVERY = 2  # optimizer steps between saves
+BYTES_PER_PARAM = 12
+
+SPEC = """
+name: p14-stall
+task:
+  path: bench.p14_save_stall:task
+  config: {{layers: {layers}, num_samples: {num_samples}}}
+scaling: {{num_workers: {world}, cpus_per_worker: 1}}
+train: {{micro_batch_size: {mbs}, grad_accum: 1, epochs: 1, seed: {seed}, lr: {lr}, log_every: 1000,
+        optimizer: {{type: adamw, weight_decay: 0.0}}}}
+deepspeed: {{zero_stage: 0, precision: fp32}}
+checkpoint: {{save_every: {{value: {save_every}, unit: optimizer_steps}}, async: true, keep_last: 2,
+             export_final: false}}
+failure: {{max_failures: 0}}
+"""
+
+
+def layers_for(state_mb: int) -> int:
+    """Layers whose state (weights and both Adam moments) holds about ``state_mb`` MB."""
+    return max(1, round(state_mb * 2**20 / (BYTES_PER_PARAM * WIDTH * WIDTH)))
+
+
+def model(layers: int) -> Any:
+    import torch
+
+    torch.manual_seed(SEED)
+    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
+
+
+class Rows:
+    """Random inputs and targets of the model's width (fixed by ``SEED``)."""
+
+    def __init__(self, n: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(SEED)
+        self.x = torch.randn(n, WIDTH, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.x[i], self.x[i]
+
+
+def loss(m: Any, batch: Any) -> Any:
+    import torch
+
+    x, y = batch
+    return torch.nn.functional.mse_loss(m(x), y)
+
+
+def task(config: dict[str, Any]) -> Any:
+    """``task.path`` of the syncpoint side."""
+    from syncpoint.workers.task import Task
+
+    return Task(model=model(int(config["layers"])), dataset=Rows(int(config["num_samples"])), loss=loss)
+
+
+def num_samples(steps: int) -> int:
+    return steps * MBS * WORLD
+
+
+# --- syncpoint ------------------------------------------------------------------------------------
+
+
+def run_syncpoint(work: str, layers: int, steps: int) -> list[tuple[float, float]]:
+    """(blocked, durable) seconds of each interval save of one run."""
+    from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
+    from syncpoint.workers.observation.events import EventLog
+    from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.supervision.launch import run_spawned
+
+    text = SPEC.format(
+        layers=layers,
+        num_samples=num_samples(steps),
+        world=WORLD,
+        mbs=MBS,
+        seed=SEED,
+        lr=LR,
+        save_every=SAVE_EVERY,
+    )
+    spec = resolve_storage(parse_spec(text, "p14", [f"storage={os.path.join(work, 'runs')}"]))
+    codes = run_spawned(spec, world_size=WORLD, timeout=1800)
+    if any(codes):
+        raise RuntimeError(f"syncpoint's ranks exited {codes}")
+    events = EventLog(RunStorage(spec.run_url)).read_all()
+    saves = [e for e in events if e["kind"] == "state_committed" and "final" not in e["reasons"]]
+    return [(float(e["blocked_seconds"]), float(e["seconds"])) for e in saves]
+
+
+# --- DCP --------------------------------------------------------------------------------------------
+
+
+def _dcp_rank(rank: int, port: int, layers: int, steps: int, work: str, out: str) -> None:
+    try:
+        _dcp_train(rank, port, layers, steps, work, out)
+    except BaseException:  # noqa: BLE001 - a spawned rank: its traceback and a non-zero exit
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def _stager() -> tuple[Any, bool]:
+    """torchtitan's ``async_with_pinned_mem`` stager; whether it got pinned memory."""
+    import torch
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    pinned = torch.cuda.is_available()
+    options = StagingOptions(
+        use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=True, use_non_blocking_copy=pinned
+    )
+    return DefaultStager(options), pinned
+
+
+def _dcp_train(rank: int, port: int, layers: int, steps: int, work: str, out: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    m = model(layers)
+    optimizer = torch.optim.AdamW(m.parameters(), lr=LR, weight_decay=0.0)
+    config = {
+        "train_micro_batch_size_per_gpu": MBS,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 0},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=m, optimizer=optimizer, config=config, dist_init_required=False)
+    dataset = Rows(num_samples(steps))
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=WORLD, rank=rank, shuffle=True, seed=SEED
+    )
+    loader = DataLoader(dataset, batch_size=MBS, sampler=sampler, drop_last=True)
+    stager, pinned = _stager()
+    saves: list[dict[str, Any]] = []  # each: started, blocked (so far), staged, done (upload completed at)
+    for step, batch in enumerate(loader, start=1):
+        engine.backward(loss(engine, batch))
+        _wait_for_staging(saves)  # before the optimizer step changes what the last save is staging
+        engine.step()
+        if step % SAVE_EVERY == 0 and step < steps:
+            t0 = time.perf_counter()
+            state = {"model": engine.module.state_dict(), "optimizer": optimizer.state_dict()}
+            response = dcp.async_save(
+                state,
+                checkpoint_id=os.path.join(work, f"step-{step}"),
+                async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+                async_stager=stager,
+            )
+            save = {"started": t0, "blocked": time.perf_counter() - t0, "staged": False, "response": response}
+            response.upload_completion.add_done_callback(lambda _f, save=save: save.update(done=time.perf_counter()))
+            saves.append(save)
+    _wait_for_staging(saves)
+    for save in saves:
+        save["response"].upload_completion.result()
+    results = [(save["blocked"], save.get("done", time.perf_counter()) - save["started"]) for save in saves]
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"saves": results, "pinned": pinned}, f)
+    dist.barrier()
+    stager.close()
+    _end_checkpoint_process()
+    engine.destroy()
+    dist.destroy_process_group()
+
+
+def _end_checkpoint_process() -> None:
+    """End DCP's checkpoint process as its own finalizer does (a rank leaving with ``os._exit`` runs none,
+    and the process would print its lost pipe's traceback)."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process = executor._CHECKPOINT_PROCESS
+    if process is not None:
+        process.__del__()
+        executor._CHECKPOINT_PROCESS = None
+
+
+def _wait_for_staging(saves: list[dict[str, Any]]) -> None:
+    """The loop waits for the last save's staging (torchtitan's ``maybe_wait_for_staging``): blocked time."""
+    if saves and not saves[-1]["staged"]:
+        t = time.perf_counter()
+        saves[-1]["response"].staging_completion.result()
+        saves[-1]["blocked"] += time.perf_counter() - t
+        saves[-1]["staged"] = True
+
+
+def run_dcp(work: str, layers: int, steps: int) -> tuple[list[tuple[float, float]], bool]:
+    """(blocked, durable) seconds of each save of one DCP run; whether the stager had pinned memory."""
+    from syncpoint.workers.supervision.launch import free_port
+
+    out = os.path.join(work, "dcp.json")
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_dcp_rank, args=(r, port, layers, steps, work, out)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(1800)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if any(p.exitcode for p in procs):
+        raise RuntimeError(f"the DCP loop's ranks exited {[p.exitcode for p in procs]}")
+    with open(out) as f:
+        data = json.load(f)
+    return [tuple(s) for s in data["saves"]], bool(data["pinned"])
+
+
+# --- comparison -----------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (``tests/integration/test_bench_contract.py`` checks every bench's)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one size of 128 MB, one round")
+    p.add_argument("--state-mb", type=int, nargs="+", default=None, help="state sizes (default 512 2048)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps a run (a save every 2; --quick 8)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    sizes = args.state_mb or ([128] if args.quick else [512, 2048])
+    rounds = 1 if args.quick else args.rounds
+    if args.quick:
+        args.steps = 8
+    print(
+        f"P14 save stall: {WORLD} ranks (gloo, 1 thread each), Linear {WIDTH}x{WIDTH} layers, ZeRO 0 fp32, AdamW; "
+        f"{args.steps} optimizer steps a run, a save every {SAVE_EVERY} to local disk; sizes {sizes} MB; "
+        f"{rounds} round(s)",
+        flush=True,
+    )
+    table: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    pinned = False
+    for size in sizes:
+        layers = layers_for(size)
+        for r in range(rounds):
+            for side in ("syncpoint", "DCP"):
+                with tempfile.TemporaryDirectory(prefix="p14-", dir=os.environ.get("P14_DIR")) as work:
+                    t0 = time.perf_counter()
+                    if side == "syncpoint":
+                        saves = run_syncpoint(work, layers, args.steps)
+                    else:
+                        saves, pinned = run_dcp(work, layers, args.steps)
+                table.setdefault((size, side), []).extend(saves[1:])  # steady state: the first left out
+                print(
+                    f"  {size} MB ({layers} layers), round {r + 1}, {side:9s}: {len(saves)} saves, blocked "
+                    f"{', '.join(f'{b:.2f}' for b, _ in saves)} s; durable {', '.join(f'{d:.2f}' for _, d in saves)} s "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
+    print(f"\n{'state':>8} | {'side':9s} | {'saves':>5} | {'blocked s (median)':>18} | {'durable s (median)':>18}")
+    medians: dict[tuple[int, str], tuple[float, float]] = {}
+    for (size, side), saves in table.items():
+        medians[(size, side)] = (statistics.median(b for b, _ in saves), statistics.median(d for _, d in saves))
+        b, d = medians[(size, side)]
+        print(f"{size:>6}MB | {side:9s} | {len(saves):>5} | {b:18.3f} | {d:18.3f}")
+    print(
+        f"\nDCP staged as torchtitan's async_with_pinned_mem: a process checkpointer, shared memory, asynchronous "
+        f"staging, pinned memory {'on' if pinned else 'off (no accelerator here: pinned memory needs one)'}"
+    )
+    for size in sizes:
+        (ours_b, ours_d), (dcp_b, dcp_d) = medians[(size, "syncpoint")], medians[(size, "DCP")]
+        print(
+            f"goal save_blocked_vs_dcp_{size}mb: {ours_b / dcp_b:.2f}x vs <= 1.0x: "
+            f"{'met' if ours_b <= dcp_b else 'not met'} ({ours_b:.3f} s vs {dcp_b:.3f} s blocked per save, "
+            "side by side)"
+        )
+        print(
+            f"goal save_durable_vs_dcp_{size}mb: {ours_d / dcp_d:.2f}x vs <= 1.0x: "
+            f"{'met' if ours_d <= dcp_d else 'not met'} ({ours_d:.2f} s vs {dcp_d:.2f} s from the save to durable "
+            "storage, side by side)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
