@@ -3,7 +3,7 @@ model with dropout: a crash recovered in place ends bitwise the uninterrupted co
 compiled graphs are kept in the job's compile cache, where the recovered process reads them
 back (the cache's own rules: tests/unit/workers/training/test_compile_cache.py). Both ``long``:
 a first compile takes 30 s (the linear task on one rank) to 70 s (the example's transformer LM on
-two ranks) of CPU; make test checks the cache's rules and that a spec with it validates."""
+two ranks) of CPU; make test checks the compile cache's rules (tests/unit/workers/training)."""
 
 from __future__ import annotations
 
