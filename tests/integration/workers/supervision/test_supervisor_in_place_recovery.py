@@ -84,45 +84,29 @@ def test_a_collective_timeout_recovers_in_place(reference, tmp_path, monkeypatch
     assert failure.in_place and failure.ranks == [0]  # the rank that timed out; the held one was stopped
 
 
-def test_a_second_failure_after_recovering_recovers_again_from_the_same_state(reference, tmp_path):
-    """The recovered generation fails again inside its first save (a rank dies before the manifest
-    commits state 12): the third generation resumes from the same state as the second, and the run
-    still ends bitwise."""
+def test_the_first_micro_step_a_second_failure_a_save_phase_and_the_last_micro_step_each_recover_in_place(
+    reference, tmp_path
+):
+    """Six failures in one run (32 micro-steps a rank, a save every 4): after the first micro-step
+    (nothing committed yet: the next generation starts fresh); after micro-step 9 (resumes from 8),
+    then the recovered generation fails again inside its first save, before the manifest commits
+    state 12 (the next resumes from the same state 8); inside the save at micro-step 16 after some
+    shards were written (torn: the next resumes from 12); inside the final save before its manifest
+    (from 28); and after the last micro-step, its save committed (from 32: the finished state, nothing
+    more is trained). Every one in place, and the run ends bitwise."""
     ref, final = reference
-    spec = linear_spec(
-        tmp_path / "run",
-        SAVE,
-        "failure.max_failures=2",
-        "faults=[{rank: 1, at_micro_step: 9, mode: exit}, {rank: 0, at_micro_step: 12, phase: before_manifest}]",
-        workers=2,
+    faults = (
+        "{rank: 1, at_micro_step: 1, mode: exit}, {rank: 1, at_micro_step: 9, mode: exit}, "
+        "{rank: 0, at_micro_step: 12, phase: before_manifest}, {rank: 1, at_micro_step: 16, phase: after_some_shards}, "
+        "{rank: 0, at_micro_step: 32, phase: before_manifest}, {rank: 0, at_micro_step: 32, mode: exit}"
     )
-    assert run_spawned(spec, in_place=True) == [0, 0]
-    assert digest(spec, final) == digest(ref, final)
-    journal = _journal(spec)
-    assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True), ("RETRY", True)]
-    assert [a.resumed_from for a in journal.attempts[1:]] == ["000000000008", "000000000008"]
-
-
-def test_the_first_micro_step_a_save_phase_and_the_last_micro_step_each_recover_in_place(reference, tmp_path):
-    """Four crashes in one run (32 micro-steps a rank, a save every 4): after the first micro-step
-    (nothing committed yet: the next generation starts fresh), inside the save at micro-step 16 after
-    some shards were written (torn: the next resumes from 12), inside the final save before its
-    manifest (from 28), and after the last micro-step, its save committed (from 32: the finished
-    state, nothing more is trained). Every one in place, and the run ends bitwise."""
-    ref, final = reference
-    spec = linear_spec(
-        tmp_path / "run",
-        SAVE,
-        "failure.max_failures=4",
-        "faults=[{rank: 1, at_micro_step: 1, mode: exit}, {rank: 1, at_micro_step: 16, phase: after_some_shards}, "
-        "{rank: 0, at_micro_step: 32, phase: before_manifest}, {rank: 0, at_micro_step: 32, mode: exit}]",
-        workers=2,
-    )
+    spec = linear_spec(tmp_path / "run", SAVE, "failure.max_failures=6", f"faults=[{faults}]", workers=2)
     assert run_spawned(spec, in_place=True) == [0, 0]
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final)
     journal = _journal(spec)
-    assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True)] * 4
-    assert [a.resumed_from for a in journal.attempts] == [None, None, "000000000012", "000000000028", "000000000032"]
+    assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True)] * 6
+    resumed = [a.resumed_from for a in journal.attempts]
+    assert resumed == [None, None, "000000000008", "000000000008", "000000000012", "000000000028", "000000000032"]
 
 
 # state the engine does not own, each restored into a new training process by an in-place recovery
