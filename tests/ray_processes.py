@@ -199,11 +199,36 @@ def worker_nodes(head: Head, count: int, env: dict) -> Iterator[list[WorkerNode]
             stop_processes(list(roots), mark=n.mark)
 
 
+WORKER_START_TRIES = 3
+
+
 def add_worker_node(
     head: Head, env: dict, timeout: float = 240, prefix: list[str] | None = None, node_ip: str | None = None
 ) -> WorkerNode:
     """Start one `ray start --address=HEAD --num-cpus=1 --block` node (its own agent ports: several
     nodes share this machine) and wait, bounded, until its raylet runs; returns it with its node id.
+    A node whose `ray start` exits before its raylet registers is started again (new ports, a new
+    temp dir), up to ``WORKER_START_TRIES`` times, as a head's start is: on two loaded cores a raylet
+    aborts at start when its dashboard agent writes its port file late (Ray's ``Check failed ... Timed
+    out waiting for file dashboard_agent_listen_port_<node>``, seen in make test-all), which is Ray's
+    start-up, not what a test checks; the last try's failure is raised with what the node said."""
+    for attempt in range(1, WORKER_START_TRIES + 1):
+        try:
+            return _start_worker_node(head, env, timeout, prefix, node_ip)
+        except NodeStartFailed:
+            if attempt == WORKER_START_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+class NodeStartFailed(AssertionError):
+    """A worker node's `ray start` exited before its raylet registered (its processes are stopped)."""
+
+
+def _start_worker_node(
+    head: Head, env: dict, timeout: float, prefix: list[str] | None, node_ip: str | None
+) -> WorkerNode:
+    """One try of ``add_worker_node``.
     Each node has its own temp dir, as separate machines have: nodes sharing the head's unpack one
     job's ``working_dir`` into one ``runtime_resources`` folder, each node's agent managing (and
     evicting) it as its own, and a `ray job submit` driver then failed to import a module that the
@@ -243,13 +268,26 @@ def add_worker_node(
                 if cmd and cmd[0].endswith("raylet"):
                     ids = [a.split("=", 1)[1] for a in cmd if a.startswith("--node_id=")]
                     if ids:
-                        wait_until_registered(head, ids[0], env, deadline, proc, temp)
+                        try:
+                            wait_until_registered(head, ids[0], env, deadline, proc, temp)
+                        except AssertionError as e:
+                            if proc.poll() is None:
+                                raise
+                            _stop_failed_start(proc, mark)
+                            raise NodeStartFailed(str(e)) from None
                         return WorkerNode(proc, ids[0], mark)
         if proc.poll() is not None:
-            raise AssertionError(f"`ray start --block` for a worker node exited with {proc.returncode}")
+            _stop_failed_start(proc, mark)
+            raise NodeStartFailed(f"`ray start --block` for a worker node exited with {proc.returncode}")
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"a worker node's raylet did not start within {timeout:.0f} s")
+
+
+def _stop_failed_start(proc: subprocess.Popen, mark: str) -> None:
+    """What a node whose `ray start` exited left (its agents, found by the node's own mark)."""
+    stop_processes(list(marked_processes(mark)), mark=mark)
+    proc.wait()
 
 
 def wait_until_registered(
