@@ -92,9 +92,15 @@ def run_local(spec: JobSpec, rerun: str) -> JobOutcome:
 
 
 def _ranks(spec: JobSpec, submission: str, stop_file: str) -> list[int]:
-    """Each rank forked from the node's warm server, supervising its training process in place."""
+    """Each rank forked from the node's warm server, supervising its training process in place. The
+    working directory first on their import path, as a Ray job's driver puts it on its workers' (the
+    task's modules are found there, whatever directory the ``syncpoint`` command itself lives in): the
+    ranks take this process's path, and the warm server the first rank's."""
     from syncpoint.orchestrator.quiet import quiet_training_process
     from syncpoint.workers.supervision.launch import run_spawned
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
     return run_spawned(
         spec,
