@@ -18,8 +18,9 @@ What it measures
       ``{"model": ..., "optimizer": ...}`` with ``torch.distributed.checkpoint.async_save`` configured as
       torchtitan's ``async_mode: async_with_pinned_mem`` configures it: a process checkpointer
       (``AsyncCheckpointerType.PROCESS``) and the ``DefaultStager`` with pinned and shared memory and
-      asynchronous staging. Blocked = the ``async_save`` call plus the wait for its staging to complete
-      before the next optimizer step changes the weights (torchtitan waits there too); durable = the
+      asynchronous staging. Blocked = the ``async_save`` call, the wait for its staging to complete
+      before the next optimizer step changes the weights, and any wait for the previous save's upload
+      before this one starts (torchtitan waits at both places too: one save in flight); durable = the
       call's start to its upload's completion. Pinned memory needs an accelerator: on a CPU-only
       machine the stager is asked for it and the line says whether it had it.
 
@@ -242,6 +243,8 @@ def _dcp_train(rank: int, port: int, layers: int, steps: int, work: str, out: st
         engine.step()
         if step % SAVE_EVERY == 0 and step < steps:
             t0 = time.perf_counter()
+            if saves:  # one save in flight at a time: torchtitan waits for the last one's upload here too
+                saves[-1]["response"].upload_completion.result()
             state = {"model": engine.module.state_dict(), "optimizer": optimizer.state_dict()}
             response = dcp.async_save(
                 state,
