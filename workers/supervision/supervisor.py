@@ -461,22 +461,8 @@ def in_place_decider(
         verdict = classify_failure(facts)
         retried = journal.retried(submission_id, APPLICATION)
         action = in_place_action(verdict, repeats, retried, spec.failure.max_failures)
-        if action != RECOVER and record_escalation:
-            log.emit(
-                Failure(
-                    classified=verdict.kind,
-                    reason=verdict.reason,
-                    decision="RAISE",
-                    ranks=sorted(e.rank for e in ends if e.status in (RAISED, DIED)),
-                    messages=list(facts.messages)[:4],
-                    dead_nodes=[],
-                    submission=submission_id,
-                    signature=facts.signature,
-                    micro_step=facts.micro_step,
-                    repeated=repeats,
-                )
-            )
-        if action == RECOVER:
+        recovered = action == RECOVER
+        if recovered:
             limit = "unlimited" if spec.failure.max_failures == -1 else str(spec.failure.max_failures)
             print(
                 f"[syncpoint] attempt failed ({verdict.reason[:300]}): "
@@ -484,18 +470,20 @@ def in_place_decider(
                 file=sys.stderr,
                 flush=True,
             )
+        if recovered or record_escalation:
             log.emit(
                 Failure(
                     classified=verdict.kind,
                     reason=verdict.reason,
-                    decision="RETRY",
+                    decision="RETRY" if recovered else "RAISE",
                     ranks=sorted(e.rank for e in ends if e.status in (RAISED, DIED)),
                     messages=list(facts.messages)[:4],
                     dead_nodes=[],
                     submission=submission_id,
                     signature=facts.signature,
                     micro_step=facts.micro_step,
-                    in_place=True,
+                    repeated=repeats and not recovered,
+                    in_place=recovered,
                 )
             )
         return action
