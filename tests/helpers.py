@@ -243,3 +243,13 @@ def start_as_in_a_terminal(args: list[str], **kw) -> subprocess.Popen:
     child starts."""
     with sigint_set(signal.default_int_handler):
         return subprocess.Popen(args, **kw)
+
+
+def saved_on_the_drivers_notice(events, signal_name: str, signalled_at: float) -> dict:
+    """The one state committed, at the driver's notice (its ``preemption_notice`` with the signal's
+    name) and after the signal: asserted; returned. ``events(kind)``: the run's events of a kind."""
+    (notice,) = events("preemption_notice")
+    assert notice["source"] == "driver" and notice["signal"] == signal_name
+    (saved,) = events("state_committed")
+    assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+    return saved

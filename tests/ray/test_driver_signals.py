@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import ROOT, lm_spec, start_as_in_a_terminal, stop_processes, write_job
+from tests.helpers import ROOT, lm_spec, saved_on_the_drivers_notice, start_as_in_a_terminal, stop_processes, write_job
 from tests.own_processes import marked_env, owned
 from tests.ray_processes import BIN, local_head, ray_env, wait_for_driver
 
@@ -62,6 +62,20 @@ def _start(job: Path, env: dict[str, str], out: Path) -> subprocess.Popen:
     )
 
 
+def held_job(tmp_path: Path, hold: Path):
+    """The example's job, paced, its first micro-batch held until ``hold`` exists, saving only when a
+    notice asks (so each signal lands while the run trains, and its one state is the notice's)."""
+    return lm_spec(
+        tmp_path / "runs",
+        "task.path=tests.tasks:paced_lm",
+        f"task.config.hold_until={hold}",
+        "task.config.pace_s=0.02",
+        "task.config.num_samples=1600",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 0, unit: micro_steps}",
+    )
+
+
 def _last_line(out: Path) -> str:
     return out.read_text().strip().splitlines()[-1]
 
@@ -71,15 +85,7 @@ def _last_line(out: Path) -> str:
 )
 def test_the_drivers_sigterm_saves_and_stops_and_the_rerun_resumes(tmp_path, then):
     hold = tmp_path / "go"
-    spec = lm_spec(
-        tmp_path / "runs",
-        "task.path=tests.tasks:paced_lm",
-        f"task.config.hold_until={hold}",
-        "task.config.pace_s=0.02",
-        "task.config.num_samples=1600",
-        "train.epochs=1",
-        "checkpoint.save_every={value: 0, unit: micro_steps}",  # only the notice saves
-    )
+    spec = held_job(tmp_path, hold)
     job = write_job(spec, tmp_path / "job.yaml")
     env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     out = tmp_path / "out.txt"
@@ -97,10 +103,7 @@ def test_the_drivers_sigterm_saves_and_stops_and_the_rerun_resumes(tmp_path, the
         first.send_signal(signal.SIGTERM)
         hold.touch()  # the first micro-batch goes on: the next boundaries answer the notice
         assert first.wait(timeout=300) == 143, out.read_text()[-4000:]
-        (notice,) = _events(spec, "preemption_notice")
-        assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
-        (saved,) = _events(spec, "state_committed")
-        assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+        saved = saved_on_the_drivers_notice(lambda kind: _events(spec, kind), "SIGTERM", signalled_at)
         assert not _events(spec, "finished")  # stopped, not finished
         state, step = saved["state"], saved["optimizer_step"]
         assert _last_line(out) == (
@@ -200,15 +203,7 @@ def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_dril
     and stops, the interrupted run never starts, the drill ends 143 with a last line that says it
     stopped and how to start it over, and nothing it started is alive 15 s later."""
     hold = tmp_path / "go"
-    spec = lm_spec(
-        tmp_path / "runs",
-        "task.path=tests.tasks:paced_lm",
-        f"task.config.hold_until={hold}",
-        "task.config.pace_s=0.02",
-        "task.config.num_samples=1600",
-        "train.epochs=1",
-        "checkpoint.save_every={value: 0, unit: micro_steps}",  # only the notice saves
-    )
+    spec = held_job(tmp_path, hold)
     job = write_job(spec, tmp_path / "job.yaml")
     ref = spec.model_copy(update={"name": f"{spec.name}-drill-ref"})
     run = spec.model_copy(update={"name": f"{spec.name}-drill"})
@@ -223,10 +218,7 @@ def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_dril
         drill.send_signal(signal.SIGTERM)
         hold.touch()  # the first micro-batch goes on: the next boundary answers the notice
         assert drill.wait(timeout=300) == 143, out.read_text()[-4000:]
-        (notice,) = _events(ref, "preemption_notice")
-        assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
-        (saved,) = _events(ref, "state_committed")
-        assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+        saved = saved_on_the_drivers_notice(lambda kind: _events(ref, kind), "SIGTERM", signalled_at)
         assert not _events(ref, "finished") and not _events(run, "submitted")  # the interrupted run never began
         text = out.read_text()
         again = f"syncpoint drill {job} --preempt-at 300"

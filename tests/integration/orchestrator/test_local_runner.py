@@ -27,6 +27,7 @@ from tests.helpers import (
     digest,
     linear_spec,
     lm_spec,
+    saved_on_the_drivers_notice,
     start_as_in_a_terminal,
     state_names,
     stop_processes,
@@ -70,10 +71,7 @@ def test_a_local_run_stops_on_sigterm_and_its_rerun_recovers_a_crash_in_place_an
         first.send_signal(signal.SIGTERM)
         hold.touch()  # the first micro-batch goes on: the next boundary answers the notice
         assert first.wait(timeout=300) == 143, out.read_text()[-4000:]
-        (notice,) = _events(spec, "preemption_notice")
-        assert notice["source"] == "driver" and notice["signal"] == "SIGTERM"
-        (saved,) = _events(spec, "state_committed")
-        assert saved["reasons"] == ["preemption"] and saved["time"] > signalled_at
+        saved = saved_on_the_drivers_notice(lambda kind: _events(spec, kind), "SIGTERM", signalled_at)
         assert out.read_text().strip().splitlines()[-1] == (
             f"syncpoint: stopped on SIGTERM at state {saved['state']} (optimizer step {saved['optimizer_step']}); "
             f"`syncpoint run {job} --local` resumes it"
