@@ -27,19 +27,22 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = (ROOT / "examples" / "tiny_lm.yaml").read_text()
 
 
+# what lm_spec sets on the example (also given as --set to a job that runs examples/tiny_lm.yaml itself);
+# the example evaluates (train.eval_every): a small eval set keeps it cheap
+LM_SHRUNK = [
+    "task.config.seq_len=8",
+    "task.config.d_model=16",
+    "train.micro_batch_size=2",
+    "train.log_every=1000",
+    "checkpoint.keep_last=0",
+    "checkpoint.export_final=false",
+    "task.config.eval_samples=8",
+]
+
+
 def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
     """The example job shrunk for tests (small model, short sequences)."""
-    base = [
-        f"storage={storage}",
-        f"scaling.num_workers={workers}",
-        "task.config.seq_len=8",
-        "task.config.d_model=16",
-        "train.micro_batch_size=2",
-        "train.log_every=1000",
-        "checkpoint.keep_last=0",
-        "checkpoint.export_final=false",
-        "task.config.eval_samples=8",
-    ]  # the example evaluates (train.eval_every): a small eval set keeps it cheap
+    base = [f"storage={storage}", f"scaling.num_workers={workers}", *LM_SHRUNK]
     return resolve_storage(parse_spec(EXAMPLE, "examples/tiny_lm.yaml", [*base, *overrides]))
 
 

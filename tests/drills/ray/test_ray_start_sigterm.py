@@ -27,7 +27,7 @@ from syncpoint.orchestrator.timeline import restarts
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
-from tests.helpers import ROOT, digest, lm_spec, state_names
+from tests.helpers import LM_SHRUNK, ROOT, digest, lm_spec, state_names
 from tests.ray_processes import BIN, DRAIN_S, add_worker_node, drain_env
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
@@ -45,16 +45,7 @@ RUN = [
     "task.config.pace_s=0.05",
 ]
 # what tests.helpers.lm_spec sets on the example, for the job `ray job submit` runs from examples/tiny_lm.yaml
-LM_SPEC = [
-    "scaling.num_workers=2",
-    "task.config.seq_len=8",
-    "task.config.d_model=16",
-    "train.micro_batch_size=2",
-    "train.log_every=1000",
-    "checkpoint.keep_last=0",
-    "checkpoint.export_final=false",
-    "task.config.eval_samples=8",
-]
+LM_SPEC = ["scaling.num_workers=2", *LM_SHRUNK]
 
 
 # scaling.env: a worker node started by `ray start` does not inherit the driver's environment, so what its
