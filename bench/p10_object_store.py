@@ -81,17 +81,13 @@ GOAL = 0.8
 MEMORY_GOAL = 5.0  # issue 32: restore from memory >= 5x faster than from the object store
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_moto() -> tuple[subprocess.Popen, str]:
     """moto's S3 server in its own process on loopback; this process and spawned ranks point s3fs at it."""
     import fsspec
 
-    port = _free_port()
+    from syncpoint.workers.supervision.free_ports import free_port
+
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -254,10 +250,11 @@ def _run(spec, crashes: bool = False) -> list[dict[str, list[float]]]:
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import release_lease
     from syncpoint.workers.supervision import launch
+    from syncpoint.workers.supervision.free_ports import free_port
     from syncpoint.workers.training import rng
 
     out = tempfile.mkdtemp(prefix="p10-profile-")
-    port, submission = launch.free_port(), uuid.uuid4().hex
+    port, submission = free_port(), uuid.uuid4().hex
     hash_seed = str(rng.hash_seed(spec.train.seed))  # as run_spawned starts its ranks
     ctx = launch._context(launch._start_method(spec), hash_seed)
     environ = {**os.environ, "PYTHONHASHSEED": hash_seed}

@@ -51,7 +51,7 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import RunLease
     from syncpoint.workers.supervision.faults import Faults
-    from syncpoint.workers.supervision.launch import free_port
+    from syncpoint.workers.supervision.free_ports import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     storage = RunStorage(url)

@@ -34,31 +34,13 @@ TOKEN_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDR
 DRAIN_S = 8  # the node's grace: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of its `ray start --block`
 
 
-_HANDED_OUT: set[int] = set()  # every port free_ports gave this process: a node draws its ports before it binds them
-
-
 def free_ports(n: int) -> list[int]:
-    """``n`` free TCP ports on loopback, distinct from each other and from every port handed out before in
-    this process: each socket is held until all are chosen (one at a time, a port just released came back,
-    and a head started with its dashboard and client on one port failed), and a port given to a node that
-    has not bound it yet (its agents start seconds later) is not given to the next node."""
-    import socket
+    """``n`` free TCP ports on loopback, below the kernel's ephemeral range and never handed out twice
+    (``syncpoint.workers.supervision.free_ports``): a node draws its ports before it binds them, its
+    agents seconds later."""
+    from syncpoint.workers.supervision.free_ports import free_ports as draw
 
-    socks: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-            if port not in _HANDED_OUT:
-                ports.append(port)
-                _HANDED_OUT.add(port)
-        return ports
-    finally:
-        for s in socks:
-            s.close()
+    return draw(n)
 
 
 def ray_env() -> dict:

@@ -4,7 +4,6 @@ tests/conftest.py): the bucket, the credentials, and the server itself."""
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,12 +14,6 @@ import pytest
 
 BUCKET = "syncpoint-test"
 KEY, SECRET = "testing", "testing"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _atomic_conditional_puts(mp: pytest.MonkeyPatch) -> None:
@@ -46,7 +39,9 @@ def moto_s3() -> Iterator[Any]:
     s3fs = pytest.importorskip("s3fs")
     ThreadedMotoServer = pytest.importorskip("moto.server").ThreadedMotoServer
 
-    port = _free_port()
+    from syncpoint.workers.supervision.free_ports import free_port
+
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     werkzeug_log = logging.getLogger("werkzeug")

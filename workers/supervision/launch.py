@@ -10,7 +10,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import socket
 import time
 import traceback
 import uuid
@@ -28,19 +27,13 @@ from syncpoint.workers.supervision.fork_context import adopt_environment
 from syncpoint.workers.supervision.fork_context import context as _context
 from syncpoint.workers.supervision.fork_context import environ as _environ
 from syncpoint.workers.supervision.fork_context import start_method as _start_method
+from syncpoint.workers.supervision.free_ports import free_port
 from syncpoint.workers.supervision.store_agent import new_namespace, open_store
 from syncpoint.workers.training import rng
 from syncpoint.workers.training.device import backend, collective_timeout, prepare_process
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.training.worker_context import WorkerResult
-
-
-def free_port() -> int:
-    """A free TCP port on loopback (a process group's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_single_process_group(backend_name: str = "gloo") -> None:

@@ -16,7 +16,8 @@ from syncpoint.policies.decisions.seeds import hash_seed
 from syncpoint.workers.integrity.verified_files import available
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision import fork_context
-from syncpoint.workers.supervision.launch import free_port, run_spawned
+from syncpoint.workers.supervision.free_ports import free_port
+from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import committed_steps, lm_spec
 
 MODEL = "engine/mp_rank_00_model_states.pt"

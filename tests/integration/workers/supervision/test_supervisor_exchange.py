@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from syncpoint.workers.supervision.launch import _StoreExchange, free_port
+from syncpoint.workers.supervision.free_ports import free_port
+from syncpoint.workers.supervision.launch import _StoreExchange
 
 NAMESPACE = "5" * 32  # the launcher's secret, as run_spawned hands it to every rank
 

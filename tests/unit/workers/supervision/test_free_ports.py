@@ -1,0 +1,38 @@
+"""A rendezvous port is drawn where no outgoing connection or ``bind(0)`` can take it before the
+rendezvous binds it (the suite's EADDRINUSE under load)."""
+
+from __future__ import annotations
+
+import socket
+
+from syncpoint.workers.supervision import free_ports
+
+
+def test_ports_are_below_the_ephemeral_range_distinct_and_bindable():
+    low = free_ports.ephemeral_low()
+    ports = free_ports.free_ports(8)
+    assert len(set(ports)) == 8 and all(1024 <= p < low for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+def test_a_port_handed_out_is_not_handed_out_again_and_a_bound_one_is_skipped():
+    before = set(free_ports._HANDED_OUT)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", free_ports.free_port()))
+    taken.listen()
+    try:
+        drawn = [free_ports.free_port() for _ in range(50)]
+        assert len(set(drawn)) == 50 and not set(drawn) & before
+        assert taken.getsockname()[1] not in drawn
+    finally:
+        taken.close()
+
+
+def test_an_unreadable_range_falls_back_to_linuxs_default(monkeypatch, tmp_path):
+    monkeypatch.setattr(free_ports, "_RANGE_FILE", str(tmp_path / "missing"))
+    assert free_ports.ephemeral_low() == 32768
+    (tmp_path / "garbage").write_text("x")
+    monkeypatch.setattr(free_ports, "_RANGE_FILE", str(tmp_path / "garbage"))
+    assert free_ports.ephemeral_low() == 32768

@@ -1,0 +1,64 @@
+"""Free TCP ports on loopback for a rendezvous that binds them a moment later.
+
+Why not ``bind(("127.0.0.1", 0))`` and hand the number on, as torchelastic and Ray Train do: the
+kernel draws that port from its ephemeral range, the same range it draws the local end of every
+outgoing connection from, so between the release here and the rendezvous' own bind any connection on
+the machine (Ray's gRPC clients, an S3 client, another job's ranks) may take it and the process
+group fails with EADDRINUSE (seen in the suite on a busy machine). A port drawn below that range is
+never given to a connection or to another ``bind(0)``; only a process naming the same port could
+take it, and a port is not handed out twice by one process.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_SPAN = 16384  # how far below the ephemeral range ports are drawn
+_HANDED_OUT: set[int] = set()  # every port this process gave out: a rendezvous binds it seconds later
+_TRIES = 200
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where it is unreadable)."""
+    try:
+        with open(_RANGE_FILE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports, each bound once here to check it, all held until every one is chosen."""
+    low = ephemeral_low()
+    first = max(1024, low - _SPAN)
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(_TRIES):
+            if len(ports) == n:
+                break
+            port = random.randrange(first, low) if low > first else 0
+            if port in _HANDED_OUT:
+                continue
+            s = socket.socket()
+            held.append(s)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+            ports.append(port)
+            _HANDED_OUT.add(port)
+        if len(ports) < n:
+            raise OSError(f"no {n} free TCP ports on 127.0.0.1 below {low} after {_TRIES} tries")
+        return ports
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port() -> int:
+    """One free port (a process group's rendezvous, a local server)."""
+    return free_ports(1)[0]
