@@ -78,10 +78,12 @@ lint: $(OPS)
 # otherwise): with the other half at nice 19 to spare Ray's workers, the whole suite yielded to any
 # other busy process and took twice as long on a loaded machine. The Ray half's output follows the
 # other's; either failing fails the target. The Ray half collects only $(2): make test's Ray tests
-# all live in tests/ray/ (tests/conftest.py refuses one elsewhere).
+# all live in tests/ray/ (tests/conftest.py refuses one elsewhere); the other half collects $(3), not
+# the directories none of whose tests it would run (every test in tests/ray/ is `ray`, every one in
+# tests/drills/ `long`: their modules import Ray Train and more in each of its processes).
 define two_halves
 	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" $(2) > $$log 2>&1 & ray=$$!; \
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" tests; rest=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" $(3); rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 endef
@@ -89,7 +91,7 @@ endef
 # The README's test command: every test except those marked `long` (whole-job drills, the storm, the
 # 200/150-example property runs: each re-walks, at a larger size, a path a shorter test here covers).
 test: lint
-	$(call two_halves,and not long,tests/ray)
+	$(call two_halves,and not long,tests/ray,tests --ignore=tests/ray --ignore=tests/drills)
 
 # The whole suite, `long` and the storm drill included: the run before resolving an issue that
 # touches a `long` path. (CI's .ci/run calls `make test`, the README's command.) Two streams side by
@@ -109,7 +111,7 @@ test-all: lint
 coverage: $(OPS)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests/ray > $$log 2>&1 & ray=$$!; \
-	$(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests; rest=$$?; \
+	$(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests --ignore=tests/ray --ignore=tests/drills; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; grep -E "^(FAILED|ERROR) " $$log; tail -n 5 $$log; rm -f $$log; \
 	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover > $$log; cover=$$?; tail -n 25 $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0 && test $$cover -eq 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -38,6 +39,16 @@ LM_SHRUNK = [
     "checkpoint.export_final=false",
     "task.config.eval_samples=8",
 ]
+
+
+def needs(*modules: str) -> Any:
+    """A module-wide skip (``pytestmark = needs("datasets")``) where an optional package is missing, found
+    without importing it: ``pytest.importorskip`` at a module's top imports the package in every process that
+    collects the tree (transformers, datasets and MLflow cost each collection seconds of CPU)."""
+    import pytest
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
 def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-from examples.sharded_lm import write_corpus
 from tests.helpers import (
     ROOT,
 )
@@ -18,6 +17,8 @@ from tests.s3_server import BUCKET
 def test_drill_on_a_corpus_on_s3_is_bitwise(s3, tmp_path):
     """A crash, a SIGTERM and a lost node in one drill (each resumed from what the one before left)."""
     url = f"s3://{BUCKET}/corpus-drill"
+    from examples.sharded_lm import write_corpus  # datasets: imported by the test that runs, not at collection
+
     write_corpus(url, 8, 100, 8)  # ~816 rows: 51 global micro-batches of 16 per epoch
     cmd = [
         sys.executable,
@@ -64,6 +65,8 @@ def test_elastic_drill_on_a_corpus_on_s3_keeps_the_samples_of_every_step(s3, tmp
     (the drill records them: ``train.record_samples``), at the same learning rate, bit for bit up to
     the change and within the elastic bound after it (dropout re-seeded for the new world size)."""
     url = f"s3://{BUCKET}/corpus-drill-elastic"
+    from examples.sharded_lm import write_corpus  # datasets: imported by the test that runs, not at collection
+
     write_corpus(url, 8, 100, 8)
     cmd = [
         sys.executable,

@@ -39,10 +39,9 @@ from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.workers.data.stream import StreamSource, prepare
 from syncpoint.workers.data.stream_state import parse
 from syncpoint.workers.task import load_task
-from tests.helpers import stream_spec
+from tests.helpers import needs, stream_spec
 
-pytest.importorskip("datasets")
-pytest.importorskip("torchdata")
+pytestmark = needs("datasets", "torchdata")
 
 FAST_EXAMPLES = 150 if os.environ.get("SYNCPOINT_SLOW") == "1" else 6
 COMMON = dict(

@@ -28,6 +28,7 @@ from tests.helpers import (
     committed_steps,
     digest,
     linear_spec,
+    needs,
     run,
     run_until_crash,
     state_names,
@@ -37,8 +38,7 @@ from tests.helpers import (
     with_overrides,
 )
 
-pytest.importorskip("datasets")
-pytest.importorskip("torchdata")
+pytestmark = needs("datasets", "torchdata")
 
 
 def _losses(spec) -> dict[int, float]:

@@ -25,9 +25,6 @@ from syncpoint.workers.observation.trackers import (
 from syncpoint.workers.storage import RunStorage
 from tests.helpers import EXAMPLE, cli, digest, lm_spec, run, run_until_crash, step_history
 
-mlflow = pytest.importorskip("mlflow")
-pytest.importorskip("wandb")
-
 # As tests/integration/workers/observation/test_metric_sinks.py: optimizer steps 1..6, a state every 2 steps, every
 # step logged.
 SETS = (

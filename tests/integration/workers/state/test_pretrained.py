@@ -16,9 +16,9 @@ import syncpoint
 from syncpoint.policies.contracts.errors import ResumeRefused
 from syncpoint.workers.state.pretrained import check_and_load, read_pretrained
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import gpt2_spec, run, run_until_crash, step_history, with_overrides
+from tests.helpers import gpt2_spec, needs, run, run_until_crash, step_history, with_overrides
 
-transformers = pytest.importorskip("transformers")
+pytestmark = needs("transformers")
 
 EXPORT = "checkpoint.export_final=true"
 

@@ -8,11 +8,9 @@ import json
 import subprocess
 import sys
 
-import pytest
+from tests.helpers import ROOT, needs
 
-from tests.helpers import ROOT
-
-pytest.importorskip("mlflow")
+pytestmark = needs("mlflow")
 
 PROBE = """
 import json, sys

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from examples.hf_gpt2 import build, splits
 from tests.helpers import gpt2_spec, run, run_until_crash, state_names, step_history
 from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
 
@@ -23,6 +22,8 @@ SAVE = "checkpoint.save_every={value: 2, unit: optimizer_steps}"
 
 def test_the_example_is_hf_gpt2_with_dropout_and_checkpointing():
     from transformers import GPT2LMHeadModel
+
+    from examples.hf_gpt2 import build
 
     torch.manual_seed(0)
     task = build({"num_samples": 16, "eval_samples": 4, "seq_len": 16, "n_embd": 32, "n_head": 2})
@@ -42,6 +43,7 @@ def test_the_example_is_hf_gpt2_with_dropout_and_checkpointing():
 def test_the_default_no_decay_groups_are_the_usual_practice():
     """train.optimizer.no_decay's default on GPT-2: every bias (HF's Conv1D ones too) and every
     LayerNorm parameter (ln_1, ln_2, ln_f) decay-free; the matrices and embeddings decay, as HF Trainer does."""
+    from examples.hf_gpt2 import build
     from syncpoint.workers.training.param_groups import decay_split
 
     torch.manual_seed(0)
@@ -53,6 +55,8 @@ def test_the_default_no_decay_groups_are_the_usual_practice():
 
 
 def test_the_evaluation_split_is_disjoint_and_fixed():
+    from examples.hf_gpt2 import splits  # transformers: imported by the tests that run, not at collection
+
     train, evaluation = splits(num_samples=10, eval_samples=3, seq_len=8, noise=0.5)
     assert len(train) == 10 and len(evaluation) == 3
     reach = (len(train) - 1) * 8 + 7 + 8  # the last window, cropped at its largest offset
