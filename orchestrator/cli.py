@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--dashboard", action="store_true", help="an embedded Ray also starts its dashboard (http://127.0.0.1:8265)"
     )
     r.add_argument(
+        "--metrics-port",
+        default=None,
+        metavar="PORT",
+        help="an embedded Ray serves its Prometheus metrics, the run's syncpoint_* series among them, at "
+        "http://127.0.0.1:PORT/metrics (a cluster's own metrics port serves them on a cluster)",
+    )
+    r.add_argument(
         "--fresh",
         action="store_true",
         help="start the run over: its states are moved to <run>/archive/, its summary counts this submission only",

@@ -66,6 +66,34 @@ def directory_arg(arg: str, what: str, kind: str, example: str) -> RunStorage:
     return storage
 
 
+def metrics_port_arg(arg: str) -> int:
+    """``--metrics-port``: a TCP port from 1 to 65535 that this machine can listen on now (Ray's metrics
+    agent binds it on every interface and would otherwise fail after the cluster started); else exit 2."""
+    import socket
+
+    try:
+        port = int(arg)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise UsageError(
+            "--metrics-port", [f"{arg!r} is not a TCP port; pass a number from 1 to 65535, e.g. --metrics-port 9090"]
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Ray's HTTP server binds it
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise UsageError(
+                "--metrics-port",
+                [
+                    f"port {port} cannot be listened on here ({e.strerror or e}): another process holds it, or it "
+                    "needs privileges; pass a free port, e.g. --metrics-port 9090"
+                ],
+            ) from None
+    return port
+
+
 def first_line(e: BaseException, limit: int = 200) -> str:
     """An error's message on one line, cut at ``limit`` characters (for a one-paragraph refusal)."""
     text = " ".join(str(e).split())

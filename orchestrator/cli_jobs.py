@@ -27,7 +27,7 @@ from syncpoint.policies.decisions.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
     pass
-from syncpoint.orchestrator.cli_inputs import load_job
+from syncpoint.orchestrator.cli_inputs import load_job, metrics_port_arg
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -90,10 +90,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``syncpoint run``: the job on Ray (embedded unless an address is given); the last line says how it ended."""
+    metrics_port = None if args.metrics_port is None else metrics_port_arg(args.metrics_port)
     spec = run_spec(args)
     if args.local:
-        if args.address or args.dashboard:
-            flag = "--address" if args.address else "--dashboard"
+        if args.address or args.dashboard or metrics_port is not None:
+            flag = "--address" if args.address else "--dashboard" if args.dashboard else "--metrics-port"
             raise UsageError(flag, [f"{flag} is for a run on Ray; --local runs the ranks here without Ray: drop one"])
         from syncpoint.orchestrator.local_runner import run_local
         from syncpoint.orchestrator.ray_runner import show_outcome
@@ -104,12 +105,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
         print("syncpoint: --dashboard applies to an embedded Ray; a cluster serves its own dashboard", file=sys.stderr)
+    if metrics_port is not None and (args.address or os.environ.get("RAY_ADDRESS")):
+        print(
+            "syncpoint: --metrics-port applies to an embedded Ray; on a cluster the run's syncpoint_* series are "
+            "served by the metrics port of the node its driver runs on (`ray start --metrics-export-port`, "
+            "KubeRay's 8080)",
+            file=sys.stderr,
+        )
     return run_on_ray(
         spec,
         args.address,
         progress_bar=show_progress_bar(sys.stdout, os.environ),
         dashboard=args.dashboard,
         rerun=rerun_command(args),
+        metrics_port=metrics_port,
     )
 
 

@@ -33,9 +33,14 @@ from syncpoint.orchestrator.ray_internals import DatasetsCallback, FixedScalingP
 NO_PRESTART = {"prestart_worker_first_driver": False}
 
 
-def init_options(dashboard: bool) -> dict[str, Any]:
-    """``ray.init``'s options for an embedded instance (beyond its address, CPUs and runtime env)."""
-    return {"include_dashboard": dashboard, "_system_config": dict(NO_PRESTART)}
+def init_options(dashboard: bool, metrics_port: int | None = None) -> dict[str, Any]:
+    """``ray.init``'s options for an embedded instance (beyond its address, CPUs and runtime env):
+    ``metrics_port``, Ray's Prometheus endpoint (``syncpoint run --metrics-port``), served by the node's
+    metrics agent, which the raylet starts with or without the dashboard."""
+    options: dict[str, Any] = {"include_dashboard": dashboard, "_system_config": dict(NO_PRESTART)}
+    if metrics_port is not None:
+        options["_metrics_export_port"] = metrics_port
+    return options
 
 
 def embedded_trainer(trainer_cls: type, keep_cleaner: bool) -> type:

@@ -158,9 +158,10 @@ def ray_train_defaults(spec: JobSpec) -> Iterator[None]:
             os.environ.pop(k, None)
 
 
-def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False) -> bool:
+def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False, metrics_port: int | None = None) -> bool:
     """Connect to a cluster, or start an embedded local Ray (with Ray's dashboard only if ``dashboard``:
-    ``syncpoint.orchestrator.embedded_ray``); returns True if embedded."""
+    ``syncpoint.orchestrator.embedded_ray``; its Prometheus endpoint on ``metrics_port``, said in one
+    line); returns True if embedded."""
     import ray
 
     # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
@@ -190,10 +191,24 @@ def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False) -> b
 
     with preloading_raylet(spec):
         ray.init(
-            address="local", num_cpus=num_cpus, log_to_driver=True, runtime_env=runtime_env, **init_options(dashboard)
+            address="local",
+            num_cpus=num_cpus,
+            log_to_driver=True,
+            runtime_env=runtime_env,
+            **init_options(dashboard, metrics_port),
         )
     quiet_driver()
+    if metrics_port is not None:
+        print(
+            f"syncpoint: Ray's metrics, the run's syncpoint_* series among them: {metrics_url(metrics_port)}",
+            flush=True,
+        )
     return True
+
+
+def metrics_url(port: int) -> str:
+    """Where an embedded Ray serves its Prometheus endpoint (``--metrics-port``)."""
+    return f"http://127.0.0.1:{port}/metrics"
 
 
 def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
@@ -237,6 +252,7 @@ def run_on_ray(
     progress_bar: bool = False,
     dashboard: bool = False,
     rerun: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the job to completion on Ray and print its last line; returns the process exit code (0 ok,
     1 failed, 128 + the signal for a run the driver's signal stopped). A failure's details go to stderr
@@ -246,8 +262,11 @@ def run_on_ray(
     print no progress lines of their own. ``dashboard``: an embedded Ray keeps its dashboard. ``rerun``:
     the command that resumes the job; given (the command line's own driver), the driver's SIGINT, SIGTERM
     and SIGHUP are the job's stop notice (``syncpoint.orchestrator.driver_signals``), its last line names
-    that command, and a watchdog ends whatever it started when it ends (``run_watchdog``)."""
-    return run_reported(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun).code
+    that command, and a watchdog ends whatever it started when it ends (``run_watchdog``). ``metrics_port``:
+    an embedded Ray serves its Prometheus endpoint there (``metrics_export``)."""
+    return run_reported(
+        spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, metrics_port=metrics_port
+    ).code
 
 
 def run_reported(
@@ -258,11 +277,20 @@ def run_reported(
     dashboard: bool = False,
     rerun: str | None = None,
     signals: DriverSignals | None = None,
+    metrics_port: int | None = None,
 ) -> JobOutcome:
     """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
     line in its verdict. ``signals``: see ``run_job``."""
     return show_outcome(
-        run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, signals=signals)
+        run_job(
+            spec,
+            address,
+            progress_bar=progress_bar,
+            dashboard=dashboard,
+            rerun=rerun,
+            signals=signals,
+            metrics_port=metrics_port,
+        )
     )
 
 
@@ -286,32 +314,41 @@ def run_job(
     dashboard: bool = False,
     rerun: str | None = None,
     signals: DriverSignals | None = None,
+    metrics_port: int | None = None,
 ) -> JobOutcome:
     """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray,
     with Ray's dashboard if ``dashboard``); returns how it ended without printing its last line
     (``run_on_ray`` and ``syncpoint.run`` both call this). ``rerun``: see ``run_on_ray``. ``signals``:
     a caller's own (a drill's, whose runs share one notice: it installed them and watches its own
-    processes), used instead of ``rerun``'s."""
+    processes), used instead of ``rerun``'s. ``metrics_port``: see ``run_on_ray``."""
+    how = _How(progress_bar, dashboard, metrics_port)
     with ray_train_defaults(spec):
         if signals is not None:
-            return _run_noticed(spec, address, progress_bar, dashboard, signals)
+            return _run_noticed(spec, address, how, signals)
         if rerun is None:
-            return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
+            return _run_job(spec, address, how)
         from syncpoint.orchestrator.driver_signals import DriverSignals
         from syncpoint.orchestrator.run_watchdog import ensure
 
         ensure()  # the command's own driver: nothing it starts outlives it, however it ends
 
         with DriverSignals(spec.checkpoint.sigterm_grace_s, _driver_lines(spec), rerun) as signals:
-            return _run_noticed(spec, address, progress_bar, dashboard, signals)
+            return _run_noticed(spec, address, how, signals)
 
 
-def _run_noticed(
-    spec: JobSpec, address: str | None, progress_bar: bool, dashboard: bool, signals: DriverSignals
-) -> JobOutcome:
+@dataclass(frozen=True)
+class _How:
+    """How the driver shows and serves a run: the live bar, an embedded Ray's dashboard and metrics port."""
+
+    progress_bar: bool = False
+    dashboard: bool = False
+    metrics_port: int | None = None
+
+
+def _run_noticed(spec: JobSpec, address: str | None, how: _How, signals: DriverSignals) -> JobOutcome:
     """The job with the driver's signals as its notice; a second signal stops it at once."""
     try:
-        return _run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, signals=signals)
+        return _run_job(spec, address, how, signals=signals)
     except KeyboardInterrupt:  # StopNow, or Ray's own for it (``driver_signals.StopNow``)
         if not signals.at_once:
             raise
@@ -392,9 +429,7 @@ def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> 
     return JobOutcome(line=redact_text(line, spec.storage), failed=False, exit_code=signals.exit_code())
 
 
-def _run_job(
-    spec: JobSpec, address: str | None, *, progress_bar: bool, dashboard: bool, signals: DriverSignals | None = None
-) -> JobOutcome:
+def _run_job(spec: JobSpec, address: str | None, how: _How, signals: DriverSignals | None = None) -> JobOutcome:
     # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
     from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
@@ -416,7 +451,7 @@ def _run_job(
     submission = uuid.uuid4().hex
     embedded = ours and not (address or os.environ.get("RAY_ADDRESS"))
     prewarmed = embedded and warm_this_node(spec, submission)  # its imports overlap Ray's start
-    connect(spec, address, dashboard=dashboard)
+    connect(spec, address, dashboard=how.dashboard, metrics_port=how.metrics_port if embedded else None)
     if signals is not None:
         signals.install()  # again: ray.init's core worker put its own SIGTERM handler (a stack dump) in place
     board = None
@@ -426,12 +461,12 @@ def _run_job(
         if signals is not None:
             signals.attach(board)
         s = spec.scaling
-        trainer = _trainer(spec, embedded, dashboard, own_sigint=signals is not None)(
+        trainer = _trainer(spec, embedded, how.dashboard, own_sigint=signals is not None)(
             train_loop_per_worker,
             train_loop_config={
                 "spec": spec.model_dump(mode="json"),
                 "submission_id": submission,
-                "print_progress": not progress_bar,
+                "print_progress": not how.progress_bar,
                 "heartbeat": board,
             },
             scaling_config=ScalingConfig(
@@ -457,7 +492,8 @@ def _run_job(
             with (
                 policy,
                 warm_nodes(spec, submission, embedded),
-                _progress_bar(spec, progress_bar, since=submitted.time),
+                _progress_bar(spec, how.progress_bar, since=submitted.time),
+                _metrics(spec, submission),
             ):
                 if signals is None or signals.received is None:  # stopped before it started: no training
                     trainer.fit()
@@ -604,6 +640,19 @@ def board_node() -> str:
     except Exception:  # noqa: BLE001 - no node table (GCS busy): the driver's node
         pass
     return str(ray.get_runtime_context().get_node_id())
+
+
+def _metrics(spec: JobSpec, submission: str) -> contextlib.AbstractContextManager[Any]:
+    """The run's ``syncpoint_*`` series on Ray's metrics while it trains (``metrics_export``)."""
+    from syncpoint.orchestrator.metrics_export import publishing
+    from syncpoint.workers.storage import RunStorage
+
+    return publishing(
+        RunStorage(spec.run_url),
+        job_name=spec.name,
+        submission=submission,
+        micro_batch_size=spec.train.micro_batch_size,
+    )
 
 
 def _progress_bar(spec: JobSpec, show: bool, since: float) -> contextlib.AbstractContextManager[Any]:

@@ -1204,6 +1204,20 @@ ARG_CASES = [
         r"train\.grad_accum.*greater than or equal to 1",
     ),
     _arg_case("set-value-not-yaml", ["validate", "{job}", "--set", "train.grad_accum=["], r"--set.*train\.grad_accum"),
+    # --metrics-port (checked before the spec is read or Ray starts)
+    _arg_case(
+        "run-metrics-port-not-a-number",
+        ["run", "{job}", "--metrics-port", "http"],
+        r"--metrics-port.*'http' is not a TCP port; pass a number from 1 to 65535",
+    ),
+    _arg_case(
+        "run-metrics-port-zero", ["run", "{job}", "--metrics-port", "0"], r"--metrics-port.*'0' is not a TCP port"
+    ),
+    _arg_case(
+        "run-metrics-port-too-high",
+        ["run", "{job}", "--metrics-port", "65536"],
+        r"--metrics-port.*'65536' is not a TCP",
+    ),
     # drill arguments (checked before the reference run is started or any drill directory deleted)
     _arg_case(
         "drill-preempt-at-not-a-number", ["drill", "{job}", "--preempt-at", "abc"], r"--preempt-at.*'abc'.*e\.g\. 13,40"
@@ -1305,6 +1319,25 @@ def test_bad_cli_arguments_exit_2_naming_the_argument(committed, job, tmp_path, 
     rc, out, err = cli(capsys, *args)
     assert rc == 2, (rc, out, err)
     assert re.search(fix, err, re.S), err
+
+
+def test_a_metrics_port_held_by_another_process_or_on_a_local_run_exits_2(job, capsys):
+    """A port something listens on would fail Ray's metrics agent after the cluster started: refused
+    first, naming it; ``--local`` has no Ray to serve metrics."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        rc, _, err = cli(capsys, "run", str(job), "--metrics-port", str(port))
+        assert rc == 2 and re.search(
+            rf"--metrics-port.*port {port} cannot be listened on here.*pass a free port", err, re.S
+        )
+        assert_one_paragraph(err)
+    rc, _, err = cli(capsys, "run", str(job), "--local", "--metrics-port", str(port))
+    assert rc == 2 and "--metrics-port is for a run on Ray; --local runs the ranks here without Ray" in err
+    assert_one_paragraph(err)
 
 
 # ----------------------------------------------------------------------------- storage URLs

@@ -71,6 +71,7 @@ def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_
         "_system_config": {"prestart_worker_first_driver": False},
     }
     assert embedded_ray.init_options(True)["include_dashboard"] is True
+    assert embedded_ray.init_options(False, 9090)["_metrics_export_port"] == 9090  # --metrics-port
     spec = linear_spec(tmp_path)
     assert ray_runner._trainer(spec, embedded=False) is DataParallelTrainer
 
@@ -119,4 +120,34 @@ def test_run_dashboard_reaches_the_launcher_and_says_when_it_has_no_effect(tmp_p
     assert main(["run", str(job), "--dashboard", *(["--address", address] if address else [])]) == 0
     assert given["dashboard"] is True and given["address"] == address
     note = "--dashboard applies to an embedded Ray" in capsys.readouterr().err
+    assert note == bool(address)
+
+
+@pytest.mark.parametrize("address", [None, "ray://elsewhere:10001"])
+def test_run_metrics_port_reaches_the_launcher_and_says_where_a_cluster_serves_them(
+    tmp_path, monkeypatch, capsys, address
+):
+    import socket
+    import types
+
+    from syncpoint.orchestrator.cli import main
+    from tests.helpers import write_job
+
+    given: dict = {}
+    fake = types.ModuleType("syncpoint.orchestrator.ray_runner")
+
+    def run_on_ray(spec, address=None, **kwargs):  # the launcher's arguments, recorded; no Ray starts
+        given.update(address=address, **kwargs)
+        return 0
+
+    fake.run_on_ray = run_on_ray
+    monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as s:  # a port free now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = write_job(linear_spec(tmp_path / "runs"), tmp_path / "job.yaml")
+    assert main(["run", str(job), "--metrics-port", str(port), *(["--address", address] if address else [])]) == 0
+    assert given["metrics_port"] == port and given["address"] == address
+    note = "--metrics-port applies to an embedded Ray; on a cluster" in capsys.readouterr().err
     assert note == bool(address)
