@@ -38,10 +38,17 @@ run after the warm-up), about 2 minutes on 2 quiet cores):
     .venv/bin/python -m bench.p13_loop_throughput --quick
     .venv/bin/python -m bench.p13_loop_throughput            # ZeRO 0, 2, 3; 3 rounds of 96 steps
     .venv/bin/python -m bench.p13_loop_throughput --quick --compile   # both sides compiled (train.compile)
+    .venv/bin/python -m bench.p13_loop_throughput --quick --metrics   # + syncpoint with its metrics scraped
 
 With ``--compile`` each side compiles its model (syncpoint's ``train.compile``; the plain loop calls
 ``engine.compile()`` after ``deepspeed.initialize``, with the same compile cache), the compile in the
 warm-up steps, which are not counted; the goals carry ``_compiled``.
+
+With ``--metrics`` (issue 52) a third side runs between the two in each round: syncpoint again, while
+this process does what a Ray run's driver does for the run's ``syncpoint_*`` series (the event log
+read and every gauge set each ``metrics_export.POLL_S``, through an embedded Ray started once with a
+metrics port, as ``syncpoint run --metrics-port`` does) and a scraper reads Ray's endpoint every
+second; the goals ``metrics_overhead_*`` are syncpoint's step time without over with them.
 
 No timed assertions: the script reports, it does not pass or fail on time.
 """
@@ -49,6 +56,7 @@ No timed assertions: the script reports, it does not pass or fail on time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -57,6 +65,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,9 +143,12 @@ def task(config: dict[str, Any]) -> Any:
 
 
 def run_syncpoint(
-    work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False
+    work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False, scraped: bool = False
 ) -> list[tuple[float, float]]:
-    """One syncpoint run (2 spawned ranks); rank 0's stamps, one a step."""
+    """One syncpoint run (2 spawned ranks); rank 0's stamps, one a step. ``scraped``: this process does
+    what a Ray run's driver does for its metrics while the ranks train (``metrics_export.publishing``:
+    the run's event log read and every ``syncpoint_*`` gauge set each ``POLL_S``, into the embedded Ray
+    ``--metrics`` started) and a Prometheus scrapes Ray's endpoint every ``SCRAPE_S``."""
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
     from syncpoint.workers.supervision.launch import run_spawned
 
@@ -157,10 +169,70 @@ def run_syncpoint(
         compiled=json.dumps(compiled),
     )
     spec = resolve_storage(parse_spec(text, "p13", [f"storage={os.path.join(work, 'runs')}"]))
-    codes = run_spawned(spec, world_size=WORLD, timeout=900)
+    with published_and_scraped(spec) if scraped else contextlib.nullcontext():
+        codes = run_spawned(spec, world_size=WORLD, timeout=900)
     if any(codes):
         raise RuntimeError(f"syncpoint's ranks exited {codes}")
     return read_stamps(stamps)
+
+
+def run_scraped(
+    work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False
+) -> list[tuple[float, float]]:
+    """``run_syncpoint`` with its metrics published and scraped (``--metrics``)."""
+    return run_syncpoint(work, zero, steps, epochs, workers, compiled, scraped=True)
+
+
+SCRAPE_S = 1.0  # a scrape a second: ten times Prometheus's usual 10-15 s
+SCRAPES: list[int] = []  # per scraped run: the scrapes that found the run's syncpoint_* series
+
+
+@contextlib.contextmanager
+def published_and_scraped(spec: Any) -> Iterator[None]:
+    """The driver's publisher over the run's event log and a scraper of Ray's endpoint, for the block."""
+    import threading
+    import urllib.request
+
+    from syncpoint.orchestrator.metrics_export import publishing
+    from syncpoint.workers.storage import RunStorage
+
+    found, stop = [0], threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(SCRAPE_S):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT[0]}/metrics", timeout=5) as r:
+                    found[0] += b"ray_syncpoint_goodput_ratio" in r.read()
+            except OSError:
+                pass
+
+    scraper = threading.Thread(target=scrape, name="p13-scraper", daemon=True)
+    scraper.start()
+    try:
+        with publishing(RunStorage(spec.run_url), job_name=spec.name, submission="p13", micro_batch_size=MBS):
+            yield
+    finally:
+        stop.set()
+        scraper.join(timeout=10)
+        SCRAPES.append(found[0])
+
+
+METRICS_PORT: list[int] = []
+
+
+def start_metrics_ray() -> None:
+    """An embedded Ray with no CPUs (it runs nothing: the ranks are spawned as on the other sides) and
+    its Prometheus endpoint, as ``syncpoint run --metrics-port`` starts it; up for the whole bench, so
+    its processes idle beside every side alike."""
+    import ray
+
+    from syncpoint.orchestrator.embedded_ray import init_options
+    from syncpoint.workers.supervision.free_ports import free_port
+
+    METRICS_PORT.append(free_port())
+    ray.init(
+        address="local", num_cpus=0, logging_level="ERROR", log_to_driver=False, **init_options(False, METRICS_PORT[0])
+    )
 
 
 # --- the plain DeepSpeed loop ---------------------------------------------------------------------
@@ -236,7 +308,7 @@ def run_plain(
     work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False
 ) -> list[tuple[float, float]]:
     """One plain-DeepSpeed run (2 spawned ranks); rank 0's stamps, one a step."""
-    from syncpoint.workers.supervision.launch import free_port
+    from syncpoint.workers.supervision.free_ports import free_port
 
     out = os.path.join(work, "stamps.txt")
     ctx = mp.get_context("spawn")
@@ -270,6 +342,16 @@ def steady_intervals(times: list[float], warmup: int, per_epoch: int) -> list[fl
 
 
 SIDES = {"syncpoint": run_syncpoint, "plain": run_plain}
+METRICS_GOAL = 0.98  # issue 52: publishing and scraping the metrics adds no measurable step time
+
+
+def sides(args: argparse.Namespace) -> dict[str, Any]:
+    """The sides of each round, in order: with ``--metrics``, the scraped syncpoint run between the two."""
+    if not getattr(args, "metrics", False):
+        return SIDES
+    return {"syncpoint": run_syncpoint, "scraped": run_scraped, "plain": run_plain}
+
+
 CLOCKS = ("wall", "cpu")  # the two clocks of each stamp, in order
 
 
@@ -294,6 +376,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile", action="store_true", help="both sides compiled (train.compile; engine.compile in the plain loop)"
     )
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="a third side: syncpoint with the driver's metrics published and Ray's endpoint scraped every second",
+    )
     return p
 
 
@@ -304,7 +391,7 @@ def one_round(r: int, stages: list[int], args: argparse.Namespace, steady: Measu
     """Each stage's two sides, one after the other (syncpoint, then plain), their steady steps kept."""
     steps, per_epoch = args.steps, -(-args.steps // args.epochs)
     for zero in stages:
-        for side, runner in SIDES.items():
+        for side, runner in sides(args).items():
             with tempfile.TemporaryDirectory(prefix="p13-") as work:
                 t0 = time.perf_counter()
                 stamps = runner(work, zero, steps, args.epochs, args.workers, args.compile)
@@ -332,7 +419,7 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
     for zero in stages:
         for clock in CLOCKS:
             med = {}
-            for side in SIDES:
+            for side in [side for side in ("syncpoint", "scraped", "plain") if (zero, side, clock) in steady]:
                 xs = steady[(zero, side, clock)]
                 med[side] = statistics.median(xs)
                 rounds_ms = ", ".join(f"{1000 * m:.1f}" for m in per_round[(zero, side, clock)])
@@ -341,6 +428,8 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
                     f"{1000 * statistics.fmean(xs):7.1f} | {batch / med[side]:9.0f} | {rounds_ms}"
                 )
             ratios[(zero, clock)] = med["plain"] / med["syncpoint"]
+            if "scraped" in med:
+                ratios[(zero, f"scraped_{clock}")] = med["syncpoint"] / med["scraped"]
             each = zip(per_round[(zero, "plain", clock)], per_round[(zero, "syncpoint", clock)], strict=True)
             print(
                 f"     ZeRO {zero}, {clock}: syncpoint / plain {ratios[(zero, clock)]:.3f} "
@@ -362,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{stages}{', both compiled (torch.compile)' if args.compile else ''}; load average before: {loadavg()}",
         flush=True,
     )
+    if args.metrics:
+        start_metrics_ray()
     steady: Measured = {}
     per_round: Measured = {}
     for r in range(rounds):  # interleaved: syncpoint, plain, syncpoint, plain, ...
@@ -380,6 +471,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"goal {name}: {ratio:.3f}x vs >= {GOAL}x: "
                 f"{'met' if ratio >= GOAL else 'not met'} (median step, side by side)"
             )
+    if args.metrics:
+        print(f"scrapes that found the run's syncpoint_* series, per scraped run: {SCRAPES}")
+        for zero in stages:
+            for clock in CLOCKS:
+                ratio = ratios[(zero, f"scraped_{clock}")]
+                print(
+                    f"goal metrics_overhead_zero{zero}_{clock}: {ratio:.3f}x vs >= {METRICS_GOAL}x: "
+                    f"{'met' if ratio >= METRICS_GOAL else 'not met'} (syncpoint's step without over with its "
+                    f"metrics published and scraped every {SCRAPE_S:g} s)"
+                )
     return 0
 
 

@@ -125,6 +125,9 @@ class AttemptStarted(_Event):
     # worker started (a restart or a pre-warmed node skipped importing torch and DeepSpeed); None:
     # not forked from one (older logs, GPU, in-place recovery off)
     warm_start: bool | None = None
+    # where each rank read the state it resumed: "memory" (its node's memory copy) or "storage"; empty
+    # from scratch and in older logs
+    restored_from: list[Literal["memory", "storage"]] = []
 
 
 class CandidateSeen(_Record):

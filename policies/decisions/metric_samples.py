@@ -8,16 +8,16 @@ Why pure and here: the driver publishes these on Ray's Prometheus endpoint
 journal; no I/O, no Ray, so a hand-built journal tests every value.
 
 Label values are bounded: ``job_name`` (the spec's name, a validated identifier), ``submission`` (the
-driver's id, one per ``syncpoint run``), ``cause`` (``BADPUT``'s keys) and ``kind`` (``RESTART_KINDS``).
-What the journal does not hold is not made up: the restore's source (the node's memory copy or
-storage) is printed by the ranks but not logged, so no series says it; tokens per second would need
-the task's sequence length, so throughput is in samples.
+driver's id, one per ``syncpoint run``), ``cause`` (``BADPUT``'s keys), ``kind`` (``RESTART_KINDS``) and
+``source`` (``RESTORE_SOURCES``). What the journal does not hold is not made up: tokens per second
+would need the task's sequence length, so throughput is in samples.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from syncpoint.policies.contracts.journal import AttemptStarted, Journal, ProgressRecord, Submitted
 from syncpoint.policies.decisions.goodput import BADPUT, Goodput, current_run, goodput
@@ -26,6 +26,8 @@ from syncpoint.policies.decisions.goodput import BADPUT, Goodput, current_run, g
 # worker group (Ray Train's restart), or a new ``syncpoint run`` of the same run (after a stop, a lost
 # head, a failure); stable label values (dashboards select on them): never rename one
 RESTART_KINDS = ("in_place", "new_worker_group", "new_submission")
+# where a rank read the state its attempt resumed (``AttemptStarted.restored_from``); stable label values
+RESTORE_SOURCES: tuple[Literal["memory", "storage"], ...] = ("memory", "storage")
 BASE_LABELS = ("job_name", "submission")
 THROUGHPUT_WINDOW_S = 30.0  # step time and samples/s: the newest attempt's progress over this much time
 _RESTORE_PHASE = "selection and state load"  # rank 0's start-up phase (workers/training/loop.py's SetupLaps)
@@ -37,7 +39,7 @@ class Series:
 
     name: str
     help: str
-    label: str | None = None  # beyond BASE_LABELS: "cause" or "kind"
+    label: str | None = None  # beyond BASE_LABELS: "cause", "kind" or "source"
 
 
 SERIES: tuple[Series, ...] = (
@@ -55,6 +57,11 @@ SERIES: tuple[Series, ...] = (
     Series("syncpoint_last_save_bytes", "the newest committed state's size"),
     Series("syncpoint_last_save_durable_seconds", "the newest save, from its snapshot to its commit on storage"),
     Series("syncpoint_last_restore_seconds", "the newest attempt's state selection and load (it resumed a state)"),
+    Series(
+        "syncpoint_restored_ranks",
+        "the newest attempt's ranks by where they read the state it resumed: their node's memory copy or storage",
+        "source",
+    ),
     Series("syncpoint_step_seconds", "wall time per optimizer step over the newest 30 s of progress"),
     Series("syncpoint_samples_per_second", "samples trained per second, all ranks, over the newest 30 s"),
     Series("syncpoint_committed_micro_step", "the newest committed state's global micro-step"),
@@ -106,6 +113,9 @@ def samples(journal: Journal, *, job_name: str, submission: str, micro_batch_siz
     _save_samples(journal, run, put)
     last = run.attempts[-1]
     put("syncpoint_last_restore_seconds", restore_seconds(last))
+    if last.restored_from:
+        for source in RESTORE_SOURCES:
+            put("syncpoint_restored_ranks", last.restored_from.count(source), (("source", source),))
     step_s, per_s = throughput(run.progress_of(last.attempt), micro_batch_size * last.world_size)
     put("syncpoint_step_seconds", step_s)
     put("syncpoint_samples_per_second", per_s)

@@ -68,6 +68,8 @@ class ResumeStart:
     # the epoch order's algorithm: the resumed state's, or NEW_RUN_SAMPLER (shard-window/v1 where the job asks)
     sampler: str = SAMPLER_VERSION
     stream_state: SavedStream | None = None  # a stream's: this rank's saved position (verified), restored first
+    # where this rank read the state it loaded: "memory" (its node's memory copy) or "storage"; None: fresh
+    restored_from: str | None = None
 
     def restore_rng(self, seed: int, rank: int) -> None:
         """After the data skip and every start-up draw, immediately before the first fetch (once)."""
@@ -95,6 +97,7 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
         rng_state=loaded.rng_state,
         sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
         stream_state=loaded.stream_state,
+        restored_from=loaded.source,
     )
     if trainer is not None:
         _position_from(attempt, trainer, start)
@@ -154,6 +157,7 @@ class Loaded:
 
     rng_state: rng.SavedRng | None = None
     stream_state: SavedStream | None = None
+    source: str | None = None  # "memory" (this node's memory copy) or "storage"; None: nothing loaded
 
 
 def _choose_and_load(attempt: Attempt, engine: DeepSpeedEngine) -> tuple[str | None, TrainState | None, Loaded]:
@@ -341,7 +345,7 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         return Loaded(), refusal
     _apply_live_hyperparameters(attempt, engine, state)
     assert fetched is not None
-    return Loaded(fetched.rng_state, fetched.stream_state), None
+    return Loaded(fetched.rng_state, fetched.stream_state, "memory" if fetched.mapped else "storage"), None
 
 
 def _classified(candidate: Candidate) -> TrainState:

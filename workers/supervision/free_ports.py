@@ -5,8 +5,11 @@ kernel draws that port from its ephemeral range, the same range it draws the loc
 outgoing connection from, so between the release here and the rendezvous' own bind any connection on
 the machine (Ray's gRPC clients, an S3 client, another job's ranks) may take it and the process
 group fails with EADDRINUSE (seen in the suite on a busy machine). A port drawn below that range is
-never given to a connection or to another ``bind(0)``; only a process naming the same port could
-take it, and a port is not handed out twice by one process.
+never given to a connection or to another ``bind(0)``. It is drawn above ``ray start``'s worker ports
+too (10002-19999 by default: each Ray worker binds the next one the raylet hands it, without a
+check, so a port there checked free here was taken by a starting Ray worker before the rendezvous
+bound it, also seen in the suite). Only a process naming the same port could take it, and a port
+is not handed out twice by one process.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import random
 import socket
 
 _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-_SPAN = 16384  # how far below the ephemeral range ports are drawn
+_FIRST = 20000  # the lowest port drawn: above `ray start`'s default worker ports (--max-worker-port 19999)
 _HANDED_OUT: set[int] = set()  # every port this process gave out: a rendezvous binds it seconds later
 _TRIES = 200
 
@@ -32,7 +35,7 @@ def ephemeral_low() -> int:
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free ports, each bound once here to check it, all held until every one is chosen."""
     low = ephemeral_low()
-    first = max(1024, low - _SPAN)
+    first = _FIRST if low - _FIRST >= 4096 else max(1024, low - 4096)  # a narrowed ephemeral range: below it
     held: list[socket.socket] = []
     ports: list[int] = []
     try:

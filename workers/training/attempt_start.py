@@ -46,11 +46,12 @@ def announce_attempt(
     launch: tuple[float, bool | None],
     setup: list[tuple[str, float]],
 ) -> None:
-    """Rank 0 logs the attempt's start with every rank's (node, worker)."""
-    gathered: list[tuple[str, str] | None] = [None] * attempt.world_size
-    dist.all_gather_object(gathered, where)
+    """Rank 0 logs the attempt's start with every rank's (node, worker) and where it read its state."""
+    gathered: list[tuple[str, str, str | None] | None] = [None] * attempt.world_size
+    dist.all_gather_object(gathered, (*where, start.restored_from))
     nodes = [g[0] if g else "" for g in gathered]
     workers = [g[1] if g else "" for g in gathered]
+    sources = [g[2] for g in gathered if g and g[2] in ("memory", "storage")]
     if attempt.events:
         attempt.events.emit(
             AttemptStarted(
@@ -66,6 +67,7 @@ def announce_attempt(
                 launched_at=launch[0],
                 warm_start=launch[1],
                 setup=setup,
+                restored_from=sources if len(sources) == len(gathered) else [],
             )
         )
 

@@ -18,7 +18,9 @@ import pytest
 
 import syncpoint.workers.state.downloads as state_downloads
 from syncpoint.policies.contracts.state_format import rng_file
+from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy, run_key
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, digest, linear_spec, run, run_until_crash, with_overrides
 from tests.integration.workers.storage.test_s3_backend import RESUME_LAYOUT, assert_same_run
 from tests.s3_server import BUCKET
@@ -149,6 +151,7 @@ def test_a_changed_byte_in_the_copy_falls_back_to_storage_and_says_so(s3, shm, r
     assert f"memory copy of {NEWEST} failed verification" in out and "restoring from storage" in out, out
     assert any(d.startswith(f"{NEWEST}/engine/") for d in downloads)
     assert result.resumed_from == NEWEST  # the state itself is sound: never called corrupt
+    assert _restored_from(spec) == ["storage"]
     ref, ref_final = reference
     assert digest(spec, result.final_state) == digest(ref, ref_final)
 
@@ -287,3 +290,8 @@ def test_an_elastic_zero_runs_staged_optimizer_files_are_copied_and_it_restores_
     assert result.resumed_from == newest
     assert f"restoring {newest} from this node's memory copy" in out, out
     assert downloads == []
+
+
+def _restored_from(spec) -> list[str]:
+    """Where the newest attempt's ranks read the state it resumed, as its start event records it."""
+    return EventLog(RunStorage(spec.run_url)).journal().attempts[-1].restored_from

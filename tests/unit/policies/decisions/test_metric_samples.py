@@ -23,6 +23,7 @@ from syncpoint.policies.decisions.goodput import BADPUT, goodput
 from syncpoint.policies.decisions.metric_samples import (
     BASE_LABELS,
     RESTART_KINDS,
+    RESTORE_SOURCES,
     SERIES,
     SERIES_NAMES,
     restore_seconds,
@@ -43,6 +44,7 @@ def _attempt(t: float, n: int, step: int = 0, launched: float | None = None, loa
         optimizer_step=step // 4,
         launched_at=launched,
         setup=[("DeepSpeed engine", 0.5), ("selection and state load", load_s)] if launched is not None else [],
+        restored_from=["memory", "storage"] if step else [],  # rank 1's node had no copy
     )
 
 
@@ -171,6 +173,7 @@ def test_every_sample_names_a_defined_series_with_bounded_labels():
         assert values["job_name"] == "tiny-lm" and values["submission"] == "s"
         assert values.get("cause", "initialization") in {key for key, _ in BADPUT}
         assert values.get("kind", "in_place") in RESTART_KINDS
+        assert values.get("source", "memory") in RESTORE_SOURCES
     assert all(name.startswith("syncpoint_") for name in SERIES_NAMES)
 
 
@@ -254,3 +257,22 @@ def test_docs_list_every_series_with_its_label():
         if line.startswith("| `syncpoint_")
     }
     assert rows == {s.name: s.label or "" for s in SERIES}
+
+
+def test_the_restored_ranks_by_source_are_the_newest_attempts():
+    """Where each rank of the newest attempt read its state (``AttemptStarted.restored_from``); none
+    from scratch, and none from an older log that does not say."""
+    v = {
+        (s.series, *dict(s.labels).values()): s.value
+        for s in samples(two_interruptions(), job_name="j", submission="s", micro_batch_size=1)
+    }
+    assert (
+        v[("syncpoint_restored_ranks", "j", "s", "memory")],
+        v[("syncpoint_restored_ranks", "j", "s", "storage")],
+    ) == (1, 1)
+    fresh = Journal([Submitted(time=0.0, name="j", address="embedded"), _attempt(1.0, 1)])
+    assert not [
+        s
+        for s in samples(fresh, job_name="j", submission="s", micro_batch_size=1)
+        if s.series == "syncpoint_restored_ranks"
+    ]
