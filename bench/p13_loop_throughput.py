@@ -222,14 +222,17 @@ METRICS_PORT: list[int] = []
 
 def start_metrics_ray() -> None:
     """An embedded Ray with no CPUs (it runs nothing: the ranks are spawned as on the other sides) and
-    its Prometheus endpoint, as ``syncpoint run --metrics-port`` starts it; up for the whole bench, so
-    its processes idle beside every side alike."""
+    its Prometheus endpoint, as ``syncpoint run --metrics-port`` starts it, exporting every second; up for
+    the whole bench, so its processes idle beside every side alike."""
     import ray
 
     from syncpoint.orchestrator.embedded_ray import init_options
     from syncpoint.workers.supervision.free_ports import free_port
 
     METRICS_PORT.append(free_port())
+    # every process's metrics exported each second (Ray's default 10 s): ten times the export work, and
+    # a short run's series reach the endpoint while it trains
+    os.environ["RAY_metrics_report_interval_ms"] = "1000"
     ray.init(
         address="local", num_cpus=0, logging_level="ERROR", log_to_driver=False, **init_options(False, METRICS_PORT[0])
     )
