@@ -74,6 +74,8 @@ def test_a_failed_rank_recovers_in_the_same_worker_group_bitwise(request, tmp_pa
         assert all(files == [] for _, _, files in os.walk(shm)), list(os.walk(shm))
     journal = EventLog(RunStorage(spec.run_url)).journal()
     first, second = journal.attempts
+    # where each rank read its state, in the log too (syncpoint_restored_ranks{source})
+    assert second.restored_from == (["memory", "memory"] if in_s3 else ["storage", "storage"]), second
     assert first.workers and first.workers == second.workers  # the same Ray Train worker actors
     assert first.nodes == second.nodes
     [failure] = journal.of_kind(Failure)
