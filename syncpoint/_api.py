@@ -55,6 +55,7 @@ def run(
     address: str | None = None,
     progress_bar: bool = False,
     dashboard: bool = False,
+    metrics_port: int | None = None,
 ) -> RunResult:
     """Run a job to completion and return its result, as ``syncpoint run JOB [--set ...]`` does.
 
@@ -66,6 +67,8 @@ def run(
             CLI), stopped before returning. A caller already connected (``ray.init``) is used as is.
         progress_bar: a live bar on stdout instead of the workers' progress lines.
         dashboard: an embedded Ray also starts Ray's dashboard (``syncpoint run --dashboard``).
+        metrics_port: an embedded Ray serves its Prometheus endpoint, the run's ``syncpoint_*`` series
+            among them, on this port (``syncpoint run --metrics-port``; docs/metrics.md).
 
     Returns:
         The finished run's ``RunResult``.
@@ -94,8 +97,12 @@ def run(
     else:
         source = os.fspath(spec)
         spec = load_spec(source, list(overrides))
+    if metrics_port is not None:
+        from syncpoint.orchestrator.cli_inputs import metrics_port_arg
+
+        metrics_port = metrics_port_arg(str(metrics_port))  # a UsageError (a SpecError) names the argument
     spec = prepare_run(spec, source)
-    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard)
+    outcome = run_job(spec, address, progress_bar=progress_bar, dashboard=dashboard, metrics_port=metrics_port)
     if outcome.failed:
         raise RunFailed(outcome.reason, outcome.details, outcome.line, spec.run_url)
     s = outcome.summary

@@ -135,6 +135,8 @@ def test_run_refuses_bad_input_before_ray_starts(tmp_path, monkeypatch):
         syncpoint.run(tmp_path / "job.yaml", ["train.epochs=-1"])
     with pytest.raises(syncpoint.SpecError, match="overrides apply to a job file"):
         syncpoint.run(linear_spec(tmp_path), ["train.epochs=2"])
+    with pytest.raises(syncpoint.SpecError, match="--metrics-port"):  # the CLI's flag and its check
+        syncpoint.run(linear_spec(tmp_path), metrics_port=70000)
     # the examples are not installed: from another directory examples.tiny_lm is not found
     with pytest.raises(syncpoint.SpecError, match="examples.tiny_lm"):
         syncpoint.run("job.yaml", [f"storage={tmp_path / 'runs'}"])
