@@ -9,7 +9,10 @@ never given to a connection or to another ``bind(0)``. It is drawn above ``ray s
 too (10002-19999 by default: each Ray worker binds the next one the raylet hands it, without a
 check, so a port there checked free here was taken by a starting Ray worker before the rendezvous
 bound it, also seen in the suite). Only a process naming the same port could take it, and a port
-is not handed out twice by one process.
+is not handed out twice by one process. Ports are drawn from the system's entropy, never from the
+``random`` module: a training loop seeds that (exact resume restores it), so processes that ran the same
+job in-process drew the same "random" ports and took each other's rendezvous (seen in the suite: its
+xdist workers, each having trained with the same seed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ _RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 _FIRST = 20000  # the lowest port drawn: above `ray start`'s default worker ports (--max-worker-port 19999)
 _HANDED_OUT: set[int] = set()  # every port this process gave out: a rendezvous binds it seconds later
 _TRIES = 200
+_DRAW = random.SystemRandom()
 
 
 def ephemeral_low() -> int:
@@ -42,7 +46,7 @@ def free_ports(n: int) -> list[int]:
         for _ in range(_TRIES):
             if len(ports) == n:
                 break
-            port = random.randrange(first, low) if low > first else 0
+            port = _DRAW.randrange(first, low) if low > first else 0
             if port in _HANDED_OUT:
                 continue
             s = socket.socket()

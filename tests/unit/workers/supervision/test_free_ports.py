@@ -36,3 +36,16 @@ def test_an_unreadable_range_falls_back_to_linuxs_default(monkeypatch, tmp_path)
     (tmp_path / "garbage").write_text("x")
     monkeypatch.setattr(free_ports, "_RANGE_FILE", str(tmp_path / "garbage"))
     assert free_ports.ephemeral_low() == 32768
+
+
+def test_a_seeded_random_module_does_not_repeat_the_draw():
+    """A training loop seeds ``random`` (exact resume); two processes that trained with one seed must not
+    draw the same ports."""
+    import random
+
+    random.seed(1234)
+    first = free_ports.free_ports(4)
+    for p in first:
+        free_ports._HANDED_OUT.discard(p)  # as a second process, which never handed them out
+    random.seed(1234)
+    assert set(free_ports.free_ports(4)) != set(first)
