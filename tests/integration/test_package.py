@@ -207,6 +207,8 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
             details="a table",
         ),
     ]
+    from syncpoint.workers.supervision.free_ports import free_port
+
     given: list[dict] = []
 
     def run_job(spec, address, **options):
@@ -227,8 +229,11 @@ def test_run_returns_the_drivers_outcome(tmp_path, monkeypatch):
         line="syncpoint: job 'linear' finished: ...",
     )
     with pytest.raises(syncpoint.RunFailed, match="^ValueError: bad batch$") as e:
-        syncpoint.run(spec, progress_bar=True, dashboard=True)
-    assert given == [{"progress_bar": False, "dashboard": False}, {"progress_bar": True, "dashboard": True}]
+        syncpoint.run(spec, progress_bar=True, dashboard=True, metrics_port=free_port())
+    assert given == [
+        {"progress_bar": False, "dashboard": False, "metrics_port": None},
+        {"progress_bar": True, "dashboard": True, "metrics_port": given[1]["metrics_port"]},
+    ] and isinstance(given[1]["metrics_port"], int)
     assert (e.value.details, e.value.line, e.value.run_dir) == (
         "a table",
         "syncpoint: job 'linear' failed: ValueError: bad batch",

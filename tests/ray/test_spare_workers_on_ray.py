@@ -7,6 +7,7 @@ process that is no Ray worker cannot ask, and says so instead of raising.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -32,14 +33,19 @@ def _wait_for(pred, what: str) -> None:
 
 
 def _registered(pid: int) -> bool:
-    """Whether the worker process ``pid`` has started its core worker, which registers it with the raylet:
-    the core worker creates the process's log files (``worker-<id>-<job>-<pid>.out``) as it starts, after
-    the interpreter imported Ray, the seconds a process that merely exists still needs before a raylet
-    can hand it an actor."""
+    """Whether the worker process ``pid`` has registered with the raylet and serves: its core worker's log
+    says "Initializing worker at address", which it writes once the raylet answered its registration and its
+    own server listens. Not just its log files existing (created as the interpreter starts, seconds before):
+    waiting for those, a probe once took a new process beside a spare that was not registered yet, and again
+    on a loaded machine (make test beside other checks)."""
     import ray
 
     logs = Path(ray._private.worker._global_node.get_logs_dir_path())
-    return any(logs.glob(f"worker-*-{pid}.out"))
+    for log in logs.glob(f"python-core-worker-*_{pid}.log"):
+        with contextlib.suppress(OSError), log.open(errors="replace") as f:
+            if "Initializing worker at address" in f.read(1 << 20):
+                return True
+    return False
 
 
 def test_the_next_actors_of_the_job_take_the_spares_with_ray_train_imported(tmp_path):
