@@ -2,8 +2,9 @@
 
 Why a facade over backends: the run must work on any fsspec URL (local path, ``file://``,
 ``memory://``, ``s3://``) and without a shared filesystem, and commit semantics differ by backend.
-``RunStorage`` joins path parts and encodes JSON; a backend behind the small protocol of
-``syncpoint.workers.storage.protocol`` does the rest (``syncpoint.workers.storage.local_backend``:
+``RunStorage`` joins path parts, encodes JSON, derives its listings of names from one
+``entry_kinds`` and answers the local-only questions for stores that are not local; a backend behind
+the protocols of ``syncpoint.workers.storage.protocol`` does the rest (``syncpoint.workers.storage.local_backend``:
 fsync, atomic rename, flock, O_DIRECT, links; ``syncpoint.workers.storage.s3_backend``: server-checked conditional PUTs;
 ``syncpoint.workers.storage.fsspec_backend``: everything else). Discovery, saving, the lease and retention never see
 which backend is underneath.
@@ -27,18 +28,18 @@ from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter
 from syncpoint.workers.storage.fsspec_backend import FsspecBackend, MemoryBackend
 from syncpoint.workers.storage.local_backend import LocalBackend
-from syncpoint.workers.storage.protocol import CHUNK, ConditionalWrites, Listing, StorageBackend, Versioned
+from syncpoint.workers.storage.protocol import CHUNK, Backend, ConditionalWrites, Listing, LocalFiles, Versioned
 from syncpoint.workers.storage.s3_backend import S3Backend, is_s3
 
-__all__ = ["CHUNK", "Listing", "RunStorage", "StorageBackend", "Versioned", "backend_for"]
+__all__ = ["CHUNK", "Backend", "Listing", "RunStorage", "Versioned", "backend_for"]
 
 
-def backend_for(fs: Any, root: str) -> StorageBackend:
+def backend_for(fs: Any, root: str) -> Backend:
     """The backend for an fsspec filesystem: the one place that asks what kind of store it is.
     ``root``: the run directory, where a local backend anchors (nothing below it is reached through
     a link)."""
     if isinstance(fs, LocalFileSystem):
-        return LocalBackend(fs, root)
+        return LocalBackend(root)
     if is_s3(fs):
         return S3Backend(fs)
     if isinstance(fs, MemoryFileSystem):  # subclasses too: their store lives in this process
@@ -53,7 +54,9 @@ class RunStorage:
         self.url = run_url.rstrip("/")
         fs, root = fsspec.core.url_to_fs(self.url)
         self.root = root.rstrip("/")
-        self.backend: StorageBackend = backend_for(fs, self.root)
+        self.backend: Backend = backend_for(fs, self.root)
+        # asked once (a runtime protocol check costs microseconds, and discovery asks per state)
+        self.local_files: LocalFiles | None = self.backend if isinstance(self.backend, LocalFiles) else None
 
     # ---- paths
     def path(self, *parts: str) -> str:
@@ -65,7 +68,7 @@ class RunStorage:
 
     def local_path(self, *parts: str) -> str | None:
         """The entry's path on this machine's filesystem, ``None`` where the storage is not local."""
-        return self.backend.local_path(self.path(*parts))
+        return None if self.local_files is None else self.local_files.local_path(self.path(*parts))
 
     # ---- reads
     def exists(self, *parts: str) -> bool:
@@ -81,14 +84,15 @@ class RunStorage:
 
     def list_dirs(self, *parts: str) -> list[str]:
         """Names of the sub-directories of a directory (empty if it does not exist)."""
-        return self.backend.list_dirs(self.path(*parts))
+        return sorted(n for n, k in self.entry_kinds(*parts).items() if k == "dir")
 
     def list_names(self, *parts: str) -> list[str]:
         """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
-        return self.backend.list_names(self.path(*parts))
+        return sorted(self.entry_kinds(*parts))
 
     def list_files(self, *parts: str) -> list[str]:
-        return self.backend.list_files(self.path(*parts))
+        """Names of the regular files of a directory (never a link: it is a ``link`` entry)."""
+        return sorted(n for n, k in self.entry_kinds(*parts).items() if k == "file")
 
     def listing(self, *parts: str) -> Listing:
         """Every file below a directory as relative path -> size (one listing call, no reads), and
@@ -98,7 +102,7 @@ class RunStorage:
     def open_local_dir(self, *parts: str) -> int | None:
         """A descriptor of the directory, reached without following links (the caller closes it);
         ``None`` where the storage is not local. ``UnsafeEntry`` for a link on the way."""
-        return self.backend.open_dir(self.path(*parts))
+        return None if self.local_files is None else self.local_files.open_dir(self.path(*parts))
 
     # ---- durable writes
     def write_bytes(self, data: bytes, *parts: str) -> None:
@@ -176,7 +180,7 @@ class RunStorage:
 
     def is_link(self, *parts: str) -> bool:
         """Whether the entry itself is a symbolic link (only local filesystems have them)."""
-        return self.backend.is_link(self.path(*parts))
+        return self.local_files is not None and self.local_files.is_link(self.path(*parts))
 
     def remove(self, *parts: str) -> None:
         """Delete one file (never a directory; a missing file is fine), never through a link."""

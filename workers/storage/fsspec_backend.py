@@ -28,24 +28,22 @@ from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.protocol import (
     CHUNK,
+    Backend,
     ConditionalWrites,
     Listing,
-    StorageBackend,
     Versioned,
     content_version,
 )
 
 
-class FsspecBackend(StorageBackend):
-    """One fsspec filesystem, with only what every fsspec filesystem offers."""
+class FsspecBackend(Backend):
+    """One fsspec filesystem, with only what every fsspec filesystem offers: the core, generic
+    transfers, and a best-effort compare-and-swap (``ConditionalWrites.NONE``)."""
 
     conditional_writes = ConditionalWrites.NONE
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
-
-    def local_path(self, path: str) -> str | None:
-        return None
 
     # ---- reads and listings
     def exists(self, path: str) -> bool:
@@ -54,25 +52,6 @@ class FsspecBackend(StorageBackend):
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         return bounded(self.fs.cat_file(path, start=0, end=limit + 1), limit, path)
-
-    def _entries(self, path: str, detail: bool) -> list:
-        """One fresh listing of a directory (empty if it does not exist)."""
-        self.fs.invalidate_cache(path)
-        try:
-            return self.fs.ls(path, detail=detail)
-        except FileNotFoundError:
-            return []
-
-    def list_dirs(self, path: str) -> list[str]:
-        """Names of the sub-directories of a directory."""
-        return sorted(_name(e["name"]) for e in self._entries(path, detail=True) if e.get("type") == "directory")
-
-    def list_names(self, path: str) -> list[str]:
-        """Entry names of a directory without stat-ing each one (cheap for 10^4 states)."""
-        return sorted(_name(e) for e in self._entries(path, detail=False) if str(e).rstrip("/") != path.rstrip("/"))
-
-    def list_files(self, path: str) -> list[str]:
-        return sorted(_name(e["name"]) for e in self._entries(path, detail=True) if e.get("type") == "file")
 
     def listing(self, path: str) -> Listing:
         """Every file below a directory as relative path -> size (one listing call, no reads); an entry
@@ -93,16 +72,19 @@ class FsspecBackend(StorageBackend):
         return Listing(files, unsafe)
 
     def entry_kinds(self, path: str) -> dict[str, str]:
-        """Each entry as ``dir``, ``file`` or ``other`` (object stores have no links)."""
+        """Each entry as ``dir``, ``file`` or ``other`` (object stores have no links), from one fresh
+        listing (fsspec lists with details either way, so names alone would cost the same)."""
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
         kinds = {"directory": "dir", "file": "file"}
         return {
             _name(e["name"]): kinds.get(e.get("type"), "other")
-            for e in self._entries(path, detail=True)
+            for e in entries
             if str(e["name"]).rstrip("/") != path.rstrip("/")
         }
-
-    def is_link(self, path: str) -> bool:
-        return False
 
     # ---- durable writes: a completed PUT is durable and atomic
     def write_bytes(self, data: bytes, path: str) -> None:
@@ -139,9 +121,6 @@ class FsspecBackend(StorageBackend):
     def _copy(self, local_path: str, path: str) -> None:
         with open(local_path, "rb") as src, self.fs.open(path, "wb") as dst:
             shutil.copyfileobj(src, dst, CHUNK)
-
-    def open_dir(self, path: str) -> int | None:
-        return None
 
     def download_file(self, local_path: str, path: str, algo: str, limit: int) -> tuple[int, str]:
         """Copy at most ``limit`` bytes; one more is refused (``OversizedEntry``) before it is kept."""

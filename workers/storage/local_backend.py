@@ -27,7 +27,7 @@ from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter, new_hasher
 from syncpoint.workers.storage.direct_io import DirectFileWriter
-from syncpoint.workers.storage.fsspec_backend import FsspecBackend, copy_range, range_fits, range_target
+from syncpoint.workers.storage.fsspec_backend import copy_range, range_fits, range_target
 from syncpoint.workers.storage.nofollow import (
     Tree,
     delete_tree,
@@ -41,19 +41,26 @@ from syncpoint.workers.storage.nofollow import (
     walk_files,
     write_replacing,
 )
-from syncpoint.workers.storage.protocol import CHUNK, ConditionalWrites, Listing, Versioned, content_version
+from syncpoint.workers.storage.protocol import (
+    CHUNK,
+    Backend,
+    ConditionalWrites,
+    Listing,
+    LocalFiles,
+    Versioned,
+    content_version,
+)
 
 
-class LocalBackend(FsspecBackend):
+class LocalBackend(Backend, LocalFiles):
     """A local filesystem: writes and reads without following links, atomic commits, flock compare-and-swap."""
 
     conditional_writes = ConditionalWrites.FLOCK
 
-    def __init__(self, fs: Any, root: str) -> None:
-        super().__init__(fs)
+    def __init__(self, root: str) -> None:
         self.tree = Tree(root)
 
-    def local_path(self, path: str) -> str | None:
+    def local_path(self, path: str) -> str:
         return path
 
     # ---- how a path is reached: the anchor, then its components without following links
@@ -71,7 +78,7 @@ class LocalBackend(FsspecBackend):
         with self.tree.directory(self.tree.parts(path)) as fd:
             yield fd
 
-    def open_dir(self, path: str) -> int | None:
+    def open_dir(self, path: str) -> int:
         root = self.tree.open_root()
         try:
             return open_dirs(root, self.tree.parts(path))
@@ -93,22 +100,6 @@ class LocalBackend(FsspecBackend):
         with self._parent(path) as (fd, name, shown):
             return read_file(fd, name, limit, shown)
 
-    def _kinds(self, path: str) -> dict[str, str]:
-        try:
-            with self._dir(path) as fd:
-                return scan(fd)
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-
-    def list_dirs(self, path: str) -> list[str]:
-        return sorted(n for n, k in self._kinds(path).items() if k == "dir")
-
-    def list_names(self, path: str) -> list[str]:
-        return sorted(self._kinds(path))
-
-    def list_files(self, path: str) -> list[str]:
-        return sorted(n for n, k in self._kinds(path).items() if k == "file")
-
     def listing(self, path: str) -> Listing:
         try:
             with self._dir(path) as fd:
@@ -119,7 +110,11 @@ class LocalBackend(FsspecBackend):
     def entry_kinds(self, path: str) -> dict[str, str]:
         """Each entry as ``dir``, ``file``, ``link`` or ``other``, never following a link:
         retention must know that ``states/x`` is a link before it deletes anything in it."""
-        return self._kinds(path)
+        try:
+            with self._dir(path) as fd:
+                return scan(fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
 
     def is_link(self, path: str) -> bool:
         """Whether the entry, or a directory between the run and it, is a symbolic link."""

@@ -1,13 +1,14 @@
-"""What a storage backend must do for syncpoint: the one small protocol behind ``RunStorage``.
+"""What a storage backend must do for syncpoint: a small core, and capabilities a backend declares.
 
-Why a protocol: commit semantics differ by backend (a local file is durable after ``fsync`` and a
+Why protocols: commit semantics differ by backend (a local file is durable after ``fsync`` and a
 manifest commits by an atomic rename; on an object store a completed single PUT is durable and
 atomic, and there is no rename), and so does how a compare-and-swap is made atomic. Each backend
-states those differences once (``syncpoint.workers.storage.local_backend``,
-``syncpoint.workers.storage.fsspec_backend``, ``syncpoint.workers.storage.s3_backend``); ``RunStorage``
-only joins paths and encodes JSON, so discovery, saving, the lease and retention never see which
-backend is underneath. Paths are the backend's own (the
-run root joined with ``/``), never URLs.
+states those differences once and subclasses the protocols it implements, so mypy checks it:
+``StorageCore`` (read, write, list, stat, delete), ``Transfers`` (big files, streamed),
+``ConditionalWriter`` (the lease's compare-and-swap, its strength a ``ConditionalWrites``), and
+``LocalFiles`` (local paths, descriptors and links: the local backend only). ``RunStorage`` joins
+paths, encodes JSON and derives the rest, so discovery, saving, the lease and retention never see
+which backend is underneath. Paths are the backend's own (the run root joined with ``/``), never URLs.
 
 Storage may be hostile (docs/security.md, *Storage that others can write*), so every read takes a bound
 (``limit``: the most bytes the file may hold; a larger one raises
@@ -23,7 +24,7 @@ import contextlib
 import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from syncpoint.policies.contracts.state_format import ManifestEntry
 from syncpoint.workers.integrity.checksum import ChecksummingWriter
@@ -74,43 +75,18 @@ def content_version(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
-class StorageBackend(Protocol):
-    """The operations ``RunStorage``'s users need, on backend paths.
+class StorageCore(Protocol):
+    """What every backend implements (read, write, list, stat, delete), on backend paths.
 
-    ``conditional_writes`` declares how ``write_if`` is made atomic (``ConditionalWrites``). Every
-    backend subclasses this protocol explicitly, so mypy checks each method against it.
+    Why so few: everything else is either derived from these once (``RunStorage`` lists names,
+    directories and files from ``entry_kinds``) or a capability below that a backend declares.
     """
-
-    conditional_writes: ConditionalWrites
-
-    def local_path(self, path: str) -> str | None:
-        """The path on this machine's filesystem (``None`` where the store is not one)."""
-        ...
-
-    # ---- reads and listings (fresh: other writers add states and events)
-    def exists(self, path: str) -> bool: ...
 
     def read_bytes(self, path: str, limit: int) -> bytes:
         """A regular file's bytes, never through a link; ``OversizedEntry`` beyond ``limit`` bytes
         (refused after reading at most one byte more: storage may be hostile)."""
         ...
 
-    def list_dirs(self, path: str) -> list[str]: ...
-    def list_names(self, path: str) -> list[str]: ...
-    def list_files(self, path: str) -> list[str]: ...
-
-    def listing(self, path: str) -> Listing:
-        """Every regular file under ``path`` with its size, and what is neither file nor directory
-        (links, FIFOs) named apart: selection reads sizes from this, never by opening a file."""
-        ...
-
-    def entry_kinds(self, path: str) -> dict[str, str]:
-        """Each entry of ``path``: ``dir``, ``file``, ``link`` or ``other``, without following links."""
-        ...
-
-    def is_link(self, path: str) -> bool: ...
-
-    # ---- durable writes
     def write_bytes(self, data: bytes, path: str) -> None:
         """Write a whole file durably (fsync where the store has one); never through a link."""
         ...
@@ -119,6 +95,26 @@ class StorageBackend(Protocol):
         """Write a file that commits something (a manifest): atomically, so a reader sees all of it
         or none (a temp name and a rename locally, a single PUT on object stores)."""
         ...
+
+    def entry_kinds(self, path: str) -> dict[str, str]:
+        """Each entry of ``path`` (fresh: other writers add states and events): ``dir``, ``file``,
+        ``link`` or ``other``, without following links; empty when it does not exist."""
+        ...
+
+    def listing(self, path: str) -> Listing:
+        """Every regular file under ``path`` with its size, and what is neither file nor directory
+        (links, FIFOs) named apart: selection reads sizes from this, never by opening a file."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+    def remove(self, path: str) -> None: ...
+    def delete_tree(self, path: str) -> None: ...
+    def rename_tree(self, src: str, dst: str) -> None: ...
+
+
+class Transfers(Protocol):
+    """Big files, streamed: every backend has them, ``FsspecBackend``'s generic ones for any fsspec
+    store, and the local and S3 backends their own faster ones (O_DIRECT; parallel parts)."""
 
     def open_durable(self, path: str, algo: str) -> contextlib.AbstractContextManager[ChecksummingWriter]:
         """A writer that streams into ``path`` and checksums (``algo``) exactly the bytes written."""
@@ -140,11 +136,13 @@ class StorageBackend(Protocol):
         (created when missing, never truncated). No checksum: a range is verified with its whole file."""
         ...
 
-    def open_dir(self, path: str) -> int | None:
-        """A descriptor of a local directory reached without following links (``None``: not local)."""
-        ...
 
-    # ---- compare-and-swap of small control files (the lease)
+class ConditionalWriter(Protocol):
+    """The compare-and-swap of small control files (the lease), declared with how strong it is:
+    ``conditional_writes`` (``NONE``: write, then read back, which narrows a race but cannot close it)."""
+
+    conditional_writes: ConditionalWrites
+
     def read_versioned(self, path: str, limit: int) -> Versioned | None:
         """The file's bytes and version (an ETag, or a digest of the bytes) and, where the store
         dates it by its own clock, its age; ``None`` when it does not exist."""
@@ -155,7 +153,24 @@ class StorageBackend(Protocol):
         version, or ``None`` when another writer got there first (``conditional_writes`` says how)."""
         ...
 
-    # ---- deletion and moves (retention, ``fresh``)
-    def remove(self, path: str) -> None: ...
-    def delete_tree(self, path: str) -> None: ...
-    def rename_tree(self, src: str, dst: str) -> None: ...
+
+class Backend(StorageCore, Transfers, ConditionalWriter, Protocol):
+    """What ``RunStorage`` needs of a backend: the core, its transfers and its conditional writes."""
+
+
+@runtime_checkable
+class LocalFiles(Protocol):
+    """Only a store on this machine's filesystem has these: ``RunStorage`` answers ``None`` (no local
+    path or descriptor) and "not a link" for every other store, which has no links."""
+
+    def local_path(self, path: str) -> str:
+        """The path on this machine's filesystem."""
+        ...
+
+    def open_dir(self, path: str) -> int:
+        """A descriptor of a local directory reached without following links (the caller closes it)."""
+        ...
+
+    def is_link(self, path: str) -> bool:
+        """Whether the entry, or a directory between the run and it, is a symbolic link."""
+        ...
