@@ -36,7 +36,7 @@ class LocalBoard:
     """The driver's stop notice for ranks on this machine, as ``DriverSignals`` marks a board
     (``board.stop.remote(notice)``): the signal's name written to a file in a directory only this user
     can enter (0700), which each rank's supervisor reads at every boundary
-    (``syncpoint.workers.supervision.launch.driver_notice``)."""
+    (``syncpoint.workers.supervision.rank_process.driver_notice``)."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, STOP_FILE)

@@ -65,6 +65,12 @@ def fork_server_with(hash_seed: str) -> bool:
     return True
 
 
+def fork_server_running(hash_seed: str) -> bool:
+    """Whether this process's fork server already runs with ``PYTHONHASHSEED=hash_seed`` (forking from it
+    costs nothing more; starting one imports torch and DeepSpeed first)."""
+    return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None and _fork_server_hash_seed == hash_seed
+
+
 @contextlib.contextmanager
 def environ(**values: str) -> Iterator[None]:
     """These environment variables for the block (a started interpreter keeps them), then the ones it had."""

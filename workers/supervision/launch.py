@@ -7,11 +7,9 @@ they stay fast and Ray-free; Ray Train is just another launcher around the same 
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from syncpoint.policies.contracts.spec import JobSpec
-from syncpoint.policies.decisions.failures import REPORTED_ATTR
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.storage.lease import release_lease
 from syncpoint.workers.supervision import zygote
-from syncpoint.workers.supervision.fork_context import adopt_environment
 from syncpoint.workers.supervision.fork_context import context as _context
 from syncpoint.workers.supervision.fork_context import environ as _environ
+from syncpoint.workers.supervision.fork_context import fork_server_running
 from syncpoint.workers.supervision.fork_context import start_method as _start_method
 from syncpoint.workers.supervision.free_ports import free_port
-from syncpoint.workers.supervision.store_agent import new_namespace, open_store
+from syncpoint.workers.supervision.rank_process import rank_main
+from syncpoint.workers.supervision.store_agent import new_namespace
 from syncpoint.workers.training import rng
-from syncpoint.workers.training.device import backend, collective_timeout, prepare_process
+from syncpoint.workers.training.device import backend, prepare_process
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
     from syncpoint.workers.training.worker_context import WorkerResult
@@ -81,125 +79,14 @@ def _local_rank_zero() -> Iterator[None]:
             os.environ["LOCAL_RANK"] = before
 
 
-def _child(
-    spec_json: str,
-    rank: int,
-    world: int,
-    port: int,
-    quiet: bool,
-    submission_id: str,
-    environ: dict[str, str],
-    in_place: bool = False,
-    warm_key: str | None = None,
-    start_wait_s: float = 600,
-    namespace: str = "",
-    stop_file: str | None = None,
-    child_setup: Callable[[JobSpec], None] | None = None,
-) -> None:
-    # A forked rank inherits the fork server's environment (from when it started): take the caller's.
-    adopt_environment(
-        {
-            **environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-    )
-    # A process started by a fork server or by spawn makes that its default start method, so the
-    # rank's DataLoader workers would be forked by a fork server of the rank's own: they then watch
-    # that server, not the rank, and outlive a rank that dies hard (each holding the rank's memory).
-    # Forked from the rank, as in a Ray Train worker, they notice its death and exit.
-    mp.set_start_method("fork", force=True)
-    try:
-        spec = JobSpec.model_validate_json(spec_json)
-        from syncpoint.workers.observation.rank_output import own_output
-
-        own_output(rank, spec.train.prints)  # each print once (train.prints), before the task is built
-        if in_place:  # this rank supervises its training process, as a Ray Train worker does
-            from syncpoint.workers.supervision.supervisor import CoordinatorPlan, Hooks, Supervisor, in_place_decider
-
-            hooks = Hooks(
-                # a local run's driver has no failure policy of its own: an escalation is recorded here
-                decide=in_place_decider(spec, submission_id, record_escalation=stop_file is not None),
-                notice=driver_notice(stop_file) if stop_file else None,
-                child_setup=child_setup,
-                submission_id=submission_id,
-                print_progress=not quiet,
-                warm_key=warm_key,
-            )
-            # no process group here, as in a Ray Train worker: the supervisors only exchange an address
-            exchange = _StoreExchange(rank, port, start_wait_s, namespace)
-            plan = CoordinatorPlan(rank, world, "127.0.0.1", spec.scaling.collective_timeout_s, exchange)
-            Supervisor(spec, plan, rank, hooks).run()
-        else:
-            from syncpoint.workers.training.loop import run_worker
-            from syncpoint.workers.training.worker_context import WorkerContext
-
-            prepare_process(spec)  # NCCL binds a communicator to the current GPU
-            timeout = collective_timeout(spec)
-            store = open_store("127.0.0.1", port, namespace, max(timeout.total_seconds(), 60.0), serve=rank == 0)
-            dist.init_process_group(
-                backend(spec),
-                store=store,
-                rank=rank,
-                world_size=world,
-                timeout=timeout,
-            )
-            run_worker(spec, WorkerContext(print_progress=not quiet, submission_id=submission_id))
-            dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - a spawned rank: any failure prints its traceback and exits non-zero
-        if not getattr(e, REPORTED_ATTR, False):  # in place: rank 0's decision printed it (supervisor.reported)
-            traceback.print_exc()
-        os._exit(1)
-    os._exit(0)
-
-
-class _StoreExchange:
-    """Rank 0's value on every rank, through a ``TCPStore`` that rank 0 serves on the launcher's port
-    (loopback alone, under the launcher's secret namespace, so no other local account reads or forges
-    it): what Ray Train's ``broadcast_from_rank_zero`` is to a supervisor on Ray.
-
-    Why not ``scaling.collective_timeout_s`` as its bound: rank 0 first starts its store agent, which
-    waits for its fork server's imports of torch and DeepSpeed, and on a starved machine that took
-    over a minute. A rank waits for rank 0's value as long as the launcher lets the run live
-    (``wait_s``); rank 0's death closes the store, which ends the wait at once."""
-
-    KEY = "syncpoint/supervisors"
-
-    def __init__(self, rank: int, port: int, wait_s: float, namespace: str) -> None:
-        self.rank = rank
-        self.store = open_store("127.0.0.1", port, namespace, wait_s, serve=rank == 0)
-
-    def __call__(self, value: Any) -> Any:
-        if self.rank == 0:
-            self.store.set(self.KEY, json.dumps(value))
-            return value
-        return json.loads(self.store.get(self.KEY))
-
-
-def driver_notice(stop_file: str) -> Callable[[], dict[str, Any] | None]:
-    """A local run's notice source: the driver's stop, once its signal's name is in ``stop_file``
-    (in the driver's private temp directory, 0700: only this user can write it). Read at each
-    boundary: one ``stat`` while there is none."""
-    from syncpoint.workers.supervision.preemption import DRIVER
-
-    def notice() -> dict[str, Any] | None:
-        try:
-            fd = os.open(stop_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            name = os.read(fd, 16).decode("ascii", "replace").strip()
-        finally:
-            os.close(fd)
-        return {"source": DRIVER, "signal": name} if name in SIGNAL_NAMES else None
-
-    return notice
-
-
-SIGNAL_NAMES = ("SIGINT", "SIGTERM", "SIGHUP")
+def _rank_context(spec: JobSpec, hash_seed: str, *, supervisors_only: bool) -> Any:
+    """How the ranks' processes start: forked from this process's preloaded fork server, except
+    supervisors whose training processes fork from a warm server when no such fork server runs yet:
+    fresh interpreters importing ``rank_process`` alone, not a fork server importing torch and
+    DeepSpeed for processes that never use them."""
+    if supervisors_only and not fork_server_running(hash_seed):
+        return mp.get_context("spawn")
+    return _context(_start_method(spec), hash_seed)
 
 
 def run_spawned(
@@ -234,12 +121,12 @@ def run_spawned(
     port = free_port()
     # every rank (and each DataLoader worker it starts) hashes strings as the job's every other attempt does
     hash_seed = str(rng.hash_seed(spec.train.seed))
-    ctx = _context(_start_method(spec), hash_seed)
     submission = submission or uuid.uuid4().hex
     environ = {**os.environ, **spec.scaling.env, "PYTHONHASHSEED": hash_seed}  # the job's variables, as on Ray
     if warm is None:
         warm = _start_method(spec) == "forkserver"
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
+    ctx = _rank_context(spec, hash_seed, supervisors_only=warm_key is not None)
     # the ranks' own secret (their store's namespace), handed over in their arguments, never over a port
     namespace = new_namespace()
     args = (
@@ -256,7 +143,7 @@ def run_spawned(
         stop_file,
         child_setup,
     )
-    procs = [ctx.Process(target=_child, args=(args[0], r, *args[1:])) for r in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(args[0], r, *args[1:])) for r in range(world)]
     try:
         with _environ(
             PYTHONHASHSEED=hash_seed

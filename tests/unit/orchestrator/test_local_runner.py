@@ -1,5 +1,5 @@
 """A local run's stop notice (``syncpoint.orchestrator.local_runner.LocalBoard``, read by
-``syncpoint.workers.supervision.launch.driver_notice``): the driver marks it as it marks Ray's board,
+``syncpoint.workers.supervision.rank_process.driver_notice``): the driver marks it as it marks Ray's board,
 each rank reads the signal's name; nothing else written there is a notice, and a link is not read."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from syncpoint.orchestrator.local_runner import STOP_FILE, LocalBoard
-from syncpoint.workers.supervision.launch import driver_notice
+from syncpoint.workers.supervision.rank_process import driver_notice
 
 
 def test_the_drivers_mark_is_each_ranks_notice_with_the_signals_name(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from syncpoint.workers.supervision.free_ports import free_port
-from syncpoint.workers.supervision.launch import _StoreExchange
+from syncpoint.workers.supervision.rank_process import StoreExchange as _StoreExchange
 
 NAMESPACE = "5" * 32  # the launcher's secret, as run_spawned hands it to every rank
 
