@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from syncpoint.workers.supervision import free_ports
 
 
@@ -49,3 +51,14 @@ def test_a_seeded_random_module_does_not_repeat_the_draw():
         free_ports._HANDED_OUT.discard(p)  # as a second process, which never handed them out
     random.seed(1234)
     assert set(free_ports.free_ports(4)) != set(first)
+
+
+def test_a_narrowed_ephemeral_range_is_drawn_below_and_running_out_is_said(monkeypatch, tmp_path):
+    """An ephemeral range starting near 20000 moves the draw below it; no port found within the tries is an
+    error naming the range, never a port that may be in use."""
+    (tmp_path / "range").write_text("22000\t60999\n")
+    monkeypatch.setattr(free_ports, "_RANGE_FILE", str(tmp_path / "range"))
+    assert all(22000 - 4096 <= p < 22000 for p in free_ports.free_ports(4))
+    monkeypatch.setattr(free_ports, "_TRIES", 0)
+    with pytest.raises(OSError, match="no 1 free TCP ports on 127.0.0.1 below 22000"):
+        free_ports.free_port()
