@@ -51,6 +51,24 @@ def needs(*modules: str) -> Any:
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)}")
 
 
+def interrupted_twice(storage: os.PathLike | str) -> JobSpec:
+    """A linear run with an eval set and a state at every optimizer step, crashed at micro-steps 7 and
+    15 (each resumed from its newest state), then run to its end: a real journal with two restarts."""
+    spec = linear_spec(
+        storage,
+        "task.path=tests.tasks:linear_eval",
+        "task.config.num_samples=10",
+        "train.epochs=2",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "train.eval_every={value: 2, unit: optimizer_steps}",
+        "faults=[{at_micro_step: 7, mode: raise}]",
+    )
+    assert run_until_crash(spec)
+    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
+    run(with_overrides(spec, "faults=[]"))
+    return spec
+
+
 def lm_spec(storage: os.PathLike | str, *overrides: str, workers: int = 1) -> JobSpec:
     """The example job shrunk for tests (small model, short sequences)."""
     base = [f"storage={storage}", f"scaling.num_workers={workers}", *LM_SHRUNK]

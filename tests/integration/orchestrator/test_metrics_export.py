@@ -13,23 +13,13 @@ from syncpoint.policies.decisions.goodput import goodput
 from syncpoint.policies.decisions.metric_samples import samples
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import linear_spec, run, run_until_crash, with_overrides
+from tests.helpers import interrupted_twice
 
 
 @pytest.fixture(scope="module")
 def twice_crashed(tmp_path_factory):
-    """A linear run crashed at micro-steps 7 and 13, then run to its end."""
-    spec = linear_spec(
-        tmp_path_factory.mktemp("metrics"),
-        "task.config.num_samples=10",
-        "train.epochs=2",
-        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-        "faults=[{at_micro_step: 7, mode: raise}]",
-    )
-    assert run_until_crash(spec)
-    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 13, mode: raise}]"))
-    run(with_overrides(spec, "faults=[]"))
-    return spec
+    """A linear run crashed at micro-steps 7 and 15, then run to its end."""
+    return interrupted_twice(tmp_path_factory.mktemp("metrics"))
 
 
 def test_the_publisher_sets_the_samples_of_the_log_as_read_back(twice_crashed):

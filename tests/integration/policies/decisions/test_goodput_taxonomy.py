@@ -12,25 +12,14 @@ from syncpoint.policies.contracts.journal import Evaluated
 from syncpoint.policies.decisions.goodput import BADPUT, goodput
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
-from tests.helpers import cli, linear_spec, run, run_until_crash, with_overrides
+from tests.helpers import cli
+from tests.helpers import interrupted_twice as two_interruptions
 
 
 @pytest.fixture(scope="module")
 def interrupted_twice(tmp_path_factory):
     """A linear run with an eval set, crashed at micro-steps 7 and 15, then run to its end."""
-    spec = linear_spec(
-        tmp_path_factory.mktemp("taxonomy"),
-        "task.path=tests.tasks:linear_eval",
-        "task.config.num_samples=10",
-        "train.epochs=2",
-        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
-        "train.eval_every={value: 2, unit: optimizer_steps}",
-        "faults=[{at_micro_step: 7, mode: raise}]",
-    )
-    assert run_until_crash(spec)
-    assert run_until_crash(with_overrides(spec, "faults=[{at_micro_step: 15, mode: raise}]"))
-    run(with_overrides(spec, "faults=[]"))
-    return spec
+    return two_interruptions(tmp_path_factory.mktemp("taxonomy"))
 
 
 def test_a_real_run_interrupted_twice_is_accounted_by_cause(interrupted_twice):
