@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from syncpoint.orchestrator.progress_bar import EventFollower
+from syncpoint.orchestrator.progress_bar import EventFollower, polled
 from syncpoint.policies.contracts.journal import Event, Journal, UnknownEvent
 from syncpoint.policies.decisions.metric_samples import BASE_LABELS, SERIES, Sample, samples
 from syncpoint.workers.storage import RunStorage
@@ -85,17 +84,5 @@ def publishing(
 ) -> Iterator[Publisher]:
     """Publish the run's series every ``poll_s`` while the block runs (``trainer.fit()``), once more at its end."""
     publisher = Publisher(storage, job_name=job_name, submission=submission, micro_batch_size=micro_batch_size)
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.wait(poll_s):
-            publisher.safe_tick()
-
-    thread = threading.Thread(target=poll, name="syncpoint-metrics", daemon=True)
-    thread.start()
-    try:
+    with polled(publisher.safe_tick, poll_s, "syncpoint-metrics"):
         yield publisher
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        publisher.safe_tick()

@@ -163,6 +163,31 @@ class EventFollower:
 
 
 @contextlib.contextmanager
+def polled(tick: Callable[[], object], every_s: float, name: str) -> Iterator[None]:
+    """``tick`` every ``every_s`` on a daemon thread while the block runs, and once more at its end (the
+    last look). What polls a run's log is a view (the bar, the metrics): an exception from ``tick`` shows
+    nothing new, and the run goes on."""
+    stop = threading.Event()
+
+    def look() -> None:
+        with contextlib.suppress(Exception):
+            tick()
+
+    def poll() -> None:
+        while not stop.wait(every_s):
+            look()
+
+    thread = threading.Thread(target=poll, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        look()
+
+
+@contextlib.contextmanager
 def live_progress(
     storage: RunStorage,
     *,
@@ -178,7 +203,6 @@ def live_progress(
     progress = make_progress(console or Console())
     view, follower = RunView(micro_batch_size=micro_batch_size, epochs=epochs), EventFollower(storage)
     task = progress.add_task("starting", total=None, loss="", lr="", epoch="", speed="", state="")
-    stop = threading.Event()
 
     def tick() -> None:
         shown_attempt = view.attempt
@@ -193,20 +217,5 @@ def live_progress(
                 )
         show(progress, task, view, new_attempt=view.attempt != shown_attempt)
 
-    def poll() -> None:
-        while not stop.wait(poll_s):
-            try:
-                tick()
-            except Exception:  # noqa: BLE001 - the bar is a view: a failed read shows nothing new, the run goes on
-                continue
-
-    with progress:
-        thread = threading.Thread(target=poll, name="syncpoint-progress", daemon=True)
-        thread.start()
-        try:
-            yield view
-        finally:
-            stop.set()
-            thread.join(timeout=10)
-            with contextlib.suppress(Exception):  # the last look, as in poll()
-                tick()
+    with progress, polled(tick, poll_s, "syncpoint-progress"):
+        yield view

@@ -30,21 +30,17 @@ from syncpoint.policies.decisions.metric_samples import (
     samples,
     throughput,
 )
+from tests.unit.policies.decisions.test_goodput import _attempt as goodput_attempt
 
 
 def _attempt(t: float, n: int, step: int = 0, launched: float | None = None, load_s: float = 0.0) -> AttemptStarted:
-    return AttemptStarted(
-        time=t,
-        attempt=n,
-        world_size=2,
-        nodes=["a", "b"],
-        submission="s",
-        resumed_from=f"{step:012d}" if step else None,
-        global_micro_step=step,
-        optimizer_step=step // 4,
-        launched_at=launched,
-        setup=[("DeepSpeed engine", 0.5), ("selection and state load", load_s)] if launched is not None else [],
-        restored_from=["memory", "storage"] if step else [],  # rank 1's node had no copy
+    """test_goodput's attempt with rank 0's start-up phases (the restore's among them) and where each rank
+    read the state it resumed (rank 1's node had no memory copy)."""
+    return goodput_attempt(t, n, step, launched).model_copy(
+        update={
+            "setup": [("DeepSpeed engine", 0.5), ("selection and state load", load_s)] if launched is not None else [],
+            "restored_from": ["memory", "storage"] if step else [],
+        }
     )
 
 
