@@ -78,7 +78,7 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
             step = first_step + i
             exp = Expectation(JOB, 1, 1, 1, 10**6, 1, "f", 0, precision="fp32")
             trainer = TrainState.model_validate(trainer_for(step, exp))
-            snap = Snapshot(state_name(step), tempfile.mkdtemp(), b"", trainer, time.perf_counter())
+            snap = Snapshot(state_name(step), tempfile.mkdtemp(), trainer, time.perf_counter())
             commit_snapshot(storage, snap, Faults([], storage, 0), lease)
             committed.append(step)
             time.sleep(0.05)

@@ -5,10 +5,8 @@ A committed state is ``<run>/states/<name>/`` (``name``: the global micro-step, 
     trainer.json                  TrainState: position, identity, metrics, provenance (rank 0)
     engine/...                    DeepSpeed's files under the tag ``engine`` (``required_files``)
     optim/full.safetensors        the gathered optimizer state of elastic ZeRO 1-3 runs
-    rng/rank_<r:05d>.safetensors  every rank's RNG state
-    buffers/rank_<r:05d>.safetensors  every rank's module buffers (states that record per_rank_buffers)
-    stream/rank_<r:05d>.safetensors   every rank's stream position (states of stream datasets: data.stream)
-    user/rank_<r:05d>.safetensors     every rank's Task.stateful objects (states that record user_state)
+    <part>/rank_<r:05d>.safetensors   every rank's file of each per-rank part the state carries
+                                  (``RANK_PARTS``: rng always; buffers, user and stream where recorded)
     manifest.json                 Manifest: every file with size and checksum; written last, it commits
 
 Why models: the writer, classification, discovery, the reader, digest and the CLI all read these
@@ -26,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -51,10 +51,6 @@ TRAINER_FILE = "trainer.json"
 MANIFEST_FILE = "manifest.json"
 ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
 FULL_OPTIMIZER_FILE = "optim/full.safetensors"
-RNG_DIR = "rng"
-BUFFERS_DIR = "buffers"
-STREAM_DIR = "stream"
-USER_DIR = "user"
 # Task.stateful names: short, plain, sorted and unique in a state (they name objects, not paths)
 MAX_USER_STATE_OBJECTS = 64
 USER_STATE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -105,24 +101,45 @@ def local_path(directory: str, rel: str) -> str:
     return os.path.join(directory, *rel.split("/"))
 
 
-def rng_file(rank: int) -> str:
-    """A rank's RNG file in a state."""
-    return f"{RNG_DIR}/rank_{rank:05d}.safetensors"
+@dataclass(frozen=True)
+class RankPart:
+    """One per-rank kind of state as the layout knows it: one file per rank under its own directory,
+    and whether a state carries it, read from the state's own record.
+
+    Why a registry: every reader of the layout (``required_files``, the writer, the reader, the digest,
+    the memory copy) iterates ``RANK_PARTS``; a new kind is one entry here, its behaviour one module
+    of the workers (``syncpoint.workers.state.rank_parts``), instead of an if-branch in each of them.
+    ``digest_key`` names its hash in a state's digest (the user part's predates the registry)."""
+
+    name: str  # also its directory in a state
+    carried_by: Callable[[TrainState], bool]  # what in a state's record says it has the part's files
+    digest_key: str = ""
+
+    def file(self, rank: int) -> str:
+        """This part's file of ``rank`` in a state."""
+        return f"{self.name}/rank_{rank:05d}.safetensors"
+
+    def owns(self, rel: str) -> bool:
+        return rel.startswith(f"{self.name}/")
+
+    @property
+    def hash_key(self) -> str:
+        return self.digest_key or self.name
 
 
-def buffers_file(rank: int) -> str:
-    """A rank's module-buffers file in a state (``TrainState.per_rank_buffers``)."""
-    return f"{BUFFERS_DIR}/rank_{rank:05d}.safetensors"
-
-
-def stream_file(rank: int) -> str:
-    """A rank's stream-position file in a state (stream datasets)."""
-    return f"{STREAM_DIR}/rank_{rank:05d}.safetensors"
-
-
-def user_file(rank: int) -> str:
-    """A rank's ``Task.stateful`` file in a state."""
-    return f"{USER_DIR}/rank_{rank:05d}.safetensors"
+# every rank's RNG state: every state has it
+RNG = RankPart("rng", lambda state: True)
+# every rank's module buffers (states that record per_rank_buffers; before, every rank resumed with
+# the buffers of DeepSpeed's module file)
+BUFFERS = RankPart("buffers", lambda state: state.per_rank_buffers)
+# every rank's Task.stateful objects (states that record user_state)
+USER = RankPart("user", lambda state: bool(state.user_state), digest_key="user_state")
+# every rank's stream position (states of stream datasets: data.stream)
+STREAM = RankPart("stream", lambda state: state.data.stream is not None)
+# In the order ``required_files`` lists them.
+RANK_PARTS: tuple[RankPart, ...] = (RNG, BUFFERS, USER, STREAM)
+RNG_DIR, BUFFERS_DIR, STREAM_DIR, USER_DIR = RNG.name, BUFFERS.name, STREAM.name, USER.name
+rng_file, buffers_file, stream_file, user_file = RNG.file, BUFFERS.file, STREAM.file, USER.file
 
 
 def zero3_model_file(rank: int) -> str:
@@ -135,6 +152,24 @@ def zero_optim_file(rank: int, *, bf16: bool) -> str:
     return f"{ENGINE_TAG}/{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
+def engine_files(*, world_size: int, zero_stage: int, precision: str | None, full_optimizer_state: bool) -> list[str]:
+    """DeepSpeed's files a committed state of this layout must list (DeepSpeed 0.19's file names).
+
+    ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
+    one optimizer shard per rank (``bf16_``-prefixed in bf16); ZeRO 3 partitions the model too, so
+    every rank writes its own model file (shapes and buffers; no ``mp_rank_00_model_states.pt``)
+    next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
+    (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
+    (measured). Elastic ZeRO 1-3 add the gathered optimizer state."""
+    ranks = range(world_size)
+    files = [zero3_model_file(r) for r in ranks] if zero_stage == 3 else [MODEL_FILE]
+    if zero_stage in (1, 2, 3):
+        files += [zero_optim_file(r, bf16=precision == "bf16") for r in ranks]
+        if full_optimizer_state:
+            files.append(FULL_OPTIMIZER_FILE)
+    return files
+
+
 def required_files(
     *,
     world_size: int,
@@ -145,30 +180,17 @@ def required_files(
     stream: bool = False,
     user_state: bool = False,
 ) -> list[str]:
-    """Every file a committed state of this layout must list (DeepSpeed 0.19's file names).
+    """Every file a committed state of this layout must list: ``trainer.json``, DeepSpeed's files and
+    every rank's file of each part carried (``TrainState.required_files`` asks each part itself)."""
+    carried = {RNG: True, BUFFERS: per_rank_buffers, USER: user_state, STREAM: stream}
+    engine = engine_files(
+        world_size=world_size, zero_stage=zero_stage, precision=precision, full_optimizer_state=full_optimizer_state
+    )
+    return [TRAINER_FILE, *engine, *_part_files(world_size, [p for p in RANK_PARTS if carried.get(p)])]
 
-    ZeRO 0 keeps model and optimizer in one file (fp32 and bf16 alike, measured); ZeRO 1/2 write
-    one optimizer shard per rank (``bf16_``-prefixed in bf16); ZeRO 3 partitions the model too, so
-    every rank writes its own model file (shapes and buffers; no ``mp_rank_00_model_states.pt``)
-    next to its optimizer shard, which holds the rank's fp32 partition of every parameter. Offload
-    (optimizer or parameters, to the CPU) changes where tensors live while training, not the files
-    (measured). Elastic ZeRO 1-3 add the gathered optimizer state. Every rank writes its RNG file,
-    and, in states that record ``per_rank_buffers``, its buffers file (``syncpoint.workers.training.buffers``); states
-    of
-    a stream dataset, its stream file (``syncpoint.workers.data.stream_state``); states with user state
-    (``Task.stateful``), its user file (``syncpoint.workers.state.user_state``).
-    """
-    ranks = range(world_size)
-    files = [TRAINER_FILE]
-    files += [zero3_model_file(r) for r in ranks] if zero_stage == 3 else [MODEL_FILE]
-    if zero_stage in (1, 2, 3):
-        files += [zero_optim_file(r, bf16=precision == "bf16") for r in ranks]
-        if full_optimizer_state:
-            files.append(FULL_OPTIMIZER_FILE)
-    files += [rng_file(r) for r in ranks]
-    files += [buffers_file(r) for r in ranks] if per_rank_buffers else []
-    files += [user_file(r) for r in ranks] if user_state else []
-    return files + ([stream_file(r) for r in ranks] if stream else [])
+
+def _part_files(world_size: int, parts: list[RankPart]) -> list[str]:
+    return [p.file(r) for p in parts for r in range(world_size)]
 
 
 def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
@@ -431,15 +453,17 @@ class TrainState(_Record):
         return bool(self.elastic) or (self.elastic_optimizer and self.zero_stage in (1, 2))
 
     def required_files(self) -> list[str]:
-        return required_files(
+        engine = engine_files(
             world_size=self.world_size,
             zero_stage=self.zero_stage,
             precision=self.precision,
             full_optimizer_state=self.full_optimizer_state,
-            per_rank_buffers=self.per_rank_buffers,
-            stream=self.data.stream is not None,
-            user_state=bool(self.user_state),
         )
+        return [TRAINER_FILE, *engine, *_part_files(self.world_size, self.rank_parts())]
+
+    def rank_parts(self) -> list[RankPart]:
+        """The per-rank parts this state carries (``RANK_PARTS``, in their order)."""
+        return [p for p in RANK_PARTS if p.carried_by(self)]
 
     def record(self) -> dict[str, Any]:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""

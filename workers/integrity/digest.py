@@ -1,9 +1,9 @@
-"""A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, RNG,
-and every rank's module buffers (states that carry them: ``buffers``, fed rank by rank, so two
-states that differ only in rank 1's BatchNorm statistics digest differently; older states have no
-such component and digest as they always did), and a stream dataset's every rank's stream position
-(``stream``: its pass, its loader's state and shuffle buffer, parsed as loading parses them, less where an
-exhausted pass left its inner dataset: ``settled_stream``).
+"""A canonical sha256 of a state: parameters, optimizer state, scheduler and data position, and every
+rank's file of each per-rank part, each part under its own key as ``syncpoint.workers.state.rank_parts``
+says: the RNG, module buffers (fed rank by rank, so two states that differ only in rank 1's BatchNorm
+statistics digest differently), a stream's position (its pass, its loader's state and shuffle buffer,
+less where an exhausted pass left its inner dataset: ``syncpoint.workers.data.stream_state.settled_stream``)
+and the ``Task.stateful`` objects. A state without a part has no such key and digests as it always did.
 
 Independent of file layout and timestamps, so two runs (an uninterrupted one and a resumed one)
 can be compared with one string. DeepSpeed's files are loaded with ``weights_only=True`` and the
@@ -33,17 +33,12 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import load as st_load
 
 from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
 from syncpoint.policies.contracts.errors import StateRefused
 from syncpoint.policies.contracts.state_format import (
-    BUFFERS_DIR,
     MODEL_FILE,
-    RNG_DIR,
-    STREAM_DIR,
     TRAINER_FILE,
-    USER_DIR,
     ZERO3_MODEL,
     ZERO_OPTIM,
     ManifestEntry,
@@ -51,14 +46,12 @@ from syncpoint.policies.contracts.state_format import (
     problem_of,
 )
 from syncpoint.policies.decisions.redact import redact_url
-from syncpoint.workers.data.stream_state import parse as parse_stream
-from syncpoint.workers.data.stream_state import parse_tree
+from syncpoint.workers.data.stream_state import settled_stream as settled_stream  # where it was first
 from syncpoint.workers.integrity.safe_load import load_state_file
+from syncpoint.workers.state.rank_parts import PARTS
 from syncpoint.workers.state.reader import ChecksumMismatch, read_listed, read_manifest
-from syncpoint.workers.state.user_state import META_KEY as USER_META_KEY
 from syncpoint.workers.state.zero3_consolidate import consolidate_zero3
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.training.rng import safetensors_metadata
 
 ReadFile = Callable[[str], bytes]  # a state's file by its path in the state, verified against the manifest
 
@@ -250,48 +243,14 @@ def _trainer_state(read: ReadFile) -> TrainState:
         raise StateRefused(f"{problem_of(e, TRAINER_FILE)}: refused (corrupt)") from None
 
 
-def settled_stream(state: Any) -> Any:
-    """A loader's stream state with the inner dataset's position dropped from every pass the stream has
-    exhausted (each ``dataset_state``, a DataLoader worker's included).
-
-    Why: once a pass is exhausted the stream never reads its source again in that pass, and the next pass
-    starts it afresh (``syncpoint.workers.data.stream``), so where ``datasets`` left its inner iterator is no
-    part of what comes next; and it depends on how the pass was reached: an uninterrupted run left
-    ``datasets``' shard index past the last shard, a run resumed inside the pass left it at that shard's
-    end. Hashed as saved, a drill of the streaming example reported a digest MISMATCH with every loss
-    equal (2026-12-06)."""
-    if isinstance(state, dict):
-        out = {k: settled_stream(v) for k, v in state.items()}
-        if out.get("exhausted") is True and "inner" in out and "pass" in out:
-            out["inner"] = None
-        return out
-    if isinstance(state, list):
-        return [settled_stream(v) for v in state]
-    return state
-
-
 def _feed_rank_files(parts: dict[str, CanonicalHash], files: Mapping[str, ManifestEntry], read: ReadFile) -> None:
-    """Every rank's RNG file, and its buffers, stream and user files where the state has them (each under
-    its own key, added only then, so a state without them keeps its digest)."""
-    for rel in sorted((p for p in files if p.startswith(f"{RNG_DIR}/")), key=_rank_of):
-        data = read(rel)
-        parts["rng"].feed(st_load(data))
-        parts["rng"].feed(safetensors_metadata(data))
-    buffer_files = sorted((p for p in files if p.startswith(f"{BUFFERS_DIR}/")), key=_rank_of)
-    if buffer_files:
-        parts["buffers"] = CanonicalHash()
-    for rel in buffer_files:
-        parts["buffers"].feed(_rank_of(rel))
-        parts["buffers"].feed(st_load(read(rel)))
-    stream_files = sorted((p for p in files if p.startswith(f"{STREAM_DIR}/")), key=_rank_of)
-    if stream_files:
-        parts["stream"] = CanonicalHash()
-    for rel in stream_files:
-        saved = parse_stream(read(rel), rel)
-        parts["stream"].feed([_rank_of(rel), saved.pass_number, settled_stream(saved.loader)])
-    user_files = sorted((p for p in files if p.startswith(f"{USER_DIR}/")), key=_rank_of)
-    if user_files:
-        parts["user_state"] = CanonicalHash()
-    for rel in user_files:
-        objects = parse_tree(read(rel), rel, USER_META_KEY, ("objects",), "user state")["objects"]
-        parts["user_state"].feed([_rank_of(rel), objects])
+    """Every rank's file of each per-rank part (``syncpoint.workers.state.rank_parts``), each part under
+    its own key, added only when the state has its files (the RNG's is always there), so a state
+    without a part keeps its digest."""
+    for part in PARTS:
+        owned = sorted((p for p in files if part.layout.owns(p)), key=_rank_of)
+        if owned and part.layout.hash_key not in parts:
+            parts[part.layout.hash_key] = CanonicalHash()
+        for rel in owned:
+            for value in part.digest(_rank_of(rel), read(rel), rel):
+                parts[part.layout.hash_key].feed(value)

@@ -7,9 +7,9 @@ paths inside the state (``syncpoint.policies.contracts.state_paths``) and resolv
 (2) downloads each file under a temporary name and renames it into place only after its size and
 checksum matched, so a wrong file never sits where a loader looks, and (3) unpickles every
 DeepSpeed file once with the weights-only loader (``syncpoint.workers.integrity.safe_load``; storages memory-mapped,
-so it costs only the pickle metadata), and (4) parses this rank's RNG file whole and tries it
-(``syncpoint.workers.training.rng.verify``), so the restore after the data skip cannot fail on a state already
-accepted, and a stream's state file likewise (``syncpoint.workers.data.stream_state.parse``). A state that fails
+so it costs only the pickle metadata), and (4) parses this rank's file of each per-rank part whole
+as its part says (``syncpoint.workers.state.rank_parts``: the RNG file tried on this process, so the restore
+after the data skip cannot fail on a state already accepted; a stream's state file). A state that fails
 any of these raises ``StateRefused`` on every rank alike (every rank fetches and checks the same
 files), before the engine is touched: a refused state never leaves a half-loaded engine behind.
 DeepSpeed's own reads then go through the same loader again (``syncpoint.workers.state.checkpoint_engine``), so
@@ -44,9 +44,9 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from pydantic import ValidationError
@@ -59,20 +59,16 @@ from syncpoint.policies.contracts.state_format import (
     LOCAL_DIRS,
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
+    RNG,
     STATES_DIR,
     TRAINER_FILE,
     Manifest,
     ManifestEntry,
-    buffers_file,
     local_path,
     problem_of,
-    rng_file,
-    stream_file,
-    user_file,
 )
 from syncpoint.policies.contracts.state_paths import path_problem
 from syncpoint.policies.decisions.candidates import Candidate
-from syncpoint.workers.data import stream_state
 from syncpoint.workers.integrity import verified_files
 from syncpoint.workers.integrity.checksum import matches_entry
 from syncpoint.workers.integrity.safe_load import check_state_file
@@ -88,8 +84,8 @@ from syncpoint.workers.state.downloads import PARTIAL_DIR, download_all, storage
 from syncpoint.workers.state.mapped_state import copy_mapped_optimizer_state
 from syncpoint.workers.state.node_share import NodePeers, Offer, read_split
 from syncpoint.workers.state.preload import Preloads
+from syncpoint.workers.state.rank_parts import PartBehaviour, behaviour
 from syncpoint.workers.storage import RunStorage
-from syncpoint.workers.training import rng
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -109,14 +105,11 @@ class FetchedState:
     """A state this rank fetched and verified: where its files are, and its small files read whole."""
 
     local_dir: str  # contains engine/ as DeepSpeed wrote it
-    rng_state: rng.SavedRng | None  # this rank's RNG file, parsed and tried (``rng.verify``)
+    # this rank's file of each per-rank part it reads, verified and parsed (``rank_parts``: its RNG
+    # tried on this process, a stream's position parsed whole), by part name
+    parts: dict[str, Any] = field(default_factory=dict)
     # in place: local_dir is the state itself (never deleted); DeepSpeed reads only these open files
     verified: dict[str, VerifiedFile] | None = field(default=None)
-    buffers_bytes: bytes | None = (
-        None  # the module buffers this rank applies (``syncpoint.workers.training.buffers``), verified
-    )
-    stream_state: stream_state.SavedStream | None = None  # a stream's position this rank restores, parsed whole
-    user_bytes: bytes | None = None  # this rank's Task.stateful objects (``workers.state.user_state``), verified
     # a downloaded copy: the files verified into local_dir, and those being unpickled meanwhile (``preload``)
     names: tuple[str, ...] = ()
     preloads: Preloads | None = None
@@ -149,11 +142,9 @@ def fetch_state(
     rank: int,
     *,
     want_rng: bool = True,
+    sources: Mapping[str, int] | None = None,
     own_shard: int | None = None,
     in_place: bool = False,
-    buffers_of: int | None = None,
-    stream_of: int | None = None,
-    user_of: int | None = None,
     memory: MemoryCopy | None = None,
     say: Callable[[str, bool], None] | None = None,
     peers: NodePeers | None = None,
@@ -172,14 +163,10 @@ def fetch_state(
     ``in_place``: the caller's load reads only through the checkpoint engine (module docstring);
     on local storage the state is then verified where it lies instead of copied.
 
-    ``buffers_of``: the saved rank whose buffers file this rank applies (``syncpoint.workers.training.buffers``; None:
-    the state carries none, or the caller applies none); read into memory, verified like the RNG file.
-
-    ``stream_of``: the rank whose stream file this rank restores (a stream dataset's state; None:
-    none), read into memory, verified and parsed whole (``syncpoint.workers.data.stream_state``).
-
-    ``user_of``: the rank whose user file (``Task.stateful``) this rank restores (None: the state has
-    none), read into memory and verified like the buffers file.
+    ``sources``: the saved rank whose file of each per-rank part this rank reads, by part name
+    (``syncpoint.workers.state.rank_parts.sources``); each is read into memory, verified and parsed
+    by its part (a part that is not ``optional`` must be listed). ``want_rng``: this rank's own RNG
+    file too, when it is listed (False: a weights-only import reads no per-rank part).
 
     ``memory``: this node's memory copy (``syncpoint.workers.state.memory_copy``): with ``in_place``,
     the state is verified there and loaded from it when the copy holds every file this rank needs
@@ -197,36 +184,29 @@ def fetch_state(
     take a few seconds, and there the second thread's unpickling measured slower than DeepSpeed's
     own read after the fetch (bench P10)."""
     try:
-        return _fetch(
-            storage,
-            cand,
-            rank,
-            want_rng,
-            own_shard,
-            in_place,
-            buffers_of,
-            stream_of,
-            user_of,
-            memory,
-            say,
-            peers,
-            preload,
-        )
+        wanted = {RNG.name: rank} if want_rng else {}
+        wanted.update(sources or {})
+        small = {name: RankRead(behaviour(name), behaviour(name).layout.file(src)) for name, src in wanted.items()}
+        return _fetch(storage, cand, own_shard, in_place, small, memory, say, peers, preload)
     finally:
         if peers is not None:
             peers.finish()
 
 
+@dataclass(frozen=True)
+class RankRead:
+    """One per-rank part's file this rank reads: the part, and the file (maybe another rank's)."""
+
+    part: PartBehaviour
+    rel: str
+
+
 def _fetch(
     storage: RunStorage,
     cand: Candidate,
-    rank: int,
-    want_rng: bool,
     own_shard: int | None,
     in_place: bool,
-    buffers_of: int | None,
-    stream_of: int | None,
-    user_of: int | None,
+    small: dict[str, RankRead],
     memory: MemoryCopy | None,
     say: Callable[[str, bool], None] | None,
     peers: NodePeers | None,
@@ -234,17 +214,11 @@ def _fetch(
 ) -> FetchedState:
     files = manifest_files(cand)
     fetched = [rel for rel in sorted(files) if rel.startswith(FETCHED_PREFIXES) and not _other_shard(rel, own_shard)]
-    small = (
-        rng_file(rank) if want_rng else None,
-        buffers_file(buffers_of) if buffers_of is not None else None,
-        stream_file(stream_of) if stream_of is not None else None,
-        user_file(user_of) if user_of is not None else None,
-    )
     state_dir = storage.local_path(STATES_DIR, cand.name) if in_place and available() else None
     if state_dir is not None:
         root = _open_state(storage, cand.name)
         try:
-            return _verify_in_place(root, state_dir, files, fetched, *small, peers=peers, read_ahead=True)
+            return _verify_in_place(root, state_dir, files, fetched, small, peers=peers, read_ahead=True)
         finally:
             os.close(root)
     if memory is not None and in_place and available():
@@ -266,28 +240,13 @@ def _fetch(
                 and not (preloads is not None and preloads.checked(rel))
             ):
                 check_state_file(local_path(local, rel), rel)
-        saved = None
-        rel = rng_file(rank)
-        if want_rng and rel in files:
-            saved = rng.verify(_read_verified(storage, cand.name, rel, files), rel)
-        buffers_bytes = None
-        if buffers_of is not None:
-            buffers_bytes = _read_verified(storage, cand.name, buffers_file(buffers_of), files)
-        stream = None
-        if stream_of is not None:
-            rel = stream_file(stream_of)
-            stream = stream_state.parse(_read_verified(storage, cand.name, rel, files), rel)
-        user_bytes = _read_verified(storage, cand.name, user_file(user_of), files) if user_of is not None else None
+        parts = {
+            name: r.part.parse(_read_verified(storage, cand.name, r.rel, files), r.rel)
+            for name, r in small.items()
+            if r.rel in files or not r.part.optional
+        }
         _read_verified(storage, cand.name, TRAINER_FILE, files)
-        return FetchedState(
-            local,
-            saved,
-            buffers_bytes=buffers_bytes,
-            stream_state=stream,
-            user_bytes=user_bytes,
-            names=tuple(fetched),
-            preloads=preloads,
-        )
+        return FetchedState(local, parts, names=tuple(fetched), preloads=preloads)
     except BaseException:
         if preloads is not None:  # first: a preload still reads a file removed below
             preloads.close()
@@ -300,7 +259,7 @@ def _from_memory(
     name: str,
     files: dict[str, ManifestEntry],
     fetched: list[str],
-    small: tuple[str | None, str | None, str | None, str | None],
+    small: dict[str, RankRead],
     say: Callable[[str, bool], None],
     peers: NodePeers | None,
 ) -> FetchedState | None:
@@ -315,7 +274,7 @@ def _from_memory(
         say(f"no memory copy of {name} on this node: restoring from storage", False)
         return None
     try:
-        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, *small, peers=peers)
+        fetched_state = _verify_in_place(root, memory.path_of(name), files, fetched, small, peers=peers)
     except (StateRefused, UnsafeEntry, OSError) as e:
         say(f"this node's memory copy of {name} failed verification ({e}): restoring from storage", False)
         return None
@@ -343,10 +302,7 @@ def _verify_in_place(
     state_dir: str,
     files: dict[str, ManifestEntry],
     fetched: list[str],
-    rng_rel: str | None,
-    buffers_rel: str | None,
-    stream_rel: str | None,
-    user_rel: str | None = None,
+    small: dict[str, RankRead],
     *,
     peers: NodePeers | None = None,
     read_ahead: bool = False,
@@ -361,19 +317,15 @@ def _verify_in_place(
         for rel in fetched:
             if rel.startswith(f"{ENGINE_TAG}/") and rel.endswith(".pt"):
                 check_state_file(verified[rel].path, rel)
-        saved = rng.verify(read_verified(root, rng_rel, files[rng_rel]), rng_rel) if rng_rel in files else None
-        for listed in (TRAINER_FILE, buffers_rel, stream_rel, user_rel):
-            if listed is not None and listed not in files:
+        read = {name: r for name, r in small.items() if r.rel in files or not r.part.optional}
+        for listed in (TRAINER_FILE, *(r.rel for r in read.values())):
+            if listed not in files:
                 raise StateRefused(
                     f"{os.path.basename(state_dir)}: {MANIFEST_FILE} does not list {listed}: refused (corrupt)"
                 )
-        buffers_bytes = read_verified(root, buffers_rel, files[buffers_rel]) if buffers_rel is not None else None
-        stream = None
-        if stream_rel is not None:
-            stream = stream_state.parse(read_verified(root, stream_rel, files[stream_rel]), stream_rel)
-        user_bytes = read_verified(root, user_rel, files[user_rel]) if user_rel is not None else None
+        parts = {name: r.part.parse(read_verified(root, r.rel, files[r.rel]), r.rel) for name, r in read.items()}
         read_verified(root, TRAINER_FILE, files[TRAINER_FILE])
-        return FetchedState(state_dir, saved, verified, buffers_bytes, stream, user_bytes)
+        return FetchedState(state_dir, parts, verified)
     except BaseException:
         for f in verified.values():
             f.close()

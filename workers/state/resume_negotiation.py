@@ -23,13 +23,7 @@ from syncpoint.policies.contracts.errors import (
     StateMismatch,
 )
 from syncpoint.policies.contracts.journal import CandidateSeen, ResumeDecision
-from syncpoint.policies.contracts.state_format import (
-    SAMPLER_VERSION,
-    STREAM_SAMPLER,
-    TrainState,
-    buffers_file,
-    user_file,
-)
+from syncpoint.policies.contracts.state_format import RNG, SAMPLER_VERSION, STREAM, STREAM_SAMPLER, TrainState
 from syncpoint.policies.decisions.candidates import Candidate, Verdict
 from syncpoint.policies.decisions.resume import (
     ContinueSubmission,
@@ -40,10 +34,10 @@ from syncpoint.policies.decisions.resume import (
     starts_over,
 )
 from syncpoint.workers.data.stream_state import SavedStream
-from syncpoint.workers.state import user_state
+from syncpoint.workers.state import rank_parts
 from syncpoint.workers.state.discovery import discover_lazy
 from syncpoint.workers.state.reader import StateRefused, fetch_state, load_into_engine
-from syncpoint.workers.training import buffers, rng
+from syncpoint.workers.training import rng
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.engine import apply_hyperparameters, set_counters
 from syncpoint.workers.training.position import TrainingPosition
@@ -153,7 +147,8 @@ def _position_from(attempt: Attempt, state: TrainState, start: ResumeStart) -> N
 
 @dataclass
 class Loaded:
-    """What this rank keeps of the state it loaded, beyond the engine: its RNG and its stream position."""
+    """What this rank keeps of the state it loaded, beyond the engine: its RNG and its stream position
+    (the parts the loop restores itself, ``rank_parts``), and where it read the state."""
 
     rng_state: rng.SavedRng | None = None
     stream_state: SavedStream | None = None
@@ -274,22 +269,21 @@ def _memory_note(attempt: Attempt, line: str, from_memory: bool) -> None:
 
 
 def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEngine) -> tuple[Loaded, str | None]:
-    """Every rank fetches and verifies (its RNG file parsed and tried too, its stream file parsed
-    whole), then loads; (this rank's RNG state and stream position, None) or (nothing, the first
-    rank's refusal).
+    """Every rank fetches and verifies (its file of each per-rank part parsed whole: the RNG file
+    tried too), then loads; (this rank's RNG state and stream position, None) or (nothing, the
+    first rank's refusal).
 
     Both steps end in a collective so every rank takes the same branch. A refusal during the load
     (an unsafe file) leaves the engine partly loaded: the next candidate's load replaces all of it,
-    and when none is left the run fails (it never trains on a half-loaded engine). This rank's
-    module buffers (``syncpoint.workers.training.buffers``) are checked against the live module with the fetch and
-    applied after DeepSpeed's load, which gave every rank the buffers of its module file."""
-    fetched, error, saved_buffers, saved_user = None, None, None, None
+    and when none is left the run fails (it never trains on a half-loaded engine). Each per-rank
+    part (``syncpoint.workers.state.rank_parts``) is checked against the live job with the fetch (module
+    buffers against the live module) and put back after DeepSpeed's load, which gave every rank
+    the buffers of its module file."""
+    fetched, error, prepared = None, None, {}
     state = _classified(candidate)
     same_world = state.world_size == attempt.world_size
-    buffers_of = _buffers_source(attempt, state)
-    # a stream's and Task.stateful's state: selection admitted it at this world size only, so this rank reads its own
-    stream_of = attempt.rank if state.data.stream is not None else None
-    user_of = attempt.rank if state.user_state else None
+    live = rank_parts.LiveRank(attempt.rank, engine.module, attempt.stateful)
+    sources = rank_parts.sources(attempt.rank, state)
     peers = node_peers()
     try:
         own = _own_shard(attempt, state, engine)
@@ -300,18 +294,15 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
             attempt.rank,
             own_shard=own,
             in_place=same_world and not attempt.spec.resume.reset_optimizer,
-            buffers_of=buffers_of,
-            stream_of=stream_of,
-            user_of=user_of,
+            sources=sources,
             memory=attempt.memory_copy,
             say=lambda line, from_memory: _memory_note(attempt, line, from_memory),
             peers=peers,
             preload=own is not None,  # DeepSpeed then reads exactly the files fetched
         )
-        if fetched.buffers_bytes is not None and buffers_of is not None:
-            saved_buffers = buffers.read(fetched.buffers_bytes, buffers_file(buffers_of), engine.module)
-        if fetched.user_bytes is not None and user_of is not None:
-            saved_user = user_state.parse(fetched.user_bytes, user_file(user_of), tuple(state.user_state or ()))
+        for name, parsed in fetched.parts.items():
+            part = rank_parts.behaviour(name)
+            prepared[name] = part.prepare(parsed, part.layout.file(sources[name]), state, live)
     except Exception as e:  # noqa: BLE001 - any failure to fetch is a refusal of this candidate, agreed below
         error = _refusal(e)
     if peers is not None:
@@ -326,16 +317,10 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
                 module_only=attempt.spec.resume.reset_optimizer,
                 other_world_size=not same_world,
             )
-            if saved_buffers is not None:
-                buffers.apply(engine.module, saved_buffers)
-            if saved_user is not None or attempt.stateful:
-                fresh, dropped = user_state.restore(attempt.stateful, saved_user or {})
-                if fresh or dropped:
-                    attempt.warn(
-                        f"resume.allow_user_state_change: state {candidate.name} did not save Task.stateful "
-                        f"{fresh or 'none'} (they start from the task's own state) and saved {dropped or 'none'} "
-                        "that this task lacks (dropped)"
-                    )
+            for part in rank_parts.PARTS:
+                warning = part.apply(prepared.get(part.layout.name), live, candidate.name)
+                if warning:
+                    attempt.warn(warning)
         except Exception as e:  # noqa: BLE001 - as above: refused, and every rank agrees on it
             error = _load_refusal(e)
         refusal = _first_refusal(error)
@@ -345,7 +330,8 @@ def _fetch_and_load(attempt: Attempt, candidate: Candidate, engine: DeepSpeedEng
         return Loaded(), refusal
     _apply_live_hyperparameters(attempt, engine, state)
     assert fetched is not None
-    return Loaded(fetched.rng_state, fetched.stream_state, "memory" if fetched.mapped else "storage"), None
+    parts = fetched.parts
+    return Loaded(parts.get(RNG.name), parts.get(STREAM.name), "memory" if fetched.mapped else "storage"), None
 
 
 def _classified(candidate: Candidate) -> TrainState:
@@ -353,14 +339,6 @@ def _classified(candidate: Candidate) -> TrainState:
     state = candidate.parse().state
     assert state is not None, "a chosen state was classified resumable"
     return state
-
-
-def _buffers_source(attempt: Attempt, state: TrainState) -> int | None:
-    """The saved rank whose module buffers this rank applies, or None for a state without per-rank
-    buffers (every rank then keeps those of DeepSpeed's module file)."""
-    if not state.per_rank_buffers:
-        return None
-    return buffers.source_rank(attempt.rank, state.world_size)
 
 
 def _own_shard(attempt: Attempt, state: TrainState, engine: DeepSpeedEngine) -> int | None:

@@ -21,14 +21,12 @@ import torch.distributed as dist
 
 from syncpoint.policies.contracts.errors import LeaseLostError, TaskError
 from syncpoint.policies.contracts.journal import StateCommitted
-from syncpoint.policies.contracts.state_format import STATES_DIR, TrainState, stream_file, user_file
+from syncpoint.policies.contracts.state_format import STATES_DIR, TrainState
 from syncpoint.policies.decisions.retention import plan_retention
 from syncpoint.policies.decisions.save_triggers import PendingSave
-from syncpoint.workers.data.stream_state import StreamStateError
 from syncpoint.workers.observation.progress import ProgressLog
-from syncpoint.workers.state import user_state
 from syncpoint.workers.state.discovery import discover
-from syncpoint.workers.state.user_state import UserStateError
+from syncpoint.workers.state.rank_parts import LiveRank, capture_all
 from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.boundary_vote import BoundaryVote
@@ -120,34 +118,31 @@ class SaveCoordinator:
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
-        files = self._rank_files()
+        files = self._rank_files(trainer)
         if self.use_async and not last:
             self.writer.save_in_background(trainer, rank_files=files)
             self.reasons_in_flight = reasons
         else:
             self._record(self.writer.save(trainer, rank_files=files), reasons)
 
-    def _rank_files(self) -> dict[str, bytes]:
-        """This rank's stream position (a stream dataset's) and ``Task.stateful`` objects, as their
-        files' bytes, before anything of the state is written. A value a file cannot hold
-        (``StreamStateError`` / ``UserStateError``, naming it) fails every rank here, at the first
-        save, with the first rank's message: one gather, so none is left waiting in a collective."""
+    def _rank_files(self, trainer: TrainState) -> dict[str, bytes]:
+        """This rank's file of every per-rank part this save carries (``rank_parts``: its RNG, module
+        buffers, ``Task.stateful`` objects, a stream's position), captured at the boundary before
+        anything of the state is written. A value a file cannot hold (a ``TaskError`` naming it: a
+        stream's or a ``Task.stateful`` object's) fails every rank here, at the first save, with the
+        first rank's message: one gather, so none is left waiting in a collective."""
         files: dict[str, bytes] = {}
         problem: TaskError | None = None
+        live = LiveRank(self.attempt.rank, self.engine.module, self.attempt.stateful, self.stream_state)
         try:
-            if self.stream_state is not None:
-                files[stream_file(self.attempt.rank)] = self.stream_state()
-            mine = user_state.capture(self.attempt.stateful)
-            if mine is not None:
-                files[user_file(self.attempt.rank)] = mine
-        except (StreamStateError, UserStateError) as e:
+            files = capture_all(live, trainer)
+        except TaskError as e:
             problem = e
         problems: list[tuple[str, str] | None] = [None] * self.attempt.world_size
         dist.all_gather_object(problems, None if problem is None else (type(problem).__name__, str(problem)))
         first = next(((r, p) for r, p in enumerate(problems) if p), None)
         if first is not None:
-            kind = UserStateError if first[1][0] == UserStateError.__name__ else StreamStateError
-            raise kind(f"rank {first[0]}: {first[1][1]}")
+            raise _task_error_named(first[1][0])(f"rank {first[0]}: {first[1][1]}")
         return files
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
@@ -199,3 +194,13 @@ def retain(attempt: Attempt, keep: str | None) -> None:
             attempt.faults.at_phase("during_retention")
     for line in plan.reported:
         print(f"[syncpoint] retention kept unsafe state {line}", file=sys.stderr, flush=True)
+
+
+def _task_error_named(name: str) -> type[TaskError]:
+    """The ``TaskError`` subclass another rank raised, by its name (a gather carries names, not classes)."""
+    kinds, seen = [TaskError], {}
+    while kinds:
+        kind = kinds.pop()
+        seen[kind.__name__] = kind
+        kinds += kind.__subclasses__()
+    return seen.get(name, TaskError)

@@ -2,7 +2,7 @@
 
 ``StateWriter`` is bound once per attempt to the engine, the run's storage, rank 0's lease, the
 signing key, the checksum algorithm and the fault injector; each save passes only what changes
-(``trainer.json``'s record and this rank's stream position). Its phase order is in its docstring.
+(``trainer.json``'s record and this rank's per-rank parts' files). Its phase order is in its docstring.
 Anything without a manifest is torn and selection rejects it: a crash at any phase before the
 manifest's commit leaves a state nobody resumes from.
 """
@@ -33,9 +33,7 @@ from syncpoint.policies.contracts.state_format import (
     Manifest,
     ManifestEntry,
     TrainState,
-    buffers_file,
     json_bytes,
-    rng_file,
     state_name,
 )
 from syncpoint.policies.decisions.retention import is_state_name
@@ -46,7 +44,6 @@ from syncpoint.workers.state.memory_copy import MemoryCopy
 from syncpoint.workers.storage import RunStorage, nofollow
 from syncpoint.workers.storage.lease import RunLease
 from syncpoint.workers.supervision.faults import Faults
-from syncpoint.workers.training import buffers, rng
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -70,7 +67,6 @@ class Snapshot:
 
     name: str
     staging: str
-    rng_bytes: bytes
     trainer: TrainState  # trainer.json (``json_bytes(trainer.record())`` is what rank 0 writes)
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
@@ -83,10 +79,8 @@ class Snapshot:
     signing_key: bytes | None = field(
         default=None, repr=False
     )  # rank 0 signs the manifest (syncpoint.workers.integrity.signing)
-    # this rank's module buffers (syncpoint.workers.training.buffers)
-    buffers_bytes: bytes | None = field(default=None, repr=False)
-    # this rank's small files captured at the boundary, by path in the state: its stream position
-    # (syncpoint.workers.data.stream_state) and its Task.stateful objects (syncpoint.workers.state.user_state)
+    # this rank's file of every per-rank part the save carries, captured at the boundary, by path in
+    # the state (syncpoint.workers.state.rank_parts: RNG, buffers, Task.stateful objects, stream position)
     rank_files: dict[str, bytes] = field(default_factory=dict, repr=False)
     memory: MemoryCopy | None = field(default=None, repr=False)  # this node's copy (memory_copy), written alongside
 
@@ -122,8 +116,8 @@ def take_snapshot(
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
     asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
     (serialized later by :func:`upload_snapshot`); elastic ZeRO-1/2 runs add the gathered
-    optimizer state (into local staging). ``rank_files``: this rank's small files captured at the
-    same boundary (its stream position, its ``Task.stateful`` objects), by path in the state."""
+    optimizer state (into local staging). ``rank_files``: this rank's file of every per-rank part,
+    captured at the same boundary (``syncpoint.workers.state.rank_parts.capture_all``), by path in the state."""
     t0 = time.perf_counter()
     faults.save_started()
     faults.at_phase("before_shards")
@@ -148,17 +142,13 @@ def take_snapshot(
             ce.arena.release()  # nothing will be written from it
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    # the record says whether the state carries per-rank buffers (``required_files`` then needs them)
-    mine = buffers.capture(engine.module) if trainer.per_rank_buffers else None
     snap = Snapshot(
         name,
         staging,
-        rng.capture(),
         trainer,
         t0,
         algo=algo,
         signing_key=signing_key,
-        buffers_bytes=mine,
         rank_files=dict(rank_files or {}),
         memory=memory,
     )
@@ -230,7 +220,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     """Make this rank's files durable in storage (safe to run in a background thread): an async
     save's copied shards are serialized straight into storage (checksummed on the way; then the
     arena is free for the next save), what is in staging is copied (no second read when its
-    checksum is known), then the RNG and buffers files."""
+    checksum is known), then this rank's per-rank parts' files."""
     mine: dict[str, ManifestEntry] = dict(snap.files)
     try:
         if snap.arena_of is not None:
@@ -255,11 +245,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
                 mine[rel] = entry(size, snap.algo, digest)
     finally:
         shutil.rmtree(snap.staging, ignore_errors=True)
-    small = {rng_file(rank): snap.rng_bytes}
-    if snap.buffers_bytes is not None:
-        small[buffers_file(rank)] = snap.buffers_bytes
-    small.update(snap.rank_files)
-    for rel, data in small.items():
+    for rel, data in snap.rank_files.items():
         storage.write_bytes(data, STATES_DIR, snap.name, rel)
         _copy_to_memory(snap.memory, snap.name, rel, data)
         mine[rel] = entry(len(data), snap.algo, checksum_bytes(data, snap.algo))
@@ -384,7 +370,7 @@ class StateWriter:
        staging. A crash leaves some shard files and no manifest: torn, never selected; retention
        deletes it once a newer state commits (unless ``keep_last: 0`` keeps everything).
     3. **Upload** (a background thread for an asynchronous save): the arena's shards serialized
-       into storage, staged files copied, then this rank's RNG, buffers and stream files; fault
+       into storage, staged files copied, then this rank's per-rank parts' files; fault
        ``after_some_shards`` after them. A crash leaves files without a manifest: torn.
     4. **Gather** of every rank's file list with sizes and checksums: the barrier that proves
        every rank's files are durable.
