@@ -420,30 +420,12 @@ class Controller:
                 return None
             time.sleep(self.POLL_S)
 
-    def _strike(self, entry: Interruption, thread: threading.Thread) -> bool:
-        if entry.kind == CRASH_THEN_NODE:
-            crash = entry.faults[0].fault_id
-            fired = self._wait(
-                f"interruption {entry.index}'s crash at micro-step {entry.point}", thread, lambda j: _fired(j, crash)
-            )
-            if fired is None:
-                return False
-            crashed_in = fired.attempt
-            started = self._wait(
-                f"the attempt after interruption {entry.index}'s crash",
-                thread,
-                lambda j: next((a for a in j.attempts if a.attempt > crashed_in), None),
-            )
-            if started is None:
-                return False
-            # the hold stops this attempt one step after the crash point; the next attempt must not hold
-            self.storage.write_json(
-                {"fault": entry.hold.fault_id, "where": "done by the storm drill", "time": time.time()},
-                "faults",
-                entry.hold.fault_id + ".fired",
-            )
-            attempt: AttemptStarted | None = started
-        else:
+    def _attempt_struck(self, entry: Interruption, thread: threading.Thread) -> AttemptStarted | None:
+        """The attempt whose node this interruption removes, once its point is reached (None: the run
+        ended first, or the wait's bound: a problem is recorded). ``crash+node``: the attempt after
+        the crash's, released from its hold (the hold stops it one step after the crash point; the
+        next attempt must not hold)."""
+        if entry.kind != CRASH_THEN_NODE:
             hold = entry.hold.fault_id
             fired = self._wait(
                 f"interruption {entry.index} ({entry.kind}) at micro-step {entry.point}",
@@ -451,10 +433,34 @@ class Controller:
                 lambda j: _fired(j, hold),
             )
             if fired is None:
-                return False
+                return None
             attempt = next((a for a in self.log.journal().attempts if a.attempt == fired.attempt), None)
+            if attempt is None:
+                self.problems.append(f"interruption {entry.index}: its attempt has no attempt_started event")
+            return attempt
+        crash = entry.faults[0].fault_id
+        fired = self._wait(
+            f"interruption {entry.index}'s crash at micro-step {entry.point}", thread, lambda j: _fired(j, crash)
+        )
+        if fired is None:
+            return None
+        crashed_in = fired.attempt
+        started = self._wait(
+            f"the attempt after interruption {entry.index}'s crash",
+            thread,
+            lambda j: next((a for a in j.attempts if a.attempt > crashed_in), None),
+        )
+        if started is not None:
+            self.storage.write_json(
+                {"fault": entry.hold.fault_id, "where": "done by the storm drill", "time": time.time()},
+                "faults",
+                entry.hold.fault_id + ".fired",
+            )
+        return started
+
+    def _strike(self, entry: Interruption, thread: threading.Thread) -> bool:
+        attempt = self._attempt_struck(entry, thread)
         if attempt is None:
-            self.problems.append(f"interruption {entry.index}: its attempt has no attempt_started event")
             return False
         ranks = [entry.rank] + ([entry.other_rank] if entry.other_rank is not None else [])
         victims = [n for r in ranks for n in self.nodes if r < len(attempt.nodes) and n.node_id == attempt.nodes[r]]

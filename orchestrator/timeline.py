@@ -133,50 +133,62 @@ def format_goodput(g: Goodput) -> str:
 
 def _line(e: Event | UnknownEvent, t0: float) -> str | None:
     """One event's timeline line; None for the kinds the timeline leaves out (progress)."""
+    what = _what_of_attempt(e)
+    if what is None:
+        what = _what_in_attempt(e, t0)
+    return None if what is None else f"+{e.time - t0:8.2f}s  {e.kind:<17} {what}"
+
+
+def _what_of_attempt(e: Event | UnknownEvent) -> str | None:
+    """What starts, chooses, saves or ends an attempt."""
     match e:
         case Submitted():
-            what = f"{e.name} to {e.address}"
+            return f"{e.name} to {e.address}"
         case AttemptStarted():
-            what = (
+            return (
                 f"attempt {e.attempt} on {e.world_size} worker(s), "
                 f"from {e.resumed_from or 'scratch'} (micro-step {e.global_micro_step})"
             )
         case ResumeDecision():
             rejected = [f"{c.state} {c.verdict}" for c in e.candidates if c.verdict != "resumable"]
-            what = f"chose {e.chosen or 'fresh start'}: {e.reason}" + (
+            return f"chose {e.chosen or 'fresh start'}: {e.reason}" + (
                 f"; rejected: {', '.join(rejected)}" if rejected else ""
             )
         case StateCommitted():
-            what = (
+            return (
                 f"{e.state} (optimizer step {e.optimizer_step}, {e.bytes / 1e6:.2f} MB, {e.seconds:.3f}s, "
                 f"loop blocked {e.blocked_seconds:.3f}s) [{', '.join(e.reasons)}]"
             )
-        case PreemptionNotice():
-            what = f"{e.source} at micro-step {e.global_micro_step}" + (
-                f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else ""
-            )
         case Failure():
-            what = f"{e.classified} -> {e.decision}: {e.reason}" + (
+            return f"{e.classified} -> {e.decision}: {e.reason}" + (
                 " (the previous attempt's failure again, no state in between: not retried)" if e.repeated else ""
+            )
+        case Finished():
+            return f"finished at micro-step {e.global_micro_step} ({e.state})"
+    return None
+
+
+def _what_in_attempt(e: Event | UnknownEvent, t0: float) -> str | None:
+    """What happens during an attempt: notices, evaluations, interruptions, injected faults."""
+    match e:
+        case PreemptionNotice():
+            return f"{e.source} at micro-step {e.global_micro_step}" + (
+                f", deadline in {(e.deadline_ms / 1000 - e.time):.1f}s" if e.deadline_ms else ""
             )
         case Evaluated():
             shown = ", ".join(f"{k} {v:.6g}" for k, v in e.metrics.items())
-            what = f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"
+            return f"optimizer step {e.optimizer_step} (micro-step {e.global_micro_step}): {shown} ({e.seconds:.2f}s)"
         case Interrupted():
             ranks = ", ".join(f"rank {r.rank} {r.global_micro_step} at +{r.time - t0:.2f}s" for r in e.ranks)
-            what = (
+            return (
                 f"attempt {e.attempt} stopped at micro-step {e.global_micro_step} ({ranks}); "
                 f"detected {e.detected_at - e.reached_at:.2f}s after the last heartbeat"
             )
         case FaultFired():
-            what = f"rank {e.rank} {e.mode} at {e.where}"
-        case Finished():
-            what = f"finished at micro-step {e.global_micro_step} ({e.state})"
+            return f"rank {e.rank} {e.mode} at {e.where}"
         case UnknownEvent():
-            what = f"not read: {e.problem}"
-        case _:
-            return None
-    return f"+{e.time - t0:8.2f}s  {e.kind:<17} {what}"
+            return f"not read: {e.problem}"
+    return None
 
 
 @dataclass

@@ -117,15 +117,9 @@ def first_difference(state: CorpusIdentity, live: CorpusIdentity) -> str:
             return f"{key} is {have.get(key)!r} in the state's corpus, {want.get(key)!r} in this run's"
     old = {s.name: s for s in state.shards}
     for s in live.shards:
-        before = old.get(s.name)
-        if before is None:
-            return f"shard {s.name} is new (the state's corpus has no such shard)"
-        if before.rows != s.rows:
-            return f"shard {s.name} changed: {before.rows} rows in the state's corpus, {s.rows} now"
-        if before.size != s.size:
-            return f"shard {s.name} changed: {before.size} bytes in the state's corpus, {s.size} now"
-        if before.checksum != s.checksum:
-            return f"shard {s.name} changed contents (same size, xxh3_128 {before.checksum} then, {s.checksum} now)"
+        changed = _shard_change(old.get(s.name), s)
+        if changed:
+            return changed
     now = {s.name for s in live.shards}
     gone = [s.name for s in state.shards if s.name not in now]
     if gone:
@@ -135,3 +129,16 @@ def first_difference(state: CorpusIdentity, live: CorpusIdentity) -> str:
         if a.name != b.name:
             return f"the shard order differs at position {i}: {a.name} in the state's corpus, {b.name} now"
     return "the corpora differ"  # unreachable: equal fields give equal digests
+
+
+def _shard_change(before: ShardRecord | None, s: ShardRecord) -> str | None:
+    """How a live shard differs from the state's shard of its name (None: it does not)."""
+    if before is None:
+        return f"shard {s.name} is new (the state's corpus has no such shard)"
+    if before.rows != s.rows:
+        return f"shard {s.name} changed: {before.rows} rows in the state's corpus, {s.rows} now"
+    if before.size != s.size:
+        return f"shard {s.name} changed: {before.size} bytes in the state's corpus, {s.size} now"
+    if before.checksum != s.checksum:
+        return f"shard {s.name} changed contents (same size, xxh3_128 {before.checksum} then, {s.checksum} now)"
+    return None

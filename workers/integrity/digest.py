@@ -89,18 +89,9 @@ class CanonicalHash:
     def feed(self, obj: Any) -> None:
         h = self.h
         if isinstance(obj, torch.Tensor):
-            t = obj.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            raw = t.reshape(-1).view(torch.uint8)
-            h.update(raw.numpy().tobytes() if t.numel() else b"")
+            self._tensor(obj)
         elif isinstance(obj, dict):
-            h.update(b"{")
-            for k in sorted(obj, key=str):
-                if k in SKIPPED_KEYS:
-                    continue
-                h.update(repr(k).encode())
-                self.feed(obj[k])
-            h.update(b"}")
+            self._mapping(obj)
         elif isinstance(obj, (list, tuple)):
             h.update(b"[")
             for v in obj:
@@ -110,13 +101,33 @@ class CanonicalHash:
             h.update(f"E{obj.name}".encode())
         elif obj is None or isinstance(obj, (bool, int, float, str)):
             h.update(repr(obj).encode())
-        elif hasattr(obj, "__dict__"):
-            h.update(type(obj).__name__.encode())
+        else:
+            self._other(obj)
+
+    def _tensor(self, obj: torch.Tensor) -> None:
+        t = obj.detach().cpu().contiguous()
+        self.h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        raw = t.reshape(-1).view(torch.uint8)
+        self.h.update(raw.numpy().tobytes() if t.numel() else b"")
+
+    def _mapping(self, obj: dict[Any, Any]) -> None:
+        self.h.update(b"{")
+        for k in sorted(obj, key=str):
+            if k in SKIPPED_KEYS:
+                continue
+            self.h.update(repr(k).encode())
+            self.feed(obj[k])
+        self.h.update(b"}")
+
+    def _other(self, obj: object) -> None:
+        """An object DeepSpeed's files hold (a namespace, a named tuple): by its fields, else its repr."""
+        if hasattr(obj, "__dict__"):
+            self.h.update(type(obj).__name__.encode())
             self.feed(vars(obj))
         elif hasattr(obj, "_asdict"):
             self.feed(obj._asdict())
         else:
-            h.update(repr(obj).encode())
+            self.h.update(repr(obj).encode())
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +102,23 @@ def model_bytes_bound(module: torch.nn.Module) -> int:
     return sum(8 * int(t.numel()) + 1024 for t in tensors)
 
 
+def _weight_files(storage: RunStorage, files: Mapping[str, int], h: hashlib._Hash, shown: str, field: str) -> list[str]:
+    """The directory's weight files: the one file, or those its index names (the index hashed into
+    ``h``); ``ResumeRefused`` saying how to save safetensors when there are none (pickled ones named)."""
+    if WEIGHTS_FILE in files:
+        return [WEIGHTS_FILE]
+    if WEIGHTS_INDEX in files:
+        index_bytes = storage.read_bytes(WEIGHTS_INDEX, limit=MAX_CONFIG_BYTES)
+        h.update(index_bytes)
+        return _index_shards(index_bytes, shown, field)
+    pickled = [n for n in PICKLED_WEIGHTS if n in files]
+    raise ResumeRefused(
+        f"{field}: {shown} has no {WEIGHTS_FILE}"
+        + (f" ({pickled[0]} is pickled, which syncpoint never loads)" if pickled else "")
+        + ": save it with save_pretrained(..., safe_serialization=True), or convert it to safetensors"
+    )
+
+
 def read_pretrained(
     storage: RunStorage, max_bytes: int | None = None, *, field: str = "resume.init_from", config: bool = True
 ) -> Pretrained:
@@ -120,19 +137,7 @@ def read_pretrained(
     h = hashlib.sha256()
     if config:
         h.update(storage.read_bytes(CONFIG_FILE, limit=MAX_CONFIG_BYTES))
-    if WEIGHTS_FILE in listing.files:
-        shards = [WEIGHTS_FILE]
-    elif WEIGHTS_INDEX in listing.files:
-        index_bytes = storage.read_bytes(WEIGHTS_INDEX, limit=MAX_CONFIG_BYTES)
-        h.update(index_bytes)
-        shards = _index_shards(index_bytes, shown, field)
-    else:
-        pickled = [n for n in PICKLED_WEIGHTS if n in listing.files]
-        raise ResumeRefused(
-            f"{field}: {shown} has no {WEIGHTS_FILE}"
-            + (f" ({pickled[0]} is pickled, which syncpoint never loads)" if pickled else "")
-            + ": save it with save_pretrained(..., safe_serialization=True), or convert it to safetensors"
-        )
+    shards = _weight_files(storage, listing.files, h, shown, field)
     if max_bytes is not None:
         listed = sum(listing.files.get(rel, 0) for rel in shards)
         bound = max_bytes + len(shards) * (8 + (64 << 10))  # each shard: its header's length and metadata

@@ -36,6 +36,8 @@ from syncpoint.workers.training.position import RunLength, TrainingPosition
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
+    from syncpoint.policies.decisions.candidates import Candidate
+
 
 def already_finished(attempt: Attempt, state: str | None, at: TrainingPosition, run_length: RunLength) -> bool:
     """A state at or past the run's end finishes at once (export and finish only), whatever unit
@@ -152,6 +154,25 @@ def _take_pretrained(attempt: Attempt, pretrained: PretrainedInit) -> None:
     )
 
 
+def _committed_and_trusted(candidate: Candidate, recorded: InitFromResolved | None, where: str, shown: str) -> str:
+    """The source state's manifest sha256, once it is committed and trusted (``ResumeRefused`` saying
+    which it is not, and when this run took it before, that it is gone)."""
+    if candidate.manifest is None:
+        if recorded is not None:
+            raise ResumeRefused(
+                f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, is gone "
+                "(no manifest.json). Restore it, or start the fine-tune again as a new run (another name) to "
+                "take another source state"
+            )
+        raise ResumeRefused(f"resume.init_from: {shown} is not a committed state (no manifest.json)")
+    if candidate.trust_error:
+        raise ResumeRefused(
+            f"resume.init_from: {where} is untrusted: {candidate.trust_error}. "
+            "Give the source run's key with resume.init_from_signing_key_env"
+        )
+    return manifest_sha256(candidate.manifest)
+
+
 def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) -> ResumeChoice:
     """Rank 0: the source state's name and metadata, checked from metadata alone; the run's first
     resolution is recorded, a later attempt reuses it (``ResumeRefused`` when it cannot)."""
@@ -171,20 +192,7 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
             raise ResumeRefused(f"resume.init_from: {shown} holds no committed{' and trusted' if key else ''} state")
     candidate = read_candidate(source, name, key)
     where = f"{redact_url(source.url)}/states/{name}"
-    if candidate.manifest is None:
-        if recorded is not None:
-            raise ResumeRefused(
-                f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, is gone "
-                "(no manifest.json). Restore it, or start the fine-tune again as a new run (another name) to "
-                "take another source state"
-            )
-        raise ResumeRefused(f"resume.init_from: {shown} is not a committed state (no manifest.json)")
-    if candidate.trust_error:
-        raise ResumeRefused(
-            f"resume.init_from: {where} is untrusted: {candidate.trust_error}. "
-            "Give the source run's key with resume.init_from_signing_key_env"
-        )
-    digest = manifest_sha256(candidate.manifest)
+    digest = _committed_and_trusted(candidate, recorded, where, shown)
     if recorded is not None and digest != recorded.manifest_sha256:
         raise ResumeRefused(
             f"resume.init_from: {where}, the source state this run took at attempt {recorded.attempt}, changed since "

@@ -31,6 +31,8 @@ from syncpoint.workers.training import rng
 from syncpoint.workers.training.device import backend, prepare_process
 
 if TYPE_CHECKING:  # the loop imports DeepSpeed: a launcher imports it when it runs one
+    from multiprocessing.process import BaseProcess
+
     from syncpoint.workers.training.worker_context import WorkerResult
 
 
@@ -87,6 +89,19 @@ def _rank_context(spec: JobSpec, hash_seed: str, *, supervisors_only: bool) -> A
     if supervisors_only and not fork_server_running(hash_seed):
         return mp.get_context("spawn")
     return _context(_start_method(spec), hash_seed)
+
+
+def _wait_for_ranks(procs: list[BaseProcess], timeout: float) -> None:
+    """Until every rank ended, 3 s after the first failed one (the others then are torn down, as a
+    real launcher tears down the group), or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    first_fail = None
+    while any(p.is_alive() for p in procs):
+        if first_fail is None and any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
+            first_fail = time.monotonic()
+        if (first_fail and time.monotonic() - first_fail > 3) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def run_spawned(
@@ -150,17 +165,7 @@ def run_spawned(
         ):  # a spawned rank's interpreter (or a restarted fork server) starts with it
             for p in procs:
                 p.start()
-        deadline = time.monotonic() + timeout
-        first_fail = None
-        while any(p.is_alive() for p in procs):
-            for p in procs:
-                if not p.is_alive() and p.exitcode not in (0, None) and first_fail is None:
-                    first_fail = time.monotonic()
-            if first_fail and time.monotonic() - first_fail > 3:
-                break
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        _wait_for_ranks(procs, timeout)
     finally:
         for p in procs:
             if p.is_alive():

@@ -165,14 +165,32 @@ def _is_entropy(obj: Any) -> bool:
 
 
 def _children(path: str, obj: Any, walk: Walk) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, (Mapping, list, tuple, deque)):
+        yield from _container_children(path, obj)
+    elif isinstance(
+        obj, (functools.partial, types.MethodType, types.BuiltinMethodType, staticmethod, classmethod, property)
+    ):
+        yield from _callable_children(path, obj)
+    elif isinstance(obj, types.FunctionType):
+        yield from _function_children(path, obj, walk)
+    else:
+        yield from _instance_children(path, obj)
+
+
+def _container_children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
+    """A mapping's values and a sequence's items, unless it is larger than the walk looks into."""
+    if len(obj) > MAX_CONTAINER:
+        return
     if isinstance(obj, Mapping):
-        if len(obj) <= MAX_CONTAINER:
-            for i, (k, v) in enumerate(obj.items()):
-                yield (f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[#{i}]"), v
-    elif isinstance(obj, (list, tuple, deque)):
-        if len(obj) <= MAX_CONTAINER:
-            yield from ((f"{path}[{i}]", v) for i, v in enumerate(obj))
-    elif isinstance(obj, functools.partial):
+        for i, (k, v) in enumerate(obj.items()):
+            yield (f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[#{i}]"), v
+    else:
+        yield from ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+
+
+def _callable_children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
+    """What a partial, a bound method, a static or class method or a property calls or holds."""
+    if isinstance(obj, functools.partial):
         yield f"{path}.func", obj.func
         yield from ((f"{path}.args[{i}]", v) for i, v in enumerate(obj.args))
         yield from ((f"{path}.keywords[{k!r}]", v) for k, v in obj.keywords.items())
@@ -180,14 +198,10 @@ def _children(path: str, obj: Any, walk: Walk) -> Iterator[tuple[str, Any]]:
         yield f"{path}.__self__", obj.__self__
         if isinstance(obj, types.MethodType):
             yield f"{path}.__func__", obj.__func__
-    elif isinstance(obj, types.FunctionType):
-        yield from _function_children(path, obj, walk)
     elif isinstance(obj, (staticmethod, classmethod)):
         yield f"{path}.__func__", obj.__func__
-    elif isinstance(obj, property):
-        yield from ((f"{path}.{n}", f) for n in ("fget", "fset") if (f := getattr(obj, n)) is not None)
     else:
-        yield from _instance_children(path, obj)
+        yield from ((f"{path}.{n}", f) for n in ("fget", "fset") if (f := getattr(obj, n)) is not None)
 
 
 def _function_children(path: str, fn: types.FunctionType, walk: Walk) -> Iterator[tuple[str, Any]]:
@@ -225,14 +239,7 @@ def _names(code: types.CodeType) -> list[str]:
 def _instance_children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
     attrs = getattr(obj, "__dict__", None)
     if isinstance(attrs, dict):
-        module = isinstance(obj, torch.nn.Module)
-        for k, v in attrs.items():
-            if module and k in _MODULE_INTERNALS:
-                continue
-            if module and k == "_modules":
-                yield from ((f"{path}.{n}", m) for n, m in v.items())
-                continue
-            yield f"{path}.{k}", v
+        yield from _attribute_children(path, attrs, isinstance(obj, torch.nn.Module))
     for cls in type(obj).__mro__:
         for slot in _slots(cls):
             if hasattr(obj, slot):
@@ -243,6 +250,17 @@ def _instance_children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
         for k, v in vars(cls).items():
             if not k.startswith("__") or k in ("__getitem__", "__getitems__", "__call__", "__iter__"):
                 yield f"{path}.<class {cls.__name__}>.{k}", v
+
+
+def _attribute_children(path: str, attrs: dict[str, Any], module: bool) -> Iterator[tuple[str, Any]]:
+    """An instance's attributes; a torch module's submodules by name, without its internals."""
+    for k, v in attrs.items():
+        if module and k in _MODULE_INTERNALS:
+            continue
+        if module and k == "_modules":
+            yield from ((f"{path}.{n}", m) for n, m in v.items())
+            continue
+        yield f"{path}.{k}", v
 
 
 def _slots(cls: type) -> tuple[str, ...]:
