@@ -17,7 +17,7 @@ from typing import Any
 
 from syncpoint.policies.decisions.grace_window import Notice, notice_deadline
 
-RayNotice = Callable[[], Notice | None]
+RayNotice = Callable[[], "Notice | None"]
 
 # A notice's source when the driver itself was signalled (``syncpoint run`` got SIGINT, SIGTERM or
 # SIGHUP: ``syncpoint.orchestrator.driver_signals``): every rank saves at the next boundary and the job
