@@ -10,8 +10,10 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import UsageError
 from syncpoint.policies.decisions.redact import redact_url
 
@@ -58,7 +60,7 @@ def cmd_states(args: argparse.Namespace) -> int:
     policy = make_policy_for_cli(args.policy, policy_args_of(args.policy_args))
     try:
         decision = enforce_safe(policy.choose(cands, {}), cands)
-        choice: dict[str, Any] = {"state": decision.state, "reason": decision.reason}
+        choice: Choice = {"state": decision.state, "reason": decision.reason}
     except NoResumableState as e:
         choice = {"state": None, "error": str(e).splitlines()[0]}
     if args.json:
@@ -94,7 +96,15 @@ def cmd_states(args: argparse.Namespace) -> int:
     return 0
 
 
-def policy_args_of(text: str | None) -> dict[str, Any]:
+class Choice(TypedDict, total=False):
+    """What ``syncpoint states`` says the policy chose: a state and why, or no state and the error."""
+
+    state: str | None
+    reason: str
+    error: str
+
+
+def policy_args_of(text: str | None) -> JSONObject:
     """``--policy-args``: a JSON object of keyword arguments, small and shallow (exit 2 otherwise)."""
     from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
 
@@ -114,7 +124,7 @@ def policy_args_of(text: str | None) -> dict[str, Any]:
     return value
 
 
-def make_policy_for_cli(name: str, policy_args: dict[str, Any]) -> Any:
+def make_policy_for_cli(name: str, policy_args: Mapping[str, object]) -> Any:
     """The policy ``syncpoint states`` asks: a built-in, or the class a custom import path names
     (checked to be a policy class before it is instantiated: ``os:system`` is refused, never called)."""
     from syncpoint.policies.contracts.import_path import load_class

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from syncpoint.policies.decisions.grace_window import Notice
 from syncpoint.workers.supervision.preemption import DRIVER
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -191,24 +192,24 @@ class StopWatch:
     until it says stop; ``notice()`` is then the driver's notice (else None), read without a call.
     ``ask``: how one question is asked (default: the board's ``driver_stop``, through Ray)."""
 
-    def __init__(self, board: Any, ask: Callable[[], dict[str, Any] | None] | None = None) -> None:
+    def __init__(self, board: Any, ask: Callable[[], Notice | None] | None = None) -> None:
         self.board = board
         self.ask = ask or self._ask_ray
-        self._notice: dict[str, Any] | None = None
+        self._notice: Notice | None = None
         self._closed = threading.Event()
         if board is not None:
             threading.Thread(target=self._poll, name="syncpoint-driver-stop", daemon=True).start()
 
-    def notice(self) -> dict[str, Any] | None:
+    def notice(self) -> Notice | None:
         return self._notice
 
     def close(self) -> None:
         self._closed.set()
 
-    def _ask_ray(self) -> dict[str, Any] | None:
+    def _ask_ray(self) -> Notice | None:
         import ray
 
-        answer: dict[str, Any] | None = ray.get(self.board.driver_stop.remote(), timeout=ASK_TIMEOUT_S)
+        answer: Notice | None = ray.get(self.board.driver_stop.remote(), timeout=ASK_TIMEOUT_S)
         return answer
 
     def _poll(self) -> None:

@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.grace_window import Notice
 
 
-def notice_record(info: Any) -> dict[str, Any] | None:
+def notice_record(info: Any) -> Notice | None:
     """Ray's ``PreemptionInfo`` (or None) in the loop's notice format."""
     if info is None:
         return None
@@ -28,7 +29,7 @@ def notice_record(info: Any) -> dict[str, Any] | None:
     }
 
 
-def local_preemption_notice() -> dict[str, Any] | None:
+def local_preemption_notice() -> Notice | None:
     """This worker's copy of Ray's preemption info (the PreemptionWatcher fans it out to every
     worker), in the loop's notice format."""
     from syncpoint.orchestrator.ray_internals import train_context
@@ -63,7 +64,7 @@ def supervise_on_ray(spec: JobSpec, config: dict[str, Any], launched_at: float) 
 
     driver = StopWatch(board)
 
-    def notice() -> dict[str, Any] | None:  # the driver's own signal stops the job; a drain's node goes
+    def notice() -> Notice | None:  # the driver's own signal stops the job; a drain's node goes
         return driver.notice() or local_preemption_notice()
 
     def before(journal: Any) -> None:  # the measured interruption point, as Ray's failure policy writes it

@@ -24,6 +24,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.grace_window import Notice
 from syncpoint.policies.decisions.redact import redact_text
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class LocalBoard:
         self.path = os.path.join(directory, STOP_FILE)
         self.stop = self  # ``board.stop.remote(...)``, the heartbeat board's spelling
 
-    def remote(self, notice: dict[str, Any]) -> None:
+    def remote(self, notice: Notice) -> None:
         fd = os.open(self.path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, str(notice.get("signal", "SIGTERM")).encode("ascii"))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from syncpoint.orchestrator.failure_report import failure_report
 from syncpoint.orchestrator.quiet import quiet_driver, quiet_driver_start, quiet_worker
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.decisions.grace_window import Notice
 from syncpoint.policies.decisions.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     driver = StopWatch(config.get("heartbeat"))
 
-    def notice() -> dict[str, Any] | None:
+    def notice() -> Notice | None:
         drain = notice_record(ray.train.get_preemption_info())  # a collective: every rank, every boundary
         return driver.notice() or drain  # the driver's own signal stops the job; a drain's node goes
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, cast
 
 from syncpoint.orchestrator.timeline import badput_lines, goodput_headline, restarts
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.journal import AttemptStarted, Journal
 from syncpoint.policies.decisions.goodput import Goodput, current_run, goodput
 from syncpoint.policies.decisions.redact import redact_url
@@ -32,6 +33,44 @@ RUNNING, STOPPED, FINISHED, FAILED = "running", "stopped", "finished", "failed"
 _SHOWN_PROBLEMS = 5
 
 
+class LeaseView(TypedDict):
+    """``lease.json`` as read: submission, generation, held now, and why not (age and TTL when well formed)."""
+
+    submission: str | None
+    generation: int | None
+    held: bool
+    why: str
+    age_s: NotRequired[float]
+    ttl_s: NotRequired[float]
+
+
+class NewestState(TypedDict):
+    """The state a resume would choose now (metadata only)."""
+
+    state: str
+    micro_step: int | None
+    optimizer_step: int | None
+    reason: str
+
+
+class Interruption(TypedDict):
+    """The last interruption and its cost: the work a resume computes again, or a restart's whole cost."""
+
+    attempt: int
+    cause: str
+    reason: str
+    at: NotRequired[float]  # stopped or failed: when it was last seen computing
+    micro_step: int
+    measured: bool
+    lost_micro_steps: int
+    resumed: bool
+    resumed_from: NotRequired[str | None]  # the rest: a restart's
+    wasted_progress_s: NotRequired[float]
+    recovery_s: NotRequired[float]
+    startup_s: NotRequired[float]
+    cost_s: NotRequired[float]
+
+
 @dataclass
 class RunStatus:
     """A run's state now and what it amounts to (``--json`` prints it as is, goodput expanded)."""
@@ -40,10 +79,10 @@ class RunStatus:
     state: str  # running, stopped, finished, failed
     detail: str  # one sentence: why this state (the attempt, the failure, the notice, the dead holder)
     attempt: int | None  # running: the attempt training now; else the newest logged attempt
-    lease: dict[str, Any] | None  # lease.json as read: submission, generation, held now, and why not
-    newest_resumable: dict[str, Any] | None  # the state a resume would choose now (metadata only)
+    lease: LeaseView | None
+    newest_resumable: NewestState | None
     goodput: Goodput | None
-    last_interruption: dict[str, Any] | None
+    last_interruption: Interruption | None
     as_of: float | None  # the newest event's time: the goodput is "so far" up to it
     problems: list[str] = field(default_factory=list)  # what was refused or not read, with why
 
@@ -95,7 +134,7 @@ class NotARun(Exception):
 # ---------------------------------------------------------------------------- the parts
 
 
-def _lease(storage: RunStorage, problems: list[str]) -> dict[str, Any] | None:
+def _lease(storage: RunStorage, problems: list[str]) -> LeaseView | None:
     """``lease.json`` as read (bounded, never through a link), and whether its holder holds it now:
     not released, not provably dead, and renewed within its TTL by the storage's clock (by its own
     heartbeat field where the store cannot tell an age)."""
@@ -139,7 +178,7 @@ def _lease(storage: RunStorage, problems: list[str]) -> dict[str, Any] | None:
 
 def _newest_resumable(
     storage: RunStorage, signing_key: bytes | None, problems: list[str]
-) -> tuple[dict[str, Any] | None, bool]:
+) -> tuple[NewestState | None, bool]:
     """What ``syncpoint states``' default policy would resume now, from the manifests alone; and
     whether the run has states at all."""
     from syncpoint.policies.contracts.errors import NoResumableState, RunDirectoryRefused
@@ -166,17 +205,16 @@ def _newest_resumable(
     if chosen is None:
         return None, True
     state = chosen.parse().state
-    return {
+    newest: NewestState = {
         "state": chosen.name,
         "micro_step": chosen.micro_step,
         "optimizer_step": state.optimizer_step if state is not None else None,
         "reason": decision.reason,
-    }, True
+    }
+    return newest, True
 
 
-def _state(
-    journal: Journal, lease: dict[str, Any] | None, newest: dict[str, Any] | None
-) -> tuple[str, str, int | None]:
+def _state(journal: Journal, lease: LeaseView | None, newest: NewestState | None) -> tuple[str, str, int | None]:
     """(state, why, attempt) from the lease (held now: running) and the newest submission's journal."""
     run = current_run(journal)
     last = run.last_attempt
@@ -210,7 +248,7 @@ def _state(
     return STOPPED, f"{_why_stopped(run, last, lease)}; {resumable}", number
 
 
-def _restarting(decision: str, failed_at: float, lease: dict[str, Any] | None) -> bool:
+def _restarting(decision: str, failed_at: float, lease: LeaseView | None) -> bool:
     """A retried failure whose next attempt has not started yet: a restart under way while the
     lease, not released by its submission, is younger than its TTL since the failure (the new worker
     group takes it over within that); after that, nobody is retrying."""
@@ -219,7 +257,7 @@ def _restarting(decision: str, failed_at: float, lease: dict[str, Any] | None) -
     return time.time() - failed_at < float(lease.get("ttl_s") or 0.0)
 
 
-def _why_stopped(run: Journal, last: AttemptStarted | None, lease: dict[str, Any] | None) -> str:
+def _why_stopped(run: Journal, last: AttemptStarted | None, lease: LeaseView | None) -> str:
     if last is None:
         return "no attempt started"
     notice = run.notice_in(last.attempt)
@@ -234,8 +272,8 @@ def _why_stopped(run: Journal, last: AttemptStarted | None, lease: dict[str, Any
 
 
 def _last_interruption(
-    journal: Journal, state: str, newest: dict[str, Any] | None, g: Goodput | None
-) -> dict[str, Any] | None:
+    journal: Journal, state: str, newest: NewestState | None, g: Goodput | None
+) -> Interruption | None:
     """The newest submission's last interruption and what it cost: an attempt stopped with no
     successor yet (stopped, failed: the work a resume computes again), else its last restart."""
     run = current_run(journal)
@@ -246,7 +284,7 @@ def _last_interruption(
         step, seen, measured = run.reached(last)
         failure = run.failure_between(last.time, float("inf"))
         notice = run.notice_in(last.attempt)
-        resumed_at = newest["micro_step"] if newest else 0
+        resumed_at = cast(int, newest["micro_step"]) if newest else 0  # a chosen state's step is known
         return {
             "attempt": last.attempt,
             "cause": failure.classified if failure else "stop notice" if notice else "no failure recorded",
@@ -285,7 +323,7 @@ def _short(text: str, limit: int = 300) -> str:
 # ---------------------------------------------------------------------------- output
 
 
-def status_json(s: RunStatus) -> dict[str, Any]:
+def status_json(s: RunStatus) -> JSONObject:
     """The status as plain JSON (``syncpoint status --json``): goodput with its badput by cause."""
     out = asdict(s)
     g = s.goodput
@@ -331,7 +369,7 @@ def format_status(s: RunStatus) -> str:
     return "\n".join(lines)
 
 
-def _interruption_line(i: dict[str, Any]) -> str:
+def _interruption_line(i: Interruption) -> str:
     why = f"{i['cause']}" + (f": {_short(i['reason'], 160)}" if i["reason"] else "")
     steps = f"{i['lost_micro_steps']} micro-step{'s' if i['lost_micro_steps'] != 1 else ''}"
     if not i["resumed"]:

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from typing import Any
+from typing import Any, TypeAlias
+
+# JSON as parsed or about to be written, for documents syncpoint passes through without a fixed
+# shape (an event's record, a spec's free-form ``config``); a record whose keys are fixed has its own type.
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 MAX_INT_DIGITS = 20  # 2**64 has 20 digits: every counter, size and seed syncpoint writes fits
 

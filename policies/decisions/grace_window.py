@@ -19,13 +19,19 @@ commit, never the notice's own state. Pure functions (no clock): the loop passes
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypeAlias
+
+# A preemption notice as it travels from its source to the loop (a pipe, a Ray actor call) and into
+# its ``PreemptionNotice`` event: ``source`` always; Ray's drain adds ``deadline_ms``, ``nodes`` and
+# ``ranks``, the driver's own ``signal``. A plain dict, not a TypedDict: the loop unpacks it into the event.
+NoticeValue: TypeAlias = "str | int | float | list[str] | list[int] | None"
+Notice: TypeAlias = "dict[str, NoticeValue]"
 
 SAFETY = 2.0  # the next step and the save after it may each take twice the longest one measured
 SLACK_S = 1.0  # and a second more: clocks, a collective, the commit's own write
 
 
-def notice_deadline(notice: dict[str, Any], *, sigterm_at: float | None, sigterm_grace_s: float | None) -> float | None:
+def notice_deadline(notice: Notice, *, sigterm_at: float | None, sigterm_grace_s: float | None) -> float | None:
     """When the node goes, in UNIX seconds, or None when the notice does not say.
 
     Ray's drain notice gives ``deadline_ms`` (UNIX milliseconds; 0 or absent: none). A SIGTERM gives

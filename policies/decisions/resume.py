@@ -11,12 +11,13 @@ mid-cycle, torn, corrupt or incompatible state. Users plug their own in with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import NoResumableState
 from syncpoint.policies.contracts.import_path import load_class
 from syncpoint.policies.decisions.candidates import Candidate, Verdict, finite_metric
@@ -39,7 +40,7 @@ class ResumePolicy(Protocol):
     anything else after it returns).
     """
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         """Pick a state, or a fresh start.
 
         Args:
@@ -72,7 +73,7 @@ class NewestResumable:
     Args: ClassVar[type[BaseModel]] = NoArgs
     starts_over: ClassVar[bool] = False
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         if not candidates:
             return Decision(None, "no states yet: fresh start")
         skipped: list[str] = []
@@ -105,7 +106,7 @@ class Pinned:
     def __init__(self, state: str | int) -> None:
         self.state = str(state)
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         for c in candidates:
             if c.name == self.state or (self.state.isdigit() and c.micro_step == int(self.state)):
                 if c.verdict is Verdict.RESUMABLE:
@@ -124,7 +125,7 @@ class Fresh:
     Args: ClassVar[type[BaseModel]] = NoArgs
     starts_over: ClassVar[bool] = True
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         return Decision(None, "policy fresh: start from scratch")
 
 
@@ -146,7 +147,7 @@ class BestMetric:
             raise ValueError("best-metric mode must be 'min' or 'max'")
         self.metric, self.mode = metric, mode
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         scored: list[tuple[float, Candidate]] = []
         skipped: list[str] = []
         for c in candidates:
@@ -182,7 +183,7 @@ class ContinueSubmission:
     def __init__(self, submission: str, start: ResumePolicy) -> None:
         self.submission, self.start = submission, start
 
-    def choose(self, candidates: Sequence[Candidate], spec: dict[str, Any]) -> Decision:
+    def choose(self, candidates: Sequence[Candidate], spec: JSONObject) -> Decision:
         for c in candidates:
             if c.verdict is Verdict.RESUMABLE and _submission_of(c) == self.submission:
                 return Decision(c.name, f"restart of this submission: the newest state it committed ({c.reason})")
@@ -211,7 +212,7 @@ def starts_over(name: str) -> bool:
     return bool(getattr(BUILTIN.get(name), "starts_over", False))
 
 
-def policy_args_problem(name: str, args: dict[str, Any], cls: type | None = None) -> str | None:
+def policy_args_problem(name: str, args: Mapping[str, object], cls: type | None = None) -> str | None:
     """What is wrong with ``args`` for the policy ``name`` (its class ``cls``, else a built-in's), by
     its ``Args`` model: one line naming the argument, or None. A policy without ``Args`` is not
     checked here (its constructor is the check)."""
@@ -231,7 +232,7 @@ def policy_args_problem(name: str, args: dict[str, Any], cls: type | None = None
     return None
 
 
-def make_policy(name: str, args: dict[str, Any] | None = None) -> ResumePolicy:
+def make_policy(name: str, args: Mapping[str, object] | None = None) -> ResumePolicy:
     """A built-in policy by name, or a custom one by import path: a class with a ``choose`` method,
     checked before it is instantiated with ``args`` (``ValueError`` names what the path is instead,
     or which argument its ``Args`` model refuses)."""

@@ -39,7 +39,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import fsspec
 import numpy as np
@@ -59,7 +59,7 @@ from syncpoint.workers.data.shard_cache import (
     ShardCache,
     open_private_dir,
 )
-from syncpoint.workers.data.shard_formats import FORMATS, TOKEN_FORMATS, open_rows
+from syncpoint.workers.data.shard_formats import FORMATS, TOKEN_FORMATS, ShardParams, open_rows
 from syncpoint.workers.storage import backend_for
 
 MAX_OPEN_SHARDS = 64  # readers a process keeps open (least recently used closed beyond)
@@ -174,7 +174,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
         elif dtype is not None:
             raise CorpusError("ShardedCorpus dtype applies to format tokens-bin (a .npy names its own)")
         self.format = format
-        self.params: dict[str, Any] = {
+        self.params: ShardParams = {
             "format": format,
             "seq_len": seq_len,
             "dtype": dtype,
@@ -316,7 +316,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
     def _token_rows(self, count: int, groups: dict[int, tuple[list[int], list[int]]]) -> list[torch.Tensor]:
         """Token rows gathered straight into one int64 batch (the cast happens in the gather): one
         allocation and one ``unbind`` per micro-batch, whatever the number of shards it spans."""
-        batch = np.empty((count, self.params["seq_len"]), np.int64)
+        batch = np.empty((count, cast(int, self.params["seq_len"])), np.int64)  # a token format: set
         if len(groups) == 1:
             ((s, (_, rows)),) = groups.items()
             batch[:] = self._reader(s).rows[rows]

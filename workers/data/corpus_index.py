@@ -35,7 +35,7 @@ from syncpoint.workers.data.shard_cache import (
     open_private_dir,
     private_subdir,
 )
-from syncpoint.workers.data.shard_formats import count_rows
+from syncpoint.workers.data.shard_formats import ShardParams, count_rows
 from syncpoint.workers.storage import RunStorage, backend_for, nofollow
 from syncpoint.workers.storage.fsspec_backend import checksum_file
 
@@ -139,7 +139,7 @@ def verify_in_place(fs: Any, shard: Shard) -> None:
         )
 
 
-def index_key(fs: Any, patterns: Sequence[str], params: dict[str, Any]) -> str:
+def index_key(fs: Any, patterns: Sequence[str], params: ShardParams) -> str:
     """Names a corpus's cached index: its filesystem, shard patterns and parameters."""
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     return hashlib.sha256(json.dumps([protocol, list(patterns), params], sort_keys=True).encode()).hexdigest()[:24]
@@ -155,13 +155,13 @@ def _cache_checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def listing_bytes(params: dict[str, Any], shards: Sequence[Shard]) -> bytes:
+def listing_bytes(params: ShardParams, shards: Sequence[Shard]) -> bytes:
     """A corpus index's cached form, with a checksum over its content (a damaged copy is rebuilt)."""
     body = {"version": INDEX_CACHE_VERSION, "params": params, "shards": [asdict(s) for s in shards]}
     return json.dumps({**body, "checksum": _cache_checksum(body)}, sort_keys=True).encode()
 
 
-def _parse_listing(data: bytes, params: dict[str, Any]) -> dict[str, Shard]:
+def _parse_listing(data: bytes, params: ShardParams) -> dict[str, Shard]:
     """A cached index by path, or nothing when it is torn, fails its checksum or is another corpus's.
     A wrong entry that passes (written on purpose) cannot pass unseen: every fetch checks size and
     checksum, every open the rows."""
@@ -184,7 +184,7 @@ def _parse_listing(data: bytes, params: dict[str, Any]) -> dict[str, Shard]:
         return {}
 
 
-def _node_listing(index: int, name: str, shown: str, params: dict[str, Any]) -> dict[str, Shard]:
+def _node_listing(index: int, name: str, shown: str, params: ShardParams) -> dict[str, Shard]:
     """The node's cached index (a bounded read of a regular file, never through a link), or nothing;
     a link, FIFO or oversized file there is rebuilt and replaced."""
     try:
@@ -193,7 +193,7 @@ def _node_listing(index: int, name: str, shown: str, params: dict[str, Any]) -> 
         return {}
 
 
-def _run_listing(run_url: str | None, key: str, params: dict[str, Any]) -> dict[str, Shard]:
+def _run_listing(run_url: str | None, key: str, params: ShardParams) -> dict[str, Shard]:
     """The run directory's copy (bounded read, never through a link), or nothing."""
     if not run_url:
         return {}
@@ -219,7 +219,7 @@ def _cache_subdir(settings: CacheSettings, name: str) -> Iterator[int]:
         os.close(fd)
 
 
-def build_index(fs: Any, patterns: Sequence[str], params: dict[str, Any], settings: CacheSettings) -> list[Shard]:
+def build_index(fs: Any, patterns: Sequence[str], params: ShardParams, settings: CacheSettings) -> list[Shard]:
     """Every shard's entry: from the node's cached index, else the run directory's copy, where size
     and stamp still match; read (checksum and rows) where not. One process per node builds it at a
     time (a file lock, touched after each shard read: the others wait while it makes progress)."""
@@ -263,7 +263,7 @@ def _matches(old: Shard | None, name: str, size: int, stamp: str) -> bool:
 
 
 def _read_shard(
-    fs: Any, params: dict[str, Any], settings: CacheSettings, path: str, name: str, size: int, stamp: str
+    fs: Any, params: ShardParams, settings: CacheSettings, path: str, name: str, size: int, stamp: str
 ) -> Shard:
     """One shard's checksum and rows: read in place locally, else downloaded (bounded by its listed
     size) into a temporary file that is deleted afterwards."""

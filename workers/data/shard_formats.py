@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import torch
@@ -23,7 +23,16 @@ FORMATS = ("tokens-npy", "tokens-bin", "jsonl", "parquet")
 TOKEN_FORMATS = ("tokens-npy", "tokens-bin")  # rows of integer tokens: read by a gather into one batch
 
 
-def _npy(path: str, params: dict[str, Any], name: str) -> np.ndarray:
+class ShardParams(TypedDict):
+    """How a corpus's shards are read (``ShardedCorpus.params``); part of its index's key and cached form."""
+
+    format: str
+    seq_len: int | None  # the token formats' row length (required there: ``ShardedCorpus`` checks)
+    dtype: str | None  # tokens-bin's
+    columns: list[str] | None  # Parquet's, when not all
+
+
+def _npy(path: str, params: ShardParams, name: str) -> np.ndarray:
     """The shard as a [rows, seq_len] integer view of its memory map (never unpickled)."""
     try:
         arr = map_npy(path)
@@ -31,7 +40,7 @@ def _npy(path: str, params: dict[str, Any], name: str) -> np.ndarray:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
         raise CorpusError(f"corpus shard {name} is not a .npy array ({e})") from None
-    seq_len = params["seq_len"]
+    seq_len = cast(int, params["seq_len"])  # a token format: set
     if arr.dtype.kind not in "iu":
         raise CorpusError(f"corpus shard {name} holds {arr.dtype}, not integer tokens (format tokens-npy)")
     if arr.ndim == 1:
@@ -45,8 +54,8 @@ def _npy(path: str, params: dict[str, Any], name: str) -> np.ndarray:
     )
 
 
-def _bin(path: str, params: dict[str, Any], name: str) -> np.ndarray:
-    dtype, seq_len = np.dtype(params["dtype"]), params["seq_len"]
+def _bin(path: str, params: ShardParams, name: str) -> np.ndarray:
+    dtype, seq_len = np.dtype(params["dtype"]), cast(int, params["seq_len"])  # a token format: set
     rows = os.path.getsize(path) // (dtype.itemsize * seq_len)
     if not rows:
         return np.zeros((0, seq_len), dtype)
@@ -69,7 +78,7 @@ def _jsonl_lines(buf: Any) -> tuple[np.ndarray, np.ndarray]:
     return starts[keep], ends[keep]
 
 
-def _parquet_file(path: str, params: dict[str, Any], name: str) -> Any:
+def _parquet_file(path: str, params: ShardParams, name: str) -> Any:
     import pyarrow.parquet as pq
 
     try:
@@ -82,7 +91,7 @@ def _parquet_file(path: str, params: dict[str, Any], name: str) -> Any:
     return pf
 
 
-def count_rows(fmt: str, path: str, params: dict[str, Any], name: str) -> int:
+def count_rows(fmt: str, path: str, params: ShardParams, name: str) -> int:
     """The rows a local copy of a shard holds, by its format."""
     if fmt == "tokens-npy":
         return len(_npy(path, params, name))
@@ -148,20 +157,20 @@ class _ParquetRows:
     def __len__(self) -> int:
         return int(self.group_start[-1])
 
-    def get(self, row: int) -> dict[str, Any]:
+    def get(self, row: int) -> dict[str, object]:  # a row as pyarrow gives it, for the task
         g = int(np.searchsorted(self.group_start, row, side="right") - 1)
         if self._group is None or self._group[0] != g:
             self._group = (g, self.pf.read_row_group(g, columns=self.columns))
         return self._group[1].slice(row - int(self.group_start[g]), 1).to_pylist()[0]
 
-    def get_many(self, rows: np.ndarray) -> list[dict[str, Any]]:
+    def get_many(self, rows: np.ndarray) -> list[dict[str, object]]:
         return [self.get(int(r)) for r in rows]
 
     def close(self) -> None:
         self._group = None
 
 
-def open_rows(fmt: str, path: str, params: dict[str, Any], name: str) -> Any:
+def open_rows(fmt: str, path: str, params: ShardParams, name: str) -> Any:
     """A reader of a local shard's rows by its format (token rows, JSON Lines, Parquet)."""
     if fmt == "tokens-npy":
         return _TokenRows(_npy(path, params, name))

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject, JSONValue
 from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.workers.data.function_identity import function_digest
 from syncpoint.workers.data.stream_draws import hf_pipeline
@@ -55,7 +56,7 @@ def generator_seed(generator: Any) -> int:
     return int(copy.deepcopy(generator).integers(0, 1 << 63))
 
 
-def hf_identity(dataset: Any) -> dict[str, Any]:
+def hf_identity(dataset: Any) -> JSONObject:
     """What names a ``datasets`` stream: its builder, config and split, its shards, its data files
     (name and size, in order: a changed, added or removed file is another stream; the directory they
     lie in may move), the steps of its pipeline (a changed pipeline has another state layout), each
@@ -63,7 +64,7 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
     what each ``.map``/``.filter`` step computes (a changed function makes other examples at the
     same position: ``syncpoint.workers.data.function_identity``)."""
     info = getattr(dataset, "info", None)
-    files: list[dict[str, Any]] = []
+    files: list[JSONValue] = []
     for step in hf_pipeline(dataset):
         kwargs = getattr(step, "kwargs", None)
         if not isinstance(kwargs, dict):
@@ -85,9 +86,9 @@ def hf_identity(dataset: Any) -> dict[str, Any]:
 HF_FUNCTION_SETTINGS = ("fn_kwargs", "batched", "batch_size", "drop_last_batch", "input_columns", "remove_columns")
 
 
-def _hf_functions(dataset: Any) -> list[dict[str, Any]]:
+def _hf_functions(dataset: Any) -> list[JSONValue]:
     """Each ``.map``/``.filter`` step's function digest and settings, outermost step first."""
-    out = []
+    out: list[JSONValue] = []
     for i, step in enumerate(hf_pipeline(dataset)):
         fn = getattr(step, "_syncpoint_function", None) or getattr(step, "function", None)  # the task's own
         if fn is None:
@@ -110,16 +111,16 @@ def _strings(obj: Any) -> list[str]:
     return []
 
 
-def _file_entry(path: str) -> dict[str, Any]:
+def _file_entry(path: str) -> JSONObject:
     """A data file by name and size (its size when it is a local file; None for a remote one)."""
     size = os.path.getsize(path) if "://" not in path and os.path.isfile(path) else None
     return {"name": os.path.basename(path.rstrip("/")), "size": size}
 
 
-def custom_identity(dataset: Any, task_path: str) -> dict[str, Any]:
+def custom_identity(dataset: Any, task_path: str) -> JSONObject:
     """A custom stream by its class and, when it has one, its own ``stream_identity()``."""
     cls = type(dataset)
-    identity: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+    identity: JSONObject = {"class": f"{cls.__module__}.{cls.__qualname__}"}
     own = getattr(dataset, "stream_identity", None)
     if callable(own):
         value = own()

@@ -29,6 +29,7 @@ import json
 import os
 from typing import Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError
 
 SIGNATURE = "signature"
@@ -53,20 +54,20 @@ def binding_of(run_url: str, state: str, job_identity: str) -> dict[str, str]:
     return {"run": run_location(run_url), "state": state, "job_identity": job_identity}
 
 
-def canonical_bytes(manifest: dict[str, Any]) -> bytes:
+def canonical_bytes(manifest: JSONObject) -> bytes:
     """The bytes a signature covers: the manifest without its signature, canonically encoded."""
     body = {k: v for k, v in manifest.items() if k != SIGNATURE}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def sign(manifest: dict[str, Any], key: bytes) -> dict[str, Any]:
+def sign(manifest: JSONObject, key: bytes) -> JSONObject:
     """The manifest with its HMAC-SHA256 signature over its canonical bytes."""
     mac = hmac.new(key, canonical_bytes(manifest), hashlib.sha256).hexdigest()
     return {**manifest, SIGNATURE: {"algorithm": ALGORITHM, "value": mac}}
 
 
 def trust_problem(
-    manifest: dict[str, Any],
+    manifest: JSONObject,
     key: bytes,
     *,
     run_url: str | None = None,
@@ -116,7 +117,7 @@ def _binding_problem(bound: Any, run_url: str, state: str, job_identity: str | N
     return None
 
 
-def legacy_unbound(manifest: dict[str, Any]) -> bool:
+def legacy_unbound(manifest: JSONObject) -> bool:
     """A signed manifest written before signatures carried a binding (trusted by the key alone)."""
     return isinstance(manifest.get(SIGNATURE), dict) and BINDING not in manifest
 

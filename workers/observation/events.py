@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, JSONObject, loads_bounded
 from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.contracts.journal import Event, Journal, event_to_emit, stored_form, time_of
 from syncpoint.workers.storage import RunStorage
@@ -54,7 +54,7 @@ class EventLog:
     def read_stored(self) -> StoredLog:
         """Every stored record as written, in time order, and the files that hold none, each named
         with why (``read_record``). Never raises for what a file holds."""
-        records: list[dict[str, Any]] = []
+        records: list[JSONObject] = []
         skipped: list[Unreadable] = []
         for name in event_files(self.storage):
             got = read_record(self.storage, name)
@@ -64,7 +64,7 @@ class EventLog:
                 records.append(got)
         return StoredLog(sorted(records, key=lambda r: time_of(r) or 0.0), skipped)
 
-    def read_all(self) -> list[dict[str, Any]]:
+    def read_all(self) -> list[JSONObject]:
         """Every stored record as written, in time order: the raw log (``syncpoint events --json``).
         Code that asks questions of the log reads ``journal()``."""
         return self.read_stored().records
@@ -91,7 +91,7 @@ class Unreadable:
 class StoredLog:
     """What reading the event log gave: the records, and the lines it could not read (named, never raised)."""
 
-    records: list[dict[str, Any]]
+    records: list[JSONObject]
     skipped: list[Unreadable] = field(default_factory=list)
 
 
@@ -104,7 +104,7 @@ def event_files(storage: RunStorage) -> list[str]:
         return []
 
 
-def read_record(storage: RunStorage, name: str) -> dict[str, Any] | Unreadable:
+def read_record(storage: RunStorage, name: str) -> JSONObject | Unreadable:
     """One stored event as written, or why the file holds none: unreadable, larger than
     EVENT_MAX_BYTES, not JSON, nested deeper than EVENT_MAX_DEPTH, an integer beyond 64 bits, not an
     object, or a ``time`` that is no usable number of seconds (``syncpoint.policies.contracts.journal.time_of``)."""

@@ -10,8 +10,9 @@ model with ``train.record_samples`` logs thousands of steps in those seconds).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import cast
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.journal import Progress, ProgressRecord
 from syncpoint.workers.observation.events import EVENT_MAX_BYTES, EventLog
 
@@ -25,15 +26,16 @@ class ProgressLog:
 
     def __init__(self, events: EventLog | None, attempt: int) -> None:
         self.events, self.attempt = events, attempt
-        self.history: list[dict[str, Any]] = []
-        self.unflushed: list[dict[str, Any]] = []
+        self.history: list[JSONObject] = []
+        self.unflushed: list[JSONObject] = []
         self.unflushed_bytes = 0  # the batch's estimated JSON size
         self.last_flush = time.monotonic()
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: JSONObject) -> None:
         self.history.append(record)
         self.unflushed.append(record)
-        self.unflushed_bytes += _RECORD_BYTES + _SAMPLE_BYTES * len(record.get("samples") or ())
+        samples = cast("list[int] | None", record.get("samples"))  # ProgressRecord's sample ids
+        self.unflushed_bytes += _RECORD_BYTES + _SAMPLE_BYTES * len(samples or ())
         if time.monotonic() - self.last_flush > PROGRESS_FLUSH_S or self.unflushed_bytes >= FLUSH_AT_BYTES:
             self.flush()
 

@@ -43,9 +43,10 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
+    from syncpoint.policies.contracts.bounded_json import JSONObject
     from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.training.attempt import Attempt
@@ -172,7 +173,31 @@ def _local(spec: JobSpec) -> bool:
 # ---- the record
 
 
-def read_record(storage: RunStorage, warn: Callable[[str], None]) -> dict[str, Any] | None:
+class MlflowEntry(TypedDict):
+    """The MLflow run this run logs to, and the store that holds it."""
+
+    tracking_uri: str
+    experiment_id: NotRequired[str]  # not checked when read: only the uri and run id are used
+    run_id: str
+
+
+class WandbEntry(TypedDict):
+    """The W&B run this run logs to."""
+
+    id: str
+    project: NotRequired[str]
+
+
+class TrackingRecord(TypedDict):
+    """``<run>/tracking.json``: the key this run's tracker runs are tagged with, and each tracker's run."""
+
+    format: str
+    key: str
+    mlflow: NotRequired[MlflowEntry]
+    wandb: NotRequired[WandbEntry]
+
+
+def read_record(storage: RunStorage, warn: Callable[[str], None]) -> TrackingRecord | None:
     """``<run>/tracking.json`` if it is one syncpoint wrote; ``None`` when absent, and reported when not
     a valid record (a tracker run is then created, as for a new run)."""
     if not storage.exists(TRACKING):
@@ -206,7 +231,7 @@ def _record_problem(record: Any) -> str | None:
     return None
 
 
-def new_record() -> dict[str, Any]:
+def new_record() -> TrackingRecord:
     """A new tracking record: a new key under which this run's tracker runs are found (kept in the run directory)."""
     return {"format": TRACKING_FORMAT, "key": uuid.uuid4().hex}
 
@@ -300,7 +325,7 @@ class MlflowSink(_Guarded):
         return "file://" + os.path.abspath(local)
 
     @classmethod
-    def open(cls, spec: JobSpec, storage: RunStorage, record: dict[str, Any], attempt: int) -> MlflowSink:
+    def open(cls, spec: JobSpec, storage: RunStorage, record: TrackingRecord, attempt: int) -> MlflowSink:
         from mlflow.tracking import MlflowClient
 
         uri = cls.tracking_uri(storage)
@@ -394,10 +419,11 @@ class WandbSink(_Guarded):
         self.step = -1  # the last step this attempt logged
 
     @classmethod
-    def open(cls, spec: JobSpec, storage: RunStorage, record: dict[str, Any], attempt: int) -> WandbSink:
+    def open(cls, spec: JobSpec, storage: RunStorage, record: TrackingRecord, attempt: int) -> WandbSink:
         import wandb
 
-        run_id = (record.get("wandb") or {}).get("id") or record["key"]
+        known = record.get("wandb")
+        run_id = (known.get("id") if known else None) or record["key"]
         record["wandb"] = {"id": run_id}
         where = wandb_dir(storage)
         held = max(
@@ -463,7 +489,7 @@ class OfflineHistory:
     """What a ``.wandb`` file holds: each history row's step and values (``key`` -> value)."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, dict[str, Any]]] = []
+        self.rows: list[tuple[int, JSONObject]] = []
 
     @property
     def steps(self) -> list[int]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import overload
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.corpus_identity import (
     CORPUS_DIR,
     CORPUS_INDEX_MAX_BYTES,
@@ -41,7 +42,7 @@ from syncpoint.workers.integrity.signing import trust_problem
 from syncpoint.workers.storage import RunStorage
 
 
-def _parse_object(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def _parse_object(data: bytes) -> tuple[JSONObject | None, str | None]:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.state_format import (
     Manifest,
     TrainState,
@@ -84,7 +85,7 @@ def node_peers() -> NodePeers | None:
     return NodePeers() if dist.get_world_size() > 1 else None
 
 
-def manifest_sha256(manifest: dict[str, Any]) -> str:
+def manifest_sha256(manifest: JSONObject) -> str:
     """A state's content digest from its manifest alone: the manifest lists every file's size and
     checksum, so equal canonical manifests mean equal states (no tensor read)."""
     return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -13,7 +13,8 @@ calls it dead. Anything else (another host, another container, a record without 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 FIELDS = ("boot_id", "pid_ns", "pid", "pid_start", "uid")
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -47,7 +48,17 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def this_process() -> dict[str, Any]:
+class HolderProcess(TypedDict, total=False):
+    """What proves a lease's holder dead to a successor on its host (all or nothing)."""
+
+    boot_id: str
+    pid_ns: str
+    pid: int
+    pid_start: int
+    uid: int
+
+
+def this_process() -> HolderProcess:
     """This process's fields for its lease record (an empty dict where ``/proc`` cannot tell)."""
     boot, namespace = _boot_id(), _pid_namespace()
     try:
@@ -59,7 +70,7 @@ def this_process() -> dict[str, Any]:
     return {"boot_id": boot, "pid_ns": namespace, "pid": os.getpid(), "pid_start": start, "uid": os.getuid()}
 
 
-def provably_dead(record: dict[str, Any]) -> bool:
+def provably_dead(record: Mapping[str, object]) -> bool:
     """The holder named by ``record`` ran as this user in this process's kernel boot and pid namespace,
     and no process with its pid and start time exists now. (As this user: ``/proc`` mounted with
     ``hidepid`` shows another user's processes as absent.)"""

@@ -58,11 +58,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused, UnsafeEntry
 from syncpoint.policies.contracts.spec import MAX_LEASE_TTL_S
 from syncpoint.workers.storage import RunStorage, holder_process
+from syncpoint.workers.storage.holder_process import HolderProcess
 
 LEASE = "lease.json"
 LEASE_FORMAT = "syncpoint-lease/2"
@@ -72,11 +73,29 @@ LEASE_MAX_BYTES = 64 << 10
 CONFIRM_TRIES = 3
 
 
+class LeaseRecord(HolderProcess, total=False):
+    """``lease.json``'s fields. None is required: one read from storage is checked by ``parse_lease``
+    for those a decision reads, and the rest are read with ``get``."""
+
+    format: str
+    job_identity: str
+    job_name: str
+    submission: str
+    host: str
+    ttl_s: float
+    generation: int
+    holder: str | None
+    beat: int
+    heartbeat: float
+    released: bool
+    released_because: str
+
+
 @dataclass(frozen=True)
 class HeldLease:
     """What ``lease.json`` says now: the parsed record, or why it is malformed."""
 
-    record: dict[str, Any] | None
+    record: LeaseRecord | None
     problem: str | None
     version: str
     age_s: float | None  # by the storage's clock; None where the store cannot tell
@@ -96,7 +115,7 @@ def _generation_of(obj: Any) -> int:
     return gen if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 0 else 0
 
 
-def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def parse_lease(data: bytes) -> tuple[LeaseRecord | None, str | None]:
     """``(record, None)`` for a usable lease, ``(None, why)`` for a malformed one.
 
     Every field a decision reads is checked here, so no malformed value (``"heartbeat": "soon"``,
@@ -122,7 +141,7 @@ def parse_lease(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"generation is {gen!r}, not a non-negative integer"
     if not isinstance(obj.get("holder", ""), (str, type(None))) or not isinstance(obj.get("released", False), bool):
         return None, "holder or released has the wrong type"
-    return obj, None
+    return cast(LeaseRecord, obj), None  # its fields a decision reads, checked above
 
 
 def read_lease(storage: RunStorage) -> HeldLease | None:
@@ -142,7 +161,7 @@ def _loose_json(data: bytes) -> Any:
         return None
 
 
-def _encode(record: dict[str, Any]) -> bytes:
+def _encode(record: LeaseRecord) -> bytes:
     return json.dumps(record, indent=1, sort_keys=True).encode()
 
 
@@ -155,7 +174,7 @@ class RunLease:
 
     def __init__(self, storage: RunStorage, *, job_identity: str, job_name: str, submission: str, ttl_s: float) -> None:
         self.storage, self.ttl = storage, float(ttl_s)
-        self.identity: dict[str, Any] = {
+        self.identity: LeaseRecord = {
             "job_identity": job_identity,
             "job_name": job_name,
             "submission": submission,
@@ -309,7 +328,7 @@ class RunLease:
             f"{ttl:g}s TTL; this submission writes as generation {self.generation}"
         )
 
-    def _record(self, generation: int, released: bool = False) -> dict[str, Any]:
+    def _record(self, generation: int, released: bool = False) -> LeaseRecord:
         return {
             "format": LEASE_FORMAT,
             **self.identity,
@@ -457,7 +476,7 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             held = read_lease(storage)
             if held is None or held.record is None or held.released or held.record.get("submission") != submission:
                 return
-            tombstone = {**held.record, "released": True}
+            tombstone: LeaseRecord = {**held.record, "released": True}
             if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is not None:
                 return
     except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
@@ -574,7 +593,7 @@ def _release_for_dead_holder(storage: RunStorage, held: HeldLease, say: Callable
     on the very version read (anything written since wins, and rank 0 judges that), so rank 0 takes it
     at once wherever it runs, fenced by a new generation."""
     rec = held.record or {}
-    tombstone = {**rec, "released": True, "released_because": "its holder's process is gone"}
+    tombstone: LeaseRecord = {**rec, "released": True, "released_because": "its holder's process is gone"}
     if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is None:
         return "alive"
     say(

@@ -17,9 +17,19 @@ node is gone (Ray Train's reports are barriers, which a lost rank never reaches)
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
+
+from syncpoint.policies.decisions.grace_window import Notice
 
 BEAT_EVERY_S = 0.2  # how stale the measured interruption point may be between two boundaries
+
+
+class Beat(TypedDict):
+    """A rank's last beat as the board gives it (read into ``journal.RankReached``)."""
+
+    rank: int
+    global_micro_step: int
+    time: float
 
 
 class BeatBoard:
@@ -27,20 +37,20 @@ class BeatBoard:
 
     def __init__(self) -> None:
         self.beats: dict[int, dict[int, tuple[int, float]]] = {}
-        self.stop_notice: dict[str, Any] | None = None
+        self.stop_notice: Notice | None = None
 
-    def stop(self, notice: dict[str, Any]) -> None:
+    def stop(self, notice: Notice) -> None:
         """The driver was signalled: every rank's notice source reads this (``driver_stop``) and the job
         saves at its next boundary and stops (``syncpoint.orchestrator.driver_signals``)."""
         self.stop_notice = self.stop_notice or notice
 
-    def driver_stop(self) -> dict[str, Any] | None:
+    def driver_stop(self) -> Notice | None:
         return self.stop_notice
 
     def beat(self, rank: int, attempt: int, global_micro_step: int, wall_time: float) -> None:
         self.beats.setdefault(attempt, {})[rank] = (global_micro_step, wall_time)
 
-    def read(self, attempt: int) -> list[dict[str, Any]]:
+    def read(self, attempt: int) -> list[Beat]:
         """The attempt's last beat of each rank that beat: ``{"rank", "global_micro_step", "time"}``."""
         return [
             {"rank": r, "global_micro_step": g, "time": t} for r, (g, t) in sorted(self.beats.get(attempt, {}).items())

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from syncpoint.policies.decisions.grace_window import notice_deadline
+from syncpoint.policies.decisions.grace_window import Notice, notice_deadline
 
-RayNotice = Callable[[], dict[str, Any] | None]
+RayNotice = Callable[[], "Notice | None"]
 
 # A notice's source when the driver itself was signalled (``syncpoint run`` got SIGINT, SIGTERM or
 # SIGHUP: ``syncpoint.orchestrator.driver_signals``): every rank saves at the next boundary and the job
@@ -25,7 +25,7 @@ RayNotice = Callable[[], dict[str, Any] | None]
 DRIVER = "driver"
 
 
-def is_stop(notice: dict[str, Any] | None) -> bool:
+def is_stop(notice: Notice | None) -> bool:
     """Whether a notice asks the job to stop after its save (the driver's own signal)."""
     return notice is not None and notice.get("source") == DRIVER
 
@@ -71,7 +71,7 @@ class PreemptionNotices:
         else:
             self._record_sigterm()
 
-    def poll(self) -> dict[str, Any] | None:
+    def poll(self) -> Notice | None:
         """This rank's notice at this boundary: Ray's details if it has any, else SIGTERM's."""
         notice = self.ray_notice() if self.ray_notice else None
         if notice is None and self.sigterm_received:
@@ -86,7 +86,7 @@ class PreemptionNotices:
         self.in_grace_window = True
         return True
 
-    def deadline(self, notice: dict[str, Any], sigterm_grace_s: float | None) -> float | None:
+    def deadline(self, notice: Notice, sigterm_grace_s: float | None) -> float | None:
         """When this rank's node goes (UNIX seconds), if its notice says
         (``syncpoint.policies.decisions.grace_window``)."""
         return notice_deadline(notice, sigterm_at=self.sigterm_at, sigterm_grace_s=sigterm_grace_s)

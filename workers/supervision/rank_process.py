@@ -19,6 +19,7 @@ from typing import Any
 
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions.failures import REPORTED_ATTR
+from syncpoint.policies.decisions.grace_window import Notice
 from syncpoint.workers.supervision.fork_context import adopt_environment
 from syncpoint.workers.supervision.store_agent import open_store
 
@@ -127,13 +128,13 @@ class StoreExchange:
         return json.loads(self.store.get(self.KEY))
 
 
-def driver_notice(stop_file: str) -> Callable[[], dict[str, Any] | None]:
+def driver_notice(stop_file: str) -> Callable[[], Notice | None]:
     """A local run's notice source: the driver's stop, once its signal's name is in ``stop_file``
     (in the driver's private temp directory, 0700: only this user can write it). Read at each
     boundary: one ``stat`` while there is none."""
     from syncpoint.workers.supervision.preemption import DRIVER
 
-    def notice() -> dict[str, Any] | None:
+    def notice() -> Notice | None:
         try:
             fd = os.open(stop_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:

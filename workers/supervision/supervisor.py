@@ -66,6 +66,7 @@ from syncpoint.policies.decisions.failures import (
     after_generation,
     move,
 )
+from syncpoint.policies.decisions.grace_window import Notice
 
 if TYPE_CHECKING:
     pass
@@ -89,7 +90,7 @@ class Hooks:
 
     # rank 0: RECOVER or ESCALATE for a failed generation (it records the failure, as Ray's policy does)
     decide: Callable[[list[RankEnd]], InPlaceAction]
-    notice: Callable[[], dict[str, Any] | None] | None = None  # a local, non-blocking read
+    notice: Callable[[], Notice | None] | None = None  # a local, non-blocking read
     beat: Callable[[int, int, int, float], None] | None = None  # a heartbeat, forwarded
     report: Callable[[dict[str, float]], None] | None = None  # Ray Train's report (a barrier), called in order
     # run in each training process before the loop (a module-level function: it is pickled by name)

@@ -30,6 +30,7 @@ from syncpoint.policies.decisions.failures import (
     failure_signature,
     is_ours,
 )
+from syncpoint.policies.decisions.grace_window import Notice
 
 if TYPE_CHECKING:
     pass
@@ -43,10 +44,10 @@ class ParentLink:
         self.conn = conn
         self.lock = threading.Lock()
 
-    def notice(self) -> dict[str, Any] | None:
+    def notice(self) -> Notice | None:
         with self.lock:
             self.conn.send(("notice",))
-            reply: dict[str, Any] | None = self.conn.recv()
+            reply: Notice | None = self.conn.recv()
             return reply
 
     def report(self, metrics: dict[str, float]) -> None:

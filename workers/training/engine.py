@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.workers.training.compile_cache import private_compile_cache
@@ -16,6 +17,7 @@ from syncpoint.workers.training.device import prepare_op_builds
 from syncpoint.workers.training.param_groups import (
     ATTRIBUTE,
     GroupSettings,
+    ParamGroup,
     Restored,
     builtin_groups,
     layout_of,
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
 
-def zero_config(spec: JobSpec) -> dict[str, Any]:
+def zero_config(spec: JobSpec) -> JSONObject:
     """``zero_optimization``: the stage and the offload targets, nothing that changes the arithmetic.
 
     Why ``stage3_param_persistence_threshold: 0`` at stage 3: DeepSpeed otherwise keeps small
@@ -38,7 +40,7 @@ def zero_config(spec: JobSpec) -> dict[str, Any]:
     at the end instead of one per save).
     """
     d = spec.deepspeed
-    zero: dict[str, Any] = {"stage": d.zero_stage}
+    zero: JSONObject = {"stage": d.zero_stage}
     if d.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": d.offload_optimizer}
     if d.zero_stage == 3:
@@ -49,11 +51,11 @@ def zero_config(spec: JobSpec) -> dict[str, Any]:
     return zero
 
 
-def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optimizer: bool = False) -> dict[str, Any]:
+def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optimizer: bool = False) -> JSONObject:
     """The DeepSpeed config the spec describes (``grad_accum``: the layout's, when elastic)."""
     t, d = spec.train, spec.deepspeed
     zero = zero_config(spec)
-    cfg: dict[str, Any] = {
+    cfg: JSONObject = {  # DeepSpeed reads its config as a JSON document
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": grad_accum or t.grad_accum,
         "zero_optimization": zero,
@@ -87,7 +89,7 @@ def make_optimizer(spec: JobSpec, model: torch.nn.Module) -> torch.optim.Optimiz
     return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, weight_decay=o.weight_decay)
 
 
-def _cpu_adam(spec: JobSpec, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+def _cpu_adam(spec: JobSpec, groups: list[ParamGroup]) -> torch.optim.Optimizer:
     """DeepSpeed's CPU Adam, which ZeRO-Offload requires (a JIT-built op, cached in
     ``~/.cache/torch_extensions``). ``adamw_mode`` keeps AdamW's decoupled weight decay; Adam's
     L2 decay otherwise. Same hyper-parameters and groups as the torch optimizer it replaces."""
@@ -192,9 +194,7 @@ def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str]
     return common, tuple((name, d) for name, d in dtypes if d != common)
 
 
-def apply_hyperparameters(
-    engine: DeepSpeedEngine, spec: JobSpec, running: list[dict[str, Any]] | None = None
-) -> Restored:
+def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec, running: list[JSONObject] | None = None) -> Restored:
     """Config wins for what the user sets; the state supplies running state. After a load, every
     param group's hyper-parameters come back from the live task/spec (the snapshot taken when the
     engine was built), group by group, except the keys the state records as running state

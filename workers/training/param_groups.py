@@ -32,11 +32,12 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +85,12 @@ def decay_split(
     return [(n, p) for n, p in named if n not in excluded], [(n, p) for n, p in named if n in excluded]
 
 
-def builtin_groups(model: torch.nn.Module, weight_decay: float, patterns: list[str] | None) -> list[dict[str, Any]]:
+# A torch optimizer's param group: ``params`` and the optimizer's own settings, of whatever types it
+# takes. Only copied, compared and (``lr``) set here, so each value is an ``object``.
+ParamGroup: TypeAlias = "dict[str, object]"
+
+
+def builtin_groups(model: torch.nn.Module, weight_decay: float, patterns: list[str] | None) -> list[ParamGroup]:
     """The built-in optimizer's param groups: decaying parameters first, then the others with
     ``weight_decay`` 0; one group when either side is empty (``no_decay: []``: one group).
 
@@ -161,15 +167,15 @@ class GroupSettings:
     snapshot keys known to be running state (the optimizer changed them in this attempt, or the
     loaded state recorded them), each with the as-built value the state records."""
 
-    base: list[dict[str, Any]]
+    base: list[ParamGroup]
     layout: tuple[GroupLayout, ...]
     task_class: str | None = None
     _lrs: list[Any] = field(default_factory=list)
-    running: list[dict[str, Any]] = field(default_factory=list)
+    running: list[JSONObject] = field(default_factory=list)
 
     @classmethod
     def snapshot(
-        cls, param_groups: Iterable[dict[str, Any]], layout: tuple[GroupLayout, ...], task_class: str | None
+        cls, param_groups: Iterable[ParamGroup], layout: tuple[GroupLayout, ...], task_class: str | None
     ) -> GroupSettings:
         base = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in param_groups]
         return cls(
@@ -188,12 +194,12 @@ class GroupSettings:
         """Each group's learning rate at this schedule factor: its own base rate times the factor."""
         return [float(lr * factor) for lr in self._lrs]
 
-    def set_factor(self, param_groups: list[dict[str, Any]], factor: float) -> list[float]:
+    def set_factor(self, param_groups: list[ParamGroup], factor: float) -> list[float]:
         for group, lr in zip(param_groups, self._lrs, strict=True):
             group["lr"] = lr * factor
         return self.lrs(factor)
 
-    def running_record(self, param_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def running_record(self, param_groups: list[ParamGroup]) -> list[JSONObject]:
         """At a save (every rank, together): per group, each snapshot key the optimizer changed
         so far, with its as-built value (``None`` where JSON cannot hold it) for ``trainer.json``.
 
@@ -205,7 +211,7 @@ class GroupSettings:
                 if key not in _SCHEDULED and key in group and not _same(group[key], built):
                     self.running[i].setdefault(key, _json_value(built))
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            found: list[list[dict[str, Any]] | None] = [None] * dist.get_world_size()
+            found: list[list[JSONObject] | None] = [None] * dist.get_world_size()
             dist.all_gather_object(found, self.running)
             for other in found:
                 for mine, theirs in zip(self.running, other or [], strict=False):
@@ -215,9 +221,9 @@ class GroupSettings:
 
     def restore(
         self,
-        param_groups: list[dict[str, Any]],
+        param_groups: list[ParamGroup],
         spec_keys: Callable[[str], bool],
-        running: list[dict[str, Any]] | None = None,
+        running: list[JSONObject] | None = None,
     ) -> Restored:
         """After a load, per group: the running keys (``running``, the state's record) keep the
         state's value; every other snapshot key comes back from the live run (config wins), with
@@ -302,7 +308,7 @@ def _json_value(v: Any) -> Any:
     return None
 
 
-def portable_values(group: dict[str, Any]) -> dict[str, Any]:
+def portable_values(group: ParamGroup) -> JSONObject:
     """A param group's values that JSON holds exactly (every key but ``params``; a tensor or any
     other object is left out): what the world-size-independent optimizer state carries."""
     out = {}

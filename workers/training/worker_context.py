@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.workers.observation.metric_sinks import ReportFn
 from syncpoint.workers.supervision.preemption import RayNotice
 
@@ -74,4 +75,4 @@ class WorkerResult:
     global_micro_step: int
     optimizer_step: int
     resumed_from: str | None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[JSONObject] = field(default_factory=list)
