@@ -14,15 +14,24 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.orchestrator.failure_report import failure_report
+from syncpoint.orchestrator.job_env import HEALTH_CHECK_ENV as HEALTH_CHECK_ENV  # where it was first
+from syncpoint.orchestrator.job_env import (
+    driver_env_vars,
+    job_runtime_env,
+    ray_storage_path,
+    ray_train_defaults,
+    submitted_to,
+    worker_runtime_env,
+)
 from syncpoint.orchestrator.quiet import quiet_driver, quiet_driver_start, quiet_worker
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions.grace_window import Notice
-from syncpoint.policies.decisions.redact import redact_text, redact_url
+from syncpoint.policies.decisions.redact import redact_text
 
 if TYPE_CHECKING:
     from syncpoint.orchestrator.driver_signals import DriverSignals
@@ -91,93 +100,18 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         driver.close()
 
 
-# Where the trackers of train.report_to write, passed from the driver to every worker (a remote
-# cluster's workers do not inherit the driver's environment); API keys and tokens are not among them.
-TRACKER_ENV = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_EXPERIMENT_NAME",
-    "MLFLOW_ALLOW_FILE_STORE",
-    "WANDB_MODE",
-    "WANDB_PROJECT",
-    "WANDB_ENTITY",
-    "WANDB_DIR",
-    "WANDB_BASE_URL",
-)
-
-
-def _ray_storage_path(spec: JobSpec) -> str:
-    """Where Ray Train keeps its own bookkeeping (not our states)."""
-    if spec.storage.startswith("file://"):
-        return os.path.join(spec.storage[len("file://") :], spec.name, ".ray")
-    return os.path.join(os.path.expanduser("~"), "ray_results", "syncpoint")
-
-
-def worker_runtime_env(spec: JobSpec) -> dict[str, Any]:
-    """What every Ray Train worker process starts with: the job's own variables (``scaling.env``: a
-    remote node's workers do not inherit the driver's environment, and a rank forked from a warm
-    server takes its worker's) and its ``PYTHONHASHSEED`` (from ``train.seed``), so an order that
-    follows a set or dict of strings is the same on every restart.
-
-    Why here and not in ``ray.init``: Ray Train v2 creates its worker actors with this runtime env
-    on every restart, merged over the job's (``ray job submit``'s own, when a user submits ``syncpoint
-    run`` themselves, which a driver's ``ray.init(runtime_env=...)`` may not contradict); Ray starts
-    each worker process with it, and the hash secret is fixed when an interpreter starts."""
-    from syncpoint.policies.decisions.seeds import hash_seed
-
-    return {"env_vars": {**spec.scaling.env, "PYTHONHASHSEED": str(hash_seed(spec.train.seed))}}
-
-
-# How often Ray Train's controller polls its workers when they are supervisors (Ray's default: 2 s).
-# Why lower: a worker that died (a lost node) is noticed at the next poll, so the default added 1 s
-# on average to every such restart (measured: detection 1.0-1.3 s). A supervisor answers a poll at
-# once (its rank trains in another process), so polls that are 4x as frequent cost the controller
-# one small call per worker per half second; set the variable to choose otherwise. Ray Train reads
-# it in the controller, which gets it from the driver's environment (and reports keep their cadence:
-# ``syncpoint.workers.observation.metric_sinks.REPORT_EVERY_S``).
-HEALTH_CHECK_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-
-
-SUPERVISOR_HEALTH_CHECK_S = 0.5
-
-
-@contextlib.contextmanager
-def ray_train_defaults(spec: JobSpec) -> Iterator[None]:
-    """Ray Train settings syncpoint chooses, in the driver's environment for the job's length (Ray
-    Train propagates its ``RAY_TRAIN_*`` variables to the controller and the workers when the job
-    starts); a value already set wins, and what was there before is back afterwards, so a later job
-    in the same process (a drill, a bench's baseline) starts from the caller's environment."""
-    # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
-    chosen = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-    if spec.failure.in_place:
-        chosen[HEALTH_CHECK_ENV] = str(SUPERVISOR_HEALTH_CHECK_S)
-    added = [k for k in chosen if k not in os.environ]
-    os.environ.update({k: chosen[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
-
-
 def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False, metrics_port: int | None = None) -> bool:
     """Connect to a cluster, or start an embedded local Ray (with Ray's dashboard only if ``dashboard``:
     ``syncpoint.orchestrator.embedded_ray``; its Prometheus endpoint on ``metrics_port``, said in one
     line); returns True if embedded."""
     import ray
 
-    # Ray Train settings given to the driver (poll intervals, ...) reach the controller and workers too.
-    env_vars = {k: v for k, v in os.environ.items() if k.startswith("RAY_TRAIN_")}
-    # Where the trackers of train.report_to write (not their credentials: those belong on the cluster).
-    env_vars.update({k: os.environ[k] for k in TRACKER_ENV if k in os.environ})
-    # The driver's working directory on the import path, so a task next to the job file imports
-    # (remote nodes get code through `ray job submit --working-dir`).
-    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     if ray.is_initialized():  # a caller (drill, tests) already connected
         quiet_driver()
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     quiet_driver_start()
-    runtime_env = job_runtime_env(env_vars)
+    runtime_env = job_runtime_env(driver_env_vars())
     if address:
         ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
         quiet_driver()
@@ -210,19 +144,6 @@ def connect(spec: JobSpec, address: str | None, *, dashboard: bool = False, metr
 def metrics_url(port: int) -> str:
     """Where an embedded Ray serves its Prometheus endpoint (``--metrics-port``)."""
     return f"http://127.0.0.1:{port}/metrics"
-
-
-def job_runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
-    """The job's runtime env: ``env_vars``, and the setup hook that tells every worker process its own
-    cluster (``syncpoint.orchestrator.worker_setup``), unless the job already has a hook (``ray job submit
-    --runtime-env``), which Ray would refuse to replace."""
-    from syncpoint.orchestrator.ray_internals import ray_constants
-
-    if ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR in os.environ:
-        return {"env_vars": env_vars}
-    from syncpoint.orchestrator.worker_setup import HOOK
-
-    return {"env_vars": env_vars, "worker_process_setup_hook": HOOK}
 
 
 @dataclass(frozen=True)
@@ -365,37 +286,6 @@ def _driver_lines(spec: JobSpec) -> Callable[[str], None]:
     return say
 
 
-# Where Ray's job supervisor keeps a Ray Job's config (its submission id among the metadata) in the
-# environment of the job's entrypoint: ``syncpoint submit``'s, or a user's own ``ray job submit``.
-RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
-
-
-def submitted_to(address: str | None, environ: Mapping[str, str], *, connected: bool = False) -> str:
-    """Where a submission runs, as its ``submitted`` event says it (``syncpoint events``: "submitted
-    NAME to WHERE"): a Ray Job's entrypoint by its submission id and its cluster's address (the job
-    supervisor sets ``RAY_ADDRESS``), a cluster by its address (redacted), a caller's own connection
-    (a drill, a notebook) as such, else ``embedded`` (the local Ray ``syncpoint run`` starts)."""
-    target = address or environ.get("RAY_ADDRESS")
-    job = ray_job_submission(environ)
-    if job is not None:
-        return f"Ray job {job} on {redact_url(target)}" if target else f"Ray job {job}"
-    if target:
-        return redact_url(target)
-    return "the caller's Ray" if connected else "embedded"
-
-
-def ray_job_submission(environ: Mapping[str, str]) -> str | None:
-    """The Ray Job submission id this process is the entrypoint of, else None."""
-    import json
-
-    try:
-        metadata = json.loads(environ.get(RAY_JOB_CONFIG_ENV, "")).get("metadata") or {}
-    except (ValueError, AttributeError):  # not a Ray Job (or a config this Ray version does not write)
-        return None
-    job = metadata.get("job_submission_id") if isinstance(metadata, dict) else None
-    return str(job) if job else None
-
-
 def finished_since(spec: JobSpec, since: float) -> bool:
     """Whether the run's log has a ``finished`` event written since ``since`` (this submission's end)."""
     from syncpoint.policies.contracts.journal import Finished
@@ -431,12 +321,9 @@ def stopped(spec: JobSpec, signals: DriverSignals, *, at_once: bool = False) -> 
 
 
 def _run_job(spec: JobSpec, address: str | None, how: _How, signals: DriverSignals | None = None) -> JobOutcome:
-    # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
     import ray
-    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 
-    from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
-    from syncpoint.orchestrator.warm_nodes import stop_this_node, warm_nodes, warm_this_node
+    from syncpoint.orchestrator.warm_nodes import warm_nodes, warm_this_node
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
 
@@ -457,37 +344,14 @@ def _run_job(spec: JobSpec, address: str | None, how: _How, signals: DriverSigna
         signals.install()  # again: ray.init's core worker put its own SIGTERM handler (a stack dump) in place
     board = None
     finished = False
+    failure: tuple[str, str] | None = None
     try:
         board = heartbeat_board()
         if signals is not None:
             signals.attach(board)
-        s = spec.scaling
-        trainer = _trainer(spec, embedded, how.dashboard, own_sigint=signals is not None)(
-            train_loop_per_worker,
-            train_loop_config={
-                "spec": spec.model_dump(mode="json"),
-                "submission_id": submission,
-                "print_progress": not how.progress_bar,
-                "heartbeat": board,
-            },
-            scaling_config=ScalingConfig(
-                num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
-                use_gpu=s.use_gpu,
-                resources_per_worker={"CPU": s.cpus_per_worker},
-            ),
-            **_backend(spec),
-            run_config=RunConfig(
-                name=spec.name,
-                storage_path=_ray_storage_path(spec),
-                worker_runtime_env=worker_runtime_env(spec),
-                failure_config=FailureConfig(
-                    max_failures=spec.failure.max_failures, max_preemption_failures=spec.failure.max_preemptions
-                ),
-            ),
-        )
+        trainer = _job_trainer(spec, embedded, how, submission, board, own_sigint=signals is not None)
         from syncpoint.orchestrator.failure_policy import installed
 
-        failure: tuple[str, str] | None = None
         try:
             policy = installed(spec.run_url, board, spec.failure.placement_timeout_s, submission)
             with (
@@ -503,33 +367,80 @@ def _run_job(spec: JobSpec, address: str | None, how: _How, signals: DriverSigna
             failure = placement_report(spec, e) or failure_report(e)
             failure = (failure[0] + not_retried(spec, submission), failure[1])
     finally:
-        from syncpoint.workers.state.memory_copy import keeps_copies, remove_for
-        from syncpoint.workers.storage.lease import release_lease
+        _end_submission(spec, submission, finished=finished, board=board, ours=ours, prewarmed=prewarmed)
+    return _outcome(spec, failure, signals, lambda: finished_since(spec, submitted.time))
 
-        # the run's memory copies must not outlive the job: this node's, and (when the job did not
-        # finish, so a reaper may have kept one for Ray Train's restart) every node's its ranks ran on
-        remove_for(spec.run_url)
-        if (
-            not finished
-            and keeps_copies(spec.checkpoint.memory_copy, RunStorage(spec.run_url))
-            and ray.is_initialized()
-        ):
-            with contextlib.suppress(Exception):  # best effort: a node that is gone took its tmpfs with it
-                remove_on_nodes(spec.run_url, submission)
-        release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
-        if board is not None:
-            with contextlib.suppress(Exception):  # the board dies with the driver anyway
-                ray.kill(board)
-        if ours:
-            ray.shutdown()
-        if prewarmed:  # stopped with the job's other servers, unless Ray never got that far
-            stop_this_node(spec, submission)
+
+def _job_trainer(spec: JobSpec, embedded: bool, how: _How, submission: str, board: Any, *, own_sigint: bool) -> Any:
+    """The job's trainer, its workers running ``train_loop_per_worker`` with the job's scaling, failure
+    budget, storage and runtime env."""
+    # Train V2's classes, what `ray.train` and `ray.train.torch` export at run time (type checkers see V1's there)
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+
+    s = spec.scaling
+    return _trainer(spec, embedded, how.dashboard, own_sigint=own_sigint)(
+        train_loop_per_worker,
+        train_loop_config={
+            "spec": spec.model_dump(mode="json"),
+            "submission_id": submission,
+            "print_progress": not how.progress_bar,
+            "heartbeat": board,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=(s.min_workers, s.max_workers) if s.elastic else s.max_workers,
+            use_gpu=s.use_gpu,
+            resources_per_worker={"CPU": s.cpus_per_worker},
+        ),
+        **_backend(spec),
+        run_config=RunConfig(
+            name=spec.name,
+            storage_path=ray_storage_path(spec),
+            worker_runtime_env=dict(worker_runtime_env(spec)),
+            failure_config=FailureConfig(
+                max_failures=spec.failure.max_failures, max_preemption_failures=spec.failure.max_preemptions
+            ),
+        ),
+    )
+
+
+def _end_submission(spec: JobSpec, submission: str, *, finished: bool, board: Any, ours: bool, prewarmed: bool) -> None:
+    """What a submission leaves behind goes, however it ended: its memory copies, its lease, its
+    heartbeat board, the Ray it started and the warm server it started ahead of Ray."""
+    import ray
+
+    from syncpoint.orchestrator.memory_cleanup import remove_on_nodes
+    from syncpoint.orchestrator.warm_nodes import stop_this_node
+    from syncpoint.workers.state.memory_copy import keeps_copies, remove_for
+    from syncpoint.workers.storage import RunStorage
+    from syncpoint.workers.storage.lease import release_lease
+
+    # the run's memory copies must not outlive the job: this node's, and (when the job did not
+    # finish, so a reaper may have kept one for Ray Train's restart) every node's its ranks ran on
+    remove_for(spec.run_url)
+    if not finished and keeps_copies(spec.checkpoint.memory_copy, RunStorage(spec.run_url)) and ray.is_initialized():
+        with contextlib.suppress(Exception):  # best effort: a node that is gone took its tmpfs with it
+            remove_on_nodes(spec.run_url, submission)
+    release_lease(RunStorage(spec.run_url), submission)  # the submission is over, whatever its outcome
+    if board is not None:
+        with contextlib.suppress(Exception):  # the board dies with the driver anyway
+            ray.kill(board)
+    if ours:
+        ray.shutdown()
+    if prewarmed:  # stopped with the job's other servers, unless Ray never got that far
+        stop_this_node(spec, submission)
+
+
+def _outcome(
+    spec: JobSpec, failure: tuple[str, str] | None, signals: DriverSignals | None, finished_run: Callable[[], bool]
+) -> JobOutcome:
+    """The job's last line: why it failed, what a driver's signal kept, or the finished run's summary
+    (``finished_run``: whether this submission's run finished, read from its log only when a signal came)."""
     if failure is not None:
         reason, details = (redact_text(text, spec.storage) for text in failure)
         return JobOutcome(
             line=f"syncpoint: job {spec.name!r} failed: {reason}", failed=True, reason=reason, details=details
         )
-    if signals is not None and signals.received is not None and not finished_since(spec, submitted.time):
+    if signals is not None and signals.received is not None and not finished_run():
         return stopped(spec, signals)
     line, summary = finish(spec)
     return JobOutcome(line=line, failed=False, summary=summary)

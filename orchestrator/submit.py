@@ -16,7 +16,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from syncpoint.policies.contracts.errors import SpecError
 from syncpoint.policies.contracts.spec import JobSpec
@@ -306,6 +306,19 @@ print(MARK + json.dumps(r))
 """
 
 
+class ProbeReport(TypedDict):
+    """What the probe prints of the cluster's Python (``PROBE``): its path and version, its syncpoint
+    (None: not installed), the modules it lacks, why importing syncpoint failed, the spec's import
+    paths' problems there."""
+
+    python: str
+    version: str
+    syncpoint: str | None
+    missing: list[str]
+    error: str | None
+    imports: list[str]
+
+
 def probe_script(paths: list[tuple[str, str]]) -> str:
     """The probe's Python source; ``paths`` are the spec's (field, import path) pairs (identifiers only,
     checked by the spec), looked up on the cluster by the same code as ``syncpoint validate``."""
@@ -324,7 +337,7 @@ def preflight(
     paths: Sequence[tuple[str, str]] = (),
     source: str = "submit",
     timeout_s: float | None = None,
-) -> dict[str, Any]:
+) -> ProbeReport:
     """Run the probe job and wait for it (bounded); refuse (SpecError, exit 2) unless the cluster's
     ``python`` imports syncpoint at this machine's version and finds the modules of ``paths``.
     Returns the probe's report."""
@@ -384,17 +397,9 @@ def preflight(
             ],
             "the cluster cannot run syncpoint",
         )
-    report = json.loads(line[len(PROBE_MARK) :])
+    report = cast(ProbeReport, json.loads(line[len(PROBE_MARK) :]))  # the probe's own line: PROBE writes it
     py = f"{report['python']} (Python {report['version']})"
-    problems = []
-    if report["syncpoint"] is None:
-        problems.append("syncpoint is not installed in it")
-    elif ours and report["syncpoint"] != ours:
-        problems.append(f"it has syncpoint {report['syncpoint']}, this machine {ours}")
-    if report["missing"]:
-        problems.append(f"it lacks {', '.join(report['missing'])}")
-    elif report["error"]:
-        problems.append(f"importing syncpoint fails there: {report['error']}")
+    problems = _probe_problems(report, ours)
     if problems:
         raise SpecError(
             where,
@@ -414,6 +419,20 @@ def preflight(
         flush=True,
     )
     return report
+
+
+def _probe_problems(report: ProbeReport, ours: str | None) -> list[str]:
+    """Why the cluster's Python cannot run syncpoint, as the probe reported it (empty: it can)."""
+    problems = []
+    if report["syncpoint"] is None:
+        problems.append("syncpoint is not installed in it")
+    elif ours and report["syncpoint"] != ours:
+        problems.append(f"it has syncpoint {report['syncpoint']}, this machine {ours}")
+    if report["missing"]:
+        problems.append(f"it lacks {', '.join(report['missing'])}")
+    elif report["error"]:
+        problems.append(f"importing syncpoint fails there: {report['error']}")
+    return problems
 
 
 async def _stream(client: JobSubmissionClient, job_id: str) -> None:
