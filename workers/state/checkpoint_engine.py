@@ -82,6 +82,7 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
         # within ``capturing``, each shard's rel path -> its copied structure, in save order
         self.arena = SnapshotArena()
         self.captured: dict[str, Any] | None = None
+        self.now: Callable[[Any], bool] | None = None  # within ``capturing``: which tensors are copied at once
         # a load of a verified state: rel path -> the verified file's path (``serving``)
         self.served: tuple[str, dict[str, str]] | None = None
         # and the files already unpickled on the fetch's second thread (``syncpoint.workers.state.preload``)
@@ -119,27 +120,29 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
             self.root, self.sink = None, None
 
     @contextlib.contextmanager
-    def capturing(self, root: str) -> Iterator[dict[str, Any]]:
+    def capturing(self, root: str, now: Callable[[Any], bool] = lambda t: True) -> Iterator[dict[str, Any]]:
         """Within the block, shards DeepSpeed saves under ``root`` are only copied into the arena
         (an async save's snapshot); the block's value maps each rel path to its copy, to serialize
-        later with :func:`write_captured`. Device-to-host copies are complete when the block exits.
-        The caller releases the arena (``self.arena.release()``) once the copies are written."""
+        later with :func:`write_captured`. A tensor for which ``now`` is false is staged
+        (``syncpoint.workers.state.snapshot_arena``): its copy is made by ``arena.end_copies``,
+        which the caller runs before serializing and training waits for (``arena.copied``) before
+        it changes such a tensor. The caller releases the arena (``self.arena.release()``) once the
+        copies are written."""
         self.arena.begin()
-        self.root, self.captured = root, {}
+        self.root, self.captured, self.now = root, {}, now
         try:
             yield self.captured
         except BaseException:
             self.arena.end_copies()
             self.arena.release()
             raise
-        else:
-            self.arena.end_copies()
         finally:
-            self.root, self.captured = None, None
+            self.root, self.captured, self.now = None, None, None
 
     def save(self, state_dict: Any, path: str) -> None:
         if self.root is not None and self.captured is not None:
-            self.captured[os.path.relpath(path, self.root).replace(os.sep, "/")] = self.arena.capture(state_dict)
+            rel = os.path.relpath(path, self.root).replace(os.sep, "/")
+            self.captured[rel] = self.arena.capture(state_dict, self.now or (lambda t: True))
             return None
         if self.sink is None or self.root is None:
             return super().save(state_dict, path)

@@ -74,6 +74,11 @@ class SaveCoordinator:
     def seconds_since_last_save(self) -> float:
         return time.monotonic() - self.last_save_time
 
+    def before_optimizer_step(self) -> None:
+        """The loop's next optimizer step changes what an in-flight asynchronous save staged: its
+        copies must be made first (``StateWriter.wait_staged``)."""
+        self.writer.wait_staged()
+
     def uploading(self) -> bool:
         """This rank's vote at the boundary: its asynchronous upload is still running."""
         return self.writer.uploading()

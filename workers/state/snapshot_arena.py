@@ -1,10 +1,14 @@
-"""Reusable host buffers for an asynchronous save's snapshot: the only part of it that blocks training.
+"""Reusable host buffers for an asynchronous save's snapshot, and when its copies are made.
 
-Why: an async save must capture a consistent state before training moves on, but the training
-thread need not serialize it. As in DCP's async save and CheckFreq's snapshot/persist split, the
-blocking part is one copy of every tensor into host memory (CPU: a memcpy; CUDA: a device-to-host
-copy into pinned memory, ``non_blocking`` with one synchronize at the end); ``torch.save``,
-checksum and upload then run in the background on the copy (``syncpoint.workers.state.writer``).
+Why: an async save must capture a consistent state before training changes it, but the training
+thread need not serialize it. As in DCP's async save and CheckFreq's snapshot/persist split, every
+tensor is copied once into host memory, and ``torch.save``, checksum and upload run in the
+background on the copy (``syncpoint.workers.state.writer``). The copy itself need not block either
+(DCP's asynchronous staging): a parameter or an optimizer moment changes only at the next
+optimizer step, so its copy is *staged*: made by the upload thread (CPU: a memcpy) or queued
+(CUDA: a ``non_blocking`` device-to-host copy into pinned memory, which the stream orders before
+any later kernel), and the loop waits for it only before that step (``wait_staged``). What a
+forward pass changes in place, the module's buffers (BatchNorm statistics), is copied at once.
 
 The buffers are an arena of large chunks allocated once and reused save after save: the same
 sequence of tensor sizes lands at the same offsets of the same chunks, so a steady-state save
@@ -27,7 +31,8 @@ independent deep copy that later training cannot mutate.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +64,9 @@ class SnapshotArena:
         self.used = 0  # bytes filled by the current (or last) save, alignment padding included
         self._cursor = (0, 0)  # (chunk index, offset) of the next slot
         self._device_copies = False
+        self._staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slot, source) copies not made yet
+        self.copied = threading.Event()  # every copy of the current snapshot is made (set: none pending)
+        self.copied.set()
 
     @property
     def capacity(self) -> int:
@@ -69,13 +77,23 @@ class SnapshotArena:
         """Start a save's snapshot at the arena's start (the previous one must be released)."""
         assert not self.busy, "snapshot arena reused while the previous save is still being written"
         self.busy, self.used, self._cursor, self._device_copies = True, 0, (0, 0), False
+        self._staged = []
+        self.copied.clear()
 
     def end_copies(self) -> None:
-        """Wait for the device-to-host copies of this save (one synchronize): after it the
-        snapshot is consistent and training may change the tensors."""
-        if self._device_copies:
-            torch.cuda.synchronize()
-            self._device_copies = False
+        """Make the staged copies and wait for the device-to-host ones (one synchronize): after it the
+        snapshot is consistent (``copied`` is set) and training may change the tensors. The upload
+        thread calls it before serializing; an error leaves ``copied`` set all the same, so the loop
+        never waits for a snapshot that will not come (the upload raises it at the commit)."""
+        try:
+            with torch.no_grad():
+                for slot, source in self._staged:
+                    slot.copy_(source)
+            if self._device_copies:
+                torch.cuda.synchronize()
+        finally:
+            self._staged, self._device_copies = [], False
+            self.copied.set()
 
     def release(self) -> None:
         """The snapshot was serialized: the next save may overwrite the buffers."""
@@ -88,10 +106,12 @@ class SnapshotArena:
         being written keeps its chunk alive through its own views until the write is done."""
         self.chunks, self.busy, self.used, self._cursor = [], False, 0, (0, 0)
 
-    def capture(self, obj: Any) -> Any:
+    def capture(self, obj: Any, now: Callable[[torch.Tensor], bool] = lambda t: True) -> Any:
         """A deep copy of ``obj`` whose tensors (found in dicts, lists and tuples) live in the
-        arena; the same tensor (or view of the same memory) appearing twice shares its copy. Must
-        be between :meth:`begin` and :meth:`release`; call :meth:`end_copies` before training."""
+        arena; the same tensor (or view of the same memory) appearing twice shares its copy. A CPU
+        tensor for which ``now`` is false is staged: its slot holds its bytes only after
+        :meth:`end_copies`, and it must not change before then. Must be between :meth:`begin` and
+        :meth:`release`."""
         assert self.busy, "capture outside begin()/release()"
         memo: dict[int, Any] = {}
         slots: dict[tuple[Any, ...], torch.Tensor] = {}
@@ -101,7 +121,7 @@ class SnapshotArena:
             key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
             base = slots.get(key)
             if base is None:
-                base = slots[key] = self._copy(t)
+                base = slots[key] = self._copy(t, staged=not t.is_cuda and not now(t))
                 memo[id(t)] = base
             else:  # another tensor object over the same memory: its own tensor, sharing the storage
                 memo[id(t)] = base.detach()
@@ -109,13 +129,17 @@ class SnapshotArena:
                 memo[id(t)] = torch.nn.Parameter(memo[id(t)], requires_grad=t.requires_grad)
         return copy.deepcopy(obj, memo)
 
-    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+    def _copy(self, t: torch.Tensor, staged: bool = False) -> torch.Tensor:
         nbytes = t.numel() * t.element_size()
         target, alias = self._slot(nbytes, pin=t.is_cuda)
-        with torch.no_grad():
-            # into a view of the chunk's own (pinned) tensor, so torch's pinned-memory bookkeeping of
-            # a non_blocking device-to-host copy sees its allocation; the alias is the same bytes
-            target.view(t.dtype).view(t.shape).copy_(t.detach(), non_blocking=t.is_cuda)
+        # into a view of the chunk's own (pinned) tensor, so torch's pinned-memory bookkeeping of
+        # a non_blocking device-to-host copy sees its allocation; the alias is the same bytes
+        slot = target.view(t.dtype).view(t.shape)
+        if staged:  # detached now: the memory the tensor has at the boundary, whatever points at it later
+            self._staged.append((slot, t.detach()))
+        else:
+            with torch.no_grad():
+                slot.copy_(t.detach(), non_blocking=t.is_cuda)
         self._device_copies |= t.is_cuda
         return alias.view(t.dtype).view(t.shape)
 

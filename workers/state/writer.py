@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -76,6 +76,9 @@ class Snapshot:
     # engine whose arena holds them (released once they are written)
     captured: dict[str, Any] = field(default_factory=dict, repr=False)
     arena_of: StreamingCheckpointEngine | None = field(default=None, repr=False)
+    # set once the arena holds every staged copy (the upload thread makes them first): training waits
+    # for it before its next optimizer step (``StateWriter.wait_staged``)
+    copied: threading.Event | None = field(default=None, repr=False)
     signing_key: bytes | None = field(
         default=None, repr=False
     )  # rank 0 signs the manifest (syncpoint.workers.integrity.signing)
@@ -131,7 +134,7 @@ def take_snapshot(
             with ce.streaming(staging, _durable_sink(direct, name, algo, memory)) as written:
                 engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
         else:
-            with ce.capturing(staging) as captured:
+            with ce.capturing(staging, now=_changed_by_forward(engine)) as captured:
                 engine.save_checkpoint(staging, tag=ENGINE_TAG, save_latest=False)
         if full_optimizer_state:
             from syncpoint.workers.state.elastic_state import save_full_optimizer_state
@@ -154,9 +157,18 @@ def take_snapshot(
     )
     snap.files.update(written)
     if direct is None:
-        snap.captured, snap.arena_of = dict(captured), ce
+        snap.captured, snap.arena_of, snap.copied = dict(captured), ce, ce.arena.copied
     snap.blocked = time.perf_counter() - t0
     return snap
+
+
+def _changed_by_forward(engine: DeepSpeedEngine) -> Callable[[Any], bool]:
+    """Which of the state's tensors a forward pass changes in place: the module's buffers (BatchNorm
+    statistics), by their memory. Their copies are made at the boundary; every other tensor of the
+    state (parameters, their ZeRO partitions, optimizer moments) changes only at the next optimizer
+    step, so its copy is staged (``syncpoint.workers.state.snapshot_arena``)."""
+    memory = {b.untyped_storage().data_ptr() for b in engine.module.buffers()}
+    return lambda t: t.untyped_storage().data_ptr() in memory
 
 
 def _durable_sink(storage: RunStorage, name: str, algo: str, memory: MemoryCopy | None = None) -> Sink:
@@ -226,6 +238,7 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
         if snap.arena_of is not None:
             ce = snap.arena_of
             try:
+                ce.arena.end_copies()  # the staged copies first: training waits for them at its next step
                 mine.update(
                     write_captured(
                         snap.captured,
@@ -450,6 +463,16 @@ class StateWriter:
                 memory=self.memory,
             )
         )
+
+    def wait_staged(self) -> None:
+        """Before training changes its parameters or optimizer state (its next optimizer step): the
+        in-flight snapshot's staged copies are made. Time waited counts as blocked by that save."""
+        snap = self.upload.snap
+        if snap is None or snap.copied is None or snap.copied.is_set():
+            return
+        t0 = time.perf_counter()
+        snap.copied.wait()
+        snap.blocked += time.perf_counter() - t0
 
     def commit_in_flight(self) -> SaveResult:
         """Wait for the background upload, then gather, write the trainer record and commit."""

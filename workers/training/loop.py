@@ -369,6 +369,7 @@ class TrainingLoop:
             # group's rate is its own base rate times the factor.
             factor = self.parts.schedule.factor(at.schedule_position, self.attempt.run_length.schedule_horizon)
             state.lrs = set_lr(engine, factor)
+            self.saves.before_optimizer_step()  # an async save's staged copies are made before it changes them
         engine.step()
         if boundary:
             at.optimizer_stepped(self.train.scheduler.unit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import time
 
 import pytest
 import torch
@@ -194,19 +195,23 @@ def test_training_after_save_returns_does_not_change_what_is_written(tmp_path):
 
 
 def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, monkeypatch):
-    """A real run (DeepSpeed ZeRO-2, checkpoint.async): right after each async snapshot returns, and
-    before its background thread starts, every parameter, fp32 master partition and Adam moment
-    is changed in place; the committed files still hold the values of the boundary, bitwise."""
+    """A real run (DeepSpeed ZeRO-2, checkpoint.async) whose staged copies come late (the upload
+    thread sleeps before it makes them): at the first moment training may change the state again,
+    right after the loop's wait before its next optimizer step, every parameter, fp32 master
+    partition and Adam moment is changed in place, and the optimizer step follows; the committed
+    files still hold the values of the boundary, bitwise."""
     import syncpoint.workers.state.writer as sw
+    from syncpoint.workers.state.snapshot_arena import SnapshotArena
 
     seen: dict[str, dict] = {}
-    orig = sw.take_snapshot
+    mutated: set[str] = set()
+    orig, orig_copies, orig_wait = sw.take_snapshot, SnapshotArena.end_copies, sw.StateWriter.wait_staged
 
-    def take_and_mutate(engine, *a, **kw):
+    def take_and_record(engine, *a, **kw):
         snap = orig(engine, *a, **kw)
         if kw.get("direct") is not None:
-            return snap  # the run's last save is synchronous: streamed, nothing to mutate before an upload
-        assert snap.captured and not snap.files  # nothing serialized yet: only copied
+            return snap  # the run's last save is synchronous: streamed, nothing staged
+        assert snap.captured and not snap.files  # nothing serialized yet
         opt = engine.optimizer
         moments = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
         seen[snap.name] = {
@@ -214,12 +219,27 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
             "fp32": [t.detach().clone() for t in opt.single_partition_of_fp32_groups],
             "moments": [t.detach().clone() for t in moments],
         }
-        with torch.no_grad():
-            for t in [*engine.module.parameters(), *opt.single_partition_of_fp32_groups, *moments]:
-                t.add_(1.0)
         return snap
 
-    monkeypatch.setattr(sw, "take_snapshot", take_and_mutate)
+    def late_copies(arena):
+        time.sleep(0.3)
+        orig_copies(arena)
+
+    def wait_then_mutate(writer):
+        snap = writer.upload.snap
+        orig_wait(writer)
+        if snap is None or snap.name not in seen or snap.name in mutated:
+            return
+        mutated.add(snap.name)
+        opt = writer.engine.optimizer
+        moments = [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+        with torch.no_grad():
+            for t in [*writer.engine.module.parameters(), *opt.single_partition_of_fp32_groups, *moments]:
+                t.add_(1.0)
+
+    monkeypatch.setattr(SnapshotArena, "end_copies", late_copies)
+    monkeypatch.setattr(sw.StateWriter, "wait_staged", wait_then_mutate)
+    monkeypatch.setattr(sw, "take_snapshot", take_and_record)
     spec = lm_spec(
         tmp_path / "run",
         "task.config.num_samples=24",
@@ -229,7 +249,7 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
         "checkpoint.async=true",
     )
     run(spec)
-    assert seen
+    assert seen and mutated
     store = RunStorage(spec.run_url)
     for name, ref in seen.items():
         assert store.exists("states", name, "manifest.json")
