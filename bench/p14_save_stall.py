@@ -5,7 +5,8 @@ checkpoint, side by side.
 What it measures
     The same training on 2 ranks (gloo, CPU, 1 thread a rank): a stack of ``--layers`` square
     ``Linear`` layers (width ``WIDTH``, no bias) under DeepSpeed ZeRO 0, fp32, torch's AdamW, micro-batch
-    8, no accumulation, a save every ``SAVE_EVERY`` optimizer steps to local disk; the state a save
+    8, no accumulation, a save every ``SAVE_EVERY`` optimizer steps to local disk (``--s3``: every
+    ``SAVE_EVERY_S3`` to a moto S3 server on loopback, the one the tests use); the state a save
     holds is the weights and both Adam moments, 12 bytes a parameter (``--state-mb`` picks the layers:
     0.5 GB and 2 GB by default, 128 MB with ``--quick``). Rank 0 reads the clocks.
 
@@ -33,7 +34,8 @@ What it measures
       same loop saving through DLRover's flash checkpoint (``DeepSpeedCheckpointer.save_checkpoint``
       with ``StorageType.DISK``: the state into shared memory, then DLRover's saver process writes it;
       without ``dlrover-run`` the checkpointer starts that saver on local rank 0 itself). Blocked = the
-      call; durable = its start to DLRover's tracer file naming the step.
+      call; durable = its start to DLRover's tracer file naming the step. Its flash checkpoint writes to
+      a disk only: with ``--s3`` it is left out, and DCP writes through its ``FsspecWriter`` (s3fs).
 
 Goals (issue 51, P14): blocked time per save <= the better of DCP's and DLRover's at each size; time
 to durable storage <= 1.0x DCP's.
@@ -42,6 +44,7 @@ Command (from the repo root; ``--quick``: one size of 128 MB, one round, about 2
 
     .venv/bin/python -m bench.p14_save_stall --quick
     .venv/bin/python -m bench.p14_save_stall                # 0.5 GB and 2 GB, 2 rounds
+    .venv/bin/python -m bench.p14_save_stall --s3 --state-mb 512   # to the moto S3 server
 
 No timed assertions: the script reports, it does not pass or fail on time.
 """
@@ -65,6 +68,17 @@ ROOT = Path(__file__).resolve().parents[1]
 WORLD, MBS, SEED, LR = 2, 8, 1234, 1e-4
 WIDTH = 1024  # one layer: WIDTH x WIDTH parameters, 12 bytes each in a state (weights + two Adam moments)
 SAVE_EVERY = 2  # optimizer steps between saves
+# to the S3 server: an upload there takes longer than two steps, so a save every two would measure
+# waiting for the last upload (DCP's one save in flight) or fewer saves (syncpoint's next waits), not a save
+SAVE_EVERY_S3 = 8
+EVERY_ENV = "P14_SAVE_EVERY"  # the cadence of this run, for every side's ranks
+
+
+def save_every() -> int:
+    """Optimizer steps between saves in this run (``--s3`` sets a longer cadence)."""
+    return int(os.environ.get(EVERY_ENV, SAVE_EVERY))
+
+
 BYTES_PER_PARAM = 12
 
 SPEC = """
@@ -131,8 +145,9 @@ def num_samples(steps: int) -> int:
 # --- syncpoint ------------------------------------------------------------------------------------
 
 
-def run_syncpoint(work: str, layers: int, steps: int) -> list[tuple[float, float]]:
-    """(blocked, durable) seconds of each interval save of one run."""
+def run_syncpoint(work: str, layers: int, steps: int, store: str | None = None) -> list[tuple[float, float]]:
+    """(blocked, durable) seconds of each interval save of one run (``store``: its storage URL,
+    default a directory of ``work``)."""
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
@@ -145,9 +160,9 @@ def run_syncpoint(work: str, layers: int, steps: int) -> list[tuple[float, float
         mbs=MBS,
         seed=SEED,
         lr=LR,
-        save_every=SAVE_EVERY,
+        save_every=save_every(),
     )
-    spec = resolve_storage(parse_spec(text, "p14", [f"storage={os.path.join(work, 'runs')}"]))
+    spec = resolve_storage(parse_spec(text, "p14", [f"storage={store or os.path.join(work, 'runs')}"]))
     codes = run_spawned(spec, world_size=WORLD, timeout=1800)
     if any(codes):
         raise RuntimeError(f"syncpoint's ranks exited {codes}")
@@ -232,7 +247,10 @@ def _plain_engine(rank: int, port: int, layers: int, steps: int) -> tuple[Any, A
 def _dcp_train(rank: int, port: int, layers: int, steps: int, work: str, out: str) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    store = os.environ.get(STORE_ENV)  # an object store's URL (``--s3``), written through fsspec
 
     engine, optimizer, loader = _plain_engine(rank, port, layers, steps)
     stager, pinned = _stager()
@@ -241,14 +259,16 @@ def _dcp_train(rank: int, port: int, layers: int, steps: int, work: str, out: st
         engine.backward(loss(engine, batch))
         _wait_for_staging(saves)  # before the optimizer step changes what the last save is staging
         engine.step()
-        if step % SAVE_EVERY == 0 and step < steps:
+        if step % save_every() == 0 and step < steps:
             t0 = time.perf_counter()
             if saves:  # one save in flight at a time: torchtitan waits for the last one's upload here too
                 saves[-1]["response"].upload_completion.result()
             state = {"model": engine.module.state_dict(), "optimizer": optimizer.state_dict()}
+            where = f"{store}/step-{step}" if store else os.path.join(work, f"step-{step}")
             response = dcp.async_save(
                 state,
-                checkpoint_id=os.path.join(work, f"step-{step}"),
+                checkpoint_id=where,
+                storage_writer=FsspecWriter(where) if store else None,
                 async_checkpointer_type=AsyncCheckpointerType.PROCESS,
                 async_stager=stager,
             )
@@ -324,7 +344,7 @@ def _dlrover_train(rank: int, port: int, layers: int, steps: int, work: str, out
     for step, batch in enumerate(loader, start=1):
         engine.backward(loss(engine, batch))
         engine.step()
-        if step % SAVE_EVERY == 0 and step < steps:
+        if step % save_every() == 0 and step < steps:
             t0 = time.perf_counter()
             checkpointer.save_checkpoint(directory, tag=step, storage_type=StorageType.DISK)
             saves.append((step, t0, time.perf_counter() - t0))
@@ -370,6 +390,7 @@ def run_peer(side: str, work: str, layers: int, steps: int) -> tuple[list[tuple[
 # --- comparison -----------------------------------------------------------------------------------
 
 DCP, DLROVER = "DCP", "DLRover"
+STORE_ENV = "P14_STORE"  # the peers' ranks read the object store's URL from their environment
 
 
 def dlrover_installed() -> bool:
@@ -385,7 +406,53 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state-mb", type=int, nargs="+", default=None, help="state sizes (default 512 2048)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=10, help="optimizer steps a run (a save every 2; --quick 8)")
+    p.add_argument(
+        "--s3", action="store_true", help="save to a moto S3 server on loopback (DLRover: disk only, left out)"
+    )
     return p
+
+
+def _start_s3() -> Any:
+    """moto's S3 server (bench P10's), its endpoint in this process's environment and fsspec's, so the
+    spawned ranks of every side write to it."""
+    from bench.p10_object_store import start_moto
+
+    proc, _endpoint = start_moto()
+    return proc
+
+
+def _rounds(
+    sizes: list[int], rounds: int, sides: list[str], steps: int, *, s3: bool
+) -> tuple[dict[tuple[int, str], list[tuple[float, float]]], bool]:
+    """Every side ``rounds`` times per size, interleaved: (the saves of each size and side, each run's
+    first left out; whether DCP's stager had pinned memory)."""
+    from bench.p10_object_store import BUCKET
+
+    table: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    pinned = False
+    for size in sizes:
+        layers = layers_for(size)
+        for r in range(rounds):
+            for side in sides:
+                store = f"s3://{BUCKET}/p14-{size}-{r}-{side.lower()}" if s3 else None
+                os.environ.pop(STORE_ENV, None)
+                if store and side != "syncpoint":
+                    os.environ[STORE_ENV] = store
+                with tempfile.TemporaryDirectory(prefix="p14-", dir=os.environ.get("P14_DIR")) as work:
+                    t0 = time.perf_counter()
+                    if side == "syncpoint":
+                        saves = run_syncpoint(work, layers, steps, store)
+                    else:
+                        saves, got_pinned = run_peer(side, work, layers, steps)
+                        pinned = pinned or got_pinned
+                table.setdefault((size, side), []).extend(saves[1:])  # steady state: the first left out
+                print(
+                    f"  {size} MB ({layers} layers), round {r + 1}, {side:9s}: {len(saves)} saves, blocked "
+                    f"{', '.join(f'{b:.2f}' for b, _ in saves)} s; durable {', '.join(f'{d:.2f}' for _, d in saves)} s "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
+    return table, pinned
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,35 +462,30 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if args.quick else args.rounds
     if args.quick:
         args.steps = 8
+    if args.s3:  # three interval saves at the longer cadence
+        os.environ[EVERY_ENV] = str(SAVE_EVERY_S3)
+        args.steps = max(args.steps, 3 * SAVE_EVERY_S3 + 2)
     print(
         f"P14 save stall: {WORLD} ranks (gloo, 1 thread each), Linear {WIDTH}x{WIDTH} layers, ZeRO 0 fp32, AdamW; "
-        f"{args.steps} optimizer steps a run, a save every {SAVE_EVERY} to local disk; sizes {sizes} MB; "
-        f"{rounds} round(s)",
+        f"{args.steps} optimizer steps a run, a save every {save_every()} to "
+        f"{'a moto S3 server on loopback' if args.s3 else 'local disk'}; sizes {sizes} MB; {rounds} round(s)",
         flush=True,
     )
-    sides = ["syncpoint", DCP] + ([DLROVER] if dlrover_installed() else [])
+    sides = ["syncpoint", DCP] + ([DLROVER] if dlrover_installed() and not args.s3 else [])
     if DLROVER not in sides:
-        print("DLRover is not installed here (pip install -e '.[bench]'): its side is left out", flush=True)
-    table: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    pinned = False
-    for size in sizes:
-        layers = layers_for(size)
-        for r in range(rounds):
-            for side in sides:
-                with tempfile.TemporaryDirectory(prefix="p14-", dir=os.environ.get("P14_DIR")) as work:
-                    t0 = time.perf_counter()
-                    if side == "syncpoint":
-                        saves = run_syncpoint(work, layers, args.steps)
-                    else:
-                        saves, got_pinned = run_peer(side, work, layers, args.steps)
-                        pinned = pinned or got_pinned
-                table.setdefault((size, side), []).extend(saves[1:])  # steady state: the first left out
-                print(
-                    f"  {size} MB ({layers} layers), round {r + 1}, {side:9s}: {len(saves)} saves, blocked "
-                    f"{', '.join(f'{b:.2f}' for b, _ in saves)} s; durable {', '.join(f'{d:.2f}' for _, d in saves)} s "
-                    f"({time.perf_counter() - t0:.0f} s)",
-                    flush=True,
-                )
+        why = (
+            "its flash checkpoint writes to a disk only"
+            if args.s3
+            else "not installed here (pip install -e '.[bench]')"
+        )
+        print(f"DLRover: {why}: its side is left out", flush=True)
+    moto = _start_s3() if args.s3 else None
+    try:
+        table, pinned = _rounds(sizes, rounds, sides, args.steps, s3=moto is not None)
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait()
     print(f"\n{'state':>8} | {'side':9s} | {'saves':>5} | {'blocked s (median)':>18} | {'durable s (median)':>18}")
     medians: dict[tuple[int, str], tuple[float, float]] = {}
     for (size, side), saves in table.items():
@@ -434,16 +496,17 @@ def main(argv: list[str] | None = None) -> int:
         f"\nDCP staged as torchtitan's async_with_pinned_mem: a process checkpointer, shared memory, asynchronous "
         f"staging, pinned memory {'on' if pinned else 'off (no accelerator here: pinned memory needs one)'}"
     )
+    where = "_s3" if args.s3 else ""
     for size in sizes:
         (ours_b, ours_d), dcp_d = medians[(size, "syncpoint")], medians[(size, DCP)][1]
         best, best_b = min(((side, medians[(size, side)][0]) for side in sides[1:]), key=lambda x: x[1])
         print(
-            f"goal save_blocked_vs_best_peer_{size}mb: {ours_b / best_b:.2f}x vs <= 1.0x: "
+            f"goal save_blocked_vs_best_peer_{size}mb{where}: {ours_b / best_b:.2f}x vs <= 1.0x: "
             f"{'met' if ours_b <= best_b else 'not met'} ({ours_b:.3f} s vs {best_b:.3f} s blocked per save, "
             f"{best} the better of {', '.join(sides[1:])}; side by side)"
         )
         print(
-            f"goal save_durable_vs_dcp_{size}mb: {ours_d / dcp_d:.2f}x vs <= 1.0x: "
+            f"goal save_durable_vs_dcp_{size}mb{where}: {ours_d / dcp_d:.2f}x vs <= 1.0x: "
             f"{'met' if ours_d <= dcp_d else 'not met'} ({ours_d:.2f} s vs {dcp_d:.2f} s from the save to durable "
             "storage, side by side)"
         )
