@@ -125,9 +125,10 @@ class CheckpointSpec(Strict):
         False,
         alias="async",
         description=(
-            "Only a copy of the tensors into reusable host buffers blocks training; serialization, checksum and "
-            "upload run in the background, and the manifest commits once every rank's upload finished (at most one "
-            "save in flight; the run's last save is synchronous)."
+            "Training does not wait for serialization, checksum or upload, which run in the background, nor for the "
+            "copy of parameters and optimizer state into reusable host buffers, which is made meanwhile and waited "
+            "for only before the next optimizer step; the manifest commits once every rank's upload finished (at "
+            "most one save in flight; the run's last save is synchronous)."
         ),
     )
     memory_copy: bool | Literal["auto"] = Field(
