@@ -39,6 +39,7 @@ run after the warm-up), about 2 minutes on 2 quiet cores):
     .venv/bin/python -m bench.p13_loop_throughput            # ZeRO 0, 2, 3; 3 rounds of 96 steps
     .venv/bin/python -m bench.p13_loop_throughput --quick --compile   # both sides compiled (train.compile)
     .venv/bin/python -m bench.p13_loop_throughput --quick --metrics   # + syncpoint with its metrics scraped
+    .venv/bin/python -m bench.p13_loop_throughput --quick --saves     # + syncpoint with auto async saves
 
 With ``--compile`` each side compiles its model (syncpoint's ``train.compile``; the plain loop calls
 ``engine.compile()`` after ``deepspeed.initialize``, with the same compile cache), the compile in the
@@ -49,6 +50,12 @@ this process does what a Ray run's driver does for the run's ``syncpoint_*`` ser
 read and every gauge set each ``metrics_export.POLL_S``, through an embedded Ray started once with a
 metrics port, as ``syncpoint run --metrics-port`` does) and a scraper reads Ray's endpoint every
 second; the goals ``metrics_overhead_*`` are syncpoint's step time without over with them.
+
+With ``--saves`` (issue 51) a side runs before the plain loop in each round: syncpoint with
+``save_every: auto`` and ``checkpoint.async`` (``AUTO_ASYNC_SAVES``: the prior of a fleet losing a node a
+minute, so the interval is a few seconds and a run makes several saves); the goals
+``throughput_with_auto_saves_vs_plain_*`` compare its *mean* step with the plain loop's (which saves
+nothing): a save's cost falls on a few steps, which a median would leave out.
 
 No timed assertions: the script reports, it does not pass or fail on time.
 """
@@ -93,9 +100,16 @@ train:
   dataloader_workers: {workers}
   compile: {compiled}
 deepspeed: {{zero_stage: {zero}, precision: fp32}}
-checkpoint: {{save_every: 0, keep_last: 1, export_final: false}}
+checkpoint: {checkpoint}
 failure: {{max_failures: 0}}
 """
+NO_SAVES = "{save_every: 0, keep_last: 1, export_final: false}"
+# --saves: the default interval (the Young-Daly optimum of the measured save cost) with asynchronous saves,
+# for a fleet that loses a node a minute (expected_preemptions_per_hour 60): a save every 1-3 s here
+AUTO_ASYNC_SAVES = (
+    "{save_every: auto, async: true, expected_preemptions_per_hour: 60, keep_last: 1, export_final: false}"
+)
+SAVES_GOAL = 0.97  # issue 51: syncpoint with auto async saves against the plain loop without
 
 
 def samples_for(steps: int, epochs: int) -> int:
@@ -143,12 +157,20 @@ def task(config: dict[str, Any]) -> Any:
 
 
 def run_syncpoint(
-    work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False, scraped: bool = False
+    work: str,
+    zero: int,
+    steps: int,
+    epochs: int,
+    workers: int,
+    compiled: bool = False,
+    scraped: bool = False,
+    saves: bool = False,
 ) -> list[tuple[float, float]]:
     """One syncpoint run (2 spawned ranks); rank 0's stamps, one a step. ``scraped``: this process does
     what a Ray run's driver does for its metrics while the ranks train (``metrics_export.publishing``:
     the run's event log read and every ``syncpoint_*`` gauge set each ``POLL_S``, into the embedded Ray
-    ``--metrics`` started) and a Prometheus scrapes Ray's endpoint every ``SCRAPE_S``."""
+    ``--metrics`` started) and a Prometheus scrapes Ray's endpoint every ``SCRAPE_S``. ``saves``: with
+    ``AUTO_ASYNC_SAVES`` (their count goes into ``SAVED``)."""
     from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
     from syncpoint.workers.supervision.launch import run_spawned
 
@@ -167,13 +189,30 @@ def run_syncpoint(
         workers=workers,
         zero=zero,
         compiled=json.dumps(compiled),
+        checkpoint=AUTO_ASYNC_SAVES if saves else NO_SAVES,
     )
     spec = resolve_storage(parse_spec(text, "p13", [f"storage={os.path.join(work, 'runs')}"]))
     with published_and_scraped(spec) if scraped else contextlib.nullcontext():
         codes = run_spawned(spec, world_size=WORLD, timeout=900)
     if any(codes):
         raise RuntimeError(f"syncpoint's ranks exited {codes}")
+    if saves:
+        from syncpoint.workers.observation.events import EventLog
+        from syncpoint.workers.storage import RunStorage
+
+        committed = [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "state_committed"]
+        SAVED.append(sum(1 for e in committed if "final" not in e["reasons"]))
     return read_stamps(stamps)
+
+
+SAVED: list[int] = []  # per run with --saves: its interval saves (the last, synchronous one not counted)
+
+
+def run_saving(
+    work: str, zero: int, steps: int, epochs: int, workers: int, compiled: bool = False
+) -> list[tuple[float, float]]:
+    """``run_syncpoint`` with ``save_every: auto`` asynchronous saves (``--saves``)."""
+    return run_syncpoint(work, zero, steps, epochs, workers, compiled, saves=True)
 
 
 def run_scraped(
@@ -344,15 +383,18 @@ def steady_intervals(times: list[float], warmup: int, per_epoch: int) -> list[fl
     return out
 
 
-SIDES = {"syncpoint": run_syncpoint, "plain": run_plain}
 METRICS_GOAL = 0.98  # issue 52: publishing and scraping the metrics adds no measurable step time
 
 
 def sides(args: argparse.Namespace) -> dict[str, Any]:
-    """The sides of each round, in order: with ``--metrics``, the scraped syncpoint run between the two."""
-    if not getattr(args, "metrics", False):
-        return SIDES
-    return {"syncpoint": run_syncpoint, "scraped": run_scraped, "plain": run_plain}
+    """The sides of each round, in order: with ``--metrics`` the scraped syncpoint run, with ``--saves``
+    the saving one, between the two."""
+    out: dict[str, Any] = {"syncpoint": run_syncpoint}
+    if getattr(args, "metrics", False):
+        out["scraped"] = run_scraped
+    if getattr(args, "saves", False):
+        out["saving"] = run_saving
+    return {**out, "plain": run_plain}
 
 
 CLOCKS = ("wall", "cpu")  # the two clocks of each stamp, in order
@@ -383,6 +425,11 @@ def parser() -> argparse.ArgumentParser:
         "--metrics",
         action="store_true",
         help="a third side: syncpoint with the driver's metrics published and Ray's endpoint scraped every second",
+    )
+    p.add_argument(
+        "--saves",
+        action="store_true",
+        help="a third side: syncpoint with save_every: auto asynchronous saves (compared by mean step: saves are rare)",
     )
     return p
 
@@ -422,7 +469,7 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
     for zero in stages:
         for clock in CLOCKS:
             med = {}
-            for side in [side for side in ("syncpoint", "scraped", "plain") if (zero, side, clock) in steady]:
+            for side in [s for s in ("syncpoint", "scraped", "saving", "plain") if (zero, s, clock) in steady]:
                 xs = steady[(zero, side, clock)]
                 med[side] = statistics.median(xs)
                 rounds_ms = ", ".join(f"{1000 * m:.1f}" for m in per_round[(zero, side, clock)])
@@ -433,6 +480,9 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
             ratios[(zero, clock)] = med["plain"] / med["syncpoint"]
             if "scraped" in med:
                 ratios[(zero, f"scraped_{clock}")] = med["syncpoint"] / med["scraped"]
+            if "saving" in med:  # by the mean: a save's cost falls on a few steps, which a median leaves out
+                mean = {side: statistics.fmean(steady[(zero, side, clock)]) for side in ("saving", "plain")}
+                ratios[(zero, f"saving_{clock}")] = mean["plain"] / mean["saving"]
             each = zip(per_round[(zero, "plain", clock)], per_round[(zero, "syncpoint", clock)], strict=True)
             print(
                 f"     ZeRO {zero}, {clock}: syncpoint / plain {ratios[(zero, clock)]:.3f} "
@@ -483,6 +533,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"goal metrics_overhead_zero{zero}_{clock}: {ratio:.3f}x vs >= {METRICS_GOAL}x: "
                     f"{'met' if ratio >= METRICS_GOAL else 'not met'} (syncpoint's step without over with its "
                     f"metrics published and scraped every {SCRAPE_S:g} s)"
+                )
+    if args.saves:
+        print(f"interval saves per run with save_every auto: {SAVED}")
+        for zero in stages:
+            for clock in CLOCKS:
+                ratio = ratios[(zero, f"saving_{clock}")]
+                print(
+                    f"goal throughput_with_auto_saves_vs_plain_zero{zero}_{clock}: {ratio:.3f}x vs >= {SAVES_GOAL}x: "
+                    f"{'met' if ratio >= SAVES_GOAL else 'not met'} (mean step, side by side; the plain loop saves "
+                    "nothing)"
                 )
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -321,12 +322,26 @@ def _storm(args: argparse.Namespace, spec: JobSpec) -> int:
     check_imports(spec, args.job)
     _check_storage(spec)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    from syncpoint.orchestrator.drill import stopped_report
+    from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.run_watchdog import ensure
 
     ensure()  # nothing the storm starts (its cluster, its warm servers) outlives it, however it ends
-    try:
-        report = run_storm(spec, args.storm, seed)
-    except StormTooShort as e:
-        raise UsageError("--storm", [str(e)]) from None
+    # the driver's signals are the notice of the run in progress, as for `syncpoint run` and a drill
+    rerun = redact_text(
+        shlex.join(["syncpoint", "drill", args.job, "--storm", str(args.storm), "--seed", str(seed)]), spec.storage
+    )
+    with DriverSignals(spec.checkpoint.sigterm_grace_s, _say, rerun, rerun_resumes=False) as signals:
+        signals.install()
+        try:
+            report = run_storm(spec, args.storm, seed, signals=signals)
+        except StormTooShort as e:
+            raise UsageError("--storm", [str(e)]) from None
+        except KeyboardInterrupt:  # a second signal (``driver_signals.StopNow``), or Ray's own for it
+            if not signals.at_once:
+                raise
+            report = stopped_report(
+                f"storm: {args.storm} interruptions, seed {seed}", "storm", signals, "a run, at once on a second signal"
+            )
     print(report.table)
-    return 0 if report.ok else 1
+    return report.code

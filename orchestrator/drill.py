@@ -291,12 +291,17 @@ def _plan_line(points: list[int], hows: list[InterruptionKind]) -> str:
 def drill_stopped(points: list[int], hows: list[InterruptionKind], signals: DriverSignals, during: str) -> DrillReport:
     """The report of a drill the driver's signal stopped: the run in progress saved at its next
     boundary and stopped (its own line above says what it kept); nothing is compared."""
+    return stopped_report(_plan_line(points, hows), "drill", signals, during)
+
+
+def stopped_report(first: str, what: str, signals: DriverSignals, during: str) -> DrillReport:
+    """A drill's or a storm's (``what``) report when the driver's signal stopped it, under its plan's line."""
     return DrillReport(
         "\n".join(
             [
-                _plan_line(points, hows),
-                f"the drill stopped on {signals.name} during {during}: nothing compared",
-                f"RESULT: STOPPED (`{signals.rerun}` starts the drill over)",
+                first,
+                f"the {what} stopped on {signals.name} during {during}: nothing compared",
+                f"RESULT: STOPPED (`{signals.rerun}` starts the {what} over)",
             ]
         ),
         False,

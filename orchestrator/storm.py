@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
 
     from syncpoint.orchestrator.drill import DrillReport
+    from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.ray_internals import ClusterNode
 
 CRASH, SIGTERM, SAVE_CRASH = InterruptionKind.CRASH, InterruptionKind.SIGTERM, InterruptionKind.SAVE_CRASH
@@ -287,9 +288,13 @@ def storm_variant(spec: JobSpec, plan: StormPlan) -> JobSpec:
 # ------------------------------------------------------------------ running
 
 
-def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> DrillReport:
-    """Reference, plan, interrupted run, verdict, on one local multi-node cluster."""
-    from syncpoint.orchestrator.drill import _variant, local_cluster
+def run_storm(
+    spec: JobSpec, n: int, seed: int, print_plan: bool = True, signals: DriverSignals | None = None
+) -> DrillReport:
+    """Reference, plan, interrupted run, verdict, on one local multi-node cluster. ``signals``: the
+    command's own (``driver_signals``): a signal is the run in progress's notice (it saves at its next
+    boundary and stops), no interruption strikes after it, and the report says the storm stopped."""
+    from syncpoint.orchestrator.drill import _variant, local_cluster, stopped_report
     from syncpoint.orchestrator.ray_runner import run_reported
     from syncpoint.workers.observation.events import EventLog
     from syncpoint.workers.storage import RunStorage
@@ -300,7 +305,9 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
     RunStorage(ref.run_url).delete_tree()
     RunStorage(_variant(spec, "drill", [], 0).run_url).delete_tree()  # a drill owns its two run directories
     with local_cluster(spec) as (cluster, nodes, cpus):
-        ref_end = run_reported(ref, cluster.address)
+        ref_end = run_reported(ref, cluster.address, signals=signals)
+        if signals is not None and signals.received is not None:
+            return stopped_report(f"storm: {n} interruptions, seed {seed}", "storm", signals, "its reference run")
         ref_journal = EventLog(RunStorage(ref.run_url)).journal()
         if ref_end.failed:
             from syncpoint.orchestrator.drill import DrillReport
@@ -316,8 +323,10 @@ def run_storm(spec: JobSpec, n: int, seed: int, print_plan: bool = True) -> Dril
         run = storm_variant(spec, plan)
         ref_wall = _wall(ref_journal)
         budget_s = 120.0 + 3 * ref_wall + 240.0 * n  # the whole interrupted run, restarts included
-        controller = Controller(cluster, nodes, cpus, run, plan, budget_s)
+        controller = Controller(cluster, nodes, cpus, run, plan, budget_s, signals)
         rc_run, problems = controller.run()
+    if signals is not None and signals.received is not None:
+        return stopped_report(f"storm: {n} interruptions, seed {seed}", "storm", signals, "its interrupted run")
     return storm_report(ref, run, plan, 0, rc_run, problems, controller.removals)
 
 
@@ -345,7 +354,14 @@ class Controller:
     POLL_S = 0.25
 
     def __init__(
-        self, cluster: Cluster, nodes: list[ClusterNode], cpus: int, run: JobSpec, plan: StormPlan, budget_s: float
+        self,
+        cluster: Cluster,
+        nodes: list[ClusterNode],
+        cpus: int,
+        run: JobSpec,
+        plan: StormPlan,
+        budget_s: float,
+        signals: DriverSignals | None = None,
     ) -> None:
         from syncpoint.workers.observation.events import EventLog
         from syncpoint.workers.storage import RunStorage
@@ -359,13 +375,16 @@ class Controller:
         self.removals: list[Removal] = []
         self.problems: list[str] = []
         self.result: dict[str, int] = {}
+        # the command's signals: the run's notice; this (main) thread takes them back once the run's
+        # ray.init (in its thread) put Ray's own SIGTERM handler in place
+        self.signals, self.reinstalled = signals, signals is None
 
     def run(self) -> tuple[int, list[str]]:
-        from syncpoint.orchestrator.ray_runner import run_on_ray
+        from syncpoint.orchestrator.ray_runner import run_reported
 
         def target() -> None:
             try:
-                self.result["rc"] = run_on_ray(self.run_spec, self.cluster.address)
+                self.result["rc"] = run_reported(self.run_spec, self.cluster.address, signals=self.signals).code
             except Exception as e:  # noqa: BLE001 - reported as the run's failure, the storm still reports
                 self.problems.append(f"the interrupted run raised {type(e).__name__}: {e}")
                 self.result["rc"] = 1
@@ -392,8 +411,18 @@ class Controller:
         return self.result.get("rc", 1), self.problems
 
     def _tick(self) -> bool:
-        """Between polls: due replacements join; False (with a message) once the storm's bound is hit."""
+        """Between polls: due replacements join; False (with a message) once the storm's bound is hit
+        or the driver's signal came (no interruption strikes after the run's notice)."""
         self._add_due()
+        if self.signals is not None:
+            import ray
+
+            if not self.reinstalled and ray.is_initialized():
+                self.signals.install()
+                self.reinstalled = True
+            if self.signals.received is not None:
+                self.problems.append(f"the storm stopped on {self.signals.name}")
+                return False
         if time.monotonic() > self.deadline:
             self.problems.append(
                 f"the storm's bound ({self.budget_s:g} s) was hit while waiting for the interrupted run; stopping"

@@ -14,7 +14,8 @@ One job, two runs of the same command on the same run directory:
      tests/unit/orchestrator/test_driver_signals.py).
 
 And `ray job stop` of a submitted driver (``syncpoint submit``'s: `syncpoint run` as a Ray Job on a
-`ray start` head) is the same notice, as is SIGTERM to `syncpoint drill` for the run it has in progress.
+`ray start` head) is the same notice, as is SIGTERM to `syncpoint drill` (and `--storm`) for the run it has
+in progress.
 
 The task holds its first micro-batch until a file exists (``tests.tasks.paced_lm``'s ``hold_until``),
 so each signal lands while the run is known to be training, without a wall-clock window.
@@ -234,4 +235,42 @@ def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_dril
     finally:
         if drill.poll() is None:
             drill.kill()
+        stop_processes(list(owned(mark)), mark=mark)
+
+
+@pytest.mark.long  # the storm's cluster and plan are the drill's own paths (above, and the storm tests)
+def test_a_storms_sigterm_is_the_notice_of_its_reference_run_and_ends_the_storm(tmp_path):
+    """SIGTERM to `syncpoint drill --storm` while its reference run trains: as for a drill, that run
+    saves at its next boundary and stops, no storm is planned or struck, the command ends 143 with a
+    last line naming the command (its seed included) that starts the storm over, and nothing it started
+    is alive 15 s later."""
+    hold = tmp_path / "go"
+    spec = held_job(tmp_path, hold)
+    job = write_job(spec, tmp_path / "job.yaml")
+    ref = spec.model_copy(update={"name": f"{spec.name}-drill-ref"})
+    run = spec.model_copy(update={"name": f"{spec.name}-drill"})
+    env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    out = tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "syncpoint", "drill", str(job), "--storm", "2", "--seed", "7"]
+    storm = start_as_in_a_terminal(cmd, cwd=ROOT, env=env, stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_driver(lambda: bool(_events(ref, "attempt_started")), storm, "the reference run", output=out.read_text)
+        signalled_at = time.time()
+        storm.send_signal(signal.SIGTERM)
+        hold.touch()
+        assert storm.wait(timeout=300) == 143, out.read_text()[-4000:]
+        saved = saved_on_the_drivers_notice(lambda kind: _events(ref, kind), "SIGTERM", signalled_at)
+        assert not _events(ref, "finished") and not _events(run, "submitted")
+        text = out.read_text()
+        again = f"syncpoint drill {job} --storm 2 --seed 7"
+        assert f"stopped on SIGTERM at state {saved['state']}" in text, text[-4000:]
+        assert "storm plan" not in text, text[-4000:]
+        assert "the storm stopped on SIGTERM during its reference run: nothing compared" in text, text[-4000:]
+        assert _last_line(out) == f"RESULT: STOPPED (`{again}` starts the storm over)", text[-4000:]
+        _, alive = psutil.wait_procs(list(owned(mark)), timeout=GONE_WITHIN_S)
+        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"alive {GONE_WITHIN_S:g}s after the storm ended: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        if storm.poll() is None:
+            storm.kill()
         stop_processes(list(owned(mark)), mark=mark)

@@ -9,7 +9,7 @@ import argparse
 import signal
 
 from syncpoint.orchestrator.cli_jobs import drill_command
-from syncpoint.orchestrator.drill import DrillReport, drill_stopped
+from syncpoint.orchestrator.drill import DrillReport, drill_stopped, stopped_report
 from syncpoint.orchestrator.driver_signals import DriverSignals
 from syncpoint.orchestrator.interruptions import InterruptionKind
 
@@ -58,3 +58,16 @@ def test_the_command_that_starts_a_drill_over_keeps_its_options_quoted_and_its_a
     assert "secret" not in command
     plain = argparse.Namespace(job="j.yaml", preempt_at="9", how=None, no_replacement=False, set=[], address=None)
     assert drill_command(plain) == "syncpoint drill j.yaml --preempt-at 9"
+
+
+def test_a_stopped_storm_says_so_and_names_its_seed_to_start_over():
+    again = "syncpoint drill j.yaml --storm 2 --seed 7"
+    report = stopped_report(
+        "storm: 2 interruptions, seed 7", "storm", _signals(signal.SIGINT, again), "its reference run"
+    )
+    assert report.table.splitlines() == [
+        "storm: 2 interruptions, seed 7",
+        "the storm stopped on SIGINT during its reference run: nothing compared",
+        f"RESULT: STOPPED (`{again}` starts the storm over)",
+    ]
+    assert (report.ok, report.code) == (False, 130)
