@@ -222,6 +222,28 @@ def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
     ]
 
 
+def test_a_storm_strikes_nothing_after_the_drivers_signal(tmp_path):
+    """The driver's signal is the run's notice: the controller's wait for the next interruption's
+    point ends at once, saying why, so nothing strikes the run while it saves and stops."""
+    import signal
+    import threading
+
+    from syncpoint.orchestrator.driver_signals import DriverSignals
+    from syncpoint.orchestrator.storm import Controller
+
+    signals = DriverSignals(None, lambda line: None, "syncpoint drill j.yaml --storm 2 --seed 7", rerun_resumes=False)
+    signals.received = signal.SIGTERM
+    controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=60, signals=signals)  # type: ignore[arg-type]
+    release = threading.Event()
+    run = threading.Thread(target=release.wait, args=(60,), daemon=True)
+    run.start()
+    try:
+        assert controller._wait("interruption 1 (node) at micro-step 40", run, lambda journal: None) is None
+    finally:
+        release.set()
+    assert controller.problems == ["the storm stopped on SIGTERM (waiting for interruption 1 (node) at micro-step 40)"]
+
+
 # the example job shrunk to a tiny model (its steps take milliseconds: a storm's time is its restarts),
 # a state every 2 optimizer steps, no evaluations, no final export
 SHRUNK = (
