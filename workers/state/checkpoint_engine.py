@@ -136,6 +136,8 @@ class StreamingCheckpointEngine(TorchCheckpointEngine):
             self.arena.end_copies()
             self.arena.release()
             raise
+        else:
+            self.arena.copies_queued()
         finally:
             self.root, self.captured, self.now = None, None, None
 

@@ -65,6 +65,7 @@ class SnapshotArena:
         self._cursor = (0, 0)  # (chunk index, offset) of the next slot
         self._device_copies = False
         self._staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slot, source) copies not made yet
+        self._device_done: Any = None  # a CUDA event recorded after this snapshot's device-to-host copies
         self.copied = threading.Event()  # every copy of the current snapshot is made (set: none pending)
         self.copied.set()
 
@@ -77,11 +78,18 @@ class SnapshotArena:
         """Start a save's snapshot at the arena's start (the previous one must be released)."""
         assert not self.busy, "snapshot arena reused while the previous save is still being written"
         self.busy, self.used, self._cursor, self._device_copies = True, 0, (0, 0), False
-        self._staged = []
+        self._staged, self._device_done = [], None
         self.copied.clear()
 
+    def copies_queued(self) -> None:
+        """The training thread, when the snapshot is taken: its device-to-host copies are queued on
+        the stream (an event marks their end, which the upload thread waits for)."""
+        if self._device_copies:
+            self._device_done = torch.cuda.Event()
+            self._device_done.record()
+
     def end_copies(self) -> None:
-        """Make the staged copies and wait for the device-to-host ones (one synchronize): after it the
+        """Make the staged copies and wait for the device-to-host ones (their event): after it the
         snapshot is consistent (``copied`` is set) and training may change the tensors. The upload
         thread calls it before serializing; an error leaves ``copied`` set all the same, so the loop
         never waits for a snapshot that will not come (the upload raises it at the commit)."""
@@ -89,10 +97,12 @@ class SnapshotArena:
             with torch.no_grad():
                 for slot, source in self._staged:
                     slot.copy_(source)
-            if self._device_copies:
+            if self._device_done is not None:
+                self._device_done.synchronize()
+            elif self._device_copies:
                 torch.cuda.synchronize()
         finally:
-            self._staged, self._device_copies = [], False
+            self._staged, self._device_copies, self._device_done = [], False, None
             self.copied.set()
 
     def release(self) -> None:
