@@ -167,7 +167,7 @@ class Expectation:
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None,
             sampler=state.data.sampler,
-            # model_dump is typed dict[str, Any]; a StreamRecord dumps StreamFields (and any unknown keys it kept)
+            # model_dump's values are Any; a StreamRecord dumps StreamFields (and any unknown keys it kept)
             stream=None if state.data.stream is None else cast("StreamFields", state.data.stream.model_dump()),
             task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())),
             window_shards=state.data.window_shards,
