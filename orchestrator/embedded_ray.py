@@ -25,7 +25,7 @@ Train runs with every helper it starts by default.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from syncpoint.orchestrator.ray_internals import DatasetsCallback, FixedScalingPolicy, PlacementGroupCleanerCallback
 
@@ -33,11 +33,19 @@ from syncpoint.orchestrator.ray_internals import DatasetsCallback, FixedScalingP
 NO_PRESTART = {"prestart_worker_first_driver": False}
 
 
-def init_options(dashboard: bool, metrics_port: int | None = None) -> dict[str, Any]:
+class InitOptions(TypedDict, total=False):
+    """The ``ray.init`` keyword arguments ``init_options`` sets."""
+
+    include_dashboard: bool
+    _system_config: dict[str, bool]
+    _metrics_export_port: int
+
+
+def init_options(dashboard: bool, metrics_port: int | None = None) -> InitOptions:
     """``ray.init``'s options for an embedded instance (beyond its address, CPUs and runtime env):
     ``metrics_port``, Ray's Prometheus endpoint (``syncpoint run --metrics-port``), served by the node's
     metrics agent, which the raylet starts with or without the dashboard."""
-    options: dict[str, Any] = {"include_dashboard": dashboard, "_system_config": dict(NO_PRESTART)}
+    options: InitOptions = {"include_dashboard": dashboard, "_system_config": dict(NO_PRESTART)}
     if metrics_port is not None:
         options["_metrics_export_port"] = metrics_port
     return options

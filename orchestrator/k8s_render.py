@@ -21,11 +21,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 import yaml
 
+from syncpoint.policies.contracts.bounded_json import JSONObject, JSONValue
 from syncpoint.policies.contracts.errors import UsageError
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions.redact import secret_name
@@ -188,12 +189,31 @@ def _spec_volume_index(manifests: Path) -> int:
     return next(i for i, v in enumerate(volumes) if v["name"] == SPEC_VOLUME)
 
 
-def _env_ops(spec: JobSpec, manifests: Path) -> list[dict[str, Any]]:
+class PatchOp(TypedDict):
+    """One JSON Patch (RFC 6902) operation on the RayJob."""
+
+    op: str
+    path: str
+    value: JSONValue
+
+
+class Kustomization(TypedDict, total=False):
+    """``kustomization.yaml``: the copy of ``k8s/`` it builds on, and what it adds and patches."""
+
+    apiVersion: str
+    kind: str
+    resources: list[str]
+    components: list[str]
+    images: list[dict[str, str]]
+    patches: list[JSONObject]
+
+
+def _env_ops(spec: JobSpec, manifests: Path) -> list[PatchOp]:
     """``scaling.env`` in the head's container (the driver) and every worker's: a variable the base
     sets is replaced (the job's value wins, as it does on Ray), the others appended."""
     rayjob = yaml.safe_load((manifests / "base" / "rayjob.yaml").read_text())
     cluster = rayjob["spec"]["rayClusterSpec"]
-    ops: list[dict[str, Any]] = []
+    ops: list[PatchOp] = []
     for where, group in (
         ("headGroupSpec", cluster["headGroupSpec"]),
         ("workerGroupSpecs/0", cluster["workerGroupSpecs"][0]),
@@ -201,7 +221,7 @@ def _env_ops(spec: JobSpec, manifests: Path) -> list[dict[str, Any]]:
         path = f"/spec/rayClusterSpec/{where}/template/spec/containers/0/env"
         base = [e["name"] for e in group["template"]["spec"]["containers"][0].get("env", [])]
         for name, value in spec.scaling.env.items():
-            entry = {"name": name, "value": value}
+            entry: JSONObject = {"name": name, "value": value}
             at = f"{path}/{base.index(name)}" if name in base else f"{path}/-"
             ops.append({"op": "replace" if name in base else "add", "path": at, "value": entry})
     return ops
@@ -209,7 +229,7 @@ def _env_ops(spec: JobSpec, manifests: Path) -> list[dict[str, Any]]:
 
 def overlay_files(
     spec: JobSpec,
-    mapping: dict[str, Any],
+    mapping: dict[str, object],
     overlay: str | None,
     image: dict[str, str] | None,
     code_from: str | None,
@@ -220,7 +240,7 @@ def overlay_files(
     workers = "/spec/rayClusterSpec/workerGroupSpecs/0"
     container = f"{workers}/template/spec/containers/0"
     cpu = cpu_quantity(spec.scaling.cpus_per_worker)
-    ops: list[dict[str, Any]] = [
+    ops: list[PatchOp] = [
         {"op": "replace", "path": "/metadata/name", "value": name},
         {
             "op": "replace",
@@ -239,7 +259,7 @@ def overlay_files(
     if code_from:
         ops.append({"op": "add", "path": "/spec/runtimeEnvYAML", "value": _dump({"working_dir": code_from})})
     resource = f"{COPY_DIR}/overlays/{overlay}" if overlay else f"{COPY_DIR}/base"
-    kustomization: dict[str, Any] = {
+    kustomization: Kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [resource],
@@ -343,7 +363,7 @@ def plan(
     )
 
 
-def emit(p: Plan, mapping: dict[str, Any], out: str) -> int:
+def emit(p: Plan, mapping: dict[str, object], out: str) -> int:
     """Write the overlay directory ``out``, or print what ``kubectl kustomize`` renders from it (``-``)."""
     files = overlay_files(p.spec, mapping, p.overlay, p.image, p.code_from, p.manifests)
     if p.image is None:

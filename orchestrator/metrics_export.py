@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from syncpoint.orchestrator.progress_bar import EventFollower, polled
 from syncpoint.policies.contracts.journal import Event, Journal, UnknownEvent
 from syncpoint.policies.decisions.metric_samples import BASE_LABELS, SERIES, Sample, samples
 from syncpoint.workers.storage import RunStorage
+
+if TYPE_CHECKING:
+    from ray.util.metrics import Gauge
 
 POLL_S = 2.0  # Ray exports every 10 s by default (metrics_report_interval_ms); a scrape sees at most that late
 
@@ -35,7 +38,7 @@ class Publisher:
         self.events: list[Event | UnknownEvent] = []
         self.labels = {"job_name": job_name, "submission": submission}
         self.micro_batch_size = micro_batch_size
-        self.gauges: dict[str, Any] = {}
+        self.gauges: dict[str, Gauge] = {}
         self.failed = False  # the first error was said
 
     def tick(self) -> list[Sample]:
@@ -54,7 +57,7 @@ class Publisher:
             self._gauge(s.series).set(s.value, tags=dict(s.labels))
         return out
 
-    def _gauge(self, name: str) -> Any:
+    def _gauge(self, name: str) -> Gauge:
         if not self.gauges:
             from ray.util.metrics import Gauge
 

@@ -17,7 +17,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO, TypedDict
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
@@ -122,10 +122,21 @@ def make_progress(console: Console, get_time: Callable[[], float] | None = None)
     )
 
 
+class BarFields(TypedDict):
+    """What ``show`` puts on the bar: its description and the text of each field its columns show."""
+
+    description: str
+    loss: str
+    lr: str
+    epoch: str
+    speed: str
+    state: str
+
+
 def show(progress: Progress, task: TaskID, view: RunView, *, new_attempt: bool = False) -> None:
     """Put the view on the bar. A new attempt resets the bar's speed estimate (a resumed attempt
     starts where its state was, often behind the last attempt's step)."""
-    fields: dict[str, Any] = {
+    fields: BarFields = {
         "description": ("finished" if view.finished else f"attempt {view.attempt}" if view.attempt else "starting"),
         "loss": f"loss {view.loss:.4f}" if view.loss is not None else "loss -",
         "lr": f"lr {view.lr:.3g}" if view.lr is not None else "lr -",

@@ -256,8 +256,9 @@ def _yaml_problem(e: Exception) -> str:
     return f"not valid YAML{line}: {getattr(e, 'problem', None) or e}"
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``--set a.b=value`` (value parsed as YAML, within the same bounds as a job file)."""
+def apply_overrides(raw: dict[str, object], overrides: list[str]) -> dict[str, object]:
+    """Apply ``--set a.b=value`` (value parsed as YAML, within the same bounds as a job file) to a
+    job file's mapping: YAML's values, which are not only JSON's (a timestamp, a byte string)."""
     if sum(len(o) for o in overrides) > MAX_SPEC_BYTES:
         raise UsageError(
             "--set",
@@ -388,7 +389,7 @@ def parse_spec(text: str, source: str = "<spec>", overrides: list[str] | None = 
         raise SpecError(source, _format_errors(e, lines)) from None
 
 
-def overridden_mapping(text: str, overrides: list[str] | None = None) -> dict[str, Any]:
+def overridden_mapping(text: str, overrides: list[str] | None = None) -> dict[str, object]:
     """The job file's top-level mapping with ``--set`` applied: what ``parse_spec`` validates, as data (for
     writing the spec out again, e.g. into a ConfigMap). Call ``parse_spec`` first: this assumes valid input."""
     raw = _bounded_yaml(text)[1]

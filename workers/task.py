@@ -22,7 +22,7 @@ resumed). A plain iterable is refused: nothing could say where a resume continue
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +42,15 @@ class MapDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
+
+
+class Stateful(Protocol):
+    """What ``Task.stateful`` holds: an object whose ``state_dict()`` is saved with every state and
+    whose ``load_state_dict(state)`` restores it (``syncpoint.workers.state.user_state``)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
 
 
 def hf_iterable(dataset: Any) -> bool:
@@ -129,12 +138,12 @@ class Task:
     # None: the spec's train.optimizer (with train.optimizer.no_decay). The schedule scales each group's lr.
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None
     # objects the task keeps state in, by name: saved with every state, per rank, restored exactly
-    stateful: dict[str, Any] = field(default_factory=dict)
+    stateful: dict[str, Stateful] = field(default_factory=dict)
     # your code at the run's points (syncpoint.workers.training.callbacks): it observes, training is unchanged
     callbacks: list[Any] = field(default_factory=list)
 
 
-def load_task(path: str, config: dict[str, Any]) -> Task:
+def load_task(path: str, config: Mapping[str, object]) -> Task:
     """Call the task builder ``task.path`` names with its config; the error names the path and what to fix."""
     try:
         fn = load_function(path)

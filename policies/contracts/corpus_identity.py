@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
+
 INDEX_FORMAT = "syncpoint-corpus-index/1"
 CORPUS_DIR = "corpus"  # under the run directory: one index per corpus digest
 CORPUS_INDEX_MAX_BYTES = 64 << 20  # ~100 bytes a shard: 600,000 shards
@@ -63,10 +65,10 @@ class CorpusIdentity:
     def summary(self) -> CorpusSummary:
         return CorpusSummary(self.digest, len(self.shards), self.rows)
 
-    def _canonical(self) -> dict[str, Any]:
+    def _canonical(self) -> JSONObject:
         return {"params": dict(self.params), "shards": [[s.name, s.size, s.checksum, s.rows] for s in self.shards]}
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> JSONObject:
         """The run directory's ``corpus/<digest>.json``."""
         return {
             "format": INDEX_FORMAT,

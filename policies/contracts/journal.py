@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.decisions.failures import FailureKind
 
 _OLDER_LOGS_LACK = "older_logs_lack"
@@ -324,7 +325,7 @@ def event_to_emit(record: Mapping[str, Any]) -> Event:
     return _EVENT.validate_python(record, context={_EMITTING: True})
 
 
-def stored_form(event: Event) -> dict[str, Any]:
+def stored_form(event: Event) -> JSONObject:
     """What is written: the fields given, nothing defaulted (so an event reads back as it was written)."""
     return {"kind": event.kind, **event.model_dump(exclude_unset=True)}
 

@@ -26,7 +26,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypedDict
 
 from pydantic import (
     BaseModel,
@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.spec import SchedulerSpec
 from syncpoint.policies.contracts.state_paths import path_problem
 
@@ -205,7 +206,7 @@ def scheduler_phases(scheduler: SchedulerSpec) -> list[str]:
     return [*warmup, scheduler.type]
 
 
-def json_bytes(record: dict[str, Any]) -> bytes:
+def json_bytes(record: JSONObject) -> bytes:
     """The one encoding of ``trainer.json`` and ``manifest.json`` (what every state on disk holds)."""
     return json.dumps(record, indent=1, sort_keys=True).encode()
 
@@ -309,6 +310,16 @@ class StreamRecord(_Record):
     identity: dict[str, Any]  # what the stream is made of: its files, its pipeline, its class
     dataloader_workers: Count  # every worker keeps its own shard position
     shuffle_buffer: Count  # train.stream_shuffle_buffer
+
+
+class StreamFields(TypedDict):
+    """``StreamRecord``'s fields as the live run builds them (``syncpoint.workers.data.stream.prepare``),
+    before they are validated into a state's record."""
+
+    source: str
+    identity: JSONObject
+    dataloader_workers: int
+    shuffle_buffer: int
 
 
 class CorpusRecord(_Record):
@@ -465,12 +476,12 @@ class TrainState(_Record):
         """The per-rank parts this state carries (``RANK_PARTS``, in their order)."""
         return [p for p in RANK_PARTS if p.carried_by(self)]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JSONObject:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""
         return self.model_dump()
 
 
-def schema_problem(raw: dict[str, Any]) -> str | None:
+def schema_problem(raw: JSONObject) -> str | None:
     """Why this syncpoint cannot read a ``trainer.json`` at all (checked before the model: a newer
     schema may lack or retype fields this one requires), or None."""
     version = raw.get("schema_version")
@@ -529,7 +540,7 @@ class ManifestEntry(_Record):
             raise ValueError(f"unknown checksum algorithm {algo!r} (known: {', '.join(CHECKSUM_ALGORITHMS)})")
         return cls.model_validate({"size": size, algo: hexdigest})
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JSONObject:
         """The JSON object a manifest holds for this file."""
         return self.model_dump(exclude_none=True)
 
@@ -564,6 +575,6 @@ class Manifest(_Record):
                 raise ValueError(problem)
         return files
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JSONObject:
         """The JSON object ``manifest.json`` holds, unsigned (``json_bytes`` encodes it)."""
         return self.model_dump(exclude_none=True)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.corpus_identity import (
     CorpusIdentity,
 )
@@ -96,9 +97,9 @@ class Candidate:
     """
 
     name: str
-    trainer: dict[str, Any] | None = None
+    trainer: JSONObject | None = None
     trainer_error: str | None = None
-    manifest: dict[str, Any] | None = None
+    manifest: JSONObject | None = None
     manifest_error: str | None = None
     listing: dict[str, int] = field(default_factory=dict)  # relative path -> size in bytes (regular files)
     # what the listing found that is neither file nor directory (a link, a FIFO): path -> what it is

@@ -299,7 +299,7 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     fix = "Restore the previous dataset, or start a new run (another name, or resume.policy: fresh)."
     if have is None or want is None:
         kinds = (
-            ("map-style", f"a stream ({(want or {}).get('source')})")
+            ("map-style", f"a stream ({want.get('source') if want else None})")
             if have is None
             else (f"a stream ({have.source})", "map-style")
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.state_format import (
     TrainState,
 )
@@ -19,7 +20,7 @@ from syncpoint.policies.decisions.expectation import Expectation
 LATER_IDENTITY_KEYS = frozenset({"functions", "shuffle"})
 
 
-def identity_difference(have: dict[str, Any], want: dict[str, Any]) -> str | None:
+def identity_difference(have: JSONObject, want: JSONObject) -> str | None:
     """The first part of two streams' identities that differs, in one phrase (a file by its place,
     a ``.map``/``.filter`` function by its pipeline step)."""
     # the shuffle first: another seed also lists the data files in another order

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from syncpoint.policies.contracts.corpus_identity import (
     CorpusIdentity,
@@ -19,6 +19,7 @@ from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.contracts.state_format import (
     SAMPLER_VERSION,
     STREAM_SAMPLER,
+    StreamFields,
     TrainState,
     scheduler_phases,
 )
@@ -70,7 +71,7 @@ class Expectation:
     corpus: CorpusSummary | None = None
     corpus_index: CorpusIdentity | None = None
     # a stream dataset's ``StreamRecord`` fields (source, identity, DataLoader workers, shuffle buffer); None: map-style
-    stream: dict[str, Any] | None = None
+    stream: StreamFields | None = None
     # the task's own train-side generators, (path, kind) each, whose states a state's RNG files hold
     task_generators: tuple[tuple[str, str], ...] | None = None
     # the task's Task.stateful names, sorted; None: the task has none (or a state before user state)
@@ -96,7 +97,7 @@ class Expectation:
         corpus: CorpusIdentity | None = None,
         sampler: str = SAMPLER_VERSION,
         window_shards: int | None = None,
-        stream: dict[str, Any] | None = None,
+        stream: StreamFields | None = None,
         user_state: tuple[str, ...] | None = None,
     ) -> Expectation:
         """The live run's expectation: the spec, this attempt's layout (world size included), the
@@ -166,7 +167,8 @@ class Expectation:
             scheduler_type=scheduler.type if scheduler else None,
             scheduler_phases=tuple(scheduler.phases) if scheduler else None,
             sampler=state.data.sampler,
-            stream=None if state.data.stream is None else state.data.stream.model_dump(),
+            # model_dump's values are Any; a StreamRecord dumps StreamFields (and any unknown keys it kept)
+            stream=None if state.data.stream is None else cast("StreamFields", state.data.stream.model_dump()),
             task_generators=None if state.task_generators is None else tuple(sorted(state.task_generators.items())),
             window_shards=state.data.window_shards,
             user_state=tuple(state.user_state) if state.user_state else None,

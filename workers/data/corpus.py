@@ -249,7 +249,7 @@ class ShardedCorpus(torch.utils.data.Dataset):
             proc = self._proc = _Process(_pid, fs, cache)
         return proc
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_settings"] = self.settings
         state["_proc"] = None

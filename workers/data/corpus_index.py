@@ -16,10 +16,10 @@ import posixpath
 import re
 import stat
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -69,7 +69,27 @@ def _has_magic(path: str) -> bool:
     return any(ch in path for ch in "*?[")
 
 
-def _stamp(fs: Any, path: str, info: dict[str, Any]) -> str:
+StampKey = Literal["ETag", "VersionId", "etag", "generation", "md5", "mtime", "created", "LastModified"]
+
+
+class FileInfo(TypedDict, total=False):
+    """fsspec's details of one file, as far as they are read here: which backend reports which
+    stamp key (and of what type) varies, so each is only shown as text."""
+
+    name: str
+    size: int | None
+    type: str
+    ETag: object
+    VersionId: object
+    etag: object
+    generation: object
+    md5: object
+    mtime: object
+    created: object
+    LastModified: object
+
+
+def _stamp(fs: Any, path: str, info: FileInfo) -> str:
     """What changes when a file is rewritten: inode and mtime locally, the ETag (and version) on
     object stores, whatever the filesystem reports elsewhere."""
     if isinstance(fs, LocalFileSystem):
@@ -77,17 +97,17 @@ def _stamp(fs: Any, path: str, info: dict[str, Any]) -> str:
         if not stat.S_ISREG(st.st_mode):
             raise CorpusError(f"corpus shard {path} is not a regular file: a corpus is read from regular files only")
         return f"{st.st_ino}:{st.st_mtime_ns}"
-    keys = ("ETag", "VersionId", "etag", "generation", "md5", "mtime", "created", "LastModified")
+    keys: tuple[StampKey, ...] = ("ETag", "VersionId", "etag", "generation", "md5", "mtime", "created", "LastModified")
     return json.dumps({k: str(info[k]) for k in keys if info.get(k) is not None}, sort_keys=True)
 
 
-def _listed(fs: Any, patterns: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+def _listed(fs: Any, patterns: Sequence[str]) -> list[tuple[str, FileInfo]]:
     """(path, info) of every shard, in order: each glob's matches sorted, explicit paths as given;
     explicit paths of one directory share one listing (a HEAD per object is slow on S3)."""
     with contextlib.suppress(Exception):
         fs.invalidate_cache()  # a listing cached by an earlier attempt in this process may be stale
-    out: list[tuple[str, dict[str, Any]]] = []
-    listings: dict[str, dict[str, dict[str, Any]]] = {}
+    out: list[tuple[str, FileInfo]] = []
+    listings: dict[str, dict[str, FileInfo]] = {}
     for pattern in patterns:
         path = fs._strip_protocol(pattern)
         if _has_magic(path):
@@ -151,7 +171,7 @@ def listing_file(key: str) -> str:
     return f"listing-{key}.json"
 
 
-def _cache_checksum(body: dict[str, Any]) -> str:
+def _cache_checksum(body: Mapping[str, object]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -30,7 +30,7 @@ MAX_ITEMS = 1_000  # of a container's items, hashed (a larger constant is named 
 PLAIN = (int, float, complex, str, bytes, bool, type(None))
 
 
-def function_digest(fn: Any, settings: dict[str, Any] | None = None) -> str:
+def function_digest(fn: Any, settings: dict[str, object] | None = None) -> str:
     """16 hex digits naming what ``fn`` computes (``__doc__``'s rules), or its type when it is not
     callable; ``settings`` (the arguments it is called with, say) are hashed by the same rules."""
     h = hashlib.sha256()

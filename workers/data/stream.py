@@ -44,12 +44,13 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import torch
 
 from syncpoint.policies.contracts.errors import JobConfigError, TaskError
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.contracts.state_format import StreamFields
 from syncpoint.policies.decisions.elastic import Layout, stream_layout
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too
@@ -87,7 +88,7 @@ class PreparedStream:
     """This rank's stream, ready for the loop, and what a state records of it."""
 
     stream: RankStream
-    record: dict[str, Any]  # ``syncpoint.policies.contracts.state_format.StreamRecord``'s fields
+    record: StreamFields  # what a state records of it (``StreamRecord``)
     layout: Layout
 
 
@@ -122,7 +123,7 @@ def prepare(
     else:
         source, own = "custom", _custom_split(spec, dataset, rank, world_size)
         identity = custom_identity(dataset, spec.task.path)
-    record = {
+    record: StreamFields = {
         "source": source,
         "identity": identity,
         "dataloader_workers": train.dataloader_workers,
@@ -267,7 +268,7 @@ class StreamGenerators(DataGenerators):
         self._kept_pid: int | None = None
         self._kept: list[tuple[int, Any]] = []
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {**super().__getstate__(), "_kept_pid": None, "_kept": []}
 
     def found(self) -> list[tuple[int, Any]]:
@@ -276,6 +277,34 @@ class StreamGenerators(DataGenerators):
             self._kept = [(salt, g) for salt, g in super().found() if id(g) not in steps]
             self._kept_pid = os.getpid()
         return self._kept
+
+
+class Position(TypedDict):
+    """Where one copy of the stream is in its pass: examples drawn, buffer draws taken, micro-batches
+    made, whether the stream ran out, and the shuffle buffer's examples."""
+
+    examples: int
+    taken: int
+    batches: int
+    exhausted: bool
+    buffer: list[object]
+
+
+# A copy's saved position (``RankStream.state_dict``): its pass (absent from states written before
+# states named it), the stream's own state (None: the pass's start) and ``Position``'s fields.
+# Functional form: ``pass`` is a keyword.
+WorkerState = TypedDict(
+    "WorkerState",
+    {
+        "pass": NotRequired[int],
+        "inner": object,
+        "examples": int,
+        "taken": int,
+        "batches": int,
+        "exhausted": bool,
+        "buffer": list[object],
+    },
+)
 
 
 class RankStream(torch.utils.data.IterableDataset):
@@ -317,8 +346,8 @@ class RankStream(torch.utils.data.IterableDataset):
         # shared memory: DataLoader workers live across passes and read the pass the loop set
         self._pass = torch.zeros((), dtype=torch.int64).share_memory_()
         self._epoch_in_loop_process = hf_iterable(inner)  # its epoch is shared memory (the docstring)
-        self._resume: dict[str, Any] | None = None
-        self._position: dict[str, Any] = _fresh_position()
+        self._resume: WorkerState | None = None
+        self._position: Position = _fresh_position()
         self._position_pass = -1  # the pass self._position is in (-1: none begun in this copy)
 
     @property
@@ -331,9 +360,9 @@ class RankStream(torch.utils.data.IterableDataset):
         if self._epoch_in_loop_process:
             self.inner.set_epoch(pass_number)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> WorkerState:
         if self._resume is not None:
-            return dict(self._resume)
+            return WorkerState(**self._resume)
         if self._position_pass != self.pass_number:  # "inner": None, the stream's own start of the pass
             return {"pass": self.pass_number, "inner": None, **_fresh_position()}
         p = self._position
@@ -347,7 +376,7 @@ class RankStream(torch.utils.data.IterableDataset):
             "buffer": list(p["buffer"]),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: WorkerState) -> None:
         self._resume = state
 
     def __iter__(self) -> Iterator[Any]:
@@ -359,8 +388,13 @@ class RankStream(torch.utils.data.IterableDataset):
         if resume is not None and _of_pass(resume, self.pass_number):
             if resume["inner"] is not None:
                 self.inner.load_state_dict(resume["inner"])
-            self._position = {k: resume[k] for k in ("examples", "taken", "batches", "exhausted")}
-            self._position["buffer"] = list(resume["buffer"])
+            self._position = {
+                "examples": resume["examples"],
+                "taken": resume["taken"],
+                "batches": resume["batches"],
+                "exhausted": resume["exhausted"],
+                "buffer": list(resume["buffer"]),
+            }
         else:
             self._position = _fresh_position()
         self._position_pass = self.pass_number
@@ -413,11 +447,11 @@ class RankStream(torch.utils.data.IterableDataset):
 _END = object()
 
 
-def _fresh_position() -> dict[str, Any]:
+def _fresh_position() -> Position:
     return {"examples": 0, "taken": 0, "batches": 0, "exhausted": False, "buffer": []}
 
 
-def _of_pass(state: dict[str, Any], pass_number: int) -> bool:
+def _of_pass(state: WorkerState, pass_number: int) -> bool:
     """Whether a saved worker state is a position in pass ``pass_number``. A state written before
     states named their pass has none: a ``datasets`` stream's own state names its epoch (the pass),
     which tells a stale one apart; any other is taken as it is."""

@@ -37,7 +37,7 @@ import inspect
 import types
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import datasets.iterable_dataset as hf
 import torch.utils.data
@@ -190,6 +190,15 @@ class SequentialRandomlyCycling(_KeepsClass, hf.RandomlyCyclingMultiSourcesExamp
         return self._kept(super().shift_rngs(value))
 
 
+class RoundRobinState(TypedDict):
+    """``RoundRobin``'s state, in the layout of ``datasets``' cycling interleave."""
+
+    ex_iterable_idx: int  # the source whose turn is next
+    previous_states: list[object]  # each source's own state after its last item (None: none yet)
+    is_exhausted: list[bool]
+    type: str
+
+
 class RoundRobin(hf._BaseExamplesIterable):
     """Sources read in turn, one example (or Arrow table) each, skipping the exhausted ones, until all
     are: the order of ``datasets``' ``all_exhausted_without_replacement`` interleave, in its state
@@ -216,11 +225,11 @@ class RoundRobin(hf._BaseExamplesIterable):
     def iter_arrow(self) -> Callable[[], Iterator[Any]] | None:
         return self._iter_arrow if all(e.iter_arrow for e in self.ex_iterables) else None
 
-    def _init_state_dict(self) -> dict[str, Any]:
+    def _init_state_dict(self) -> RoundRobinState:
         for e in self.ex_iterables:
             e._init_state_dict()
         count = len(self.ex_iterables)
-        self._state_dict = {
+        self._state_dict: RoundRobinState = {
             "ex_iterable_idx": 0,
             "previous_states": [None] * count,
             "is_exhausted": [False] * count,
@@ -235,7 +244,8 @@ class RoundRobin(hf._BaseExamplesIterable):
         return self._in_turn(lambda source: source.iter_arrow())
 
     def _in_turn(self, reader: Callable[[Any], Iterator[Any]]) -> Iterator[Any]:
-        state, count = cast("dict[str, Any] | None", self._state_dict), len(self.ex_iterables)
+        # datasets' attribute, None until its _init_state_dict (this class's) has run
+        state, count = cast("RoundRobinState | None", self._state_dict), len(self.ex_iterables)
         if state:
             for source, saved in zip(self.ex_iterables, state["previous_states"], strict=True):
                 if saved is not None:
@@ -302,7 +312,7 @@ class RankDataset(IterableDataset):
         if torch.utils.data.get_worker_info() is None:
             return super()._prepare_ex_iterable_for_iteration(*args, **kwargs)
         # in a worker, _iter_pytorch loads the saved state again into the worker's shard: that one counts
-        fields: dict[str, Any] = self.__dict__
+        fields: dict[str, object] = self.__dict__
         starting, fields["_starting_state_dict"] = fields["_starting_state_dict"], None
         try:
             return super()._prepare_ex_iterable_for_iteration(*args, **kwargs)

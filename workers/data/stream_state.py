@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class SavedStream:
     """One rank's stream position as saved: its pass over its stream and the loader's state."""
 
     pass_number: int
-    loader: dict[str, Any]
+    loader: dict[str, object]  # ``StatefulDataLoader.state_dict()``: handed back to its ``load_state_dict``
 
 
 STREAM_FIX = (
@@ -84,7 +85,7 @@ def encode(saved: SavedStream) -> bytes:
     return encode_tree({"pass": saved.pass_number, "loader": saved.loader}, META_KEY, STREAM_LABEL)
 
 
-def encode_tree(fields: dict[str, Any], meta_key: str, label: TreeLabel) -> bytes:
+def encode_tree(fields: Mapping[str, object], meta_key: str, label: TreeLabel) -> bytes:
     """A safetensors file whose ``meta_key`` metadata is ``{"version": 1, **fields}``, each field's
     tree encoded (tensors by reference into the file's tensors); ``label.error`` naming the first value
     that is neither JSON nor a tensor."""
@@ -171,7 +172,7 @@ def parse(data: bytes, rel: str) -> SavedStream:
     return SavedStream(number, loader)
 
 
-def parse_tree(data: bytes, rel: str, meta_key: str, keys: tuple[str, ...], kind: str) -> dict[str, Any]:
+def parse_tree(data: bytes, rel: str, meta_key: str, keys: tuple[str, ...], kind: str) -> dict[str, object]:
     """The fields of a file ``encode_tree`` wrote, read back whole and strictly: exactly ``keys``
     (and the version), every tensor referenced exactly once; ``StateRefused`` (corrupt) otherwise."""
     with_meta = _metadata(data, rel)

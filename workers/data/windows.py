@@ -214,7 +214,7 @@ class TokenWindows(torch.utils.data.Dataset):
         finally:
             os.close(fd)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_arr"] = None  # a memory map pickles as a copy of the whole file: each process maps its own
         return state

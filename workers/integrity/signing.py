@@ -49,7 +49,7 @@ def run_location(run_url: str) -> str:
     return f"{protocol}://{str(root).rstrip('/')}"
 
 
-def binding_of(run_url: str, state: str, job_identity: str) -> dict[str, str]:
+def binding_of(run_url: str, state: str, job_identity: str) -> JSONObject:
     """What a state's signature binds (module docstring)."""
     return {"run": run_location(run_url), "state": state, "job_identity": job_identity}
 

@@ -19,11 +19,11 @@ import json
 import os
 import random
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import ModelLoadError, ResumeRefused, TaskError
 from syncpoint.policies.contracts.import_path import is_import_path
 from syncpoint.policies.decisions.redact import redact_url
@@ -94,7 +94,7 @@ def _final(url: str, shown: str) -> RunStorage:
     )
 
 
-def _read_json(final: RunStorage, name: str, shown: str) -> dict[str, Any]:
+def _read_json(final: RunStorage, name: str, shown: str) -> JSONObject:
     try:
         data = final.read_bytes(name, limit=MAX_JSON_BYTES)
     except FileNotFoundError:
@@ -114,7 +114,7 @@ def _read_json(final: RunStorage, name: str, shown: str) -> dict[str, Any]:
     return value
 
 
-def _task_of(spec: dict[str, Any], info: dict[str, Any], shown: str) -> tuple[str, dict[str, Any]]:
+def _task_of(spec: JSONObject, info: JSONObject, shown: str) -> tuple[str, JSONObject]:
     """The task path and config the spec names; ``info.json`` must name the same task (both are
     the writer's: a mismatch is an edited ``final/``, not loaded)."""
     task = spec.get("task")
@@ -140,7 +140,7 @@ def _rngs_kept() -> Iterator[None]:
     np.random.set_state(np_state)
 
 
-def _build(path: str, config: dict[str, Any], shown: str) -> torch.nn.Module:
+def _build(path: str, config: JSONObject, shown: str) -> torch.nn.Module:
     from syncpoint.workers.task import load_task
 
     try:

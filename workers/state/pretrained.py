@@ -26,7 +26,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -201,7 +201,9 @@ def _aliases(module: torch.nn.Module) -> list[list[str]]:
     return list(groups.values())
 
 
-def _renamed(tensors: dict[str, torch.Tensor], module: torch.nn.Module, expected: Iterable[str]) -> dict[str, Any]:
+def _renamed(
+    tensors: dict[str, torch.Tensor], module: torch.nn.Module, expected: Iterable[str]
+) -> dict[str, torch.Tensor]:
     """The file's names mapped onto the module's: as they are, or with the model's
     ``base_model_prefix`` added or removed (a ``GPT2Model`` checkpoint into ``GPT2LMHeadModel``),
     whichever matches more names (what ``from_pretrained`` does)."""

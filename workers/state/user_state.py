@@ -85,7 +85,7 @@ def capture(stateful: Mapping[str, Any]) -> bytes | None:
     return encode_tree({"objects": objects}, META_KEY, LABEL)
 
 
-def parse(data: bytes, rel: str, expected: tuple[str, ...]) -> dict[str, Any]:
+def parse(data: bytes, rel: str, expected: tuple[str, ...]) -> dict[str, object]:
     """A user file read back whole: exactly the ``expected`` names (those the state's record lists);
     ``StateRefused`` (corrupt) otherwise."""
     objects = parse_tree(data, rel, META_KEY, ("objects",), "user state")["objects"]

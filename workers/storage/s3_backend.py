@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from syncpoint.policies.contracts.errors import OversizedEntry, UnsafeEntry
 from syncpoint.policies.contracts.state_format import ManifestEntry
@@ -319,6 +319,13 @@ def _precondition_failed(e: BaseException) -> bool:
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
+class CompletedPart(TypedDict):
+    """One uploaded part, as ``complete_multipart_upload`` takes it (S3's own key names)."""
+
+    PartNumber: int
+    ETag: str
+
+
 class ParallelPartWriter:
     """A write-only file object that uploads an S3 object as a multipart upload, up to
     ``concurrency`` parts in flight on s3fs's event loop while the caller keeps writing.
@@ -339,7 +346,7 @@ class ParallelPartWriter:
         self.buffer = bytearray()
         self.upload_id: str | None = None
         self.in_flight: deque[tuple[int, Future]] = deque()
-        self.parts: list[dict[str, Any]] = []
+        self.parts: list[CompletedPart] = []
         self.closed = False
 
     def writable(self) -> bool:

@@ -49,7 +49,7 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions import seeds
@@ -209,6 +209,14 @@ def _exit_text(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+class ProcessArgs(TypedDict):
+    """The arguments a rank's process is made with, from the warm server or a context."""
+
+    target: Callable[..., None]
+    args: tuple[Any, ...]
+    name: str
+
+
 class Supervisor:
     """One rank's supervisor: runs generations of its training process until the run finishes or a
     failure goes to Ray Train."""
@@ -316,7 +324,7 @@ class Supervisor:
         went away: it is a shortcut, never a dependency; then with ``cold_args`` when given)."""
         from syncpoint.workers.supervision import fork_context
 
-        how: dict[str, Any] = {"target": target, "args": args, "name": name}
+        how: ProcessArgs = {"target": target, "args": args, "name": name}
         with fork_context.environ(PYTHONHASHSEED=hash_seed), _without_main_module():
             if self.warm is not None:
                 try:

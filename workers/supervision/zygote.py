@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, resource_tracker, spawn, util
-from typing import Any
+from typing import Any, TypedDict
 
 # What a fork server imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
 PRELOAD = [
@@ -187,9 +187,25 @@ def ensure(
         os.close(fd)
 
 
+class KeeperConfig(TypedDict):
+    """What a keeper reads from its stdin, one JSON line: where its socket and lock lie, the starter's
+    import path, what its server preloads, how long it waits unheld."""
+
+    socket: str
+    lock: str
+    sys_path: list[str]
+    preload: list[str]
+    idle_s: float
+
+
 def _start_keeper(k: str, hash_seed: str, env: dict[str, str]) -> None:
-    config: dict[str, Any] = {"socket": _socket_path(k), "lock": _lock_path(k), "sys_path": list(sys.path)}
-    config.update(preload=PRELOAD, idle_s=IDLE_S)
+    config: KeeperConfig = {
+        "socket": _socket_path(k),
+        "lock": _lock_path(k),
+        "sys_path": list(sys.path),
+        "preload": PRELOAD,
+        "idle_s": IDLE_S,
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "syncpoint.workers.supervision.zygote"],
         stdin=subprocess.PIPE,
@@ -332,7 +348,7 @@ def _connect(address: str, alive_fd: int, fds: list[int]) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- the keeper
-def _serve(config: dict[str, Any]) -> None:
+def _serve(config: KeeperConfig) -> None:
     """Start the fork server and hold it until stopped, idle, or the server dies."""
     path = str(config["socket"])
     with contextlib.suppress(FileNotFoundError):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import TaskError
 from syncpoint.policies.contracts.journal import Evaluated
 from syncpoint.policies.contracts.spec import JobSpec
@@ -66,7 +67,7 @@ class Evaluation:
         world_size: int,
         attempt: int,
         events: EventLog | None,
-        carried: dict[str, Any] | None,
+        carried: JSONObject | None,
         print_progress: bool,
     ) -> None:
         self.every = spec.train.eval_every

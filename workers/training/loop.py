@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import TrainingDiverged
 from syncpoint.policies.contracts.journal import Finished, PreemptionNotice
 from syncpoint.policies.contracts.spec import JobSpec
@@ -425,7 +426,7 @@ class TrainingLoop:
         state.new_cycle()
         state.finished = last
 
-    def _call_back(self, record: dict[str, Any], step_loss: float, *, logged: bool, evaluated: bool) -> None:
+    def _call_back(self, record: JSONObject, step_loss: float, *, logged: bool, evaluated: bool) -> None:
         """The boundary's hooks, after its evaluation and before its save: every step, the logged
         ones, the evaluation's metrics."""
         at = self.state.at
@@ -438,7 +439,7 @@ class TrainingLoop:
         if evaluated:
             self.callbacks.call("on_evaluate", dict(self.evaluation.latest))
 
-    def _grace_save_due(self, notice: dict[str, Any]) -> bool:
+    def _grace_save_due(self, notice: grace_window.Notice) -> bool:
         """This noticed rank's vote for a save in the grace window: always without a known deadline,
         else only from the last boundary whose save still commits before it
         (``syncpoint.policies.decisions.grace_window``)."""

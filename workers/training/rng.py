@@ -29,14 +29,14 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, NotRequired, Required, TypedDict
 
 import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from syncpoint.policies.contracts.bounded_json import BoundedJsonError, loads_bounded
+from syncpoint.policies.contracts.bounded_json import BoundedJsonError, JSONValue, loads_bounded
 from syncpoint.policies.contracts.errors import StateRefused
 from syncpoint.policies.decisions.seeds import (
     HASH_SEED_SALT as HASH_SEED_SALT,  # re-exported: part of this module's API
@@ -47,14 +47,14 @@ from syncpoint.workers.training import task_rngs
 
 MAX_HEADER = 8 << 20  # a header larger than this is no RNG file (a rank's is a few KiB)
 MAX_ARRAY_BYTES = 1 << 20  # one NumPy state array (MT19937's key is 2.5 KiB)
-TASK_META = "task_generators"
+TASK_META: Final = "task_generators"
 MT_WORDS = 624  # Python's and NumPy's MT19937: 624 words and a position
 
 # The train-side generators of the task this process runs: path -> generator (the loop sets them).
-_TASK: dict[str, Any] = {}
+_TASK: dict[str, task_rngs.TaskGenerator] = {}
 
 
-def use_task_generators(generators: Mapping[str, Any]) -> None:
+def use_task_generators(generators: Mapping[str, task_rngs.TaskGenerator]) -> None:
     """Capture, restore and seed these generators with the rank's RNG from now on (replacing any)."""
     _TASK.clear()
     _TASK.update(sorted(generators.items()))
@@ -63,6 +63,31 @@ def use_task_generators(generators: Mapping[str, Any]) -> None:
 def task_generator_kinds() -> dict[str, str]:
     """What a state records of the registered generators (``trainer.json`` ``task_generators``)."""
     return {path: task_rngs.kind(g) for path, g in _TASK.items()}
+
+
+class TaskEntry(TypedDict, total=False):
+    """One task generator in an RNG file's metadata: its path and kind, and where its state lies: a
+    tensor (torch; ``random.Random`` with its version and gauss) or, for NumPy, ``state`` (``_to_json``)."""
+
+    path: Required[str]
+    kind: Required[str]
+    tensor: str
+    version: int
+    gauss: float | None
+    state: JSONValue
+
+
+class RngMeta(TypedDict):
+    """An RNG file's one metadata key, ``rng``: the global streams' scalars and the task's generators."""
+
+    python_version: int
+    python_gauss: float | None
+    numpy_name: str
+    numpy_pos: int
+    numpy_has_gauss: int
+    numpy_cached_gaussian: float
+    cuda_devices: int
+    task_generators: NotRequired[list[TaskEntry]]  # absent: written before task generators were captured
 
 
 @dataclass
@@ -104,7 +129,7 @@ def serialize(saved: SavedRng) -> bytes:
     }
     for i, s in enumerate(saved.cuda):
         tensors[f"cuda_{i}"] = s
-    meta: dict[str, Any] = {
+    meta: RngMeta = {
         "python_version": version,
         "python_gauss": gauss,
         "numpy_name": np_name,
@@ -113,14 +138,14 @@ def serialize(saved: SavedRng) -> bytes:
         "numpy_cached_gaussian": float(np_cached),
         "cuda_devices": len(saved.cuda),
     }
-    entries = []
+    entries: list[TaskEntry] = []
     for i, (path, (kind, state)) in enumerate((saved.task or {}).items()):
-        entry: dict[str, Any] = {"path": path, "kind": kind}
+        entry: TaskEntry = {"path": path, "kind": kind}
         if kind.startswith("torch."):
             tensors[f"task/{i}"], entry["tensor"] = state, f"task/{i}"
         elif kind == "random.Random":
             tensors[f"task/{i}"], entry["tensor"] = torch.tensor(state[1], dtype=torch.int64), f"task/{i}"
-            entry.update(version=state[0], gauss=state[2])
+            entry["version"], entry["gauss"] = state[0], state[2]
         else:
             entry["state"] = _to_json(state)
         entries.append(entry)
@@ -265,7 +290,8 @@ def _parse_task(entries: Any, tensors: dict[str, torch.Tensor]) -> dict[str, tup
     return out
 
 
-def _task_state(e: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+def _task_state(e: TaskEntry, tensors: dict[str, torch.Tensor]) -> Any:
+    """One generator's state from its entry as read (path and kind checked by the caller; the rest here)."""
     kind, key = e["kind"], str(e.get("tensor"))
     if kind.startswith("torch.Generator("):
         return _bytes_tensor(tensors, key)

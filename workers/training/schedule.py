@@ -16,6 +16,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError, ScheduleMismatch
 from syncpoint.policies.contracts.import_path import load_function
 from syncpoint.policies.contracts.spec import SchedulerSpec
@@ -92,7 +93,7 @@ class Schedule:
         return float(value)
 
 
-def schedule_record(s: SchedulerSpec, position: int) -> dict[str, Any]:
+def schedule_record(s: SchedulerSpec, position: int) -> JSONObject:
     """What ``trainer.json`` stores: identity of the schedule's shape plus position and unit."""
     return SchedulerRecord.of(s, position).model_dump()
 

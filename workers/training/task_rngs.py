@@ -27,7 +27,7 @@ import types
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -89,7 +89,13 @@ _LEAVES = (
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"_modules"}
 
 
-def is_generator(obj: Any) -> bool:
+# What the walk finds and a state saves: the generator kinds ``is_generator`` accepts.
+TaskGenerator: TypeAlias = (
+    random.Random | np.random.Generator | np.random.RandomState | np.random.BitGenerator | torch.Generator
+)
+
+
+def is_generator(obj: Any) -> TypeGuard[TaskGenerator]:
     """Whether an object is a random generator whose state syncpoint saves and reseeds."""
     return isinstance(
         obj, (random.Random, np.random.Generator, np.random.RandomState, np.random.BitGenerator, torch.Generator)
@@ -107,7 +113,7 @@ def _global_streams() -> set[int]:
 class Walk:
     """What a walk found: generators by path (first path wins), and what cannot be reproduced."""
 
-    generators: dict[str, Any] = field(default_factory=dict)
+    generators: dict[str, TaskGenerator] = field(default_factory=dict)
     entropy: list[str] = field(default_factory=list)  # paths that draw OS entropy (SystemRandom, secrets)
     stopped_at: str | None = None  # the first path not visited once MAX_OBJECTS were
 
@@ -252,13 +258,14 @@ def _instance_children(path: str, obj: Any) -> Iterator[tuple[str, Any]]:
                 yield f"{path}.<class {cls.__name__}>.{k}", v
 
 
-def _attribute_children(path: str, attrs: dict[str, Any], module: bool) -> Iterator[tuple[str, Any]]:
+def _attribute_children(path: str, attrs: dict[str, object], module: bool) -> Iterator[tuple[str, Any]]:
     """An instance's attributes; a torch module's submodules by name, without its internals."""
     for k, v in attrs.items():
         if module and k in _MODULE_INTERNALS:
             continue
         if module and k == "_modules":
-            yield from ((f"{path}.{n}", m) for n, m in v.items())
+            submodules = cast("dict[str, torch.nn.Module | None]", v)  # nn.Module's own registry of them
+            yield from ((f"{path}.{n}", m) for n, m in submodules.items())
             continue
         yield f"{path}.{k}", v
 
@@ -351,7 +358,7 @@ class DataGenerators:
         self._pid: int | None = None
         self._found: list[tuple[int, Any]] = []
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {"obj": self.obj, "root": self.root, "_pid": None, "_found": []}
 
     def found(self) -> list[tuple[int, Any]]:
@@ -369,7 +376,7 @@ TRAIN_FIELDS = ("model", "loss", "metrics", "optimizer")  # run in the main proc
 DATA_FIELDS = ("dataset", "collate", "eval_dataset")  # run wherever samples are fetched: reseeded per sample
 
 
-def of_task(task: Any) -> tuple[dict[str, Any], list[str]]:
+def of_task(task: Any) -> tuple[dict[str, TaskGenerator], list[str]]:
     """The task's train-side generators by path, and a warning for each thing no resume reproduces
     (OS entropy, a search cut short). Data-side generators are found again in each process that
     fetches (``DataGenerators``); a generator reachable from both sides is both."""

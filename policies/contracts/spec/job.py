@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import (
     Field,
     model_validator,
 )
 
+from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.spec.bounds import (
     MAX_FAULTS,
     MAX_NAME_CHARS,
@@ -121,6 +121,6 @@ def spec_to_json(spec: JobSpec, redact: bool = True) -> str:
     return json.dumps(data, indent=2, sort_keys=False)
 
 
-def job_schema() -> dict[str, Any]:
+def job_schema() -> JSONObject:
     """The job spec's JSON schema (``syncpoint schema``; editors validate YAML job files with it)."""
     return JobSpec.model_json_schema()
