@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import random
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +43,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from syncpoint.orchestrator.interruptions import NODE_KINDS, InterruptionKind
-from syncpoint.policies.contracts.journal import AttemptStarted, FaultFired, Journal
+from syncpoint.orchestrator.storm_report import fired_fault, storm_report, wall_seconds
+from syncpoint.policies.contracts.journal import AttemptStarted, Journal
 from syncpoint.policies.contracts.spec import CrashFault, JobSpec
 
 if TYPE_CHECKING:
@@ -321,20 +321,13 @@ def run_storm(
         if print_plan:
             print(plan.table(), flush=True)
         run = storm_variant(spec, plan)
-        ref_wall = _wall(ref_journal)
+        ref_wall = wall_seconds(ref_journal)
         budget_s = 120.0 + 3 * ref_wall + 240.0 * n  # the whole interrupted run, restarts included
         controller = Controller(cluster, nodes, cpus, run, plan, budget_s, signals)
         rc_run, problems = controller.run()
     if signals is not None and signals.received is not None:
         return stopped_report(f"storm: {n} interruptions, seed {seed}", "storm", signals, "its interrupted run")
     return storm_report(ref, run, plan, 0, rc_run, problems, controller.removals)
-
-
-def _wall(journal: Journal) -> float:
-    from syncpoint.orchestrator.timeline import summarize
-
-    s = summarize(journal)
-    return s.wall_seconds if s else 0.0
 
 
 @dataclass
@@ -459,7 +452,7 @@ class Controller:
             fired = self._wait(
                 f"interruption {entry.index} ({entry.kind}) at micro-step {entry.point}",
                 thread,
-                lambda j: _fired(j, hold),
+                lambda j: fired_fault(j, hold),
             )
             if fired is None:
                 return None
@@ -469,7 +462,7 @@ class Controller:
             return attempt
         crash = entry.faults[0].fault_id
         fired = self._wait(
-            f"interruption {entry.index}'s crash at micro-step {entry.point}", thread, lambda j: _fired(j, crash)
+            f"interruption {entry.index}'s crash at micro-step {entry.point}", thread, lambda j: fired_fault(j, crash)
         )
         if fired is None:
             return None
@@ -509,96 +502,3 @@ class Controller:
             self.pending_adds += [time.monotonic() + entry.replacement_delay_s] * len(victims)
         self.removals.append(Removal(entry.index, attempt.attempt, ranks, time.time()))
         return True
-
-
-def _fired(journal: Journal, fault_id: str) -> FaultFired | None:
-    return next((e for e in journal.of_kind(FaultFired) if e.fault == fault_id), None)
-
-
-# ------------------------------------------------------------------ the report
-
-
-def storm_report(
-    ref: JobSpec, run: JobSpec, plan: StormPlan, rc_ref: int, rc_run: int, problems: list[str], removals: list[Removal]
-) -> DrillReport:
-    """The storm's verdict: the interrupted run against the uninterrupted one, and every interruption's fate."""
-    from syncpoint.orchestrator.drill import DrillReport, judge
-    from syncpoint.orchestrator.timeline import restarts
-    from syncpoint.workers.observation.events import EventLog
-    from syncpoint.workers.storage import RunStorage
-
-    ref_journal = EventLog(RunStorage(ref.run_url)).journal()
-    journal = EventLog(RunStorage(run.run_url)).journal()
-    lines, ok = attribute(plan, journal, removals)
-    ok = ok and rc_ref == 0 and rc_run == 0 and not problems
-    lines += [f"storm: {p}" for p in problems]
-    if rc_run != 0:
-        lines.append("storm: the interrupted run failed (its error is above)")
-    ref_wall, run_wall = _wall(ref_journal), _wall(journal)
-    lost = sum(r.lost_seconds for r in restarts(journal))
-    # the run's own goodput (syncpoint.policies.decisions.goodput, itemised) is one of judge()'s lines below
-    lines.append(
-        f"wall time: reference {ref_wall:.1f} s, interrupted run {run_wall:.1f} s "
-        f"({ref_wall / run_wall:.0%}); {lost:.1f} s of computed work lost"
-        if run_wall > 0
-        else "wall time: unknown (the interrupted run did not finish)"
-    )
-    judged, verdict_lines, verdict = judge(ref, run, ref_journal, journal)
-    lines += verdict_lines
-    ok = ok and judged
-    lines.append("RESULT: " + (f"{len(plan.interruptions)} interruptions survived; {verdict}" if ok else "FAILED"))
-    return DrillReport("\n".join(lines), ok)
-
-
-def attribute(plan: StormPlan, journal: Journal, removals: list[Removal]) -> tuple[list[str], bool]:
-    """Each interruption with the attempt(s) it struck and what each restart cost; (lines, ok): ok when
-    every interruption struck and caused exactly its own restart(s), and no restart is unexplained."""
-    from syncpoint.orchestrator.timeline import restarts
-
-    starts = journal.attempts
-    by_prev = {prev.attempt: r for prev, r in zip(starts, restarts(journal), strict=False)}
-    lines = [
-        "interruption  kind        requested  struck at       attempt  classified   resumed from  "
-        "lost micro-steps  lost seconds"
-    ]
-    ok, explained = True, set()
-    for entry in plan.interruptions:
-        struck: list[tuple[int, str]] = []  # (attempt, where)
-        worker = [f for f in entry.faults if f.mode != "hold"]
-        for f in worker:
-            fired = _fired(journal, f.fault_id)
-            if fired is not None:
-                at = re.search(r"micro-step (\d+)", fired.where)
-                struck.append((fired.attempt, ("save at " if f.phase else "step ") + (at.group(1) if at else "?")))
-        for rm in (r for r in removals if r.interruption == entry.index):
-            hold = _fired(journal, entry.hold.fault_id)
-            where = (
-                f"step {hold.global_micro_step}" if hold is not None and hold.attempt == rm.attempt else "attempt start"
-            )
-            struck.append((rm.attempt, where))
-        if len(struck) < entry.restarts_expected:
-            ok = False
-            lines.append(f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  did not strike (see above)")
-            continue
-        for attempt, where in struck:
-            r = by_prev.get(attempt)
-            explained.add(attempt)
-            if r is None:
-                ok = False
-                lines.append(
-                    f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
-                    "no restart followed"
-                )
-                continue
-            lines.append(
-                f"{entry.index:>12}  {entry.kind:<10}  {entry.point:>9}  {where:<14}  {attempt:>7}  "
-                f"{r.cause:<11}  {r.resumed_from or 'scratch':<12}  {r.lost_micro_steps:>16}  "
-                f"{r.lost_seconds:>12.2f}"
-            )
-    unexplained = sorted(set(by_prev) - explained)
-    for attempt in unexplained:
-        r = by_prev[attempt]
-        lines.append(f"restart after attempt {attempt} was not planned: {r.cause} ({r.reason or 'no reason'})")
-    total = sum(i.restarts_expected for i in plan.interruptions)
-    lines.append(f"restarts: {len(by_prev)} (planned {total})")
-    return lines, ok and not unexplained and len(by_prev) == total

@@ -192,3 +192,17 @@ def test_no_import_cycle_between_the_projects_modules():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as e:
         pytest.fail(f"an import cycle: {' -> '.join(e.args[1])}")
+
+
+MAX_MODULE_LINES = 600  # issue 49: a module over this holds more than one job; split it by what each part does
+
+
+def test_no_production_module_is_over_600_lines():
+    """A module grows past one job one helper at a time; the bound makes the split happen when it does."""
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for layer in LAYERS
+        for path in _files(layer)
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"over {MAX_MODULE_LINES} lines (split each by what its parts do): {long}"

@@ -37,7 +37,6 @@ import json
 import os
 import random
 import re
-import struct
 import sys
 import time
 import urllib.parse
@@ -45,8 +44,9 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from syncpoint.workers.observation.wandb_offline import offline_files, offline_history
+
 if TYPE_CHECKING:
-    from syncpoint.policies.contracts.bounded_json import JSONObject
     from syncpoint.policies.contracts.spec import JobSpec
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.training.attempt import Attempt
@@ -63,7 +63,6 @@ KEY_TAG = "syncpoint.key"
 EXTRAS = {"mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param's value
 MAX_TAG_CHARS = 5000
-WANDB_LOG_MAX_BYTES = 1 << 30  # an offline .wandb file read for its steps: at most this much
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 _RUN_ID = re.compile(r"^[0-9A-Za-z_-]{1,128}$")
 
@@ -480,89 +479,6 @@ def _spec_json(spec: JobSpec) -> str:
     from syncpoint.policies.contracts.spec import spec_to_json
 
     return spec_to_json(spec)
-
-
-# ---- W&B's offline files
-
-
-class OfflineHistory:
-    """What a ``.wandb`` file holds: each history row's step and values (``key`` -> value)."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, JSONObject]] = []
-
-    @property
-    def steps(self) -> list[int]:
-        return [s for s, _ in self.rows]
-
-
-def offline_files(where: str | None, run_id: str) -> list[str]:
-    """The ``.wandb`` files of this run id's offline runs under a W&B directory, oldest first."""
-    base = os.path.join(where or os.getcwd(), "wandb")
-    try:
-        names = sorted(n for n in os.listdir(base) if n.startswith("offline-run-") and n.endswith(f"-{run_id}"))
-    except OSError:
-        return []
-    files = [os.path.join(base, n, f"run-{run_id}.wandb") for n in names]
-    return [f for f in files if os.path.isfile(f) and not os.path.islink(f)]
-
-
-def offline_history(path: str) -> OfflineHistory:
-    """The history rows of a ``.wandb`` file (W&B's transaction log: a LevelDB log of ``Record``
-    protobufs, ``wandb.proto.wandb_internal_pb2``), read up to ``WANDB_LOG_MAX_BYTES``; a torn tail
-    (an attempt that died while writing) ends the read."""
-    from wandb.proto import wandb_internal_pb2
-
-    out = OfflineHistory()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(WANDB_LOG_MAX_BYTES)
-    for chunk in _log_records(data):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
-        try:
-            record.ParseFromString(chunk)
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError: a torn record
-            break
-        if record.WhichOneof("record_type") != "history":
-            continue
-        values = {}
-        for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            with contextlib.suppress(ValueError):
-                values[key] = json.loads(item.value_json)
-        step = record.history.step.num if record.history.HasField("step") else values.get("_step")
-        if isinstance(step, int):
-            out.rows.append((step, values))
-    return out
-
-
-_BLOCK, _HEADER = 32768, 7  # LevelDB log: 32 KiB blocks, records of crc32c(4) length(2) type(1)
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _log_records(data: bytes) -> Iterator[bytes]:
-    if data[:4] != b":W&B":
-        return
-    pos, pending = _HEADER, b""  # the file's own header: ":W&B", a 2-byte magic, a version byte
-    while pos + _HEADER <= len(data):
-        left = _BLOCK - pos % _BLOCK
-        if left < _HEADER:  # a block's tail too short for a header is padding
-            pos += left
-            continue
-        _, length, kind = struct.unpack_from("<IHB", data, pos)
-        start, end = pos + _HEADER, pos + _HEADER + length
-        if kind not in (_FULL, _FIRST, _MIDDLE, _LAST) or end > len(data):
-            return
-        pos, chunk = end, data[start:end]
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            pending = chunk
-        elif kind == _MIDDLE:
-            pending += chunk
-        else:
-            yield pending + chunk
-            pending = b""
 
 
 # ---- opening

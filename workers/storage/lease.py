@@ -48,8 +48,6 @@ decides stays in ``RunLease``; the wait only picks the moment to ask.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import socket
 import sys
@@ -57,112 +55,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeGuard, cast
+from typing import TypeGuard
 
 from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused, UnsafeEntry
-from syncpoint.policies.contracts.spec import MAX_LEASE_TTL_S
 from syncpoint.workers.storage import RunStorage, holder_process
-from syncpoint.workers.storage.holder_process import HolderProcess
+from syncpoint.workers.storage.lease_record import (
+    LEASE,
+    LEASE_FORMAT,
+    LEASE_MAX_BYTES,
+    HeldLease,
+    LeaseRecord,
+    encode,
+    read_lease,
+)
 
-LEASE = "lease.json"
-LEASE_FORMAT = "syncpoint-lease/2"
-# A lease is one small JSON object (~400 bytes); a larger lease.json is not one syncpoint wrote and is
-# refused unread (storage may be hostile: a lease linked to /dev/zero must not be read forever).
-LEASE_MAX_BYTES = 64 << 10
 CONFIRM_TRIES = 3
-
-
-class LeaseRecord(HolderProcess, total=False):
-    """``lease.json``'s fields. None is required: one read from storage is checked by ``parse_lease``
-    for those a decision reads, and the rest are read with ``get``."""
-
-    format: str
-    job_identity: str
-    job_name: str
-    submission: str
-    host: str
-    ttl_s: float
-    generation: int
-    holder: str | None
-    beat: int
-    heartbeat: float
-    released: bool
-    released_because: str
-
-
-@dataclass(frozen=True)
-class HeldLease:
-    """What ``lease.json`` says now: the parsed record, or why it is malformed."""
-
-    record: LeaseRecord | None
-    problem: str | None
-    version: str
-    age_s: float | None  # by the storage's clock; None where the store cannot tell
-    generation: int
-
-    @property
-    def released(self) -> bool:
-        return bool(self.record and self.record.get("released"))
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _generation_of(obj: Any) -> int:
-    gen = obj.get("generation", 0) if isinstance(obj, dict) else 0
-    return gen if isinstance(gen, int) and not isinstance(gen, bool) and gen >= 0 else 0
-
-
-def parse_lease(data: bytes) -> tuple[LeaseRecord | None, str | None]:
-    """``(record, None)`` for a usable lease, ``(None, why)`` for a malformed one.
-
-    Every field a decision reads is checked here, so no malformed value (``"heartbeat": "soon"``,
-    ``null``, a string TTL, NaN) can reach arithmetic and crash rank 0 while the others wait.
-    """
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        return None, f"not JSON ({type(e).__name__})"
-    if not isinstance(obj, dict):
-        return None, f"not a JSON object but {type(obj).__name__}"
-    for key in ("submission", "job_identity"):
-        if not isinstance(obj.get(key), str) or not obj[key]:
-            return None, f"{key} is {obj.get(key)!r}, not a non-empty string"
-    if not _finite(obj.get("ttl_s")) or obj["ttl_s"] <= 0:
-        return None, f"ttl_s is {obj.get('ttl_s')!r}, not a positive number of seconds"
-    if obj["ttl_s"] > MAX_LEASE_TTL_S:  # no job spec can set more: not a lease syncpoint wrote
-        return None, f"ttl_s is {obj['ttl_s']!r}, over the {MAX_LEASE_TTL_S:.0f}s any job's resume.lease_ttl_s may be"
-    if "heartbeat" in obj and not _finite(obj["heartbeat"]):
-        return None, f"heartbeat is {obj['heartbeat']!r}, not a time"
-    gen = obj.get("generation", 0)
-    if not isinstance(gen, int) or isinstance(gen, bool) or gen < 0:
-        return None, f"generation is {gen!r}, not a non-negative integer"
-    if not isinstance(obj.get("holder", ""), (str, type(None))) or not isinstance(obj.get("released", False), bool):
-        return None, "holder or released has the wrong type"
-    return cast(LeaseRecord, obj), None  # its fields a decision reads, checked above
-
-
-def read_lease(storage: RunStorage) -> HeldLease | None:
-    """The lease as stored now (``None``: there is none)."""
-    got = storage.read_versioned(LEASE, limit=LEASE_MAX_BYTES)
-    if got is None:
-        return None
-    record, problem = parse_lease(got.data)
-    generation = record["generation"] if record and "generation" in record else _generation_of(_loose_json(got.data))
-    return HeldLease(record, problem, got.version, got.age_s, generation)
-
-
-def _loose_json(data: bytes) -> Any:
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-
-
-def _encode(record: LeaseRecord) -> bytes:
-    return json.dumps(record, indent=1, sort_keys=True).encode()
 
 
 def _warn(message: str) -> None:
@@ -224,7 +131,7 @@ class RunLease:
             held = read_lease(self.storage)
             how, generation = self._judge(held, lost_race)
             version = self.storage.write_if(
-                _encode(self._record(generation)), LEASE, expect=held.version if held else None, limit=LEASE_MAX_BYTES
+                encode(self._record(generation)), LEASE, expect=held.version if held else None, limit=LEASE_MAX_BYTES
             )
             if version is not None:
                 self.generation, self._version, self._renewed = generation, version, time.monotonic()
@@ -354,7 +261,7 @@ class RunLease:
             for _ in range(2):
                 self._beats += 1
                 version = self.storage.write_if(
-                    _encode(self._record(self.generation)), LEASE, expect=self._version, limit=LEASE_MAX_BYTES
+                    encode(self._record(self.generation)), LEASE, expect=self._version, limit=LEASE_MAX_BYTES
                 )
                 if version is not None:
                     self._version, self._renewed = version, time.monotonic()
@@ -441,7 +348,7 @@ class RunLease:
             if self._version is None:
                 return
             version = self.storage.write_if(
-                _encode(self._record(self.generation, released=True)),
+                encode(self._record(self.generation, released=True)),
                 LEASE,
                 expect=self._version,
                 limit=LEASE_MAX_BYTES,
@@ -477,7 +384,7 @@ def release_lease(storage: RunStorage, submission: str) -> None:
             if held is None or held.record is None or held.released or held.record.get("submission") != submission:
                 return
             tombstone: LeaseRecord = {**held.record, "released": True}
-            if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is not None:
+            if storage.write_if(encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is not None:
                 return
     except Exception as e:  # noqa: BLE001 - driver cleanup never raises; the lease expires anyway
         _warn(
@@ -594,7 +501,7 @@ def _release_for_dead_holder(storage: RunStorage, held: HeldLease, say: Callable
     at once wherever it runs, fenced by a new generation."""
     rec = held.record or {}
     tombstone: LeaseRecord = {**rec, "released": True, "released_because": "its holder's process is gone"}
-    if storage.write_if(_encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is None:
+    if storage.write_if(encode(tombstone), LEASE, expect=held.version, limit=LEASE_MAX_BYTES) is None:
         return "alive"
     say(
         f"the run directory's lease was held by submission {rec['submission']} of this job (host {rec.get('host')}, "

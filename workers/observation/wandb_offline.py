@@ -1,0 +1,98 @@
+"""A W&B offline run's own log read back for its steps: which steps an earlier attempt already logged.
+
+Why by hand: W&B has no API that reads an offline run's ``.wandb`` file; it is a LevelDB log of
+``Record`` protobufs (``wandb.proto.wandb_internal_pb2``), and a resumed attempt must not log a step
+twice (``syncpoint.workers.observation.trackers``). Read without following a link and up to a bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+
+from syncpoint.policies.contracts.bounded_json import JSONObject
+
+WANDB_LOG_MAX_BYTES = 1 << 30  # an offline .wandb file read for its steps: at most this much
+
+
+class OfflineHistory:
+    """What a ``.wandb`` file holds: each history row's step and values (``key`` -> value)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, JSONObject]] = []
+
+    @property
+    def steps(self) -> list[int]:
+        return [s for s, _ in self.rows]
+
+
+def offline_files(where: str | None, run_id: str) -> list[str]:
+    """The ``.wandb`` files of this run id's offline runs under a W&B directory, oldest first."""
+    base = os.path.join(where or os.getcwd(), "wandb")
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith("offline-run-") and n.endswith(f"-{run_id}"))
+    except OSError:
+        return []
+    files = [os.path.join(base, n, f"run-{run_id}.wandb") for n in names]
+    return [f for f in files if os.path.isfile(f) and not os.path.islink(f)]
+
+
+def offline_history(path: str) -> OfflineHistory:
+    """The history rows of a ``.wandb`` file (W&B's transaction log: a LevelDB log of ``Record``
+    protobufs, ``wandb.proto.wandb_internal_pb2``), read up to ``WANDB_LOG_MAX_BYTES``; a torn tail
+    (an attempt that died while writing) ends the read."""
+    from wandb.proto import wandb_internal_pb2
+
+    out = OfflineHistory()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(WANDB_LOG_MAX_BYTES)
+    for chunk in _log_records(data):
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        try:
+            record.ParseFromString(chunk)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError: a torn record
+            break
+        if record.WhichOneof("record_type") != "history":
+            continue
+        values = {}
+        for item in record.history.item:
+            key = item.key or "/".join(item.nested_key)
+            with contextlib.suppress(ValueError):
+                values[key] = json.loads(item.value_json)
+        step = record.history.step.num if record.history.HasField("step") else values.get("_step")
+        if isinstance(step, int):
+            out.rows.append((step, values))
+    return out
+
+
+_BLOCK, _HEADER = 32768, 7  # LevelDB log: 32 KiB blocks, records of crc32c(4) length(2) type(1)
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _log_records(data: bytes) -> Iterator[bytes]:
+    if data[:4] != b":W&B":
+        return
+    pos, pending = _HEADER, b""  # the file's own header: ":W&B", a 2-byte magic, a version byte
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, pos)
+        start, end = pos + _HEADER, pos + _HEADER + length
+        if kind not in (_FULL, _FIRST, _MIDDLE, _LAST) or end > len(data):
+            return
+        pos, chunk = end, data[start:end]
+        if kind == _FULL:
+            yield chunk
+        elif kind == _FIRST:
+            pending = chunk
+        elif kind == _MIDDLE:
+            pending += chunk
+        else:
+            yield pending + chunk
+            pending = b""
