@@ -14,7 +14,9 @@ What it measures
       its ranks started by the launcher without Ray (``run_spawned``, what every Ray Train worker runs);
       per save, from its ``state_committed`` events: ``blocked_seconds`` (the loop waited for the
       snapshot) and ``seconds`` (snapshot to the manifest's commit: durable). The run's final save is
-      not counted (it is synchronous by design: the run ends there).
+      not counted (it is synchronous by design: the run ends there), nor an interval save still uploading
+      when the run ends (the end commits it, its blocked time then the wait for that upload, which no
+      peer's count includes).
     * **DCP**: a DeepSpeed loop written the usual way over the same model, optimizer and data, saving
       ``{"model": ..., "optimizer": ...}`` with ``torch.distributed.checkpoint.async_save`` configured as
       torchtitan's ``async_mode: async_with_pinned_mem`` configures it: a process checkpointer
@@ -167,7 +169,11 @@ def run_syncpoint(work: str, layers: int, steps: int, store: str | None = None) 
     if any(codes):
         raise RuntimeError(f"syncpoint's ranks exited {codes}")
     events = EventLog(RunStorage(spec.run_url)).read_all()
-    saves = [e for e in events if e["kind"] == "state_committed" and "final" not in e["reasons"]]
+    committed = [e for e in events if e["kind"] == "state_committed"]
+    end = max((int(e.get("committed_at_micro_step") or 0) for e in committed), default=0)
+    # an interval save still uploading when the run ends is committed at its end, its blocked time then
+    # the wait for that upload: the peers' end-of-run waits are not counted either, so neither is it
+    saves = [e for e in committed if "final" not in e["reasons"] and int(e.get("committed_at_micro_step") or 0) < end]
     return [(float(e["blocked_seconds"]), float(e["seconds"])) for e in saves]
 
 
@@ -462,9 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if args.quick else args.rounds
     if args.quick:
         args.steps = 8
-    if args.s3:  # three interval saves at the longer cadence
+    if args.s3:  # four interval saves at the longer cadence (the first and one the run's end commits not counted)
         os.environ[EVERY_ENV] = str(SAVE_EVERY_S3)
-        args.steps = max(args.steps, 3 * SAVE_EVERY_S3 + 2)
+        args.steps = max(args.steps, 4 * SAVE_EVERY_S3 + 2)
     print(
         f"P14 save stall: {WORLD} ranks (gloo, 1 thread each), Linear {WIDTH}x{WIDTH} layers, ZeRO 0 fp32, AdamW; "
         f"{args.steps} optimizer steps a run, a save every {save_every()} to "
