@@ -491,6 +491,19 @@ def report(stages: list[int], steady: Measured, per_round: Measured) -> dict[tup
     return ratios
 
 
+def goal_lines(
+    ratios: dict[tuple[int, str], float], stages: list[int], key: str, name: str, goal: float, how: str
+) -> None:
+    """One goal line per stage and clock: ``ratios[(stage, key + clock)]`` against ``goal``."""
+    for zero in stages:
+        for clock in CLOCKS:
+            ratio = ratios[(zero, f"{key}{clock}")]
+            print(
+                f"goal {name.format(zero=zero, clock=clock)}: {ratio:.3f}x vs >= {goal}x: "
+                f"{'met' if ratio >= goal else 'not met'} ({how})"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -516,34 +529,30 @@ def main(argv: list[str] | None = None) -> int:
         "\nwall: rank 0's wall time a step (what a user waits); cpu: rank 0's main process's CPU time a step "
         "(its DataLoader worker not counted), which a loaded machine inflates far less than the wall time"
     )
-    for zero in stages:
-        for clock in CLOCKS:
-            ratio = ratios[(zero, clock)]
-            name = f"throughput_vs_plain_zero{zero}_{clock}{'_compiled' if args.compile else ''}"
-            print(
-                f"goal {name}: {ratio:.3f}x vs >= {GOAL}x: "
-                f"{'met' if ratio >= GOAL else 'not met'} (median step, side by side)"
-            )
+    compiled = "_compiled" if args.compile else ""
+    goal_lines(
+        ratios, stages, "", f"throughput_vs_plain_zero{{zero}}_{{clock}}{compiled}", GOAL, "median step, side by side"
+    )
     if args.metrics:
         print(f"scrapes that found the run's syncpoint_* series, per scraped run: {SCRAPES}")
-        for zero in stages:
-            for clock in CLOCKS:
-                ratio = ratios[(zero, f"scraped_{clock}")]
-                print(
-                    f"goal metrics_overhead_zero{zero}_{clock}: {ratio:.3f}x vs >= {METRICS_GOAL}x: "
-                    f"{'met' if ratio >= METRICS_GOAL else 'not met'} (syncpoint's step without over with its "
-                    f"metrics published and scraped every {SCRAPE_S:g} s)"
-                )
+        goal_lines(
+            ratios,
+            stages,
+            "scraped_",
+            "metrics_overhead_zero{zero}_{clock}",
+            METRICS_GOAL,
+            f"syncpoint's step without over with its metrics published and scraped every {SCRAPE_S:g} s",
+        )
     if args.saves:
         print(f"interval saves per run with save_every auto: {SAVED}")
-        for zero in stages:
-            for clock in CLOCKS:
-                ratio = ratios[(zero, f"saving_{clock}")]
-                print(
-                    f"goal throughput_with_auto_saves_vs_plain_zero{zero}_{clock}: {ratio:.3f}x vs >= {SAVES_GOAL}x: "
-                    f"{'met' if ratio >= SAVES_GOAL else 'not met'} (mean step, side by side; the plain loop saves "
-                    "nothing)"
-                )
+        goal_lines(
+            ratios,
+            stages,
+            "saving_",
+            "throughput_with_auto_saves_vs_plain_zero{zero}_{clock}",
+            SAVES_GOAL,
+            "mean step, side by side; the plain loop saves nothing",
+        )
     return 0
 
 

@@ -199,10 +199,16 @@ def test_ray_job_stop_of_a_submitted_driver_is_the_same_notice(tmp_path):
 
 
 @pytest.mark.long  # make test: `syncpoint run`'s SIGTERM above (the drill's runs are `syncpoint run`'s, in-process)
-def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_drill(tmp_path):
-    """SIGTERM to `syncpoint drill` while its reference run trains: that run saves at its next boundary
-    and stops, the interrupted run never starts, the drill ends 143 with a last line that says it
-    stopped and how to start it over, and nothing it started is alive 15 s later."""
+@pytest.mark.parametrize(
+    "what,args",
+    [("drill", ["--preempt-at", "300"]), ("storm", ["--storm", "2", "--seed", "7"])],
+    ids=["drill", "storm"],
+)
+def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_drill(tmp_path, what, args):
+    """SIGTERM to `syncpoint drill` (and `--storm`) while its reference run trains: that run saves at its
+    next boundary and stops, the interrupted run never starts (no storm is planned), the drill ends 143
+    with a last line that says it stopped and how to start it over (a storm's with its seed), and nothing
+    it started is alive 15 s later."""
     hold = tmp_path / "go"
     spec = held_job(tmp_path, hold)
     job = write_job(spec, tmp_path / "job.yaml")
@@ -210,7 +216,7 @@ def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_dril
     run = spec.model_copy(update={"name": f"{spec.name}-drill"})
     env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     out = tmp_path / "out.txt"
-    cmd = [sys.executable, "-m", "syncpoint", "drill", str(job), "--preempt-at", "300"]
+    cmd = [sys.executable, "-m", "syncpoint", "drill", str(job), *args]
     drill = start_as_in_a_terminal(cmd, cwd=ROOT, env=env, stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
     try:
         wait_for_driver(lambda: bool(_events(ref, "attempt_started")), drill, "the reference run", output=out.read_text)
@@ -222,55 +228,18 @@ def test_a_drills_sigterm_is_the_notice_of_the_run_in_progress_and_ends_the_dril
         saved = saved_on_the_drivers_notice(lambda kind: _events(ref, kind), "SIGTERM", signalled_at)
         assert not _events(ref, "finished") and not _events(run, "submitted")  # the interrupted run never began
         text = out.read_text()
-        again = f"syncpoint drill {job} --preempt-at 300"
+        again = f"syncpoint drill {job} {' '.join(args)}"
         assert (
             f"syncpoint: stopped on SIGTERM at state {saved['state']} (optimizer step {saved['optimizer_step']}); "
             f"`{again}` starts over"
         ) in text, text[-4000:]
-        assert "the drill stopped on SIGTERM during its reference run: nothing compared" in text, text[-4000:]
-        assert _last_line(out) == f"RESULT: STOPPED (`{again}` starts the drill over)", text[-4000:]
+        assert "storm plan" not in text, text[-4000:]
+        assert f"the {what} stopped on SIGTERM during its reference run: nothing compared" in text, text[-4000:]
+        assert _last_line(out) == f"RESULT: STOPPED (`{again}` starts the {what} over)", text[-4000:]
         _, alive = psutil.wait_procs(list(owned(mark)), timeout=GONE_WITHIN_S)
         left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not left, f"alive {GONE_WITHIN_S:g}s after the drill ended: {[(p.pid, p.name()) for p in left]}"
     finally:
         if drill.poll() is None:
             drill.kill()
-        stop_processes(list(owned(mark)), mark=mark)
-
-
-@pytest.mark.long  # the storm's cluster and plan are the drill's own paths (above, and the storm tests)
-def test_a_storms_sigterm_is_the_notice_of_its_reference_run_and_ends_the_storm(tmp_path):
-    """SIGTERM to `syncpoint drill --storm` while its reference run trains: as for a drill, that run
-    saves at its next boundary and stops, no storm is planned or struck, the command ends 143 with a
-    last line naming the command (its seed included) that starts the storm over, and nothing it started
-    is alive 15 s later."""
-    hold = tmp_path / "go"
-    spec = held_job(tmp_path, hold)
-    job = write_job(spec, tmp_path / "job.yaml")
-    ref = spec.model_copy(update={"name": f"{spec.name}-drill-ref"})
-    run = spec.model_copy(update={"name": f"{spec.name}-drill"})
-    env, mark = marked_env({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
-    out = tmp_path / "out.txt"
-    cmd = [sys.executable, "-m", "syncpoint", "drill", str(job), "--storm", "2", "--seed", "7"]
-    storm = start_as_in_a_terminal(cmd, cwd=ROOT, env=env, stdout=out.open("w"), stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for_driver(lambda: bool(_events(ref, "attempt_started")), storm, "the reference run", output=out.read_text)
-        signalled_at = time.time()
-        storm.send_signal(signal.SIGTERM)
-        hold.touch()
-        assert storm.wait(timeout=300) == 143, out.read_text()[-4000:]
-        saved = saved_on_the_drivers_notice(lambda kind: _events(ref, kind), "SIGTERM", signalled_at)
-        assert not _events(ref, "finished") and not _events(run, "submitted")
-        text = out.read_text()
-        again = f"syncpoint drill {job} --storm 2 --seed 7"
-        assert f"stopped on SIGTERM at state {saved['state']}" in text, text[-4000:]
-        assert "storm plan" not in text, text[-4000:]
-        assert "the storm stopped on SIGTERM during its reference run: nothing compared" in text, text[-4000:]
-        assert _last_line(out) == f"RESULT: STOPPED (`{again}` starts the storm over)", text[-4000:]
-        _, alive = psutil.wait_procs(list(owned(mark)), timeout=GONE_WITHIN_S)
-        left = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not left, f"alive {GONE_WITHIN_S:g}s after the storm ended: {[(p.pid, p.name()) for p in left]}"
-    finally:
-        if storm.poll() is None:
-            storm.kill()
         stop_processes(list(owned(mark)), mark=mark)

@@ -201,22 +201,28 @@ def test_during_manifest_at_a_micro_step_tears_the_manifest_of_that_save():
 # ------------------------------------------------------------------ a real storm
 
 
-def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
-    """Every wait of the storm's controller (for a fault to fire, for the next attempt) polls against
-    the storm's bound: past it the wait ends, and the problem says what it was waiting for."""
+def _waited(controller, what: str) -> list[str]:
+    """The controller's problems after one wait for ``what`` that nothing ever answers, while a run's
+    thread stays alive: each wait ends only by its own rule."""
     import threading
 
-    from syncpoint.orchestrator.storm import Controller
-
-    controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=0.2)  # type: ignore[arg-type]
     release = threading.Event()
     run = threading.Thread(target=release.wait, args=(60,), daemon=True)
     run.start()
     try:
-        assert controller._wait("interruption 3's crash at micro-step 40", run, lambda journal: None) is None
+        assert controller._wait(what, run, lambda journal: None) is None
     finally:
         release.set()
-    assert controller.problems == [
+    return controller.problems
+
+
+def test_a_storm_wait_ends_at_the_storms_bound_with_a_message(tmp_path):
+    """Every wait of the storm's controller (for a fault to fire, for the next attempt) polls against
+    the storm's bound: past it the wait ends, and the problem says what it was waiting for."""
+    from syncpoint.orchestrator.storm import Controller
+
+    controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=0.2)  # type: ignore[arg-type]
+    assert _waited(controller, "interruption 3's crash at micro-step 40") == [
         "the storm's bound (0.2 s) was hit while waiting for the interrupted run; "
         "stopping (waiting for interruption 3's crash at micro-step 40)"
     ]
@@ -226,7 +232,6 @@ def test_a_storm_strikes_nothing_after_the_drivers_signal(tmp_path):
     """The driver's signal is the run's notice: the controller's wait for the next interruption's
     point ends at once, saying why, so nothing strikes the run while it saves and stops."""
     import signal
-    import threading
 
     from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.storm import Controller
@@ -234,14 +239,9 @@ def test_a_storm_strikes_nothing_after_the_drivers_signal(tmp_path):
     signals = DriverSignals(None, lambda line: None, "syncpoint drill j.yaml --storm 2 --seed 7", rerun_resumes=False)
     signals.received = signal.SIGTERM
     controller = Controller(None, [], 1, lm_spec(tmp_path), None, budget_s=60, signals=signals)  # type: ignore[arg-type]
-    release = threading.Event()
-    run = threading.Thread(target=release.wait, args=(60,), daemon=True)
-    run.start()
-    try:
-        assert controller._wait("interruption 1 (node) at micro-step 40", run, lambda journal: None) is None
-    finally:
-        release.set()
-    assert controller.problems == ["the storm stopped on SIGTERM (waiting for interruption 1 (node) at micro-step 40)"]
+    assert _waited(controller, "interruption 1 (node) at micro-step 40") == [
+        "the storm stopped on SIGTERM (waiting for interruption 1 (node) at micro-step 40)"
+    ]
 
 
 # the example job shrunk to a tiny model (its steps take milliseconds: a storm's time is its restarts),
