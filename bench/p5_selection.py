@@ -65,24 +65,31 @@ from syncpoint.policies.contracts.state_format import (
     local_path,
     state_name,
 )
+from syncpoint.policies.contracts.state_identity import SAMPLER_VERSION, DataIdentity, StateIdentity
 from syncpoint.policies.decisions.boundaries import position_after
-from syncpoint.policies.decisions.candidates import Expectation, identity_record
+from syncpoint.policies.decisions.candidates import LiveJob
 from syncpoint.policies.decisions.resume import Decision, NewestResumable
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.state.discovery import discover, discover_lazy
 from syncpoint.workers.storage import RunStorage
 
-EXP = Expectation(
-    job_identity="bench-p5",
-    world_size=2,
-    micro_batch_size=4,
-    grad_accum=4,
-    micro_batches_per_epoch=1000,
-    zero_stage=2,
-    model_fingerprint="bench-fingerprint",
-    seed=1234,
-    global_batch=4 * 4 * 2,  # grad_accum x micro_batch_size x world_size
-    samples_per_epoch=1000 * 4 * 2,  # micro_batches_per_epoch x micro_batch_size x world_size
+EXP = LiveJob(
+    StateIdentity(
+        job_identity="bench-p5",
+        world_size=2,
+        micro_batch_size=4,
+        grad_accum=4,
+        micro_batches_per_epoch=1000,
+        zero_stage=2,
+        model_fingerprint="bench-fingerprint",
+        seed=1234,
+        elastic=False,
+        data=DataIdentity(
+            sampler=SAMPLER_VERSION,
+            global_batch=4 * 4 * 2,  # grad_accum x micro_batch_size x world_size
+            samples_per_epoch=1000 * 4 * 2,  # micro_batches_per_epoch x micro_batch_size x world_size
+        ),
+    )
 )
 SAVE_EVERY = 100
 PLANT_VERSION = 2  # raise it when the planted layout changes: --keep reuses a directory of the same version
@@ -149,27 +156,25 @@ def _write(path: str, data: bytes) -> None:
 
 def trainer_record(step: int, loss: float) -> TrainState:
     """A boundary state's ``trainer.json`` at ``step``, built from the state format's own models and
-    the identity selection compares (``identity_record``), as the loop writes it: a field the format
+    the identity selection compares (``StateIdentity``), as the loop writes it: a field the format
     adds or retypes reaches the bench here, instead of every planted state reading as corrupt."""
-    p = position_after(step, EXP.grad_accum, EXP.micro_batches_per_epoch)
-    per_micro = EXP.micro_batch_size * EXP.world_size
+    job = EXP.identity
+    p = position_after(step, job.grad_accum, job.micro_batches_per_epoch)
+    per_micro = job.micro_batch_size * job.world_size
     return TrainState(
         schema_version=TRAINER_SCHEMA_VERSION,
         job_name="bench-p5",
-        **identity_record(EXP),
+        **{k: v for k, v in job if k != "data"},
         epoch=p.epoch,
         position_in_epoch=p.position_in_epoch,
         global_micro_step=step,
         optimizer_step=p.optimizer_step,
         data=DataRecord(
-            sampler=EXP.sampler,
-            num_samples=EXP.num_samples,
-            global_samples=p.epoch * EXP.samples_per_epoch + p.position_in_epoch * per_micro,
+            **dict(job.data),
+            global_samples=p.epoch * job.data.samples_per_epoch + p.position_in_epoch * per_micro,
             samples_in_epoch=p.position_in_epoch * per_micro,
-            samples_per_epoch=EXP.samples_per_epoch,
-            global_batch=EXP.global_batch,
         ),
-        elastic_optimizer=EXP.zero_stage == 0,
+        elastic_optimizer=job.zero_stage == 0,
         metrics={"loss": loss},
         save_reasons=["interval"],
     )
@@ -192,7 +197,13 @@ def plant_state(states: str, i: int, torn: bool) -> None:
     if torn:
         return
     manifest = Manifest.model_validate(
-        {"state": name, "created_at": 1.7e9 + i, "world_size": EXP.world_size, "checksum": CHECKSUM, "files": entries}
+        {
+            "state": name,
+            "created_at": 1.7e9 + i,
+            "world_size": EXP.identity.world_size,
+            "checksum": CHECKSUM,
+            "files": entries,
+        }
     )
     _write(os.path.join(states, name, MANIFEST_FILE), json_bytes(manifest.record()))
 

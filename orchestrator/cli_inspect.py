@@ -32,7 +32,7 @@ PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")  # what --plot writes, by th
 
 def cmd_states(args: argparse.Namespace) -> int:
     """``syncpoint states``: every state of a run, its verdict and reason, and what a resume would choose."""
-    from syncpoint.orchestrator.status import run_expectation
+    from syncpoint.orchestrator.status import run_identity
     from syncpoint.policies.contracts.errors import NoResumableState, RunDirectoryRefused
     from syncpoint.policies.decisions.candidates import candidates_table, classify
     from syncpoint.policies.decisions.resume import enforce_safe
@@ -54,9 +54,9 @@ def cmd_states(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError("--signing-key-env", [str(e)]) from None
     cands = discover(storage, signing_key=key)
-    exp = run_expectation(cands)
+    live = run_identity(cands)
     for c in cands:
-        classify(c, exp)
+        classify(c, live)
     policy = make_policy_for_cli(args.policy, policy_args_of(args.policy_args))
     try:
         decision = enforce_safe(policy.choose(cands, {}), cands)

@@ -26,7 +26,7 @@ from syncpoint.policies.decisions.goodput import Goodput, current_run, goodput
 from syncpoint.policies.decisions.redact import redact_url
 
 if TYPE_CHECKING:
-    from syncpoint.policies.decisions.candidates import Candidate, Expectation
+    from syncpoint.policies.decisions.candidates import Candidate, LiveJob
     from syncpoint.workers.storage import RunStorage
 
 RUNNING, STOPPED, FINISHED, FAILED = "running", "stopped", "finished", "failed"
@@ -193,9 +193,9 @@ def _newest_resumable(
     except RunDirectoryRefused as e:
         problems.append(_short(str(e)))
         return None, True
-    exp = run_expectation(cands)
+    live = run_identity(cands)
     for c in cands:
-        classify(c, exp)
+        classify(c, live)
     try:
         decision = enforce_safe(make_policy("newest-resumable", {}).choose(cands, {}), cands)
     except NoResumableState as e:
@@ -384,14 +384,14 @@ def _interruption_line(i: Interruption) -> str:
     )
 
 
-def run_expectation(cands: list[Candidate]) -> Expectation | None:
-    """The run's own expectation, read back from its newest committed, readable state the way the
+def run_identity(cands: list[Candidate]) -> LiveJob | None:
+    """The run itself as a live job: the identity of its newest committed, readable state, as the
     loop wrote it (elastic runs judge other world sizes by the elastic rules, as the loop does);
     None when no state is readable, so nothing can be incompatible with it."""
-    from syncpoint.policies.decisions.candidates import Expectation
+    from syncpoint.policies.decisions.candidates import LiveJob
 
     for c in cands:
         state = c.parse().state  # None: classification names what is wrong with it
         if c.manifest is not None and state is not None:
-            return Expectation.from_state(state)
+            return LiveJob(state.identity())
     return None

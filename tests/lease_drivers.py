@@ -9,7 +9,7 @@ import tempfile
 import time
 
 from syncpoint.workers.storage.lease import LEASE_MAX_BYTES
-from tests.meta import trainer_for
+from tests.meta import live, trainer_for
 
 JOB = "job-identity"
 
@@ -46,7 +46,6 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
 
     from syncpoint.policies.contracts.errors import LeaseLostError, LeaseRefused
     from syncpoint.policies.contracts.state_format import TrainState
-    from syncpoint.policies.decisions.candidates import Expectation
     from syncpoint.workers.state.writer import Snapshot, commit_snapshot, state_name
     from syncpoint.workers.storage import RunStorage
     from syncpoint.workers.storage.lease import RunLease
@@ -76,7 +75,7 @@ def committer(url: str, submission: str, first_step: int, stall_s: float, commit
                 lease.stop()  # the driver stalls past its TTL (a pause, a partition) ...
                 time.sleep(stall_s)  # ... and wakes up to commit again
             step = first_step + i
-            exp = Expectation(JOB, 1, 1, 1, 10**6, 1, "f", 0, precision="fp32")
+            exp = live(JOB, 1, 1, 1, 10**6, 1, "f", 0, precision="fp32")
             trainer = TrainState.model_validate(trainer_for(step, exp))
             snap = Snapshot(state_name(step), tempfile.mkdtemp(), trainer, time.perf_counter())
             commit_snapshot(storage, snap, Faults([], storage, 0), lease)

@@ -26,24 +26,39 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, TypedDict
+from typing import Any, ClassVar
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.spec import SchedulerSpec
+from syncpoint.policies.contracts.state_identity import (
+    LEGACY_SAMPLER as LEGACY_SAMPLER,
+)
+from syncpoint.policies.contracts.state_identity import (
+    MAX_USER_STATE_OBJECTS as MAX_USER_STATE_OBJECTS,
+)
+from syncpoint.policies.contracts.state_identity import (
+    SAMPLER_VERSION,
+    SHARD_WINDOW_SAMPLER,
+    STREAM_SAMPLER,
+    Count,
+    DataIdentity,
+    Positive,
+    ScheduleShape,
+    StateIdentity,
+    _Record,
+)
+from syncpoint.policies.contracts.state_identity import (
+    USER_STATE_NAME as USER_STATE_NAME,
+)
 from syncpoint.policies.contracts.state_paths import path_problem
 
 STATES_DIR = "states"  # under the run directory
@@ -52,9 +67,6 @@ TRAINER_FILE = "trainer.json"
 MANIFEST_FILE = "manifest.json"
 ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag: its files lie under engine/
 FULL_OPTIMIZER_FILE = "optim/full.safetensors"
-# Task.stateful names: short, plain, sorted and unique in a state (they name objects, not paths)
-MAX_USER_STATE_OBJECTS = 64
-USER_STATE_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
 LOCAL_DIRS = (ENGINE_TAG, "optim")  # DeepSpeed and the elastic state write and read these on local disk
 MODEL_FILE = f"{ENGINE_TAG}/mp_rank_00_model_states.pt"  # ZeRO 0-2: the whole module
 ZERO3_MODEL = re.compile(rf"^{ENGINE_TAG}/zero_pp_rank_(\d+)_mp_rank_00_model_states\.pt$")
@@ -62,17 +74,6 @@ ZERO_OPTIM = re.compile(rf"^{ENGINE_TAG}/(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00
 
 TRAINER_SCHEMA_VERSION = 1
 MANIFEST_FORMAT = "syncpoint-state/1"
-# The epoch order's algorithm (``syncpoint.workers.data.sampler.epoch_order``). A state records the one it was written
-# with, and a run continues with its state's: new runs use SAMPLER_VERSION; a state that records
-# LEGACY_SAMPLER (the materialised permutation) resumes with it, to the same samples.
-SAMPLER_VERSION = "feistel/v1"
-LEGACY_SAMPLER = "global-permutation/v1"
-# A stream dataset has no epoch order: each rank's position is its stream's own state
-# (``syncpoint.workers.data.stream``), in the rank's stream file, and ``data.stream`` says which stream it is.
-STREAM_SAMPLER = "stream/v1"
-# A sharded corpus's locality shuffle (``syncpoint.workers.data.sampler.ShardWindowOrder``): the shard order permuted,
-# then the rows within each window of ``data.window_shards`` consecutive shards of that order.
-SHARD_WINDOW_SAMPLER = "shard-window/v1"
 KNOWN_SAMPLERS = (SAMPLER_VERSION, LEGACY_SAMPLER, SHARD_WINDOW_SAMPLER, STREAM_SAMPLER)
 # The checksum algorithms a manifest entry may name (``syncpoint.workers.integrity.checksum`` implements them).
 CHECKSUM_ALGORITHMS = ("xxh3_128", "sha256")
@@ -232,23 +233,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-Count = Annotated[StrictInt, Field(ge=0)]
-Positive = Annotated[StrictInt, Field(ge=1)]
-
-
-class _Record(BaseModel):
-    """Strict (a string is no integer, a bool no count); unknown keys kept, so a record reads back whole."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class SchedulerRecord(_Record):
+class SchedulerRecord(ScheduleShape):
     """The schedule's shape and position; the live spec supplies every value
     (``syncpoint.workers.training.schedule``)."""
 
-    type: str
-    phases: list[str]
-    unit: str
     position: Count | None = None  # None: not recorded, the schedule restarts (with a warning)
 
     @classmethod
@@ -256,140 +244,25 @@ class SchedulerRecord(_Record):
         return cls(type=scheduler.type, phases=scheduler_phases(scheduler), unit=scheduler.unit, position=position)
 
 
-class ParamGroupRecord(_Record):
-    """One optimizer param group as the state's moments are laid out: DeepSpeed flattens and
-    partitions each group on its own, so another split cannot load them."""
+class DataRecord(DataIdentity):
+    """Where the sampler stands, in samples, in the data its identity names."""
 
-    params: Count  # parameters in the group
-    numel: Count  # their elements, all together
-    names: str | None = None  # a short hash of the parameters' names in group order (None: unnamed)
-
-
-class OptimizerRecord(_Record):
-    """The optimizer's type and param-group layout as saved: selection compares them with the live job's."""
-
-    type: str | None = None  # None: not recorded (states before the field), not compared
-    # None: not recorded (states before the field: one group, which the live layout must then be)
-    param_groups: list[ParamGroupRecord] | None = None
-    # per group: the keys the optimizer itself changed since it was built (running state, which the
-    # state supplies on resume), each with its as-built value (None: not JSON); None: not recorded
-    # (states before the field: every group key comes from the live run). ``syncpoint.workers.training.param_groups``
-    running: list[dict[str, Any]] | None = None
-
-    @model_validator(mode="after")
-    def _one_running_record_per_group(self) -> OptimizerRecord:
-        if self.running is not None and self.param_groups is not None and len(self.running) != len(self.param_groups):
-            raise ValueError(
-                f"optimizer.running has {len(self.running)} group(s), optimizer.param_groups {len(self.param_groups)}"
-            )
-        return self
-
-
-class BufferRecord(_Record):
-    """One buffer of the model's state dict: a state loads only into buffers of these names and
-    shapes, and exactly only into these dtypes."""
-
-    name: str
-    shape: list[Count]
-    dtype: str
-
-
-class ParameterDtypes(_Record):
-    """The parameters' dtypes: the most common one, and every parameter of another dtype by name."""
-
-    common: str
-    others: dict[str, str] = {}
-
-
-class StreamRecord(_Record):
-    """Which stream a stream dataset's state continues (``syncpoint.workers.data.stream.identity``): a state of
-    another stream, or read by another number of DataLoader workers or another shuffle buffer,
-    cannot continue it exactly. Each rank's position lies in its own stream file."""
-
-    source: str  # "huggingface" (a datasets.IterableDataset) or "custom" (a stateful IterableDataset)
-    identity: dict[str, Any]  # what the stream is made of: its files, its pipeline, its class
-    dataloader_workers: Count  # every worker keeps its own shard position
-    shuffle_buffer: Count  # train.stream_shuffle_buffer
-
-
-class StreamFields(TypedDict):
-    """``StreamRecord``'s fields as the live run builds them (``syncpoint.workers.data.stream.prepare``),
-    before they are validated into a state's record."""
-
-    source: str
-    identity: JSONObject
-    dataloader_workers: int
-    shuffle_buffer: int
-
-
-class CorpusRecord(_Record):
-    """The sharded corpus a state was trained on (``syncpoint.policies.contracts.corpus_identity``): its digest and
-    size; the whole index lies in the run directory under ``corpus/<digest>.json``."""
-
-    digest: str
-    shards: Positive
-    rows: Count
-
-
-class DataRecord(_Record):
-    """Where the sampler stands, in samples: world-size independent, so elastic runs resume by it."""
-
-    sampler: str = LEGACY_SAMPLER  # what a record without it was written with
-    corpus: CorpusRecord | None = None  # None: the dataset was no sharded corpus (and every state before it)
-    window_shards: Positive | None = None  # the shard-window sampler's window; None for the others
-    num_samples: Count | None = None  # None: not recorded, not compared
     global_samples: Count
     samples_in_epoch: Count
-    samples_per_epoch: Count
-    global_batch: Count
-    # a stream dataset's (sampler STREAM_SAMPLER); absent from map-style records, which stay as they were
-    stream: StreamRecord | None = Field(None, exclude_if=lambda v: v is None)
-
-    @model_validator(mode="after")
-    def _stream_has_its_sampler(self) -> DataRecord:
-        if (self.stream is not None) != (self.sampler == STREAM_SAMPLER):
-            raise ValueError(
-                f"data.sampler {self.sampler!r} with{'out' if self.stream is None else ''} data.stream: "
-                f"a stream dataset's state records both (sampler {STREAM_SAMPLER}), any other neither"
-            )
-        return self
-
-    @model_serializer(mode="wrap")
-    def _corpus_fields_only_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A run on any other dataset writes the record it wrote before the corpus fields existed."""
-        out: dict[str, Any] = handler(self)
-        for key in ("corpus", "window_shards"):
-            if out.get(key) is None:
-                out.pop(key, None)
-        return out
 
 
-class TrainState(_Record):
-    """``trainer.json``: what a state's position is, which run wrote it, and how.
+class TrainState(StateIdentity):
+    """``trainer.json``: which run wrote a state (its ``StateIdentity``), where it stands, and how.
 
-    Identity (``syncpoint.policies.decisions.expectation.identity_record``) and position are required; provenance
-    fields default to "not recorded". ``elastic`` is ``None`` in states written before it was
-    recorded (``elastic_optimizer`` then tells what a resize may do).
+    Identity and position are required; provenance fields default to "not recorded". ``elastic`` is
+    ``None`` in states written before it was recorded (``elastic_optimizer`` then tells what a
+    resize may do).
     """
 
     FILE: ClassVar[str] = TRAINER_FILE
 
     schema_version: StrictInt
     job_name: str | None = None
-    job_identity: str
-    world_size: Positive
-    micro_batch_size: Positive
-    grad_accum: Positive
-    micro_batches_per_epoch: Positive
-    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)]
-    precision: str | None = None  # None: not recorded, not compared
-    model_fingerprint: str
-    # None: not recorded (states before the fields), not compared (the fingerprint still is)
-    model_buffers: list[BufferRecord] | None = None
-    parameter_dtypes: ParameterDtypes | None = None
-    seed: StrictInt
-    elastic: StrictBool | None = None
-    optimizer: OptimizerRecord = OptimizerRecord()
     epoch: Count
     position_in_epoch: Positive
     global_micro_step: Positive
@@ -404,26 +277,11 @@ class TrainState(_Record):
     # every rank's module buffers lie in buffers/ (False: states before the field; every rank resumes
     # with the buffers of DeepSpeed's module file, rank 0's at ZeRO 0-2)
     per_rank_buffers: StrictBool = False
-    # the task's own train-side generators, path -> kind, whose states the RNG files hold (None:
-    # not recorded, states before they were captured; not compared)
-    task_generators: dict[str, str] | None = None
-    # the names of the task's Task.stateful objects, sorted, whose states every rank's user file holds
-    # (None: none, or a state before user state was saved)
-    user_state: list[Annotated[str, Field(pattern=USER_STATE_NAME)]] | None = Field(
-        None, max_length=MAX_USER_STATE_OBJECTS
-    )
     metrics: dict[str, Any] = {}  # values as the task reported them: best-metric checks each one
     save_reasons: list[str] = []
     attempt: StrictInt | None = None
     submission: str | None = None  # a restart of this submission continues from its own states
     created_at: StrictFloat | None = None
-
-    @field_validator("user_state")
-    @classmethod
-    def _user_state_sorted_and_unique(cls, names: list[str] | None) -> list[str] | None:
-        if names is not None and names != sorted(set(names)):
-            raise ValueError("user_state must list unique names in sorted order")
-        return names
 
     @model_validator(mode="before")
     @classmethod
@@ -479,6 +337,18 @@ class TrainState(_Record):
     def record(self) -> JSONObject:
         """The JSON object ``trainer.json`` holds (``json_bytes`` encodes it)."""
         return self.model_dump()
+
+    def identity(self) -> StateIdentity:
+        """The state's identity alone, as the live job's is built (``syncpoint states`` compares
+        with it when no run is live)."""
+        fields = set(StateIdentity.model_fields)
+        data_fields = set(DataIdentity.model_fields)
+        record = {k: v for k, v in self.model_dump(include=fields).items()}
+        record["data"] = {k: v for k, v in record["data"].items() if k in data_fields}
+        if record.get("scheduler") is not None:
+            record["scheduler"] = {k: v for k, v in record["scheduler"].items() if k in ScheduleShape.model_fields}
+        record["optimizer"] = {**record["optimizer"], "running": None}
+        return StateIdentity.model_validate(record)
 
 
 def schema_problem(raw: JSONObject) -> str | None:

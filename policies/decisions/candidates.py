@@ -42,7 +42,7 @@ from syncpoint.policies.contracts.state_format import (
 )
 from syncpoint.policies.decisions.boundaries import is_boundary
 from syncpoint.policies.decisions.compatibility import incompatibility
-from syncpoint.policies.decisions.expectation import Expectation, identity_record, job_identity
+from syncpoint.policies.decisions.live_job import LiveJob, job_identity
 
 # TRAINER_SCHEMA_VERSION: still imported from here by syncpoint.workers.training.loop
 # (syncpoint.policies.contracts.state_format
@@ -53,12 +53,11 @@ RecordT = TypeVar("RecordT", TrainState, Manifest)
 __all__ = [
     "TRAINER_SCHEMA_VERSION",
     "Candidate",
-    "Expectation",
+    "LiveJob",
     "Verdict",
     "candidates_table",
     "classify",
     "finite_metric",
-    "identity_record",
     "job_identity",
     "newest_first",
 ]
@@ -243,16 +242,16 @@ def _completeness_problem(manifest: Manifest, s: TrainState) -> str | None:
     return None
 
 
-def classify(c: Candidate, exp: Expectation | None) -> Candidate:
+def classify(c: Candidate, live: LiveJob | None) -> Candidate:
     """Set ``c.verdict`` and ``c.reason``; the order is torn, corrupt, untrusted, mid-cycle, incompatible.
 
-    ``exp`` None: no run to compare with (``syncpoint states`` on a run without a readable state),
+    ``live`` None: no run to compare with (``syncpoint states`` on a run without a readable state),
     so nothing is judged incompatible."""
-    c.verdict, c.reason = _classify(c, exp)
+    c.verdict, c.reason = _classify(c, live)
     return c
 
 
-def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
+def _classify(c: Candidate, live: LiveJob | None) -> tuple[Verdict, str]:
     unreadable = _unreadable(c)
     if unreadable:
         return unreadable
@@ -261,7 +260,7 @@ def _classify(c: Candidate, exp: Expectation | None) -> tuple[Verdict, str]:
         return Verdict.CORRUPT, str(problem)
     if c.trust_error:
         return Verdict.UNTRUSTED, c.trust_error
-    return _judge_trainer(c, c.record, exp)
+    return _judge_trainer(c, c.record, live)
 
 
 def _unreadable(c: Candidate) -> tuple[Verdict, str] | None:
@@ -277,7 +276,7 @@ def _unreadable(c: Candidate) -> tuple[Verdict, str] | None:
     return None
 
 
-def _judge_trainer(c: Candidate, manifest: Manifest, exp: Expectation | None) -> tuple[Verdict, str]:
+def _judge_trainer(c: Candidate, manifest: Manifest, live: LiveJob | None) -> tuple[Verdict, str]:
     """A committed, trusted state judged by its trainer record: schema, boundary, position, compatibility."""
     if c.trainer_error or c.trainer is None:
         return Verdict.CORRUPT, f"{TRAINER_FILE} unusable: {c.trainer_error or 'missing'}"
@@ -294,7 +293,7 @@ def _judge_trainer(c: Candidate, manifest: Manifest, exp: Expectation | None) ->
     problem = _position_problem(c, manifest, state) or _completeness_problem(manifest, state)
     if problem:
         return Verdict.CORRUPT, problem
-    why = incompatibility(state, exp, c) if exp is not None else None
+    why = incompatibility(state, live, c) if live is not None else None
     if why:
         return Verdict.INCOMPATIBLE, why
     return Verdict.RESUMABLE, (

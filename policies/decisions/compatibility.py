@@ -29,7 +29,7 @@ from syncpoint.policies.decisions.detail_compatibility import (
     schedule_incompatibility,
     tensor_incompatibility,
 )
-from syncpoint.policies.decisions.expectation import Expectation
+from syncpoint.policies.decisions.live_job import LiveJob
 
 if TYPE_CHECKING:  # a candidate is only read here: candidates imports this module
     from syncpoint.policies.decisions.candidates import Candidate
@@ -40,32 +40,33 @@ def differs(field_name: str, have: Any, want: Any, what: str, fix: str) -> str:
     return f"{what}: the state has {field_name}={have!r}, this run has {want!r}. {fix}"
 
 
-def incompatibility(s: TrainState, exp: Expectation, c: Candidate | None = None) -> str | None:
+def incompatibility(s: TrainState, live: LiveJob, c: Candidate | None = None) -> str | None:
     """Why the state ``s`` cannot continue the live job exactly (its first difference), or None."""
+    job = live.identity
     restore = "Restore the previous value, or start a new run (another name, or resume.policy: fresh)."
-    if s.job_identity == exp.job_identity:  # another job's state: that is the reason (below)
-        data = _corpus_incompatibility(s, exp, c) or _order_incompatibility(s, exp)
+    if s.job_identity == job.job_identity:  # another job's state: that is the reason (below)
+        data = _corpus_incompatibility(s, live, c) or _order_incompatibility(s, live)
         if data:
             return data
-    checks = _identity_checks(s, exp, restore)
-    if s.data.stream is not None or exp.stream is not None:  # which job, model and seed first, then which stream
-        stream = _first_difference(checks) or _stream_incompatibility(s, exp)
+    checks = _identity_checks(s, live, restore)
+    if s.data.stream is not None or job.data.stream is not None:  # which job, model and seed first, then which stream
+        stream = _first_difference(checks) or _stream_incompatibility(s, live)
         if stream:
             return stream
-    if s.user_state and s.world_size != exp.world_size:  # which job first, then why it cannot re-split
-        resized = _first_difference(checks) or _user_state_resize_refusal(s, exp)
+    if s.user_state and s.world_size != job.world_size:  # which job first, then why it cannot re-split
+        resized = _first_difference(checks) or _user_state_resize_refusal(s, live)
         if resized:
             return resized
-    checks += _dataset_size_checks(s, exp, restore)
-    if exp.elastic and s.world_size != exp.world_size:
-        refused = _resize_refusal(s, exp)
+    checks += _dataset_size_checks(s, live, restore)
+    if job.elastic and s.world_size != job.world_size:
+        refused = _resize_refusal(s, live)
         if refused:
             return refused
-        checks += _elastic_checks(s, exp, restore)
+        checks += _elastic_checks(s, live, restore)
     else:
-        checks += _same_size_checks(s, exp, restore)
-    checks += _engine_checks(s, exp)
-    return _first_difference(checks) or _sampler_incompatibility(s) or detail_incompatibility(s, exp)
+        checks += _same_size_checks(s, live, restore)
+    checks += _engine_checks(s, live)
+    return _first_difference(checks) or _sampler_incompatibility(s) or detail_incompatibility(s, live)
 
 
 _Check = tuple[str, Any, Any, str, str]  # (field, the state's value, this run's, what differs, the fix)
@@ -78,59 +79,69 @@ def _first_difference(checks: list[_Check]) -> str | None:
     return None
 
 
-def _identity_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+def _identity_checks(s: TrainState, live: LiveJob, restore: str) -> list[_Check]:
     """Which job, which model, which seed: compared first, for every kind of dataset."""
+    job = live.identity
     return [
-        ("job_identity", s.job_identity, exp.job_identity, "written by another job (name / task.path)", restore),
+        (
+            "job_identity",
+            s.job_identity,
+            job.job_identity,
+            "written by another job (name / task.path)",
+            restore,
+        ),
         (
             "model_fingerprint",
             s.model_fingerprint,
-            exp.model_fingerprint,
+            job.model_fingerprint,
             "model parameters (names/shapes) differ (task)",
             "Use resume.init_from to take compatible weights instead.",
         ),
-        ("seed", s.seed, exp.seed, "sampler seed differs (train.seed): other samples per step", restore),
+        ("seed", s.seed, job.seed, "sampler seed differs (train.seed): other samples per step", restore),
     ]
 
 
-def _dataset_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
-    if exp.num_samples is None or s.data.num_samples is None:
+def _dataset_size_checks(s: TrainState, live: LiveJob, restore: str) -> list[_Check]:
+    job = live.identity
+    if job.data.num_samples is None or s.data.num_samples is None:
         return []
     return [
         (
             "data.num_samples",
             s.data.num_samples,
-            exp.num_samples,
+            job.data.num_samples,
             "dataset size differs (the task's dataset): each epoch's permutation changes",
             restore,
         )
     ]
 
 
-def _resize_refusal(s: TrainState, exp: Expectation) -> str | None:
+def _resize_refusal(s: TrainState, live: LiveJob) -> str | None:
     """Why an elastic run cannot continue this state on its new world size at all."""
+    job = live.identity
     if not s.elastic_optimizer:
         return (
             f"saved on {s.world_size} worker(s) without world-size-independent optimizer state "
-            f"(ZeRO {s.zero_stage} non-elastic); cannot load on {exp.world_size} (scaling.num_workers)"
+            f"(ZeRO {s.zero_stage} non-elastic); cannot load on {job.world_size} (scaling.num_workers)"
         )
-    per_micro = exp.micro_batch_size * exp.world_size
+    per_micro = job.micro_batch_size * job.world_size
     if per_micro and s.data.samples_in_epoch % per_micro:
         return (
             f"{s.data.samples_in_epoch} samples into the epoch is not a whole number of micro-batches on "
-            f"{exp.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}"
+            f"{job.world_size} worker(s) (scaling.num_workers); resume it on {s.world_size}"
         )
     return None
 
 
-def _elastic_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+def _elastic_checks(s: TrainState, live: LiveJob, restore: str) -> list[_Check]:
     """A resized elastic run keeps the global batch, the epoch and the micro-batch size."""
+    job = live.identity
     d = s.data
     return [
         (
             "data.global_batch",
             d.global_batch,
-            exp.global_batch,
+            job.data.global_batch,
             "global batch (samples per optimizer step) differs (train.micro_batch_size x max workers x "
             "train.grad_accum)",
             restore,
@@ -138,30 +149,31 @@ def _elastic_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Chec
         (
             "data.samples_per_epoch",
             d.samples_per_epoch,
-            exp.samples_per_epoch,
+            job.data.samples_per_epoch,
             "samples per epoch differ (dataset size or the elastic range)",
             restore,
         ),
         (
             "micro_batch_size",
             s.micro_batch_size,
-            exp.micro_batch_size,
+            job.micro_batch_size,
             "micro-batch size differs (train.micro_batch_size)",
             restore,
         ),
     ]
 
 
-def _same_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Check]:
+def _same_size_checks(s: TrainState, live: LiveJob, restore: str) -> list[_Check]:
     """A run on the state's world size (or a non-elastic one) keeps the layout of every cycle."""
+    job = live.identity
     checks: list[_Check] = (
         []
-        if s.data.stream is not None or exp.stream is not None
+        if s.data.stream is not None or job.data.stream is not None
         else [  # a stream's: _stream_incompatibility
             (
                 "world_size",
                 s.world_size,
-                exp.world_size,
+                job.world_size,
                 "world size differs (scaling.num_workers)",
                 "Use the same number of workers, or an elastic range {min, max} (with ZeRO 0, or elastic ZeRO 1-3 "
                 "states).",
@@ -172,31 +184,37 @@ def _same_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Ch
         (
             "micro_batch_size",
             s.micro_batch_size,
-            exp.micro_batch_size,
+            job.micro_batch_size,
             "micro-batch size differs (train.micro_batch_size)",
             restore,
         ),
-        ("grad_accum", s.grad_accum, exp.grad_accum, "gradient accumulation differs (train.grad_accum)", restore),
+        (
+            "grad_accum",
+            s.grad_accum,
+            job.grad_accum,
+            "gradient accumulation differs (train.grad_accum)",
+            restore,
+        ),
         (
             "micro_batches_per_epoch",
             s.micro_batches_per_epoch,
-            exp.micro_batches_per_epoch,
+            job.micro_batches_per_epoch,
             "epoch length in micro-batches differs ("
             + (
                 "train.stream_epoch_steps x train.grad_accum"
-                if exp.stream is not None
+                if job.data.stream is not None
                 else "dataset size, train.micro_batch_size"
             )
             + ")",
             restore,
         ),
     ]
-    if exp.samples_per_epoch:
+    if job.data.samples_per_epoch:
         checks.append(
             (
                 "data.samples_per_epoch",
                 s.data.samples_per_epoch,
-                exp.samples_per_epoch,
+                job.data.samples_per_epoch,
                 "samples per epoch differ (dataset size)",
                 restore,
             )
@@ -204,34 +222,35 @@ def _same_size_checks(s: TrainState, exp: Expectation, restore: str) -> list[_Ch
     return checks
 
 
-def _engine_checks(s: TrainState, exp: Expectation) -> list[_Check]:
+def _engine_checks(s: TrainState, live: LiveJob) -> list[_Check]:
     """ZeRO stage, precision and optimizer type: what the engine's saved state is laid out by."""
+    job = live.identity
     checks: list[_Check] = [
         (
             "zero_stage",
             s.zero_stage,
-            exp.zero_stage,
+            job.zero_stage,
             "ZeRO stage differs (deepspeed.zero_stage)",
             "DeepSpeed shards the optimizer state by stage; restore deepspeed.zero_stage.",
         )
     ]
-    if exp.precision is not None and s.precision is not None:
+    if job.precision is not None and s.precision is not None:
         checks.append(
             (
                 "precision",
                 s.precision,
-                exp.precision,
+                job.precision,
                 "precision differs (deepspeed.precision)",
                 "Master weights and loss-scale state are stored per precision; restore deepspeed.precision, "
                 "or take the weights into a new run with resume.init_from.",
             )
         )
-    if not exp.reset_optimizer and exp.optimizer_type is not None and s.optimizer.type is not None:
+    if not live.reset_optimizer and job.optimizer.type is not None and s.optimizer.type is not None:
         checks.append(
             (
                 "optimizer.type",
                 s.optimizer.type,
-                exp.optimizer_type,
+                job.optimizer.type,
                 "optimizer type differs (train.optimizer.type, or the class Task.optimizer returns): its "
                 "moments cannot be loaded",
                 "Set resume.reset_optimizer: true to keep weights and position and start the optimizer "
@@ -250,32 +269,34 @@ def _sampler_incompatibility(s: TrainState) -> str | None:
     return None
 
 
-def detail_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def detail_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """Tensors, param groups, the LR schedule and the task's own generators."""
     return (
-        tensor_incompatibility(s, exp)
-        or group_incompatibility(s, exp)
-        or schedule_incompatibility(s, exp)
-        or generator_incompatibility(s, exp)
-        or _user_state_incompatibility(s, exp)
+        tensor_incompatibility(s, live)
+        or group_incompatibility(s, live)
+        or schedule_incompatibility(s, live)
+        or generator_incompatibility(s, live)
+        or _user_state_incompatibility(s, live)
     )
 
 
-def _user_state_resize_refusal(s: TrainState, exp: Expectation) -> str:
+def _user_state_resize_refusal(s: TrainState, live: LiveJob) -> str:
+    job = live.identity
     return (
         f"world size differs (scaling.num_workers) and the state holds user state (Task.stateful "
-        f"{list(s.user_state or ())}): the state has world_size={s.world_size}, this run has {exp.world_size}, and "
+        f"{list(s.user_state or ())}): the state has world_size={s.world_size}, this run has {job.world_size}, and "
         f"each rank's objects are its own, so they cannot be re-split. Resume on {s.world_size} worker(s), or "
         "start a new run (resume.init_from takes the weights)."
     )
 
 
-def _user_state_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def _user_state_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """Every rank's user file holds the task's ``Task.stateful`` objects by name: a task with other
     names would continue some from their own fresh state and drop others, silently; and the objects
     are each rank's own, so they continue only on the world size that saved them."""
-    have, want = tuple(s.user_state or ()), tuple(exp.user_state or ())
-    if have == want or exp.allow_user_state_change:
+    job = live.identity
+    have, want = tuple(s.user_state or ()), tuple(job.user_state or ())
+    if have == want or live.allow_user_state_change:
         return None
     gone, new = sorted(set(have) - set(want)), sorted(set(want) - set(have))
     parts = ([f"the state saved {gone} that this run's task lacks"] if gone else []) + (
@@ -289,17 +310,18 @@ def _user_state_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     )
 
 
-def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def _stream_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """A stream's position is its per-rank, per-worker state: it continues only the same stream, on
     the same world size, read by as many DataLoader workers, through the same shuffle buffer; and a
     map-style position never continues a stream, nor the other way round."""
-    have, want = s.data.stream, exp.stream
+    job = live.identity
+    have, want = s.data.stream, job.data.stream
     if have is None and want is None:
         return None
     fix = "Restore the previous dataset, or start a new run (another name, or resume.policy: fresh)."
     if have is None or want is None:
         kinds = (
-            ("map-style", f"a stream ({want.get('source') if want else None})")
+            ("map-style", f"a stream ({want.source if want else None})")
             if have is None
             else (f"a stream ({have.source})", "map-style")
         )
@@ -307,39 +329,39 @@ def _stream_incompatibility(s: TrainState, exp: Expectation) -> str | None:
             f"data kind differs (the task's dataset): the state was written with a {kinds[0]} dataset, this run's "
             f"is {kinds[1]}; one's position cannot continue the other. {fix}"
         )
-    if s.world_size != exp.world_size:
+    if s.world_size != job.world_size:
         return (
             f"world size differs (scaling.num_workers): the state has world_size={s.world_size}, this run has "
-            f"{exp.world_size}. A stream's position is each rank's own (its shard position, its DataLoader "
+            f"{job.world_size}. A stream's position is each rank's own (its shard position, its DataLoader "
             "workers' states and shuffle buffers), so it cannot continue on another number of workers; no stream "
             "re-splits exactly (a datasets stream whose n_shards divides both world sizes is split by shard, but "
             f"each rank's position inside its shards is its own). Resume on {s.world_size} worker(s), or start a "
             "new run (another name, or resume.policy: fresh)."
         )
-    if have.source != want["source"]:
+    if have.source != want.source:
         return (
-            f"the stream differs (the task's dataset): a {have.source} stream in the state, {want['source']} in "
+            f"the stream differs (the task's dataset): a {have.source} stream in the state, {want.source} in "
             f"this run. {fix}"
         )
-    if have.dataloader_workers != want["dataloader_workers"]:
+    if have.dataloader_workers != want.dataloader_workers:
         return differs(
             "data.stream.dataloader_workers",
             have.dataloader_workers,
-            want["dataloader_workers"],
+            want.dataloader_workers,
             "DataLoader workers differ (train.dataloader_workers): each worker reads its own shards of "
             "a stream and keeps its own position in them",
             f"Restore train.dataloader_workers: {have.dataloader_workers}, or start a new run.",
         )
-    if have.shuffle_buffer != want["shuffle_buffer"]:
+    if have.shuffle_buffer != want.shuffle_buffer:
         return differs(
             "data.stream.shuffle_buffer",
             have.shuffle_buffer,
-            want["shuffle_buffer"],
+            want.shuffle_buffer,
             "the stream's shuffle buffer differs (train.stream_shuffle_buffer, or the buffer_size of the "
             "stream's .shuffle): the state holds each worker's buffer and its draws",
             f"Restore a buffer of {have.shuffle_buffer}, or start a new run.",
         )
-    difference = identity_difference(have.identity, want["identity"])
+    difference = identity_difference(have.identity, want.identity)
     if difference:
         return (
             f"the stream differs (the task's dataset): {difference}; a stream's saved position is meaningful only "
@@ -354,10 +376,11 @@ _NEW_CORPUS = (
 )
 
 
-def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None) -> str | None:
+def _corpus_incompatibility(s: TrainState, live: LiveJob, c: Candidate | None) -> str | None:
     """Another corpus means other samples at every position: refused from the digest, naming the
     first differing shard from the state's index in the run directory (``Candidate.corpus_index``)."""
-    have, want = s.data.corpus, exp.corpus
+    job = live.identity
+    have, want = s.data.corpus, job.data.corpus
     if have is None and want is None:
         return None
     if have is None or want is None:
@@ -369,8 +392,8 @@ def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None
         return f"the dataset differs (task): {which}. {_NEW_CORPUS}"
     if have.digest == want.digest:
         return None
-    if c is not None and c.corpus_index is not None and exp.corpus_index is not None:
-        what = first_difference(c.corpus_index, exp.corpus_index)
+    if c is not None and c.corpus_index is not None and live.corpus_index is not None:
+        what = first_difference(c.corpus_index, live.corpus_index)
     else:
         why = c.corpus_index_error if c is not None and c.corpus_index_error else "not read"
         what = (
@@ -383,43 +406,45 @@ def _corpus_incompatibility(s: TrainState, exp: Expectation, c: Candidate | None
     )
 
 
-def _order_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def _order_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """The shard-window order is the user's choice (corpus.shuffle, corpus.window_shards): another
     choice means other samples per step. Between the other samplers a state keeps its own."""
-    have, want = s.data.sampler == SHARD_WINDOW_SAMPLER, exp.sampler == SHARD_WINDOW_SAMPLER
+    job = live.identity
+    have, want = s.data.sampler == SHARD_WINDOW_SAMPLER, job.data.sampler == SHARD_WINDOW_SAMPLER
     if have != want:
         return (
             f"the epoch order differs (corpus.shuffle): the state uses {s.data.sampler}, this run asks for "
-            f"{exp.sampler}; other samples per step. Restore corpus.shuffle "
+            f"{job.data.sampler}; other samples per step. Restore corpus.shuffle "
             f"({'shard-window' if have else 'global'}), or start a new run (another name, or "
             "resume.policy: fresh)."
         )
-    if have and s.data.window_shards != exp.window_shards:
+    if have and s.data.window_shards != job.data.window_shards:
         return differs(
             "data.window_shards",
             s.data.window_shards,
-            exp.window_shards,
+            job.data.window_shards,
             "shuffle window differs (corpus.window_shards): other samples per step",
             "Restore the previous value, or start a new run (another name, or resume.policy: fresh).",
         )
     return None
 
 
-def init_from_problem(c: Candidate, exp: Expectation, init_optimizer: bool) -> str | None:
+def init_from_problem(c: Candidate, live: LiveJob, init_optimizer: bool) -> str | None:
     """Why ``resume.init_from`` cannot take this state, from its trainer record alone (before any
     tensor is read), or None. Weights are matched by name and shape; with ``init_optimizer`` the
     optimizer moments come too, and DeepSpeed stores them flattened per group, per rank and per
     ZeRO stage and precision: any of those differing would fail mid-load or, worse, load moments
     onto the wrong parameters. Each reason names the field and the opt-out."""
+    job = live.identity
     s = c.parse().state
     if s is None:
         return f"its trainer.json is unreadable: {c.state_problem}"
-    if s.model_fingerprint != exp.model_fingerprint:
+    if s.model_fingerprint != job.model_fingerprint:
         return (
             "its model parameters (names/shapes) differ from this run's (task): init_from takes weights by "
             "name and shape; point resume.init_from at a state of the same model"
         )
-    buffers = buffer_difference(s, exp, dtypes=False)
+    buffers = buffer_difference(s, live, dtypes=False)
     if buffers:
         return (
             f"its model buffers differ from this run's (task): {buffers}; init_from takes buffers by name and "
@@ -429,32 +454,32 @@ def init_from_problem(c: Candidate, exp: Expectation, init_optimizer: bool) -> s
         return None
     opt_out = " Set resume.init_optimizer: false to take the weights only, with a fresh optimizer state."
     checks: list[tuple[str, Any, Any, str]] = [
-        ("zero_stage", s.zero_stage, exp.zero_stage, "ZeRO stage (deepspeed.zero_stage)"),
+        ("zero_stage", s.zero_stage, job.zero_stage, "ZeRO stage (deepspeed.zero_stage)"),
         (
             "optimizer.type",
             s.optimizer.type,
-            exp.optimizer_type,
+            job.optimizer.type,
             "optimizer type (train.optimizer.type / Task.optimizer)",
         ),
     ]
-    if not (s.elastic_optimizer and exp.elastic):
+    if not (s.elastic_optimizer and job.elastic):
         checks.append(
             (
                 "world_size",
                 s.world_size,
-                exp.world_size,
+                job.world_size,
                 "world size (scaling.num_workers): optimizer shards are per rank",
             )
         )
-    if s.precision is not None and exp.precision is not None:
-        checks.append(("precision", s.precision, exp.precision, "precision (deepspeed.precision)"))
+    if s.precision is not None and job.precision is not None:
+        checks.append(("precision", s.precision, job.precision, "precision (deepspeed.precision)"))
     for key, have, want, what in checks:
         if have is not None and want is not None and have != want:
             return (
                 f"with resume.init_optimizer its {what} must match: the state has {key}={have!r}, this run "
                 f"has {want!r}.{opt_out}"
             )
-    groups = group_incompatibility(s, replace(exp, reset_optimizer=False))
+    groups = group_incompatibility(s, replace(live, reset_optimizer=False))
     if groups:
         return (
             "with resume.init_optimizer the "

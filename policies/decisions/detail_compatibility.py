@@ -6,14 +6,14 @@ what differs and how to go on; ``compatibility`` asks them in turn once the job,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.state_format import (
     TrainState,
 )
-from syncpoint.policies.decisions.expectation import Expectation
+from syncpoint.policies.decisions.live_job import LiveJob
 
 # Identity parts newer than some states: a state without one was written before syncpoint recorded
 # it, and is compared on the rest (what it never recorded cannot be told apart).
@@ -81,13 +81,14 @@ def _shape(shape: Iterable[int]) -> str:
     return "(" + ", ".join(str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
 
 
-def buffer_difference(s: TrainState, exp: Expectation, *, dtypes: bool) -> str | None:
+def buffer_difference(s: TrainState, live: LiveJob, *, dtypes: bool) -> str | None:
     """The first buffer that differs between the state and this run (name, shape, dtype), in one
     phrase; None when both record the same (or either records none: states before the field)."""
-    if s.model_buffers is None or exp.model_buffers is None:
+    live_buffers = live.identity.model_buffers
+    if s.model_buffers is None or live_buffers is None:
         return None
     have = {b.name: (tuple(b.shape), b.dtype) for b in s.model_buffers}
-    want = {name: (shape, dtype) for name, shape, dtype in exp.model_buffers}
+    want = {b.name: (tuple(b.shape), b.dtype) for b in live_buffers}
     for name in [*want, *(n for n in have if n not in want)]:
         if name not in have:
             return f"buffer {name}: not in the state, shape {_shape(want[name][0])} {want[name][1]} in this run"
@@ -100,12 +101,13 @@ def buffer_difference(s: TrainState, exp: Expectation, *, dtypes: bool) -> str |
     return None
 
 
-def dtype_difference(s: TrainState, exp: Expectation) -> str | None:
+def dtype_difference(s: TrainState, live: LiveJob) -> str | None:
     """The first parameter whose dtype differs (both record dtypes), in one phrase, or None."""
-    if s.parameter_dtypes is None or exp.parameter_dtypes is None:
+    live_dtypes = live.identity.parameter_dtypes
+    if s.parameter_dtypes is None or live_dtypes is None:
         return None
     have_common, have_others = s.parameter_dtypes.common, s.parameter_dtypes.others
-    want_common, want_others = exp.parameter_dtypes[0], dict(exp.parameter_dtypes[1])
+    want_common, want_others = live_dtypes.common, live_dtypes.others
     for name in [*want_others, *(n for n in have_others if n not in want_others)]:
         have, want = have_others.get(name, have_common), want_others.get(name, want_common)
         if have != want:
@@ -115,11 +117,11 @@ def dtype_difference(s: TrainState, exp: Expectation) -> str | None:
     return None
 
 
-def tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def tensor_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """Buffers and dtypes the parameter fingerprint does not cover: another buffer name or shape
     fails DeepSpeed's load (strict), another dtype loads cast, so not exactly. Refused here, from
     the metadata, naming the tensor, before any tensor is read."""
-    buffers = buffer_difference(s, exp, dtypes=True)
+    buffers = buffer_difference(s, live, dtypes=True)
     if buffers:
         return (
             f"model buffers differ (task): {buffers}. The state's buffers do not load into this model exactly: "
@@ -127,7 +129,7 @@ def tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
             "resume.policy: fresh)"
             + ("; resume.init_from takes the weights cast to the new dtype." if "dtype" in buffers else ".")
         )
-    dtypes = dtype_difference(s, exp)
+    dtypes = dtype_difference(s, live)
     if dtypes:
         return (
             f"model parameter dtypes differ (task): {dtypes}. The state's weights would load cast, not "
@@ -137,13 +139,13 @@ def tensor_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     return None
 
 
-def generator_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def generator_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """The RNG files hold the states of the task's own train-side generators, by path: a task whose
     generators are others would continue some of them from a fresh state, silently. A state
     written before they were recorded is not compared (its resume says which start fresh)."""
-    if exp.task_generators is None or s.task_generators is None:
+    if live.identity.task_generators is None or s.task_generators is None:
         return None
-    have, want = s.task_generators, dict(exp.task_generators)
+    have, want = s.task_generators, live.identity.task_generators
     if have == want:
         return None
     fix = (
@@ -169,7 +171,7 @@ def generator_incompatibility(s: TrainState, exp: Expectation) -> str | None:
     return None
 
 
-def _groups_text(groups: tuple[tuple[int, int, str | None], ...]) -> str:
+def _groups_text(groups: Sequence[tuple[int, int, str | None]]) -> str:
     return (
         "["
         + ", ".join(f"{n} params / {numel} elements" for n, numel, _ in groups[:8])
@@ -178,48 +180,50 @@ def _groups_text(groups: tuple[tuple[int, int, str | None], ...]) -> str:
     )
 
 
-def group_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def group_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """The optimizer's moments are flattened and partitioned per param group: another number or
     split of groups cannot load them (same counts with other members: the names hash differs).
     A state written before the layout was recorded had one group."""
-    if exp.reset_optimizer or exp.param_groups is None:
+    live_groups = live.identity.optimizer.param_groups
+    if live.reset_optimizer or live_groups is None:
         return None
+    want = tuple((g.params, g.numel, g.names) for g in live_groups)
     fix = (
         "Set resume.reset_optimizer: true to keep weights and position and start the optimizer state fresh, "
         "or restore the previous groups (train.optimizer.no_decay, or the task's Task.optimizer)."
     )
     recorded = s.optimizer.param_groups
     if recorded is None:
-        if len(exp.param_groups) == 1:
+        if len(want) == 1:
             return None
         return (
             f"parameter groups differ: the state records none (it was written before syncpoint recorded them, "
-            f"with one group of every parameter), this run has {len(exp.param_groups)} "
-            f"{_groups_text(exp.param_groups)} (train.optimizer.no_decay / Task.optimizer). Set "
+            f"with one group of every parameter), this run has {len(want)} "
+            f"{_groups_text(want)} (train.optimizer.no_decay / Task.optimizer). Set "
             "train.optimizer.no_decay: [] for one group, or resume.reset_optimizer: true to keep "
             "weights and position and start the optimizer state fresh."
         )
     have = tuple((g.params, g.numel, g.names) for g in recorded)
-    if have == exp.param_groups:
+    if have == want:
         return None
-    same_sizes = [g[:2] for g in have] == [g[:2] for g in exp.param_groups]
+    same_sizes = [g[:2] for g in have] == [g[:2] for g in want]
     return (
         f"parameter groups differ (train.optimizer.no_decay / Task.optimizer): the state has {len(have)} "
-        f"{_groups_text(have)}, this run has {len(exp.param_groups)} {_groups_text(exp.param_groups)}"
+        f"{_groups_text(have)}, this run has {len(want)} {_groups_text(want)}"
         f"{' (same sizes, other parameters)' if same_sizes else ''}; the optimizer moments are stored per group. " + fix
     )
 
 
-def schedule_incompatibility(s: TrainState, exp: Expectation) -> str | None:
+def schedule_incompatibility(s: TrainState, live: LiveJob) -> str | None:
     """Only the schedule's position is kept; another type or phase order cannot be continued."""
-    sched = s.scheduler
-    if exp.reset_schedule or exp.scheduler_type is None or sched is None or sched.position is None:
+    sched, live_sched = s.scheduler, live.identity.scheduler
+    if live.reset_schedule or live_sched is None or sched is None or sched.position is None:
         return None
-    have = (sched.type, tuple(sched.phases))
-    if have != (exp.scheduler_type, exp.scheduler_phases):
+    have = (sched.type, sched.phases)
+    if have != (live_sched.type, live_sched.phases):
         return (
-            f"train.scheduler changed from {have[0]} {list(have[1])} to {exp.scheduler_type} "
-            f"{list(exp.scheduler_phases or [])}: a schedule of another type or phase order cannot be continued. "
+            f"train.scheduler changed from {have[0]} {have[1]} to {live_sched.type} {live_sched.phases}: a "
+            "schedule of another type or phase order cannot be continued. "
             "Set resume.reset_schedule: true to restart the schedule from step 0 on these weights, or restore "
             "the previous train.scheduler."
         )

@@ -43,7 +43,7 @@ class MapSource:
             num_workers=train.dataloader_workers,
             samples_per_epoch=self.attempt.layout.samples_per_epoch,
             sampler=self.sampler,
-            window_shards=self.attempt.expectation.window_shards,
+            window_shards=self.attempt.live.identity.data.window_shards,
         )
         return self.loader
 

@@ -50,7 +50,7 @@ import torch
 
 from syncpoint.policies.contracts.errors import JobConfigError, TaskError
 from syncpoint.policies.contracts.spec import JobSpec
-from syncpoint.policies.contracts.state_format import StreamFields
+from syncpoint.policies.contracts.state_identity import StreamFields
 from syncpoint.policies.decisions.elastic import Layout, stream_layout
 from syncpoint.workers.data.sampler import SeededBatch, SeededCollate, _reseeded, _seeded_rngs
 from syncpoint.workers.data.stream_draws import SeededCall, drawing, hf_pipeline, reading_source  # noqa: F401 - this module's API too

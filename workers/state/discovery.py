@@ -35,7 +35,7 @@ from syncpoint.policies.contracts.state_format import (
     Manifest,
     is_state_name,
 )
-from syncpoint.policies.decisions.candidates import Candidate, Expectation, classify, newest_first
+from syncpoint.policies.decisions.candidates import Candidate, LiveJob, classify, newest_first
 from syncpoint.policies.decisions.redact import redact_url
 from syncpoint.workers.integrity.checksum import matches_entry
 from syncpoint.workers.integrity.signing import trust_problem
@@ -106,20 +106,18 @@ def _trainer_checksum_problem(manifest: Manifest, trainer_bytes: bytes) -> str |
 CorpusIndexes = dict[str, tuple[CorpusIdentity | None, str | None]]
 
 
-def attach_corpus_index(
-    storage: RunStorage, c: Candidate, expectation: Expectation | None, read: CorpusIndexes
-) -> None:
+def attach_corpus_index(storage: RunStorage, c: Candidate, live: LiveJob | None, read: CorpusIndexes) -> None:
     """A state trained on another corpus than the live run's: its index (``corpus/<digest>.json``,
     read once per digest, bounded, and checked to hash to its name) goes with the candidate, so the
     reason names the shard they differ in."""
     state = c.parse().state
     corpus = state.data.corpus if state is not None else None
     digest = corpus.digest if corpus is not None else None
+    live_corpus = live.identity.data.corpus if live is not None else None
     if (
-        expectation is None
-        or expectation.corpus is None
+        live_corpus is None
         or digest is None
-        or digest == expectation.corpus.digest
+        or digest == live_corpus.digest
         or not digest.isalnum()
         or len(digest) > 64
     ):
@@ -140,17 +138,15 @@ def _read_corpus_index(storage: RunStorage, digest: str) -> tuple[CorpusIdentity
     return parse_document(obj, digest) if obj is not None else (None, problem)
 
 
-def discover(
-    storage: RunStorage, expectation: Expectation | None = None, signing_key: bytes | None = None
-) -> list[Candidate]:
-    """Every candidate, newest first, all read now; classified when an expectation is given."""
-    identity = expectation.job_identity if expectation is not None else None
+def discover(storage: RunStorage, live: LiveJob | None = None, signing_key: bytes | None = None) -> list[Candidate]:
+    """Every candidate, newest first, all read now; classified when a live job is given."""
+    identity = live.identity.job_identity if live is not None else None
     cands = [read_candidate(storage, name, signing_key, identity) for name in state_names(storage)]
-    if expectation is not None:
+    if live is not None:
         indexes: CorpusIndexes = {}
         for c in cands:
-            attach_corpus_index(storage, c, expectation, indexes)
-            classify(c, expectation)
+            attach_corpus_index(storage, c, live, indexes)
+            classify(c, live)
     return newest_first(cands)
 
 
@@ -185,8 +181,8 @@ class LazyCandidates(Sequence[Candidate]):
     among 10^4 states reads one or two manifests, not 10^4 (bench/p5_selection.py).
     """
 
-    def __init__(self, storage: RunStorage, expectation: Expectation | None, signing_key: bytes | None = None) -> None:
-        self.storage, self.expectation, self.signing_key = storage, expectation, signing_key
+    def __init__(self, storage: RunStorage, live: LiveJob | None, signing_key: bytes | None = None) -> None:
+        self.storage, self.live, self.signing_key = storage, live, signing_key
         self.names = sorted(state_names(storage), key=state_order, reverse=True)
         self._loaded: dict[int, Candidate] = {}
         self._indexes: CorpusIndexes = {}
@@ -196,10 +192,10 @@ class LazyCandidates(Sequence[Candidate]):
 
     def _load(self, i: int) -> Candidate:
         if i not in self._loaded:
-            identity = self.expectation.job_identity if self.expectation is not None else None
+            identity = self.live.identity.job_identity if self.live is not None else None
             c = read_candidate(self.storage, self.names[i], self.signing_key, identity)
-            attach_corpus_index(self.storage, c, self.expectation, self._indexes)
-            self._loaded[i] = classify(c, self.expectation) if self.expectation else c
+            attach_corpus_index(self.storage, c, self.live, self._indexes)
+            self._loaded[i] = classify(c, self.live) if self.live else c
         return self._loaded[i]
 
     @overload
@@ -221,8 +217,6 @@ class LazyCandidates(Sequence[Candidate]):
         return [self._loaded[i] for i in sorted(self._loaded)]
 
 
-def discover_lazy(
-    storage: RunStorage, expectation: Expectation | None = None, signing_key: bytes | None = None
-) -> LazyCandidates:
+def discover_lazy(storage: RunStorage, live: LiveJob | None = None, signing_key: bytes | None = None) -> LazyCandidates:
     """The run's candidates, newest first, each read and classified only when a policy reaches it."""
-    return LazyCandidates(storage, expectation, signing_key)
+    return LazyCandidates(storage, live, signing_key)

@@ -83,13 +83,14 @@ def negotiate_resume(attempt: Attempt, engine: DeepSpeedEngine) -> ResumeStart:
     """The one entry point: choose, fetch, load (falling back past refused states), then position.
     A state at or past the run's end finishes the run at once (a finished run stays finished)."""
     name, trainer, loaded = _choose_and_load(attempt, engine)
-    new_run = NEW_RUN_SAMPLER if attempt.expectation.sampler == SAMPLER_VERSION else attempt.expectation.sampler
+    live_data = attempt.live.identity.data
+    new_run = NEW_RUN_SAMPLER if live_data.sampler == SAMPLER_VERSION else live_data.sampler
     start = ResumeStart(
         name,
         TrainingPosition(),
         finished=False,
         rng_state=loaded.rng_state,
-        sampler=new_run if attempt.expectation.stream is None else STREAM_SAMPLER,
+        sampler=new_run if live_data.stream is None else STREAM_SAMPLER,
         stream_state=loaded.stream_state,
         restored_from=loaded.source,
     )
@@ -205,7 +206,7 @@ def _decide(
     spec, restart = attempt.spec, attempt.restart
     try:
         if not discovered:
-            candidates, discovered = discover_lazy(attempt.storage, attempt.expectation, attempt.signing_key), True
+            candidates, discovered = discover_lazy(attempt.storage, attempt.live, attempt.signing_key), True
         decision = enforce_safe(policy.choose(candidates, spec_dict), candidates)
         chosen = next((c for c in candidates if c.name == decision.state), None)
         if decision.state is None and candidates and starts_over(spec.resume.policy) and not restart:

@@ -199,7 +199,7 @@ def _resolve_init_from(attempt: Attempt, source: RunStorage, key: bytes | None) 
             f"(its manifest's sha256 was {recorded.manifest_sha256[:16]}..., now {digest[:16]}...). The run's "
             "first attempts started from the old bytes; restore them, or start the fine-tune again as a new run"
         )
-    problem = init_from_problem(candidate, attempt.expectation, spec.resume.init_optimizer)
+    problem = init_from_problem(candidate, attempt.live, spec.resume.init_optimizer)
     if problem:
         raise ResumeRefused(f"resume.init_from: {where} cannot be taken: {problem}")
     if recorded is None and attempt.events is not None:

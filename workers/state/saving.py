@@ -188,7 +188,7 @@ def retain(attempt: Attempt, keep: str | None) -> None:
         return  # lost: delete nothing; every rank stops at the next boundary (the boundary vote)
     storage = attempt.storage
     plan = plan_retention(
-        discover(storage, attempt.expectation, attempt.signing_key),
+        discover(storage, attempt.live, attempt.signing_key),
         checkpoint.keep_last,
         checkpoint.prune_unsafe,
         kinds=storage.entry_kinds(STATES_DIR),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies.contracts.spec import JobSpec
-from syncpoint.policies.decisions.candidates import Expectation
+from syncpoint.policies.decisions.candidates import LiveJob
 from syncpoint.policies.decisions.elastic import Layout
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
@@ -39,7 +39,7 @@ class Attempt:
     world_size: int
     number: int  # 1 for a submission's first attempt, counted from the event log
     submission_id: str  # one per `syncpoint run`: restarts inside it continue their own states
-    expectation: Expectation  # what a state must match to resume in this attempt
+    live: LiveJob  # what a state must match to resume in this attempt (and what this attempt's states record)
     layout: Layout
     lease: RunLease | None  # rank 0's hold on the run directory; None on the other ranks
     signing_key: bytes | None = None

@@ -19,7 +19,7 @@ from syncpoint.policies.contracts.errors import JobConfigError, LeaseRefused, Re
 from syncpoint.policies.contracts.import_path import load_class
 from syncpoint.policies.contracts.journal import AttemptStarted, Journal
 from syncpoint.policies.contracts.spec import JobSpec
-from syncpoint.policies.decisions.candidates import Expectation
+from syncpoint.policies.decisions.candidates import LiveJob
 from syncpoint.policies.decisions.save_interval import (
     DEFAULT_PREEMPTIONS_PER_HOUR,
     AutoDecision,
@@ -116,13 +116,13 @@ def measuring(
     return on_commit
 
 
-def acquire_lease(spec: JobSpec, storage: RunStorage, exp: Expectation, rank: int, submission: str) -> RunLease | None:
+def acquire_lease(spec: JobSpec, storage: RunStorage, live: LiveJob, rank: int, submission: str) -> RunLease | None:
     """Rank 0 takes the run directory's lease; every rank learns the outcome (one broadcast)."""
     lease, box = None, [cast(str | None, None)]
     if rank == 0:
         lease = RunLease(
             storage,
-            job_identity=exp.job_identity,
+            job_identity=live.identity.job_identity,
             job_name=spec.name,
             submission=submission or uuid.uuid4().hex,
             ttl_s=spec.resume.lease_ttl_s,

@@ -12,6 +12,7 @@ import torch
 from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError
 from syncpoint.policies.contracts.spec import JobSpec
+from syncpoint.policies.contracts.state_identity import BufferRecord, ParameterDtypes
 from syncpoint.workers.training.compile_cache import private_compile_cache
 from syncpoint.workers.training.device import prepare_op_builds
 from syncpoint.workers.training.param_groups import (
@@ -157,17 +158,17 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def model_buffers(model: torch.nn.Module) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+def model_buffers(model: torch.nn.Module) -> list[BufferRecord]:
     """(name, shape, dtype) of every buffer the module's state dict holds (persistent ones: the
     rest are rebuilt by the model and never saved), in ``named_buffers`` order.
 
     Why beside the fingerprint: a buffer of another shape cannot load (a BatchNorm's running
     statistics), and one of another dtype loads cast, not exactly; recorded per buffer, so
     selection names the one that changed before any tensor is read."""
-    return tuple(
-        (name, tuple(int(n) for n in b.shape), str(b.dtype).removeprefix("torch."))
+    return [
+        BufferRecord(name=name, shape=[int(n) for n in b.shape], dtype=str(b.dtype).removeprefix("torch."))
         for name, b in persistent_buffers(model).items()
-    )
+    ]
 
 
 def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -182,7 +183,7 @@ def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str], ...]]:
+def parameter_dtypes(model: torch.nn.Module) -> ParameterDtypes:
     """The parameters' dtype (the most common one) and every parameter of another dtype, by name:
     a parameter whose dtype changed loads cast, not exactly; the fingerprint covers names and
     shapes only (it is compared as computed for states written before dtypes were recorded)."""
@@ -191,7 +192,7 @@ def parameter_dtypes(model: torch.nn.Module) -> tuple[str, tuple[tuple[str, str]
     for _, d in dtypes:
         counts[d] = counts.get(d, 0) + 1
     common = max(counts, key=lambda d: counts[d]) if counts else ""
-    return common, tuple((name, d) for name, d in dtypes if d != common)
+    return ParameterDtypes(common=common, others={name: d for name, d in dtypes if d != common})
 
 
 def apply_hyperparameters(engine: DeepSpeedEngine, spec: JobSpec, running: list[JSONObject] | None = None) -> Restored:

@@ -35,8 +35,8 @@ from syncpoint.policies.contracts.journal import Finished, PreemptionNotice
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.policies.decisions import grace_window
 from syncpoint.policies.decisions.boundaries import cycle_length, is_boundary
-from syncpoint.policies.decisions.candidates import Expectation
 from syncpoint.policies.decisions.elastic import layout
+from syncpoint.policies.decisions.live_job import live_job
 from syncpoint.policies.decisions.save_triggers import AutoInterval
 from syncpoint.workers.data import corpus, data_plan
 from syncpoint.workers.data.source import DataSource, data_source
@@ -145,7 +145,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
             f"{'s' if len(groups.base) != 1 else ''}); train.lr and train.optimizer are not used",
             flush=True,
         )
-    expectation = Expectation.from_spec(
+    live = live_job(
         spec,
         data_layout,
         model_fingerprint=model_fingerprint(task.model),
@@ -164,8 +164,8 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
     signing_key = load_key(spec.checkpoint.signing_key_env)  # every rank: a missing key fails here, clearly
     journal = events.journal() if events is not None else None  # read once: number and restart
     number = faults.attempt = attempt_number(journal)
-    laps.mark("expectation, signing key, journal")
-    lease = acquire_lease(spec, storage, expectation, rank, ctx.submission_id)
+    laps.mark("live job, signing key, journal")
+    lease = acquire_lease(spec, storage, live, rank, ctx.submission_id)
     laps.mark("lease")
     attempt = Attempt(
         spec,
@@ -176,7 +176,7 @@ def run_worker(spec: JobSpec, ctx: WorkerContext | None = None) -> WorkerResult:
         world,
         number,
         ctx.submission_id,
-        expectation,
+        live,
         data_layout,
         lease,
         signing_key,

@@ -18,13 +18,10 @@ import torch.distributed as dist
 from syncpoint.policies.contracts.state_format import (
     SHARD_WINDOW_SAMPLER,
     TRAINER_SCHEMA_VERSION,
-    CorpusRecord,
     DataRecord,
     SchedulerRecord,
-    StreamRecord,
     TrainState,
 )
-from syncpoint.policies.decisions.candidates import identity_record
 from syncpoint.policies.decisions.save_triggers import PendingSave
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.finite import NonfiniteSteps
@@ -103,14 +100,15 @@ def trainer_record(
     the optimizer's running state, the sampler the run orders its epochs with, and why this state
     was saved; ``evaluated``: the latest evaluation at or before it (``eval_<name>``), for
     ``best-metric``. Every rank calls it."""
-    exp, spec = attempt.expectation, attempt.spec
-    identity = identity_record(exp)  # what selection compares (read back by Expectation.from_state)
+    live, spec = attempt.live.identity, attempt.spec
     running = settings_of(engine).running_record(engine.optimizer.param_groups)  # a collective
-    identity["optimizer"] = {**identity["optimizer"], "running": running}
+    # the identity selection compares, field for field (StateIdentity); the records below add the position
+    identity = {k: v for k, v in live if k not in ("optimizer", "scheduler", "data")}
     return TrainState(
         schema_version=TRAINER_SCHEMA_VERSION,
         job_name=spec.name,
         **identity,
+        optimizer=live.optimizer.model_copy(update={"running": running}),
         epoch=at.epoch,
         position_in_epoch=at.position_in_epoch,
         global_micro_step=at.global_micro_step,
@@ -118,18 +116,17 @@ def trainer_record(
         scheduler=SchedulerRecord.of(spec.train.scheduler, at.schedule_position),
         schedule_horizon=attempt.run_length.schedule_horizon,
         data=DataRecord(
-            sampler=sampler,
-            num_samples=exp.num_samples,
+            **{
+                **dict(live.data),
+                # the order this state continues with: its resume's own (a new run's is the live one)
+                "sampler": sampler,
+                "window_shards": live.data.window_shards if sampler == SHARD_WINDOW_SAMPLER else None,
+            },
             global_samples=at.global_samples,
-            samples_in_epoch=at.position_in_epoch * exp.micro_batch_size * exp.world_size,
-            samples_per_epoch=exp.samples_per_epoch,
-            global_batch=exp.global_batch,
-            stream=None if exp.stream is None else StreamRecord.model_validate(exp.stream),
-            corpus=CorpusRecord(**vars(exp.corpus)) if exp.corpus else None,
-            window_shards=exp.window_shards if sampler == SHARD_WINDOW_SAMPLER else None,
+            samples_in_epoch=at.position_in_epoch * live.micro_batch_size * live.world_size,
         ),
         # the optimizer state loads at another world size (ZeRO 0 holds it whole; 1/2 in elastic form)
-        elastic_optimizer=exp.zero_stage == 0 or exp.elastic,  # elastic ZeRO-1/2 add optim/full.safetensors
+        elastic_optimizer=live.zero_stage == 0 or bool(live.elastic),  # elastic ZeRO-1/2 add optim/full.safetensors
         per_rank_buffers=True,  # every rank writes its module buffers (syncpoint.workers.training.buffers)
         metrics={"loss": loss, **(evaluated or {})},
         save_reasons=reasons,

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from syncpoint.policies.contracts.bounded_json import JSONObject
 from syncpoint.policies.contracts.errors import JobConfigError
+from syncpoint.policies.contracts.state_identity import ParamGroupRecord
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -112,8 +113,8 @@ class GroupLayout:
     numel: int
     names: str | None
 
-    def record(self) -> tuple[int, int, str | None]:
-        return (self.params, self.numel, self.names)
+    def record(self) -> ParamGroupRecord:
+        return ParamGroupRecord(params=self.params, numel=self.numel, names=self.names)
 
 
 def layout_of(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[GroupLayout, ...]:
@@ -187,8 +188,8 @@ class GroupSettings:
         )
 
     @property
-    def layout_record(self) -> tuple[tuple[int, int, str | None], ...]:
-        return tuple(g.record() for g in self.layout)
+    def layout_record(self) -> list[ParamGroupRecord]:
+        return [g.record() for g in self.layout]
 
     def lrs(self, factor: float) -> list[float]:
         """Each group's learning rate at this schedule factor: its own base rate times the factor."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 import pytest
 
 from syncpoint.policies.contracts.errors import ElasticLayoutError
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.policies.decisions.elastic import allowed_world_sizes, layout
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import lm_spec, state_names, step_history, trainer_json
 from tests.integration.workers.training.test_loop_exact_resume import module_params
+from tests.meta import changed, live
 
 
 def _spec(tmp, *extra):
@@ -55,15 +56,14 @@ def test_spec_refuses_a_range_with_unworkable_world_sizes():
 
 
 def test_non_elastic_state_from_another_world_size_is_incompatible_with_reason():
-    import dataclasses
 
     from tests.meta import candidate_for
 
-    exp = Expectation("j", 1, 2, 8, 20, 2, "f", 1, elastic=True, global_batch=16, samples_per_epoch=40)
-    saved_on_2 = dataclasses.replace(exp, world_size=2, grad_accum=4, micro_batches_per_epoch=10, elastic=False)
+    exp = live("j", 1, 2, 8, 20, 2, "f", 1, elastic=True, global_batch=16, samples_per_epoch=40)
+    saved_on_2 = changed(exp, world_size=2, grad_accum=4, micro_batches_per_epoch=10, elastic=False)
     c = classify(candidate_for(4, saved_on_2), exp)
     assert c.verdict is Verdict.INCOMPATIBLE and "cannot load on 1" in c.reason
-    elastic_on_2 = dataclasses.replace(saved_on_2, elastic=True)
+    elastic_on_2 = changed(saved_on_2, elastic=True)
     assert classify(candidate_for(4, elastic_on_2), exp).verdict is Verdict.RESUMABLE
 
 

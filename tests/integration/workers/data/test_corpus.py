@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from syncpoint.policies.contracts.corpus_identity import CorpusIdentity, first_difference, parse_document
 from syncpoint.policies.contracts.errors import CorpusChanged, CorpusError, JobConfigError, SpecError
 from syncpoint.policies.contracts.state_format import SAMPLER_VERSION, SHARD_WINDOW_SAMPLER
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import LiveJob, Verdict, classify
 from syncpoint.workers.data import corpus_index as index_mod
 from syncpoint.workers.data import data_plan
 from syncpoint.workers.data.corpus import CacheSettings, ShardedCorpus
@@ -30,7 +30,7 @@ from syncpoint.workers.data.sampler import RankMicroBatches, ShardWindowOrder
 from syncpoint.workers.data.shard_cache import RemoteShard, ShardCache, fetched_names, flocked
 from syncpoint.workers.storage.fsspec_backend import checksum_file
 from tests.helpers import lm_spec
-from tests.meta import candidate_for
+from tests.meta import candidate_for, changed, live
 
 
 def _npy(values: np.ndarray) -> bytes:
@@ -483,22 +483,13 @@ def test_the_corpus_spec_reads_byte_units_and_refuses_bad_values(tmp_path):
         lm_spec(tmp_path, "corpus.shuffle=random")
 
 
-def _corpus_expectation(ident: CorpusIdentity, window: int = 2) -> Expectation:
-    exp = Expectation("j", 1, 2, 2, 10, 0, "f", 1, num_samples=ident.rows)
-    return dataclasses.replace(
-        exp, corpus=ident.summary(), corpus_index=ident, sampler=SHARD_WINDOW_SAMPLER, window_shards=window
-    )
+def _corpus_job(ident: CorpusIdentity, window: int = 2) -> LiveJob:
+    exp = live("j", 1, 2, 2, 10, 0, "f", 1, num_samples=ident.rows)
+    return changed(exp, corpus=ident.summary(), corpus_index=ident, sampler=SHARD_WINDOW_SAMPLER, window_shards=window)
 
 
-def _state_of(exp: Expectation, step: int = 4, **overrides):
-    c = exp.corpus
-    return candidate_for(
-        step,
-        exp,
-        data_corpus={"digest": c.digest, "shards": c.shards, "rows": c.rows},
-        data_window_shards=exp.window_shards,
-        **overrides,
-    )
+def _state_of(exp: LiveJob, step: int = 4, **overrides):
+    return candidate_for(step, exp, **overrides)
 
 
 def test_a_state_of_another_corpus_is_incompatible_naming_the_shard(tmp_path):
@@ -506,8 +497,8 @@ def test_a_state_of_another_corpus_is_incompatible_naming_the_shard(tmp_path):
     _write_shards(tmp_path / "new", [5, 5, 6, 5])
     old = ShardedCorpus(str(tmp_path / "old" / "*.npy"), seq_len=4, cache=_settings(tmp_path)).identity()
     new = ShardedCorpus(str(tmp_path / "new" / "*.npy"), seq_len=4, cache=_settings(tmp_path)).identity()
-    live = _corpus_expectation(new)
-    state = _state_of(dataclasses.replace(_corpus_expectation(old), num_samples=new.rows))
+    live = _corpus_job(new)
+    state = _state_of(changed(_corpus_job(old), num_samples=new.rows))
     assert classify(_state_of(live), live).verdict is Verdict.RESUMABLE
 
     unnamed = classify(dataclasses.replace(state), live)
@@ -522,14 +513,14 @@ def test_a_state_of_another_corpus_is_incompatible_naming_the_shard(tmp_path):
 def test_another_shuffle_or_window_is_incompatible_and_other_datasets_unaffected(tmp_path):
     _write_shards(tmp_path / "c", [5, 5, 5])
     ident = ShardedCorpus(str(tmp_path / "c" / "*.npy"), seq_len=4, cache=_settings(tmp_path)).identity()
-    live = _corpus_expectation(ident, window=2)
-    c = classify(_state_of(_corpus_expectation(ident, window=3)), live)
+    job = _corpus_job(ident, window=2)
+    c = classify(_state_of(_corpus_job(ident, window=3)), job)
     assert c.verdict is Verdict.INCOMPATIBLE and "corpus.window_shards" in c.reason
-    global_state = _state_of(dataclasses.replace(live, sampler=SAMPLER_VERSION, window_shards=None))
-    c = classify(global_state, live)
+    global_state = _state_of(changed(job, sampler=SAMPLER_VERSION, window_shards=None))
+    c = classify(global_state, job)
     assert c.verdict is Verdict.INCOMPATIBLE and "corpus.shuffle" in c.reason and "global" in c.reason
-    plain = Expectation("j", 1, 2, 2, 10, 0, "f", 1, num_samples=ident.rows)
-    c = classify(_state_of(live), plain)
+    plain = live("j", 1, 2, 2, 10, 0, "f", 1, num_samples=ident.rows)
+    c = classify(_state_of(job), plain)
     assert c.verdict is Verdict.INCOMPATIBLE and "the dataset differs" in c.reason
     assert classify(candidate_for(4, plain), plain).verdict is Verdict.RESUMABLE  # no corpus: as before
 

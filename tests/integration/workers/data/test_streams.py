@@ -17,8 +17,15 @@ import torch
 
 from syncpoint.orchestrator.spec_file import parse_spec, resolve_storage
 from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, StateRefused, TaskError
-from syncpoint.policies.contracts.state_format import MANIFEST_FILE, STREAM_SAMPLER, TrainState, json_bytes, stream_file
-from syncpoint.policies.decisions.candidates import Candidate, Expectation, Verdict, classify
+from syncpoint.policies.contracts.state_format import (
+    MANIFEST_FILE,
+    SAMPLER_VERSION,
+    STREAM_SAMPLER,
+    TrainState,
+    json_bytes,
+    stream_file,
+)
+from syncpoint.policies.decisions.candidates import Candidate, LiveJob, Verdict, classify
 from syncpoint.workers.data.stream import RankStream, StreamSource, check_spec, prepare
 from syncpoint.workers.data.stream_state import SavedStream, StreamStateError, encode, parse
 from syncpoint.workers.integrity.checksum import checksum_bytes, entry
@@ -37,6 +44,7 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
+from tests.meta import changed
 
 pytestmark = needs("datasets", "torchdata")
 
@@ -515,11 +523,10 @@ def _candidate(spec, name: str) -> Candidate:
 def test_a_world_size_change_of_a_stream_is_incompatible_at_selection(stream_run):
     name = state_names(stream_run)[-1]
     c = _candidate(stream_run, name)
-    exp = Expectation.from_state(TrainState.model_validate(c.trainer))
+    exp = LiveJob(TrainState.model_validate(c.trainer).identity())
     assert classify(c, exp).verdict is Verdict.RESUMABLE
-    from dataclasses import replace
 
-    c = classify(c, replace(exp, world_size=2, grad_accum=1))
+    c = classify(c, changed(exp, world_size=2, grad_accum=1))
     assert c.verdict is Verdict.INCOMPATIBLE
     assert re.search(
         r"world size differs \(scaling\.num_workers\): the state has world_size=1, this run has 2\. A "
@@ -530,13 +537,12 @@ def test_a_world_size_change_of_a_stream_is_incompatible_at_selection(stream_run
 
 @pytest.mark.slow
 def test_a_stream_state_is_incompatible_with_a_map_style_run_and_with_other_loader_workers(stream_run):
-    from dataclasses import replace
 
     c = _candidate(stream_run, state_names(stream_run)[-1])
-    exp = Expectation.from_state(TrainState.model_validate(c.trainer))
-    map_style = classify(c, replace(exp, stream=None))
+    exp = LiveJob(TrainState.model_validate(c.trainer).identity())
+    map_style = classify(c, changed(exp, stream=None, sampler=SAMPLER_VERSION))
     assert map_style.verdict is Verdict.INCOMPATIBLE and "data kind differs" in map_style.reason
-    workers = classify(c, replace(exp, stream={**exp.stream, "dataloader_workers": 2}))
+    workers = classify(c, changed(exp, stream={**exp.identity.data.stream.model_dump(), "dataloader_workers": 2}))
     assert workers.verdict is Verdict.INCOMPATIBLE
     assert "Restore train.dataloader_workers: 0" in workers.reason
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 
 from syncpoint.policies.contracts.errors import NoResumableState, ResumeRefused
 from syncpoint.policies.contracts.state_format import TrainState
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import LiveJob, Verdict, classify
 from syncpoint.policies.decisions.compatibility import init_from_problem
 from syncpoint.workers.integrity.checksum import checksum_bytes
 from syncpoint.workers.observation.events import EventLog
@@ -27,7 +26,7 @@ from syncpoint.workers.state import resume_negotiation
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.training.engine import model_buffers, parameter_dtypes
 from tests.helpers import linear_spec, run, run_until_crash, trainer_json, with_overrides
-from tests.meta import candidate_for
+from tests.meta import candidate_for, changed, live
 from tests.tasks import RunningMean
 
 STATS = "task.path=tests.tasks:linear_stats"
@@ -118,17 +117,19 @@ def test_a_load_that_does_not_fit_is_incompatible_not_corrupt(tmp_path, monkeypa
 
 def test_model_buffers_are_the_state_dicts_buffers():
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3), RunningMean(4)).double()
-    assert model_buffers(model) == (
+    assert [(b.name, tuple(b.shape), b.dtype) for b in model_buffers(model)] == [
         ("1.running_mean", (3,), "float64"),
         ("1.running_var", (3,), "float64"),
         ("1.num_batches_tracked", (), "int64"),
         ("2.running_mean", (4,), "float64"),
-    )
+    ]
     model[0].bias.data = model[0].bias.data.float()
-    assert parameter_dtypes(model) == ("float64", (("0.bias", "float32"),))
+    dtypes = parameter_dtypes(model)
+    assert (dtypes.common, dtypes.others) == ("float64", {"0.bias": "float32"})
 
 
-EXP = Expectation(
+_BUFFERS = (("bn.running_mean", (16,), "float32"), ("bn.num_batches_tracked", (), "int64"))
+EXP = live(
     "j",
     1,
     1,
@@ -137,67 +138,70 @@ EXP = Expectation(
     0,
     "f",
     3,
-    model_buffers=(("bn.running_mean", (16,), "float32"), ("bn.num_batches_tracked", (), "int64")),
+    model_buffers=_BUFFERS,
     parameter_dtypes=("float32", ()),
 )
 
 
 @pytest.mark.parametrize(
-    "live,reason",
+    "job,reason",
     [
         (
-            dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1])),
+            changed(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), _BUFFERS[1])),
             "buffer bn.running_mean: shape (16,) in the state, (32,) in this run",
         ),
         (
-            dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (16,), "float64"), EXP.model_buffers[1])),
+            changed(EXP, model_buffers=(("bn.running_mean", (16,), "float64"), _BUFFERS[1])),
             "buffer bn.running_mean: dtype float32 in the state, float64 in this run",
         ),
         (
-            dataclasses.replace(EXP, model_buffers=EXP.model_buffers[:1]),
+            changed(EXP, model_buffers=_BUFFERS[:1]),
             "buffer bn.num_batches_tracked: shape () int64 in the state, not in this run",
         ),
         (
-            dataclasses.replace(EXP, model_buffers=(*EXP.model_buffers, ("pos", (8, 2), "float32"))),
+            changed(EXP, model_buffers=(*_BUFFERS, ("pos", (8, 2), "float32"))),
             "buffer pos: not in the state, shape (8, 2) float32 in this run",
         ),
         (
-            dataclasses.replace(EXP, parameter_dtypes=("float32", (("head.weight", "float64"),))),
+            changed(EXP, parameter_dtypes=("float32", (("head.weight", "float64"),))),
             "parameter head.weight: dtype float32 in the state, float64 in this run",
         ),
-        (dataclasses.replace(EXP, parameter_dtypes=("float64", ())), "parameters: dtype float32 in the state, float64"),
+        (changed(EXP, parameter_dtypes=("float64", ())), "parameters: dtype float32 in the state, float64"),
     ],
 )
-def test_buffers_and_dtypes_are_identity_named_at_selection(live, reason):
-    c = classify(candidate_for(8, EXP), live)
+def test_buffers_and_dtypes_are_identity_named_at_selection(job, reason):
+    c = classify(candidate_for(8, EXP), job)
     assert c.verdict is Verdict.INCOMPATIBLE and reason in c.reason, c.reason
     assert "differ (task)" in c.reason
     assert classify(candidate_for(8, EXP), EXP).verdict is Verdict.RESUMABLE
     # a state written before the fields, or a live run that does not know them: not compared
-    legacy = candidate_for(8, dataclasses.replace(EXP, model_buffers=None, parameter_dtypes=None))
-    assert classify(legacy, live).verdict is Verdict.RESUMABLE
+    legacy = candidate_for(8, changed(EXP, model_buffers=None, parameter_dtypes=None))
+    assert classify(legacy, job).verdict is Verdict.RESUMABLE
     assert (
-        classify(candidate_for(8, EXP), dataclasses.replace(live, model_buffers=None, parameter_dtypes=None)).verdict
+        classify(candidate_for(8, EXP), changed(job, model_buffers=None, parameter_dtypes=None)).verdict
         is Verdict.RESUMABLE
     )
 
 
 def test_init_from_refuses_another_buffer_shape_not_another_dtype():
     c = candidate_for(8, EXP)
-    other_shape = dataclasses.replace(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), EXP.model_buffers[1]))
+    other_shape = changed(EXP, model_buffers=(("bn.running_mean", (32,), "float32"), _BUFFERS[1]))
     assert "buffer bn.running_mean: shape (16,)" in (init_from_problem(c, other_shape, False) or "")
-    other_dtype = dataclasses.replace(
+    other_dtype = changed(
         EXP,
-        model_buffers=(("bn.running_mean", (16,), "bfloat16"), EXP.model_buffers[1]),
+        model_buffers=(("bn.running_mean", (16,), "bfloat16"), _BUFFERS[1]),
         parameter_dtypes=("bfloat16", ()),
     )
     assert init_from_problem(c, other_dtype, False) is None  # weights are taken cast
-    back = Expectation.from_state(TrainState.model_validate(c.trainer))
-    assert (back.model_buffers, back.parameter_dtypes) == (EXP.model_buffers, EXP.parameter_dtypes)
+    back = LiveJob(TrainState.model_validate(c.trainer).identity())
+    assert (back.identity.model_buffers, back.identity.parameter_dtypes) == (
+        EXP.identity.model_buffers,
+        EXP.identity.parameter_dtypes,
+    )
 
 
 def test_the_final_refusal_tells_intact_states_from_damaged_ones():
-    incompatible = classify(candidate_for(8, dataclasses.replace(EXP, seed=4)), EXP)
+    incompatible = classify(candidate_for(8, changed(EXP, seed=4)), EXP)
     corrupt = classify(candidate_for(4, EXP, global_micro_step=5), EXP)
     assert (incompatible.verdict, corrupt.verdict) == (Verdict.INCOMPATIBLE, Verdict.CORRUPT)
     only_intact = str(NoResumableState([incompatible])).split("\n", 1)[0]

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from syncpoint.policies.contracts.state_format import TrainState
-from syncpoint.policies.decisions.candidates import Expectation, Verdict
+from syncpoint.policies.decisions.candidates import LiveJob, Verdict
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
@@ -45,7 +45,7 @@ def resumable_states(spec) -> list[str]:
     newest = next((c.trainer for c in cands if c.manifest and c.trainer), None)
     if newest is None:
         return []
-    exp = Expectation.from_state(TrainState.model_validate(newest))
+    exp = LiveJob(TrainState.model_validate(newest).identity())
     return [c.name for c in discover(RunStorage(spec.run_url), exp) if c.verdict is Verdict.RESUMABLE]
 
 

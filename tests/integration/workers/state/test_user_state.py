@@ -18,7 +18,7 @@ import torch
 
 from syncpoint.policies.contracts.errors import ResumeRefused, TaskError
 from syncpoint.policies.contracts.state_format import TrainState, required_files, user_file
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.workers.data.stream_state import parse_tree
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.observation.events import EventLog
@@ -36,9 +36,9 @@ from tests.helpers import (
     step_history,
     with_overrides,
 )
-from tests.meta import candidate_for
+from tests.meta import candidate_for, changed, live
 
-EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw", user_state=("ema", "scale"))
+EXP = live("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw", user_state=("ema", "scale"))
 
 
 def _spec(tmp, zero=0, *extra, workers=1):
@@ -192,19 +192,18 @@ def test_selection_refuses_other_names_and_another_world_size_with_user_state():
     c = candidate_for(8, EXP)
     assert TrainState.model_validate(c.trainer).user_state == ["ema", "scale"]
     assert classify(c, EXP).verdict is Verdict.RESUMABLE, c.reason
-    from dataclasses import replace
 
-    other = classify(candidate_for(8, EXP), replace(EXP, user_state=("ema", "mixture", "scale")))
+    other = classify(candidate_for(8, EXP), changed(EXP, user_state=("ema", "mixture", "scale")))
     assert other.verdict is Verdict.INCOMPATIBLE
     assert "this run's task has ['mixture'] that the state did not save" in other.reason
-    assert classify(candidate_for(8, EXP), replace(EXP, user_state=None)).verdict is Verdict.INCOMPATIBLE
-    older = candidate_for(8, replace(EXP, user_state=None))  # a state without user state, a task with it
+    assert classify(candidate_for(8, EXP), changed(EXP, user_state=None)).verdict is Verdict.INCOMPATIBLE
+    older = candidate_for(8, changed(EXP, user_state=None))  # a state without user state, a task with it
     assert "the state: none" in classify(older, EXP).reason
-    assert classify(candidate_for(8, EXP), replace(EXP, allow_user_state_change=True, user_state=None)).verdict is (
+    assert classify(candidate_for(8, EXP), changed(EXP, allow_user_state_change=True, user_state=None)).verdict is (
         Verdict.RESUMABLE
     )
-    elastic = replace(EXP, elastic=True, zero_stage=0)  # a state that could load on another world size
-    resized = classify(candidate_for(8, elastic), replace(elastic, world_size=4))
+    elastic = changed(EXP, elastic=True, zero_stage=0)  # a state that could load on another world size
+    resized = classify(candidate_for(8, elastic), changed(elastic, world_size=4))
     assert resized.verdict is Verdict.INCOMPATIBLE and "each rank's objects are its own" in resized.reason
     c = candidate_for(8, EXP)
     del c.manifest["files"][user_file(1)]

@@ -18,7 +18,7 @@ from safetensors.torch import save as st_save
 
 from syncpoint.policies.contracts.errors import StateMismatch, StateRefused
 from syncpoint.policies.contracts.state_format import TrainState, buffers_file, json_bytes, required_files
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.workers.integrity.digest import state_digest
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
@@ -26,10 +26,10 @@ from syncpoint.workers.supervision.launch import run_spawned
 from syncpoint.workers.training import buffers
 from tests.helpers import linear_spec, rewrite_state_file, run, run_until_crash, state_names, trainer_json
 from tests.integration.workers.training.test_loop_exact_resume import module_params
-from tests.meta import candidate_for
+from tests.meta import candidate_for, live
 from tests.tasks import BufferNet
 
-EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
+EXP = live("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 
 
 def _spec(tmp, zero, *extra, workers=2):
@@ -61,9 +61,9 @@ def test_a_state_with_per_rank_buffers_needs_every_ranks_file():
     c = candidate_for(8, EXP, per_rank_buffers=True)
     assert classify(c, EXP).verdict is Verdict.RESUMABLE, c.reason
     c = candidate_for(8, EXP, per_rank_buffers=True)  # its records are parsed once: edit a new one
-    del c.manifest["files"][buffers_file(EXP.world_size - 1)]
+    del c.manifest["files"][buffers_file(EXP.identity.world_size - 1)]
     c = classify(c, EXP)
-    assert c.verdict is Verdict.CORRUPT and buffers_file(EXP.world_size - 1) in c.reason
+    assert c.verdict is Verdict.CORRUPT and buffers_file(EXP.identity.world_size - 1) in c.reason
 
 
 def test_a_buffers_file_is_read_only_if_it_holds_exactly_the_models_buffers():

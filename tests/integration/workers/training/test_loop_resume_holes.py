@@ -5,7 +5,6 @@ checksums, non-finite metrics, elastic listings and the failure line."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -14,7 +13,7 @@ import pytest
 
 from syncpoint.policies.contracts.errors import NoResumableState, ResumeRefused
 from syncpoint.policies.contracts.state_format import MANIFEST_MAX_BYTES, TrainState
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify, identity_record
+from syncpoint.policies.decisions.candidates import LiveJob, Verdict, classify
 from syncpoint.policies.decisions.resume import BestMetric
 from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.observation.events import EventLog
@@ -32,7 +31,7 @@ from tests.helpers import (
     trainer_json,
     with_overrides,
 )
-from tests.meta import candidate_for, commit_candidate, trainer_for
+from tests.meta import candidate_for, changed, commit_candidate, live, trainer_for
 
 
 def _spec(tmp, *extra):
@@ -300,7 +299,7 @@ def test_an_unknown_checksum_algorithm_is_refused_at_selection(tmp_path):
 
 @pytest.mark.parametrize("bad", ["engine/../../escape.pt", "/etc/passwd", "engine//x.pt", "engine\\x.pt"])
 def test_manifest_paths_outside_the_state_are_refused_at_selection(tmp_path, bad):
-    exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3, precision="fp32")
+    exp = live("j", 1, 1, 4, 10, 0, "f", 3, precision="fp32")
     c = candidate_for(8, exp)
     c.manifest["files"][bad] = {"size": 10, "xxh3_128": "ab" * 16}
     c.listing[bad] = 10
@@ -335,7 +334,7 @@ def test_random_collate_resumes_exactly(tmp_path, workers):
 
 
 def test_best_metric_skips_non_finite_and_non_numeric_metrics():
-    exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3)
+    exp = live("j", 1, 1, 4, 10, 0, "f", 3)
     cands = [
         classify(candidate_for(s, exp, metrics={"loss": v}), exp)
         for s, v in ((4, 0.5), (8, float("nan")), (10, "low"), (14, float("-inf")))
@@ -350,7 +349,7 @@ def test_best_metric_skips_non_finite_and_non_numeric_metrics():
 def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_loop(tmp_path, capsys):
     from syncpoint.orchestrator.cli import main
 
-    exp2 = Expectation(
+    exp2 = live(
         "j",
         2,
         2,
@@ -365,7 +364,7 @@ def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_
         precision="fp32",
         optimizer_type="adamw",
     )
-    exp1 = dataclasses.replace(exp2, world_size=1, grad_accum=8, micro_batches_per_epoch=20)
+    exp1 = changed(exp2, world_size=1, grad_accum=8, micro_batches_per_epoch=20)
     store = RunStorage(f"file://{tmp_path}/run")
     commit_candidate(store, candidate_for(8, exp2, metrics={"loss": "n/a"}))  # 8 micro-steps on 2 = 16 on 1
     commit_candidate(store, candidate_for(28, exp1))  # the newest: saved after shrinking to 1 worker
@@ -375,8 +374,8 @@ def test_states_cli_survives_non_numeric_metrics_and_judges_elastic_runs_as_the_
     assert out["choice"]["state"] == "000000000028"
 
 
-def test_expectation_round_trips_through_the_trainer_record():
-    exp = Expectation(
+def test_the_live_jobs_identity_round_trips_through_the_trainer_record():
+    exp = live(
         "j",
         2,
         2,
@@ -396,14 +395,16 @@ def test_expectation_round_trips_through_the_trainer_record():
         model_buffers=(("bn.running_mean", (16,), "float32"),),
         parameter_dtypes=("bfloat16", (("head.weight", "float32"),)),
     )
-    t, identity = candidate_for(8, exp).trainer, identity_record(exp)
-    assert {k: v for k, v in identity.items() if k != "optimizer"}.items() <= t.items()
+    t, identity = candidate_for(8, exp).trainer, exp.identity.model_dump()
+    assert {k: v for k, v in identity.items() if k not in ("optimizer", "data", "scheduler")}.items() <= t.items()
     assert identity["optimizer"].items() <= t["optimizer"].items()  # the record adds the groups' running keys
-    assert Expectation.from_state(TrainState.model_validate(t)) == exp
+    assert identity["data"].items() <= t["data"].items() and identity["scheduler"].items() <= t["scheduler"].items()
+    assert LiveJob(TrainState.model_validate(t).identity()) == exp
 
 
-def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
+def test_the_loops_own_states_are_resumable_by_the_clis_run_identity(tmp_path):
     from syncpoint.policies.decisions.elastic import layout
+    from syncpoint.policies.decisions.live_job import live_job
     from syncpoint.workers.task import load_task
     from syncpoint.workers.training.engine import make_optimizer, model_buffers, model_fingerprint, parameter_dtypes
     from syncpoint.workers.training.param_groups import layout_of
@@ -413,14 +414,15 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
     run(spec)
     store = RunStorage(spec.run_url)
     newest = discover(store)[0]
-    exp = Expectation.from_state(TrainState.model_validate(newest.trainer))
+    exp = LiveJob(TrainState.model_validate(newest.trainer).identity())
     assert all(classify(c, exp).verdict is Verdict.RESUMABLE for c in discover(store))
-    assert exp.num_samples == 10 and exp.optimizer_type == "adamw" and exp.precision == "fp32"
-    # the one constructor of the live run's expectation agrees with what its states read back
+    assert exp.identity.data.num_samples == 10 and exp.identity.optimizer.type == "adamw"
+    assert exp.identity.precision == "fp32"
+    # the one constructor of the live job agrees with what its states read back
     task = load_task(spec.task.path, spec.task.config)
     t = spec.train
-    groups = tuple(g.record() for g in layout_of(make_optimizer(spec, task.model), task.model))
-    live = Expectation.from_spec(
+    groups = [g.record() for g in layout_of(make_optimizer(spec, task.model), task.model)]
+    job = live_job(
         spec,
         layout(len(task.dataset), t.micro_batch_size, t.grad_accum, 1),
         model_fingerprint=model_fingerprint(task.model),
@@ -430,7 +432,7 @@ def test_the_loops_own_states_are_resumable_by_the_cli_expectation(tmp_path):
         parameter_dtypes=parameter_dtypes(task.model),
         task_generators={p: kind(g) for p, g in of_task(task)[0].items()},
     )
-    assert live == exp and len(groups) == 2  # the default no_decay split: weights, biases
+    assert job == exp and len(groups) == 2  # the default no_decay split: weights, biases
 
 
 # ------------------------------------------------------------------ 12. the failure line says why
@@ -483,8 +485,8 @@ def test_the_failure_line_carries_the_reason_for_each_refusal_kind(tmp_path):
 
 
 def test_refusal_headline_names_the_newest_candidates_reason():
-    exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3)
-    other = dataclasses.replace(exp, seed=4)
+    exp = live("j", 1, 1, 4, 10, 0, "f", 3)
+    other = changed(exp, seed=4)
     cands = [classify(candidate_for(s, other), exp) for s in (10, 8)]
     from syncpoint.policies.decisions.resume import NewestResumable
 
@@ -497,7 +499,7 @@ def test_finite_metric_rules():
     from syncpoint.policies.decisions.candidates import finite_metric
 
     def state(**metrics):
-        return TrainState.model_validate(trainer_for(8, Expectation("j", 1, 1, 4, 10, 0, "f", 3), metrics=metrics))
+        return TrainState.model_validate(trainer_for(8, live("j", 1, 1, 4, 10, 0, "f", 3), metrics=metrics))
 
     assert finite_metric(state(m=1), "m") == (1.0, "")
     assert finite_metric(state(m=True), "m")[0] is None

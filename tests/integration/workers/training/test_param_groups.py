@@ -21,7 +21,7 @@ import torch
 from examples.tiny_lm import TinyLM
 from syncpoint.policies.contracts.errors import JobConfigError, ResumeRefused, TaskError
 from syncpoint.policies.contracts.spec import SchedulerSpec
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.workers.integrity.digest import load_deepspeed_file
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
@@ -29,7 +29,7 @@ from syncpoint.workers.training.param_groups import builtin_groups, decay_split,
 from syncpoint.workers.training.schedule import factor_at
 from tests.helpers import digest, lm_spec, run, run_until_crash, step_history, trainer_json, with_overrides
 from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
-from tests.meta import candidate_for
+from tests.meta import candidate_for, changed, live
 
 SAVE = "{value: 3, unit: micro_steps}"
 TWO_GROUPS = "task.path=tests.group_tasks:lm_two_groups"
@@ -213,16 +213,14 @@ def test_task_optimizer_instead_of_the_spec_is_another_optimizer_type(tmp_path):
         run(with_overrides(spec, "task.config.own_optimizer=true", "faults=[]"))
 
 
-EXP = Expectation(
-    "j", 1, 2, 2, 10, 2, "f", 1, optimizer_type="adamw", scheduler_type="cosine", scheduler_phases=("cosine",)
-)
+EXP = live("j", 1, 2, 2, 10, 2, "f", 1, optimizer_type="adamw", scheduler_type="cosine", scheduler_phases=("cosine",))
 
 
 def test_legacy_state_without_a_layout_resumes_only_into_one_group():
     legacy = candidate_for(4, EXP)  # written before the field: no param_groups recorded
     assert legacy.trainer["optimizer"]["param_groups"] is None
-    one = dataclasses.replace(EXP, param_groups=((7, 100, "aa"),))
-    two = dataclasses.replace(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
+    one = changed(EXP, param_groups=((7, 100, "aa"),))
+    two = changed(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
     assert classify(candidate_for(4, EXP), one).verdict is Verdict.RESUMABLE
     c = classify(candidate_for(4, EXP), two)
     assert c.verdict is Verdict.INCOMPATIBLE
@@ -230,16 +228,16 @@ def test_legacy_state_without_a_layout_resumes_only_into_one_group():
     assert classify(candidate_for(4, EXP), dataclasses.replace(two, reset_optimizer=True)).verdict is Verdict.RESUMABLE
     # recorded layouts: equal resumes, other members with the same sizes are named as such
     assert classify(candidate_for(4, two), two).verdict is Verdict.RESUMABLE
-    other = classify(candidate_for(4, two), dataclasses.replace(two, param_groups=((5, 90, "cc"), (2, 10, "bb"))))
+    other = classify(candidate_for(4, two), changed(two, param_groups=((5, 90, "cc"), (2, 10, "bb"))))
     assert other.verdict is Verdict.INCOMPATIBLE and "same sizes, other parameters" in other.reason
 
 
-def test_expectation_reads_the_layout_back_from_a_state():
+def test_a_states_identity_reads_the_layout_back():
     from syncpoint.policies.contracts.state_format import TrainState
 
-    two = dataclasses.replace(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
+    two = changed(EXP, param_groups=((5, 90, "aa"), (2, 10, "bb")))
     state = TrainState.model_validate(candidate_for(4, two).trainer)
-    assert Expectation.from_state(state).param_groups == two.param_groups
+    assert state.identity().optimizer.param_groups == two.identity.optimizer.param_groups
 
 
 # ------------------------------------------------------------------ schedules

@@ -42,7 +42,7 @@ from tests.helpers import (
     with_overrides,
 )
 from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
-from tests.meta import candidate_for
+from tests.meta import candidate_for, live
 
 # ------------------------------------------------------------------ finding the task's generators
 
@@ -262,14 +262,13 @@ def test_ray_train_workers_start_with_the_jobs_hash_seed(tmp_path):
 
 
 def test_a_state_whose_task_generators_differ_is_incompatible():
-    from syncpoint.policies.decisions.candidates import Expectation
 
-    exp = Expectation("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.g", "torch.Generator(cpu)"),))
+    exp = live("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.g", "torch.Generator(cpu)"),))
     assert classify(candidate_for(8, exp), exp).verdict == Verdict.RESUMABLE
-    other = Expectation("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.noise", "torch.Generator(cpu)"),))
+    other = live("j", 1, 1, 4, 10, 0, "f", 3, task_generators=(("loss.<locals>.noise", "torch.Generator(cpu)"),))
     c = classify(candidate_for(8, exp), other)
     assert c.verdict == Verdict.INCOMPATIBLE and "loss.<locals>.g" in c.reason and "generators differ" in c.reason
-    older = Expectation("j", 1, 1, 4, 10, 0, "f", 3)  # a state written before the generators were recorded
+    older = live("j", 1, 1, 4, 10, 0, "f", 3)  # a state written before the generators were recorded
     assert classify(candidate_for(8, older), other).verdict == Verdict.RESUMABLE
 
 

@@ -3,7 +3,6 @@ older states still read (the one legacy conversion), and what the writer emits i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -17,12 +16,12 @@ from syncpoint.policies.contracts.state_format import (
     rng_file,
     state_name,
 )
-from syncpoint.policies.decisions.candidates import Candidate, Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Candidate, Verdict, classify
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.storage import RunStorage
-from tests.meta import candidate_for, commit_candidate, trainer_for
+from tests.meta import candidate_for, changed, commit_candidate, live, trainer_for
 
-EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
+EXP = live("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 
 
 def _corrupt_reason(c: Candidate) -> str:
@@ -121,14 +120,14 @@ def test_states_of_the_first_format_still_resume():
     c.trainer = _first_format_trainer(8)
     assert classify(c, EXP).verdict is Verdict.RESUMABLE, c.reason
     state = TrainState.model_validate(c.trainer)
-    per_micro = EXP.micro_batch_size * EXP.world_size
+    per_micro = EXP.identity.micro_batch_size * EXP.identity.world_size
     assert (state.data.samples_in_epoch, state.data.samples_per_epoch, state.data.global_batch) == (
         8 * per_micro,
         10 * per_micro,
         4 * per_micro,
     )
     assert state.elastic is None and not state.elastic_optimizer and state.optimizer.type is None
-    assert Expectation.from_state(state).samples_per_epoch == 10 * per_micro
+    assert state.identity().data.samples_per_epoch == 10 * per_micro
     c = candidate_for(8, EXP)
     c.trainer = dict(_first_format_trainer(8), epoch=1)  # its counters still have to agree
     assert classify(c, EXP).verdict is Verdict.CORRUPT and "inconsistent" in c.reason
@@ -144,7 +143,7 @@ def test_states_without_the_elastic_field_judge_resizes_by_their_optimizer():
 
 
 def test_what_the_writer_emits_reads_back_unchanged():
-    exp = dataclasses.replace(EXP, scheduler_type="cosine", scheduler_phases=("linear_warmup", "cosine"))
+    exp = changed(EXP, scheduler_type="cosine", scheduler_phases=("linear_warmup", "cosine"))
     t = dict(trainer_for(8, exp), created_at=1.7e9)
     state = TrainState.model_validate(t)
     assert state.record() == t

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from syncpoint.policies.contracts.errors import NoResumableState
-from syncpoint.policies.decisions.candidates import Candidate, Expectation, Verdict, classify, newest_first
+from syncpoint.policies.decisions.candidates import Candidate, Verdict, classify, newest_first
 from syncpoint.policies.decisions.resume import BestMetric, Fresh, NewestResumable, Pinned, enforce_safe, make_policy
 from syncpoint.policies.decisions.retention import plan_retention
 from syncpoint.policies.decisions.save_triggers import (
@@ -17,9 +15,9 @@ from syncpoint.policies.decisions.save_triggers import (
     PendingSave,
     Tick,
 )
-from tests.meta import candidate_for, commit_candidate, trainer_for
+from tests.meta import candidate_for, changed, commit_candidate, live, trainer_for
 
-EXP = Expectation(
+EXP = live(
     job_identity="j",
     world_size=2,
     micro_batch_size=4,
@@ -46,7 +44,7 @@ def test_classification_reasons():
     assert c.verdict is Verdict.MID_CYCLE and "position 2" in c.reason
     assert cand(13, manifest=False).verdict is Verdict.TORN
     assert cand(8, job_identity="other").verdict is Verdict.INCOMPATIBLE
-    c = classify(candidate_for(8, dataclasses.replace(EXP, world_size=4)), EXP)
+    c = classify(candidate_for(8, changed(EXP, world_size=4)), EXP)
     assert c.verdict is Verdict.INCOMPATIBLE and "world size" in c.reason
     c = cand(8, world_size=4)  # one field edited alone contradicts the others
     assert c.verdict is Verdict.CORRUPT and "inconsistent" in c.reason

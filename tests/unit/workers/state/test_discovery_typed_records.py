@@ -12,15 +12,15 @@ import pytest
 from syncpoint.orchestrator.interruptions import DRILL_KINDS, NODE_KINDS, InterruptionKind
 from syncpoint.policies.contracts.journal import Failure, UnknownEvent, read_event
 from syncpoint.policies.contracts.state_format import Manifest, TrainState
-from syncpoint.policies.decisions.candidates import Expectation, Verdict, classify
+from syncpoint.policies.decisions.candidates import Verdict, classify
 from syncpoint.policies.decisions.failures import APPLICATION, PREEMPTION, FailureKind, FailureVerdict
 from syncpoint.workers.state.discovery import discover, read_candidate
 from syncpoint.workers.state.reader import manifest_files
 from syncpoint.workers.state.resume_choice import ResumeChoice
 from syncpoint.workers.storage import RunStorage
-from tests.meta import candidate_for, commit_candidate
+from tests.meta import candidate_for, commit_candidate, live
 
-EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 3, precision="fp32")
+EXP = live("j", 2, 4, 4, 10, 2, "f", 3, precision="fp32")
 
 
 @pytest.fixture

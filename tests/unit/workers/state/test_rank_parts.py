@@ -11,12 +11,11 @@ import torch
 
 from syncpoint.policies.contracts.errors import StateMismatch
 from syncpoint.policies.contracts.state_format import RANK_PARTS, TrainState
-from syncpoint.policies.decisions.candidates import Expectation
 from syncpoint.workers.state import rank_parts
 from syncpoint.workers.state.rank_parts import PARTS, LiveRank, behaviour, capture_all, sources
-from tests.meta import trainer_for
+from tests.meta import live, trainer_for
 
-EXP = Expectation("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
+EXP = live("j", 2, 4, 4, 10, 2, "f", 1, precision="fp32", optimizer_type="adamw")
 
 
 def _state(**overrides: object) -> TrainState:
