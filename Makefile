@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -e ".[test]"
-	# bench P14's peer DLRover (the bench extra) without pynvml, the deprecated shim it depends on, whose
-	# presence makes every `import torch` warn (torch.cuda imports it); DLRover's flash checkpoint needs
-	# none of it on CPU
-	$(BIN)/python -m pip install -q --no-deps "dlrover==0.6.*" "Deprecated>=1.2"
+	# the bench extra's peers: P14's DLRover without pynvml, the deprecated shim it depends on, whose
+	# presence makes every `import torch` warn (torch.cuda imports it; DLRover's flash checkpoint needs
+	# none of it on CPU), and P15's TorchFT, whose dependencies (torch, OpenTelemetry) are here already
+	$(BIN)/python -m pip install -q --no-deps "dlrover==0.6.*" "Deprecated>=1.2" "torchft==0.2.*"
 	# bench P11's peer (and its test): MosaicML Streaming without its own conflicting pins (pyproject.toml)
 	$(BIN)/python -m pip install -q --no-deps "mosaicml-streaming==0.13.*" "brotli>=1.1" "python-snappy>=0.7" "cramjam>=2.8" \
 		"zstd>=1.5" "catalogue>=2.0"

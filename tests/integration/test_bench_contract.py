@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 GOAL = re.compile(r"^goal (?P<name>\S[^:]*): (?P<measured>.+) vs (?P<target>.+): (?P<verdict>met|not met)\b")
 # what starts a Ray cluster in a bench: the drills, the Ray runner, the as-filed checkout's jobs and CLI
-RAY_MARKERS = ("run_drill", "run_on_ray", "bench.as_filed")
+RAY_MARKERS = ("run_drill", "run_on_ray", "run_reported", "bench.as_filed")
 QUICK_TIMEOUT_S = 1200  # a quick run takes minutes; make test-all runs it beside the rest of the suite
 
 
