@@ -489,12 +489,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(ft)
             print(f"  {every:.0f} s: TorchFT: {ft.failures} failures, {ft.wall_s:.1f} s wall, {ft.note}", flush=True)
     print()
-    print("  every | side                        | failures | wall s | wall s a failure | goodput | efficiency", end="")
+    print(
+        "  every | side                          | failures | wall s | wall s a failure | goodput | efficiency", end=""
+    )
     print(" | samples eff. | bitwise")
     for every, rows in results.items():
         for r in rows:
             print(
-                f"  {every:>5.0f} | {r.label:<27} | {r.failures:>8} | {r.wall_s:>6.1f} | "
+                f"  {every:>5.0f} | {r.label:<29} | {r.failures:>8} | {r.wall_s:>6.1f} | "
                 f"{r.wall_s / max(r.failures, 1):>16.1f} | {r.goodput:>7.3f} | {r.efficiency:>10.3f} | "
                 f"{r.samples_efficiency:>12.3f} | {r.exact}"
             )
