@@ -15,6 +15,10 @@ Gamma-Poisson posterior mean with one pseudo-preemption at the prior's mean time
 (``checkpoint.expected_preemptions_per_hour``) before anything was observed, the observed
 ``exposure / preemptions`` after many, and a long run without preemptions slowly lengthens it.
 
+Why crashes count: what the interval insures against is a restart from the last committed state,
+and a rank that crashes (a retried application failure: killed, out of memory, a hardware fault)
+loses the work since it exactly as a preemption without notice does.
+
 Why announced preemptions are taken out: a preemption whose notice's state committed before the
 node went lost no work (the notice saved it), so it says nothing about how often a periodic save
 is needed. The rate of the others (no notice, or a notice whose state did not commit in time) is
@@ -37,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from syncpoint.policies.contracts.journal import Failure, Journal, PreemptionNotice
-from syncpoint.policies.decisions.failures import PREEMPTION
+from syncpoint.policies.decisions.failures import APPLICATION, PREEMPTION
 
 DEFAULT_PREEMPTIONS_PER_HOUR = 1.0  # when checkpoint.expected_preemptions_per_hour is not given
 MIN_INTERVAL_S = 1.0  # a save per second at most: below that the formula's inputs are noise
@@ -81,7 +85,11 @@ class PreemptionHistory:
 
 
 def preemption_history(journal: Journal) -> PreemptionHistory:
-    """Preemptions are failures the failure policy classified as preemption; an announced one ended
+    """The interruptions that restart from the last state: failures the failure policy classified
+    as preemption, and the application failures it retried (a rank that crashed or was killed
+    without notice loses the work since the last state exactly as a node lost without notice
+    does; left out, a run whose ranks crash every minute computed its interval from its notices
+    alone and saved every few minutes). An announced one ended
     an attempt (the last one started before it) that committed a state for its notice. A notice
     whose drain was cancelled ended no attempt, so it announces nothing. Exposure
     sums each attempt's span from its start to its last event, so the days between two
@@ -92,14 +100,21 @@ def preemption_history(journal: Journal) -> PreemptionHistory:
         end = attempts[i + 1].time if i + 1 < len(attempts) else None
         times = [e.time for e in journal.events if a.time <= e.time and (end is None or e.time < end)]
         exposure += max(times) - a.time if times else 0.0
-    failures = [f for f in journal.of_kind(Failure) if f.classified == PREEMPTION]
+    failures = [
+        f
+        for f in journal.of_kind(Failure)
+        if f.classified == PREEMPTION or (f.classified == APPLICATION and f.decision.upper() == "RETRY")
+    ]
     noticed = {n.attempt for n in journal.of_kind(PreemptionNotice)}
     saved = {c.attempt for c in journal.commits if "preemption" in c.reasons and c.attempt in noticed}
     by_time = sorted(attempts, key=lambda a: a.time)
     started = [a.time for a in by_time]
     ended = [by_time[i - 1].attempt if (i := bisect.bisect_right(started, f.time)) else None for f in failures]
-    announced = sum(1 for a in ended if a is not None and a in saved)
-    return PreemptionHistory(len(failures), exposure, tuple(c.blocked_seconds for c in journal.commits), announced)
+    # an attempt ends once, whatever its failures say (a notice's preemption and a rank's crash in it)
+    interrupted = {a for a in ended if a is not None}
+    count = len(interrupted) + sum(1 for a in ended if a is None)
+    announced = len(interrupted & saved)
+    return PreemptionHistory(count, exposure, tuple(c.blocked_seconds for c in journal.commits), announced)
 
 
 @dataclass(frozen=True)
@@ -117,7 +132,7 @@ class AutoDecision:
     def describe(self) -> str:
         saved = f" ({self.announced} saved by their notice)" if self.announced else ""
         inputs = (
-            f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} preemption(s){saved} in {self.exposure_s:.0f} s "
+            f"MTBF {self.mtbf_s:.0f} s from {self.preemptions} interruption(s){saved} in {self.exposure_s:.0f} s "
             f"run time and the prior {self.prior_per_hour:g}/hour"
         )
         if self.interval_s is None:

@@ -76,7 +76,7 @@ def test_decide_waits_for_a_measurement_then_clamps():
     assert first.interval_s is None and "no save measured yet" in first.describe()
     d = decide([0.2], 0, 0.0, 1.0)
     assert d.interval_s == pytest.approx(math.sqrt(2 * 0.2 * 3600))
-    assert re.search(r"a state every 37\.9 s = sqrt\(2 x C 0\.200 s x MTBF 3600 s from 0 preemption", d.describe())
+    assert re.search(r"a state every 37\.9 s = sqrt\(2 x C 0\.200 s x MTBF 3600 s from 0 interruption", d.describe())
     assert decide([1e-6], 0, 0.0, 3600.0).interval_s == MIN_INTERVAL_S
     assert decide([3600.0], 0, 1e9, 1e-3).interval_s == MAX_INTERVAL_S
 
@@ -138,7 +138,7 @@ def _journal() -> Journal:
 
 def test_history_from_the_event_log():
     h = preemption_history(_journal())
-    assert h.preemptions == 1  # the application error is no preemption
+    assert h.preemptions == 1  # a preemption and a retried crash ending one attempt: one interruption
     assert h.exposure_s == pytest.approx(111.0 + 50.0)  # each attempt to its last event: the restart gap excluded
     assert h.blocked_seconds == (0.3, 0.5)
     assert preemption_history(Journal([])) == PreemptionHistory(0, 0.0, ())
@@ -163,6 +163,30 @@ def _noticed(journal: Journal, *, committed: bool, attempt: int = 1) -> Journal:
     return Journal(sorted([*journal.events, notice, *([save] if committed else [])], key=lambda e: e.time))
 
 
+def test_a_retried_crash_counts_as_an_interruption_a_final_one_does_not():
+    """P15 found it: ranks crashing every 30 s left the interval at its notices' MTBF, minutes."""
+    final = Failure(
+        time=1200.0,
+        classified="application",
+        reason="bug again",
+        decision="RAISE",
+        ranks=[0],
+        messages=[],
+        dead_nodes=[],
+    )
+    in_place = Failure(
+        time=1190.0,
+        classified="application",
+        reason="rank 1 exited",
+        decision="RETRY",
+        ranks=[1],
+        messages=[],
+        dead_nodes=[],
+    )
+    journal = _journal()
+    assert preemption_history(Journal([*journal.events, in_place, final])).preemptions == 2  # attempts 1 and 2
+
+
 def test_a_preemption_whose_notice_saved_its_state_lost_no_work():
     saved = preemption_history(_noticed(_journal(), committed=True))
     assert (saved.preemptions, saved.announced) == (1, 1)
@@ -175,7 +199,7 @@ def test_a_preemption_whose_notice_saved_its_state_lost_no_work():
     assert mtbf_estimate(10, 36000.0, 1.0, announced=9) == pytest.approx((36000 + 3600) / 2)
     d = decide([0.2], 10, 36000.0, 1.0, announced=9)
     assert d.interval_s == pytest.approx(math.sqrt(2 * 0.2 * (36000 + 3600) / 2))
-    assert "10 preemption(s) (9 saved by their notice)" in d.describe()
+    assert "10 interruption(s) (9 saved by their notice)" in d.describe()
     t = AutoInterval(1.0, PreemptionHistory(10, 36000.0, (0.2,), announced=9))
     assert t.interval_s == pytest.approx(d.interval_s)
 
