@@ -165,26 +165,13 @@ def _noticed(journal: Journal, *, committed: bool, attempt: int = 1) -> Journal:
 
 def test_a_retried_crash_counts_as_an_interruption_a_final_one_does_not():
     """P15 found it: ranks crashing every 30 s left the interval at its notices' MTBF, minutes."""
-    final = Failure(
-        time=1200.0,
-        classified="application",
-        reason="bug again",
-        decision="RAISE",
-        ranks=[0],
-        messages=[],
-        dead_nodes=[],
-    )
-    in_place = Failure(
-        time=1190.0,
-        classified="application",
-        reason="rank 1 exited",
-        decision="RETRY",
-        ranks=[1],
-        messages=[],
-        dead_nodes=[],
-    )
-    journal = _journal()
-    assert preemption_history(Journal([*journal.events, in_place, final])).preemptions == 2  # attempts 1 and 2
+    crashes = [
+        Failure(
+            time=t, classified="application", reason="rank exited", decision=d, ranks=[0], messages=[], dead_nodes=[]
+        )
+        for t, d in ((1190.0, "RETRY"), (1200.0, "RAISE"))
+    ]
+    assert preemption_history(Journal([*_journal().events, *crashes])).preemptions == 2  # attempts 1 and 2
 
 
 def test_a_preemption_whose_notice_saved_its_state_lost_no_work():
