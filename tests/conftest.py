@@ -114,19 +114,55 @@ def local_cluster() -> Iterator[Any]:
     node it takes away, as the autoscaler would) and no running job (the driver has exited)."""
     from ray.cluster_utils import Cluster
 
-    # fast GCS health checks so a killed node is declared dead within seconds
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
-        },
-    )
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    yield c
-    c.shutdown()
+    from tests.own_processes import MARK, marked_env
+
+    # Every process of the cluster (its daemons, the nodes a test adds, the workers their raylets
+    # start) carries the module's mark, so what `shutdown()` leaves behind is found and ended.
+    before = os.environ.get(MARK)
+    _, mark = marked_env({})
+    os.environ[MARK] = mark
+    try:
+        # fast GCS health checks so a killed node is declared dead within seconds
+        c = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 4},
+            },
+        )
+        try:
+            for _ in range(2):
+                c.add_node(num_cpus=1)
+            c.wait_for_nodes()
+            yield c
+        finally:
+            _shutdown_leaving_nothing(c, mark)
+    finally:
+        if before is None:
+            os.environ.pop(MARK, None)
+        else:
+            os.environ[MARK] = before
+
+
+def _shutdown_leaving_nothing(cluster: Any, mark: str, timeout: float = 30.0) -> None:
+    """``Cluster.shutdown()``, then an end to every process of the cluster still alive. The list is
+    taken before the shutdown, while the raylets still parent their workers (a worker renames
+    itself, which hides its mark, and a dead raylet's worker is re-parented to init): a Train
+    controller busy in a call survived ``shutdown()`` by 15 minutes in one `make test`."""
+    import psutil
+
+    from tests.own_processes import owned
+
+    me = os.getpid()
+    procs = [p for p in owned(mark) if p.pid != me]
+    cluster.shutdown()
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not alive, f"the shared cluster's processes outlived it: {alive}"
 
 
 @pytest.fixture
