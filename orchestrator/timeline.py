@@ -157,7 +157,7 @@ def _what_of_attempt(e: Event | UnknownEvent) -> str | None:
         case StateCommitted():
             return (
                 f"{e.state} (optimizer step {e.optimizer_step}, {e.bytes / 1e6:.2f} MB, {e.seconds:.3f}s, "
-                f"loop blocked {e.blocked_seconds:.3f}s) [{', '.join(e.reasons)}]"
+                f"loop blocked {e.blocked_seconds:.3f}s{_contended(e.contended_seconds)}) [{', '.join(e.reasons)}]"
             )
         case Failure():
             return f"{e.classified} -> {e.decision}: {e.reason}" + (
@@ -265,3 +265,8 @@ def format_summary(name: str, s: RunSummary, model: str | None, plot: str | None
         f"syncpoint: job {name!r} finished: state {s.state or '(none)'}, {s.optimizer_step} optimizer steps "
         f"({s.micro_step} micro-steps) in {_duration(s.wall_seconds)}{ratio}, {restarts_text}; {where}"
     )
+
+
+def _contended(seconds: float | None) -> str:
+    """An async save's upload CPU that busy cores gave up, when there was any."""
+    return f", upload took {seconds:.3f}s of busy cores" if seconds else ""

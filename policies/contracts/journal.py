@@ -182,6 +182,9 @@ class StateCommitted(_Event):
     bytes: int
     seconds: Seconds  # the whole save, snapshot to commit
     blocked_seconds: Seconds  # how long the training loop waited for it
+    # an async save's upload-thread CPU time that busy cores gave up (thread CPU x the share of the
+    # node's cores training keeps busy); 0 for a synchronous save, whose work is all blocked
+    contended_seconds: Seconds | None = older_logs_lack(None)
     committed_at_micro_step: int | None = older_logs_lack(None)  # later than the state's own step when async
     reasons: list[str]  # interval, preemption, final
 

@@ -100,7 +100,7 @@ class AutoInterval:
     ) -> None:
         self.prior_per_hour = prior_per_hour
         self.history = history or PreemptionHistory(0, 0.0, ())
-        self.blocked: list[float] = list(self.history.blocked_seconds)
+        self.costs: list[float] = list(self.history.costs)
         self.on_decision = on_decision
         self.decision: AutoDecision | None = None
         self._probe_asked = False
@@ -110,14 +110,15 @@ class AutoInterval:
     def interval_s(self) -> float | None:
         return self.decision.interval_s if self.decision else None
 
-    def observe_save(self, blocked_seconds: float, attempt_elapsed_s: float) -> AutoDecision:
-        """A save committed: its blocked time joins the measurements; decide again."""
-        self.blocked.append(blocked_seconds)
+    def observe_save(self, cost_seconds: float, attempt_elapsed_s: float) -> AutoDecision:
+        """A save committed: its cost (``save_interval.cost_of``: blocked and contended seconds) joins
+        the measurements; decide again."""
+        self.costs.append(cost_seconds)
         return self._decide(attempt_elapsed_s)
 
     def _decide(self, attempt_elapsed_s: float) -> AutoDecision:
         new = decide(
-            self.blocked,
+            self.costs,
             self.history.preemptions,
             self.history.exposure_s + attempt_elapsed_s,
             self.prior_per_hour,

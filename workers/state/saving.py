@@ -30,6 +30,7 @@ from syncpoint.workers.state.rank_parts import LiveRank, capture_all
 from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.boundary_vote import BoundaryVote
+from syncpoint.workers.training.device import busy_core_share
 from syncpoint.workers.training.finite import agreed_finite, refused_save
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class SaveCoordinator:
             full_optimizer_state=spec.scaling.elastic and spec.deepspeed.zero_stage in (1, 2, 3),
             memory=attempt.memory_copy,
         )
+        # what an async upload's CPU time costs training here (save_every auto counts it: save_interval)
+        self.busy_share = busy_core_share(attempt.world_size, spec.scaling.use_gpu)
         self.reasons_in_flight: list[str] = []
         self.last_saved = last_saved
         self.last_save_time = time.monotonic()
@@ -151,6 +154,7 @@ class SaveCoordinator:
         return files
 
     def _record(self, result: SaveResult, reasons: list[str]) -> None:
+        result.contended_seconds = result.background_cpu_seconds * self.busy_share
         self.last_saved = result.name
         self.last_commit_s = result.seconds
         if self.events:
@@ -164,6 +168,7 @@ class SaveCoordinator:
                     bytes=result.bytes,
                     seconds=result.seconds,
                     blocked_seconds=result.blocked_seconds,
+                    contended_seconds=result.contended_seconds,
                     committed_at_micro_step=self.micro_step,
                     reasons=reasons,
                 )

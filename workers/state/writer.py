@@ -59,6 +59,8 @@ class SaveResult:
     bytes: int
     seconds: float  # from the boundary to the commit
     blocked_seconds: float  # how long the training loop waited
+    background_cpu_seconds: float = 0.0  # an async save's upload thread's CPU time (0 when synchronous)
+    contended_seconds: float = 0.0  # the part of it busy cores gave up (``SaveCoordinator`` says)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Snapshot:
     started: float
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
+    background_cpu: float = 0.0  # the upload thread's CPU time (``AsyncUpload``)
     files: dict[str, ManifestEntry] = field(default_factory=dict)  # this rank's files already in storage
     # async: DeepSpeed's shards copied into the engine's arena, to serialize in the background; the
     # engine whose arena holds them (released once they are written)
@@ -319,6 +322,7 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
         bytes=sum(f.size for f in files.values()),
         seconds=end - snap.started,
         blocked_seconds=snap.blocked + (end - t0),
+        background_cpu_seconds=snap.background_cpu,
     )
 
 
@@ -346,10 +350,13 @@ class AsyncUpload:
         self.thread.start()
 
     def _run(self, snap: Snapshot) -> None:
+        started = time.thread_time()
         try:
             upload_snapshot(self.storage, snap, self.rank, self.faults)
         except BaseException as e:  # noqa: BLE001 - re-raised on the main thread by finish()
             self.error = e
+        finally:
+            snap.background_cpu = time.thread_time() - started
 
     def uploading(self) -> bool:
         return self.thread is not None and self.thread.is_alive()

@@ -107,11 +107,11 @@ def _log_decision(decision: AutoDecision) -> None:
 def measuring(
     committed: Callable[[SaveResult, list[str]], None], trigger: AutoInterval, started: float
 ) -> Callable[[SaveResult, list[str]], None]:
-    """``committed`` that also tells ``auto``'s interval what each save cost."""
+    """``committed`` that also tells ``auto``'s interval what each save cost (``save_interval.cost_of``)."""
 
     def on_commit(result: SaveResult, reasons: list[str]) -> None:
         committed(result, reasons)
-        trigger.observe_save(result.blocked_seconds, time.monotonic() - started)
+        trigger.observe_save(result.blocked_seconds + result.contended_seconds, time.monotonic() - started)
 
     return on_commit
 

@@ -154,6 +154,19 @@ def prepare_process(spec: JobSpec) -> torch.device:
     return torch.device("cuda", index)
 
 
+def busy_core_share(world_size: int, on_gpu: bool) -> float:
+    """The share of this node's usable cores that training keeps busy, at most 1: the node's ranks
+    (``LOCAL_WORLD_SIZE`` where the launcher sets it, else all ``world_size``) times the threads each
+    keeps busy (its intra-op threads on CPU; on a GPU, the one thread that feeds the device).
+
+    Why: an asynchronous save's upload thread costs training only the CPU time it takes from busy
+    cores; ``save_every: auto`` counts that share of it in the save's cost (``save_interval``)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+    threads = 1 if on_gpu else torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(1.0, max(1, local) * threads / max(1, cores))
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move a collated batch (tensors in tuples, lists, dicts) to the rank's device.
 

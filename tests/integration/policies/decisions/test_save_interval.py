@@ -32,6 +32,8 @@ from syncpoint.policies.decisions.save_interval import (
     young_daly,
 )
 from syncpoint.policies.decisions.save_triggers import AutoInterval, PendingSave, Tick
+from syncpoint.workers.observation.events import EventLog
+from syncpoint.workers.storage import RunStorage
 from tests.helpers import committed_steps, lm_spec, run, run_until_crash, trainer_json
 from tests.integration.workers.training.test_loop_exact_resume import assert_same_run
 
@@ -130,6 +132,7 @@ def _journal() -> Journal:
                 bytes=1,
                 seconds=0.5,
                 blocked_seconds=0.5,
+                contended_seconds=0.25,  # an async save: its upload thread's CPU time that busy cores gave up
                 reasons=["interval"],
             ),
         ]
@@ -140,7 +143,7 @@ def test_history_from_the_event_log():
     h = preemption_history(_journal())
     assert h.preemptions == 1  # a preemption and a retried crash ending one attempt: one interruption
     assert h.exposure_s == pytest.approx(111.0 + 50.0)  # each attempt to its last event: the restart gap excluded
-    assert h.blocked_seconds == (0.3, 0.5)
+    assert h.costs == (0.3, 0.75)  # blocked, plus contended where a commit says (older logs lack it)
     assert preemption_history(Journal([])) == PreemptionHistory(0, 0.0, ())
 
 
@@ -215,7 +218,7 @@ def test_trigger_probes_once_then_follows_the_measured_interval():
 
 
 def test_trigger_starts_from_the_run_history():
-    h = PreemptionHistory(preemptions=3, exposure_s=3 * 1200.0, blocked_seconds=(0.5,))
+    h = PreemptionHistory(preemptions=3, exposure_s=3 * 1200.0, costs=(0.5,))
     t = AutoInterval(DEFAULT_PREEMPTIONS_PER_HOUR, h)
     assert t.interval_s == pytest.approx(math.sqrt(2 * 0.5 * (3600 + 3600) / 4))  # no probe: C is known
     assert not t.wants_save(_tick(0.0))
@@ -357,6 +360,45 @@ def test_a_job_with_nothing_in_checkpoint_saves_periodically(tmp_path, capfd):
     never = resolve_storage(parse_spec(job, "never", [f"storage={tmp_path / 'never'}", "checkpoint.save_every=0"]))
     run(never)
     assert committed_steps(never) == [16]
+
+
+def test_an_async_save_counts_the_cpu_its_upload_took_from_busy_cores(tmp_path, capfd, monkeypatch):
+    """P13 found it: auto async saves cost 0.91x a plain loop's throughput on two busy cores, where
+    the upload thread's work comes out of training, while C was the blocked time alone. An async
+    commit says how much of its upload's CPU time busy cores gave up (here every core is busy: one
+    rank on one core); a synchronous one has none; the interval is decided from both."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    job = (
+        "name: contended\ntask: {path: tests.tasks:linear, config: {num_samples: 32}}\n"
+        "train: {micro_batch_size: 1, grad_accum: 2, epochs: 1, seed: 3, lr: 0.01, log_every: 100000}\n"
+        "deepspeed: {zero_stage: 0}\n"
+        "checkpoint: {save_every: auto, async: true, expected_preemptions_per_hour: 3600}\n"
+    )
+    spec = resolve_storage(parse_spec(job, "contended", [f"storage={tmp_path}"]))
+    run(spec)
+    commits = EventLog(RunStorage(spec.run_url)).journal().commits
+    uploaded = [c for c in commits if c.reasons == ["interval"]]
+    assert uploaded and all(c.contended_seconds is not None and c.contended_seconds > 0 for c in uploaded)
+    assert [c.contended_seconds for c in commits if c.reasons == ["final"]] == [0.0]  # the last save: synchronous
+    costs = [c.blocked_seconds + (c.contended_seconds or 0.0) for c in uploaded]
+    logged = re.findall(r"C (\d+\.\d+) s", capfd.readouterr().err)
+    assert logged and float(logged[0]) == pytest.approx(costs[0], abs=1e-3)  # the probe's cost, contention in it
+
+
+def test_the_busy_share_of_a_nodes_cores(monkeypatch):
+    """Every rank's intra-op threads on CPU, one feeding thread a GPU rank; the launcher's
+    ``LOCAL_WORLD_SIZE`` over the world size; never more than all of them."""
+    import torch
+
+    from syncpoint.workers.training.device import busy_core_share
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert busy_core_share(2, on_gpu=False) == 0.5 and busy_core_share(2, on_gpu=True) == 0.25
+    assert busy_core_share(16, on_gpu=False) == 1.0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert busy_core_share(16, on_gpu=False) == 0.25
 
 
 # ---------------------------------------------------------------- the simulator (bench/p8_goodput.py)

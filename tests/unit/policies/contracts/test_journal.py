@@ -44,6 +44,7 @@ def test_emit_by_kind_and_by_model_write_the_same_record(log):
         bytes=10,
         seconds=0.5,
         blocked_seconds=0.1,
+        contended_seconds=0.0,
         committed_at_micro_step=4,
         reasons=["interval"],
     )
