@@ -92,15 +92,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """``syncpoint run``: the job on Ray (embedded unless an address is given); the last line says how it ended."""
     metrics_port = None if args.metrics_port is None else metrics_port_arg(args.metrics_port)
-    spec = run_spec(args)
     if args.local:
         if args.address or args.dashboard or metrics_port is not None:
             flag = "--address" if args.address else "--dashboard" if args.dashboard else "--metrics-port"
             raise UsageError(flag, [f"{flag} is for a run on Ray; --local runs the ranks here without Ray: drop one"])
-        from syncpoint.orchestrator.local_runner import run_local
+        from syncpoint.orchestrator.local_runner import prewarmed, run_local
         from syncpoint.orchestrator.ray_runner import show_outcome
 
-        return show_outcome(run_local(spec, rerun_command(args))).code
+        raw = job_spec(args)
+        with prewarmed(raw) as submission:  # its warm server imports torch while the spec is checked
+            spec = prepare_run(raw, args.job)
+            return show_outcome(run_local(spec, rerun_command(args), submission)).code
+    spec = run_spec(args)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
@@ -145,7 +148,12 @@ def rerun_command(args: argparse.Namespace) -> str:
 def run_spec(args: argparse.Namespace) -> JobSpec:
     """The spec ``syncpoint run`` runs: the job file, its ``--set`` overrides, then ``--fresh``'s
     (``START_OVER``: they win over a ``resume`` of the file or of ``--set``, for this submission only)."""
-    return prepare_run(load_spec(args.job, [*args.set, *START_OVER] if args.fresh else args.set), args.job)
+    return prepare_run(job_spec(args), args.job)
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """``run_spec`` before ``prepare_run``'s checks."""
+    return load_spec(args.job, [*args.set, *START_OVER] if args.fresh else args.set)
 
 
 def prepare_run(spec: JobSpec, source: str) -> JobSpec:

@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from syncpoint.policies.contracts.spec import JobSpec
@@ -52,8 +53,54 @@ class LocalBoard:
         os.replace(self.path + ".new", self.path)
 
 
-def run_local(spec: JobSpec, rerun: str) -> JobOutcome:
-    """Run the job's ranks here, without Ray; returns how it ended (``run_on_ray``'s ``JobOutcome``)."""
+@contextlib.contextmanager
+def prewarmed(spec: JobSpec) -> Iterator[str]:
+    """This run's warm server started now, for the block (the driver's checks of the spec, its task's
+    imports and its storage, then ``run_local``); yields the submission id the ranks will find it by.
+
+    Why before the checks: the server imports torch and DeepSpeed (seconds) in its own process, so
+    it does so while the driver checks; the ranks' supervisors, forked seconds later, find it
+    started (``zygote.ensure``: a keeper of the same key answers) instead of starting it then and
+    waiting for its imports (bench P12). Whatever ends the block early (a refused spec, a signal)
+    stops it; the run watchdog, started first, ends it if the driver dies."""
+    from syncpoint.orchestrator.run_watchdog import ensure
+    from syncpoint.policies.decisions.seeds import hash_seed
+    from syncpoint.workers.supervision import zygote
+    from syncpoint.workers.supervision.fork_context import start_method
+
+    ensure()  # the warm server carries the driver's mark from its start
+    _import_path_as_on_ray()
+    # DeepSpeed fixes its accelerator when imported: told it, the warm server imports it for these ranks
+    # and loads its CPU op ahead (warm_ops), and the ranks fork from it (fork_context.start_method), as
+    # a Ray worker's setup tells its node's server; without it every rank was spawned and imported cold
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.scaling.use_gpu else "cpu")
+    submission = uuid.uuid4().hex
+    key = None
+    if start_method(spec) == "forkserver":  # run_spawned's condition for a warm server
+        seed = str(hash_seed(spec.train.seed))
+        key = zygote.key(submission, seed)
+        with contextlib.suppress(zygote.Unavailable, OSError):  # the ranks start it (or fork their own)
+            sock, _ = zygote.ensure(key, seed)
+            sock.close()
+    try:
+        yield submission
+    except BaseException:
+        if key is not None:
+            zygote.stop(key)
+        raise
+
+
+def _import_path_as_on_ray() -> None:
+    """The working directory first on the import path, as a Ray job's driver puts it on its workers'
+    (the task's modules are found there, whatever directory the ``syncpoint`` command lives in): the
+    ranks take this process's path, and the warm server the path of whoever starts it."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def run_local(spec: JobSpec, rerun: str, submission: str | None = None) -> JobOutcome:
+    """Run the job's ranks here, without Ray; returns how it ended (``run_on_ray``'s ``JobOutcome``).
+    ``submission``: ``prewarmed``'s, whose warm server the ranks fork from (default a new one)."""
     from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.ray_runner import JobOutcome, await_predecessor, finished_since, stopped
     from syncpoint.orchestrator.run_watchdog import ensure
@@ -68,7 +115,7 @@ def run_local(spec: JobSpec, rerun: str) -> JobOutcome:
     await_predecessor(spec)
     say = _say(spec)
     private = tempfile.mkdtemp(prefix="syncpoint-local-")  # 0700: only this user writes the stop notice
-    submission = uuid.uuid4().hex
+    submission = submission or uuid.uuid4().hex
     try:
         with DriverSignals(spec.checkpoint.sigterm_grace_s, say, rerun) as signals:
             signals.install()
@@ -93,15 +140,12 @@ def run_local(spec: JobSpec, rerun: str) -> JobOutcome:
 
 
 def _ranks(spec: JobSpec, submission: str, stop_file: str) -> list[int]:
-    """Each rank forked from the node's warm server, supervising its training process in place. The
-    working directory first on their import path, as a Ray job's driver puts it on its workers' (the
-    task's modules are found there, whatever directory the ``syncpoint`` command itself lives in): the
-    ranks take this process's path, and the warm server the first rank's."""
+    """Each rank forked from the node's warm server, supervising its training process in place, with
+    the working directory first on their import path (``_import_path_as_on_ray``)."""
     from syncpoint.orchestrator.quiet import quiet_training_process
     from syncpoint.workers.supervision.launch import run_spawned
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _import_path_as_on_ray()
 
     return run_spawned(
         spec,

@@ -130,3 +130,49 @@ def test_local_beside_address_is_a_usage_error(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "--local runs the ranks here without Ray" in proc.stderr, proc.stderr
+
+
+WAITS_FOR_THE_WARM_SERVER = """
+import glob, os, tempfile, time
+sockets = os.path.join(tempfile.gettempdir(), f"syncpoint-warm-{os.getuid()}", "*.sock")
+deadline = time.monotonic() + 45  # the import check's own bound is 60 s
+while not glob.glob(sockets) and time.monotonic() < deadline:
+    time.sleep(0.05)
+raise RuntimeError("the warm server was up" if glob.glob(sockets) else "no warm server")
+"""
+
+
+def test_the_warm_server_starts_before_the_checks_and_a_refused_spec_stops_it(tmp_path):
+    """``--local`` starts its warm server (torch and DeepSpeed imported there) before it checks the
+    task's imports, so the two overlap: the task here imports only once a keeper's socket exists, and
+    says so. The check refuses it (exit 2), and the server it started is stopped: its socket goes and
+    no process of the command is left. The environment is a user's shell's, without the
+    ``DS_ACCELERATOR`` this suite sets (tests/conftest.py): without it ``--local`` used to spawn every
+    rank cold, torch and DeepSpeed imported in each (10.1 s to the first step in bench P12, 5.1 s forked)."""
+    import shutil
+    import tempfile
+
+    short = tempfile.mkdtemp(prefix="sp-")  # a Unix socket's path must stay short
+    try:
+        (tmp_path / "waits_for_warm.py").write_text(WAITS_FOR_THE_WARM_SERVER)
+        spec = linear_spec(tmp_path / "runs", "task.path=waits_for_warm:build")
+        job = write_job(spec, tmp_path / "job.yaml")
+        env, mark = marked_env({k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DS_ACCELERATOR")})
+        env.update(TMPDIR=short, PYTHONPATH=str(ROOT))
+        proc = subprocess.run(
+            [sys.executable, "-m", "syncpoint", "run", str(job), "--local"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 2 and "the warm server was up" in proc.stderr, proc.stderr[-3000:]
+        sockets = os.path.join(short, f"syncpoint-warm-{os.getuid()}")
+        deadline = time.monotonic() + 60
+        while (os.listdir(sockets) or owned(mark)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.listdir(sockets) == [] and not owned(mark), (os.listdir(sockets), owned(mark))
+    finally:
+        stop_processes(owned(mark) if "mark" in locals() else [], mark=locals().get("mark"))
+        shutil.rmtree(short, ignore_errors=True)
