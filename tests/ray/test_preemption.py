@@ -57,61 +57,22 @@ def _wait_for(pred, proc, timeout=180):
     raise AssertionError("timed out")
 
 
+# The run the node test interrupts twice, long enough in wall time for both (paced, it costs no more CPU)
+LONGER = "task.config.num_samples=320"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run both node tests end equal to (the paced drain trains the same numerics)."""
-    ref = _spec(tmp_path_factory.mktemp("ref"))
+    """The uninterrupted run the node test ends equal to (its paced task trains the same numerics)."""
+    ref = _spec(tmp_path_factory.mktemp("ref"), LONGER)
     assert run_spawned(ref) == [0, 0]
     return ref
 
 
-def _node_of_rank(spec, cluster_nodes, rank):
+def _node_of_rank(spec, cluster, rank):
+    """The live worker node of this rank in the latest attempt."""
     nodes = _events(spec, "attempt_started")[-1]["nodes"]
-    return next(n for n in cluster_nodes if n.node_id == nodes[rank])
-
-
-def test_hard_node_loss_is_a_preemption_and_resumes_exactly(tmp_path, cluster, reference):
-    c, nodes = cluster
-    spec = _spec(tmp_path / "run", "failure.max_failures=0")
-    proc = _start(spec, c.address)
-    _wait_for(lambda: any(e["global_micro_step"] >= 40 for e in _events(spec, "state_committed")), proc)
-    victim = _node_of_rank(spec, nodes, 1)
-    c.remove_node(victim, allow_graceful=False)  # spot node gone, no notice
-    c.add_node(num_cpus=1)  # the autoscaler's replacement
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-4000:]
-    failures = _events(spec, "failure")
-    assert failures and failures[0]["classified"] == "preemption", failures
-    # the node's death in Ray's first sentences (orchestrator/quiet.py), not the raylet's own log
-    # (Ray appends its last 20 lines, from each of the node's two agents), and syncpoint's line on it
-    assert "Last 20 lines of the Raylet logs" not in out and "worker_pool.cc" not in out, out[-6000:]
-    assert out.count("Raylet is terminated. Termination is unexpected.") <= 1, out[-6000:]
-    assert "[syncpoint] attempt failed (" in out, out[-6000:]
-    final = state_names(spec)[-1]  # the resume is exact whatever the measurement below saw
-    assert digest(spec, final) == digest(reference, final)
-    # Lost work measured, not inferred: the node went down while the run trained past its last
-    # progress flush; the controller recorded each rank's last heartbeat before the restart.
-    from syncpoint.orchestrator.timeline import restarts
-
-    journal = EventLog(RunStorage(spec.run_url)).journal()
-    (restart,) = restarts(journal)
-    beat = journal.interrupted(1)
-    # the board lives on the head (test_the_heartbeat_board_is_created_on_the_head_every_time), so the
-    # reading survives the lost node: the controller's line says why if it did not
-    why = [ln for ln in out.splitlines() if "no interruption point measured" in ln]
-    assert beat is not None, why or "the controller printed no reason (it did not try)"
-    assert restart.measured, _events(spec, "interrupted")
-    assert beat.global_micro_step == max(r.global_micro_step for r in beat.ranks)
-    assert beat.detected_at >= beat.reached_at and {r.rank for r in beat.ranks} == {0, 1}
-    flushed = max(r.global_micro_step for r in journal.progress_of(1))
-    assert beat.global_micro_step >= flushed  # the heartbeat knows at least what the flushed progress knew
-    assert restart.previous_max_micro_step == beat.global_micro_step
-    # measured, so 0 when the node died right at a commit (seen under load: both ranks' last beat was
-    # the committed micro-step); otherwise the micro-steps trained past it.
-    # tests/unit/policies/decisions/test_goodput.py
-    # covers the "trained past the last flush" accounting with a hand-built journal.
-    assert restart.lost_micro_steps == beat.global_micro_step - restart.resumed_micro_step >= 0
-    assert (restart.lost_seconds > 0) == (restart.lost_micro_steps > 0)
+    return next(n for n in cluster.worker_nodes if n.node_id == nodes[rank])
 
 
 BOARD_PLACEMENTS = """
@@ -212,23 +173,29 @@ def test_no_room_for_the_workers_fails_after_the_placement_bound(tmp_path, clust
     assert not _events(spec, "attempt_started")  # no worker ever started, nothing was written but the log
 
 
-# A drain by Ray's API on the shared cluster (what a cloud's autoscaler asks): notice -> commit at the next
-# boundary -> exact resume. make test-all also drains a `ray start` node by its own SIGTERM handler, as the
-# kubelet does (tests/drills/ray/test_ray_start_sigterm.py).
-def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_path, cluster, reference):
-    c, nodes = cluster
-    # 120 micro-steps paced at 100 ms (12 s of training, little CPU): the notice arrives mid-run
+# One run on the shared cluster meets both ways a spot node ends, as a cloud deals them (one run's
+# setup for both): a drain by Ray's API (what a cloud's autoscaler asks: notice -> commit at the next
+# boundary -> exact resume), then, in the resumed attempt, the loss of a node with no notice at all.
+# make test-all also drains a `ray start` node by its own SIGTERM handler, as the kubelet does
+# (tests/drills/ray/test_ray_start_sigterm.py).
+def test_a_drain_then_a_hard_node_loss_are_preemptions_and_the_run_resumes_exactly(tmp_path, cluster, reference):
+    c, _ = cluster
+    # 160 micro-steps paced at 100 ms (16 s of training, little CPU): each interruption lands mid-run; it
+    # saves only when a notice asks, so the drain's window saves are the notice's
     spec = _spec(
         tmp_path / "run",
+        LONGER,
         "failure.max_failures=0",
         "checkpoint.save_every={value: 0, unit: micro_steps}",
         "task.path=tests.tasks:paced_lm",
         "task.config.pace_s=0.1",
     )
     proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
+
+    # 1. the drain: rank 1's node is told it goes in 6 s; a replacement joins; the node goes at the deadline
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
     time.sleep(1.0)
-    victim = _node_of_rank(spec, nodes, 1)
+    victim = _node_of_rank(spec, c, 1)
     deadline = time.time() + 6.0
     accepted, _ = GcsClient(address=c.gcs_address).drain_node(
         victim.node_id,
@@ -241,20 +208,59 @@ def test_drain_notice_saves_at_next_boundary_and_loses_no_optimizer_step(tmp_pat
     _wait_for(lambda: any("preemption" in e["reasons"] for e in _events(spec, "state_committed")), proc)
     time.sleep(max(0.0, deadline - time.time()))
     c.remove_node(victim, allow_graceful=False)  # the cloud reclaims the node at the notice's deadline
+
+    # 2. the hard loss: once the resumed attempt trained past its state, rank 1's node is gone, no notice
+    _wait_for(lambda: len(_events(spec, "attempt_started")) >= 2, proc)
+    second = _events(spec, "attempt_started")[1]
+    trained = lambda: [  # noqa: E731 - read at each poll
+        r for e in _events(spec, "progress") if e["attempt"] == second["attempt"] for r in e["records"]
+    ]
+    _wait_for(lambda: any(r["global_micro_step"] > second["global_micro_step"] for r in trained()), proc)
+    victim = _node_of_rank(spec, c, 1)
+    c.remove_node(victim, allow_graceful=False)  # spot node gone, no notice
+    c.add_node(num_cpus=1)  # the autoscaler's replacement
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
+    final = state_names(spec)[-1]  # the resume is exact whatever the measurements below saw
+    assert digest(spec, final) == digest(reference, final)  # the example's task, unpaced: the same numerics
+
+    from syncpoint.orchestrator.timeline import restarts
+
+    journal = EventLog(RunStorage(spec.run_url)).journal()
+    drained, lost = restarts(journal)
+    # the drain: saved at the very next boundary, zero optimizer steps lost
     notice = _events(spec, "preemption_notice")[0]
     saved = next(e for e in _events(spec, "state_committed") if "preemption" in e["reasons"])
     assert saved["global_micro_step"] >= notice["global_micro_step"]
     assert saved["optimizer_step"] - notice["optimizer_step"] <= 1  # serviced at the very next boundary
-    second = _events(spec, "attempt_started")[1]
     assert second["optimizer_step"] >= notice["optimizer_step"]  # zero optimizer steps lost
-    from syncpoint.orchestrator.timeline import restarts
-
-    (restart,) = restarts(EventLog(RunStorage(spec.run_url)).journal())
-    assert restart.cause == "preemption"
+    assert drained.cause == "preemption"
     # the window trained on and saved again in its last seconds: at most a step and a save are lost
-    assert restart.lost_micro_steps < 2 * spec.train.grad_accum
+    assert drained.lost_micro_steps < 2 * spec.train.grad_accum
     assert len([e for e in _events(spec, "state_committed") if "preemption" in e["reasons"]]) >= 2
-    final = state_names(spec)[-1]
-    assert digest(spec, final) == digest(reference, final)  # the example's task, unpaced: the same numerics
+
+    # the hard loss: a preemption (no notice), one line of its own, no raylet state in the output
+    third = journal.attempts[2]
+    assert journal.failure_between(second["time"], third.time).classified == "preemption"
+    # the node's death in Ray's first sentences (orchestrator/quiet.py), not the raylet's own log
+    # (Ray appends its last 20 lines, from each of the node's two agents), and syncpoint's line on it
+    assert "Last 20 lines of the Raylet logs" not in out and "worker_pool.cc" not in out, out[-6000:]
+    assert out.count("Raylet is terminated. Termination is unexpected.") <= 2, out[-6000:]
+    assert "[syncpoint] attempt failed (" in out, out[-6000:]
+    # Lost work measured, not inferred: the node went down while the run trained past its last
+    # progress flush; the controller recorded each rank's last heartbeat before the restart.
+    beat = journal.interrupted(second["attempt"])
+    # the board lives on the head (test_the_heartbeat_board_is_created_on_the_head_every_time), so the
+    # reading survives the lost node: the controller's line says why if it did not
+    why = [ln for ln in out.splitlines() if "no interruption point measured" in ln]
+    assert beat is not None, why or "the controller printed no reason (it did not try)"
+    assert lost.measured, _events(spec, "interrupted")
+    assert beat.global_micro_step == max(r.global_micro_step for r in beat.ranks)
+    assert beat.detected_at >= beat.reached_at and {r.rank for r in beat.ranks} == {0, 1}
+    flushed = max(r.global_micro_step for r in journal.progress_of(second["attempt"]))
+    assert beat.global_micro_step >= flushed  # the heartbeat knows at least what the flushed progress knew
+    assert lost.previous_max_micro_step == beat.global_micro_step
+    # measured: the micro-steps trained past the state it resumed (tests/unit/policies/decisions/test_goodput.py
+    # covers the "trained past the last flush" accounting with a hand-built journal)
+    assert lost.lost_micro_steps == beat.global_micro_step - lost.resumed_micro_step > 0
+    assert lost.lost_seconds > 0

@@ -13,6 +13,7 @@ import multiprocessing.forkserver as forkserver
 import os
 from collections.abc import Iterator, Mapping
 from multiprocessing.context import ForkServerContext, SpawnContext
+from typing import Any
 
 from syncpoint.policies.contracts.spec import JobSpec
 from syncpoint.workers.supervision.zygote import PRELOAD
@@ -43,32 +44,87 @@ def context(method: str, hash_seed: str) -> ForkServerContext | SpawnContext:
 # The PYTHONHASHSEED this process started its fork server with (None: not started here).
 _fork_server_hash_seed: str | None = None
 
+# Fork servers this process started for other hash seeds, kept: (address, alive fd, pid) by seed, oldest first.
+_parked: dict[str, tuple[str, int, int]] = {}
+KEEP_PARKED = 2
+
 
 def fork_server_with(hash_seed: str) -> bool:
-    """Whether this process's fork server runs with ``PYTHONHASHSEED=hash_seed``, (re)starting it so.
+    """Whether this process's fork server runs with ``PYTHONHASHSEED=hash_seed``, starting it so.
 
     Why: a forked rank keeps its fork server's hash secret, fixed when the server started, whatever
-    its environment says. A server started elsewhere (or that cannot be stopped) is left alone and
-    the ranks are spawned instead."""
+    its environment says. A server started here for another seed is parked, not stopped (up to
+    ``KEEP_PARKED`` of them, the oldest stopped first), and taken back when its seed comes again:
+    starting one imports torch and DeepSpeed (~5 s of CPU), and a process that launches runs of
+    several seeds in turn (a test worker, a bench's grid) restarted its server at every switch
+    (measured: 14 servers started in one `make test`'s half without Ray, 6 would have done). A server
+    started elsewhere (or that cannot be stopped) is left alone and the ranks are spawned instead."""
     global _fork_server_hash_seed
     server = forkserver._forkserver
     running = getattr(server, "_forkserver_pid", None) is not None
-    if running and _fork_server_hash_seed != hash_seed:
+    if running and _fork_server_hash_seed == hash_seed:
+        return True
+    if running:
         if _fork_server_hash_seed is None or not hasattr(server, "_stop"):
             return False
-        server._stop()
-    if not running or _fork_server_hash_seed != hash_seed:
+        _park(server, _fork_server_hash_seed)
+    if not _unpark(server, hash_seed):
         forkserver.set_forkserver_preload(PRELOAD)
         with environ(PYTHONHASHSEED=hash_seed):
             forkserver.ensure_running()
-        _fork_server_hash_seed = hash_seed
+    _fork_server_hash_seed = hash_seed
     return True
 
 
+def _park(server: Any, hash_seed: str) -> None:
+    """Set the running server aside under its seed (the one parked longest stopped past the limit)."""
+    with server._lock:
+        _parked.pop(hash_seed, None)
+        _parked[hash_seed] = (server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid)
+        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    while len(_parked) > KEEP_PARKED:
+        _stop_parked(_parked.pop(next(iter(_parked))))
+
+
+def _unpark(server: Any, hash_seed: str) -> bool:
+    """Make the server parked for this seed the running one again, if it is still alive."""
+    parked = _parked.pop(hash_seed, None)
+    if parked is None:
+        return False
+    address, alive_fd, pid = parked
+    try:
+        ended = os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:  # reaped by someone else: gone all the same
+        ended = True
+    if ended:  # it died while parked: its socket and our end go too
+        _stop_parked((address, alive_fd, None))
+        return False
+    with server._lock:
+        server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_fd, pid
+    return True
+
+
+def _stop_parked(parked: tuple[str, int, int | None]) -> None:
+    """What ``ForkServer._stop`` does for a parked server: closing our end of its alive pipe ends it."""
+    address, alive_fd, pid = parked
+    os.close(alive_fd)
+    if pid is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        os.unlink(address)
+
+
+def parked_seeds() -> list[str]:
+    """The hash seeds of the servers this process keeps parked, oldest first."""
+    return list(_parked)
+
+
 def fork_server_running(hash_seed: str) -> bool:
-    """Whether this process's fork server already runs with ``PYTHONHASHSEED=hash_seed`` (forking from it
-    costs nothing more; starting one imports torch and DeepSpeed first)."""
-    return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None and _fork_server_hash_seed == hash_seed
+    """Whether this process has a fork server with ``PYTHONHASHSEED=hash_seed``, running or parked (forking
+    from it costs nothing more; starting one imports torch and DeepSpeed first)."""
+    running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+    return (running and _fork_server_hash_seed == hash_seed) or hash_seed in _parked
 
 
 @contextlib.contextmanager
