@@ -61,8 +61,8 @@ def prewarmed(spec: JobSpec) -> Iterator[str]:
     Why before the checks: the server imports torch and DeepSpeed (seconds) in its own process, so
     it does so while the driver checks; the ranks' supervisors, forked seconds later, find it
     started (``zygote.ensure``: a keeper of the same key answers) instead of starting it then and
-    waiting for its imports (bench P12). Whatever ends the block early (a refused spec, a signal)
-    stops it; the run watchdog, started first, ends it if the driver dies."""
+    waiting for its imports (bench P12). However the block ends (the run's end, a refused spec, a
+    signal) it stops the server; the run watchdog, started first, ends it if the driver dies."""
     from syncpoint.orchestrator.run_watchdog import ensure
     from syncpoint.policies.decisions.seeds import hash_seed
     from syncpoint.workers.supervision import zygote
@@ -84,10 +84,9 @@ def prewarmed(spec: JobSpec) -> Iterator[str]:
             sock.close()
     try:
         yield submission
-    except BaseException:
+    finally:
         if key is not None:
             zygote.stop(key)
-        raise
 
 
 def _import_path_as_on_ray() -> None:

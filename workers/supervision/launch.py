@@ -122,7 +122,8 @@ def run_spawned(
     ``in_place``: each rank supervises its training process (``syncpoint.workers.supervision.supervisor``), as a
     Ray Train worker with ``failure.in_place`` does, so failures within budget recover inside the run.
     ``warm``: with ``in_place``, the supervisors fork from this machine's warm server
-    (``syncpoint.workers.supervision.zygote``), stopped when the ranks are done, as the driver stops it on Ray.
+    (``syncpoint.workers.supervision.zygote``) of ``submission``, stopped when the ranks are done, as the
+    driver stops it on Ray, when this call started it (one already running is its starter's to stop).
     None: as a Ray job does, wherever a warm server applies (ranks forked on CPU); False: each
     supervisor forks from a fork server of its own, the path of a node without one. Why warm by
     default: the ranks' supervisors share one server's imports of torch and DeepSpeed instead of
@@ -141,6 +142,8 @@ def run_spawned(
     if warm is None:
         warm = _start_method(spec) == "forkserver"
     warm_key = zygote.key(submission, hash_seed) if warm and in_place else None
+    # a warm server someone else started (the `--local` driver's, ahead of its checks) is theirs to stop
+    started_before = warm_key is not None and zygote.answers(warm_key)
     ctx = _rank_context(spec, hash_seed, supervisors_only=warm_key is not None)
     # the ranks' own secret (their store's namespace), handed over in their arguments, never over a port
     namespace = new_namespace()
@@ -172,7 +175,7 @@ def run_spawned(
                 p.kill()
             if p.pid is not None:
                 p.join()
-        if warm_key is not None:
+        if warm_key is not None and not started_before:
             zygote.stop(warm_key)
         release_lease(RunStorage(spec.run_url), submission)
     return [p.exitcode if p.exitcode is not None else -9 for p in procs]

@@ -220,6 +220,16 @@ def _start_keeper(k: str, hash_seed: str, env: dict[str, str]) -> None:
     proc.wait(timeout=START_WAIT_S)  # the keeper forks away from it at once (see main)
 
 
+def answers(k: str) -> bool:
+    """Whether this node's keeper of ``k`` runs (asked, which also counts as a use: it stays warm)."""
+    try:
+        sock, _ = _ask(k, "touch")
+    except (OSError, ValueError, KeyError, Unavailable):
+        return False
+    sock.close()
+    return True
+
+
 def stop(k: str) -> bool:
     """Ask this node's keeper of ``k`` to end (its server with it); False when there is none."""
     try:

@@ -12,15 +12,18 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from syncpoint.policies.contracts.journal import Failure
+from syncpoint.policies.decisions.seeds import hash_seed
 from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.state.memory_copy import MEMORY_DIR_ENV, MemoryCopy
 from syncpoint.workers.storage import RunStorage
+from syncpoint.workers.supervision import zygote
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, linear_spec, state_names
 
@@ -35,6 +38,24 @@ def reference(tmp_path_factory) -> tuple[object, str]:
     ref = linear_spec(tmp_path_factory.mktemp("ref"), SAVE, workers=2)
     assert run_spawned(ref) == [0, 0]
     return ref, state_names(ref)[-1]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> object:
+    """One warm server for the module's in-place runs (one each cost ~6 s of CPU to start and stop), as a
+    `--local` driver starts its run's ahead of the ranks: held by this fixture, each run of its submission
+    forks from it and leaves it running (``run_spawned`` stops only a server it started itself); it still
+    answers at the end, then it is stopped."""
+    spec = linear_spec(tmp_path_factory.mktemp("warm"), SAVE, workers=2)  # the module's runs' seed
+    submission, seed = uuid.uuid4().hex, str(hash_seed(spec.train.seed))
+    k = zygote.key(submission, seed)
+    held, _ = zygote.ensure(k, seed, word="hold")
+    try:
+        yield submission
+        assert zygote.answers(k), "a run stopped the warm server it did not start"
+    finally:
+        held.close()
+        zygote.stop(k)
 
 
 def _journal(spec):
@@ -63,7 +84,7 @@ def test_a_crash_or_an_exception_recovers_in_place_bitwise(reference, tmp_path, 
     assert journal.attempts[1].resumed_from is not None
 
 
-def test_a_collective_timeout_recovers_in_place(reference, tmp_path, monkeypatch):
+def test_a_collective_timeout_recovers_in_place(reference, warm, tmp_path, monkeypatch):
     """Rank 1 stops answering (held, its process alive); rank 0's collective times out after
     ``scaling.collective_timeout_s``; every rank gets a new training process."""
     monkeypatch.setenv("SYNCPOINT_FAULT_HOLD_S", "600")
@@ -77,7 +98,7 @@ def test_a_collective_timeout_recovers_in_place(reference, tmp_path, monkeypatch
         workers=2,
     )
     started = time.monotonic()
-    assert run_spawned(spec, in_place=True) == [0, 0]
+    assert run_spawned(spec, in_place=True, submission=warm) == [0, 0]
     assert time.monotonic() - started < 300  # not the hold's 600 s: the held process was stopped
     assert digest(spec, final) == digest(ref, final)
     [failure] = _journal(spec).of_kind(Failure)
@@ -85,7 +106,7 @@ def test_a_collective_timeout_recovers_in_place(reference, tmp_path, monkeypatch
 
 
 def test_the_first_micro_step_a_second_failure_a_save_phase_and_the_last_micro_step_each_recover_in_place(
-    reference, tmp_path
+    reference, warm, tmp_path
 ):
     """Six failures in one run (32 micro-steps a rank, a save every 4): after the first micro-step
     (nothing committed yet: the next generation starts fresh); after micro-step 9 (resumes from 8),
@@ -101,7 +122,7 @@ def test_the_first_micro_step_a_second_failure_a_save_phase_and_the_last_micro_s
         "{rank: 0, at_micro_step: 32, phase: before_manifest}, {rank: 0, at_micro_step: 32, mode: exit}"
     )
     spec = linear_spec(tmp_path / "run", SAVE, "failure.max_failures=6", f"faults=[{faults}]", workers=2)
-    assert run_spawned(spec, in_place=True) == [0, 0]
+    assert run_spawned(spec, in_place=True, submission=warm) == [0, 0]
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final)
     journal = _journal(spec)
     assert [(f.decision, f.in_place) for f in journal.of_kind(Failure)] == [("RETRY", True)] * 6
@@ -133,8 +154,11 @@ CRASHES = {
 }
 
 
-def check_kind_recovers_in_place(tmp_path_factory, kind: str, micro_step: int, rank: int, mode: str) -> None:
-    """The run with that crash, recovered in place, ends bitwise the uninterrupted run of its kind."""
+def check_kind_recovers_in_place(
+    tmp_path_factory, kind: str, micro_step: int, rank: int, mode: str, submission: str | None = None
+) -> None:
+    """The run with that crash, recovered in place, ends bitwise the uninterrupted run of its kind
+    (``submission``: the one whose warm server it forks from, default a new one)."""
     if kind not in _references:
         ref = _kind_spec(tmp_path_factory.mktemp("ref"), kind)
         assert run_spawned(ref) == [0, 0]
@@ -142,7 +166,7 @@ def check_kind_recovers_in_place(tmp_path_factory, kind: str, micro_step: int, r
     ref, final = _references[kind]
     fault = f"{{rank: {rank}, at_micro_step: {micro_step}, mode: {mode}}}"
     spec = _kind_spec(tmp_path_factory.mktemp("run"), kind, "failure.max_failures=1", f"faults=[{fault}]")
-    assert run_spawned(spec, in_place=True) == [0, 0]
+    assert run_spawned(spec, in_place=True, submission=submission) == [0, 0]
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final), (kind, fault)
     journal = _journal(spec)
     [failure] = journal.of_kind(Failure)
@@ -158,9 +182,9 @@ def check_kind_recovers_in_place(tmp_path_factory, kind: str, micro_step: int, r
 @settings(phases=[Phase.explicit], deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(**CRASHES)
 def test_any_kind_of_state_recovers_in_place_bitwise_from_a_crash_anywhere(
-    tmp_path_factory, kind, micro_step, rank, mode
+    tmp_path_factory, warm, kind, micro_step, rank, mode
 ):
-    check_kind_recovers_in_place(tmp_path_factory, kind, micro_step, rank, mode)
+    check_kind_recovers_in_place(tmp_path_factory, kind, micro_step, rank, mode, warm)
 
 
 def test_a_failure_past_the_budget_goes_to_the_launcher(tmp_path):
@@ -178,7 +202,7 @@ def test_a_failure_past_the_budget_goes_to_the_launcher(tmp_path):
     assert [(f.decision, f.in_place) for f in _journal(spec).of_kind(Failure)] == [("RETRY", True)]
 
 
-def test_a_refusal_is_never_recovered_in_place(tmp_path):
+def test_a_refusal_is_never_recovered_in_place(warm, tmp_path):
     spec = linear_spec(
         tmp_path / "run",
         SAVE,
@@ -186,7 +210,7 @@ def test_a_refusal_is_never_recovered_in_place(tmp_path):
         "train.eval_every={value: 2, unit: optimizer_steps}",
         workers=2,
     )
-    codes = run_spawned(spec, in_place=True)
+    codes = run_spawned(spec, in_place=True, submission=warm)
     assert codes != [0, 0]
     assert _journal(spec).of_kind(Failure) == []  # not decided in place: Ray Train's policy refuses it
 
