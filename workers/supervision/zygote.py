@@ -52,6 +52,7 @@ PRELOAD = [
 IDLE_S = 180.0  # a keeper nobody holds or warms for this long ends (the driver warms every WARM_EVERY_S)
 WARM_EVERY_S = 60.0
 START_WAIT_S = 20.0  # a keeper's control socket appears within this (it imports nothing heavy)
+STOP_WAIT_S = 10.0  # a stopped keeper removes its socket within this (milliseconds when the machine is idle)
 LINE_LIMIT = 4096  # a request or an answer is one short line; anything longer is not ours
 
 
@@ -230,13 +231,26 @@ def answers(k: str) -> bool:
     return True
 
 
-def stop(k: str) -> bool:
-    """Ask this node's keeper of ``k`` to end (its server with it); False when there is none."""
+def stop(k: str, wait_s: float = STOP_WAIT_S) -> bool:
+    """Ask this node's keeper of ``k`` to end (its server with it); False when there is none. Returns
+    once the keeper removed its socket (at most ``wait_s``): a caller that exits next, a driver whose
+    watchdog then ends every process it started, killed a keeper in the middle of its clean-up and
+    left its socket and lock file behind (seen in make test, on a loaded machine)."""
+    path = _socket_path(k)
     try:
+        inode = os.lstat(path).st_ino
         sock, _ = _ask(k, "stop")
     except (OSError, ValueError, KeyError, Unavailable):
         return False
     sock.close()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if os.lstat(path).st_ino != inode:
+                break  # a successor's socket: ours is gone
+        except FileNotFoundError:
+            break
+        time.sleep(0.02)
     return True
 
 

@@ -147,6 +147,7 @@ def test_the_server_ends_when_stopped_or_when_nobody_held_it_for_its_idle_time(p
     holder.close()
     assert psutil.pid_exists(pid)
     assert zygote.stop(k)
+    assert not os.path.exists(zygote._socket_path(k))  # removed once stop() returns: a driver may exit next
     assert process_gone(pid, 60)
     assert not os.listdir(zygote.base_dir())  # its socket and lock file removed
     assert not zygote.stop(k)  # nothing left to stop
