@@ -236,8 +236,8 @@ def stop(k: str, wait_s: float = STOP_WAIT_S) -> bool:
     once the keeper removed its socket (at most ``wait_s``): a caller that exits next, a driver whose
     watchdog then ends every process it started, killed a keeper in the middle of its clean-up and
     left its socket and lock file behind (seen in make test, on a loaded machine)."""
-    path = _socket_path(k)
     try:
+        path = _socket_path(k)
         inode = os.lstat(path).st_ino
         sock, _ = _ask(k, "stop")
     except (OSError, ValueError, KeyError, Unavailable):
