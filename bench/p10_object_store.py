@@ -220,11 +220,12 @@ def _instrument(times: dict[str, list[float]]) -> None:
 
 
 def _profiled_child(out: str, *args: Any) -> None:
-    """``syncpoint.workers.supervision.launch._child`` with the sections timed; each rank writes them to ``out``."""
+    """``syncpoint.workers.supervision.rank_process.rank_main`` with the sections timed; each rank writes them
+    to ``out``."""
     import json
 
     import syncpoint.workers.training.loop
-    from syncpoint.workers.supervision import launch
+    from syncpoint.workers.supervision import rank_process
 
     times: dict[str, list[float]] = {}
     _instrument(times)
@@ -238,7 +239,7 @@ def _profiled_child(out: str, *args: Any) -> None:
                 json.dump(times, f)
 
     syncpoint.workers.training.loop.run_worker = run_and_dump
-    launch._child(*args)
+    rank_process.rank_main(*args)
 
 
 def _run(spec, crashes: bool = False) -> list[dict[str, list[float]]]:
