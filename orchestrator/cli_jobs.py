@@ -27,7 +27,7 @@ from syncpoint.policies.contracts.spec import JobSpec, job_schema, spec_to_json
 from syncpoint.policies.decisions.redact import redact_text, redact_url
 
 if TYPE_CHECKING:
-    pass
+    from syncpoint.orchestrator.interruptions import InterruptionKind
 from syncpoint.orchestrator.cli_inputs import load_job, metrics_port_arg
 
 
@@ -250,30 +250,14 @@ def cmd_drill(args: argparse.Namespace) -> int:
         )
     if args.storm is not None:
         return _storm(args, spec)
+    points, kinds = drill_points(args)  # the drill's own arguments first: a typo costs no child import
     check_imports(spec, args.job)
     _check_storage(spec)
-    try:
-        points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
-    except ValueError:
-        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
-    if not points or min(points) < 1 or points != sorted(set(points)):
-        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
-    from syncpoint.orchestrator.interruptions import DRILL_KINDS, InterruptionKind
-
-    hows = [h.strip() for h in (args.how or InterruptionKind.CRASH).split(",")]
-    bad = [h for h in hows if h not in DRILL_KINDS]
-    if bad or len(hows) not in (1, len(points)):
-        raise UsageError(
-            "--how", [f"{args.how!r}: one of {', '.join(DRILL_KINDS)} — one for all points or one per point"]
-        )
-    if args.no_replacement and InterruptionKind.NODE not in hows:
-        raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
     from syncpoint.orchestrator.drill import drill_stopped
     from syncpoint.orchestrator.driver_signals import DriverSignals
     from syncpoint.orchestrator.run_watchdog import ensure
 
     ensure()  # nothing the drill starts (its clusters, their warm servers) outlives it, however it ends
-    kinds = [InterruptionKind(h) for h in hows]
     # the driver's signals are the notice of the run in progress, as for `syncpoint run`
     rerun = redact_text(drill_command(args), spec.storage)
     with DriverSignals(spec.checkpoint.sigterm_grace_s, _say, rerun, rerun_resumes=False) as signals:
@@ -286,6 +270,30 @@ def cmd_drill(args: argparse.Namespace) -> int:
             report = drill_stopped(points, kinds, signals, "a run, at once on a second signal")
     print(report.table)
     return report.code
+
+
+def drill_points(args: argparse.Namespace) -> tuple[list[int], list[InterruptionKind]]:
+    """``--preempt-at``, ``--how`` and ``--no-replacement`` checked (each refusal a ``UsageError`` naming
+    its flag): the micro-steps to interrupt at and how. Why before the spec's checks: they read only
+    the command line, and the import check a spec's refusal needs imports the task in a child (torch
+    among its imports: seconds)."""
+    from syncpoint.orchestrator.interruptions import DRILL_KINDS, InterruptionKind
+
+    try:
+        points = [int(p) for p in args.preempt_at.split(",") if p.strip()]
+    except ValueError:
+        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give micro-steps as P[,Q...], e.g. 13,40"]) from None
+    if not points or min(points) < 1 or points != sorted(set(points)):
+        raise UsageError("--preempt-at", [f"{args.preempt_at!r}: give increasing micro-steps >= 1, e.g. 13,40"])
+    hows = [h.strip() for h in (args.how or InterruptionKind.CRASH).split(",")]
+    bad = [h for h in hows if h not in DRILL_KINDS]
+    if bad or len(hows) not in (1, len(points)):
+        raise UsageError(
+            "--how", [f"{args.how!r}: one of {', '.join(DRILL_KINDS)} — one for all points or one per point"]
+        )
+    if args.no_replacement and InterruptionKind.NODE not in hows:
+        raise UsageError("--no-replacement", ["only applies to --how node (a lost node that is not replaced)"])
+    return points, [InterruptionKind(h) for h in hows]
 
 
 def _say(line: str) -> None:

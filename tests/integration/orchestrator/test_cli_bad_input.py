@@ -1321,6 +1321,26 @@ def test_bad_cli_arguments_exit_2_naming_the_argument(committed, job, tmp_path, 
     assert re.search(fix, err, re.S), err
 
 
+def test_a_drills_bad_arguments_are_refused_before_the_spec_is_checked(job, capsys, monkeypatch):
+    """``--preempt-at``, ``--how`` and ``--no-replacement`` read only the command line: refused before the
+    import check (a child importing the task, torch among its imports) or the storage probe starts;
+    with good arguments the same job is checked (a missing module: refused by that check)."""
+    from syncpoint.orchestrator import import_check
+
+    checked = []
+    resolve = import_check.resolve_problems
+    monkeypatch.setattr(import_check, "resolve_problems", lambda *a, **k: checked.append(a) or resolve(*a, **k))
+    for flag, argv in [
+        ("--preempt-at", ["--preempt-at", "abc"]),
+        ("--how", ["--preempt-at", "3", "--how", "teleport"]),
+        ("--no-replacement", ["--preempt-at", "3", "--no-replacement"]),
+    ]:
+        rc, _, err = cli(capsys, "drill", str(job), *argv)
+        assert rc == 2 and f"{flag}: invalid argument" in err and checked == [], (argv, err)
+    rc, _, err = cli(capsys, "drill", str(job), "--preempt-at", "3", "--set", "task.path=no_such_module_here:build")
+    assert rc == 2 and "no_such_module_here" in err and len(checked) == 1, err
+
+
 def test_a_metrics_port_held_by_another_process_or_on_a_local_run_exits_2(job, capsys):
     """A port something listens on would fail Ray's metrics agent after the cluster started: refused
     first, naming it; ``--local`` has no Ray to serve metrics."""
