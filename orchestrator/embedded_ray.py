@@ -17,7 +17,12 @@ cluster that is torn down with the job:
 * the **placement-group cleaner** removes a placement group whose controller died while the cluster
   lives on; it polls the dashboard's State API;
 * the **dataset manager** (an actor per worker group) hands out shards of Ray Datasets, and syncpoint
-  gives the trainer none: each rank reads its own data (``syncpoint.workers.data``).
+  gives the trainer none: each rank reads its own data (``syncpoint.workers.data``);
+* the **preemption watcher** (an actor per worker group, started beside the ranks' first steps) polls
+  the GCS for drain notices of the workers' nodes; an embedded Ray's one node is this machine, which
+  no autoscaler or kubelet drains: its preemption reaches the driver as a signal
+  (``driver_signals``). Left out through Ray Train's own switch (``EMBEDDED_TRAIN_ENV``; a value the
+  user set wins).
 
 On a cluster (an address, ``RAY_ADDRESS``, ``ray job submit``, KubeRay) nothing here applies: Ray
 Train runs with every helper it starts by default.
@@ -31,6 +36,8 @@ from syncpoint.orchestrator.ray_internals import DatasetsCallback, FixedScalingP
 
 # Ray's raylet starts one worker process per CPU for the first driver, with no runtime environment.
 NO_PRESTART = {"prestart_worker_first_driver": False}
+# Ray Train's settings for an embedded run (``job_env.ray_train_defaults``): its preemption watcher off.
+EMBEDDED_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 class InitOptions(TypedDict, total=False):

@@ -74,15 +74,20 @@ SUPERVISOR_HEALTH_CHECK_S = 0.5
 
 
 @contextlib.contextmanager
-def ray_train_defaults(spec: JobSpec) -> Iterator[None]:
+def ray_train_defaults(spec: JobSpec, embedded: bool = False) -> Iterator[None]:
     """Ray Train settings syncpoint chooses, in the driver's environment for the job's length (Ray
     Train propagates its ``RAY_TRAIN_*`` variables to the controller and the workers when the job
     starts); a value already set wins, and what was there before is back afterwards, so a later job
-    in the same process (a drill, a bench's baseline) starts from the caller's environment."""
+    in the same process (a drill, a bench's baseline) starts from the caller's environment.
+    ``embedded``: the job's Ray is started by this driver (``embedded_ray.EMBEDDED_TRAIN_ENV``)."""
+    from syncpoint.orchestrator.embedded_ray import EMBEDDED_TRAIN_ENV
+
     # Ray Train's print patch re-logs every worker print through its logger: lines appear twice.
     chosen = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
     if spec.failure.in_place:
         chosen[HEALTH_CHECK_ENV] = str(SUPERVISOR_HEALTH_CHECK_S)
+    if embedded:
+        chosen.update(EMBEDDED_TRAIN_ENV)
     added = [k for k in chosen if k not in os.environ]
     os.environ.update({k: chosen[k] for k in added})
     try:

@@ -255,8 +255,11 @@ def run_job(
     processes), used instead of ``rerun``'s. ``metrics_port``: see ``run_on_ray``. ``submission``: the
     id this node's warm server was started for ahead of the spec's checks (``warm_nodes.started_ahead``);
     default a new one."""
+    import ray
+
     how = _How(progress_bar, dashboard, metrics_port, submission)
-    with ray_train_defaults(spec):
+    embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
+    with ray_train_defaults(spec, embedded):
         if signals is not None:
             return _run_noticed(spec, address, how, signals)
         if rerun is None:

@@ -143,7 +143,9 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     assert not any(d["checkpoint"] for d in delivered)
     # an embedded Ray starts none of a long-lived cluster's helpers (syncpoint.orchestrator.embedded_ray)
     assert {"TrainController", "RayTrainWorker", "BeatBoard"} <= set(delivered[0]["actor_classes"])
-    assert not {"PlacementGroupCleaner", "_AutoscalingCoordinatorActor"} & set(delivered[0]["actor_classes"])
+    assert not {"PlacementGroupCleaner", "_AutoscalingCoordinatorActor", "PreemptionWatcher"} & set(
+        delivered[0]["actor_classes"]
+    )
     for d in delivered:
         rank0 = d["per_rank"][0]
         step = history[rank0["optimizer_step"]]

@@ -44,6 +44,25 @@ def test_the_controller_polls_supervisors_every_half_second_for_the_job_unless_t
     assert os.environ[env] == "3"
 
 
+def test_an_embedded_run_leaves_out_ray_trains_preemption_watcher_unless_told_otherwise(tmp_path, monkeypatch):
+    """Ray Train's own switch (its constant, so a rename in Ray fails here): off for an embedded Ray,
+    whose one node no autoscaler drains; a cluster's run keeps Ray Train's default; a user's value wins."""
+    from ray.train.v2._internal.constants import ENABLE_PREEMPTION_WATCHER_ENV_VAR as env
+
+    from syncpoint.orchestrator.embedded_ray import EMBEDDED_TRAIN_ENV
+
+    assert EMBEDDED_TRAIN_ENV == {env: "0"}
+    monkeypatch.delenv(env, raising=False)
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path)):
+        assert env not in os.environ
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path), embedded=True):
+        assert os.environ[env] == "0"
+    assert env not in os.environ
+    monkeypatch.setenv(env, "1")
+    with ray_runner.ray_train_defaults(linear_spec(tmp_path), embedded=True):
+        assert os.environ[env] == "1"
+
+
 @pytest.mark.parametrize("interval,every", [("0.5", 2.0), ("2.0", 2.0), ("5", 5.0)])
 def test_reports_reach_ray_no_more_often_than_every_two_seconds(interval, every):
     code = "import syncpoint.workers.observation.metric_sinks as m; print(m.REPORT_EVERY_S)"
