@@ -83,7 +83,8 @@ def private_tmp(monkeypatch, tmp_path_factory, short_tmp_root):
 @pytest.fixture
 def light_server(monkeypatch):
     """Servers that import nothing ahead, for the tests of a server's life (started, stopped, idle,
-    dead) that fork nothing from it: what a server imports is the first test's (seconds of CPU each)."""
+    dead, touched by the driver) that fork nothing from it: what a server imports is the first test's
+    (seconds of CPU each). The scripts a test starts set the same themselves."""
     monkeypatch.setattr(zygote, "PRELOAD", [])
 
 
@@ -167,6 +168,7 @@ STARTER = textwrap.dedent(
     import sys, time
     from syncpoint.workers.supervision import zygote
     from tests.integration.workers.supervision.test_zygote_warm_server import _sleep_forever
+    zygote.PRELOAD = []  # a light server: what it imports is the first test's
     holder = zygote.hold(sys.argv[1], sys.argv[2])
     proc = holder.process(target=_sleep_forever)
     proc.start()
@@ -274,6 +276,7 @@ STARTERS = textwrap.dedent(
     """
     import sys
     from syncpoint.workers.supervision import zygote
+    zygote.PRELOAD = []  # a light server: what it imports is the first test's
     sock, server = zygote.ensure(sys.argv[1], sys.argv[2], "touch")
     print(server.pid, server.started_here, flush=True)
     """
@@ -303,7 +306,7 @@ def test_the_job_asks_for_warm_servers_only_where_they_apply():
     assert not wanted(linear_spec("memory://w", "failure.in_place=false"))  # the Ray worker trains itself
 
 
-def test_an_embedded_run_keeps_its_own_node_warm_without_ray_and_stops_it_after(private_tmp, monkeypatch):
+def test_an_embedded_run_keeps_its_own_node_warm_without_ray_and_stops_it_after(private_tmp, monkeypatch, light_server):
     """On an embedded Ray the cluster is the driver's node: the driver touches that node's server
     itself each round (no Ray is needed, none runs here: a round through Ray tasks would fail and
     leave no server), and stops it when the job ends."""
