@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from syncpoint.orchestrator.timeline import restarts
@@ -32,7 +31,9 @@ from tests.ray_processes import BIN, DRAIN_S, add_worker_node, drain_env
 from tests.ray_processes import events as _events
 from tests.ray_processes import wait_for_driver as _wait_for
 
-# ~400 micro-steps paced at 50 ms: the run lasts ~20 s of wall time and little CPU, so the notice lands mid-run
+# ~400 micro-steps paced at 50 ms: ~20 s of wall time and little CPU after the notice; the first
+# micro-batch is held (``hold_until``) until the notice is sent, so it lands mid-run however long the
+# replacement node takes to join (on a loaded machine the unheld run once ended before it did)
 LENGTH = ["task.config.num_samples=1600", "train.epochs=1"]
 
 
@@ -53,10 +54,11 @@ LM_SPEC = ["scaling.num_workers=2", *LM_SHRUNK]
 ENV = {"SYNCPOINT_PROBE_DIR": "/data/owt", "SYNCPOINT_PROBE_TOKEN": "tok-3f9a-never-printed"}
 
 
-def _spec(tmp, probe=None):
-    """The run; with ``probe``, also the job's ENV, each rank writing what it sees of it there."""
+def _overrides(probe: Path, hold: Path) -> list[str]:
+    """The job's ENV, each rank writing what it sees of it to ``probe``; its first micro-batch held
+    until ``hold`` exists."""
     env = [f"scaling.env={json.dumps(ENV)}", f"task.config.record_env={{to: {probe}, names: {list(ENV)}}}"]
-    return lm_spec(tmp, *RUN, *(env if probe else []), workers=2)
+    return [*env, f"task.config.hold_until={hold}"]
 
 
 def _assert_the_env_reached_every_rank_unprinted(spec, probe, out: str) -> None:
@@ -74,15 +76,16 @@ def _assert_the_env_reached_every_rank_unprinted(spec, probe, out: str) -> None:
     assert not leaked, leaked  # the event log, the states, Ray Train's run directory
 
 
-def _reclaim_rank_1_node(spec, head, nodes, proc) -> None:
-    """When the run trains, SIGTERM the `ray start --block` process of rank 1's node, after a
-    replacement node has joined (the autoscaler's part); assert the node went away within its grace."""
+def _reclaim_rank_1_node(spec, head, nodes, proc, hold: Path) -> None:
+    """Once the attempt started (its ranks held at their first micro-batch), SIGTERM the `ray start
+    --block` process of rank 1's node after a replacement node has joined (the autoscaler's part), then
+    let the ranks train; assert the node went away within its grace."""
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc, "a started attempt")
-    time.sleep(1.0)
     rank_nodes = _events(spec, "attempt_started")[-1]["nodes"]
     victim = next(n for n in nodes if n.node_id == rank_nodes[1])
     nodes.append(add_worker_node(head, drain_env()))
     victim.proc.send_signal(signal.SIGTERM)
+    hold.touch()  # the ranks train on: the notice reaches them at a boundary, ~20 s of paced steps before the end
     victim.proc.wait(timeout=DRAIN_S + 60)  # Ray's handler drains, then stops the node and exits
     nodes.remove(victim)
 
@@ -112,15 +115,16 @@ def test_sigterm_to_ray_start_drains_commits_and_resumes_exactly_through_ray_job
     head, nodes = ray_start_cluster
     probe = tmp_path / "env-probe"
     probe.mkdir()
-    spec = _spec(tmp_path / "run", probe)
-    overrides = [f"scaling.env={json.dumps(ENV)}", f"task.config.record_env={{to: {probe}, names: {list(ENV)}}}"]
+    hold = tmp_path / "go"
+    overrides = _overrides(probe, hold)
+    spec = lm_spec(tmp_path / "run", *RUN, *overrides, workers=2)
     assert spec == lm_spec(tmp_path / "run", *LM_SPEC, *RUN, *overrides, workers=2)  # the submitted job is this spec
     cmd = [f"{BIN}/ray", "job", "submit", "--address", head.address, "--working-dir", str(ROOT), "--"]
     cmd += ["python", "-m", "syncpoint", "run", "examples/tiny_lm.yaml"]
     for s in [*LM_SPEC, *RUN, *overrides, f"storage={tmp_path / 'run'}"]:
         cmd += ["--set", s]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=drain_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _reclaim_rank_1_node(spec, head, nodes, proc)
+    _reclaim_rank_1_node(spec, head, nodes, proc, hold)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     assert "syncpoint: job 'tiny-lm' finished" in out
