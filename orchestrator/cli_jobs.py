@@ -103,16 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with prewarmed(raw) as submission:  # its warm server imports torch while the spec is checked
             spec = prepare_run(raw, args.job)
             return show_outcome(run_local(spec, rerun_command(args), submission)).code
-    raw = job_spec(args)
-    from syncpoint.orchestrator.warm_nodes import started_ahead
-
-    embedded = not (args.address or os.environ.get("RAY_ADDRESS"))
-    with started_ahead(raw, embedded) as submission:  # its imports overlap the task's import check
-        return _run_checked(args, prepare_run(raw, args.job), metrics_port, submission)
-
-
-def _run_checked(args: argparse.Namespace, spec: JobSpec, metrics_port: int | None, submission: str | None) -> int:
-    """``syncpoint run`` on Ray, once the spec passed its checks."""
+    spec = run_spec(args)
     from syncpoint.orchestrator.progress_bar import show_progress_bar
     from syncpoint.orchestrator.ray_runner import run_on_ray
 
@@ -132,7 +123,6 @@ def _run_checked(args: argparse.Namespace, spec: JobSpec, metrics_port: int | No
         dashboard=args.dashboard,
         rerun=rerun_command(args),
         metrics_port=metrics_port,
-        submission=submission,
     )
 
 

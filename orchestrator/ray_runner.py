@@ -175,7 +175,6 @@ def run_on_ray(
     dashboard: bool = False,
     rerun: str | None = None,
     metrics_port: int | None = None,
-    submission: str | None = None,
 ) -> int:
     """Run the job to completion on Ray and print its last line; returns the process exit code (0 ok,
     1 failed, 128 + the signal for a run the driver's signal stopped). A failure's details go to stderr
@@ -186,15 +185,9 @@ def run_on_ray(
     the command that resumes the job; given (the command line's own driver), the driver's SIGINT, SIGTERM
     and SIGHUP are the job's stop notice (``syncpoint.orchestrator.driver_signals``), its last line names
     that command, and a watchdog ends whatever it started when it ends (``run_watchdog``). ``metrics_port``:
-    an embedded Ray serves its Prometheus endpoint there (``metrics_export``). ``submission``: see ``run_job``."""
+    an embedded Ray serves its Prometheus endpoint there (``metrics_export``)."""
     return run_reported(
-        spec,
-        address,
-        progress_bar=progress_bar,
-        dashboard=dashboard,
-        rerun=rerun,
-        metrics_port=metrics_port,
-        submission=submission,
+        spec, address, progress_bar=progress_bar, dashboard=dashboard, rerun=rerun, metrics_port=metrics_port
     ).code
 
 
@@ -207,7 +200,6 @@ def run_reported(
     rerun: str | None = None,
     signals: DriverSignals | None = None,
     metrics_port: int | None = None,
-    submission: str | None = None,
 ) -> JobOutcome:
     """``run_on_ray``'s run and printing, returning how it ended: a drill names a failed run's last
     line in its verdict. ``signals``: see ``run_job``."""
@@ -220,7 +212,6 @@ def run_reported(
             rerun=rerun,
             signals=signals,
             metrics_port=metrics_port,
-            submission=submission,
         )
     )
 
@@ -246,18 +237,15 @@ def run_job(
     rerun: str | None = None,
     signals: DriverSignals | None = None,
     metrics_port: int | None = None,
-    submission: str | None = None,
 ) -> JobOutcome:
     """Run the job to completion on Ray (``address``, ``RAY_ADDRESS``, else an embedded local Ray,
     with Ray's dashboard if ``dashboard``); returns how it ended without printing its last line
     (``run_on_ray`` and ``syncpoint.run`` both call this). ``rerun``: see ``run_on_ray``. ``signals``:
     a caller's own (a drill's, whose runs share one notice: it installed them and watches its own
-    processes), used instead of ``rerun``'s. ``metrics_port``: see ``run_on_ray``. ``submission``: the
-    id this node's warm server was started for ahead of the spec's checks (``warm_nodes.started_ahead``);
-    default a new one."""
+    processes), used instead of ``rerun``'s. ``metrics_port``: see ``run_on_ray``."""
     import ray
 
-    how = _How(progress_bar, dashboard, metrics_port, submission)
+    how = _How(progress_bar, dashboard, metrics_port)
     embedded = not ray.is_initialized() and not (address or os.environ.get("RAY_ADDRESS"))
     with ray_train_defaults(spec, embedded):
         if signals is not None:
@@ -275,13 +263,11 @@ def run_job(
 
 @dataclass(frozen=True)
 class _How:
-    """How the driver shows and serves a run: the live bar, an embedded Ray's dashboard and metrics port;
-    and the submission a warm server was started ahead for."""
+    """How the driver shows and serves a run: the live bar, an embedded Ray's dashboard and metrics port."""
 
     progress_bar: bool = False
     dashboard: bool = False
     metrics_port: int | None = None
-    submission: str | None = None
 
 
 def _run_noticed(spec: JobSpec, address: str | None, how: _How, signals: DriverSignals) -> JobOutcome:
@@ -353,7 +339,7 @@ def _run_job(spec: JobSpec, address: str | None, how: _How, signals: DriverSigna
     # A connection this call makes, it closes before the last line: a connected driver keeps
     # streaming worker logs (Ray's deduplicated repeats arrive late), which would follow that line.
     ours = not ray.is_initialized()
-    submission = how.submission or uuid.uuid4().hex
+    submission = uuid.uuid4().hex
     embedded = ours and not (address or os.environ.get("RAY_ADDRESS"))
     prewarmed = embedded and warm_this_node(spec, submission)  # its imports overlap Ray's start
     connect(spec, address, dashboard=how.dashboard, metrics_port=how.metrics_port if embedded else None)

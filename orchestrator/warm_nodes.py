@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,32 +52,6 @@ def warm_this_node(spec: JobSpec, submission: str) -> bool:
     except Exception:  # noqa: BLE001 - no warm server here: the workers start one, or fork their own
         return False
     return True
-
-
-@contextlib.contextmanager
-def started_ahead(spec: JobSpec, embedded: bool) -> Iterator[str | None]:
-    """On an embedded run, this node's server started now, for the block (the driver's checks of the
-    spec, then the run): yields the submission id it is keyed by (``run_job``'s ``submission``), None
-    where none is wanted (a cluster's nodes are warmed by ``warm_nodes``).
-
-    Why before the checks: the task's import check is a child Python importing the task (seconds, on
-    one core), and the server's own imports of torch and DeepSpeed then run on the other instead of
-    beside Ray's start (as ``syncpoint run --local`` does: ``local_runner.prewarmed``). A refused spec
-    stops it with the block; so does the run's end (``warm_nodes``, ``_end_submission``: a second stop
-    finds no server and returns). The run watchdog, started first, ends it if the driver dies."""
-    if not (embedded and wanted(spec)):
-        yield None
-        return
-    from syncpoint.orchestrator.run_watchdog import ensure
-
-    ensure()  # the server carries the driver's mark from its start
-    submission = uuid.uuid4().hex
-    started = warm_this_node(spec, submission)
-    try:
-        yield submission
-    finally:
-        if started:
-            stop_this_node(spec, submission)
 
 
 def stop_this_node(spec: JobSpec, submission: str) -> None:

@@ -142,15 +142,13 @@ raise RuntimeError("the warm server was up" if glob.glob(sockets) else "no warm 
 """
 
 
-@pytest.mark.parametrize("where", [["--local"], []], ids=["local", "embedded-ray"])
-def test_the_warm_server_starts_before_the_checks_and_a_refused_spec_stops_it(tmp_path, where):
-    """``--local``, and a run on an embedded Ray (``warm_nodes.started_ahead``), start the warm server
-    (torch and DeepSpeed imported there) before the task's import check, so the two overlap: the task
-    here imports only once a keeper's socket exists, and says so. The check refuses it (exit 2, before
-    any Ray starts), and the server it started is stopped: its socket goes and no process of the
-    command is left. The environment is a user's shell's, without the ``DS_ACCELERATOR`` this suite
-    sets (tests/conftest.py): without it ``--local`` used to spawn every rank cold, torch and DeepSpeed
-    imported in each (10.1 s to the first step in bench P12, 5.1 s forked)."""
+def test_the_warm_server_starts_before_the_checks_and_a_refused_spec_stops_it(tmp_path):
+    """``--local`` starts its warm server (torch and DeepSpeed imported there) before it checks the
+    task's imports, so the two overlap: the task here imports only once a keeper's socket exists, and
+    says so. The check refuses it (exit 2), and the server it started is stopped: its socket goes and
+    no process of the command is left. The environment is a user's shell's, without the
+    ``DS_ACCELERATOR`` this suite sets (tests/conftest.py): without it ``--local`` used to spawn every
+    rank cold, torch and DeepSpeed imported in each (10.1 s to the first step in bench P12, 5.1 s forked)."""
     import shutil
     import tempfile
 
@@ -162,7 +160,7 @@ def test_the_warm_server_starts_before_the_checks_and_a_refused_spec_stops_it(tm
         env, mark = marked_env({k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DS_ACCELERATOR")})
         env.update(TMPDIR=short, PYTHONPATH=str(ROOT))
         proc = subprocess.run(
-            [sys.executable, "-m", "syncpoint", "run", str(job), *where],
+            [sys.executable, "-m", "syncpoint", "run", str(job), "--local"],
             cwd=tmp_path,
             env=env,
             capture_output=True,
