@@ -57,13 +57,14 @@ IMAGE = "ghcr.io/acme/my-classifier@sha256:" + "ab" * 32
 SETS = ["--set", "train.epochs=3"]  # an override, to check the ConfigMap carries the spec after it
 
 MYTASK = """\
-import torch
+# torch is imported where it is used: every render checks task.path by importing this module in a fresh
+# interpreter, and these tests render it fifteen times (a user's own module may import it at the top)
 
-from syncpoint.workers.task import Task
 
-
-class Points(torch.utils.data.Dataset):
+class Points:
     def __init__(self, n):
+        import torch
+
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 4, generator=g)
         self.y = (self.x.sum(dim=1) > 0).long()
@@ -76,11 +77,17 @@ class Points(torch.utils.data.Dataset):
 
 
 def loss(model, batch):
+    import torch
+
     x, y = batch
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
 def build(config):
+    import torch
+
+    from syncpoint.workers.task import Task
+
     return Task(model=torch.nn.Linear(4, 2), dataset=Points(int(config.get("num_samples", 64))), loss=loss)
 """
 

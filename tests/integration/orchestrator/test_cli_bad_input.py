@@ -41,6 +41,7 @@ def committed(tmp_path_factory):
     storage = tmp_path_factory.mktemp("committed")
     spec = linear_spec(
         storage,
+        "task.path=tests.light_tasks:linear",
         "task.config.num_samples=8",
         "train.grad_accum=2",
         "checkpoint.save_every={value: 1, unit: optimizer_steps}",
@@ -94,7 +95,7 @@ BASE = """\
 name: linear
 storage: "@STORAGE@"
 task:
-  path: tests.tasks:linear
+  path: tests.light_tasks:linear
   config:
     num_samples: 8
 train:
@@ -140,13 +141,13 @@ SPEC_CASES = [
     spec_case("storage-not-a-string", _edit('storage: "@STORAGE@"', "storage: [x]"), r"\bstorage\b", r"valid string"),
     spec_case(
         "task-missing",
-        _edit("task:\n  path: tests.tasks:linear\n  config:\n    num_samples: 8\n", ""),
+        _edit("task:\n  path: tests.light_tasks:linear\n  config:\n    num_samples: 8\n", ""),
         r"\btask\b",
         r"required field is missing",
     ),
     spec_case(
         "task-path-not-an-import-path",
-        _edit("path: tests.tasks:linear", "path: tests.tasks.linear"),
+        _edit("path: tests.light_tasks:linear", "path: tests.light_tasks.linear"),
         r"task\.path",
         r"package\.module:function",
         line=4,
@@ -212,7 +213,7 @@ SPEC_CASES = [
     ),
     spec_case(
         "unknown-key-in-task",
-        _edit("  path: tests.tasks:linear\n", "  path: tests.tasks:linear\n  cfg: 1\n"),
+        _edit("  path: tests.light_tasks:linear\n", "  path: tests.light_tasks:linear\n  cfg: 1\n"),
         r"task\.cfg",
         r"allowed keys here are: config, path",
         line=5,
@@ -1486,7 +1487,7 @@ RUNTIME_CASES = [
     pytest.param(
         ("train.eval_every=1 epochs",),
         TaskError,
-        r"train\.eval_every is 1 epochs but the task \(tests\.tasks:linear\) returns no Task\.eval_dataset: "
+        r"train\.eval_every is 1 epochs but the task \(tests\.light_tasks:linear\) returns no Task\.eval_dataset: "
         r"return one from the task function, or set train\.eval_every to 0",
         id="eval-every-without-eval-set",
     ),
@@ -1590,6 +1591,7 @@ def test_runtime_bad_input_raises_specific_error(committed, overrides, error, me
     overrides = [o.replace("@RUN@", committed.run_url) for o in overrides]
     spec = linear_spec(
         committed.storage,
+        "task.path=tests.light_tasks:linear",
         "task.config.num_samples=8",
         "train.grad_accum=2",
         "checkpoint.save_every={value: 1, unit: optimizer_steps}",

@@ -13,6 +13,9 @@ import pytest
 from syncpoint.orchestrator import ray_runner
 from tests.helpers import linear_spec
 
+# the CLI's options on their way to the launcher, with a task whose import check imports no torch
+LIGHT_TASK = "task.path=tests.light_tasks:linear"
+
 
 @pytest.mark.parametrize("in_place", [True, False])
 def test_supervisors_get_a_plain_trainer_and_training_workers_a_torch_one(tmp_path, in_place):
@@ -135,7 +138,7 @@ def test_run_dashboard_reaches_the_launcher_and_says_when_it_has_no_effect(tmp_p
     fake.run_on_ray = run_on_ray
     monkeypatch.setitem(sys.modules, "syncpoint.orchestrator.ray_runner", fake)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    job = write_job(linear_spec(tmp_path / "runs"), tmp_path / "job.yaml")
+    job = write_job(linear_spec(tmp_path / "runs", LIGHT_TASK), tmp_path / "job.yaml")
     assert main(["run", str(job), "--dashboard", *(["--address", address] if address else [])]) == 0
     assert given["dashboard"] is True and given["address"] == address
     note = "--dashboard applies to an embedded Ray" in capsys.readouterr().err
@@ -165,7 +168,7 @@ def test_run_metrics_port_reaches_the_launcher_and_says_where_a_cluster_serves_t
     with socket.socket() as s:  # a port free now
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    job = write_job(linear_spec(tmp_path / "runs"), tmp_path / "job.yaml")
+    job = write_job(linear_spec(tmp_path / "runs", LIGHT_TASK), tmp_path / "job.yaml")
     assert main(["run", str(job), "--metrics-port", str(port), *(["--address", address] if address else [])]) == 0
     assert given["metrics_port"] == port and given["address"] == address
     note = "--metrics-port applies to an embedded Ray; on a cluster" in capsys.readouterr().err

@@ -262,7 +262,10 @@ def test_run_fresh_starts_over_archives_the_old_states_and_counts_only_its_own_s
     from tests.helpers import linear_spec, write_job
 
     spec = linear_spec(
-        tmp_path, "task.config.num_samples=16", "checkpoint.save_every={value: 1, unit: optimizer_steps}"
+        tmp_path,
+        "task.path=tests.light_tasks:linear",  # the CLI's task-import check imports no torch
+        "task.config.num_samples=16",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
     )
     log = EventLog(RunStorage(spec.run_url), source="driver")
     log.emit("submitted", name=spec.name, address="embedded")

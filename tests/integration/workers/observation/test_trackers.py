@@ -52,6 +52,11 @@ def _offline(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
 
 
+# the trackers' checks before anything starts, with a task whose import check imports no torch
+# (tests/light_tasks.py): the example's own is checked in tests/integration/orchestrator/test_cli_first_hour.py
+LIGHT_TASK = ("--set", "task.path=tests.light_tasks:linear")
+
+
 def _reference(tmp_path_factory):
     """The uninterrupted run without trackers (TensorBoard only, the default)."""
     if not REFERENCE:
@@ -158,7 +163,7 @@ def test_a_tracker_that_is_not_installed_is_refused_at_validate(tmp_path, capsys
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     job = tmp_path / "job.yaml"
     job.write_text(EXAMPLE)
-    rc, _, err = cli(capsys, "validate", str(job), "--set", f"storage={tmp_path}", "--set", TRACKERS)
+    rc, _, err = cli(capsys, "validate", str(job), "--set", f"storage={tmp_path}", "--set", TRACKERS, *LIGHT_TASK)
     assert rc == 2
     assert "train.report_to lists wandb" in err and "pip install 'syncpoint[wandb]'" in err
     assert "mlflow" not in err.split("train.report_to lists wandb")[0]  # mlflow is installed: not named
@@ -233,7 +238,7 @@ def test_an_mlflow_file_store_uri_is_refused_by_validate_and_run_in_one_paragrap
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{tmp_path}/mlruns")
     job = tmp_path / "job.yaml"
     job.write_text(EXAMPLE)
-    sets = ("--set", f"storage={tmp_path}/runs", "--set", "train.report_to=[mlflow]")
+    sets = ("--set", f"storage={tmp_path}/runs", "--set", "train.report_to=[mlflow]", *LIGHT_TASK)
     for command in ("validate", "run"):
         began = time.monotonic()
         rc, out, err = cli(capsys, command, str(job), *sets)

@@ -28,7 +28,7 @@ SECRET = "hunter2-S3cr3t"  # long enough that every occurrence is unmistakable
 JOB = """\
 name: secrets
 storage: {storage}
-task: {{path: tests.tasks:linear, config: {{num_samples: 8}}}}
+task: {{path: tests.light_tasks:linear, config: {{num_samples: 8}}}}
 train: {{micro_batch_size: 1, epochs: 1}}
 deepspeed: {{zero_stage: 0}}
 """

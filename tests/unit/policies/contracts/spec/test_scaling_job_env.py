@@ -49,7 +49,7 @@ def test_a_bad_entry_is_refused_naming_it(env, says):
 def test_the_cli_refuses_a_bad_name_in_one_paragraph_without_echoing_a_value(tmp_path, capsys):
     job = tmp_path / "job.yaml"
     job.write_text(
-        "name: j\ntask: {path: tests.tasks:linear}\ntrain: {micro_batch_size: 1, epochs: 1}\n"
+        "name: j\ntask: {path: tests.light_tasks:linear}\ntrain: {micro_batch_size: 1, epochs: 1}\n"
         "scaling:\n  env: {GOOD: x, 9BAD: y}\n"
     )
     rc, out, err = cli(capsys, "validate", str(job))
