@@ -31,8 +31,8 @@ goodput >= 95% at a failure per 60 s and >= 85% at one per 15 s, each above Torc
 the same schedule, with its end state bitwise equal to the failure-free run's (TorchFT's is not
 expected to be: it drops the failed steps and does not restore the data position).
 
-Command (``--quick``: 1,500 steps, about a minute of training a run, a failure every 15 s, without
-the Ray Train restart runs: about 6 minutes on 2 cores; 4,500 steps are about 3 minutes of training
+Command (``--quick``: 1,000 steps, about 40 s of training a run, a failure every 15 s, without
+the Ray Train restart runs: under 5 minutes on 2 cores; 4,500 steps are about 3 minutes of training
 a run, 15,000 the issue's 10):
 
     .venv/bin/python -m bench.p15_chaos --quick
@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 MODEL = {"num_samples": 4096, "seq_len": 64, "d_model": 128, "n_layers": 2, "eval_samples": 0}
 WORLD, MBS, LR, SEED = 2, 8, 3.0e-3, 1234
-QUICK_STEPS = 1500  # about a minute of training a run here: 4 failures at one per 15 s
+QUICK_STEPS = 1000  # about 40 s of training a run here: 2 failures (a crash, then a notice) at one per 15 s
 MARKER = "SYNCPOINT_BENCH_P15"  # every process the bench starts carries it (and only those)
 
 
@@ -417,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_STEPS} steps, a failure every 15 s, no Ray Train restart runs (about 6 minutes)",
+        help=f"{QUICK_STEPS} steps, a failure every 15 s, no Ray Train restart runs (under 5 minutes)",
     )
     p.add_argument("--steps", type=int, default=15000, help="optimizer steps of every run (default 15000)")
     p.add_argument("--every", type=float, nargs="+", default=[60.0, 15.0], help="seconds between failures")
