@@ -26,8 +26,8 @@ DURATIONS ?= 5
 JOBS ?= 3
 # A test module's tests all on one xdist worker, in the module's order: a module-scoped fixture (a
 # reference run, a warm server, an S3 server) then runs once, not once per worker that stole one of its
-# tests, and each worker forks from fewer servers of other hash seeds (the half without Ray: 744 s of
-# CPU in 6 min 30 s with work stealing, 647 s in 5 min 40 s by module).
+# tests, and each worker forks from fewer servers of other hash seeds (docs/testing.md: the half without
+# Ray alone, 744 s of CPU with work stealing, 647 s by module).
 DIST ?= loadfile
 # The Ray clusters the tests start run their workers at the tests' own priority (see two_halves).
 test test-all test-storm test-fast test-slow coverage: export RAY_worker_niceness = 0
