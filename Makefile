@@ -24,11 +24,6 @@ DURATIONS ?= 5
 # pytest-xdist workers for the half without Ray: its tests mostly wait (for spawned ranks, a lease, a
 # subprocess's line), so three fill two cores (docs/testing.md has the times).
 JOBS ?= 3
-# A test module's tests all on one xdist worker, in the module's order: a module-scoped fixture (a
-# reference run, a warm server, an S3 server) then runs once, not once per worker that stole one of its
-# tests, and each worker forks from fewer servers of other hash seeds (docs/testing.md: the half without
-# Ray alone, 744 s of CPU with work stealing, 647 s by module).
-DIST ?= loadfile
 # The Ray clusters the tests start run their workers at the tests' own priority (see two_halves).
 test test-all test-storm test-fast test-slow coverage: export RAY_worker_niceness = 0
 
@@ -88,7 +83,7 @@ lint: $(OPS)
 # tests/drills/ `long`: their modules import Ray Train and more in each of its processes).
 define two_halves
 	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m "ray $(1)" $(2) > $$log 2>&1 & ray=$$!; \
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist $(DIST) --durations=$(DURATIONS) -m "not ray $(1)" $(3); rest=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray $(1)" $(3); rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0
 endef
@@ -105,7 +100,7 @@ test: lint
 # (its clusters would otherwise wait for the drills' to end). Every Ray test is in exactly one of them.
 test-all: lint
 	@log=$$(mktemp); $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m ray --ignore=tests/ray tests > $$log 2>&1 & drills=$$!; \
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist $(DIST) --durations=$(DURATIONS) -m "not ray" tests; rest=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal --durations=$(DURATIONS) -m "not ray" tests; rest=$$?; \
 	echo "--- the tests that start Ray in tests/ray/:"; $(BIN)/python -m pytest -q --durations=$(DURATIONS) -m ray tests/ray; ray=$$?; \
 	wait $$drills; drills_rc=$$?; echo "--- the other tests that start Ray (the drills, the storms, the benches on Ray):"; cat $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray -eq 0 && test $$drills_rc -eq 0
@@ -116,7 +111,7 @@ test-all: lint
 coverage: $(OPS)
 	rm -rf .coverage-data && mkdir -p .coverage-data
 	@log=$$(mktemp); $(BIN)/coverage run -m pytest -q -p no:cacheprovider -m "ray and not long" tests/ray > $$log 2>&1 & ray=$$!; \
-	$(BIN)/coverage run -m pytest -q -n $(JOBS) --dist $(DIST) -m "not ray and not long" tests --ignore=tests/ray --ignore=tests/drills; rest=$$?; \
+	$(BIN)/coverage run -m pytest -q -n $(JOBS) --dist worksteal -m "not ray and not long" tests --ignore=tests/ray --ignore=tests/drills; rest=$$?; \
 	wait $$ray; ray_rc=$$?; echo "--- the tests that start Ray (-m ray):"; grep -E "^(FAILED|ERROR) " $$log; tail -n 5 $$log; rm -f $$log; \
 	$(BIN)/coverage combine -q; $(BIN)/coverage report --sort=cover > $$log; cover=$$?; tail -n 25 $$log; rm -f $$log; \
 	test $$rest -eq 0 && test $$ray_rc -eq 0 && test $$cover -eq 0
