@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_lm.yaml"
 MODEL = {"num_samples": 4096, "seq_len": 64, "d_model": 128, "n_layers": 2, "eval_samples": 0}
 WORLD, MBS, LR, SEED = 2, 8, 3.0e-3, 1234
-QUICK_STEPS = 1000  # about 40 s of training a run here: 2 failures (a crash, then a notice) at one per 15 s
+QUICK_STEPS = 1000  # 40-50 s of training a run here: 2-3 failures (a crash, a notice, ...) at one per 15 s
 MARKER = "SYNCPOINT_BENCH_P15"  # every process the bench starts carries it (and only those)
 
 
