@@ -12,8 +12,12 @@ What it measures
 
     * **syncpoint**: the job spec below (``checkpoint.async: true``, ``save_every`` in optimizer steps),
       its ranks started by the launcher without Ray (``run_spawned``, what every Ray Train worker runs);
-      per save, from its ``state_committed`` events: ``blocked_seconds`` (the loop waited for the
-      snapshot) and ``seconds`` (snapshot to the manifest's commit: durable). The run's final save is
+      per save, from its ``state_committed`` events: ``blocked_seconds`` (all the loop waited for,
+      from the boundary that serviced the request: its trainer record and per-rank parts, the claim,
+      the snapshot, the wait for its copies before the next optimizer step, the commit; the check
+      that the state is finite runs on the copies in the upload thread) and ``seconds`` (from there to
+      the manifest's commit: durable). Not counted: rank 0's retention after a commit (``keep_last``
+      deleting the state that falls out), which the peers' loops, keeping every save, do not do. The run's final save is
       not counted (it is synchronous by design: the run ends there), nor an interval save still uploading
       when the run ends (the end commits it, its blocked time then the wait for that upload, which no
       peer's count includes).
@@ -54,6 +58,7 @@ No timed assertions: the script reports, it does not pass or fail on time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -377,20 +382,39 @@ def run_peer(side: str, work: str, layers: int, steps: int) -> tuple[list[tuple[
     out = os.path.join(work, "peer.json")
     ctx = mp.get_context("spawn")
     port = free_port()
+    before = _dlrover_segments()
     procs = [ctx.Process(target=_peer_rank, args=(side, r, port, layers, steps, work, out)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(1800)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(1800)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    finally:
+        for name in _dlrover_segments() - before:  # its saver's shared memory outlives its processes
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM, name))
     if any(p.exitcode for p in procs):
         raise RuntimeError(f"the {side} loop's ranks exited {[p.exitcode for p in procs]}")
     with open(out) as f:
         data = json.load(f)
     return [tuple(s) for s in data["saves"]], bool(data["pinned"])
+
+
+SHM = "/dev/shm"
+
+
+def _dlrover_segments() -> set[str]:
+    """DLRover's flash-checkpoint segments in shared memory (``ckpt_shm_<local rank>``): its saver
+    leaves them behind (a state's size each) when its processes end, so the bench removes those its
+    own run created."""
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith("ckpt_shm_")}
+    except OSError:
+        return set()
 
 
 # --- comparison -----------------------------------------------------------------------------------

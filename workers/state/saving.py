@@ -12,6 +12,7 @@ where the commit is known, rather than being handed a callback to do it.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from syncpoint.policies.decisions.save_triggers import PendingSave
 from syncpoint.workers.observation.progress import ProgressLog
 from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.state.rank_parts import LiveRank, capture_all
-from syncpoint.workers.state.writer import SaveResult, StateWriter, delete_state
+from syncpoint.workers.state.writer import NonfiniteSnapshot, SaveResult, StateWriter, delete_state
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.boundary_vote import BoundaryVote
 from syncpoint.workers.training.device import busy_core_share
@@ -109,29 +110,40 @@ class SaveCoordinator:
                 else "rank 0 lost the run directory's lease to another submission (its error names it)"
             )
         if self.writer.in_flight and (agreed.uploading == 0 or last):
-            self._record(self.writer.commit_in_flight(), self.reasons_in_flight)
+            try:
+                self._record(self.writer.commit_in_flight(), self.reasons_in_flight)
+            except NonfiniteSnapshot as e:  # not committed: its request waits for a finite boundary
+                for reason in self.reasons_in_flight:
+                    pending.request(reason)
+                self._defer(f"the state at micro-step {int(e.name)} is not finite on rank(s) {e.ranks}")
         if not pending.pending or self.writer.in_flight:
             return  # nothing asked, or one save is in flight: the request waits for a later boundary
-        if not agreed_finite(self.engine, loss):  # every rank: a non-finite state is never committed
+        since = time.perf_counter()  # the loop is blocked by this save from here (SaveResult.blocked_seconds)
+        background = self.use_async and not last
+        # every rank: a non-finite state is never committed. An async save checks its snapshot's tensors
+        # in its upload thread (the commit refuses a non-finite one); here only the agreed loss, the same
+        # on every rank (the boundary vote), so no collective is needed
+        if not (math.isfinite(loss) if background else agreed_finite(self.engine, loss)):
             if last:
                 raise refused_save(micro_step)
-            if not self.deferred:
-                self.attempt.warn(
-                    f"the state at micro-step {micro_step} is not finite (loss {loss}): not saved; the "
-                    "save waits for a boundary whose state is finite"
-                )
-            self.deferred = True
+            self._defer(f"the state at micro-step {micro_step} is not finite (loss {loss})")
             return  # the request stays pending (never dropped): the next finite boundary services it
         self.deferred = False
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()
         files = self._rank_files(trainer)
-        if self.use_async and not last:
-            self.writer.save_in_background(trainer, rank_files=files)
+        if background:
+            self.writer.save_in_background(trainer, rank_files=files, since=since)
             self.reasons_in_flight = reasons
         else:
-            self._record(self.writer.save(trainer, rank_files=files), reasons)
+            self._record(self.writer.save(trainer, rank_files=files, since=since), reasons)
+
+    def _defer(self, what: str) -> None:
+        """A save that waits for a finite state, said once per wait."""
+        if not self.deferred:
+            self.attempt.warn(f"{what}: not saved; the save waits for a boundary whose state is finite")
+        self.deferred = True
 
     def _rank_files(self, trainer: TrainState) -> dict[str, bytes]:
         """This rank's file of every per-rank part this save carries (``rank_parts``: its RNG, module

@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from syncpoint.workers.training.finite import all_finite
+
 ALIGN = 64  # bytes: a cache line, and a multiple of every dtype's element size
 CHUNK = 256 << 20  # bytes per arena chunk (a bigger tensor gets a chunk of its own size)
 
@@ -66,6 +68,7 @@ class SnapshotArena:
         self._device_copies = False
         self._staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slot, source) copies not made yet
         self._device_done: Any = None  # a CUDA event recorded after this snapshot's device-to-host copies
+        self.checked: list[torch.Tensor] = []  # the copies whose finiteness a commit needs (``finite``)
         self.copied = threading.Event()  # every copy of the current snapshot is made (set: none pending)
         self.copied.set()
 
@@ -79,6 +82,7 @@ class SnapshotArena:
         assert not self.busy, "snapshot arena reused while the previous save is still being written"
         self.busy, self.used, self._cursor, self._device_copies = True, 0, (0, 0), False
         self._staged, self._device_done = [], None
+        self.checked = []
         self.copied.clear()
 
     def copies_queued(self) -> None:
@@ -105,16 +109,23 @@ class SnapshotArena:
             self._staged, self._device_copies, self._device_done = [], False, None
             self.copied.set()
 
+    def finite(self) -> bool:
+        """Whether the snapshot's parameters and optimizer state are finite (every copied tensor but
+        the module's buffers, as ``syncpoint.workers.training.finite.tensors_finite`` reads them on the
+        training thread). The upload thread asks after :meth:`end_copies`, so the check of a state's
+        every byte costs the loop nothing (``syncpoint.workers.state.writer.upload_snapshot``)."""
+        return all_finite(self.checked)
+
     def release(self) -> None:
         """The snapshot was serialized: the next save may overwrite the buffers."""
-        self.busy = False
+        self.busy, self.checked = False, []
 
     def drop(self) -> None:
         """Let go of the chunks when the run ends: DeepSpeed's engine can outlive the run in this
         process (a test, a Python API caller), and an arena's untouched 256 MiB chunks then add up to
         tens of GiB of address space that make the next ``fork`` fail with ENOMEM. A snapshot still
         being written keeps its chunk alive through its own views until the write is done."""
-        self.chunks, self.busy, self.used, self._cursor = [], False, 0, (0, 0)
+        self.chunks, self.busy, self.used, self._cursor, self.checked = [], False, 0, (0, 0), []
 
     def capture(self, obj: Any, now: Callable[[torch.Tensor], bool] = lambda t: True) -> Any:
         """A deep copy of ``obj`` whose tensors (found in dicts, lists and tuples) live in the
@@ -131,8 +142,11 @@ class SnapshotArena:
             key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
             base = slots.get(key)
             if base is None:
-                base = slots[key] = self._copy(t, staged=not t.is_cuda and not now(t))
+                changed_by_forward = now(t)
+                base = slots[key] = self._copy(t, staged=not t.is_cuda and not changed_by_forward)
                 memo[id(t)] = base
+                if not changed_by_forward and t.is_floating_point():
+                    self.checked.append(base)
             else:  # another tensor object over the same memory: its own tensor, sharing the storage
                 memo[id(t)] = base.detach()
             if isinstance(t, torch.nn.Parameter):

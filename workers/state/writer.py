@@ -63,6 +63,15 @@ class SaveResult:
     contended_seconds: float = 0.0  # the part of it busy cores gave up (``SaveCoordinator`` says)
 
 
+class NonfiniteSnapshot(Exception):
+    """An async save's snapshot held a non-finite parameter or optimizer moment on some rank: it was
+    not committed (its files are deleted), and the save request waits for a finite boundary."""
+
+    def __init__(self, name: str, ranks: list[int]) -> None:
+        super().__init__(f"the snapshot of state {name} is not finite on rank(s) {ranks}")
+        self.name, self.ranks = name, ranks
+
+
 @dataclass
 class Snapshot:
     """What a save captured at its boundary, on local disk/memory, before any upload."""
@@ -74,6 +83,9 @@ class Snapshot:
     algo: str = DEFAULT  # checksum algorithm of the manifest entries
     blocked: float = 0.0
     background_cpu: float = 0.0  # the upload thread's CPU time (``AsyncUpload``)
+    # an async snapshot's parameters and optimizer state are finite (the upload thread checks its
+    # copies: ``SnapshotArena.finite``); a synchronous save's were checked before it began
+    finite: bool = True
     files: dict[str, ManifestEntry] = field(default_factory=dict)  # this rank's files already in storage
     # async: DeepSpeed's shards copied into the engine's arena, to serialize in the background; the
     # engine whose arena holds them (released once they are written)
@@ -117,14 +129,17 @@ def take_snapshot(
     signing_key: bytes | None = None,
     rank_files: Mapping[str, bytes] | None = None,
     memory: MemoryCopy | None = None,
+    since: float | None = None,
 ) -> Snapshot:
     """The blocking part of a save (all ranks, at a boundary): DeepSpeed serializes its shards,
     checksummed on the way, straight into storage (``direct``: a synchronous save), or, for an
     asynchronous one, its shards' tensors are only copied into the engine's reusable host buffers
     (serialized later by :func:`upload_snapshot`); elastic ZeRO-1/2 runs add the gathered
     optimizer state (into local staging). ``rank_files``: this rank's file of every per-rank part,
-    captured at the same boundary (``syncpoint.workers.state.rank_parts.capture_all``), by path in the state."""
-    t0 = time.perf_counter()
+    captured at the same boundary (``syncpoint.workers.state.rank_parts.capture_all``), by path in the state.
+    ``since``: when the loop began servicing this save (``perf_counter``): its blocked time and its time to
+    durable storage count from there."""
+    t0 = time.perf_counter() if since is None else since
     faults.save_started()
     faults.at_phase("before_shards")
     name = state_name(trainer.global_micro_step)
@@ -235,23 +250,30 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
     """Make this rank's files durable in storage (safe to run in a background thread): an async
     save's copied shards are serialized straight into storage (checksummed on the way; then the
     arena is free for the next save), what is in staging is copied (no second read when its
-    checksum is known), then this rank's per-rank parts' files."""
+    checksum is known), then this rank's per-rank parts' files. An async snapshot whose parameters or
+    optimizer state are not finite writes nothing (``Snapshot.finite``: checked here, on its copies, so
+    that the check of every byte of the state costs the training loop nothing)."""
     mine: dict[str, ManifestEntry] = dict(snap.files)
     try:
         if snap.arena_of is not None:
             ce = snap.arena_of
             try:
                 ce.arena.end_copies()  # the staged copies first: training waits for them at its next step
-                mine.update(
-                    write_captured(
-                        snap.captured,
-                        _durable_sink(storage, snap.name, snap.algo, snap.memory),
-                        ce.zipfile_serialization,
+                snap.finite = ce.arena.finite()
+                if snap.finite:
+                    mine.update(
+                        write_captured(
+                            snap.captured,
+                            _durable_sink(storage, snap.name, snap.algo, snap.memory),
+                            ce.zipfile_serialization,
+                        )
                     )
-                )
             finally:
                 snap.captured, snap.arena_of = {}, None
                 ce.arena.release()
+        if not snap.finite:  # never committed (``commit_snapshot``): nothing more is written
+            snap.files = {}
+            return {}
         for sub in LOCAL_DIRS:
             src = os.path.join(snap.staging, sub)
             for fname in sorted(os.listdir(src)) if os.path.isdir(src) else []:
@@ -271,7 +293,9 @@ def upload_snapshot(storage: RunStorage, snap: Snapshot, rank: int, faults: Faul
 
 
 def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: RunLease | None = None) -> SaveResult:
-    """All ranks, main thread: the gather proves every rank's files are durable, then rank 0
+    """All ranks, main thread: the gather proves every rank's files are durable (and, for an async
+    snapshot, that every rank's copies are finite: else none commits and ``NonfiniteSnapshot`` says
+    which ranks' were not), then rank 0
     writes trainer.json, confirms it still holds the run directory's lease (``lease``, rank 0's)
     and commits the manifest with the lease's fencing generation; the closing broadcast tells
     everyone it is committed, or that the lease was lost, in which case every rank raises
@@ -279,11 +303,17 @@ def commit_snapshot(storage: RunStorage, snap: Snapshot, faults: Faults, lease: 
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
     verdict: str | None = None
-    gathered: list[dict[str, ManifestEntry] | None] = [None] * world
-    dist.all_gather_object(gathered, snap.files)
+    gathered: list[tuple[dict[str, ManifestEntry], bool] | None] = [None] * world
+    dist.all_gather_object(gathered, (snap.files, snap.finite))
+    not_finite = [r for r, part in enumerate(gathered) if part is None or not part[1]]
+    if not_finite:  # every rank sees the same list: none commits, none waits in a collective
+        if rank == 0:
+            delete_state(storage, snap.name)  # the finite ranks' files, never committed
+        snap.blocked += time.perf_counter() - t0
+        raise NonfiniteSnapshot(snap.name, not_finite)
     files: dict[str, ManifestEntry] = {}
     for part in gathered:
-        files.update(part or {})
+        files.update(part[0] if part else {})
     if rank == 0:
         trainer_bytes = json_bytes(snap.trainer.record())
         storage.write_bytes(trainer_bytes, STATES_DIR, snap.name, TRAINER_FILE)
@@ -435,8 +465,12 @@ class StateWriter:
         manifest commits only once every rank's upload has finished)."""
         return self.upload.uploading()
 
-    def save(self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None) -> SaveResult:
-        """A synchronous save: every phase before training continues."""
+    def save(
+        self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None, since: float | None = None
+    ) -> SaveResult:
+        """A synchronous save: every phase before training continues. ``since``: when the loop began
+        servicing it (``take_snapshot``); the claim's wait counts as blocked too."""
+        since = time.perf_counter() if since is None else since
         self._claim(state_name(trainer.global_micro_step))
         snap = take_snapshot(
             self.engine,
@@ -448,15 +482,19 @@ class StateWriter:
             signing_key=self.signing_key,
             rank_files=rank_files,
             memory=self.memory,
+            since=since,
         )
         t0 = time.perf_counter()
         upload_snapshot(self.storage, snap, self.rank, self.faults)
         snap.blocked += time.perf_counter() - t0
         return commit_snapshot(self.storage, snap, self.faults, self.lease)
 
-    def save_in_background(self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None) -> None:
+    def save_in_background(
+        self, trainer: TrainState, *, rank_files: Mapping[str, bytes] | None = None, since: float | None = None
+    ) -> None:
         """An asynchronous save: claim and stage now, upload in a background thread; the commit
-        waits for :meth:`commit_in_flight`."""
+        waits for :meth:`commit_in_flight`. ``since`` as for :meth:`save`."""
+        since = time.perf_counter() if since is None else since
         self._claim(state_name(trainer.global_micro_step))
         self.upload.start(
             take_snapshot(
@@ -468,6 +506,7 @@ class StateWriter:
                 signing_key=self.signing_key,
                 rank_files=rank_files,
                 memory=self.memory,
+                since=since,
             )
         )
 
@@ -482,7 +521,8 @@ class StateWriter:
         snap.blocked += time.perf_counter() - t0
 
     def commit_in_flight(self) -> SaveResult:
-        """Wait for the background upload, then gather, write the trainer record and commit."""
+        """Wait for the background upload, then gather, write the trainer record and commit (or raise
+        ``NonfiniteSnapshot``: not committed, nothing in flight any more)."""
         return commit_snapshot(self.storage, self.upload.finish(), self.faults, self.lease)
 
     def _claim(self, name: str) -> None:

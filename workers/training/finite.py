@@ -22,6 +22,7 @@ scale, a skip counts; a non-finite loss always counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -84,13 +85,30 @@ def tensors_finite(engine: DeepSpeedEngine) -> bool:
 
     Reads the module's parameters (ZeRO-3's are empty placeholders: their partitions are the
     optimizer's) and every tensor of the innermost torch optimizer: its param groups' tensors (the fp32
-    partitions under ZeRO) and its state (the moments), wherever they live (an offloaded state on CPU)."""
-    bad = False
-    for t in _state_tensors(engine):
-        if t.numel() and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            bad = True
-            break
-    return not bad
+    partitions under ZeRO) and its state (the moments), wherever they live (an offloaded state on CPU).
+    Not the module's buffers: a mask buffer may hold -inf by design."""
+    return all_finite(_state_tensors(engine))
+
+
+def all_finite(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether every floating tensor of ``tensors`` is finite, each memory read once.
+
+    Why ``aminmax`` and not ``isfinite(t).all()``: both are exact (a NaN anywhere makes the min and the
+    max NaN, an infinity shows as one of them), but ``isfinite`` writes a boolean tensor as large as
+    the state and reads it again: on one CPU thread 480 ms against 35 ms for 256 MB. The same memory
+    seen twice (ZeRO 0's optimizer holds the module's own parameters) is read once."""
+    seen: set[tuple[int, int, torch.dtype]] = set()
+    for t in tensors:
+        if not t.numel() or not t.is_floating_point():
+            continue
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        low, high = torch.aminmax(t.detach())
+        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+            return False
+    return True
 
 
 def _state_tensors(engine: DeepSpeedEngine) -> list[torch.Tensor]:

@@ -127,8 +127,10 @@ class CheckpointSpec(Strict):
         description=(
             "Training does not wait for serialization, checksum or upload, which run in the background, nor for the "
             "copy of parameters and optimizer state into reusable host buffers, which is made meanwhile and waited "
-            "for only before the next optimizer step; the manifest commits once every rank's upload finished (at "
-            "most one save in flight; the run's last save is synchronous)."
+            "for only before the next optimizer step, nor for the check that they are finite, made on the copies (a "
+            "snapshot that is not is never committed, and its save waits for a finite boundary); the manifest "
+            "commits once every rank's upload finished (at most one save in flight; the run's last save is "
+            "synchronous)."
         ),
     )
     memory_copy: bool | Literal["auto"] = Field(

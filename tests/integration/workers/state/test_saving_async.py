@@ -88,3 +88,63 @@ def test_crash_mid_upload_leaves_a_torn_state_that_selection_rejects(tmp_path):
 def test_async_is_spelled_async_in_yaml(value):
     spec = _spec("memory://x", f"checkpoint.async={value}")
     assert spec.checkpoint.async_save is (value == "true")
+
+
+def test_a_snapshot_that_is_not_finite_is_not_committed_and_its_request_waits(tmp_path, monkeypatch, capfd):
+    """The finiteness of an async save's tensors is checked on its copies, in the upload thread (the
+    loop waits for no scan of the state). A snapshot whose copy of an Adam moment is NaN while
+    training's own stays finite (the moment is NaN only until its copy is made): that state is not
+    committed, its files are gone, the run says so once, and its save request is carried to the next
+    boundary, which commits it; every committed state is finite."""
+    import math
+
+    import torch
+
+    import syncpoint.workers.state.writer as sw
+    from syncpoint.workers.integrity.safe_load import load_state_file
+
+    target = "000000000004"
+    spoiled: list[tuple[torch.Tensor, float]] = []
+    orig_take, orig_wait = sw.take_snapshot, sw.StateWriter.wait_staged
+
+    def take_then_spoil(engine, *a, **kw):
+        snap = orig_take(engine, *a, **kw)
+        if snap.name == target and kw.get("direct") is None:
+            state = next(iter(engine.optimizer.optimizer.state.values()))
+            moment = state["exp_avg_sq"].view(-1)
+            spoiled.append((moment, float(moment[0])))
+            moment[0] = math.nan  # the staged copy, made later by the upload thread, sees it
+        return snap
+
+    def wait_then_heal(writer):
+        orig_wait(writer)  # the copies are made: training's own tensor is healed before it is read
+        if spoiled:
+            moment, value = spoiled.pop()
+            moment[0] = value
+            writer.upload.thread.join()  # its upload ends before the next boundary's vote: the commit is there
+
+    monkeypatch.setattr(sw, "take_snapshot", take_then_spoil)
+    monkeypatch.setattr(sw.StateWriter, "wait_staged", wait_then_heal)
+    spec = lm_spec(
+        tmp_path / "run",
+        "task.config.num_samples=24",
+        "train.grad_accum=2",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 4, unit: micro_steps}",
+        "checkpoint.async=true",
+    )
+    run(spec)
+    err = capfd.readouterr().err
+    store = RunStorage(spec.run_url)
+    names = store.list_dirs("states")
+    assert target not in names  # not committed, and nothing of it left
+    assert err.count("the state at micro-step 4 is not finite on rank(s) [0]: not saved") == 1
+    committed = [e for e in EventLog(store).read_all() if e["kind"] == "state_committed"]
+    assert [e["state"] for e in committed][:1] == ["000000000006"]  # the request, carried to the next boundary
+    assert all(e["blocked_seconds"] > 0 for e in committed)
+    for name in names:
+        assert store.exists("states", name, "manifest.json")
+        optim = load_state_file(
+            store.read_bytes("states", name, "engine/zero_pp_rank_0_mp_rank_00_optim_states.pt", limit=1 << 30), name
+        )["optimizer_state_dict"]["base_optimizer_state"]["state"]
+        assert all(bool(torch.isfinite(t).all()) for s in optim.values() for t in s.values() if torch.is_tensor(t))

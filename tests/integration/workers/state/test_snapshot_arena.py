@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import time
 
@@ -268,3 +269,23 @@ def test_async_snapshot_of_a_real_engine_is_the_state_at_its_boundary(tmp_path, 
             if torch.is_tensor(t) and t.dim()
         ]
         _assert_bitwise(ref["moments"], saved)
+
+
+def test_the_snapshots_finiteness_is_its_staged_tensors_not_its_buffers():
+    """``SnapshotArena.finite``, which the upload thread asks on its copies: a NaN or an infinity in a
+    parameter or a moment is seen (wherever it sits, in any floating dtype); a buffer (copied at
+    once: what a forward changes) may hold -inf by design (a mask), and integers are not read."""
+    arena = SnapshotArena(chunk_bytes=1 << 16)
+    for bad in (math.nan, math.inf, -math.inf, None):
+        for dtype in (torch.float32, torch.bfloat16):
+            state = _state()
+            mask = torch.full((4,), -math.inf)
+            state["module"]["causal_mask"] = mask
+            if bad is not None:
+                state["optimizer"]["state"][0]["exp_avg"].view(-1)[1000] = bad
+            state["module"]["b"] = state["module"]["b"].to(dtype)
+            arena.begin()
+            arena.capture(state, now=lambda t, mask=mask: t is mask)
+            arena.end_copies()
+            assert arena.finite() is (bad is None), (bad, dtype)
+            arena.release()

@@ -52,3 +52,21 @@ def test_a_non_finite_last_state_is_refused_naming_its_micro_step_and_the_remedy
     text = str(refused_save(40))
     assert "the state at micro-step 40, the run's last, is not finite" in text
     assert "was not committed" in text and "train.gradient_clipping" in text
+
+
+def test_all_finite_is_exact_for_every_floating_dtype_and_reads_shared_memory_once():
+    import torch
+
+    from syncpoint.workers.training.finite import all_finite
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for bad in (math.nan, math.inf, -math.inf):
+            for at in (0, 4095, 123_456):
+                t = torch.randn(200_000).to(dtype)
+                t[at] = bad
+                assert not all_finite([torch.ones(3), t]), (dtype, bad, at)
+        assert all_finite([torch.randn(50_000).to(dtype), torch.empty(0), torch.tensor(2.0)])
+    assert all_finite([torch.tensor([1, 2]), torch.zeros(2, dtype=torch.bool)])  # not floating: not read
+    w = torch.randn(10)
+    w[3] = math.nan
+    assert not all_finite([w, w.detach(), w.view(2, 5)])
