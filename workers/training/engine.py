@@ -65,6 +65,9 @@ def deepspeed_config(spec: JobSpec, grad_accum: int | None = None, *, task_optim
         "gradient_clipping": t.gradient_clipping,
         "bf16": {"enabled": d.precision == "bf16"},
         "fp16": {"enabled": d.precision == "fp16"},
+        # DeepSpeed checks that every rank saves under the same tag with two all-reduces per save, on
+        # the loop; syncpoint's tag is one constant (ENGINE_TAG), the state's name its directory
+        "checkpoint": {"tag_validation": "Ignore"},
     }
     if d.offload_optimizer != "none" and (task_optimizer or t.optimizer.type == "sgd"):
         # DeepSpeed insists on its CPU Adam for offload unless told otherwise; SGD has no CPU
