@@ -457,7 +457,7 @@ def measure(args: argparse.Namespace) -> Measured:
     real_w = (N, 2 * N)
     aggr_w = (2 * A, 7 * A)  # five aggressive intervals after two warm-up ones
 
-    from syncpoint.workers.state.writer import staging_root
+    from syncpoint.workers.state.staging import staging_root
 
     instrument()
     root = tempfile.mkdtemp(prefix="syncpoint-p2-", dir=args.dir)

@@ -41,6 +41,7 @@ from syncpoint.workers.integrity.checksum import DEFAULT, ChecksummingWriter, ch
 from syncpoint.workers.integrity.signing import BINDING, binding_of, sign
 from syncpoint.workers.state.checkpoint_engine import Sink, StreamingCheckpointEngine, install, write_captured
 from syncpoint.workers.state.memory_copy import MemoryCopy
+from syncpoint.workers.state.staging import staging_prefix, staging_root, sweep_stale_staging
 from syncpoint.workers.storage import RunStorage, nofollow
 from syncpoint.workers.storage.lease import RunLease
 from syncpoint.workers.supervision.faults import Faults
@@ -103,21 +104,6 @@ class Snapshot:
     memory: MemoryCopy | None = field(default=None, repr=False)  # this node's copy (memory_copy), written alongside
 
 
-def staging_root() -> str | None:
-    """Where snapshots are staged: ``SYNCPOINT_STAGING_DIR``, else /dev/shm (host memory) when it
-    has room, else the system temp directory."""
-    env = os.environ.get("SYNCPOINT_STAGING_DIR")
-    if env:
-        return env
-    try:
-        st = os.statvfs("/dev/shm")
-        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize > 2 << 30:
-            return "/dev/shm"
-    except OSError:
-        pass
-    return None
-
-
 def take_snapshot(
     engine: DeepSpeedEngine,
     trainer: TrainState,
@@ -143,7 +129,7 @@ def take_snapshot(
     faults.save_started()
     faults.at_phase("before_shards")
     name = state_name(trainer.global_micro_step)
-    staging = tempfile.mkdtemp(prefix="syncpoint-save-", dir=staging_root())
+    staging = tempfile.mkdtemp(prefix=staging_prefix(), dir=staging_root())
     ce = install(engine)
     written: dict[str, ManifestEntry] = {}
     captured: dict[str, Any] = {}
@@ -454,6 +440,7 @@ class StateWriter:
         self.lease, self.signing_key, self.checksum = lease, signing_key, checksum
         self.full_optimizer_state = full_optimizer_state  # elastic ZeRO: the gathered optimizer state too
         self.upload = AsyncUpload(storage, rank, faults)
+        sweep_stale_staging()  # what a rank killed in an earlier save left on this node
 
     @property
     def in_flight(self) -> bool:
