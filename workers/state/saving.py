@@ -7,13 +7,13 @@ upload runs in a background thread, and the commit (a collective) happens on the
 the first boundary where every rank reports its upload done, or at the end of the run, which
 waits for its last save. The writing itself, phase by phase, is the attempt's
 ``syncpoint.workers.state.writer.StateWriter``. After every commit rank 0 applies retention, here,
-where the commit is known, rather than being handed a callback to do it.
+where the commit is known, rather than being handed a callback to do it (its deletes in a thread:
+``syncpoint.workers.state.retention``).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -22,13 +22,12 @@ import torch.distributed as dist
 
 from syncpoint.policies.contracts.errors import LeaseLostError, TaskError
 from syncpoint.policies.contracts.journal import StateCommitted
-from syncpoint.policies.contracts.state_format import STATES_DIR, TrainState
-from syncpoint.policies.decisions.retention import plan_retention
+from syncpoint.policies.contracts.state_format import TrainState
 from syncpoint.policies.decisions.save_triggers import PendingSave
 from syncpoint.workers.observation.progress import ProgressLog
-from syncpoint.workers.state.discovery import discover
 from syncpoint.workers.state.rank_parts import LiveRank, capture_all
-from syncpoint.workers.state.writer import NonfiniteSnapshot, SaveResult, StateWriter, delete_state
+from syncpoint.workers.state.retention import Retention
+from syncpoint.workers.state.writer import NonfiniteSnapshot, SaveResult, StateWriter
 from syncpoint.workers.training.attempt import Attempt
 from syncpoint.workers.training.boundary_vote import BoundaryVote
 from syncpoint.workers.training.device import busy_core_share
@@ -49,6 +48,7 @@ class SaveCoordinator:
         self.faults, self.events = attempt.faults, attempt.events
         self.use_async = spec.checkpoint.async_save
         self.lease = attempt.lease  # rank 0's: commits confirm it, and a lost lease stops every rank
+        self.retention = Retention(attempt)  # rank 0's passes after each commit (``retention``)
         self.writer = StateWriter(
             engine,
             attempt.storage,
@@ -189,33 +189,10 @@ class SaveCoordinator:
             self.on_commit(result, reasons)
         self.faults.at_phase("before_retention")
         if self.attempt.rank == 0:
-            retain(self.attempt, keep=result.name)
+            self.retention.after_commit(keep=result.name)
         if "preemption" in reasons:
+            self.retention.wait()  # the process may end right after this save
             self.faults.after_preemption_save()
-
-
-def retain(attempt: Attempt, keep: str | None) -> None:
-    """Retention after a commit (rank 0). ``keep`` (the state this run just committed) is never
-    deleted, even when newer states of another trajectory (a run resumed from an older pin)
-    outnumber it: a restart of this submission continues from it."""
-    checkpoint = attempt.spec.checkpoint
-    if checkpoint.keep_last == 0 and not checkpoint.prune_unsafe:
-        return  # keep everything (torn debris included): no need to read every state after each save
-    if attempt.lease is not None and attempt.lease.confirm() is not None:
-        return  # lost: delete nothing; every rank stops at the next boundary (the boundary vote)
-    storage = attempt.storage
-    plan = plan_retention(
-        discover(storage, attempt.live, attempt.signing_key),
-        checkpoint.keep_last,
-        checkpoint.prune_unsafe,
-        kinds=storage.entry_kinds(STATES_DIR),
-    )
-    for i, name in enumerate(n for n in plan.delete if n != keep):
-        delete_state(storage, name)
-        if i == 0:
-            attempt.faults.at_phase("during_retention")
-    for line in plan.reported:
-        print(f"[syncpoint] retention kept unsafe state {line}", file=sys.stderr, flush=True)
 
 
 def _task_error_named(name: str) -> type[TaskError]:

@@ -567,6 +567,7 @@ class TrainingLoop:
         """Every rank here, then this node's memory copy removed and the lease released: the run ends
         or stops at this boundary, so neither may outlive it (a rerun restores from storage)."""
         attempt = self.attempt
+        self.saves.retention.wait()  # its deletes end before the lease is released
         dist.barrier()
         if attempt.memory_copy is not None:
             attempt.memory_copy.remove()

@@ -1,0 +1,64 @@
+"""Retention's passes (``syncpoint.workers.state.retention``): planned at the commit, their deletes off
+the training loop, done before the run ends, and an error in them raised on the loop."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from syncpoint.workers.storage import RunStorage
+from tests.helpers import lm_spec, run
+
+
+def _spec(tmp_path, *extra):
+    return lm_spec(
+        tmp_path / "run",
+        "task.config.num_samples=24",
+        "train.grad_accum=2",
+        "train.epochs=1",
+        "checkpoint.save_every={value: 1, unit: optimizer_steps}",
+        "checkpoint.keep_last=1",
+        *extra,
+    )
+
+
+def test_the_loop_trains_on_while_a_pass_deletes_and_the_run_ends_after_it(tmp_path, monkeypatch):
+    """The first delete is held until the loop has reached its next boundary (an event, bounded): the
+    loop did not wait for it. When the run returns, every pass is done: one state is left."""
+    import syncpoint.workers.state.retention as retention
+    from syncpoint.workers.state.saving import SaveCoordinator
+
+    boundaries: list[int] = []
+    moved_on = threading.Event()
+    held: list[bool] = []
+    orig_delete, orig_boundary = retention.delete_state, SaveCoordinator.at_boundary
+
+    def held_delete(storage, name):
+        if not held:
+            held.append(moved_on.wait(120))  # True only if the loop reached a boundary meanwhile
+        return orig_delete(storage, name)
+
+    def boundary(coordinator, *a, **kw):
+        boundaries.append(kw["micro_step"])
+        if held or coordinator.retention.thread is not None:
+            moved_on.set()
+        return orig_boundary(coordinator, *a, **kw)
+
+    monkeypatch.setattr(retention, "delete_state", held_delete)
+    monkeypatch.setattr(SaveCoordinator, "at_boundary", boundary)
+    spec = _spec(tmp_path)
+    result = run(spec)
+    assert held == [True]
+    assert RunStorage(spec.run_url).list_dirs("states") == [result.final_state]
+
+
+def test_an_error_in_a_pass_is_raised_on_the_loop(tmp_path, monkeypatch):
+    import syncpoint.workers.state.retention as retention
+
+    def failing(storage, name):
+        raise OSError(f"cannot delete {name}: the storage refused")
+
+    monkeypatch.setattr(retention, "delete_state", failing)
+    with pytest.raises(OSError, match="the storage refused"):
+        run(_spec(tmp_path))
