@@ -6,8 +6,11 @@ once ``keep_last`` states existed (rank 0, and so every rank at its next collect
 listing of ``states/`` and the lease confirmed, milliseconds) stays on the loop, where it sees the
 states as they are at the commit; the deletes follow in the background, one pass at a time, as
 torchtitan's checkpointer purges in a thread of its own. The lease's confirmation renews it for a
-full TTL, so no other run can take the directory while the pass deletes. A pass's error (an injected
-fault's included) is raised on the loop at the next pass or when the run ends (``wait``).
+full TTL, so no other run can take the directory while the pass deletes. A pass ends before the
+next save's claim (``SaveCoordinator.at_boundary`` waits for it; usually long done), so it never
+deletes a directory being written: a torn state it deletes can have the name the loop saves next
+(a crash's debris, newer than the resumed state, older than another trajectory's newest). A pass's
+error (an injected fault's included) is raised on the loop at the next save or when the run ends.
 """
 
 from __future__ import annotations

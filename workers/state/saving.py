@@ -129,6 +129,9 @@ class SaveCoordinator:
             self._defer(f"the state at micro-step {micro_step} is not finite (loss {loss})")
             return  # the request stays pending (never dropped): the next finite boundary services it
         self.deferred = False
+        # rank 0: the last retention pass ends before this save's claim, which every rank's writes follow,
+        # so a pass (planned against the states of its commit) never deletes a directory being written
+        self.retention.wait()
         reasons = pending.take()
         trainer = trainer_record(reasons)
         self.last_save_time = time.monotonic()

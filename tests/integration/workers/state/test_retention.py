@@ -62,3 +62,36 @@ def test_an_error_in_a_pass_is_raised_on_the_loop(tmp_path, monkeypatch):
     monkeypatch.setattr(retention, "delete_state", failing)
     with pytest.raises(OSError, match="the storage refused"):
         run(_spec(tmp_path))
+
+
+def test_no_save_claims_while_a_pass_deletes(tmp_path, monkeypatch):
+    """A pass may delete a torn state whose name the loop saves next: the next save's claim (which every
+    rank's writes follow) comes only after the pass. Each delete is slowed so that a claim not waiting
+    for it would overlap it; none does."""
+    import time
+
+    import syncpoint.workers.state.retention as retention
+    import syncpoint.workers.state.writer as sw
+
+    deleting = threading.Event()
+    overlaps: list[str] = []
+    orig_delete, orig_claim = retention.delete_state, sw.StateWriter._claim
+
+    def slow_delete(storage, name):
+        deleting.set()
+        try:
+            time.sleep(0.3)
+            return orig_delete(storage, name)
+        finally:
+            deleting.clear()
+
+    def claim(writer, name):
+        if deleting.is_set():
+            overlaps.append(name)
+        return orig_claim(writer, name)
+
+    monkeypatch.setattr(retention, "delete_state", slow_delete)
+    monkeypatch.setattr(sw.StateWriter, "_claim", claim)
+    spec = _spec(tmp_path, "checkpoint.save_every={value: 2, unit: micro_steps}")
+    run(spec)
+    assert overlaps == []
