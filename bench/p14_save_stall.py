@@ -17,7 +17,8 @@ What it measures
       the snapshot, the wait for its copies before the next optimizer step, the commit; the check
       that the state is finite runs on the copies in the upload thread) and ``seconds`` (from there to
       the manifest's commit: durable). Not counted: rank 0's retention after a commit (``keep_last``
-      deleting the state that falls out), which the peers' loops, keeping every save, do not do. The run's final save is
+      deleting the state that falls out, in a thread of its own), which the peers' loops, keeping
+      every save, do not do. The run's final save is
       not counted (it is synchronous by design: the run ends there), nor an interval save still uploading
       when the run ends (the end commits it, its blocked time then the wait for that upload, which no
       peer's count includes).
