@@ -86,7 +86,8 @@ def test_the_quick_start_runs_as_written_and_prints_its_own_lines(tmp_path):
     # one): `syncpoint run` without an address embeds its own and must not join that one and fail on num_cpus
     # (seen when two tests' clusters overlapped), nor leave Ray Train's helpers asking the State API, which
     # finds two instances (syncpoint.orchestrator.worker_setup tells each process its own cluster)
-    other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # (without its dashboard, which this test does not ask: 2 s of CPU to start and 0.04 of a core while up)
+    other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         r = subprocess.run(make, cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
     finally:

@@ -10,7 +10,8 @@ full TTL, so no other run can take the directory while the pass deletes. A pass 
 next save's claim (``SaveCoordinator.at_boundary`` waits for it; usually long done), so it never
 deletes a directory being written: a torn state it deletes can have the name the loop saves next
 (a crash's debris, newer than the resumed state, older than another trajectory's newest). A pass's
-error (an injected fault's included) is raised on the loop at the next save or when the run ends.
+error (an injected fault's included) is raised on the loop at the next save or when the run ends; a
+failing attempt waits for its pass too, and says its error.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ class Retention:
         error, self.error = self.error, None
         if error is not None:
             raise error
+
+    def settle(self) -> None:
+        """At the attempt's failure: the last pass's deletes end with it, as they did on the loop (its
+        lease is handed on next, and a rerun may save a state of a name the pass deletes); the pass's
+        own error, if any, is said, not raised: the attempt's failure is what counts."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            print(f"[syncpoint] retention's last pass failed too: {type(error).__name__}: {error}", file=sys.stderr)
 
     def _delete(self, names: list[str]) -> None:
         try:

@@ -335,9 +335,13 @@ class TrainingLoop:
                 world_size=self.world,
             ),
         )
-        while not (state.finished or self.stopping) and self.attempt.run_length.has_epoch(state.at.epoch):
-            self.epoch()
-        return self.stop() if self.stopping and not state.finished else self.finish()
+        try:
+            while not (state.finished or self.stopping) and self.attempt.run_length.has_epoch(state.at.epoch):
+                self.epoch()
+            return self.stop() if self.stopping and not state.finished else self.finish()
+        except BaseException:
+            self.saves.retention.settle()  # its deletes end with this attempt, a failed one's too
+            raise
 
     def epoch(self) -> None:
         """One epoch from the current position. The data position is index arithmetic (a stream's:

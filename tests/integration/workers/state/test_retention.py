@@ -95,3 +95,41 @@ def test_no_save_claims_while_a_pass_deletes(tmp_path, monkeypatch):
     spec = _spec(tmp_path, "checkpoint.save_every={value: 2, unit: micro_steps}")
     run(spec)
     assert overlaps == []
+
+
+def test_a_failing_attempt_ends_its_pass_before_it_ends(tmp_path, monkeypatch):
+    """The attempt fails (an error at the micro-step right after a commit) while its pass still
+    deletes: the failure reaches the caller only once the pass is done, so no delete of this attempt
+    runs on beside the next one (which may save a state of a name the pass deletes). Each delete is
+    slowed so that a failure not waiting for it would return first (make test once read the states
+    while the pass still deleted: tests/integration/policies/decisions/test_resume_policies_e2e.py)."""
+    import time
+
+    import syncpoint.workers.state.retention as retention
+    from tests.helpers import run_until_crash
+
+    deleted: list[str] = []
+    orig_delete = retention.delete_state
+
+    def slow_delete(storage, name):
+        time.sleep(0.5)
+        orig_delete(storage, name)
+        deleted.append(name)
+
+    monkeypatch.setattr(retention, "delete_state", slow_delete)
+    spec = _spec(tmp_path, "faults=[{at_micro_step: 5, mode: raise}]")  # the commit of 4 deleted 2
+    assert run_until_crash(spec)
+    assert deleted == [f"{2:012d}"]
+    assert RunStorage(spec.run_url).list_dirs("states") == [f"{4:012d}"]
+
+
+def test_a_failing_attempt_says_its_pass_failed_too_and_raises_its_own_error(tmp_path, monkeypatch, capsys):
+    import syncpoint.workers.state.retention as retention
+    from tests.helpers import run_until_crash
+
+    def failing(storage, name):
+        raise OSError(f"cannot delete {name}: the storage refused")
+
+    monkeypatch.setattr(retention, "delete_state", failing)
+    assert run_until_crash(_spec(tmp_path, "faults=[{at_micro_step: 5, mode: raise}]"))  # the crash, not the OSError
+    assert "retention's last pass failed too: OSError: cannot delete 000000000002" in capsys.readouterr().err
