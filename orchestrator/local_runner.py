@@ -80,7 +80,7 @@ def prewarmed(spec: JobSpec) -> Iterator[str]:
         seed = str(hash_seed(spec.train.seed))
         key = zygote.key(submission, seed)
         with contextlib.suppress(zygote.Unavailable, OSError):  # the ranks start it (or fork their own)
-            sock, _ = zygote.ensure(key, seed)
+            sock, _ = zygote.ensure(key, seed, env=zygote.server_env(spec))
             sock.close()
     try:
         yield submission

@@ -23,11 +23,11 @@ from syncpoint.policies.contracts.spec import JobSpec
 STOP_WAIT_S = 30.0
 
 
-def _warm(k: str, hash_seed: str) -> bool:
+def _warm(k: str, hash_seed: str, env: dict[str, str]) -> bool:
     from syncpoint.workers.supervision import zygote
 
-    # as each worker sets it before DeepSpeed is imported
-    sock, _ = zygote.ensure(k, hash_seed, "touch", {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")})
+    # DS_ACCELERATOR as each worker sets it before DeepSpeed is imported; ``env``: zygote.server_env's
+    sock, _ = zygote.ensure(k, hash_seed, "touch", {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), **env})
     sock.close()
     return True
 
@@ -48,10 +48,16 @@ def warm_this_node(spec: JobSpec, submission: str) -> bool:
     if not wanted(spec):
         return False
     try:
-        _warm(*server_key(spec, submission))
+        _warm(*server_key(spec, submission), _server_env(spec))
     except Exception:  # noqa: BLE001 - no warm server here: the workers start one, or fork their own
         return False
     return True
+
+
+def _server_env(spec: JobSpec) -> dict[str, str]:
+    from syncpoint.workers.supervision import zygote
+
+    return zygote.server_env(spec)
 
 
 def stop_this_node(spec: JobSpec, submission: str) -> None:
@@ -79,11 +85,12 @@ def warm_nodes(spec: JobSpec, submission: str, embedded: bool = False) -> Iterat
         yield
         return
     k, hash_seed = server_key(spec, submission)
+    env = _server_env(spec)
     done = threading.Event()
     target, args = (
-        (_keep_this_node_warm, (k, hash_seed, done))
+        (_keep_this_node_warm, (k, hash_seed, env, done))
         if embedded
-        else (_keep_warm, (k, hash_seed, spec.scaling.cpus_per_worker, done))
+        else (_keep_warm, (k, hash_seed, env, spec.scaling.cpus_per_worker, done))
     )
     thread = threading.Thread(target=target, args=args, name="syncpoint-warm-nodes")
     thread.daemon = True
@@ -102,7 +109,7 @@ def warm_nodes(spec: JobSpec, submission: str, embedded: bool = False) -> Iterat
                 _stop_all(k)
 
 
-def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> None:
+def _keep_warm(k: str, hash_seed: str, env: dict[str, str], cpus: float, done: threading.Event) -> None:
     import ray
 
     from syncpoint.orchestrator.node_tasks import live_nodes, run_on_nodes
@@ -113,16 +120,16 @@ def _keep_warm(k: str, hash_seed: str, cpus: float, done: threading.Event) -> No
         with contextlib.suppress(Exception):  # a round that fails (Ray busy, a node leaving) is retried next round
             if refs:
                 _, refs = ray.wait(refs, num_returns=len(refs), timeout=0)  # drop finished ones
-            refs += run_on_nodes(_warm, live_nodes(cpus), k, hash_seed)
+            refs += run_on_nodes(_warm, live_nodes(cpus), k, hash_seed, env)
         done.wait(zygote.WARM_EVERY_S)
 
 
-def _keep_this_node_warm(k: str, hash_seed: str, done: threading.Event) -> None:
+def _keep_this_node_warm(k: str, hash_seed: str, env: dict[str, str], done: threading.Event) -> None:
     from syncpoint.workers.supervision import zygote
 
     while not done.wait(zygote.WARM_EVERY_S):
         with contextlib.suppress(Exception):  # a round that fails is retried next round
-            _warm(k, hash_seed)
+            _warm(k, hash_seed, env)
 
 
 def _stop_all(k: str) -> None:

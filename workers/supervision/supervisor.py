@@ -265,7 +265,8 @@ class Supervisor:
         if self.hooks.warm_key is None or fork_context.start_method(self.spec) != "forkserver":
             return None
         try:
-            return zygote.hold(self.hooks.warm_key, str(seeds.hash_seed(self.spec.train.seed)))
+            seed = str(seeds.hash_seed(self.spec.train.seed))
+            return zygote.hold(self.hooks.warm_key, seed, zygote.server_env(self.spec))
         except (OSError, ValueError, KeyError, subprocess.SubprocessError, zygote.Unavailable) as e:
             print(f"[syncpoint] rank {self.rank}: no warm server on this node ({e}); forking from this worker's own")
             return None

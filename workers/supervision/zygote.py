@@ -38,7 +38,10 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, resource_tracker, spawn, util
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from syncpoint.policies.contracts.spec import JobSpec
 
 # What a fork server imports once, so that each rank it forks starts with torch and DeepSpeed loaded.
 PRELOAD = [
@@ -49,6 +52,9 @@ PRELOAD = [
     "syncpoint.workers.supervision.launch",
     "syncpoint.workers.supervision.warm_ops",
 ]
+# In a server's environment: the job compiles its model (``train.compile``), so the server also does
+# what a compiled first step does once per process (``warm_ops.warm_compile``).
+WARM_COMPILE_ENV = "SYNCPOINT_WARM_COMPILE"
 IDLE_S = 180.0  # a keeper nobody holds or warms for this long ends (the driver warms every WARM_EVERY_S)
 WARM_EVERY_S = 60.0
 START_WAIT_S = 20.0  # a keeper's control socket appears within this (it imports nothing heavy)
@@ -67,6 +73,12 @@ class Server:
     address: str  # the fork server's own listening socket
     pid: int
     started_here: bool = False  # this call started the keeper (a cold server: the imports are still ahead)
+
+
+def server_env(spec: JobSpec) -> dict[str, str]:
+    """What a job's warm server adds to its environment: the compile warm-up for a compiled model. Every
+    starter of a submission's server passes it (whichever starts it first decides its imports)."""
+    return {WARM_COMPILE_ENV: "1"} if spec.train.compile else {}
 
 
 def key(submission_id: str, hash_seed: str) -> str:
@@ -275,9 +287,10 @@ class Holder:
                 os.close(fd)
 
 
-def hold(k: str, hash_seed: str) -> Holder:
-    """Hold this node's warm server of ``k`` (started if needed) until ``Holder.close`` or this process ends."""
-    sock, server = ensure(k, hash_seed, "hold")
+def hold(k: str, hash_seed: str, env: dict[str, str] | None = None) -> Holder:
+    """Hold this node's warm server of ``k`` (started if needed, with ``env`` as for ``ensure``) until
+    ``Holder.close`` or this process ends."""
+    sock, server = ensure(k, hash_seed, "hold", env)
     return Holder(sock, server)
 
 

@@ -305,7 +305,9 @@ class TrainSpec(Strict):
             "Compile the model with torch.compile through DeepSpeed's engine.compile (the accelerator's default "
             "backend, inductor): the first micro-step of each training process compiles; a restart on the same "
             "node reads the compiled graphs back from this user's private compile cache (TORCHINDUCTOR_CACHE_DIR, "
-            "unless you set it) instead of compiling from nothing. Resumes exactly like an eager run; turning it "
+            "unless you set it) instead of compiling from nothing, and on CPU a node's warm server does the "
+            "compiler's once-per-process set-up before it forks a training process (an in-place recovery then only "
+            "traces the model again). Resumes exactly like an eager run; turning it "
             "on or off between attempts is a change of numerics the run takes, as of train.lr."
         ),
     )
