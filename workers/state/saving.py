@@ -142,6 +142,13 @@ class SaveCoordinator:
         else:
             self._record(self.writer.save(trainer, rank_files=files, since=since), reasons)
 
+    def settle(self) -> None:
+        """At the attempt's failure (any exception out of the loop): the save in flight and retention's
+        last pass end before the failure leaves it, as a crash would have ended them (neither may write
+        or delete beside a later attempt); their own errors are said, the attempt's is raised."""
+        self.writer.upload.settle()
+        self.retention.settle()
+
     def _defer(self, what: str) -> None:
         """A save that waits for a finite state, said once per wait."""
         if not self.deferred:

@@ -377,6 +377,17 @@ class AsyncUpload:
     def uploading(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
+    def settle(self) -> None:
+        """At the attempt's failure: the upload's writes end before the failure leaves the loop (a later
+        attempt in this process may write the same state's files), uncommitted, as a crash leaves them;
+        its error, if any, is said, not raised: the attempt's failure is what counts."""
+        if self.thread is not None:
+            self.thread.join()
+        self.snap = self.thread = None
+        error, self.error = self.error, None
+        if error is not None:
+            print(f"[syncpoint] the save in flight failed too: {type(error).__name__}: {error}", file=sys.stderr)
+
     def finish(self) -> Snapshot:
         """Wait for the upload (a finished run waits for its last save) and hand back the snapshot."""
         assert self.thread is not None and self.snap is not None

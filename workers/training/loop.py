@@ -340,7 +340,7 @@ class TrainingLoop:
                 self.epoch()
             return self.stop() if self.stopping and not state.finished else self.finish()
         except BaseException:
-            self.saves.retention.settle()  # its deletes end with this attempt, a failed one's too
+            self.saves.settle()  # its upload and deletes end with this attempt, a failed one's too
             raise
 
     def epoch(self) -> None:

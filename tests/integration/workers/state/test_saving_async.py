@@ -175,3 +175,16 @@ def _all_finite(obj) -> bool:
     if isinstance(obj, (list, tuple)):
         return all(_all_finite(v) for v in obj)
     return True
+
+
+def test_a_failing_attempt_ends_its_upload_before_its_failure_leaves_the_loop():
+    """An error while a save uploads: the failure reaches the caller only once the upload's writes have
+    ended (a later attempt in this process may write the same state's files: nothing of the failed one
+    may still be writing then), and the state it wrote is left uncommitted (torn), as a crash leaves it."""
+    import threading
+
+    spec = _spec("slowmem://async-failing", "faults=[{at_micro_step: 5, mode: raise}]")  # the save of 4 uploads
+    assert run_until_crash(spec)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("syncpoint-upload-")]
+    store = RunStorage(spec.run_url)
+    assert store.list_names("states") == [f"{4:012d}"] and not store.exists("states", f"{4:012d}", "manifest.json")
