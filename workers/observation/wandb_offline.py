@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import struct
 from collections.abc import Iterator
 
@@ -30,13 +31,18 @@ class OfflineHistory:
 
 
 def offline_files(where: str | None, run_id: str) -> list[str]:
-    """The ``.wandb`` files of this run id's offline runs under a W&B directory, oldest first."""
+    """The ``.wandb`` files of this run id's offline runs under a W&B directory, oldest first.
+
+    W&B names each offline run ``offline-run-<YYYYMMDD_HHMMSS>-<id>``, and a second run of the same id
+    started within the same second ``...-<id>-1`` (then ``-2``): an attempt that follows a failure
+    within a second (an in-place recovery, a retry in the same process) is one of those."""
     base = os.path.join(where or os.getcwd(), "wandb")
+    named = re.compile(r"offline-run-(\d{8}_\d{6})-" + re.escape(run_id) + r"(?:-(\d+))?")
     try:
-        names = sorted(n for n in os.listdir(base) if n.startswith("offline-run-") and n.endswith(f"-{run_id}"))
+        found = [(m.group(1), int(m.group(2) or 0), n) for n in os.listdir(base) if (m := named.fullmatch(n))]
     except OSError:
         return []
-    files = [os.path.join(base, n, f"run-{run_id}.wandb") for n in names]
+    files = [os.path.join(base, n, f"run-{run_id}.wandb") for _, _, n in sorted(found)]
     return [f for f in files if os.path.isfile(f) and not os.path.islink(f)]
 
 

@@ -81,6 +81,19 @@ def _wandb_rows(spec, run_id):
     return files, [row for f in files for row in offline_history(f).rows]
 
 
+def _wandb_held(files) -> str:
+    """What the offline files held when read, for a failure's message (docs/testing.md, *Flakes*: twice
+    a file lacked rows a run logged): each file's size, its rows' steps and losses, the tail of W&B's
+    own log of that run."""
+    out = []
+    for f in files:
+        rows = [(step, v.get("loss")) for step, v in offline_history(f).rows]
+        log = os.path.join(os.path.dirname(f), "logs", "debug-internal.log")
+        tail = open(log, errors="replace").read()[-1500:] if os.path.isfile(log) else "(no debug-internal.log)"
+        out.append(f"{f} ({os.path.getsize(f)} bytes): rows {rows}\n{tail}")
+    return "\n".join(out)
+
+
 def test_trackers_across_a_crash_and_a_resubmission(tmp_path, tmp_path_factory):
     """A crash after logging past the last commit, then a new submission that resumes: one MLflow run and
     one W&B run id across both, each step logged once and in order, with the uninterrupted run's values;
@@ -121,9 +134,9 @@ def test_trackers_across_a_crash_and_a_resubmission(tmp_path, tmp_path_factory):
     assert "restarts.attempt-000001" not in mrun.data.tags
 
     files, rows = _wandb_rows(spec, record["wandb"]["id"])
-    assert len(files) == 2  # one offline run per attempt, one run id
+    assert len(files) == 2, _wandb_held(files)  # one offline run per attempt, one run id
     losses = [(s, v["loss"]) for s, v in rows if "loss" in v]
-    assert losses == [(s, history[s].loss) for s in range(1, 7)]
+    assert losses == [(s, history[s].loss) for s in range(1, 7)], _wandb_held(files)
     steps = [s for s, _ in rows]
     assert steps == sorted(steps)  # never backwards, across the attempts
     saves = [v["save/optimizer_step"] for _, v in rows if "save/seconds" in v]
@@ -144,9 +157,7 @@ def test_trackers_leave_the_run_bitwise(tmp_path, tmp_path_factory):
     assert record is not None
     files, rows = _wandb_rows(spec, record["wandb"]["id"])
     logged = [s for s, v in rows if "loss" in v]
-    # what the offline files held when read (docs/testing.md, *Flakes*: once none of these rows)
-    held = [(f.rsplit("/", 2)[-2], os.path.getsize(f)) for f in files]
-    assert logged == list(range(1, 7)), f"W&B rows {logged} of {len(rows)} from {held}"
+    assert logged == list(range(1, 7)), _wandb_held(files)
 
 
 @pytest.mark.parametrize(
@@ -263,3 +274,31 @@ def test_report_to_names_each_tracker_once():
     with pytest.raises(SpecError):
         lm_spec("/tmp/x", "train.report_to=[comet]")
     assert lm_spec("/tmp/x").train.report_to == ["tensorboard"]  # the default, as before
+
+
+def test_offline_runs_of_one_id_started_within_a_second_are_all_found_in_order(tmp_path, monkeypatch):
+    """W&B names a second offline run of the same id started within the same second ``...-<id>-1``
+    (an attempt right after a failure: in-place, or a retry in the same process). Every attempt's file
+    counts, oldest first: missed, the steps an attempt logged would be logged again by the next. A real
+    offline run's directory stands in, under the names W&B gives (the same second twice, a later one)."""
+    import shutil
+
+    import wandb
+
+    monkeypatch.chdir(tmp_path)
+    run = wandb.init(id="abc123", project="p", dir=str(tmp_path), settings=wandb.Settings(console="off"))
+    for step in (1, 2):
+        run.log({"loss": float(step)}, step=step)
+    run.finish()
+    [made] = (tmp_path / "wandb").glob("offline-run-*-abc123")
+    base = tmp_path / "wandb"
+    for name in ("offline-run-20990101_000000-abc123", "offline-run-20990101_000000-abc123-1"):
+        shutil.copytree(made, base / name)
+    shutil.copytree(made, base / "offline-run-20990101_000001-abc1234")  # another id: not this run's
+    files = offline_files(str(tmp_path), "abc123")
+    assert [f.split("/")[-2] for f in files] == [
+        made.name,
+        "offline-run-20990101_000000-abc123",
+        "offline-run-20990101_000000-abc123-1",
+    ]
+    assert all(offline_history(f).steps == [1, 2] for f in files)
