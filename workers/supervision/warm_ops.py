@@ -50,30 +50,15 @@ def warm() -> None:
         build_shm_op()
 
 
-def _compile_a_kernel() -> None:
-    """One small function compiled and run forward and backward, then forgotten by Dynamo: what every
-    compiled graph of a process builds once on CPU (inductor's precompiled header of its C++ prelude, a
-    preprocessor run of 0.25 s, and the first trace's lazy set-up) is then done; measured, a forked
-    process's first compiled step 0.85 s -> 0.6-0.67 s. No RNG is drawn (a forked process's streams are
-    seeded by the loop, but nothing here should need that), and no pool of compile workers is started
-    (one thread: a pool's processes would be the server's children for its whole life)."""
-    import torch
-    from torch._inductor import config
-
-    x = torch.arange(64, dtype=torch.float32, requires_grad=True)
-    with config.patch(compile_threads=1):
-        torch.compile(lambda t: (t * 2 + 1).relu().sum(), dynamic=False)(x).backward()
-    torch._dynamo.reset()
-
-
 def warm_compile() -> None:
     """What a compiled model's first step does once per process before it traces, done here for a job
     with ``train.compile`` (``zygote.server_env``): inductor's import (1.2 s), the probe of this CPU's
     vector instructions (2 s: ten compiler and loader subprocesses; torch caches the answer per
-    process), the hash of torch's sources that keys inductor's caches (0.2 s) and a small kernel's
-    compile (``_compile_a_kernel``). Measured on the example's model with its graphs in the compile
-    cache: a forked process's first compiled step 3.25 s without, 0.6-0.67 s with (0.85 s without the
-    small kernel); what is left is Dynamo's trace of the model and its cached graphs' load.
+    process) and the hash of torch's sources that keys inductor's caches (0.2 s). Measured on the
+    example's model with its graphs in the compile cache: a forked process's first compiled step
+    3.25 s without, 0.85 s with; what is left is Dynamo's trace of the model and its cached graphs'
+    load. (Compiling a small kernel here too saved another 0.2 s in that measure and nothing in bench
+    P4's in-place recovery, so it is not done.)
 
     The probe compiles into inductor's cache, so the job's private one is set first
     (``compile_cache.private_compile_cache``, which refuses a hostile directory: then nothing is
@@ -89,7 +74,6 @@ def warm_compile() -> None:
 
         cpu_vec_isa.pick_vec_isa()
         codecache.torch_key()
-        _compile_a_kernel()
     finally:
         for name, value in before.items():
             if value is None:

@@ -42,7 +42,7 @@ def test_warm_compiles_ahead_only_when_asked(monkeypatch, asked):
 def test_the_compile_warm_up_probes_once_in_the_private_cache_and_leaves_the_environment(monkeypatch):
     """In the node's own private cache, as a server does (a new directory would have the probe compile
     its programs again: 10 s here instead of 2)."""
-    from torch._inductor import async_compile, codecache, cpu_vec_isa
+    from torch._inductor import async_compile, cpu_vec_isa
     from torch._inductor import config as inductor_config
 
     monkeypatch.setattr(inductor_config, "compile_threads", 4)  # as on a larger machine: a pool would be asked for
@@ -53,7 +53,6 @@ def test_the_compile_warm_up_probes_once_in_the_private_cache_and_leaves_the_env
     warm_ops.warm_compile()
     assert "torch._inductor.compile_fx" in sys.modules
     assert cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1  # probed, and kept for the forked processes
-    assert codecache._precompile_header.cache_info().currsize >= 1  # a kernel's C++ prelude, precompiled
     assert set(async_compile._pool_set) == pools  # no compile workers started (they would be the server's children)
     cache = Path(tempfile.gettempdir()) / f"syncpoint-compile-{os.getuid()}"
     assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700 and any(cache.iterdir())  # the probe's builds are there
