@@ -44,7 +44,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from syncpoint.workers.observation.wandb_offline import offline_files, offline_history
+from syncpoint.workers.observation.wandb_offline import (
+    FINISH_WAIT_S,
+    offline_files,
+    offline_history,
+    wait_until_written,
+)
 
 if TYPE_CHECKING:
     from syncpoint.policies.contracts.spec import JobSpec
@@ -469,10 +474,20 @@ class WandbSink(_Guarded):
         pass  # W&B's service writes in the background
 
     def end(self, ok: bool) -> None:
+        """Finish the W&B run, then wait (bounded) until its transaction log is written to its end: the
+        next attempt reads it (``open``), and ``finish()`` may return before W&B's service wrote it."""
+        path = getattr(getattr(self.run, "settings", None), "sync_file", None)
         self._call("finishing the run", lambda: self.run.finish(exit_code=0 if ok else 1))
+        if path and os.path.isfile(path):  # none where W&B writes nothing here (WANDB_MODE=disabled)
+            self._call("finishing the run", lambda: _written_or_raise(path))
 
     def close(self) -> None:
         pass
+
+
+def _written_or_raise(path: str) -> None:
+    if not wait_until_written(path):
+        raise TimeoutError(f"its log {path} was not written to its end within {FINISH_WAIT_S:.0f} s")
 
 
 def _spec_json(spec: JobSpec) -> str:

@@ -302,3 +302,33 @@ def test_offline_runs_of_one_id_started_within_a_second_are_all_found_in_order(t
         "offline-run-20990101_000000-abc123-1",
     ]
     assert all(offline_history(f).steps == [1, 2] for f in files)
+
+
+def test_a_runs_end_waits_until_its_log_is_written_to_its_end(tmp_path, monkeypatch):
+    """``wandb.finish()`` can return before W&B's service has written the run's last records (3 of 40
+    files held none of their rows right after it, here, under load): a W&B sink's end waits, bounded,
+    for the log's ``exit`` record, which W&B writes last. A real offline run's log, cut before that record,
+    stands for one being written: not written within a short bound, and written once the rest lands."""
+    import threading
+
+    import wandb
+
+    from syncpoint.workers.observation.wandb_offline import wait_until_written
+
+    monkeypatch.chdir(tmp_path)
+    run = wandb.init(id="end123", project="p", dir=str(tmp_path), settings=wandb.Settings(console="off"))
+    run.log({"loss": 1.0}, step=1)
+    path = run.settings.sync_file
+    run.finish()
+    assert wait_until_written(path, timeout_s=0)  # finish() is done: the whole log
+    whole = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(whole[:-8])  # the exit record torn
+    assert not wait_until_written(path, timeout_s=0.2)
+    assert offline_history(path).steps == [1]  # what was written reads as before
+    rest = threading.Timer(0.3, lambda: open(path, "wb").write(whole))
+    rest.start()
+    try:
+        assert wait_until_written(path)
+    finally:
+        rest.join()
