@@ -130,8 +130,15 @@ def fork_server_running(hash_seed: str) -> bool:
 @contextlib.contextmanager
 def environ(**values: str) -> Iterator[None]:
     """These environment variables for the block (a started interpreter keeps them), then the ones it had."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    with environ_kept(*values):
+        os.environ.update(values)
+        yield
+
+
+@contextlib.contextmanager
+def environ_kept(*names: str) -> Iterator[None]:
+    """The block may set these environment variables; after it they are what they were."""
+    before = {k: os.environ.get(k) for k in names}
     try:
         yield
     finally:

@@ -64,22 +64,16 @@ def warm_compile() -> None:
     (``compile_cache.private_compile_cache``, which refuses a hostile directory: then nothing is
     warmed here and the training process refuses it itself); the environment is put back after, so
     each training process still makes and checks its own."""
+    from syncpoint.workers.supervision.fork_context import environ_kept
     from syncpoint.workers.training.compile_cache import INDUCTOR, TRITON, private_compile_cache
 
-    before = {name: os.environ.get(name) for name in (INDUCTOR, TRITON)}
-    try:
+    with environ_kept(INDUCTOR, TRITON):
         private_compile_cache()
         import torch._inductor.compile_fx  # noqa: F401 - the import is the warm-up
         from torch._inductor import codecache, cpu_vec_isa
 
         cpu_vec_isa.pick_vec_isa()
         codecache.torch_key()
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 warm()
