@@ -286,10 +286,13 @@ def test_offline_runs_of_one_id_started_within_a_second_are_all_found_in_order(t
     import wandb
 
     monkeypatch.chdir(tmp_path)
+    from syncpoint.workers.observation.wandb_offline import wait_until_written
+
     run = wandb.init(id="abc123", project="p", dir=str(tmp_path), settings=wandb.Settings(console="off"))
     for step in (1, 2):
         run.log({"loss": float(step)}, step=step)
     run.finish()
+    assert wait_until_written(run.settings.sync_file)  # finish() may return before the log is (the test below)
     [made] = (tmp_path / "wandb").glob("offline-run-*-abc123")
     base = tmp_path / "wandb"
     for name in ("offline-run-20990101_000000-abc123", "offline-run-20990101_000000-abc123-1"):
