@@ -321,10 +321,10 @@ def test_a_runs_end_waits_until_its_log_is_written_to_its_end(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     run = wandb.init(id="end123", project="p", dir=str(tmp_path), settings=wandb.Settings(console="off"))
     run.log({"loss": 1.0}, step=1)
-    path = run.settings.sync_file
     run.finish()
-    assert wait_until_written(path, timeout_s=0)  # finish() is done: the whole log
-    whole = open(path, "rb").read()
+    assert wait_until_written(run.settings.sync_file)  # the whole log, once W&B's service has written it
+    whole = open(run.settings.sync_file, "rb").read()
+    path = str(tmp_path / "being-written.wandb")  # a copy: W&B's service may still hold the log open
     with open(path, "wb") as f:
         f.write(whole[:-8])  # the exit record torn
     assert not wait_until_written(path, timeout_s=0.2)
