@@ -1,6 +1,7 @@
 """`ray job submit` and `syncpoint submit` against a real local Ray head started by the test
 (own ports and temp dir, stopped by its own process ids). A re-submitted job with the same name
 and storage continues from its newest resumable state, as a whole-cluster retry would.
+The head is the Ray tests' shared one (tests/ray/conftest.py).
 `syncpoint submit` first runs a preflight job there (tests/ray/test_first_hour.py: a head whose
 `python` lacks syncpoint is refused)."""
 
@@ -16,7 +17,7 @@ from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, lm_spec, state_names, step_history, with_overrides
-from tests.ray_processes import local_head, ray_env
+from tests.ray_processes import ray_env
 
 BIN = os.path.dirname(sys.executable)
 
@@ -25,10 +26,10 @@ def _env() -> dict:
     return ray_env()
 
 
-@pytest.fixture(scope="module")
-def head():
-    with local_head(_env()) as h:
-        yield h.address
+@pytest.fixture
+def head(shared_head) -> str:
+    """The Job API address of the Ray tests' shared head (tests/ray/conftest.py)."""
+    return shared_head[0].address
 
 
 SETS = [
@@ -42,6 +43,11 @@ SETS = [
 ]
 
 
+# make test: a submission through the Job API on a `ray start` head (tests/ray/test_submit_token.py: `syncpoint
+# submit`, its working dir shipped, the job's own log streamed back), `syncpoint run --address` training on a
+# `ray start` head (tests/ray/test_mistakes.py), a re-submission resuming what an earlier one committed
+# (tests/integration/policies/decisions/test_resume_policies_e2e.py)
+@pytest.mark.long
 def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, head):
     """An earlier submission of the job crashed after committing state 20 (here: run by the local
     launcher, which writes the same run directory); `ray job submit` of the same job continues from

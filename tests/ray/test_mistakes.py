@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +108,13 @@ MISTAKES = [
 
 
 @pytest.fixture(scope="module")
-def user_head(tmp_path_factory) -> Iterator[tuple[Any, dict[str, str], Path]]:
-    """One Ray head (started by the test on its own ports, stopped by its own process ids) and the
-    user's task module, for every mistake of the module."""
-    from tests.ray_processes import local_head, ray_env
-
+def user_head(shared_head, tmp_path_factory) -> tuple[Any, dict[str, str], Path]:
+    """The Ray tests' shared head (tests/ray/conftest.py), its environment, and the user's task module
+    for every mistake of the module."""
+    head, env = shared_head
     where = tmp_path_factory.mktemp("user")
     (where / "mytask.py").write_text(USER_TASK)
-    env = {**ray_env(), "PYTHONPATH": str(ROOT)}
-    with local_head(env, num_cpus=1) as head:
-        yield head, env, where
+    return head, env, where
 
 
 @pytest.mark.parametrize("task,attempts,last_line", MISTAKES)

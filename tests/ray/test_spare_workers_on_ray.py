@@ -120,34 +120,34 @@ DRIVER = textwrap.dedent(
 )
 
 
-def test_the_spares_end_with_the_job_on_a_cluster(tmp_path):
+def test_the_spares_end_with_the_job_on_a_cluster(tmp_path, shared_head):
     _, mark = marked_env({})
-    with rp.local_head(rp.ray_env(), num_cpus=2) as head:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, head.gcs_address, MARK, mark],
-            env=rp.ray_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None and proc.stdin is not None
-            seen = []
-            for line in proc.stdout:  # Ray's own lines first; ends if the driver exits without asking
-                seen.append(line)
-                if line.strip() == "asked":
-                    break
-            assert seen and seen[-1].strip() == "asked", "".join(seen)[-3000:]
-            _wait_for(lambda: len(marked_processes(mark)) >= 3, "the asker and two spares")  # seen: the finder works
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-            assert proc.wait(timeout=60) == 0
-            _wait_for(lambda: not marked_processes(mark), "no spare left after the job's end")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    head, _ = shared_head  # the Ray tests' `ray start` head (tests/ray/conftest.py)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, head.gcs_address, MARK, mark],
+        env=rp.ray_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        seen = []
+        for line in proc.stdout:  # Ray's own lines first; ends if the driver exits without asking
+            seen.append(line)
+            if line.strip() == "asked":
+                break
+        assert seen and seen[-1].strip() == "asked", "".join(seen)[-3000:]
+        _wait_for(lambda: len(marked_processes(mark)) >= 3, "the asker and two spares")  # seen: the finder works
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0
+        _wait_for(lambda: not marked_processes(mark), "no spare left after the job's end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_process_that_is_no_ray_worker_cannot_ask_and_does_not_raise():

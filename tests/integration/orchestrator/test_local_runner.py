@@ -11,6 +11,7 @@ exists (``tests.tasks.paced_lm``), so the signal lands while the run trains, wit
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,8 +102,20 @@ def test_a_local_run_stops_on_sigterm_and_its_rerun_recovers_a_crash_in_place_an
     assert state_names(spec)[-1] == final and digest(spec, final) == digest(ref, final)
 
 
-def test_a_bug_ends_a_local_run_with_its_reason_and_place_on_the_last_line(tmp_path):
-    spec = linear_spec(tmp_path / "runs", "task.path=tests.tasks:failing_loss", "task.config.fail_at=1", workers=2)
+def test_a_bug_on_every_rank_ends_a_local_run_with_one_traceback_and_its_reason_and_place_last(tmp_path):
+    """A bug on both ranks (the task's loss raises at its third call), the task printing as a user's does:
+    generation 0 fails (on each rank that reached call 3 before its supervisor stopped it), is retried in
+    place, and fails again the same way: not retried although max_failures is 3. One traceback (the
+    first failing rank's), the other rank summarised, the task's prints once (rank 0's, once per
+    generation), and the reason and place on the last line, exit 1."""
+    spec = linear_spec(
+        tmp_path / "runs",
+        "task.path=tests.tasks:loud_failing",
+        "task.config.fail_at=3",
+        "failure.max_failures=3",
+        "train.prints=rank0",
+        workers=2,
+    )
     job = write_job(spec, tmp_path / "job.yaml")
     proc = subprocess.run(
         [sys.executable, "-m", "syncpoint", "run", str(job), "--local"],
@@ -112,12 +125,21 @@ def test_a_bug_ends_a_local_run_with_its_reason_and_place_on_the_last_line(tmp_p
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-6000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert (
-        last.startswith("syncpoint: job 'linear' failed: ValueError: bad batch at call 1") and "micro-step 1" in last
-    ), proc.stderr[-3000:]
+        last.startswith("syncpoint: job 'linear' failed: ValueError: bad batch at call 3") and "micro-step 3" in last
+    ), out[-3000:]
     assert _events(spec, "failure")[-1]["decision"] == "RAISE"
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert re.search(r"^\[syncpoint\] rank [01] failed:\nTraceback", out, re.MULTILINE), out
+    assert out.count("ValueError: bad batch at call 3\n") == 1, out  # the traceback's last line
+    assert len(re.findall(r"\] rank [01] failed again the same way: ValueError: bad batch at call 3", out)) == 1, out
+    also = [ln for ln in out.splitlines() if " also failed: " in ln]
+    assert all(re.match(r"\[syncpoint\] rank [01] also failed: ValueError: bad batch at call 3 at ", ln) for ln in also)
+    built = [ln for ln in out.splitlines() if "task built: " in ln]
+    assert built == ["task built: 49 parameters"] * 2, out  # rank 0's, once per generation; rank 1's dropped
 
 
 def test_local_beside_address_is_a_usage_error(tmp_path):
