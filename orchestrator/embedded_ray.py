@@ -17,15 +17,17 @@ cluster that is torn down with the job:
 * the **placement-group cleaner** removes a placement group whose controller died while the cluster
   lives on; it polls the dashboard's State API;
 * the **dataset manager** (an actor per worker group) hands out shards of Ray Datasets, and syncpoint
-  gives the trainer none: each rank reads its own data (``syncpoint.workers.data``);
+  gives the trainer none: each rank reads its own data (``syncpoint.workers.data``). Left out on a
+  cluster too: there it is a process and a round trip to every worker in each worker group's start, a
+  restart's included, for nothing;
 * the **preemption watcher** (an actor per worker group, started beside the ranks' first steps) polls
   the GCS for drain notices of the workers' nodes; an embedded Ray's one node is this machine, which
   no autoscaler or kubelet drains: its preemption reaches the driver as a signal
   (``driver_signals``). Left out through Ray Train's own switch (``EMBEDDED_TRAIN_ENV``; a value the
   user set wins).
 
-On a cluster (an address, ``RAY_ADDRESS``, ``ray job submit``, KubeRay) nothing here applies: Ray
-Train runs with every helper it starts by default.
+On a cluster (an address, ``RAY_ADDRESS``, ``ray job submit``, KubeRay) nothing else here applies: Ray
+Train runs with every other helper it starts by default.
 """
 
 from __future__ import annotations
@@ -58,27 +60,29 @@ def init_options(dashboard: bool, metrics_port: int | None = None) -> InitOption
     return options
 
 
-def embedded_trainer(trainer_cls: type, keep_cleaner: bool) -> type:
-    """``trainer_cls`` (Ray Train's ``DataParallelTrainer`` or ``TorchTrainer``) for an embedded run:
-    the controller starts without the autoscaling coordinator, without a dataset manager when the
-    trainer has no datasets, and, unless ``keep_cleaner`` (the dashboard it polls runs), without the
-    placement-group cleaner.
+def lean_trainer(trainer_cls: type, embedded: bool, keep_cleaner: bool = True) -> type:
+    """``trainer_cls`` (Ray Train's ``DataParallelTrainer`` or ``TorchTrainer``) whose controller starts
+    without a dataset manager when the trainer has no datasets (on any cluster) and, ``embedded``,
+    without the autoscaling coordinator and, unless ``keep_cleaner`` (the dashboard it polls runs),
+    without the placement-group cleaner.
 
     Why a subclass at ``_initialize_and_run_controller``: it is the one place where the trainer hands
     the controller its scaling policy and callbacks, and Ray is pinned (``pyproject.toml``), so a
     rename there fails this project's Ray tests rather than a user's run."""
 
-    class EmbeddedTrainer(trainer_cls):
+    class LeanTrainer(trainer_cls):
         def _initialize_and_run_controller(self, **kwargs: Any) -> Any:
-            left_out: tuple[type, ...] = () if keep_cleaner else (PlacementGroupCleanerCallback,)
+            left_out: tuple[type, ...] = () if keep_cleaner or not embedded else (PlacementGroupCleanerCallback,)
             if not self.datasets:
                 left_out += (DatasetsCallback,)
             kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, left_out)]
-            kwargs["scaling_policy"] = without_autoscaler(kwargs["scaling_policy"])
+            if embedded:
+                kwargs["scaling_policy"] = without_autoscaler(kwargs["scaling_policy"])
             return super()._initialize_and_run_controller(**kwargs)
 
-    EmbeddedTrainer.__name__ = EmbeddedTrainer.__qualname__ = f"Embedded{trainer_cls.__name__}"
-    return EmbeddedTrainer
+    prefix = "Embedded" if embedded else "Lean"
+    LeanTrainer.__name__ = LeanTrainer.__qualname__ = f"{prefix}{trainer_cls.__name__}"
+    return LeanTrainer
 
 
 def without_autoscaler(policy: Any) -> Any:

@@ -451,8 +451,9 @@ def _outcome(
 
 def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False, own_sigint: bool = False) -> Any:
     """Ray Train's trainer for the job: a ``TorchTrainer`` when the Ray workers train (their torch
-    process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise; on an
-    embedded Ray, without the helpers only a long-lived cluster needs (``embedded_ray``).
+    process group is the job's), Ray Train's plain ``DataParallelTrainer`` when they supervise; without
+    a dataset manager, and on an embedded Ray without the helpers only a long-lived cluster needs
+    (``embedded_ray``).
 
     Why: a supervisor never trains; its training processes form their own process group
     (``syncpoint.workers.supervision.supervisor``). A ``TorchTrainer``'s backend imports torch in every worker
@@ -466,11 +467,9 @@ def _trainer(spec: JobSpec, embedded: bool = False, dashboard: bool = False, own
         from ray.train.v2.torch.torch_trainer import TorchTrainer as trainer
     if own_sigint:
         trainer = without_sigint_handler(trainer)
-    if not embedded:
-        return trainer
-    from syncpoint.orchestrator.embedded_ray import embedded_trainer
+    from syncpoint.orchestrator.embedded_ray import lean_trainer
 
-    return embedded_trainer(trainer, keep_cleaner=dashboard)
+    return lean_trainer(trainer, embedded, keep_cleaner=dashboard)
 
 
 def without_sigint_handler(trainer_cls: type) -> type:

@@ -7,6 +7,7 @@ a subprocess; the test plays the cloud (drains, kills and replaces nodes).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -190,7 +191,9 @@ def test_a_drain_then_a_hard_node_loss_are_preemptions_and_the_run_resumes_exact
         "task.path=tests.tasks:paced_lm",
         "task.config.pace_s=0.1",
     )
-    proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2"})
+    reports = tmp_path / "ray-reports.jsonl"  # what Ray Train's controller saw (tests/ray_report_probe.py)
+    probe = {"RAY_TRAIN_CALLBACKS": "tests.ray_report_probe.RecordReports", "SYNCPOINT_TEST_REPORTS": str(reports)}
+    proc = _start(spec, c.address, {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.2", **probe})
 
     # 1. the drain: rank 1's node is told it goes in 6 s; a replacement joins; the node goes at the deadline
     _wait_for(lambda: bool(_events(spec, "attempt_started")), proc)
@@ -223,6 +226,9 @@ def test_a_drain_then_a_hard_node_loss_are_preemptions_and_the_run_resumes_exact
     assert proc.returncode == 0, out[-4000:]
     final = state_names(spec)[-1]  # the resume is exact whatever the measurements below saw
     assert digest(spec, final) == digest(reference, final)  # the example's task, unpaced: the same numerics
+    # a cluster's Ray Train helpers, but no dataset manager in any worker group (syncpoint's trainers have no datasets)
+    classes = set(json.loads(reports.read_text().splitlines()[-1])["actor_classes"])
+    assert {"TrainController", "RayTrainWorker", "PreemptionWatcher"} <= classes and "DatasetManager" not in classes
 
     from syncpoint.orchestrator.timeline import restarts
 

@@ -25,10 +25,11 @@ def test_supervisors_get_a_plain_trainer_and_training_workers_a_torch_one(tmp_pa
     spec = linear_spec(tmp_path, f"failure.in_place={str(in_place).lower()}", "scaling.collective_timeout_s=7")
     trainer, backend = ray_runner._trainer(spec), ray_runner._backend(spec)
     if in_place:
-        assert trainer is DataParallelTrainer and list(backend) == ["backend_config"]
+        assert issubclass(trainer, DataParallelTrainer) and not issubclass(trainer, TorchTrainer)
+        assert list(backend) == ["backend_config"]
         assert type(backend["backend_config"]).__name__ == "BackendConfig"  # nothing set up in the workers
     else:
-        assert trainer is TorchTrainer
+        assert issubclass(trainer, TorchTrainer)
         config = backend["torch_config"]
         assert (config.backend, config.timeout_s) == ("gloo", 7)
 
@@ -78,7 +79,7 @@ def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_
     """Embedded: no dashboard unless asked, no workers Ray would start ahead (none could serve a job
     with a runtime env), and a controller without the placement-group cleaner (unless the dashboard it
     polls runs), the autoscaling coordinator, or a dataset manager for a trainer without datasets; on
-    a cluster, Ray Train's own trainer, unchanged."""
+    a cluster, Ray Train's own helpers but the dataset manager (syncpoint's trainers have no datasets)."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
@@ -95,7 +96,7 @@ def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_
     assert embedded_ray.init_options(True)["include_dashboard"] is True
     assert embedded_ray.init_options(False, 9090)["_metrics_export_port"] == 9090  # --metrics-port
     spec = linear_spec(tmp_path)
-    assert ray_runner._trainer(spec, embedded=False) is DataParallelTrainer
+    assert issubclass(ray_runner._trainer(spec, embedded=False), DataParallelTrainer)
 
     class Recorded(DataParallelTrainer):  # what the controller would be given
         def _initialize_and_run_controller(self, **kwargs):
@@ -103,14 +104,23 @@ def test_an_embedded_ray_starts_without_the_helpers_of_a_long_lived_cluster(tmp_
 
     cleaner, data, other = PlacementGroupCleanerCallback(), DatasetsCallback.__new__(DatasetsCallback), object()
     fixed = FixedScalingPolicy(scaling_config=ScalingConfig(num_workers=2))
-    for keep_cleaner, datasets in [(False, {}), (True, {}), (False, {"train": [1]})]:
-        cls = embedded_ray.embedded_trainer(Recorded, keep_cleaner)
+    for embedded, keep_cleaner, datasets in [
+        (True, False, {}),
+        (True, True, {}),
+        (True, False, {"train": [1]}),
+        (False, True, {}),
+        (False, True, {"train": [1]}),
+    ]:
+        cls = embedded_ray.lean_trainer(Recorded, embedded, keep_cleaner)
         trainer = cls.__new__(cls)  # only its datasets are read on the way to the controller
         trainer.datasets = datasets
         given = trainer._initialize_and_run_controller(callbacks=[cleaner, data, other], scaling_policy=fixed)
         kept = [cleaner] * keep_cleaner + [data] * bool(datasets) + [other]
         assert given["callbacks"] == kept
         policy = given["scaling_policy"]
+        if not embedded:  # a cluster's autoscaler reads the coordinator's requests
+            assert policy is fixed
+            continue
         assert type(policy) is embedded_ray.LocalFixedScalingPolicy
         assert policy.scaling_config is fixed.scaling_config
         policy.after_controller_start(None)  # no coordinator: nothing to start, nothing to wait for
