@@ -83,7 +83,7 @@ def local_head(
     tests/netns.py) instead of 127.0.0.1."""
     head = _start_head(env, num_cpus, system_config, node_ip)
     try:
-        wait_for_job_agent(head.address)
+        wait_for_job_agent(head.address, env)
         yield head
     finally:
         stop_processes(head.processes, mark=head.mark)  # this cluster's processes only, found by its mark
@@ -140,12 +140,13 @@ def _start_head(env: dict, num_cpus: int, system_config: str | None, node_ip: st
     raise AssertionError("unreachable")
 
 
-def wait_for_job_agent(address: str) -> None:
-    """The head answers before its job agent is up; wait (bounded) until a job can be listed."""
+def wait_for_job_agent(address: str, env: dict | None = None) -> None:
+    """The head answers before its job agent is up; wait (bounded) until a job can be listed (with
+    ``env``: the head's own environment, its token included, when it has one)."""
     deadline = time.monotonic() + 90
     while (
         subprocess.run(
-            [f"{BIN}/ray", "job", "list", "--address", address], env=ray_env(), capture_output=True
+            [f"{BIN}/ray", "job", "list", "--address", address], env=env or ray_env(), capture_output=True
         ).returncode
         != 0
     ):

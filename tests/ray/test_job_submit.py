@@ -17,19 +17,15 @@ from syncpoint.workers.observation.events import EventLog
 from syncpoint.workers.storage import RunStorage
 from syncpoint.workers.supervision.launch import run_spawned
 from tests.helpers import ROOT, digest, lm_spec, state_names, step_history, with_overrides
-from tests.ray_processes import ray_env
 
 BIN = os.path.dirname(sys.executable)
 
 
-def _env() -> dict:
-    return ray_env()
-
-
 @pytest.fixture
-def head(shared_head) -> str:
-    """The Job API address of the Ray tests' shared head (tests/ray/conftest.py)."""
-    return shared_head[0].address
+def head(shared_head) -> tuple[str, dict[str, str]]:
+    """The Job API address of the Ray tests' shared head (tests/ray/conftest.py) and its clients'
+    environment (its token included)."""
+    return shared_head[0].address, shared_head[1]
 
 
 SETS = [
@@ -53,6 +49,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
     launcher, which writes the same run directory); `ray job submit` of the same job continues from
     20 rather than starting over, and finishes. (`syncpoint submit`'s log streaming and exit code
     are tests/integration/orchestrator/test_submit_token.py's, over token auth.)"""
+    head, head_env = head
     first = lm_spec(tmp_path, *SETS, "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]", workers=2)
     assert run_spawned(first) != [0, 0]  # the injected crash
     spec = lm_spec(tmp_path, *SETS, workers=2)
@@ -74,7 +71,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
     ]
     for s in [*SETS, f"storage={tmp_path}", "failure.max_failures=0", "faults=[{rank: 1, at_micro_step: 21}]"]:
         cmd += ["--set", s]
-    again = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, cwd=ROOT, env=head_env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "[syncpoint] resuming from state 000000000020" in again.stdout  # the job's own log, through Ray
     starts = [e for e in EventLog(RunStorage(spec.run_url)).read_all() if e["kind"] == "attempt_started"]
@@ -85,6 +82,7 @@ def test_ray_job_submit_resumes_what_an_earlier_submission_committed(tmp_path, h
 def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, head):
     """The preflight job looks the task's module up where the job will: the shipped working dir and
     the cluster's packages. A module that is not there is refused (exit 2) and nothing is submitted."""
+    head, head_env = head
     args = [
         sys.executable,
         "-m",
@@ -98,7 +96,7 @@ def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, he
         "--set",
         "task.path=examples.no_such_task:build",
     ]
-    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
+    env = {k: v for k, v in head_env.items() if k != "RAY_AUTH_MODE"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert (
@@ -111,6 +109,7 @@ def test_syncpoint_submit_checks_the_task_path_on_the_cluster_first(tmp_path, he
 def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
     """The preflight job is waited for at most ``SYNCPOINT_PREFLIGHT_TIMEOUT_S``: past it, submit stops
     the probe, refuses in one paragraph naming the variable (exit 2) and submits nothing."""
+    head, head_env = head
     args = [
         sys.executable,
         "-m",
@@ -122,7 +121,7 @@ def test_the_preflight_wait_is_bounded_and_says_so(tmp_path, head):
         "--set",
         f"storage={tmp_path}",
     ]
-    env = {**{k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}, "SYNCPOINT_PREFLIGHT_TIMEOUT_S": "0.2"}
+    env = {**{k: v for k, v in head_env.items() if k != "RAY_AUTH_MODE"}, "SYNCPOINT_PREFLIGHT_TIMEOUT_S": "0.2"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "did not finish within 0.2 s" in r.stderr and "SYNCPOINT_PREFLIGHT_TIMEOUT_S" in r.stderr
@@ -139,6 +138,7 @@ def test_syncpoint_submit_continues_a_run_with_user_state_callbacks_and_mlflow(t
     the submitted job continues from it and ends as the uninterrupted run (every step's loss, the
     digest with every rank's user state), its callback writes what the uninterrupted one wrote, and
     MLflow holds one run."""
+    head, head_env = head
     pytest.importorskip("mlflow")
     from tests.integration.test_own_training_example import _spec
 
@@ -152,7 +152,7 @@ def test_syncpoint_submit_continues_a_run_with_user_state_callbacks_and_mlflow(t
     args = [sys.executable, "-m", "syncpoint", "submit", "examples/own_training.yaml", "--address", head]
     for s in [*sets, f"storage={tmp_path / 'run'}", f"task.config.samples_to={tmp_path / 'run.txt'}"]:
         args += ["--set", s]
-    env = {k: v for k, v in _env().items() if k != "RAY_AUTH_MODE"}
+    env = {k: v for k, v in head_env.items() if k != "RAY_AUTH_MODE"}
     r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resuming from state 000000000008" in r.stdout, r.stdout[-3000:]

@@ -18,7 +18,6 @@ import pytest
 
 from syncpoint.orchestrator import spare_workers
 from syncpoint.orchestrator.embedded_ray import NO_PRESTART
-from tests import ray_processes as rp
 from tests.helpers import lm_spec
 from tests.own_processes import MARK, marked_env, marked_processes
 
@@ -122,10 +121,10 @@ DRIVER = textwrap.dedent(
 
 def test_the_spares_end_with_the_job_on_a_cluster(tmp_path, shared_head):
     _, mark = marked_env({})
-    head, _ = shared_head  # the Ray tests' `ray start` head (tests/ray/conftest.py)
+    head, env = shared_head  # the Ray tests' `ray start` head (tests/ray/conftest.py), its token in env
     proc = subprocess.Popen(
         [sys.executable, "-c", DRIVER, head.gcs_address, MARK, mark],
-        env=rp.ray_env(),
+        env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

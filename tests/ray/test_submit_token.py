@@ -1,5 +1,5 @@
-"""``syncpoint submit`` against a real local head started with ``RAY_AUTH_MODE=token`` (where the
-token comes from: tests/integration/orchestrator/test_submit_token.py)."""
+"""``syncpoint submit`` against a real local head started with ``RAY_AUTH_MODE=token``: the Ray tests'
+shared head (tests/ray/conftest.py; where the token comes from: tests/integration/orchestrator/test_submit_token.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,14 @@ import os
 import secrets
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from syncpoint.orchestrator.submit import auth_headers
-from tests.helpers import ROOT, stop_processes
-from tests.own_processes import marked_env, marked_processes
-from tests.ray_processes import BIN, TOKEN_ENV, free_ports
+from tests.helpers import ROOT
+from tests.ray_processes import BIN, TOKEN_ENV
 
 
 def _env(token: str | None = None, **extra: str) -> dict[str, str]:
@@ -52,52 +49,12 @@ def _submit(address: str, env: dict[str, str], *sets: str) -> subprocess.Complet
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def token_head():
-    """A local head started with RAY_AUTH_MODE=token and its own token; yields (address, token)."""
-    token = secrets.token_hex(32)
-    temp = tempfile.mkdtemp(prefix="sp-ray-auth-")
-    ports = free_ports(7)
-    head_env, mark = marked_env(_env(token, RAY_AUTH_MODE="token"))
-    subprocess.run(
-        [
-            f"{BIN}/ray",
-            "start",
-            "--head",
-            f"--port={ports[0]}",
-            f"--dashboard-port={ports[1]}",
-            f"--dashboard-agent-listen-port={ports[2]}",
-            f"--dashboard-agent-grpc-port={ports[3]}",
-            f"--metrics-export-port={ports[4]}",
-            f"--runtime-env-agent-port={ports[5]}",
-            f"--ray-client-server-port={ports[6]}",
-            "--num-cpus=1",
-            f"--temp-dir={temp}",
-            "--disable-usage-stats",
-            "--include-dashboard=true",
-        ],
-        check=True,
-        env=head_env,
-        capture_output=True,
-        timeout=180,
-    )
-    address = f"http://127.0.0.1:{ports[1]}"
-    try:
-        deadline = time.monotonic() + 90  # the head answers before its job agent is up
-        while (
-            subprocess.run(
-                [f"{BIN}/ray", "job", "list", "--address", address],
-                env=_env(token, RAY_AUTH_MODE="token"),
-                capture_output=True,
-            ).returncode
-            != 0
-        ):
-            assert time.monotonic() < deadline, "the head's job agent never came up"
-            time.sleep(1)
-        yield address, token
-    finally:
-        # this head's processes, found by the mark they inherited; never `ray stop`, never a pid diff
-        stop_processes(marked_processes(mark), mark=mark)
+@pytest.fixture
+def token_head(shared_head) -> tuple[str, str]:
+    """The Ray tests' shared head (tests/ray/conftest.py), started with ``RAY_AUTH_MODE=token`` and a
+    token of its own: its Job API address and that token."""
+    head, env = shared_head
+    return head.address, env["RAY_AUTH_TOKEN"]
 
 
 def test_the_head_refuses_requests_without_its_token(token_head) -> None:
