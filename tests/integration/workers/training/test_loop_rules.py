@@ -25,34 +25,22 @@ def test_save_every_3_micro_steps_first_state_at_4(tmp_path):
     assert steps == sorted({-(-k // 4) * 4 for k in range(3, 101, 3)} | {100})
 
 
-def test_save_every_24_on_13_per_epoch_lands_on_25_and_51(tmp_path):
-    """The shape of the 2000-on-1001 case below at a 77th of its micro-steps: an epoch of N = 1 (mod 4)
-    micro-batches, a request every 2N - 2 micro-steps; each lands mid-cycle (position N - 2 of its epoch)
-    and is carried to the next boundary, the quota's at position N - 1, so at 2N - 1 and 4N - 1."""
+# 13 micro-batches an epoch in make test; 1001 (a reviewer's case) in make test-all: the same shape
+@pytest.mark.parametrize("n", [13, pytest.param(1001, marks=pytest.mark.long)])
+def test_a_save_every_2n_minus_2_on_n_per_epoch_lands_on_2n_minus_1_and_4n_minus_1(tmp_path, n):
+    """An epoch of N = 1 (mod 4) micro-batches, a request every 2N - 2 micro-steps (2000 on 1001): each
+    lands mid-cycle (position N - 2 of its epoch) and is carried to the next boundary, the quota's at
+    position N - 1, so at 2N - 1 and 4N - 1; the final state at the run's last micro-step, 5N."""
     spec = linear_spec(
         tmp_path,
-        "task.config.num_samples=13",
+        f"task.config.num_samples={n}",
         "train.epochs=5",
-        "checkpoint.save_every={value: 24, unit: micro_steps}",
+        f"checkpoint.save_every={{value: {2 * n - 2}, unit: micro_steps}}",
     )
     run(spec)
-    assert committed_steps(spec) == [25, 51, 65]  # 65: the final state at the run's last micro-step
-    t = trainer_json(spec, f"{25:012d}")
-    assert (t["epoch"], t["position_in_epoch"], t["micro_batches_per_epoch"]) == (1, 12, 13)
-
-
-@pytest.mark.long  # make test: the same shape at 13 micro-batches an epoch (above)
-def test_save_every_2000_on_1001_per_epoch_lands_on_2001_and_4003(tmp_path):
-    spec = linear_spec(
-        tmp_path,
-        "task.config.num_samples=1001",
-        "train.epochs=5",
-        "checkpoint.save_every={value: 2000, unit: micro_steps}",
-    )
-    run(spec)
-    assert committed_steps(spec) == [2001, 4003, 5005]  # 5005: the final state at the run's last micro-step
-    t = trainer_json(spec, f"{2001:012d}")
-    assert (t["epoch"], t["position_in_epoch"], t["micro_batches_per_epoch"]) == (1, 1000, 1001)
+    assert committed_steps(spec) == [2 * n - 1, 4 * n - 1, 5 * n]
+    t = trainer_json(spec, f"{2 * n - 1:012d}")
+    assert (t["epoch"], t["position_in_epoch"], t["micro_batches_per_epoch"]) == (1, n - 1, n)
 
 
 def test_optimizer_step_interval_and_epoch_end_flush(tmp_path):
